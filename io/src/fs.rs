@@ -1,0 +1,157 @@
+//! File-system helpers the log file builds on: alignment probing, O_DIRECT support probing,
+//! directory fsync and exclusive advisory locks.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+/// The smallest O_DIRECT alignment broca ever uses, whatever a probe says.
+pub const ALIGNMENT_MIN: u64 = 512;
+/// The largest alignment broca accepts from a probe.
+pub const ALIGNMENT_MAX: u64 = 64 * 1024;
+
+/// Asks the kernel (statx with STATX_DIOALIGN) which file-offset alignment O_DIRECT needs for
+/// the file at `path`. Returns `None` when the kernel or file system does not say.
+pub fn probe_dio_alignment(path: &Path) -> Option<u64> {
+    let c_path = CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statx is plain data; a zeroed value is a valid initial state.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: c_path is a valid NUL-terminated string and stx a valid out-pointer.
+    let rc = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c_path.as_ptr(),
+            0,
+            libc::STATX_DIOALIGN,
+            &mut stx,
+        )
+    };
+    if rc != 0 || stx.stx_mask & libc::STATX_DIOALIGN == 0 {
+        return None;
+    }
+    let align = u64::from(stx.stx_dio_offset_align);
+    if align == 0 {
+        return None; // the file system does not support O_DIRECT on this file
+    }
+    Some(align.clamp(ALIGNMENT_MIN, ALIGNMENT_MAX))
+}
+
+/// Tries to open `path` with O_DIRECT. `Ok(false)` means the file system refused O_DIRECT
+/// (EINVAL), so the caller must fall back to buffered I/O.
+pub fn supports_o_direct(path: &Path) -> io::Result<bool> {
+    use std::os::unix::fs::OpenOptionsExt;
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+    {
+        Ok(_) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// fsyncs the directory `dir`, so that a file just created in it survives a crash.
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// An exclusive advisory lock (`flock`) held for as long as this value lives. flock locks
+/// belong to the open file description, so two opens of one file conflict even inside one
+/// process, across threads; and the kernel drops the lock when the process dies.
+#[derive(Debug)]
+pub struct ExclusiveLock {
+    file: File,
+}
+
+impl ExclusiveLock {
+    /// Takes the lock on `file` without waiting. `Ok(None)` means another holder has it.
+    pub fn try_take(file: File) -> io::Result<Option<ExclusiveLock>> {
+        // SAFETY: the descriptor is valid for the lifetime of `file`.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc == 0 {
+            return Ok(Some(ExclusiveLock { file }));
+        }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            Ok(None)
+        } else {
+            Err(err)
+        }
+    }
+
+    /// The locked file.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+}
+
+/// The (device, inode) identity of an open file or a path, to tell whether a path still names
+/// the file a writer holds.
+pub fn file_identity(file: &File) -> io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = file.metadata()?;
+    Ok((meta.dev(), meta.ino()))
+}
+
+/// The (device, inode) identity of the file `path` names now.
+pub fn path_identity(path: &Path) -> io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path)?;
+    Ok((meta.dev(), meta.ino()))
+}
+
+/// Rounds `value` down to a multiple of `align` (a power of two).
+pub fn align_down(value: u64, align: u64) -> u64 {
+    debug_assert!(align.is_power_of_two());
+    value & !(align - 1)
+}
+
+/// Rounds `value` up to a multiple of `align` (a power of two).
+pub fn align_up(value: u64, align: u64) -> u64 {
+    debug_assert!(align.is_power_of_two());
+    (value + align - 1) & !(align - 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alignment_rounding() {
+        assert_eq!(align_down(1023, 512), 512);
+        assert_eq!(align_up(1023, 512), 1024);
+        assert_eq!(align_up(1024, 512), 1024);
+        assert_eq!(align_down(0, 4096), 0);
+    }
+
+    #[test]
+    fn a_second_lock_on_one_file_is_refused_until_the_first_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"x").unwrap();
+        let first = ExclusiveLock::try_take(File::open(&path).unwrap()).unwrap();
+        assert!(first.is_some());
+        assert!(ExclusiveLock::try_take(File::open(&path).unwrap())
+            .unwrap()
+            .is_none());
+        drop(first);
+        assert!(ExclusiveLock::try_take(File::open(&path).unwrap())
+            .unwrap()
+            .is_some());
+    }
+
+    #[test]
+    fn probe_reports_a_power_of_two_alignment_on_a_real_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"x").unwrap();
+        if let Some(align) = probe_dio_alignment(&path) {
+            assert!(align.is_power_of_two());
+            assert!(align >= ALIGNMENT_MIN);
+        }
+    }
+}

@@ -1,0 +1,14 @@
+//! broca-io: generic I/O for broca. It knows nothing of LLMs or of the WAL's record format.
+//!
+//! - [`log`]: the durable log file: O_DIRECT appends merged into one aligned write per batch,
+//!   the partial tail block rewritten in place, space zeroed ahead of the tail, and group
+//!   commit (every append ready in a tick shares one `fdatasync`).
+//! - [`commit`]: the per-shard group-commit scheduler shared by all the logs of a shard.
+//! - [`fs`]: small file-system helpers: alignment probing, directory fsync, advisory locks.
+
+pub mod commit;
+pub mod fs;
+pub mod log;
+
+pub use commit::{CommitStats, Committer};
+pub use log::{LogConfig, LogError, LogFile};

@@ -1,0 +1,614 @@
+//! The durable log file: an append-only file written with O_DIRECT, one aligned write per
+//! batch, and group commit.
+//!
+//! Cost per batch, whatever its number of appends: one `write` of the aligned span from the
+//! start of the partial tail block to the end of the new bytes (plus zeroing, when the file
+//! grows), one `fdatasync`, one `stat` of the path (the fence), one buffer allocation. Per
+//! append: one copy of the frame into the pending batch, no allocation once the batch buffer
+//! has grown to its working size.
+//!
+//! Invariants:
+//! - bytes below `durable_end` were written and `fdatasync` returned; a waiter is released only
+//!   once its end is at or below `durable_end`;
+//! - at most one batch write of a log is in flight, and it carries at most
+//!   [`LogConfig::batch_bytes_max`] new bytes; the shard's [`Committer`] bounds the batch writes
+//!   of all its logs;
+//! - the partial tail block is rewritten with the acknowledged bytes it already holds, byte for
+//!   byte: under the media assumption of docs/wal-format.md (a sector write leaves unchanged
+//!   bytes unchanged) acknowledged bytes are never endangered;
+//! - bytes from the tail up to `zeroed_end` are zero on disk, so a steady-state `fdatasync`
+//!   commits no metadata;
+//! - an error from `write` or `fdatasync` is fatal for the log: it is never retried (after a
+//!   failed fsync, Linux may already have dropped the dirty pages), every waiter gets the error,
+//!   and the owner must reopen the log and recover from what is on disk.
+
+mod backend;
+
+use std::cell::RefCell;
+use std::fmt;
+use std::future::poll_fn;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+use std::time::Instant;
+
+use backend::Backend;
+
+use crate::commit::Committer;
+use crate::fs::{self, align_down, align_up};
+
+/// How a log file reaches the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirectIo {
+    /// O_DIRECT where the file system accepts it, buffered with a logged warning where not.
+    Auto,
+    /// Always buffered writes (still aligned, still one `fdatasync` per batch).
+    Off,
+}
+
+/// Limits and policies of one log file.
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    /// The most new bytes one batch write carries. It is also the largest single append.
+    pub batch_bytes_max: usize,
+    /// The least the zeroed space ahead of the tail grows by at a time.
+    pub zero_ahead_min_bytes: u64,
+    /// The most the zeroed space ahead of the tail grows by at a time.
+    pub zero_ahead_max_bytes: u64,
+    /// O_DIRECT or buffered.
+    pub direct_io: DirectIo,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            batch_bytes_max: 1024 * 1024,
+            zero_ahead_min_bytes: 16 * 1024,
+            zero_ahead_max_bytes: 4 * 1024 * 1024,
+            direct_io: DirectIo::Auto,
+        }
+    }
+}
+
+/// What went wrong with a log file. Every variant names the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogError {
+    /// An I/O call failed; `op` says which. A failed write or fsync also kills the log.
+    Io {
+        path: PathBuf,
+        op: &'static str,
+        kind: io::ErrorKind,
+        message: String,
+    },
+    /// The log died earlier (a failed write or fsync) and takes no more appends.
+    Dead { path: PathBuf, cause: String },
+    /// The path no longer names the file this writer holds: another writer replaced it.
+    Stale { path: PathBuf },
+    /// One append larger than a batch may carry.
+    TooLarge {
+        path: PathBuf,
+        len: usize,
+        max: usize,
+    },
+}
+
+impl fmt::Display for LogError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LogError::Io {
+                path, op, message, ..
+            } => {
+                write!(f, "{}: {op} failed: {message}", path.display())
+            }
+            LogError::Dead { path, cause } => write!(
+                f,
+                "{}: the log is closed for writing after an earlier failure ({cause}); reopen it \
+                 to recover from what is durable",
+                path.display()
+            ),
+            LogError::Stale { path } => write!(
+                f,
+                "{}: stale writer: the file was replaced by another writer; this writer's lease \
+                 is gone",
+                path.display()
+            ),
+            LogError::TooLarge { path, len, max } => write!(
+                f,
+                "{}: an append of {len} bytes is larger than the {max}-byte batch limit",
+                path.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for LogError {}
+
+impl LogError {
+    fn io(path: &Path, op: &'static str, e: io::Error) -> LogError {
+        LogError::Io {
+            path: path.to_path_buf(),
+            op,
+            kind: e.kind(),
+            message: e.to_string(),
+        }
+    }
+}
+
+/// A log file opened for appending. Not `Send`: it lives on the shard that opened it.
+pub struct LogFile {
+    shared: Rc<Shared>,
+}
+
+struct Shared {
+    path: PathBuf,
+    file: Backend,
+    align: u64,
+    identity: (u64, u64),
+    cfg: LogConfig,
+    committer: Committer,
+    state: RefCell<State>,
+}
+
+struct State {
+    /// Logical end: durable bytes, the batch in flight and the pending batch.
+    end: u64,
+    /// Everything below is durable.
+    durable_end: u64,
+    /// Bytes from the tail up to here are zero on disk.
+    zeroed_end: u64,
+    /// The bytes of the partial block `[align_down(durable_end), durable_end)`.
+    tail_block: Vec<u8>,
+    /// Appends not yet handed to a write.
+    pending: Vec<u8>,
+    /// A spare batch buffer, swapped with `pending` at each flush to keep its capacity.
+    spare: Vec<u8>,
+    flushing: bool,
+    dead: Option<LogError>,
+    durable_waiters: Vec<(u64, Waker)>,
+    room_waiters: Vec<Waker>,
+}
+
+/// A log file open, but not yet positioned at its logical end: the owner reads it, decides
+/// where the valid bytes end, then calls [`OpenedLog::position`] or [`OpenedLog::initialize`].
+pub struct OpenedLog {
+    path: PathBuf,
+    file: Backend,
+    align: u64,
+    identity: (u64, u64),
+    len: u64,
+    cfg: LogConfig,
+    committer: Committer,
+}
+
+impl OpenedLog {
+    /// Opens the existing file at `path` for reading and writing. `identity` is the (device,
+    /// inode) the owner locked; a path that names another file later makes the log stale.
+    pub async fn open(
+        path: &Path,
+        identity: (u64, u64),
+        cfg: LogConfig,
+        committer: Committer,
+    ) -> Result<OpenedLog, LogError> {
+        let direct = match cfg.direct_io {
+            DirectIo::Off => false,
+            DirectIo::Auto => {
+                let ok = fs::supports_o_direct(path).map_err(|e| LogError::io(path, "open", e))?;
+                if !ok {
+                    tracing::warn!(
+                        path = %path.display(),
+                        "the file system refuses O_DIRECT; falling back to buffered writes \
+                         (still one fdatasync per batch)"
+                    );
+                }
+                ok
+            }
+        };
+        let file = Backend::open(path, direct)
+            .await
+            .map_err(|e| LogError::io(path, "open", e))?;
+        let probed = fs::probe_dio_alignment(path);
+        let align = probed
+            .into_iter()
+            .chain(file.device_alignment())
+            .max()
+            .unwrap_or(fs::ALIGNMENT_MIN)
+            .clamp(fs::ALIGNMENT_MIN, fs::ALIGNMENT_MAX);
+        assert!(
+            align.is_power_of_two(),
+            "O_DIRECT alignment {align} is not a power of two"
+        );
+        let len = file
+            .len()
+            .await
+            .map_err(|e| LogError::io(path, "stat", e))?;
+        tracing::debug!(path = %path.display(), align, direct = file.is_direct(), len, "log opened");
+        Ok(OpenedLog {
+            path: path.to_path_buf(),
+            file,
+            align,
+            identity,
+            len,
+            cfg,
+            committer,
+        })
+    }
+
+    /// The file's length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the file holds no bytes at all.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The write alignment in use (probed from the file, at least 512).
+    pub fn alignment(&self) -> u64 {
+        self.align
+    }
+
+    /// Reads the whole file.
+    pub async fn read_all(&self) -> Result<Vec<u8>, LogError> {
+        self.file
+            .read_all()
+            .await
+            .map_err(|e| LogError::io(&self.path, "read", e))
+    }
+
+    /// Writes `header` at offset 0, zeroes up to `data_offset` and some space ahead of it,
+    /// makes it durable, and returns the log positioned at `data_offset`. For a file that holds
+    /// nothing durable yet.
+    pub async fn initialize(self, header: &[u8], data_offset: u64) -> Result<LogFile, LogError> {
+        assert!(
+            header.len() as u64 <= data_offset,
+            "the header overlaps the data"
+        );
+        assert_eq!(data_offset % self.align, 0, "data_offset must be aligned");
+        let zeroed_end = data_offset + align_up(self.cfg.zero_ahead_min_bytes, self.align);
+        let len = usize::try_from(zeroed_end).expect("the initial region fits in memory");
+        self.file
+            .write_filled(0, len, |buf| {
+                buf.fill(0);
+                buf[..header.len()].copy_from_slice(header);
+            })
+            .await
+            .map_err(|e| LogError::io(&self.path, "write", e))?;
+        self.file
+            .fdatasync()
+            .await
+            .map_err(|e| LogError::io(&self.path, "fdatasync", e))?;
+        self.committer.count_write(len);
+        Ok(self.into_log(data_offset, Vec::new(), zeroed_end))
+    }
+
+    /// Positions the log at `end`, where the owner found its valid bytes to stop; `contents`
+    /// is the whole file as read. Any non-zero bytes at or after `end` (a torn tail) are zeroed
+    /// and made durable first, so that no stale bytes lie ahead of new appends.
+    pub async fn position(self, end: u64, contents: &[u8]) -> Result<LogFile, LogError> {
+        assert!(
+            end <= contents.len() as u64,
+            "the logical end lies beyond the file"
+        );
+        let end_usize = end as usize;
+        let block_start = align_down(end, self.align);
+        let tail_block = contents[block_start as usize..end_usize].to_vec();
+        let last_nonzero = contents[end_usize..].iter().rposition(|&b| b != 0);
+        let mut zeroed_end = contents.len() as u64;
+        if let Some(last) = last_nonzero {
+            let stale_end = align_up(end + last as u64 + 1, self.align);
+            let len = (stale_end - block_start) as usize;
+            tracing::info!(
+                path = %self.path.display(),
+                cut_at = end,
+                stale_bytes = last + 1,
+                "zeroing the torn tail before appending"
+            );
+            self.file
+                .write_filled(block_start, len, |buf| {
+                    buf.fill(0);
+                    buf[..tail_block.len()].copy_from_slice(&tail_block);
+                })
+                .await
+                .map_err(|e| LogError::io(&self.path, "write", e))?;
+            self.file
+                .fdatasync()
+                .await
+                .map_err(|e| LogError::io(&self.path, "fdatasync", e))?;
+            self.committer.count_write(len);
+            zeroed_end = zeroed_end.max(stale_end);
+        }
+        let zeroed_end = align_down(zeroed_end, self.align).max(end);
+        Ok(self.into_log(end, tail_block, zeroed_end))
+    }
+
+    fn into_log(self, end: u64, tail_block: Vec<u8>, zeroed_end: u64) -> LogFile {
+        LogFile {
+            shared: Rc::new(Shared {
+                path: self.path,
+                file: self.file,
+                align: self.align,
+                identity: self.identity,
+                cfg: self.cfg,
+                committer: self.committer,
+                state: RefCell::new(State {
+                    end,
+                    durable_end: end,
+                    zeroed_end,
+                    tail_block,
+                    pending: Vec::new(),
+                    spare: Vec::new(),
+                    flushing: false,
+                    dead: None,
+                    durable_waiters: Vec::new(),
+                    room_waiters: Vec::new(),
+                }),
+            }),
+        }
+    }
+}
+
+impl LogFile {
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.shared.path
+    }
+
+    /// The logical end, pending appends included.
+    pub fn end(&self) -> u64 {
+        self.shared.state.borrow().end
+    }
+
+    /// Everything below this offset is durable.
+    pub fn durable_end(&self) -> u64 {
+        self.shared.state.borrow().durable_end
+    }
+
+    /// The write alignment in use.
+    pub fn alignment(&self) -> u64 {
+        self.shared.align
+    }
+
+    /// The error that killed the log, if one did.
+    pub fn dead(&self) -> Option<LogError> {
+        self.shared.state.borrow().dead.clone()
+    }
+
+    /// Appends `len` bytes that `fill` writes into place; `fill` also receives the durable end
+    /// at the time of the append (a lower bound a reader can trust). Waits only for room in the
+    /// pending batch, never for the disk; returns the log's end after this append, for
+    /// [`LogFile::wait_durable`].
+    pub async fn append_with(
+        &self,
+        len: usize,
+        fill: impl FnOnce(&mut [u8], u64),
+    ) -> Result<u64, LogError> {
+        let max = self.shared.cfg.batch_bytes_max;
+        if len > max {
+            return Err(LogError::TooLarge {
+                path: self.shared.path.clone(),
+                len,
+                max,
+            });
+        }
+        self.wait_for_room(len).await?;
+        let mut st = self.shared.state.borrow_mut();
+        let start = st.pending.len();
+        st.pending.resize(start + len, 0);
+        let durable_end = st.durable_end;
+        fill(&mut st.pending[start..], durable_end);
+        st.end += len as u64;
+        let end = st.end;
+        if !st.flushing {
+            st.flushing = true;
+            glommio::spawn_local(flush_loop(self.shared.clone())).detach();
+        }
+        drop(st);
+        self.shared.committer.count_append(len);
+        Ok(end)
+    }
+
+    /// Appends `bytes` (see [`LogFile::append_with`]).
+    pub async fn append(&self, bytes: &[u8]) -> Result<u64, LogError> {
+        self.append_with(bytes.len(), |buf, _| buf.copy_from_slice(bytes))
+            .await
+    }
+
+    /// Waits until every byte below `end` is durable.
+    pub async fn wait_durable(&self, end: u64) -> Result<(), LogError> {
+        poll_fn(|cx| {
+            let mut st = self.shared.state.borrow_mut();
+            if st.durable_end >= end {
+                return Poll::Ready(Ok(()));
+            }
+            if let Some(dead) = &st.dead {
+                return Poll::Ready(Err(dead.clone()));
+            }
+            st.durable_waiters.push((end, cx.waker().clone()));
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Makes every append so far durable.
+    pub async fn sync(&self) -> Result<(), LogError> {
+        let end = self.end();
+        self.wait_durable(end).await
+    }
+
+    /// Makes every append durable, then closes the file.
+    pub async fn close(self) -> Result<(), LogError> {
+        self.sync().await?;
+        let shared = self.shared;
+        // The flush task may still hold its handle for a moment after waking us.
+        while shared.state.borrow().flushing {
+            futures_lite::future::yield_now().await;
+        }
+        match Rc::try_unwrap(shared) {
+            Ok(shared) => {
+                let path = shared.path;
+                shared
+                    .file
+                    .close()
+                    .await
+                    .map_err(|e| LogError::io(&path, "close", e))
+            }
+            Err(_) => Ok(()), // another handle keeps it open; the last drop closes it
+        }
+    }
+
+    async fn wait_for_room(&self, len: usize) -> Result<(), LogError> {
+        let max = self.shared.cfg.batch_bytes_max;
+        poll_fn(|cx| {
+            let mut st = self.shared.state.borrow_mut();
+            if let Some(dead) = &st.dead {
+                return Poll::Ready(Err(dead.clone()));
+            }
+            if st.pending.len() + len <= max {
+                return Poll::Ready(Ok(()));
+            }
+            st.room_waiters.push(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+}
+
+/// Writes batches until nothing is pending. One per log at a time (`State::flushing`).
+async fn flush_loop(shared: Rc<Shared>) {
+    loop {
+        // Let every append that is ready in this tick join the batch.
+        futures_lite::future::yield_now().await;
+        let (batch, base) = {
+            let mut st = shared.state.borrow_mut();
+            if st.pending.is_empty() || st.dead.is_some() {
+                st.flushing = false;
+                return;
+            }
+            let spare = std::mem::take(&mut st.spare);
+            let batch = std::mem::replace(&mut st.pending, spare);
+            for waker in st.room_waiters.drain(..) {
+                waker.wake();
+            }
+            (batch, st.durable_end)
+        };
+        let permit = shared.committer.admit_batch().await;
+        let result = write_batch(&shared, &batch, base).await;
+        drop(permit);
+        let mut st = shared.state.borrow_mut();
+        match result {
+            Ok(written) => {
+                st.durable_end = written.durable_end;
+                st.zeroed_end = written.zeroed_end;
+                st.tail_block = written.tail_block;
+                let durable = st.durable_end;
+                st.durable_waiters.retain(|(end, waker)| {
+                    let done = *end <= durable;
+                    if done {
+                        waker.wake_by_ref();
+                    }
+                    !done
+                });
+            }
+            Err(err) => {
+                tracing::error!(error = %err, "log write failed; the log is closed for writing");
+                st.dead = Some(LogError::Dead {
+                    path: shared.path.clone(),
+                    cause: err.to_string(),
+                });
+                for (_, waker) in st.durable_waiters.drain(..) {
+                    waker.wake();
+                }
+                for waker in st.room_waiters.drain(..) {
+                    waker.wake();
+                }
+                st.flushing = false;
+                return;
+            }
+        }
+        let mut batch = batch;
+        batch.clear();
+        st.spare = batch;
+    }
+}
+
+struct Written {
+    durable_end: u64,
+    zeroed_end: u64,
+    tail_block: Vec<u8>,
+}
+
+/// One batch: one aligned write from the start of the partial tail block, then one fdatasync.
+async fn write_batch(shared: &Shared, batch: &[u8], base: u64) -> Result<Written, LogError> {
+    let align = shared.align;
+    let (tail_block, zeroed_end) = {
+        let st = shared.state.borrow();
+        (st.tail_block.clone(), st.zeroed_end)
+    };
+    let block_start = align_down(base, align);
+    debug_assert_eq!(block_start + tail_block.len() as u64, base);
+    let data_end = base + batch.len() as u64;
+    let mut write_end = align_up(data_end, align);
+    let mut new_zeroed_end = zeroed_end.max(write_end);
+    if write_end > zeroed_end {
+        // Grow the zeroed space in the same write, in proportion to the file, within limits.
+        let grow = data_end.clamp(
+            shared.cfg.zero_ahead_min_bytes,
+            shared.cfg.zero_ahead_max_bytes,
+        );
+        new_zeroed_end = align_up(data_end + grow, align);
+        write_end = new_zeroed_end;
+    }
+    let len = usize::try_from(write_end - block_start).expect("a batch fits in memory");
+
+    // The fence: never write through a file that another writer has replaced.
+    match fs::path_identity(&shared.path) {
+        Ok(id) if id == shared.identity => {}
+        Ok(_) => {
+            return Err(LogError::Stale {
+                path: shared.path.clone(),
+            })
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(LogError::Stale {
+                path: shared.path.clone(),
+            })
+        }
+        Err(e) => return Err(LogError::io(&shared.path, "stat", e)),
+    }
+
+    shared
+        .file
+        .write_filled(block_start, len, |buf| {
+            let head = tail_block.len();
+            buf[..head].copy_from_slice(&tail_block);
+            buf[head..head + batch.len()].copy_from_slice(batch);
+            buf[head + batch.len()..].fill(0);
+        })
+        .await
+        .map_err(|e| LogError::io(&shared.path, "write", e))?;
+    shared.committer.count_write(len);
+
+    let started = Instant::now();
+    if let Err(e) = shared.file.fdatasync().await {
+        shared.committer.count_fsync_error();
+        return Err(LogError::io(&shared.path, "fdatasync", e));
+    }
+    shared.committer.count_fsync(started.elapsed());
+
+    let new_block_start = align_down(data_end, align);
+    let mut new_tail = tail_block;
+    if new_block_start == block_start {
+        new_tail.extend_from_slice(batch);
+    } else {
+        let from = (new_block_start - base) as usize;
+        new_tail.clear();
+        new_tail.extend_from_slice(&batch[from..]);
+    }
+    Ok(Written {
+        durable_end: data_end,
+        zeroed_end: new_zeroed_end,
+        tail_block: new_tail,
+    })
+}

@@ -1,0 +1,8 @@
+//! broca: a durable runner for LLM agent loops.
+//!
+//! The domain crate. Floors from the ground up: `wal` (the per-session write-ahead log) and the
+//! CLI in `main.rs`. The generic I/O lives in broca-io, the thread-per-core runtime in
+//! broca-shards. See docs/architecture.md for the map.
+
+pub mod cli;
+pub mod wal;

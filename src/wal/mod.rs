@@ -1,0 +1,108 @@
+//! The per-session write-ahead log: file header, record framing, record kinds, recovery,
+//! the lease-holding writer, and `wal verify|dump`. The byte format and the recovery case table
+//! are in docs/wal-format.md.
+
+pub mod address;
+pub mod frame;
+pub mod header;
+pub mod record;
+pub mod recovery;
+pub mod verify;
+pub mod writer;
+
+use std::fmt;
+use std::path::PathBuf;
+
+pub use address::{SessionAddr, SessionTriple};
+pub use header::{HeaderError, WalHeader};
+pub use record::Record;
+pub use recovery::{scan, FrameInfo, Scan, Verdict};
+pub use writer::{Recovered, WalWriter};
+
+/// What went wrong with a WAL. Every variant names the file; corruption names the offset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WalError {
+    /// Reading, writing or syncing the file failed.
+    Io {
+        path: PathBuf,
+        op: &'static str,
+        message: String,
+    },
+    /// The header cannot be read: not a WAL, truncated, damaged, unsupported.
+    Header { path: PathBuf, error: HeaderError },
+    /// The records are damaged at `offset`; nothing at or after it is trusted.
+    Corrupt {
+        path: PathBuf,
+        offset: u64,
+        reason: String,
+    },
+    /// The WAL belongs to another session than the one asked for.
+    WrongSession { path: PathBuf, found: SessionTriple },
+    /// Another writer holds the lease on this WAL.
+    LeaseHeld { path: PathBuf },
+    /// This writer's lease was taken over; it may not write.
+    LeaseStale { path: PathBuf },
+    /// The durable log refused or failed an operation.
+    Log(broca_io::LogError),
+    /// A record too large to frame.
+    TooLarge { path: PathBuf, bytes: usize },
+}
+
+impl fmt::Display for WalError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WalError::Io { path, op, message } => {
+                write!(f, "{}: {op} failed: {message}", path.display())
+            }
+            WalError::Header { path, error } => write!(f, "{}: {error}", path.display()),
+            WalError::Corrupt {
+                path,
+                offset,
+                reason,
+            } => write!(
+                f,
+                "{}: corrupt at offset {offset}: {reason}; the file is left as it is (inspect \
+                 it with `broca wal dump`)",
+                path.display()
+            ),
+            WalError::WrongSession { path, found } => write!(
+                f,
+                "{}: this WAL belongs to session ({}, {}, {}), not the one asked for",
+                path.display(),
+                found.project_root,
+                found.harness,
+                found.session
+            ),
+            WalError::LeaseHeld { path } => write!(
+                f,
+                "{}: another writer holds this WAL's lease (another broca process or actor); \
+                 stop it or send through it",
+                path.display()
+            ),
+            WalError::LeaseStale { path } => write!(
+                f,
+                "{}: lease_stale: a newer writer took this WAL over; this writer may not write",
+                path.display()
+            ),
+            WalError::Log(e) => write!(f, "{e}"),
+            WalError::TooLarge { path, bytes } => {
+                write!(
+                    f,
+                    "{}: a record of {bytes} bytes is over the frame limit",
+                    path.display()
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for WalError {}
+
+impl From<broca_io::LogError> for WalError {
+    fn from(e: broca_io::LogError) -> WalError {
+        match e {
+            broca_io::LogError::Stale { path } => WalError::LeaseStale { path },
+            other => WalError::Log(other),
+        }
+    }
+}

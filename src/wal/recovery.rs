@@ -1,0 +1,204 @@
+//! Recovery: reading a WAL's bytes into its valid records and a verdict on its tail. Pure: it
+//! takes the bytes and returns what they hold; it never writes, so readers never truncate.
+//!
+//! The case table (docs/wal-format.md holds the same table; keep them together). Scanning
+//! walks frames from `data_offset`, expecting seq `s` and at least epoch `e`. At offset `X`:
+//!
+//! | case | bytes at X                                              | verdict                  |
+//! |------|---------------------------------------------------------|--------------------------|
+//! | R1   | a valid frame, our lineage, seq s, epoch ≥ e, synced_end ≤ X | record; go on       |
+//! | R2   | a valid frame of another lineage                         | corrupt: foreign lineage |
+//! | R3   | a valid frame of our lineage, seq ≠ s                    | corrupt: sequence gap    |
+//! | R4   | a valid frame of our lineage, epoch < e                  | corrupt: stale writer    |
+//! | R5   | a valid frame whose synced_end > X                       | corrupt: impossible frame|
+//! | R6   | no valid frame, and every byte from X to the end is zero | clean end at X           |
+//! | R7   | no valid frame, and a later valid frame of our lineage has synced_end > X | corrupt: damaged record (it was durable) |
+//! | R8   | no valid frame otherwise                                 | torn tail: cut at X      |
+//!
+//! R7 is what keeps a torn tail inside the window of writes that may have been in flight: a
+//! record's `synced_end` is the durable end when it was appended, so a later record with
+//! `synced_end > X` proves that the bytes at X had been acknowledged, and damage there is
+//! corruption, never a tail to cut. Without such a witness the damage lies in bytes that were
+//! never proven durable: the batch in flight at the crash (or the one before it).
+
+use std::ops::Range;
+
+use memchr::memmem;
+
+use super::frame::{valid_frame_at, FrameHeader, FRAME_HEADER_BYTES};
+use super::header::{HeaderError, WalHeader};
+
+/// One valid record found by a scan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrameInfo {
+    pub seq: u64,
+    pub offset: u64,
+    /// The whole frame's length; `offset + len` is where the next record starts.
+    pub len: u64,
+    pub kind: u16,
+    pub epoch: u32,
+    pub synced_end: u64,
+    /// Where the payload lies in the scanned bytes.
+    pub payload: Range<usize>,
+}
+
+/// How the valid records end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// R6: nothing but zeros after the last record.
+    Clean,
+    /// R8: a torn tail that the lease holder cuts logically when it opens the log.
+    Torn { reason: String, bytes: u64 },
+    /// R2-R5, R7: corruption; the records before `offset` are intact, nothing after is trusted.
+    Corrupt { reason: String },
+}
+
+/// What a scan found.
+#[derive(Debug, Clone)]
+pub struct Scan {
+    pub header: WalHeader,
+    pub frames: Vec<FrameInfo>,
+    /// Where the valid records end: the cut point for a torn tail, the damaged offset for
+    /// corruption.
+    pub end: u64,
+    pub verdict: Verdict,
+    /// The highest lease epoch among the valid records (0 when none).
+    pub epoch_max: u32,
+}
+
+impl Scan {
+    /// The seq the next record gets.
+    pub fn next_seq(&self) -> u64 {
+        self.frames.last().map_or(1, |f| f.seq + 1)
+    }
+}
+
+/// Scans a whole WAL file's bytes.
+pub fn scan(bytes: &[u8]) -> Result<Scan, HeaderError> {
+    let header = WalHeader::decode(bytes)?;
+    let tag = header.lineage_tag();
+    let start = header.data_offset as usize;
+    if bytes.len() < start {
+        // The initial zeroed region is written with the header in one write; a file that ends
+        // before its data offset was cut short by something else.
+        return Err(HeaderError::Truncated {
+            len: bytes.len() as u64,
+            needed: start as u64,
+        });
+    }
+    let mut frames = Vec::new();
+    let mut at = start;
+    let mut expected_seq = 1u64;
+    let mut epoch_max = 0u32;
+    let verdict = loop {
+        let Some(frame) = valid_frame_at(bytes, at) else {
+            break tail_verdict(bytes, at, tag);
+        };
+        let corrupt = |reason: String| Verdict::Corrupt { reason };
+        if frame.lineage_tag != tag {
+            break corrupt(format!(
+                "a record of another lineage (tag {}) where this WAL's lineage (tag {}) belongs",
+                hex(&frame.lineage_tag),
+                hex(&tag)
+            ));
+        }
+        if frame.seq != expected_seq {
+            break corrupt(format!(
+                "sequence gap: expected seq {expected_seq}, found {}",
+                frame.seq
+            ));
+        }
+        if frame.epoch < epoch_max {
+            break corrupt(format!(
+                "stale writer: epoch {} after epoch {epoch_max} (a writer wrote after losing its \
+                 lease)",
+                frame.epoch
+            ));
+        }
+        if frame.synced_end > at as u64 {
+            break corrupt(format!(
+                "record claims {} bytes were durable, beyond its own offset",
+                frame.synced_end
+            ));
+        }
+        frames.push(info(&frame, at));
+        epoch_max = frame.epoch;
+        expected_seq += 1;
+        at += frame.frame_len() as usize;
+    };
+    Ok(Scan {
+        header,
+        frames,
+        end: at as u64,
+        verdict,
+        epoch_max,
+    })
+}
+
+fn info(frame: &FrameHeader, at: usize) -> FrameInfo {
+    let payload_start = at + FRAME_HEADER_BYTES;
+    FrameInfo {
+        seq: frame.seq,
+        offset: at as u64,
+        len: frame.frame_len(),
+        kind: frame.kind,
+        epoch: frame.epoch,
+        synced_end: frame.synced_end,
+        payload: payload_start..payload_start + frame.payload_len as usize,
+    }
+}
+
+/// R6-R8: there is no valid frame at `at`.
+fn tail_verdict(bytes: &[u8], at: usize, tag: [u8; 8]) -> Verdict {
+    let rest = &bytes[at.min(bytes.len())..];
+    let Some(last_nonzero) = rest.iter().rposition(|&b| b != 0) else {
+        return Verdict::Clean;
+    };
+    if let Some((witness_at, synced_end)) = durable_witness(bytes, at, tag) {
+        return Verdict::Corrupt {
+            reason: format!(
+                "damaged record: the record at offset {witness_at} was appended after \
+                 {synced_end} bytes were durable, so the bytes at offset {at} had been \
+                 acknowledged"
+            ),
+        };
+    }
+    let reason = if rest.len() < FRAME_HEADER_BYTES {
+        "the file ends inside a frame header".to_string()
+    } else {
+        let header = FrameHeader::read(&rest[..FRAME_HEADER_BYTES]);
+        let frame_end = at as u64 + header.frame_len();
+        if header.payload_len as usize > super::frame::PAYLOAD_BYTES_MAX {
+            format!(
+                "a frame length of {} bytes is out of range",
+                header.payload_len
+            )
+        } else if frame_end > bytes.len() as u64 {
+            format!("the frame runs to offset {frame_end}, past the end of the file")
+        } else {
+            "checksum mismatch".to_string()
+        }
+    };
+    Verdict::Torn {
+        reason,
+        bytes: last_nonzero as u64 + 1,
+    }
+}
+
+/// R7: the first valid frame of this lineage after `at` whose `synced_end` exceeds `at`.
+fn durable_witness(bytes: &[u8], at: usize, tag: [u8; 8]) -> Option<(usize, u64)> {
+    let tag_offset = 16; // where the lineage tag sits in a frame header
+    let search_from = at + 1 + tag_offset;
+    if search_from >= bytes.len() {
+        return None;
+    }
+    memmem::find_iter(&bytes[search_from..], &tag)
+        .map(|pos| search_from + pos - tag_offset)
+        .filter_map(|frame_at| valid_frame_at(bytes, frame_at).map(|f| (frame_at, f)))
+        .find(|(_, f)| f.synced_end > at as u64)
+        .map(|(frame_at, f)| (frame_at, f.synced_end))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

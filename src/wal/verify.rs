@@ -1,0 +1,154 @@
+//! `broca wal verify` and `broca wal dump`: read-only checks of WAL files, with plain std I/O
+//! (no executor, no lease, no truncation).
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::record::Record;
+use super::recovery::{scan, Scan, Verdict};
+use super::{HeaderError, WalError};
+
+/// The verdict on one file.
+#[derive(Debug)]
+pub enum FileReport {
+    /// Intact: `records` valid records, nothing after them but zeros.
+    Intact { records: usize, end: u64 },
+    /// Intact up to a torn tail that the writer cuts when it opens the log.
+    Torn {
+        records: usize,
+        at: u64,
+        bytes: u64,
+        reason: String,
+    },
+    /// The file holds no bytes (or only zeros): a crash while it was being created.
+    Empty { reason: HeaderError },
+    /// Corruption, or a file that is not a WAL, or one that cannot be read.
+    Failed(WalError),
+}
+
+impl FileReport {
+    /// Whether this report fails `wal verify`.
+    pub fn is_failure(&self) -> bool {
+        matches!(self, FileReport::Failed(_))
+    }
+}
+
+/// Reads the file at `path` and scans it.
+pub fn read_and_scan(path: &Path) -> Result<(Vec<u8>, Scan), WalError> {
+    let bytes = fs::read(path).map_err(|e| WalError::Io {
+        path: path.to_path_buf(),
+        op: "read",
+        message: e.to_string(),
+    })?;
+    let scan = scan(&bytes).map_err(|error| WalError::Header {
+        path: path.to_path_buf(),
+        error,
+    })?;
+    Ok((bytes, scan))
+}
+
+/// Verifies one WAL file.
+pub fn verify_file(path: &Path) -> FileReport {
+    let (_, scan) = match read_and_scan(path) {
+        Ok(found) => found,
+        Err(WalError::Header {
+            error: reason @ (HeaderError::Empty | HeaderError::Uninitialized),
+            ..
+        }) => return FileReport::Empty { reason },
+        Err(e) => return FileReport::Failed(e),
+    };
+    if let Some(name) = path.file_name().and_then(|n| n.to_str()) {
+        let expected = scan.header.address.wal_file_name();
+        if name.ends_with(".wal") && name != expected {
+            return FileReport::Failed(WalError::Corrupt {
+                path: path.to_path_buf(),
+                offset: 0,
+                reason: format!("misdirected: the header names session file {expected}"),
+            });
+        }
+    }
+    let records = scan.frames.len();
+    match scan.verdict {
+        Verdict::Clean => FileReport::Intact {
+            records,
+            end: scan.end,
+        },
+        Verdict::Torn { reason, bytes } => FileReport::Torn {
+            records,
+            at: scan.end,
+            bytes,
+            reason,
+        },
+        Verdict::Corrupt { reason } => FileReport::Failed(WalError::Corrupt {
+            path: path.to_path_buf(),
+            offset: scan.end,
+            reason,
+        }),
+    }
+}
+
+/// The WAL files a `verify` argument names: a file itself; a directory's `*.wal` files; a state
+/// directory's `wal/*.wal` files. Sorted by name.
+pub fn wal_files(arg: &Path) -> Result<Vec<PathBuf>, String> {
+    let meta = fs::metadata(arg).map_err(|e| format!("{}: {e}", arg.display()))?;
+    if !meta.is_dir() {
+        return Ok(vec![arg.to_path_buf()]);
+    }
+    let dir = if arg.join("wal").is_dir() {
+        arg.join("wal")
+    } else {
+        arg.to_path_buf()
+    };
+    let mut files = Vec::new();
+    for entry in fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))? {
+        let entry = entry.map_err(|e| format!("{}: {e}", dir.display()))?;
+        let path = entry.path();
+        if path.extension().is_some_and(|ext| ext == "wal") {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Writes one JSON line per record of `path` to `out`: seq, offset, len, kind, epoch and the
+/// record itself. Stops with an error at corruption, after printing the records before it.
+pub fn dump(path: &Path, out: &mut impl Write) -> Result<Scan, WalError> {
+    let (bytes, scan) = read_and_scan(path)?;
+    let write_err = |e: std::io::Error| WalError::Io {
+        path: PathBuf::from("<stdout>"),
+        op: "write",
+        message: e.to_string(),
+    };
+    for frame in &scan.frames {
+        let payload = &bytes[frame.payload.clone()];
+        let kind_name = Record::kind_name(frame.kind);
+        let record: serde_json::Value = match Record::decode(frame.kind, payload) {
+            Ok(Record::Unknown { .. }) | Err(_) => {
+                serde_json::from_slice(payload).unwrap_or_else(|_| {
+                    serde_json::Value::String(String::from_utf8_lossy(payload).into_owned())
+                })
+            }
+            Ok(_) => serde_json::from_slice(payload).expect("a decoded payload is JSON"),
+        };
+        let line = serde_json::json!({
+            "seq": frame.seq,
+            "offset": frame.offset,
+            "len": frame.len,
+            "kind": kind_name.map_or_else(|| format!("unknown({})", frame.kind), str::to_string),
+            "epoch": frame.epoch,
+            "record": record,
+        });
+        serde_json::to_writer(&mut *out, &line).map_err(|e| write_err(e.into()))?;
+        out.write_all(b"\n").map_err(write_err)?;
+    }
+    if let Verdict::Corrupt { reason } = &scan.verdict {
+        return Err(WalError::Corrupt {
+            path: path.to_path_buf(),
+            offset: scan.end,
+            reason: reason.clone(),
+        });
+    }
+    Ok(scan)
+}

@@ -1,0 +1,227 @@
+//! The lease-holding WAL writer. One writer per WAL across threads and processes: an exclusive
+//! `flock` on the file, plus a lease epoch recorded in the log (every frame carries it, and a
+//! `lease_acquired` record opens each epoch) and a fence that refuses to write through a path
+//! that another writer has replaced.
+
+use std::fs::OpenOptions;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use broca_io::fs::{file_identity, sync_dir, ExclusiveLock};
+use broca_io::log::OpenedLog;
+use broca_io::{Committer, LogConfig, LogFile};
+
+use super::frame::{write_frame, FRAME_HEADER_BYTES, PAYLOAD_BYTES_MAX};
+use super::header::{HeaderError, WalHeader};
+use super::record::{LeaseAcquired, Record, TailCut};
+use super::recovery::{Scan, Verdict};
+use super::{SessionTriple, WalError};
+
+/// What a writer found when it opened the log.
+#[derive(Debug)]
+pub struct Recovered {
+    /// The file's bytes as read at open (the records' payloads point into them).
+    pub bytes: Vec<u8>,
+    /// The scan of those bytes; `None` for a log created by this open.
+    pub scan: Option<Scan>,
+    /// The torn tail cut at open, if any.
+    pub cut: Option<TailCut>,
+}
+
+/// A record appended: its seq and the log end to wait for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    pub seq: u64,
+    pub end: u64,
+}
+
+/// Writes one session's WAL. Lives on the shard that opened it.
+pub struct WalWriter {
+    path: PathBuf,
+    log: LogFile,
+    _lock: ExclusiveLock,
+    header: WalHeader,
+    epoch: u32,
+    next_seq: u64,
+    scratch: Vec<u8>,
+}
+
+/// `dir/<address>.wal`.
+pub fn wal_path(dir: &Path, triple: &SessionTriple) -> PathBuf {
+    dir.join(triple.address().wal_file_name())
+}
+
+fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl WalWriter {
+    /// Opens (or creates) the WAL of `triple` in `dir`, takes its lease, recovers its tail and
+    /// records the new epoch durably before returning.
+    pub async fn open(
+        dir: &Path,
+        triple: &SessionTriple,
+        cfg: LogConfig,
+        committer: Committer,
+    ) -> Result<(WalWriter, Recovered), WalError> {
+        let path = wal_path(dir, triple);
+        let io = |op: &'static str| {
+            let path = path.clone();
+            move |e: std::io::Error| WalError::Io {
+                path,
+                op,
+                message: e.to_string(),
+            }
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io("open"))?;
+        let lock = ExclusiveLock::try_take(file)
+            .map_err(io("lock"))?
+            .ok_or_else(|| WalError::LeaseHeld { path: path.clone() })?;
+        let identity = file_identity(lock.file()).map_err(io("stat"))?;
+        let opened = OpenedLog::open(&path, identity, cfg, committer).await?;
+        let bytes = opened.read_all().await?;
+
+        let (log, header, scan, cut) = match super::scan(&bytes) {
+            Err(HeaderError::Empty | HeaderError::Uninitialized) => {
+                // Nothing was ever acknowledged in this file: give it its header now.
+                let header = WalHeader::new(triple.clone(), now_unix_ms());
+                let log = opened
+                    .initialize(&header.encode(), header.data_offset)
+                    .await?;
+                // The directory entry must be durable before anything in the file is.
+                sync_dir(dir).map_err(io("fsync directory"))?;
+                (log, header, None, None)
+            }
+            Err(error) => return Err(WalError::Header { path, error }),
+            Ok(scan) => {
+                if scan.header.triple != *triple {
+                    return Err(WalError::WrongSession {
+                        path,
+                        found: scan.header.triple,
+                    });
+                }
+                let cut = match &scan.verdict {
+                    Verdict::Clean => None,
+                    Verdict::Torn { bytes, reason } => {
+                        tracing::warn!(
+                            path = %path.display(),
+                            at = scan.end,
+                            bytes,
+                            reason = reason.as_str(),
+                            "cutting a torn tail"
+                        );
+                        Some(TailCut {
+                            at_offset: scan.end,
+                            bytes: *bytes,
+                        })
+                    }
+                    Verdict::Corrupt { reason } => {
+                        return Err(WalError::Corrupt {
+                            path,
+                            offset: scan.end,
+                            reason: reason.clone(),
+                        })
+                    }
+                };
+                let log = opened.position(scan.end, &bytes).await?;
+                (log, scan.header.clone(), Some(scan), cut)
+            }
+        };
+        let epoch_max = scan.as_ref().map_or(0, |s| s.epoch_max);
+        let epoch = epoch_max
+            .checked_add(1)
+            .expect("fewer than 2^32 leases per WAL");
+        let next_seq = scan.as_ref().map_or(1, Scan::next_seq);
+        let mut writer = WalWriter {
+            path,
+            log,
+            _lock: lock,
+            header,
+            epoch,
+            next_seq,
+            scratch: Vec::new(),
+        };
+        let lease = Record::LeaseAcquired(LeaseAcquired {
+            epoch,
+            pid: std::process::id(),
+            at_unix_ms: now_unix_ms(),
+            cut: cut.clone(),
+        });
+        writer.append_durable(&lease).await?;
+        Ok((writer, Recovered { bytes, scan, cut }))
+    }
+
+    /// The WAL's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The WAL's header.
+    pub fn header(&self) -> &WalHeader {
+        &self.header
+    }
+
+    /// This writer's lease epoch.
+    pub fn epoch(&self) -> u32 {
+        self.epoch
+    }
+
+    /// The seq the next record gets.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// The underlying log.
+    pub fn log(&self) -> &LogFile {
+        &self.log
+    }
+
+    /// Appends `record` to the pending batch without waiting for the disk.
+    pub async fn append(&mut self, record: &Record) -> Result<Appended, WalError> {
+        record.encode_payload(&mut self.scratch);
+        let payload = &self.scratch;
+        if payload.len() > PAYLOAD_BYTES_MAX {
+            return Err(WalError::TooLarge {
+                path: self.path.clone(),
+                bytes: payload.len(),
+            });
+        }
+        let seq = self.next_seq;
+        let (tag, epoch, kind) = (self.header.lineage_tag(), self.epoch, record.kind());
+        let end = self
+            .log
+            .append_with(FRAME_HEADER_BYTES + payload.len(), |buf, synced_end| {
+                write_frame(buf, seq, tag, synced_end, epoch, kind, payload)
+            })
+            .await?;
+        self.next_seq += 1;
+        Ok(Appended { seq, end })
+    }
+
+    /// Appends `record` and waits until it is durable.
+    pub async fn append_durable(&mut self, record: &Record) -> Result<u64, WalError> {
+        let appended = self.append(record).await?;
+        self.wait_durable(appended.end).await?;
+        Ok(appended.seq)
+    }
+
+    /// Waits until everything up to `end` is durable.
+    pub async fn wait_durable(&self, end: u64) -> Result<(), WalError> {
+        Ok(self.log.wait_durable(end).await?)
+    }
+
+    /// Makes every append durable, closes the file and releases the lease.
+    pub async fn close(self) -> Result<(), WalError> {
+        self.log.close().await?;
+        Ok(())
+    }
+}

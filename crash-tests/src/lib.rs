@@ -1,1 +1,66 @@
-pub fn x() {}
+//! Crash-cut test support: building WAL images as a crash would leave them.
+//!
+//! The tests in `tests/` cut real WAL files at every byte and every sector of the writes that
+//! may have been in flight, flip bits in what was durable, and check what recovery makes of it.
+
+use std::path::Path;
+
+use broca::wal::verify::read_and_scan;
+use broca::wal::writer::wal_path;
+use broca::wal::{Record, SessionTriple, WalWriter};
+use broca_io::{Committer, LogConfig};
+use broca_shards::run_local;
+
+/// A test record of a kind the WAL does not know (kinds from 900 are free for tests).
+pub fn note(i: usize) -> Record {
+    Record::Unknown {
+        kind: 900,
+        payload: format!("{{\"note\":{i},\"pad\":\"{}\"}}", "x".repeat(i % 40)).into_bytes(),
+    }
+}
+
+/// A WAL written in two parts: `durable` records each made durable on its own, then one
+/// batch of `in_flight` records appended in one tick. Returns the file's bytes and the offset
+/// where the batch starts (the durable end when it was appended).
+pub struct TwoPartWal {
+    pub bytes: Vec<u8>,
+    pub batch_start: u64,
+    pub batch_end: u64,
+    /// Records before the batch, the lease record included.
+    pub durable_records: usize,
+}
+
+/// Writes a [`TwoPartWal`] for `triple` in `dir`.
+pub fn write_two_part(
+    dir: &Path,
+    triple: &SessionTriple,
+    durable: usize,
+    in_flight: usize,
+) -> TwoPartWal {
+    let batch_start = run_local(async {
+        let (mut w, _) = WalWriter::open(dir, triple, LogConfig::default(), Committer::default())
+            .await
+            .expect("open the WAL");
+        for i in 0..durable {
+            w.append_durable(&note(i)).await.expect("append");
+        }
+        let start = w.log().durable_end();
+        let mut last = 0;
+        for i in 0..in_flight {
+            last = w.append(&note(durable + i)).await.expect("append").end;
+        }
+        w.wait_durable(last).await.expect("sync");
+        w.close().await.expect("close");
+        start
+    })
+    .expect("executor");
+    let path = wal_path(dir, triple);
+    let (bytes, scan) = read_and_scan(&path).expect("scan");
+    let batch_end = scan.end;
+    TwoPartWal {
+        bytes,
+        batch_start,
+        batch_end,
+        durable_records: 1 + durable,
+    }
+}

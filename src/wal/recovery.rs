@@ -202,3 +202,31 @@ fn durable_witness(bytes: &[u8], at: usize, tag: [u8; 8]) -> Option<(usize, u64)
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// The records of a scan, decoded.
+#[derive(Debug, Clone, Default)]
+pub struct Decoded {
+    /// Each known record with its seq, in order.
+    pub records: Vec<(u64, super::Record)>,
+    /// Records of kinds this build does not know: skipped and counted.
+    pub unknown_kinds: u64,
+}
+
+impl Scan {
+    /// Decodes the payloads of the valid records in `bytes` (the bytes that were scanned).
+    /// A known kind whose payload does not parse is an error naming its seq and offset.
+    pub fn decode(&self, bytes: &[u8]) -> Result<Decoded, (u64, String)> {
+        let mut out = Decoded {
+            records: Vec::with_capacity(self.frames.len()),
+            unknown_kinds: 0,
+        };
+        for frame in &self.frames {
+            match super::Record::decode(frame.kind, &bytes[frame.payload.clone()]) {
+                Ok(super::Record::Unknown { .. }) => out.unknown_kinds += 1,
+                Ok(record) => out.records.push((frame.seq, record)),
+                Err(reason) => return Err((frame.offset, format!("seq {}: {reason}", frame.seq))),
+            }
+        }
+        Ok(out)
+    }
+}

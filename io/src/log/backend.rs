@@ -48,24 +48,13 @@ impl Backend {
         }
     }
 
-    pub(crate) async fn read_all(&self) -> io::Result<Vec<u8>> {
-        let len = self.len().await?;
-        let len = usize::try_from(len)
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "file too large to read"))?;
-        if len == 0 {
-            return Ok(Vec::new());
-        }
-        let read = match self {
-            Backend::Direct(f) => f.read_at(0, len).await.map_err(io_err)?,
-            Backend::Buffered(f) => f.read_at(0, len).await.map_err(io_err)?,
-        };
-        if read.len() != len {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                format!("short read: {} of {len} bytes", read.len()),
-            ));
-        }
-        Ok(read.to_vec())
+    /// Reads the whole file on the executor's blocking pool (a plain buffered read: recovery
+    /// reads each file once, and O_DIRECT reads gain nothing there).
+    pub(crate) async fn read_all(path: &Path) -> io::Result<Vec<u8>> {
+        let path = path.to_path_buf();
+        glommio::executor()
+            .spawn_blocking(move || std::fs::read(path))
+            .await
     }
 
     /// Writes `len` bytes at `pos` (both aligned), filled by `fill` in one buffer: exactly one

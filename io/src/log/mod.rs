@@ -251,8 +251,7 @@ impl OpenedLog {
 
     /// Reads the whole file.
     pub async fn read_all(&self) -> Result<Vec<u8>, LogError> {
-        self.file
-            .read_all()
+        Backend::read_all(&self.path)
             .await
             .map_err(|e| LogError::io(&self.path, "read", e))
     }

@@ -1,0 +1,155 @@
+//! `broca wal verify|dump` and `--help`, run as a user would: the real binary on real files.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use broca::wal::writer::wal_path;
+use broca::wal::{Record, SessionTriple, WalWriter};
+use broca_io::{Committer, LogConfig};
+use broca_shards::run_local;
+
+fn broca(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_broca"))
+        .args(args)
+        .env_remove("BROCA_STATE_DIR")
+        .output()
+        .expect("run broca")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn write_wal(dir: &Path, session: &str, notes: usize) -> std::path::PathBuf {
+    let t = SessionTriple::new("/proj", "cli", session).unwrap();
+    run_local(async {
+        let (mut w, _) =
+            WalWriter::open(dir, &t, LogConfig::default(), Committer::default()).await.unwrap();
+        for i in 0..notes {
+            let payload = format!("{{\"i\":{i}}}").into_bytes();
+            w.append(&Record::Unknown { kind: 900, payload }).await.unwrap();
+        }
+        w.close().await.unwrap();
+    })
+    .unwrap();
+    wal_path(dir, &t)
+}
+
+#[test]
+fn verify_passes_intact_and_torn_logs_and_fails_corrupt_ones_naming_file_and_offset() {
+    let state = tempfile::tempdir().unwrap();
+    let wal_dir = state.path().join("wal");
+    std::fs::create_dir(&wal_dir).unwrap();
+    let good = write_wal(&wal_dir, "good", 5);
+    let torn = write_wal(&wal_dir, "torn", 5);
+    let mut bytes = std::fs::read(&torn).unwrap();
+    let end = broca::wal::scan(&bytes).unwrap().end as usize;
+    bytes[end..end + 20].copy_from_slice(&[0xAB; 20]);
+    std::fs::write(&torn, &bytes).unwrap();
+
+    let out = broca(&["--state-dir", state.path().to_str().unwrap(), "wal", "verify"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains(&format!("ok    {}", good.display())), "{stdout}");
+    assert!(stdout.contains(&format!("torn  {}", torn.display())), "{stdout}");
+    assert!(stdout.contains(&format!("torn tail at offset {end}")), "{stdout}");
+
+    let corrupt = write_wal(&wal_dir, "corrupt", 5);
+    let mut bytes = std::fs::read(&corrupt).unwrap();
+    // The lease record: the batch after it proves it was durable (a flip inside the last
+    // batch could be a torn write, and would be cut).
+    let frame = broca::wal::scan(&bytes).unwrap().frames[0].clone();
+    bytes[frame.offset as usize + 41] ^= 1;
+    std::fs::write(&corrupt, &bytes).unwrap();
+    let out = broca(&["wal", "verify", state.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains(&corrupt.display().to_string()), "{stderr}");
+    assert!(stderr.contains(&format!("corrupt at offset {}", frame.offset)), "{stderr}");
+}
+
+#[test]
+fn verify_names_empty_files_and_fails_files_that_are_not_wals() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.wal");
+    std::fs::write(&empty, b"").unwrap();
+    let out = broca(&["wal", "verify", empty.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(text(&out.stdout).contains(&format!("empty {}", empty.display())));
+
+    let other = dir.path().join("notes.txt");
+    std::fs::write(&other, b"hello, world\n").unwrap();
+    let out = broca(&["wal", "verify", other.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("notes.txt") && stderr.contains("not a broca WAL"), "{stderr}");
+
+    let out = broca(&["wal", "verify", dir.path().join("missing.wal").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("missing.wal"));
+}
+
+#[test]
+fn verify_fails_a_misplaced_wal_whose_header_names_another_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = write_wal(dir.path(), "one", 1);
+    let elsewhere = dir.path().join("00000000000000000000000000000000.wal");
+    std::fs::rename(&wal, &elsewhere).unwrap();
+    let out = broca(&["wal", "verify", elsewhere.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("misdirected"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn a_wal_the_user_cannot_read_is_a_clear_error() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let wal = write_wal(dir.path(), "private", 1);
+    // As root the permission bits do not apply: check as an unprivileged user when root.
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_broca"));
+    cmd.args(["wal", "verify", wal.to_str().unwrap()]);
+    // SAFETY: getuid has no preconditions.
+    if unsafe { libc::getuid() } == 0 {
+        cmd.uid(65534).gid(65534);
+    }
+    let out = cmd.output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("private") || stderr.contains(&wal.display().to_string()), "{stderr}");
+    assert!(stderr.to_lowercase().contains("permission denied"), "{stderr}");
+}
+
+#[test]
+fn dump_prints_each_record_with_offsets_that_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal = write_wal(dir.path(), "dump", 3);
+    let out = broca(&["wal", "dump", wal.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let lines: Vec<serde_json::Value> =
+        text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 4);
+    assert_eq!(lines[0]["kind"], "lease_acquired");
+    assert_eq!(lines[0]["record"]["epoch"], 1);
+    assert_eq!(lines[0]["offset"], 4096);
+    assert_eq!(lines[2]["kind"], "unknown(900)");
+    assert_eq!(lines[2]["record"]["i"], 1);
+    for pair in lines.windows(2) {
+        let next = pair[0]["offset"].as_u64().unwrap() + pair[0]["len"].as_u64().unwrap();
+        assert_eq!(pair[1]["offset"].as_u64().unwrap(), next);
+        assert_eq!(pair[1]["seq"].as_u64().unwrap(), pair[0]["seq"].as_u64().unwrap() + 1);
+    }
+}
+
+#[test]
+fn every_command_has_help_and_bad_usage_exits_2() {
+    for args in [&["--help"][..], &["wal", "--help"], &["wal", "verify", "--help"], &["wal", "dump", "--help"]] {
+        let out = broca(args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}");
+        assert!(text(&out.stdout).contains("Usage: broca"), "{args:?}");
+    }
+    for args in [&[][..], &["frobnicate"], &["wal"], &["wal", "dump"], &["wal", "verify", "--bogus"]] {
+        let out = broca(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert_eq!(text(&out.stderr).lines().count(), 1, "{args:?}: one line on stderr");
+    }
+}

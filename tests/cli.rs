@@ -23,11 +23,14 @@ fn text(bytes: &[u8]) -> String {
 fn write_wal(dir: &Path, session: &str, notes: usize) -> std::path::PathBuf {
     let t = SessionTriple::new("/proj", "cli", session).unwrap();
     run_local(async {
-        let (mut w, _) =
-            WalWriter::open(dir, &t, LogConfig::default(), Committer::default()).await.unwrap();
+        let (mut w, _) = WalWriter::open(dir, &t, LogConfig::default(), Committer::default())
+            .await
+            .unwrap();
         for i in 0..notes {
             let payload = format!("{{\"i\":{i}}}").into_bytes();
-            w.append(&Record::Unknown { kind: 900, payload }).await.unwrap();
+            w.append(&Record::Unknown { kind: 900, payload })
+                .await
+                .unwrap();
         }
         w.close().await.unwrap();
     })
@@ -47,12 +50,26 @@ fn verify_passes_intact_and_torn_logs_and_fails_corrupt_ones_naming_file_and_off
     bytes[end..end + 20].copy_from_slice(&[0xAB; 20]);
     std::fs::write(&torn, &bytes).unwrap();
 
-    let out = broca(&["--state-dir", state.path().to_str().unwrap(), "wal", "verify"]);
+    let out = broca(&[
+        "--state-dir",
+        state.path().to_str().unwrap(),
+        "wal",
+        "verify",
+    ]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
-    assert!(stdout.contains(&format!("ok    {}", good.display())), "{stdout}");
-    assert!(stdout.contains(&format!("torn  {}", torn.display())), "{stdout}");
-    assert!(stdout.contains(&format!("torn tail at offset {end}")), "{stdout}");
+    assert!(
+        stdout.contains(&format!("ok    {}", good.display())),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("torn  {}", torn.display())),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("torn tail at offset {end}")),
+        "{stdout}"
+    );
 
     let corrupt = write_wal(&wal_dir, "corrupt", 5);
     let mut bytes = std::fs::read(&corrupt).unwrap();
@@ -65,7 +82,10 @@ fn verify_passes_intact_and_torn_logs_and_fails_corrupt_ones_naming_file_and_off
     assert_eq!(out.status.code(), Some(1));
     let stderr = text(&out.stderr);
     assert!(stderr.contains(&corrupt.display().to_string()), "{stderr}");
-    assert!(stderr.contains(&format!("corrupt at offset {}", frame.offset)), "{stderr}");
+    assert!(
+        stderr.contains(&format!("corrupt at offset {}", frame.offset)),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -82,9 +102,16 @@ fn verify_names_empty_files_and_fails_files_that_are_not_wals() {
     let out = broca(&["wal", "verify", other.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
     let stderr = text(&out.stderr);
-    assert!(stderr.contains("notes.txt") && stderr.contains("not a broca WAL"), "{stderr}");
+    assert!(
+        stderr.contains("notes.txt") && stderr.contains("not a broca WAL"),
+        "{stderr}"
+    );
 
-    let out = broca(&["wal", "verify", dir.path().join("missing.wal").to_str().unwrap()]);
+    let out = broca(&[
+        "wal",
+        "verify",
+        dir.path().join("missing.wal").to_str().unwrap(),
+    ]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("missing.wal"));
 }
@@ -97,7 +124,11 @@ fn verify_fails_a_misplaced_wal_whose_header_names_another_session() {
     std::fs::rename(&wal, &elsewhere).unwrap();
     let out = broca(&["wal", "verify", elsewhere.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("misdirected"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("misdirected"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
@@ -115,8 +146,14 @@ fn a_wal_the_user_cannot_read_is_a_clear_error() {
     let out = cmd.output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let stderr = text(&out.stderr);
-    assert!(stderr.contains("private") || stderr.contains(&wal.display().to_string()), "{stderr}");
-    assert!(stderr.to_lowercase().contains("permission denied"), "{stderr}");
+    assert!(
+        stderr.contains("private") || stderr.contains(&wal.display().to_string()),
+        "{stderr}"
+    );
+    assert!(
+        stderr.to_lowercase().contains("permission denied"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -125,8 +162,10 @@ fn dump_prints_each_record_with_offsets_that_chain() {
     let wal = write_wal(dir.path(), "dump", 3);
     let out = broca(&["wal", "dump", wal.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let lines: Vec<serde_json::Value> =
-        text(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<serde_json::Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(lines.len(), 4);
     assert_eq!(lines[0]["kind"], "lease_acquired");
     assert_eq!(lines[0]["record"]["epoch"], 1);
@@ -136,20 +175,38 @@ fn dump_prints_each_record_with_offsets_that_chain() {
     for pair in lines.windows(2) {
         let next = pair[0]["offset"].as_u64().unwrap() + pair[0]["len"].as_u64().unwrap();
         assert_eq!(pair[1]["offset"].as_u64().unwrap(), next);
-        assert_eq!(pair[1]["seq"].as_u64().unwrap(), pair[0]["seq"].as_u64().unwrap() + 1);
+        assert_eq!(
+            pair[1]["seq"].as_u64().unwrap(),
+            pair[0]["seq"].as_u64().unwrap() + 1
+        );
     }
 }
 
 #[test]
 fn every_command_has_help_and_bad_usage_exits_2() {
-    for args in [&["--help"][..], &["wal", "--help"], &["wal", "verify", "--help"], &["wal", "dump", "--help"]] {
+    for args in [
+        &["--help"][..],
+        &["wal", "--help"],
+        &["wal", "verify", "--help"],
+        &["wal", "dump", "--help"],
+    ] {
         let out = broca(args);
         assert_eq!(out.status.code(), Some(0), "{args:?}");
         assert!(text(&out.stdout).contains("Usage: broca"), "{args:?}");
     }
-    for args in [&[][..], &["frobnicate"], &["wal"], &["wal", "dump"], &["wal", "verify", "--bogus"]] {
+    for args in [
+        &[][..],
+        &["frobnicate"],
+        &["wal"],
+        &["wal", "dump"],
+        &["wal", "verify", "--bogus"],
+    ] {
         let out = broca(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
-        assert_eq!(text(&out.stderr).lines().count(), 1, "{args:?}: one line on stderr");
+        assert_eq!(
+            text(&out.stderr).lines().count(),
+            1,
+            "{args:?}: one line on stderr"
+        );
     }
 }

@@ -17,11 +17,16 @@ use criterion::{BenchmarkId, Criterion, Throughput};
 use glommio::{LocalExecutor, LocalExecutorBuilder, Placement};
 
 const RECORD_BYTES: usize = 256;
+/// A broca frame: the 40-byte frame header and the record.
+const FRAME_BYTES: usize = RECORD_BYTES + 40;
 const BATCHES: [usize; 4] = [1, 8, 64, 512];
 const SPREAD_LOGS: usize = 1_000;
 
 fn record() -> Record {
-    Record::Unknown { kind: 900, payload: vec![b'x'; RECORD_BYTES] }
+    Record::Unknown {
+        kind: 900,
+        payload: vec![b'x'; RECORD_BYTES],
+    }
 }
 
 fn executor() -> LocalExecutor {
@@ -48,14 +53,19 @@ impl BrocaLogs {
             let mut writers = Vec::with_capacity(logs);
             for i in 0..logs {
                 let t = SessionTriple::new("/bench", "wal", format!("s{i}")).expect("triple");
-                let (w, _) = WalWriter::open(dir.path(), &t, LogConfig::default(), committer.clone())
-                    .await
-                    .expect("open WAL");
+                let (w, _) =
+                    WalWriter::open(dir.path(), &t, LogConfig::default(), committer.clone())
+                        .await
+                        .expect("open WAL");
                 writers.push(w);
             }
             writers
         });
-        BrocaLogs { ex, writers, _dir: dir }
+        BrocaLogs {
+            ex,
+            writers,
+            _dir: dir,
+        }
     }
 
     fn run(&mut self, batches: u64, per_log: usize, lat: &mut Vec<Duration>) -> Duration {
@@ -82,6 +92,7 @@ impl BrocaLogs {
 }
 
 /// The limit: one pwrite of the batch's aligned bytes into pre-zeroed space, then fdatasync.
+/// It writes as many bytes as broca's frames take, so that both move the same bytes.
 struct Bare {
     file: File,
     buf: AlignedBuf,
@@ -107,22 +118,31 @@ impl Bare {
             .custom_flags(libc::O_DIRECT)
             .open(&path)
             .expect("open O_DIRECT");
-        Bare { file, buf: AlignedBuf::zeroed(512 * RECORD_BYTES + 4096, 4096), offset: 0, _dir: dir }
+        Bare {
+            file,
+            buf: AlignedBuf::zeroed(512 * FRAME_BYTES + 4096, 4096),
+            offset: 0,
+            _dir: dir,
+        }
     }
 
     fn run(&mut self, batches: u64, per_batch: usize, lat: &mut Vec<Duration>) -> Duration {
-        let len = (per_batch * RECORD_BYTES).div_ceil(512) * 512;
+        let bytes = (per_batch * FRAME_BYTES) as u64;
         let start = Instant::now();
         for _ in 0..batches {
             let t0 = Instant::now();
-            if self.offset + len as u64 > BARE_FILE_BYTES {
+            if self.offset + bytes + 512 > BARE_FILE_BYTES {
                 self.offset = 0;
             }
+            // The same span a log writes: from the start of the partial tail block to the end
+            // of the new bytes, rounded up to the sector.
+            let pos = self.offset & !511;
+            let len = ((self.offset + bytes).div_ceil(512) * 512 - pos) as usize;
             let buf = &mut self.buf.as_mut_slice()[..len];
             buf[..8].copy_from_slice(&self.offset.to_le_bytes());
-            self.file.write_all_at(buf, self.offset).expect("pwrite");
+            self.file.write_all_at(buf, pos).expect("pwrite");
             self.file.sync_data().expect("fdatasync");
-            self.offset += (per_batch * RECORD_BYTES) as u64 & !511;
+            self.offset += bytes;
             lat.push(t0.elapsed());
         }
         start.elapsed()
@@ -171,10 +191,15 @@ impl Sqlite {
     fn open() -> Sqlite {
         let dir = tempfile::tempdir_in(bench_dir()).expect("temp dir");
         let conn = rusqlite::Connection::open(dir.path().join("bench.db")).expect("open");
-        conn.pragma_update(None, "journal_mode", "WAL").expect("WAL mode");
-        conn.pragma_update(None, "synchronous", "FULL").expect("synchronous");
-        conn.execute("CREATE TABLE log (seq INTEGER PRIMARY KEY, body BLOB NOT NULL)", [])
-            .expect("table");
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .expect("WAL mode");
+        conn.pragma_update(None, "synchronous", "FULL")
+            .expect("synchronous");
+        conn.execute(
+            "CREATE TABLE log (seq INTEGER PRIMARY KEY, body BLOB NOT NULL)",
+            [],
+        )
+        .expect("table");
         Sqlite { conn, _dir: dir }
     }
 
@@ -185,7 +210,9 @@ impl Sqlite {
             let t0 = Instant::now();
             let tx = self.conn.transaction().expect("begin");
             {
-                let mut stmt = tx.prepare_cached("INSERT INTO log (body) VALUES (?1)").expect("prepare");
+                let mut stmt = tx
+                    .prepare_cached("INSERT INTO log (body) VALUES (?1)")
+                    .expect("prepare");
                 for _ in 0..per_batch {
                     stmt.execute([&rec]).expect("insert");
                 }
@@ -206,16 +233,27 @@ fn bench_dir() -> &'static Path {
 
 fn bench(c: &mut Criterion, lat: &mut Latencies) {
     let mut group = c.benchmark_group("wal_append");
-    group.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
     for &batch in &BATCHES {
         group.throughput(Throughput::Elements(batch as u64));
         let mut bare = Bare::open();
         group.bench_function(BenchmarkId::new("bare_fdatasync_limit", batch), |b| {
-            b.iter_custom(|n| bare.run(n, batch, lat.samples(&format!("bare limit, batch {batch}"))))
+            b.iter_custom(|n| {
+                bare.run(n, batch, lat.samples(&format!("bare limit, batch {batch}")))
+            })
         });
         let mut one = BrocaLogs::open(1);
         group.bench_function(BenchmarkId::new("broca_1_log", batch), |b| {
-            b.iter_custom(|n| one.run(n, batch, lat.samples(&format!("broca 1 log, batch {batch}"))))
+            b.iter_custom(|n| {
+                one.run(
+                    n,
+                    batch,
+                    lat.samples(&format!("broca 1 log, batch {batch}")),
+                )
+            })
         });
         let mut stdfs = StdFs::open();
         group.bench_function(BenchmarkId::new("std_fs_sync_data", batch), |b| {
@@ -229,7 +267,10 @@ fn bench(c: &mut Criterion, lat: &mut Latencies) {
     group.finish();
 
     let mut spread = c.benchmark_group("wal_append_1000_logs");
-    spread.sample_size(10).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(5));
+    spread
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(5));
     let mut logs = BrocaLogs::open(SPREAD_LOGS);
     for &batch in &BATCHES {
         spread.throughput(Throughput::Elements((batch * SPREAD_LOGS) as u64));

@@ -21,7 +21,10 @@ impl Latencies {
     /// Prints `label  n  p50  p99` for every label, in the order first used.
     pub fn print(&mut self, title: &str) {
         println!("\n{title}");
-        println!("{:<40} {:>9} {:>11} {:>11}", "workload", "commits", "p50", "p99");
+        println!(
+            "{:<40} {:>9} {:>11} {:>11}",
+            "workload", "commits", "p50", "p99"
+        );
         for (label, samples) in &mut self.rows {
             samples.sort_unstable();
             println!(

@@ -45,6 +45,7 @@ pub struct Committer {
 
 struct Inner {
     inflight: Semaphore,
+    flushing_logs: Cell<usize>,
     appends: Cell<u64>,
     append_bytes: Cell<u64>,
     fsyncs: Cell<u64>,
@@ -70,6 +71,7 @@ impl Committer {
         Committer {
             inner: Rc::new(Inner {
                 inflight: Semaphore::new(inflight_batches_max as u64),
+                flushing_logs: Cell::new(0),
                 appends: Cell::new(0),
                 append_bytes: Cell::new(0),
                 fsyncs: Cell::new(0),
@@ -88,6 +90,25 @@ impl Committer {
             .acquire_permit(1)
             .await
             .expect("the committer's semaphore is never closed")
+    }
+
+    /// A log has appends to flush (its flush task started).
+    pub(crate) fn flush_started(&self) {
+        self.inner
+            .flushing_logs
+            .set(self.inner.flushing_logs.get() + 1);
+    }
+
+    /// A log's flush task ended.
+    pub(crate) fn flush_ended(&self) {
+        let n = self.inner.flushing_logs.get();
+        assert!(n > 0, "flush_ended without flush_started");
+        self.inner.flushing_logs.set(n - 1);
+    }
+
+    /// Logs of this shard with a flush task running.
+    pub(crate) fn flushing_logs(&self) -> usize {
+        self.inner.flushing_logs.get()
     }
 
     pub(crate) fn count_append(&self, bytes: usize) {

@@ -2,6 +2,7 @@
 //! case), or buffered writes where the file system refuses O_DIRECT (a logged fallback).
 
 use std::io;
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::Path;
 
 use glommio::io::{BufferedFile, DmaFile, OpenOptions};
@@ -57,24 +58,43 @@ impl Backend {
             .await
     }
 
+    fn raw_fd(&self) -> RawFd {
+        match self {
+            Backend::Direct(f) => f.as_raw_fd(),
+            Backend::Buffered(f) => f.as_raw_fd(),
+        }
+    }
+
     /// Writes `len` bytes at `pos` (both aligned), filled by `fill` in one buffer: exactly one
-    /// write system call. A short write is an error.
+    /// write. `Submit::Ring` goes through io_uring; `Submit::Inline` is a plain `pwrite` on
+    /// this thread. A short write is an error.
     pub(crate) async fn write_filled(
         &self,
         pos: u64,
         len: usize,
+        submit: Submit,
         fill: impl FnOnce(&mut [u8]),
     ) -> io::Result<()> {
-        let written = match self {
-            Backend::Direct(f) => {
+        let written = match (self, submit) {
+            (Backend::Direct(f), Submit::Ring) => {
                 let mut buf = f.alloc_dma_buffer(len);
                 fill(buf.as_bytes_mut());
                 f.write_at(buf, pos).await.map_err(io_err)?
             }
-            Backend::Buffered(f) => {
+            (Backend::Direct(f), Submit::Inline) => {
+                let mut buf = f.alloc_dma_buffer(len);
+                fill(buf.as_bytes_mut());
+                pwrite_all(self.raw_fd(), buf.as_bytes(), pos)?
+            }
+            (Backend::Buffered(f), Submit::Ring) => {
                 let mut buf = vec![0u8; len];
                 fill(&mut buf);
                 f.write_at(buf, pos).await.map_err(io_err)?
+            }
+            (Backend::Buffered(_), Submit::Inline) => {
+                let mut buf = vec![0u8; len];
+                fill(&mut buf);
+                pwrite_all(self.raw_fd(), &buf, pos)?
             }
         };
         if written != len {
@@ -86,7 +106,16 @@ impl Backend {
         Ok(())
     }
 
-    pub(crate) async fn fdatasync(&self) -> io::Result<()> {
+    pub(crate) async fn fdatasync(&self, submit: Submit) -> io::Result<()> {
+        if submit == Submit::Inline {
+            // SAFETY: the descriptor is open for the life of self.
+            let rc = unsafe { libc::fdatasync(self.raw_fd()) };
+            return if rc == 0 {
+                Ok(())
+            } else {
+                Err(io::Error::last_os_error())
+            };
+        }
         match self {
             Backend::Direct(f) => f.fdatasync().await.map_err(io_err),
             Backend::Buffered(f) => f.fdatasync().await.map_err(io_err),
@@ -99,4 +128,35 @@ impl Backend {
             Backend::Buffered(f) => f.close().await.map_err(io_err),
         }
     }
+}
+
+/// How a write or sync is issued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Submit {
+    /// Through the executor's io_uring: many logs' batches overlap.
+    Ring,
+    /// A plain system call on this thread: for a lone batch, it saves the ring's hand-offs
+    /// (the fsync's trip through the kernel's async workers costs tens of microseconds).
+    Inline,
+}
+
+fn pwrite_all(fd: RawFd, mut buf: &[u8], mut pos: u64) -> io::Result<usize> {
+    let total = buf.len();
+    while !buf.is_empty() {
+        // SAFETY: buf is valid for buf.len() bytes; fd is open.
+        let n = unsafe { libc::pwrite(fd, buf.as_ptr().cast(), buf.len(), pos as libc::off_t) };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        if n == 0 {
+            break;
+        }
+        buf = &buf[n as usize..];
+        pos += n as u64;
+    }
+    Ok(total - buf.len())
 }

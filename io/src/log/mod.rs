@@ -33,7 +33,7 @@ use std::rc::Rc;
 use std::task::{Poll, Waker};
 use std::time::Instant;
 
-use backend::Backend;
+use backend::{Backend, Submit};
 
 use crate::commit::Committer;
 use crate::fs::{self, align_down, align_up};
@@ -268,14 +268,14 @@ impl OpenedLog {
         let zeroed_end = data_offset + align_up(self.cfg.zero_ahead_min_bytes, self.align);
         let len = usize::try_from(zeroed_end).expect("the initial region fits in memory");
         self.file
-            .write_filled(0, len, |buf| {
+            .write_filled(0, len, Submit::Ring, |buf| {
                 buf.fill(0);
                 buf[..header.len()].copy_from_slice(header);
             })
             .await
             .map_err(|e| LogError::io(&self.path, "write", e))?;
         self.file
-            .fdatasync()
+            .fdatasync(Submit::Ring)
             .await
             .map_err(|e| LogError::io(&self.path, "fdatasync", e))?;
         self.committer.count_write(len);
@@ -305,14 +305,14 @@ impl OpenedLog {
                 "zeroing the torn tail before appending"
             );
             self.file
-                .write_filled(block_start, len, |buf| {
+                .write_filled(block_start, len, Submit::Ring, |buf| {
                     buf.fill(0);
                     buf[..tail_block.len()].copy_from_slice(&tail_block);
                 })
                 .await
                 .map_err(|e| LogError::io(&self.path, "write", e))?;
             self.file
-                .fdatasync()
+                .fdatasync(Submit::Ring)
                 .await
                 .map_err(|e| LogError::io(&self.path, "fdatasync", e))?;
             self.committer.count_write(len);
@@ -401,6 +401,7 @@ impl LogFile {
         let end = st.end;
         if !st.flushing {
             st.flushing = true;
+            self.shared.committer.flush_started();
             glommio::spawn_local(flush_loop(self.shared.clone())).detach();
         }
         drop(st);
@@ -483,6 +484,7 @@ async fn flush_loop(shared: Rc<Shared>) {
             let mut st = shared.state.borrow_mut();
             if st.pending.is_empty() || st.dead.is_some() {
                 st.flushing = false;
+                shared.committer.flush_ended();
                 return;
             }
             let spare = std::mem::take(&mut st.spare);
@@ -523,6 +525,7 @@ async fn flush_loop(shared: Rc<Shared>) {
                     waker.wake();
                 }
                 st.flushing = false;
+                shared.committer.flush_ended();
                 return;
             }
         }
@@ -577,9 +580,15 @@ async fn write_batch(shared: &Shared, batch: &[u8], base: u64) -> Result<Written
         Err(e) => return Err(LogError::io(&shared.path, "stat", e)),
     }
 
+    // A lone batch on the shard goes inline; batches of several logs overlap in the ring.
+    let submit = if shared.committer.flushing_logs() <= 1 {
+        Submit::Inline
+    } else {
+        Submit::Ring
+    };
     shared
         .file
-        .write_filled(block_start, len, |buf| {
+        .write_filled(block_start, len, submit, |buf| {
             let head = tail_block.len();
             buf[..head].copy_from_slice(&tail_block);
             buf[head..head + batch.len()].copy_from_slice(batch);
@@ -590,7 +599,7 @@ async fn write_batch(shared: &Shared, batch: &[u8], base: u64) -> Result<Written
     shared.committer.count_write(len);
 
     let started = Instant::now();
-    if let Err(e) = shared.file.fdatasync().await {
+    if let Err(e) = shared.file.fdatasync(submit).await {
         shared.committer.count_fsync_error();
         return Err(LogError::io(&shared.path, "fdatasync", e));
     }

@@ -228,3 +228,20 @@ fn a_writer_whose_file_was_replaced_is_refused_as_stale() {
     let (_, scan) = read_and_scan(&path).unwrap();
     assert_eq!(scan.frames.len(), 2);
 }
+
+#[test]
+fn a_writer_whose_file_was_removed_is_refused_as_stale() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = triple("removed");
+    run_local(async {
+        let (mut w, _) =
+            WalWriter::open(dir.path(), &t, LogConfig::default(), Committer::default())
+                .await
+                .unwrap();
+        w.append_durable(&note(0)).await.unwrap();
+        std::fs::remove_file(wal_path(dir.path(), &t)).unwrap();
+        let err = w.append_durable(&note(1)).await.unwrap_err();
+        assert!(err.to_string().contains("stale writer"), "{err}");
+    })
+    .unwrap();
+}

@@ -29,8 +29,28 @@ fn record() -> Record {
     }
 }
 
+/// The CPU every workload runs on (`BROCA_BENCH_CPU`, default 0): broca's executor and the
+/// peers' loops share it, so that no workload gains from sitting nearer the disk's interrupts.
+fn bench_cpu() -> usize {
+    std::env::var("BROCA_BENCH_CPU")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Pins the calling thread to [`bench_cpu`].
+fn pin_this_thread() {
+    // SAFETY: cpu_set_t is plain data; sched_setaffinity reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(bench_cpu(), &mut set);
+        let rc = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        assert_eq!(rc, 0, "pinning to CPU {} failed", bench_cpu());
+    }
+}
+
 fn executor() -> LocalExecutor {
-    LocalExecutorBuilder::new(Placement::Fixed(0))
+    LocalExecutorBuilder::new(Placement::Fixed(bench_cpu()))
         .io_memory(broca_shards::IO_MEMORY_BYTES)
         .make()
         .expect("executor")
@@ -283,6 +303,8 @@ fn bench(c: &mut Criterion, lat: &mut Latencies) {
 }
 
 fn main() {
+    pin_this_thread();
+    println!("every workload runs on CPU {}", bench_cpu());
     let mut c = Criterion::default().configure_from_args();
     let mut lat = Latencies::default();
     bench(&mut c, &mut lat);

@@ -4,11 +4,13 @@
 //!   the partial tail block rewritten in place, space zeroed ahead of the tail, and group
 //!   commit (every append ready in a tick shares one `fdatasync`).
 //! - [`commit`]: the per-shard group-commit scheduler shared by all the logs of a shard.
+//! - [`fence`]: the stale-writer fence (inotify on the log directory).
 //! - [`fs`]: small file-system helpers: alignment probing, directory fsync, advisory locks.
 
 pub mod commit;
+pub mod fence;
 pub mod fs;
 pub mod log;
 
 pub use commit::{CommitStats, Committer};
-pub use log::{LogConfig, LogError, LogFile};
+pub use log::{FaultHook, FaultPoint, LogConfig, LogError, LogFile};

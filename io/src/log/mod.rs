@@ -30,12 +30,14 @@ use std::future::poll_fn;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::sync::Arc;
 use std::task::{Poll, Waker};
 use std::time::Instant;
 
 use backend::{Backend, Submit};
 
 use crate::commit::Committer;
+use crate::fence::DirWatch;
 use crate::fs::{self, align_down, align_up};
 
 /// How a log file reaches the disk.
@@ -45,6 +47,25 @@ pub enum DirectIo {
     Auto,
     /// Always buffered writes (still aligned, still one `fdatasync` per batch).
     Off,
+}
+
+/// A point in a batch where a fault can be injected (for crash and fault tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultPoint {
+    /// Before the batch write of `len` bytes at `pos`: an error here means nothing was written.
+    Write { pos: u64, len: usize },
+    /// Instead of the batch's `fdatasync`: an error here is a failed sync.
+    Sync,
+}
+
+/// Injects I/O errors at [`FaultPoint`]s: `None` lets the operation run, `Some(e)` fails it.
+#[derive(Clone)]
+pub struct FaultHook(pub Arc<dyn Fn(FaultPoint) -> Option<io::Error> + Send + Sync>);
+
+impl fmt::Debug for FaultHook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FaultHook")
+    }
 }
 
 /// Limits and policies of one log file.
@@ -58,6 +79,8 @@ pub struct LogConfig {
     pub zero_ahead_max_bytes: u64,
     /// O_DIRECT or buffered.
     pub direct_io: DirectIo,
+    /// Injected faults; `None` outside fault tests.
+    pub faults: Option<FaultHook>,
 }
 
 impl Default for LogConfig {
@@ -67,6 +90,7 @@ impl Default for LogConfig {
             zero_ahead_min_bytes: 16 * 1024,
             zero_ahead_max_bytes: 4 * 1024 * 1024,
             direct_io: DirectIo::Auto,
+            faults: None,
         }
     }
 }
@@ -142,6 +166,10 @@ pub struct LogFile {
 
 struct Shared {
     path: PathBuf,
+    /// The directory watch that tells when the fence needs a real check.
+    watch: Option<Rc<DirWatch>>,
+    /// The watch generation at the last successful fence check.
+    fenced_generation: std::cell::Cell<u64>,
     file: Backend,
     align: u64,
     identity: (u64, u64),
@@ -323,8 +351,11 @@ impl OpenedLog {
     }
 
     fn into_log(self, end: u64, tail_block: Vec<u8>, zeroed_end: u64) -> LogFile {
+        let watch = self.path.parent().and_then(DirWatch::for_dir);
         LogFile {
             shared: Rc::new(Shared {
+                watch,
+                fenced_generation: std::cell::Cell::new(0),
                 path: self.path,
                 file: self.file,
                 align: self.align,
@@ -564,22 +595,14 @@ async fn write_batch(shared: &Shared, batch: &[u8], base: u64) -> Result<Written
     }
     let len = usize::try_from(write_end - block_start).expect("a batch fits in memory");
 
-    // The fence: never write through a file that another writer has replaced.
-    match fs::path_identity(&shared.path) {
-        Ok(id) if id == shared.identity => {}
-        Ok(_) => {
-            return Err(LogError::Stale {
-                path: shared.path.clone(),
-            })
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(LogError::Stale {
-                path: shared.path.clone(),
-            })
-        }
-        Err(e) => return Err(LogError::io(&shared.path, "stat", e)),
+    check_fence(shared)?;
+    let fault = |point| shared.cfg.faults.as_ref().and_then(|hook| (hook.0)(point));
+    if let Some(e) = fault(FaultPoint::Write {
+        pos: block_start,
+        len,
+    }) {
+        return Err(LogError::io(&shared.path, "write", e));
     }
-
     // A lone batch on the shard goes inline; batches of several logs overlap in the ring.
     let submit = if shared.committer.flushing_logs() <= 1 {
         Submit::Inline
@@ -599,7 +622,11 @@ async fn write_batch(shared: &Shared, batch: &[u8], base: u64) -> Result<Written
     shared.committer.count_write(len);
 
     let started = Instant::now();
-    if let Err(e) = shared.file.fdatasync(submit).await {
+    let synced = match fault(FaultPoint::Sync) {
+        Some(e) => Err(e),
+        None => shared.file.fdatasync(submit).await,
+    };
+    if let Err(e) = synced {
         shared.committer.count_fsync_error();
         return Err(LogError::io(&shared.path, "fdatasync", e));
     }
@@ -619,4 +646,26 @@ async fn write_batch(shared: &Shared, batch: &[u8], base: u64) -> Result<Written
         zeroed_end: new_zeroed_end,
         tail_block: new_tail,
     })
+}
+
+/// The fence: never write through a file that another writer has replaced or removed. The path
+/// is stat'ed only when the directory watch saw a change since the last check.
+fn check_fence(shared: &Shared) -> Result<(), LogError> {
+    let generation = shared.watch.as_ref().map(|w| w.poll());
+    if generation.is_some() && generation == Some(shared.fenced_generation.get()) {
+        return Ok(());
+    }
+    match fs::path_identity(&shared.path) {
+        Ok(id) if id == shared.identity => {
+            shared.fenced_generation.set(generation.unwrap_or(0));
+            Ok(())
+        }
+        Ok(_) => Err(LogError::Stale {
+            path: shared.path.clone(),
+        }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Err(LogError::Stale {
+            path: shared.path.clone(),
+        }),
+        Err(e) => Err(LogError::io(&shared.path, "stat", e)),
+    }
 }

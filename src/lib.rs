@@ -5,4 +5,6 @@
 //! broca-shards. See docs/architecture.md for the map.
 
 pub mod cli;
+pub mod core;
+pub mod protocol;
 pub mod wal;

@@ -7,6 +7,7 @@ pub mod frame;
 pub mod header;
 pub mod record;
 pub mod recovery;
+pub mod runrec;
 pub mod verify;
 pub mod writer;
 

@@ -4,17 +4,42 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::runrec::{
+    CancelRequested, ModelAttemptFinished, ModelStepFinished, RunFinished, RunPaused, RunResumed,
+    RunStarted, StepStarted, ToolDispatchIntent, ToolResult,
+};
+
 /// Kind codes. Codes are never reused for another meaning.
 pub mod kind {
     /// [`super::LeaseAcquired`].
     pub const LEASE_ACQUIRED: u16 = 1;
+    pub const RUN_STARTED: u16 = 10;
+    pub const STEP_STARTED: u16 = 11;
+    pub const MODEL_ATTEMPT_FINISHED: u16 = 12;
+    pub const MODEL_STEP_FINISHED: u16 = 13;
+    pub const TOOL_DISPATCH_INTENT: u16 = 14;
+    pub const TOOL_RESULT: u16 = 15;
+    pub const RUN_PAUSED: u16 = 16;
+    pub const RUN_FINISHED: u16 = 17;
+    pub const RUN_RESUMED: u16 = 18;
+    pub const CANCEL_REQUESTED: u16 = 19;
 }
 
 /// A record of the WAL.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Record {
     /// A writer took the lease: the epoch that fences older writers out.
     LeaseAcquired(LeaseAcquired),
+    RunStarted(Box<RunStarted>),
+    StepStarted(StepStarted),
+    ModelAttemptFinished(ModelAttemptFinished),
+    ModelStepFinished(Box<ModelStepFinished>),
+    ToolDispatchIntent(ToolDispatchIntent),
+    ToolResult(ToolResult),
+    RunPaused(RunPaused),
+    RunFinished(RunFinished),
+    RunResumed(RunResumed),
+    CancelRequested(CancelRequested),
     /// A kind this build does not know; its payload is kept as it is.
     Unknown { kind: u16, payload: Vec<u8> },
 }
@@ -45,6 +70,16 @@ impl Record {
     pub fn kind(&self) -> u16 {
         match self {
             Record::LeaseAcquired(_) => kind::LEASE_ACQUIRED,
+            Record::RunStarted(_) => kind::RUN_STARTED,
+            Record::StepStarted(_) => kind::STEP_STARTED,
+            Record::ModelAttemptFinished(_) => kind::MODEL_ATTEMPT_FINISHED,
+            Record::ModelStepFinished(_) => kind::MODEL_STEP_FINISHED,
+            Record::ToolDispatchIntent(_) => kind::TOOL_DISPATCH_INTENT,
+            Record::ToolResult(_) => kind::TOOL_RESULT,
+            Record::RunPaused(_) => kind::RUN_PAUSED,
+            Record::RunFinished(_) => kind::RUN_FINISHED,
+            Record::RunResumed(_) => kind::RUN_RESUMED,
+            Record::CancelRequested(_) => kind::CANCEL_REQUESTED,
             Record::Unknown { kind, .. } => *kind,
         }
     }
@@ -53,6 +88,16 @@ impl Record {
     pub fn kind_name(code: u16) -> Option<&'static str> {
         match code {
             kind::LEASE_ACQUIRED => Some("lease_acquired"),
+            kind::RUN_STARTED => Some("run_started"),
+            kind::STEP_STARTED => Some("step_started"),
+            kind::MODEL_ATTEMPT_FINISHED => Some("model_attempt_finished"),
+            kind::MODEL_STEP_FINISHED => Some("model_step_finished"),
+            kind::TOOL_DISPATCH_INTENT => Some("tool_dispatch_intent"),
+            kind::TOOL_RESULT => Some("tool_result"),
+            kind::RUN_PAUSED => Some("run_paused"),
+            kind::RUN_FINISHED => Some("run_finished"),
+            kind::RUN_RESUMED => Some("run_resumed"),
+            kind::CANCEL_REQUESTED => Some("cancel_requested"),
             _ => None,
         }
     }
@@ -60,8 +105,19 @@ impl Record {
     /// Writes the payload's JSON into `out` (cleared first).
     pub fn encode_payload(&self, out: &mut Vec<u8>) {
         out.clear();
+        let w = &mut *out;
         match self {
-            Record::LeaseAcquired(r) => serde_json::to_writer(&mut *out, r),
+            Record::LeaseAcquired(r) => serde_json::to_writer(w, r),
+            Record::RunStarted(r) => serde_json::to_writer(w, r),
+            Record::StepStarted(r) => serde_json::to_writer(w, r),
+            Record::ModelAttemptFinished(r) => serde_json::to_writer(w, r),
+            Record::ModelStepFinished(r) => serde_json::to_writer(w, r),
+            Record::ToolDispatchIntent(r) => serde_json::to_writer(w, r),
+            Record::ToolResult(r) => serde_json::to_writer(w, r),
+            Record::RunPaused(r) => serde_json::to_writer(w, r),
+            Record::RunFinished(r) => serde_json::to_writer(w, r),
+            Record::RunResumed(r) => serde_json::to_writer(w, r),
+            Record::CancelRequested(r) => serde_json::to_writer(w, r),
             Record::Unknown { payload, .. } => {
                 out.extend_from_slice(payload);
                 Ok(())

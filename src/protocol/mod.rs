@@ -1,0 +1,250 @@
+//! Canonical protocol types, with no I/O: messages of content blocks, the canonical request,
+//! stream events, usage and error classes. Providers render from these and normalize into
+//! them; the WAL stores them; nothing here knows a wire format.
+
+use serde::{Deserialize, Serialize};
+
+/// Who a message is from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    User,
+    Assistant,
+}
+
+/// One message of a conversation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    pub role: Role,
+    pub content: Vec<Block>,
+}
+
+/// A content block.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Block {
+    Text {
+        text: String,
+    },
+    /// A tool call, with the caller's id and name (never a provider alias).
+    ToolUse {
+        id: String,
+        name: String,
+        input: serde_json::Value,
+    },
+    /// A tool's result for the call `tool_use_id`.
+    ToolResult {
+        tool_use_id: String,
+        content: String,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        is_error: bool,
+    },
+    /// Model reasoning; `signature` is the provider's opaque token, kept byte for byte.
+    Thinking {
+        text: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signature: Option<String>,
+    },
+}
+
+impl Message {
+    /// A user message of one text block.
+    pub fn user_text(text: impl Into<String>) -> Message {
+        Message { role: Role::User, content: vec![Block::Text { text: text.into() }] }
+    }
+
+    /// The concatenated text blocks.
+    pub fn text(&self) -> String {
+        self.content
+            .iter()
+            .filter_map(|b| match b {
+                Block::Text { text } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The tool calls in this message, in order.
+    pub fn tool_calls(&self) -> impl Iterator<Item = ToolCall> + '_ {
+        self.content.iter().filter_map(|b| match b {
+            Block::ToolUse { id, name, input } => {
+                Some(ToolCall { id: id.clone(), name: name.clone(), input: input.clone() })
+            }
+            _ => None,
+        })
+    }
+}
+
+/// A tool call to dispatch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    pub input: serde_json::Value,
+}
+
+/// A tool offered to the model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    pub input_schema: serde_json::Value,
+}
+
+/// Generation settings.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Generation {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stop_sequences: Vec<String>,
+}
+
+/// The canonical request a renderer turns into a provider's bytes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Request {
+    pub model: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<String>,
+    pub messages: Vec<Message>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<ToolSpec>,
+    #[serde(default)]
+    pub generation: Generation,
+}
+
+/// Token usage as the provider reported it. A measure not reported stays `None`: absent is
+/// not zero.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_read: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<u64>,
+}
+
+impl Usage {
+    /// Adds `other` measure by measure: a sum is present when either side reported it.
+    pub fn add(&self, other: &Usage) -> Usage {
+        let sum = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+        };
+        Usage {
+            input: sum(self.input, other.input),
+            output: sum(self.output, other.output),
+            cache_read: sum(self.cache_read, other.cache_read),
+            cache_write: sum(self.cache_write, other.cache_write),
+            reasoning: sum(self.reasoning, other.reasoning),
+        }
+    }
+
+    /// Merges a later report of the same step: measures reported later replace earlier ones.
+    pub fn merge(&mut self, later: &Usage) {
+        let pick = |a: &mut Option<u64>, b: Option<u64>| {
+            if b.is_some() {
+                *a = b;
+            }
+        };
+        pick(&mut self.input, later.input);
+        pick(&mut self.output, later.output);
+        pick(&mut self.cache_read, later.cache_read);
+        pick(&mut self.cache_write, later.cache_write);
+        pick(&mut self.reasoning, later.reasoning);
+    }
+}
+
+/// Error classes, decided where the error arises; consumers never infer them from messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorClass {
+    Transient,
+    Permanent,
+    AuthRequired,
+    ContextOverflow,
+}
+
+impl ErrorClass {
+    /// The class's wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorClass::Transient => "transient",
+            ErrorClass::Permanent => "permanent",
+            ErrorClass::AuthRequired => "auth_required",
+            ErrorClass::ContextOverflow => "context_overflow",
+        }
+    }
+}
+
+/// An error with its class.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClassifiedError {
+    pub class: ErrorClass,
+    pub message: String,
+    /// How long the provider asked to wait before a retry, when it said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
+}
+
+/// Why the model stopped a step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// The model ended its turn.
+    EndTurn,
+    /// The model asked for tools.
+    ToolUse,
+    /// The output token limit was reached.
+    MaxTokens,
+    /// A stop sequence was produced.
+    StopSequence,
+    /// Anything else the provider said, kept as it said it.
+    Other(String),
+}
+
+/// A canonical stream event, as a normalizer produces it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamEvent {
+    TextDelta(String),
+    ThinkingDelta(String),
+    ThinkingSignature(String),
+    ToolCallStart { index: u32, id: String, name: String },
+    ToolCallArgsDelta { index: u32, json: String },
+    ToolCallEnd { index: u32 },
+    Usage(Usage),
+    Finish { reason: FinishReason, request_id: Option<String> },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn absent_usage_stays_absent_when_added_and_serialized() {
+        let a = Usage { input: Some(10), ..Usage::default() };
+        let b = Usage { output: Some(5), ..Usage::default() };
+        let sum = a.add(&b);
+        assert_eq!(sum, Usage { input: Some(10), output: Some(5), ..Usage::default() });
+        assert_eq!(serde_json::to_string(&sum).unwrap(), r#"{"input":10,"output":5}"#);
+        assert_eq!(serde_json::to_string(&Usage::default()).unwrap(), "{}");
+    }
+
+    #[test]
+    fn a_thinking_signature_round_trips_byte_for_byte() {
+        let sig = "EqQBCkYIARgCIkD+/=\u{1F600}\\\"x";
+        let b = Block::Thinking { text: "t".into(), signature: Some(sig.into()) };
+        let back: Block = serde_json::from_str(&serde_json::to_string(&b).unwrap()).unwrap();
+        assert_eq!(back, b);
+    }
+}

@@ -1,0 +1,201 @@
+//! The run loop's records: the payloads of the WAL kinds that describe runs. Each is JSON in
+//! its frame; fields that are optional are omitted when absent (absent is not zero).
+
+use serde::{Deserialize, Serialize};
+
+use crate::protocol::{Block, ClassifiedError, FinishReason, Generation, ToolCall, ToolSpec, Usage};
+
+/// Everything that shapes a run's rendered requests, frozen when the run is admitted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FrozenConfig {
+    /// Catalog provider id (`anthropic`, `openai`, ...).
+    pub provider: String,
+    pub model: String,
+    /// Which credential pays; never the secret itself.
+    pub credential_id: String,
+    /// The renderer version the run's requests were rendered with.
+    pub renderer_version: u32,
+    /// blake3 of the catalog entry resolved at admission.
+    pub catalog_digest: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<ToolSpec>,
+    /// blake3 of the tool specs.
+    pub tools_digest: String,
+    #[serde(default)]
+    pub generation: Generation,
+    pub stop: StopConditions,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_limit: Option<u64>,
+    pub cache_policy: CachePolicy,
+}
+
+/// When a run stops besides the model ending its turn.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StopConditions {
+    pub max_steps: u32,
+    /// A budget of input plus output tokens over the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_total_tokens: Option<u64>,
+    /// A cost budget in micro-units of the catalog's currency (needs prices in the catalog).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost_micros: Option<u64>,
+}
+
+/// Prompt caching policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CachePolicy {
+    /// Let the renderer mark cache breakpoints where the provider supports them.
+    Auto,
+    /// Never ask for caching.
+    Off,
+}
+
+/// A tool result block, as frozen into a record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResultBlock {
+    pub call_id: String,
+    pub content: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub is_error: bool,
+    /// Why broca wrote this result itself (`outcome_unknown`, `unknown_tool`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// A run was admitted. Opens an episode.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunStarted {
+    pub run_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send_id: Option<String>,
+    /// blake3 of the send's canonical inputs: the same send_id with other inputs is refused.
+    pub inputs_digest: String,
+    pub prompt: String,
+    pub config: FrozenConfig,
+    /// Results for tool calls an earlier run left indeterminate: outcome unknown, never a fake
+    /// success. They precede the prompt in the transcript.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resolved_calls: Vec<ResultBlock>,
+    pub at_unix_ms: u64,
+}
+
+/// A model step began.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepStarted {
+    pub run_id: String,
+    pub step: u32,
+}
+
+/// A model attempt failed; its partial output is never committed as a step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelAttemptFinished {
+    pub run_id: String,
+    pub step: u32,
+    pub attempt: u32,
+    pub error: ClassifiedError,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// A model step completed: the assistant's content, durable.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelStepFinished {
+    pub run_id: String,
+    pub step: u32,
+    pub attempt: u32,
+    pub content: Vec<Block>,
+    pub usage: Usage,
+    pub finish_reason: FinishReason,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+}
+
+/// The tools of one step are about to be dispatched: durable before any of them leaves broca.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolDispatchIntent {
+    pub run_id: String,
+    pub step: u32,
+    pub batch_id: String,
+    pub calls: Vec<ToolCall>,
+}
+
+/// One tool call's result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolResult {
+    pub run_id: String,
+    pub batch_id: String,
+    #[serde(flatten)]
+    pub result: ResultBlock,
+}
+
+/// A run stopped and waits for the caller (credentials needed). Terminal for the run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunPaused {
+    pub run_id: String,
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ClassifiedError>,
+    pub usage: Usage,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishKind {
+    Completed,
+    MaxSteps,
+    BudgetExhausted,
+    ContextLimit,
+    Cancelled,
+    Interrupted,
+    Error,
+}
+
+impl FinishKind {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishKind::Completed => "completed",
+            FinishKind::MaxSteps => "max_steps",
+            FinishKind::BudgetExhausted => "budget_exhausted",
+            FinishKind::ContextLimit => "context_limit",
+            FinishKind::Cancelled => "cancelled",
+            FinishKind::Interrupted => "interrupted",
+            FinishKind::Error => "error",
+        }
+    }
+}
+
+/// A run ended. Exactly one per run (or one [`RunPaused`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunFinished {
+    pub run_id: String,
+    pub reason: FinishKind,
+    /// A sentence saying why, for reasons that need one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ClassifiedError>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub indeterminate_tool_calls: Vec<String>,
+    pub usage: Usage,
+}
+
+/// A run without a terminal record was picked up again (after a crash or restart).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunResumed {
+    pub run_id: String,
+    /// The last step with a durable record.
+    pub from_step: u32,
+    pub at_unix_ms: u64,
+}
+
+/// The caller asked to cancel the run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CancelRequested {
+    pub run_id: String,
+    pub at_unix_ms: u64,
+}

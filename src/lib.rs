@@ -4,7 +4,9 @@
 //! CLI in `main.rs`. The generic I/O lives in broca-io, the thread-per-core runtime in
 //! broca-shards. See docs/architecture.md for the map.
 
+pub mod catalog;
 pub mod cli;
 pub mod core;
+pub mod module;
 pub mod protocol;
 pub mod wal;

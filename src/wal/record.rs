@@ -135,10 +135,26 @@ impl Record {
                 Record::kind_name(code).unwrap_or("?")
             )
         };
+        fn parse<'a, T: Deserialize<'a>>(
+            payload: &'a [u8],
+            bad: impl Fn(serde_json::Error) -> String,
+        ) -> Result<T, String> {
+            serde_json::from_slice(payload).map_err(bad)
+        }
         match code {
-            kind::LEASE_ACQUIRED => Ok(Record::LeaseAcquired(
-                serde_json::from_slice(payload).map_err(bad)?,
-            )),
+            kind::LEASE_ACQUIRED => Ok(Record::LeaseAcquired(parse(payload, bad)?)),
+            kind::RUN_STARTED => Ok(Record::RunStarted(Box::new(parse(payload, bad)?))),
+            kind::STEP_STARTED => Ok(Record::StepStarted(parse(payload, bad)?)),
+            kind::MODEL_ATTEMPT_FINISHED => Ok(Record::ModelAttemptFinished(parse(payload, bad)?)),
+            kind::MODEL_STEP_FINISHED => {
+                Ok(Record::ModelStepFinished(Box::new(parse(payload, bad)?)))
+            }
+            kind::TOOL_DISPATCH_INTENT => Ok(Record::ToolDispatchIntent(parse(payload, bad)?)),
+            kind::TOOL_RESULT => Ok(Record::ToolResult(parse(payload, bad)?)),
+            kind::RUN_PAUSED => Ok(Record::RunPaused(parse(payload, bad)?)),
+            kind::RUN_FINISHED => Ok(Record::RunFinished(parse(payload, bad)?)),
+            kind::RUN_RESUMED => Ok(Record::RunResumed(parse(payload, bad)?)),
+            kind::CANCEL_REQUESTED => Ok(Record::CancelRequested(parse(payload, bad)?)),
             _ => Ok(Record::Unknown {
                 kind: code,
                 payload: payload.to_vec(),

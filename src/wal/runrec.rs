@@ -148,6 +148,8 @@ pub enum FinishKind {
     Completed,
     MaxSteps,
     BudgetExhausted,
+    /// A budget needs a measure the provider did not report (or a price the catalog lacks).
+    BudgetUnmeasured,
     ContextLimit,
     Cancelled,
     Interrupted,
@@ -161,6 +163,7 @@ impl FinishKind {
             FinishKind::Completed => "completed",
             FinishKind::MaxSteps => "max_steps",
             FinishKind::BudgetExhausted => "budget_exhausted",
+            FinishKind::BudgetUnmeasured => "budget_unmeasured",
             FinishKind::ContextLimit => "context_limit",
             FinishKind::Cancelled => "cancelled",
             FinishKind::Interrupted => "interrupted",

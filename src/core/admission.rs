@@ -1,0 +1,244 @@
+//! Admission, before any record is written: idempotency by send_id, the model spec, the
+//! credential id, cache policy, stop conditions, context limit and the tool set. Accepted
+//! inputs, the renderer version and the catalog entry's digest are frozen into RunStarted; a
+//! refusal writes nothing and answers a refusal code.
+
+use serde::{Deserialize, Serialize};
+
+use crate::catalog;
+use crate::protocol::{Generation, ToolSpec};
+use crate::wal::runrec::{CachePolicy, FrozenConfig, ResultBlock, RunStarted, StopConditions};
+
+use super::replay::{RunState, Session};
+
+/// max_steps when a send does not say.
+pub const MAX_STEPS_DEFAULT: u32 = 32;
+/// The largest max_steps a send may ask for.
+pub const MAX_STEPS_LIMIT: u32 = 10_000;
+/// The largest prompt accepted, in bytes.
+pub const PROMPT_BYTES_MAX: usize = 4 * 1024 * 1024;
+
+/// A send's parameters (management `session.send`, or `broca run`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SendRequest {
+    pub prompt: String,
+    pub model: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<String>,
+    /// A subset of the configured tools, by name; all of them when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_steps: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Budget>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_limit: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<Generation>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_policy: Option<CachePolicy>,
+}
+
+/// A run's budget.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Budget {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_total_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost_micros: Option<u64>,
+}
+
+/// Why a send was refused. Nothing was written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// A parameter is missing, malformed or out of range.
+    InvalidParams(String),
+    /// The send_id was used before with other inputs.
+    SendIdReuse { run_id: String },
+    /// A run of this session is active.
+    SessionBusy { run_id: String },
+    /// Two configured tools share a name the send offers.
+    ToolNameCollision(String),
+    /// The daemon is shutting down.
+    ShuttingDown,
+}
+
+impl Refusal {
+    /// The refusal code of the management surface.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Refusal::InvalidParams(_) => "invalid_params",
+            Refusal::SendIdReuse { .. } => "send_id_reuse",
+            Refusal::SessionBusy { .. } => "session_busy",
+            Refusal::ToolNameCollision(_) => "tool_name_collision",
+            Refusal::ShuttingDown => "shutting_down",
+        }
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::InvalidParams(why) => write!(f, "invalid_params: {why}"),
+            Refusal::SendIdReuse { run_id } => write!(
+                f,
+                "send_id_reuse: this send_id started run {run_id} with other inputs; use a new \
+                 send_id"
+            ),
+            Refusal::SessionBusy { run_id } => {
+                write!(f, "session_busy: run {run_id} is active; wait for it or cancel it")
+            }
+            Refusal::ToolNameCollision(name) => {
+                write!(f, "tool_name_collision: two tool servers offer `{name}`")
+            }
+            Refusal::ShuttingDown => write!(f, "shutting_down: broca is stopping; retry later"),
+        }
+    }
+}
+
+/// What admission decided.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Admitted {
+    /// The send_id names an existing run with the same inputs: nothing to write.
+    Existing { run_index: usize },
+    /// A new run: append this RunStarted (durably) before answering.
+    New(Box<RunStarted>),
+}
+
+/// What admission needs besides the request and the session.
+pub struct AdmissionContext<'a> {
+    /// Every configured tool (from the tools config), possibly with duplicate names.
+    pub tools: &'a [ToolSpec],
+    /// The id the new run gets.
+    pub run_id: String,
+    pub now_unix_ms: u64,
+}
+
+/// The digest of a send's inputs (everything but the send_id).
+pub fn inputs_digest(req: &SendRequest) -> String {
+    let mut canonical = req.clone();
+    canonical.send_id = None;
+    let bytes = serde_json::to_vec(&canonical).expect("send requests serialize");
+    blake3::hash(&bytes).to_hex()[..32].to_string()
+}
+
+/// Admits `req` into `session`, or refuses it.
+pub fn admit(
+    req: &SendRequest,
+    session: &Session,
+    ctx: &AdmissionContext<'_>,
+) -> Result<Admitted, Refusal> {
+    let digest = inputs_digest(req);
+    if let Some(send_id) = &req.send_id {
+        if send_id.is_empty() || send_id.len() > 256 {
+            return Err(Refusal::InvalidParams("send_id must have 1 to 256 bytes".into()));
+        }
+        if let Some(&index) = session.by_send_id.get(send_id) {
+            let run = &session.runs[index];
+            return if run.inputs_digest == digest {
+                Ok(Admitted::Existing { run_index: index })
+            } else {
+                Err(Refusal::SendIdReuse { run_id: run.run_id.clone() })
+            };
+        }
+    }
+    if let Some(open) = &session.open {
+        return Err(Refusal::SessionBusy { run_id: session.runs[open.index].run_id.clone() });
+    }
+    if let Some(run) = session.runs.last().filter(|r| r.state == RunState::Active) {
+        return Err(Refusal::SessionBusy { run_id: run.run_id.clone() });
+    }
+    let invalid = |why: String| Err(Refusal::InvalidParams(why));
+    if req.prompt.is_empty() {
+        return invalid("prompt is empty".into());
+    }
+    if req.prompt.len() > PROMPT_BYTES_MAX {
+        return invalid(format!("prompt has {} bytes; the limit is {PROMPT_BYTES_MAX}", req.prompt.len()));
+    }
+    let entry = catalog::resolve(&req.model).map_err(Refusal::InvalidParams)?;
+    let max_steps = req.max_steps.unwrap_or(MAX_STEPS_DEFAULT);
+    if !(1..=MAX_STEPS_LIMIT).contains(&max_steps) {
+        return invalid(format!("max_steps must be 1 to {MAX_STEPS_LIMIT}"));
+    }
+    if req.context_limit == Some(0) {
+        return invalid("context_limit must be positive".into());
+    }
+    let tools = select_tools(ctx.tools, req.tools.as_deref())?;
+    let tools_digest = {
+        let bytes = serde_json::to_vec(&tools).expect("tool specs serialize");
+        blake3::hash(&bytes).to_hex()[..32].to_string()
+    };
+    let budget = req.budget.clone().unwrap_or_default();
+    let config = FrozenConfig {
+        provider: entry.provider.id.to_string(),
+        model: entry.model.clone(),
+        credential_id: req
+            .credential_id
+            .clone()
+            .unwrap_or_else(|| format!("env:{}", entry.provider.credential_env)),
+        renderer_version: catalog::RENDERER_VERSION,
+        catalog_digest: entry.digest(),
+        system: req.system.clone(),
+        tools,
+        tools_digest,
+        generation: req.generation.clone().unwrap_or_default(),
+        stop: StopConditions {
+            max_steps,
+            max_total_tokens: budget.max_total_tokens,
+            max_cost_micros: budget.max_cost_micros,
+        },
+        context_limit: req.context_limit,
+        cache_policy: req.cache_policy.unwrap_or(CachePolicy::Auto),
+    };
+    let resolved_calls = session
+        .unresolved_calls
+        .iter()
+        .map(|id| ResultBlock {
+            call_id: id.clone(),
+            content: "outcome unknown: broca stopped while this tool call was in flight; it \
+                      may or may not have run, and it was not run again"
+                .into(),
+            is_error: true,
+            reason: Some("outcome_unknown".into()),
+        })
+        .collect();
+    Ok(Admitted::New(Box::new(RunStarted {
+        run_id: ctx.run_id.clone(),
+        send_id: req.send_id.clone(),
+        inputs_digest: digest,
+        prompt: req.prompt.clone(),
+        config,
+        resolved_calls,
+        at_unix_ms: ctx.now_unix_ms,
+    })))
+}
+
+fn select_tools(all: &[ToolSpec], wanted: Option<&[String]>) -> Result<Vec<ToolSpec>, Refusal> {
+    let chosen: Vec<&ToolSpec> = match wanted {
+        None => all.iter().collect(),
+        Some(names) => {
+            let mut chosen = Vec::with_capacity(names.len());
+            for name in names {
+                let found: Vec<&ToolSpec> = all.iter().filter(|t| &t.name == name).collect();
+                if found.is_empty() {
+                    return Err(Refusal::InvalidParams(format!("unknown tool `{name}`")));
+                }
+                chosen.extend(found);
+            }
+            chosen
+        }
+    };
+    for (i, t) in chosen.iter().enumerate() {
+        if chosen[..i].iter().any(|u| u.name == t.name) {
+            return Err(Refusal::ToolNameCollision(t.name.clone()));
+        }
+    }
+    Ok(chosen.into_iter().cloned().collect())
+}

@@ -1,0 +1,629 @@
+//! The run loop as a sans-IO state machine. It takes events (a record durable, a stream event,
+//! a step ended, an attempt failed, a tool result, a timer, cancel, shutdown) and returns
+//! commands (append a record, with or without waiting for durability; call the model; dispatch
+//! tools; arm a timer; finish). The caller performs all I/O and time.
+//!
+//! Per model step: StepStarted, the model call, ModelStepFinished. Per tool step: a durable
+//! ToolDispatchIntent (the machine waits for [`Event::Durable`] before it asks for dispatch),
+//! then one ToolResult per call as each arrives. The run ends with a durable RunFinished or
+//! RunPaused, and then [`Command::Finish`].
+
+use std::collections::VecDeque;
+
+use crate::protocol::{
+    Block, ClassifiedError, ErrorClass, FinishReason, Message, Request, Role, StreamEvent, ToolCall,
+    Usage,
+};
+use crate::wal::runrec::{
+    CancelRequested, FinishKind, FrozenConfig, ModelAttemptFinished, ModelStepFinished,
+    ResultBlock, RunFinished, RunPaused, RunResumed, StepStarted, ToolDispatchIntent, ToolResult,
+};
+use crate::wal::Record;
+
+use super::stream::StepAccumulator;
+
+/// Model attempts per step, at most (the first try included).
+pub const MODEL_ATTEMPTS_MAX: u32 = 5;
+/// Total backoff a step may spend on retries.
+pub const RETRY_WINDOW_MS: u64 = 60_000;
+const BACKOFF_BASE_MS: u64 = 500;
+const BACKOFF_CAP_MS: u64 = 16_000;
+
+/// What happens to the machine.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// The record appended with `wait: true` is durable.
+    Durable,
+    /// An event of the model stream in flight.
+    Stream(StreamEvent),
+    /// The model stream ended normally.
+    StepEnded,
+    /// The model attempt failed, with whatever usage it reported.
+    AttemptFailed { error: ClassifiedError, usage: Option<Usage> },
+    /// A dispatched tool call's result.
+    ToolResult(ResultBlock),
+    /// A dispatched tool call whose outcome cannot be known (delivered, then lost).
+    ToolIndeterminate { call_id: String },
+    /// The timer armed by [`Command::SetTimer`] fired.
+    Timer,
+    /// The caller cancelled the run.
+    Cancel,
+    /// broca is shutting down: seal the run.
+    Shutdown,
+}
+
+/// What the caller must do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    /// Append `record`; with `wait`, feed [`Event::Durable`] once it is durable.
+    Append { record: Record, wait: bool },
+    /// Call the model with this request (render it with the frozen renderer).
+    CallModel { step: u32, attempt: u32, request: Request },
+    /// Stop the model call in flight and drop its output.
+    AbortModel,
+    /// Dispatch these tool calls concurrently; feed each result as it arrives.
+    Dispatch { batch_id: String, calls: Vec<ToolCall> },
+    /// A display-lane text delta (lossy, never replayed).
+    Display(String),
+    /// Feed [`Event::Timer`] after this long.
+    SetTimer { after_ms: u64 },
+    /// The run is over; its terminal record is durable.
+    Finish(Outcome),
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// `None` for a paused run.
+    pub reason: Option<FinishKind>,
+    pub detail: Option<String>,
+    pub error: Option<ClassifiedError>,
+    pub indeterminate_tool_calls: Vec<String>,
+    pub usage: Usage,
+}
+
+#[derive(Debug)]
+enum Phase {
+    /// A model call is in flight.
+    Streaming,
+    /// Waiting for the retry timer.
+    Backoff,
+    /// The intent was appended; waiting for it to be durable before dispatching `calls`.
+    AwaitIntent { batch_id: String, calls: Vec<ToolCall> },
+    /// Tools dispatched; waiting for their results.
+    Tools { batch_id: String, waiting: Vec<String>, indeterminate: Vec<String> },
+    /// The terminal record was appended; waiting for it to be durable.
+    Sealing(Outcome),
+    Done,
+}
+
+/// One run's state machine.
+pub struct RunMachine {
+    run_id: String,
+    config: FrozenConfig,
+    transcript: Vec<Message>,
+    step: u32,
+    attempt: u32,
+    backoff_spent_ms: u64,
+    usage: Usage,
+    phase: Phase,
+    cancel_requested: bool,
+    acc: StepAccumulator,
+    out: VecDeque<Command>,
+}
+
+impl RunMachine {
+    /// A machine for a freshly admitted run whose RunStarted is durable. `transcript` ends
+    /// with the run's prompt. Starts the first model step.
+    pub fn start(run_id: String, config: FrozenConfig, transcript: Vec<Message>) -> RunMachine {
+        let mut m = RunMachine::new(run_id, config, transcript, 0, Usage::default());
+        m.next_step_or_stop();
+        m
+    }
+
+    fn new(
+        run_id: String,
+        config: FrozenConfig,
+        transcript: Vec<Message>,
+        step: u32,
+        usage: Usage,
+    ) -> RunMachine {
+        RunMachine {
+            run_id,
+            config,
+            transcript,
+            step,
+            attempt: 0,
+            backoff_spent_ms: 0,
+            usage,
+            phase: Phase::Backoff,
+            cancel_requested: false,
+            acc: StepAccumulator::default(),
+            out: VecDeque::new(),
+        }
+    }
+
+    /// The run's id.
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    /// The conversation so far, as the machine renders it.
+    pub fn transcript(&self) -> &[Message] {
+        &self.transcript
+    }
+
+    /// The run's reported usage so far.
+    pub fn usage(&self) -> Usage {
+        self.usage
+    }
+
+    /// Whether [`Command::Finish`] was issued.
+    pub fn is_done(&self) -> bool {
+        matches!(self.phase, Phase::Done)
+    }
+
+    /// The next command to perform, if any.
+    pub fn poll_command(&mut self) -> Option<Command> {
+        self.out.pop_front()
+    }
+
+    /// Feeds one event.
+    pub fn handle(&mut self, event: Event) {
+        match event {
+            Event::Durable => self.on_durable(),
+            Event::Stream(ev) => self.on_stream(ev),
+            Event::StepEnded => self.on_step_ended(),
+            Event::AttemptFailed { error, usage } => self.on_attempt_failed(error, usage),
+            Event::ToolResult(result) => self.on_tool_result(result),
+            Event::ToolIndeterminate { call_id } => self.on_tool_indeterminate(call_id),
+            Event::Timer => {
+                if matches!(self.phase, Phase::Backoff) {
+                    self.call_model();
+                }
+            }
+            Event::Cancel => self.on_cancel(),
+            Event::Shutdown => self.on_shutdown(),
+        }
+    }
+
+    fn push(&mut self, record: Record, wait: bool) {
+        self.out.push_back(Command::Append { record, wait });
+    }
+
+    /// Starts the next model step, unless a stop condition says otherwise.
+    fn next_step_or_stop(&mut self) {
+        if self.cancel_requested {
+            return self.seal(FinishKind::Cancelled, None, None, Vec::new());
+        }
+        if self.step >= self.config.stop.max_steps {
+            let detail = format!("the run reached max_steps ({})", self.config.stop.max_steps);
+            return self.seal(FinishKind::MaxSteps, Some(detail), None, Vec::new());
+        }
+        if self.config.stop.max_cost_micros.is_some() {
+            let detail = format!(
+                "a cost budget needs prices, and the catalog has none for {}/{}",
+                self.config.provider, self.config.model
+            );
+            return self.seal(FinishKind::BudgetUnmeasured, Some(detail), None, Vec::new());
+        }
+        self.step += 1;
+        self.attempt = 0;
+        self.backoff_spent_ms = 0;
+        let record = StepStarted { run_id: self.run_id.clone(), step: self.step };
+        self.push(Record::StepStarted(record), false);
+        self.call_model();
+    }
+
+    fn call_model(&mut self) {
+        self.attempt += 1;
+        self.acc = StepAccumulator::default();
+        self.phase = Phase::Streaming;
+        let request = Request {
+            model: self.config.model.clone(),
+            system: self.config.system.clone(),
+            messages: self.transcript.clone(),
+            tools: self.config.tools.clone(),
+            generation: self.config.generation.clone(),
+        };
+        self.out.push_back(Command::CallModel { step: self.step, attempt: self.attempt, request });
+    }
+
+    fn on_stream(&mut self, ev: StreamEvent) {
+        if !matches!(self.phase, Phase::Streaming) {
+            return; // a late event of an abandoned attempt
+        }
+        if let StreamEvent::TextDelta(text) = &ev {
+            self.out.push_back(Command::Display(text.clone()));
+        }
+        self.acc.push(ev);
+    }
+
+    fn on_step_ended(&mut self) {
+        if !matches!(self.phase, Phase::Streaming) {
+            return;
+        }
+        let step = std::mem::take(&mut self.acc).finish();
+        let step_usage = step.usage;
+        self.usage = self.usage.add(&step_usage);
+        let record = ModelStepFinished {
+            run_id: self.run_id.clone(),
+            step: self.step,
+            attempt: self.attempt,
+            content: step.content.clone(),
+            usage: step_usage,
+            finish_reason: step.finish_reason.clone(),
+            request_id: step.request_id,
+        };
+        self.push(Record::ModelStepFinished(Box::new(record)), false);
+        let message = Message { role: Role::Assistant, content: step.content };
+        self.transcript.push(message);
+        self.after_model_step(step_usage, step.finish_reason);
+    }
+
+    /// Decides what follows a durable-or-pending model step: tools, or the end of the run.
+    /// Also the resume path of a step whose record is durable.
+    fn after_model_step(&mut self, step_usage: Usage, finish_reason: FinishReason) {
+        let calls: Vec<ToolCall> =
+            self.transcript.last().map(|m| m.tool_calls().collect()).unwrap_or_default();
+        if let Some((kind, detail)) = self.limit_after_step(&step_usage) {
+            self.resolve_undispatched(&calls, kind.as_str());
+            return self.seal(kind, Some(detail), None, Vec::new());
+        }
+        if self.cancel_requested {
+            self.resolve_undispatched(&calls, "cancelled");
+            return self.seal(FinishKind::Cancelled, None, None, Vec::new());
+        }
+        if calls.is_empty() {
+            let detail = match finish_reason {
+                FinishReason::MaxTokens => Some("the model hit its output token limit".into()),
+                _ => None,
+            };
+            return self.seal(FinishKind::Completed, detail, None, Vec::new());
+        }
+        self.write_intent(calls);
+    }
+
+    /// Budget and context checks on reported usage; absent measures are never counted as 0.
+    fn limit_after_step(&self, step_usage: &Usage) -> Option<(FinishKind, String)> {
+        if let Some(budget) = self.config.stop.max_total_tokens {
+            let (Some(input), Some(output)) = (self.usage.input, self.usage.output) else {
+                let missing = if self.usage.input.is_none() { "input" } else { "output" };
+                return Some((
+                    FinishKind::BudgetUnmeasured,
+                    format!(
+                        "the token budget needs input and output counts, and the provider did \
+                         not report {missing} tokens"
+                    ),
+                ));
+            };
+            if input + output >= budget {
+                return Some((
+                    FinishKind::BudgetExhausted,
+                    format!("{} tokens used of a {budget}-token budget", input + output),
+                ));
+            }
+        }
+        if let (Some(limit), Some(input)) = (self.config.context_limit, step_usage.input) {
+            if input >= limit {
+                return Some((
+                    FinishKind::ContextLimit,
+                    format!("the last step's input was {input} tokens; the limit is {limit}"),
+                ));
+            }
+        }
+        None
+    }
+
+    fn write_intent(&mut self, calls: Vec<ToolCall>) {
+        let batch_id = format!("{}.{}", self.run_id, self.step);
+        let record = ToolDispatchIntent {
+            run_id: self.run_id.clone(),
+            step: self.step,
+            batch_id: batch_id.clone(),
+            calls: calls.clone(),
+        };
+        self.push(Record::ToolDispatchIntent(record), true);
+        self.phase = Phase::AwaitIntent { batch_id, calls };
+    }
+
+    fn on_durable(&mut self) {
+        match std::mem::replace(&mut self.phase, Phase::Done) {
+            Phase::AwaitIntent { batch_id, calls } => self.dispatch(batch_id, calls),
+            Phase::Sealing(outcome) => self.out.push_back(Command::Finish(outcome)),
+            other => self.phase = other,
+        }
+    }
+
+    fn dispatch(&mut self, batch_id: String, calls: Vec<ToolCall>) {
+        let known: Vec<&str> = self.config.tools.iter().map(|t| t.name.as_str()).collect();
+        let mut send = Vec::with_capacity(calls.len());
+        let mut refused = Vec::new();
+        for call in calls {
+            if !known.contains(&call.name.as_str()) {
+                refused.push(ResultBlock {
+                    call_id: call.id.clone(),
+                    content: format!("unknown tool `{}`: it was not offered to this run", call.name),
+                    is_error: true,
+                    reason: Some("unknown_tool".into()),
+                });
+            } else if let Some(raw) = super::stream::invalid_arguments(&call.input) {
+                refused.push(ResultBlock {
+                    call_id: call.id.clone(),
+                    content: format!("the arguments are not valid JSON: {raw}"),
+                    is_error: true,
+                    reason: Some("invalid_arguments".into()),
+                });
+            } else {
+                send.push(call);
+            }
+        }
+        let waiting = send.iter().map(|c| c.id.clone()).collect();
+        self.phase = Phase::Tools { batch_id: batch_id.clone(), waiting, indeterminate: Vec::new() };
+        if !send.is_empty() {
+            self.out.push_back(Command::Dispatch { batch_id, calls: send });
+        }
+        for result in refused {
+            self.record_result(result);
+        }
+        self.tools_maybe_done();
+    }
+
+    fn record_result(&mut self, result: ResultBlock) {
+        let Phase::Tools { batch_id, .. } = &self.phase else { return };
+        let record =
+            ToolResult { run_id: self.run_id.clone(), batch_id: batch_id.clone(), result: result.clone() };
+        self.push(Record::ToolResult(record), false);
+        push_result(&mut self.transcript, result);
+    }
+
+    fn on_tool_result(&mut self, result: ResultBlock) {
+        let Phase::Tools { waiting, .. } = &mut self.phase else { return };
+        let Some(i) = waiting.iter().position(|id| *id == result.call_id) else { return };
+        waiting.swap_remove(i);
+        self.record_result(result);
+        self.tools_maybe_done();
+    }
+
+    fn on_tool_indeterminate(&mut self, call_id: String) {
+        let Phase::Tools { waiting, indeterminate, .. } = &mut self.phase else { return };
+        let Some(i) = waiting.iter().position(|id| *id == call_id) else { return };
+        waiting.swap_remove(i);
+        indeterminate.push(call_id);
+        self.tools_maybe_done();
+    }
+
+    fn tools_maybe_done(&mut self) {
+        let Phase::Tools { waiting, indeterminate, .. } = &mut self.phase else { return };
+        if !waiting.is_empty() {
+            return;
+        }
+        if !indeterminate.is_empty() {
+            let calls = std::mem::take(indeterminate);
+            let detail = "a tool call's outcome is unknown (delivered, then lost)".to_string();
+            return self.seal(FinishKind::Interrupted, Some(detail), None, calls);
+        }
+        self.next_step_or_stop();
+    }
+
+    fn on_attempt_failed(&mut self, error: ClassifiedError, usage: Option<Usage>) {
+        if !matches!(self.phase, Phase::Streaming) {
+            return;
+        }
+        if let Some(u) = &usage {
+            self.usage = self.usage.add(u);
+        }
+        let record = ModelAttemptFinished {
+            run_id: self.run_id.clone(),
+            step: self.step,
+            attempt: self.attempt,
+            error: error.clone(),
+            usage,
+        };
+        self.push(Record::ModelAttemptFinished(record), false);
+        match error.class {
+            ErrorClass::Transient => {
+                let backoff = (BACKOFF_BASE_MS << (self.attempt - 1).min(10)).min(BACKOFF_CAP_MS);
+                let wait = error.retry_after_ms.unwrap_or(0).max(backoff);
+                if self.attempt < MODEL_ATTEMPTS_MAX
+                    && self.backoff_spent_ms + wait <= RETRY_WINDOW_MS
+                {
+                    self.backoff_spent_ms += wait;
+                    self.phase = Phase::Backoff;
+                    self.out.push_back(Command::SetTimer { after_ms: wait });
+                } else {
+                    let detail =
+                        format!("the model call failed {} times; giving up", self.attempt);
+                    self.seal(FinishKind::Error, Some(detail), Some(error), Vec::new());
+                }
+            }
+            ErrorClass::AuthRequired => self.pause("auth_required", error),
+            ErrorClass::ContextOverflow => {
+                let detail = "the provider refused the request as too long".to_string();
+                self.seal(FinishKind::ContextLimit, Some(detail), Some(error), Vec::new())
+            }
+            ErrorClass::Permanent => self.seal(FinishKind::Error, None, Some(error), Vec::new()),
+        }
+    }
+
+    fn on_cancel(&mut self) {
+        if matches!(self.phase, Phase::Sealing(_) | Phase::Done) || self.cancel_requested {
+            return;
+        }
+        self.cancel_requested = true;
+        let record = CancelRequested { run_id: self.run_id.clone(), at_unix_ms: now_unix_ms() };
+        self.push(Record::CancelRequested(record), false);
+        match &self.phase {
+            Phase::Streaming | Phase::Backoff => {
+                if matches!(self.phase, Phase::Streaming) {
+                    self.out.push_back(Command::AbortModel);
+                }
+                self.seal(FinishKind::Cancelled, None, None, Vec::new());
+            }
+            // Tools in flight finish and are recorded; the run stops at the next boundary.
+            _ => {}
+        }
+    }
+
+    fn on_shutdown(&mut self) {
+        let detail = Some("broca shut down".to_string());
+        match std::mem::replace(&mut self.phase, Phase::Done) {
+            Phase::Streaming | Phase::Backoff => {
+                self.out.push_back(Command::AbortModel);
+                self.seal(FinishKind::Interrupted, detail, None, Vec::new());
+            }
+            Phase::AwaitIntent { batch_id, calls } => {
+                // The intent may be durable, but nothing was dispatched: say so.
+                self.phase = Phase::Tools { batch_id, waiting: Vec::new(), indeterminate: Vec::new() };
+                self.resolve_undispatched(&calls, "shutdown");
+                self.seal(FinishKind::Interrupted, detail, None, Vec::new());
+            }
+            Phase::Tools { waiting, mut indeterminate, .. } => {
+                indeterminate.extend(waiting);
+                self.seal(FinishKind::Interrupted, detail, None, indeterminate);
+            }
+            other => self.phase = other,
+        }
+    }
+
+    /// Results for tool calls of the last step that will never be dispatched.
+    fn resolve_undispatched(&mut self, calls: &[ToolCall], why: &str) {
+        if calls.is_empty() {
+            return;
+        }
+        let batch_id = format!("{}.{}", self.run_id, self.step);
+        let saved = std::mem::replace(
+            &mut self.phase,
+            Phase::Tools { batch_id, waiting: Vec::new(), indeterminate: Vec::new() },
+        );
+        for call in calls {
+            self.record_result(ResultBlock {
+                call_id: call.id.clone(),
+                content: format!("not run: the run stopped ({why}) before this call was dispatched"),
+                is_error: true,
+                reason: Some("not_dispatched".into()),
+            });
+        }
+        self.phase = saved;
+    }
+
+    fn pause(&mut self, reason: &str, error: ClassifiedError) {
+        let record = RunPaused {
+            run_id: self.run_id.clone(),
+            reason: reason.to_string(),
+            error: Some(error.clone()),
+            usage: self.usage,
+        };
+        self.push(Record::RunPaused(record), true);
+        self.phase = Phase::Sealing(Outcome {
+            reason: None,
+            detail: Some(reason.to_string()),
+            error: Some(error),
+            indeterminate_tool_calls: Vec::new(),
+            usage: self.usage,
+        });
+    }
+
+    fn seal(
+        &mut self,
+        reason: FinishKind,
+        detail: Option<String>,
+        error: Option<ClassifiedError>,
+        indeterminate: Vec<String>,
+    ) {
+        let record = RunFinished {
+            run_id: self.run_id.clone(),
+            reason,
+            detail: detail.clone(),
+            error: error.clone(),
+            indeterminate_tool_calls: indeterminate.clone(),
+            usage: self.usage,
+        };
+        self.push(Record::RunFinished(record), true);
+        self.phase = Phase::Sealing(Outcome {
+            reason: Some(reason),
+            detail,
+            error,
+            indeterminate_tool_calls: indeterminate,
+            usage: self.usage,
+        });
+    }
+}
+
+/// Appends a tool result block to the transcript: into the user message of results that
+/// follows the assistant's tool calls, or a new one.
+pub fn push_result(transcript: &mut Vec<Message>, result: ResultBlock) {
+    let block = Block::ToolResult {
+        tool_use_id: result.call_id,
+        content: result.content,
+        is_error: result.is_error,
+    };
+    match transcript.last_mut() {
+        Some(m)
+            if m.role == Role::User
+                && m.content.iter().all(|b| matches!(b, Block::ToolResult { .. })) =>
+        {
+            m.content.push(block)
+        }
+        _ => transcript.push(Message { role: Role::User, content: vec![block] }),
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Where a resumed run picks up, as replay found it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ResumePoint {
+    /// No model step of the current step number is durable: (re)run the model step.
+    BeforeStep,
+    /// The step's ModelStepFinished is durable; nothing after it.
+    AfterStep { usage: Usage, finish_reason: FinishReason },
+    /// The intent is durable and some results are missing: their outcome is unknown.
+    IntentOpen { missing: Vec<String> },
+    /// Every result of the step's batch is durable.
+    ToolsDone,
+}
+
+impl RunMachine {
+    /// A machine for a run that has no terminal record, picked up after a crash. Records
+    /// RunResumed, then continues from `point`: a durable model step is never redone, and
+    /// calls without results are never dispatched again (the run ends Interrupted naming
+    /// them).
+    #[allow(clippy::too_many_arguments)]
+    pub fn resume(
+        run_id: String,
+        config: FrozenConfig,
+        transcript: Vec<Message>,
+        step: u32,
+        usage: Usage,
+        point: ResumePoint,
+        cancel_requested: bool,
+    ) -> RunMachine {
+        let mut m = RunMachine::new(run_id, config, transcript, step, usage);
+        let record =
+            RunResumed { run_id: m.run_id.clone(), from_step: step, at_unix_ms: now_unix_ms() };
+        m.push(Record::RunResumed(record), false);
+        m.cancel_requested = cancel_requested;
+        match point {
+            ResumePoint::IntentOpen { missing } => {
+                let detail = "a crash left tool calls without results; their outcome is unknown"
+                    .to_string();
+                m.seal(FinishKind::Interrupted, Some(detail), None, missing);
+            }
+            ResumePoint::AfterStep { usage: step_usage, finish_reason } => {
+                m.after_model_step(step_usage, finish_reason)
+            }
+            ResumePoint::ToolsDone => m.next_step_or_stop(),
+            ResumePoint::BeforeStep => {
+                m.step = step.saturating_sub(1);
+                m.next_step_or_stop()
+            }
+        }
+        m
+    }
+}

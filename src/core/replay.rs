@@ -1,0 +1,246 @@
+//! Replay: the WAL read as episodes. Each RunStarted opens one; earlier episodes are an
+//! immutable prefix. Replay rebuilds the conversation, every run's state, the send_id index,
+//! and, for a run without a terminal record, the point where it resumes.
+
+use std::collections::HashMap;
+
+use crate::protocol::{Block, ClassifiedError, Message, Role, ToolCall, Usage};
+use crate::wal::runrec::{FinishKind, FrozenConfig};
+use crate::wal::Record;
+
+use super::machine::{push_result, ResumePoint};
+
+/// A run as the WAL tells it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunView {
+    pub run_id: String,
+    pub send_id: Option<String>,
+    pub inputs_digest: String,
+    pub config: FrozenConfig,
+    pub state: RunState,
+    pub detail: Option<String>,
+    pub error: Option<ClassifiedError>,
+    pub indeterminate_tool_calls: Vec<String>,
+    pub usage: Usage,
+    /// Model steps started.
+    pub steps: u32,
+    /// The text of the run's last assistant message.
+    pub final_text: Option<String>,
+    /// Seq of the run's RunStarted record.
+    pub started_seq: u64,
+}
+
+/// Where a run stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunState {
+    Active,
+    Paused,
+    Finished(FinishKind),
+}
+
+impl RunState {
+    /// The state's wire name (run.status).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunState::Active => "active",
+            RunState::Paused => "paused",
+            RunState::Finished(k) => k.as_str(),
+        }
+    }
+}
+
+/// The run without a terminal record, and where it resumes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpenRun {
+    /// Index into [`Session::runs`].
+    pub index: usize,
+    pub step: u32,
+    pub point: ResumePoint,
+    pub cancel_requested: bool,
+}
+
+/// A session's state, rebuilt from its WAL.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Session {
+    pub transcript: Vec<Message>,
+    pub runs: Vec<RunView>,
+    pub by_send_id: HashMap<String, usize>,
+    pub open: Option<OpenRun>,
+    /// Tool calls in the transcript without a result (left by an interrupted run): the next
+    /// send resolves them with an outcome_unknown result.
+    pub unresolved_calls: Vec<String>,
+}
+
+/// A record that does not fit where it stands in the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayError {
+    pub seq: u64,
+    pub reason: String,
+}
+
+impl Session {
+    /// Replays `records` (seq and record, in log order).
+    pub fn replay<'a>(
+        records: impl IntoIterator<Item = (u64, &'a Record)>,
+    ) -> Result<Session, ReplayError> {
+        let mut s = Session::default();
+        for (seq, record) in records {
+            s.apply(seq, record).map_err(|reason| ReplayError { seq, reason })?;
+        }
+        s.unresolved_calls = unresolved(&s.transcript);
+        Ok(s)
+    }
+
+    /// The run with `run_id`.
+    pub fn run(&self, run_id: &str) -> Option<&RunView> {
+        self.runs.iter().rev().find(|r| r.run_id == run_id)
+    }
+
+    fn open_mut(&mut self, run_id: &str) -> Result<(&mut OpenRun, &mut RunView), String> {
+        let open = self.open.as_mut().ok_or_else(|| format!("{run_id}: no run is open"))?;
+        let run = &mut self.runs[open.index];
+        if run.run_id != run_id {
+            return Err(format!("{run_id}: the open run is {}", run.run_id));
+        }
+        Ok((open, run))
+    }
+
+    /// Applies one record; the live actor calls this too, so replay and live agree.
+    pub fn apply(&mut self, seq: u64, record: &Record) -> Result<(), String> {
+        match record {
+            Record::LeaseAcquired(_) | Record::Unknown { .. } | Record::RunResumed(_) => {}
+            Record::RunStarted(r) => {
+                if let Some(open) = &self.open {
+                    return Err(format!(
+                        "run {} started while run {} has no terminal record",
+                        r.run_id, self.runs[open.index].run_id
+                    ));
+                }
+                if self.runs.iter().any(|x| x.run_id == r.run_id) {
+                    return Err(format!("run id {} is reused", r.run_id));
+                }
+                let mut content: Vec<Block> = r
+                    .resolved_calls
+                    .iter()
+                    .map(|b| Block::ToolResult {
+                        tool_use_id: b.call_id.clone(),
+                        content: b.content.clone(),
+                        is_error: b.is_error,
+                    })
+                    .collect();
+                content.push(Block::Text { text: r.prompt.clone() });
+                self.transcript.push(Message { role: Role::User, content });
+                let index = self.runs.len();
+                if let Some(send_id) = &r.send_id {
+                    self.by_send_id.insert(send_id.clone(), index);
+                }
+                self.runs.push(RunView {
+                    run_id: r.run_id.clone(),
+                    send_id: r.send_id.clone(),
+                    inputs_digest: r.inputs_digest.clone(),
+                    config: r.config.clone(),
+                    state: RunState::Active,
+                    detail: None,
+                    error: None,
+                    indeterminate_tool_calls: Vec::new(),
+                    usage: Usage::default(),
+                    steps: 0,
+                    final_text: None,
+                    started_seq: seq,
+                });
+                self.open = Some(OpenRun {
+                    index,
+                    step: 0,
+                    point: ResumePoint::ToolsDone,
+                    cancel_requested: false,
+                });
+            }
+            Record::StepStarted(r) => {
+                let (open, run) = self.open_mut(&r.run_id)?;
+                open.step = r.step;
+                open.point = ResumePoint::BeforeStep;
+                run.steps = run.steps.max(r.step);
+            }
+            Record::ModelAttemptFinished(r) => {
+                let (_, run) = self.open_mut(&r.run_id)?;
+                if let Some(u) = &r.usage {
+                    run.usage = run.usage.add(u);
+                }
+            }
+            Record::ModelStepFinished(r) => {
+                let (open, run) = self.open_mut(&r.run_id)?;
+                run.usage = run.usage.add(&r.usage);
+                open.point =
+                    ResumePoint::AfterStep { usage: r.usage, finish_reason: r.finish_reason.clone() };
+                let message = Message { role: Role::Assistant, content: r.content.clone() };
+                let text = message.text();
+                if !text.is_empty() {
+                    run.final_text = Some(text);
+                }
+                self.transcript.push(message);
+            }
+            Record::ToolDispatchIntent(r) => {
+                let (open, _) = self.open_mut(&r.run_id)?;
+                let missing = r.calls.iter().map(|c: &ToolCall| c.id.clone()).collect();
+                open.point = ResumePoint::IntentOpen { missing };
+            }
+            Record::ToolResult(r) => {
+                let (open, _) = self.open_mut(&r.run_id)?;
+                if let ResumePoint::IntentOpen { missing } = &mut open.point {
+                    missing.retain(|id| *id != r.result.call_id);
+                    if missing.is_empty() {
+                        open.point = ResumePoint::ToolsDone;
+                    }
+                }
+                push_result(&mut self.transcript, r.result.clone());
+            }
+            Record::CancelRequested(r) => {
+                let (open, _) = self.open_mut(&r.run_id)?;
+                open.cancel_requested = true;
+            }
+            Record::RunPaused(r) => {
+                let (_, run) = self.open_mut(&r.run_id)?;
+                run.state = RunState::Paused;
+                run.error = r.error.clone();
+                run.detail = Some(r.reason.clone());
+                run.usage = r.usage;
+                self.open = None;
+            }
+            Record::RunFinished(r) => {
+                let (_, run) = self.open_mut(&r.run_id)?;
+                run.state = RunState::Finished(r.reason);
+                run.detail = r.detail.clone();
+                run.error = r.error.clone();
+                run.indeterminate_tool_calls = r.indeterminate_tool_calls.clone();
+                run.usage = r.usage;
+                self.open = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// Recomputes the unresolved calls (after live appends).
+    pub fn refresh_unresolved(&mut self) {
+        self.unresolved_calls = unresolved(&self.transcript);
+    }
+}
+
+/// Tool calls of the last assistant message that no later message answers.
+fn unresolved(transcript: &[Message]) -> Vec<String> {
+    let Some(last_assistant) = transcript.iter().rposition(|m| m.role == Role::Assistant) else {
+        return Vec::new();
+    };
+    let answered: Vec<&str> = transcript[last_assistant + 1..]
+        .iter()
+        .flat_map(|m| &m.content)
+        .filter_map(|b| match b {
+            Block::ToolResult { tool_use_id, .. } => Some(tool_use_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    transcript[last_assistant]
+        .tool_calls()
+        .map(|c| c.id)
+        .filter(|id| !answered.contains(&id.as_str()))
+        .collect()
+}

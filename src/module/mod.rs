@@ -1,0 +1,48 @@
+//! Session actors: one per session triple, holding the WAL's writer lease, processing its
+//! commands in order and driving the run loop's state machine with real I/O (the WAL, the
+//! model client, the tools).
+
+pub mod scripted;
+pub mod session;
+
+use std::future::Future;
+
+use crate::protocol::{ClassifiedError, Request, StreamEvent, ToolCall, Usage};
+
+/// A failed model attempt, classified where it arose.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub error: ClassifiedError,
+    pub usage: Option<Usage>,
+}
+
+/// Calls a model: opens a stream of canonical events for a request.
+pub trait ModelClient {
+    type Stream: ModelStream;
+    /// Starts the call. An error here is a failed attempt before any output.
+    fn open(&self, request: &Request) -> impl Future<Output = Result<Self::Stream, Failure>>;
+}
+
+/// One model call's canonical events.
+pub trait ModelStream {
+    /// The next event; `None` when the step ended normally; `Some(Err)` when the attempt
+    /// failed (its partial output is dropped).
+    fn next(&mut self) -> impl Future<Output = Option<Result<StreamEvent, Failure>>>;
+}
+
+/// What became of a dispatched tool call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolOutcome {
+    /// The tool answered.
+    Done { content: String, is_error: bool },
+    /// Refused before delivery: nothing ran.
+    Refused { reason: String },
+    /// Delivered, then the answer was lost: it may or may not have run.
+    Indeterminate,
+}
+
+/// Runs tool calls.
+pub trait ToolRunner: 'static {
+    /// Runs one call.
+    fn call(&self, call: ToolCall) -> impl Future<Output = ToolOutcome>;
+}

@@ -1,0 +1,253 @@
+//! The run loop end to end on a real WAL: admission, steps, durable intents before dispatch,
+//! results, terminal records, idempotent sends, refusals that write nothing, resume.
+
+use std::path::Path;
+use std::rc::Rc;
+
+use broca::core::admission::SendRequest;
+use broca::core::RunState;
+use broca::module::scripted::{CountingTools, Script, ScriptedModel};
+use broca::module::session::{ActorError, CrashPlan, SessionActor};
+use broca::wal::runrec::FinishKind;
+use broca::wal::verify::read_and_scan;
+use broca::wal::writer::wal_path;
+use broca::wal::{Record, SessionTriple};
+use broca_io::{Committer, LogConfig};
+use broca_shards::run_local;
+
+fn triple() -> SessionTriple {
+    SessionTriple::new("/proj", "test", "run").unwrap()
+}
+
+type Actor = SessionActor<ScriptedModel, CountingTools>;
+
+async fn open(dir: &Path, script: Script, tools: &CountingTools) -> Actor {
+    SessionActor::open(
+        dir,
+        &triple(),
+        Rc::new(ScriptedModel::new(script)),
+        Rc::new(tools.clone()),
+        CountingTools::specs(&["echo", "write"]),
+        LogConfig::default(),
+        Committer::default(),
+    )
+    .await
+    .unwrap()
+}
+
+fn send(prompt: &str, send_id: &str) -> SendRequest {
+    SendRequest {
+        prompt: prompt.into(),
+        model: "scripted/m1".into(),
+        send_id: Some(send_id.into()),
+        max_steps: Some(8),
+        ..SendRequest::default()
+    }
+}
+
+fn records(dir: &Path) -> Vec<(u64, Record)> {
+    let (bytes, scan) = read_and_scan(&wal_path(dir, &triple())).unwrap();
+    scan.decode(&bytes).unwrap().records
+}
+
+#[test]
+fn a_run_completes_with_each_intent_durable_before_its_results_and_one_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let tools = CountingTools::default();
+    let script = Script { seed: 7, tools: vec!["echo".into(), "write".into()], ..Script::default() };
+    let outcome = run_local(async {
+        let mut a = open(dir.path(), script, &tools).await;
+        let reply = a.send(&send("do things", "s1")).await.unwrap();
+        let outcome = a.run_admitted().await.unwrap();
+        assert_eq!(a.state().run(&reply.run_id).unwrap().state, RunState::Finished(FinishKind::Completed));
+        a.close().await.unwrap();
+        outcome
+    })
+    .unwrap();
+    assert_eq!(outcome.reason, Some(FinishKind::Completed));
+    assert!(outcome.usage.input.is_some() && outcome.usage.output.is_some());
+
+    let recs = records(dir.path());
+    let mut intents = 0;
+    for (i, (_, r)) in recs.iter().enumerate() {
+        if let Record::ToolDispatchIntent(intent) = r {
+            intents += 1;
+            for call in &intent.calls {
+                assert_eq!(tools.count(&call.id), 1, "{} dispatched once", call.id);
+                let result_at = recs.iter().position(|(_, r)| {
+                    matches!(r, Record::ToolResult(t) if t.result.call_id == call.id)
+                });
+                assert!(result_at.unwrap() > i, "the result follows its intent");
+            }
+        }
+    }
+    assert!(intents >= 1, "the script asks for tools");
+    let terminals = recs.iter().filter(|(_, r)| matches!(r, Record::RunFinished(_))).count();
+    assert_eq!(terminals, 1);
+}
+
+#[test]
+fn a_repeated_send_id_returns_the_same_run_and_writes_nothing_and_other_inputs_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let tools = CountingTools::default();
+    run_local(async {
+        let mut a = open(dir.path(), Script::default(), &tools).await;
+        let first = a.send(&send("hello", "s1")).await.unwrap();
+        a.run_admitted().await.unwrap();
+        let path = wal_path(dir.path(), &triple());
+        a.writer().log().sync().await.unwrap();
+        let before = std::fs::read(&path).unwrap();
+
+        let again = a.send(&send("hello", "s1")).await.unwrap();
+        assert_eq!(again.run_id, first.run_id);
+        assert!(again.existing);
+        let err = a.send(&send("something else", "s1")).await.unwrap_err();
+        assert!(matches!(&err, ActorError::Refused(r) if r.code() == "send_id_reuse"), "{err}");
+        let bad = SendRequest { model: "nope/x".into(), ..send("x", "s2") };
+        let err = a.send(&bad).await.unwrap_err();
+        assert!(matches!(&err, ActorError::Refused(r) if r.code() == "invalid_params"), "{err}");
+        let empty = SendRequest { prompt: String::new(), ..send("x", "s3") };
+        assert!(a.send(&empty).await.is_err());
+        assert_eq!(std::fs::read(&path).unwrap(), before, "refusals and repeats wrote nothing");
+        a.close().await.unwrap();
+    })
+    .unwrap();
+}
+
+#[test]
+fn a_crash_after_the_intent_leaves_the_calls_indeterminate_and_the_next_send_resolves_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let tools = CountingTools::default();
+    let script = Script { seed: 3, tool_step_percent: 100, ..Script::default() };
+    // Appends: RunStarted, StepStarted, ModelStepFinished, ToolDispatchIntent: crash there.
+    run_local(async {
+        let mut a = open(dir.path(), script.clone(), &tools).await;
+        a.set_crash_plan(CrashPlan { after_appends: Some(4), durable: true });
+        a.send(&send("go", "s1")).await.unwrap();
+        assert!(matches!(a.run_admitted().await, Err(ActorError::Crashed)));
+    })
+    .unwrap();
+    assert!(tools.dispatched.borrow().is_empty(), "the crash came before any dispatch");
+
+    let (run_id, outcome) = run_local(async {
+        let mut a = open(dir.path(), script.clone(), &tools).await;
+        let resumed = a.resume().await.unwrap().expect("an open run");
+        a.close().await.unwrap();
+        resumed
+    })
+    .unwrap();
+    assert_eq!(outcome.reason, Some(FinishKind::Interrupted), "never cancelled");
+    assert!(!outcome.indeterminate_tool_calls.is_empty());
+    assert!(tools.dispatched.borrow().is_empty(), "indeterminate calls are never dispatched");
+
+    run_local(async {
+        let mut a = open(dir.path(), script, &tools).await;
+        assert_eq!(a.state().unresolved_calls, outcome.indeterminate_tool_calls);
+        let reply = a.send(&send("continue", "s2")).await.unwrap();
+        assert_ne!(reply.run_id, run_id);
+        a.run_admitted().await.unwrap();
+        assert!(a.state().unresolved_calls.is_empty());
+        a.close().await.unwrap();
+    })
+    .unwrap();
+    let recs = records(dir.path());
+    let resumed = recs.iter().filter(|(_, r)| matches!(r, Record::RunResumed(_))).count();
+    assert_eq!(resumed, 1, "every resume is recorded");
+    let Some(Record::RunStarted(second)) =
+        recs.iter().map(|(_, r)| r).filter(|r| matches!(r, Record::RunStarted(_))).nth(1)
+    else {
+        panic!("two runs")
+    };
+    let ids: Vec<&str> = second.resolved_calls.iter().map(|b| b.call_id.as_str()).collect();
+    assert_eq!(ids, outcome.indeterminate_tool_calls.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(second.resolved_calls.iter().all(|b| b.is_error
+        && b.reason.as_deref() == Some("outcome_unknown")
+        && b.content.contains("outcome unknown")));
+}
+
+#[test]
+fn a_budget_the_provider_cannot_measure_stops_the_run_with_that_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let tools = CountingTools::default();
+    let script = Script { report_usage: false, ..Script::default() };
+    let outcome = run_local(async {
+        let mut a = open(dir.path(), script, &tools).await;
+        let req = SendRequest {
+            budget: Some(broca::core::admission::Budget { max_total_tokens: Some(1000), max_cost_micros: None }),
+            ..send("hi", "s1")
+        };
+        a.send(&req).await.unwrap();
+        a.run_admitted().await.unwrap()
+    })
+    .unwrap();
+    assert_eq!(outcome.reason, Some(FinishKind::BudgetUnmeasured));
+    assert!(outcome.detail.unwrap().contains("did not report"));
+    assert_eq!(outcome.usage.input, None, "absent is not zero");
+}
+
+#[test]
+fn max_steps_stops_a_run_that_keeps_asking_for_tools() {
+    let dir = tempfile::tempdir().unwrap();
+    let tools = CountingTools::default();
+    let script = Script { tool_step_percent: 100, tool_steps_max: 100, ..Script::default() };
+    let outcome = run_local(async {
+        let mut a = open(dir.path(), script, &tools).await;
+        a.send(&SendRequest { max_steps: Some(3), ..send("loop", "s1") }).await.unwrap();
+        a.run_admitted().await.unwrap()
+    })
+    .unwrap();
+    assert_eq!(outcome.reason, Some(FinishKind::MaxSteps));
+    let recs = records(dir.path());
+    let steps = recs
+        .iter()
+        .filter(|(_, r)| matches!(r, Record::ModelStepFinished(_)))
+        .count();
+    assert_eq!(steps, 3);
+}
+
+#[test]
+fn transient_failures_are_retried_a_bounded_number_of_times_and_each_attempt_recorded() {
+    // Always failing: five attempts, each recorded, then the run ends in error, classified.
+    let dir = tempfile::tempdir().unwrap();
+    let tools = CountingTools::default();
+    let script = Script { transient_percent: 100, ..Script::default() };
+    let outcome = run_local(async {
+        let mut a = open(dir.path(), script, &tools).await;
+        a.send(&send("flaky", "s1")).await.unwrap();
+        a.run_admitted().await.unwrap()
+    })
+    .unwrap();
+    assert_eq!(outcome.reason, Some(FinishKind::Error));
+    assert_eq!(outcome.error.unwrap().class, broca::protocol::ErrorClass::Transient);
+    let recs = records(dir.path());
+    let attempts: Vec<u32> = recs
+        .iter()
+        .filter_map(|(_, r)| match r {
+            Record::ModelAttemptFinished(a) => Some(a.attempt),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(attempts, vec![1, 2, 3, 4, 5]);
+    assert!(!recs.iter().any(|(_, r)| matches!(r, Record::ModelStepFinished(_))), "no partial step");
+
+    // Failing half the time: some seed fails an attempt and the retry completes the run.
+    let mut retried_and_completed = false;
+    for seed in 1..40 {
+        let dir = tempfile::tempdir().unwrap();
+        let script = Script { transient_percent: 50, seed, ..Script::default() };
+        let outcome = run_local(async {
+            let mut a = open(dir.path(), script, &tools).await;
+            a.send(&send("flaky", "s1")).await.unwrap();
+            a.run_admitted().await.unwrap()
+        })
+        .unwrap();
+        let failed = records(dir.path())
+            .iter()
+            .any(|(_, r)| matches!(r, Record::ModelAttemptFinished(_)));
+        if failed && outcome.reason == Some(FinishKind::Completed) {
+            retried_and_completed = true;
+            break;
+        }
+    }
+    assert!(retried_and_completed);
+}

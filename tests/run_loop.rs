@@ -22,7 +22,7 @@ fn triple() -> SessionTriple {
 type Actor = SessionActor<ScriptedModel, CountingTools>;
 
 async fn open(dir: &Path, script: Script, tools: &CountingTools) -> Actor {
-    SessionActor::open(
+    let mut actor = SessionActor::open(
         dir,
         &triple(),
         Rc::new(ScriptedModel::new(script)),
@@ -32,7 +32,9 @@ async fn open(dir: &Path, script: Script, tools: &CountingTools) -> Actor {
         Committer::default(),
     )
     .await
-    .unwrap()
+    .unwrap();
+    actor.set_timer_permille(0);
+    actor
 }
 
 fn send(prompt: &str, send_id: &str) -> SendRequest {
@@ -54,12 +56,19 @@ fn records(dir: &Path) -> Vec<(u64, Record)> {
 fn a_run_completes_with_each_intent_durable_before_its_results_and_one_terminal() {
     let dir = tempfile::tempdir().unwrap();
     let tools = CountingTools::default();
-    let script = Script { seed: 7, tools: vec!["echo".into(), "write".into()], ..Script::default() };
+    let script = Script {
+        seed: 7,
+        tools: vec!["echo".into(), "write".into()],
+        ..Script::default()
+    };
     let outcome = run_local(async {
         let mut a = open(dir.path(), script, &tools).await;
         let reply = a.send(&send("do things", "s1")).await.unwrap();
         let outcome = a.run_admitted().await.unwrap();
-        assert_eq!(a.state().run(&reply.run_id).unwrap().state, RunState::Finished(FinishKind::Completed));
+        assert_eq!(
+            a.state().run(&reply.run_id).unwrap().state,
+            RunState::Finished(FinishKind::Completed)
+        );
         a.close().await.unwrap();
         outcome
     })
@@ -74,15 +83,18 @@ fn a_run_completes_with_each_intent_durable_before_its_results_and_one_terminal(
             intents += 1;
             for call in &intent.calls {
                 assert_eq!(tools.count(&call.id), 1, "{} dispatched once", call.id);
-                let result_at = recs.iter().position(|(_, r)| {
-                    matches!(r, Record::ToolResult(t) if t.result.call_id == call.id)
-                });
+                let result_at = recs.iter().position(
+                    |(_, r)| matches!(r, Record::ToolResult(t) if t.result.call_id == call.id),
+                );
                 assert!(result_at.unwrap() > i, "the result follows its intent");
             }
         }
     }
     assert!(intents >= 1, "the script asks for tools");
-    let terminals = recs.iter().filter(|(_, r)| matches!(r, Record::RunFinished(_))).count();
+    let terminals = recs
+        .iter()
+        .filter(|(_, r)| matches!(r, Record::RunFinished(_)))
+        .count();
     assert_eq!(terminals, 1);
 }
 
@@ -102,13 +114,29 @@ fn a_repeated_send_id_returns_the_same_run_and_writes_nothing_and_other_inputs_a
         assert_eq!(again.run_id, first.run_id);
         assert!(again.existing);
         let err = a.send(&send("something else", "s1")).await.unwrap_err();
-        assert!(matches!(&err, ActorError::Refused(r) if r.code() == "send_id_reuse"), "{err}");
-        let bad = SendRequest { model: "nope/x".into(), ..send("x", "s2") };
+        assert!(
+            matches!(&err, ActorError::Refused(r) if r.code() == "send_id_reuse"),
+            "{err}"
+        );
+        let bad = SendRequest {
+            model: "nope/x".into(),
+            ..send("x", "s2")
+        };
         let err = a.send(&bad).await.unwrap_err();
-        assert!(matches!(&err, ActorError::Refused(r) if r.code() == "invalid_params"), "{err}");
-        let empty = SendRequest { prompt: String::new(), ..send("x", "s3") };
+        assert!(
+            matches!(&err, ActorError::Refused(r) if r.code() == "invalid_params"),
+            "{err}"
+        );
+        let empty = SendRequest {
+            prompt: String::new(),
+            ..send("x", "s3")
+        };
         assert!(a.send(&empty).await.is_err());
-        assert_eq!(std::fs::read(&path).unwrap(), before, "refusals and repeats wrote nothing");
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            before,
+            "refusals and repeats wrote nothing"
+        );
         a.close().await.unwrap();
     })
     .unwrap();
@@ -118,16 +146,29 @@ fn a_repeated_send_id_returns_the_same_run_and_writes_nothing_and_other_inputs_a
 fn a_crash_after_the_intent_leaves_the_calls_indeterminate_and_the_next_send_resolves_them() {
     let dir = tempfile::tempdir().unwrap();
     let tools = CountingTools::default();
-    let script = Script { seed: 3, tool_step_percent: 100, ..Script::default() };
+    let script = Script {
+        seed: 3,
+        tool_step_percent: 100,
+        ..Script::default()
+    };
     // Appends: RunStarted, StepStarted, ModelStepFinished, ToolDispatchIntent: crash there.
     run_local(async {
         let mut a = open(dir.path(), script.clone(), &tools).await;
-        a.set_crash_plan(CrashPlan { after_appends: Some(4), durable: true });
+        a.set_crash_plan(CrashPlan {
+            after_appends: Some(4),
+            durable: true,
+        });
         a.send(&send("go", "s1")).await.unwrap();
-        assert!(matches!(a.run_admitted().await, Err(ActorError::Crashed)));
+        assert!(matches!(
+            a.run_admitted().await,
+            Err(ActorError::Crashed { .. })
+        ));
     })
     .unwrap();
-    assert!(tools.dispatched.borrow().is_empty(), "the crash came before any dispatch");
+    assert!(
+        tools.dispatched.borrow().is_empty(),
+        "the crash came before any dispatch"
+    );
 
     let (run_id, outcome) = run_local(async {
         let mut a = open(dir.path(), script.clone(), &tools).await;
@@ -136,9 +177,16 @@ fn a_crash_after_the_intent_leaves_the_calls_indeterminate_and_the_next_send_res
         resumed
     })
     .unwrap();
-    assert_eq!(outcome.reason, Some(FinishKind::Interrupted), "never cancelled");
+    assert_eq!(
+        outcome.reason,
+        Some(FinishKind::Interrupted),
+        "never cancelled"
+    );
     assert!(!outcome.indeterminate_tool_calls.is_empty());
-    assert!(tools.dispatched.borrow().is_empty(), "indeterminate calls are never dispatched");
+    assert!(
+        tools.dispatched.borrow().is_empty(),
+        "indeterminate calls are never dispatched"
+    );
 
     run_local(async {
         let mut a = open(dir.path(), script, &tools).await;
@@ -151,15 +199,32 @@ fn a_crash_after_the_intent_leaves_the_calls_indeterminate_and_the_next_send_res
     })
     .unwrap();
     let recs = records(dir.path());
-    let resumed = recs.iter().filter(|(_, r)| matches!(r, Record::RunResumed(_))).count();
+    let resumed = recs
+        .iter()
+        .filter(|(_, r)| matches!(r, Record::RunResumed(_)))
+        .count();
     assert_eq!(resumed, 1, "every resume is recorded");
-    let Some(Record::RunStarted(second)) =
-        recs.iter().map(|(_, r)| r).filter(|r| matches!(r, Record::RunStarted(_))).nth(1)
+    let Some(Record::RunStarted(second)) = recs
+        .iter()
+        .map(|(_, r)| r)
+        .filter(|r| matches!(r, Record::RunStarted(_)))
+        .nth(1)
     else {
         panic!("two runs")
     };
-    let ids: Vec<&str> = second.resolved_calls.iter().map(|b| b.call_id.as_str()).collect();
-    assert_eq!(ids, outcome.indeterminate_tool_calls.iter().map(String::as_str).collect::<Vec<_>>());
+    let ids: Vec<&str> = second
+        .resolved_calls
+        .iter()
+        .map(|b| b.call_id.as_str())
+        .collect();
+    assert_eq!(
+        ids,
+        outcome
+            .indeterminate_tool_calls
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+    );
     assert!(second.resolved_calls.iter().all(|b| b.is_error
         && b.reason.as_deref() == Some("outcome_unknown")
         && b.content.contains("outcome unknown")));
@@ -169,11 +234,17 @@ fn a_crash_after_the_intent_leaves_the_calls_indeterminate_and_the_next_send_res
 fn a_budget_the_provider_cannot_measure_stops_the_run_with_that_reason() {
     let dir = tempfile::tempdir().unwrap();
     let tools = CountingTools::default();
-    let script = Script { report_usage: false, ..Script::default() };
+    let script = Script {
+        report_usage: false,
+        ..Script::default()
+    };
     let outcome = run_local(async {
         let mut a = open(dir.path(), script, &tools).await;
         let req = SendRequest {
-            budget: Some(broca::core::admission::Budget { max_total_tokens: Some(1000), max_cost_micros: None }),
+            budget: Some(broca::core::admission::Budget {
+                max_total_tokens: Some(1000),
+                max_cost_micros: None,
+            }),
             ..send("hi", "s1")
         };
         a.send(&req).await.unwrap();
@@ -189,10 +260,19 @@ fn a_budget_the_provider_cannot_measure_stops_the_run_with_that_reason() {
 fn max_steps_stops_a_run_that_keeps_asking_for_tools() {
     let dir = tempfile::tempdir().unwrap();
     let tools = CountingTools::default();
-    let script = Script { tool_step_percent: 100, tool_steps_max: 100, ..Script::default() };
+    let script = Script {
+        tool_step_percent: 100,
+        tool_steps_max: 100,
+        ..Script::default()
+    };
     let outcome = run_local(async {
         let mut a = open(dir.path(), script, &tools).await;
-        a.send(&SendRequest { max_steps: Some(3), ..send("loop", "s1") }).await.unwrap();
+        a.send(&SendRequest {
+            max_steps: Some(3),
+            ..send("loop", "s1")
+        })
+        .await
+        .unwrap();
         a.run_admitted().await.unwrap()
     })
     .unwrap();
@@ -210,7 +290,10 @@ fn transient_failures_are_retried_a_bounded_number_of_times_and_each_attempt_rec
     // Always failing: five attempts, each recorded, then the run ends in error, classified.
     let dir = tempfile::tempdir().unwrap();
     let tools = CountingTools::default();
-    let script = Script { transient_percent: 100, ..Script::default() };
+    let script = Script {
+        transient_percent: 100,
+        ..Script::default()
+    };
     let outcome = run_local(async {
         let mut a = open(dir.path(), script, &tools).await;
         a.send(&send("flaky", "s1")).await.unwrap();
@@ -218,7 +301,10 @@ fn transient_failures_are_retried_a_bounded_number_of_times_and_each_attempt_rec
     })
     .unwrap();
     assert_eq!(outcome.reason, Some(FinishKind::Error));
-    assert_eq!(outcome.error.unwrap().class, broca::protocol::ErrorClass::Transient);
+    assert_eq!(
+        outcome.error.unwrap().class,
+        broca::protocol::ErrorClass::Transient
+    );
     let recs = records(dir.path());
     let attempts: Vec<u32> = recs
         .iter()
@@ -228,13 +314,22 @@ fn transient_failures_are_retried_a_bounded_number_of_times_and_each_attempt_rec
         })
         .collect();
     assert_eq!(attempts, vec![1, 2, 3, 4, 5]);
-    assert!(!recs.iter().any(|(_, r)| matches!(r, Record::ModelStepFinished(_))), "no partial step");
+    assert!(
+        !recs
+            .iter()
+            .any(|(_, r)| matches!(r, Record::ModelStepFinished(_))),
+        "no partial step"
+    );
 
     // Failing half the time: some seed fails an attempt and the retry completes the run.
     let mut retried_and_completed = false;
     for seed in 1..40 {
         let dir = tempfile::tempdir().unwrap();
-        let script = Script { transient_percent: 50, seed, ..Script::default() };
+        let script = Script {
+            transient_percent: 50,
+            seed,
+            ..Script::default()
+        };
         let outcome = run_local(async {
             let mut a = open(dir.path(), script, &tools).await;
             a.send(&send("flaky", "s1")).await.unwrap();

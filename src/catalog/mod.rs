@@ -75,7 +75,10 @@ pub fn resolve(spec: &str) -> Result<ModelEntry, String> {
         .ok_or_else(|| format!("model `{spec}` is not PROVIDER/MODEL"))?;
     let entry = PROVIDERS.iter().find(|p| p.id == provider).ok_or_else(|| {
         let known: Vec<&str> = PROVIDERS.iter().map(|p| p.id).collect();
-        format!("unknown provider `{provider}` (known: {})", known.join(", "))
+        format!(
+            "unknown provider `{provider}` (known: {})",
+            known.join(", ")
+        )
     })?;
     Ok(ModelEntry {
         provider: entry.clone(),

@@ -93,7 +93,10 @@ impl std::fmt::Display for Refusal {
                  send_id"
             ),
             Refusal::SessionBusy { run_id } => {
-                write!(f, "session_busy: run {run_id} is active; wait for it or cancel it")
+                write!(
+                    f,
+                    "session_busy: run {run_id} is active; wait for it or cancel it"
+                )
             }
             Refusal::ToolNameCollision(name) => {
                 write!(f, "tool_name_collision: two tool servers offer `{name}`")
@@ -138,29 +141,40 @@ pub fn admit(
     let digest = inputs_digest(req);
     if let Some(send_id) = &req.send_id {
         if send_id.is_empty() || send_id.len() > 256 {
-            return Err(Refusal::InvalidParams("send_id must have 1 to 256 bytes".into()));
+            return Err(Refusal::InvalidParams(
+                "send_id must have 1 to 256 bytes".into(),
+            ));
         }
         if let Some(&index) = session.by_send_id.get(send_id) {
             let run = &session.runs[index];
             return if run.inputs_digest == digest {
                 Ok(Admitted::Existing { run_index: index })
             } else {
-                Err(Refusal::SendIdReuse { run_id: run.run_id.clone() })
+                Err(Refusal::SendIdReuse {
+                    run_id: run.run_id.clone(),
+                })
             };
         }
     }
     if let Some(open) = &session.open {
-        return Err(Refusal::SessionBusy { run_id: session.runs[open.index].run_id.clone() });
+        return Err(Refusal::SessionBusy {
+            run_id: session.runs[open.index].run_id.clone(),
+        });
     }
     if let Some(run) = session.runs.last().filter(|r| r.state == RunState::Active) {
-        return Err(Refusal::SessionBusy { run_id: run.run_id.clone() });
+        return Err(Refusal::SessionBusy {
+            run_id: run.run_id.clone(),
+        });
     }
     let invalid = |why: String| Err(Refusal::InvalidParams(why));
     if req.prompt.is_empty() {
         return invalid("prompt is empty".into());
     }
     if req.prompt.len() > PROMPT_BYTES_MAX {
-        return invalid(format!("prompt has {} bytes; the limit is {PROMPT_BYTES_MAX}", req.prompt.len()));
+        return invalid(format!(
+            "prompt has {} bytes; the limit is {PROMPT_BYTES_MAX}",
+            req.prompt.len()
+        ));
     }
     let entry = catalog::resolve(&req.model).map_err(Refusal::InvalidParams)?;
     let max_steps = req.max_steps.unwrap_or(MAX_STEPS_DEFAULT);

@@ -11,8 +11,8 @@
 use std::collections::VecDeque;
 
 use crate::protocol::{
-    Block, ClassifiedError, ErrorClass, FinishReason, Message, Request, Role, StreamEvent, ToolCall,
-    Usage,
+    Block, ClassifiedError, ErrorClass, FinishReason, Message, Request, Role, StreamEvent,
+    ToolCall, Usage,
 };
 use crate::wal::runrec::{
     CancelRequested, FinishKind, FrozenConfig, ModelAttemptFinished, ModelStepFinished,
@@ -39,7 +39,10 @@ pub enum Event {
     /// The model stream ended normally.
     StepEnded,
     /// The model attempt failed, with whatever usage it reported.
-    AttemptFailed { error: ClassifiedError, usage: Option<Usage> },
+    AttemptFailed {
+        error: ClassifiedError,
+        usage: Option<Usage>,
+    },
     /// A dispatched tool call's result.
     ToolResult(ResultBlock),
     /// A dispatched tool call whose outcome cannot be known (delivered, then lost).
@@ -58,11 +61,18 @@ pub enum Command {
     /// Append `record`; with `wait`, feed [`Event::Durable`] once it is durable.
     Append { record: Record, wait: bool },
     /// Call the model with this request (render it with the frozen renderer).
-    CallModel { step: u32, attempt: u32, request: Request },
+    CallModel {
+        step: u32,
+        attempt: u32,
+        request: Request,
+    },
     /// Stop the model call in flight and drop its output.
     AbortModel,
     /// Dispatch these tool calls concurrently; feed each result as it arrives.
-    Dispatch { batch_id: String, calls: Vec<ToolCall> },
+    Dispatch {
+        batch_id: String,
+        calls: Vec<ToolCall>,
+    },
     /// A display-lane text delta (lossy, never replayed).
     Display(String),
     /// Feed [`Event::Timer`] after this long.
@@ -89,9 +99,16 @@ enum Phase {
     /// Waiting for the retry timer.
     Backoff,
     /// The intent was appended; waiting for it to be durable before dispatching `calls`.
-    AwaitIntent { batch_id: String, calls: Vec<ToolCall> },
+    AwaitIntent {
+        batch_id: String,
+        calls: Vec<ToolCall>,
+    },
     /// Tools dispatched; waiting for their results.
-    Tools { batch_id: String, waiting: Vec<String>, indeterminate: Vec<String> },
+    Tools {
+        batch_id: String,
+        waiting: Vec<String>,
+        indeterminate: Vec<String>,
+    },
     /// The terminal record was appended; waiting for it to be durable.
     Sealing(Outcome),
     Done,
@@ -210,7 +227,10 @@ impl RunMachine {
         self.step += 1;
         self.attempt = 0;
         self.backoff_spent_ms = 0;
-        let record = StepStarted { run_id: self.run_id.clone(), step: self.step };
+        let record = StepStarted {
+            run_id: self.run_id.clone(),
+            step: self.step,
+        };
         self.push(Record::StepStarted(record), false);
         self.call_model();
     }
@@ -226,7 +246,11 @@ impl RunMachine {
             tools: self.config.tools.clone(),
             generation: self.config.generation.clone(),
         };
-        self.out.push_back(Command::CallModel { step: self.step, attempt: self.attempt, request });
+        self.out.push_back(Command::CallModel {
+            step: self.step,
+            attempt: self.attempt,
+            request,
+        });
     }
 
     fn on_stream(&mut self, ev: StreamEvent) {
@@ -256,7 +280,10 @@ impl RunMachine {
             request_id: step.request_id,
         };
         self.push(Record::ModelStepFinished(Box::new(record)), false);
-        let message = Message { role: Role::Assistant, content: step.content };
+        let message = Message {
+            role: Role::Assistant,
+            content: step.content,
+        };
         self.transcript.push(message);
         self.after_model_step(step_usage, step.finish_reason);
     }
@@ -264,8 +291,11 @@ impl RunMachine {
     /// Decides what follows a durable-or-pending model step: tools, or the end of the run.
     /// Also the resume path of a step whose record is durable.
     fn after_model_step(&mut self, step_usage: Usage, finish_reason: FinishReason) {
-        let calls: Vec<ToolCall> =
-            self.transcript.last().map(|m| m.tool_calls().collect()).unwrap_or_default();
+        let calls: Vec<ToolCall> = self
+            .transcript
+            .last()
+            .map(|m| m.tool_calls().collect())
+            .unwrap_or_default();
         if let Some((kind, detail)) = self.limit_after_step(&step_usage) {
             self.resolve_undispatched(&calls, kind.as_str());
             return self.seal(kind, Some(detail), None, Vec::new());
@@ -288,7 +318,11 @@ impl RunMachine {
     fn limit_after_step(&self, step_usage: &Usage) -> Option<(FinishKind, String)> {
         if let Some(budget) = self.config.stop.max_total_tokens {
             let (Some(input), Some(output)) = (self.usage.input, self.usage.output) else {
-                let missing = if self.usage.input.is_none() { "input" } else { "output" };
+                let missing = if self.usage.input.is_none() {
+                    "input"
+                } else {
+                    "output"
+                };
                 return Some((
                     FinishKind::BudgetUnmeasured,
                     format!(
@@ -343,7 +377,10 @@ impl RunMachine {
             if !known.contains(&call.name.as_str()) {
                 refused.push(ResultBlock {
                     call_id: call.id.clone(),
-                    content: format!("unknown tool `{}`: it was not offered to this run", call.name),
+                    content: format!(
+                        "unknown tool `{}`: it was not offered to this run",
+                        call.name
+                    ),
                     is_error: true,
                     reason: Some("unknown_tool".into()),
                 });
@@ -359,9 +396,16 @@ impl RunMachine {
             }
         }
         let waiting = send.iter().map(|c| c.id.clone()).collect();
-        self.phase = Phase::Tools { batch_id: batch_id.clone(), waiting, indeterminate: Vec::new() };
+        self.phase = Phase::Tools {
+            batch_id: batch_id.clone(),
+            waiting,
+            indeterminate: Vec::new(),
+        };
         if !send.is_empty() {
-            self.out.push_back(Command::Dispatch { batch_id, calls: send });
+            self.out.push_back(Command::Dispatch {
+                batch_id,
+                calls: send,
+            });
         }
         for result in refused {
             self.record_result(result);
@@ -370,31 +414,56 @@ impl RunMachine {
     }
 
     fn record_result(&mut self, result: ResultBlock) {
-        let Phase::Tools { batch_id, .. } = &self.phase else { return };
-        let record =
-            ToolResult { run_id: self.run_id.clone(), batch_id: batch_id.clone(), result: result.clone() };
+        let Phase::Tools { batch_id, .. } = &self.phase else {
+            return;
+        };
+        let record = ToolResult {
+            run_id: self.run_id.clone(),
+            batch_id: batch_id.clone(),
+            result: result.clone(),
+        };
         self.push(Record::ToolResult(record), false);
         push_result(&mut self.transcript, result);
     }
 
     fn on_tool_result(&mut self, result: ResultBlock) {
-        let Phase::Tools { waiting, .. } = &mut self.phase else { return };
-        let Some(i) = waiting.iter().position(|id| *id == result.call_id) else { return };
+        let Phase::Tools { waiting, .. } = &mut self.phase else {
+            return;
+        };
+        let Some(i) = waiting.iter().position(|id| *id == result.call_id) else {
+            return;
+        };
         waiting.swap_remove(i);
         self.record_result(result);
         self.tools_maybe_done();
     }
 
     fn on_tool_indeterminate(&mut self, call_id: String) {
-        let Phase::Tools { waiting, indeterminate, .. } = &mut self.phase else { return };
-        let Some(i) = waiting.iter().position(|id| *id == call_id) else { return };
+        let Phase::Tools {
+            waiting,
+            indeterminate,
+            ..
+        } = &mut self.phase
+        else {
+            return;
+        };
+        let Some(i) = waiting.iter().position(|id| *id == call_id) else {
+            return;
+        };
         waiting.swap_remove(i);
         indeterminate.push(call_id);
         self.tools_maybe_done();
     }
 
     fn tools_maybe_done(&mut self) {
-        let Phase::Tools { waiting, indeterminate, .. } = &mut self.phase else { return };
+        let Phase::Tools {
+            waiting,
+            indeterminate,
+            ..
+        } = &mut self.phase
+        else {
+            return;
+        };
         if !waiting.is_empty() {
             return;
         }
@@ -432,15 +501,19 @@ impl RunMachine {
                     self.phase = Phase::Backoff;
                     self.out.push_back(Command::SetTimer { after_ms: wait });
                 } else {
-                    let detail =
-                        format!("the model call failed {} times; giving up", self.attempt);
+                    let detail = format!("the model call failed {} times; giving up", self.attempt);
                     self.seal(FinishKind::Error, Some(detail), Some(error), Vec::new());
                 }
             }
             ErrorClass::AuthRequired => self.pause("auth_required", error),
             ErrorClass::ContextOverflow => {
                 let detail = "the provider refused the request as too long".to_string();
-                self.seal(FinishKind::ContextLimit, Some(detail), Some(error), Vec::new())
+                self.seal(
+                    FinishKind::ContextLimit,
+                    Some(detail),
+                    Some(error),
+                    Vec::new(),
+                )
             }
             ErrorClass::Permanent => self.seal(FinishKind::Error, None, Some(error), Vec::new()),
         }
@@ -451,7 +524,10 @@ impl RunMachine {
             return;
         }
         self.cancel_requested = true;
-        let record = CancelRequested { run_id: self.run_id.clone(), at_unix_ms: now_unix_ms() };
+        let record = CancelRequested {
+            run_id: self.run_id.clone(),
+            at_unix_ms: now_unix_ms(),
+        };
         self.push(Record::CancelRequested(record), false);
         match &self.phase {
             Phase::Streaming | Phase::Backoff => {
@@ -474,11 +550,19 @@ impl RunMachine {
             }
             Phase::AwaitIntent { batch_id, calls } => {
                 // The intent may be durable, but nothing was dispatched: say so.
-                self.phase = Phase::Tools { batch_id, waiting: Vec::new(), indeterminate: Vec::new() };
+                self.phase = Phase::Tools {
+                    batch_id,
+                    waiting: Vec::new(),
+                    indeterminate: Vec::new(),
+                };
                 self.resolve_undispatched(&calls, "shutdown");
                 self.seal(FinishKind::Interrupted, detail, None, Vec::new());
             }
-            Phase::Tools { waiting, mut indeterminate, .. } => {
+            Phase::Tools {
+                waiting,
+                mut indeterminate,
+                ..
+            } => {
                 indeterminate.extend(waiting);
                 self.seal(FinishKind::Interrupted, detail, None, indeterminate);
             }
@@ -494,12 +578,18 @@ impl RunMachine {
         let batch_id = format!("{}.{}", self.run_id, self.step);
         let saved = std::mem::replace(
             &mut self.phase,
-            Phase::Tools { batch_id, waiting: Vec::new(), indeterminate: Vec::new() },
+            Phase::Tools {
+                batch_id,
+                waiting: Vec::new(),
+                indeterminate: Vec::new(),
+            },
         );
         for call in calls {
             self.record_result(ResultBlock {
                 call_id: call.id.clone(),
-                content: format!("not run: the run stopped ({why}) before this call was dispatched"),
+                content: format!(
+                    "not run: the run stopped ({why}) before this call was dispatched"
+                ),
                 is_error: true,
                 reason: Some("not_dispatched".into()),
             });
@@ -561,11 +651,16 @@ pub fn push_result(transcript: &mut Vec<Message>, result: ResultBlock) {
     match transcript.last_mut() {
         Some(m)
             if m.role == Role::User
-                && m.content.iter().all(|b| matches!(b, Block::ToolResult { .. })) =>
+                && m.content
+                    .iter()
+                    .all(|b| matches!(b, Block::ToolResult { .. })) =>
         {
             m.content.push(block)
         }
-        _ => transcript.push(Message { role: Role::User, content: vec![block] }),
+        _ => transcript.push(Message {
+            role: Role::User,
+            content: vec![block],
+        }),
     }
 }
 
@@ -582,7 +677,10 @@ pub enum ResumePoint {
     /// No model step of the current step number is durable: (re)run the model step.
     BeforeStep,
     /// The step's ModelStepFinished is durable; nothing after it.
-    AfterStep { usage: Usage, finish_reason: FinishReason },
+    AfterStep {
+        usage: Usage,
+        finish_reason: FinishReason,
+    },
     /// The intent is durable and some results are missing: their outcome is unknown.
     IntentOpen { missing: Vec<String> },
     /// Every result of the step's batch is durable.
@@ -605,19 +703,23 @@ impl RunMachine {
         cancel_requested: bool,
     ) -> RunMachine {
         let mut m = RunMachine::new(run_id, config, transcript, step, usage);
-        let record =
-            RunResumed { run_id: m.run_id.clone(), from_step: step, at_unix_ms: now_unix_ms() };
+        let record = RunResumed {
+            run_id: m.run_id.clone(),
+            from_step: step,
+            at_unix_ms: now_unix_ms(),
+        };
         m.push(Record::RunResumed(record), false);
         m.cancel_requested = cancel_requested;
         match point {
             ResumePoint::IntentOpen { missing } => {
-                let detail = "a crash left tool calls without results; their outcome is unknown"
-                    .to_string();
+                let detail =
+                    "a crash left tool calls without results; their outcome is unknown".to_string();
                 m.seal(FinishKind::Interrupted, Some(detail), None, missing);
             }
-            ResumePoint::AfterStep { usage: step_usage, finish_reason } => {
-                m.after_model_step(step_usage, finish_reason)
-            }
+            ResumePoint::AfterStep {
+                usage: step_usage,
+                finish_reason,
+            } => m.after_model_step(step_usage, finish_reason),
             ResumePoint::ToolsDone => m.next_step_or_stop(),
             ResumePoint::BeforeStep => {
                 m.step = step.saturating_sub(1);

@@ -85,7 +85,8 @@ impl Session {
     ) -> Result<Session, ReplayError> {
         let mut s = Session::default();
         for (seq, record) in records {
-            s.apply(seq, record).map_err(|reason| ReplayError { seq, reason })?;
+            s.apply(seq, record)
+                .map_err(|reason| ReplayError { seq, reason })?;
         }
         s.unresolved_calls = unresolved(&s.transcript);
         Ok(s)
@@ -97,7 +98,10 @@ impl Session {
     }
 
     fn open_mut(&mut self, run_id: &str) -> Result<(&mut OpenRun, &mut RunView), String> {
-        let open = self.open.as_mut().ok_or_else(|| format!("{run_id}: no run is open"))?;
+        let open = self
+            .open
+            .as_mut()
+            .ok_or_else(|| format!("{run_id}: no run is open"))?;
         let run = &mut self.runs[open.index];
         if run.run_id != run_id {
             return Err(format!("{run_id}: the open run is {}", run.run_id));
@@ -128,8 +132,13 @@ impl Session {
                         is_error: b.is_error,
                     })
                     .collect();
-                content.push(Block::Text { text: r.prompt.clone() });
-                self.transcript.push(Message { role: Role::User, content });
+                content.push(Block::Text {
+                    text: r.prompt.clone(),
+                });
+                self.transcript.push(Message {
+                    role: Role::User,
+                    content,
+                });
                 let index = self.runs.len();
                 if let Some(send_id) = &r.send_id {
                     self.by_send_id.insert(send_id.clone(), index);
@@ -170,9 +179,14 @@ impl Session {
             Record::ModelStepFinished(r) => {
                 let (open, run) = self.open_mut(&r.run_id)?;
                 run.usage = run.usage.add(&r.usage);
-                open.point =
-                    ResumePoint::AfterStep { usage: r.usage, finish_reason: r.finish_reason.clone() };
-                let message = Message { role: Role::Assistant, content: r.content.clone() };
+                open.point = ResumePoint::AfterStep {
+                    usage: r.usage,
+                    finish_reason: r.finish_reason.clone(),
+                };
+                let message = Message {
+                    role: Role::Assistant,
+                    content: r.content.clone(),
+                };
                 let text = message.text();
                 if !text.is_empty() {
                     run.final_text = Some(text);

@@ -15,8 +15,16 @@ pub struct Step {
 #[derive(Debug)]
 enum Part {
     Text(String),
-    Thinking { text: String, signature: Option<String> },
-    Tool { index: u32, id: String, name: String, args: String },
+    Thinking {
+        text: String,
+        signature: Option<String>,
+    },
+    Tool {
+        index: u32,
+        id: String,
+        name: String,
+        args: String,
+    },
 }
 
 /// Accumulates one attempt's stream.
@@ -37,16 +45,28 @@ impl StepAccumulator {
                 _ => self.parts.push(Part::Text(t)),
             },
             StreamEvent::ThinkingDelta(t) => match self.parts.last_mut() {
-                Some(Part::Thinking { text, signature: None }) => text.push_str(&t),
-                _ => self.parts.push(Part::Thinking { text: t, signature: None }),
+                Some(Part::Thinking {
+                    text,
+                    signature: None,
+                }) => text.push_str(&t),
+                _ => self.parts.push(Part::Thinking {
+                    text: t,
+                    signature: None,
+                }),
             },
             StreamEvent::ThinkingSignature(sig) => match self.parts.last_mut() {
                 Some(Part::Thinking { signature, .. }) => *signature = Some(sig),
-                _ => self.parts.push(Part::Thinking { text: String::new(), signature: Some(sig) }),
+                _ => self.parts.push(Part::Thinking {
+                    text: String::new(),
+                    signature: Some(sig),
+                }),
             },
-            StreamEvent::ToolCallStart { index, id, name } => {
-                self.parts.push(Part::Tool { index, id, name, args: String::new() })
-            }
+            StreamEvent::ToolCallStart { index, id, name } => self.parts.push(Part::Tool {
+                index,
+                id,
+                name,
+                args: String::new(),
+            }),
             StreamEvent::ToolCallArgsDelta { index, json } => {
                 if let Some(Part::Tool { args, .. }) = self
                     .parts
@@ -96,7 +116,12 @@ impl StepAccumulator {
         } else {
             FinishReason::EndTurn
         });
-        Step { content, usage: self.usage, finish_reason, request_id: self.request_id }
+        Step {
+            content,
+            usage: self.usage,
+            finish_reason,
+            request_id: self.request_id,
+        }
     }
 }
 
@@ -121,29 +146,73 @@ mod tests {
             StreamEvent::ThinkingSignature("sig==".into()),
             StreamEvent::TextDelta("Hel".into()),
             StreamEvent::TextDelta("lo".into()),
-            StreamEvent::ToolCallStart { index: 0, id: "c1".into(), name: "ls".into() },
-            StreamEvent::ToolCallArgsDelta { index: 0, json: "{\"pa".into() },
-            StreamEvent::ToolCallArgsDelta { index: 0, json: "th\":\"/\"}".into() },
-            StreamEvent::ToolCallStart { index: 1, id: "c2".into(), name: "rm".into() },
-            StreamEvent::ToolCallArgsDelta { index: 1, json: "{broken".into() },
-            StreamEvent::Usage(Usage { input: Some(3), ..Usage::default() }),
-            StreamEvent::Usage(Usage { output: Some(9), ..Usage::default() }),
+            StreamEvent::ToolCallStart {
+                index: 0,
+                id: "c1".into(),
+                name: "ls".into(),
+            },
+            StreamEvent::ToolCallArgsDelta {
+                index: 0,
+                json: "{\"pa".into(),
+            },
+            StreamEvent::ToolCallArgsDelta {
+                index: 0,
+                json: "th\":\"/\"}".into(),
+            },
+            StreamEvent::ToolCallStart {
+                index: 1,
+                id: "c2".into(),
+                name: "rm".into(),
+            },
+            StreamEvent::ToolCallArgsDelta {
+                index: 1,
+                json: "{broken".into(),
+            },
+            StreamEvent::Usage(Usage {
+                input: Some(3),
+                ..Usage::default()
+            }),
+            StreamEvent::Usage(Usage {
+                output: Some(9),
+                ..Usage::default()
+            }),
         ] {
             acc.push(ev);
         }
         let step = acc.finish();
         assert_eq!(step.finish_reason, FinishReason::ToolUse);
-        assert_eq!(step.usage, Usage { input: Some(3), output: Some(9), ..Usage::default() });
+        assert_eq!(
+            step.usage,
+            Usage {
+                input: Some(3),
+                output: Some(9),
+                ..Usage::default()
+            }
+        );
         assert_eq!(
             step.content[0],
-            Block::Thinking { text: "hm".into(), signature: Some("sig==".into()) }
+            Block::Thinking {
+                text: "hm".into(),
+                signature: Some("sig==".into())
+            }
         );
-        assert_eq!(step.content[1], Block::Text { text: "Hello".into() });
+        assert_eq!(
+            step.content[1],
+            Block::Text {
+                text: "Hello".into()
+            }
+        );
         assert_eq!(
             step.content[2],
-            Block::ToolUse { id: "c1".into(), name: "ls".into(), input: serde_json::json!({"path": "/"}) }
+            Block::ToolUse {
+                id: "c1".into(),
+                name: "ls".into(),
+                input: serde_json::json!({"path": "/"})
+            }
         );
-        let Block::ToolUse { input, .. } = &step.content[3] else { panic!() };
+        let Block::ToolUse { input, .. } = &step.content[3] else {
+            panic!()
+        };
         assert_eq!(invalid_arguments(input), Some("{broken"));
     }
 }

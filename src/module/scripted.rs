@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use crate::protocol::{
-    Block, ClassifiedError, ErrorClass, FinishReason, Request, Role, StreamEvent, ToolCall, ToolSpec,
-    Usage,
+    Block, ClassifiedError, ErrorClass, FinishReason, Request, Role, StreamEvent, ToolCall,
+    ToolSpec, Usage,
 };
 
 use super::{Failure, ModelClient, ModelStream, ToolOutcome, ToolRunner};
@@ -54,7 +54,10 @@ pub struct ScriptedModel {
 
 impl ScriptedModel {
     pub fn new(script: Script) -> ScriptedModel {
-        ScriptedModel { script, calls: RefCell::new(0) }
+        ScriptedModel {
+            script,
+            calls: RefCell::new(0),
+        }
     }
 }
 
@@ -110,14 +113,18 @@ impl ModelClient for ScriptedModel {
             .skip(last_user_prompt(req))
             .filter(|m| m.role == Role::Assistant && m.tool_calls().next().is_some())
             .count() as u32;
-        let mut events = vec![StreamEvent::TextDelta(format!("step {}", req.messages.len()))];
+        let mut events = vec![StreamEvent::TextDelta(format!(
+            "step {}",
+            req.messages.len()
+        ))];
         let wants_tools = !self.script.tools.is_empty()
             && tool_steps_so_far < self.script.tool_steps_max
             && h % 100 < self.script.tool_step_percent;
         if wants_tools {
             let n = 1 + (mix(h) % u64::from(self.script.calls_per_step_max.max(1))) as u32;
             for i in 0..n {
-                let name = &self.script.tools[(mix(h + u64::from(i)) % self.script.tools.len() as u64) as usize];
+                let name = &self.script.tools
+                    [(mix(h + u64::from(i)) % self.script.tools.len() as u64) as usize];
                 events.push(StreamEvent::ToolCallStart {
                     index: i,
                     id: format!("call_{:016x}_{i}", h),
@@ -125,8 +132,14 @@ impl ModelClient for ScriptedModel {
                 });
                 let args = format!("{{\"n\":{},\"tag\":\"{:x}\"}}", i, h & 0xffff);
                 let (a, b) = args.split_at(args.len() / 2);
-                events.push(StreamEvent::ToolCallArgsDelta { index: i, json: a.into() });
-                events.push(StreamEvent::ToolCallArgsDelta { index: i, json: b.into() });
+                events.push(StreamEvent::ToolCallArgsDelta {
+                    index: i,
+                    json: a.into(),
+                });
+                events.push(StreamEvent::ToolCallArgsDelta {
+                    index: i,
+                    json: b.into(),
+                });
                 events.push(StreamEvent::ToolCallEnd { index: i });
             }
         } else {
@@ -134,18 +147,33 @@ impl ModelClient for ScriptedModel {
         }
         if self.script.report_usage {
             let input = 10 * req.messages.len() as u64;
-            events.push(StreamEvent::Usage(Usage { input: Some(input), output: Some(7), ..Usage::default() }));
+            events.push(StreamEvent::Usage(Usage {
+                input: Some(input),
+                output: Some(7),
+                ..Usage::default()
+            }));
         }
-        let reason = if wants_tools { FinishReason::ToolUse } else { FinishReason::EndTurn };
-        events.push(StreamEvent::Finish { reason, request_id: Some(format!("req_{h:x}")) });
-        Ok(ScriptedStream { events: events.into_iter() })
+        let reason = if wants_tools {
+            FinishReason::ToolUse
+        } else {
+            FinishReason::EndTurn
+        };
+        events.push(StreamEvent::Finish {
+            reason,
+            request_id: Some(format!("req_{h:x}")),
+        });
+        Ok(ScriptedStream {
+            events: events.into_iter(),
+        })
     }
 }
 
 fn last_user_prompt(req: &Request) -> usize {
     req.messages
         .iter()
-        .rposition(|m| m.role == Role::User && m.content.iter().any(|b| matches!(b, Block::Text { .. })))
+        .rposition(|m| {
+            m.role == Role::User && m.content.iter().any(|b| matches!(b, Block::Text { .. }))
+        })
         .unwrap_or(0)
 }
 
@@ -178,10 +206,17 @@ impl CountingTools {
 
 impl ToolRunner for CountingTools {
     async fn call(&self, call: ToolCall) -> ToolOutcome {
-        *self.dispatched.borrow_mut().entry(call.id.clone()).or_insert(0) += 1;
+        *self
+            .dispatched
+            .borrow_mut()
+            .entry(call.id.clone())
+            .or_insert(0) += 1;
         if self.lose.borrow().contains(&call.id) {
             return ToolOutcome::Indeterminate;
         }
-        ToolOutcome::Done { content: format!("{} ran with {}", call.name, call.input), is_error: false }
+        ToolOutcome::Done {
+            content: format!("{} ran with {}", call.name, call.input),
+            is_error: false,
+        }
     }
 }

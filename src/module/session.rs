@@ -28,8 +28,8 @@ pub enum ActorError {
     Replay(String),
     /// The send was refused; nothing was written.
     Refused(Refusal),
-    /// A crash was injected here (tests only).
-    Crashed,
+    /// A crash was injected here (tests only): after the append of `seq`.
+    Crashed { seq: u64 },
     /// The run loop stopped without an event to wait for (a bug; the run stays open and is
     /// resumed on the next open).
     Stalled(String),
@@ -41,7 +41,7 @@ impl std::fmt::Display for ActorError {
             ActorError::Wal(e) => write!(f, "{e}"),
             ActorError::Replay(e) => write!(f, "{e}"),
             ActorError::Refused(r) => write!(f, "{r}"),
-            ActorError::Crashed => write!(f, "crash injected"),
+            ActorError::Crashed { seq } => write!(f, "crash injected after record {seq}"),
             ActorError::Stalled(run) => write!(f, "run {run}: the run loop stalled"),
         }
     }
@@ -80,6 +80,8 @@ pub struct SessionActor<P: ModelClient, T: ToolRunner> {
     crash: CrashPlan,
     appends: u64,
     display: Option<Box<dyn FnMut(&str)>>,
+    /// Timers sleep `after_ms * timer_permille / 1000` (tests shorten backoffs).
+    timer_permille: u64,
 }
 
 impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
@@ -124,12 +126,18 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             crash: CrashPlan::default(),
             appends: 0,
             display: None,
+            timer_permille: 1000,
         })
     }
 
     /// Sets the crash plan (tests).
     pub fn set_crash_plan(&mut self, plan: CrashPlan) {
         self.crash = plan;
+    }
+
+    /// Scales every timer the run loop arms (tests: 0 makes backoffs instant).
+    pub fn set_timer_permille(&mut self, permille: u64) {
+        self.timer_permille = permille;
     }
 
     /// Receives the display lane's text deltas.
@@ -149,7 +157,9 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
 
     /// Resumes the run a crash left open, if any, and drives it to its end.
     pub async fn resume(&mut self) -> Result<Option<(String, Outcome)>, ActorError> {
-        let Some(open) = self.state.open.clone() else { return Ok(None) };
+        let Some(open) = self.state.open.clone() else {
+            return Ok(None);
+        };
         let run = &self.state.runs[open.index];
         let run_id = run.run_id.clone();
         let machine = RunMachine::resume(
@@ -170,7 +180,11 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
     pub async fn send(&mut self, req: &SendRequest) -> Result<SendReply, ActorError> {
         let ctx = AdmissionContext {
             tools: &self.tool_specs,
-            run_id: format!("run_{}_{}", &self.writer.header().lineage_hex()[..12], self.writer.next_seq()),
+            run_id: format!(
+                "run_{}_{}",
+                &self.writer.header().lineage_hex()[..12],
+                self.writer.next_seq()
+            ),
             now_unix_ms: now_unix_ms(),
         };
         match admit(req, &self.state, &ctx).map_err(ActorError::Refused)? {
@@ -181,7 +195,10 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             Admitted::New(started) => {
                 let run_id = started.run_id.clone();
                 self.append(Record::RunStarted(started), true).await?;
-                Ok(SendReply { run_id, existing: false })
+                Ok(SendReply {
+                    run_id,
+                    existing: false,
+                })
             }
         }
     }
@@ -192,24 +209,27 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             return Err(ActorError::Stalled("no admitted run".into()));
         };
         let run = &self.state.runs[open.index];
-        let machine =
-            RunMachine::start(run.run_id.clone(), run.config.clone(), self.state.transcript.clone());
+        let machine = RunMachine::start(
+            run.run_id.clone(),
+            run.config.clone(),
+            self.state.transcript.clone(),
+        );
         self.drive(machine).await
     }
 
     /// Appends a record, applies it to the session state, and honours the crash plan.
     async fn append(&mut self, record: Record, wait: bool) -> Result<(), ActorError> {
         let appended = self.writer.append(&record).await?;
-        self.state
-            .apply(appended.seq, &record)
-            .map_err(|reason| ActorError::Replay(format!("live record {}: {reason}", appended.seq)))?;
+        self.state.apply(appended.seq, &record).map_err(|reason| {
+            ActorError::Replay(format!("live record {}: {reason}", appended.seq))
+        })?;
         self.appends += 1;
         let crash_now = self.crash.after_appends == Some(self.appends);
         if wait || (crash_now && self.crash.durable) {
             self.writer.wait_durable(appended.end).await?;
         }
         if crash_now {
-            return Err(ActorError::Crashed);
+            return Err(ActorError::Crashed { seq: appended.seq });
         }
         Ok(())
     }
@@ -230,10 +250,15 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                             m.handle(Event::Durable);
                         }
                     }
-                    Command::CallModel { request, .. } => match self.provider.open(&request).await {
-                        Ok(s) => stream = Some(s),
-                        Err(f) => m.handle(Event::AttemptFailed { error: f.error, usage: f.usage }),
-                    },
+                    Command::CallModel { request, .. } => {
+                        match self.provider.open(&request).await {
+                            Ok(s) => stream = Some(s),
+                            Err(f) => m.handle(Event::AttemptFailed {
+                                error: f.error,
+                                usage: f.usage,
+                            }),
+                        }
+                    }
                     Command::AbortModel => stream = None,
                     Command::Dispatch { calls, .. } => {
                         in_flight += calls.len();
@@ -258,7 +283,10 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                     Some(Ok(ev)) => m.handle(Event::Stream(ev)),
                     Some(Err(f)) => {
                         stream = None;
-                        m.handle(Event::AttemptFailed { error: f.error, usage: f.usage });
+                        m.handle(Event::AttemptFailed {
+                            error: f.error,
+                            usage: f.usage,
+                        });
                     }
                     None => {
                         stream = None;
@@ -266,7 +294,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                     }
                 }
             } else if let Some(ms) = timer_ms.take() {
-                glommio::timer::sleep(Duration::from_millis(ms)).await;
+                glommio::timer::sleep(Duration::from_millis(ms * self.timer_permille / 1000)).await;
                 m.handle(Event::Timer);
             } else if in_flight > 0 {
                 let Some((call_id, outcome)) = rx.recv().await else {
@@ -274,9 +302,12 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                 };
                 in_flight -= 1;
                 m.handle(match outcome {
-                    ToolOutcome::Done { content, is_error } => {
-                        Event::ToolResult(ResultBlock { call_id, content, is_error, reason: None })
-                    }
+                    ToolOutcome::Done { content, is_error } => Event::ToolResult(ResultBlock {
+                        call_id,
+                        content,
+                        is_error,
+                        reason: None,
+                    }),
                     ToolOutcome::Refused { reason } => Event::ToolResult(ResultBlock {
                         call_id,
                         content: format!("not run: refused before delivery: {reason}"),
@@ -291,7 +322,11 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         }
     }
 
-    fn spawn_tool(&self, call: ToolCall, tx: Rc<local_channel::LocalSender<(String, ToolOutcome)>>) {
+    fn spawn_tool(
+        &self,
+        call: ToolCall,
+        tx: Rc<local_channel::LocalSender<(String, ToolOutcome)>>,
+    ) {
         let tools = self.tools.clone();
         glommio::spawn_local(async move {
             let id = call.id.clone();

@@ -50,7 +50,10 @@ pub enum Block {
 impl Message {
     /// A user message of one text block.
     pub fn user_text(text: impl Into<String>) -> Message {
-        Message { role: Role::User, content: vec![Block::Text { text: text.into() }] }
+        Message {
+            role: Role::User,
+            content: vec![Block::Text { text: text.into() }],
+        }
     }
 
     /// The concatenated text blocks.
@@ -67,9 +70,11 @@ impl Message {
     /// The tool calls in this message, in order.
     pub fn tool_calls(&self) -> impl Iterator<Item = ToolCall> + '_ {
         self.content.iter().filter_map(|b| match b {
-            Block::ToolUse { id, name, input } => {
-                Some(ToolCall { id: id.clone(), name: name.clone(), input: input.clone() })
-            }
+            Block::ToolUse { id, name, input } => Some(ToolCall {
+                id: id.clone(),
+                name: name.clone(),
+                input: input.clone(),
+            }),
             _ => None,
         })
     }
@@ -219,11 +224,23 @@ pub enum StreamEvent {
     TextDelta(String),
     ThinkingDelta(String),
     ThinkingSignature(String),
-    ToolCallStart { index: u32, id: String, name: String },
-    ToolCallArgsDelta { index: u32, json: String },
-    ToolCallEnd { index: u32 },
+    ToolCallStart {
+        index: u32,
+        id: String,
+        name: String,
+    },
+    ToolCallArgsDelta {
+        index: u32,
+        json: String,
+    },
+    ToolCallEnd {
+        index: u32,
+    },
     Usage(Usage),
-    Finish { reason: FinishReason, request_id: Option<String> },
+    Finish {
+        reason: FinishReason,
+        request_id: Option<String>,
+    },
 }
 
 #[cfg(test)]
@@ -232,18 +249,37 @@ mod tests {
 
     #[test]
     fn absent_usage_stays_absent_when_added_and_serialized() {
-        let a = Usage { input: Some(10), ..Usage::default() };
-        let b = Usage { output: Some(5), ..Usage::default() };
+        let a = Usage {
+            input: Some(10),
+            ..Usage::default()
+        };
+        let b = Usage {
+            output: Some(5),
+            ..Usage::default()
+        };
         let sum = a.add(&b);
-        assert_eq!(sum, Usage { input: Some(10), output: Some(5), ..Usage::default() });
-        assert_eq!(serde_json::to_string(&sum).unwrap(), r#"{"input":10,"output":5}"#);
+        assert_eq!(
+            sum,
+            Usage {
+                input: Some(10),
+                output: Some(5),
+                ..Usage::default()
+            }
+        );
+        assert_eq!(
+            serde_json::to_string(&sum).unwrap(),
+            r#"{"input":10,"output":5}"#
+        );
         assert_eq!(serde_json::to_string(&Usage::default()).unwrap(), "{}");
     }
 
     #[test]
     fn a_thinking_signature_round_trips_byte_for_byte() {
         let sig = "EqQBCkYIARgCIkD+/=\u{1F600}\\\"x";
-        let b = Block::Thinking { text: "t".into(), signature: Some(sig.into()) };
+        let b = Block::Thinking {
+            text: "t".into(),
+            signature: Some(sig.into()),
+        };
         let back: Block = serde_json::from_str(&serde_json::to_string(&b).unwrap()).unwrap();
         assert_eq!(back, b);
     }

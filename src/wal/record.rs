@@ -41,7 +41,10 @@ pub enum Record {
     RunResumed(RunResumed),
     CancelRequested(CancelRequested),
     /// A kind this build does not know; its payload is kept as it is.
-    Unknown { kind: u16, payload: Vec<u8> },
+    Unknown {
+        kind: u16,
+        payload: Vec<u8>,
+    },
 }
 
 /// Written first by every writer that opens the log.

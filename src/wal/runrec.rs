@@ -3,7 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::protocol::{Block, ClassifiedError, FinishReason, Generation, ToolCall, ToolSpec, Usage};
+use crate::protocol::{
+    Block, ClassifiedError, FinishReason, Generation, ToolCall, ToolSpec, Usage,
+};
 
 /// Everything that shapes a run's rendered requests, frozen when the run is admitted.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

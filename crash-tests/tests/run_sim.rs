@@ -1,0 +1,348 @@
+//! A deterministic simulation of the run loop under crashes: seeded scenarios of sends, tool
+//! steps and transient failures, cut at every record boundary (durable, and torn in the middle
+//! of the write), then reopened, resumed and continued. After each schedule the invariants of
+//! the durability contract are checked against the WAL and the tools' own dispatch counts.
+//!
+//! BROCA_SIM_SEEDS sets the number of seeds (default 40; a long mode is a larger number).
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use broca::core::admission::SendRequest;
+use broca::module::scripted::{mix, CountingTools, Script, ScriptedModel};
+use broca::module::session::{ActorError, CrashPlan, SessionActor};
+use broca::protocol::{Block, Message};
+use broca::wal::runrec::FinishKind;
+use broca::wal::verify::read_and_scan;
+use broca::wal::writer::wal_path;
+use broca::wal::{scan, Record, SessionTriple, Verdict};
+use broca_io::{Committer, LogConfig};
+use broca_shards::run_local;
+
+type Actor = SessionActor<ScriptedModel, CountingTools>;
+
+fn triple() -> SessionTriple {
+    SessionTriple::new("/sim", "sim", "s").unwrap()
+}
+
+struct Scenario {
+    script: Script,
+    sends: Vec<SendRequest>,
+}
+
+fn scenario(seed: u64) -> Scenario {
+    let r = mix(seed);
+    let script = Script {
+        seed,
+        calls_per_step_max: 1 + (r % 3) as u32,
+        tool_step_percent: 50 + r % 50,
+        tool_steps_max: 1 + ((r >> 8) % 3) as u32,
+        transient_percent: if (r >> 16) % 4 == 0 { 30 } else { 0 },
+        report_usage: true,
+        tools: vec!["echo".into(), "write".into()],
+    };
+    let sends = (0..1 + (r >> 24) % 3)
+        .map(|i| SendRequest {
+            prompt: format!("task {i} of seed {seed}"),
+            model: "scripted/sim".into(),
+            send_id: Some(format!("send-{i}")),
+            max_steps: Some(2 + ((r >> 32) % 4) as u32),
+            ..SendRequest::default()
+        })
+        .collect();
+    Scenario { script, sends }
+}
+
+async fn open(dir: &Path, s: &Scenario, tools: &CountingTools) -> Actor {
+    let mut a = SessionActor::open(
+        dir,
+        &triple(),
+        Rc::new(ScriptedModel::new(s.script.clone())),
+        Rc::new(tools.clone()),
+        CountingTools::specs(&["echo", "write"]),
+        LogConfig::default(),
+        Committer::default(),
+    )
+    .await
+    .expect("open the session");
+    a.set_timer_permille(0);
+    a
+}
+
+/// What the first life saw before it crashed.
+struct Crash {
+    seq: u64,
+    acked_runs: Vec<(String, String)>, // (send_id, run_id)
+    live_transcript: Vec<Message>,
+}
+
+/// Life 1: runs the scenario, crashing after `k` appends. `None` when it finished first.
+fn crash_life(
+    dir: &Path,
+    s: &Scenario,
+    tools: &CountingTools,
+    k: u64,
+    durable: bool,
+) -> Option<Crash> {
+    run_local(async {
+        let mut a = open(dir, s, tools).await;
+        a.set_crash_plan(CrashPlan {
+            after_appends: Some(k),
+            durable,
+        });
+        let mut acked = Vec::new();
+        for req in &s.sends {
+            let step = async {
+                let reply = a.send(req).await?;
+                acked.push((req.send_id.clone().unwrap(), reply.run_id));
+                a.run_admitted().await
+            };
+            match step.await {
+                Ok(_) => {}
+                Err(ActorError::Crashed { seq }) => {
+                    return Some(Crash {
+                        seq,
+                        acked_runs: acked,
+                        live_transcript: a.state().transcript.clone(),
+                    })
+                }
+                Err(e) => panic!("life 1 failed: {e}"),
+            }
+        }
+        a.close().await.expect("close");
+        None
+    })
+    .expect("executor")
+}
+
+/// Tears the record `seq` if it is the last one in the file: the crash came mid-write.
+fn tear_last_record(path: &Path, seq: u64, salt: u64) -> bool {
+    let mut bytes = std::fs::read(path).unwrap();
+    let s = scan(&bytes).unwrap();
+    let Some(last) = s.frames.last().filter(|f| f.seq == seq) else {
+        return false;
+    };
+    let cut = last.offset + 1 + salt % (last.len - 1);
+    bytes[cut as usize..(last.offset + last.len) as usize].fill(0);
+    std::fs::write(path, &bytes).unwrap();
+    true
+}
+
+#[derive(Default)]
+struct Counts {
+    schedules: u64,
+    torn: u64,
+    resumed: u64,
+    interrupted: u64,
+    invariants: u64,
+}
+
+fn check_schedule(seed: u64, k: u64, durable: bool, counts: &mut Counts) -> bool {
+    let s = scenario(seed);
+    let dir = tempdir();
+    let tools = CountingTools::default();
+    let Some(crash) = crash_life(dir.path(), &s, &tools, k, durable) else {
+        return false;
+    };
+    let path = wal_path(dir.path(), &triple());
+    let torn = !durable && tear_last_record(&path, crash.seq, mix(seed ^ k));
+    counts.torn += u64::from(torn);
+    let ctx = format!("seed {seed}, crash after append {k} (durable {durable}, torn {torn})");
+
+    // Life 2: reopen, check the replayed prefix, resume, retry the acknowledged sends, finish.
+    let before_retry_bytes = std::cell::RefCell::new(Vec::new());
+    run_local(async {
+        let mut a = open(dir.path(), &s, &tools).await;
+        let replayed = a.state().transcript.clone();
+        check_prefix(&replayed, &crash.live_transcript, durable && !torn, &ctx);
+        if let Some((_, outcome)) = a.resume().await.expect("resume") {
+            counts.resumed += 1;
+            assert_ne!(
+                outcome.reason,
+                Some(FinishKind::Cancelled),
+                "{ctx}: interrupted reported as cancelled"
+            );
+            counts.interrupted += u64::from(outcome.reason == Some(FinishKind::Interrupted));
+        }
+        for (send_id, run_id) in &crash.acked_runs {
+            a.writer().log().sync().await.unwrap();
+            *before_retry_bytes.borrow_mut() = std::fs::read(&path).unwrap();
+            let req = s
+                .sends
+                .iter()
+                .find(|r| r.send_id.as_ref() == Some(send_id))
+                .unwrap();
+            let reply = a.send(req).await.expect("retry an acknowledged send");
+            assert_eq!(
+                &reply.run_id, run_id,
+                "{ctx}: a retried send_id returned another run"
+            );
+            assert!(reply.existing, "{ctx}");
+            assert_eq!(
+                std::fs::read(&path).unwrap(),
+                *before_retry_bytes.borrow(),
+                "{ctx}: a retry wrote"
+            );
+        }
+        for req in &s.sends {
+            let reply = a.send(req).await.expect("send");
+            if !reply.existing {
+                a.run_admitted().await.expect("run");
+            }
+        }
+        a.close().await.expect("close");
+    })
+    .expect("executor");
+    counts.invariants += check_wal(&path, &tools, &crash, &ctx);
+    counts.schedules += 1;
+    true
+}
+
+/// The replayed transcript is the durable prefix of what the live session had: equal when
+/// every record was durable, else a prefix (the torn or lost record's effect missing).
+fn check_prefix(replayed: &[Message], live: &[Message], all_durable: bool, ctx: &str) {
+    if all_durable {
+        assert_eq!(
+            replayed, live,
+            "{ctx}: replay differs from the durable prefix"
+        );
+        return;
+    }
+    assert!(
+        replayed.len() <= live.len(),
+        "{ctx}: replay invented messages"
+    );
+    if let Some((last, head)) = replayed.split_last() {
+        assert_eq!(
+            head,
+            &live[..head.len()],
+            "{ctx}: replay altered the prefix"
+        );
+        let live_last = &live[head.len()];
+        assert_eq!(last.role, live_last.role, "{ctx}");
+        assert_eq!(
+            last.content[..],
+            live_last.content[..last.content.len()],
+            "{ctx}"
+        );
+    }
+}
+
+fn check_wal(path: &Path, tools: &CountingTools, crash: &Crash, ctx: &str) -> u64 {
+    let (bytes, sc) = read_and_scan(path).unwrap();
+    assert_eq!(sc.verdict, Verdict::Clean, "{ctx}");
+    let records = sc.decode(&bytes).unwrap().records;
+    let mut checked = 0;
+    let mut terminals: HashMap<String, u32> = HashMap::new();
+    let mut started = Vec::new();
+    let mut batches = HashSet::new();
+    let mut intended = HashSet::new();
+    for (_, r) in &records {
+        match r {
+            Record::RunStarted(r) => {
+                assert!(
+                    !started.contains(&r.run_id),
+                    "{ctx}: run id {} reused",
+                    r.run_id
+                );
+                started.push(r.run_id.clone());
+            }
+            Record::RunFinished(f) => {
+                *terminals.entry(f.run_id.clone()).or_default() += 1;
+                assert_ne!(f.reason, FinishKind::Cancelled, "{ctx}: nobody cancelled");
+            }
+            Record::RunPaused(p) => *terminals.entry(p.run_id.clone()).or_default() += 1,
+            Record::ToolDispatchIntent(i) => {
+                assert!(
+                    batches.insert(i.batch_id.clone()),
+                    "{ctx}: batch id {} reused",
+                    i.batch_id
+                );
+                intended.extend(i.calls.iter().map(|c| c.id.clone()));
+            }
+            _ => {}
+        }
+    }
+    for run in &started {
+        assert_eq!(
+            terminals.get(run),
+            Some(&1),
+            "{ctx}: run {run} needs exactly one terminal"
+        );
+        checked += 1;
+    }
+    for (id, n) in tools.dispatched.borrow().iter() {
+        assert_eq!(*n, 1, "{ctx}: tool call {id} dispatched {n} times");
+        assert!(
+            intended.contains(id),
+            "{ctx}: {id} dispatched without a durable intent"
+        );
+        checked += 2;
+    }
+    for (_, run_id) in &crash.acked_runs {
+        assert!(
+            started.contains(run_id),
+            "{ctx}: acknowledged run {run_id} lost"
+        );
+        checked += 1;
+    }
+    // No dangling tool call except in a last run that ended interrupted.
+    let s = broca::core::Session::replay(records.iter().map(|(q, r)| (*q, r))).unwrap();
+    let dangling = s.unresolved_calls.len();
+    let last_interrupted = s
+        .runs
+        .last()
+        .is_some_and(|r| r.state == broca::core::RunState::Finished(FinishKind::Interrupted));
+    assert!(
+        dangling == 0 || last_interrupted,
+        "{ctx}: {dangling} tool calls left dangling"
+    );
+    for m in &s.transcript {
+        for b in &m.content {
+            if let Block::ToolResult { content, .. } = b {
+                assert!(!content.is_empty(), "{ctx}");
+            }
+        }
+    }
+    checked + 2
+}
+
+fn tempdir() -> tempfile::TempDir {
+    // tmpfs where there is one: the simulation tests the logic, the WAL tests test the disk.
+    let shm = PathBuf::from("/dev/shm");
+    if shm.is_dir() {
+        if let Ok(d) = tempfile::tempdir_in(&shm) {
+            return d;
+        }
+    }
+    tempfile::tempdir().unwrap()
+}
+
+#[test]
+fn crashes_at_every_record_boundary_keep_the_durability_contract() {
+    let seeds: u64 = std::env::var("BROCA_SIM_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40);
+    let mut counts = Counts::default();
+    for seed in 0..seeds {
+        for durable in [true, false] {
+            let mut k = 1;
+            while check_schedule(seed, k, durable, &mut counts) {
+                k += 1;
+                assert!(k < 10_000, "seed {seed}: the scenario does not end");
+            }
+        }
+    }
+    println!(
+        "{} schedules ({} torn mid-write), {} resumes ({} interrupted), {} invariants checked",
+        counts.schedules, counts.torn, counts.resumed, counts.interrupted, counts.invariants
+    );
+    assert!(
+        counts.schedules >= 1_000,
+        "only {} schedules",
+        counts.schedules
+    );
+    assert!(counts.torn > 0 && counts.resumed > 0 && counts.interrupted > 0);
+}

@@ -2,6 +2,11 @@
 
 use std::process::ExitCode;
 
+/// mimalloc: replay and the run loop allocate many small objects; glibc's allocator spent a
+/// quarter of replay time consolidating free chunks (BENCHMARKS.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_from_env("BROCA_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));

@@ -288,7 +288,7 @@ fn check_wal(path: &Path, tools: &CountingTools, crash: &Crash, ctx: &str) -> u6
         checked += 1;
     }
     // No dangling tool call except in a last run that ended interrupted.
-    let s = broca::core::Session::replay(records.iter().map(|(q, r)| (*q, r))).unwrap();
+    let s = broca::core::Session::replay(records.iter().map(|(q, r)| (*q, r.clone()))).unwrap();
     let dangling = s.unresolved_calls.len();
     let last_interrupted = s
         .runs

@@ -256,3 +256,25 @@ fn select_tools(all: &[ToolSpec], wanted: Option<&[String]>) -> Result<Vec<ToolS
     }
     Ok(chosen.into_iter().cloned().collect())
 }
+
+/// Whether a run frozen with `config` can be resumed by this build: same renderer version, and
+/// a catalog entry with the same digest. `Err` says what drifted.
+pub fn check_resumable(config: &FrozenConfig) -> Result<(), String> {
+    if config.renderer_version != catalog::RENDERER_VERSION {
+        return Err(format!(
+            "resume refused: the run was rendered with renderer version {}, and this build              renders version {}",
+            config.renderer_version,
+            catalog::RENDERER_VERSION
+        ));
+    }
+    let spec = format!("{}/{}", config.provider, config.model);
+    let entry = catalog::resolve(&spec).map_err(|e| format!("resume refused: {e}"))?;
+    if entry.digest() != config.catalog_digest {
+        return Err(format!(
+            "resume refused: the catalog entry of {spec} changed since the run was admitted              (digest {} then, {} now)",
+            config.catalog_digest,
+            entry.digest()
+        ));
+    }
+    Ok(())
+}

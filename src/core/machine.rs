@@ -688,6 +688,20 @@ pub enum ResumePoint {
 }
 
 impl RunMachine {
+    /// A machine that records the resume and seals the run Interrupted because its frozen
+    /// renderer or catalog entry is no longer compatible (never re-rendered silently).
+    pub fn refuse_resume(run_id: String, usage: Usage, step: u32, why: String) -> RunMachine {
+        let mut m = RunMachine::new(run_id, placeholder_config(), Vec::new(), step, usage);
+        let record = RunResumed {
+            run_id: m.run_id.clone(),
+            from_step: step,
+            at_unix_ms: now_unix_ms(),
+        };
+        m.push(Record::RunResumed(record), false);
+        m.seal(FinishKind::Interrupted, Some(why), None, Vec::new());
+        m
+    }
+
     /// A machine for a run that has no terminal record, picked up after a crash. Records
     /// RunResumed, then continues from `point`: a durable model step is never redone, and
     /// calls without results are never dispatched again (the run ends Interrupted naming
@@ -727,5 +741,27 @@ impl RunMachine {
             }
         }
         m
+    }
+}
+
+fn placeholder_config() -> FrozenConfig {
+    use crate::wal::runrec::{CachePolicy, StopConditions};
+    FrozenConfig {
+        provider: String::new(),
+        model: String::new(),
+        credential_id: String::new(),
+        renderer_version: 0,
+        catalog_digest: String::new(),
+        system: None,
+        tools: Vec::new(),
+        tools_digest: String::new(),
+        generation: Default::default(),
+        stop: StopConditions {
+            max_steps: 0,
+            max_total_tokens: None,
+            max_cost_micros: None,
+        },
+        context_limit: None,
+        cache_policy: CachePolicy::Off,
     }
 }

@@ -3,6 +3,8 @@
 
 pub mod admission;
 pub mod machine;
+#[cfg(test)]
+mod machine_tests;
 pub mod replay;
 pub mod stream;
 

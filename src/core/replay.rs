@@ -65,6 +65,7 @@ pub struct Session {
     pub transcript: Vec<Message>,
     pub runs: Vec<RunView>,
     pub by_send_id: HashMap<String, usize>,
+    pub by_run_id: HashMap<String, usize>,
     pub open: Option<OpenRun>,
     /// Tool calls in the transcript without a result (left by an interrupted run): the next
     /// send resolves them with an outcome_unknown result.
@@ -80,10 +81,12 @@ pub struct ReplayError {
 
 impl Session {
     /// Replays `records` (seq and record, in log order).
-    pub fn replay<'a>(
-        records: impl IntoIterator<Item = (u64, &'a Record)>,
+    pub fn replay(
+        records: impl IntoIterator<Item = (u64, Record)>,
     ) -> Result<Session, ReplayError> {
+        let records = records.into_iter();
         let mut s = Session::default();
+        s.transcript.reserve(records.size_hint().0 / 2);
         for (seq, record) in records {
             s.apply(seq, record)
                 .map_err(|reason| ReplayError { seq, reason })?;
@@ -94,7 +97,7 @@ impl Session {
 
     /// The run with `run_id`.
     pub fn run(&self, run_id: &str) -> Option<&RunView> {
-        self.runs.iter().rev().find(|r| r.run_id == run_id)
+        self.by_run_id.get(run_id).map(|&i| &self.runs[i])
     }
 
     fn open_mut(&mut self, run_id: &str) -> Result<(&mut OpenRun, &mut RunView), String> {
@@ -110,7 +113,7 @@ impl Session {
     }
 
     /// Applies one record; the live actor calls this too, so replay and live agree.
-    pub fn apply(&mut self, seq: u64, record: &Record) -> Result<(), String> {
+    pub fn apply(&mut self, seq: u64, record: Record) -> Result<(), String> {
         match record {
             Record::LeaseAcquired(_) | Record::Unknown { .. } | Record::RunResumed(_) => {}
             Record::RunStarted(r) => {
@@ -120,7 +123,7 @@ impl Session {
                         r.run_id, self.runs[open.index].run_id
                     ));
                 }
-                if self.runs.iter().any(|x| x.run_id == r.run_id) {
+                if self.by_run_id.contains_key(&r.run_id) {
                     return Err(format!("run id {} is reused", r.run_id));
                 }
                 let mut content: Vec<Block> = r
@@ -143,11 +146,12 @@ impl Session {
                 if let Some(send_id) = &r.send_id {
                     self.by_send_id.insert(send_id.clone(), index);
                 }
+                self.by_run_id.insert(r.run_id.clone(), index);
                 self.runs.push(RunView {
-                    run_id: r.run_id.clone(),
-                    send_id: r.send_id.clone(),
-                    inputs_digest: r.inputs_digest.clone(),
-                    config: r.config.clone(),
+                    run_id: r.run_id,
+                    send_id: r.send_id,
+                    inputs_digest: r.inputs_digest,
+                    config: r.config,
                     state: RunState::Active,
                     detail: None,
                     error: None,
@@ -206,26 +210,30 @@ impl Session {
                         open.point = ResumePoint::ToolsDone;
                     }
                 }
-                push_result(&mut self.transcript, r.result.clone());
+                push_result(&mut self.transcript, r.result);
             }
             Record::CancelRequested(r) => {
                 let (open, _) = self.open_mut(&r.run_id)?;
                 open.cancel_requested = true;
             }
             Record::RunPaused(r) => {
+                let text = final_text(&self.transcript);
                 let (_, run) = self.open_mut(&r.run_id)?;
                 run.state = RunState::Paused;
-                run.error = r.error.clone();
-                run.detail = Some(r.reason.clone());
+                run.final_text = text;
+                run.error = r.error;
+                run.detail = Some(r.reason);
                 run.usage = r.usage;
                 self.open = None;
             }
             Record::RunFinished(r) => {
+                let text = final_text(&self.transcript);
                 let (_, run) = self.open_mut(&r.run_id)?;
                 run.state = RunState::Finished(r.reason);
-                run.detail = r.detail.clone();
-                run.error = r.error.clone();
-                run.indeterminate_tool_calls = r.indeterminate_tool_calls.clone();
+                run.final_text = text;
+                run.detail = r.detail;
+                run.error = r.error;
+                run.indeterminate_tool_calls = r.indeterminate_tool_calls;
                 run.usage = r.usage;
                 self.open = None;
             }
@@ -237,6 +245,16 @@ impl Session {
     pub fn refresh_unresolved(&mut self) {
         self.unresolved_calls = unresolved(&self.transcript);
     }
+}
+
+/// The text of the last assistant message that has text.
+fn final_text(transcript: &[Message]) -> Option<String> {
+    transcript
+        .iter()
+        .rev()
+        .filter(|m| m.role == Role::Assistant)
+        .map(Message::text)
+        .find(|t| !t.is_empty())
 }
 
 /// Tool calls of the last assistant message that no later message answers.

@@ -107,14 +107,12 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                         reason,
                     })
                 })?;
-                Session::replay(decoded.records.iter().map(|(seq, r)| (*seq, r))).map_err(
-                    |ReplayError { seq, reason }| {
-                        ActorError::Replay(format!(
-                            "{}: record seq {seq} does not replay: {reason}",
-                            writer.path().display()
-                        ))
-                    },
-                )?
+                Session::replay(decoded.records).map_err(|ReplayError { seq, reason }| {
+                    ActorError::Replay(format!(
+                        "{}: record seq {seq} does not replay: {reason}",
+                        writer.path().display()
+                    ))
+                })?
             }
         };
         Ok(SessionActor {
@@ -162,6 +160,12 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         };
         let run = &self.state.runs[open.index];
         let run_id = run.run_id.clone();
+        if let Err(why) = crate::core::admission::check_resumable(&run.config) {
+            // Never re-render an admitted run differently: seal it with the reason.
+            let machine = RunMachine::refuse_resume(run_id.clone(), run.usage, open.step, why);
+            let outcome = self.drive(machine).await?;
+            return Ok(Some((run_id, outcome)));
+        }
         let machine = RunMachine::resume(
             run_id.clone(),
             run.config.clone(),
@@ -220,7 +224,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
     /// Appends a record, applies it to the session state, and honours the crash plan.
     async fn append(&mut self, record: Record, wait: bool) -> Result<(), ActorError> {
         let appended = self.writer.append(&record).await?;
-        self.state.apply(appended.seq, &record).map_err(|reason| {
+        self.state.apply(appended.seq, record).map_err(|reason| {
             ActorError::Replay(format!("live record {}: {reason}", appended.seq))
         })?;
         self.appends += 1;

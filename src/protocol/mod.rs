@@ -19,9 +19,10 @@ pub struct Message {
     pub content: Vec<Block>,
 }
 
-/// A content block.
+/// A content block. Stored externally tagged (`{"text": {...}}`): it reads without the
+/// buffering an internally tagged enum costs, which replay speed depends on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum Block {
     Text {
         text: String,

@@ -214,19 +214,60 @@ pub struct Decoded {
 
 impl Scan {
     /// Decodes the payloads of the valid records in `bytes` (the bytes that were scanned).
-    /// A known kind whose payload does not parse is an error naming its seq and offset.
+    /// A known kind whose payload does not parse is an error naming its seq and offset. Long
+    /// logs are decoded on several threads (each frame is independent).
     pub fn decode(&self, bytes: &[u8]) -> Result<Decoded, (u64, String)> {
+        let threads = if self.frames.len() >= DECODE_PARALLEL_FRAMES_MIN {
+            std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(DECODE_THREADS_MAX)
+        } else {
+            1
+        };
+        if threads <= 1 {
+            return decode_frames(&self.frames, bytes);
+        }
+        let chunk = self.frames.len().div_ceil(threads);
+        let parts: Vec<Result<Decoded, (u64, String)>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = self
+                .frames
+                .chunks(chunk)
+                .map(|frames| scope.spawn(move || decode_frames(frames, bytes)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("a decode thread panicked"))
+                .collect()
+        });
         let mut out = Decoded {
             records: Vec::with_capacity(self.frames.len()),
             unknown_kinds: 0,
         };
-        for frame in &self.frames {
-            match super::Record::decode(frame.kind, &bytes[frame.payload.clone()]) {
-                Ok(super::Record::Unknown { .. }) => out.unknown_kinds += 1,
-                Ok(record) => out.records.push((frame.seq, record)),
-                Err(reason) => return Err((frame.offset, format!("seq {}: {reason}", frame.seq))),
-            }
+        for part in parts {
+            let part = part?;
+            out.records.extend(part.records);
+            out.unknown_kinds += part.unknown_kinds;
         }
         Ok(out)
     }
+}
+
+/// Logs with at least this many records are decoded on several threads.
+pub const DECODE_PARALLEL_FRAMES_MIN: usize = 8192;
+/// The most threads one decode uses.
+pub const DECODE_THREADS_MAX: usize = 8;
+
+fn decode_frames(frames: &[FrameInfo], bytes: &[u8]) -> Result<Decoded, (u64, String)> {
+    let mut out = Decoded {
+        records: Vec::with_capacity(frames.len()),
+        unknown_kinds: 0,
+    };
+    for frame in frames {
+        match super::Record::decode(frame.kind, &bytes[frame.payload.clone()]) {
+            Ok(super::Record::Unknown { .. }) => out.unknown_kinds += 1,
+            Ok(record) => out.records.push((frame.seq, record)),
+            Err(reason) => return Err((frame.offset, format!("seq {}: {reason}", frame.seq))),
+        }
+    }
+    Ok(out)
 }

@@ -1,0 +1,230 @@
+//! The state machine alone: cancel, shutdown, pause and ordering, fed by hand.
+
+use super::machine::{Command, Event, RunMachine};
+use crate::protocol::{
+    ClassifiedError, ErrorClass, FinishReason, Message, StreamEvent, ToolSpec, Usage,
+};
+use crate::wal::runrec::{CachePolicy, FinishKind, FrozenConfig, ResultBlock, StopConditions};
+use crate::wal::Record;
+
+fn config() -> FrozenConfig {
+    FrozenConfig {
+        provider: "scripted".into(),
+        model: "m".into(),
+        credential_id: "env:X".into(),
+        renderer_version: 1,
+        catalog_digest: "d".into(),
+        system: None,
+        tools: vec![ToolSpec {
+            name: "echo".into(),
+            description: String::new(),
+            input_schema: serde_json::json!({}),
+        }],
+        tools_digest: "t".into(),
+        generation: Default::default(),
+        stop: StopConditions {
+            max_steps: 5,
+            max_total_tokens: None,
+            max_cost_micros: None,
+        },
+        context_limit: None,
+        cache_policy: CachePolicy::Auto,
+    }
+}
+
+fn drain(m: &mut RunMachine) -> Vec<Command> {
+    std::iter::from_fn(|| m.poll_command()).collect()
+}
+
+fn kinds(cmds: &[Command]) -> Vec<String> {
+    cmds.iter()
+        .map(|c| match c {
+            Command::Append { record, wait } => {
+                format!(
+                    "{}{}",
+                    Record::kind_name(record.kind()).unwrap(),
+                    if *wait { "!" } else { "" }
+                )
+            }
+            Command::CallModel { .. } => "call".into(),
+            Command::AbortModel => "abort".into(),
+            Command::Dispatch { .. } => "dispatch".into(),
+            Command::Display(_) => "display".into(),
+            Command::SetTimer { .. } => "timer".into(),
+            Command::Finish(o) => format!("finish:{}", o.reason.map_or("paused", |r| r.as_str())),
+        })
+        .collect()
+}
+
+fn tool_step(m: &mut RunMachine, id: &str) {
+    m.handle(Event::Stream(StreamEvent::ToolCallStart {
+        index: 0,
+        id: id.into(),
+        name: "echo".into(),
+    }));
+    m.handle(Event::Stream(StreamEvent::ToolCallArgsDelta {
+        index: 0,
+        json: "{}".into(),
+    }));
+    m.handle(Event::Stream(StreamEvent::Usage(Usage {
+        input: Some(1),
+        output: Some(1),
+        ..Usage::default()
+    })));
+    m.handle(Event::Stream(StreamEvent::Finish {
+        reason: FinishReason::ToolUse,
+        request_id: None,
+    }));
+    m.handle(Event::StepEnded);
+}
+
+#[test]
+fn dispatch_waits_for_the_durable_intent() {
+    let mut m = RunMachine::start("r".into(), config(), vec![Message::user_text("go")]);
+    assert_eq!(kinds(&drain(&mut m)), ["step_started", "call"]);
+    tool_step(&mut m, "c1");
+    assert_eq!(
+        kinds(&drain(&mut m)),
+        ["model_step_finished", "tool_dispatch_intent!"]
+    );
+    m.handle(Event::ToolResult(ResultBlock {
+        call_id: "c1".into(),
+        content: "x".into(),
+        is_error: false,
+        reason: None,
+    }));
+    assert!(
+        drain(&mut m).is_empty(),
+        "no result is taken before the intent is durable"
+    );
+    m.handle(Event::Durable);
+    assert_eq!(kinds(&drain(&mut m)), ["dispatch"]);
+}
+
+#[test]
+fn cancel_while_streaming_aborts_and_finishes_cancelled() {
+    let mut m = RunMachine::start("r".into(), config(), vec![Message::user_text("go")]);
+    drain(&mut m);
+    m.handle(Event::Stream(StreamEvent::TextDelta("par".into())));
+    m.handle(Event::Cancel);
+    assert_eq!(
+        kinds(&drain(&mut m)),
+        ["display", "cancel_requested", "abort", "run_finished!"]
+    );
+    m.handle(Event::StepEnded); // a late end of the abandoned stream changes nothing
+    assert!(drain(&mut m).is_empty());
+    m.handle(Event::Durable);
+    assert_eq!(kinds(&drain(&mut m)), ["finish:cancelled"]);
+}
+
+#[test]
+fn cancel_while_tools_run_records_their_results_then_finishes_cancelled() {
+    let mut m = RunMachine::start("r".into(), config(), vec![Message::user_text("go")]);
+    drain(&mut m);
+    tool_step(&mut m, "c1");
+    m.handle(Event::Durable);
+    drain(&mut m);
+    m.handle(Event::Cancel);
+    assert_eq!(kinds(&drain(&mut m)), ["cancel_requested"]);
+    m.handle(Event::ToolResult(ResultBlock {
+        call_id: "c1".into(),
+        content: "x".into(),
+        is_error: false,
+        reason: None,
+    }));
+    assert_eq!(kinds(&drain(&mut m)), ["tool_result", "run_finished!"]);
+}
+
+#[test]
+fn shutdown_with_tools_in_flight_is_interrupted_naming_them_never_cancelled() {
+    let mut m = RunMachine::start("r".into(), config(), vec![Message::user_text("go")]);
+    drain(&mut m);
+    tool_step(&mut m, "c1");
+    m.handle(Event::Durable);
+    drain(&mut m);
+    m.handle(Event::Shutdown);
+    let cmds = drain(&mut m);
+    let Some(Command::Append {
+        record: Record::RunFinished(f),
+        wait: true,
+    }) = cmds.last()
+    else {
+        panic!("{cmds:?}")
+    };
+    assert_eq!(f.reason, FinishKind::Interrupted);
+    assert_eq!(f.indeterminate_tool_calls, vec!["c1".to_string()]);
+}
+
+#[test]
+fn shutdown_before_dispatch_says_the_calls_never_ran() {
+    let mut m = RunMachine::start("r".into(), config(), vec![Message::user_text("go")]);
+    drain(&mut m);
+    tool_step(&mut m, "c1");
+    drain(&mut m); // the intent is appended, not yet durable
+    m.handle(Event::Shutdown);
+    let cmds = drain(&mut m);
+    assert_eq!(kinds(&cmds), ["tool_result", "run_finished!"]);
+    let Command::Append {
+        record: Record::ToolResult(r),
+        ..
+    } = &cmds[0]
+    else {
+        panic!()
+    };
+    assert_eq!(r.result.reason.as_deref(), Some("not_dispatched"));
+}
+
+#[test]
+fn auth_required_pauses_the_run() {
+    let mut m = RunMachine::start("r".into(), config(), vec![Message::user_text("go")]);
+    drain(&mut m);
+    let error = ClassifiedError {
+        class: ErrorClass::AuthRequired,
+        message: "401".into(),
+        retry_after_ms: None,
+    };
+    m.handle(Event::AttemptFailed { error, usage: None });
+    assert_eq!(
+        kinds(&drain(&mut m)),
+        ["model_attempt_finished", "run_paused!"]
+    );
+    m.handle(Event::Durable);
+    assert_eq!(kinds(&drain(&mut m)), ["finish:paused"]);
+}
+
+#[test]
+fn context_overflow_from_the_provider_ends_at_the_context_limit() {
+    let mut m = RunMachine::start("r".into(), config(), vec![Message::user_text("go")]);
+    drain(&mut m);
+    let error = ClassifiedError {
+        class: ErrorClass::ContextOverflow,
+        message: "too long".into(),
+        retry_after_ms: None,
+    };
+    m.handle(Event::AttemptFailed { error, usage: None });
+    let cmds = drain(&mut m);
+    let Some(Command::Append {
+        record: Record::RunFinished(f),
+        ..
+    }) = cmds.last()
+    else {
+        panic!()
+    };
+    assert_eq!(f.reason, FinishKind::ContextLimit);
+    assert_eq!(f.error.as_ref().unwrap().class, ErrorClass::ContextOverflow);
+}
+
+#[test]
+fn a_run_refused_at_resume_is_sealed_interrupted_with_the_reason() {
+    let mut m = RunMachine::refuse_resume("r".into(), Usage::default(), 2, "renderer drift".into());
+    let cmds = drain(&mut m);
+    assert_eq!(kinds(&cmds), ["run_resumed", "run_finished!"]);
+    let Command::Append {
+        record: Record::RunFinished(f),
+        ..
+    } = &cmds[1]
+    else {
+        panic!()
+    };
+    assert_eq!(f.detail.as_deref(), Some("renderer drift"));
+}

@@ -1,9 +1,9 @@
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 //! The run loop's costs without I/O: state machine transitions per second, and replay of a
 //! 100,000-record WAL (read, scan, decode, rebuild). Run: `cargo bench -p broca-bench --bench
 //! run_loop`.
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::path::Path;
 use std::rc::Rc;
@@ -35,7 +35,11 @@ fn config() -> FrozenConfig {
         tools: CountingTools::specs(&["echo"]),
         tools_digest: "y".into(),
         generation: Default::default(),
-        stop: StopConditions { max_steps: STEPS_PER_RUN, max_total_tokens: None, max_cost_micros: None },
+        stop: StopConditions {
+            max_steps: STEPS_PER_RUN,
+            max_total_tokens: None,
+            max_cost_micros: None,
+        },
         context_limit: None,
         cache_policy: CachePolicy::Auto,
     }
@@ -60,14 +64,48 @@ fn one_run() -> u64 {
             feed(&mut m, Event::Stream(StreamEvent::TextDelta("tok ".into())));
         }
         let id = format!("c{step}");
-        feed(&mut m, Event::Stream(StreamEvent::ToolCallStart { index: 0, id: id.clone(), name: "echo".into() }));
-        feed(&mut m, Event::Stream(StreamEvent::ToolCallArgsDelta { index: 0, json: "{\"a\":1}".into() }));
+        feed(
+            &mut m,
+            Event::Stream(StreamEvent::ToolCallStart {
+                index: 0,
+                id: id.clone(),
+                name: "echo".into(),
+            }),
+        );
+        feed(
+            &mut m,
+            Event::Stream(StreamEvent::ToolCallArgsDelta {
+                index: 0,
+                json: "{\"a\":1}".into(),
+            }),
+        );
         feed(&mut m, Event::Stream(StreamEvent::ToolCallEnd { index: 0 }));
-        feed(&mut m, Event::Stream(StreamEvent::Usage(Usage { input: Some(10), output: Some(5), ..Usage::default() })));
-        feed(&mut m, Event::Stream(StreamEvent::Finish { reason: FinishReason::ToolUse, request_id: None }));
+        feed(
+            &mut m,
+            Event::Stream(StreamEvent::Usage(Usage {
+                input: Some(10),
+                output: Some(5),
+                ..Usage::default()
+            })),
+        );
+        feed(
+            &mut m,
+            Event::Stream(StreamEvent::Finish {
+                reason: FinishReason::ToolUse,
+                request_id: None,
+            }),
+        );
         feed(&mut m, Event::StepEnded);
         feed(&mut m, Event::Durable);
-        feed(&mut m, Event::ToolResult(ResultBlock { call_id: id, content: "ok".into(), is_error: false, reason: None }));
+        feed(
+            &mut m,
+            Event::ToolResult(ResultBlock {
+                call_id: id,
+                content: "ok".into(),
+                is_error: false,
+                reason: None,
+            }),
+        );
     }
     feed(&mut m, Event::Durable); // the terminal record
     assert!(m.is_done());
@@ -78,7 +116,12 @@ fn one_run() -> u64 {
 fn build_wal(dir: &Path, records: u64) -> std::path::PathBuf {
     let t = SessionTriple::new("/bench", "replay", "s").unwrap();
     broca_shards::run_local(async {
-        let script = Script { tool_step_percent: 100, tool_steps_max: 8, calls_per_step_max: 3, ..Script::default() };
+        let script = Script {
+            tool_step_percent: 100,
+            tool_steps_max: 8,
+            calls_per_step_max: 3,
+            ..Script::default()
+        };
         let tools = CountingTools::default();
         let mut a = SessionActor::open(
             dir,
@@ -142,7 +185,13 @@ fn main() {
     c.final_summary();
 
     let t0 = Instant::now();
-    let mut times: Vec<Duration> = (0..11).map(|_| { let s = Instant::now(); replay(&path); s.elapsed() }).collect();
+    let mut times: Vec<Duration> = (0..11)
+        .map(|_| {
+            let s = Instant::now();
+            replay(&path);
+            s.elapsed()
+        })
+        .collect();
     times.sort();
     println!(
         "\nreplay: {n} records, {messages} messages, {:.1} MB; median of 11 runs {:.1} ms ({:.1} s total)",

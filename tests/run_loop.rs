@@ -58,6 +58,8 @@ fn a_run_completes_with_each_intent_durable_before_its_results_and_one_terminal(
     let tools = CountingTools::default();
     let script = Script {
         seed: 7,
+        tool_step_percent: 100,
+        tool_steps_max: 2,
         tools: vec!["echo".into(), "write".into()],
         ..Script::default()
     };

@@ -155,8 +155,9 @@ fn build_wal(dir: &Path, records: u64) -> std::path::PathBuf {
 fn replay(path: &Path) -> (usize, usize) {
     let (bytes, scan) = read_and_scan(path).unwrap();
     let decoded = scan.decode(&bytes).unwrap();
+    let n = decoded.records.len();
     let s = Session::replay(decoded.records).unwrap();
-    (decoded.records.len(), s.transcript.len())
+    (n, s.transcript.len())
 }
 
 fn main() {

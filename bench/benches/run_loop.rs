@@ -154,10 +154,8 @@ fn build_wal(dir: &Path, records: u64) -> std::path::PathBuf {
 
 fn replay(path: &Path) -> (usize, usize) {
     let (bytes, scan) = read_and_scan(path).unwrap();
-    let decoded = scan.decode(&bytes).unwrap();
-    let n = decoded.records.len();
-    let s = Session::replay(decoded.records).unwrap();
-    (n, s.transcript.len())
+    let s = Session::replay_scan(&scan, &bytes).unwrap();
+    (scan.frames.len(), s.transcript.len())
 }
 
 fn main() {

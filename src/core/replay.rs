@@ -95,6 +95,29 @@ impl Session {
         Ok(s)
     }
 
+    /// Replays the records of a scanned WAL, decoding on worker threads while the records
+    /// already decoded are applied here.
+    pub fn replay_scan(scan: &crate::wal::Scan, bytes: &[u8]) -> Result<Session, ReplayError> {
+        let mut s = Session::default();
+        s.transcript.reserve(scan.frames.len() / 2);
+        scan.decode_chunks(
+            bytes,
+            |records| {
+                for (seq, record) in records {
+                    s.apply(seq, record)
+                        .map_err(|reason| ReplayError { seq, reason })?;
+                }
+                Ok(())
+            },
+            |offset, reason| ReplayError {
+                seq: 0,
+                reason: format!("at offset {offset}: {reason}"),
+            },
+        )?;
+        s.unresolved_calls = unresolved(&s.transcript);
+        Ok(s)
+    }
+
     /// The run with `run_id`.
     pub fn run(&self, run_id: &str) -> Option<&RunView> {
         self.by_run_id.get(run_id).map(|&i| &self.runs[i])

@@ -1,7 +1,7 @@
 //! Folding a model step's canonical stream events into its content blocks, usage and finish
 //! reason. Blocks keep the order in which the stream opened them.
 
-use crate::protocol::{Block, FinishReason, StreamEvent, Usage};
+use crate::protocol::{Block, FinishReason, Json, StreamEvent, Usage};
 
 /// A completed model step.
 #[derive(Debug, Clone, PartialEq)]
@@ -100,11 +100,11 @@ impl StepAccumulator {
                 Part::Thinking { text, signature } => Block::Thinking { text, signature },
                 Part::Tool { id, name, args, .. } => {
                     let input = if args.trim().is_empty() {
-                        serde_json::Value::Object(Default::default())
+                        Json::empty_object()
                     } else {
-                        match serde_json::from_str::<serde_json::Value>(&args) {
-                            Ok(v @ serde_json::Value::Object(_)) => v,
-                            _ => serde_json::Value::String(args),
+                        match Json::from_text(args.clone()) {
+                            Ok(json) if json.is_object() => json,
+                            _ => Json::from_value(&serde_json::Value::String(args)),
                         }
                     };
                     Block::ToolUse { id, name, input }
@@ -126,11 +126,13 @@ impl StepAccumulator {
 }
 
 /// The raw text of tool arguments that were not a JSON object, if so.
-pub fn invalid_arguments(input: &serde_json::Value) -> Option<&str> {
-    match input {
-        serde_json::Value::Object(_) => None,
-        serde_json::Value::String(raw) => Some(raw),
-        _ => Some("(not an object)"),
+pub fn invalid_arguments(input: &Json) -> Option<String> {
+    if input.is_object() {
+        return None;
+    }
+    match serde_json::from_str::<serde_json::Value>(input.get()) {
+        Ok(serde_json::Value::String(raw)) => Some(raw),
+        _ => Some(input.get().to_string()),
     }
 }
 
@@ -207,12 +209,12 @@ mod tests {
             Block::ToolUse {
                 id: "c1".into(),
                 name: "ls".into(),
-                input: serde_json::json!({"path": "/"})
+                input: Json::from_text(r#"{"path":"/"}"#.into()).unwrap()
             }
         );
         let Block::ToolUse { input, .. } = &step.content[3] else {
             panic!()
         };
-        assert_eq!(invalid_arguments(input), Some("{broken"));
+        assert_eq!(invalid_arguments(input).as_deref(), Some("{broken"));
     }
 }

@@ -219,7 +219,7 @@ impl ToolRunner for CountingTools {
             return ToolOutcome::Indeterminate;
         }
         ToolOutcome::Done {
-            content: format!("{} ran with {}", call.name, call.input),
+            content: format!("{} ran with {}", call.name, call.input.get()),
             is_error: false,
         }
     }

@@ -99,21 +99,14 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         let (writer, recovered) = WalWriter::open(wal_dir, triple, log, committer).await?;
         let state = match &recovered.scan {
             None => Session::default(),
-            Some(scan) => {
-                let decoded = scan.decode(&recovered.bytes).map_err(|(offset, reason)| {
-                    ActorError::Wal(WalError::Corrupt {
-                        path: writer.path().to_path_buf(),
-                        offset,
-                        reason,
-                    })
-                })?;
-                Session::replay(decoded.records).map_err(|ReplayError { seq, reason }| {
+            Some(scan) => Session::replay_scan(scan, &recovered.bytes).map_err(
+                |ReplayError { seq, reason }| {
                     ActorError::Replay(format!(
-                        "{}: record seq {seq} does not replay: {reason}",
+                        "{}: the log does not replay (record seq {seq}): {reason}",
                         writer.path().display()
                     ))
-                })?
-            }
+                },
+            )?,
         };
         Ok(SessionActor {
             writer,

@@ -4,6 +4,47 @@
 
 use serde::{Deserialize, Serialize};
 
+/// A JSON value kept as its raw text (tool arguments): byte-exact as the model produced it,
+/// and cheap to store and replay (one string, no map of allocations).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Json(pub Box<serde_json::value::RawValue>);
+
+impl Json {
+    /// The raw JSON text.
+    pub fn get(&self) -> &str {
+        self.0.get()
+    }
+
+    /// Raw JSON from a value.
+    pub fn from_value(value: &serde_json::Value) -> Json {
+        Json(serde_json::value::to_raw_value(value).expect("a Value serializes"))
+    }
+
+    /// Raw JSON from text that must be valid JSON.
+    pub fn from_text(text: String) -> Result<Json, serde_json::Error> {
+        serde_json::value::RawValue::from_string(text).map(Json)
+    }
+
+    /// An empty JSON object.
+    pub fn empty_object() -> Json {
+        Json::from_text("{}".into()).expect("{} is JSON")
+    }
+
+    /// Whether the text is a JSON object.
+    pub fn is_object(&self) -> bool {
+        self.get().trim_start().starts_with('{')
+    }
+}
+
+impl PartialEq for Json {
+    fn eq(&self, other: &Json) -> bool {
+        self.get() == other.get()
+    }
+}
+
+impl Eq for Json {}
+
 /// Who a message is from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -31,7 +72,7 @@ pub enum Block {
     ToolUse {
         id: String,
         name: String,
-        input: serde_json::Value,
+        input: Json,
     },
     /// A tool's result for the call `tool_use_id`.
     ToolResult {
@@ -86,7 +127,7 @@ impl Message {
 pub struct ToolCall {
     pub id: String,
     pub name: String,
-    pub input: serde_json::Value,
+    pub input: Json,
 }
 
 /// A tool offered to the model.

@@ -252,6 +252,68 @@ impl Scan {
     }
 }
 
+impl Scan {
+    /// Decodes the records in order, chunk by chunk, handing each chunk to `sink` on this
+    /// thread while worker threads decode the chunks after it: replay overlaps decoding.
+    pub fn decode_chunks<E>(
+        &self,
+        bytes: &[u8],
+        mut sink: impl FnMut(Vec<(u64, super::Record)>) -> Result<(), E>,
+        decode_error: impl Fn(u64, String) -> E,
+    ) -> Result<u64, E> {
+        let chunks: Vec<&[FrameInfo]> = self.frames.chunks(DECODE_CHUNK_FRAMES).collect();
+        let workers = if chunks.len() >= 2 {
+            std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .clamp(1, DECODE_THREADS_MAX)
+        } else {
+            0
+        };
+        if workers == 0 {
+            let mut unknown = 0;
+            for chunk in chunks {
+                let d = decode_frames(chunk, bytes).map_err(|(o, r)| decode_error(o, r))?;
+                unknown += d.unknown_kinds;
+                sink(d.records)?;
+            }
+            return Ok(unknown);
+        }
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            let (tx, rx) = std::sync::mpsc::sync_channel(DECODE_AHEAD_CHUNKS);
+            for _ in 0..workers {
+                let (tx, next, chunks) = (tx.clone(), &next, &chunks);
+                scope.spawn(move || loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(chunk) = chunks.get(i) else { break };
+                    if tx.send((i, decode_frames(chunk, bytes))).is_err() {
+                        break; // the consumer stopped at an error
+                    }
+                });
+            }
+            drop(tx);
+            let mut pending = std::collections::BTreeMap::new();
+            let mut want = 0usize;
+            let mut unknown = 0;
+            for (i, decoded) in rx.iter() {
+                pending.insert(i, decoded);
+                while let Some(decoded) = pending.remove(&want) {
+                    let d = decoded.map_err(|(o, r)| decode_error(o, r))?;
+                    unknown += d.unknown_kinds;
+                    sink(d.records)?;
+                    want += 1;
+                }
+            }
+            Ok(unknown)
+        })
+    }
+}
+
+/// Frames per chunk when decoding while replaying.
+pub const DECODE_CHUNK_FRAMES: usize = 2048;
+/// Decoded chunks that may wait ahead of the replay.
+pub const DECODE_AHEAD_CHUNKS: usize = 16;
+
 /// Logs with at least this many records are decoded on several threads.
 pub const DECODE_PARALLEL_FRAMES_MIN: usize = 8192;
 /// The most threads one decode uses.

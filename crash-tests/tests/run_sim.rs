@@ -3,7 +3,7 @@
 //! of the write), then reopened, resumed and continued. After each schedule the invariants of
 //! the durability contract are checked against the WAL and the tools' own dispatch counts.
 //!
-//! BROCA_SIM_SEEDS sets the number of seeds (default 40; a long mode is a larger number).
+//! BROCA_SIM_SEEDS sets the number of seeds (default 60; a long mode is a larger number).
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -324,7 +324,7 @@ fn crashes_at_every_record_boundary_keep_the_durability_contract() {
     let seeds: u64 = std::env::var("BROCA_SIM_SEEDS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(40);
+        .unwrap_or(60);
     let mut counts = Counts::default();
     for seed in 0..seeds {
         for durable in [true, false] {

@@ -426,33 +426,32 @@ impl RunMachine {
         push_result(&mut self.transcript, result);
     }
 
-    fn on_tool_result(&mut self, result: ResultBlock) {
+    /// Takes `call_id` off the calls the batch waits for; false when it was not waiting.
+    fn take_waiting(&mut self, call_id: &str) -> bool {
         let Phase::Tools { waiting, .. } = &mut self.phase else {
-            return;
+            return false;
         };
-        let Some(i) = waiting.iter().position(|id| *id == result.call_id) else {
-            return;
+        let Some(i) = waiting.iter().position(|id| id == call_id) else {
+            return false;
         };
         waiting.swap_remove(i);
-        self.record_result(result);
-        self.tools_maybe_done();
+        true
+    }
+
+    fn on_tool_result(&mut self, result: ResultBlock) {
+        if self.take_waiting(&result.call_id) {
+            self.record_result(result);
+            self.tools_maybe_done();
+        }
     }
 
     fn on_tool_indeterminate(&mut self, call_id: String) {
-        let Phase::Tools {
-            waiting,
-            indeterminate,
-            ..
-        } = &mut self.phase
-        else {
-            return;
-        };
-        let Some(i) = waiting.iter().position(|id| *id == call_id) else {
-            return;
-        };
-        waiting.swap_remove(i);
-        indeterminate.push(call_id);
-        self.tools_maybe_done();
+        if self.take_waiting(&call_id) {
+            if let Phase::Tools { indeterminate, .. } = &mut self.phase {
+                indeterminate.push(call_id);
+            }
+            self.tools_maybe_done();
+        }
     }
 
     fn tools_maybe_done(&mut self) {

@@ -237,6 +237,7 @@ fn check_wal(path: &Path, tools: &CountingTools, crash: &Crash, ctx: &str) -> u6
     let mut terminals: HashMap<String, u32> = HashMap::new();
     let mut started = Vec::new();
     let mut batches = HashSet::new();
+    let mut steps = HashSet::new();
     let mut intended = HashSet::new();
     for (_, r) in &records {
         match r {
@@ -253,6 +254,14 @@ fn check_wal(path: &Path, tools: &CountingTools, crash: &Crash, ctx: &str) -> u6
                 assert_ne!(f.reason, FinishKind::Cancelled, "{ctx}: nobody cancelled");
             }
             Record::RunPaused(p) => *terminals.entry(p.run_id.clone()).or_default() += 1,
+            Record::StepStarted(st) => {
+                assert!(
+                    steps.insert((st.run_id.clone(), st.step)),
+                    "{ctx}: step {} of {} reused",
+                    st.step,
+                    st.run_id
+                );
+            }
             Record::ToolDispatchIntent(i) => {
                 assert!(
                     batches.insert(i.batch_id.clone()),

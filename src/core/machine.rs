@@ -673,7 +673,7 @@ pub fn now_unix_ms() -> u64 {
 /// Where a resumed run picks up, as replay found it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ResumePoint {
-    /// No model step of the current step number is durable: (re)run the model step.
+    /// The current step has no durable output: run a new model step.
     BeforeStep,
     /// The step's ModelStepFinished is durable; nothing after it.
     AfterStep {
@@ -734,10 +734,9 @@ impl RunMachine {
                 finish_reason,
             } => m.after_model_step(step_usage, finish_reason),
             ResumePoint::ToolsDone => m.next_step_or_stop(),
-            ResumePoint::BeforeStep => {
-                m.step = step.saturating_sub(1);
-                m.next_step_or_stop()
-            }
+            // The step that was under way has no durable output: a new step (with a new
+            // number: step numbers are never reused) takes its place.
+            ResumePoint::BeforeStep => m.next_step_or_stop(),
         }
         m
     }

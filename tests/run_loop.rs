@@ -47,6 +47,10 @@ fn send(prompt: &str, send_id: &str) -> SendRequest {
     }
 }
 
+fn count(recs: &[(u64, Record)], pred: impl Fn(&Record) -> bool) -> usize {
+    recs.iter().filter(|(_, r)| pred(r)).count()
+}
+
 fn records(dir: &Path) -> Vec<(u64, Record)> {
     let (bytes, scan) = read_and_scan(&wal_path(dir, &triple())).unwrap();
     scan.decode(&bytes).unwrap().records
@@ -93,10 +97,7 @@ fn a_run_completes_with_each_intent_durable_before_its_results_and_one_terminal(
         }
     }
     assert!(intents >= 1, "the script asks for tools");
-    let terminals = recs
-        .iter()
-        .filter(|(_, r)| matches!(r, Record::RunFinished(_)))
-        .count();
+    let terminals = count(&recs, |r| matches!(r, Record::RunFinished(_)));
     assert_eq!(terminals, 1);
 }
 
@@ -201,10 +202,7 @@ fn a_crash_after_the_intent_leaves_the_calls_indeterminate_and_the_next_send_res
     })
     .unwrap();
     let recs = records(dir.path());
-    let resumed = recs
-        .iter()
-        .filter(|(_, r)| matches!(r, Record::RunResumed(_)))
-        .count();
+    let resumed = count(&recs, |r| matches!(r, Record::RunResumed(_)));
     assert_eq!(resumed, 1, "every resume is recorded");
     let Some(Record::RunStarted(second)) = recs
         .iter()
@@ -280,10 +278,7 @@ fn max_steps_stops_a_run_that_keeps_asking_for_tools() {
     .unwrap();
     assert_eq!(outcome.reason, Some(FinishKind::MaxSteps));
     let recs = records(dir.path());
-    let steps = recs
-        .iter()
-        .filter(|(_, r)| matches!(r, Record::ModelStepFinished(_)))
-        .count();
+    let steps = count(&recs, |r| matches!(r, Record::ModelStepFinished(_)));
     assert_eq!(steps, 3);
 }
 

@@ -49,6 +49,9 @@ pub enum DirectIo {
     Off,
 }
 
+/// Batches of at least this many bytes extend the file without zeroing ahead.
+pub const ZERO_AHEAD_BATCH_BYTES_MAX: usize = 64 * 1024;
+
 /// A point in a batch where a fault can be injected (for crash and fault tests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultPoint {
@@ -584,8 +587,11 @@ async fn write_batch(shared: &Shared, batch: &[u8], base: u64) -> Result<Written
     let data_end = base + batch.len() as u64;
     let mut write_end = align_up(data_end, align);
     let mut new_zeroed_end = zeroed_end.max(write_end);
-    if write_end > zeroed_end {
+    if write_end > zeroed_end && batch.len() < ZERO_AHEAD_BATCH_BYTES_MAX {
         // Grow the zeroed space in the same write, in proportion to the file, within limits.
+        // A large batch skips it: it extends the file itself, and the one metadata commit its
+        // fdatasync then carries is small beside its own bytes, while zeroing ahead would write
+        // every byte twice.
         let grow = data_end.clamp(
             shared.cfg.zero_ahead_min_bytes,
             shared.cfg.zero_ahead_max_bytes,

@@ -5,12 +5,14 @@
 //!   commit (every append ready in a tick shares one `fdatasync`).
 //! - [`commit`]: the per-shard group-commit scheduler shared by all the logs of a shard.
 //! - [`fence`]: the stale-writer fence (inotify on the log directory).
+//! - [`http1`]: the HTTP/1.1 response decoder (sans-IO: head, Content-Length, chunked, close).
 //! - [`sse`]: the server-sent events decoder (sans-IO, any chunk boundary).
 //! - [`fs`]: small file-system helpers: alignment probing, directory fsync, advisory locks.
 
 pub mod commit;
 pub mod fence;
 pub mod fs;
+pub mod http1;
 pub mod log;
 pub mod sse;
 

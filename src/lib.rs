@@ -9,4 +9,5 @@ pub mod cli;
 pub mod core;
 pub mod module;
 pub mod protocol;
+pub mod provider;
 pub mod wal;

@@ -1,0 +1,359 @@
+//! Anthropic Messages stream events -> canonical events. Usage exactly as reported: input,
+//! output, cache creation (cache_write) and cache read; a measure not reported stays absent.
+
+use serde::Deserialize;
+
+use crate::protocol::{ClassifiedError, ErrorClass, FinishReason, StreamEvent, Usage};
+use crate::provider::Normalized;
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Wire {
+    MessageStart {
+        message: WireMessage,
+    },
+    ContentBlockStart {
+        index: u32,
+        content_block: WireBlock,
+    },
+    ContentBlockDelta {
+        index: u32,
+        delta: WireDelta,
+    },
+    ContentBlockStop {
+        index: u32,
+    },
+    MessageDelta {
+        delta: WireMessageDelta,
+        #[serde(default)]
+        usage: Option<WireUsage>,
+    },
+    MessageStop,
+    Ping,
+    Error {
+        error: WireError,
+    },
+    #[serde(other)]
+    Unknown,
+}
+
+#[derive(Deserialize)]
+struct WireMessage {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum WireBlock {
+    Text {
+        #[serde(default)]
+        text: String,
+    },
+    ToolUse {
+        id: String,
+        name: String,
+    },
+    Thinking {
+        #[serde(default)]
+        thinking: String,
+    },
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum WireDelta {
+    TextDelta {
+        text: String,
+    },
+    InputJsonDelta {
+        partial_json: String,
+    },
+    ThinkingDelta {
+        thinking: String,
+    },
+    SignatureDelta {
+        signature: String,
+    },
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Deserialize)]
+struct WireMessageDelta {
+    #[serde(default)]
+    stop_reason: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct WireUsage {
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+    cache_creation_input_tokens: Option<u64>,
+    cache_read_input_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct WireError {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    message: String,
+}
+
+impl WireUsage {
+    fn canonical(&self) -> Usage {
+        Usage {
+            input: self.input_tokens,
+            output: self.output_tokens,
+            cache_read: self.cache_read_input_tokens,
+            cache_write: self.cache_creation_input_tokens,
+            reasoning: None,
+        }
+    }
+}
+
+/// The state of one streamed message.
+#[derive(Debug, Default)]
+pub struct Normalizer {
+    request_id: Option<String>,
+    tool_blocks: Vec<u32>,
+}
+
+/// The class of an Anthropic error type.
+pub fn classify(kind: &str, message: &str) -> ErrorClass {
+    match kind {
+        "overloaded_error" | "rate_limit_error" | "api_error" | "timeout_error" => {
+            ErrorClass::Transient
+        }
+        "authentication_error" | "permission_error" => ErrorClass::AuthRequired,
+        "invalid_request_error"
+            if message.contains("prompt is too long") || message.contains("context window") =>
+        {
+            ErrorClass::ContextOverflow
+        }
+        _ => ErrorClass::Permanent,
+    }
+}
+
+impl Normalizer {
+    /// Normalizes one event's JSON data. A line that is not an event of this family is an
+    /// error naming it.
+    pub fn push(&mut self, data: &str) -> Result<Normalized, String> {
+        let wire: Wire = serde_json::from_str(data)
+            .map_err(|e| format!("an Anthropic stream event does not parse: {e}"))?;
+        let mut out = Vec::new();
+        match wire {
+            Wire::MessageStart { message } => {
+                self.request_id = message.id;
+                if let Some(u) = message.usage {
+                    out.push(StreamEvent::Usage(u.canonical()));
+                }
+            }
+            Wire::ContentBlockStart {
+                index,
+                content_block,
+            } => match content_block {
+                WireBlock::Text { text } if !text.is_empty() => {
+                    out.push(StreamEvent::TextDelta(text))
+                }
+                WireBlock::ToolUse { id, name } => {
+                    self.tool_blocks.push(index);
+                    out.push(StreamEvent::ToolCallStart { index, id, name });
+                }
+                WireBlock::Thinking { thinking } if !thinking.is_empty() => {
+                    out.push(StreamEvent::ThinkingDelta(thinking))
+                }
+                _ => {}
+            },
+            Wire::ContentBlockDelta { index, delta } => match delta {
+                WireDelta::TextDelta { text } => out.push(StreamEvent::TextDelta(text)),
+                WireDelta::InputJsonDelta { partial_json } => {
+                    out.push(StreamEvent::ToolCallArgsDelta {
+                        index,
+                        json: partial_json,
+                    })
+                }
+                WireDelta::ThinkingDelta { thinking } => {
+                    out.push(StreamEvent::ThinkingDelta(thinking))
+                }
+                WireDelta::SignatureDelta { signature } => {
+                    out.push(StreamEvent::ThinkingSignature(signature))
+                }
+                WireDelta::Other => {}
+            },
+            Wire::ContentBlockStop { index } => {
+                if self.tool_blocks.contains(&index) {
+                    out.push(StreamEvent::ToolCallEnd { index });
+                }
+            }
+            Wire::MessageDelta { delta, usage } => {
+                if let Some(u) = usage {
+                    out.push(StreamEvent::Usage(u.canonical()));
+                }
+                if let Some(reason) = delta.stop_reason {
+                    let reason = match reason.as_str() {
+                        "end_turn" => FinishReason::EndTurn,
+                        "tool_use" => FinishReason::ToolUse,
+                        "max_tokens" => FinishReason::MaxTokens,
+                        "stop_sequence" => FinishReason::StopSequence,
+                        _ => FinishReason::Other(reason),
+                    };
+                    out.push(StreamEvent::Finish {
+                        reason,
+                        request_id: self.request_id.clone(),
+                    });
+                }
+            }
+            Wire::MessageStop | Wire::Ping | Wire::Unknown => {}
+            Wire::Error { error } => {
+                return Ok(Normalized::Error(ClassifiedError {
+                    class: classify(&error.kind, &error.message),
+                    message: format!("{}: {}", error.kind, error.message),
+                    retry_after_ms: None,
+                }))
+            }
+        }
+        Ok(Normalized::Events(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use broca_io::sse::SseDecoder;
+
+    /// A stream in the shape the Messages API documents: thinking with a signature, text, a
+    /// tool call with its arguments in pieces, usage at start and at the end.
+    const STREAM: &str = "event: message_start\n\
+data: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_01\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"claude-x\",\"usage\":{\"input_tokens\":25,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":12,\"output_tokens\":1}}}\n\n\
+event: content_block_start\n\
+data: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"thinking\",\"thinking\":\"\"}}\n\n\
+event: content_block_delta\n\
+data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"thinking_delta\",\"thinking\":\"Let me see\"}}\n\n\
+event: content_block_delta\n\
+data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"signature_delta\",\"signature\":\"EqQB+/==\"}}\n\n\
+event: content_block_stop\n\
+data: {\"type\":\"content_block_stop\",\"index\":0}\n\n\
+event: ping\n\
+data: {\"type\": \"ping\"}\n\n\
+event: content_block_start\n\
+data: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n\
+event: content_block_delta\n\
+data: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"text_delta\",\"text\":\"Checking \\u00e9\"}}\n\n\
+event: content_block_stop\n\
+data: {\"type\":\"content_block_stop\",\"index\":1}\n\n\
+event: content_block_start\n\
+data: {\"type\":\"content_block_start\",\"index\":2,\"content_block\":{\"type\":\"tool_use\",\"id\":\"toolu_01\",\"name\":\"get_weather\",\"input\":{}}}\n\n\
+event: content_block_delta\n\
+data: {\"type\":\"content_block_delta\",\"index\":2,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"city\\\": \\\"Pa\"}}\n\n\
+event: content_block_delta\n\
+data: {\"type\":\"content_block_delta\",\"index\":2,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"ris\\\"}\"}}\n\n\
+event: content_block_stop\n\
+data: {\"type\":\"content_block_stop\",\"index\":2}\n\n\
+event: message_delta\n\
+data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":89}}\n\n\
+event: message_stop\n\
+data: {\"type\":\"message_stop\"}\n\n";
+
+    fn normalize(chunks: &[&[u8]]) -> Vec<StreamEvent> {
+        let mut sse = SseDecoder::default();
+        let mut n = Normalizer::default();
+        let mut out = Vec::new();
+        for c in chunks {
+            let mut datas = Vec::new();
+            sse.push(c, &mut |e| datas.push(e.data)).unwrap();
+            for d in datas {
+                match n.push(&d).unwrap() {
+                    Normalized::Events(evs) => out.extend(evs),
+                    Normalized::Error(e) => panic!("{e:?}"),
+                }
+            }
+        }
+        out
+    }
+
+    fn expected() -> Vec<StreamEvent> {
+        vec![
+            StreamEvent::Usage(Usage {
+                input: Some(25),
+                output: Some(1),
+                cache_read: Some(12),
+                cache_write: Some(0),
+                reasoning: None,
+            }),
+            StreamEvent::ThinkingDelta("Let me see".into()),
+            StreamEvent::ThinkingSignature("EqQB+/==".into()),
+            StreamEvent::TextDelta("Checking é".into()),
+            StreamEvent::ToolCallStart {
+                index: 2,
+                id: "toolu_01".into(),
+                name: "get_weather".into(),
+            },
+            StreamEvent::ToolCallArgsDelta {
+                index: 2,
+                json: "{\"city\": \"Pa".into(),
+            },
+            StreamEvent::ToolCallArgsDelta {
+                index: 2,
+                json: "ris\"}".into(),
+            },
+            StreamEvent::ToolCallEnd { index: 2 },
+            StreamEvent::Usage(Usage {
+                output: Some(89),
+                ..Usage::default()
+            }),
+            StreamEvent::Finish {
+                reason: FinishReason::ToolUse,
+                request_id: Some("msg_01".into()),
+            },
+        ]
+    }
+
+    #[test]
+    fn a_recorded_stream_normalizes_at_every_byte_boundary() {
+        let bytes = STREAM.as_bytes();
+        assert_eq!(normalize(&[bytes]), expected());
+        for i in 0..=bytes.len() {
+            assert_eq!(
+                normalize(&[&bytes[..i], &bytes[i..]]),
+                expected(),
+                "split at {i}"
+            );
+        }
+    }
+
+    #[test]
+    fn stream_errors_are_classified_where_they_arise() {
+        let mut n = Normalizer::default();
+        let cases = [
+            (
+                r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+                ErrorClass::Transient,
+            ),
+            (
+                r#"{"type":"error","error":{"type":"authentication_error","message":"bad key"}}"#,
+                ErrorClass::AuthRequired,
+            ),
+            (
+                r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 210000 tokens > 200000 maximum"}}"#,
+                ErrorClass::ContextOverflow,
+            ),
+            (
+                r#"{"type":"error","error":{"type":"invalid_request_error","message":"bad field"}}"#,
+                ErrorClass::Permanent,
+            ),
+        ];
+        for (data, class) in cases {
+            match n.push(data).unwrap() {
+                Normalized::Error(e) => assert_eq!(e.class, class, "{data}"),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(n.push("not json").unwrap_err().contains("does not parse"));
+    }
+}

@@ -140,10 +140,10 @@ pub fn classify(kind: &str, message: &str) -> ErrorClass {
     }
 }
 
-impl Normalizer {
+impl crate::provider::StreamNormalizer for Normalizer {
     /// Normalizes one event's JSON data. A line that is not an event of this family is an
     /// error naming it.
-    pub fn push(&mut self, data: &str) -> Result<Normalized, String> {
+    fn push(&mut self, data: &str) -> Result<Normalized, String> {
         let wire: Wire = serde_json::from_str(data)
             .map_err(|e| format!("an Anthropic stream event does not parse: {e}"))?;
         let mut out = Vec::new();
@@ -225,7 +225,7 @@ impl Normalizer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use broca_io::sse::SseDecoder;
+    use crate::provider::StreamNormalizer;
 
     /// A stream in the shape the Messages API documents: thinking with a signature, text, a
     /// tool call with its arguments in pieces, usage at start and at the end.
@@ -261,20 +261,7 @@ event: message_stop\n\
 data: {\"type\":\"message_stop\"}\n\n";
 
     fn normalize(chunks: &[&[u8]]) -> Vec<StreamEvent> {
-        let mut sse = SseDecoder::default();
-        let mut n = Normalizer::default();
-        let mut out = Vec::new();
-        for c in chunks {
-            let mut datas = Vec::new();
-            sse.push(c, &mut |e| datas.push(e.data)).unwrap();
-            for d in datas {
-                match n.push(&d).unwrap() {
-                    Normalized::Events(evs) => out.extend(evs),
-                    Normalized::Error(e) => panic!("{e:?}"),
-                }
-            }
-        }
-        out
+        crate::provider::normalize_chunks::<Normalizer>(chunks)
     }
 
     fn expected() -> Vec<StreamEvent> {

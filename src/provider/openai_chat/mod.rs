@@ -1,0 +1,3 @@
+//! OpenAI Chat Completions (`POST /v1/chat/completions`, streamed as server-sent events).
+
+pub mod normalize;

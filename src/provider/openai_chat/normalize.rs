@@ -1,0 +1,295 @@
+//! OpenAI Chat Completions chunks -> canonical events. Usage exactly as reported (asked for
+//! with `stream_options.include_usage`): prompt, completion, cached prompt and reasoning
+//! tokens; a measure not reported stays absent. Tool calls are keyed by their index.
+
+use serde::Deserialize;
+
+use crate::protocol::{ClassifiedError, ErrorClass, FinishReason, StreamEvent, Usage};
+use crate::provider::Normalized;
+
+#[derive(Deserialize)]
+struct Chunk {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    choices: Vec<Choice>,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+    #[serde(default)]
+    error: Option<WireError>,
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    #[serde(default)]
+    delta: Delta,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct Delta {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    reasoning_content: Option<String>,
+    #[serde(default)]
+    tool_calls: Vec<ToolCallDelta>,
+}
+
+#[derive(Deserialize)]
+struct ToolCallDelta {
+    index: u32,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    function: Option<FunctionDelta>,
+}
+
+#[derive(Deserialize)]
+struct FunctionDelta {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    arguments: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct WireUsage {
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens_details: Option<PromptDetails>,
+    #[serde(default)]
+    completion_tokens_details: Option<CompletionDetails>,
+}
+
+#[derive(Deserialize)]
+struct PromptDetails {
+    cached_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct CompletionDetails {
+    reasoning_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct WireError {
+    #[serde(default)]
+    message: String,
+    #[serde(default, rename = "type")]
+    kind: Option<String>,
+    #[serde(default)]
+    code: Option<serde_json::Value>,
+}
+
+/// The state of one streamed completion.
+#[derive(Debug, Default)]
+pub struct Normalizer {
+    request_id: Option<String>,
+    open_tools: Vec<u32>,
+    finish: Option<FinishReason>,
+}
+
+/// The class of an OpenAI error (by code or type, never by HTTP reason text).
+pub fn classify(kind: Option<&str>, code: Option<&str>) -> ErrorClass {
+    match (kind, code) {
+        (_, Some("context_length_exceeded")) => ErrorClass::ContextOverflow,
+        (_, Some("invalid_api_key")) | (Some("authentication_error"), _) => {
+            ErrorClass::AuthRequired
+        }
+        (_, Some("rate_limit_exceeded")) | (Some("server_error" | "rate_limit_error"), _) => {
+            ErrorClass::Transient
+        }
+        _ => ErrorClass::Permanent,
+    }
+}
+
+impl crate::provider::StreamNormalizer for Normalizer {
+    /// Normalizes one event's data. `[DONE]` ends the stream: the finish reason seen earlier
+    /// is emitted then, after the usage chunk that comes between.
+    fn push(&mut self, data: &str) -> Result<Normalized, String> {
+        if data.trim() == "[DONE]" {
+            let mut out = self.close_tools();
+            if let Some(reason) = self.finish.take() {
+                out.push(StreamEvent::Finish {
+                    reason,
+                    request_id: self.request_id.clone(),
+                });
+            }
+            return Ok(Normalized::Events(out));
+        }
+        let chunk: Chunk = serde_json::from_str(data)
+            .map_err(|e| format!("an OpenAI chat chunk does not parse: {e}"))?;
+        if let Some(err) = chunk.error {
+            let code = err
+                .code
+                .as_ref()
+                .and_then(|c| c.as_str().map(str::to_string));
+            return Ok(Normalized::Error(ClassifiedError {
+                class: classify(err.kind.as_deref(), code.as_deref()),
+                message: err.message,
+                retry_after_ms: None,
+            }));
+        }
+        if self.request_id.is_none() {
+            self.request_id = chunk.id;
+        }
+        let mut out = Vec::new();
+        for choice in chunk.choices.into_iter().take(1) {
+            if let Some(r) = choice.delta.reasoning_content.filter(|t| !t.is_empty()) {
+                out.push(StreamEvent::ThinkingDelta(r));
+            }
+            if let Some(text) = choice.delta.content.filter(|t| !t.is_empty()) {
+                out.push(StreamEvent::TextDelta(text));
+            }
+            for call in choice.delta.tool_calls {
+                if let Some(id) = call.id {
+                    let name = call
+                        .function
+                        .as_ref()
+                        .and_then(|f| f.name.clone())
+                        .unwrap_or_default();
+                    self.open_tools.push(call.index);
+                    out.push(StreamEvent::ToolCallStart {
+                        index: call.index,
+                        id,
+                        name,
+                    });
+                }
+                if let Some(args) = call
+                    .function
+                    .and_then(|f| f.arguments)
+                    .filter(|a| !a.is_empty())
+                {
+                    out.push(StreamEvent::ToolCallArgsDelta {
+                        index: call.index,
+                        json: args,
+                    });
+                }
+            }
+            if let Some(reason) = choice.finish_reason {
+                out.extend(self.close_tools());
+                self.finish = Some(match reason.as_str() {
+                    "stop" => FinishReason::EndTurn,
+                    "tool_calls" => FinishReason::ToolUse,
+                    "length" => FinishReason::MaxTokens,
+                    _ => FinishReason::Other(reason),
+                });
+            }
+        }
+        if let Some(u) = chunk.usage {
+            out.push(StreamEvent::Usage(Usage {
+                input: u.prompt_tokens,
+                output: u.completion_tokens,
+                cache_read: u.prompt_tokens_details.and_then(|d| d.cached_tokens),
+                cache_write: None,
+                reasoning: u.completion_tokens_details.and_then(|d| d.reasoning_tokens),
+            }));
+        }
+        Ok(Normalized::Events(out))
+    }
+}
+
+impl Normalizer {
+    fn close_tools(&mut self) -> Vec<StreamEvent> {
+        self.open_tools
+            .drain(..)
+            .map(|index| StreamEvent::ToolCallEnd { index })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provider::StreamNormalizer;
+
+    const STREAM: &str = "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}],\"usage\":null}\n\n\
+data: {\"id\":\"chatcmpl-1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi \\u00e9\"},\"finish_reason\":null}],\"usage\":null}\n\n\
+data: {\"id\":\"chatcmpl-1\",\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"call_a\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"arguments\":\"\"}}]},\"finish_reason\":null}],\"usage\":null}\n\n\
+data: {\"id\":\"chatcmpl-1\",\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"{\\\"city\\\":\"}}]},\"finish_reason\":null}],\"usage\":null}\n\n\
+data: {\"id\":\"chatcmpl-1\",\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"\\\"Paris\\\"}\"}}]},\"finish_reason\":null}],\"usage\":null}\n\n\
+data: {\"id\":\"chatcmpl-1\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}],\"usage\":null}\n\n\
+data: {\"id\":\"chatcmpl-1\",\"choices\":[],\"usage\":{\"prompt_tokens\":30,\"completion_tokens\":12,\"total_tokens\":42,\"prompt_tokens_details\":{\"cached_tokens\":8},\"completion_tokens_details\":{\"reasoning_tokens\":0}}}\n\n\
+data: [DONE]\n\n";
+
+    fn normalize(chunks: &[&[u8]]) -> Vec<StreamEvent> {
+        crate::provider::normalize_chunks::<Normalizer>(chunks)
+    }
+
+    fn expected() -> Vec<StreamEvent> {
+        vec![
+            StreamEvent::TextDelta("Hi é".into()),
+            StreamEvent::ToolCallStart {
+                index: 0,
+                id: "call_a".into(),
+                name: "get_weather".into(),
+            },
+            StreamEvent::ToolCallArgsDelta {
+                index: 0,
+                json: "{\"city\":".into(),
+            },
+            StreamEvent::ToolCallArgsDelta {
+                index: 0,
+                json: "\"Paris\"}".into(),
+            },
+            StreamEvent::ToolCallEnd { index: 0 },
+            StreamEvent::Usage(Usage {
+                input: Some(30),
+                output: Some(12),
+                cache_read: Some(8),
+                cache_write: None,
+                reasoning: Some(0),
+            }),
+            StreamEvent::Finish {
+                reason: FinishReason::ToolUse,
+                request_id: Some("chatcmpl-1".into()),
+            },
+        ]
+    }
+
+    #[test]
+    fn a_recorded_stream_normalizes_at_every_byte_boundary() {
+        let bytes = STREAM.as_bytes();
+        assert_eq!(normalize(&[bytes]), expected());
+        for i in 0..=bytes.len() {
+            assert_eq!(
+                normalize(&[&bytes[..i], &bytes[i..]]),
+                expected(),
+                "split at {i}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_stream_without_usage_reports_none_never_zero() {
+        let s = "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n";
+        let evs = normalize(&[s.as_bytes()]);
+        assert!(!evs.iter().any(|e| matches!(e, StreamEvent::Usage(_))));
+        assert_eq!(
+            evs.last(),
+            Some(&StreamEvent::Finish {
+                reason: FinishReason::EndTurn,
+                request_id: Some("c".into())
+            })
+        );
+    }
+
+    #[test]
+    fn errors_in_the_stream_are_classified_by_code() {
+        let mut n = Normalizer::default();
+        let data = r#"{"error":{"message":"This model's maximum context length is 128000 tokens","type":"invalid_request_error","code":"context_length_exceeded"}}"#;
+        let Normalized::Error(e) = n.push(data).unwrap() else {
+            panic!()
+        };
+        assert_eq!(e.class, ErrorClass::ContextOverflow);
+        let data =
+            r#"{"error":{"message":"slow down","type":"requests","code":"rate_limit_exceeded"}}"#;
+        let Normalized::Error(e) = n.push(data).unwrap() else {
+            panic!()
+        };
+        assert_eq!(e.class, ErrorClass::Transient);
+    }
+}

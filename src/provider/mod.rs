@@ -43,3 +43,19 @@ pub(crate) fn normalize_chunks<N: StreamNormalizer + Default>(
     }
     out
 }
+
+/// Asserts that `stream` normalizes to `expected` whole and split at every byte boundary.
+#[cfg(test)]
+pub(crate) fn assert_every_split<N: StreamNormalizer + Default>(
+    stream: &[u8],
+    expected: &[StreamEvent],
+) {
+    assert_eq!(normalize_chunks::<N>(&[stream]), expected);
+    for i in 0..=stream.len() {
+        assert_eq!(
+            normalize_chunks::<N>(&[&stream[..i], &stream[i..]]),
+            expected,
+            "split at {i}"
+        );
+    }
+}

@@ -260,10 +260,6 @@ data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\",\"stop
 event: message_stop\n\
 data: {\"type\":\"message_stop\"}\n\n";
 
-    fn normalize(chunks: &[&[u8]]) -> Vec<StreamEvent> {
-        crate::provider::normalize_chunks::<Normalizer>(chunks)
-    }
-
     fn expected() -> Vec<StreamEvent> {
         vec![
             StreamEvent::Usage(Usage {
@@ -303,15 +299,7 @@ data: {\"type\":\"message_stop\"}\n\n";
 
     #[test]
     fn a_recorded_stream_normalizes_at_every_byte_boundary() {
-        let bytes = STREAM.as_bytes();
-        assert_eq!(normalize(&[bytes]), expected());
-        for i in 0..=bytes.len() {
-            assert_eq!(
-                normalize(&[&bytes[..i], &bytes[i..]]),
-                expected(),
-                "split at {i}"
-            );
-        }
+        crate::provider::assert_every_split::<Normalizer>(STREAM.as_bytes(), &expected());
     }
 
     #[test]

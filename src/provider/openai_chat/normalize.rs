@@ -252,15 +252,7 @@ data: [DONE]\n\n";
 
     #[test]
     fn a_recorded_stream_normalizes_at_every_byte_boundary() {
-        let bytes = STREAM.as_bytes();
-        assert_eq!(normalize(&[bytes]), expected());
-        for i in 0..=bytes.len() {
-            assert_eq!(
-                normalize(&[&bytes[..i], &bytes[i..]]),
-                expected(),
-                "split at {i}"
-            );
-        }
+        crate::provider::assert_every_split::<Normalizer>(STREAM.as_bytes(), &expected());
     }
 
     #[test]

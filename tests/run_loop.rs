@@ -5,6 +5,7 @@ use std::path::Path;
 use std::rc::Rc;
 
 use broca::core::admission::SendRequest;
+use broca::core::machine::Outcome;
 use broca::core::RunState;
 use broca::module::scripted::{CountingTools, Script, ScriptedModel};
 use broca::module::session::{ActorError, CrashPlan, SessionActor};
@@ -45,6 +46,16 @@ fn send(prompt: &str, send_id: &str) -> SendRequest {
         max_steps: Some(8),
         ..SendRequest::default()
     }
+}
+
+/// Opens the session, sends `req` and runs it to its end.
+fn run_once(dir: &Path, script: Script, tools: &CountingTools, req: &SendRequest) -> Outcome {
+    run_local(async {
+        let mut a = open(dir, script, tools).await;
+        a.send(req).await.unwrap();
+        a.run_admitted().await.unwrap()
+    })
+    .unwrap()
 }
 
 fn count(recs: &[(u64, Record)], pred: impl Fn(&Record) -> bool) -> usize {
@@ -238,19 +249,14 @@ fn a_budget_the_provider_cannot_measure_stops_the_run_with_that_reason() {
         report_usage: false,
         ..Script::default()
     };
-    let outcome = run_local(async {
-        let mut a = open(dir.path(), script, &tools).await;
-        let req = SendRequest {
-            budget: Some(broca::core::admission::Budget {
-                max_total_tokens: Some(1000),
-                max_cost_micros: None,
-            }),
-            ..send("hi", "s1")
-        };
-        a.send(&req).await.unwrap();
-        a.run_admitted().await.unwrap()
-    })
-    .unwrap();
+    let req = SendRequest {
+        budget: Some(broca::core::admission::Budget {
+            max_total_tokens: Some(1000),
+            max_cost_micros: None,
+        }),
+        ..send("hi", "s1")
+    };
+    let outcome = run_once(dir.path(), script, &tools, &req);
     assert_eq!(outcome.reason, Some(FinishKind::BudgetUnmeasured));
     assert!(outcome.detail.unwrap().contains("did not report"));
     assert_eq!(outcome.usage.input, None, "absent is not zero");
@@ -265,17 +271,11 @@ fn max_steps_stops_a_run_that_keeps_asking_for_tools() {
         tool_steps_max: 100,
         ..Script::default()
     };
-    let outcome = run_local(async {
-        let mut a = open(dir.path(), script, &tools).await;
-        a.send(&SendRequest {
-            max_steps: Some(3),
-            ..send("loop", "s1")
-        })
-        .await
-        .unwrap();
-        a.run_admitted().await.unwrap()
-    })
-    .unwrap();
+    let req = SendRequest {
+        max_steps: Some(3),
+        ..send("loop", "s1")
+    };
+    let outcome = run_once(dir.path(), script, &tools, &req);
     assert_eq!(outcome.reason, Some(FinishKind::MaxSteps));
     let recs = records(dir.path());
     let steps = count(&recs, |r| matches!(r, Record::ModelStepFinished(_)));
@@ -291,12 +291,7 @@ fn transient_failures_are_retried_a_bounded_number_of_times_and_each_attempt_rec
         transient_percent: 100,
         ..Script::default()
     };
-    let outcome = run_local(async {
-        let mut a = open(dir.path(), script, &tools).await;
-        a.send(&send("flaky", "s1")).await.unwrap();
-        a.run_admitted().await.unwrap()
-    })
-    .unwrap();
+    let outcome = run_once(dir.path(), script, &tools, &send("flaky", "s1"));
     assert_eq!(outcome.reason, Some(FinishKind::Error));
     assert_eq!(
         outcome.error.unwrap().class,
@@ -327,12 +322,7 @@ fn transient_failures_are_retried_a_bounded_number_of_times_and_each_attempt_rec
             seed,
             ..Script::default()
         };
-        let outcome = run_local(async {
-            let mut a = open(dir.path(), script, &tools).await;
-            a.send(&send("flaky", "s1")).await.unwrap();
-            a.run_admitted().await.unwrap()
-        })
-        .unwrap();
+        let outcome = run_once(dir.path(), script, &tools, &send("flaky", "s1"));
         let failed = records(dir.path())
             .iter()
             .any(|(_, r)| matches!(r, Record::ModelAttemptFinished(_)));

@@ -148,11 +148,7 @@ impl ResponseDecoder {
             let progressed = match self.state {
                 State::Head => self.head(out)?,
                 State::Length { left } => {
-                    let n = (left as usize).min(self.buf.len());
-                    if n > 0 {
-                        self.body(n, out)?;
-                    }
-                    let left = left - n as u64;
+                    let (n, left) = self.take_body(left, out)?;
                     self.state = if left == 0 {
                         State::Done
                     } else {
@@ -165,11 +161,7 @@ impl ResponseDecoder {
                 }
                 State::ChunkSize => self.chunk_size()?,
                 State::ChunkData { left } => {
-                    let n = (left as usize).min(self.buf.len());
-                    if n > 0 {
-                        self.body(n, out)?;
-                    }
-                    let left = left - n as u64;
+                    let (n, left) = self.take_body(left, out)?;
                     self.state = if left == 0 {
                         State::ChunkDataEnd
                     } else {
@@ -223,6 +215,17 @@ impl ResponseDecoder {
             _ => "the rest of the chunked body".to_string(),
         };
         Err(HttpError::Truncated { missing })
+    }
+
+    /// Takes up to `left` body bytes from the buffer; returns how many and how many remain.
+    fn take_body(&mut self, left: u64, out: &mut Vec<Part>) -> Result<(usize, u64), HttpError> {
+        let n = usize::try_from(left)
+            .unwrap_or(usize::MAX)
+            .min(self.buf.len());
+        if n > 0 {
+            self.body(n, out)?;
+        }
+        Ok((n, left - n as u64))
     }
 
     fn body(&mut self, n: usize, out: &mut Vec<Part>) -> Result<(), HttpError> {

@@ -6,6 +6,8 @@
 //! - [`commit`]: the per-shard group-commit scheduler shared by all the logs of a shard.
 //! - [`fence`]: the stale-writer fence (inotify on the log directory).
 //! - [`http1`]: the HTTP/1.1 response decoder (sans-IO: head, Content-Length, chunked, close).
+//! - [`net`]: the network client: TCP, TLS (rustls, sans-IO), HTTP/1.1 with a keep-alive
+//!   pool, CONNECT proxies, WebSocket.
 //! - [`sse`]: the server-sent events decoder (sans-IO, any chunk boundary).
 //! - [`fs`]: small file-system helpers: alignment probing, directory fsync, advisory locks.
 
@@ -14,6 +16,7 @@ pub mod fence;
 pub mod fs;
 pub mod http1;
 pub mod log;
+pub mod net;
 pub mod sse;
 
 pub use commit::{CommitStats, Committer};

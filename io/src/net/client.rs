@@ -1,0 +1,408 @@
+//! The HTTP/1.1 client: one per shard, with a keep-alive pool per origin. A request is written
+//! in one piece; the response head comes within the first-byte timeout and every body read
+//! within the idle timeout. A connection goes back to the pool only after its response was
+//! read to the end and neither side asked to close it; a response dropped early closes it.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::http1::{Head, HttpError, Limits, Part, ResponseDecoder};
+
+use super::conn::Conn;
+use super::proxy::ProxyConfig;
+use super::{with_timeout, NetError, Timeouts, Url};
+
+const READ_CHUNK: usize = 16 * 1024;
+
+/// How the client connects.
+#[derive(Clone)]
+pub struct ClientConfig {
+    pub timeouts: Timeouts,
+    pub limits: Limits,
+    pub tls: Arc<rustls::ClientConfig>,
+    pub proxy: ProxyConfig,
+    /// Idle connections kept per origin.
+    pub idle_per_origin: usize,
+    /// How long an idle pooled connection is trusted.
+    pub idle_keep: Duration,
+    pub user_agent: String,
+}
+
+impl ClientConfig {
+    /// Defaults with the given TLS configuration and proxy settings.
+    pub fn new(tls: Arc<rustls::ClientConfig>, proxy: ProxyConfig) -> ClientConfig {
+        ClientConfig {
+            timeouts: Timeouts::default(),
+            limits: Limits::default(),
+            tls,
+            proxy,
+            idle_per_origin: 8,
+            idle_keep: Duration::from_secs(30),
+            user_agent: concat!("broca/", env!("CARGO_PKG_VERSION")).to_string(),
+        }
+    }
+}
+
+/// One request.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    pub method: &'a str,
+    /// The base URL (its prefix goes before `path`).
+    pub url: &'a Url,
+    /// The path (and query) after the base URL's prefix, starting with `/`.
+    pub path: &'a str,
+    /// Extra headers (Host, User-Agent and Content-Length are added).
+    pub headers: &'a [(&'a str, &'a str)],
+    pub body: &'a [u8],
+}
+
+/// Counters of one client.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClientStats {
+    pub connects: u64,
+    pub reuses: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+}
+
+/// A shard's HTTP client.
+pub struct HttpClient {
+    config: ClientConfig,
+    pool: RefCell<HashMap<String, Vec<(Conn, Instant)>>>,
+    stats: Cell<ClientStats>,
+}
+
+impl HttpClient {
+    /// A client with `config`.
+    pub fn new(config: ClientConfig) -> Rc<HttpClient> {
+        Rc::new(HttpClient {
+            config,
+            pool: RefCell::new(HashMap::new()),
+            stats: Cell::new(ClientStats::default()),
+        })
+    }
+
+    /// The client's configuration.
+    pub fn config(&self) -> &ClientConfig {
+        &self.config
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> ClientStats {
+        self.stats.get()
+    }
+
+    fn count(&self, f: impl FnOnce(&mut ClientStats)) {
+        let mut s = self.stats.get();
+        f(&mut s);
+        self.stats.set(s);
+    }
+
+    /// Opens a new connection to `url`'s origin: direct or through the proxy, TLS when the
+    /// scheme says so. Plain http only for loopback hosts.
+    pub async fn connect(&self, url: &Url) -> Result<Conn, NetError> {
+        if !url.scheme.is_tls() && !url.is_loopback() {
+            return Err(NetError::Url(format!(
+                "{url}: plain {} is accepted only for loopback hosts; use {}",
+                url.scheme.as_str(),
+                if url.scheme == super::Scheme::Ws {
+                    "wss://"
+                } else {
+                    "https://"
+                }
+            )));
+        }
+        let t = self.config.timeouts.connect;
+        let conn = match self.config.proxy.for_target(url) {
+            Some(proxy) => self.config.proxy.tunnel(proxy, url, t).await?,
+            None => Conn::connect(&url.host, url.port, t).await?,
+        };
+        self.count(|s| s.connects += 1);
+        if url.scheme.is_tls() {
+            conn.start_tls(self.config.tls.clone(), &url.host, t).await
+        } else {
+            Ok(conn)
+        }
+    }
+
+    fn pooled(&self, origin: &str) -> Option<Conn> {
+        let mut pool = self.pool.borrow_mut();
+        let idle = pool.get_mut(origin)?;
+        while let Some((conn, since)) = idle.pop() {
+            if since.elapsed() < self.config.idle_keep {
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    fn give_back(&self, origin: String, conn: Conn) {
+        let mut pool = self.pool.borrow_mut();
+        let idle = pool.entry(origin).or_default();
+        if idle.len() < self.config.idle_per_origin {
+            idle.push((conn, Instant::now()));
+        }
+    }
+
+    /// Sends a request and reads the response head. A pooled connection the server closed
+    /// meanwhile (the write fails, or it ends before a byte of the response) is replaced once
+    /// by a new connection.
+    pub async fn send(self: &Rc<Self>, req: &Request<'_>) -> Result<Response, NetError> {
+        let mut bytes = format!(
+            "{} {}{} HTTP/1.1\r\nHost: {}\r\nUser-Agent: {}\r\nContent-Length: {}\r\n",
+            req.method,
+            req.url.prefix,
+            req.path,
+            req.url.authority(),
+            self.config.user_agent,
+            req.body.len()
+        )
+        .into_bytes();
+        for (name, value) in req.headers {
+            if value.contains(['\r', '\n']) || name.contains(['\r', '\n', ':']) {
+                return Err(NetError::Url(format!("header `{name}` holds a line break")));
+            }
+            bytes.extend_from_slice(name.as_bytes());
+            bytes.extend_from_slice(b": ");
+            bytes.extend_from_slice(value.as_bytes());
+            bytes.extend_from_slice(b"\r\n");
+        }
+        bytes.extend_from_slice(b"\r\n");
+        bytes.extend_from_slice(req.body);
+        let origin = req.url.origin();
+        let head_request = req.method.eq_ignore_ascii_case("HEAD");
+        if let Some(conn) = self.pooled(&origin) {
+            self.count(|s| s.reuses += 1);
+            match self
+                .exchange(conn, &bytes, origin.clone(), head_request)
+                .await
+            {
+                Err(Exchange::Stale) => {} // try a fresh connection
+                Err(Exchange::Failed(e)) => return Err(e),
+                Ok(resp) => return Ok(resp),
+            }
+        }
+        let conn = self.connect(req.url).await?;
+        match self.exchange(conn, &bytes, origin, head_request).await {
+            Ok(resp) => Ok(resp),
+            Err(Exchange::Failed(e)) => Err(e),
+            Err(Exchange::Stale) => Err(NetError::Io {
+                target: req.url.authority(),
+                why: "the server closed the connection before answering".into(),
+            }),
+        }
+    }
+
+    async fn exchange(
+        self: &Rc<Self>,
+        mut conn: Conn,
+        request: &[u8],
+        origin: String,
+        head_request: bool,
+    ) -> Result<Response, Exchange> {
+        let target = conn.target().to_string();
+        let io = |e: std::io::Error| NetError::Io {
+            target: target.clone(),
+            why: e.to_string(),
+        };
+        if conn.write_all(request).await.is_err() {
+            return Err(Exchange::Stale);
+        }
+        self.count(|s| s.bytes_out += request.len() as u64);
+        let mut decoder = ResponseDecoder::new(self.config.limits, head_request);
+        let mut parts = Vec::new();
+        let mut buf = vec![0u8; READ_CHUNK];
+        let mut got_any = false;
+        let t = self.config.timeouts.first_byte;
+        let head = loop {
+            let n = match with_timeout(t, conn.read(&mut buf)).await {
+                Err(()) => {
+                    return Err(Exchange::Failed(NetError::Timeout {
+                        what: "response",
+                        target,
+                        after: t,
+                    }))
+                }
+                Ok(Err(_)) if !got_any => return Err(Exchange::Stale),
+                Ok(Err(e)) => return Err(Exchange::Failed(io(e))),
+                Ok(Ok(n)) => n,
+            };
+            if n == 0 {
+                if !got_any {
+                    return Err(Exchange::Stale);
+                }
+                decoder.finish(&mut parts).map_err(|e| http(&target, e))?;
+            } else {
+                got_any = true;
+                self.count(|s| s.bytes_in += n as u64);
+                decoder
+                    .push(&buf[..n], &mut parts)
+                    .map_err(|e| http(&target, e))?;
+            }
+            if let Some(Part::Head(_)) = parts.first() {
+                let Part::Head(head) = parts.remove(0) else {
+                    unreachable!()
+                };
+                break head;
+            }
+        };
+        let keep_alive = !head
+            .header("connection")
+            .is_some_and(|v| v.eq_ignore_ascii_case("close"));
+        let mut ready = VecDeque::new();
+        let mut done = false;
+        for p in parts {
+            match p {
+                Part::Body(b) => ready.push_back(b),
+                Part::End => done = true,
+                Part::Head(_) => {}
+            }
+        }
+        let mut resp = Response {
+            head,
+            conn: Some(conn),
+            decoder,
+            ready,
+            done: false,
+            keep_alive,
+            origin,
+            client: self.clone(),
+            target,
+            buf,
+        };
+        if done {
+            resp.finish();
+        }
+        Ok(resp)
+    }
+}
+
+enum Exchange {
+    /// A pooled connection had gone away before the request was answered.
+    Stale,
+    Failed(NetError),
+}
+
+impl From<NetError> for Exchange {
+    fn from(e: NetError) -> Exchange {
+        Exchange::Failed(e)
+    }
+}
+
+fn http(target: &str, e: HttpError) -> NetError {
+    match e {
+        HttpError::Truncated { .. } => NetError::Io {
+            target: target.to_string(),
+            why: e.to_string(),
+        },
+        _ => NetError::Http {
+            target: target.to_string(),
+            why: e.to_string(),
+        },
+    }
+}
+
+/// A response whose head has arrived; its body streams.
+pub struct Response {
+    pub head: Head,
+    conn: Option<Conn>,
+    decoder: ResponseDecoder,
+    ready: VecDeque<Vec<u8>>,
+    done: bool,
+    keep_alive: bool,
+    origin: String,
+    client: Rc<HttpClient>,
+    target: String,
+    buf: Vec<u8>,
+}
+
+impl Response {
+    /// The status code.
+    pub fn status(&self) -> u16 {
+        self.head.status
+    }
+
+    fn finish(&mut self) {
+        self.done = true;
+        if let Some(conn) = self.conn.take() {
+            if self.keep_alive && self.decoder.leftover().is_empty() {
+                self.client
+                    .give_back(std::mem::take(&mut self.origin), conn);
+            }
+        }
+    }
+
+    /// The next piece of the body; `None` at its end. A connection that breaks or falls
+    /// silent for the idle timeout before the end is an error (the body was cut).
+    pub async fn chunk(&mut self) -> Result<Option<Vec<u8>>, NetError> {
+        loop {
+            if let Some(b) = self.ready.pop_front() {
+                return Ok(Some(b));
+            }
+            if self.done {
+                return Ok(None);
+            }
+            let conn = self
+                .conn
+                .as_mut()
+                .expect("a live response has its connection");
+            let t = self.client.config.timeouts.idle;
+            let n = match with_timeout(t, conn.read(&mut self.buf)).await {
+                Err(()) => {
+                    self.conn = None;
+                    return Err(NetError::Timeout {
+                        what: "body bytes",
+                        target: self.target.clone(),
+                        after: t,
+                    });
+                }
+                Ok(Err(e)) => {
+                    self.conn = None;
+                    return Err(NetError::Io {
+                        target: self.target.clone(),
+                        why: e.to_string(),
+                    });
+                }
+                Ok(Ok(n)) => n,
+            };
+            let mut parts = Vec::new();
+            let r = if n == 0 {
+                self.keep_alive = false;
+                self.decoder.finish(&mut parts)
+            } else {
+                self.client.count(|s| s.bytes_in += n as u64);
+                self.decoder.push(&self.buf[..n], &mut parts)
+            };
+            if let Err(e) = r {
+                self.conn = None;
+                return Err(http(&self.target, e));
+            }
+            for p in parts {
+                match p {
+                    Part::Body(b) => self.ready.push_back(b),
+                    Part::End => self.finish(),
+                    Part::Head(_) => {}
+                }
+            }
+        }
+    }
+
+    /// Reads the rest of the body, refusing more than `limit` bytes.
+    pub async fn body(&mut self, limit: usize) -> Result<Vec<u8>, NetError> {
+        let mut all = Vec::new();
+        while let Some(b) = self.chunk().await? {
+            if all.len() + b.len() > limit {
+                self.conn = None;
+                return Err(NetError::Http {
+                    target: self.target.clone(),
+                    why: format!("body over {limit} bytes"),
+                });
+            }
+            all.extend_from_slice(&b);
+        }
+        Ok(all)
+    }
+}

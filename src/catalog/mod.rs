@@ -67,6 +67,16 @@ const PROVIDERS: &[ProviderEntry] = &[
     },
 ];
 
+/// The built-in providers.
+pub fn providers() -> &'static [ProviderEntry] {
+    PROVIDERS
+}
+
+/// The provider `id`, when the catalog knows it.
+pub fn provider(id: &str) -> Option<&'static ProviderEntry> {
+    PROVIDERS.iter().find(|p| p.id == id)
+}
+
 /// Resolves `provider/model`. `Err` names what is wrong.
 pub fn resolve(spec: &str) -> Result<ModelEntry, String> {
     let (provider, model) = spec

@@ -15,8 +15,9 @@ use crate::protocol::{
     ToolCall, Usage,
 };
 use crate::wal::runrec::{
-    CancelRequested, FinishKind, FrozenConfig, ModelAttemptFinished, ModelStepFinished,
-    ResultBlock, RunFinished, RunPaused, RunResumed, StepStarted, ToolDispatchIntent, ToolResult,
+    CachePolicy, CancelRequested, FinishKind, FrozenConfig, ModelAttemptFinished,
+    ModelStepFinished, ResultBlock, RunFinished, RunPaused, RunResumed, StepStarted,
+    ToolDispatchIntent, ToolResult,
 };
 use crate::wal::Record;
 
@@ -240,11 +241,14 @@ impl RunMachine {
         self.acc = StepAccumulator::default();
         self.phase = Phase::Streaming;
         let request = Request {
+            provider: self.config.provider.clone(),
             model: self.config.model.clone(),
+            credential_id: self.config.credential_id.clone(),
             system: self.config.system.clone(),
             messages: self.transcript.clone(),
             tools: self.config.tools.clone(),
             generation: self.config.generation.clone(),
+            prompt_cache: self.config.cache_policy == CachePolicy::Auto,
         };
         self.out.push_back(Command::CallModel {
             step: self.step,

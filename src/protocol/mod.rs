@@ -155,7 +155,13 @@ pub struct Generation {
 /// The canonical request a renderer turns into a provider's bytes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Request {
+    /// The catalog provider id whose wire family renders this request.
+    #[serde(default)]
+    pub provider: String,
     pub model: String,
+    /// Which credential pays (an id such as `env:ANTHROPIC_API_KEY`, never a secret).
+    #[serde(default)]
+    pub credential_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system: Option<String>,
     pub messages: Vec<Message>,
@@ -163,6 +169,9 @@ pub struct Request {
     pub tools: Vec<ToolSpec>,
     #[serde(default)]
     pub generation: Generation,
+    /// Ask the provider to cache the stable prefix where it supports marking one.
+    #[serde(default)]
+    pub prompt_cache: bool,
 }
 
 /// Token usage as the provider reported it. A measure not reported stays `None`: absent is

@@ -1,12 +1,22 @@
-//! Provider wire families: one folder per family, each a renderer (frozen config + canonical
-//! transcript -> request bytes) and a normalizer (wire events -> canonical stream events).
-//! Today: the Anthropic Messages and OpenAI Chat normalizers; the renderers and the transport
-//! come next.
+//! Provider wire families: one folder per family, each a renderer (canonical request ->
+//! request bytes, deterministic) and a normalizer (wire events -> canonical stream events),
+//! behind one [`WireFamily`] trait. The transport ([`transport`]) owns network policy:
+//! connections, timeouts, framing, error classification by status, and the stream's end.
+//!
+//! A family is: a renderer, an authorizer (a header for the key-based families; a later
+//! family may sign the rendered bytes), a framing (server-sent events, WebSocket, or a binary
+//! frame format a later family brings), a normalizer fed one framed event at a time (its
+//! event name and its data), and a classifier of error replies.
 
+pub mod alias;
 pub mod anthropic;
 pub mod openai_chat;
+pub mod openai_responses;
+pub mod transport;
 
-use crate::protocol::{ClassifiedError, StreamEvent};
+pub use alias::Aliases;
+
+use crate::protocol::{ClassifiedError, ErrorClass, Request, StreamEvent};
 
 /// What a normalizer makes of one wire event.
 #[derive(Debug, Clone, PartialEq)]
@@ -17,25 +27,132 @@ pub enum Normalized {
     Error(ClassifiedError),
 }
 
-/// A family's stream normalizer: one SSE event's data in, canonical events out.
+/// A family's stream normalizer: one framed event in (its event name when the framing has
+/// one, and its data), canonical events out.
 pub trait StreamNormalizer {
-    /// Normalizes one event's data; `Err` names a line that is not of this family.
-    fn push(&mut self, data: &str) -> Result<Normalized, String>;
+    /// Normalizes one event; `Err` says why it is not an event of this family.
+    fn push(&mut self, event: Option<&str>, data: &str) -> Result<Normalized, String>;
+}
+
+/// How a family's answer is framed on the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// An HTTP response of server-sent events.
+    Sse,
+    /// A WebSocket: the rendered body is sent as one text message; each answer message is
+    /// one event.
+    WebSocket,
+}
+
+/// A rendered request: everything but the connection.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Rendered {
+    /// The path after the base URL's prefix (`/v1/messages`).
+    pub path: String,
+    /// Headers besides Host, User-Agent and Content-Length. Holds the credential once
+    /// authorized: never logged, never stored.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl std::fmt::Debug for Rendered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rendered")
+            .field("path", &self.path)
+            .field(
+                "headers",
+                &self.headers.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+            )
+            .field("body_bytes", &self.body.len())
+            .finish()
+    }
+}
+
+/// One wire family.
+pub trait WireFamily: Sync {
+    /// The family's id, as the catalog names it.
+    fn id(&self) -> &'static str;
+    /// Renders `req` (deterministic: the same request gives the same bytes, always).
+    fn render(&self, req: &Request, aliases: &Aliases) -> Rendered;
+    /// Adds the credential to a rendered request.
+    fn authorize(&self, rendered: &mut Rendered, secret: &str);
+    /// How the answer is framed when the base URL has `scheme`.
+    fn framing(&self, scheme: broca_io::net::Scheme) -> Framing {
+        let _ = scheme;
+        Framing::Sse
+    }
+    /// The first message to send over a WebSocket (families that support it).
+    fn websocket_message(&self, rendered: &Rendered) -> Option<String> {
+        let _ = rendered;
+        None
+    }
+    /// A fresh normalizer for one attempt.
+    fn normalizer(&self, aliases: Aliases) -> Box<dyn StreamNormalizer>;
+    /// The class of an error reply body the provider sent with a non-2xx `status`, when the
+    /// body says more than the status does (e.g. a context-length signal).
+    fn classify_body(&self, status: u16, body: &[u8]) -> Option<(ErrorClass, String)>;
+}
+
+/// The family a catalog family id names.
+pub fn family(id: &str) -> Option<&'static dyn WireFamily> {
+    match id {
+        "anthropic-messages" => Some(&anthropic::Family),
+        "openai-chat" => Some(&openai_chat::Family),
+        "openai-responses" => Some(&openai_responses::Family),
+        _ => None,
+    }
+}
+
+/// An error reply's body, in the shape both the Anthropic and the OpenAI APIs use:
+/// `{"error": {"type", "message", "code"?}}` (Anthropic adds a top-level `"type":"error"`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+pub(crate) struct ErrorBody {
+    #[serde(default, rename = "type")]
+    pub kind: Option<String>,
+    #[serde(default)]
+    pub message: String,
+    #[serde(default, deserialize_with = "code_text")]
+    pub code: Option<String>,
+}
+
+fn code_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let v: Option<serde_json::Value> = serde::Deserialize::deserialize(d)?;
+    Ok(match v {
+        Some(serde_json::Value::String(s)) => Some(s),
+        Some(serde_json::Value::Number(n)) => Some(n.to_string()),
+        _ => None,
+    })
+}
+
+/// Parses an error reply body; `None` when it is not of that shape.
+pub(crate) fn error_body(body: &[u8]) -> Option<ErrorBody> {
+    #[derive(serde::Deserialize)]
+    struct Outer {
+        error: ErrorBody,
+    }
+    serde_json::from_slice::<Outer>(body).ok().map(|o| o.error)
+}
+
+/// Serializes a rendered body (the structs render in field order: deterministic).
+pub(crate) fn to_body<T: serde::Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).expect("rendered requests serialize")
 }
 
 /// Decodes `chunks` as server-sent events and normalizes them (for the families' tests).
 #[cfg(test)]
-pub(crate) fn normalize_chunks<N: StreamNormalizer + Default>(
+pub(crate) fn normalize_chunks(
+    family: &dyn WireFamily,
+    aliases: &Aliases,
     chunks: &[&[u8]],
 ) -> Vec<StreamEvent> {
     let mut sse = broca_io::sse::SseDecoder::default();
-    let mut n = N::default();
+    let mut n = family.normalizer(aliases.clone());
     let mut out = Vec::new();
     for c in chunks {
-        let mut datas = Vec::new();
-        sse.push(c, &mut |e| datas.push(e.data)).expect("valid SSE");
-        for d in datas {
-            match n.push(&d).expect("a known event") {
+        let mut events = Vec::new();
+        sse.push(c, &mut |e| events.push(e)).expect("valid SSE");
+        for e in events {
+            match n.push(e.event.as_deref(), &e.data).expect("a known event") {
                 Normalized::Events(evs) => out.extend(evs),
                 Normalized::Error(e) => panic!("unexpected stream error {e:?}"),
             }
@@ -46,16 +163,77 @@ pub(crate) fn normalize_chunks<N: StreamNormalizer + Default>(
 
 /// Asserts that `stream` normalizes to `expected` whole and split at every byte boundary.
 #[cfg(test)]
-pub(crate) fn assert_every_split<N: StreamNormalizer + Default>(
+pub(crate) fn assert_every_split(
+    family: &dyn WireFamily,
+    aliases: &Aliases,
     stream: &[u8],
     expected: &[StreamEvent],
 ) {
-    assert_eq!(normalize_chunks::<N>(&[stream]), expected);
+    assert_eq!(normalize_chunks(family, aliases, &[stream]), expected);
     for i in 0..=stream.len() {
         assert_eq!(
-            normalize_chunks::<N>(&[&stream[..i], &stream[i..]]),
+            normalize_chunks(family, aliases, &[&stream[..i], &stream[i..]]),
             expected,
             "split at {i}"
         );
+    }
+}
+
+/// A request for the families' render tests: a system text, two tools (one whose name needs
+/// an alias), and a transcript with text, thinking, a tool call and its result.
+#[cfg(test)]
+pub(crate) fn sample_request() -> Request {
+    use crate::protocol::{Block, Generation, Json, Message, Role, ToolSpec};
+    Request {
+        provider: "x".into(),
+        model: "m-1".into(),
+        credential_id: "env:X".into(),
+        system: Some("Be brief.".into()),
+        messages: vec![
+            Message::user_text("Weather in Paris?"),
+            Message {
+                role: Role::Assistant,
+                content: vec![
+                    Block::Thinking {
+                        text: "need the tool".into(),
+                        signature: Some("sig==".into()),
+                    },
+                    Block::Text {
+                        text: "Checking.".into(),
+                    },
+                    Block::ToolUse {
+                        id: "call_1".into(),
+                        name: "weather.get".into(),
+                        input: Json::from_text(r#"{"city":"Paris"}"#.into()).unwrap(),
+                    },
+                ],
+            },
+            Message {
+                role: Role::User,
+                content: vec![Block::ToolResult {
+                    tool_use_id: "call_1".into(),
+                    content: "18C".into(),
+                    is_error: false,
+                }],
+            },
+        ],
+        tools: vec![
+            ToolSpec {
+                name: "weather.get".into(),
+                description: "Current weather".into(),
+                input_schema: serde_json::json!({"type":"object","properties":{"city":{"type":"string"}}}),
+            },
+            ToolSpec {
+                name: "clock".into(),
+                description: String::new(),
+                input_schema: serde_json::json!({"type":"object"}),
+            },
+        ],
+        generation: Generation {
+            max_output_tokens: Some(256),
+            temperature: Some(0.5),
+            ..Generation::default()
+        },
+        prompt_cache: true,
     }
 }

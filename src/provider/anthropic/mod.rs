@@ -1,3 +1,37 @@
-//! Anthropic Messages (`POST /v1/messages`, streamed as server-sent events).
+//! The Anthropic Messages family: `POST /v1/messages` streamed as server-sent events.
 
 pub mod normalize;
+pub mod render;
+
+use crate::protocol::{ErrorClass, Request};
+use crate::provider::{Aliases, Rendered, StreamNormalizer, WireFamily};
+
+/// The family.
+pub struct Family;
+
+impl WireFamily for Family {
+    fn id(&self) -> &'static str {
+        "anthropic-messages"
+    }
+
+    fn render(&self, req: &Request, aliases: &Aliases) -> Rendered {
+        render::render(req, aliases)
+    }
+
+    fn authorize(&self, rendered: &mut Rendered, secret: &str) {
+        rendered.headers.push(("x-api-key".into(), secret.into()));
+    }
+
+    fn normalizer(&self, aliases: Aliases) -> Box<dyn StreamNormalizer> {
+        Box::new(normalize::Normalizer::new(aliases))
+    }
+
+    fn classify_body(&self, _status: u16, body: &[u8]) -> Option<(ErrorClass, String)> {
+        let e = super::error_body(body)?;
+        let kind = e.kind.as_deref().unwrap_or("error");
+        Some((
+            normalize::classify(kind, &e.message),
+            format!("{kind}: {}", e.message),
+        ))
+    }
+}

@@ -4,7 +4,7 @@
 use serde::Deserialize;
 
 use crate::protocol::{ClassifiedError, ErrorClass, FinishReason, StreamEvent, Usage};
-use crate::provider::Normalized;
+use crate::provider::{Aliases, Normalized};
 
 #[derive(Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -122,6 +122,17 @@ impl WireUsage {
 pub struct Normalizer {
     request_id: Option<String>,
     tool_blocks: Vec<u32>,
+    aliases: Aliases,
+}
+
+impl Normalizer {
+    /// A normalizer mapping the request's tool aliases back to the caller's names.
+    pub fn new(aliases: Aliases) -> Normalizer {
+        Normalizer {
+            aliases,
+            ..Normalizer::default()
+        }
+    }
 }
 
 /// The class of an Anthropic error type.
@@ -143,7 +154,7 @@ pub fn classify(kind: &str, message: &str) -> ErrorClass {
 impl crate::provider::StreamNormalizer for Normalizer {
     /// Normalizes one event's JSON data. A line that is not an event of this family is an
     /// error naming it.
-    fn push(&mut self, data: &str) -> Result<Normalized, String> {
+    fn push(&mut self, _event: Option<&str>, data: &str) -> Result<Normalized, String> {
         let wire: Wire = serde_json::from_str(data)
             .map_err(|e| format!("an Anthropic stream event does not parse: {e}"))?;
         let mut out = Vec::new();
@@ -163,6 +174,7 @@ impl crate::provider::StreamNormalizer for Normalizer {
                 }
                 WireBlock::ToolUse { id, name } => {
                     self.tool_blocks.push(index);
+                    let name = self.aliases.caller(name);
                     out.push(StreamEvent::ToolCallStart { index, id, name });
                 }
                 WireBlock::Thinking { thinking } if !thinking.is_empty() => {
@@ -299,7 +311,12 @@ data: {\"type\":\"message_stop\"}\n\n";
 
     #[test]
     fn a_recorded_stream_normalizes_at_every_byte_boundary() {
-        crate::provider::assert_every_split::<Normalizer>(STREAM.as_bytes(), &expected());
+        crate::provider::assert_every_split(
+            &super::super::Family,
+            &Aliases::default(),
+            STREAM.as_bytes(),
+            &expected(),
+        );
     }
 
     #[test]
@@ -324,11 +341,14 @@ data: {\"type\":\"message_stop\"}\n\n";
             ),
         ];
         for (data, class) in cases {
-            match n.push(data).unwrap() {
+            match n.push(None, data).unwrap() {
                 Normalized::Error(e) => assert_eq!(e.class, class, "{data}"),
                 other => panic!("{other:?}"),
             }
         }
-        assert!(n.push("not json").unwrap_err().contains("does not parse"));
+        assert!(n
+            .push(None, "not json")
+            .unwrap_err()
+            .contains("does not parse"));
     }
 }

@@ -5,7 +5,7 @@
 use serde::Deserialize;
 
 use crate::protocol::{ClassifiedError, ErrorClass, FinishReason, StreamEvent, Usage};
-use crate::provider::Normalized;
+use crate::provider::{Aliases, Normalized};
 
 #[derive(Deserialize)]
 struct Chunk {
@@ -90,6 +90,7 @@ pub struct Normalizer {
     request_id: Option<String>,
     open_tools: Vec<u32>,
     finish: Option<FinishReason>,
+    aliases: Aliases,
 }
 
 /// The class of an OpenAI error (by code or type, never by HTTP reason text).
@@ -99,7 +100,8 @@ pub fn classify(kind: Option<&str>, code: Option<&str>) -> ErrorClass {
         (_, Some("invalid_api_key")) | (Some("authentication_error"), _) => {
             ErrorClass::AuthRequired
         }
-        (_, Some("rate_limit_exceeded")) | (Some("server_error" | "rate_limit_error"), _) => {
+        (_, Some("rate_limit_exceeded" | "server_error" | "server_is_overloaded"))
+        | (Some("server_error" | "rate_limit_error" | "overloaded_error"), _) => {
             ErrorClass::Transient
         }
         _ => ErrorClass::Permanent,
@@ -109,7 +111,7 @@ pub fn classify(kind: Option<&str>, code: Option<&str>) -> ErrorClass {
 impl crate::provider::StreamNormalizer for Normalizer {
     /// Normalizes one event's data. `[DONE]` ends the stream: the finish reason seen earlier
     /// is emitted then, after the usage chunk that comes between.
-    fn push(&mut self, data: &str) -> Result<Normalized, String> {
+    fn push(&mut self, _event: Option<&str>, data: &str) -> Result<Normalized, String> {
         if data.trim() == "[DONE]" {
             let mut out = self.close_tools();
             if let Some(reason) = self.finish.take() {
@@ -151,6 +153,7 @@ impl crate::provider::StreamNormalizer for Normalizer {
                         .as_ref()
                         .and_then(|f| f.name.clone())
                         .unwrap_or_default();
+                    let name = self.aliases.caller(name);
                     self.open_tools.push(call.index);
                     out.push(StreamEvent::ToolCallStart {
                         index: call.index,
@@ -193,6 +196,14 @@ impl crate::provider::StreamNormalizer for Normalizer {
 }
 
 impl Normalizer {
+    /// A normalizer mapping the request's tool aliases back to the caller's names.
+    pub fn new(aliases: Aliases) -> Normalizer {
+        Normalizer {
+            aliases,
+            ..Normalizer::default()
+        }
+    }
+
     fn close_tools(&mut self) -> Vec<StreamEvent> {
         self.open_tools
             .drain(..)
@@ -216,7 +227,7 @@ data: {\"id\":\"chatcmpl-1\",\"choices\":[],\"usage\":{\"prompt_tokens\":30,\"co
 data: [DONE]\n\n";
 
     fn normalize(chunks: &[&[u8]]) -> Vec<StreamEvent> {
-        crate::provider::normalize_chunks::<Normalizer>(chunks)
+        crate::provider::normalize_chunks(&super::super::Family, &Aliases::default(), chunks)
     }
 
     fn expected() -> Vec<StreamEvent> {
@@ -252,7 +263,12 @@ data: [DONE]\n\n";
 
     #[test]
     fn a_recorded_stream_normalizes_at_every_byte_boundary() {
-        crate::provider::assert_every_split::<Normalizer>(STREAM.as_bytes(), &expected());
+        crate::provider::assert_every_split(
+            &super::super::Family,
+            &Aliases::default(),
+            STREAM.as_bytes(),
+            &expected(),
+        );
     }
 
     #[test]
@@ -273,13 +289,13 @@ data: [DONE]\n\n";
     fn errors_in_the_stream_are_classified_by_code() {
         let mut n = Normalizer::default();
         let data = r#"{"error":{"message":"This model's maximum context length is 128000 tokens","type":"invalid_request_error","code":"context_length_exceeded"}}"#;
-        let Normalized::Error(e) = n.push(data).unwrap() else {
+        let Normalized::Error(e) = n.push(None, data).unwrap() else {
             panic!()
         };
         assert_eq!(e.class, ErrorClass::ContextOverflow);
         let data =
             r#"{"error":{"message":"slow down","type":"requests","code":"rate_limit_exceeded"}}"#;
-        let Normalized::Error(e) = n.push(data).unwrap() else {
+        let Normalized::Error(e) = n.push(None, data).unwrap() else {
             panic!()
         };
         assert_eq!(e.class, ErrorClass::Transient);

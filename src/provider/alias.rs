@@ -1,0 +1,112 @@
+//! Tool aliases: a caller's tool name that a provider would reject (providers take
+//! `[A-Za-z0-9_-]{1,64}`) is rendered under an alias and mapped back when the stream names
+//! it. Aliases exist only inside rendered requests and normalizers; the WAL keeps the
+//! caller's names.
+
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use crate::protocol::ToolSpec;
+
+const NAME_MAX: usize = 64;
+
+/// The aliases of one request: both directions.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Aliases {
+    to_wire: Rc<HashMap<String, String>>,
+    to_caller: Rc<HashMap<String, String>>,
+}
+
+/// Whether providers accept `name` as a tool name.
+pub fn is_valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= NAME_MAX
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+impl Aliases {
+    /// Aliases for the tools offered: a valid name is its own; an invalid one becomes its
+    /// valid characters (others as `_`, at most 55) plus `_` and 8 hex digits of its blake3,
+    /// so the same tool set always renders the same bytes.
+    pub fn for_tools(tools: &[ToolSpec]) -> Aliases {
+        let mut to_wire = HashMap::new();
+        let mut to_caller = HashMap::new();
+        for tool in tools.iter().filter(|t| !is_valid_name(&t.name)) {
+            let stem: String = tool
+                .name
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '-' {
+                        c
+                    } else {
+                        '_'
+                    }
+                })
+                .take(55)
+                .collect();
+            let hash = blake3::hash(tool.name.as_bytes()).to_hex();
+            let alias = format!("{stem}_{}", &hash[..8]);
+            to_caller.insert(alias.clone(), tool.name.clone());
+            to_wire.insert(tool.name.clone(), alias);
+        }
+        Aliases {
+            to_wire: Rc::new(to_wire),
+            to_caller: Rc::new(to_caller),
+        }
+    }
+
+    /// The name to render for the caller's `name`.
+    pub fn wire<'a>(&'a self, name: &'a str) -> &'a str {
+        self.to_wire.get(name).map(String::as_str).unwrap_or(name)
+    }
+
+    /// The caller's name for a name the provider streamed.
+    pub fn caller(&self, name: String) -> String {
+        match self.to_caller.get(&name) {
+            Some(caller) => caller.clone(),
+            None => name,
+        }
+    }
+
+    /// Whether no tool needed an alias.
+    pub fn is_empty(&self) -> bool {
+        self.to_wire.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(name: &str) -> ToolSpec {
+        ToolSpec {
+            name: name.into(),
+            description: String::new(),
+            input_schema: serde_json::json!({"type": "object"}),
+        }
+    }
+
+    #[test]
+    fn only_names_a_provider_would_reject_get_a_stable_alias() {
+        let long = "x".repeat(70);
+        let tools = [spec("read_file"), spec("fs.read file"), spec(&long)];
+        let a = Aliases::for_tools(&tools);
+        assert_eq!(a.wire("read_file"), "read_file");
+        let dotted = a.wire("fs.read file").to_string();
+        assert!(
+            dotted.starts_with("fs_read_file_") && is_valid_name(&dotted),
+            "{dotted}"
+        );
+        let l = a.wire(&long).to_string();
+        assert!(is_valid_name(&l) && l.len() == 64, "{l}");
+        assert_eq!(a.caller(dotted.clone()), "fs.read file");
+        assert_eq!(a.caller("read_file".into()), "read_file");
+        assert_eq!(
+            Aliases::for_tools(&tools),
+            a,
+            "the same tools give the same aliases"
+        );
+    }
+}

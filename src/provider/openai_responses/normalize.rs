@@ -1,0 +1,335 @@
+//! OpenAI Responses stream events -> canonical events. Usage exactly as reported: input,
+//! cached input, output and reasoning tokens from the final response; a measure not reported
+//! stays absent. Function calls are keyed by their output index.
+
+use serde::Deserialize;
+
+use crate::protocol::{ClassifiedError, FinishReason, StreamEvent, Usage};
+use crate::provider::{Aliases, Normalized};
+
+#[derive(Deserialize)]
+#[serde(tag = "type")]
+enum Wire {
+    #[serde(rename = "response.created")]
+    Created { response: WireResponse },
+    #[serde(rename = "response.output_item.added")]
+    ItemAdded { output_index: u32, item: WireItem },
+    #[serde(rename = "response.output_item.done")]
+    ItemDone { output_index: u32, item: WireItem },
+    #[serde(rename = "response.output_text.delta")]
+    TextDelta { delta: String },
+    #[serde(
+        rename = "response.reasoning_summary_text.delta",
+        alias = "response.reasoning_text.delta"
+    )]
+    ReasoningDelta { delta: String },
+    #[serde(rename = "response.function_call_arguments.delta")]
+    ArgsDelta { output_index: u32, delta: String },
+    #[serde(rename = "response.completed", alias = "response.incomplete")]
+    Completed { response: WireResponse },
+    #[serde(rename = "response.failed")]
+    Failed { response: WireResponse },
+    #[serde(rename = "error")]
+    Error {
+        #[serde(default)]
+        code: Option<String>,
+        #[serde(default)]
+        message: String,
+        #[serde(default)]
+        error: Option<crate::provider::ErrorBody>,
+    },
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Deserialize)]
+struct WireResponse {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    status: Option<String>,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+    #[serde(default)]
+    incomplete_details: Option<Incomplete>,
+    #[serde(default)]
+    error: Option<crate::provider::ErrorBody>,
+}
+
+#[derive(Deserialize)]
+struct Incomplete {
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum WireItem {
+    FunctionCall {
+        call_id: String,
+        name: String,
+    },
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Deserialize)]
+struct WireUsage {
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+    #[serde(default)]
+    input_tokens_details: Option<InputDetails>,
+    #[serde(default)]
+    output_tokens_details: Option<OutputDetails>,
+}
+
+#[derive(Deserialize)]
+struct InputDetails {
+    cached_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct OutputDetails {
+    reasoning_tokens: Option<u64>,
+}
+
+/// The state of one streamed response.
+#[derive(Debug, Default)]
+pub struct Normalizer {
+    request_id: Option<String>,
+    calls: u32,
+    aliases: Aliases,
+}
+
+impl Normalizer {
+    /// A normalizer mapping the request's tool aliases back to the caller's names.
+    pub fn new(aliases: Aliases) -> Normalizer {
+        Normalizer {
+            aliases,
+            ..Normalizer::default()
+        }
+    }
+}
+
+fn error(code: Option<&str>, kind: Option<&str>, message: &str) -> Normalized {
+    let class = crate::provider::openai_chat::normalize::classify(kind, code);
+    Normalized::Error(ClassifiedError {
+        class,
+        message: format!("{}: {message}", code.or(kind).unwrap_or("error")),
+        retry_after_ms: None,
+    })
+}
+
+impl crate::provider::StreamNormalizer for Normalizer {
+    fn push(&mut self, _event: Option<&str>, data: &str) -> Result<Normalized, String> {
+        let wire: Wire = serde_json::from_str(data)
+            .map_err(|e| format!("an OpenAI Responses event does not parse: {e}"))?;
+        let mut out = Vec::new();
+        match wire {
+            Wire::Created { response } => self.request_id = response.id,
+            Wire::ItemAdded {
+                output_index,
+                item: WireItem::FunctionCall { call_id, name },
+            } => {
+                self.calls += 1;
+                out.push(StreamEvent::ToolCallStart {
+                    index: output_index,
+                    id: call_id,
+                    name: self.aliases.caller(name),
+                });
+            }
+            Wire::ItemDone {
+                output_index,
+                item: WireItem::FunctionCall { .. },
+            } => out.push(StreamEvent::ToolCallEnd {
+                index: output_index,
+            }),
+            Wire::ItemAdded { .. } | Wire::ItemDone { .. } | Wire::Other => {}
+            Wire::TextDelta { delta } if !delta.is_empty() => {
+                out.push(StreamEvent::TextDelta(delta))
+            }
+            Wire::ReasoningDelta { delta } if !delta.is_empty() => {
+                out.push(StreamEvent::ThinkingDelta(delta))
+            }
+            Wire::TextDelta { .. } | Wire::ReasoningDelta { .. } => {}
+            Wire::ArgsDelta {
+                output_index,
+                delta,
+            } => out.push(StreamEvent::ToolCallArgsDelta {
+                index: output_index,
+                json: delta,
+            }),
+            Wire::Completed { response } => {
+                if let Some(u) = &response.usage {
+                    out.push(StreamEvent::Usage(Usage {
+                        input: u.input_tokens,
+                        output: u.output_tokens,
+                        cache_read: u
+                            .input_tokens_details
+                            .as_ref()
+                            .and_then(|d| d.cached_tokens),
+                        cache_write: None,
+                        reasoning: u
+                            .output_tokens_details
+                            .as_ref()
+                            .and_then(|d| d.reasoning_tokens),
+                    }));
+                }
+                let incomplete = response.status.as_deref() == Some("incomplete");
+                let reason = match response.incomplete_details.and_then(|d| d.reason) {
+                    Some(r) if r == "max_output_tokens" => FinishReason::MaxTokens,
+                    Some(r) => FinishReason::Other(r),
+                    None if incomplete => FinishReason::MaxTokens,
+                    None if self.calls > 0 => FinishReason::ToolUse,
+                    None => FinishReason::EndTurn,
+                };
+                out.push(StreamEvent::Finish {
+                    reason,
+                    request_id: response.id.or_else(|| self.request_id.clone()),
+                });
+            }
+            Wire::Failed { response } => {
+                let e = response.error.unwrap_or(crate::provider::ErrorBody {
+                    kind: None,
+                    message: "the response failed".into(),
+                    code: None,
+                });
+                return Ok(error(e.code.as_deref(), e.kind.as_deref(), &e.message));
+            }
+            Wire::Error {
+                code,
+                message,
+                error: nested,
+            } => {
+                return Ok(match nested {
+                    Some(e) => error(e.code.as_deref(), e.kind.as_deref(), &e.message),
+                    None => error(code.as_deref(), None, &message),
+                })
+            }
+        }
+        Ok(Normalized::Events(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::ErrorClass;
+    use crate::provider::StreamNormalizer;
+
+    /// The event sequence the Responses API documents for reasoning, text and a function
+    /// call, with usage details in the final response.
+    const STREAM: &str = "event: response.created\n\
+data: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"in_progress\",\"output\":[],\"usage\":null}}\n\n\
+event: response.in_progress\n\
+data: {\"type\":\"response.in_progress\",\"sequence_number\":1,\"response\":{\"id\":\"resp_1\",\"status\":\"in_progress\"}}\n\n\
+event: response.reasoning_summary_text.delta\n\
+data: {\"type\":\"response.reasoning_summary_text.delta\",\"sequence_number\":2,\"item_id\":\"rs_1\",\"output_index\":0,\"summary_index\":0,\"delta\":\"Think\"}\n\n\
+event: response.output_item.added\n\
+data: {\"type\":\"response.output_item.added\",\"sequence_number\":3,\"output_index\":1,\"item\":{\"id\":\"msg_1\",\"type\":\"message\",\"status\":\"in_progress\",\"content\":[],\"role\":\"assistant\"}}\n\n\
+event: response.output_text.delta\n\
+data: {\"type\":\"response.output_text.delta\",\"sequence_number\":4,\"item_id\":\"msg_1\",\"output_index\":1,\"content_index\":0,\"delta\":\"On it \\u00e9\",\"logprobs\":[]}\n\n\
+event: response.output_item.added\n\
+data: {\"type\":\"response.output_item.added\",\"sequence_number\":5,\"output_index\":2,\"item\":{\"id\":\"fc_1\",\"type\":\"function_call\",\"status\":\"in_progress\",\"arguments\":\"\",\"call_id\":\"call_9\",\"name\":\"get_weather\"}}\n\n\
+event: response.function_call_arguments.delta\n\
+data: {\"type\":\"response.function_call_arguments.delta\",\"sequence_number\":6,\"item_id\":\"fc_1\",\"output_index\":2,\"delta\":\"{\\\"city\\\":\"}\n\n\
+event: response.function_call_arguments.delta\n\
+data: {\"type\":\"response.function_call_arguments.delta\",\"sequence_number\":7,\"item_id\":\"fc_1\",\"output_index\":2,\"delta\":\"\\\"Oslo\\\"}\"}\n\n\
+event: response.function_call_arguments.done\n\
+data: {\"type\":\"response.function_call_arguments.done\",\"sequence_number\":8,\"item_id\":\"fc_1\",\"output_index\":2,\"arguments\":\"{\\\"city\\\":\\\"Oslo\\\"}\"}\n\n\
+event: response.output_item.done\n\
+data: {\"type\":\"response.output_item.done\",\"sequence_number\":9,\"output_index\":2,\"item\":{\"id\":\"fc_1\",\"type\":\"function_call\",\"status\":\"completed\",\"arguments\":\"{\\\"city\\\":\\\"Oslo\\\"}\",\"call_id\":\"call_9\",\"name\":\"get_weather\"}}\n\n\
+event: response.completed\n\
+data: {\"type\":\"response.completed\",\"sequence_number\":10,\"response\":{\"id\":\"resp_1\",\"status\":\"completed\",\"usage\":{\"input_tokens\":40,\"input_tokens_details\":{\"cached_tokens\":32},\"output_tokens\":25,\"output_tokens_details\":{\"reasoning_tokens\":10},\"total_tokens\":65}}}\n\n";
+
+    fn expected() -> Vec<StreamEvent> {
+        vec![
+            StreamEvent::ThinkingDelta("Think".into()),
+            StreamEvent::TextDelta("On it é".into()),
+            StreamEvent::ToolCallStart {
+                index: 2,
+                id: "call_9".into(),
+                name: "get_weather".into(),
+            },
+            StreamEvent::ToolCallArgsDelta {
+                index: 2,
+                json: "{\"city\":".into(),
+            },
+            StreamEvent::ToolCallArgsDelta {
+                index: 2,
+                json: "\"Oslo\"}".into(),
+            },
+            StreamEvent::ToolCallEnd { index: 2 },
+            StreamEvent::Usage(Usage {
+                input: Some(40),
+                output: Some(25),
+                cache_read: Some(32),
+                cache_write: None,
+                reasoning: Some(10),
+            }),
+            StreamEvent::Finish {
+                reason: FinishReason::ToolUse,
+                request_id: Some("resp_1".into()),
+            },
+        ]
+    }
+
+    #[test]
+    fn a_recorded_stream_normalizes_at_every_byte_boundary() {
+        crate::provider::assert_every_split(
+            &super::super::Family,
+            &Aliases::default(),
+            STREAM.as_bytes(),
+            &expected(),
+        );
+    }
+
+    #[test]
+    fn incomplete_responses_and_missing_usage() {
+        let mut n = Normalizer::default();
+        let data = r#"{"type":"response.incomplete","response":{"id":"r","status":"incomplete","incomplete_details":{"reason":"max_output_tokens"}}}"#;
+        let Normalized::Events(evs) = n.push(None, data).unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            evs,
+            [StreamEvent::Finish {
+                reason: FinishReason::MaxTokens,
+                request_id: Some("r".into())
+            }],
+            "no usage reported: no usage event, never zeros"
+        );
+    }
+
+    #[test]
+    fn failures_and_error_events_are_classified() {
+        let mut n = Normalizer::default();
+        for (data, class) in [
+            (
+                r#"{"type":"response.failed","response":{"id":"r","status":"failed","error":{"code":"context_length_exceeded","message":"too long"}}}"#,
+                ErrorClass::ContextOverflow,
+            ),
+            (
+                r#"{"type":"error","code":"rate_limit_exceeded","message":"slow down","param":null}"#,
+                ErrorClass::Transient,
+            ),
+            (
+                r#"{"type":"error","error":{"type":"invalid_request_error","code":"invalid_api_key","message":"bad key"}}"#,
+                ErrorClass::AuthRequired,
+            ),
+            (
+                r#"{"type":"response.failed","response":{"id":"r","status":"failed","error":{"code":"server_error","message":"boom"}}}"#,
+                ErrorClass::Transient,
+            ),
+            (
+                r#"{"type":"response.failed","response":{"id":"r","status":"failed","error":{"code":"invalid_prompt","message":"no"}}}"#,
+                ErrorClass::Permanent,
+            ),
+        ] {
+            let Normalized::Error(e) = n.push(None, data).unwrap() else {
+                panic!("{data}")
+            };
+            assert_eq!(e.class, class, "{data}");
+        }
+    }
+}

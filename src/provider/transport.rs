@@ -1,0 +1,604 @@
+//! The provider transport: turns a canonical request into a call on the shard's HTTP client
+//! and its answer into canonical events, with the network policy in one place.
+//!
+//! - Base URLs: the catalog's, overridden per provider by `BROCA_BASE_URL_<PROVIDER>` or by
+//!   the caller (`--base-url`). Plain http only for loopback hosts.
+//! - Credentials: a credential id (`env:NAME`) resolves to a secret at call time; the secret
+//!   goes into one header and never into a record, a log line or an error message (any echo
+//!   of it in a provider's error text is replaced).
+//! - Errors are classified here: 401/403 auth_required; 408, 409, 425, 429 and 5xx (529
+//!   included) transient, with Retry-After (`retry-after-ms` or seconds) honoured by the run
+//!   loop's backoff; other statuses by the family's reading of the body (context_overflow)
+//!   else permanent. A connection that fails, or a stream that ends before the step's finish
+//!   event, is a transient failure: the attempt's partial output is dropped by the run loop.
+
+use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
+
+use broca_io::net::ws::WebSocket;
+use broca_io::net::{HttpClient, NetError, Request as HttpRequest, Response, Url};
+use broca_io::sse::SseDecoder;
+
+use crate::catalog;
+use crate::module::{Failure, ModelClient, ModelStream};
+use crate::protocol::{ClassifiedError, ErrorClass, Request, StreamEvent, Usage};
+
+use super::{Aliases, Framing, Normalized, Rendered, StreamNormalizer, WireFamily};
+
+/// The most bytes of an error reply read for its message.
+const ERROR_BODY_MAX: usize = 256 * 1024;
+
+/// Base URLs per provider, beyond the catalog's.
+#[derive(Debug, Clone, Default)]
+pub struct Endpoints {
+    overrides: HashMap<String, Url>,
+}
+
+/// The environment variable that overrides `provider`'s base URL.
+pub fn base_url_var(provider: &str) -> String {
+    format!(
+        "BROCA_BASE_URL_{}",
+        provider.to_ascii_uppercase().replace('-', "_")
+    )
+}
+
+impl Endpoints {
+    /// Overrides from `BROCA_BASE_URL_<PROVIDER>` for every catalog provider. `Err` names the
+    /// variable whose URL is wrong.
+    pub fn from_env() -> Result<Endpoints, String> {
+        let mut e = Endpoints::default();
+        for p in catalog::providers() {
+            let var = base_url_var(p.id);
+            if let Some(v) = std::env::var(&var).ok().filter(|v| !v.is_empty()) {
+                e.set(p.id, &v).map_err(|err| format!("{var}: {err}"))?;
+            }
+        }
+        Ok(e)
+    }
+
+    /// Overrides `provider`'s base URL. Plain http/ws only for loopback hosts.
+    pub fn set(&mut self, provider: &str, url: &str) -> Result<(), String> {
+        let url = Url::parse(url)?;
+        if !url.scheme.is_tls() && !url.is_loopback() {
+            return Err(format!(
+                "{url}: plain {} is accepted only for loopback hosts",
+                url.scheme.as_str()
+            ));
+        }
+        self.overrides.insert(provider.to_string(), url);
+        Ok(())
+    }
+
+    /// The base URL for `provider`.
+    pub fn base_url(&self, provider: &str) -> Result<Url, String> {
+        if let Some(u) = self.overrides.get(provider) {
+            return Ok(u.clone());
+        }
+        let entry =
+            catalog::provider(provider).ok_or_else(|| format!("unknown provider `{provider}`"))?;
+        Url::parse(entry.base_url)
+    }
+}
+
+/// Resolves credential ids to secrets.
+pub trait Secrets {
+    /// The secret for `credential_id`; `Err` says what is missing without revealing anything.
+    fn secret(&self, credential_id: &str) -> Result<String, String>;
+}
+
+/// Credentials from the conventional environment variables (`env:NAME`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EnvSecrets;
+
+impl Secrets for EnvSecrets {
+    fn secret(&self, credential_id: &str) -> Result<String, String> {
+        let Some(var) = credential_id.strip_prefix("env:") else {
+            return Err(format!(
+                "credential `{credential_id}` is not an environment credential (env:NAME)"
+            ));
+        };
+        match std::env::var(var) {
+            Ok(v) if !v.trim().is_empty() => Ok(v.trim().to_string()),
+            _ => Err(format!(
+                "{var} is not set: export it with the provider's API key"
+            )),
+        }
+    }
+}
+
+/// The model client that speaks the wire families over the shard's HTTP client.
+pub struct HttpModelClient {
+    client: Rc<HttpClient>,
+    endpoints: Endpoints,
+    secrets: Box<dyn Secrets>,
+}
+
+impl HttpModelClient {
+    /// A client over `client`, with base URLs from `endpoints` and secrets from `secrets`.
+    pub fn new(client: Rc<HttpClient>, endpoints: Endpoints, secrets: Box<dyn Secrets>) -> Self {
+        HttpModelClient {
+            client,
+            endpoints,
+            secrets,
+        }
+    }
+
+    /// The HTTP client (its counters feed metrics).
+    pub fn http(&self) -> &Rc<HttpClient> {
+        &self.client
+    }
+}
+
+fn failure(class: ErrorClass, message: String, retry_after_ms: Option<u64>) -> Failure {
+    Failure {
+        error: ClassifiedError {
+            class,
+            message,
+            retry_after_ms,
+        },
+        usage: None,
+    }
+}
+
+/// The class of a transport failure.
+fn net_failure(e: &NetError, secret: &str) -> Failure {
+    let class = if e.is_transient() {
+        ErrorClass::Transient
+    } else {
+        ErrorClass::Permanent
+    };
+    failure(class, scrub(&e.to_string(), secret), None)
+}
+
+/// Replaces any echo of the secret in provider text.
+fn scrub(text: &str, secret: &str) -> String {
+    if secret.len() >= 8 && text.contains(secret) {
+        text.replace(secret, "<redacted>")
+    } else {
+        text.to_string()
+    }
+}
+
+/// How long the provider asked to wait: `retry-after-ms`, else `retry-after` in seconds.
+pub fn retry_after_ms(ms: Option<&str>, secs: Option<&str>) -> Option<u64> {
+    if let Some(ms) = ms.and_then(|v| v.trim().parse::<f64>().ok()) {
+        if ms.is_finite() && ms >= 0.0 {
+            return Some(ms.ceil() as u64);
+        }
+    }
+    let s = secs?.trim().parse::<f64>().ok()?;
+    (s.is_finite() && s >= 0.0).then(|| (s * 1000.0).ceil() as u64)
+}
+
+/// Classifies an error reply: by status first, then by what the family reads in the body.
+pub fn classify_reply(
+    family: &dyn WireFamily,
+    status: u16,
+    body: &[u8],
+    retry_after_ms: Option<u64>,
+    target: &str,
+) -> ClassifiedError {
+    let from_body = family.classify_body(status, body);
+    let class = match status {
+        401 | 403 => ErrorClass::AuthRequired,
+        408 | 409 | 425 | 429 | 500..=599 => ErrorClass::Transient,
+        _ => match &from_body {
+            Some((c, _)) => *c,
+            None => ErrorClass::Permanent,
+        },
+    };
+    let said = match from_body {
+        Some((_, text)) => text,
+        None => {
+            let text = String::from_utf8_lossy(&body[..body.len().min(300)]);
+            let text = text.trim();
+            if text.is_empty() {
+                "no body".to_string()
+            } else {
+                text.to_string()
+            }
+        }
+    };
+    ClassifiedError {
+        class,
+        message: format!("HTTP {status} from {target}: {said}"),
+        retry_after_ms,
+    }
+}
+
+impl ModelClient for HttpModelClient {
+    type Stream = HttpModelStream;
+
+    async fn open(&self, request: &Request) -> Result<HttpModelStream, Failure> {
+        let entry = catalog::provider(&request.provider).ok_or_else(|| {
+            failure(
+                ErrorClass::Permanent,
+                format!("unknown provider `{}`", request.provider),
+                None,
+            )
+        })?;
+        let family = super::family(entry.family).ok_or_else(|| {
+            failure(
+                ErrorClass::Permanent,
+                format!(
+                    "provider `{}` speaks the {} wire format, which this build does not",
+                    entry.id, entry.family
+                ),
+                None,
+            )
+        })?;
+        let url = self
+            .endpoints
+            .base_url(entry.id)
+            .map_err(|e| failure(ErrorClass::Permanent, e, None))?;
+        let secret = self
+            .secrets
+            .secret(&request.credential_id)
+            .map_err(|e| failure(ErrorClass::AuthRequired, e, None))?;
+        let aliases = Aliases::for_tools(&request.tools);
+        let mut rendered = family.render(request, &aliases);
+        family.authorize(&mut rendered, &secret);
+        let normalizer = family.normalizer(aliases);
+        let target = url.to_string();
+        let source = match family.framing(url.scheme) {
+            Framing::Sse => {
+                open_sse(&self.client, family, &url, &rendered, &secret, &target).await?
+            }
+            Framing::WebSocket => {
+                open_ws(&self.client, family, &url, &rendered, &secret, &target).await?
+            }
+        };
+        Ok(HttpModelStream {
+            source,
+            normalizer,
+            pending: VecDeque::new(),
+            finished: false,
+            ended: false,
+            usage: None,
+            secret,
+            target,
+        })
+    }
+}
+
+fn header_pairs(rendered: &Rendered) -> Vec<(&str, &str)> {
+    rendered
+        .headers
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect()
+}
+
+async fn open_sse(
+    client: &Rc<HttpClient>,
+    family: &dyn WireFamily,
+    url: &Url,
+    rendered: &Rendered,
+    secret: &str,
+    target: &str,
+) -> Result<Source, Failure> {
+    let headers = header_pairs(rendered);
+    let req = HttpRequest {
+        method: "POST",
+        url,
+        path: &rendered.path,
+        headers: &headers,
+        body: &rendered.body,
+    };
+    let mut resp = client
+        .send(&req)
+        .await
+        .map_err(|e| net_failure(&e, secret))?;
+    let status = resp.status();
+    if !(200..300).contains(&status) {
+        let wait = retry_after_ms(
+            resp.head.header("retry-after-ms"),
+            resp.head.header("retry-after"),
+        );
+        let body = resp.body(ERROR_BODY_MAX).await.unwrap_or_default();
+        let mut e = classify_reply(family, status, &body, wait, target);
+        e.message = scrub(&e.message, secret);
+        return Err(Failure {
+            error: e,
+            usage: None,
+        });
+    }
+    Ok(Source::Sse {
+        resp: Box::new(resp),
+        sse: SseDecoder::default(),
+    })
+}
+
+async fn open_ws(
+    client: &Rc<HttpClient>,
+    family: &dyn WireFamily,
+    url: &Url,
+    rendered: &Rendered,
+    secret: &str,
+    target: &str,
+) -> Result<Source, Failure> {
+    let message = family.websocket_message(rendered).ok_or_else(|| {
+        failure(
+            ErrorClass::Permanent,
+            format!("the {} family has no WebSocket mode", family.id()),
+            None,
+        )
+    })?;
+    let headers: Vec<(&str, &str)> = header_pairs(rendered)
+        .into_iter()
+        .filter(|(n, _)| {
+            !n.eq_ignore_ascii_case("content-type") && !n.eq_ignore_ascii_case("accept")
+        })
+        .collect();
+    let opened = WebSocket::connect(client, url, &rendered.path, &headers)
+        .await
+        .map_err(|e| net_failure(&e, secret))?;
+    let mut ws = match opened {
+        Ok(ws) => ws,
+        Err(refused) => {
+            let wait = retry_after_ms(None, refused.retry_after.as_deref());
+            let mut e = classify_reply(family, refused.status, &refused.body, wait, target);
+            e.message = scrub(&e.message, secret);
+            return Err(Failure {
+                error: e,
+                usage: None,
+            });
+        }
+    };
+    ws.send_text(message)
+        .await
+        .map_err(|e| net_failure(&e, secret))?;
+    Ok(Source::Ws(Box::new(ws)))
+}
+
+enum Source {
+    Sse {
+        resp: Box<Response>,
+        sse: SseDecoder,
+    },
+    Ws(Box<WebSocket>),
+}
+
+/// One model call's answer, as canonical events.
+pub struct HttpModelStream {
+    source: Source,
+    normalizer: Box<dyn StreamNormalizer>,
+    pending: VecDeque<StreamEvent>,
+    /// The step's finish event was seen: the step is complete whatever follows.
+    finished: bool,
+    ended: bool,
+    /// Usage reported so far (a failed attempt carries it).
+    usage: Option<Usage>,
+    secret: String,
+    target: String,
+}
+
+impl HttpModelStream {
+    fn fail(&mut self, class: ErrorClass, message: String) -> Failure {
+        self.ended = true;
+        Failure {
+            error: ClassifiedError {
+                class,
+                message: scrub(&message, &self.secret),
+                retry_after_ms: None,
+            },
+            usage: self.usage,
+        }
+    }
+
+    fn normalize(&mut self, event: Option<&str>, data: &str) -> Result<(), Failure> {
+        match self.normalizer.push(event, data) {
+            Ok(Normalized::Events(evs)) => {
+                for ev in &evs {
+                    if let StreamEvent::Usage(u) = ev {
+                        self.usage.get_or_insert_with(Usage::default).merge(u);
+                    }
+                }
+                self.pending.extend(evs);
+                Ok(())
+            }
+            Ok(Normalized::Error(mut e)) => {
+                e.message = scrub(&format!("{}: {}", self.target, e.message), &self.secret);
+                self.ended = true;
+                Err(Failure {
+                    error: e,
+                    usage: self.usage,
+                })
+            }
+            Err(why) => Err(self.fail(
+                ErrorClass::Permanent,
+                format!(
+                    "{}: the stream is not of this provider's format: {why}",
+                    self.target
+                ),
+            )),
+        }
+    }
+
+    /// Reads and normalizes the next piece of the answer.
+    async fn read_more(&mut self) -> Result<(), Failure> {
+        match &mut self.source {
+            Source::Sse { resp, sse } => match resp.chunk().await {
+                Ok(Some(bytes)) => {
+                    let mut events = Vec::new();
+                    if let Err(e) = sse.push(&bytes, &mut |e| events.push(e)) {
+                        let msg = format!("{}: {e}", self.target);
+                        return Err(self.fail(ErrorClass::Permanent, msg));
+                    }
+                    for e in events {
+                        self.normalize(e.event.as_deref(), &e.data)?;
+                    }
+                    Ok(())
+                }
+                Ok(None) => {
+                    self.ended = true;
+                    Ok(())
+                }
+                Err(_) if self.finished => {
+                    self.ended = true;
+                    Ok(())
+                }
+                Err(e) => {
+                    let msg = format!("the stream was cut before the step completed: {e}");
+                    Err(self.fail(ErrorClass::Transient, msg))
+                }
+            },
+            Source::Ws(ws) => {
+                if self.finished {
+                    // The socket stays open after a response; the step is complete.
+                    self.ended = true;
+                    return Ok(());
+                }
+                match ws.next_text().await {
+                    Ok(Some(text)) => self.normalize(None, &text),
+                    Ok(None) => {
+                        self.ended = true;
+                        Ok(())
+                    }
+                    Err(e) => {
+                        let msg = format!("the stream was cut before the step completed: {e}");
+                        Err(self.fail(ErrorClass::Transient, msg))
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl ModelStream for HttpModelStream {
+    async fn next(&mut self) -> Option<Result<StreamEvent, Failure>> {
+        loop {
+            if let Some(ev) = self.pending.pop_front() {
+                if matches!(ev, StreamEvent::Finish { .. }) {
+                    self.finished = true;
+                }
+                return Some(Ok(ev));
+            }
+            if self.ended {
+                if self.finished {
+                    return None;
+                }
+                let msg = format!(
+                    "{}: the stream ended before the step completed (no finish event)",
+                    self.target
+                );
+                self.finished = true; // report once
+                return Some(Err(self.fail(ErrorClass::Transient, msg)));
+            }
+            if let Err(f) = self.read_more().await {
+                self.finished = true;
+                return Some(Err(f));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_prefers_milliseconds_and_accepts_fractional_seconds() {
+        assert_eq!(retry_after_ms(Some("1500"), Some("9")), Some(1500));
+        assert_eq!(retry_after_ms(None, Some("7")), Some(7000));
+        assert_eq!(retry_after_ms(None, Some("0.25")), Some(250));
+        assert_eq!(
+            retry_after_ms(None, Some("Wed, 21 Oct 2015 07:28:00 GMT")),
+            None
+        );
+        assert_eq!(retry_after_ms(Some("-1"), None), None);
+    }
+
+    #[test]
+    fn replies_are_classified_by_status_then_by_body() {
+        let a = &super::super::anthropic::Family;
+        let o = &super::super::openai_chat::Family;
+        let cases: [(&dyn WireFamily, u16, &str, ErrorClass); 8] = [
+            (
+                a,
+                429,
+                r#"{"type":"error","error":{"type":"rate_limit_error","message":"slow"}}"#,
+                ErrorClass::Transient,
+            ),
+            (
+                a,
+                529,
+                r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+                ErrorClass::Transient,
+            ),
+            (
+                a,
+                401,
+                r#"{"type":"error","error":{"type":"authentication_error","message":"invalid x-api-key"}}"#,
+                ErrorClass::AuthRequired,
+            ),
+            (
+                a,
+                400,
+                r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 215000 tokens > 200000 maximum"}}"#,
+                ErrorClass::ContextOverflow,
+            ),
+            (
+                a,
+                400,
+                r#"{"type":"error","error":{"type":"invalid_request_error","message":"messages: field required"}}"#,
+                ErrorClass::Permanent,
+            ),
+            (
+                o,
+                400,
+                r#"{"error":{"message":"maximum context length","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#,
+                ErrorClass::ContextOverflow,
+            ),
+            (o, 403, "forbidden", ErrorClass::AuthRequired),
+            (o, 502, "<html>bad gateway</html>", ErrorClass::Transient),
+        ];
+        for (family, status, body, class) in cases {
+            let e = classify_reply(family, status, body.as_bytes(), None, "h");
+            assert_eq!(e.class, class, "{status} {body}");
+            assert!(
+                e.message.starts_with(&format!("HTTP {status} from h: ")),
+                "{}",
+                e.message
+            );
+        }
+    }
+
+    #[test]
+    fn a_missing_key_names_the_variable_and_an_echoed_key_is_redacted() {
+        let err = EnvSecrets
+            .secret("env:BROCA_TEST_SURELY_UNSET_KEY")
+            .unwrap_err();
+        assert!(
+            err.contains("BROCA_TEST_SURELY_UNSET_KEY is not set"),
+            "{err}"
+        );
+        assert_eq!(
+            scrub(
+                "Incorrect API key provided: sk-live-123456789",
+                "sk-live-123456789"
+            ),
+            "Incorrect API key provided: <redacted>"
+        );
+    }
+
+    #[test]
+    fn base_urls_come_from_the_catalog_unless_overridden() {
+        let mut e = Endpoints::default();
+        assert_eq!(
+            e.base_url("anthropic").unwrap().to_string(),
+            "https://api.anthropic.com"
+        );
+        e.set("anthropic", "http://127.0.0.1:9/mock").unwrap();
+        assert_eq!(
+            e.base_url("anthropic").unwrap().to_string(),
+            "http://127.0.0.1:9/mock"
+        );
+        let err = e.set("openai", "http://example.com").unwrap_err();
+        assert!(err.contains("only for loopback"), "{err}");
+        assert_eq!(
+            base_url_var("openai-responses"),
+            "BROCA_BASE_URL_OPENAI_RESPONSES"
+        );
+    }
+}

@@ -1,9 +1,16 @@
 //! The `broca` command line (pico-args). Exit codes: 0 success, 1 a failure the command found
 //! (corruption, refused input), 2 bad usage. Errors go to stderr as one line.
 
+use std::cell::Cell;
 use std::ffi::OsString;
 use std::io::Write;
 use std::path::PathBuf;
+use std::rc::Rc;
+
+use crate::core::admission::SendRequest;
+use crate::module::standalone::Standalone;
+use crate::provider::transport::Endpoints;
+use crate::wal::SessionTriple;
 
 use crate::wal::verify::{dump, verify_file, wal_files, FileReport};
 
@@ -20,6 +27,8 @@ broca: a durable runner for LLM agent loops
 Usage: broca [--state-dir DIR] <command> [args]
 
 Commands:
+  run --model PROVIDER/MODEL PROMPT
+                         one run, in process: streams the answer to stdout (see `broca run --help`)
   wal verify [PATH...]   check WAL files (files, folders or a state dir; default: the state dir)
   wal dump FILE          print every record of a WAL as one JSON object per line
 
@@ -31,6 +40,36 @@ Global options:
 
 Environment:
   BROCA_LOG         log filter for stderr (default: warn), e.g. BROCA_LOG=broca=debug
+";
+
+const RUN_HELP: &str = "\
+Usage: broca run --model PROVIDER/MODEL [options] PROMPT
+
+Runs one send in this process, with the same WAL and durability as serve, and streams the
+answer's text to stdout. PROMPT `-` reads the prompt from stdin. A run an earlier crash left
+open in the session is resumed first (reported on stderr). Exit 0 when the run completed, 1
+for any other end (the reason on stderr, and in the JSON with --json), 2 for bad usage.
+
+Options:
+  --model PROVIDER/MODEL  e.g. anthropic/claude-sonnet-4-5, openai/gpt-4o,
+                          openai-responses/gpt-4o
+  --base-url URL          the provider's base URL (scheme://host[:port][/prefix]); plain http
+                          only for loopback hosts; ws:// or wss:// selects the WebSocket mode
+                          of openai-responses
+  --project-root P        session identity (default: the current directory)
+  --harness H             session identity (default: broca-run)
+  --session S             session identity (default: default)
+  --send-id ID            idempotency key: the same ID again answers the same run, runs nothing
+  --system TEXT           system text
+  --max-steps N           model steps at most (default 32)
+  --tools-config FILE     tool servers (not supported by this build)
+  --json                  end stdout with the run.result reply as one JSON line
+
+Environment:
+  ANTHROPIC_API_KEY, OPENAI_API_KEY     credentials (never written anywhere)
+  BROCA_BASE_URL_<PROVIDER>             base URL per provider (e.g. BROCA_BASE_URL_OPENAI_RESPONSES)
+  HTTPS_PROXY, NO_PROXY                 an http:// proxy for TLS connections (CONNECT)
+  SSL_CERT_FILE                         extra trusted certificates (PEM)
 ";
 
 const WAL_HELP: &str = "\
@@ -78,6 +117,8 @@ pub fn run(args: Vec<OsString>) -> u8 {
         None if help => print_help(HELP),
         None => usage("no command given; see `broca --help`"),
         Some("wal") => wal(pargs, help, state_dir),
+        Some("run") if help => print_help(RUN_HELP),
+        Some("run") => run_command(pargs, state_dir),
         Some(other) => usage(&format!("unknown command `{other}`; see `broca --help`")),
     }
 }
@@ -211,5 +252,138 @@ fn wal_dump(path: PathBuf) -> u8 {
             eprintln!("broca: writing to stdout failed: {e}");
             EXIT_FAILURE
         }
+    }
+}
+
+fn run_command(mut pargs: pico_args::Arguments, state_dir: Option<PathBuf>) -> u8 {
+    match parse_run(&mut pargs, state_dir) {
+        Ok((standalone, json)) => run_standalone(standalone, json),
+        Err(e) => usage(&e),
+    }
+}
+
+fn parse_run(
+    pargs: &mut pico_args::Arguments,
+    state_dir: Option<PathBuf>,
+) -> Result<(Standalone, bool), String> {
+    let opt = |pargs: &mut pico_args::Arguments, name: &'static str| {
+        pargs
+            .opt_value_from_str::<_, String>(name)
+            .map_err(|e| format!("{name}: {e}"))
+    };
+    let model = opt(pargs, "--model")?.ok_or("`broca run` needs --model PROVIDER/MODEL")?;
+    let base_url = opt(pargs, "--base-url")?;
+    let project_root = opt(pargs, "--project-root")?;
+    let harness = opt(pargs, "--harness")?.unwrap_or_else(|| "broca-run".into());
+    let session = opt(pargs, "--session")?.unwrap_or_else(|| "default".into());
+    let send_id = opt(pargs, "--send-id")?;
+    let system = opt(pargs, "--system")?;
+    let tools_config = opt(pargs, "--tools-config")?;
+    let max_steps = pargs
+        .opt_value_from_str::<_, u32>("--max-steps")
+        .map_err(|e| format!("--max-steps: {e}"))?;
+    let json = pargs.contains("--json");
+    let rest = rest(std::mem::replace(
+        pargs,
+        pico_args::Arguments::from_vec(Vec::new()),
+    ))?;
+    let prompt = match rest.as_slice() {
+        [p] if p == "-" => {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+                .map_err(|e| format!("reading the prompt from stdin: {e}"))?;
+            text
+        }
+        [p] => p.to_str().ok_or("the prompt is not UTF-8")?.to_string(),
+        [] => return Err("`broca run` needs a PROMPT (or - to read it from stdin)".into()),
+        _ => return Err("`broca run` takes one PROMPT; quote it".into()),
+    };
+    if tools_config.is_some() {
+        return Err("--tools-config: tool servers are not supported by this build".into());
+    }
+    let entry = crate::catalog::resolve(&model)?;
+    let mut endpoints = Endpoints::from_env()?;
+    if let Some(url) = base_url {
+        endpoints
+            .set(entry.provider.id, &url)
+            .map_err(|e| format!("--base-url: {e}"))?;
+    }
+    let root = match project_root {
+        Some(p) => PathBuf::from(p),
+        None => std::env::current_dir().map_err(|e| format!("the current directory: {e}"))?,
+    };
+    let root = std::path::absolute(&root).map_err(|e| format!("--project-root: {e}"))?;
+    let root = root.to_str().ok_or("--project-root is not UTF-8")?;
+    let triple = SessionTriple::new(root, &harness, &session).map_err(|e| e.to_string())?;
+    let state_dir = resolve_state_dir(state_dir)
+        .ok_or("no state dir: set --state-dir, BROCA_STATE_DIR or HOME")?;
+    let send = SendRequest {
+        prompt,
+        model,
+        send_id,
+        system,
+        max_steps,
+        ..SendRequest::default()
+    };
+    Ok((
+        Standalone {
+            state_dir,
+            triple,
+            send,
+            endpoints,
+        },
+        json,
+    ))
+}
+
+fn run_standalone(standalone: Standalone, json: bool) -> u8 {
+    let ended_in_newline = Rc::new(Cell::new(true));
+    let seen = ended_in_newline.clone();
+    let display = Box::new(move |text: &str| {
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(text.as_bytes());
+        let _ = out.flush();
+        if let Some(last) = text.chars().last() {
+            seen.set(last == '\n');
+        }
+    });
+    let report = match standalone.run(display) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("broca: {e}");
+            return EXIT_FAILURE;
+        }
+    };
+    if let Some(r) = &report.resumed {
+        eprintln!(
+            "broca: resumed a run an earlier stop left open: {}",
+            r.summary()
+        );
+    }
+    let result = &report.result;
+    if report.existing {
+        eprintln!(
+            "broca: this send_id already started run {}; nothing was run again",
+            result.run_id
+        );
+        if let Some(m) = &result.final_message {
+            print!("{}", m.text);
+            ended_in_newline.set(m.text.ends_with('\n'));
+        }
+    }
+    if !ended_in_newline.get() {
+        println!();
+    }
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string(result).expect("a run result serializes")
+        );
+    }
+    if result.completed() {
+        EXIT_OK
+    } else {
+        eprintln!("broca: {}", result.summary());
+        EXIT_FAILURE
     }
 }

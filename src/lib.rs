@@ -11,3 +11,4 @@ pub mod module;
 pub mod protocol;
 pub mod provider;
 pub mod wal;
+pub mod wire;

@@ -4,6 +4,7 @@
 
 pub mod scripted;
 pub mod session;
+pub mod standalone;
 
 use std::future::Future;
 
@@ -45,4 +46,17 @@ pub enum ToolOutcome {
 pub trait ToolRunner: 'static {
     /// Runs one call.
     fn call(&self, call: ToolCall) -> impl Future<Output = ToolOutcome>;
+}
+
+/// The runner of a session with no tools configured: the run loop refuses every call as an
+/// unknown tool before dispatch, so this is never called; if it were, nothing runs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoTools;
+
+impl ToolRunner for NoTools {
+    async fn call(&self, call: ToolCall) -> ToolOutcome {
+        ToolOutcome::Refused {
+            reason: format!("no tool `{}` is configured", call.name),
+        }
+    }
 }

@@ -250,10 +250,13 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                     Command::CallModel { request, .. } => {
                         match self.provider.open(&request).await {
                             Ok(s) => stream = Some(s),
-                            Err(f) => m.handle(Event::AttemptFailed {
-                                error: f.error,
-                                usage: f.usage,
-                            }),
+                            Err(f) => {
+                                log_failed_attempt(m.run_id(), &f.error);
+                                m.handle(Event::AttemptFailed {
+                                    error: f.error,
+                                    usage: f.usage,
+                                })
+                            }
                         }
                     }
                     Command::AbortModel => stream = None,
@@ -280,6 +283,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                     Some(Ok(ev)) => m.handle(Event::Stream(ev)),
                     Some(Err(f)) => {
                         stream = None;
+                        log_failed_attempt(m.run_id(), &f.error);
                         m.handle(Event::AttemptFailed {
                             error: f.error,
                             usage: f.usage,
@@ -337,6 +341,20 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
     /// Closes the WAL, releasing the lease.
     pub async fn close(self) -> Result<(), ActorError> {
         Ok(self.writer.close().await?)
+    }
+}
+
+/// Says on the log that a model attempt failed (its partial output, if any, is dropped).
+fn log_failed_attempt(run_id: &str, error: &crate::protocol::ClassifiedError) {
+    if error.class == crate::protocol::ErrorClass::Transient {
+        tracing::warn!(run_id, "model attempt failed ({}); its output is dropped and the call retried if attempts remain: {}", error.class.as_str(), error.message);
+    } else {
+        tracing::warn!(
+            run_id,
+            "model attempt failed ({}): {}",
+            error.class.as_str(),
+            error.message
+        );
     }
 }
 

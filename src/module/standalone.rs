@@ -1,0 +1,101 @@
+//! The standalone runner behind `broca run`: one session, one send, in this process, with the
+//! same WAL and durability as serve. A run a crash left open in the session is resumed (and
+//! driven to its end) before the send is admitted.
+
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use broca_io::net::proxy::ProxyConfig;
+use broca_io::net::{tls, ClientConfig, HttpClient};
+use broca_io::{Committer, LogConfig};
+
+use crate::core::admission::SendRequest;
+use crate::provider::transport::{Endpoints, EnvSecrets, HttpModelClient};
+use crate::wal::SessionTriple;
+use crate::wire::RunResult;
+
+use super::session::SessionActor;
+use super::NoTools;
+
+/// What to run.
+pub struct Standalone {
+    pub state_dir: PathBuf,
+    pub triple: SessionTriple,
+    pub send: SendRequest,
+    pub endpoints: Endpoints,
+}
+
+/// What happened.
+#[derive(Debug)]
+pub struct Report {
+    /// A run left open by an earlier crash, resumed and ended first.
+    pub resumed: Option<RunResult>,
+    /// The send's run (an earlier one when the send_id named it: nothing new was written).
+    pub result: RunResult,
+    pub existing: bool,
+}
+
+/// Creates `dir` and its parents owner-only (0700).
+pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
+impl Standalone {
+    /// Runs the send to its end on a local executor; `display` receives the answer's text as
+    /// it streams. `Err` is one line naming what failed.
+    pub fn run(self, display: Box<dyn FnMut(&str)>) -> Result<Report, String> {
+        let wal_dir = self.state_dir.join("wal");
+        create_private_dir(&wal_dir)
+            .map_err(|e| format!("cannot create {}: {e}", wal_dir.display()))?;
+        let proxy = ProxyConfig::from_env()?;
+        let tls = tls::default_client_config()?;
+        broca_shards::run_local(async move {
+            let http = HttpClient::new(ClientConfig::new(tls, proxy));
+            let model = HttpModelClient::new(http, self.endpoints, Box::new(EnvSecrets));
+            let mut actor = SessionActor::open(
+                &wal_dir,
+                &self.triple,
+                Rc::new(model),
+                Rc::new(NoTools),
+                Vec::new(),
+                LogConfig::default(),
+                Committer::default(),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+            let resumed = match actor.resume().await.map_err(|e| e.to_string())? {
+                Some((run_id, _)) => Some(result_of(&actor, &run_id)?),
+                None => None,
+            };
+            actor.set_display(display);
+            let reply = actor.send(&self.send).await.map_err(|e| e.to_string())?;
+            if !reply.existing {
+                actor.run_admitted().await.map_err(|e| e.to_string())?;
+            }
+            let result = result_of(&actor, &reply.run_id)?;
+            actor.close().await.map_err(|e| e.to_string())?;
+            Ok(Report {
+                resumed,
+                result,
+                existing: reply.existing,
+            })
+        })
+        .map_err(|e| format!("cannot start the executor: {e}"))?
+    }
+}
+
+fn result_of<P: super::ModelClient, T: super::ToolRunner>(
+    actor: &SessionActor<P, T>,
+    run_id: &str,
+) -> Result<RunResult, String> {
+    let state = actor.state();
+    let index = state
+        .by_run_id
+        .get(run_id)
+        .ok_or_else(|| format!("run {run_id} is not in the session"))?;
+    Ok(RunResult::of(&state.runs[*index]))
+}

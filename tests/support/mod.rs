@@ -1,0 +1,142 @@
+//! Test support: the independent peers (installed from npm on first use) and the `broca`
+//! binary with a clean environment.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Once;
+
+/// The folder of the peers' package.json.
+pub fn peers_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peers")
+}
+
+/// Installs the peers (`npm ci`) once, under a file lock so parallel test processes wait for
+/// one install.
+pub fn ensure_peers() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let dir = peers_dir();
+        let lock = std::fs::File::create(dir.join(".install.lock")).expect("the peers lock file");
+        // SAFETY: flock on a descriptor this function owns.
+        assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+        if !dir.join("node_modules/.bin/llmock").exists() {
+            let out = Command::new("npm")
+                .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
+                .current_dir(&dir)
+                .output()
+                .expect("npm runs (Node 20 with npm is needed for the peer tests)");
+            assert!(
+                out.status.success(),
+                "npm ci in {} failed: {}",
+                dir.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    });
+}
+
+/// A running aimock (`llmock`) serving a fixture file on a loopback port; killed on drop.
+pub struct Aimock {
+    child: Child,
+    pub port: u16,
+}
+
+impl Aimock {
+    /// Starts aimock with `fixture` and waits for its listening line.
+    pub fn start(fixture: &Path) -> Aimock {
+        ensure_peers();
+        let mut child = Command::new(peers_dir().join("node_modules/.bin/llmock"))
+            .args(["-p", "0", "-h", "127.0.0.1", "-f"])
+            .arg(fixture)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("aimock starts");
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = BufReader::new(stdout).lines();
+        let port = loop {
+            let line = lines
+                .next()
+                .expect("aimock printed its listening line")
+                .unwrap();
+            if let Some(rest) = line.split("listening on http://127.0.0.1:").nth(1) {
+                break rest.trim().parse().expect("a port");
+            }
+        };
+        // Keep draining stdout so a full pipe never stalls the server.
+        std::thread::spawn(move || for _ in lines.by_ref() {});
+        Aimock { child, port }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Aimock {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The fixture file shipped with the tests.
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+/// The broca binary with an environment free of the host's credentials, proxies and
+/// overrides.
+pub fn broca(state_dir: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_broca"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("BROCA_")
+            || k.ends_with("_API_KEY")
+            || k.to_ascii_lowercase().ends_with("_proxy")
+        {
+            c.env_remove(k);
+        }
+    }
+    c.arg("--state-dir").arg(state_dir);
+    c
+}
+
+/// The last stdout line as JSON.
+pub fn last_json(out: &Output) -> serde_json::Value {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(line).unwrap_or_else(|e| {
+        panic!(
+            "the last stdout line is not JSON ({e}): stdout {stdout:?}, stderr {:?}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// Every record of the state dir's WAL files, as `broca wal dump` prints them.
+pub fn dump_all(state_dir: &Path) -> Vec<serde_json::Value> {
+    let mut out = Vec::new();
+    let mut files: Vec<_> = std::fs::read_dir(state_dir.join("wal"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    for f in files {
+        let o = broca(state_dir)
+            .args(["wal", "dump"])
+            .arg(&f)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        for line in String::from_utf8_lossy(&o.stdout).lines() {
+            out.push(serde_json::from_str(line).unwrap());
+        }
+    }
+    out
+}

@@ -8,15 +8,15 @@ use std::fmt;
 /// The largest event (its data) accepted by default.
 pub const EVENT_BYTES_MAX_DEFAULT: usize = 16 * 1024 * 1024;
 
-/// One dispatched event.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SseEvent {
+/// One dispatched event, borrowed from the decoder until the callback returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SseEvent<'a> {
     /// The `event` field, when given.
-    pub event: Option<String>,
+    pub event: Option<&'a str>,
     /// The data lines, joined with LF.
-    pub data: String,
+    pub data: &'a str,
     /// The last event id seen so far in the stream, when any.
-    pub id: Option<String>,
+    pub id: Option<&'a str>,
 }
 
 /// Why a stream cannot be decoded.
@@ -41,13 +41,16 @@ impl fmt::Display for SseError {
 
 impl std::error::Error for SseError {}
 
-/// The decoder's state between chunks.
+/// The decoder's state between chunks. Its buffers are reused: after the first events, a
+/// stream decodes without allocating.
 #[derive(Debug)]
 pub struct SseDecoder {
+    /// A line that began in an earlier chunk (lines inside one chunk are never copied).
     line: Vec<u8>,
     data: Vec<u8>,
     has_data: bool,
-    event: Option<String>,
+    event: String,
+    has_event: bool,
     last_id: Option<String>,
     retry_ms: Option<u64>,
     /// The previous chunk ended in CR: an LF first in the next chunk ends no new line.
@@ -69,7 +72,8 @@ impl SseDecoder {
             line: Vec::new(),
             data: Vec::new(),
             has_data: false,
-            event: None,
+            event: String::new(),
+            has_event: false,
             last_id: None,
             retry_ms: None,
             after_cr: false,
@@ -92,7 +96,7 @@ impl SseDecoder {
     pub fn push(
         &mut self,
         mut chunk: &[u8],
-        on_event: &mut impl FnMut(SseEvent),
+        on_event: &mut impl FnMut(SseEvent<'_>),
     ) -> Result<(), SseError> {
         if self.at_start && !chunk.is_empty() {
             // A UTF-8 byte order mark may open the stream; it can be split across chunks.
@@ -121,9 +125,18 @@ impl SseDecoder {
             chunk = &chunk[1..];
         }
         self.after_cr = false;
-        while let Some(end) = chunk.iter().position(|&b| b == b'\n' || b == b'\r') {
-            self.extend_line(&chunk[..end])?;
-            self.end_line(on_event)?;
+        while let Some(end) = memchr::memchr2(b'\n', b'\r', chunk) {
+            if self.line.is_empty() {
+                self.check_line(end)?;
+                self.field(&chunk[..end], on_event)?;
+            } else {
+                self.extend_line(&chunk[..end])?;
+                let line = std::mem::take(&mut self.line);
+                let r = self.field(&line, on_event);
+                self.line = line;
+                self.line.clear();
+                r?;
+            }
             let is_cr = chunk[end] == b'\r';
             chunk = &chunk[end + 1..];
             if is_cr {
@@ -137,30 +150,37 @@ impl SseDecoder {
         self.extend_line(chunk)
     }
 
-    fn extend_line(&mut self, bytes: &[u8]) -> Result<(), SseError> {
-        if self.line.len() + bytes.len() > self.limit {
+    fn check_line(&self, len: usize) -> Result<(), SseError> {
+        if len > self.limit {
             return Err(SseError::TooLarge { limit: self.limit });
         }
+        Ok(())
+    }
+
+    fn extend_line(&mut self, bytes: &[u8]) -> Result<(), SseError> {
+        self.check_line(self.line.len() + bytes.len())?;
         self.line.extend_from_slice(bytes);
         Ok(())
     }
 
-    fn end_line(&mut self, on_event: &mut impl FnMut(SseEvent)) -> Result<(), SseError> {
-        let line = std::mem::take(&mut self.line);
+    /// Handles one complete line (without its end).
+    fn field(
+        &mut self,
+        line: &[u8],
+        on_event: &mut impl FnMut(SseEvent<'_>),
+    ) -> Result<(), SseError> {
         if line.is_empty() {
             return self.dispatch(on_event);
         }
         if line[0] == b':' {
-            self.line = line;
-            self.line.clear();
             return Ok(()); // a comment
         }
-        let (field, value) = match line.iter().position(|&b| b == b':') {
+        let (field, value) = match memchr::memchr(b':', line) {
             Some(i) => {
                 let value = &line[i + 1..];
                 (&line[..i], value.strip_prefix(b" ").unwrap_or(value))
             }
-            None => (&line[..], &b""[..]),
+            None => (line, &b""[..]),
         };
         match field {
             b"data" => {
@@ -173,7 +193,11 @@ impl SseDecoder {
                 self.data.extend_from_slice(value);
                 self.has_data = true;
             }
-            b"event" => self.event = Some(String::from_utf8_lossy(value).into_owned()),
+            b"event" => {
+                self.event.clear();
+                self.event.push_str(&String::from_utf8_lossy(value));
+                self.has_event = true;
+            }
             b"id" if !value.contains(&0) => {
                 self.last_id = Some(String::from_utf8_lossy(value).into_owned())
             }
@@ -182,26 +206,24 @@ impl SseDecoder {
             }
             _ => {} // unknown fields are ignored
         }
-        let mut line = line;
-        line.clear();
-        self.line = line;
         Ok(())
     }
 
-    fn dispatch(&mut self, on_event: &mut impl FnMut(SseEvent)) -> Result<(), SseError> {
-        let event = self.event.take();
-        if !self.has_data {
+    fn dispatch(&mut self, on_event: &mut impl FnMut(SseEvent<'_>)) -> Result<(), SseError> {
+        let has_event = std::mem::take(&mut self.has_event);
+        if !std::mem::take(&mut self.has_data) {
             return Ok(());
         }
-        self.has_data = false;
-        let data =
-            String::from_utf8(std::mem::take(&mut self.data)).map_err(|_| SseError::NotUtf8)?;
-        on_event(SseEvent {
-            event,
-            data,
-            id: self.last_id.clone(),
+        let data = std::str::from_utf8(&self.data).map_err(|_| SseError::NotUtf8);
+        let r = data.map(|data| {
+            on_event(SseEvent {
+                event: has_event.then_some(self.event.as_str()),
+                data,
+                id: self.last_id.as_deref(),
+            })
         });
-        Ok(())
+        self.data.clear();
+        r
     }
 }
 
@@ -225,37 +247,35 @@ id: with\0nul\n\
 data: last\n\n\
 data: never dispatched without a blank line";
 
-    fn decode(chunks: &[&[u8]]) -> (Vec<SseEvent>, Option<u64>) {
+    type Owned = (Option<String>, String, Option<String>);
+
+    fn decode(chunks: &[&[u8]]) -> (Vec<Owned>, Option<u64>) {
         let mut d = SseDecoder::default();
         let mut out = Vec::new();
         for c in chunks {
-            d.push(c, &mut |e| out.push(e)).unwrap();
+            d.push(c, &mut |e| {
+                out.push((
+                    e.event.map(str::to_string),
+                    e.data.to_string(),
+                    e.id.map(str::to_string),
+                ))
+            })
+            .unwrap();
         }
         (out, d.retry_ms())
     }
 
-    fn expected() -> Vec<SseEvent> {
+    fn expected() -> Vec<Owned> {
+        let some = |s: &str| Some(s.to_string());
         vec![
-            SseEvent {
-                event: Some("message_start".into()),
-                data: "{\"type\":\"message_start\"}".into(),
-                id: None,
-            },
-            SseEvent {
-                event: None,
-                data: "line one\nline two\n".into(),
-                id: Some("7".into()),
-            },
-            SseEvent {
-                event: Some("ping".into()),
-                data: "été".into(),
-                id: Some("7".into()),
-            },
-            SseEvent {
-                event: None,
-                data: "last".into(),
-                id: Some("7".into()),
-            },
+            (
+                some("message_start"),
+                "{\"type\":\"message_start\"}".into(),
+                None,
+            ),
+            (None, "line one\nline two\n".into(), some("7")),
+            (some("ping"), "été".into(), some("7")),
+            (None, "last".into(), some("7")),
         ]
     }
 

@@ -10,8 +10,10 @@
 
 pub mod alias;
 pub mod anthropic;
+pub(crate) mod json;
 pub mod openai_chat;
 pub mod openai_responses;
+pub(crate) mod scan;
 pub mod transport;
 
 pub use alias::Aliases;
@@ -133,9 +135,30 @@ pub(crate) fn error_body(body: &[u8]) -> Option<ErrorBody> {
     serde_json::from_slice::<Outer>(body).ok().map(|o| o.error)
 }
 
-/// Serializes a rendered body (the structs render in field order: deterministic).
-pub(crate) fn to_body<T: serde::Serialize>(value: &T) -> Vec<u8> {
-    serde_json::to_vec(value).expect("rendered requests serialize")
+/// About how many bytes `req` renders to (a little more, for escapes and field names).
+pub(crate) fn size_hint(req: &Request) -> usize {
+    use crate::protocol::Block;
+    let blocks: usize = req
+        .messages
+        .iter()
+        .flat_map(|m| &m.content)
+        .map(|b| {
+            96 + match b {
+                Block::Text { text } => text.len(),
+                Block::ToolUse { id, name, input } => id.len() + name.len() + input.get().len() * 2,
+                Block::ToolResult {
+                    tool_use_id,
+                    content,
+                    ..
+                } => tool_use_id.len() + content.len(),
+                Block::Thinking { text, signature } => {
+                    text.len() + signature.as_ref().map_or(0, String::len)
+                }
+            }
+        })
+        .sum();
+    let tools = req.tools.len() * 512 + req.system.as_ref().map_or(0, String::len);
+    (blocks + tools) * 9 / 8 + 512
 }
 
 /// Decodes `chunks` as server-sent events and normalizes them (for the families' tests).
@@ -149,14 +172,14 @@ pub(crate) fn normalize_chunks(
     let mut n = family.normalizer(aliases.clone());
     let mut out = Vec::new();
     for c in chunks {
-        let mut events = Vec::new();
-        sse.push(c, &mut |e| events.push(e)).expect("valid SSE");
-        for e in events {
-            match n.push(e.event.as_deref(), &e.data).expect("a known event") {
+        sse.push(
+            c,
+            &mut |e| match n.push(e.event, e.data).expect("a known event") {
                 Normalized::Events(evs) => out.extend(evs),
                 Normalized::Error(e) => panic!("unexpected stream error {e:?}"),
-            }
-        }
+            },
+        )
+        .expect("valid SSE");
     }
     out
 }
@@ -175,6 +198,37 @@ pub(crate) fn assert_every_split(
             normalize_chunks(family, aliases, &[&stream[..i], &stream[i..]]),
             expected,
             "split at {i}"
+        );
+    }
+}
+
+/// Asserts that `fast` (a normalizer with its fast path) and `full` (the same family reading
+/// every event with the full parse) make the same events of every event in `stream`, and of
+/// every event made odd (a field renamed, a value of another type, padding added).
+#[cfg(test)]
+pub(crate) fn assert_fast_path_agrees(
+    stream: &[u8],
+    mut fast: impl StreamNormalizer,
+    mut full: impl StreamNormalizer,
+) {
+    let mut datas = Vec::new();
+    broca_io::sse::SseDecoder::default()
+        .push(stream, &mut |e| datas.push(e.data.to_string()))
+        .unwrap();
+    let mut variants = Vec::new();
+    for d in &datas {
+        variants.push(d.clone());
+        variants.push(d.replacen("\"text\":", "\"text\" : ", 1));
+        variants.push(d.replacen(":\"", ":  \"", 2));
+        variants.push(d.replacen("\"delta\":\"", "\"delta\":1,\"x\":\"", 1));
+        variants.push(d.replacen("}", ",\"extra\":[{\"}\":\"]\"}]}", 1));
+        variants.push(d.replacen("\"content\":\"", "\"content\":null,\"c\":\"", 1));
+    }
+    for d in &variants {
+        assert_eq!(
+            fast.push(None, d).ok(),
+            full.push(None, d).ok(),
+            "the fast path and the full parse differ on {d}"
         );
     }
 }

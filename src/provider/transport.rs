@@ -359,6 +359,30 @@ enum Source {
     Ws(Box<WebSocket>),
 }
 
+/// Normalizes one event into `pending`, noting reported usage. `Err(Ok(e))` is the
+/// provider's error; `Err(Err(why))` an event not of the family.
+fn normalize_into(
+    normalizer: &mut dyn StreamNormalizer,
+    pending: &mut VecDeque<StreamEvent>,
+    usage: &mut Option<Usage>,
+    event: Option<&str>,
+    data: &str,
+) -> Result<(), Result<ClassifiedError, String>> {
+    match normalizer.push(event, data) {
+        Ok(Normalized::Events(evs)) => {
+            for ev in &evs {
+                if let StreamEvent::Usage(u) = ev {
+                    usage.get_or_insert_with(Usage::default).merge(u);
+                }
+            }
+            pending.extend(evs);
+            Ok(())
+        }
+        Ok(Normalized::Error(e)) => Err(Ok(e)),
+        Err(why) => Err(Err(why)),
+    }
+}
+
 /// One model call's answer, as canonical events.
 pub struct HttpModelStream {
     source: Source,
@@ -387,31 +411,35 @@ impl HttpModelStream {
     }
 
     fn normalize(&mut self, event: Option<&str>, data: &str) -> Result<(), Failure> {
-        match self.normalizer.push(event, data) {
-            Ok(Normalized::Events(evs)) => {
-                for ev in &evs {
-                    if let StreamEvent::Usage(u) = ev {
-                        self.usage.get_or_insert_with(Usage::default).merge(u);
-                    }
-                }
-                self.pending.extend(evs);
-                Ok(())
-            }
-            Ok(Normalized::Error(mut e)) => {
+        normalize_into(
+            self.normalizer.as_mut(),
+            &mut self.pending,
+            &mut self.usage,
+            event,
+            data,
+        )
+        .map_err(|f| self.normalize_failure(f))
+    }
+
+    /// The failure of a stream the normalizer stopped: the provider's classified error, or
+    /// (`Err`) an event not of the family.
+    fn normalize_failure(&mut self, f: Result<ClassifiedError, String>) -> Failure {
+        match f {
+            Ok(mut e) => {
                 e.message = scrub(&format!("{}: {}", self.target, e.message), &self.secret);
                 self.ended = true;
-                Err(Failure {
+                Failure {
                     error: e,
                     usage: self.usage,
-                })
+                }
             }
-            Err(why) => Err(self.fail(
+            Err(why) => self.fail(
                 ErrorClass::Permanent,
                 format!(
                     "{}: the stream is not of this provider's format: {why}",
                     self.target
                 ),
-            )),
+            ),
         }
     }
 
@@ -420,15 +448,27 @@ impl HttpModelStream {
         match &mut self.source {
             Source::Sse { resp, sse } => match resp.chunk().await {
                 Ok(Some(bytes)) => {
-                    let mut events = Vec::new();
-                    if let Err(e) = sse.push(&bytes, &mut |e| events.push(e)) {
+                    let normalizer = &mut self.normalizer;
+                    let pending = &mut self.pending;
+                    let usage = &mut self.usage;
+                    let mut failed: Option<Result<ClassifiedError, String>> = None;
+                    let decoded = sse.push(&bytes, &mut |e| {
+                        if failed.is_none() {
+                            if let Err(f) =
+                                normalize_into(normalizer.as_mut(), pending, usage, e.event, e.data)
+                            {
+                                failed = Some(f);
+                            }
+                        }
+                    });
+                    if let Err(e) = decoded {
                         let msg = format!("{}: {e}", self.target);
                         return Err(self.fail(ErrorClass::Permanent, msg));
                     }
-                    for e in events {
-                        self.normalize(e.event.as_deref(), &e.data)?;
+                    match failed {
+                        None => Ok(()),
+                        Some(f) => Err(self.normalize_failure(f)),
                     }
-                    Ok(())
                 }
                 Ok(None) => {
                     self.ended = true;

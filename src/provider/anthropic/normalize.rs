@@ -4,6 +4,7 @@
 use serde::Deserialize;
 
 use crate::protocol::{ClassifiedError, ErrorClass, FinishReason, StreamEvent, Usage};
+use crate::provider::scan::{self, Raw};
 use crate::provider::{Aliases, Normalized};
 
 #[derive(Deserialize)]
@@ -123,6 +124,8 @@ pub struct Normalizer {
     request_id: Option<String>,
     tool_blocks: Vec<u32>,
     aliases: Aliases,
+    /// Tests: every event through the full parse (the fast path's reference).
+    full_only: bool,
 }
 
 impl Normalizer {
@@ -130,6 +133,16 @@ impl Normalizer {
     pub fn new(aliases: Aliases) -> Normalizer {
         Normalizer {
             aliases,
+            ..Normalizer::default()
+        }
+    }
+
+    /// A normalizer that reads every event with the full parse (tests compare the fast path
+    /// with it).
+    #[cfg(test)]
+    pub(crate) fn full_only() -> Normalizer {
+        Normalizer {
+            full_only: true,
             ..Normalizer::default()
         }
     }
@@ -151,10 +164,92 @@ pub fn classify(kind: &str, message: &str) -> ErrorClass {
     }
 }
 
+/// A text or argument delta in the exact form the API writes it
+/// (`{"type":"content_block_delta","index":N,"delta":{"type":"text_delta","text":"..."}}`):
+/// recognised by its bytes. Anything else is left to the field reader.
+fn canonical_delta(data: &str) -> Option<StreamEvent> {
+    const HEAD: &str = r#"{"type":"content_block_delta","index":"#;
+    const TEXT: &str = r#","delta":{"type":"text_delta","text":"#;
+    const ARGS: &str = r#","delta":{"type":"input_json_delta","partial_json":"#;
+    let rest = data.strip_prefix(HEAD)?;
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    if digits > 1 && rest.starts_with('0') {
+        return None; // not a JSON number
+    }
+    let index: u32 = rest[..digits].parse().ok()?;
+    let rest = &rest[digits..];
+    let (is_text, rest) = match rest.strip_prefix(TEXT) {
+        Some(r) => (true, r),
+        None => (false, rest.strip_prefix(ARGS)?),
+    };
+    let (end, escaped) = scan::string_end(rest.as_bytes(), 0)?;
+    if &rest[end..] != "}}" {
+        return None;
+    }
+    let raw = &rest[1..end - 1];
+    let text = if escaped {
+        scan::unescape(raw)?
+    } else {
+        raw.to_string()
+    };
+    Some(if is_text {
+        StreamEvent::TextDelta(text)
+    } else {
+        StreamEvent::ToolCallArgsDelta { index, json: text }
+    })
+}
+
+/// The delta events that make up nearly all of a stream, read without a full parse; `None`
+/// hands the event to the full parse.
+fn fast_path(data: &str) -> Option<Normalized> {
+    if let Some(ev) = canonical_delta(data) {
+        return Some(Normalized::Events(vec![ev]));
+    }
+    let (mut kind, mut index, mut delta) = (None, None, None);
+    scan::fields(data, |k, v| match k {
+        "type" => kind = Some(v),
+        "index" => index = Some(v),
+        "delta" => delta = Some(v),
+        _ => {}
+    })?;
+    match kind?.plain()? {
+        "ping" => Some(Normalized::Events(Vec::new())),
+        "content_block_delta" => {
+            let index = index?.u32()?;
+            let Raw::Obj(delta) = delta? else {
+                return None;
+            };
+            let (mut dkind, mut text) = (None, None);
+            scan::fields(delta, |k, v| match k {
+                "type" => dkind = Some(v),
+                "text" | "partial_json" | "thinking" | "signature" => text = Some((k, v)),
+                _ => {}
+            })?;
+            let (field, text) = text?;
+            let text = text.string()?.into_owned();
+            let ev = match (dkind?.plain()?, field) {
+                ("text_delta", "text") => StreamEvent::TextDelta(text),
+                ("input_json_delta", "partial_json") => {
+                    StreamEvent::ToolCallArgsDelta { index, json: text }
+                }
+                ("thinking_delta", "thinking") => StreamEvent::ThinkingDelta(text),
+                ("signature_delta", "signature") => StreamEvent::ThinkingSignature(text),
+                _ => return None,
+            };
+            Some(Normalized::Events(vec![ev]))
+        }
+        _ => None,
+    }
+}
+
 impl crate::provider::StreamNormalizer for Normalizer {
     /// Normalizes one event's JSON data. A line that is not an event of this family is an
     /// error naming it.
     fn push(&mut self, _event: Option<&str>, data: &str) -> Result<Normalized, String> {
+        if self.full_only {
+        } else if let Some(fast) = fast_path(data) {
+            return Ok(fast);
+        }
         let wire: Wire = serde_json::from_str(data)
             .map_err(|e| format!("an Anthropic stream event does not parse: {e}"))?;
         let mut out = Vec::new();
@@ -307,6 +402,15 @@ data: {\"type\":\"message_stop\"}\n\n";
                 request_id: Some("msg_01".into()),
             },
         ]
+    }
+
+    #[test]
+    fn the_fast_path_agrees_with_the_full_parse() {
+        crate::provider::assert_fast_path_agrees(
+            STREAM.as_bytes(),
+            Normalizer::default(),
+            Normalizer::full_only(),
+        );
     }
 
     #[test]

@@ -8,11 +8,9 @@
 
 use std::borrow::Cow;
 
-use serde::Serialize;
-use serde_json::value::RawValue;
-
 use crate::protocol::{Block, Request, Role};
-use crate::provider::{to_body, Aliases, Rendered};
+use crate::provider::json::JsonWriter;
+use crate::provider::{size_hint, Aliases, Rendered};
 
 /// The output cap sent when the run sets none: the API requires one, and every current
 /// model accepts this many.
@@ -21,46 +19,9 @@ pub const DEFAULT_MAX_TOKENS: u64 = 4096;
 /// The API version header value.
 pub const API_VERSION: &str = "2023-06-01";
 
-#[derive(Serialize)]
-struct Body<'a> {
-    model: &'a str,
-    max_tokens: u64,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    system: Vec<WBlock<'a>>,
-    messages: Vec<WMessage<'a>>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    tools: Vec<WTool<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    temperature: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    top_p: Option<f64>,
-    #[serde(skip_serializing_if = "<[_]>::is_empty")]
-    stop_sequences: &'a [String],
-    stream: bool,
-}
-
-#[derive(Serialize)]
-struct WMessage<'a> {
-    role: &'static str,
-    content: Vec<WBlock<'a>>,
-}
-
-#[derive(Serialize, Clone, Copy)]
-struct Ephemeral {
-    #[serde(rename = "type")]
-    kind: &'static str,
-}
-
-const EPHEMERAL: Ephemeral = Ephemeral { kind: "ephemeral" };
-
-#[derive(Serialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+/// A content block as rendered (borrowed from the request).
 enum WBlock<'a> {
-    Text {
-        text: &'a str,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        cache_control: Option<Ephemeral>,
-    },
+    Text(&'a str),
     Thinking {
         thinking: &'a str,
         signature: &'a str,
@@ -68,39 +29,13 @@ enum WBlock<'a> {
     ToolUse {
         id: Cow<'a, str>,
         name: &'a str,
-        input: &'a RawValue,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        cache_control: Option<Ephemeral>,
+        input: &'a str,
     },
     ToolResult {
         tool_use_id: Cow<'a, str>,
         content: &'a str,
-        #[serde(skip_serializing_if = "std::ops::Not::not")]
         is_error: bool,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        cache_control: Option<Ephemeral>,
     },
-}
-
-impl WBlock<'_> {
-    fn set_cache(&mut self) {
-        match self {
-            WBlock::Text { cache_control, .. }
-            | WBlock::ToolUse { cache_control, .. }
-            | WBlock::ToolResult { cache_control, .. } => *cache_control = Some(EPHEMERAL),
-            WBlock::Thinking { .. } => {}
-        }
-    }
-}
-
-#[derive(Serialize)]
-struct WTool<'a> {
-    name: &'a str,
-    #[serde(skip_serializing_if = "str::is_empty")]
-    description: &'a str,
-    input_schema: &'a serde_json::Value,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    cache_control: Option<Ephemeral>,
 }
 
 /// A tool-use id the API accepts (`[A-Za-z0-9_-]+`): ids from other families may carry
@@ -129,99 +64,144 @@ fn safe_id(id: &str) -> Cow<'_, str> {
     }
 }
 
+/// The blocks of `m` the API takes, as rendered.
+fn blocks<'a>(
+    m: &'a crate::protocol::Message,
+    aliases: &'a Aliases,
+) -> impl Iterator<Item = WBlock<'a>> + 'a {
+    m.content.iter().filter_map(move |b| match b {
+        Block::Text { text } if !text.is_empty() => Some(WBlock::Text(text)),
+        Block::Text { .. } => None,
+        Block::Thinking {
+            text,
+            signature: Some(signature),
+        } if m.role == Role::Assistant => Some(WBlock::Thinking {
+            thinking: text,
+            signature,
+        }),
+        Block::Thinking { .. } => None,
+        Block::ToolUse { id, name, input } => Some(WBlock::ToolUse {
+            id: safe_id(id),
+            name: aliases.wire(name),
+            input: input.get(),
+        }),
+        Block::ToolResult {
+            tool_use_id,
+            content,
+            is_error,
+        } => Some(WBlock::ToolResult {
+            tool_use_id: safe_id(tool_use_id),
+            content,
+            is_error: *is_error,
+        }),
+    })
+}
+
+fn ephemeral(w: &mut JsonWriter) {
+    w.key("cache_control")
+        .object()
+        .field_str("type", "ephemeral")
+        .end_object();
+}
+
+fn write_block(w: &mut JsonWriter, b: &WBlock<'_>, cache: bool) {
+    w.object();
+    match b {
+        WBlock::Text(text) => {
+            w.field_str("type", "text").field_str("text", text);
+        }
+        WBlock::Thinking {
+            thinking,
+            signature,
+        } => {
+            w.field_str("type", "thinking")
+                .field_str("thinking", thinking)
+                .field_str("signature", signature);
+        }
+        WBlock::ToolUse { id, name, input } => {
+            w.field_str("type", "tool_use")
+                .field_str("id", id)
+                .field_str("name", name)
+                .key("input")
+                .raw(input);
+        }
+        WBlock::ToolResult {
+            tool_use_id,
+            content,
+            is_error,
+        } => {
+            w.field_str("type", "tool_result")
+                .field_str("tool_use_id", tool_use_id)
+                .field_str("content", content);
+            if *is_error {
+                w.key("is_error").bool(true);
+            }
+        }
+    }
+    // Thinking blocks take no cache breakpoint.
+    if cache && !matches!(b, WBlock::Thinking { .. }) {
+        ephemeral(w);
+    }
+    w.end_object();
+}
+
 /// Renders the request.
 pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
-    let mut messages: Vec<WMessage> = Vec::with_capacity(req.messages.len());
-    for m in &req.messages {
-        let content: Vec<WBlock> = m
-            .content
-            .iter()
-            .filter_map(|b| match b {
-                Block::Text { text } if !text.is_empty() => Some(WBlock::Text {
-                    text,
-                    cache_control: None,
-                }),
-                Block::Text { .. } => None,
-                Block::Thinking {
-                    text,
-                    signature: Some(signature),
-                } if m.role == Role::Assistant => Some(WBlock::Thinking {
-                    thinking: text,
-                    signature,
-                }),
-                Block::Thinking { .. } => None,
-                Block::ToolUse { id, name, input } => Some(WBlock::ToolUse {
-                    id: safe_id(id),
-                    name: aliases.wire(name),
-                    input: &input.0,
-                    cache_control: None,
-                }),
-                Block::ToolResult {
-                    tool_use_id,
-                    content,
-                    is_error,
-                } => Some(WBlock::ToolResult {
-                    tool_use_id: safe_id(tool_use_id),
-                    content,
-                    is_error: *is_error,
-                    cache_control: None,
-                }),
-            })
-            .collect();
-        if content.is_empty() {
-            continue;
-        }
-        messages.push(WMessage {
-            role: match m.role {
-                Role::User => "user",
-                Role::Assistant => "assistant",
-            },
-            content,
-        });
-    }
-    let mut system: Vec<WBlock> = req
-        .system
-        .as_deref()
-        .filter(|s| !s.is_empty())
-        .map(|text| WBlock::Text {
-            text,
-            cache_control: None,
-        })
-        .into_iter()
-        .collect();
-    let mut tools: Vec<WTool> = req
-        .tools
-        .iter()
-        .map(|t| WTool {
-            name: aliases.wire(&t.name),
-            description: &t.description,
-            input_schema: &t.input_schema,
-            cache_control: None,
-        })
-        .collect();
-    if req.prompt_cache {
-        if let Some(t) = tools.last_mut() {
-            t.cache_control = Some(EPHEMERAL);
-        }
-        if let Some(s) = system.last_mut() {
-            s.set_cache();
-        }
-        if let Some(b) = messages.last_mut().and_then(|m| m.content.last_mut()) {
-            b.set_cache();
-        }
-    }
+    // Messages with nothing the API takes are left out; the last one kept carries the
+    // cache breakpoint on its last block.
+    let kept = |m: &&crate::protocol::Message| blocks(m, aliases).next().is_some();
+    let last = req.messages.iter().rposition(|m| kept(&m));
     let g = &req.generation;
-    let body = Body {
-        model: &req.model,
-        max_tokens: g.max_output_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
-        system,
-        messages,
-        tools,
-        temperature: g.temperature,
-        top_p: g.top_p,
-        stop_sequences: &g.stop_sequences,
-        stream: true,
-    };
+    let mut w = JsonWriter::with_capacity(size_hint(req));
+    w.object()
+        .field_str("model", &req.model)
+        .key("max_tokens")
+        .u64(g.max_output_tokens.unwrap_or(DEFAULT_MAX_TOKENS));
+    if let Some(system) = req.system.as_deref().filter(|s| !s.is_empty()) {
+        w.key("system").array();
+        write_block(&mut w, &WBlock::Text(system), req.prompt_cache);
+        w.end_array();
+    }
+    w.key("messages").array();
+    for (i, m) in req.messages.iter().enumerate().filter(|(_, m)| kept(m)) {
+        let role = match m.role {
+            Role::User => "user",
+            Role::Assistant => "assistant",
+        };
+        w.object().field_str("role", role).key("content").array();
+        let mut content = blocks(m, aliases).peekable();
+        while let Some(b) = content.next() {
+            let cache = req.prompt_cache && Some(i) == last && content.peek().is_none();
+            write_block(&mut w, &b, cache);
+        }
+        w.end_array().end_object();
+    }
+    w.end_array();
+    if !req.tools.is_empty() {
+        w.key("tools").array();
+        for (i, t) in req.tools.iter().enumerate() {
+            w.object().field_str("name", aliases.wire(&t.name));
+            if !t.description.is_empty() {
+                w.field_str("description", &t.description);
+            }
+            w.key("input_schema").serde(&t.input_schema);
+            if req.prompt_cache && i + 1 == req.tools.len() {
+                ephemeral(&mut w);
+            }
+            w.end_object();
+        }
+        w.end_array();
+    }
+    if let Some(t) = g.temperature {
+        w.key("temperature").serde(&t);
+    }
+    if let Some(p) = g.top_p {
+        w.key("top_p").serde(&p);
+    }
+    if !g.stop_sequences.is_empty() {
+        w.key("stop_sequences").serde(&g.stop_sequences);
+    }
+    w.key("stream").bool(true).end_object();
     Rendered {
         path: "/v1/messages".into(),
         headers: vec![
@@ -229,7 +209,7 @@ pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
             ("accept".into(), "text/event-stream".into()),
             ("anthropic-version".into(), API_VERSION.into()),
         ],
-        body: to_body(&body),
+        body: w.finish(),
     }
 }
 

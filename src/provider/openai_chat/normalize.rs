@@ -5,6 +5,7 @@
 use serde::Deserialize;
 
 use crate::protocol::{ClassifiedError, ErrorClass, FinishReason, StreamEvent, Usage};
+use crate::provider::scan::Cursor;
 use crate::provider::{Aliases, Normalized};
 
 #[derive(Deserialize)]
@@ -91,6 +92,11 @@ pub struct Normalizer {
     open_tools: Vec<u32>,
     finish: Option<FinishReason>,
     aliases: Aliases,
+    /// The bytes before `choices` in the last chunk read by the fast path, and whether a
+    /// member preceded `choices` there.
+    envelope: Option<(Vec<u8>, bool)>,
+    /// Tests: every event through the full parse (the fast path's reference).
+    full_only: bool,
 }
 
 /// The class of an OpenAI error (by code or type, never by HTTP reason text).
@@ -121,6 +127,10 @@ impl crate::provider::StreamNormalizer for Normalizer {
                 });
             }
             return Ok(Normalized::Events(out));
+        }
+        if self.full_only {
+        } else if let Some(fast) = self.fast_path(data) {
+            return Ok(fast);
         }
         let chunk: Chunk = serde_json::from_str(data)
             .map_err(|e| format!("an OpenAI chat chunk does not parse: {e}"))?;
@@ -204,6 +214,111 @@ impl Normalizer {
         }
     }
 
+    /// A normalizer that reads every event with the full parse (tests compare the fast path
+    /// with it).
+    #[cfg(test)]
+    pub(crate) fn full_only() -> Normalizer {
+        Normalizer {
+            full_only: true,
+            ..Normalizer::default()
+        }
+    }
+
+    /// A chunk of text or reasoning (nearly all of a stream), read without a full parse;
+    /// `None` hands the chunk to the full parse (tool calls, finish, usage, errors).
+    fn fast_path(&mut self, data: &str) -> Option<Normalized> {
+        let (mut id, mut content, mut reasoning, mut seen_choice) = (None, None, None, false);
+        // Every chunk repeats the envelope before `choices` (id, model, fingerprint...): when
+        // these bytes equal the last chunk's, they read the same, and are not read again.
+        let (mut c, reused) = match &self.envelope {
+            Some((prefix, started)) if data.as_bytes().starts_with(prefix) => {
+                (Cursor::resume(data, prefix.len(), *started), true)
+            }
+            _ => {
+                let mut c = Cursor::new(data);
+                c.object()?;
+                (c, false)
+            }
+        };
+        let mut envelope = None;
+        loop {
+            let before = c.position();
+            let Some(key) = c.key()? else { break };
+            match key {
+                "id" => id = Some(c.value()?),
+                "usage" | "error" => {
+                    if !c.value()?.is_null() {
+                        return None;
+                    }
+                }
+                "choices" => {
+                    if !reused && envelope.is_none() {
+                        envelope = Some(before);
+                    }
+                    c.array()?;
+                    if !c.element()? {
+                        return None;
+                    }
+                    seen_choice = true;
+                    c.object()?;
+                    while let Some(key) = c.key()? {
+                        match key {
+                            "finish_reason" => {
+                                if !c.value()?.is_null() {
+                                    return None;
+                                }
+                            }
+                            "delta" => {
+                                c.object()?;
+                                while let Some(key) = c.key()? {
+                                    let v = c.value()?;
+                                    match key {
+                                        "content" if !v.is_null() => content = Some(v),
+                                        "reasoning_content" if !v.is_null() => reasoning = Some(v),
+                                        "tool_calls" if !v.is_null() => return None,
+                                        _ => {}
+                                    }
+                                }
+                            }
+                            _ => {
+                                c.value()?;
+                            }
+                        }
+                    }
+                    c.finish_array()?;
+                }
+                _ => {
+                    c.value()?;
+                }
+            }
+        }
+        if !seen_choice || !c.at_end() {
+            return None;
+        }
+        let reasoning = match reasoning {
+            Some(r) => Some(r.string()?),
+            None => None,
+        };
+        let content = match content {
+            Some(c) => Some(c.string()?),
+            None => None,
+        };
+        if self.request_id.is_none() {
+            self.request_id = Some(id?.string()?.into_owned());
+        }
+        if let Some((at, started)) = envelope {
+            self.envelope = Some((data.as_bytes()[..at].to_vec(), started));
+        }
+        let mut out = Vec::with_capacity(1);
+        if let Some(r) = reasoning.filter(|r| !r.is_empty()) {
+            out.push(StreamEvent::ThinkingDelta(r.into_owned()));
+        }
+        if let Some(c) = content.filter(|c| !c.is_empty()) {
+            out.push(StreamEvent::TextDelta(c.into_owned()));
+        }
+        Some(Normalized::Events(out))
+    }
+
     fn close_tools(&mut self) -> Vec<StreamEvent> {
         self.open_tools
             .drain(..)
@@ -262,12 +377,51 @@ data: [DONE]\n\n";
     }
 
     #[test]
+    fn the_fast_path_agrees_with_the_full_parse() {
+        crate::provider::assert_fast_path_agrees(
+            STREAM.as_bytes(),
+            Normalizer::default(),
+            Normalizer::full_only(),
+        );
+    }
+
+    #[test]
     fn a_recorded_stream_normalizes_at_every_byte_boundary() {
         crate::provider::assert_every_split(
             &super::super::Family,
             &Aliases::default(),
             STREAM.as_bytes(),
             &expected(),
+        );
+    }
+
+    #[test]
+    fn a_reused_envelope_never_hides_a_changed_value() {
+        let chunk = |created: &str, text: &str| {
+            format!(
+                r#"{{"id":"c","created":{created},"choices":[{{"index":0,"delta":{{"content":"{text}"}}}}],"usage":null}}"#
+            )
+        };
+        let mut fast = Normalizer::default();
+        let mut full = Normalizer::full_only();
+        for (created, text) in [
+            ("17", "a"),
+            ("17", "b"),
+            ("170", "c"),
+            ("1", "d"),
+            ("17", "e"),
+        ] {
+            let d = chunk(created, text);
+            assert_eq!(
+                fast.push(None, &d).unwrap(),
+                full.push(None, &d).unwrap(),
+                "{d}"
+            );
+        }
+        let usage = r#"{"id":"c","created":17,"choices":[],"usage":{"prompt_tokens":3}}"#;
+        assert_eq!(
+            fast.push(None, usage).unwrap(),
+            full.push(None, usage).unwrap()
         );
     }
 

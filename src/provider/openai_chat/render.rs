@@ -2,149 +2,77 @@
 //! become `tool` messages right after the assistant message that called them; thinking is
 //! not sent back (the API takes none); usage is asked for with `stream_options`.
 
-use serde::Serialize;
-
 use crate::protocol::{Block, Request, Role};
-use crate::provider::{to_body, Aliases, Rendered};
+use crate::provider::json::JsonWriter;
+use crate::provider::{size_hint, Aliases, Rendered};
 
-#[derive(Serialize)]
-struct Body<'a> {
-    model: &'a str,
-    messages: Vec<WMsg<'a>>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    tools: Vec<WTool<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    max_completion_tokens: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    temperature: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    top_p: Option<f64>,
-    #[serde(skip_serializing_if = "<[_]>::is_empty")]
-    stop: &'a [String],
-    stream: bool,
-    stream_options: StreamOptions,
-}
-
-#[derive(Serialize)]
-struct StreamOptions {
-    include_usage: bool,
-}
-
-#[derive(Serialize)]
-#[serde(tag = "role", rename_all = "snake_case")]
-enum WMsg<'a> {
-    System {
-        content: &'a str,
-    },
-    User {
-        content: Content<'a>,
-    },
-    Assistant {
-        content: Option<Content<'a>>,
-        #[serde(skip_serializing_if = "Vec::is_empty")]
-        tool_calls: Vec<WCall<'a>>,
-    },
-    Tool {
-        tool_call_id: &'a str,
-        content: &'a str,
-    },
-}
-
-#[derive(Serialize)]
-#[serde(untagged)]
-enum Content<'a> {
-    Text(&'a str),
-    Parts(Vec<Part<'a>>),
-}
-
-#[derive(Serialize)]
-struct Part<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    text: &'a str,
-}
-
-#[derive(Serialize)]
-struct WCall<'a> {
-    id: &'a str,
-    #[serde(rename = "type")]
-    kind: &'static str,
-    function: WFunction<'a>,
-}
-
-#[derive(Serialize)]
-struct WFunction<'a> {
-    name: &'a str,
-    arguments: &'a str,
-}
-
-#[derive(Serialize)]
-struct WTool<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    function: WToolFn<'a>,
-}
-
-#[derive(Serialize)]
-struct WToolFn<'a> {
-    name: &'a str,
-    #[serde(skip_serializing_if = "str::is_empty")]
-    description: &'a str,
-    parameters: &'a serde_json::Value,
-}
-
-fn content<'a>(texts: Vec<&'a str>) -> Option<Content<'a>> {
-    match texts.len() {
-        0 => None,
-        1 => Some(Content::Text(texts[0])),
-        _ => Some(Content::Parts(
-            texts
-                .into_iter()
-                .map(|text| Part { kind: "text", text })
-                .collect(),
-        )),
+fn content(w: &mut JsonWriter, texts: &[&str]) {
+    match texts {
+        [] => {
+            w.null();
+        }
+        [one] => {
+            w.str(one);
+        }
+        many => {
+            w.array();
+            for text in many {
+                w.object()
+                    .field_str("type", "text")
+                    .field_str("text", text)
+                    .end_object();
+            }
+            w.end_array();
+        }
     }
 }
 
-/// The messages of a transcript in Chat's shape (shared with families that speak it).
-fn messages<'a>(req: &'a Request, aliases: &'a Aliases) -> Vec<WMsg<'a>> {
-    let mut out = Vec::with_capacity(req.messages.len() + 1);
+/// The messages of a transcript in Chat's shape.
+fn messages(w: &mut JsonWriter, req: &Request, aliases: &Aliases) {
+    w.key("messages").array();
     if let Some(system) = req.system.as_deref().filter(|s| !s.is_empty()) {
-        out.push(WMsg::System { content: system });
+        w.object()
+            .field_str("role", "system")
+            .field_str("content", system)
+            .end_object();
     }
+    let mut texts: Vec<&str> = Vec::new();
     for m in &req.messages {
-        let texts: Vec<&str> = m
-            .content
-            .iter()
-            .filter_map(|b| match b {
-                Block::Text { text } if !text.is_empty() => Some(text.as_str()),
-                _ => None,
-            })
-            .collect();
+        texts.clear();
+        texts.extend(m.content.iter().filter_map(|b| match b {
+            Block::Text { text } if !text.is_empty() => Some(text.as_str()),
+            _ => None,
+        }));
         match m.role {
             Role::Assistant => {
-                let tool_calls: Vec<WCall> = m
+                let mut calls = m
                     .content
                     .iter()
-                    .filter_map(|b| match b {
-                        Block::ToolUse { id, name, input } => Some(WCall {
-                            id,
-                            kind: "function",
-                            function: WFunction {
-                                name: aliases.wire(name),
-                                arguments: input.get(),
-                            },
-                        }),
-                        _ => None,
-                    })
-                    .collect();
-                if texts.is_empty() && tool_calls.is_empty() {
+                    .filter(|b| matches!(b, Block::ToolUse { .. }))
+                    .peekable();
+                if texts.is_empty() && calls.peek().is_none() {
                     continue;
                 }
-                out.push(WMsg::Assistant {
-                    content: content(texts),
-                    tool_calls,
-                });
+                w.object().field_str("role", "assistant").key("content");
+                content(w, &texts);
+                if calls.peek().is_some() {
+                    w.key("tool_calls").array();
+                    for b in calls {
+                        if let Block::ToolUse { id, name, input } = b {
+                            w.object()
+                                .field_str("id", id)
+                                .field_str("type", "function")
+                                .key("function")
+                                .object()
+                                .field_str("name", aliases.wire(name))
+                                .field_str("arguments", input.get())
+                                .end_object()
+                                .end_object();
+                        }
+                    }
+                    w.end_array();
+                }
+                w.end_object();
             }
             Role::User => {
                 for b in &m.content {
@@ -154,55 +82,75 @@ fn messages<'a>(req: &'a Request, aliases: &'a Aliases) -> Vec<WMsg<'a>> {
                         ..
                     } = b
                     {
-                        out.push(WMsg::Tool {
-                            tool_call_id: tool_use_id,
-                            content,
-                        });
+                        w.object()
+                            .field_str("role", "tool")
+                            .field_str("tool_call_id", tool_use_id)
+                            .field_str("content", content)
+                            .end_object();
                     }
                 }
-                if let Some(content) = content(texts) {
-                    out.push(WMsg::User { content });
+                if !texts.is_empty() {
+                    w.object().field_str("role", "user").key("content");
+                    content(w, &texts);
+                    w.end_object();
                 }
             }
         }
     }
-    out
+    w.end_array();
 }
 
 /// Renders the request.
 pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
     let g = &req.generation;
-    let body = Body {
-        model: &req.model,
-        messages: messages(req, aliases),
-        tools: req
-            .tools
-            .iter()
-            .map(|t| WTool {
-                kind: "function",
-                function: WToolFn {
-                    name: aliases.wire(&t.name),
-                    description: &t.description,
-                    parameters: &t.input_schema,
-                },
-            })
-            .collect(),
-        max_completion_tokens: g.max_output_tokens,
-        temperature: g.temperature,
-        top_p: g.top_p,
-        stop: &g.stop_sequences,
-        stream: true,
-        stream_options: StreamOptions {
-            include_usage: true,
-        },
-    };
+    let mut w = JsonWriter::with_capacity(size_hint(req));
+    w.object().field_str("model", &req.model);
+    messages(&mut w, req, aliases);
+    if !req.tools.is_empty() {
+        w.key("tools").array();
+        for t in &req.tools {
+            w.object()
+                .field_str("type", "function")
+                .key("function")
+                .object()
+                .field_str("name", aliases.wire(&t.name));
+            if !t.description.is_empty() {
+                w.field_str("description", &t.description);
+            }
+            w.key("parameters")
+                .serde(&t.input_schema)
+                .end_object()
+                .end_object();
+        }
+        w.end_array();
+    }
+    if let Some(n) = g.max_output_tokens {
+        w.key("max_completion_tokens").u64(n);
+    }
+    if let Some(t) = g.temperature {
+        w.key("temperature").serde(&t);
+    }
+    if let Some(p) = g.top_p {
+        w.key("top_p").serde(&p);
+    }
+    if !g.stop_sequences.is_empty() {
+        w.key("stop").serde(&g.stop_sequences);
+    }
+    w.key("stream")
+        .bool(true)
+        .key("stream_options")
+        .object()
+        .key("include_usage")
+        .bool(true)
+        .end_object()
+        .end_object();
     Rendered {
         path: "/v1/chat/completions".into(),
         headers: vec![
             ("content-type".into(), "application/json".into()),
             ("accept".into(), "text/event-stream".into()),
         ],
-        body: to_body(&body),
+        body: w.finish(),
     }
 }
 

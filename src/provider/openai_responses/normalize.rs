@@ -5,6 +5,7 @@
 use serde::Deserialize;
 
 use crate::protocol::{ClassifiedError, FinishReason, StreamEvent, Usage};
+use crate::provider::scan;
 use crate::provider::{Aliases, Normalized};
 
 #[derive(Deserialize)]
@@ -99,6 +100,8 @@ pub struct Normalizer {
     request_id: Option<String>,
     calls: u32,
     aliases: Aliases,
+    /// Tests: every event through the full parse (the fast path's reference).
+    full_only: bool,
 }
 
 impl Normalizer {
@@ -106,6 +109,16 @@ impl Normalizer {
     pub fn new(aliases: Aliases) -> Normalizer {
         Normalizer {
             aliases,
+            ..Normalizer::default()
+        }
+    }
+
+    /// A normalizer that reads every event with the full parse (tests compare the fast path
+    /// with it).
+    #[cfg(test)]
+    pub(crate) fn full_only() -> Normalizer {
+        Normalizer {
+            full_only: true,
             ..Normalizer::default()
         }
     }
@@ -120,8 +133,46 @@ fn error(code: Option<&str>, kind: Option<&str>, message: &str) -> Normalized {
     })
 }
 
+/// The delta events that make up nearly all of a stream, read without a full parse; `None`
+/// hands the event to the full parse.
+fn fast_path(data: &str) -> Option<Normalized> {
+    let (mut kind, mut delta, mut index) = (None, None, None);
+    scan::fields(data, |k, v| match k {
+        "type" => kind = Some(v),
+        "delta" => delta = Some(v),
+        "output_index" => index = Some(v),
+        _ => {}
+    })?;
+    let ev = match kind?.plain()? {
+        "response.output_text.delta" => {
+            let text = delta?.string()?;
+            if text.is_empty() {
+                return Some(Normalized::Events(Vec::new()));
+            }
+            StreamEvent::TextDelta(text.into_owned())
+        }
+        "response.reasoning_summary_text.delta" | "response.reasoning_text.delta" => {
+            let text = delta?.string()?;
+            if text.is_empty() {
+                return Some(Normalized::Events(Vec::new()));
+            }
+            StreamEvent::ThinkingDelta(text.into_owned())
+        }
+        "response.function_call_arguments.delta" => StreamEvent::ToolCallArgsDelta {
+            index: index?.u32()?,
+            json: delta?.string()?.into_owned(),
+        },
+        _ => return None,
+    };
+    Some(Normalized::Events(vec![ev]))
+}
+
 impl crate::provider::StreamNormalizer for Normalizer {
     fn push(&mut self, _event: Option<&str>, data: &str) -> Result<Normalized, String> {
+        if self.full_only {
+        } else if let Some(fast) = fast_path(data) {
+            return Ok(fast);
+        }
         let wire: Wire = serde_json::from_str(data)
             .map_err(|e| format!("an OpenAI Responses event does not parse: {e}"))?;
         let mut out = Vec::new();
@@ -272,6 +323,15 @@ data: {\"type\":\"response.completed\",\"sequence_number\":10,\"response\":{\"id
                 request_id: Some("resp_1".into()),
             },
         ]
+    }
+
+    #[test]
+    fn the_fast_path_agrees_with_the_full_parse() {
+        crate::provider::assert_fast_path_agrees(
+            STREAM.as_bytes(),
+            Normalizer::default(),
+            Normalizer::full_only(),
+        );
     }
 
     #[test]

@@ -3,148 +3,114 @@
 //! stored on the provider's side (`store: false`). Thinking is not sent back, and the API has
 //! no stop sequences.
 
-use serde::Serialize;
-
 use crate::protocol::{Block, Request, Role};
-use crate::provider::{to_body, Aliases, Rendered};
-
-#[derive(Serialize)]
-struct Body<'a> {
-    model: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    instructions: Option<&'a str>,
-    input: Vec<Item<'a>>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    tools: Vec<WTool<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    max_output_tokens: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    temperature: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    top_p: Option<f64>,
-    store: bool,
-    stream: bool,
-}
-
-#[derive(Serialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-enum Item<'a> {
-    Message {
-        role: &'static str,
-        content: Vec<Part<'a>>,
-    },
-    FunctionCall {
-        call_id: &'a str,
-        name: &'a str,
-        arguments: &'a str,
-    },
-    FunctionCallOutput {
-        call_id: &'a str,
-        output: &'a str,
-    },
-}
-
-#[derive(Serialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-enum Part<'a> {
-    InputText { text: &'a str },
-    OutputText { text: &'a str },
-}
-
-#[derive(Serialize)]
-struct WTool<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    name: &'a str,
-    #[serde(skip_serializing_if = "str::is_empty")]
-    description: &'a str,
-    parameters: &'a serde_json::Value,
-    strict: bool,
-}
-
-/// Ends a message item with the text parts gathered so far, if any.
-fn flush<'a>(role: &'static str, parts: &mut Vec<Part<'a>>, input: &mut Vec<Item<'a>>) {
-    if !parts.is_empty() {
-        input.push(Item::Message {
-            role,
-            content: std::mem::take(parts),
-        });
-    }
-}
+use crate::provider::json::JsonWriter;
+use crate::provider::{size_hint, Aliases, Rendered};
 
 /// Renders the request.
 pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
-    let mut input = Vec::with_capacity(req.messages.len() * 2);
+    let g = &req.generation;
+    let mut w = JsonWriter::with_capacity(size_hint(req));
+    w.object().field_str("model", &req.model);
+    if let Some(system) = req.system.as_deref().filter(|s| !s.is_empty()) {
+        w.field_str("instructions", system);
+    }
+    w.key("input").array();
     for m in &req.messages {
-        let mut parts = Vec::new();
-        let role = match m.role {
-            Role::User => "user",
-            Role::Assistant => "assistant",
+        let (role, part) = match m.role {
+            Role::User => ("user", "input_text"),
+            Role::Assistant => ("assistant", "output_text"),
         };
+        // Text runs become message items; calls and outputs are items of their own, in the
+        // transcript's order.
+        let mut open = false;
         for b in &m.content {
             match b {
-                Block::Text { text } if !text.is_empty() => parts.push(match m.role {
-                    Role::User => Part::InputText { text },
-                    Role::Assistant => Part::OutputText { text },
-                }),
-                Block::ToolUse {
-                    id,
-                    name,
-                    input: args,
-                } => {
-                    // Items keep the transcript's order: text before a call stays before it.
-                    flush(role, &mut parts, &mut input);
-                    input.push(Item::FunctionCall {
-                        call_id: id,
-                        name: aliases.wire(name),
-                        arguments: args.get(),
-                    });
+                Block::Text { text } if !text.is_empty() => {
+                    if !open {
+                        w.object()
+                            .field_str("type", "message")
+                            .field_str("role", role)
+                            .key("content")
+                            .array();
+                        open = true;
+                    }
+                    w.object()
+                        .field_str("type", part)
+                        .field_str("text", text)
+                        .end_object();
+                }
+                Block::ToolUse { id, name, input } => {
+                    if std::mem::take(&mut open) {
+                        w.end_array().end_object();
+                    }
+                    w.object()
+                        .field_str("type", "function_call")
+                        .field_str("call_id", id)
+                        .field_str("name", aliases.wire(name))
+                        .field_str("arguments", input.get())
+                        .end_object();
                 }
                 Block::ToolResult {
                     tool_use_id,
                     content,
                     ..
                 } => {
-                    flush(role, &mut parts, &mut input);
-                    input.push(Item::FunctionCallOutput {
-                        call_id: tool_use_id,
-                        output: content,
-                    });
+                    if std::mem::take(&mut open) {
+                        w.end_array().end_object();
+                    }
+                    w.object()
+                        .field_str("type", "function_call_output")
+                        .field_str("call_id", tool_use_id)
+                        .field_str("output", content)
+                        .end_object();
                 }
                 Block::Text { .. } | Block::Thinking { .. } => {}
             }
         }
-        flush(role, &mut parts, &mut input);
+        if open {
+            w.end_array().end_object();
+        }
     }
-    let g = &req.generation;
-    let body = Body {
-        model: &req.model,
-        instructions: req.system.as_deref().filter(|s| !s.is_empty()),
-        input,
-        tools: req
-            .tools
-            .iter()
-            .map(|t| WTool {
-                kind: "function",
-                name: aliases.wire(&t.name),
-                description: &t.description,
-                parameters: &t.input_schema,
-                strict: false,
-            })
-            .collect(),
-        max_output_tokens: g.max_output_tokens,
-        temperature: g.temperature,
-        top_p: g.top_p,
-        store: false,
-        stream: true,
-    };
+    w.end_array();
+    if !req.tools.is_empty() {
+        w.key("tools").array();
+        for t in &req.tools {
+            w.object()
+                .field_str("type", "function")
+                .field_str("name", aliases.wire(&t.name));
+            if !t.description.is_empty() {
+                w.field_str("description", &t.description);
+            }
+            w.key("parameters")
+                .serde(&t.input_schema)
+                .key("strict")
+                .bool(false)
+                .end_object();
+        }
+        w.end_array();
+    }
+    if let Some(n) = g.max_output_tokens {
+        w.key("max_output_tokens").u64(n);
+    }
+    if let Some(t) = g.temperature {
+        w.key("temperature").serde(&t);
+    }
+    if let Some(p) = g.top_p {
+        w.key("top_p").serde(&p);
+    }
+    w.key("store")
+        .bool(false)
+        .key("stream")
+        .bool(true)
+        .end_object();
     Rendered {
         path: "/v1/responses".into(),
         headers: vec![
             ("content-type".into(), "application/json".into()),
             ("accept".into(), "text/event-stream".into()),
         ],
-        body: to_body(&body),
+        body: w.finish(),
     }
 }
 

@@ -1,0 +1,253 @@
+//! Provider stream costs: server-sent events decoded and normalized into canonical events,
+//! per wire family, measured beside a plain memchr scan of the same bytes (the limit), and
+//! rendering a 200-message transcript per family.
+//! Run: `cargo bench -p broca-bench --bench provider`.
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+use std::hint::black_box;
+
+use broca::protocol::{Block, Generation, Json, Message, Request, Role, StreamEvent, ToolSpec};
+use broca::provider::{family, Aliases, Normalized};
+use broca_io::sse::SseDecoder;
+use criterion::{Criterion, Throughput};
+
+/// Text pieces as models stream them: a few tokens each, with the escapes real text has.
+const PIECES: &[&str] = &[
+    "The",
+    " quick",
+    " brown fox",
+    " jumps over",
+    " the lazy",
+    " dog.",
+    "\\n\\n",
+    "Here is",
+    " a list:",
+    "\\n- item",
+    " \\\"quoted\\\"",
+    " caf\\u00e9",
+    " and",
+    " more",
+    " text,",
+    " with numbers 1234",
+    " and code `x = y`",
+    ".",
+];
+
+const DELTAS: usize = 6000;
+const ARG_DELTAS: usize = 300;
+const CHUNK: usize = 16 * 1024;
+
+fn anthropic_stream() -> Vec<u8> {
+    let mut s = String::from(
+        "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_01XFDUDYJgAACzvnptvVoYEL\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"claude-sonnet-4-5\",\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":472,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":2048,\"output_tokens\":2}}}\n\n\
+event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+    );
+    for i in 0..DELTAS {
+        if i % 40 == 0 {
+            s.push_str("event: ping\ndata: {\"type\": \"ping\"}\n\n");
+        }
+        s.push_str("event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"");
+        s.push_str(PIECES[i % PIECES.len()]);
+        s.push_str("\"}}\n\n");
+    }
+    s.push_str("event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n\
+event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"tool_use\",\"id\":\"toolu_01T1x1fJ34qAmk2tNTrN7Up6\",\"name\":\"write_file\",\"input\":{}}}\n\n");
+    for i in 0..ARG_DELTAS {
+        s.push_str("event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"");
+        s.push_str(if i == 0 {
+            "{\\\"content\\\": \\\""
+        } else {
+            "line of code\\\\n"
+        });
+        s.push_str("\"}}\n\n");
+    }
+    s.push_str("event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"\\\"}\"}}\n\n\
+event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":1}\n\n\
+event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":6789}}\n\n\
+event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
+    s.into_bytes()
+}
+
+fn chat_stream() -> Vec<u8> {
+    const HEAD: &str = "data: {\"id\":\"chatcmpl-B9MBs8CjcvOU2jLn4n570S5qMJKcT\",\"object\":\"chat.completion.chunk\",\"created\":1741570283,\"model\":\"gpt-4o-2024-08-06\",\"service_tier\":\"default\",\"system_fingerprint\":\"fp_fc9f1d7035\",\"choices\":[{\"index\":0,\"delta\":";
+    let mut s = String::new();
+    s.push_str(HEAD);
+    s.push_str("{\"role\":\"assistant\",\"content\":\"\",\"refusal\":null},\"logprobs\":null,\"finish_reason\":null}],\"usage\":null}\n\n");
+    for i in 0..DELTAS {
+        s.push_str(HEAD);
+        s.push_str("{\"content\":\"");
+        s.push_str(PIECES[i % PIECES.len()]);
+        s.push_str("\"},\"logprobs\":null,\"finish_reason\":null}],\"usage\":null,\"obfuscation\":\"Xq3\"}\n\n");
+    }
+    for i in 0..ARG_DELTAS {
+        s.push_str(HEAD);
+        if i == 0 {
+            s.push_str("{\"tool_calls\":[{\"index\":0,\"id\":\"call_DdmO9pD3xa9XTPNJ32zg2hcA\",\"type\":\"function\",\"function\":{\"name\":\"write_file\",\"arguments\":\"\"}}]},\"logprobs\":null,\"finish_reason\":null}],\"usage\":null}\n\n");
+        } else {
+            s.push_str("{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"line of code\"}}]},\"logprobs\":null,\"finish_reason\":null}],\"usage\":null}\n\n");
+        }
+    }
+    s.push_str(HEAD);
+    s.push_str("{},\"logprobs\":null,\"finish_reason\":\"tool_calls\"}],\"usage\":null}\n\n");
+    s.push_str("data: {\"id\":\"chatcmpl-B9MBs8CjcvOU2jLn4n570S5qMJKcT\",\"object\":\"chat.completion.chunk\",\"created\":1741570283,\"model\":\"gpt-4o-2024-08-06\",\"choices\":[],\"usage\":{\"prompt_tokens\":472,\"completion_tokens\":6789,\"total_tokens\":7261,\"prompt_tokens_details\":{\"cached_tokens\":0},\"completion_tokens_details\":{\"reasoning_tokens\":0}}}\n\ndata: [DONE]\n\n");
+    s.into_bytes()
+}
+
+fn responses_stream() -> Vec<u8> {
+    let mut s = String::from(
+        "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_67c9fdcecf488190bdd9a0409de3a1ec07b8b0ad4e5e2b4e\",\"object\":\"response\",\"status\":\"in_progress\",\"output\":[],\"usage\":null}}\n\n\
+event: response.output_item.added\ndata: {\"type\":\"response.output_item.added\",\"sequence_number\":1,\"output_index\":0,\"item\":{\"id\":\"msg_67c9fdcecf488190bdd9a0409de3a1ec07b8b0ad4e5e2b4e\",\"type\":\"message\",\"status\":\"in_progress\",\"content\":[],\"role\":\"assistant\"}}\n\n",
+    );
+    let mut seq = 2;
+    for i in 0..DELTAS {
+        s.push_str(&format!("event: response.output_text.delta\ndata: {{\"type\":\"response.output_text.delta\",\"sequence_number\":{seq},\"item_id\":\"msg_67c9fdcecf488190bdd9a0409de3a1ec07b8b0ad4e5e2b4e\",\"output_index\":0,\"content_index\":0,\"delta\":\""));
+        s.push_str(PIECES[i % PIECES.len()]);
+        s.push_str("\",\"logprobs\":[],\"obfuscation\":\"Xq3\"}\n\n");
+        seq += 1;
+    }
+    s.push_str("event: response.output_item.added\ndata: {\"type\":\"response.output_item.added\",\"sequence_number\":9000,\"output_index\":1,\"item\":{\"id\":\"fc_1\",\"type\":\"function_call\",\"status\":\"in_progress\",\"arguments\":\"\",\"call_id\":\"call_9\",\"name\":\"write_file\"}}\n\n");
+    for _ in 0..ARG_DELTAS {
+        s.push_str(&format!("event: response.function_call_arguments.delta\ndata: {{\"type\":\"response.function_call_arguments.delta\",\"sequence_number\":{seq},\"item_id\":\"fc_1\",\"output_index\":1,\"delta\":\"line of code\",\"obfuscation\":\"Xq3\"}}\n\n"));
+        seq += 1;
+    }
+    s.push_str("event: response.output_item.done\ndata: {\"type\":\"response.output_item.done\",\"sequence_number\":99999,\"output_index\":1,\"item\":{\"id\":\"fc_1\",\"type\":\"function_call\",\"status\":\"completed\",\"arguments\":\"{}\",\"call_id\":\"call_9\",\"name\":\"write_file\"}}\n\n\
+event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":100000,\"response\":{\"id\":\"resp_1\",\"status\":\"completed\",\"usage\":{\"input_tokens\":472,\"input_tokens_details\":{\"cached_tokens\":0},\"output_tokens\":6789,\"output_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":7261}}}\n\n");
+    s.into_bytes()
+}
+
+/// Decodes and normalizes `stream` in network-sized chunks; returns the events made.
+fn normalize(family_id: &str, stream: &[u8]) -> usize {
+    let mut sse = SseDecoder::default();
+    let mut n = family(family_id).unwrap().normalizer(Aliases::default());
+    let mut events = 0usize;
+    for chunk in stream.chunks(CHUNK) {
+        sse.push(chunk, &mut |e| match n.push(e.event, e.data) {
+            Ok(Normalized::Events(evs)) => events += evs.len(),
+            other => panic!("{other:?}"),
+        })
+        .unwrap();
+    }
+    events
+}
+
+fn decode_only(stream: &[u8]) -> usize {
+    let mut sse = SseDecoder::default();
+    let mut bytes = 0usize;
+    for chunk in stream.chunks(CHUNK) {
+        sse.push(chunk, &mut |e| bytes += e.data.len()).unwrap();
+    }
+    bytes
+}
+
+fn streams(c: &mut Criterion) {
+    let all = [
+        ("anthropic-messages", anthropic_stream()),
+        ("openai-chat", chat_stream()),
+        ("openai-responses", responses_stream()),
+    ];
+    for (id, stream) in &all {
+        // The stream is well formed and every delta comes out.
+        let events = normalize(id, stream);
+        assert!(events >= DELTAS + ARG_DELTAS, "{id}: {events} events");
+        let mut g = c.benchmark_group(format!("stream/{id}"));
+        g.throughput(Throughput::Bytes(stream.len() as u64));
+        g.bench_function("memchr scan (limit)", |b| {
+            b.iter(|| memchr::memchr_iter(b'\n', black_box(stream)).count())
+        });
+        g.bench_function("sse decode", |b| b.iter(|| decode_only(black_box(stream))));
+        g.bench_function("sse decode + normalize", |b| {
+            b.iter(|| normalize(id, black_box(stream)))
+        });
+        g.finish();
+    }
+}
+
+/// A 200-message transcript: a prompt, then rounds of text + tool call and tool result.
+fn transcript() -> Request {
+    let mut messages = vec![Message::user_text("Refactor the parser and run the tests.")];
+    let mut i = 0;
+    while messages.len() < 200 {
+        messages.push(Message {
+            role: Role::Assistant,
+            content: vec![
+                Block::Text {
+                    text: format!(
+                        "Step {i}: reading the next file to see how the parser handles it."
+                    ),
+                },
+                Block::ToolUse {
+                    id: format!("toolu_{i:024}"),
+                    name: "read_file".into(),
+                    input: Json::from_text(format!(
+                        "{{\"path\":\"src/parser/mod{i}.rs\",\"limit\":400}}"
+                    ))
+                    .unwrap(),
+                },
+            ],
+        });
+        messages.push(Message {
+            role: Role::User,
+            content: vec![Block::ToolResult {
+                tool_use_id: format!("toolu_{i:024}"),
+                content: "fn parse(input: &str) -> Result<Ast, Error> {\n    let mut p = Parser::new(input);\n    p.expr()\n}\n".repeat(4),
+                is_error: false,
+            }],
+        });
+        i += 1;
+    }
+    let tools = (0..10)
+        .map(|t| ToolSpec {
+            name: format!("tool_{t}"),
+            description: "Reads a file of the project and returns its text.".into(),
+            input_schema: serde_json::json!({"type":"object","properties":{"path":{"type":"string"},"limit":{"type":"integer"}},"required":["path"]}),
+        })
+        .collect();
+    Request {
+        provider: "anthropic".into(),
+        model: "claude-sonnet-4-5".into(),
+        credential_id: "env:ANTHROPIC_API_KEY".into(),
+        system: Some("You are a careful engineer.".into()),
+        messages,
+        tools,
+        generation: Generation::default(),
+        prompt_cache: true,
+    }
+}
+
+fn render(c: &mut Criterion) {
+    let req = transcript();
+    let aliases = Aliases::for_tools(&req.tools);
+    let mut g = c.benchmark_group("render 200 messages");
+    for id in ["anthropic-messages", "openai-chat", "openai-responses"] {
+        let f = family(id).unwrap();
+        let bytes = f.render(&req, &aliases).body.len();
+        g.throughput(Throughput::Bytes(bytes as u64));
+        g.bench_function(id, |b| {
+            b.iter(|| f.render(black_box(&req), &aliases).body.len())
+        });
+    }
+    g.finish();
+}
+
+/// Counts the text the stream carries (keeps the compiler honest about StreamEvent).
+#[allow(dead_code)]
+fn text_len(evs: &[StreamEvent]) -> usize {
+    evs.iter()
+        .map(|e| match e {
+            StreamEvent::TextDelta(t) => t.len(),
+            _ => 0,
+        })
+        .sum()
+}
+
+fn main() {
+    let mut c = Criterion::default()
+        .configure_from_args()
+        .measurement_time(std::time::Duration::from_secs(3))
+        .warm_up_time(std::time::Duration::from_secs(1));
+    streams(&mut c);
+    render(&mut c);
+    c.final_summary();
+}

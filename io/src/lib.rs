@@ -3,6 +3,7 @@
 //! - [`log`]: the durable log file: O_DIRECT appends merged into one aligned write per batch,
 //!   the partial tail block rewritten in place, space zeroed ahead of the tail, and group
 //!   commit (every append ready in a tick shares one `fdatasync`).
+//! - [`eventstream`]: the AWS event-stream frame decoder (sans-IO, any chunk boundary).
 //! - [`commit`]: the per-shard group-commit scheduler shared by all the logs of a shard.
 //! - [`fence`]: the stale-writer fence (inotify on the log directory).
 //! - [`http1`]: the HTTP/1.1 response decoder (sans-IO: head, Content-Length, chunked, close).
@@ -12,6 +13,7 @@
 //! - [`fs`]: small file-system helpers: alignment probing, directory fsync, advisory locks.
 
 pub mod commit;
+pub mod eventstream;
 pub mod fence;
 pub mod fs;
 pub mod http1;

@@ -10,7 +10,8 @@ use broca_io::net::{tls, ClientConfig, HttpClient};
 use broca_io::{Committer, LogConfig};
 
 use crate::core::admission::SendRequest;
-use crate::provider::transport::{Endpoints, EnvSecrets, HttpModelClient};
+use crate::provider::credential::EnvSecrets;
+use crate::provider::transport::{Endpoints, HttpModelClient};
 use crate::wal::SessionTriple;
 use crate::wire::RunResult;
 

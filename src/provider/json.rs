@@ -156,7 +156,7 @@ pub(crate) fn escape_into(out: &mut Vec<u8>, s: &str) {
     out.reserve(b.len() + b.len() / 8 + 2);
     out.push(b'"');
     let mut run = 0; // start of the bytes not yet copied
-    let mut escape = |out: &mut Vec<u8>, run: &mut usize, k: usize| {
+    let escape = |out: &mut Vec<u8>, run: &mut usize, k: usize| {
         let e = ESCAPE[b[k] as usize];
         if e == 0 {
             return;

@@ -10,6 +10,7 @@
 
 pub mod alias;
 pub mod anthropic;
+pub mod credential;
 pub(crate) mod json;
 pub mod openai_chat;
 pub mod openai_responses;
@@ -36,6 +37,15 @@ pub trait StreamNormalizer {
     fn push(&mut self, event: Option<&str>, data: &str) -> Result<Normalized, String>;
 }
 
+/// What a family authorizes a request with.
+pub struct AuthContext<'a> {
+    pub credential: &'a credential::Credential,
+    /// The base URL the request goes to (a signature covers its host).
+    pub url: &'a broca_io::net::Url,
+    /// Seconds since the epoch (a signature is dated).
+    pub now_unix_secs: u64,
+}
+
 /// How a family's answer is framed on the connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Framing {
@@ -44,6 +54,9 @@ pub enum Framing {
     /// A WebSocket: the rendered body is sent as one text message; each answer message is
     /// one event.
     WebSocket,
+    /// An HTTP response of AWS event-stream messages; each message is one event, named by its
+    /// `:event-type` (or `:exception-type`) header.
+    AwsEventStream,
 }
 
 /// A rendered request: everything but the connection.
@@ -76,8 +89,10 @@ pub trait WireFamily: Sync {
     fn id(&self) -> &'static str;
     /// Renders `req` (deterministic: the same request gives the same bytes, always).
     fn render(&self, req: &Request, aliases: &Aliases) -> Rendered;
-    /// Adds the credential to a rendered request.
-    fn authorize(&self, rendered: &mut Rendered, secret: &str);
+    /// Adds the credential to a rendered request (a header; or a signature over the
+    /// rendered bytes, for a family that signs). `Err` when the credential is of a kind the
+    /// family cannot use.
+    fn authorize(&self, rendered: &mut Rendered, auth: &AuthContext<'_>) -> Result<(), String>;
     /// How the answer is framed when the base URL has `scheme`.
     fn framing(&self, scheme: broca_io::net::Scheme) -> Framing {
         let _ = scheme;

@@ -3,9 +3,9 @@
 //!
 //! - Base URLs: the catalog's, overridden per provider by `BROCA_BASE_URL_<PROVIDER>` or by
 //!   the caller (`--base-url`). Plain http only for loopback hosts.
-//! - Credentials: a credential id (`env:NAME`) resolves to a secret at call time; the secret
-//!   goes into one header and never into a record, a log line or an error message (any echo
-//!   of it in a provider's error text is replaced).
+//! - Credentials: a credential id (`env:NAME`) resolves at call time (see [`super::credential`]);
+//!   the secret goes into the request and never into a record, a log line or an error
+//!   message (any echo of it in a provider's error text is replaced).
 //! - Errors are classified here: 401/403 auth_required; 408, 409, 425, 429 and 5xx (529
 //!   included) transient, with Retry-After (`retry-after-ms` or seconds) honoured by the run
 //!   loop's backoff; other statuses by the family's reading of the body (context_overflow)
@@ -15,6 +15,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 
+use broca_io::eventstream::EventStreamDecoder;
 use broca_io::net::ws::WebSocket;
 use broca_io::net::{HttpClient, NetError, Request as HttpRequest, Response, Url};
 use broca_io::sse::SseDecoder;
@@ -23,7 +24,8 @@ use crate::catalog;
 use crate::module::{Failure, ModelClient, ModelStream};
 use crate::protocol::{ClassifiedError, ErrorClass, Request, StreamEvent, Usage};
 
-use super::{Aliases, Framing, Normalized, Rendered, StreamNormalizer, WireFamily};
+use super::credential::{Redactor, Secrets};
+use super::{Aliases, AuthContext, Framing, Normalized, Rendered, StreamNormalizer, WireFamily};
 
 /// The most bytes of an error reply read for its message.
 const ERROR_BODY_MAX: usize = 256 * 1024;
@@ -80,32 +82,6 @@ impl Endpoints {
     }
 }
 
-/// Resolves credential ids to secrets.
-pub trait Secrets {
-    /// The secret for `credential_id`; `Err` says what is missing without revealing anything.
-    fn secret(&self, credential_id: &str) -> Result<String, String>;
-}
-
-/// Credentials from the conventional environment variables (`env:NAME`).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct EnvSecrets;
-
-impl Secrets for EnvSecrets {
-    fn secret(&self, credential_id: &str) -> Result<String, String> {
-        let Some(var) = credential_id.strip_prefix("env:") else {
-            return Err(format!(
-                "credential `{credential_id}` is not an environment credential (env:NAME)"
-            ));
-        };
-        match std::env::var(var) {
-            Ok(v) if !v.trim().is_empty() => Ok(v.trim().to_string()),
-            _ => Err(format!(
-                "{var} is not set: export it with the provider's API key"
-            )),
-        }
-    }
-}
-
 /// The model client that speaks the wire families over the shard's HTTP client.
 pub struct HttpModelClient {
     client: Rc<HttpClient>,
@@ -141,22 +117,13 @@ fn failure(class: ErrorClass, message: String, retry_after_ms: Option<u64>) -> F
 }
 
 /// The class of a transport failure.
-fn net_failure(e: &NetError, secret: &str) -> Failure {
+fn net_failure(e: &NetError, redact: &Redactor) -> Failure {
     let class = if e.is_transient() {
         ErrorClass::Transient
     } else {
         ErrorClass::Permanent
     };
-    failure(class, scrub(&e.to_string(), secret), None)
-}
-
-/// Replaces any echo of the secret in provider text.
-fn scrub(text: &str, secret: &str) -> String {
-    if secret.len() >= 8 && text.contains(secret) {
-        text.replace(secret, "<redacted>")
-    } else {
-        text.to_string()
-    }
+    failure(class, redact.scrub(&e.to_string()), None)
 }
 
 /// How long the provider asked to wait: `retry-after-ms`, else `retry-after` in seconds.
@@ -231,33 +198,35 @@ impl ModelClient for HttpModelClient {
             .endpoints
             .base_url(entry.id)
             .map_err(|e| failure(ErrorClass::Permanent, e, None))?;
-        let secret = self
+        let credential = self
             .secrets
-            .secret(&request.credential_id)
+            .credential(&request.credential_id)
             .map_err(|e| failure(ErrorClass::AuthRequired, e, None))?;
+        let redact = credential.redactor();
         let aliases = Aliases::for_tools(&request.tools);
         let mut rendered = family.render(request, &aliases);
-        family.authorize(&mut rendered, &secret);
+        let auth = AuthContext {
+            credential: &credential,
+            url: &url,
+            now_unix_secs: crate::core::machine::now_unix_ms() / 1000,
+        };
+        family
+            .authorize(&mut rendered, &auth)
+            .map_err(|e| failure(ErrorClass::AuthRequired, e, None))?;
         let normalizer = family.normalizer(aliases);
         let target = url.to_string();
-        let source = match family.framing(url.scheme) {
-            Framing::Sse => {
-                open_sse(&self.client, family, &url, &rendered, &secret, &target).await?
+        let framing = family.framing(url.scheme);
+        let source = match framing {
+            Framing::Sse | Framing::AwsEventStream => {
+                let resp =
+                    open_http(&self.client, family, &url, &rendered, &redact, &target).await?;
+                Source::http(resp, framing)
             }
             Framing::WebSocket => {
-                open_ws(&self.client, family, &url, &rendered, &secret, &target).await?
+                open_ws(&self.client, family, &url, &rendered, &redact, &target).await?
             }
         };
-        Ok(HttpModelStream {
-            source,
-            normalizer,
-            pending: VecDeque::new(),
-            finished: false,
-            ended: false,
-            usage: None,
-            secret,
-            target,
-        })
+        Ok(HttpModelStream::new(source, normalizer, redact, target))
     }
 }
 
@@ -269,14 +238,15 @@ fn header_pairs(rendered: &Rendered) -> Vec<(&str, &str)> {
         .collect()
 }
 
-async fn open_sse(
+/// Sends the request; a non-2xx reply is read and classified.
+async fn open_http(
     client: &Rc<HttpClient>,
     family: &dyn WireFamily,
     url: &Url,
     rendered: &Rendered,
-    secret: &str,
+    redact: &Redactor,
     target: &str,
-) -> Result<Source, Failure> {
+) -> Result<Response, Failure> {
     let headers = header_pairs(rendered);
     let req = HttpRequest {
         method: "POST",
@@ -288,7 +258,7 @@ async fn open_sse(
     let mut resp = client
         .send(&req)
         .await
-        .map_err(|e| net_failure(&e, secret))?;
+        .map_err(|e| net_failure(&e, redact))?;
     let status = resp.status();
     if !(200..300).contains(&status) {
         let wait = retry_after_ms(
@@ -297,16 +267,13 @@ async fn open_sse(
         );
         let body = resp.body(ERROR_BODY_MAX).await.unwrap_or_default();
         let mut e = classify_reply(family, status, &body, wait, target);
-        e.message = scrub(&e.message, secret);
+        e.message = redact.scrub(&e.message);
         return Err(Failure {
             error: e,
             usage: None,
         });
     }
-    Ok(Source::Sse {
-        resp: Box::new(resp),
-        sse: SseDecoder::default(),
-    })
+    Ok(resp)
 }
 
 async fn open_ws(
@@ -314,7 +281,7 @@ async fn open_ws(
     family: &dyn WireFamily,
     url: &Url,
     rendered: &Rendered,
-    secret: &str,
+    redact: &Redactor,
     target: &str,
 ) -> Result<Source, Failure> {
     let message = family.websocket_message(rendered).ok_or_else(|| {
@@ -332,13 +299,13 @@ async fn open_ws(
         .collect();
     let opened = WebSocket::connect(client, url, &rendered.path, &headers)
         .await
-        .map_err(|e| net_failure(&e, secret))?;
+        .map_err(|e| net_failure(&e, redact))?;
     let mut ws = match opened {
         Ok(ws) => ws,
         Err(refused) => {
             let wait = retry_after_ms(None, refused.retry_after.as_deref());
             let mut e = classify_reply(family, refused.status, &refused.body, wait, target);
-            e.message = scrub(&e.message, secret);
+            e.message = redact.scrub(&e.message);
             return Err(Failure {
                 error: e,
                 usage: None,
@@ -347,7 +314,7 @@ async fn open_ws(
     };
     ws.send_text(message)
         .await
-        .map_err(|e| net_failure(&e, secret))?;
+        .map_err(|e| net_failure(&e, redact))?;
     Ok(Source::Ws(Box::new(ws)))
 }
 
@@ -356,7 +323,27 @@ enum Source {
         resp: Box<Response>,
         sse: SseDecoder,
     },
+    EventStream {
+        resp: Box<Response>,
+        frames: EventStreamDecoder,
+    },
     Ws(Box<WebSocket>),
+}
+
+impl Source {
+    fn http(resp: Response, framing: Framing) -> Source {
+        let resp = Box::new(resp);
+        match framing {
+            Framing::AwsEventStream => Source::EventStream {
+                resp,
+                frames: EventStreamDecoder::default(),
+            },
+            _ => Source::Sse {
+                resp,
+                sse: SseDecoder::default(),
+            },
+        }
+    }
 }
 
 /// Normalizes one event into `pending`, noting reported usage. `Err(Ok(e))` is the
@@ -393,17 +380,51 @@ pub struct HttpModelStream {
     ended: bool,
     /// Usage reported so far (a failed attempt carries it).
     usage: Option<Usage>,
-    secret: String,
+    redact: Redactor,
     target: String,
 }
 
 impl HttpModelStream {
+    fn new(
+        source: Source,
+        normalizer: Box<dyn StreamNormalizer>,
+        redact: Redactor,
+        target: String,
+    ) -> HttpModelStream {
+        HttpModelStream {
+            source,
+            normalizer,
+            pending: VecDeque::new(),
+            finished: false,
+            ended: false,
+            usage: None,
+            redact,
+            target,
+        }
+    }
+
+    /// The stream of a 2xx response already received, framed as `framing` (SSE or AWS
+    /// event-stream), normalized by `normalizer`.
+    pub fn from_response(
+        resp: Response,
+        framing: Framing,
+        normalizer: Box<dyn StreamNormalizer>,
+        target: String,
+    ) -> HttpModelStream {
+        HttpModelStream::new(
+            Source::http(resp, framing),
+            normalizer,
+            Redactor::default(),
+            target,
+        )
+    }
+
     fn fail(&mut self, class: ErrorClass, message: String) -> Failure {
         self.ended = true;
         Failure {
             error: ClassifiedError {
                 class,
-                message: scrub(&message, &self.secret),
+                message: self.redact.scrub(&message),
                 retry_after_ms: None,
             },
             usage: self.usage,
@@ -426,7 +447,9 @@ impl HttpModelStream {
     fn normalize_failure(&mut self, f: Result<ClassifiedError, String>) -> Failure {
         match f {
             Ok(mut e) => {
-                e.message = scrub(&format!("{}: {}", self.target, e.message), &self.secret);
+                e.message = self
+                    .redact
+                    .scrub(&format!("{}: {}", self.target, e.message));
                 self.ended = true;
                 Failure {
                     error: e,
@@ -459,6 +482,54 @@ impl HttpModelStream {
                             {
                                 failed = Some(f);
                             }
+                        }
+                    });
+                    if let Err(e) = decoded {
+                        let msg = format!("{}: {e}", self.target);
+                        return Err(self.fail(ErrorClass::Permanent, msg));
+                    }
+                    match failed {
+                        None => Ok(()),
+                        Some(f) => Err(self.normalize_failure(f)),
+                    }
+                }
+                Ok(None) => {
+                    self.ended = true;
+                    Ok(())
+                }
+                Err(_) if self.finished => {
+                    self.ended = true;
+                    Ok(())
+                }
+                Err(e) => {
+                    let msg = format!("the stream was cut before the step completed: {e}");
+                    Err(self.fail(ErrorClass::Transient, msg))
+                }
+            },
+            Source::EventStream { resp, frames } => match resp.chunk().await {
+                Ok(Some(bytes)) => {
+                    let normalizer = &mut self.normalizer;
+                    let pending = &mut self.pending;
+                    let usage = &mut self.usage;
+                    let mut failed: Option<Result<ClassifiedError, String>> = None;
+                    let decoded = frames.push(&bytes, &mut |m| {
+                        if failed.is_some() {
+                            return;
+                        }
+                        let name = match m.header_str(":message-type") {
+                            Some("exception" | "error") => m
+                                .header_str(":exception-type")
+                                .or(m.header_str(":error-code")),
+                            _ => m.header_str(":event-type"),
+                        };
+                        let Ok(data) = std::str::from_utf8(&m.payload) else {
+                            failed = Some(Err("an event payload is not UTF-8".into()));
+                            return;
+                        };
+                        if let Err(f) =
+                            normalize_into(normalizer.as_mut(), pending, usage, name, data)
+                        {
+                            failed = Some(f);
                         }
                     });
                     if let Err(e) = decoded {
@@ -602,24 +673,6 @@ mod tests {
                 e.message
             );
         }
-    }
-
-    #[test]
-    fn a_missing_key_names_the_variable_and_an_echoed_key_is_redacted() {
-        let err = EnvSecrets
-            .secret("env:BROCA_TEST_SURELY_UNSET_KEY")
-            .unwrap_err();
-        assert!(
-            err.contains("BROCA_TEST_SURELY_UNSET_KEY is not set"),
-            "{err}"
-        );
-        assert_eq!(
-            scrub(
-                "Incorrect API key provided: sk-live-123456789",
-                "sk-live-123456789"
-            ),
-            "Incorrect API key provided: <redacted>"
-        );
     }
 
     #[test]

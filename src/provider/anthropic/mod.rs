@@ -4,7 +4,7 @@ pub mod normalize;
 pub mod render;
 
 use crate::protocol::{ErrorClass, Request};
-use crate::provider::{Aliases, Rendered, StreamNormalizer, WireFamily};
+use crate::provider::{Aliases, AuthContext, Rendered, StreamNormalizer, WireFamily};
 
 /// The family.
 pub struct Family;
@@ -18,8 +18,10 @@ impl WireFamily for Family {
         render::render(req, aliases)
     }
 
-    fn authorize(&self, rendered: &mut Rendered, secret: &str) {
-        rendered.headers.push(("x-api-key".into(), secret.into()));
+    fn authorize(&self, rendered: &mut Rendered, auth: &AuthContext<'_>) -> Result<(), String> {
+        let key = auth.credential.api_key(self.id())?;
+        rendered.headers.push(("x-api-key".into(), key.into()));
+        Ok(())
     }
 
     fn normalizer(&self, aliases: Aliases) -> Box<dyn StreamNormalizer> {

@@ -5,7 +5,7 @@ pub mod normalize;
 pub mod render;
 
 use crate::protocol::{ErrorClass, Request};
-use crate::provider::{Aliases, Rendered, StreamNormalizer, WireFamily};
+use crate::provider::{Aliases, AuthContext, Rendered, StreamNormalizer, WireFamily};
 
 /// The family.
 pub struct Family;
@@ -19,8 +19,9 @@ impl WireFamily for Family {
         render::render(req, aliases)
     }
 
-    fn authorize(&self, rendered: &mut Rendered, secret: &str) {
-        bearer(rendered, secret);
+    fn authorize(&self, rendered: &mut Rendered, auth: &AuthContext<'_>) -> Result<(), String> {
+        bearer(rendered, auth.credential.api_key(self.id())?);
+        Ok(())
     }
 
     fn normalizer(&self, aliases: Aliases) -> Box<dyn StreamNormalizer> {

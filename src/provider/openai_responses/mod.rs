@@ -8,7 +8,7 @@ pub mod render;
 use broca_io::net::Scheme;
 
 use crate::protocol::{ErrorClass, Request};
-use crate::provider::{Aliases, Framing, Rendered, StreamNormalizer, WireFamily};
+use crate::provider::{Aliases, AuthContext, Framing, Rendered, StreamNormalizer, WireFamily};
 
 /// The family.
 pub struct Family;
@@ -22,8 +22,9 @@ impl WireFamily for Family {
         render::render(req, aliases)
     }
 
-    fn authorize(&self, rendered: &mut Rendered, secret: &str) {
-        super::openai_chat::bearer(rendered, secret);
+    fn authorize(&self, rendered: &mut Rendered, auth: &AuthContext<'_>) -> Result<(), String> {
+        super::openai_chat::bearer(rendered, auth.credential.api_key(self.id())?);
+        Ok(())
     }
 
     fn framing(&self, scheme: Scheme) -> Framing {

@@ -333,3 +333,54 @@ fn transient_failures_are_retried_a_bounded_number_of_times_and_each_attempt_rec
     }
     assert!(retried_and_completed);
 }
+
+#[test]
+fn requests_render_byte_for_byte_the_same_from_the_live_session_and_from_its_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let tools = CountingTools::default();
+    let script = Script {
+        seed: 11,
+        tool_step_percent: 100,
+        tool_steps_max: 3,
+        tools: vec!["echo".into(), "write".into()],
+        ..Script::default()
+    };
+    let (live, config) = run_local(async {
+        let mut a = open(dir.path(), script, &tools).await;
+        let reply = a.send(&send("do things", "s1")).await.unwrap();
+        a.run_admitted().await.unwrap();
+        let live = a.state().transcript.clone();
+        let config = a.state().run(&reply.run_id).unwrap().config.clone();
+        a.close().await.unwrap();
+        (live, config)
+    })
+    .unwrap();
+    let (bytes, scan) = read_and_scan(&wal_path(dir.path(), &triple())).unwrap();
+    let replayed = broca::core::Session::replay_scan(&scan, &bytes)
+        .unwrap()
+        .transcript;
+    assert!(
+        live.iter().any(|m| m.tool_calls().next().is_some()),
+        "the run called tools"
+    );
+    let request = |messages| broca::protocol::Request {
+        provider: config.provider.clone(),
+        model: config.model.clone(),
+        credential_id: config.credential_id.clone(),
+        system: Some("sys".into()),
+        messages,
+        tools: config.tools.clone(),
+        generation: config.generation.clone(),
+        prompt_cache: true,
+    };
+    let (live, replayed) = (request(live), request(replayed));
+    let aliases = broca::provider::Aliases::for_tools(&live.tools);
+    for id in ["anthropic-messages", "openai-chat", "openai-responses"] {
+        let f = broca::provider::family(id).unwrap();
+        assert_eq!(
+            f.render(&live, &aliases).body,
+            f.render(&replayed, &aliases).body,
+            "{id}"
+        );
+    }
+}

@@ -126,6 +126,24 @@ impl JsonWriter {
     }
 }
 
+/// The sampling settings every family takes under the same names: `temperature`, `top_p`,
+/// and the stop sequences under `stop_key` (when the family has them).
+pub(crate) fn sampling(
+    w: &mut JsonWriter,
+    g: &crate::protocol::Generation,
+    stop_key: Option<&str>,
+) {
+    if let Some(t) = g.temperature {
+        w.key("temperature").serde(&t);
+    }
+    if let Some(p) = g.top_p {
+        w.key("top_p").serde(&p);
+    }
+    if let Some(key) = stop_key.filter(|_| !g.stop_sequences.is_empty()) {
+        w.key(key).serde(&g.stop_sequences);
+    }
+}
+
 /// How each byte is written inside a JSON string: 0 as it is, `u` as `\u00XX`, else the
 /// letter after the backslash.
 const ESCAPE: [u8; 256] = {

@@ -217,6 +217,34 @@ pub(crate) fn assert_every_split(
     }
 }
 
+/// The two tests every family's recorded stream gets: the fast path agrees with the full
+/// parse on each event, and the stream normalizes to `expected` split at every byte.
+#[cfg(test)]
+macro_rules! recorded_stream_tests {
+    ($stream:expr, $expected:expr) => {
+        #[test]
+        fn the_fast_path_agrees_with_the_full_parse() {
+            crate::provider::assert_fast_path_agrees(
+                $stream.as_bytes(),
+                Normalizer::default(),
+                Normalizer::full_only(),
+            );
+        }
+
+        #[test]
+        fn a_recorded_stream_normalizes_at_every_byte_boundary() {
+            crate::provider::assert_every_split(
+                &super::super::Family,
+                &Aliases::default(),
+                $stream.as_bytes(),
+                &$expected,
+            );
+        }
+    };
+}
+#[cfg(test)]
+pub(crate) use recorded_stream_tests;
+
 /// Asserts that `fast` (a normalizer with its fast path) and `full` (the same family reading
 /// every event with the full parse) make the same events of every event in `stream`, and of
 /// every event made odd (a field renamed, a value of another type, padding added).

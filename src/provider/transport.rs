@@ -466,94 +466,70 @@ impl HttpModelStream {
         }
     }
 
+    /// Decodes body bytes with the response's framing and normalizes each event.
+    fn decode(&mut self, bytes: &[u8]) -> Result<(), Failure> {
+        let (normalizer, pending, usage) =
+            (&mut self.normalizer, &mut self.pending, &mut self.usage);
+        let mut failed: Option<Result<ClassifiedError, String>> = None;
+        let mut feed = |name: Option<&str>, data: Result<&str, &str>| {
+            if failed.is_none() {
+                failed = match data {
+                    Ok(data) => {
+                        normalize_into(normalizer.as_mut(), pending, usage, name, data).err()
+                    }
+                    Err(why) => Some(Err(why.to_string())),
+                };
+            }
+        };
+        let decoded = match &mut self.source {
+            Source::Sse { sse, .. } => sse
+                .push(bytes, &mut |e| feed(e.event, Ok(e.data)))
+                .map_err(|e| e.to_string()),
+            Source::EventStream { frames, .. } => frames
+                .push(bytes, &mut |m| {
+                    let name = match m.header_str(":message-type") {
+                        Some("exception" | "error") => m
+                            .header_str(":exception-type")
+                            .or(m.header_str(":error-code")),
+                        _ => m.header_str(":event-type"),
+                    };
+                    let data = std::str::from_utf8(&m.payload)
+                        .map_err(|_| "an event-stream payload is not UTF-8");
+                    feed(name, data)
+                })
+                .map_err(|e| e.to_string()),
+            Source::Ws(_) => Ok(()),
+        };
+        if let Err(e) = decoded {
+            let msg = format!("{}: {e}", self.target);
+            return Err(self.fail(ErrorClass::Permanent, msg));
+        }
+        match failed {
+            None => Ok(()),
+            Some(f) => Err(self.normalize_failure(f)),
+        }
+    }
+
     /// Reads and normalizes the next piece of the answer.
     async fn read_more(&mut self) -> Result<(), Failure> {
         match &mut self.source {
-            Source::Sse { resp, sse } => match resp.chunk().await {
-                Ok(Some(bytes)) => {
-                    let normalizer = &mut self.normalizer;
-                    let pending = &mut self.pending;
-                    let usage = &mut self.usage;
-                    let mut failed: Option<Result<ClassifiedError, String>> = None;
-                    let decoded = sse.push(&bytes, &mut |e| {
-                        if failed.is_none() {
-                            if let Err(f) =
-                                normalize_into(normalizer.as_mut(), pending, usage, e.event, e.data)
-                            {
-                                failed = Some(f);
-                            }
-                        }
-                    });
-                    if let Err(e) = decoded {
-                        let msg = format!("{}: {e}", self.target);
-                        return Err(self.fail(ErrorClass::Permanent, msg));
+            Source::Sse { resp, .. } | Source::EventStream { resp, .. } => {
+                match resp.chunk().await {
+                    Ok(Some(bytes)) => self.decode(&bytes),
+                    Ok(None) => {
+                        self.ended = true;
+                        Ok(())
                     }
-                    match failed {
-                        None => Ok(()),
-                        Some(f) => Err(self.normalize_failure(f)),
+                    Err(_) if self.finished => {
+                        self.ended = true;
+                        Ok(())
+                    }
+                    Err(e) => {
+                        let msg = format!("the stream was cut before the step completed: {e}");
+                        Err(self.fail(ErrorClass::Transient, msg))
                     }
                 }
-                Ok(None) => {
-                    self.ended = true;
-                    Ok(())
-                }
-                Err(_) if self.finished => {
-                    self.ended = true;
-                    Ok(())
-                }
-                Err(e) => {
-                    let msg = format!("the stream was cut before the step completed: {e}");
-                    Err(self.fail(ErrorClass::Transient, msg))
-                }
-            },
-            Source::EventStream { resp, frames } => match resp.chunk().await {
-                Ok(Some(bytes)) => {
-                    let normalizer = &mut self.normalizer;
-                    let pending = &mut self.pending;
-                    let usage = &mut self.usage;
-                    let mut failed: Option<Result<ClassifiedError, String>> = None;
-                    let decoded = frames.push(&bytes, &mut |m| {
-                        if failed.is_some() {
-                            return;
-                        }
-                        let name = match m.header_str(":message-type") {
-                            Some("exception" | "error") => m
-                                .header_str(":exception-type")
-                                .or(m.header_str(":error-code")),
-                            _ => m.header_str(":event-type"),
-                        };
-                        let Ok(data) = std::str::from_utf8(&m.payload) else {
-                            failed = Some(Err("an event payload is not UTF-8".into()));
-                            return;
-                        };
-                        if let Err(f) =
-                            normalize_into(normalizer.as_mut(), pending, usage, name, data)
-                        {
-                            failed = Some(f);
-                        }
-                    });
-                    if let Err(e) = decoded {
-                        let msg = format!("{}: {e}", self.target);
-                        return Err(self.fail(ErrorClass::Permanent, msg));
-                    }
-                    match failed {
-                        None => Ok(()),
-                        Some(f) => Err(self.normalize_failure(f)),
-                    }
-                }
-                Ok(None) => {
-                    self.ended = true;
-                    Ok(())
-                }
-                Err(_) if self.finished => {
-                    self.ended = true;
-                    Ok(())
-                }
-                Err(e) => {
-                    let msg = format!("the stream was cut before the step completed: {e}");
-                    Err(self.fail(ErrorClass::Transient, msg))
-                }
-            },
+            }
             Source::Ws(ws) => {
                 if self.finished {
                     // The socket stays open after a response; the step is complete.

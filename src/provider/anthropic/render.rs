@@ -192,15 +192,7 @@ pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
         }
         w.end_array();
     }
-    if let Some(t) = g.temperature {
-        w.key("temperature").serde(&t);
-    }
-    if let Some(p) = g.top_p {
-        w.key("top_p").serde(&p);
-    }
-    if !g.stop_sequences.is_empty() {
-        w.key("stop_sequences").serde(&g.stop_sequences);
-    }
+    crate::provider::json::sampling(&mut w, g, Some("stop_sequences"));
     w.key("stream").bool(true).end_object();
     Rendered {
         path: "/v1/messages".into(),

@@ -376,24 +376,7 @@ data: [DONE]\n\n";
         ]
     }
 
-    #[test]
-    fn the_fast_path_agrees_with_the_full_parse() {
-        crate::provider::assert_fast_path_agrees(
-            STREAM.as_bytes(),
-            Normalizer::default(),
-            Normalizer::full_only(),
-        );
-    }
-
-    #[test]
-    fn a_recorded_stream_normalizes_at_every_byte_boundary() {
-        crate::provider::assert_every_split(
-            &super::super::Family,
-            &Aliases::default(),
-            STREAM.as_bytes(),
-            &expected(),
-        );
-    }
+    crate::provider::recorded_stream_tests!(STREAM, expected());
 
     #[test]
     fn a_reused_envelope_never_hides_a_changed_value() {

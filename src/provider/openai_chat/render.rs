@@ -127,15 +127,7 @@ pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
     if let Some(n) = g.max_output_tokens {
         w.key("max_completion_tokens").u64(n);
     }
-    if let Some(t) = g.temperature {
-        w.key("temperature").serde(&t);
-    }
-    if let Some(p) = g.top_p {
-        w.key("top_p").serde(&p);
-    }
-    if !g.stop_sequences.is_empty() {
-        w.key("stop").serde(&g.stop_sequences);
-    }
+    crate::provider::json::sampling(&mut w, g, Some("stop"));
     w.key("stream")
         .bool(true)
         .key("stream_options")

@@ -325,24 +325,7 @@ data: {\"type\":\"response.completed\",\"sequence_number\":10,\"response\":{\"id
         ]
     }
 
-    #[test]
-    fn the_fast_path_agrees_with_the_full_parse() {
-        crate::provider::assert_fast_path_agrees(
-            STREAM.as_bytes(),
-            Normalizer::default(),
-            Normalizer::full_only(),
-        );
-    }
-
-    #[test]
-    fn a_recorded_stream_normalizes_at_every_byte_boundary() {
-        crate::provider::assert_every_split(
-            &super::super::Family,
-            &Aliases::default(),
-            STREAM.as_bytes(),
-            &expected(),
-        );
-    }
+    crate::provider::recorded_stream_tests!(STREAM, expected());
 
     #[test]
     fn incomplete_responses_and_missing_usage() {

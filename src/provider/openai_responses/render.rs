@@ -93,12 +93,7 @@ pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
     if let Some(n) = g.max_output_tokens {
         w.key("max_output_tokens").u64(n);
     }
-    if let Some(t) = g.temperature {
-        w.key("temperature").serde(&t);
-    }
-    if let Some(p) = g.top_p {
-        w.key("top_p").serde(&p);
-    }
+    crate::provider::json::sampling(&mut w, g, None);
     w.key("store")
         .bool(false)
         .key("stream")

@@ -18,7 +18,7 @@ pub struct Failure {
 }
 
 /// Calls a model: opens a stream of canonical events for a request.
-pub trait ModelClient {
+pub trait ModelClient: 'static {
     type Stream: ModelStream;
     /// Starts the call. An error here is a failed attempt before any output.
     fn open(&self, request: &Request) -> impl Future<Output = Result<Self::Stream, Failure>>;

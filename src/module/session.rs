@@ -2,17 +2,18 @@
 //! run a crash left open, admits sends and drives their runs. Commands are processed in order
 //! because the actor is driven through `&mut self`.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::path::Path;
 use std::rc::Rc;
 use std::time::Duration;
 
 use broca_io::{Committer, LogConfig};
+use futures_channel::oneshot;
 use glommio::channels::local_channel;
 
 use crate::core::admission::{admit, AdmissionContext, Admitted, Refusal, SendRequest};
 use crate::core::machine::{now_unix_ms, Command, Event, Outcome, RunMachine};
-use crate::core::replay::{ReplayError, Session};
+use crate::core::replay::{ReplayError, RunView, Session};
 use crate::protocol::{ToolCall, ToolSpec};
 use crate::wal::runrec::ResultBlock;
 use crate::wal::{Record, SessionTriple, WalError, WalWriter};
@@ -43,6 +44,17 @@ impl std::fmt::Display for ActorError {
             ActorError::Refused(r) => write!(f, "{r}"),
             ActorError::Crashed { seq } => write!(f, "crash injected after record {seq}"),
             ActorError::Stalled(run) => write!(f, "run {run}: the run loop stalled"),
+        }
+    }
+}
+
+impl ActorError {
+    /// The refusal, with its message, for a command's reply (other failures are said as
+    /// their message under the code `internal`).
+    fn to_string_refusal(&self) -> (Refusal, String) {
+        match self {
+            ActorError::Refused(r) => (r.clone(), r.to_string()),
+            other => (Refusal::InvalidParams(String::new()), format!("internal: {other}")),
         }
     }
 }
@@ -82,6 +94,8 @@ pub struct SessionActor<P: ModelClient, T: ToolRunner> {
     display: Option<Box<dyn FnMut(&str)>>,
     /// Timers sleep `after_ms * timer_permille / 1000` (tests shorten backoffs).
     timer_permille: u64,
+    /// Commands answered while a run is active (serve).
+    inbox: Option<Rc<local_channel::LocalReceiver<SessionCommand>>>,
 }
 
 impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
@@ -118,6 +132,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             appends: 0,
             display: None,
             timer_permille: 1000,
+            inbox: None,
         })
     }
 
@@ -231,12 +246,17 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         Ok(())
     }
 
-    /// Performs the machine's commands until it finishes.
+    /// Performs the machine's commands until it finishes. The model stream, the tools and
+    /// the timer run as tasks that report into one channel, so the loop also answers the
+    /// session's commands (status, cancel, shutdown, a busy send) while a run is active.
     async fn drive(&mut self, mut m: RunMachine) -> Result<Outcome, ActorError> {
-        let mut stream: Option<P::Stream> = None;
-        let mut timer_ms: Option<u64> = None;
-        let (tx, rx) = local_channel::new_bounded::<(String, ToolOutcome)>(1024);
+        let (tx, rx) = local_channel::new_bounded::<Input>(1024);
         let tx = Rc::new(tx);
+        // The current model call; a stale call's events are ignored and its task stops.
+        let call = Rc::new(Cell::new(0u64));
+        let mut streaming = false;
+        let mut timer: Option<u64> = None;
+        let mut timer_gen = 0u64;
         let mut in_flight = 0usize;
         loop {
             while let Some(cmd) = m.poll_command() {
@@ -248,22 +268,18 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                         }
                     }
                     Command::CallModel { request, .. } => {
-                        match self.provider.open(&request).await {
-                            Ok(s) => stream = Some(s),
-                            Err(f) => {
-                                log_failed_attempt(m.run_id(), &f.error);
-                                m.handle(Event::AttemptFailed {
-                                    error: f.error,
-                                    usage: f.usage,
-                                })
-                            }
-                        }
+                        call.set(call.get() + 1);
+                        streaming = true;
+                        self.spawn_model(request, call.clone(), tx.clone());
                     }
-                    Command::AbortModel => stream = None,
+                    Command::AbortModel => {
+                        call.set(call.get() + 1);
+                        streaming = false;
+                    }
                     Command::Dispatch { calls, .. } => {
                         in_flight += calls.len();
-                        for call in calls {
-                            self.spawn_tool(call, tx.clone());
+                        for c in calls {
+                            self.spawn_tool(c, tx.clone());
                         }
                     }
                     Command::Display(text) => {
@@ -271,18 +287,55 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                             sink(&text);
                         }
                     }
-                    Command::SetTimer { after_ms } => timer_ms = Some(after_ms),
+                    Command::SetTimer { after_ms } => {
+                        timer_gen += 1;
+                        timer = Some(timer_gen);
+                        let after = Duration::from_millis(after_ms * self.timer_permille / 1000);
+                        let (tx, gen) = (tx.clone(), timer_gen);
+                        glommio::spawn_local(async move {
+                            glommio::timer::sleep(after).await;
+                            let _ = tx.send(Input::Timer { gen }).await;
+                        })
+                        .detach();
+                    }
                     Command::Finish(outcome) => {
+                        call.set(call.get() + 1);
                         self.state.refresh_unresolved();
                         return Ok(outcome);
                     }
                 }
             }
-            if let Some(s) = &mut stream {
-                match s.next().await {
+            if !streaming && timer.is_none() && in_flight == 0 && !m.is_done() {
+                return Err(ActorError::Stalled(m.run_id().to_string()));
+            }
+            let next = match self.inbox.clone() {
+                Some(inbox) => {
+                    futures_lite::future::or(async { Next::Input(rx.recv().await) }, async {
+                        Next::Command(inbox.recv().await)
+                    })
+                    .await
+                }
+                None => Next::Input(rx.recv().await),
+            };
+            let input = match next {
+                Next::Input(Some(input)) => input,
+                Next::Input(None) => return Err(ActorError::Stalled(m.run_id().to_string())),
+                Next::Command(Some(cmd)) => {
+                    self.command_during_run(cmd, &mut m).await;
+                    continue;
+                }
+                Next::Command(None) => {
+                    // Whoever sends commands is gone (the daemon stops): seal the run.
+                    self.inbox = None;
+                    m.handle(Event::Shutdown);
+                    continue;
+                }
+            };
+            match input {
+                Input::Model { call: c, item } if c == call.get() => match item {
                     Some(Ok(ev)) => m.handle(Event::Stream(ev)),
                     Some(Err(f)) => {
-                        stream = None;
+                        streaming = false;
                         log_failed_attempt(m.run_id(), &f.error);
                         m.handle(Event::AttemptFailed {
                             error: f.error,
@@ -290,50 +343,104 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                         });
                     }
                     None => {
-                        stream = None;
+                        streaming = false;
                         m.handle(Event::StepEnded);
                     }
+                },
+                Input::Model { .. } => {} // an abandoned call
+                Input::Timer { gen } => {
+                    if timer == Some(gen) {
+                        timer = None;
+                        m.handle(Event::Timer);
+                    }
                 }
-            } else if let Some(ms) = timer_ms.take() {
-                glommio::timer::sleep(Duration::from_millis(ms * self.timer_permille / 1000)).await;
-                m.handle(Event::Timer);
-            } else if in_flight > 0 {
-                let Some((call_id, outcome)) = rx.recv().await else {
-                    return Err(ActorError::Stalled(m.run_id().to_string()));
-                };
-                in_flight -= 1;
-                m.handle(match outcome {
-                    ToolOutcome::Done { content, is_error } => Event::ToolResult(ResultBlock {
-                        call_id,
-                        content,
-                        is_error,
-                        reason: None,
-                    }),
-                    ToolOutcome::Refused { reason } => Event::ToolResult(ResultBlock {
-                        call_id,
-                        content: format!("not run: refused before delivery: {reason}"),
-                        is_error: true,
-                        reason: Some("refused_before_delivery".into()),
-                    }),
-                    ToolOutcome::Indeterminate => Event::ToolIndeterminate { call_id },
-                });
-            } else if !m.is_done() {
-                return Err(ActorError::Stalled(m.run_id().to_string()));
+                Input::Tool { call_id, outcome } => {
+                    in_flight -= 1;
+                    m.handle(match outcome {
+                        ToolOutcome::Done { content, is_error } => Event::ToolResult(ResultBlock {
+                            call_id,
+                            content,
+                            is_error,
+                            reason: None,
+                        }),
+                        ToolOutcome::Refused { reason } => Event::ToolResult(ResultBlock {
+                            call_id,
+                            content: format!("not run: refused before delivery: {reason}"),
+                            is_error: true,
+                            reason: Some("refused_before_delivery".into()),
+                        }),
+                        ToolOutcome::Indeterminate => Event::ToolIndeterminate { call_id },
+                    });
+                }
             }
         }
     }
 
-    fn spawn_tool(
-        &self,
-        call: ToolCall,
-        tx: Rc<local_channel::LocalSender<(String, ToolOutcome)>>,
-    ) {
+    /// Answers a command that arrives while a run is active.
+    async fn command_during_run(&mut self, cmd: SessionCommand, m: &mut RunMachine) {
+        match cmd {
+            SessionCommand::Send { req, reply } => {
+                // Admission answers a repeated send_id or refuses (the session is busy);
+                // it never starts a second run beside this one.
+                let _ = reply.send(self.send(&req).await.map_err(|e| e.to_string_refusal()));
+            }
+            SessionCommand::Status { run_id, reply } => {
+                let _ = reply.send(self.view(run_id.as_deref()));
+            }
+            SessionCommand::Cancel { run_id, reply } => {
+                let active = run_id == m.run_id();
+                if active {
+                    m.handle(Event::Cancel);
+                }
+                let _ = reply.send(active);
+            }
+            SessionCommand::Shutdown => m.handle(Event::Shutdown),
+        }
+    }
+
+    /// The run `run_id` (the latest run when `None`), as the WAL tells it.
+    pub fn view(&self, run_id: Option<&str>) -> Option<RunView> {
+        match run_id {
+            Some(id) => self.state.run(id).cloned(),
+            None => self.state.runs.last().cloned(),
+        }
+    }
+
+    /// Sets the channel of commands a running run also answers.
+    pub fn set_inbox(&mut self, inbox: Rc<local_channel::LocalReceiver<SessionCommand>>) {
+        self.inbox = Some(inbox);
+    }
+
+    fn spawn_model(&self, request: crate::protocol::Request, call: Rc<Cell<u64>>, tx: Rc<local_channel::LocalSender<Input>>) {
+        let provider = self.provider.clone();
+        let me = call.get();
+        glommio::spawn_local(async move {
+            let mut stream = match provider.open(&request).await {
+                Ok(s) => s,
+                Err(f) => {
+                    let _ = tx.send(Input::Model { call: me, item: Some(Err(f)) }).await;
+                    return;
+                }
+            };
+            // Stops reading once the call is abandoned (aborted, or the run ended).
+            while call.get() == me {
+                let item = stream.next().await;
+                let last = !matches!(item, Some(Ok(_)));
+                if tx.send(Input::Model { call: me, item }).await.is_err() || last {
+                    return;
+                }
+            }
+        })
+        .detach();
+    }
+
+    fn spawn_tool(&self, call: ToolCall, tx: Rc<local_channel::LocalSender<Input>>) {
         let tools = self.tools.clone();
         glommio::spawn_local(async move {
-            let id = call.id.clone();
+            let call_id = call.id.clone();
             let outcome = tools.call(call).await;
             // The run may have ended (crash injected): then nobody listens, and that is fine.
-            let _ = tx.send((id, outcome)).await;
+            let _ = tx.send(Input::Tool { call_id, outcome }).await;
         })
         .detach();
     }
@@ -356,6 +463,48 @@ fn log_failed_attempt(run_id: &str, error: &crate::protocol::ClassifiedError) {
             error.message
         );
     }
+}
+
+/// What the drive loop waits for.
+enum Input {
+    /// An item of model call `call`: an event, the attempt's failure, or `None` at the end.
+    Model {
+        call: u64,
+        item: Option<Result<crate::protocol::StreamEvent, super::Failure>>,
+    },
+    Tool {
+        call_id: String,
+        outcome: ToolOutcome,
+    },
+    Timer {
+        gen: u64,
+    },
+}
+
+enum Next {
+    Input(Option<Input>),
+    Command(Option<SessionCommand>),
+}
+
+/// A command for a live session; each is answered in order.
+pub enum SessionCommand {
+    /// Admit a send (the run then runs in the actor).
+    Send {
+        req: SendRequest,
+        reply: oneshot::Sender<Result<SendReply, (Refusal, String)>>,
+    },
+    /// The view of a run (the latest when `None`).
+    Status {
+        run_id: Option<String>,
+        reply: oneshot::Sender<Option<RunView>>,
+    },
+    /// Cancel the run if it is the active one; answers whether it was.
+    Cancel {
+        run_id: String,
+        reply: oneshot::Sender<bool>,
+    },
+    /// Seal the active run Interrupted and stop.
+    Shutdown,
 }
 
 /// Tool runner bookkeeping shared by test tools: how often each call id was dispatched.

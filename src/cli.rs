@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::rc::Rc;
 
 use crate::core::admission::SendRequest;
+use crate::module::serve::ServeOptions;
 use crate::module::standalone::Standalone;
 use crate::provider::transport::Endpoints;
 use crate::wal::SessionTriple;
@@ -27,6 +28,8 @@ broca: a durable runner for LLM agent loops
 Usage: broca [--state-dir DIR] <command> [args]
 
 Commands:
+  serve [--listen ADDR] [--socket PATH] [--shards N] [--grace-secs N] [--config FILE]
+                         the daemon: the management surface over HTTP (see `broca serve --help`)
   run --model PROVIDER/MODEL PROMPT
                          one run, in process: streams the answer to stdout (see `broca run --help`)
   wal verify [PATH...]   check WAL files (files, folders or a state dir; default: the state dir)
@@ -40,6 +43,30 @@ Global options:
 
 Environment:
   BROCA_LOG         log filter for stderr (default: warn), e.g. BROCA_LOG=broca=debug
+";
+
+const SERVE_HELP: &str = "\
+Usage: broca serve [options]
+
+Runs the daemon: one shard per core, each owning its sessions, their WALs and their provider
+connections. Once ready it writes <state-dir>/serve.json = {pid, listen, socket, handle_file}
+and prints `broca listening on http://ADDR`. TCP requests carry `Authorization: Bearer
+<handle>` (the handle is in handle_file, owner-only); the Unix socket needs none.
+SIGTERM or SIGINT stops admission, gives active runs the grace period, seals the rest
+interrupted, and re-raises the signal.
+
+Options:
+  --listen ADDR        TCP address (default 127.0.0.1:7411; 127.0.0.1:0 picks a free port)
+  --socket PATH        Unix socket (default <state-dir>/broca.sock)
+  --shards N           executors, one per core (default: the cores available)
+  --grace-secs N       how long active runs may finish at shutdown (default 5)
+  --config FILE        JSON: {\"listen\", \"socket\", \"shards\", \"grace_secs\",
+                       \"idle_secs\", \"body_limit_bytes\", \"base_urls\": {PROVIDER: URL}};
+                       flags win over the file
+  --tools-config FILE  tool servers (not supported by this build)
+
+Routes: POST /v1/rpc (session.send, run.status, run.result, run.cancel, session.read),
+GET /healthz, GET /metrics.
 ";
 
 const RUN_HELP: &str = "\
@@ -117,6 +144,8 @@ pub fn run(args: Vec<OsString>) -> u8 {
         None if help => print_help(HELP),
         None => usage("no command given; see `broca --help`"),
         Some("wal") => wal(pargs, help, state_dir),
+        Some("serve") if help => print_help(SERVE_HELP),
+        Some("serve") => serve_command(pargs, state_dir),
         Some("run") if help => print_help(RUN_HELP),
         Some("run") => run_command(pargs, state_dir),
         Some(other) => usage(&format!("unknown command `{other}`; see `broca --help`")),
@@ -385,5 +414,109 @@ fn run_standalone(standalone: Standalone, json: bool) -> u8 {
     } else {
         eprintln!("broca: {}", result.summary());
         EXIT_FAILURE
+    }
+}
+
+/// The `--config` file of serve.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ServeConfig {
+    listen: Option<String>,
+    socket: Option<PathBuf>,
+    shards: Option<usize>,
+    grace_secs: Option<u64>,
+    idle_secs: Option<u64>,
+    body_limit_bytes: Option<usize>,
+    #[serde(default)]
+    base_urls: std::collections::BTreeMap<String, String>,
+}
+
+fn parse_serve(
+    pargs: &mut pico_args::Arguments,
+    state_dir: Option<PathBuf>,
+) -> Result<ServeOptions, String> {
+    let listen: Option<String> = pargs
+        .opt_value_from_str("--listen")
+        .map_err(|e| format!("--listen: {e}"))?;
+    let socket: Option<PathBuf> = pargs
+        .opt_value_from_str("--socket")
+        .map_err(|e| format!("--socket: {e}"))?;
+    let shards: Option<usize> = pargs
+        .opt_value_from_str("--shards")
+        .map_err(|e| format!("--shards: {e}"))?;
+    let grace: Option<u64> = pargs
+        .opt_value_from_str("--grace-secs")
+        .map_err(|e| format!("--grace-secs: {e}"))?;
+    let config: Option<PathBuf> = pargs
+        .opt_value_from_str("--config")
+        .map_err(|e| format!("--config: {e}"))?;
+    let tools: Option<String> = pargs
+        .opt_value_from_str("--tools-config")
+        .map_err(|e| format!("--tools-config: {e}"))?;
+    rest(std::mem::replace(
+        pargs,
+        pico_args::Arguments::from_vec(Vec::new()),
+    ))?;
+    if tools.is_some() {
+        return Err("--tools-config: tool servers are not supported by this build".into());
+    }
+    let file: ServeConfig = match &config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("--config {}: {e}", path.display()))?;
+            serde_json::from_str(&text).map_err(|e| format!("--config {}: {e}", path.display()))?
+        }
+        None => ServeConfig::default(),
+    };
+    let listen_text = listen
+        .or(file.listen)
+        .unwrap_or_else(|| "127.0.0.1:7411".into());
+    let listen = listen_text.parse().map_err(|_| {
+        format!("--listen `{listen_text}` is not an address such as 127.0.0.1:7411")
+    })?;
+    let shards = shards
+        .or(file.shards)
+        .unwrap_or_else(broca_shards::available_cores);
+    if !(1..=1024).contains(&shards) {
+        return Err(format!("--shards {shards}: use 1 to 1024"));
+    }
+    let state_dir = resolve_state_dir(state_dir)
+        .ok_or("no state dir: set --state-dir, BROCA_STATE_DIR or HOME")?;
+    let mut endpoints = Endpoints::from_env()?;
+    for (provider, url) in &file.base_urls {
+        crate::catalog::provider(provider)
+            .ok_or_else(|| format!("--config: unknown provider `{provider}` in base_urls"))?;
+        endpoints
+            .set(provider, url)
+            .map_err(|e| format!("--config: base_urls.{provider}: {e}"))?;
+    }
+    let mut limits = broca_io::http_server::ServerLimits::default();
+    if let Some(n) = file.body_limit_bytes {
+        limits.body_bytes_max = n;
+    }
+    Ok(ServeOptions {
+        state_dir,
+        listen,
+        socket: socket.or(file.socket),
+        shards,
+        grace: std::time::Duration::from_secs(grace.or(file.grace_secs).unwrap_or(5)),
+        idle: std::time::Duration::from_secs(file.idle_secs.unwrap_or(30)),
+        limits,
+        endpoints,
+    })
+}
+
+fn serve_command(mut pargs: pico_args::Arguments, state_dir: Option<PathBuf>) -> u8 {
+    let opts = match parse_serve(&mut pargs, state_dir) {
+        Ok(o) => o,
+        Err(e) => return usage(&e),
+    };
+    match crate::module::serve::serve(opts) {
+        Ok(0) => EXIT_OK,
+        Ok(sig) => crate::module::serve::reraise(sig),
+        Err(e) => {
+            eprintln!("broca: {e}");
+            EXIT_FAILURE
+        }
     }
 }

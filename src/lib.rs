@@ -8,6 +8,7 @@ pub mod catalog;
 pub mod cli;
 pub mod core;
 pub mod module;
+pub mod owner_only;
 pub mod protocol;
 pub mod provider;
 pub mod wal;

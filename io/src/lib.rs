@@ -17,6 +17,7 @@ pub mod eventstream;
 pub mod fence;
 pub mod fs;
 pub mod http1;
+pub mod http_server;
 pub mod log;
 pub mod net;
 pub mod sse;

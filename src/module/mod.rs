@@ -3,6 +3,7 @@
 //! model client, the tools).
 
 pub mod scripted;
+pub mod serve;
 pub mod session;
 pub mod standalone;
 

@@ -49,12 +49,12 @@ impl std::fmt::Display for ActorError {
 }
 
 impl ActorError {
-    /// The refusal, with its message, for a command's reply (other failures are said as
-    /// their message under the code `internal`).
-    fn to_string_refusal(&self) -> (Refusal, String) {
+    /// The management error for this failure: a refusal keeps its code; anything else is
+    /// an internal error naming what failed.
+    pub fn to_rpc_error(&self) -> crate::wire::RpcError {
         match self {
-            ActorError::Refused(r) => (r.clone(), r.to_string()),
-            other => (Refusal::InvalidParams(String::new()), format!("internal: {other}")),
+            ActorError::Refused(r) => crate::wire::RpcError::refusal(r, r.to_string()),
+            other => crate::wire::RpcError::transient(500, "internal", other.to_string()),
         }
     }
 }
@@ -382,7 +382,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             SessionCommand::Send { req, reply } => {
                 // Admission answers a repeated send_id or refuses (the session is busy);
                 // it never starts a second run beside this one.
-                let _ = reply.send(self.send(&req).await.map_err(|e| e.to_string_refusal()));
+                let _ = reply.send(self.send(&req).await.map_err(|e| e.to_rpc_error()));
             }
             SessionCommand::Status { run_id, reply } => {
                 let _ = reply.send(self.view(run_id.as_deref()));
@@ -411,14 +411,24 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         self.inbox = Some(inbox);
     }
 
-    fn spawn_model(&self, request: crate::protocol::Request, call: Rc<Cell<u64>>, tx: Rc<local_channel::LocalSender<Input>>) {
+    fn spawn_model(
+        &self,
+        request: crate::protocol::Request,
+        call: Rc<Cell<u64>>,
+        tx: Rc<local_channel::LocalSender<Input>>,
+    ) {
         let provider = self.provider.clone();
         let me = call.get();
         glommio::spawn_local(async move {
             let mut stream = match provider.open(&request).await {
                 Ok(s) => s,
                 Err(f) => {
-                    let _ = tx.send(Input::Model { call: me, item: Some(Err(f)) }).await;
+                    let _ = tx
+                        .send(Input::Model {
+                            call: me,
+                            item: Some(Err(f)),
+                        })
+                        .await;
                     return;
                 }
             };
@@ -491,7 +501,7 @@ pub enum SessionCommand {
     /// Admit a send (the run then runs in the actor).
     Send {
         req: SendRequest,
-        reply: oneshot::Sender<Result<SendReply, (Refusal, String)>>,
+        reply: oneshot::Sender<Result<SendReply, crate::wire::RpcError>>,
     },
     /// The view of a run (the latest when `None`).
     Status {

@@ -2,7 +2,7 @@
 //! same WAL and durability as serve. A run a crash left open in the session is resumed (and
 //! driven to its end) before the send is admitted.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::rc::Rc;
 
 use broca_io::net::proxy::ProxyConfig;
@@ -36,21 +36,12 @@ pub struct Report {
     pub existing: bool,
 }
 
-/// Creates `dir` and its parents owner-only (0700).
-pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-}
-
 impl Standalone {
     /// Runs the send to its end on a local executor; `display` receives the answer's text as
     /// it streams. `Err` is one line naming what failed.
     pub fn run(self, display: Box<dyn FnMut(&str)>) -> Result<Report, String> {
         let wal_dir = self.state_dir.join("wal");
-        create_private_dir(&wal_dir)
+        crate::owner_only::create_dir(&wal_dir)
             .map_err(|e| format!("cannot create {}: {e}", wal_dir.display()))?;
         let proxy = ProxyConfig::from_env()?;
         let tls = tls::default_client_config()?;

@@ -103,3 +103,134 @@ impl RunResult {
         s
     }
 }
+
+/// An error reply of the management surface: `{"error": {"code", "class", "message"}}` with
+/// its HTTP status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RpcError {
+    pub status: u16,
+    pub code: &'static str,
+    pub class: crate::protocol::ErrorClass,
+    pub message: String,
+}
+
+impl RpcError {
+    /// A permanent error.
+    pub fn permanent(status: u16, code: &'static str, message: impl Into<String>) -> RpcError {
+        RpcError {
+            status,
+            code,
+            class: crate::protocol::ErrorClass::Permanent,
+            message: message.into(),
+        }
+    }
+
+    /// A transient error (worth retrying later).
+    pub fn transient(status: u16, code: &'static str, message: impl Into<String>) -> RpcError {
+        RpcError {
+            status,
+            code,
+            class: crate::protocol::ErrorClass::Transient,
+            message: message.into(),
+        }
+    }
+
+    /// The error for a refused send.
+    pub fn refusal(r: &crate::core::admission::Refusal, message: String) -> RpcError {
+        use crate::core::admission::Refusal;
+        match r {
+            Refusal::InvalidParams(_) => RpcError::permanent(400, r.code(), message),
+            Refusal::ShuttingDown => RpcError::transient(503, r.code(), message),
+            Refusal::SessionBusy { .. } => RpcError::transient(409, r.code(), message),
+            Refusal::SendIdReuse { .. } | Refusal::ToolNameCollision(_) => {
+                RpcError::permanent(409, r.code(), message)
+            }
+        }
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({"error": {
+            "code": self.code,
+            "class": self.class.as_str(),
+            "message": self.message,
+        }}))
+        .expect("an error serializes")
+    }
+}
+
+/// The `session.send` reply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SendAnswer {
+    /// `active` (the run runs), `finished` (a repeated send_id named a run that ended), or
+    /// `paused`.
+    pub state: &'static str,
+    pub run_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl SendAnswer {
+    /// The answer for the run a send started or named.
+    pub fn of(run: &RunView) -> SendAnswer {
+        let r = RunResult::of(run);
+        let state = match run.state {
+            RunState::Active => "active",
+            RunState::Paused => "paused",
+            RunState::Finished(_) => "finished",
+        };
+        SendAnswer {
+            state,
+            run_id: r.run_id,
+            reason: r.reason,
+        }
+    }
+}
+
+/// The `run.status` reply.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RunStatus {
+    pub run_id: String,
+    pub state: &'static str,
+    pub usage: Usage,
+    pub indeterminate_tool_calls: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorReply>,
+}
+
+impl RunStatus {
+    pub fn of(run: &RunView) -> RunStatus {
+        RunStatus {
+            run_id: run.run_id.clone(),
+            state: run.state.as_str(),
+            usage: run.usage,
+            indeterminate_tool_calls: run.indeterminate_tool_calls.clone(),
+            error: run.error.as_ref().map(ErrorReply::from),
+        }
+    }
+}
+
+/// One message of a `session.read` page.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReadMessage<'a> {
+    pub ordinal: u64,
+    pub message: &'a crate::protocol::Message,
+}
+
+/// The `session.read` reply.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReadPage<'a> {
+    pub messages: Vec<ReadMessage<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_from_ordinal: Option<u64>,
+    /// The number of durable messages in the session.
+    pub head: u64,
+    /// The WAL's lineage (a change says the log was recreated); absent for a session
+    /// with no WAL yet.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lineage_id: Option<String>,
+}
+
+/// `session.read` page sizes.
+pub const READ_LIMIT_DEFAULT: usize = 200;
+pub const READ_LIMIT_MAX: usize = 500;

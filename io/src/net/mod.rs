@@ -14,6 +14,7 @@ use std::time::Duration;
 
 pub use client::{ClientConfig, HttpClient, Request, Response};
 pub use conn::Conn;
+pub use rustls;
 
 /// A URL scheme the client speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -1,0 +1,250 @@
+//! `broca serve`: the daemon. One pinned executor per shard; a session address picks its
+//! shard, which owns the session's actor, its WAL appends (one group-commit scheduler per
+//! shard) and its provider connections (one HTTP client per shard). Shard 0 also accepts the
+//! management connections (TCP and the Unix socket) and routes each session-bound command to
+//! the owning shard over the shard mesh; replies come back on one-shot channels.
+//!
+//! Shutdown: SIGTERM or SIGINT stops admission (new sends are refused `shutting_down`),
+//! gives active runs `--grace-secs` to finish, seals the rest Interrupted, closes every WAL,
+//! removes serve.json and re-raises the signal, so a supervisor sees broca die of it.
+
+mod http;
+mod registry;
+mod rpc;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use broca_io::http_server::ServerLimits;
+use broca_io::net::proxy::ProxyConfig;
+use futures_channel::mpsc;
+
+use crate::provider::transport::Endpoints;
+use crate::wal::SessionTriple;
+
+pub use registry::ShardStats;
+
+use super::session::SessionCommand;
+
+/// How serve runs.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub state_dir: PathBuf,
+    pub listen: SocketAddr,
+    pub socket: Option<PathBuf>,
+    pub shards: usize,
+    pub grace: Duration,
+    /// An idle session's actor is closed (and its memory freed) after this long.
+    pub idle: Duration,
+    pub limits: ServerLimits,
+    pub endpoints: Endpoints,
+}
+
+/// A message between shards.
+pub(crate) enum ShardMsg {
+    /// A command for the session `triple` (owned by the receiving shard).
+    Session {
+        triple: SessionTriple,
+        cmd: SessionCommand,
+    },
+    /// The shard's counters.
+    Stats(futures_channel::oneshot::Sender<ShardStats>),
+    /// Stop: wait for active runs up to the grace, seal the rest, close every session.
+    Stop(futures_channel::oneshot::Sender<()>),
+}
+
+/// What every shard shares.
+pub(crate) struct ServeCtx {
+    pub opts: ServeOptions,
+    pub wal_dir: PathBuf,
+    /// The bearer handle TCP clients present.
+    pub handle: String,
+    pub mesh: Vec<mpsc::UnboundedSender<ShardMsg>>,
+    /// Admission is closed.
+    pub stopping: AtomicBool,
+    /// The signal that asked for the stop (0: none yet).
+    pub signal: AtomicI32,
+    pub tls: Arc<broca_io::net::rustls::ClientConfig>,
+    pub proxy: ProxyConfig,
+}
+
+impl ServeCtx {
+    /// The shard that owns `triple`.
+    pub fn shard_of(&self, triple: &SessionTriple) -> usize {
+        let a = triple.address().0;
+        let key = u64::from_le_bytes(a[..8].try_into().expect("eight bytes"));
+        broca_shards::shard_for(key, self.mesh.len())
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
+    }
+
+    /// Sends a command to the session's shard. `false` when that shard is gone.
+    pub fn route(&self, triple: SessionTriple, cmd: SessionCommand) -> bool {
+        let shard = self.shard_of(&triple);
+        self.mesh[shard]
+            .unbounded_send(ShardMsg::Session { triple, cmd })
+            .is_ok()
+    }
+}
+
+/// Creates (0700) or checks the state dir and its `wal/` folder; makes the handle file.
+fn prepare_state(opts: &ServeOptions) -> Result<(PathBuf, String, PathBuf), String> {
+    let dir = &opts.state_dir;
+    crate::owner_only::create_dir(dir)
+        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    crate::owner_only::check_dir(dir)?;
+    let wal_dir = dir.join("wal");
+    crate::owner_only::create_dir(&wal_dir)
+        .map_err(|e| format!("cannot create {}: {e}", wal_dir.display()))?;
+    crate::owner_only::check_dir(&wal_dir)?;
+    let mut raw = [0u8; 32];
+    getrandom(&mut raw)?;
+    let handle: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    let handle_file = dir.join("serve.handle");
+    crate::owner_only::write_file(&handle_file, handle.as_bytes())
+        .map_err(|e| format!("cannot write {}: {e}", handle_file.display()))?;
+    Ok((wal_dir, handle, handle_file))
+}
+
+fn getrandom(buf: &mut [u8]) -> Result<(), String> {
+    let mut f = std::fs::File::open("/dev/urandom").map_err(|e| format!("/dev/urandom: {e}"))?;
+    std::io::Read::read_exact(&mut f, buf).map_err(|e| format!("/dev/urandom: {e}"))
+}
+
+/// Blocks SIGTERM and SIGINT in this thread (the shards inherit the mask) and waits for them
+/// on a thread of their own.
+fn catch_signals(ctx: Arc<Mutex<Option<Arc<ServeCtx>>>>) -> Result<(), String> {
+    // SAFETY: plain libc signal-set calls on a local set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+            return Err("cannot block SIGTERM/SIGINT".into());
+        }
+        let set = set;
+        std::thread::Builder::new()
+            .name("broca-signals".into())
+            .spawn(move || loop {
+                let mut sig = 0;
+                if libc::sigwait(&set, &mut sig) == 0 {
+                    if let Some(ctx) = ctx.lock().expect("the signal slot").as_ref() {
+                        tracing::warn!(
+                            "signal {sig}: stopping admission; active runs get the grace period"
+                        );
+                        let _ = ctx.signal.compare_exchange(
+                            0,
+                            sig,
+                            Ordering::AcqRel,
+                            Ordering::Acquire,
+                        );
+                        ctx.stopping.store(true, Ordering::Release);
+                    }
+                }
+            })
+            .map_err(|e| format!("cannot start the signal thread: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Runs the daemon until a signal stops it. Returns the signal, for the caller to re-raise
+/// once everything is closed. `Err` is one line naming what kept it from starting.
+pub fn serve(opts: ServeOptions) -> Result<i32, String> {
+    if opts.shards == 0 {
+        return Err("--shards must be at least 1".into());
+    }
+    let slot: Arc<Mutex<Option<Arc<ServeCtx>>>> = Arc::new(Mutex::new(None));
+    catch_signals(slot.clone())?;
+    let (wal_dir, handle, handle_file) = prepare_state(&opts)?;
+    let proxy = ProxyConfig::from_env()?;
+    let tls = broca_io::net::tls::default_client_config()?;
+    // Bind before the shards start, so a port in use is a clear error here.
+    let listener = std::net::TcpListener::bind(opts.listen)
+        .map_err(|e| format!("cannot listen on {}: {e}", opts.listen))?;
+    let listen = listener.local_addr().map_err(|e| e.to_string())?;
+    let socket = opts
+        .socket
+        .clone()
+        .unwrap_or_else(|| opts.state_dir.join("broca.sock"));
+    let _ = std::fs::remove_file(&socket); // a socket left by a killed daemon
+    let unix = std::os::unix::net::UnixListener::bind(&socket)
+        .map_err(|e| format!("cannot listen on {}: {e}", socket.display()))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600));
+    }
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..opts.shards)
+        .map(|_| mpsc::unbounded::<ShardMsg>())
+        .unzip();
+    let ctx = Arc::new(ServeCtx {
+        opts: opts.clone(),
+        wal_dir,
+        handle,
+        mesh: senders,
+        stopping: AtomicBool::new(false),
+        signal: AtomicI32::new(0),
+        tls,
+        proxy,
+    });
+    *slot.lock().expect("the signal slot") = Some(ctx.clone());
+    let serve_json = opts.state_dir.join("serve.json");
+    let info = serde_json::json!({
+        "pid": std::process::id(),
+        "listen": listen.to_string(),
+        "socket": socket.display().to_string(),
+        "handle_file": handle_file.display().to_string(),
+    });
+    crate::owner_only::write_file(&serve_json, info.to_string().as_bytes())
+        .map_err(|e| format!("cannot write {}: {e}", serve_json.display()))?;
+    let receivers = Arc::new(Mutex::new(
+        receivers.into_iter().map(Some).collect::<Vec<_>>(),
+    ));
+    let listeners = Arc::new(Mutex::new(Some((listener, unix))));
+    println!("broca listening on http://{listen}");
+    use std::io::Write as _;
+    let _ = std::io::stdout().flush();
+    let shard_ctx = ctx.clone();
+    let result = broca_shards::run_pinned(opts.shards, move |shard| {
+        let ctx = shard_ctx.clone();
+        let rx = receivers.lock().expect("receivers")[shard]
+            .take()
+            .expect("one receiver per shard");
+        let listeners = if shard == 0 {
+            listeners.lock().expect("listeners").take()
+        } else {
+            None
+        };
+        registry::shard_main(shard, ctx, rx, listeners)
+    });
+    let _ = std::fs::remove_file(&serve_json);
+    let _ = std::fs::remove_file(&socket);
+    for r in result.map_err(|e| format!("a shard failed to start: {e}"))? {
+        r?;
+    }
+    Ok(ctx.signal.load(Ordering::Acquire))
+}
+
+/// Dies of `sig` as if it had not been caught (the supervisor sees the signal).
+pub fn reraise(sig: i32) -> ! {
+    // SAFETY: resetting a signal to its default and raising it; nothing is left to run.
+    unsafe {
+        libc::signal(sig, libc::SIG_DFL);
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, sig);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::raise(sig);
+    }
+    std::process::exit(128 + sig)
+}
+
+/// The path of serve.json in `state_dir`.
+pub fn serve_json(state_dir: &Path) -> PathBuf {
+    state_dir.join("serve.json")
+}

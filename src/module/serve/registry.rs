@@ -1,0 +1,309 @@
+//! One shard's sessions: an actor per live session, started on the first command for it
+//! (opening its WAL under the lease and resuming a run a crash left open) and closed after it
+//! has been idle for a while, so an idle session costs no memory; the next command rebuilds
+//! it from the WAL.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use broca_io::net::{ClientConfig, HttpClient};
+use broca_io::{CommitStats, Committer, LogConfig};
+use futures_channel::{mpsc, oneshot};
+use futures_lite::StreamExt;
+use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
+
+use crate::core::admission::Refusal;
+use crate::module::session::{SessionActor, SessionCommand};
+use crate::module::NoTools;
+use crate::provider::credential::EnvSecrets;
+use crate::provider::transport::HttpModelClient;
+use crate::wal::SessionTriple;
+use crate::wire::RpcError;
+
+use super::{ServeCtx, ShardMsg};
+
+/// One shard's counters, for /metrics.
+#[derive(Debug, Clone, Default)]
+pub struct ShardStats {
+    pub shard: usize,
+    pub sessions_live: usize,
+    pub runs_active: usize,
+    pub commit: CommitStats,
+    pub provider_bytes_in: u64,
+    pub provider_bytes_out: u64,
+    pub provider_connects: u64,
+}
+
+type Actor = SessionActor<HttpModelClient, NoTools>;
+
+pub(crate) struct Registry {
+    shard: usize,
+    ctx: Arc<ServeCtx>,
+    sessions: RefCell<HashMap<[u8; 16], Rc<LocalSender<SessionCommand>>>>,
+    model: Rc<HttpModelClient>,
+    http: Rc<HttpClient>,
+    committer: Committer,
+    runs_active: Cell<usize>,
+    /// The shard stops: actors end after their run and take no new ones.
+    closing: Cell<bool>,
+}
+
+/// A shard's life: accept connections (shard 0), serve the mesh, stop when told.
+pub(crate) async fn shard_main(
+    shard: usize,
+    ctx: Arc<ServeCtx>,
+    mut rx: mpsc::UnboundedReceiver<ShardMsg>,
+    listeners: Option<(std::net::TcpListener, std::os::unix::net::UnixListener)>,
+) -> Result<(), String> {
+    let http = HttpClient::new(ClientConfig::new(ctx.tls.clone(), ctx.proxy.clone()));
+    let model = Rc::new(HttpModelClient::new(
+        http.clone(),
+        ctx.opts.endpoints.clone(),
+        Box::new(EnvSecrets),
+    ));
+    let reg = Rc::new(Registry {
+        shard,
+        ctx: ctx.clone(),
+        sessions: RefCell::new(HashMap::new()),
+        model,
+        http,
+        committer: Committer::default(),
+        runs_active: Cell::new(0),
+        closing: Cell::new(false),
+    });
+    let accept = match listeners {
+        Some((tcp, unix)) => Some(super::http::start(ctx.clone(), tcp, unix)?),
+        None => None,
+    };
+    if shard == 0 {
+        // Shard 0 turns a signal into a stop of every shard.
+        let ctx = ctx.clone();
+        glommio::spawn_local(async move {
+            while !ctx.is_stopping() {
+                glommio::timer::sleep(Duration::from_millis(20)).await;
+            }
+            let mut waits = Vec::new();
+            for tx in &ctx.mesh {
+                let (done, wait) = oneshot::channel();
+                if tx.unbounded_send(ShardMsg::Stop(done)).is_ok() {
+                    waits.push(wait);
+                }
+            }
+            for w in waits {
+                let _ = w.await;
+            }
+            for tx in &ctx.mesh {
+                tx.close_channel();
+            }
+        })
+        .detach();
+    }
+    while let Some(msg) = rx.next().await {
+        match msg {
+            ShardMsg::Session { triple, cmd } => reg.dispatch(triple, cmd),
+            ShardMsg::Stats(reply) => {
+                let _ = reply.send(reg.stats());
+            }
+            ShardMsg::Stop(done) => {
+                if let Some(a) = &accept {
+                    a.stop();
+                }
+                let reg = reg.clone();
+                glommio::spawn_local(async move {
+                    reg.stop().await;
+                    let _ = done.send(());
+                })
+                .detach();
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Registry {
+    fn stats(&self) -> ShardStats {
+        let h = self.http.stats();
+        ShardStats {
+            shard: self.shard,
+            sessions_live: self.sessions.borrow().len(),
+            runs_active: self.runs_active.get(),
+            commit: self.committer.stats(),
+            provider_bytes_in: h.bytes_in,
+            provider_bytes_out: h.bytes_out,
+            provider_connects: h.connects,
+        }
+    }
+
+    /// Hands `cmd` to the session's actor, starting it if needed.
+    fn dispatch(self: &Rc<Self>, triple: SessionTriple, cmd: SessionCommand) {
+        if self.closing.get() {
+            refuse_closing(cmd);
+            return;
+        }
+        let addr = triple.address().0;
+        let existing = self.sessions.borrow().get(&addr).cloned();
+        let tx = match existing {
+            Some(tx) => tx,
+            None => {
+                let (tx, rx) = local_channel::new_unbounded();
+                let tx = Rc::new(tx);
+                self.sessions.borrow_mut().insert(addr, tx.clone());
+                let reg = self.clone();
+                glommio::spawn_local(async move { reg.actor(triple, Rc::new(rx)).await }).detach();
+                tx
+            }
+        };
+        if let Err(e) = tx.try_send(cmd) {
+            if let glommio::GlommioError::Closed(glommio::ResourceType::Channel(cmd)) = e {
+                refuse_closing(cmd);
+            }
+        }
+    }
+
+    /// One session's actor: open, resume, answer commands in order, run sends, close when
+    /// idle or stopping.
+    async fn actor(self: Rc<Self>, triple: SessionTriple, rx: Rc<LocalReceiver<SessionCommand>>) {
+        let addr = triple.address().0;
+        let opened = SessionActor::open(
+            &self.ctx.wal_dir,
+            &triple,
+            self.model.clone(),
+            Rc::new(NoTools),
+            Vec::new(),
+            LogConfig::default(),
+            self.committer.clone(),
+        )
+        .await;
+        let mut actor: Actor = match opened {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::error!("session {}: {e}", triple.address());
+                self.sessions.borrow_mut().remove(&addr);
+                let err = RpcError::transient(
+                    503,
+                    "session_unavailable",
+                    format!("the session cannot be opened: {e}"),
+                );
+                while let Some(cmd) = queued(&rx).await {
+                    fail(cmd, &err);
+                }
+                return;
+            }
+        };
+        actor.set_inbox(rx.clone());
+        if actor.state().open.is_some() {
+            self.runs_active.set(self.runs_active.get() + 1);
+            if let Err(e) = actor.resume().await {
+                tracing::error!("session {}: resuming: {e}", triple.address());
+            }
+            self.runs_active.set(self.runs_active.get() - 1);
+        }
+        let idle = self.ctx.opts.idle;
+        loop {
+            if self.closing.get() {
+                break;
+            }
+            let deadline = Instant::now() + idle;
+            let next = futures_lite::future::or(async { Some(rx.recv().await) }, async {
+                glommio::timer::sleep(deadline.saturating_duration_since(Instant::now())).await;
+                None
+            })
+            .await;
+            let cmd = match next {
+                None => break,       // idle: free the memory
+                Some(None) => break, // the channel closed
+                Some(Some(cmd)) => cmd,
+            };
+            match cmd {
+                SessionCommand::Send { req, reply } => {
+                    if self.ctx.is_stopping() {
+                        let r = Refusal::ShuttingDown;
+                        let _ = reply.send(Err(RpcError::refusal(&r, r.to_string())));
+                        continue;
+                    }
+                    match actor.send(&req).await {
+                        Ok(r) => {
+                            let new = !r.existing;
+                            let _ = reply.send(Ok(r));
+                            if new {
+                                self.runs_active.set(self.runs_active.get() + 1);
+                                let done = actor.run_admitted().await;
+                                self.runs_active.set(self.runs_active.get() - 1);
+                                if let Err(e) = done {
+                                    tracing::error!("session {}: {e}", triple.address());
+                                    break;
+                                }
+                            }
+                        }
+                        Err(e @ crate::module::session::ActorError::Refused(_)) => {
+                            let _ = reply.send(Err(e.to_rpc_error()));
+                        }
+                        Err(e) => {
+                            tracing::error!("session {}: {e}", triple.address());
+                            let _ = reply.send(Err(e.to_rpc_error()));
+                            break;
+                        }
+                    }
+                }
+                SessionCommand::Status { run_id, reply } => {
+                    let _ = reply.send(actor.view(run_id.as_deref()));
+                }
+                SessionCommand::Cancel { reply, .. } => {
+                    let _ = reply.send(false); // no run is active here
+                }
+                SessionCommand::Shutdown => break,
+            }
+        }
+        if let Err(e) = actor.close().await {
+            tracing::error!("session {}: closing: {e}", triple.address());
+        }
+        self.sessions.borrow_mut().remove(&addr);
+        // Commands that came in while this actor closed go to a new one (or are refused).
+        while let Some(cmd) = queued(&rx).await {
+            self.dispatch(triple.clone(), cmd);
+        }
+    }
+
+    /// Stops the shard: no new runs; active runs get the grace period; then every session is
+    /// told to stop (sealing its run Interrupted) and closed.
+    async fn stop(&self) {
+        let deadline = Instant::now() + self.ctx.opts.grace;
+        while self.runs_active.get() > 0 && Instant::now() < deadline {
+            glommio::timer::sleep(Duration::from_millis(10)).await;
+        }
+        self.closing.set(true);
+        let senders: Vec<_> = self.sessions.borrow().values().cloned().collect();
+        for tx in senders {
+            let _ = tx.try_send(SessionCommand::Shutdown);
+        }
+        let bound = Instant::now() + Duration::from_secs(30);
+        while !self.sessions.borrow().is_empty() && Instant::now() < bound {
+            glommio::timer::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// A command already queued, without waiting.
+async fn queued(rx: &LocalReceiver<SessionCommand>) -> Option<SessionCommand> {
+    futures_lite::future::poll_once(rx.recv()).await.flatten()
+}
+
+fn refuse_closing(cmd: SessionCommand) {
+    let r = Refusal::ShuttingDown;
+    fail(cmd, &RpcError::refusal(&r, r.to_string()));
+}
+
+/// Answers a command that cannot be served (a dropped reply reads as unavailable).
+fn fail(cmd: SessionCommand, err: &RpcError) {
+    match cmd {
+        SessionCommand::Send { reply, .. } => {
+            let _ = reply.send(Err(err.clone()));
+        }
+        SessionCommand::Status { reply, .. } => drop(reply),
+        SessionCommand::Cancel { reply, .. } => drop(reply),
+        SessionCommand::Shutdown => {}
+    }
+}

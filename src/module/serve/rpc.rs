@@ -1,0 +1,234 @@
+//! The management methods of `POST /v1/rpc`: `{"method", "params"}` in, `{"result"}` or an
+//! error out. Session-bound methods name the session by `project_root`, `harness`, `session`;
+//! the command goes to the shard that owns it. `session.read` reads the WAL file on the
+//! blocking pool and never takes the writer lease.
+
+use std::sync::Arc;
+
+use futures_channel::oneshot;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use crate::core::admission::SendRequest;
+use crate::core::replay::RunView;
+use crate::module::session::SessionCommand;
+use crate::wal::SessionTriple;
+use crate::wire::{
+    ReadMessage, ReadPage, RpcError, RunResult, RunStatus, SendAnswer, READ_LIMIT_DEFAULT,
+    READ_LIMIT_MAX,
+};
+
+use super::ServeCtx;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Envelope {
+    method: String,
+    #[serde(default)]
+    params: Option<Map<String, Value>>,
+}
+
+fn invalid(why: impl Into<String>) -> RpcError {
+    RpcError::permanent(400, "invalid_params", why)
+}
+
+/// Runs one call.
+pub(crate) async fn call(ctx: &Arc<ServeCtx>, body: &[u8]) -> Result<Value, RpcError> {
+    let env: Envelope = serde_json::from_slice(body).map_err(|e| {
+        RpcError::permanent(
+            400,
+            "invalid_request",
+            format!("the body is not a request envelope {{\"method\", \"params\"}}: {e}"),
+        )
+    })?;
+    let params = env.params.unwrap_or_default();
+    match env.method.as_str() {
+        "session.send" => send(ctx, params).await,
+        "run.status" => status(ctx, params).await,
+        "run.result" => result(ctx, params).await,
+        "run.cancel" => cancel(ctx, params).await,
+        "session.read" => read(ctx, params).await,
+        other => Err(RpcError::permanent(
+            404,
+            "unknown_method",
+            format!(
+                "unknown method `{other}` (known: session.send, run.status, run.result, \
+                 run.cancel, session.read)"
+            ),
+        )),
+    }
+}
+
+fn take_str(params: &mut Map<String, Value>, key: &str) -> Result<Option<String>, RpcError> {
+    match params.remove(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err(invalid(format!("`{key}` must be a string, not {other}"))),
+    }
+}
+
+fn take_u64(params: &mut Map<String, Value>, key: &str) -> Result<Option<u64>, RpcError> {
+    match params.remove(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) if n.as_u64().is_some() => Ok(n.as_u64()),
+        Some(other) => Err(invalid(format!(
+            "`{key}` must be a non-negative integer, not {other}"
+        ))),
+    }
+}
+
+fn triple(params: &mut Map<String, Value>) -> Result<SessionTriple, RpcError> {
+    let mut part =
+        |key: &str| take_str(params, key)?.ok_or_else(|| invalid(format!("`{key}` is required")));
+    let (root, harness, session) = (part("project_root")?, part("harness")?, part("session")?);
+    SessionTriple::new(&root, &harness, &session).map_err(|e| invalid(e.to_string()))
+}
+
+fn no_more(params: &Map<String, Value>) -> Result<(), RpcError> {
+    match params.keys().next() {
+        Some(k) => Err(invalid(format!("unknown parameter `{k}`"))),
+        None => Ok(()),
+    }
+}
+
+fn unavailable() -> RpcError {
+    RpcError::transient(
+        503,
+        "session_unavailable",
+        "the session's shard did not answer; retry",
+    )
+}
+
+async fn view(
+    ctx: &Arc<ServeCtx>,
+    t: &SessionTriple,
+    run_id: Option<String>,
+) -> Result<Option<RunView>, RpcError> {
+    let (reply, wait) = oneshot::channel();
+    if !ctx.route(t.clone(), SessionCommand::Status { run_id, reply }) {
+        return Err(unavailable());
+    }
+    wait.await.map_err(|_| unavailable())
+}
+
+fn unknown_run(run_id: &str) -> RpcError {
+    RpcError::permanent(
+        404,
+        "unknown_run",
+        format!("no run `{run_id}` in this session"),
+    )
+}
+
+async fn send(ctx: &Arc<ServeCtx>, mut params: Map<String, Value>) -> Result<Value, RpcError> {
+    let t = triple(&mut params)?;
+    let req: SendRequest =
+        serde_json::from_value(Value::Object(params)).map_err(|e| invalid(e.to_string()))?;
+    if ctx.is_stopping() {
+        return Err(RpcError::transient(
+            503,
+            "shutting_down",
+            "broca is stopping; retry later",
+        ));
+    }
+    let (reply, wait) = oneshot::channel();
+    if !ctx.route(t.clone(), SessionCommand::Send { req, reply }) {
+        return Err(unavailable());
+    }
+    let sent = wait.await.map_err(|_| unavailable())??;
+    if !sent.existing {
+        return Ok(serde_json::json!({"state": "active", "run_id": sent.run_id}));
+    }
+    let run = view(ctx, &t, Some(sent.run_id.clone()))
+        .await?
+        .ok_or_else(|| unknown_run(&sent.run_id))?;
+    Ok(serde_json::to_value(SendAnswer::of(&run)).expect("an answer serializes"))
+}
+
+async fn status(ctx: &Arc<ServeCtx>, mut params: Map<String, Value>) -> Result<Value, RpcError> {
+    let t = triple(&mut params)?;
+    let run_id = take_str(&mut params, "run_id")?;
+    no_more(&params)?;
+    let run = view(ctx, &t, run_id.clone())
+        .await?
+        .ok_or_else(|| match &run_id {
+            Some(id) => unknown_run(id),
+            None => RpcError::permanent(404, "unknown_run", "this session has no run yet"),
+        })?;
+    Ok(serde_json::to_value(RunStatus::of(&run)).expect("a status serializes"))
+}
+
+async fn result(ctx: &Arc<ServeCtx>, mut params: Map<String, Value>) -> Result<Value, RpcError> {
+    let t = triple(&mut params)?;
+    let run_id = take_str(&mut params, "run_id")?.ok_or_else(|| invalid("`run_id` is required"))?;
+    no_more(&params)?;
+    let run = view(ctx, &t, Some(run_id.clone()))
+        .await?
+        .ok_or_else(|| unknown_run(&run_id))?;
+    Ok(serde_json::to_value(RunResult::of(&run)).expect("a result serializes"))
+}
+
+async fn cancel(ctx: &Arc<ServeCtx>, mut params: Map<String, Value>) -> Result<Value, RpcError> {
+    let t = triple(&mut params)?;
+    let run_id = take_str(&mut params, "run_id")?.ok_or_else(|| invalid("`run_id` is required"))?;
+    no_more(&params)?;
+    view(ctx, &t, Some(run_id.clone()))
+        .await?
+        .ok_or_else(|| unknown_run(&run_id))?;
+    let (reply, wait) = oneshot::channel();
+    if !ctx.route(t, SessionCommand::Cancel { run_id, reply }) {
+        return Err(unavailable());
+    }
+    let acked = wait.await.map_err(|_| unavailable())?;
+    Ok(Value::String(
+        if acked { "ack" } else { "not_active" }.into(),
+    ))
+}
+
+async fn read(ctx: &Arc<ServeCtx>, mut params: Map<String, Value>) -> Result<Value, RpcError> {
+    let t = triple(&mut params)?;
+    let from = take_u64(&mut params, "from_ordinal")?.unwrap_or(0);
+    let limit = take_u64(&mut params, "limit")?.unwrap_or(READ_LIMIT_DEFAULT as u64);
+    no_more(&params)?;
+    if limit == 0 || limit > READ_LIMIT_MAX as u64 {
+        return Err(invalid(format!("`limit` must be 1 to {READ_LIMIT_MAX}")));
+    }
+    let path = crate::wal::writer::wal_path(&ctx.wal_dir, &t);
+    let page = glommio::executor()
+        .spawn_blocking(move || read_page(&path, from, limit as usize))
+        .await;
+    page.map_err(|e| RpcError::transient(500, "internal", e))
+}
+
+/// Pages the durable transcript of the WAL at `path`, read as a reader (no lease).
+fn read_page(path: &std::path::Path, from: u64, limit: usize) -> Result<Value, String> {
+    if !path.exists() {
+        let page = ReadPage {
+            messages: Vec::new(),
+            next_from_ordinal: None,
+            head: 0,
+            lineage_id: None,
+        };
+        return Ok(serde_json::to_value(page).expect("a page serializes"));
+    }
+    let (bytes, scan) = crate::wal::verify::read_and_scan(path).map_err(|e| e.to_string())?;
+    let session = crate::core::Session::replay_scan(&scan, &bytes)
+        .map_err(|e| format!("{}: record {}: {}", path.display(), e.seq, e.reason))?;
+    let head = session.transcript.len() as u64;
+    let start = from.min(head) as usize;
+    let end = (start + limit).min(session.transcript.len());
+    let messages = session.transcript[start..end]
+        .iter()
+        .enumerate()
+        .map(|(i, message)| ReadMessage {
+            ordinal: (start + i) as u64,
+            message,
+        })
+        .collect();
+    let page = ReadPage {
+        messages,
+        next_from_ordinal: ((end as u64) < head).then_some(end as u64),
+        head,
+        lineage_id: Some(scan.header.lineage_hex()),
+    };
+    Ok(serde_json::to_value(page).expect("a page serializes"))
+}

@@ -61,7 +61,9 @@ Options:
   --shards N           executors, one per core (default: the cores available)
   --grace-secs N       how long active runs may finish at shutdown (default 5)
   --config FILE        JSON: {\"listen\", \"socket\", \"shards\", \"grace_secs\",
-                       \"idle_secs\", \"body_limit_bytes\", \"base_urls\": {PROVIDER: URL}};
+                       \"idle_secs\", \"body_limit_bytes\" (default 8 MiB),
+                       \"request_timeout_ms\" (default 15000),
+                       \"base_urls\": {PROVIDER: URL}};
                        flags win over the file
   --tools-config FILE  tool servers (not supported by this build)
 
@@ -427,6 +429,7 @@ struct ServeConfig {
     grace_secs: Option<u64>,
     idle_secs: Option<u64>,
     body_limit_bytes: Option<usize>,
+    request_timeout_ms: Option<u64>,
     #[serde(default)]
     base_urls: std::collections::BTreeMap<String, String>,
 }
@@ -502,6 +505,9 @@ fn parse_serve(
         grace: std::time::Duration::from_secs(grace.or(file.grace_secs).unwrap_or(5)),
         idle: std::time::Duration::from_secs(file.idle_secs.unwrap_or(30)),
         limits,
+        request_timeout: std::time::Duration::from_millis(
+            file.request_timeout_ms.unwrap_or(15_000),
+        ),
         endpoints,
     })
 }

@@ -18,8 +18,6 @@ use super::{ServeCtx, ShardMsg, ShardStats};
 
 /// How long a connection may sit idle between requests.
 const KEEP_ALIVE_IDLE: Duration = Duration::from_secs(60);
-/// How long a request may take to arrive once it has begun.
-const REQUEST_STALL: Duration = Duration::from_secs(15);
 
 /// The accept loops; `stop` ends them.
 pub(crate) struct Acceptor {
@@ -137,7 +135,7 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
         let wait = if dec.is_idle() {
             KEEP_ALIVE_IDLE
         } else {
-            REQUEST_STALL
+            ctx.opts.request_timeout
         };
         let read = broca_io::net::with_timeout(wait, stream.read(&mut buf)).await;
         match read {

@@ -40,6 +40,8 @@ pub struct ServeOptions {
     /// An idle session's actor is closed (and its memory freed) after this long.
     pub idle: Duration,
     pub limits: ServerLimits,
+    /// How long a request may take to arrive once it has begun (then 408).
+    pub request_timeout: Duration,
     pub endpoints: Endpoints,
 }
 

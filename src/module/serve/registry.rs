@@ -78,9 +78,11 @@ pub(crate) async fn shard_main(
         Some((tcp, unix)) => Some(super::http::start(ctx.clone(), tcp, unix)?),
         None => None,
     };
+    let accept = Rc::new(accept);
     if shard == 0 {
-        // Shard 0 turns a signal into a stop of every shard.
-        let ctx = ctx.clone();
+        // Shard 0 turns a signal into a stop of every shard; connections are served (sends
+        // refused) until every shard has stopped.
+        let (ctx, accept) = (ctx.clone(), accept.clone());
         glommio::spawn_local(async move {
             while !ctx.is_stopping() {
                 glommio::timer::sleep(Duration::from_millis(20)).await;
@@ -95,6 +97,9 @@ pub(crate) async fn shard_main(
             for w in waits {
                 let _ = w.await;
             }
+            if let Some(a) = accept.as_ref() {
+                a.stop();
+            }
             for tx in &ctx.mesh {
                 tx.close_channel();
             }
@@ -108,9 +113,6 @@ pub(crate) async fn shard_main(
                 let _ = reply.send(reg.stats());
             }
             ShardMsg::Stop(done) => {
-                if let Some(a) = &accept {
-                    a.stop();
-                }
                 let reg = reg.clone();
                 glommio::spawn_local(async move {
                     reg.stop().await;
@@ -147,6 +149,17 @@ impl Registry {
         let existing = self.sessions.borrow().get(&addr).cloned();
         let tx = match existing {
             Some(tx) => tx,
+            None if !matches!(cmd, SessionCommand::Send { .. })
+                && !crate::wal::writer::wal_path(&self.ctx.wal_dir, &triple).exists() =>
+            {
+                // Nothing was ever sent to this session: answer without creating its WAL.
+                match cmd {
+                    SessionCommand::Status { reply, .. } => drop(reply.send(None)),
+                    SessionCommand::Cancel { reply, .. } => drop(reply.send(false)),
+                    _ => {}
+                }
+                return;
+            }
             None => {
                 let (tx, rx) = local_channel::new_unbounded();
                 let tx = Rc::new(tx);

@@ -130,6 +130,16 @@ async fn send(ctx: &Arc<ServeCtx>, mut params: Map<String, Value>) -> Result<Val
             "broca is stopping; retry later",
         ));
     }
+    // What admission refuses whatever the session holds is refused here, before the session
+    // is opened (a refused send writes nothing, not even a new WAL).
+    let probe = crate::core::admission::AdmissionContext {
+        tools: &[],
+        run_id: String::new(),
+        now_unix_ms: 0,
+    };
+    if let Err(r) = crate::core::admission::admit(&req, &crate::core::Session::default(), &probe) {
+        return Err(RpcError::refusal(&r, r.to_string()));
+    }
     let (reply, wait) = oneshot::channel();
     if !ctx.route(t.clone(), SessionCommand::Send { req, reply }) {
         return Err(unavailable());

@@ -1,0 +1,466 @@
+//! `broca serve` as a real process: serve.json and the listen line, the owner-only state dir,
+//! the management methods against aimock as the provider, bad input answered with 4xx codes
+//! and no WAL touched, the Unix socket, session.read beside a writer in another process, and
+//! shutdown on SIGTERM (admission stops, an active run is sealed interrupted after the grace
+//! period, and the process dies of the signal).
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::{broca, dump_all, fixture, Aimock};
+
+struct Serve {
+    child: Child,
+    addr: String,
+    handle: String,
+    socket: PathBuf,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(state: &Path, peer: &Aimock, extra: &[&str]) -> Serve {
+    let mut child = broca(state)
+        .env("ANTHROPIC_API_KEY", "sk-serve-test-0123456789")
+        .env("BROCA_BASE_URL_ANTHROPIC", peer.url())
+        .args(["serve", "--listen", "127.0.0.1:0", "--shards", "2"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("broca listening on http://")
+        .unwrap_or_else(|| panic!("the listen line: {line:?}"))
+        .to_string();
+    let info: Value =
+        serde_json::from_slice(&std::fs::read(state.join("serve.json")).unwrap()).unwrap();
+    assert_eq!(info["listen"], addr.as_str());
+    assert_eq!(info["pid"], child.id());
+    let handle = std::fs::read_to_string(info["handle_file"].as_str().unwrap()).unwrap();
+    Serve {
+        child,
+        addr,
+        handle,
+        socket: PathBuf::from(info["socket"].as_str().unwrap()),
+    }
+}
+
+/// One HTTP exchange on a new connection: status and body.
+fn http(addr: &str, raw: &[u8]) -> (u16, Vec<u8>) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(raw).unwrap();
+    read_response(&mut s)
+}
+
+fn read_response(s: &mut impl Read) -> (u16, Vec<u8>) {
+    let mut all = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = s.read(&mut buf).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        all.extend_from_slice(&buf[..n]);
+        if let Some(end) = all.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&all[..end]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map(|v| v.trim().parse().unwrap())
+                .unwrap_or(0);
+            if all.len() >= end + 4 + len {
+                let status = head[9..12].parse().unwrap();
+                return (status, all[end + 4..end + 4 + len].to_vec());
+            }
+        }
+    }
+    panic!("no complete response: {:?}", String::from_utf8_lossy(&all));
+}
+
+fn post(s: &Serve, body: &str) -> (u16, Value) {
+    let raw = format!(
+        "POST /v1/rpc HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        s.handle,
+        body.len()
+    );
+    let (status, body) = http(&s.addr, raw.as_bytes());
+    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
+fn rpc(s: &Serve, method: &str, params: Value) -> (u16, Value) {
+    let mut p = json!({"project_root": "/proj", "harness": "h", "session": "s1"});
+    p.as_object_mut()
+        .unwrap()
+        .extend(params.as_object().unwrap().clone());
+    post(s, &json!({"method": method, "params": p}).to_string())
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let until = Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn wal_files(state: &Path) -> usize {
+    std::fs::read_dir(state.join("wal"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+#[test]
+fn the_management_methods_work_end_to_end() {
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let s = start(&state, &peer, &[]);
+    for (path, mode) in [
+        (state.clone(), 0o700),
+        (state.join("wal"), 0o700),
+        (state.join("serve.json"), 0o600),
+        (state.join("serve.handle"), 0o600),
+    ] {
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            mode,
+            "{}",
+            path.display()
+        );
+    }
+
+    let send = json!({"prompt": "hello there", "model": "anthropic/m", "send_id": "k1"});
+    let (status, r) = rpc(&s, "session.send", send.clone());
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["result"]["state"], "active");
+    let run_id = r["result"]["run_id"].as_str().unwrap().to_string();
+    wait_for("the run to complete", || {
+        rpc(&s, "run.status", json!({"run_id": run_id})).1["result"]["state"] == "completed"
+    });
+    let (_, st) = rpc(&s, "run.status", json!({}));
+    assert_eq!(st["result"]["usage"], json!({"input": 12, "output": 9}));
+    assert_eq!(st["result"]["indeterminate_tool_calls"], json!([]));
+
+    // The same send_id: the same run, nothing written; other inputs: refused.
+    let appends = |s: &Serve| {
+        let (_, m) = http(
+            &s.addr,
+            format!(
+                "GET /metrics HTTP/1.1\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n",
+                s.handle
+            )
+            .as_bytes(),
+        );
+        String::from_utf8(m)
+            .unwrap()
+            .lines()
+            .filter(|l| l.starts_with("broca_wal_appends_total{"))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+            .sum::<u64>()
+    };
+    let before = appends(&s);
+    let (status, again) = rpc(&s, "session.send", send.clone());
+    assert_eq!(
+        (status, again["result"]["run_id"].as_str()),
+        (200, Some(run_id.as_str()))
+    );
+    assert_eq!(
+        (
+            again["result"]["state"].as_str(),
+            again["result"]["reason"].as_str()
+        ),
+        (Some("finished"), Some("completed"))
+    );
+    assert_eq!(appends(&s), before, "a repeated send writes nothing");
+    let (status, reused) = rpc(
+        &s,
+        "session.send",
+        json!({"prompt": "other", "model": "anthropic/m", "send_id": "k1"}),
+    );
+    assert_eq!(
+        (status, reused["error"]["code"].as_str()),
+        (409, Some("send_id_reuse")),
+        "{reused}"
+    );
+
+    let (_, res) = rpc(&s, "run.result", json!({"run_id": run_id}));
+    assert_eq!(
+        res["result"]["final_message"]["text"],
+        "Hello! How can I help you today?"
+    );
+    assert_eq!(res["result"]["state"], "completed");
+    let (_, c) = rpc(&s, "run.cancel", json!({"run_id": run_id}));
+    assert_eq!(c["result"], "not_active");
+
+    // session.read pages the transcript by ordinal.
+    let (_, page) = rpc(&s, "session.read", json!({"limit": 1}));
+    let page = &page["result"];
+    assert_eq!(
+        (page["head"].as_u64(), page["next_from_ordinal"].as_u64()),
+        (Some(2), Some(1))
+    );
+    assert_eq!(page["messages"][0]["ordinal"], 0);
+    assert_eq!(page["messages"][0]["message"]["role"], "user");
+    assert_eq!(page["lineage_id"].as_str().unwrap().len(), 32);
+    let (_, page) = rpc(&s, "session.read", json!({"from_ordinal": 1}));
+    assert_eq!(
+        page["result"]["messages"][0]["message"]["content"][0]["text"]["text"],
+        "Hello! How can I help you today?"
+    );
+    assert!(page["result"].get("next_from_ordinal").is_none());
+
+    // Health, and the Unix socket without a handle.
+    let (status, _) = http(
+        &s.addr,
+        format!(
+            "GET /healthz HTTP/1.1\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n",
+            s.handle
+        )
+        .as_bytes(),
+    );
+    assert_eq!(status, 200);
+    let mut u = std::os::unix::net::UnixStream::connect(&s.socket).unwrap();
+    u.write_all(b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    assert_eq!(read_response(&mut u), (200, br#"{"status":"ok"}"#.to_vec()));
+}
+
+#[test]
+fn bad_input_gets_a_4xx_with_a_code_and_touches_no_wal() {
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let config = dir.path().join("serve.json5");
+    std::fs::write(
+        &config,
+        r#"{"body_limit_bytes": 1024, "request_timeout_ms": 300}"#,
+    )
+    .unwrap();
+    let s = start(&state, &peer, &["--config", config.to_str().unwrap()]);
+    let cases: Vec<(&str, u16, &str)> = vec![
+        ("{not json", 400, "invalid_request"),
+        (
+            r#"{"method":"session.fly","params":{}}"#,
+            404,
+            "unknown_method",
+        ),
+        (
+            r#"{"method":"session.send","params":{"harness":"h","session":"s","prompt":"x","model":"anthropic/m"}}"#,
+            400,
+            "invalid_params",
+        ),
+        (
+            r#"{"method":"session.send","params":{"project_root":7,"harness":"h","session":"s","prompt":"x","model":"anthropic/m"}}"#,
+            400,
+            "invalid_params",
+        ),
+        (
+            r#"{"method":"session.send","params":{"project_root":"/p","harness":"h","session":"s","prompt":"x","model":"anthropic/m","colour":"red"}}"#,
+            400,
+            "invalid_params",
+        ),
+        (
+            r#"{"method":"session.send","params":{"project_root":"/p","harness":"h","session":"s","prompt":"x","model":"nope/m"}}"#,
+            400,
+            "invalid_params",
+        ),
+        (
+            r#"{"method":"session.read","params":{"project_root":"/p","harness":"h","session":"s","limit":501}}"#,
+            400,
+            "invalid_params",
+        ),
+        (
+            r#"{"method":"run.result","params":{"project_root":"/p","harness":"h","session":"s"}}"#,
+            400,
+            "invalid_params",
+        ),
+    ];
+    for (body, status, code) in cases {
+        let (got, r) = post(&s, body);
+        assert_eq!(
+            (got, r["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{body}: {r}"
+        );
+        assert!(
+            r["error"]["class"].is_string() && r["error"]["message"].is_string(),
+            "{r}"
+        );
+    }
+    // An oversized body, a wrong handle, a missing handle, a chunked body.
+    let big = format!(
+        "POST /v1/rpc HTTP/1.1\r\nAuthorization: Bearer {}\r\nContent-Length: 5000\r\n\r\n",
+        s.handle
+    );
+    assert_eq!(http(&s.addr, big.as_bytes()).0, 413);
+    let wrong = b"GET /healthz HTTP/1.1\r\nAuthorization: Bearer 00\r\nConnection: close\r\n\r\n";
+    let (status, body) = http(&s.addr, wrong);
+    assert_eq!(status, 401);
+    assert!(!String::from_utf8_lossy(&body).contains(&s.handle));
+    assert_eq!(
+        http(
+            &s.addr,
+            b"GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n"
+        )
+        .0,
+        401
+    );
+    let chunked = format!(
+        "POST /v1/rpc HTTP/1.1\r\nAuthorization: Bearer {}\r\nTransfer-Encoding: chunked\r\n\r\n",
+        s.handle
+    );
+    assert_eq!(http(&s.addr, chunked.as_bytes()).0, 411);
+    // A half-open request: the head starts and stops.
+    assert_eq!(http(&s.addr, b"POST /v1/rpc HTTP/1.1\r\nContent-Le").0, 408);
+    // Garbage.
+    assert_eq!(http(&s.addr, b"\x16\x03\x01 not http\r\n\r\n").0, 400);
+    assert_eq!(
+        wal_files(&state),
+        0,
+        "no WAL was created by bad input: {:?}",
+        dump_all(&state)
+    );
+    // And the server still serves.
+    let (status, r) = rpc(&s, "run.status", json!({}));
+    assert_eq!(
+        (status, r["error"]["code"].as_str()),
+        (404, Some("unknown_run"))
+    );
+}
+
+#[test]
+fn serve_refuses_a_state_dir_others_can_write() {
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let o = broca(&state)
+        .env("BROCA_BASE_URL_ANTHROPIC", peer.url())
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("writable by group or others") && err.contains("chmod 700"),
+        "{err}"
+    );
+    assert!(!state.join("serve.json").exists());
+}
+
+#[test]
+fn session_read_works_while_another_process_holds_the_wal() {
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let s = start(&state, &peer, &[]);
+    // A standalone run on the same session writes (and holds the lease) for a few seconds.
+    let mut run = broca(&state)
+        .env("ANTHROPIC_API_KEY", "sk-serve-test-0123456789")
+        .args(["run", "--model", "anthropic/m", "--base-url", &peer.url()])
+        .args([
+            "--project-root",
+            "/proj",
+            "--harness",
+            "h",
+            "--session",
+            "s1",
+            "slow please",
+        ])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for("the run's first records", || {
+        rpc(&s, "session.read", json!({})).1["result"]["head"].as_u64() == Some(1)
+    });
+    let (status, page) = rpc(&s, "session.read", json!({}));
+    assert_eq!(status, 200);
+    assert_eq!(
+        page["result"]["messages"][0]["message"]["content"][0]["text"]["text"],
+        "slow please"
+    );
+    assert!(
+        run.try_wait().unwrap().is_none(),
+        "the writer is still running"
+    );
+    assert!(run.wait().unwrap().success());
+    let (_, page) = rpc(&s, "session.read", json!({}));
+    assert_eq!(page["result"]["head"], 2);
+}
+
+#[test]
+fn sigterm_stops_admission_seals_active_runs_interrupted_and_dies_of_the_signal() {
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let mut s = start(&state, &peer, &["--grace-secs", "1"]);
+    let (_, r) = rpc(
+        &s,
+        "session.send",
+        json!({"prompt": "slow please", "model": "anthropic/m"}),
+    );
+    let run_id = r["result"]["run_id"].as_str().unwrap().to_string();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
+    wait_for("admission to stop", || {
+        http(
+            &s.addr,
+            format!(
+                "GET /healthz HTTP/1.1\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n",
+                s.handle
+            )
+            .as_bytes(),
+        )
+        .0 == 503
+    });
+    let mut other = json!({"project_root": "/proj", "harness": "h", "session": "s2", "prompt": "hello", "model": "anthropic/m"});
+    let (status, refused) = post(
+        &s,
+        &json!({"method": "session.send", "params": other.take()}).to_string(),
+    );
+    assert_eq!(
+        (
+            status,
+            refused["error"]["code"].as_str(),
+            refused["error"]["class"].as_str()
+        ),
+        (503, Some("shutting_down"), Some("transient"))
+    );
+    let status = s.child.wait().unwrap();
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGTERM),
+        "broca dies of the signal it got"
+    );
+    assert!(!state.join("serve.json").exists());
+    let finished: Vec<Value> = dump_all(&state)
+        .into_iter()
+        .filter(|r| r["kind"] == "run_finished" && r["record"]["run_id"] == run_id.as_str())
+        .collect();
+    assert_eq!(finished.len(), 1, "exactly one terminal");
+    assert_eq!(
+        finished[0]["record"]["reason"], "interrupted",
+        "{}",
+        finished[0]
+    );
+}

@@ -87,6 +87,40 @@ pub struct HttpModelClient {
     client: Rc<HttpClient>,
     endpoints: Endpoints,
     secrets: Box<dyn Secrets>,
+    errors: Rc<ErrorCounts>,
+}
+
+/// Failed model attempts by error class (for metrics).
+#[derive(Debug, Default)]
+pub struct ErrorCounts([std::cell::Cell<u64>; 4]);
+
+impl ErrorCounts {
+    fn count(&self, class: ErrorClass) {
+        let c = &self.0[Self::index(class)];
+        c.set(c.get() + 1);
+    }
+
+    fn index(class: ErrorClass) -> usize {
+        match class {
+            ErrorClass::Transient => 0,
+            ErrorClass::Permanent => 1,
+            ErrorClass::AuthRequired => 2,
+            ErrorClass::ContextOverflow => 3,
+        }
+    }
+
+    /// The count for each class.
+    pub fn snapshot(&self) -> Vec<(ErrorClass, u64)> {
+        [
+            ErrorClass::Transient,
+            ErrorClass::Permanent,
+            ErrorClass::AuthRequired,
+            ErrorClass::ContextOverflow,
+        ]
+        .into_iter()
+        .map(|c| (c, self.0[Self::index(c)].get()))
+        .collect()
+    }
 }
 
 impl HttpModelClient {
@@ -96,12 +130,18 @@ impl HttpModelClient {
             client,
             endpoints,
             secrets,
+            errors: Rc::default(),
         }
     }
 
     /// The HTTP client (its counters feed metrics).
     pub fn http(&self) -> &Rc<HttpClient> {
         &self.client
+    }
+
+    /// Failed attempts by class so far.
+    pub fn errors(&self) -> &ErrorCounts {
+        &self.errors
     }
 }
 
@@ -177,6 +217,21 @@ impl ModelClient for HttpModelClient {
     type Stream = HttpModelStream;
 
     async fn open(&self, request: &Request) -> Result<HttpModelStream, Failure> {
+        match self.open_stream(request).await {
+            Ok(mut s) => {
+                s.errors = Some(self.errors.clone());
+                Ok(s)
+            }
+            Err(f) => {
+                self.errors.count(f.error.class);
+                Err(f)
+            }
+        }
+    }
+}
+
+impl HttpModelClient {
+    async fn open_stream(&self, request: &Request) -> Result<HttpModelStream, Failure> {
         let entry = catalog::provider(&request.provider).ok_or_else(|| {
             failure(
                 ErrorClass::Permanent,
@@ -382,6 +437,8 @@ pub struct HttpModelStream {
     usage: Option<Usage>,
     redact: Redactor,
     target: String,
+    /// Where failures are counted.
+    errors: Option<Rc<ErrorCounts>>,
 }
 
 impl HttpModelStream {
@@ -400,6 +457,7 @@ impl HttpModelStream {
             usage: None,
             redact,
             target,
+            errors: None,
         }
     }
 
@@ -552,6 +610,15 @@ impl HttpModelStream {
     }
 }
 
+impl HttpModelStream {
+    fn counted(&self, f: Failure) -> Failure {
+        if let Some(e) = &self.errors {
+            e.count(f.error.class);
+        }
+        f
+    }
+}
+
 impl ModelStream for HttpModelStream {
     async fn next(&mut self) -> Option<Result<StreamEvent, Failure>> {
         loop {
@@ -570,11 +637,12 @@ impl ModelStream for HttpModelStream {
                     self.target
                 );
                 self.finished = true; // report once
-                return Some(Err(self.fail(ErrorClass::Transient, msg)));
+                let f = self.fail(ErrorClass::Transient, msg);
+                return Some(Err(self.counted(f)));
             }
             if let Err(f) = self.read_more().await {
                 self.finished = true;
-                return Some(Err(f));
+                return Some(Err(self.counted(f)));
             }
         }
     }

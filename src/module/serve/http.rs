@@ -293,6 +293,16 @@ async fn metrics(ctx: &Arc<ServeCtx>) -> String {
         "Connections opened to providers.",
         &|s| s.provider_connects,
     );
+    out.push_str("# HELP broca_model_errors_total Failed model attempts by error class.\n# TYPE broca_model_errors_total counter\n");
+    for s in &stats {
+        for (class, n) in &s.model_errors {
+            out.push_str(&format!(
+                "broca_model_errors_total{{shard=\"{}\",class=\"{}\"}} {n}\n",
+                s.shard,
+                class.as_str()
+            ));
+        }
+    }
     out.push_str("# HELP broca_wal_fsync_seconds fdatasync latency.\n# TYPE broca_wal_fsync_seconds histogram\n");
     for s in &stats {
         let mut cumulative = 0u64;

@@ -35,6 +35,8 @@ pub struct ShardStats {
     pub provider_bytes_in: u64,
     pub provider_bytes_out: u64,
     pub provider_connects: u64,
+    /// Failed model attempts by error class.
+    pub model_errors: Vec<(crate::protocol::ErrorClass, u64)>,
 }
 
 type Actor = SessionActor<HttpModelClient, NoTools>;
@@ -136,6 +138,7 @@ impl Registry {
             provider_bytes_in: h.bytes_in,
             provider_bytes_out: h.bytes_out,
             provider_connects: h.connects,
+            model_errors: self.model.errors().snapshot(),
         }
     }
 

@@ -464,3 +464,206 @@ fn sigterm_stops_admission_seals_active_runs_interrupted_and_dies_of_the_signal(
         finished[0]
     );
 }
+
+/// Reads server-sent events from `s` until `until` says stop or the stream ends; returns
+/// (id or None, event or None, data) triples.
+fn read_events(
+    s: TcpStream,
+    mut until: impl FnMut(&(Option<String>, Option<String>, String)) -> bool,
+) -> Vec<(Option<String>, Option<String>, String)> {
+    read_events_for(s, Duration::from_secs(20), &mut until)
+}
+
+/// The same, giving up after `wait` without bytes.
+fn read_events_for(
+    s: TcpStream,
+    wait: Duration,
+    until: &mut dyn FnMut(&(Option<String>, Option<String>, String)) -> bool,
+) -> Vec<(Option<String>, Option<String>, String)> {
+    s.set_read_timeout(Some(wait)).unwrap();
+    let mut r = BufReader::new(s);
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        head.push_str(&line);
+        if line == "\r\n" {
+            break;
+        }
+    }
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("text/event-stream"), "{head}");
+    let mut out = Vec::new();
+    let (mut id, mut event, mut data) = (None, None, String::new());
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).unwrap_or(0) == 0 {
+            return out;
+        }
+        let line = line.trim_end_matches('\n');
+        if line.is_empty() {
+            if !data.is_empty() {
+                let ev = (id.take(), event.take(), std::mem::take(&mut data));
+                let stop = until(&ev);
+                out.push(ev);
+                if stop {
+                    return out;
+                }
+            }
+        } else if let Some(v) = line.strip_prefix("id: ") {
+            id = Some(v.to_string());
+        } else if let Some(v) = line.strip_prefix("event: ") {
+            event = Some(v.to_string());
+        } else if let Some(v) = line.strip_prefix("data: ") {
+            data = v.to_string();
+        }
+    }
+}
+
+fn open_sse(s: &Serve, query: &str, last_event_id: Option<&str>) -> TcpStream {
+    let mut c = TcpStream::connect(&s.addr).unwrap();
+    let extra = last_event_id
+        .map(|id| format!("Last-Event-ID: {id}\r\n"))
+        .unwrap_or_default();
+    c.write_all(
+        format!(
+            "GET /v1/subscribe?{query} HTTP/1.1\r\nAuthorization: Bearer {}\r\n{extra}\r\n",
+            s.handle
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    c
+}
+
+fn is_finish(ev: &(Option<String>, Option<String>, String)) -> bool {
+    ev.2.contains("\"type\":\"run_finished\"")
+}
+
+#[test]
+fn subscribers_get_the_control_lane_with_cursors_and_resume_without_gap_or_duplicate() {
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let q = "project_root=%2Fproj&harness=h&session=s1&from=start";
+    let (control, ids) = {
+        let s = start(&state, &peer, &[]);
+        // A stuck subscriber that never reads: the run must not wait for it.
+        let _stuck = open_sse(&s, q, None);
+        let sub = open_sse(&s, q, None);
+        let (_, r) = rpc(
+            &s,
+            "session.send",
+            json!({"prompt": "slow please", "model": "anthropic/m"}),
+        );
+        let run_id = r["result"]["run_id"].as_str().unwrap().to_string();
+        let events = read_events(sub, is_finish);
+        let control: Vec<_> = events.iter().filter(|e| e.0.is_some()).cloned().collect();
+        let display: String = events
+            .iter()
+            .filter(|e| e.1.as_deref() == Some("display"))
+            .map(|e| {
+                serde_json::from_str::<Value>(&e.2).unwrap()["text"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect();
+        assert!(
+            display.starts_with("This answer arrives slowly"),
+            "display lane: {display:?} {events:?}"
+        );
+        let kinds: Vec<String> = control
+            .iter()
+            .map(|e| {
+                serde_json::from_str::<Value>(&e.2).unwrap()["type"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            ["run_started", "step_started", "message", "run_finished"],
+            "{control:?}"
+        );
+        assert!(control.iter().all(|e| e.2.contains(&run_id)));
+        let ids: Vec<String> = control.iter().map(|e| e.0.clone().unwrap()).collect();
+        // Resume after each cursor: exactly the units after it.
+        for (i, id) in ids.iter().enumerate() {
+            let want = control[i + 1..].to_vec();
+            let last = want.last().and_then(|e| e.0.clone());
+            // The stream stays open (live): stop at the last unit expected, or after a short
+            // wait when none is.
+            let wait = if last.is_some() {
+                Duration::from_secs(20)
+            } else {
+                Duration::from_millis(700)
+            };
+            let again = read_events_for(
+                open_sse(&s, "project_root=%2Fproj&harness=h&session=s1", Some(id)),
+                wait,
+                &mut |e| e.0.is_some() && e.0 == last,
+            );
+            let got: Vec<_> = again.into_iter().filter(|e| e.0.is_some()).collect();
+            assert_eq!(got, want, "resume after {id}");
+        }
+        (control, ids)
+    };
+    // Across a restart of serve: the same units under the same cursors.
+    let s = start(&state, &peer, &[]);
+    let last = ids.last().unwrap().clone();
+    let events = read_events(open_sse(&s, q, None), |e| {
+        e.0.as_deref() == Some(last.as_str())
+    });
+    let again: Vec<_> = events.into_iter().filter(|e| e.0.is_some()).collect();
+    assert_eq!(again, control);
+}
+
+#[test]
+fn the_subscription_is_also_a_websocket() {
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let s = start(&state, &peer, &[]);
+    let (_, r) = rpc(
+        &s,
+        "session.send",
+        json!({"prompt": "hello there", "model": "anthropic/m"}),
+    );
+    let run_id = r["result"]["run_id"].as_str().unwrap().to_string();
+    let url = format!(
+        "ws://{}/v1/subscribe?project_root=%2Fproj&harness=h&session=s1&from=start",
+        s.addr
+    );
+    let mut req =
+        tungstenite::client::IntoClientRequest::into_client_request(url.as_str()).unwrap();
+    req.headers_mut().insert(
+        "authorization",
+        format!("Bearer {}", s.handle).parse().unwrap(),
+    );
+    let tcp = TcpStream::connect(&s.addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let (mut ws, _) = tungstenite::client(req, tcp).unwrap();
+    let mut ids = Vec::new();
+    loop {
+        let msg = ws.read().unwrap();
+        let v: Value = serde_json::from_str(msg.to_text().unwrap()).unwrap();
+        if let Some(id) = v["id"].as_str() {
+            ids.push(id.to_string());
+            assert_eq!(v["unit"]["run_id"], run_id.as_str());
+            if v["unit"]["type"] == "run_finished" {
+                assert_eq!(v["unit"]["reason"], "completed");
+                break;
+            }
+        }
+    }
+    assert!(
+        ids.len() >= 4
+            && ids
+                .windows(2)
+                .all(|w| w[0] < w[1] || w[0].len() < w[1].len()),
+        "{ids:?}"
+    );
+    ws.close(None).unwrap();
+}

@@ -5,6 +5,7 @@ pub mod admission;
 pub mod machine;
 #[cfg(test)]
 mod machine_tests;
+pub mod project;
 pub mod replay;
 pub mod stream;
 

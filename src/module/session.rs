@@ -96,6 +96,8 @@ pub struct SessionActor<P: ModelClient, T: ToolRunner> {
     timer_permille: u64,
     /// Commands answered while a run is active (serve).
     inbox: Option<Rc<local_channel::LocalReceiver<SessionCommand>>>,
+    /// Told of every record appended: its seq, the log end after it, the record.
+    on_append: Option<Box<dyn FnMut(u64, u64, &Record)>>,
 }
 
 impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
@@ -133,6 +135,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             display: None,
             timer_permille: 1000,
             inbox: None,
+            on_append: None,
         })
     }
 
@@ -232,6 +235,9 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
     /// Appends a record, applies it to the session state, and honours the crash plan.
     async fn append(&mut self, record: Record, wait: bool) -> Result<(), ActorError> {
         let appended = self.writer.append(&record).await?;
+        if let Some(hook) = &mut self.on_append {
+            hook(appended.seq, appended.end, &record);
+        }
         self.state.apply(appended.seq, record).map_err(|reason| {
             ActorError::Replay(format!("live record {}: {reason}", appended.seq))
         })?;
@@ -394,6 +400,9 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                 }
                 let _ = reply.send(active);
             }
+            SessionCommand::Barrier { reply } => {
+                let _ = reply.send(self.barrier().await.ok());
+            }
             SessionCommand::Shutdown => m.handle(Event::Shutdown),
         }
     }
@@ -404,6 +413,17 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             Some(id) => self.state.run(id).cloned(),
             None => self.state.runs.last().cloned(),
         }
+    }
+
+    /// Calls `hook` with every record appended from now on (seq, log end after it, record).
+    pub fn set_on_append(&mut self, hook: Box<dyn FnMut(u64, u64, &Record)>) {
+        self.on_append = Some(hook);
+    }
+
+    /// Waits until everything appended so far is durable; returns the last seq.
+    pub async fn barrier(&self) -> Result<u64, ActorError> {
+        self.writer.wait_durable(self.writer.log().end()).await?;
+        Ok(self.writer.next_seq() - 1)
     }
 
     /// Sets the channel of commands a running run also answers.
@@ -513,6 +533,9 @@ pub enum SessionCommand {
         run_id: String,
         reply: oneshot::Sender<bool>,
     },
+    /// Wait until everything appended is durable; answer the last seq (`None` if the log
+    /// failed).
+    Barrier { reply: oneshot::Sender<Option<u64>> },
     /// Seal the active run Interrupted and stop.
     Shutdown,
 }

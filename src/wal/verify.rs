@@ -48,6 +48,22 @@ pub fn read_and_scan(path: &Path) -> Result<(Vec<u8>, Scan), WalError> {
     Ok((bytes, scan))
 }
 
+/// Like [`read_and_scan`], for a reader beside a live writer: `None` when the file does not
+/// exist yet or is still being created (empty, or its header not yet written).
+pub fn read_and_scan_if_any(path: &Path) -> Result<Option<(Vec<u8>, Scan)>, WalError> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    match read_and_scan(path) {
+        Ok(found) => Ok(Some(found)),
+        Err(WalError::Header {
+            error: HeaderError::Empty | HeaderError::Uninitialized,
+            ..
+        }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// Verifies one WAL file.
 pub fn verify_file(path: &Path) -> FileReport {
     let (_, scan) = match read_and_scan(path) {

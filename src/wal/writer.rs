@@ -214,6 +214,11 @@ impl WalWriter {
         Ok(appended.seq)
     }
 
+    /// A handle that waits for this log's durability from another task of the shard.
+    pub fn watch(&self) -> broca_io::log::DurableWatch {
+        self.log.watch()
+    }
+
     /// Waits until everything up to `end` is durable.
     pub async fn wait_durable(&self, end: u64) -> Result<(), WalError> {
         Ok(self.log.wait_durable(end).await?)

@@ -162,6 +162,30 @@ impl LogError {
     }
 }
 
+/// Waits for a log's durability from another task of its shard.
+#[derive(Clone)]
+pub struct DurableWatch {
+    shared: Rc<Shared>,
+}
+
+impl DurableWatch {
+    /// Waits until every byte below `end` is durable (or the log died).
+    pub async fn wait_durable(&self, end: u64) -> Result<(), LogError> {
+        poll_fn(|cx| {
+            let mut st = self.shared.state.borrow_mut();
+            if st.durable_end >= end {
+                return Poll::Ready(Ok(()));
+            }
+            if let Some(dead) = &st.dead {
+                return Poll::Ready(Err(dead.clone()));
+            }
+            st.durable_waiters.push((end, cx.waker().clone()));
+            Poll::Pending
+        })
+        .await
+    }
+}
+
 /// A log file opened for appending. Not `Send`: it lives on the shard that opened it.
 pub struct LogFile {
     shared: Rc<Shared>,
@@ -451,18 +475,15 @@ impl LogFile {
 
     /// Waits until every byte below `end` is durable.
     pub async fn wait_durable(&self, end: u64) -> Result<(), LogError> {
-        poll_fn(|cx| {
-            let mut st = self.shared.state.borrow_mut();
-            if st.durable_end >= end {
-                return Poll::Ready(Ok(()));
-            }
-            if let Some(dead) = &st.dead {
-                return Poll::Ready(Err(dead.clone()));
-            }
-            st.durable_waiters.push((end, cx.waker().clone()));
-            Poll::Pending
-        })
-        .await
+        self.watch().wait_durable(end).await
+    }
+
+    /// A handle that can wait for durability elsewhere on this shard (it keeps the log's
+    /// state alive, not its file open).
+    pub fn watch(&self) -> DurableWatch {
+        DurableWatch {
+            shared: self.shared.clone(),
+        }
     }
 
     /// Makes every append so far durable.

@@ -286,3 +286,61 @@ async fn refusal_body(
         }
     }
 }
+
+/// The `Sec-WebSocket-Accept` value for a client's key.
+pub fn accept_key(client_key: &str) -> String {
+    derive_accept_key(client_key.trim().as_bytes())
+}
+
+/// The server side of an upgraded connection, sans-IO: frames to write come out as bytes;
+/// bytes read go in, and what the client sent (pings are answered, a close is noted) comes
+/// back as bytes to write.
+pub struct ServerFramer {
+    ws: tungstenite::WebSocket<Bridge>,
+}
+
+impl Default for ServerFramer {
+    fn default() -> Self {
+        ServerFramer {
+            ws: tungstenite::WebSocket::from_raw_socket(Bridge::default(), Role::Server, None),
+        }
+    }
+}
+
+impl ServerFramer {
+    fn take(&mut self) -> Vec<u8> {
+        let _ = self.ws.flush();
+        std::mem::take(&mut self.ws.get_mut().tx)
+    }
+
+    /// The bytes of a text message.
+    pub fn text(&mut self, text: String) -> Vec<u8> {
+        let _ = self.ws.write(Message::text(text));
+        self.take()
+    }
+
+    /// The bytes of a close frame.
+    pub fn close(&mut self) -> Vec<u8> {
+        let _ = self.ws.close(None);
+        self.take()
+    }
+
+    /// Takes bytes from the client; answers the bytes to write back (pongs, the close
+    /// reply) and whether the client closed (or broke the protocol).
+    pub fn feed(&mut self, bytes: &[u8]) -> (Vec<u8>, bool) {
+        self.ws.get_mut().rx.extend_from_slice(bytes);
+        let mut closed = false;
+        loop {
+            match self.ws.read() {
+                Ok(Message::Close(_)) => closed = true,
+                Ok(_) => {}
+                Err(tungstenite::Error::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(_) => {
+                    closed = true;
+                    break;
+                }
+            }
+        }
+        (self.take(), closed)
+    }
+}

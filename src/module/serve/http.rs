@@ -14,6 +14,7 @@ use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::wire::RpcError;
 
+use super::hub::{SubFrom, SubItem};
 use super::{ServeCtx, ShardMsg, ShardStats};
 
 /// How long a connection may sit idle between requests.
@@ -105,6 +106,17 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
     loop {
         loop {
             match dec.next() {
+                Ok(Some((head, _))) if head.method == "GET" && head.path() == "/v1/subscribe" => {
+                    if tcp && !authorized(&ctx, &head) {
+                        let err = unauthorized();
+                        let _ = stream
+                            .write_all(&response(err.status, JSON, &err.body(), false))
+                            .await;
+                    } else {
+                        subscribe(&ctx, &head, &mut stream).await;
+                    }
+                    return; // a subscription keeps its connection to the end
+                }
                 Ok(Some((head, body))) => {
                     let (status, kind, out) = handle(&ctx, &head, body, tcp).await;
                     let keep = head.keep_alive;
@@ -167,6 +179,218 @@ fn authorized(ctx: &ServeCtx, head: &RequestHead) -> bool {
 
 const JSON: &str = "application/json";
 
+fn unauthorized() -> RpcError {
+    RpcError {
+        status: 401,
+        code: "unauthorized",
+        class: crate::protocol::ErrorClass::AuthRequired,
+        message: "missing or wrong `Authorization: Bearer <handle>` (the handle is in the file \
+                  serve.json names)"
+            .into(),
+    }
+}
+
+/// How often an idle subscription says it is alive.
+const KEEPALIVE: Duration = Duration::from_secs(15);
+
+/// Serves `GET /v1/subscribe`: server-sent events, or a WebSocket when the client asks to
+/// upgrade. Control units carry `id: <wal_seq>.<sub_index>`; display deltas carry none.
+async fn subscribe<S: AsyncRead + AsyncWrite + Unpin>(
+    ctx: &Arc<ServeCtx>,
+    head: &RequestHead,
+    stream: &mut S,
+) {
+    let refuse = |e: RpcError| response(e.status, JSON, &e.body(), false);
+    let q = |k: &str| head.query(k);
+    let triple = match (q("project_root"), q("harness"), q("session")) {
+        (Some(p), Some(h), Some(s)) => crate::wal::SessionTriple::new(&p, &h, &s),
+        _ => {
+            let e = RpcError::permanent(
+                400,
+                "invalid_params",
+                "project_root, harness and session are required query parameters",
+            );
+            let _ = stream.write_all(&refuse(e)).await;
+            return;
+        }
+    };
+    let triple = match triple {
+        Ok(t) => t,
+        Err(e) => {
+            let _ = stream
+                .write_all(&refuse(RpcError::permanent(
+                    400,
+                    "invalid_params",
+                    e.to_string(),
+                )))
+                .await;
+            return;
+        }
+    };
+    // Last-Event-ID wins over `from`; with neither, live.
+    let from_text = head
+        .header("last-event-id")
+        .map(str::to_string)
+        .or_else(|| q("from"));
+    let from = match from_text.as_deref() {
+        None | Some("live") => SubFrom::Live,
+        Some("start") => SubFrom::Start,
+        Some(c) => match crate::core::project::Cursor::parse(c) {
+            Some(c) => SubFrom::After(c),
+            None => {
+                let e = RpcError::permanent(
+                    400,
+                    "invalid_params",
+                    format!("`{c}` is not start, live or a cursor <wal_seq>.<sub_index>"),
+                );
+                let _ = stream.write_all(&refuse(e)).await;
+                return;
+            }
+        },
+    };
+    if ctx.is_stopping() {
+        let _ = stream
+            .write_all(&refuse(RpcError::transient(
+                503,
+                "shutting_down",
+                "broca is stopping; retry later",
+            )))
+            .await;
+        return;
+    }
+    let websocket = head
+        .header("upgrade")
+        .is_some_and(|u| u.eq_ignore_ascii_case("websocket"));
+    let (tx, mut rx) = futures_channel::mpsc::channel::<SubItem>(1024);
+    let shard = ctx.shard_of(&triple);
+    if ctx.mesh[shard]
+        .unbounded_send(ShardMsg::Subscribe { triple, from, tx })
+        .is_err()
+    {
+        let _ = stream
+            .write_all(&refuse(RpcError::transient(
+                503,
+                "session_unavailable",
+                "retry",
+            )))
+            .await;
+        return;
+    }
+    let mut framer = None;
+    if websocket {
+        let Some(key) = head.header("sec-websocket-key") else {
+            let _ = stream
+                .write_all(&refuse(RpcError::permanent(
+                    400,
+                    "invalid_request",
+                    "a WebSocket upgrade needs Sec-WebSocket-Key",
+                )))
+                .await;
+            return;
+        };
+        let reply = format!(
+            "HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-accept: {}\r\n\r\n",
+            broca_io::net::ws::accept_key(key)
+        );
+        if stream.write_all(reply.as_bytes()).await.is_err() {
+            return;
+        }
+        framer = Some(broca_io::net::ws::ServerFramer::default());
+    } else {
+        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\nconnection: close\r\n\r\n";
+        if stream.write_all(head.as_bytes()).await.is_err() {
+            return;
+        }
+    }
+    let mut buf = vec![0u8; 4096];
+    loop {
+        enum Next {
+            Item(Option<SubItem>),
+            Read(std::io::Result<usize>),
+            Tick,
+        }
+        let next = futures_lite::future::or(
+            async { Next::Item(futures_lite::StreamExt::next(&mut rx).await) },
+            futures_lite::future::or(async { Next::Read(stream.read(&mut buf).await) }, async {
+                glommio::timer::sleep(KEEPALIVE).await;
+                Next::Tick
+            }),
+        )
+        .await;
+        let (bytes, last) = match next {
+            Next::Item(None) => break,
+            Next::Item(Some(item)) => {
+                let end = matches!(item, SubItem::End(_));
+                (encode(item, framer.as_mut()), end)
+            }
+            Next::Read(Ok(0)) | Next::Read(Err(_)) => break,
+            Next::Read(Ok(n)) => match framer.as_mut() {
+                Some(f) => {
+                    let (reply, closed) = f.feed(&buf[..n]);
+                    (reply, closed)
+                }
+                None => continue, // a client sends nothing on an event stream
+            },
+            Next::Tick => match framer.as_mut() {
+                Some(_) => continue,
+                None => (b": keepalive\n\n".to_vec(), false),
+            },
+        };
+        if stream.write_all(&bytes).await.is_err() || stream.flush().await.is_err() {
+            break;
+        }
+        if last {
+            if let Some(f) = framer.as_mut() {
+                let _ = stream.write_all(&f.close()).await;
+            }
+            break;
+        }
+    }
+}
+
+/// One item as an SSE event, or as a WebSocket text message.
+fn encode(item: SubItem, framer: Option<&mut broca_io::net::ws::ServerFramer>) -> Vec<u8> {
+    let (id, event, data) = match item {
+        SubItem::Control { cursor, unit } => (Some(cursor.to_string()), None, unit),
+        SubItem::Display(text) => (
+            None,
+            Some("display"),
+            serde_json::json!({ "text": text }).to_string(),
+        ),
+        SubItem::Gap(n) => (
+            None,
+            Some("display_gap"),
+            serde_json::json!({ "dropped": n }).to_string(),
+        ),
+        SubItem::End(why) => (
+            None,
+            Some("end"),
+            serde_json::json!({ "reason": why }).to_string(),
+        ),
+    };
+    match framer {
+        Some(f) => {
+            let msg = match (&id, event) {
+                (Some(id), _) => format!("{{\"id\":\"{id}\",\"unit\":{data}}}"),
+                (None, Some(e)) => format!("{{\"event\":\"{e}\",\"data\":{data}}}"),
+                (None, None) => data,
+            };
+            f.text(msg)
+        }
+        None => {
+            let mut out = String::new();
+            if let Some(id) = id {
+                out.push_str(&format!("id: {id}\n"));
+            }
+            if let Some(e) = event {
+                out.push_str(&format!("event: {e}\n"));
+            }
+            out.push_str(&format!("data: {data}\n\n"));
+            out.into_bytes()
+        }
+    }
+}
+
 async fn handle(
     ctx: &Arc<ServeCtx>,
     head: &RequestHead,
@@ -175,14 +399,7 @@ async fn handle(
 ) -> (u16, &'static str, Vec<u8>) {
     let error = |e: RpcError| (e.status, JSON, e.body());
     if tcp && !authorized(ctx, head) {
-        return error(RpcError {
-            status: 401,
-            code: "unauthorized",
-            class: crate::protocol::ErrorClass::AuthRequired,
-            message: "missing or wrong `Authorization: Bearer <handle>` (the handle is in the \
-                      file serve.json names)"
-                .into(),
-        });
+        return error(unauthorized());
     }
     match (head.method.as_str(), head.path()) {
         ("POST", "/v1/rpc") => match super::rpc::call(ctx, &body).await {
@@ -206,11 +423,6 @@ async fn handle(
             "text/plain; version=0.0.4",
             metrics(ctx).await.into_bytes(),
         ),
-        ("GET", "/v1/subscribe") => error(RpcError::permanent(
-            501,
-            "not_implemented",
-            "subscriptions are not served by this build yet",
-        )),
         (_, "/v1/rpc" | "/healthz" | "/metrics" | "/v1/subscribe") => error(RpcError::permanent(
             405,
             "method_not_allowed",

@@ -9,6 +9,7 @@
 //! removes serve.json and re-raises the signal, so a supervisor sees broca die of it.
 
 mod http;
+mod hub;
 mod registry;
 mod rpc;
 
@@ -56,6 +57,12 @@ pub(crate) enum ShardMsg {
     Stats(futures_channel::oneshot::Sender<ShardStats>),
     /// Stop: wait for active runs up to the grace, seal the rest, close every session.
     Stop(futures_channel::oneshot::Sender<()>),
+    /// Subscribe to the session `triple` (owned by the receiving shard).
+    Subscribe {
+        triple: SessionTriple,
+        from: hub::SubFrom,
+        tx: mpsc::Sender<hub::SubItem>,
+    },
 }
 
 /// What every shard shares.

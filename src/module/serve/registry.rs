@@ -23,6 +23,7 @@ use crate::provider::transport::HttpModelClient;
 use crate::wal::SessionTriple;
 use crate::wire::RpcError;
 
+use super::hub::{self, Hub, SubFrom, SubItem};
 use super::{ServeCtx, ShardMsg};
 
 /// One shard's counters, for /metrics.
@@ -51,6 +52,7 @@ pub(crate) struct Registry {
     runs_active: Cell<usize>,
     /// The shard stops: actors end after their run and take no new ones.
     closing: Cell<bool>,
+    hubs: RefCell<HashMap<[u8; 16], Rc<Hub>>>,
 }
 
 /// A shard's life: accept connections (shard 0), serve the mesh, stop when told.
@@ -75,6 +77,7 @@ pub(crate) async fn shard_main(
         committer: Committer::default(),
         runs_active: Cell::new(0),
         closing: Cell::new(false),
+        hubs: RefCell::new(HashMap::new()),
     });
     let accept = match listeners {
         Some((tcp, unix)) => Some(super::http::start(ctx.clone(), tcp, unix)?),
@@ -114,6 +117,10 @@ pub(crate) async fn shard_main(
             ShardMsg::Stats(reply) => {
                 let _ = reply.send(reg.stats());
             }
+            ShardMsg::Subscribe { triple, from, tx } => {
+                let reg = reg.clone();
+                glommio::spawn_local(async move { reg.subscribe(triple, from, tx).await }).detach();
+            }
             ShardMsg::Stop(done) => {
                 let reg = reg.clone();
                 glommio::spawn_local(async move {
@@ -128,6 +135,42 @@ pub(crate) async fn shard_main(
 }
 
 impl Registry {
+    fn hub(&self, addr: [u8; 16]) -> Rc<Hub> {
+        self.hubs.borrow_mut().entry(addr).or_default().clone()
+    }
+
+    fn drop_hub_if_idle(&self, addr: [u8; 16]) {
+        let mut hubs = self.hubs.borrow_mut();
+        if hubs.get(&addr).is_some_and(|h| h.is_idle())
+            && !self.sessions.borrow().contains_key(&addr)
+        {
+            hubs.remove(&addr);
+        }
+    }
+
+    async fn subscribe(
+        self: Rc<Self>,
+        triple: SessionTriple,
+        from: SubFrom,
+        tx: futures_channel::mpsc::Sender<SubItem>,
+    ) {
+        let addr = triple.address().0;
+        let hub = self.hub(addr);
+        let live = self.sessions.borrow().contains_key(&addr);
+        let reg = self.clone();
+        let t = triple.clone();
+        let barrier = async move {
+            if live {
+                let (reply, wait) = oneshot::channel();
+                reg.dispatch(t, SessionCommand::Barrier { reply });
+                let _ = wait.await;
+            }
+        };
+        let wal = crate::wal::writer::wal_path(&self.ctx.wal_dir, &triple);
+        hub::run(hub, wal, from, barrier, tx).await;
+        self.drop_hub_if_idle(addr);
+    }
+
     fn stats(&self) -> ShardStats {
         let h = self.http.stats();
         ShardStats {
@@ -159,6 +202,7 @@ impl Registry {
                 match cmd {
                     SessionCommand::Status { reply, .. } => drop(reply.send(None)),
                     SessionCommand::Cancel { reply, .. } => drop(reply.send(false)),
+                    SessionCommand::Barrier { reply } => drop(reply.send(None)),
                     _ => {}
                 }
                 return;
@@ -210,6 +254,13 @@ impl Registry {
             }
         };
         actor.set_inbox(rx.clone());
+        let hub = self.hub(addr);
+        hub.set_watch(actor.writer().watch());
+        let h = hub.clone();
+        actor.set_on_append(Box::new(move |seq, end, record| {
+            h.on_append(seq, end, record)
+        }));
+        actor.set_display(Box::new(move |text| hub.display(text)));
         if actor.state().open.is_some() {
             self.runs_active.set(self.runs_active.get() + 1);
             if let Err(e) = actor.resume().await {
@@ -270,6 +321,9 @@ impl Registry {
                 SessionCommand::Cancel { reply, .. } => {
                     let _ = reply.send(false); // no run is active here
                 }
+                SessionCommand::Barrier { reply } => {
+                    let _ = reply.send(actor.barrier().await.ok());
+                }
                 SessionCommand::Shutdown => break,
             }
         }
@@ -277,6 +331,7 @@ impl Registry {
             tracing::error!("session {}: closing: {e}", triple.address());
         }
         self.sessions.borrow_mut().remove(&addr);
+        self.drop_hub_if_idle(addr);
         // Commands that came in while this actor closed go to a new one (or are refused).
         while let Some(cmd) = queued(&rx).await {
             self.dispatch(triple.clone(), cmd);
@@ -320,6 +375,7 @@ fn fail(cmd: SessionCommand, err: &RpcError) {
         }
         SessionCommand::Status { reply, .. } => drop(reply),
         SessionCommand::Cancel { reply, .. } => drop(reply),
+        SessionCommand::Barrier { reply } => drop(reply),
         SessionCommand::Shutdown => {}
     }
 }

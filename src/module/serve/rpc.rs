@@ -211,7 +211,8 @@ async fn read(ctx: &Arc<ServeCtx>, mut params: Map<String, Value>) -> Result<Val
 
 /// Pages the durable transcript of the WAL at `path`, read as a reader (no lease).
 fn read_page(path: &std::path::Path, from: u64, limit: usize) -> Result<Value, String> {
-    if !path.exists() {
+    let found = crate::wal::verify::read_and_scan_if_any(path).map_err(|e| e.to_string())?;
+    let Some((bytes, scan)) = found else {
         let page = ReadPage {
             messages: Vec::new(),
             next_from_ordinal: None,
@@ -219,8 +220,7 @@ fn read_page(path: &std::path::Path, from: u64, limit: usize) -> Result<Value, S
             lineage_id: None,
         };
         return Ok(serde_json::to_value(page).expect("a page serializes"));
-    }
-    let (bytes, scan) = crate::wal::verify::read_and_scan(path).map_err(|e| e.to_string())?;
+    };
     let session = crate::core::Session::replay_scan(&scan, &bytes)
         .map_err(|e| format!("{}: record {}: {}", path.display(), e.seq, e.reason))?;
     let head = session.transcript.len() as u64;

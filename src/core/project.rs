@@ -1,0 +1,107 @@
+//! The control lane: each WAL record projected into the units subscribers receive, addressed
+//! by the cursor (wal_seq, sub_index): the record's seq and the unit's index within the
+//! record's projection. Pure: the same record always projects the same units, so a cursor
+//! names the same unit before and after a restart.
+
+use serde_json::{json, Value};
+
+use crate::wal::Record;
+
+/// A control unit's address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Cursor {
+    pub seq: u64,
+    pub sub: u32,
+}
+
+impl Cursor {
+    /// Before every unit.
+    pub const START: Cursor = Cursor { seq: 0, sub: 0 };
+
+    /// Parses `<wal_seq>.<sub_index>`.
+    pub fn parse(text: &str) -> Option<Cursor> {
+        let (seq, sub) = text.trim().split_once('.')?;
+        Some(Cursor {
+            seq: seq.parse().ok()?,
+            sub: sub.parse().ok()?,
+        })
+    }
+
+    /// The last unit a record of `seq` can have (for "everything up to seq").
+    pub fn end_of(seq: u64) -> Cursor {
+        Cursor { seq, sub: u32::MAX }
+    }
+}
+
+impl std::fmt::Display for Cursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.seq, self.sub)
+    }
+}
+
+fn with_type(kind: &str, value: Value) -> Value {
+    let mut v = value;
+    if let Value::Object(m) = &mut v {
+        m.insert("type".into(), Value::String(kind.into()));
+    }
+    v
+}
+
+fn val<T: serde::Serialize>(t: &T) -> Value {
+    serde_json::to_value(t).expect("records serialize")
+}
+
+/// The units of `record`, in sub_index order.
+pub fn units(record: &Record) -> Vec<Value> {
+    match record {
+        Record::LeaseAcquired(_) | Record::Unknown { .. } => Vec::new(),
+        Record::RunStarted(r) => {
+            let mut out = vec![json!({
+                "type": "run_started",
+                "run_id": r.run_id,
+                "send_id": r.send_id,
+                "prompt": r.prompt,
+                "model": format!("{}/{}", r.config.provider, r.config.model),
+            })];
+            for res in &r.resolved_calls {
+                out.push(json!({"type": "tool_result", "run_id": r.run_id, "result": val(res)}));
+            }
+            out
+        }
+        Record::StepStarted(r) => vec![with_type("step_started", val(r))],
+        Record::ModelAttemptFinished(r) => vec![with_type("attempt_failed", val(r))],
+        Record::ModelStepFinished(r) => vec![json!({
+            "type": "message",
+            "run_id": r.run_id,
+            "step": r.step,
+            "message": {"role": "assistant", "content": val(&r.content)},
+            "usage": val(&r.usage),
+            "finish_reason": val(&r.finish_reason),
+        })],
+        Record::ToolDispatchIntent(r) => r
+            .calls
+            .iter()
+            .map(|c| json!({"type": "tool_call", "run_id": r.run_id, "step": r.step, "call": val(c)}))
+            .collect(),
+        Record::ToolResult(r) => vec![json!({"type": "tool_result", "run_id": r.run_id, "result": val(&r.result)})],
+        Record::RunPaused(r) => vec![with_type("run_paused", val(r))],
+        Record::RunFinished(r) => vec![with_type("run_finished", val(r))],
+        Record::RunResumed(r) => vec![with_type("run_resumed", val(r))],
+        Record::CancelRequested(r) => vec![with_type("cancel_requested", val(r))],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_parse_print_and_order() {
+        let c = Cursor::parse("42.3").unwrap();
+        assert_eq!(c, Cursor { seq: 42, sub: 3 });
+        assert_eq!(c.to_string(), "42.3");
+        assert!(Cursor::parse("42").is_none() && Cursor::parse("x.1").is_none());
+        assert!(Cursor { seq: 42, sub: 3 } < Cursor { seq: 43, sub: 0 });
+        assert!(Cursor::end_of(42) < Cursor { seq: 43, sub: 0 });
+    }
+}

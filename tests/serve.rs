@@ -667,3 +667,46 @@ fn the_subscription_is_also_a_websocket() {
     );
     ws.close(None).unwrap();
 }
+
+#[test]
+fn an_idle_session_is_dropped_from_memory_and_rebuilt_from_its_wal() {
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let config = dir.path().join("serve.json5");
+    std::fs::write(&config, r#"{"idle_secs": 1}"#).unwrap();
+    let s = start(&state, &peer, &["--config", config.to_str().unwrap()]);
+    let live = |s: &Serve| {
+        let (_, m) = http(
+            &s.addr,
+            format!(
+                "GET /metrics HTTP/1.1\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n",
+                s.handle
+            )
+            .as_bytes(),
+        );
+        String::from_utf8(m)
+            .unwrap()
+            .lines()
+            .filter(|l| l.starts_with("broca_sessions_live{"))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+            .sum::<u64>()
+    };
+    let (_, r) = rpc(
+        &s,
+        "session.send",
+        json!({"prompt": "hello there", "model": "anthropic/m"}),
+    );
+    let run_id = r["result"]["run_id"].as_str().unwrap().to_string();
+    wait_for("the run to complete", || {
+        rpc(&s, "run.status", json!({"run_id": run_id})).1["result"]["state"] == "completed"
+    });
+    assert_eq!(live(&s), 1);
+    wait_for("the idle session to be dropped", || live(&s) == 0);
+    let (_, res) = rpc(&s, "run.result", json!({"run_id": run_id}));
+    assert_eq!(
+        res["result"]["final_message"]["text"],
+        "Hello! How can I help you today?"
+    );
+    assert_eq!(live(&s), 1, "rebuilt from the WAL on the next command");
+}

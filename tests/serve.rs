@@ -122,6 +122,22 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// The sum over shards of a metric.
+fn metric(s: &Serve, name: &str) -> u64 {
+    let req = format!(
+        "GET /metrics HTTP/1.1\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n",
+        s.handle
+    );
+    let (_, m) = http(&s.addr, req.as_bytes());
+    let prefix = format!("{name}{{");
+    String::from_utf8(m)
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with(&prefix))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum()
+}
+
 fn wal_files(state: &Path) -> usize {
     std::fs::read_dir(state.join("wal"))
         .map(|d| d.count())
@@ -161,22 +177,7 @@ fn the_management_methods_work_end_to_end() {
     assert_eq!(st["result"]["indeterminate_tool_calls"], json!([]));
 
     // The same send_id: the same run, nothing written; other inputs: refused.
-    let appends = |s: &Serve| {
-        let (_, m) = http(
-            &s.addr,
-            format!(
-                "GET /metrics HTTP/1.1\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n",
-                s.handle
-            )
-            .as_bytes(),
-        );
-        String::from_utf8(m)
-            .unwrap()
-            .lines()
-            .filter(|l| l.starts_with("broca_wal_appends_total{"))
-            .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
-            .sum::<u64>()
-    };
+    let appends = |s: &Serve| metric(s, "broca_wal_appends_total");
     let before = appends(&s);
     let (status, again) = rpc(&s, "session.send", send.clone());
     assert_eq!(
@@ -676,22 +677,7 @@ fn an_idle_session_is_dropped_from_memory_and_rebuilt_from_its_wal() {
     let config = dir.path().join("serve.json5");
     std::fs::write(&config, r#"{"idle_secs": 1}"#).unwrap();
     let s = start(&state, &peer, &["--config", config.to_str().unwrap()]);
-    let live = |s: &Serve| {
-        let (_, m) = http(
-            &s.addr,
-            format!(
-                "GET /metrics HTTP/1.1\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n",
-                s.handle
-            )
-            .as_bytes(),
-        );
-        String::from_utf8(m)
-            .unwrap()
-            .lines()
-            .filter(|l| l.starts_with("broca_sessions_live{"))
-            .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
-            .sum::<u64>()
-    };
+    let live = |s: &Serve| metric(s, "broca_sessions_live");
     let (_, r) = rpc(
         &s,
         "session.send",

@@ -217,6 +217,34 @@ pub(crate) fn assert_every_split(
     }
 }
 
+/// The constructors every family's normalizer has: `new(aliases)`, and (tests) `full_only()`,
+/// which reads every event with the full parse. The struct has `aliases` and `full_only`
+/// fields and derives `Default`.
+macro_rules! normalizer_constructors {
+    ($ty:ident) => {
+        impl $ty {
+            /// A normalizer mapping the request's tool aliases back to the caller's names.
+            pub fn new(aliases: Aliases) -> $ty {
+                $ty {
+                    aliases,
+                    ..$ty::default()
+                }
+            }
+
+            /// A normalizer that reads every event with the full parse (tests compare the
+            /// fast path with it).
+            #[cfg(test)]
+            pub(crate) fn full_only() -> $ty {
+                $ty {
+                    full_only: true,
+                    ..$ty::default()
+                }
+            }
+        }
+    };
+}
+pub(crate) use normalizer_constructors;
+
 /// The two tests every family's recorded stream gets: the fast path agrees with the full
 /// parse on each event, and the stream normalizes to `expected` split at every byte.
 #[cfg(test)]

@@ -85,6 +85,8 @@ struct WireError {
     code: Option<serde_json::Value>,
 }
 
+crate::provider::normalizer_constructors!(Normalizer);
+
 /// The state of one streamed completion.
 #[derive(Debug, Default)]
 pub struct Normalizer {
@@ -206,24 +208,6 @@ impl crate::provider::StreamNormalizer for Normalizer {
 }
 
 impl Normalizer {
-    /// A normalizer mapping the request's tool aliases back to the caller's names.
-    pub fn new(aliases: Aliases) -> Normalizer {
-        Normalizer {
-            aliases,
-            ..Normalizer::default()
-        }
-    }
-
-    /// A normalizer that reads every event with the full parse (tests compare the fast path
-    /// with it).
-    #[cfg(test)]
-    pub(crate) fn full_only() -> Normalizer {
-        Normalizer {
-            full_only: true,
-            ..Normalizer::default()
-        }
-    }
-
     /// A chunk of text or reasoning (nearly all of a stream), read without a full parse;
     /// `None` hands the chunk to the full parse (tool calls, finish, usage, errors).
     fn fast_path(&mut self, data: &str) -> Option<Normalized> {

@@ -94,6 +94,8 @@ struct OutputDetails {
     reasoning_tokens: Option<u64>,
 }
 
+crate::provider::normalizer_constructors!(Normalizer);
+
 /// The state of one streamed response.
 #[derive(Debug, Default)]
 pub struct Normalizer {
@@ -102,26 +104,6 @@ pub struct Normalizer {
     aliases: Aliases,
     /// Tests: every event through the full parse (the fast path's reference).
     full_only: bool,
-}
-
-impl Normalizer {
-    /// A normalizer mapping the request's tool aliases back to the caller's names.
-    pub fn new(aliases: Aliases) -> Normalizer {
-        Normalizer {
-            aliases,
-            ..Normalizer::default()
-        }
-    }
-
-    /// A normalizer that reads every event with the full parse (tests compare the fast path
-    /// with it).
-    #[cfg(test)]
-    pub(crate) fn full_only() -> Normalizer {
-        Normalizer {
-            full_only: true,
-            ..Normalizer::default()
-        }
-    }
 }
 
 fn error(code: Option<&str>, kind: Option<&str>, message: &str) -> Normalized {

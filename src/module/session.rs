@@ -256,7 +256,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
     /// the timer run as tasks that report into one channel, so the loop also answers the
     /// session's commands (status, cancel, shutdown, a busy send) while a run is active.
     async fn drive(&mut self, mut m: RunMachine) -> Result<Outcome, ActorError> {
-        let (tx, rx) = local_channel::new_bounded::<Input>(1024);
+        let (tx, rx) = local_channel::new_bounded::<Input>(INPUT_QUEUE);
         let tx = Rc::new(tx);
         // The current model call; a stale call's events are ignored and its task stops.
         let call = Rc::new(Cell::new(0u64));
@@ -494,6 +494,10 @@ fn log_failed_attempt(run_id: &str, error: &crate::protocol::ClassifiedError) {
         );
     }
 }
+
+/// Inputs queued for the drive loop at most (the model stream's task waits beyond it). A
+/// bounded channel preallocates its queue, so this stays small: it is per active run.
+const INPUT_QUEUE: usize = 16;
 
 /// What the drive loop waits for.
 enum Input {

@@ -1,0 +1,321 @@
+//! Durable agent steps per second on one shard, with session actors as serve runs them: a
+//! real WAL per session (O_DIRECT, group commit), the provider transport talking HTTP/1.1 to a
+//! zero-latency loopback provider (a child process answering every call at once with an
+//! Anthropic stream: a tool call, then after the tool's result a final text), and a no-op
+//! tool. Each run is two model steps with a durable tool intent and result between them.
+//! Measured at 1, 100 and 5,000 concurrent sessions (10,000 needs more than the 20,000 open
+//! files this machine allows: each session in flight holds its WAL and a socket); at 1, each run's latency beside the
+//! fdatasync latency; the process's RSS before the sessions, at its peak while every run is
+//! in flight, and after the idle sessions were closed.
+//!
+//! Run: `cargo bench -p broca-bench --bench serve_steps` (BROCA_BENCH_SESSIONS=1,100,5000 and
+//! BROCA_BENCH_RUNS=N change the workload; BROCA_BENCH_DIR the WAL folder, default a temporary
+//! folder on the disk beside the target dir).
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use broca::core::admission::SendRequest;
+use broca::module::scripted::CountingTools;
+use broca::module::session::SessionActor;
+use broca::provider::credential::EnvSecrets;
+use broca::provider::transport::{Endpoints, HttpModelClient};
+use broca::wal::SessionTriple;
+use broca_bench::percentile;
+use broca_io::http_server::{RequestDecoder, ServerLimits};
+use broca_io::net::proxy::ProxyConfig;
+use broca_io::net::{tls, ClientConfig, HttpClient};
+use broca_io::{Committer, LogConfig};
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+
+const TOOL_STEP: &str = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"usage\":{\"input_tokens\":50,\"output_tokens\":1}}}\n\n\
+event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"tool_use\",\"id\":\"toolu_1\",\"name\":\"echo\",\"input\":{}}}\n\n\
+event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"x\\\":1}\"}}\n\n\
+event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n\
+event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\"},\"usage\":{\"output_tokens\":9}}\n\n\
+event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+
+const TEXT_STEP: &str = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_2\",\"usage\":{\"input_tokens\":70,\"output_tokens\":1}}}\n\n\
+event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n\
+event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Done.\"}}\n\n\
+event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n\
+event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":3}}\n\n\
+event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+
+/// The provider: answers every request at once on a keep-alive connection.
+fn provider_main() {
+    let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Fixed(1))
+        .make()
+        .expect("an executor");
+    ex.run(async {
+        let l = glommio::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        println!("{}", l.local_addr().unwrap().port());
+        use std::io::Write;
+        std::io::stdout().flush().unwrap();
+        loop {
+            let Ok(mut s) = l.accept().await else {
+                continue;
+            };
+            glommio::spawn_local(async move {
+                let mut dec = RequestDecoder::new(ServerLimits::default());
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    while let Ok(Some((_, body))) = dec.next() {
+                        let tool_result = memchr::memmem::find(&body, b"tool_result").is_some();
+                        let answer = if tool_result { TEXT_STEP } else { TOOL_STEP };
+                        let out = broca_io::http_server::response(
+                            200,
+                            "text/event-stream",
+                            answer.as_bytes(),
+                            true,
+                        );
+                        if s.write_all(&out).await.is_err() {
+                            return;
+                        }
+                    }
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => dec.push(&buf[..n]),
+                    }
+                }
+            })
+            .detach();
+        }
+    });
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+fn raise_fd_limit(want: u64) {
+    // SAFETY: reading and setting this process's own limit.
+    unsafe {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+        if lim.rlim_cur < want {
+            let new = libc::rlimit {
+                rlim_cur: want,
+                rlim_max: want.max(lim.rlim_max),
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &new) != 0 {
+                let soft = libc::rlimit {
+                    rlim_cur: lim.rlim_max,
+                    rlim_max: lim.rlim_max,
+                };
+                libc::setrlimit(libc::RLIMIT_NOFILE, &soft);
+            }
+        }
+    }
+}
+
+struct Outcome {
+    steps: u64,
+    elapsed: Duration,
+    run_latencies: Vec<u64>,
+    rss_before: u64,
+    rss_peak: u64,
+    rss_after_close: u64,
+    fsync_p50_us: u64,
+    fsync_count: u64,
+}
+
+fn workload(dir: &std::path::Path, port: u16, sessions: usize, runs: usize) -> Outcome {
+    let dir = dir.to_path_buf();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Fixed(0))
+            .io_memory(broca_shards::IO_MEMORY_BYTES)
+            .make()
+            .expect("an executor");
+        let out = ex.run(async move {
+            let mut cfg =
+                ClientConfig::new(tls::client_config(&[]).unwrap(), ProxyConfig::default());
+            cfg.idle_per_origin = sessions + 16;
+            let http = HttpClient::new(cfg);
+            let mut endpoints = Endpoints::default();
+            endpoints
+                .set("anthropic", &format!("http://127.0.0.1:{port}"))
+                .unwrap();
+            let model = Rc::new(HttpModelClient::new(http, endpoints, Box::new(EnvSecrets)));
+            let committer = Committer::default();
+            let tools = CountingTools::default();
+            let rss_before = rss_kib();
+            let peak = Rc::new(Cell::new(rss_before));
+            let sampling = Rc::new(Cell::new(true));
+            let (p, on) = (peak.clone(), sampling.clone());
+            glommio::spawn_local(async move {
+                while on.get() {
+                    p.set(p.get().max(rss_kib()));
+                    glommio::timer::sleep(Duration::from_millis(5)).await;
+                }
+            })
+            .detach();
+            let start = Instant::now();
+            let mut tasks = Vec::new();
+            for i in 0..sessions {
+                let (dir, model, committer, tools) =
+                    (dir.clone(), model.clone(), committer.clone(), tools.clone());
+                tasks.push(glommio::spawn_local(async move {
+                    let triple =
+                        SessionTriple::new("/bench", "serve-steps", &format!("s{i}")).unwrap();
+                    let mut actor = SessionActor::open(
+                        &dir,
+                        &triple,
+                        model,
+                        Rc::new(tools),
+                        CountingTools::specs(&["echo"]),
+                        LogConfig::default(),
+                        committer,
+                    )
+                    .await
+                    .expect("the session opens");
+                    let mut lat = Vec::with_capacity(runs);
+                    let mut steps = 0u64;
+                    for r in 0..runs {
+                        let t = Instant::now();
+                        let req = SendRequest {
+                            prompt: format!("run {r}"),
+                            model: "anthropic/bench".into(),
+                            credential_id: Some("env:BROCA_BENCH_KEY".into()),
+                            ..SendRequest::default()
+                        };
+                        actor.send(&req).await.expect("admitted");
+                        let outcome = actor.run_admitted().await.expect("the run ends");
+                        assert_eq!(outcome.reason.map(|k| k.as_str()), Some("completed"));
+                        lat.push(t.elapsed().as_micros() as u64);
+                        steps += 2;
+                    }
+                    actor.close().await.expect("closes");
+                    (steps, lat)
+                }));
+            }
+            let mut steps = 0;
+            let mut run_latencies = Vec::new();
+            for t in tasks {
+                let (s, l) = t.await;
+                steps += s;
+                run_latencies.extend(l);
+            }
+            let elapsed = start.elapsed();
+            sampling.set(false);
+            glommio::timer::sleep(Duration::from_millis(20)).await;
+            let stats = committer.stats();
+            // The median fsync from the histogram (the bucket's upper bound).
+            let half = stats.fsyncs.div_ceil(2);
+            let mut seen = 0;
+            let mut fsync_p50_us = 0;
+            for (i, n) in stats.fsync_latency_buckets.iter().enumerate() {
+                seen += n;
+                if seen >= half {
+                    fsync_p50_us = *broca_io::commit::FSYNC_LATENCY_BUCKETS_US
+                        .get(i)
+                        .unwrap_or(&u64::MAX);
+                    break;
+                }
+            }
+            Outcome {
+                steps,
+                elapsed,
+                run_latencies,
+                rss_before,
+                rss_peak: peak.get(),
+                rss_after_close: rss_kib(),
+                fsync_p50_us,
+                fsync_count: stats.fsyncs,
+            }
+        });
+        tx.send(out).ok();
+    });
+    rx.recv().expect("the workload finishes")
+}
+
+fn main() {
+    if std::env::var_os("BROCA_BENCH_ROLE").is_some_and(|r| r == "provider") {
+        provider_main();
+        return;
+    }
+    if std::env::args().any(|a| a == "--list") {
+        println!("serve_steps: bench");
+        return;
+    }
+    raise_fd_limit(65_536);
+    // SAFETY: setting an environment variable before any thread reads it.
+    unsafe { std::env::set_var("BROCA_BENCH_KEY", "sk-bench-not-a-secret") };
+    let mut provider = std::process::Command::new(std::env::current_exe().unwrap())
+        .env("BROCA_BENCH_ROLE", "provider")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("the provider starts");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(provider.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let port: u16 = line.trim().parse().expect("the provider's port");
+    let sessions: Vec<usize> = std::env::var("BROCA_BENCH_SESSIONS")
+        .unwrap_or_else(|_| "1,100,5000".into())
+        .split(',')
+        .map(|v| v.trim().parse().expect("a session count"))
+        .collect();
+    let base = std::env::var_os("BROCA_BENCH_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-serve")
+        });
+    std::fs::create_dir_all(&base).unwrap();
+    println!("| sessions | runs each | model steps | steps/s | run p50 / p99 | fsync p50 | fsyncs | RSS before / peak / after close |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for n in sessions {
+        let runs = std::env::var("BROCA_BENCH_RUNS")
+            .ok()
+            .map(|v| v.parse().unwrap())
+            .unwrap_or(if n == 1 {
+                2000
+            } else if n <= 100 {
+                40
+            } else {
+                2
+            });
+        let dir = tempfile::tempdir_in(&base).unwrap();
+        let o = workload(dir.path(), port, n, runs);
+        let mut lat: Vec<Duration> = o
+            .run_latencies
+            .iter()
+            .map(|&us| Duration::from_micros(us))
+            .collect();
+        lat.sort();
+        println!(
+            "| {n} | {runs} | {} | {:.0} | {} / {} µs | ≤{} µs | {} | {} / {} / {} MiB |",
+            o.steps,
+            o.steps as f64 / o.elapsed.as_secs_f64(),
+            percentile(&lat, 50.0).as_micros(),
+            percentile(&lat, 99.0).as_micros(),
+            o.fsync_p50_us,
+            o.fsync_count,
+            o.rss_before / 1024,
+            o.rss_peak / 1024,
+            o.rss_after_close / 1024,
+        );
+        if n > 1 {
+            let per_run = (o.rss_peak.saturating_sub(o.rss_before)) * 1024 / n as u64;
+            println!("|  | RSS per session in flight: {} KiB |", per_run / 1024);
+        }
+    }
+    let _ = provider.kill();
+}

@@ -4,8 +4,8 @@
 //! Anthropic stream: a tool call, then after the tool's result a final text), and a no-op
 //! tool. Each run is two model steps with a durable tool intent and result between them.
 //! Measured at 1, 100 and 5,000 concurrent sessions (10,000 needs more than the 20,000 open
-//! files this machine allows: each session in flight holds its WAL and a socket); at 1, each run's latency beside the
-//! fdatasync latency; the process's RSS before the sessions, at its peak while every run is
+//! files this machine allows: an open WAL holds two descriptors); at 1, each run's latency
+//! beside the fdatasync latency; the process's RSS before the sessions, at its peak while every run is
 //! in flight, and after the idle sessions were closed.
 //!
 //! Run: `cargo bench -p broca-bench --bench serve_steps` (BROCA_BENCH_SESSIONS=1,100,5000 and

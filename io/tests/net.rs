@@ -450,3 +450,47 @@ fn a_refused_websocket_upgrade_reports_status_and_body() {
         (401, &b"no auth"[..])
     );
 }
+
+#[test]
+fn requests_beyond_the_per_origin_cap_wait_for_a_slot() {
+    // Bodies larger than one read: the first response is still being read when the second
+    // request is made; with a cap of one, the second waits until the first body is read.
+    let body = "x".repeat(100_000);
+    let (port, conns) = serve(move |_, _| {
+        format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes()
+    });
+    let mut cfg = ClientConfig::new(tls::client_config(&[]).unwrap(), ProxyConfig::default());
+    cfg.max_per_origin = 1;
+    cfg.idle_per_origin = 0; // every request on a new connection
+    let c = HttpClient::new(cfg);
+    let url = Url::parse(&format!("http://127.0.0.1:{port}")).unwrap();
+    let order = run(async {
+        let first = c.send(&post(&url, b"")).await.unwrap();
+        let c2 = c.clone();
+        let url2 = url.clone();
+        let done = Rc::new(std::cell::RefCell::new(Vec::new()));
+        let d = done.clone();
+        let second = glommio::spawn_local(async move {
+            let mut r = c2.send(&post(&url2, b"")).await.unwrap();
+            r.body(1 << 20).await.unwrap();
+            d.borrow_mut().push("second");
+        });
+        glommio::timer::sleep(Duration::from_millis(100)).await;
+        done.borrow_mut().push("first read");
+        let mut first = first;
+        first.body(1 << 20).await.unwrap();
+        second.await;
+        let v = done.borrow().clone();
+        v
+    });
+    assert_eq!(
+        order,
+        ["first read", "second"],
+        "the second request waited for the slot"
+    );
+    assert_eq!(conns.load(Ordering::SeqCst), 2);
+}

@@ -15,7 +15,8 @@ use super::conn::Conn;
 use super::proxy::ProxyConfig;
 use super::{with_timeout, NetError, Timeouts, Url};
 
-const READ_CHUNK: usize = 16 * 1024;
+/// Bytes read from a connection at a time (per response in flight).
+const READ_CHUNK: usize = 8 * 1024;
 
 /// How the client connects.
 #[derive(Clone)]
@@ -26,6 +27,9 @@ pub struct ClientConfig {
     pub proxy: ProxyConfig,
     /// Idle connections kept per origin.
     pub idle_per_origin: usize,
+    /// Requests in flight per origin at most (more wait for a slot): bounds the sockets and
+    /// buffers a burst of runs can take, and the load one daemon puts on a provider.
+    pub max_per_origin: usize,
     /// How long an idle pooled connection is trusted.
     pub idle_keep: Duration,
     pub user_agent: String,
@@ -40,6 +44,7 @@ impl ClientConfig {
             tls,
             proxy,
             idle_per_origin: 8,
+            max_per_origin: 1024,
             idle_keep: Duration::from_secs(30),
             user_agent: concat!("broca/", env!("CARGO_PKG_VERSION")).to_string(),
         }
@@ -72,6 +77,7 @@ pub struct ClientStats {
 pub struct HttpClient {
     config: ClientConfig,
     pool: RefCell<HashMap<String, Vec<(Conn, Instant)>>>,
+    slots: RefCell<HashMap<String, Rc<glommio::sync::Semaphore>>>,
     stats: Cell<ClientStats>,
 }
 
@@ -81,6 +87,7 @@ impl HttpClient {
         Rc::new(HttpClient {
             config,
             pool: RefCell::new(HashMap::new()),
+            slots: RefCell::new(HashMap::new()),
             stats: Cell::new(ClientStats::default()),
         })
     }
@@ -174,6 +181,23 @@ impl HttpClient {
         bytes.extend_from_slice(req.body);
         let origin = req.url.origin();
         let head_request = req.method.eq_ignore_ascii_case("HEAD");
+        let slots = self
+            .slots
+            .borrow_mut()
+            .entry(origin.clone())
+            .or_insert_with(|| {
+                Rc::new(glommio::sync::Semaphore::new(
+                    self.config.max_per_origin.max(1) as u64,
+                ))
+            })
+            .clone();
+        let slot = slots
+            .acquire_static_permit(1)
+            .await
+            .map_err(|e| NetError::Io {
+                target: req.url.authority(),
+                why: format!("no request slot: {e}"),
+            })?;
         if let Some(conn) = self.pooled(&origin) {
             self.count(|s| s.reuses += 1);
             match self
@@ -182,12 +206,12 @@ impl HttpClient {
             {
                 Err(Exchange::Stale) => {} // try a fresh connection
                 Err(Exchange::Failed(e)) => return Err(e),
-                Ok(resp) => return Ok(resp),
+                Ok(resp) => return Ok(resp.holding(slot)),
             }
         }
         let conn = self.connect(req.url).await?;
         match self.exchange(conn, &bytes, origin, head_request).await {
-            Ok(resp) => Ok(resp),
+            Ok(resp) => Ok(resp.holding(slot)),
             Err(Exchange::Failed(e)) => Err(e),
             Err(Exchange::Stale) => Err(NetError::Io {
                 target: req.url.authority(),
@@ -272,6 +296,7 @@ impl HttpClient {
             client: self.clone(),
             target,
             buf,
+            slot: None,
         };
         if done {
             resp.finish();
@@ -317,6 +342,9 @@ pub struct Response {
     client: Rc<HttpClient>,
     target: String,
     buf: Vec<u8>,
+    /// The origin's request slot, held until the body has been read (or the response
+    /// dropped).
+    slot: Option<glommio::sync::StaticPermit>,
 }
 
 impl Response {
@@ -325,8 +353,18 @@ impl Response {
         self.head.status
     }
 
+    /// Keeps the origin's request slot until the body has been read.
+    fn holding(mut self, slot: glommio::sync::StaticPermit) -> Response {
+        if !self.done {
+            self.slot = Some(slot);
+        }
+        self
+    }
+
     fn finish(&mut self) {
         self.done = true;
+        self.slot = None;
+        self.buf = Vec::new();
         if let Some(conn) = self.conn.take() {
             if self.keep_alive && self.decoder.leftover().is_empty() {
                 self.client

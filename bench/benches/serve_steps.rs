@@ -8,6 +8,9 @@
 //! beside the fdatasync latency; the process's RSS before the sessions, at its peak while every run is
 //! in flight, and after the idle sessions were closed.
 //!
+//! `BROCA_BENCH_ON_DISK=N` instead opens and closes N sessions (their WALs created) and reports
+//! the RSS before and after: idle sessions on disk should cost no memory.
+//!
 //! Run: `cargo bench -p broca-bench --bench serve_steps` (BROCA_BENCH_SESSIONS=1,100,5000 and
 //! BROCA_BENCH_RUNS=N change the workload; BROCA_BENCH_DIR the WAL folder, default a temporary
 //! folder on the disk beside the target dir).
@@ -244,7 +247,63 @@ fn workload(dir: &std::path::Path, port: u16, sessions: usize, runs: usize) -> O
     rx.recv().expect("the workload finishes")
 }
 
+/// Opens and closes `n` sessions (each WAL created with its header and lease record), 1,000
+/// at a time, as an idle daemon's sessions come and go; RSS before, and after all are closed.
+fn sessions_on_disk(dir: &std::path::Path, n: usize) -> (u64, u64, Duration) {
+    let dir = dir.to_path_buf();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Fixed(0))
+            .io_memory(broca_shards::IO_MEMORY_BYTES)
+            .make()
+            .expect("an executor");
+        let out = ex.run(async move {
+            let before = rss_kib();
+            let start = Instant::now();
+            let committer = Committer::default();
+            let model = Rc::new(HttpModelClient::new(
+                HttpClient::new(ClientConfig::new(tls::client_config(&[]).unwrap(), ProxyConfig::default())),
+                Endpoints::default(),
+                Box::new(EnvSecrets),
+            ));
+            for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+                let mut tasks = Vec::new();
+                for &i in chunk {
+                    let (dir, committer, model) = (dir.clone(), committer.clone(), model.clone());
+                    tasks.push(glommio::spawn_local(async move {
+                        let triple = SessionTriple::new("/bench", "on-disk", &format!("s{i}")).unwrap();
+                        let actor = SessionActor::open(&dir, &triple, model, Rc::new(CountingTools::default()), Vec::new(), LogConfig::default(), committer)
+                            .await
+                            .expect("the session opens");
+                        actor.close().await.expect("closes");
+                    }));
+                }
+                for t in tasks {
+                    t.await;
+                }
+            }
+            (before, rss_kib(), start.elapsed())
+        });
+        tx.send(out).ok();
+    });
+    rx.recv().expect("the sessions were made")
+}
+
 fn main() {
+    if let Some(n) = std::env::var("BROCA_BENCH_ON_DISK").ok().and_then(|v| v.parse::<usize>().ok()) {
+        let base = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-serve");
+        std::fs::create_dir_all(&base).unwrap();
+        let dir = tempfile::tempdir_in(&base).unwrap();
+        let (before, after, took) = sessions_on_disk(dir.path(), n);
+        println!(
+            "{n} sessions created and closed in {:.1} s ({:.0}/s); RSS before {} MiB, after {} MiB",
+            took.as_secs_f64(),
+            n as f64 / took.as_secs_f64(),
+            before / 1024,
+            after / 1024
+        );
+        return;
+    }
     if std::env::var_os("BROCA_BENCH_ROLE").is_some_and(|r| r == "provider") {
         provider_main();
         return;

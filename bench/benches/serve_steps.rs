@@ -262,7 +262,10 @@ fn sessions_on_disk(dir: &std::path::Path, n: usize) -> (u64, u64, Duration) {
             let start = Instant::now();
             let committer = Committer::default();
             let model = Rc::new(HttpModelClient::new(
-                HttpClient::new(ClientConfig::new(tls::client_config(&[]).unwrap(), ProxyConfig::default())),
+                HttpClient::new(ClientConfig::new(
+                    tls::client_config(&[]).unwrap(),
+                    ProxyConfig::default(),
+                )),
                 Endpoints::default(),
                 Box::new(EnvSecrets),
             ));
@@ -271,10 +274,19 @@ fn sessions_on_disk(dir: &std::path::Path, n: usize) -> (u64, u64, Duration) {
                 for &i in chunk {
                     let (dir, committer, model) = (dir.clone(), committer.clone(), model.clone());
                     tasks.push(glommio::spawn_local(async move {
-                        let triple = SessionTriple::new("/bench", "on-disk", &format!("s{i}")).unwrap();
-                        let actor = SessionActor::open(&dir, &triple, model, Rc::new(CountingTools::default()), Vec::new(), LogConfig::default(), committer)
-                            .await
-                            .expect("the session opens");
+                        let triple =
+                            SessionTriple::new("/bench", "on-disk", &format!("s{i}")).unwrap();
+                        let actor = SessionActor::open(
+                            &dir,
+                            &triple,
+                            model,
+                            Rc::new(CountingTools::default()),
+                            Vec::new(),
+                            LogConfig::default(),
+                            committer,
+                        )
+                        .await
+                        .expect("the session opens");
                         actor.close().await.expect("closes");
                     }));
                 }
@@ -290,7 +302,10 @@ fn sessions_on_disk(dir: &std::path::Path, n: usize) -> (u64, u64, Duration) {
 }
 
 fn main() {
-    if let Some(n) = std::env::var("BROCA_BENCH_ON_DISK").ok().and_then(|v| v.parse::<usize>().ok()) {
+    if let Some(n) = std::env::var("BROCA_BENCH_ON_DISK")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
         let base = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-serve");
         std::fs::create_dir_all(&base).unwrap();
         let dir = tempfile::tempdir_in(&base).unwrap();

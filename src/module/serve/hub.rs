@@ -201,11 +201,11 @@ pub(crate) async fn run(
     barrier.await;
     let read = glommio::executor()
         .spawn_blocking(move || -> Result<Vec<(u64, Record)>, String> {
-            if !wal.exists() {
-                return Ok(Vec::new());
-            }
-            let (bytes, scan) =
-                crate::wal::verify::read_and_scan(&wal).map_err(|e| e.to_string())?;
+            let found =
+                crate::wal::verify::read_and_scan_if_any(&wal).map_err(|e| e.to_string())?;
+            let Some((bytes, scan)) = found else {
+                return Ok(Vec::new()); // not created yet: everything comes live
+            };
             let decoded = scan
                 .decode(&bytes)
                 .map_err(|(seq, why)| format!("record {seq}: {why}"))?;

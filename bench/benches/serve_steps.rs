@@ -49,8 +49,11 @@ event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n
 event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":3}}\n\n\
 event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
 
-/// The provider: answers every request at once on a keep-alive connection.
+/// The provider: answers every request at once on a keep-alive connection. It dies with the
+/// bench (a failed workload must not leave it holding the terminal's pipe).
 fn provider_main() {
+    // SAFETY: prctl on this process, asking for SIGKILL when the parent exits.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
     let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Fixed(1))
         .make()
         .expect("an executor");
@@ -137,168 +140,162 @@ struct Outcome {
     fsync_count: u64,
 }
 
-fn workload(dir: &std::path::Path, port: u16, sessions: usize, runs: usize) -> Outcome {
-    let dir = dir.to_path_buf();
-    let (tx, rx) = std::sync::mpsc::channel();
+/// Runs `work` on a new executor pinned to CPU 0 (the shard) and waits for its result.
+fn on_shard<T: Send + 'static, F: std::future::Future<Output = T>>(
+    work: impl FnOnce() -> F + Send + 'static,
+) -> T {
     std::thread::spawn(move || {
-        let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Fixed(0))
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Fixed(0))
             .io_memory(broca_shards::IO_MEMORY_BYTES)
             .make()
-            .expect("an executor");
-        let out = ex.run(async move {
-            let mut cfg =
-                ClientConfig::new(tls::client_config(&[]).unwrap(), ProxyConfig::default());
-            cfg.idle_per_origin = sessions + 16;
-            let http = HttpClient::new(cfg);
-            let mut endpoints = Endpoints::default();
-            endpoints
-                .set("anthropic", &format!("http://127.0.0.1:{port}"))
-                .unwrap();
-            let model = Rc::new(HttpModelClient::new(http, endpoints, Box::new(EnvSecrets)));
-            let committer = Committer::default();
-            let tools = CountingTools::default();
-            let rss_before = rss_kib();
-            let peak = Rc::new(Cell::new(rss_before));
-            let sampling = Rc::new(Cell::new(true));
-            let (p, on) = (peak.clone(), sampling.clone());
-            glommio::spawn_local(async move {
-                while on.get() {
-                    p.set(p.get().max(rss_kib()));
-                    glommio::timer::sleep(Duration::from_millis(5)).await;
+            .expect("an executor")
+            .run(work())
+    })
+    .join()
+    .expect("the shard's work finishes")
+}
+
+fn workload(dir: &std::path::Path, port: u16, sessions: usize, runs: usize) -> Outcome {
+    let dir = dir.to_path_buf();
+    on_shard(move || async move {
+        let mut cfg = ClientConfig::new(tls::client_config(&[]).unwrap(), ProxyConfig::default());
+        cfg.idle_per_origin = sessions + 16;
+        let http = HttpClient::new(cfg);
+        let mut endpoints = Endpoints::default();
+        endpoints
+            .set("anthropic", &format!("http://127.0.0.1:{port}"))
+            .unwrap();
+        let model = Rc::new(HttpModelClient::new(http, endpoints, Box::new(EnvSecrets)));
+        let committer = Committer::default();
+        let tools = CountingTools::default();
+        let rss_before = rss_kib();
+        let peak = Rc::new(Cell::new(rss_before));
+        let sampling = Rc::new(Cell::new(true));
+        let (p, on) = (peak.clone(), sampling.clone());
+        glommio::spawn_local(async move {
+            while on.get() {
+                p.set(p.get().max(rss_kib()));
+                glommio::timer::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .detach();
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for i in 0..sessions {
+            let (dir, model, committer, tools) =
+                (dir.clone(), model.clone(), committer.clone(), tools.clone());
+            tasks.push(glommio::spawn_local(async move {
+                let triple = SessionTriple::new("/bench", "serve-steps", &format!("s{i}")).unwrap();
+                let mut actor = SessionActor::open(
+                    &dir,
+                    &triple,
+                    model,
+                    Rc::new(tools),
+                    CountingTools::specs(&["echo"]),
+                    LogConfig::default(),
+                    committer,
+                )
+                .await
+                .expect("the session opens");
+                let mut lat = Vec::with_capacity(runs);
+                let mut steps = 0u64;
+                for r in 0..runs {
+                    let t = Instant::now();
+                    let req = SendRequest {
+                        prompt: format!("run {r}"),
+                        model: "anthropic/bench".into(),
+                        credential_id: Some("env:BROCA_BENCH_KEY".into()),
+                        ..SendRequest::default()
+                    };
+                    actor.send(&req).await.expect("admitted");
+                    let outcome = actor.run_admitted().await.expect("the run ends");
+                    assert_eq!(outcome.reason.map(|k| k.as_str()), Some("completed"));
+                    lat.push(t.elapsed().as_micros() as u64);
+                    steps += 2;
                 }
-            })
-            .detach();
-            let start = Instant::now();
-            let mut tasks = Vec::new();
-            for i in 0..sessions {
-                let (dir, model, committer, tools) =
-                    (dir.clone(), model.clone(), committer.clone(), tools.clone());
-                tasks.push(glommio::spawn_local(async move {
-                    let triple =
-                        SessionTriple::new("/bench", "serve-steps", &format!("s{i}")).unwrap();
-                    let mut actor = SessionActor::open(
-                        &dir,
-                        &triple,
-                        model,
-                        Rc::new(tools),
-                        CountingTools::specs(&["echo"]),
-                        LogConfig::default(),
-                        committer,
-                    )
-                    .await
-                    .expect("the session opens");
-                    let mut lat = Vec::with_capacity(runs);
-                    let mut steps = 0u64;
-                    for r in 0..runs {
-                        let t = Instant::now();
-                        let req = SendRequest {
-                            prompt: format!("run {r}"),
-                            model: "anthropic/bench".into(),
-                            credential_id: Some("env:BROCA_BENCH_KEY".into()),
-                            ..SendRequest::default()
-                        };
-                        actor.send(&req).await.expect("admitted");
-                        let outcome = actor.run_admitted().await.expect("the run ends");
-                        assert_eq!(outcome.reason.map(|k| k.as_str()), Some("completed"));
-                        lat.push(t.elapsed().as_micros() as u64);
-                        steps += 2;
-                    }
-                    actor.close().await.expect("closes");
-                    (steps, lat)
-                }));
+                actor.close().await.expect("closes");
+                (steps, lat)
+            }));
+        }
+        let mut steps = 0;
+        let mut run_latencies = Vec::new();
+        for t in tasks {
+            let (s, l) = t.await;
+            steps += s;
+            run_latencies.extend(l);
+        }
+        let elapsed = start.elapsed();
+        sampling.set(false);
+        glommio::timer::sleep(Duration::from_millis(20)).await;
+        let stats = committer.stats();
+        // The median fsync from the histogram (the bucket's upper bound).
+        let half = stats.fsyncs.div_ceil(2);
+        let mut seen = 0;
+        let mut fsync_p50_us = 0;
+        for (i, n) in stats.fsync_latency_buckets.iter().enumerate() {
+            seen += n;
+            if seen >= half {
+                fsync_p50_us = *broca_io::commit::FSYNC_LATENCY_BUCKETS_US
+                    .get(i)
+                    .unwrap_or(&u64::MAX);
+                break;
             }
-            let mut steps = 0;
-            let mut run_latencies = Vec::new();
-            for t in tasks {
-                let (s, l) = t.await;
-                steps += s;
-                run_latencies.extend(l);
-            }
-            let elapsed = start.elapsed();
-            sampling.set(false);
-            glommio::timer::sleep(Duration::from_millis(20)).await;
-            let stats = committer.stats();
-            // The median fsync from the histogram (the bucket's upper bound).
-            let half = stats.fsyncs.div_ceil(2);
-            let mut seen = 0;
-            let mut fsync_p50_us = 0;
-            for (i, n) in stats.fsync_latency_buckets.iter().enumerate() {
-                seen += n;
-                if seen >= half {
-                    fsync_p50_us = *broca_io::commit::FSYNC_LATENCY_BUCKETS_US
-                        .get(i)
-                        .unwrap_or(&u64::MAX);
-                    break;
-                }
-            }
-            Outcome {
-                steps,
-                elapsed,
-                run_latencies,
-                rss_before,
-                rss_peak: peak.get(),
-                rss_after_close: rss_kib(),
-                fsync_p50_us,
-                fsync_count: stats.fsyncs,
-            }
-        });
-        tx.send(out).ok();
-    });
-    rx.recv().expect("the workload finishes")
+        }
+        Outcome {
+            steps,
+            elapsed,
+            run_latencies,
+            rss_before,
+            rss_peak: peak.get(),
+            rss_after_close: rss_kib(),
+            fsync_p50_us,
+            fsync_count: stats.fsyncs,
+        }
+    })
 }
 
 /// Opens and closes `n` sessions (each WAL created with its header and lease record), 1,000
 /// at a time, as an idle daemon's sessions come and go; RSS before, and after all are closed.
 fn sessions_on_disk(dir: &std::path::Path, n: usize) -> (u64, u64, Duration) {
     let dir = dir.to_path_buf();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Fixed(0))
-            .io_memory(broca_shards::IO_MEMORY_BYTES)
-            .make()
-            .expect("an executor");
-        let out = ex.run(async move {
-            let before = rss_kib();
-            let start = Instant::now();
-            let committer = Committer::default();
-            let model = Rc::new(HttpModelClient::new(
-                HttpClient::new(ClientConfig::new(
-                    tls::client_config(&[]).unwrap(),
-                    ProxyConfig::default(),
-                )),
-                Endpoints::default(),
-                Box::new(EnvSecrets),
-            ));
-            for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
-                let mut tasks = Vec::new();
-                for &i in chunk {
-                    let (dir, committer, model) = (dir.clone(), committer.clone(), model.clone());
-                    tasks.push(glommio::spawn_local(async move {
-                        let triple =
-                            SessionTriple::new("/bench", "on-disk", &format!("s{i}")).unwrap();
-                        let actor = SessionActor::open(
-                            &dir,
-                            &triple,
-                            model,
-                            Rc::new(CountingTools::default()),
-                            Vec::new(),
-                            LogConfig::default(),
-                            committer,
-                        )
-                        .await
-                        .expect("the session opens");
-                        actor.close().await.expect("closes");
-                    }));
-                }
-                for t in tasks {
-                    t.await;
-                }
+    on_shard(move || async move {
+        let before = rss_kib();
+        let start = Instant::now();
+        let committer = Committer::default();
+        let model = Rc::new(HttpModelClient::new(
+            HttpClient::new(ClientConfig::new(
+                tls::client_config(&[]).unwrap(),
+                ProxyConfig::default(),
+            )),
+            Endpoints::default(),
+            Box::new(EnvSecrets),
+        ));
+        for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+            let mut tasks = Vec::new();
+            for &i in chunk {
+                let (dir, committer, model) = (dir.clone(), committer.clone(), model.clone());
+                tasks.push(glommio::spawn_local(async move {
+                    let triple = SessionTriple::new("/bench", "on-disk", &format!("s{i}")).unwrap();
+                    let actor = SessionActor::open(
+                        &dir,
+                        &triple,
+                        model,
+                        Rc::new(CountingTools::default()),
+                        Vec::new(),
+                        LogConfig::default(),
+                        committer,
+                    )
+                    .await
+                    .expect("the session opens");
+                    actor.close().await.expect("closes");
+                }));
             }
-            (before, rss_kib(), start.elapsed())
-        });
-        tx.send(out).ok();
-    });
-    rx.recv().expect("the sessions were made")
+            for t in tasks {
+                t.await;
+            }
+        }
+        (before, rss_kib(), start.elapsed())
+    })
 }
 
 fn main() {

@@ -293,6 +293,20 @@ fn header_pairs(rendered: &Rendered) -> Vec<(&str, &str)> {
         .collect()
 }
 
+/// The failure of a non-2xx reply, classified, with any echo of the secret removed.
+fn refused(
+    family: &dyn WireFamily,
+    status: u16,
+    body: &[u8],
+    wait: Option<u64>,
+    target: &str,
+    redact: &Redactor,
+) -> Failure {
+    let mut error = classify_reply(family, status, body, wait, target);
+    error.message = redact.scrub(&error.message);
+    Failure { error, usage: None }
+}
+
 /// Sends the request; a non-2xx reply is read and classified.
 async fn open_http(
     client: &Rc<HttpClient>,
@@ -321,12 +335,7 @@ async fn open_http(
             resp.head.header("retry-after"),
         );
         let body = resp.body(ERROR_BODY_MAX).await.unwrap_or_default();
-        let mut e = classify_reply(family, status, &body, wait, target);
-        e.message = redact.scrub(&e.message);
-        return Err(Failure {
-            error: e,
-            usage: None,
-        });
+        return Err(refused(family, status, &body, wait, target, redact));
     }
     Ok(resp)
 }
@@ -359,12 +368,14 @@ async fn open_ws(
         Ok(ws) => ws,
         Err(refused) => {
             let wait = retry_after_ms(None, refused.retry_after.as_deref());
-            let mut e = classify_reply(family, refused.status, &refused.body, wait, target);
-            e.message = redact.scrub(&e.message);
-            return Err(Failure {
-                error: e,
-                usage: None,
-            });
+            return Err(self::refused(
+                family,
+                refused.status,
+                &refused.body,
+                wait,
+                target,
+                redact,
+            ));
         }
     };
     ws.send_text(message)

@@ -228,9 +228,10 @@ impl crate::provider::StreamNormalizer for Normalizer {
     /// Normalizes one event's JSON data. A line that is not an event of this family is an
     /// error naming it.
     fn push(&mut self, _event: Option<&str>, data: &str) -> Result<Normalized, String> {
-        if self.full_only {
-        } else if let Some(fast) = fast_path(data) {
-            return Ok(fast);
+        if !self.full_only {
+            if let Some(fast) = fast_path(data) {
+                return Ok(fast);
+            }
         }
         let wire: Wire = serde_json::from_str(data)
             .map_err(|e| format!("an Anthropic stream event does not parse: {e}"))?;

@@ -130,9 +130,10 @@ impl crate::provider::StreamNormalizer for Normalizer {
             }
             return Ok(Normalized::Events(out));
         }
-        if self.full_only {
-        } else if let Some(fast) = self.fast_path(data) {
-            return Ok(fast);
+        if !self.full_only {
+            if let Some(fast) = self.fast_path(data) {
+                return Ok(fast);
+            }
         }
         let chunk: Chunk = serde_json::from_str(data)
             .map_err(|e| format!("an OpenAI chat chunk does not parse: {e}"))?;

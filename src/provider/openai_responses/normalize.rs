@@ -151,9 +151,10 @@ fn fast_path(data: &str) -> Option<Normalized> {
 
 impl crate::provider::StreamNormalizer for Normalizer {
     fn push(&mut self, _event: Option<&str>, data: &str) -> Result<Normalized, String> {
-        if self.full_only {
-        } else if let Some(fast) = fast_path(data) {
-            return Ok(fast);
+        if !self.full_only {
+            if let Some(fast) = fast_path(data) {
+                return Ok(fast);
+            }
         }
         let wire: Wire = serde_json::from_str(data)
             .map_err(|e| format!("an OpenAI Responses event does not parse: {e}"))?;

@@ -4,7 +4,7 @@
 use std::ffi::CString;
 use std::fs::File;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::RawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
@@ -59,42 +59,34 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
-/// An exclusive advisory lock (`flock`) held for as long as this value lives. flock locks
-/// belong to the open file description, so two opens of one file conflict even inside one
-/// process, across threads; and the kernel drops the lock when the process dies.
-#[derive(Debug)]
-pub struct ExclusiveLock {
-    file: File,
-}
-
-impl ExclusiveLock {
-    /// Takes the lock on `file` without waiting. `Ok(None)` means another holder has it.
-    pub fn try_take(file: File) -> io::Result<Option<ExclusiveLock>> {
-        // SAFETY: the descriptor is valid for the lifetime of `file`.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if rc == 0 {
-            return Ok(Some(ExclusiveLock { file }));
-        }
-        let err = io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            Ok(None)
-        } else {
-            Err(err)
-        }
+/// Takes an exclusive advisory lock (`flock`) on `fd` without waiting; `Ok(false)` means
+/// another holder has it. flock locks belong to the open file description, so two opens of one
+/// file conflict even inside one process, across threads; the lock lasts until the description
+/// is closed, and the kernel drops it when the process dies.
+pub fn try_flock(fd: RawFd) -> io::Result<bool> {
+    // SAFETY: flock only reads the descriptor number; a closed one yields EBADF.
+    let rc = unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(true);
     }
-
-    /// The locked file.
-    pub fn file(&self) -> &File {
-        &self.file
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(false)
+    } else {
+        Err(err)
     }
 }
 
-/// The (device, inode) identity of an open file or a path, to tell whether a path still names
-/// the file a writer holds.
-pub fn file_identity(file: &File) -> io::Result<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = file.metadata()?;
-    Ok((meta.dev(), meta.ino()))
+/// The (device, inode) identity of an open descriptor, to tell whether a path still names the
+/// file a writer holds.
+pub fn fd_identity(fd: RawFd) -> io::Result<(u64, u64)> {
+    // SAFETY: fstat writes a plain struct; a zeroed one is a valid initial value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: st is a valid out-pointer; a bad descriptor yields EBADF.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((st.st_dev, st.st_ino))
 }
 
 /// The (device, inode) identity of the file `path` names now.
@@ -129,19 +121,21 @@ mod tests {
     }
 
     #[test]
-    fn a_second_lock_on_one_file_is_refused_until_the_first_is_dropped() {
+    fn a_second_lock_on_one_file_is_refused_until_the_first_is_closed() {
+        use std::os::fd::AsRawFd;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f");
         std::fs::write(&path, b"x").unwrap();
-        let first = ExclusiveLock::try_take(File::open(&path).unwrap()).unwrap();
-        assert!(first.is_some());
-        assert!(ExclusiveLock::try_take(File::open(&path).unwrap())
-            .unwrap()
-            .is_none());
+        let first = File::open(&path).unwrap();
+        assert!(try_flock(first.as_raw_fd()).unwrap());
+        let second = File::open(&path).unwrap();
+        assert!(!try_flock(second.as_raw_fd()).unwrap());
+        assert_eq!(
+            fd_identity(first.as_raw_fd()).unwrap(),
+            fd_identity(second.as_raw_fd()).unwrap()
+        );
         drop(first);
-        assert!(ExclusiveLock::try_take(File::open(&path).unwrap())
-            .unwrap()
-            .is_some());
+        assert!(try_flock(second.as_raw_fd()).unwrap());
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use broca_io::fs::{file_identity, sync_dir, ExclusiveLock};
+use broca_io::fs::sync_dir;
 use broca_io::log::OpenedLog;
 use broca_io::{Committer, LogConfig, LogFile};
 
@@ -40,7 +40,6 @@ pub struct Appended {
 pub struct WalWriter {
     path: PathBuf,
     log: LogFile,
-    _lock: ExclusiveLock,
     header: WalHeader,
     epoch: u32,
     next_seq: u64,
@@ -76,18 +75,20 @@ impl WalWriter {
                 message: e.to_string(),
             }
         };
-        let file = OpenOptions::new()
+        // Create the file if it is new (owner-only); the log opens its own descriptor, and the
+        // lease is a flock on that one descriptor, so an open WAL costs one descriptor.
+        OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .mode(0o600)
             .open(&path)
             .map_err(io("open"))?;
-        let lock = ExclusiveLock::try_take(file)
-            .map_err(io("lock"))?
-            .ok_or_else(|| WalError::LeaseHeld { path: path.clone() })?;
-        let identity = file_identity(lock.file()).map_err(io("stat"))?;
-        let opened = OpenedLog::open(&path, identity, cfg, committer).await?;
+        let opened = OpenedLog::open(&path, cfg, committer).await?;
+        if !opened.try_lock()? {
+            opened.close().await?;
+            return Err(WalError::LeaseHeld { path });
+        }
         let bytes = opened.read_all().await?;
 
         let (log, header, scan, cut) = match super::scan(&bytes) {
@@ -144,7 +145,6 @@ impl WalWriter {
         let mut writer = WalWriter {
             path,
             log,
-            _lock: lock,
             header,
             epoch,
             next_seq,

@@ -7,10 +7,40 @@ use std::path::Path;
 
 use glommio::io::{BufferedFile, DmaFile, OpenOptions};
 
-/// An open log file, direct or buffered.
-pub(crate) enum Backend {
+/// An open log file, direct or buffered. The owner's `flock` lease is taken on this one
+/// descriptor; dropping or closing the backend releases it at once (glommio closes a dropped
+/// file later, in the background, and a reopen in this process must not find the lock held).
+pub(crate) struct Backend {
+    /// `None` only inside `close`.
+    file: Option<Kind>,
+}
+
+enum Kind {
     Direct(DmaFile),
     Buffered(BufferedFile),
+}
+
+impl Kind {
+    fn raw_fd(&self) -> RawFd {
+        match self {
+            Kind::Direct(f) => f.as_raw_fd(),
+            Kind::Buffered(f) => f.as_raw_fd(),
+        }
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        if let Some(file) = &self.file {
+            unlock(file.raw_fd());
+        }
+    }
+}
+
+/// Releases any `flock` held through `fd` (a no-op when none is).
+fn unlock(fd: RawFd) {
+    // SAFETY: the descriptor is open (its owner has not closed it yet).
+    unsafe { libc::flock(fd, libc::LOCK_UN) };
 }
 
 fn io_err<T>(e: glommio::GlommioError<T>) -> io::Error {
@@ -21,31 +51,36 @@ impl Backend {
     pub(crate) async fn open(path: &Path, direct: bool) -> io::Result<Backend> {
         let mut opts = OpenOptions::new();
         opts.read(true).write(true);
-        if direct {
-            Ok(Backend::Direct(opts.dma_open(path).await.map_err(io_err)?))
+        let file = if direct {
+            Kind::Direct(opts.dma_open(path).await.map_err(io_err)?)
         } else {
-            Ok(Backend::Buffered(
-                opts.buffered_open(path).await.map_err(io_err)?,
-            ))
-        }
+            Kind::Buffered(opts.buffered_open(path).await.map_err(io_err)?)
+        };
+        Ok(Backend { file: Some(file) })
+    }
+
+    fn kind(&self) -> &Kind {
+        self.file
+            .as_ref()
+            .expect("a backend is used only before close takes its file")
     }
 
     pub(crate) fn is_direct(&self) -> bool {
-        matches!(self, Backend::Direct(_))
+        matches!(self.kind(), Kind::Direct(_))
     }
 
     /// The O_DIRECT alignment glommio found for the device (at least 512), if direct.
     pub(crate) fn device_alignment(&self) -> Option<u64> {
-        match self {
-            Backend::Direct(f) => Some(f.alignment()),
-            Backend::Buffered(_) => None,
+        match self.kind() {
+            Kind::Direct(f) => Some(f.alignment()),
+            Kind::Buffered(_) => None,
         }
     }
 
     pub(crate) async fn len(&self) -> io::Result<u64> {
-        match self {
-            Backend::Direct(f) => f.file_size().await.map_err(io_err),
-            Backend::Buffered(f) => f.file_size().await.map_err(io_err),
+        match self.kind() {
+            Kind::Direct(f) => f.file_size().await.map_err(io_err),
+            Kind::Buffered(f) => f.file_size().await.map_err(io_err),
         }
     }
 
@@ -58,11 +93,8 @@ impl Backend {
             .await
     }
 
-    fn raw_fd(&self) -> RawFd {
-        match self {
-            Backend::Direct(f) => f.as_raw_fd(),
-            Backend::Buffered(f) => f.as_raw_fd(),
-        }
+    pub(crate) fn raw_fd(&self) -> RawFd {
+        self.kind().raw_fd()
     }
 
     /// Writes `len` bytes at `pos` (both aligned), filled by `fill` in one buffer: exactly one
@@ -75,23 +107,23 @@ impl Backend {
         submit: Submit,
         fill: impl FnOnce(&mut [u8]),
     ) -> io::Result<()> {
-        let written = match (self, submit) {
-            (Backend::Direct(f), Submit::Ring) => {
+        let written = match (self.kind(), submit) {
+            (Kind::Direct(f), Submit::Ring) => {
                 let mut buf = f.alloc_dma_buffer(len);
                 fill(buf.as_bytes_mut());
                 f.write_at(buf, pos).await.map_err(io_err)?
             }
-            (Backend::Direct(f), Submit::Inline) => {
+            (Kind::Direct(f), Submit::Inline) => {
                 let mut buf = f.alloc_dma_buffer(len);
                 fill(buf.as_bytes_mut());
                 pwrite_all(self.raw_fd(), buf.as_bytes(), pos)?
             }
-            (Backend::Buffered(f), Submit::Ring) => {
+            (Kind::Buffered(f), Submit::Ring) => {
                 let mut buf = vec![0u8; len];
                 fill(&mut buf);
                 f.write_at(buf, pos).await.map_err(io_err)?
             }
-            (Backend::Buffered(_), Submit::Inline) => {
+            (Kind::Buffered(_), Submit::Inline) => {
                 let mut buf = vec![0u8; len];
                 fill(&mut buf);
                 pwrite_all(self.raw_fd(), &buf, pos)?
@@ -116,16 +148,20 @@ impl Backend {
                 Err(io::Error::last_os_error())
             };
         }
-        match self {
-            Backend::Direct(f) => f.fdatasync().await.map_err(io_err),
-            Backend::Buffered(f) => f.fdatasync().await.map_err(io_err),
+        match self.kind() {
+            Kind::Direct(f) => f.fdatasync().await.map_err(io_err),
+            Kind::Buffered(f) => f.fdatasync().await.map_err(io_err),
         }
     }
 
-    pub(crate) async fn close(self) -> io::Result<()> {
-        match self {
-            Backend::Direct(f) => f.close().await.map_err(io_err),
-            Backend::Buffered(f) => f.close().await.map_err(io_err),
+    pub(crate) async fn close(mut self) -> io::Result<()> {
+        let Some(file) = self.file.take() else {
+            return Ok(());
+        };
+        unlock(file.raw_fd());
+        match file {
+            Kind::Direct(f) => f.close().await.map_err(io_err),
+            Kind::Buffered(f) => f.close().await.map_err(io_err),
         }
     }
 }

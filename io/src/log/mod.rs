@@ -237,11 +237,11 @@ pub struct OpenedLog {
 }
 
 impl OpenedLog {
-    /// Opens the existing file at `path` for reading and writing. `identity` is the (device,
-    /// inode) the owner locked; a path that names another file later makes the log stale.
+    /// Opens the existing file at `path` for reading and writing. The (device, inode) of the
+    /// file opened is its identity: a path that names another file later makes the log stale.
+    /// One descriptor per log: the owner's lease ([`OpenedLog::try_lock`]) is taken on it too.
     pub async fn open(
         path: &Path,
-        identity: (u64, u64),
         cfg: LogConfig,
         committer: Committer,
     ) -> Result<OpenedLog, LogError> {
@@ -277,6 +277,7 @@ impl OpenedLog {
             .len()
             .await
             .map_err(|e| LogError::io(path, "stat", e))?;
+        let identity = fs::fd_identity(file.raw_fd()).map_err(|e| LogError::io(path, "stat", e))?;
         tracing::debug!(path = %path.display(), align, direct = file.is_direct(), len, "log opened");
         Ok(OpenedLog {
             path: path.to_path_buf(),
@@ -287,6 +288,21 @@ impl OpenedLog {
             cfg,
             committer,
         })
+    }
+
+    /// Takes an exclusive `flock` on this log's descriptor without waiting; `Ok(false)` means
+    /// another open file description holds it. The lock lives as long as the descriptor: until
+    /// the log is closed or the process dies.
+    pub fn try_lock(&self) -> Result<bool, LogError> {
+        fs::try_flock(self.file.raw_fd()).map_err(|e| LogError::io(&self.path, "lock", e))
+    }
+
+    /// Closes the file without using it (for example when its lock is held elsewhere).
+    pub async fn close(self) -> Result<(), LogError> {
+        self.file
+            .close()
+            .await
+            .map_err(|e| LogError::io(&self.path, "close", e))
     }
 
     /// The file's length in bytes.

@@ -209,7 +209,7 @@ fn transcript() -> Request {
         model: "claude-sonnet-4-5".into(),
         credential_id: "env:ANTHROPIC_API_KEY".into(),
         system: Some("You are a careful engineer.".into()),
-        messages,
+        messages: messages.into_iter().map(std::sync::Arc::new).collect(),
         tools,
         generation: Generation::default(),
         prompt_cache: true,

@@ -16,9 +16,64 @@
 //! folder on the disk beside the target dir).
 
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: Counting = Counting;
 
-use std::cell::Cell;
+/// mimalloc with a count of live heap bytes and of live allocations per power-of-two size
+/// class, kept only with `BROCA_BENCH_HEAP=1` (the counters cost a few atomics per call).
+struct Counting;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static LIVE_BYTES: AtomicI64 = AtomicI64::new(0);
+static LIVE_BY_CLASS: [AtomicI64; 40] = [const { AtomicI64::new(0) }; 40];
+
+fn size_class(size: usize) -> usize {
+    (usize::BITS - size.max(1).leading_zeros()) as usize % 40
+}
+
+fn count(size: usize, sign: i64) {
+    if COUNTING.load(Ordering::Relaxed) {
+        LIVE_BYTES.fetch_add(sign * size as i64, Ordering::Relaxed);
+        LIVE_BY_CLASS[size_class(size)].fetch_add(sign, Ordering::Relaxed);
+    }
+}
+
+// SAFETY: every call is forwarded to mimalloc unchanged; the counters only observe sizes.
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        count(layout.size(), 1);
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { mimalloc::MiMalloc.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        count(layout.size(), -1);
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { mimalloc::MiMalloc.dealloc(ptr, layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        count(layout.size(), 1);
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new: usize) -> *mut u8 {
+        count(layout.size(), -1);
+        count(new, 1);
+        // SAFETY: forwarded with the caller's guarantees.
+        unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new) }
+    }
+}
+
+fn heap_snapshot() -> (i64, Vec<i64>) {
+    (
+        LIVE_BYTES.load(Ordering::Relaxed),
+        LIVE_BY_CLASS
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect(),
+    )
+}
+
+use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -134,10 +189,19 @@ struct Outcome {
     elapsed: Duration,
     run_latencies: Vec<u64>,
     rss_before: u64,
+    /// Once every session is open, before the runs.
+    rss_open: u64,
     rss_peak: u64,
     rss_after_close: u64,
     fsync_p50_us: u64,
     fsync_count: u64,
+    /// Per run: its latency less the fdatasync time of its log during the run, in µs.
+    above_fsync: Vec<u64>,
+    /// Live heap bytes before the sessions and at the sampled peak, with the live allocations
+    /// per size class at both moments (only with `BROCA_BENCH_HEAP=1`).
+    heap_before: (i64, Vec<i64>),
+    heap_open: (i64, Vec<i64>),
+    heap_peak: (i64, Vec<i64>),
 }
 
 /// Runs `work` on a new executor pinned to CPU 0 (the shard) and waits for its result.
@@ -169,21 +233,36 @@ fn workload(dir: &std::path::Path, port: u16, sessions: usize, runs: usize) -> O
         let committer = Committer::default();
         let tools = CountingTools::default();
         let rss_before = rss_kib();
+        let heap_before = heap_snapshot();
         let peak = Rc::new(Cell::new(rss_before));
+        let heap_peak = Rc::new(RefCell::new(heap_before.clone()));
         let sampling = Rc::new(Cell::new(true));
-        let (p, on) = (peak.clone(), sampling.clone());
+        let (p, hp, on) = (peak.clone(), heap_peak.clone(), sampling.clone());
         glommio::spawn_local(async move {
             while on.get() {
                 p.set(p.get().max(rss_kib()));
+                let now = heap_snapshot();
+                if now.0 > hp.borrow().0 {
+                    *hp.borrow_mut() = now;
+                }
                 glommio::timer::sleep(Duration::from_millis(5)).await;
             }
         })
         .detach();
-        let start = Instant::now();
+        // Every session opens first; the runs start together once all are open, so the peak
+        // measured during the runs is the runs' own.
+        let opened = Rc::new(Cell::new(0usize));
+        let gate = Rc::new(glommio::sync::Semaphore::new(0));
         let mut tasks = Vec::new();
         for i in 0..sessions {
-            let (dir, model, committer, tools) =
-                (dir.clone(), model.clone(), committer.clone(), tools.clone());
+            let (dir, model, committer, tools, opened, gate) = (
+                dir.clone(),
+                model.clone(),
+                committer.clone(),
+                tools.clone(),
+                opened.clone(),
+                gate.clone(),
+            );
             tasks.push(glommio::spawn_local(async move {
                 let triple = SessionTriple::new("/bench", "serve-steps", &format!("s{i}")).unwrap();
                 let mut actor = SessionActor::open(
@@ -193,13 +272,17 @@ fn workload(dir: &std::path::Path, port: u16, sessions: usize, runs: usize) -> O
                     Rc::new(tools),
                     CountingTools::specs(&["echo"]),
                     LogConfig::default(),
-                    committer,
+                    committer.clone(),
                 )
                 .await
                 .expect("the session opens");
+                opened.set(opened.get() + 1);
+                let _ = gate.acquire(1).await;
                 let mut lat = Vec::with_capacity(runs);
+                let mut above_fsync = Vec::with_capacity(runs);
                 let mut steps = 0u64;
                 for r in 0..runs {
+                    let fsync_us = committer.stats().fsync_latency_sum_us;
                     let t = Instant::now();
                     let req = SendRequest {
                         prompt: format!("run {r}"),
@@ -210,19 +293,35 @@ fn workload(dir: &std::path::Path, port: u16, sessions: usize, runs: usize) -> O
                     actor.send(&req).await.expect("admitted");
                     let outcome = actor.run_admitted().await.expect("the run ends");
                     assert_eq!(outcome.reason.map(|k| k.as_str()), Some("completed"));
-                    lat.push(t.elapsed().as_micros() as u64);
+                    let took = t.elapsed().as_micros() as u64;
+                    lat.push(took);
+                    // Alone on the shard, the committer's fsync time during the run is this
+                    // log's.
+                    let synced = committer.stats().fsync_latency_sum_us - fsync_us;
+                    above_fsync.push(took.saturating_sub(synced));
                     steps += 2;
                 }
                 actor.close().await.expect("closes");
-                (steps, lat)
+                (steps, lat, above_fsync)
             }));
         }
+        while opened.get() < sessions {
+            glommio::timer::sleep(Duration::from_millis(1)).await;
+        }
+        let rss_open = rss_kib();
+        let heap_open = heap_snapshot();
+        peak.set(rss_open);
+        *heap_peak.borrow_mut() = heap_open.clone();
+        let start = Instant::now();
+        gate.signal(sessions as u64);
         let mut steps = 0;
         let mut run_latencies = Vec::new();
+        let mut above_fsync = Vec::new();
         for t in tasks {
-            let (s, l) = t.await;
+            let (s, l, a) = t.await;
             steps += s;
             run_latencies.extend(l);
+            above_fsync.extend(a);
         }
         let elapsed = start.elapsed();
         sampling.set(false);
@@ -246,11 +345,44 @@ fn workload(dir: &std::path::Path, port: u16, sessions: usize, runs: usize) -> O
             elapsed,
             run_latencies,
             rss_before,
+            rss_open,
             rss_peak: peak.get(),
             rss_after_close: rss_kib(),
             fsync_p50_us,
             fsync_count: stats.fsyncs,
+            above_fsync,
+            heap_before,
+            heap_open,
+            heap_peak: heap_peak.take(),
         }
+    })
+}
+
+/// The loopback provider's bare round trip as the transport's HTTP client sees it: a POST of
+/// `body_len` bytes and its whole streamed answer read, `n` times in a row; latencies in µs.
+fn provider_round_trips(port: u16, n: usize, body_len: usize) -> Vec<u64> {
+    on_shard(move || async move {
+        let http = HttpClient::new(ClientConfig::new(
+            tls::client_config(&[]).unwrap(),
+            ProxyConfig::default(),
+        ));
+        let url = broca_io::net::Url::parse(&format!("http://127.0.0.1:{port}")).unwrap();
+        let body = vec![b' '; body_len];
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t = Instant::now();
+            let req = broca_io::net::client::Request {
+                method: "POST",
+                url: &url,
+                path: "/v1/messages",
+                headers: &[("content-type", "application/json")],
+                body: &body,
+            };
+            let mut resp = http.send(&req).await.expect("the provider answers");
+            while resp.chunk().await.expect("the body").is_some() {}
+            out.push(t.elapsed().as_micros() as u64);
+        }
+        out
     })
 }
 
@@ -325,6 +457,10 @@ fn main() {
         return;
     }
     raise_fd_limit(65_536);
+    COUNTING.store(
+        std::env::var_os("BROCA_BENCH_HEAP").is_some_and(|v| v == "1"),
+        Ordering::Relaxed,
+    );
     // SAFETY: setting an environment variable before any thread reads it.
     unsafe { std::env::set_var("BROCA_BENCH_KEY", "sk-bench-not-a-secret") };
     let mut provider = std::process::Command::new(std::env::current_exe().unwrap())
@@ -350,7 +486,7 @@ fn main() {
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-serve")
         });
     std::fs::create_dir_all(&base).unwrap();
-    println!("| sessions | runs each | model steps | steps/s | run p50 / p99 | fsync p50 | fsyncs | RSS before / peak / after close |");
+    println!("| sessions | runs each | model steps | steps/s | run p50 / p99 | fsync p50 | fsyncs | RSS before / open / peak / after close |");
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     for n in sessions {
         let runs = std::env::var("BROCA_BENCH_RUNS")
@@ -372,20 +508,76 @@ fn main() {
             .collect();
         lat.sort();
         println!(
-            "| {n} | {runs} | {} | {:.0} | {} / {} µs | ≤{} µs | {} | {} / {} / {} MiB |",
+            "| {n} | {runs} | {} | {:.0} | {} / {} µs | {} | {} | {} / {} / {} / {} MiB |",
             o.steps,
             o.steps as f64 / o.elapsed.as_secs_f64(),
             percentile(&lat, 50.0).as_micros(),
             percentile(&lat, 99.0).as_micros(),
-            o.fsync_p50_us,
+            match o.fsync_p50_us {
+                u64::MAX => format!(
+                    ">{} µs",
+                    broca_io::commit::FSYNC_LATENCY_BUCKETS_US.last().unwrap()
+                ),
+                us => format!("≤{us} µs"),
+            },
             o.fsync_count,
             o.rss_before / 1024,
+            o.rss_open / 1024,
             o.rss_peak / 1024,
             o.rss_after_close / 1024,
         );
+        if n == 1 {
+            // Per step: half a run (two model steps) less its log's fdatasync time.
+            let mut above: Vec<Duration> = o
+                .above_fsync
+                .iter()
+                .map(|&us| Duration::from_micros(us / 2))
+                .collect();
+            above.sort();
+            let mut bare: Vec<Duration> = provider_round_trips(port, 2000, 4096)
+                .into_iter()
+                .map(Duration::from_micros)
+                .collect();
+            bare.sort();
+            println!(
+                "|  | per step above fdatasync: p50 {} µs, p99 {} µs; the provider's bare loopback \
+                 round trip (4 KiB POST, whole answer): p50 {} µs, p99 {} µs |",
+                percentile(&above, 50.0).as_micros(),
+                percentile(&above, 99.0).as_micros(),
+                percentile(&bare, 50.0).as_micros(),
+                percentile(&bare, 99.0).as_micros(),
+            );
+        }
         if n > 1 {
-            let per_run = (o.rss_peak.saturating_sub(o.rss_before)) * 1024 / n as u64;
-            println!("|  | RSS per session in flight: {} KiB |", per_run / 1024);
+            let per = |a: u64, b: u64| a.saturating_sub(b) * 1024 / n as u64 / 1024;
+            println!(
+                "|  | RSS per open session: {} KiB; per run in flight (peak - open): {} KiB |",
+                per(o.rss_open, o.rss_before),
+                per(o.rss_peak, o.rss_open)
+            );
+        }
+        if COUNTING.load(Ordering::Relaxed) && n > 1 {
+            let (before, _) = &o.heap_before;
+            let (open, by_class_before) = &o.heap_open;
+            let (peak, by_class_peak) = &o.heap_peak;
+            println!(
+                "|  | live heap per open session: {} B; per run in flight (peak - open): {} B |",
+                (open - before) / n as i64,
+                (peak - open) / n as i64
+            );
+            for (class, (b, p)) in by_class_before.iter().zip(by_class_peak).enumerate() {
+                let extra = p - b;
+                if extra.abs() >= n as i64 / 10 {
+                    let hi = 1u64 << class;
+                    println!(
+                        "|  | size {}..{} B: {:+} live allocations ({:+.2} per session) |",
+                        hi / 2,
+                        hi,
+                        extra,
+                        extra as f64 / n as f64
+                    );
+                }
+            }
         }
     }
     let _ = provider.kill();

@@ -74,7 +74,7 @@ async fn open(dir: &Path, s: &Scenario, tools: &CountingTools) -> Actor {
 struct Crash {
     seq: u64,
     acked_runs: Vec<(String, String)>, // (send_id, run_id)
-    live_transcript: Vec<Message>,
+    live_transcript: Vec<std::sync::Arc<Message>>,
 }
 
 /// Life 1: runs the scenario, crashing after `k` appends. `None` when it finished first.
@@ -201,7 +201,7 @@ fn check_schedule(seed: u64, k: u64, durable: bool, counts: &mut Counts) -> bool
 
 /// The replayed transcript is the durable prefix of what the live session had: equal when
 /// every record was durable, else a prefix (the torn or lost record's effect missing).
-fn check_prefix(replayed: &[Message], live: &[Message], all_durable: bool, ctx: &str) {
+fn check_prefix(replayed: &[std::sync::Arc<Message>], live: &[std::sync::Arc<Message>], all_durable: bool, ctx: &str) {
     if all_durable {
         assert_eq!(
             replayed, live,

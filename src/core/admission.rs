@@ -200,7 +200,7 @@ pub fn admit(
         renderer_version: catalog::RENDERER_VERSION,
         catalog_digest: entry.digest(),
         system: req.system.clone(),
-        tools,
+        tools: tools.into(),
         tools_digest,
         generation: req.generation.clone().unwrap_or_default(),
         stop: StopConditions {

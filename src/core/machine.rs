@@ -9,6 +9,7 @@
 //! RunPaused, and then [`Command::Finish`].
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use crate::protocol::{
     Block, ClassifiedError, ErrorClass, FinishReason, Message, Request, Role, StreamEvent,
@@ -119,7 +120,8 @@ enum Phase {
 pub struct RunMachine {
     run_id: String,
     config: FrozenConfig,
-    transcript: Vec<Message>,
+    /// Shared with the session's transcript and with requests in flight.
+    transcript: Vec<Arc<Message>>,
     step: u32,
     attempt: u32,
     backoff_spent_ms: u64,
@@ -133,7 +135,11 @@ pub struct RunMachine {
 impl RunMachine {
     /// A machine for a freshly admitted run whose RunStarted is durable. `transcript` ends
     /// with the run's prompt. Starts the first model step.
-    pub fn start(run_id: String, config: FrozenConfig, transcript: Vec<Message>) -> RunMachine {
+    pub fn start(
+        run_id: String,
+        config: FrozenConfig,
+        transcript: Vec<Arc<Message>>,
+    ) -> RunMachine {
         let mut m = RunMachine::new(run_id, config, transcript, 0, Usage::default());
         m.next_step_or_stop();
         m
@@ -142,7 +148,7 @@ impl RunMachine {
     fn new(
         run_id: String,
         config: FrozenConfig,
-        transcript: Vec<Message>,
+        transcript: Vec<Arc<Message>>,
         step: u32,
         usage: Usage,
     ) -> RunMachine {
@@ -167,7 +173,7 @@ impl RunMachine {
     }
 
     /// The conversation so far, as the machine renders it.
-    pub fn transcript(&self) -> &[Message] {
+    pub fn transcript(&self) -> &[Arc<Message>] {
         &self.transcript
     }
 
@@ -288,7 +294,7 @@ impl RunMachine {
             role: Role::Assistant,
             content: step.content,
         };
-        self.transcript.push(message);
+        self.transcript.push(Arc::new(message));
         self.after_model_step(step_usage, step.finish_reason);
     }
 
@@ -645,7 +651,7 @@ impl RunMachine {
 
 /// Appends a tool result block to the transcript: into the user message of results that
 /// follows the assistant's tool calls, or a new one.
-pub fn push_result(transcript: &mut Vec<Message>, result: ResultBlock) {
+pub fn push_result(transcript: &mut Vec<Arc<Message>>, result: ResultBlock) {
     let block = Block::ToolResult {
         tool_use_id: result.call_id,
         content: result.content,
@@ -658,12 +664,13 @@ pub fn push_result(transcript: &mut Vec<Message>, result: ResultBlock) {
                     .iter()
                     .all(|b| matches!(b, Block::ToolResult { .. })) =>
         {
-            m.content.push(block)
+            // Copied first if a request in flight still shares it.
+            Arc::make_mut(m).content.push(block)
         }
-        _ => transcript.push(Message {
+        _ => transcript.push(Arc::new(Message {
             role: Role::User,
             content: vec![block],
-        }),
+        })),
     }
 }
 
@@ -713,7 +720,7 @@ impl RunMachine {
     pub fn resume(
         run_id: String,
         config: FrozenConfig,
-        transcript: Vec<Message>,
+        transcript: Vec<Arc<Message>>,
         step: u32,
         usage: Usage,
         point: ResumePoint,
@@ -755,7 +762,7 @@ fn placeholder_config() -> FrozenConfig {
         renderer_version: 0,
         catalog_digest: String::new(),
         system: None,
-        tools: Vec::new(),
+        tools: Vec::new().into(),
         tools_digest: String::new(),
         generation: Default::default(),
         stop: StopConditions {

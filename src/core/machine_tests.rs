@@ -19,7 +19,8 @@ fn config() -> FrozenConfig {
             name: "echo".into(),
             description: String::new(),
             input_schema: serde_json::json!({}),
-        }],
+        }]
+        .into(),
         tools_digest: "t".into(),
         generation: Default::default(),
         stop: StopConditions {
@@ -80,7 +81,7 @@ fn tool_step(m: &mut RunMachine, id: &str) {
 
 #[test]
 fn dispatch_waits_for_the_durable_intent() {
-    let mut m = RunMachine::start("r".into(), config(), vec![Message::user_text("go")]);
+    let mut m = RunMachine::start("r".into(), config(), vec![Message::user_text("go").into()]);
     assert_eq!(kinds(&drain(&mut m)), ["step_started", "call"]);
     tool_step(&mut m, "c1");
     assert_eq!(
@@ -103,7 +104,7 @@ fn dispatch_waits_for_the_durable_intent() {
 
 #[test]
 fn cancel_while_streaming_aborts_and_finishes_cancelled() {
-    let mut m = RunMachine::start("r".into(), config(), vec![Message::user_text("go")]);
+    let mut m = RunMachine::start("r".into(), config(), vec![Message::user_text("go").into()]);
     drain(&mut m);
     m.handle(Event::Stream(StreamEvent::TextDelta("par".into())));
     m.handle(Event::Cancel);
@@ -119,7 +120,7 @@ fn cancel_while_streaming_aborts_and_finishes_cancelled() {
 
 #[test]
 fn cancel_while_tools_run_records_their_results_then_finishes_cancelled() {
-    let mut m = RunMachine::start("r".into(), config(), vec![Message::user_text("go")]);
+    let mut m = RunMachine::start("r".into(), config(), vec![Message::user_text("go").into()]);
     drain(&mut m);
     tool_step(&mut m, "c1");
     m.handle(Event::Durable);
@@ -137,7 +138,7 @@ fn cancel_while_tools_run_records_their_results_then_finishes_cancelled() {
 
 #[test]
 fn shutdown_with_tools_in_flight_is_interrupted_naming_them_never_cancelled() {
-    let mut m = RunMachine::start("r".into(), config(), vec![Message::user_text("go")]);
+    let mut m = RunMachine::start("r".into(), config(), vec![Message::user_text("go").into()]);
     drain(&mut m);
     tool_step(&mut m, "c1");
     m.handle(Event::Durable);
@@ -157,7 +158,7 @@ fn shutdown_with_tools_in_flight_is_interrupted_naming_them_never_cancelled() {
 
 #[test]
 fn shutdown_before_dispatch_says_the_calls_never_ran() {
-    let mut m = RunMachine::start("r".into(), config(), vec![Message::user_text("go")]);
+    let mut m = RunMachine::start("r".into(), config(), vec![Message::user_text("go").into()]);
     drain(&mut m);
     tool_step(&mut m, "c1");
     drain(&mut m); // the intent is appended, not yet durable
@@ -176,7 +177,7 @@ fn shutdown_before_dispatch_says_the_calls_never_ran() {
 
 #[test]
 fn auth_required_pauses_the_run() {
-    let mut m = RunMachine::start("r".into(), config(), vec![Message::user_text("go")]);
+    let mut m = RunMachine::start("r".into(), config(), vec![Message::user_text("go").into()]);
     drain(&mut m);
     let error = ClassifiedError {
         class: ErrorClass::AuthRequired,
@@ -194,7 +195,7 @@ fn auth_required_pauses_the_run() {
 
 #[test]
 fn context_overflow_from_the_provider_ends_at_the_context_limit() {
-    let mut m = RunMachine::start("r".into(), config(), vec![Message::user_text("go")]);
+    let mut m = RunMachine::start("r".into(), config(), vec![Message::user_text("go").into()]);
     drain(&mut m);
     let error = ClassifiedError {
         class: ErrorClass::ContextOverflow,

@@ -3,6 +3,7 @@
 //! and, for a run without a terminal record, the point where it resumes.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use crate::protocol::{Block, ClassifiedError, Message, Role, ToolCall, Usage};
 use crate::wal::runrec::{FinishKind, FrozenConfig};
@@ -62,7 +63,8 @@ pub struct OpenRun {
 /// A session's state, rebuilt from its WAL.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Session {
-    pub transcript: Vec<Message>,
+    /// Shared with the active run's machine and its requests.
+    pub transcript: Vec<Arc<Message>>,
     pub runs: Vec<RunView>,
     pub by_send_id: HashMap<String, usize>,
     pub by_run_id: HashMap<String, usize>,
@@ -161,10 +163,10 @@ impl Session {
                 content.push(Block::Text {
                     text: r.prompt.clone(),
                 });
-                self.transcript.push(Message {
+                self.transcript.push(Arc::new(Message {
                     role: Role::User,
                     content,
-                });
+                }));
                 let index = self.runs.len();
                 if let Some(send_id) = &r.send_id {
                     self.by_send_id.insert(send_id.clone(), index);
@@ -218,7 +220,7 @@ impl Session {
                 if !text.is_empty() {
                     run.final_text = Some(text);
                 }
-                self.transcript.push(message);
+                self.transcript.push(Arc::new(message));
             }
             Record::ToolDispatchIntent(r) => {
                 let (open, _) = self.open_mut(&r.run_id)?;
@@ -271,17 +273,17 @@ impl Session {
 }
 
 /// The text of the last assistant message that has text.
-fn final_text(transcript: &[Message]) -> Option<String> {
+fn final_text(transcript: &[Arc<Message>]) -> Option<String> {
     transcript
         .iter()
         .rev()
         .filter(|m| m.role == Role::Assistant)
-        .map(Message::text)
+        .map(|m| m.text())
         .find(|t| !t.is_empty())
 }
 
 /// Tool calls of the last assistant message that no later message answers.
-fn unresolved(transcript: &[Message]) -> Vec<String> {
+fn unresolved(transcript: &[Arc<Message>]) -> Vec<String> {
     let Some(last_assistant) = transcript.iter().rposition(|m| m.role == Role::Assistant) else {
         return Vec::new();
     };

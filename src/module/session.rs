@@ -268,7 +268,9 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             while let Some(cmd) = m.poll_command() {
                 match cmd {
                     Command::Append { record, wait } => {
-                        self.append(record, wait).await?;
+                        // Boxed: the append's state lives only while it runs, not in the
+                        // future every active run keeps while it waits for its model.
+                        Box::pin(self.append(record, wait)).await?;
                         if wait {
                             m.handle(Event::Durable);
                         }
@@ -327,7 +329,8 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                 Next::Input(Some(input)) => input,
                 Next::Input(None) => return Err(ActorError::Stalled(m.run_id().to_string())),
                 Next::Command(Some(cmd)) => {
-                    self.command_during_run(cmd, &mut m).await;
+                    // Boxed: a rare path, kept out of every active run's future.
+                    Box::pin(self.command_during_run(cmd, &mut m)).await;
                     continue;
                 }
                 Next::Command(None) => {
@@ -440,7 +443,11 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         let provider = self.provider.clone();
         let me = call.get();
         glommio::spawn_local(async move {
-            let mut stream = match provider.open(&request).await {
+            // Boxed: opening (render, connect, send) needs more state than streaming does, and
+            // the task keeps the larger of the two for its whole life otherwise.
+            let opened = Box::pin(provider.open(&request)).await;
+            drop(request);
+            let mut stream = match opened {
                 Ok(s) => s,
                 Err(f) => {
                     let _ = tx
@@ -497,7 +504,7 @@ fn log_failed_attempt(run_id: &str, error: &crate::protocol::ClassifiedError) {
 
 /// Inputs queued for the drive loop at most (the model stream's task waits beyond it). A
 /// bounded channel preallocates its queue, so this stays small: it is per active run.
-const INPUT_QUEUE: usize = 16;
+const INPUT_QUEUE: usize = 4;
 
 /// What the drive loop waits for.
 enum Input {

@@ -2,6 +2,8 @@
 //! stream events, usage and error classes. Providers render from these and normalize into
 //! them; the WAL stores them; nothing here knows a wire format.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 /// A JSON value kept as its raw text (tool arguments): byte-exact as the model produced it,
@@ -164,9 +166,11 @@ pub struct Request {
     pub credential_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system: Option<String>,
-    pub messages: Vec<Message>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tools: Vec<ToolSpec>,
+    /// Shared with the run's transcript: a request copies pointers, not messages.
+    pub messages: Vec<Arc<Message>>,
+    /// Shared with the run's frozen config.
+    #[serde(default, skip_serializing_if = "no_tools")]
+    pub tools: Arc<[ToolSpec]>,
     #[serde(default)]
     pub generation: Generation,
     /// Ask the provider to cache the stable prefix where it supports marking one.
@@ -334,4 +338,9 @@ mod tests {
         let back: Block = serde_json::from_str(&serde_json::to_string(&b).unwrap()).unwrap();
         assert_eq!(back, b);
     }
+}
+
+/// For serde: a tool list that is left out when empty.
+pub fn no_tools(tools: &Arc<[ToolSpec]>) -> bool {
+    tools.is_empty()
 }

@@ -341,7 +341,10 @@ pub(crate) fn sample_request() -> Request {
                     is_error: false,
                 }],
             },
-        ],
+        ]
+        .into_iter()
+        .map(std::sync::Arc::new)
+        .collect(),
         tools: vec![
             ToolSpec {
                 name: "weather.get".into(),
@@ -353,7 +356,8 @@ pub(crate) fn sample_request() -> Request {
                 description: String::new(),
                 input_schema: serde_json::json!({"type":"object"}),
             },
-        ],
+        ]
+        .into(),
         generation: Generation {
             max_output_tokens: Some(256),
             temperature: Some(0.5),

@@ -21,8 +21,9 @@ pub struct FrozenConfig {
     pub catalog_digest: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tools: Vec<ToolSpec>,
+    /// Shared by every request of the run.
+    #[serde(default, skip_serializing_if = "crate::protocol::no_tools")]
+    pub tools: std::sync::Arc<[ToolSpec]>,
     /// blake3 of the tool specs.
     pub tools_digest: String,
     #[serde(default)]

@@ -158,27 +158,11 @@ impl HttpClient {
     /// meanwhile (the write fails, or it ends before a byte of the response) is replaced once
     /// by a new connection.
     pub async fn send(self: &Rc<Self>, req: &Request<'_>) -> Result<Response, NetError> {
-        let mut bytes = format!(
-            "{} {}{} HTTP/1.1\r\nHost: {}\r\nUser-Agent: {}\r\nContent-Length: {}\r\n",
-            req.method,
-            req.url.prefix,
-            req.path,
-            req.url.authority(),
-            self.config.user_agent,
-            req.body.len()
-        )
-        .into_bytes();
         for (name, value) in req.headers {
             if value.contains(['\r', '\n']) || name.contains(['\r', '\n', ':']) {
                 return Err(NetError::Url(format!("header `{name}` holds a line break")));
             }
-            bytes.extend_from_slice(name.as_bytes());
-            bytes.extend_from_slice(b": ");
-            bytes.extend_from_slice(value.as_bytes());
-            bytes.extend_from_slice(b"\r\n");
         }
-        bytes.extend_from_slice(b"\r\n");
-        bytes.extend_from_slice(req.body);
         let origin = req.url.origin();
         let head_request = req.method.eq_ignore_ascii_case("HEAD");
         let slots = self
@@ -198,6 +182,27 @@ impl HttpClient {
                 target: req.url.authority(),
                 why: format!("no request slot: {e}"),
             })?;
+        // The request's bytes exist only once it has a slot: a request waiting for one holds
+        // no copy of its body.
+        let mut bytes = format!(
+            "{} {}{} HTTP/1.1\r\nHost: {}\r\nUser-Agent: {}\r\nContent-Length: {}\r\n",
+            req.method,
+            req.url.prefix,
+            req.path,
+            req.url.authority(),
+            self.config.user_agent,
+            req.body.len()
+        )
+        .into_bytes();
+        bytes.reserve(req.body.len() + 256);
+        for (name, value) in req.headers {
+            bytes.extend_from_slice(name.as_bytes());
+            bytes.extend_from_slice(b": ");
+            bytes.extend_from_slice(value.as_bytes());
+            bytes.extend_from_slice(b"\r\n");
+        }
+        bytes.extend_from_slice(b"\r\n");
+        bytes.extend_from_slice(req.body);
         if let Some(conn) = self.pooled(&origin) {
             self.count(|s| s.reuses += 1);
             match self

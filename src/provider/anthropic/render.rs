@@ -149,7 +149,7 @@ fn write_block(w: &mut JsonWriter, b: &WBlock<'_>, cache: bool) {
 pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
     // Messages with nothing the API takes are left out; the last one kept carries the
     // cache breakpoint on its last block.
-    let kept = |m: &&crate::protocol::Message| blocks(m, aliases).next().is_some();
+    let kept = |m: &&std::sync::Arc<crate::protocol::Message>| blocks(m, aliases).next().is_some();
     let last = req.messages.iter().rposition(|m| kept(&m));
     let g = &req.generation;
     let mut w = JsonWriter::with_capacity(size_hint(req));
@@ -241,14 +241,14 @@ mod tests {
         let mut req = sample_request();
         req.prompt_cache = false;
         // Thinking from another family (no signature), an empty text, an id with a dot.
-        req.messages[1].content[0] = Block::Thinking {
+        std::sync::Arc::make_mut(&mut req.messages[1]).content[0] = Block::Thinking {
             text: "x".into(),
             signature: None,
         };
-        req.messages[1].content[1] = Block::Text {
+        std::sync::Arc::make_mut(&mut req.messages[1]).content[1] = Block::Text {
             text: String::new(),
         };
-        if let Block::ToolUse { id, .. } = &mut req.messages[1].content[2] {
+        if let Block::ToolUse { id, .. } = &mut std::sync::Arc::make_mut(&mut req.messages[1]).content[2] {
             *id = "fc.1".into();
         }
         let body: serde_json::Value =

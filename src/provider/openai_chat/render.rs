@@ -108,7 +108,7 @@ pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
     messages(&mut w, req, aliases);
     if !req.tools.is_empty() {
         w.key("tools").array();
-        for t in &req.tools {
+        for t in req.tools.iter() {
             w.object()
                 .field_str("type", "function")
                 .key("function")
@@ -177,7 +177,7 @@ mod tests {
     #[test]
     fn an_assistant_turn_of_only_tool_calls_has_null_content() {
         let mut req = sample_request();
-        req.messages[1]
+        std::sync::Arc::make_mut(&mut req.messages[1])
             .content
             .retain(|b| matches!(b, Block::ToolUse { .. }));
         let body: serde_json::Value =

@@ -75,7 +75,7 @@ pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
     w.end_array();
     if !req.tools.is_empty() {
         w.key("tools").array();
-        for t in &req.tools {
+        for t in req.tools.iter() {
             w.object()
                 .field_str("type", "function")
                 .field_str("name", aliases.wire(&t.name));

@@ -61,7 +61,8 @@ Options:
   --shards N           executors, one per core (default: the cores available)
   --grace-secs N       how long active runs may finish at shutdown (default 5)
   --config FILE        JSON: {\"listen\", \"socket\", \"shards\", \"grace_secs\",
-                       \"idle_secs\", \"body_limit_bytes\" (default 8 MiB),
+                       \"idle_secs\", \"open_sessions_max\" (per shard; default
+                       from the open-files limit), \"body_limit_bytes\" (default 8 MiB),
                        \"request_timeout_ms\" (default 15000),
                        \"base_urls\": {PROVIDER: URL}};
                        flags win over the file
@@ -428,6 +429,7 @@ struct ServeConfig {
     shards: Option<usize>,
     grace_secs: Option<u64>,
     idle_secs: Option<u64>,
+    open_sessions_max: Option<usize>,
     body_limit_bytes: Option<usize>,
     request_timeout_ms: Option<u64>,
     #[serde(default)]
@@ -504,6 +506,7 @@ fn parse_serve(
         shards,
         grace: std::time::Duration::from_secs(grace.or(file.grace_secs).unwrap_or(5)),
         idle: std::time::Duration::from_secs(file.idle_secs.unwrap_or(30)),
+        open_sessions_max: file.open_sessions_max,
         limits,
         request_timeout: std::time::Duration::from_millis(
             file.request_timeout_ms.unwrap_or(15_000),

@@ -35,7 +35,12 @@ fn start(state: &Path, peer: &Aimock, extra: &[&str]) -> Serve {
     let mut child = broca(state)
         .env("ANTHROPIC_API_KEY", "sk-serve-test-0123456789")
         .env("BROCA_BASE_URL_ANTHROPIC", peer.url())
-        .args(["serve", "--listen", "127.0.0.1:0", "--shards", "2"])
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(if extra.contains(&"--shards") {
+            &[][..]
+        } else {
+            &["--shards", "2"][..]
+        })
         .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -695,4 +700,79 @@ fn an_idle_session_is_dropped_from_memory_and_rebuilt_from_its_wal() {
         "Hello! How can I help you today?"
     );
     assert_eq!(live(&s), 1, "rebuilt from the WAL on the next command");
+}
+
+#[test]
+fn open_sessions_stay_within_the_limit_idle_ones_closed_first_and_busy_ones_refuse_more() {
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let config = dir.path().join("serve.json5");
+    std::fs::write(&config, r#"{"open_sessions_max": 2}"#).unwrap();
+    let s = start(
+        &state,
+        &peer,
+        &["--config", config.to_str().unwrap(), "--shards", "1"],
+    );
+    let in_session = |name: &str, method: &str, params: Value| {
+        let mut p = params;
+        p["session"] = json!(name);
+        rpc(&s, method, p)
+    };
+    let mut runs = Vec::new();
+    for name in ["a", "b", "c"] {
+        let (status, r) = in_session(
+            name,
+            "session.send",
+            json!({"prompt": "hello there", "model": "anthropic/m"}),
+        );
+        assert_eq!(status, 200, "{r}");
+        let run_id = r["result"]["run_id"].as_str().unwrap().to_string();
+        wait_for("the run to complete", || {
+            in_session(name, "run.status", json!({"run_id": run_id})).1["result"]["state"]
+                == "completed"
+        });
+        runs.push((name, run_id));
+    }
+    wait_for("the least recently used session to close", || {
+        metric(&s, "broca_sessions_live") <= 2
+    });
+    assert!(metric(&s, "broca_sessions_evicted_total") >= 1);
+    // A closed session is rebuilt from its WAL on its next command.
+    let (name, run_id) = &runs[0];
+    let (_, res) = in_session(name, "run.result", json!({"run_id": run_id}));
+    assert_eq!(
+        res["result"]["final_message"]["text"],
+        "Hello! How can I help you today?"
+    );
+
+    // Two sessions with runs in flight fill the limit: a third session is refused, transient.
+    for name in ["a", "b"] {
+        let (status, r) = in_session(
+            name,
+            "session.send",
+            json!({"prompt": "slow please", "model": "anthropic/m"}),
+        );
+        assert_eq!(status, 200, "{r}");
+    }
+    wait_for("both slow runs to be running", || {
+        metric(&s, "broca_runs_active") == 2 && metric(&s, "broca_sessions_live") == 2
+    });
+    let (status, r) = in_session(
+        "c",
+        "session.send",
+        json!({"prompt": "hello there", "model": "anthropic/m"}),
+    );
+    assert_eq!(status, 503, "{r}");
+    assert_eq!(r["error"]["code"], "session_limit", "{r}");
+    assert_eq!(metric(&s, "broca_sessions_refused_at_limit_total"), 1);
+    wait_for("the slow runs to end", || {
+        metric(&s, "broca_runs_active") == 0
+    });
+    let (status, r) = in_session(
+        "c",
+        "session.send",
+        json!({"prompt": "hello there", "model": "anthropic/m"}),
+    );
+    assert_eq!(status, 200, "room again once a session is idle: {r}");
 }

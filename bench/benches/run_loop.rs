@@ -47,7 +47,11 @@ fn config() -> FrozenConfig {
 
 /// Drives one run of STEPS_PER_RUN tool steps through the machine; returns the events fed.
 fn one_run() -> u64 {
-    let mut m = RunMachine::start("run_bench".into(), config(), vec![Message::user_text("go").into()]);
+    let mut m = RunMachine::start(
+        "run_bench".into(),
+        config(),
+        vec![Message::user_text("go").into()],
+    );
     let mut events = 0u64;
     let mut feed = |m: &mut RunMachine, ev: Event| {
         m.handle(ev);

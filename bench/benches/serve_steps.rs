@@ -73,8 +73,8 @@ fn heap_snapshot() -> (i64, Vec<i64>) {
 }
 
 use std::cell::{Cell, RefCell};
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use broca::core::admission::SendRequest;

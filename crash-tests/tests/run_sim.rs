@@ -201,7 +201,12 @@ fn check_schedule(seed: u64, k: u64, durable: bool, counts: &mut Counts) -> bool
 
 /// The replayed transcript is the durable prefix of what the live session had: equal when
 /// every record was durable, else a prefix (the torn or lost record's effect missing).
-fn check_prefix(replayed: &[std::sync::Arc<Message>], live: &[std::sync::Arc<Message>], all_durable: bool, ctx: &str) {
+fn check_prefix(
+    replayed: &[std::sync::Arc<Message>],
+    live: &[std::sync::Arc<Message>],
+    all_durable: bool,
+    ctx: &str,
+) {
     if all_durable {
         assert_eq!(
             replayed, live,

@@ -407,6 +407,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                 let _ = reply.send(self.barrier().await.ok());
             }
             SessionCommand::Shutdown => m.handle(Event::Shutdown),
+            SessionCommand::Close => {} // only an idle session closes
         }
     }
 
@@ -549,6 +550,9 @@ pub enum SessionCommand {
     Barrier { reply: oneshot::Sender<Option<u64>> },
     /// Seal the active run Interrupted and stop.
     Shutdown,
+    /// Close the session if no run is active (its memory and WAL descriptor freed; the next
+    /// command reopens it); ignored during a run.
+    Close,
 }
 
 /// Tool runner bookkeeping shared by test tools: how often each call id was dispatched.

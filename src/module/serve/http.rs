@@ -31,28 +31,17 @@ impl Acceptor {
     }
 }
 
-/// Starts accepting on both listeners (on this shard).
+/// Starts accepting on this shard: on its copy of the TCP listener (every shard accepts from
+/// the one listening socket, and serves the connections it accepted), and on the Unix socket
+/// when given one (shard 0).
 pub(crate) fn start(
     ctx: Arc<ServeCtx>,
     tcp: std::net::TcpListener,
-    unix: std::os::unix::net::UnixListener,
+    unix: Option<std::os::unix::net::UnixListener>,
 ) -> Result<Acceptor, String> {
     let stopped = Rc::new(Cell::new(false));
     // SAFETY: the descriptor comes from a listener this function owns and gives up.
     let tcp = unsafe { glommio::net::TcpListener::from_raw_fd(tcp.into_raw_fd()) };
-    let path = unix
-        .local_addr()
-        .ok()
-        .and_then(|a| a.as_pathname().map(|p| p.to_path_buf()))
-        .ok_or("the Unix socket has no path")?;
-    drop(unix);
-    let _ = std::fs::remove_file(&path);
-    let unix = glommio::net::UnixListener::bind(&path)
-        .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
-    }
     let (c, s) = (ctx.clone(), stopped.clone());
     glommio::spawn_local(async move {
         while let Some(conn) = until_stopped(&s, tcp.accept()).await {
@@ -66,6 +55,22 @@ pub(crate) fn start(
         }
     })
     .detach();
+    let Some(unix) = unix else {
+        return Ok(Acceptor { stopped });
+    };
+    let path = unix
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_pathname().map(|p| p.to_path_buf()))
+        .ok_or("the Unix socket has no path")?;
+    drop(unix);
+    let _ = std::fs::remove_file(&path);
+    let unix = glommio::net::UnixListener::bind(&path)
+        .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
+    }
     let s = stopped.clone();
     glommio::spawn_local(async move {
         while let Some(conn) = until_stopped(&s, unix.accept()).await {
@@ -459,6 +464,18 @@ async fn metrics(ctx: &Arc<ServeCtx>) -> String {
         "gauge",
         "Session actors in memory.",
         &|s| s.sessions_live as u64,
+    );
+    family(
+        "broca_sessions_evicted_total",
+        "counter",
+        "Idle sessions closed to stay within open_sessions_max.",
+        &|s| s.sessions_evicted,
+    );
+    family(
+        "broca_sessions_refused_at_limit_total",
+        "counter",
+        "Commands refused (503 session_limit): every open session was running.",
+        &|s| s.sessions_refused_at_limit,
     );
     family("broca_runs_active", "gauge", "Runs being driven.", &|s| {
         s.runs_active as u64

@@ -40,6 +40,9 @@ pub struct ServeOptions {
     pub grace: Duration,
     /// An idle session's actor is closed (and its memory freed) after this long.
     pub idle: Duration,
+    /// Sessions open at once per shard (each holds its WAL open); `None` derives it from
+    /// the open-files limit. Past it, the least recently used idle sessions are closed.
+    pub open_sessions_max: Option<usize>,
     pub limits: ServerLimits,
     /// How long a request may take to arrive once it has begun (then 408).
     pub request_timeout: Duration,
@@ -162,12 +165,60 @@ fn catch_signals(ctx: Arc<Mutex<Option<Arc<ServeCtx>>>>) -> Result<(), String> {
     Ok(())
 }
 
+/// Raises this process's open-files soft limit to its hard limit (each open session holds its
+/// WAL open); returns the soft limit in force.
+fn raise_open_files_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write plain structs for this process.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 1024;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim.rlim_cur = lim.rlim_max;
+            }
+        }
+    }
+    lim.rlim_cur
+}
+
+/// Sessions each shard keeps open by default: three quarters of the open-files limit shared
+/// by the shards (the rest is for connections and everything else), from 64 to 16,384.
+fn open_sessions_budget(open_files: u64, shards: usize) -> usize {
+    let per_shard = open_files.saturating_mul(3) / 4 / shards.max(1) as u64;
+    per_shard.clamp(64, 16_384) as usize
+}
+
 /// Runs the daemon until a signal stops it. Returns the signal, for the caller to re-raise
 /// once everything is closed. `Err` is one line naming what kept it from starting.
-pub fn serve(opts: ServeOptions) -> Result<i32, String> {
+pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
     if opts.shards == 0 {
         return Err("--shards must be at least 1".into());
     }
+    let files = raise_open_files_limit();
+    let budget = open_sessions_budget(files, opts.shards);
+    match opts.open_sessions_max {
+        None => opts.open_sessions_max = Some(budget),
+        Some(0) => return Err("open_sessions_max must be at least 1".into()),
+        Some(n) if n > budget => tracing::warn!(
+            "open_sessions_max {n} per shard is more than the open-files limit ({files}) \
+             leaves room for; opening sessions may fail with `too many open files`"
+        ),
+        Some(_) => {}
+    }
+    tracing::info!(
+        open_files = files,
+        open_sessions_max = opts.open_sessions_max,
+        "sessions kept open per shard"
+    );
     let slot: Arc<Mutex<Option<Arc<ServeCtx>>>> = Arc::new(Mutex::new(None));
     catch_signals(slot.clone())?;
     let (wal_dir, handle, handle_file) = prepare_state(&opts)?;
@@ -214,7 +265,16 @@ pub fn serve(opts: ServeOptions) -> Result<i32, String> {
     let receivers = Arc::new(Mutex::new(
         receivers.into_iter().map(Some).collect::<Vec<_>>(),
     ));
-    let listeners = Arc::new(Mutex::new(Some((listener, unix))));
+    // Every shard accepts on its own descriptor of the TCP listener; shard 0 also takes the
+    // Unix socket.
+    let mut tcp_copies = Vec::with_capacity(opts.shards);
+    for _ in 1..opts.shards {
+        tcp_copies.push(Some(listener.try_clone().map_err(|e| {
+            format!("cannot share the listener between shards: {e}")
+        })?));
+    }
+    tcp_copies.insert(0, Some(listener));
+    let listeners = Arc::new(Mutex::new((tcp_copies, Some(unix))));
     println!("broca listening on http://{listen}");
     use std::io::Write as _;
     let _ = std::io::stdout().flush();
@@ -224,10 +284,11 @@ pub fn serve(opts: ServeOptions) -> Result<i32, String> {
         let rx = receivers.lock().expect("receivers")[shard]
             .take()
             .expect("one receiver per shard");
-        let listeners = if shard == 0 {
-            listeners.lock().expect("listeners").take()
-        } else {
-            None
+        let listeners = {
+            let mut l = listeners.lock().expect("listeners");
+            let tcp = l.0[shard].take();
+            let unix = if shard == 0 { l.1.take() } else { None };
+            tcp.map(|tcp| (tcp, unix))
         };
         registry::shard_main(shard, ctx, rx, listeners)
     });

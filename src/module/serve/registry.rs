@@ -31,6 +31,10 @@ use super::{ServeCtx, ShardMsg};
 pub struct ShardStats {
     pub shard: usize,
     pub sessions_live: usize,
+    /// Idle sessions closed to stay within the open-sessions limit.
+    pub sessions_evicted: u64,
+    /// Commands refused because every open session was busy at the limit.
+    pub sessions_refused_at_limit: u64,
     pub runs_active: usize,
     pub commit: CommitStats,
     pub provider_bytes_in: u64,
@@ -42,10 +46,23 @@ pub struct ShardStats {
 
 type Actor = SessionActor<HttpModelClient, NoTools>;
 
+/// A live session: its actor's command channel and what the open-sessions limit needs.
+struct Live {
+    tx: LocalSender<SessionCommand>,
+    last_used: Cell<Instant>,
+    /// A run is active (the session cannot be closed to make room).
+    busy: Cell<bool>,
+    /// Told to close to make room.
+    evicting: Cell<bool>,
+}
+
 pub(crate) struct Registry {
     shard: usize,
     ctx: Arc<ServeCtx>,
-    sessions: RefCell<HashMap<[u8; 16], Rc<LocalSender<SessionCommand>>>>,
+    sessions: RefCell<HashMap<[u8; 16], Rc<Live>>>,
+    open_max: usize,
+    evicted: Cell<u64>,
+    refused_at_limit: Cell<u64>,
     model: Rc<HttpModelClient>,
     http: Rc<HttpClient>,
     committer: Committer,
@@ -55,12 +72,15 @@ pub(crate) struct Registry {
     hubs: RefCell<HashMap<[u8; 16], Rc<Hub>>>,
 }
 
-/// A shard's life: accept connections (shard 0), serve the mesh, stop when told.
+/// A shard's life: accept connections, serve the mesh, stop when told.
 pub(crate) async fn shard_main(
     shard: usize,
     ctx: Arc<ServeCtx>,
     mut rx: mpsc::UnboundedReceiver<ShardMsg>,
-    listeners: Option<(std::net::TcpListener, std::os::unix::net::UnixListener)>,
+    listeners: Option<(
+        std::net::TcpListener,
+        Option<std::os::unix::net::UnixListener>,
+    )>,
 ) -> Result<(), String> {
     let http = HttpClient::new(ClientConfig::new(ctx.tls.clone(), ctx.proxy.clone()));
     let model = Rc::new(HttpModelClient::new(
@@ -72,6 +92,9 @@ pub(crate) async fn shard_main(
         shard,
         ctx: ctx.clone(),
         sessions: RefCell::new(HashMap::new()),
+        open_max: ctx.opts.open_sessions_max.unwrap_or(4096).max(1),
+        evicted: Cell::new(0),
+        refused_at_limit: Cell::new(0),
         model,
         http,
         committer: Committer::default(),
@@ -176,6 +199,8 @@ impl Registry {
         ShardStats {
             shard: self.shard,
             sessions_live: self.sessions.borrow().len(),
+            sessions_evicted: self.evicted.get(),
+            sessions_refused_at_limit: self.refused_at_limit.get(),
             runs_active: self.runs_active.get(),
             commit: self.committer.stats(),
             provider_bytes_in: h.bytes_in,
@@ -193,8 +218,10 @@ impl Registry {
         }
         let addr = triple.address().0;
         let existing = self.sessions.borrow().get(&addr).cloned();
-        let tx = match existing {
-            Some(tx) => tx,
+        let live = match existing {
+            Some(live) => live,
+            // Closing a session that is not open: nothing to do (never open it for that).
+            None if matches!(cmd, SessionCommand::Close | SessionCommand::Shutdown) => return,
             None if !matches!(cmd, SessionCommand::Send { .. })
                 && !crate::wal::writer::wal_path(&self.ctx.wal_dir, &triple).exists() =>
             {
@@ -208,24 +235,82 @@ impl Registry {
                 return;
             }
             None => {
+                if !self.make_room() {
+                    self.refused_at_limit.set(self.refused_at_limit.get() + 1);
+                    fail(
+                        cmd,
+                        &RpcError::transient(
+                            503,
+                            "session_limit",
+                            format!(
+                                "all {} sessions this shard keeps open are running; retry \
+                                 later (raise open_sessions_max or the open-files limit)",
+                                self.open_max
+                            ),
+                        ),
+                    );
+                    return;
+                }
                 let (tx, rx) = local_channel::new_unbounded();
-                let tx = Rc::new(tx);
-                self.sessions.borrow_mut().insert(addr, tx.clone());
-                let reg = self.clone();
-                glommio::spawn_local(async move { reg.actor(triple, Rc::new(rx)).await }).detach();
-                tx
+                let live = Rc::new(Live {
+                    tx,
+                    last_used: Cell::new(Instant::now()),
+                    busy: Cell::new(false),
+                    evicting: Cell::new(false),
+                });
+                self.sessions.borrow_mut().insert(addr, live.clone());
+                let (reg, l) = (self.clone(), live.clone());
+                glommio::spawn_local(async move { reg.actor(triple, Rc::new(rx), l).await })
+                    .detach();
+                live
             }
         };
-        if let Err(e) = tx.try_send(cmd) {
+        live.last_used.set(Instant::now());
+        if let Err(e) = live.tx.try_send(cmd) {
             if let glommio::GlommioError::Closed(glommio::ResourceType::Channel(cmd)) = e {
                 refuse_closing(cmd);
             }
         }
     }
 
+    /// Keeps the open sessions within the limit before one more opens: past it, the least
+    /// recently used idle sessions (a sixty-fourth of the limit at a time) are told to close.
+    /// `false` when every open session is running a run, so nothing can make room.
+    fn make_room(&self) -> bool {
+        let sessions = self.sessions.borrow();
+        let closing = sessions.values().filter(|l| l.evicting.get()).count();
+        if sessions.len() - closing < self.open_max {
+            return true;
+        }
+        let mut idle: Vec<(Instant, &Rc<Live>)> = sessions
+            .values()
+            .filter(|l| !l.busy.get() && !l.evicting.get())
+            .map(|l| (l.last_used.get(), l))
+            .collect();
+        if idle.is_empty() {
+            return false;
+        }
+        let batch = (self.open_max / 64).max(1);
+        if idle.len() > batch {
+            idle.select_nth_unstable_by_key(batch - 1, |(t, _)| *t);
+            idle.truncate(batch);
+        }
+        for (_, live) in idle {
+            live.evicting.set(true);
+            let _ = live.tx.try_send(SessionCommand::Close);
+            self.evicted.set(self.evicted.get() + 1);
+        }
+        true
+    }
+
     /// One session's actor: open, resume, answer commands in order, run sends, close when
-    /// idle or stopping.
-    async fn actor(self: Rc<Self>, triple: SessionTriple, rx: Rc<LocalReceiver<SessionCommand>>) {
+    /// idle, told to make room, or stopping.
+    async fn actor(
+        self: Rc<Self>,
+        triple: SessionTriple,
+        rx: Rc<LocalReceiver<SessionCommand>>,
+        live: Rc<Live>,
+    ) {
         let addr = triple.address().0;
         let opened = SessionActor::open(
             &self.ctx.wal_dir,
@@ -263,9 +348,11 @@ impl Registry {
         actor.set_display(Box::new(move |text| hub.display(text)));
         if actor.state().open.is_some() {
             self.runs_active.set(self.runs_active.get() + 1);
+            live.busy.set(true);
             if let Err(e) = actor.resume().await {
                 tracing::error!("session {}: resuming: {e}", triple.address());
             }
+            live.busy.set(false);
             self.runs_active.set(self.runs_active.get() - 1);
         }
         let idle = self.ctx.opts.idle;
@@ -297,7 +384,9 @@ impl Registry {
                             let _ = reply.send(Ok(r));
                             if new {
                                 self.runs_active.set(self.runs_active.get() + 1);
+                                live.busy.set(true);
                                 let done = actor.run_admitted().await;
+                                live.busy.set(false);
                                 self.runs_active.set(self.runs_active.get() - 1);
                                 if let Err(e) = done {
                                     tracing::error!("session {}: {e}", triple.address());
@@ -324,7 +413,7 @@ impl Registry {
                 SessionCommand::Barrier { reply } => {
                     let _ = reply.send(actor.barrier().await.ok());
                 }
-                SessionCommand::Shutdown => break,
+                SessionCommand::Shutdown | SessionCommand::Close => break,
             }
         }
         if let Err(e) = actor.close().await {
@@ -347,8 +436,8 @@ impl Registry {
         }
         self.closing.set(true);
         let senders: Vec<_> = self.sessions.borrow().values().cloned().collect();
-        for tx in senders {
-            let _ = tx.try_send(SessionCommand::Shutdown);
+        for live in senders {
+            let _ = live.tx.try_send(SessionCommand::Shutdown);
         }
         let bound = Instant::now() + Duration::from_secs(30);
         while !self.sessions.borrow().is_empty() && Instant::now() < bound {
@@ -376,6 +465,6 @@ fn fail(cmd: SessionCommand, err: &RpcError) {
         SessionCommand::Status { reply, .. } => drop(reply),
         SessionCommand::Cancel { reply, .. } => drop(reply),
         SessionCommand::Barrier { reply } => drop(reply),
-        SessionCommand::Shutdown => {}
+        SessionCommand::Shutdown | SessionCommand::Close => {}
     }
 }

@@ -248,7 +248,9 @@ mod tests {
         std::sync::Arc::make_mut(&mut req.messages[1]).content[1] = Block::Text {
             text: String::new(),
         };
-        if let Block::ToolUse { id, .. } = &mut std::sync::Arc::make_mut(&mut req.messages[1]).content[2] {
+        if let Block::ToolUse { id, .. } =
+            &mut std::sync::Arc::make_mut(&mut req.messages[1]).content[2]
+        {
             *id = "fc.1".into();
         }
         let body: serde_json::Value =

@@ -184,6 +184,9 @@ fn raise_fd_limit(want: u64) {
     }
 }
 
+/// Runs in one session before the next run moves to a fresh one.
+const RUNS_PER_SESSION: usize = 25;
+
 struct Outcome {
     steps: u64,
     elapsed: Duration,
@@ -264,24 +267,39 @@ fn workload(dir: &std::path::Path, port: u16, sessions: usize, runs: usize) -> O
                 gate.clone(),
             );
             tasks.push(glommio::spawn_local(async move {
-                let triple = SessionTriple::new("/bench", "serve-steps", &format!("s{i}")).unwrap();
-                let mut actor = SessionActor::open(
-                    &dir,
-                    &triple,
-                    model,
-                    Rc::new(tools),
-                    CountingTools::specs(&["echo"]),
-                    LogConfig::default(),
-                    committer.clone(),
-                )
-                .await
-                .expect("the session opens");
+                let tools = Rc::new(tools);
+                let open = |k: usize| {
+                    let name = format!("s{i}-{k}");
+                    let (dir, model, tools, committer) =
+                        (dir.clone(), model.clone(), tools.clone(), committer.clone());
+                    async move {
+                        let triple = SessionTriple::new("/bench", "serve-steps", &name).unwrap();
+                        SessionActor::open(
+                            &dir,
+                            &triple,
+                            model,
+                            tools,
+                            CountingTools::specs(&["echo"]),
+                            LogConfig::default(),
+                            committer,
+                        )
+                        .await
+                        .expect("the session opens")
+                    }
+                };
+                let mut actor = open(0).await;
                 opened.set(opened.get() + 1);
                 let _ = gate.acquire(1).await;
                 let mut lat = Vec::with_capacity(runs);
                 let mut above_fsync = Vec::with_capacity(runs);
                 let mut steps = 0u64;
                 for r in 0..runs {
+                    if r > 0 && r % RUNS_PER_SESSION == 0 {
+                        // A fresh session: a transcript that grew over thousands of runs
+                        // would make each step render far more than an agent's usually does.
+                        actor.close().await.expect("closes");
+                        actor = open(r / RUNS_PER_SESSION).await;
+                    }
                     let fsync_us = committer.stats().fsync_latency_sum_us;
                     let t = Instant::now();
                     let req = SendRequest {

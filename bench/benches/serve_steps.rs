@@ -449,6 +449,10 @@ fn sessions_on_disk(dir: &std::path::Path, n: usize) -> (u64, u64, Duration) {
 }
 
 fn main() {
+    COUNTING.store(
+        std::env::var_os("BROCA_BENCH_HEAP").is_some_and(|v| v == "1"),
+        Ordering::Relaxed,
+    );
     if let Some(n) = std::env::var("BROCA_BENCH_ON_DISK")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
@@ -456,7 +460,15 @@ fn main() {
         let base = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-serve");
         std::fs::create_dir_all(&base).unwrap();
         let dir = tempfile::tempdir_in(&base).unwrap();
+        let heap_before = heap_snapshot().0;
         let (before, after, took) = sessions_on_disk(dir.path(), n);
+        if COUNTING.load(Ordering::Relaxed) {
+            println!(
+                "live heap after - before: {} bytes ({:.2} per session)",
+                heap_snapshot().0 - heap_before,
+                (heap_snapshot().0 - heap_before) as f64 / n as f64
+            );
+        }
         println!(
             "{n} sessions created and closed in {:.1} s ({:.0}/s); RSS before {} MiB, after {} MiB",
             took.as_secs_f64(),
@@ -475,10 +487,6 @@ fn main() {
         return;
     }
     raise_fd_limit(65_536);
-    COUNTING.store(
-        std::env::var_os("BROCA_BENCH_HEAP").is_some_and(|v| v == "1"),
-        Ordering::Relaxed,
-    );
     // SAFETY: setting an environment variable before any thread reads it.
     unsafe { std::env::set_var("BROCA_BENCH_KEY", "sk-bench-not-a-secret") };
     let mut provider = std::process::Command::new(std::env::current_exe().unwrap())

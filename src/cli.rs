@@ -66,7 +66,7 @@ Options:
                        \"request_timeout_ms\" (default 15000),
                        \"base_urls\": {PROVIDER: URL}};
                        flags win over the file
-  --tools-config FILE  tool servers (not supported by this build)
+  --tools-config FILE  MCP tool servers, JSON or TOML (see `broca run --help`)
 
 Routes: POST /v1/rpc (session.send, run.status, run.result, run.cancel, session.read),
 GET /healthz, GET /metrics.
@@ -92,7 +92,11 @@ Options:
   --send-id ID            idempotency key: the same ID again answers the same run, runs nothing
   --system TEXT           system text
   --max-steps N           model steps at most (default 32)
-  --tools-config FILE     tool servers (not supported by this build)
+  --tools-config FILE     MCP tool servers, JSON or TOML (.toml):
+                          {\"mcp\": [{\"name\", \"command\": [...], \"env\"?, \"cwd\"?} |
+                                   {\"name\", \"url\", \"headers\"?}],
+                           \"result_bytes_max\"?}; a server also takes
+                          \"startup_timeout_ms\", \"call_timeout_ms\", \"max_concurrency\"
   --json                  end stdout with the run.result reply as one JSON line
 
 Environment:
@@ -330,9 +334,12 @@ fn parse_run(
         [] => return Err("`broca run` needs a PROMPT (or - to read it from stdin)".into()),
         _ => return Err("`broca run` takes one PROMPT; quote it".into()),
     };
-    if tools_config.is_some() {
-        return Err("--tools-config: tool servers are not supported by this build".into());
-    }
+    let tools = match tools_config {
+        Some(path) => Some(crate::tools::config::ToolsConfig::load(
+            std::path::Path::new(&path),
+        )?),
+        None => None,
+    };
     let entry = crate::catalog::resolve(&model)?;
     let mut endpoints = Endpoints::from_env()?;
     if let Some(url) = base_url {
@@ -363,6 +370,7 @@ fn parse_run(
             triple,
             send,
             endpoints,
+            tools,
         },
         json,
     ))
@@ -462,9 +470,6 @@ fn parse_serve(
         pargs,
         pico_args::Arguments::from_vec(Vec::new()),
     ))?;
-    if tools.is_some() {
-        return Err("--tools-config: tool servers are not supported by this build".into());
-    }
     let file: ServeConfig = match &config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -507,6 +512,12 @@ fn parse_serve(
         grace: std::time::Duration::from_secs(grace.or(file.grace_secs).unwrap_or(5)),
         idle: std::time::Duration::from_secs(file.idle_secs.unwrap_or(30)),
         open_sessions_max: file.open_sessions_max,
+        tools: match tools {
+            Some(path) => Some(crate::tools::config::ToolsConfig::load(
+                std::path::Path::new(&path),
+            )?),
+            None => None,
+        },
         limits,
         request_timeout: std::time::Duration::from_millis(
             file.request_timeout_ms.unwrap_or(15_000),

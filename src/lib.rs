@@ -11,5 +11,6 @@ pub mod module;
 pub mod owner_only;
 pub mod protocol;
 pub mod provider;
+pub mod tools;
 pub mod wal;
 pub mod wire;

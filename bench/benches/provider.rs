@@ -202,6 +202,7 @@ fn transcript() -> Request {
             name: format!("tool_{t}"),
             description: "Reads a file of the project and returns its text.".into(),
             input_schema: serde_json::json!({"type":"object","properties":{"path":{"type":"string"},"limit":{"type":"integer"}},"required":["path"]}),
+            route: String::new(),
         })
         .collect();
     Request {

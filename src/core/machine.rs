@@ -380,11 +380,11 @@ impl RunMachine {
     }
 
     fn dispatch(&mut self, batch_id: String, calls: Vec<ToolCall>) {
-        let known: Vec<&str> = self.config.tools.iter().map(|t| t.name.as_str()).collect();
         let mut send = Vec::with_capacity(calls.len());
         let mut refused = Vec::new();
         for call in calls {
-            if !known.contains(&call.name.as_str()) {
+            let spec = self.config.tools.iter().find(|t| t.name == call.name);
+            let Some(spec) = spec else {
                 refused.push(ResultBlock {
                     call_id: call.id.clone(),
                     content: format!(
@@ -394,16 +394,34 @@ impl RunMachine {
                     is_error: true,
                     reason: Some("unknown_tool".into()),
                 });
-            } else if let Some(raw) = super::stream::invalid_arguments(&call.input) {
+                continue;
+            };
+            if let Some(raw) = super::stream::invalid_arguments(&call.input) {
                 refused.push(ResultBlock {
                     call_id: call.id.clone(),
                     content: format!("the arguments are not valid JSON: {raw}"),
                     is_error: true,
                     reason: Some("invalid_arguments".into()),
                 });
-            } else {
-                send.push(call);
+                continue;
             }
+            let schema_check = serde_json::from_str::<serde_json::Value>(call.input.get())
+                .map_err(|e| e.to_string())
+                .and_then(|args| crate::tools::schema::validate(&spec.input_schema, &args));
+            if let Err(why) = schema_check {
+                refused.push(ResultBlock {
+                    call_id: call.id.clone(),
+                    content: format!(
+                        "the arguments do not match the input schema of `{}`: {why}; the \
+                         tool was not called",
+                        call.name
+                    ),
+                    is_error: true,
+                    reason: Some("invalid_arguments".into()),
+                });
+                continue;
+            }
+            send.push(call);
         }
         let waiting = send.iter().map(|c| c.id.clone()).collect();
         self.phase = Phase::Tools {

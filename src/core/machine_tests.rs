@@ -19,6 +19,7 @@ fn config() -> FrozenConfig {
             name: "echo".into(),
             description: String::new(),
             input_schema: serde_json::json!({}),
+            route: String::new(),
         }]
         .into(),
         tools_digest: "t".into(),

@@ -45,8 +45,27 @@ pub enum ToolOutcome {
 
 /// Runs tool calls.
 pub trait ToolRunner: 'static {
-    /// Runs one call.
-    fn call(&self, call: ToolCall) -> impl Future<Output = ToolOutcome>;
+    /// Runs one call, sent to the module `route` names (the route frozen with the tool's
+    /// spec at admission).
+    fn call(&self, call: ToolCall, route: String) -> impl Future<Output = ToolOutcome>;
+}
+
+/// Tools from the configured MCP servers.
+impl ToolRunner for crate::tools::Router {
+    async fn call(&self, call: ToolCall, route: String) -> ToolOutcome {
+        use crate::tools::mcp::CallError;
+        match crate::tools::Router::call(self, &call, &route).await {
+            Ok(text) => ToolOutcome::Done {
+                content: text.content,
+                is_error: text.is_error,
+            },
+            Err(CallError::Refused(reason)) => ToolOutcome::Refused { reason },
+            Err(CallError::Indeterminate(why)) => {
+                tracing::warn!(tool = %call.name, call_id = %call.id, "tool call indeterminate: {why}");
+                ToolOutcome::Indeterminate
+            }
+        }
+    }
 }
 
 /// The runner of a session with no tools configured: the run loop refuses every call as an
@@ -55,7 +74,7 @@ pub trait ToolRunner: 'static {
 pub struct NoTools;
 
 impl ToolRunner for NoTools {
-    async fn call(&self, call: ToolCall) -> ToolOutcome {
+    async fn call(&self, call: ToolCall, _route: String) -> ToolOutcome {
         ToolOutcome::Refused {
             reason: format!("no tool `{}` is configured", call.name),
         }

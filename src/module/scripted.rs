@@ -198,6 +198,7 @@ impl CountingTools {
                 name: n.to_string(),
                 description: format!("test tool {n}"),
                 input_schema: serde_json::json!({"type": "object"}),
+                route: String::new(),
             })
             .collect()
     }
@@ -209,7 +210,7 @@ impl CountingTools {
 }
 
 impl ToolRunner for CountingTools {
-    async fn call(&self, call: ToolCall) -> ToolOutcome {
+    async fn call(&self, call: ToolCall, _route: String) -> ToolOutcome {
         *self
             .dispatched
             .borrow_mut()

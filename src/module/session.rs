@@ -5,6 +5,7 @@
 use std::cell::{Cell, RefCell};
 use std::path::Path;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use broca_io::{Committer, LogConfig};
@@ -88,7 +89,7 @@ pub struct SessionActor<P: ModelClient, T: ToolRunner> {
     state: Session,
     provider: Rc<P>,
     tools: Rc<T>,
-    tool_specs: Vec<ToolSpec>,
+    tool_specs: Arc<[ToolSpec]>,
     crash: CrashPlan,
     appends: u64,
     display: Option<Box<dyn FnMut(&str)>>,
@@ -108,7 +109,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         triple: &SessionTriple,
         provider: Rc<P>,
         tools: Rc<T>,
-        tool_specs: Vec<ToolSpec>,
+        tool_specs: impl Into<Arc<[ToolSpec]>>,
         log: LogConfig,
         committer: Committer,
     ) -> Result<Self, ActorError> {
@@ -129,7 +130,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             state,
             provider,
             tools,
-            tool_specs,
+            tool_specs: tool_specs.into(),
             crash: CrashPlan::default(),
             appends: 0,
             display: None,
@@ -287,7 +288,8 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                     Command::Dispatch { calls, .. } => {
                         in_flight += calls.len();
                         for c in calls {
-                            self.spawn_tool(c, tx.clone());
+                            let route = self.route_of(&c.name);
+                            self.spawn_tool(c, route, tx.clone());
                         }
                     }
                     Command::Display(text) => {
@@ -472,11 +474,22 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         .detach();
     }
 
-    fn spawn_tool(&self, call: ToolCall, tx: Rc<local_channel::LocalSender<Input>>) {
+    /// The route frozen for tool `name` in the active run's config (empty when none).
+    fn route_of(&self, name: &str) -> String {
+        self.state
+            .open
+            .as_ref()
+            .and_then(|open| self.state.runs.get(open.index))
+            .and_then(|run| run.config.tools.iter().find(|t| t.name == name))
+            .map(|t| t.route.clone())
+            .unwrap_or_default()
+    }
+
+    fn spawn_tool(&self, call: ToolCall, route: String, tx: Rc<local_channel::LocalSender<Input>>) {
         let tools = self.tools.clone();
         glommio::spawn_local(async move {
             let call_id = call.id.clone();
-            let outcome = tools.call(call).await;
+            let outcome = tools.call(call, route).await;
             // The run may have ended (crash injected): then nobody listens, and that is fine.
             let _ = tx.send(Input::Tool { call_id, outcome }).await;
         })

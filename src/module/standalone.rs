@@ -16,7 +16,6 @@ use crate::wal::SessionTriple;
 use crate::wire::RunResult;
 
 use super::session::SessionActor;
-use super::NoTools;
 
 /// What to run.
 pub struct Standalone {
@@ -24,6 +23,8 @@ pub struct Standalone {
     pub triple: SessionTriple,
     pub send: SendRequest,
     pub endpoints: Endpoints,
+    /// The MCP tool servers to start, if any.
+    pub tools: Option<crate::tools::config::ToolsConfig>,
 }
 
 /// What happened.
@@ -46,37 +47,70 @@ impl Standalone {
         let proxy = ProxyConfig::from_env()?;
         let tls = tls::default_client_config()?;
         broca_shards::run_local(async move {
-            let http = HttpClient::new(ClientConfig::new(tls, proxy));
+            let http = HttpClient::new(ClientConfig::new(tls.clone(), proxy.clone()));
             let model = HttpModelClient::new(http, self.endpoints, Box::new(EnvSecrets));
-            let mut actor = SessionActor::open(
+            let tool_http = crate::tools::tool_http_client(tls, proxy);
+            let servers = match self.tools {
+                Some(cfg) => {
+                    let (servers, problems) =
+                        crate::tools::ToolServers::start(cfg, &tool_http).await?;
+                    for p in problems {
+                        eprintln!("broca: {p}; its tools are not offered");
+                    }
+                    servers
+                }
+                None => crate::tools::ToolServers::none(),
+            };
+            let router = crate::tools::Router::new(servers.clone(), tool_http);
+            let opened = SessionActor::open(
                 &wal_dir,
                 &self.triple,
                 Rc::new(model),
-                Rc::new(NoTools),
-                Vec::new(),
+                Rc::new(router),
+                servers.specs(),
                 LogConfig::default(),
                 Committer::default(),
             )
-            .await
-            .map_err(|e| e.to_string())?;
+            .await;
+            let mut actor = match opened {
+                Ok(a) => a,
+                Err(e) => {
+                    servers.stop();
+                    return Err(e.to_string());
+                }
+            };
+            let outcome = Self::drive(&mut actor, self.send, display).await;
+            let closed = actor.close().await.map_err(|e| e.to_string());
+            servers.stop();
+            let report = outcome?;
+            closed?;
+            Ok(report)
+        })
+        .map_err(|e| format!("cannot start the executor: {e}"))?
+    }
+
+    async fn drive<P: super::ModelClient, T: super::ToolRunner>(
+        actor: &mut SessionActor<P, T>,
+        send: SendRequest,
+        display: Box<dyn FnMut(&str)>,
+    ) -> Result<Report, String> {
+        {
             let resumed = match actor.resume().await.map_err(|e| e.to_string())? {
-                Some((run_id, _)) => Some(result_of(&actor, &run_id)?),
+                Some((run_id, _)) => Some(result_of(actor, &run_id)?),
                 None => None,
             };
             actor.set_display(display);
-            let reply = actor.send(&self.send).await.map_err(|e| e.to_string())?;
+            let reply = actor.send(&send).await.map_err(|e| e.to_string())?;
             if !reply.existing {
                 actor.run_admitted().await.map_err(|e| e.to_string())?;
             }
-            let result = result_of(&actor, &reply.run_id)?;
-            actor.close().await.map_err(|e| e.to_string())?;
+            let result = result_of(actor, &reply.run_id)?;
             Ok(Report {
                 resumed,
                 result,
                 existing: reply.existing,
             })
-        })
-        .map_err(|e| format!("cannot start the executor: {e}"))?
+        }
     }
 }
 

@@ -139,6 +139,9 @@ pub struct ToolSpec {
     #[serde(default)]
     pub description: String,
     pub input_schema: serde_json::Value,
+    /// Which module provides the tool (`mcp:<server>`); never rendered to a provider.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub route: String,
 }
 
 /// Generation settings.

@@ -85,6 +85,7 @@ mod tests {
             name: name.into(),
             description: String::new(),
             input_schema: serde_json::json!({"type": "object"}),
+            route: String::new(),
         }
     }
 

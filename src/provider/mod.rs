@@ -350,11 +350,13 @@ pub(crate) fn sample_request() -> Request {
                 name: "weather.get".into(),
                 description: "Current weather".into(),
                 input_schema: serde_json::json!({"type":"object","properties":{"city":{"type":"string"}}}),
+                route: String::new(),
             },
             ToolSpec {
                 name: "clock".into(),
                 description: String::new(),
                 input_schema: serde_json::json!({"type":"object"}),
+                route: String::new(),
             },
         ]
         .into(),

@@ -43,6 +43,8 @@ pub struct ServeOptions {
     /// Sessions open at once per shard (each holds its WAL open); `None` derives it from
     /// the open-files limit. Past it, the least recently used idle sessions are closed.
     pub open_sessions_max: Option<usize>,
+    /// The MCP tool servers to start (`--tools-config`).
+    pub tools: Option<crate::tools::config::ToolsConfig>,
     pub limits: ServerLimits,
     /// How long a request may take to arrive once it has begun (then 408).
     pub request_timeout: Duration,
@@ -81,6 +83,8 @@ pub(crate) struct ServeCtx {
     pub signal: AtomicI32,
     pub tls: Arc<broca_io::net::rustls::ClientConfig>,
     pub proxy: ProxyConfig,
+    /// The MCP tool servers every shard routes to.
+    pub tools: Arc<crate::tools::ToolServers>,
 }
 
 impl ServeCtx {
@@ -239,6 +243,21 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
         use std::os::unix::fs::PermissionsExt;
         let _ = std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600));
     }
+    let tools = match opts.tools.clone() {
+        None => crate::tools::ToolServers::none(),
+        Some(cfg) => {
+            let (tls, proxy) = (tls.clone(), proxy.clone());
+            let (servers, problems) = broca_shards::run_local(async move {
+                let http = crate::tools::tool_http_client(tls, proxy);
+                crate::tools::ToolServers::start(cfg, &http).await
+            })
+            .map_err(|e| format!("cannot start the tool servers: {e}"))??;
+            for p in problems {
+                tracing::error!("{p}; its tools are not offered");
+            }
+            servers
+        }
+    };
     let (senders, receivers): (Vec<_>, Vec<_>) = (0..opts.shards)
         .map(|_| mpsc::unbounded::<ShardMsg>())
         .unzip();
@@ -251,6 +270,7 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
         signal: AtomicI32::new(0),
         tls,
         proxy,
+        tools,
     });
     *slot.lock().expect("the signal slot") = Some(ctx.clone());
     let serve_json = opts.state_dir.join("serve.json");
@@ -294,6 +314,7 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
     });
     let _ = std::fs::remove_file(&serve_json);
     let _ = std::fs::remove_file(&socket);
+    ctx.tools.stop();
     for r in result.map_err(|e| format!("a shard failed to start: {e}"))? {
         r?;
     }

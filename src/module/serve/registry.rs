@@ -17,9 +17,9 @@ use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 
 use crate::core::admission::Refusal;
 use crate::module::session::{SessionActor, SessionCommand};
-use crate::module::NoTools;
 use crate::provider::credential::EnvSecrets;
 use crate::provider::transport::HttpModelClient;
+use crate::tools::Router;
 use crate::wal::SessionTriple;
 use crate::wire::RpcError;
 
@@ -44,7 +44,7 @@ pub struct ShardStats {
     pub model_errors: Vec<(crate::protocol::ErrorClass, u64)>,
 }
 
-type Actor = SessionActor<HttpModelClient, NoTools>;
+type Actor = SessionActor<HttpModelClient, Router>;
 
 /// A live session: its actor's command channel and what the open-sessions limit needs.
 struct Live {
@@ -65,6 +65,7 @@ pub(crate) struct Registry {
     refused_at_limit: Cell<u64>,
     model: Rc<HttpModelClient>,
     http: Rc<HttpClient>,
+    tools: Rc<Router>,
     committer: Committer,
     runs_active: Cell<usize>,
     /// The shard stops: actors end after their run and take no new ones.
@@ -97,6 +98,10 @@ pub(crate) async fn shard_main(
         refused_at_limit: Cell::new(0),
         model,
         http,
+        tools: Rc::new(Router::new(
+            ctx.tools.clone(),
+            crate::tools::tool_http_client(ctx.tls.clone(), ctx.proxy.clone()),
+        )),
         committer: Committer::default(),
         runs_active: Cell::new(0),
         closing: Cell::new(false),
@@ -316,8 +321,8 @@ impl Registry {
             &self.ctx.wal_dir,
             &triple,
             self.model.clone(),
-            Rc::new(NoTools),
-            Vec::new(),
+            self.tools.clone(),
+            self.ctx.tools.specs(),
             LogConfig::default(),
             self.committer.clone(),
         )

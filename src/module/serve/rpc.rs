@@ -132,8 +132,9 @@ async fn send(ctx: &Arc<ServeCtx>, mut params: Map<String, Value>) -> Result<Val
     }
     // What admission refuses whatever the session holds is refused here, before the session
     // is opened (a refused send writes nothing, not even a new WAL).
+    let specs = ctx.tools.specs();
     let probe = crate::core::admission::AdmissionContext {
-        tools: &[],
+        tools: &specs,
         run_id: String::new(),
         now_unix_ms: 0,
     };

@@ -1,0 +1,244 @@
+//! The tools config (`--tools-config FILE`, JSON or TOML): the MCP servers broca starts or
+//! reaches, with their limits.
+//!
+//! ```json
+//! {"mcp": [{"name": "fs", "command": ["npx", "-y", "@modelcontextprotocol/server-filesystem", "."],
+//!           "env": {"KEY": "VALUE"}},
+//!          {"name": "search", "url": "http://127.0.0.1:3001/mcp"}],
+//!  "result_bytes_max": 102400}
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// Tool results longer than this are cut, with a marker saying so (by default).
+pub const RESULT_BYTES_MAX_DEFAULT: usize = 100 * 1024;
+
+/// The whole tools config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolsConfig {
+    pub servers: Vec<ServerConfig>,
+    /// Tool results longer than this many bytes are truncated with an explicit marker.
+    pub result_bytes_max: usize,
+}
+
+impl Default for ToolsConfig {
+    fn default() -> Self {
+        ToolsConfig {
+            servers: Vec::new(),
+            result_bytes_max: RESULT_BYTES_MAX_DEFAULT,
+        }
+    }
+}
+
+/// How broca reaches one MCP server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transport {
+    /// A process broca starts, speaking JSON-RPC over its stdin and stdout.
+    Stdio {
+        command: Vec<String>,
+        env: BTreeMap<String, String>,
+        cwd: Option<String>,
+    },
+    /// A Streamable HTTP endpoint.
+    Http {
+        url: String,
+        /// Extra request headers (for example an Authorization header); never logged.
+        headers: BTreeMap<String, String>,
+    },
+}
+
+/// One configured MCP server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    pub name: String,
+    pub transport: Transport,
+    /// How long starting (spawn, initialize, tools/list) may take.
+    pub startup_timeout: Duration,
+    /// How long one tool call may take once delivered; past it the call is indeterminate.
+    pub call_timeout: Duration,
+    /// Calls in flight to this server at once (more wait their turn).
+    pub max_concurrency: usize,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    #[serde(default)]
+    mcp: Vec<FileServer>,
+    result_bytes_max: Option<usize>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileServer {
+    name: String,
+    command: Option<Vec<String>>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    cwd: Option<String>,
+    url: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    startup_timeout_ms: Option<u64>,
+    call_timeout_ms: Option<u64>,
+    max_concurrency: Option<usize>,
+}
+
+impl ToolsConfig {
+    /// Reads and checks the config at `path`: TOML when the name ends in `.toml`, JSON
+    /// otherwise. Errors name the file and what is wrong.
+    pub fn load(path: &Path) -> Result<ToolsConfig, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("tools config {}: {e}", path.display()))?;
+        let toml = path.extension().is_some_and(|e| e == "toml");
+        ToolsConfig::parse(&text, toml).map_err(|e| format!("tools config {}: {e}", path.display()))
+    }
+
+    /// Parses a config's text.
+    pub fn parse(text: &str, toml: bool) -> Result<ToolsConfig, String> {
+        let file: FileConfig = if toml {
+            toml::from_str(text).map_err(|e| e.message().to_string())?
+        } else {
+            serde_json::from_str(text).map_err(|e| e.to_string())?
+        };
+        let mut servers: Vec<ServerConfig> = Vec::with_capacity(file.mcp.len());
+        for s in file.mcp {
+            let name = s.name.trim().to_string();
+            if name.is_empty() || name.contains(['/', '\n']) {
+                return Err(format!(
+                    "server name `{}` must be non-empty, without `/`",
+                    s.name
+                ));
+            }
+            if servers.iter().any(|o| o.name == name) {
+                return Err(format!("two servers are named `{name}`"));
+            }
+            if s.command.is_some() && !s.headers.is_empty() {
+                return Err(format!(
+                    "server `{name}`: `headers` apply to a url, not a command"
+                ));
+            }
+            let transport = match (s.command, s.url) {
+                (Some(command), None) => {
+                    if command.first().is_none_or(|c| c.is_empty()) {
+                        return Err(format!("server `{name}`: `command` is empty"));
+                    }
+                    Transport::Stdio {
+                        command,
+                        env: s.env,
+                        cwd: s.cwd,
+                    }
+                }
+                (None, Some(url)) => {
+                    if !s.env.is_empty() || s.cwd.is_some() {
+                        return Err(format!(
+                            "server `{name}`: `env` and `cwd` apply to a command, not a url"
+                        ));
+                    }
+                    Transport::Http {
+                        url,
+                        headers: s.headers,
+                    }
+                }
+                (Some(_), Some(_)) => {
+                    return Err(format!(
+                        "server `{name}`: give `command` or `url`, not both"
+                    ))
+                }
+                (None, None) => return Err(format!("server `{name}`: give `command` or `url`")),
+            };
+            let max_concurrency = s.max_concurrency.unwrap_or(16);
+            if max_concurrency == 0 {
+                return Err(format!(
+                    "server `{name}`: max_concurrency must be at least 1"
+                ));
+            }
+            servers.push(ServerConfig {
+                name,
+                transport,
+                startup_timeout: Duration::from_millis(s.startup_timeout_ms.unwrap_or(30_000)),
+                call_timeout: Duration::from_millis(s.call_timeout_ms.unwrap_or(300_000)),
+                max_concurrency,
+            });
+        }
+        let result_bytes_max = file.result_bytes_max.unwrap_or(RESULT_BYTES_MAX_DEFAULT);
+        if result_bytes_max < 64 {
+            return Err("result_bytes_max must be at least 64".into());
+        }
+        Ok(ToolsConfig {
+            servers,
+            result_bytes_max,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_and_toml_give_the_same_config() {
+        let json = r#"{"mcp": [{"name": "fs", "command": ["npx", "-y", "srv", "."], "env": {"K": "V"},
+                                "call_timeout_ms": 5000},
+                               {"name": "web", "url": "http://127.0.0.1:3001/mcp",
+                                "headers": {"Authorization": "Bearer x"}}],
+                       "result_bytes_max": 4096}"#;
+        let toml = r#"
+result_bytes_max = 4096
+
+[[mcp]]
+name = "fs"
+command = ["npx", "-y", "srv", "."]
+env = { K = "V" }
+call_timeout_ms = 5000
+
+[[mcp]]
+name = "web"
+url = "http://127.0.0.1:3001/mcp"
+headers = { Authorization = "Bearer x" }
+"#;
+        let a = ToolsConfig::parse(json, false).unwrap();
+        let b = ToolsConfig::parse(toml, true).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.servers.len(), 2);
+        assert_eq!(a.servers[0].call_timeout, Duration::from_secs(5));
+        assert_eq!(a.servers[1].max_concurrency, 16);
+        assert_eq!(a.result_bytes_max, 4096);
+    }
+
+    #[test]
+    fn bad_configs_say_what_is_wrong() {
+        for (text, want) in [
+            (r#"{"mcp": [{"name": "a"}]}"#, "give `command` or `url`"),
+            (
+                r#"{"mcp": [{"name": "a", "command": ["x"], "url": "http://h"}]}"#,
+                "not both",
+            ),
+            (
+                r#"{"mcp": [{"name": "a", "command": []}]}"#,
+                "`command` is empty",
+            ),
+            (
+                r#"{"mcp": [{"name": "a", "command": ["x"]}, {"name": "a", "command": ["y"]}]}"#,
+                "two servers are named `a`",
+            ),
+            (
+                r#"{"mcp": [{"name": "a", "command": ["x"], "bogus": 1}]}"#,
+                "bogus",
+            ),
+            (
+                r#"{"mcp": [{"name": "a", "url": "http://h", "env": {"K": "V"}}]}"#,
+                "apply to a command",
+            ),
+            (r#"{"mcp": [], "result_bytes_max": 3}"#, "at least 64"),
+            ("{not json", "key must be a string"),
+        ] {
+            let err = ToolsConfig::parse(text, false).unwrap_err();
+            assert!(err.contains(want), "{text}: {err}");
+        }
+    }
+}

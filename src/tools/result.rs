@@ -1,0 +1,148 @@
+//! Turns an MCP `tools/call` result into the text a tool result carries, within a size limit.
+
+use serde_json::Value;
+
+/// A tool's answer as the transcript records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolText {
+    pub content: String,
+    pub is_error: bool,
+}
+
+/// The text of a `tools/call` result: text blocks in order (an embedded text resource as its
+/// text; images, audio, links and binary resources as a bracketed note, their bytes left out);
+/// `structuredContent` as JSON when no block carries text; `isError` kept. Cut to `max` bytes
+/// with a marker that says how much was left out.
+pub fn from_call_result(result: &Value, max: usize) -> ToolText {
+    let mut parts: Vec<String> = Vec::new();
+    let mut has_text = false;
+    for block in result
+        .get("content")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let kind = block.get("type").and_then(Value::as_str).unwrap_or("");
+        let text = match kind {
+            "text" => {
+                has_text = true;
+                block
+                    .get("text")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string()
+            }
+            "image" | "audio" => {
+                let mime = block
+                    .get("mimeType")
+                    .and_then(Value::as_str)
+                    .unwrap_or("unknown type");
+                let bytes = block
+                    .get("data")
+                    .and_then(Value::as_str)
+                    .map_or(0, |d| d.len() / 4 * 3);
+                format!("[{kind} {mime}, about {bytes} bytes, not included]")
+            }
+            "resource_link" => {
+                let uri = block.get("uri").and_then(Value::as_str).unwrap_or("");
+                format!("[resource link: {uri}]")
+            }
+            "resource" => {
+                let res = block.get("resource").unwrap_or(&Value::Null);
+                let uri = res.get("uri").and_then(Value::as_str).unwrap_or("");
+                match res.get("text").and_then(Value::as_str) {
+                    Some(t) => {
+                        has_text = true;
+                        format!("[resource {uri}]\n{t}")
+                    }
+                    None => format!("[resource {uri}: binary, not included]"),
+                }
+            }
+            other => format!("[{other} content, not included]"),
+        };
+        parts.push(text);
+    }
+    if !has_text {
+        if let Some(structured) = result.get("structuredContent") {
+            parts.push(structured.to_string());
+        }
+    }
+    let is_error = result
+        .get("isError")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    ToolText {
+        content: truncate(parts.join("\n"), max),
+        is_error,
+    }
+}
+
+/// Cuts `text` to at most `max` bytes (at a character boundary), ending with a marker that
+/// names how many bytes were left out.
+pub fn truncate(mut text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let total = text.len();
+    // The marker's length depends on the number in it; reserve enough for any.
+    let room = max.saturating_sub(64);
+    let mut end = room;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text.push_str(&format!(
+        "\n[broca: result truncated: {} of {total} bytes left out]",
+        total - end
+    ));
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn blocks_become_text_in_order() {
+        let r = json!({"content": [
+            {"type": "text", "text": "one"},
+            {"type": "image", "mimeType": "image/png", "data": "AAAA"},
+            {"type": "resource", "resource": {"uri": "file:///a", "text": "body"}},
+            {"type": "resource_link", "uri": "file:///b"}
+        ]});
+        let t = from_call_result(&r, 1000);
+        assert_eq!(
+            t.content,
+            "one\n[image image/png, about 3 bytes, not included]\n[resource file:///a]\nbody\n[resource link: file:///b]"
+        );
+        assert!(!t.is_error);
+    }
+
+    #[test]
+    fn structured_content_is_used_when_no_block_has_text() {
+        let r = json!({"content": [], "structuredContent": {"temperature": 33}});
+        assert_eq!(from_call_result(&r, 1000).content, r#"{"temperature":33}"#);
+        let r =
+            json!({"content": [{"type": "text", "text": "33C"}], "structuredContent": {"t": 33}});
+        assert_eq!(from_call_result(&r, 1000).content, "33C");
+    }
+
+    #[test]
+    fn an_error_result_keeps_its_flag() {
+        let r = json!({"content": [{"type": "text", "text": "no such file"}], "isError": true});
+        let t = from_call_result(&r, 1000);
+        assert!(t.is_error);
+        assert_eq!(t.content, "no such file");
+    }
+
+    #[test]
+    fn long_results_are_cut_with_a_marker_within_the_limit() {
+        let long = "é".repeat(1000); // 2,000 bytes
+        let t = truncate(long, 200);
+        assert!(t.len() <= 200, "{}", t.len());
+        assert!(t.ends_with("bytes left out]"), "{t}");
+        assert!(t.contains("of 2000 bytes"), "{t}");
+        assert_eq!(truncate("short".into(), 200), "short");
+    }
+}

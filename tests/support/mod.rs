@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Once;
 
+pub mod serve;
+
 /// The folder of the peers' package.json.
 pub fn peers_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peers")
@@ -23,7 +25,10 @@ pub fn ensure_peers() {
         let lock = std::fs::File::create(dir.join(".install.lock")).expect("the peers lock file");
         // SAFETY: flock on a descriptor this function owns.
         assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
-        if !dir.join("node_modules/.bin/llmock").exists() {
+        let installed = ["node_modules/.bin/llmock", EVERYTHING_JS]
+            .iter()
+            .all(|p| dir.join(p).exists());
+        if !installed {
             let out = Command::new("npm")
                 .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
                 .current_dir(&dir)
@@ -38,6 +43,10 @@ pub fn ensure_peers() {
         }
     });
 }
+
+/// The entry script of `@modelcontextprotocol/server-everything`, under the peers folder.
+pub const EVERYTHING_JS: &str =
+    "node_modules/@modelcontextprotocol/server-everything/dist/index.js";
 
 /// A running aimock (`llmock`) serving a fixture file on a loopback port; killed on drop.
 pub struct Aimock {

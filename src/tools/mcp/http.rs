@@ -317,9 +317,9 @@ impl HttpServer {
             | NetError::Connect { .. }
             | NetError::Tls { .. }
             | NetError::Proxy { .. } => PostError::NotDelivered(e.to_string()),
-            NetError::Timeout { what, .. } if what == "connect" => {
-                PostError::NotDelivered(e.to_string())
-            }
+            NetError::Timeout {
+                what: "connect", ..
+            } => PostError::NotDelivered(e.to_string()),
             other => PostError::Lost(other.to_string()),
         })?;
         let status = resp.status();

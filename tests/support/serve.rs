@@ -1,0 +1,138 @@
+//! `broca serve` as a real process for tests: started on a free port with aimock as the
+//! provider, its management surface reached over TCP with the bearer handle.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::{broca, Aimock};
+
+pub struct Serve {
+    pub child: Child,
+    pub addr: String,
+    pub handle: String,
+    pub socket: PathBuf,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn start(state: &Path, peer: &Aimock, extra: &[&str]) -> Serve {
+    let mut child = broca(state)
+        .env("ANTHROPIC_API_KEY", "sk-serve-test-0123456789")
+        .env("BROCA_BASE_URL_ANTHROPIC", peer.url())
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(if extra.contains(&"--shards") {
+            &[][..]
+        } else {
+            &["--shards", "2"][..]
+        })
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("broca listening on http://")
+        .unwrap_or_else(|| panic!("the listen line: {line:?}"))
+        .to_string();
+    let info: Value =
+        serde_json::from_slice(&std::fs::read(state.join("serve.json")).unwrap()).unwrap();
+    assert_eq!(info["listen"], addr.as_str());
+    assert_eq!(info["pid"], child.id());
+    let handle = std::fs::read_to_string(info["handle_file"].as_str().unwrap()).unwrap();
+    Serve {
+        child,
+        addr,
+        handle,
+        socket: PathBuf::from(info["socket"].as_str().unwrap()),
+    }
+}
+
+/// One HTTP exchange on a new connection: status and body.
+pub fn http(addr: &str, raw: &[u8]) -> (u16, Vec<u8>) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(raw).unwrap();
+    read_response(&mut s)
+}
+
+pub fn read_response(s: &mut impl Read) -> (u16, Vec<u8>) {
+    let mut all = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = s.read(&mut buf).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        all.extend_from_slice(&buf[..n]);
+        if let Some(end) = all.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&all[..end]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map(|v| v.trim().parse().unwrap())
+                .unwrap_or(0);
+            if all.len() >= end + 4 + len {
+                let status = head[9..12].parse().unwrap();
+                return (status, all[end + 4..end + 4 + len].to_vec());
+            }
+        }
+    }
+    panic!("no complete response: {:?}", String::from_utf8_lossy(&all));
+}
+
+pub fn post(s: &Serve, body: &str) -> (u16, Value) {
+    let raw = format!(
+        "POST /v1/rpc HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        s.handle,
+        body.len()
+    );
+    let (status, body) = http(&s.addr, raw.as_bytes());
+    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
+pub fn rpc(s: &Serve, method: &str, params: Value) -> (u16, Value) {
+    let mut p = json!({"project_root": "/proj", "harness": "h", "session": "s1"});
+    p.as_object_mut()
+        .unwrap()
+        .extend(params.as_object().unwrap().clone());
+    post(s, &json!({"method": method, "params": p}).to_string())
+}
+
+pub fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let until = Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The sum over shards of a metric.
+pub fn metric(s: &Serve, name: &str) -> u64 {
+    let req = format!(
+        "GET /metrics HTTP/1.1\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n",
+        s.handle
+    );
+    let (_, m) = http(&s.addr, req.as_bytes());
+    let prefix = format!("{name}{{");
+    String::from_utf8(m)
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with(&prefix))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum()
+}

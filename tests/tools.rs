@@ -463,3 +463,53 @@ fn under_serve_one_server_process_is_shared_and_restarted_after_it_dies() {
         "one process for all sessions, started again after it died"
     );
 }
+
+#[test]
+fn a_server_that_cannot_be_restarted_refuses_the_call_before_delivery() {
+    let env = Env::new();
+    let config = env.counting_config(
+        json!({"env": {"COUNT_FILE": env.count, "STARTS_FILE": env.starts, "MCP_MODE": "first_start_only"}}),
+        json!({}),
+    );
+    let s = start(
+        &env.state,
+        &env.peer,
+        &["--tools-config", config.to_str().unwrap()],
+    );
+    let run = |session: &str, prompt: &str, want: &str| {
+        let (status, r) = rpc(
+            &s,
+            "session.send",
+            json!({"session": session, "prompt": prompt, "model": "anthropic/m", "max_steps": 3}),
+        );
+        assert_eq!(status, 200, "{r}");
+        let run_id = r["result"]["run_id"].as_str().unwrap().to_string();
+        wait_for(want, || {
+            rpc(
+                &s,
+                "run.status",
+                json!({"session": session, "run_id": run_id}),
+            )
+            .1["result"]["state"]
+                == want
+        });
+    };
+    run("d", "die call", "interrupted");
+    run("r", "record again", "completed");
+    let refused = env.result("call_rec_9");
+    assert_eq!(refused["reason"], "refused_before_delivery", "{refused}");
+    assert!(
+        refused["content"]
+            .as_str()
+            .unwrap()
+            .contains("not available"),
+        "{refused}"
+    );
+    let tools: Vec<String> = env
+        .calls()
+        .iter()
+        .map(|c| c["tool"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(tools, ["die"], "the refused call never reached a server");
+    assert!(env.starts() >= 2, "a restart was tried");
+}

@@ -10,7 +10,8 @@ die (exits without answering), fail (an error result), rpc_error (a JSON-RPC err
 big (`bytes` bytes of text), pair (answers with structured content only).
 
 MCP_MODE changes the whole server: garbage (prints non-JSON lines around every answer),
-hang_init (never answers initialize), exit_at_once (exits before reading anything).
+hang_init (never answers initialize), exit_at_once (exits before reading anything),
+first_start_only (exits at once when STARTS_FILE shows an earlier start: a restart fails).
 """
 
 import json
@@ -99,8 +100,12 @@ def call(msg_id, params):
 
 def main():
     if STARTS_FILE:
+        earlier = os.path.exists(STARTS_FILE) and os.path.getsize(STARTS_FILE) > 0
         with open(STARTS_FILE, "a") as f:
             f.write(f"{os.getpid()}\n")
+        if MODE == "first_start_only" and earlier:
+            sys.stderr.write("counting_mcp: refusing to start again, as asked\n")
+            sys.exit(1)
     if MODE == "exit_at_once":
         sys.stderr.write("counting_mcp: exiting at once, as asked\n")
         sys.exit(1)

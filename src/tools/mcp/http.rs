@@ -15,8 +15,8 @@ use broca_io::sse::SseDecoder;
 use serde_json::{json, Value};
 
 use super::{
-    classify, initialize_params, notification, parse_tools_page, request, Answer, CallError,
-    Incoming, McpTool, Slots, PROTOCOL_VERSION, TOOL_PAGES_MAX,
+    classify, initialize_params, list_tools, notification, request, Answer, CallError, Incoming,
+    McpTool, Slots, PROTOCOL_VERSION,
 };
 use crate::tools::config::{ServerConfig, Transport};
 
@@ -90,22 +90,8 @@ impl HttpServer {
     pub async fn tools(&self, http: &Rc<HttpClient>) -> Result<Vec<McpTool>, String> {
         let work = async {
             let session = self.session(http).await?;
-            let mut tools = Vec::new();
-            let mut cursor: Option<String> = None;
-            for _ in 0..TOOL_PAGES_MAX {
-                let params = match &cursor {
-                    Some(c) => json!({"cursor": c}),
-                    None => json!({}),
-                };
-                let page = self.ask(http, &session, "tools/list", params).await?;
-                let (mut more, next) = parse_tools_page(&self.cfg.name, &page)?;
-                tools.append(&mut more);
-                match next {
-                    Some(c) => cursor = Some(c),
-                    None => return Ok(tools),
-                }
-            }
-            Err(format!("tools/list gave more than {TOOL_PAGES_MAX} pages"))
+            let ask = |params| self.ask(http, &session, "tools/list", params);
+            list_tools(&self.cfg.name, ask).await
         };
         with_timeout(self.cfg.startup_timeout, work)
             .await

@@ -173,7 +173,30 @@ pub(crate) fn parse_tools_page(
 }
 
 /// Tool-list pages a server may return at most (a guard against a cursor that never ends).
-pub(crate) const TOOL_PAGES_MAX: usize = 100;
+const TOOL_PAGES_MAX: usize = 100;
+
+/// Every page of `tools/list`, each asked for with `ask(params)`.
+pub(crate) async fn list_tools<F, Fut>(server: &str, mut ask: F) -> Result<Vec<McpTool>, String>
+where
+    F: FnMut(Value) -> Fut,
+    Fut: std::future::Future<Output = Result<Value, String>>,
+{
+    let mut tools = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..TOOL_PAGES_MAX {
+        let params = match &cursor {
+            Some(c) => json!({"cursor": c}),
+            None => json!({}),
+        };
+        let (mut more, next) = parse_tools_page(server, &ask(params).await?)?;
+        tools.append(&mut more);
+        match next {
+            Some(c) => cursor = Some(c),
+            None => return Ok(tools),
+        }
+    }
+    Err(format!("tools/list gave more than {TOOL_PAGES_MAX} pages"))
+}
 
 /// A counting semaphore whose waiters may be on any thread (calls come from every shard).
 pub struct Slots {

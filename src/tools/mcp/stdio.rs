@@ -19,8 +19,8 @@ use futures_channel::oneshot;
 use serde_json::{json, Value};
 
 use super::{
-    answer_server_request, classify, initialize_params, notification, parse_tools_page, request,
-    Answer, CallError, Incoming, McpTool, Slots, TOOL_PAGES_MAX,
+    answer_server_request, classify, initialize_params, list_tools, notification, request, Answer,
+    CallError, Incoming, McpTool, Slots,
 };
 use crate::tools::config::{ServerConfig, Transport};
 
@@ -337,22 +337,10 @@ impl Proc {
             return Err("initialize answered without a protocolVersion".into());
         }
         self.notify(notification("notifications/initialized", None));
-        let mut tools = Vec::new();
-        let mut cursor: Option<String> = None;
-        for _ in 0..TOOL_PAGES_MAX {
-            let params = match &cursor {
-                Some(c) => json!({"cursor": c}),
-                None => json!({}),
-            };
-            let page = self.ask(server, "tools/list", params).await?;
-            let (mut more, next) = parse_tools_page(&server.cfg.name, &page)?;
-            tools.append(&mut more);
-            match next {
-                Some(c) => cursor = Some(c),
-                None => return Ok(tools),
-            }
-        }
-        Err(format!("tools/list gave more than {TOOL_PAGES_MAX} pages"))
+        list_tools(&server.cfg.name, |params| {
+            self.ask(server, "tools/list", params)
+        })
+        .await
     }
 
     /// A request during the handshake: its result, or why there is none.

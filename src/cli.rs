@@ -63,6 +63,8 @@ Options:
   --config FILE        JSON: {\"listen\", \"socket\", \"shards\", \"grace_secs\",
                        \"idle_secs\", \"open_sessions_max\" (per shard; default
                        from the open-files limit), \"body_limit_bytes\" (default 8 MiB),
+                       \"catalog_file\", \"catalog_url\" (else BROCA_CATALOG_FILE and
+                       BROCA_CATALOG_URL),
                        \"request_timeout_ms\" (default 15000),
                        \"base_urls\": {PROVIDER: URL}};
                        flags win over the file
@@ -340,11 +342,17 @@ fn parse_run(
         )?),
         None => None,
     };
+    let state_dir = resolve_state_dir(state_dir)
+        .ok_or("no state dir: set --state-dir, BROCA_STATE_DIR or HOME")?;
+    // The command line is checked against the local catalog sources; the run loads them all
+    // (the catalog service too) before it starts.
+    let catalog = crate::catalog::load::Sources::from_env(&state_dir);
+    crate::catalog::install(crate::catalog::load::load_local(&catalog).0);
     let entry = crate::catalog::resolve(&model)?;
     let mut endpoints = Endpoints::from_env()?;
     if let Some(url) = base_url {
         endpoints
-            .set(entry.provider.id, &url)
+            .set(&entry.provider.id, &url)
             .map_err(|e| format!("--base-url: {e}"))?;
     }
     let root = match project_root {
@@ -354,8 +362,6 @@ fn parse_run(
     let root = std::path::absolute(&root).map_err(|e| format!("--project-root: {e}"))?;
     let root = root.to_str().ok_or("--project-root is not UTF-8")?;
     let triple = SessionTriple::new(root, &harness, &session).map_err(|e| e.to_string())?;
-    let state_dir = resolve_state_dir(state_dir)
-        .ok_or("no state dir: set --state-dir, BROCA_STATE_DIR or HOME")?;
     let send = SendRequest {
         prompt,
         model,
@@ -371,6 +377,7 @@ fn parse_run(
             send,
             endpoints,
             tools,
+            catalog,
         },
         json,
     ))
@@ -438,6 +445,8 @@ struct ServeConfig {
     grace_secs: Option<u64>,
     idle_secs: Option<u64>,
     open_sessions_max: Option<usize>,
+    catalog_file: Option<PathBuf>,
+    catalog_url: Option<String>,
     body_limit_bytes: Option<usize>,
     request_timeout_ms: Option<u64>,
     #[serde(default)]
@@ -492,6 +501,7 @@ fn parse_serve(
     }
     let state_dir = resolve_state_dir(state_dir)
         .ok_or("no state dir: set --state-dir, BROCA_STATE_DIR or HOME")?;
+    let catalog_base = state_dir.clone();
     let mut endpoints = Endpoints::from_env()?;
     for (provider, url) in &file.base_urls {
         crate::catalog::provider(provider)
@@ -512,6 +522,16 @@ fn parse_serve(
         grace: std::time::Duration::from_secs(grace.or(file.grace_secs).unwrap_or(5)),
         idle: std::time::Duration::from_secs(file.idle_secs.unwrap_or(30)),
         open_sessions_max: file.open_sessions_max,
+        catalog: {
+            let mut c = crate::catalog::load::Sources::from_env(&catalog_base);
+            if file.catalog_file.is_some() {
+                c.file = file.catalog_file;
+            }
+            if file.catalog_url.is_some() {
+                c.url = file.catalog_url;
+            }
+            c
+        },
         tools: match tools {
             Some(path) => Some(crate::tools::config::ToolsConfig::load(
                 std::path::Path::new(&path),

@@ -41,6 +41,31 @@ pub fn check_dir(dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// Reads a private file (credentials, caches): refused when group or others may read or
+/// write it, or another user owns it. `Err` is one line naming the file, the problem and the
+/// fix; it never includes the contents.
+pub fn read_private(path: &Path) -> Result<Vec<u8>, String> {
+    let meta = fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me {
+        return Err(format!(
+            "{} belongs to uid {}, not to this user (uid {me})",
+            path.display(),
+            meta.uid()
+        ));
+    }
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "{} may be read or written by group or others (mode {mode:03o}); run `chmod 600 {}`",
+            path.display(),
+            path.display()
+        ));
+    }
+    fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
 /// Writes `bytes` to `path` owner-only (0600) through a temporary file and a rename, so a
 /// reader sees the old contents or the new, never a part.
 pub fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -81,5 +106,9 @@ mod tests {
             fs::metadata(&f).unwrap().permissions().mode() & 0o777,
             0o600
         );
+        assert_eq!(read_private(&f).unwrap(), b"{\"a\":1}");
+        fs::set_permissions(&f, fs::Permissions::from_mode(0o640)).unwrap();
+        let err = read_private(&f).unwrap_err();
+        assert!(err.contains("chmod 600") && !err.contains("\"a\""), "{err}");
     }
 }

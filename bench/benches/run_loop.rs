@@ -31,6 +31,7 @@ fn config() -> FrozenConfig {
         credential_id: "env:NONE".into(),
         renderer_version: 1,
         catalog_digest: "x".into(),
+        catalog: None,
         system: None,
         tools: CountingTools::specs(&["echo"]).into(),
         tools_digest: "y".into(),

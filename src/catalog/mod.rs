@@ -1,107 +1,323 @@
-//! The model catalog: providers, their wire families and base URLs, and what is known of their
-//! models. This is the built-in catalog; a model it does not list is accepted for a known
-//! provider with its limits and prices absent.
+//! The model catalog (the brief's broca-catalog role): providers (wire family, base URL, the
+//! environment variable of their default credential) and models (context window, max output,
+//! prices). The built-in catalog ships in `builtin.json`; an override file and a catalog
+//! service add or replace entries (`load.rs`). A model the catalog does not list is accepted
+//! for a known provider, with its limits and prices absent.
+//!
+//! The entry a send resolves is frozen into its RunStarted (with a digest); a run always uses
+//! its frozen entry, and a resume whose entry drifted incompatibly (another wire family) is
+//! refused.
 
-use serde::Serialize;
+pub mod load;
+
+use std::sync::{Arc, OnceLock, RwLock};
+
+use serde::{Deserialize, Serialize};
 
 /// The version of the renderers this build ships; frozen into every run.
 pub const RENDERER_VERSION: u32 = 1;
 
 /// A provider's catalog entry.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ProviderEntry {
-    pub id: &'static str,
-    pub family: &'static str,
-    pub base_url: &'static str,
+    pub id: String,
+    pub family: String,
+    pub base_url: String,
     /// The environment variable that holds the default credential.
-    pub credential_env: &'static str,
+    pub credential_env: String,
 }
 
-/// A model's catalog entry, as resolved at admission.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// What a model costs, per `unit` of tokens, in `currency`. A price not listed is unknown,
+/// never zero.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Prices {
+    pub currency: String,
+    /// `per_million_tokens`.
+    pub unit: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_read: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write: Option<f64>,
+}
+
+/// A model as a catalog lists it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    pub provider: String,
+    pub model: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prices: Option<Prices>,
+}
+
+/// A model's catalog entry, as resolved at admission and frozen into the run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelEntry {
     pub provider: ProviderEntry,
     pub model: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_window: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_output: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prices: Option<Prices>,
 }
 
-const PROVIDERS: &[ProviderEntry] = &[
-    ProviderEntry {
-        id: "anthropic",
-        family: "anthropic-messages",
-        base_url: "https://api.anthropic.com",
-        credential_env: "ANTHROPIC_API_KEY",
-    },
-    ProviderEntry {
-        id: "openai",
-        family: "openai-chat",
-        base_url: "https://api.openai.com",
-        credential_env: "OPENAI_API_KEY",
-    },
-    ProviderEntry {
-        id: "openai-responses",
-        family: "openai-responses",
-        base_url: "https://api.openai.com",
-        credential_env: "OPENAI_API_KEY",
-    },
-    ProviderEntry {
-        id: "gemini",
-        family: "gemini",
-        base_url: "https://generativelanguage.googleapis.com",
-        credential_env: "GEMINI_API_KEY",
-    },
-    ProviderEntry {
-        id: "bedrock",
-        family: "bedrock-converse",
-        base_url: "https://bedrock-runtime.us-east-1.amazonaws.com",
-        credential_env: "AWS_ACCESS_KEY_ID",
-    },
-    ProviderEntry {
-        id: "scripted",
-        family: "scripted",
-        base_url: "http://127.0.0.1",
-        credential_env: "BROCA_SCRIPTED_KEY",
-    },
-];
-
-/// The built-in providers.
-pub fn providers() -> &'static [ProviderEntry] {
-    PROVIDERS
+/// A whole catalog.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Catalog {
+    #[serde(default)]
+    pub providers: Vec<ProviderEntry>,
+    #[serde(default)]
+    pub models: Vec<ModelSpec>,
 }
 
-/// The provider `id`, when the catalog knows it.
-pub fn provider(id: &str) -> Option<&'static ProviderEntry> {
-    PROVIDERS.iter().find(|p| p.id == id)
-}
+impl Catalog {
+    /// The catalog this build ships.
+    pub fn builtin() -> Catalog {
+        serde_json::from_str(include_str!("builtin.json")).expect("the built-in catalog parses")
+    }
 
-/// Resolves `provider/model`. `Err` names what is wrong.
-pub fn resolve(spec: &str) -> Result<ModelEntry, String> {
-    let (provider, model) = spec
-        .split_once('/')
-        .filter(|(p, m)| !p.is_empty() && !m.is_empty())
-        .ok_or_else(|| format!("model `{spec}` is not PROVIDER/MODEL"))?;
-    let entry = PROVIDERS.iter().find(|p| p.id == provider).ok_or_else(|| {
-        let known: Vec<&str> = PROVIDERS.iter().map(|p| p.id).collect();
-        format!(
-            "unknown provider `{provider}` (known: {})",
-            known.join(", ")
-        )
-    })?;
-    Ok(ModelEntry {
-        provider: entry.clone(),
-        model: model.to_string(),
-        context_window: None,
-        max_output: None,
-    })
+    /// Parses a catalog (or overrides) from JSON, checking each entry.
+    pub fn parse(text: &str) -> Result<Catalog, String> {
+        let c: Catalog = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        for p in &c.providers {
+            if p.id.is_empty() || p.id.contains('/') {
+                return Err(format!(
+                    "provider id `{}` must be non-empty, without `/`",
+                    p.id
+                ));
+            }
+            broca_io::net::Url::parse(&p.base_url)
+                .map_err(|e| format!("provider `{}`: {e}", p.id))?;
+        }
+        for m in &c.models {
+            if m.model.is_empty() {
+                return Err(format!("a model of `{}` has no name", m.provider));
+            }
+            if let Some(p) = &m.prices {
+                let all = [p.input, p.output, p.cache_read, p.cache_write];
+                if all.iter().flatten().any(|v| !v.is_finite() || *v < 0.0) {
+                    return Err(format!(
+                        "{}/{}: prices must be finite and >= 0",
+                        m.provider, m.model
+                    ));
+                }
+                if p.unit != "per_million_tokens" {
+                    return Err(format!(
+                        "{}/{}: price unit `{}` is not per_million_tokens",
+                        m.provider, m.model, p.unit
+                    ));
+                }
+            }
+        }
+        Ok(c)
+    }
+
+    /// This catalog with `over`'s providers and models added, replacing entries of the same
+    /// provider id, or the same provider and model.
+    pub fn overlaid(mut self, over: &Catalog) -> Catalog {
+        for p in &over.providers {
+            match self.providers.iter_mut().find(|q| q.id == p.id) {
+                Some(q) => *q = p.clone(),
+                None => self.providers.push(p.clone()),
+            }
+        }
+        for m in &over.models {
+            match self
+                .models
+                .iter_mut()
+                .find(|n| n.provider == m.provider && n.model == m.model)
+            {
+                Some(n) => *n = m.clone(),
+                None => self.models.push(m.clone()),
+            }
+        }
+        self
+    }
+
+    /// Every model names a provider of the catalog.
+    pub fn check_consistent(&self) -> Result<(), String> {
+        for m in &self.models {
+            if !self.providers.iter().any(|p| p.id == m.provider) {
+                return Err(format!(
+                    "model {}/{} names an unknown provider",
+                    m.provider, m.model
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Resolves `provider/model`. `Err` names what is wrong.
+    pub fn resolve(&self, spec: &str) -> Result<ModelEntry, String> {
+        let (provider, model) = spec
+            .split_once('/')
+            .filter(|(p, m)| !p.is_empty() && !m.is_empty())
+            .ok_or_else(|| format!("model `{spec}` is not PROVIDER/MODEL"))?;
+        let entry = self
+            .providers
+            .iter()
+            .find(|p| p.id == provider)
+            .ok_or_else(|| {
+                let known: Vec<&str> = self.providers.iter().map(|p| p.id.as_str()).collect();
+                format!(
+                    "unknown provider `{provider}` (known: {})",
+                    known.join(", ")
+                )
+            })?;
+        let listed = self
+            .models
+            .iter()
+            .find(|m| m.provider == provider && m.model == model);
+        Ok(ModelEntry {
+            provider: entry.clone(),
+            model: model.to_string(),
+            context_window: listed.and_then(|m| m.context_window),
+            max_output: listed.and_then(|m| m.max_output),
+            prices: listed.and_then(|m| m.prices.clone()),
+        })
+    }
 }
 
 impl ModelEntry {
-    /// blake3 of the entry's canonical JSON: frozen into RunStarted, compared on resume.
+    /// blake3 of the entry's canonical JSON: frozen into RunStarted.
     pub fn digest(&self) -> String {
         let bytes = serde_json::to_vec(self).expect("catalog entries serialize");
         blake3::hash(&bytes).to_hex()[..32].to_string()
+    }
+
+    /// Why a run admitted with `self` cannot resume with `now`, if it cannot: another wire
+    /// family renders other bytes. Limits, prices and the base URL may change (the run keeps
+    /// its frozen values; the base URL is where the next call goes).
+    pub fn incompatible_with(&self, now: &ModelEntry) -> Option<String> {
+        (self.provider.family != now.provider.family).then(|| {
+            format!(
+                "provider `{}` was the {} family at admission and is {} now",
+                self.provider.id, self.provider.family, now.provider.family
+            )
+        })
+    }
+}
+
+fn installed() -> &'static RwLock<Arc<Catalog>> {
+    static CURRENT: OnceLock<RwLock<Arc<Catalog>>> = OnceLock::new();
+    CURRENT.get_or_init(|| RwLock::new(Arc::new(Catalog::builtin())))
+}
+
+/// Makes `catalog` the one this process resolves with (the built-in one until then).
+pub fn install(catalog: Catalog) {
+    *installed().write().expect("the catalog lock") = Arc::new(catalog);
+}
+
+/// The catalog in use.
+pub fn current() -> Arc<Catalog> {
+    installed().read().expect("the catalog lock").clone()
+}
+
+/// The providers of the catalog in use.
+pub fn providers() -> Vec<ProviderEntry> {
+    current().providers.clone()
+}
+
+/// The provider `id`, when the catalog in use knows it.
+pub fn provider(id: &str) -> Option<ProviderEntry> {
+    current().providers.iter().find(|p| p.id == id).cloned()
+}
+
+/// Resolves `provider/model` in the catalog in use.
+pub fn resolve(spec: &str) -> Result<ModelEntry, String> {
+    current().resolve(spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_builtin_catalog_is_consistent_and_resolves_listed_and_unlisted_models() {
+        let c = Catalog::builtin();
+        c.check_consistent().unwrap();
+        let sonnet = c.resolve("anthropic/claude-sonnet-4-5").unwrap();
+        assert_eq!(sonnet.context_window, Some(200_000));
+        assert_eq!(sonnet.prices.as_ref().unwrap().output, Some(15.0));
+        let other = c.resolve("anthropic/some-new-model").unwrap();
+        assert_eq!((other.context_window, other.prices), (None, None));
+        assert!(c
+            .resolve("nope/x")
+            .unwrap_err()
+            .contains("unknown provider `nope`"));
+        assert!(c
+            .resolve("anthropic")
+            .unwrap_err()
+            .contains("PROVIDER/MODEL"));
+    }
+
+    #[test]
+    fn overrides_replace_and_add_entries() {
+        let over = Catalog::parse(
+            r#"{"models": [
+                {"provider": "anthropic", "model": "claude-sonnet-4-5", "context_window": 1000000,
+                 "prices": {"currency": "USD", "unit": "per_million_tokens", "input": 6.0}},
+                {"provider": "openai", "model": "my-finetune"}]}"#,
+        )
+        .unwrap();
+        let c = Catalog::builtin().overlaid(&over);
+        let s = c.resolve("anthropic/claude-sonnet-4-5").unwrap();
+        assert_eq!(s.context_window, Some(1_000_000));
+        assert_eq!(s.prices.unwrap().output, None, "absent stays absent");
+        assert!(c.models.iter().any(|m| m.model == "my-finetune"));
+    }
+
+    #[test]
+    fn bad_catalogs_say_what_is_wrong() {
+        for (text, want) in [
+            (
+                r#"{"models": [{"provider": "x", "model": ""}]}"#,
+                "has no name",
+            ),
+            (
+                r#"{"models": [{"provider": "x", "model": "m", "prices": {"currency": "USD", "unit": "per_token", "input": 1}}]}"#,
+                "not per_million_tokens",
+            ),
+            (
+                r#"{"models": [{"provider": "x", "model": "m", "prices": {"currency": "USD", "unit": "per_million_tokens", "input": -1}}]}"#,
+                ">= 0",
+            ),
+            (
+                r#"{"providers": [{"id": "a/b", "family": "f", "base_url": "https://h", "credential_env": "K"}]}"#,
+                "without `/`",
+            ),
+            (r#"{"modles": []}"#, "unknown field"),
+        ] {
+            let err = Catalog::parse(text).unwrap_err();
+            assert!(err.contains(want), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn only_a_family_change_is_incompatible() {
+        let c = Catalog::builtin();
+        let then = c.resolve("openai/gpt-5").unwrap();
+        let mut now = then.clone();
+        now.prices = None;
+        now.context_window = Some(1);
+        assert_eq!(then.incompatible_with(&now), None);
+        now.provider.family = "openai-responses".into();
+        assert!(then
+            .incompatible_with(&now)
+            .unwrap()
+            .contains("openai-chat family"));
     }
 }

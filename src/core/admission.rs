@@ -199,6 +199,7 @@ pub fn admit(
             .unwrap_or_else(|| format!("env:{}", entry.provider.credential_env)),
         renderer_version: catalog::RENDERER_VERSION,
         catalog_digest: entry.digest(),
+        catalog: Some(entry.clone()),
         system: req.system.clone(),
         tools: tools.into(),
         tools_digest,
@@ -262,19 +263,29 @@ fn select_tools(all: &[ToolSpec], wanted: Option<&[String]>) -> Result<Vec<ToolS
 pub fn check_resumable(config: &FrozenConfig) -> Result<(), String> {
     if config.renderer_version != catalog::RENDERER_VERSION {
         return Err(format!(
-            "resume refused: the run was rendered with renderer version {}, and this build              renders version {}",
+            "resume refused: the run was rendered with renderer version {}, and this build \
+             renders version {}",
             config.renderer_version,
             catalog::RENDERER_VERSION
         ));
     }
     let spec = format!("{}/{}", config.provider, config.model);
-    let entry = catalog::resolve(&spec).map_err(|e| format!("resume refused: {e}"))?;
-    if entry.digest() != config.catalog_digest {
-        return Err(format!(
-            "resume refused: the catalog entry of {spec} changed since the run was admitted              (digest {} then, {} now)",
+    let now = catalog::resolve(&spec).map_err(|e| format!("resume refused: {e}"))?;
+    match &config.catalog {
+        // The run keeps its frozen limits and prices; only another wire family is refused.
+        Some(frozen) => match frozen.incompatible_with(&now) {
+            Some(why) => Err(format!(
+                "resume refused: the catalog entry of {spec} changed incompatibly: {why}"
+            )),
+            None => Ok(()),
+        },
+        // A run recorded before entries were frozen whole: any change is refused.
+        None if now.digest() != config.catalog_digest => Err(format!(
+            "resume refused: the catalog entry of {spec} changed since the run was admitted \
+             (digest {} then, {} now)",
             config.catalog_digest,
-            entry.digest()
-        ));
+            now.digest()
+        )),
+        None => Ok(()),
     }
-    Ok(())
 }

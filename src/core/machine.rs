@@ -779,6 +779,7 @@ fn placeholder_config() -> FrozenConfig {
         credential_id: String::new(),
         renderer_version: 0,
         catalog_digest: String::new(),
+        catalog: None,
         system: None,
         tools: Vec::new().into(),
         tools_digest: String::new(),

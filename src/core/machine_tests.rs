@@ -14,6 +14,7 @@ fn config() -> FrozenConfig {
         credential_id: "env:X".into(),
         renderer_version: 1,
         catalog_digest: "d".into(),
+        catalog: None,
         system: None,
         tools: vec![ToolSpec {
             name: "echo".into(),

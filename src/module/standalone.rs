@@ -25,6 +25,8 @@ pub struct Standalone {
     pub endpoints: Endpoints,
     /// The MCP tool servers to start, if any.
     pub tools: Option<crate::tools::config::ToolsConfig>,
+    /// Where the catalog comes from.
+    pub catalog: crate::catalog::load::Sources,
 }
 
 /// What happened.
@@ -48,6 +50,13 @@ impl Standalone {
         let tls = tls::default_client_config()?;
         broca_shards::run_local(async move {
             let http = HttpClient::new(ClientConfig::new(tls.clone(), proxy.clone()));
+            if self.catalog.url.is_some() || self.catalog.file.is_some() {
+                let (catalog, notes) = crate::catalog::load::load(&self.catalog, &http).await;
+                for n in notes {
+                    eprintln!("broca: {n}");
+                }
+                crate::catalog::install(catalog);
+            }
             let model = HttpModelClient::new(http, self.endpoints, Box::new(EnvSecrets));
             let tool_http = crate::tools::tool_http_client(tls, proxy);
             let servers = match self.tools {

@@ -50,9 +50,9 @@ impl Endpoints {
     pub fn from_env() -> Result<Endpoints, String> {
         let mut e = Endpoints::default();
         for p in catalog::providers() {
-            let var = base_url_var(p.id);
+            let var = base_url_var(&p.id);
             if let Some(v) = std::env::var(&var).ok().filter(|v| !v.is_empty()) {
-                e.set(p.id, &v).map_err(|err| format!("{var}: {err}"))?;
+                e.set(&p.id, &v).map_err(|err| format!("{var}: {err}"))?;
             }
         }
         Ok(e)
@@ -78,7 +78,7 @@ impl Endpoints {
         }
         let entry =
             catalog::provider(provider).ok_or_else(|| format!("unknown provider `{provider}`"))?;
-        Url::parse(entry.base_url)
+        Url::parse(&entry.base_url)
     }
 }
 
@@ -239,7 +239,7 @@ impl HttpModelClient {
                 None,
             )
         })?;
-        let family = super::family(entry.family).ok_or_else(|| {
+        let family = super::family(&entry.family).ok_or_else(|| {
             failure(
                 ErrorClass::Permanent,
                 format!(
@@ -251,7 +251,7 @@ impl HttpModelClient {
         })?;
         let url = self
             .endpoints
-            .base_url(entry.id)
+            .base_url(&entry.id)
             .map_err(|e| failure(ErrorClass::Permanent, e, None))?;
         let credential = self
             .secrets

@@ -19,6 +19,10 @@ pub struct FrozenConfig {
     pub renderer_version: u32,
     /// blake3 of the catalog entry resolved at admission.
     pub catalog_digest: String,
+    /// The catalog entry itself (limits, prices): the run's charge basis, and what a resume
+    /// checks for incompatible drift.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub catalog: Option<crate::catalog::ModelEntry>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system: Option<String>,
     /// Shared by every request of the run.

@@ -43,6 +43,8 @@ pub struct ServeOptions {
     /// Sessions open at once per shard (each holds its WAL open); `None` derives it from
     /// the open-files limit. Past it, the least recently used idle sessions are closed.
     pub open_sessions_max: Option<usize>,
+    /// Where the catalog comes from.
+    pub catalog: crate::catalog::load::Sources,
     /// The MCP tool servers to start (`--tools-config`).
     pub tools: Option<crate::tools::config::ToolsConfig>,
     pub limits: ServerLimits,
@@ -242,6 +244,18 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
     {
         use std::os::unix::fs::PermissionsExt;
         let _ = std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600));
+    }
+    {
+        let (tls, proxy, sources) = (tls.clone(), proxy.clone(), opts.catalog.clone());
+        let (catalog, notes) = broca_shards::run_local(async move {
+            let http = broca_io::net::HttpClient::new(broca_io::net::ClientConfig::new(tls, proxy));
+            crate::catalog::load::load(&sources, &http).await
+        })
+        .map_err(|e| format!("cannot load the catalog: {e}"))?;
+        for n in notes {
+            tracing::error!("{n}");
+        }
+        crate::catalog::install(catalog);
     }
     let tools = match opts.tools.clone() {
         None => crate::tools::ToolServers::none(),

@@ -177,6 +177,16 @@ pub fn admit(
         ));
     }
     let entry = catalog::resolve(&req.model).map_err(Refusal::InvalidParams)?;
+    if let Some(id) = &req.credential_id {
+        if !crate::provider::credential::is_credential_id(id) {
+            // Never echo it: a secret pasted where an id belongs must not reach a log.
+            return invalid(
+                "credential_id must be env:NAME, file:NAME or vault:NAME (an id, never a \
+                 secret)"
+                    .into(),
+            );
+        }
+    }
     let max_steps = req.max_steps.unwrap_or(MAX_STEPS_DEFAULT);
     if !(1..=MAX_STEPS_LIMIT).contains(&max_steps) {
         return invalid(format!("max_steps must be 1 to {MAX_STEPS_LIMIT}"));

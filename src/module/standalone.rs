@@ -10,7 +10,7 @@ use broca_io::net::{tls, ClientConfig, HttpClient};
 use broca_io::{Committer, LogConfig};
 
 use crate::core::admission::SendRequest;
-use crate::provider::credential::EnvSecrets;
+use crate::provider::credential::StateSecrets;
 use crate::provider::transport::{Endpoints, HttpModelClient};
 use crate::wal::SessionTriple;
 use crate::wire::RunResult;
@@ -57,7 +57,11 @@ impl Standalone {
                 }
                 crate::catalog::install(catalog);
             }
-            let model = HttpModelClient::new(http, self.endpoints, Box::new(EnvSecrets));
+            let model = HttpModelClient::new(
+                http,
+                self.endpoints,
+                Box::new(StateSecrets::new(&self.state_dir)),
+            );
             let tool_http = crate::tools::tool_http_client(tls, proxy);
             let servers = match self.tools {
                 Some(cfg) => {

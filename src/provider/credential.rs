@@ -121,9 +121,171 @@ impl Secrets for EnvSecrets {
     }
 }
 
+/// A secret store a daemon provides (the claustrum vault arrives with the daemon). `vault:NAME`
+/// credential ids resolve through it.
+pub trait Vault: Send + Sync {
+    /// The credential `name` names in the vault; `Err` says why not, revealing nothing.
+    fn credential(&self, name: &str) -> Result<Credential, String>;
+}
+
+/// The credentials a state dir offers: `env:NAME` from the environment, `file:NAME` from the
+/// owner-only `<state-dir>/credentials.json`, `vault:NAME` from the vault when one is
+/// configured. The file is read at each use, so a rotated key applies to the next call.
+///
+/// ```json
+/// {"work": {"api_key": "sk-..."},
+///  "aws-prod": {"aws_access_key_id": "AKIA...", "aws_secret_access_key": "...", "region": "us-east-1"}}
+/// ```
+pub struct StateSecrets {
+    file: std::path::PathBuf,
+    vault: Option<Box<dyn Vault>>,
+}
+
+impl StateSecrets {
+    pub fn new(state_dir: &std::path::Path) -> StateSecrets {
+        StateSecrets {
+            file: state_dir.join("credentials.json"),
+            vault: None,
+        }
+    }
+
+    /// Resolves `vault:` ids through `vault`.
+    pub fn with_vault(mut self, vault: Box<dyn Vault>) -> StateSecrets {
+        self.vault = Some(vault);
+        self
+    }
+
+    fn from_file(&self, name: &str) -> Result<Credential, String> {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Entry {
+            api_key: Option<String>,
+            aws_access_key_id: Option<String>,
+            aws_secret_access_key: Option<String>,
+            aws_session_token: Option<String>,
+            region: Option<String>,
+        }
+        let bytes = crate::owner_only::read_private(&self.file)?;
+        // A parse error could quote the file: say only where it is.
+        let all: std::collections::BTreeMap<String, Entry> = serde_json::from_slice(&bytes)
+            .map_err(|e| {
+                format!(
+                    "{}: not a credentials file (line {}, column {})",
+                    self.file.display(),
+                    e.line(),
+                    e.column()
+                )
+            })?;
+        let e = all
+            .get(name)
+            .ok_or_else(|| format!("{} has no credential `{name}`", self.file.display()))?;
+        match (&e.api_key, &e.aws_access_key_id, &e.aws_secret_access_key) {
+            (Some(k), None, None) if !k.trim().is_empty() => {
+                Ok(Credential::ApiKey(k.trim().to_string()))
+            }
+            (None, Some(id), Some(secret)) => Ok(Credential::Aws(AwsCredential {
+                access_key_id: id.clone(),
+                secret_access_key: secret.clone(),
+                session_token: e.aws_session_token.clone(),
+                region: e.region.clone(),
+            })),
+            _ => Err(format!(
+                "{}: credential `{name}` needs either api_key or aws_access_key_id with \
+                 aws_secret_access_key",
+                self.file.display()
+            )),
+        }
+    }
+}
+
+impl Secrets for StateSecrets {
+    fn credential(&self, credential_id: &str) -> Result<Credential, String> {
+        match credential_id.split_once(':') {
+            Some(("env", _)) => EnvSecrets.credential(credential_id),
+            Some(("file", name)) => self.from_file(name),
+            Some(("vault", name)) => match &self.vault {
+                Some(v) => v.credential(name),
+                None => Err(format!(
+                    "credential `{credential_id}` needs a vault, and none is configured"
+                )),
+            },
+            _ => Err(format!(
+                "credential `{credential_id}` is not env:NAME, file:NAME or vault:NAME"
+            )),
+        }
+    }
+}
+
+/// Whether `id` is a credential id broca can resolve (`env:`, `file:` or `vault:` and a name).
+pub fn is_credential_id(id: &str) -> bool {
+    matches!(id.split_once(':'), Some(("env" | "file" | "vault", name)) if !name.is_empty()
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn state_secrets_read_the_owner_only_file_and_never_quote_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let s = StateSecrets::new(dir.path());
+        let file = dir.path().join("credentials.json");
+        assert!(s
+            .credential("file:work")
+            .unwrap_err()
+            .contains("credentials.json"));
+        crate::owner_only::write_file(
+            &file,
+            br#"{"work": {"api_key": "sk-file-0123456789"},
+                 "aws": {"aws_access_key_id": "AKIA1", "aws_secret_access_key": "shh", "region": "eu-west-1"},
+                 "bad": {"api_key": "sk-x", "aws_access_key_id": "y"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            s.credential("file:work").unwrap(),
+            Credential::ApiKey("sk-file-0123456789".into())
+        );
+        assert!(
+            matches!(s.credential("file:aws").unwrap(), Credential::Aws(a) if a.region.as_deref() == Some("eu-west-1"))
+        );
+        assert!(s
+            .credential("file:bad")
+            .unwrap_err()
+            .contains("either api_key"));
+        assert!(s
+            .credential("file:nope")
+            .unwrap_err()
+            .contains("no credential `nope`"));
+        assert!(s.credential("vault:x").unwrap_err().contains("no"));
+        assert!(s.credential("ldap:x").unwrap_err().contains("not env:NAME"));
+        // Readable by others: refused, and the error shows no secret.
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let err = s.credential("file:work").unwrap_err();
+        assert!(
+            err.contains("chmod 600") && !err.contains("sk-file"),
+            "{err}"
+        );
+        // A file that does not parse: where, never what.
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        crate::owner_only::write_file(&file, b"{\"work\": sk-secret-value}").unwrap();
+        let err = s.credential("file:work").unwrap_err();
+        assert!(
+            err.contains("line 1") && !err.contains("sk-secret"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn credential_ids_are_checked() {
+        for ok in ["env:ANTHROPIC_API_KEY", "file:work", "vault:team.key-1"] {
+            assert!(is_credential_id(ok), "{ok}");
+        }
+        for bad in ["sk-live-123", "env:", "file:a b", "other:x", "plain"] {
+            assert!(!is_credential_id(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn secrets_never_print_and_echoes_are_redacted() {

@@ -17,7 +17,7 @@ use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 
 use crate::core::admission::Refusal;
 use crate::module::session::{SessionActor, SessionCommand};
-use crate::provider::credential::EnvSecrets;
+use crate::provider::credential::StateSecrets;
 use crate::provider::transport::HttpModelClient;
 use crate::tools::Router;
 use crate::wal::SessionTriple;
@@ -87,7 +87,7 @@ pub(crate) async fn shard_main(
     let model = Rc::new(HttpModelClient::new(
         http.clone(),
         ctx.opts.endpoints.clone(),
-        Box::new(EnvSecrets),
+        Box::new(StateSecrets::new(&ctx.opts.state_dir)),
     ));
     let reg = Rc::new(Registry {
         shard,

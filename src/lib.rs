@@ -11,6 +11,7 @@ pub mod module;
 pub mod owner_only;
 pub mod protocol;
 pub mod provider;
+pub mod store;
 pub mod tools;
 pub mod wal;
 pub mod wire;

@@ -288,6 +288,7 @@ impl RunMachine {
             usage: step_usage,
             finish_reason: step.finish_reason.clone(),
             request_id: step.request_id,
+            at_unix_ms: Some(now_unix_ms()),
         };
         self.push(Record::ModelStepFinished(Box::new(record)), false);
         let message = Message {
@@ -515,6 +516,7 @@ impl RunMachine {
             attempt: self.attempt,
             error: error.clone(),
             usage,
+            at_unix_ms: Some(now_unix_ms()),
         };
         self.push(Record::ModelAttemptFinished(record), false);
         match error.class {

@@ -8,6 +8,7 @@ mod machine_tests;
 pub mod project;
 pub mod replay;
 pub mod stream;
+pub mod usage;
 
 pub use admission::{admit, Admitted, Refusal, SendRequest};
 pub use machine::{Command, Event, Outcome, ResumePoint, RunMachine};

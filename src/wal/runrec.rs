@@ -105,6 +105,9 @@ pub struct ModelAttemptFinished {
     pub error: ClassifiedError,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// When the attempt ended (absent in logs written before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_unix_ms: Option<u64>,
 }
 
 /// A model step completed: the assistant's content, durable.
@@ -118,6 +121,9 @@ pub struct ModelStepFinished {
     pub finish_reason: FinishReason,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_id: Option<String>,
+    /// When the step ended (absent in logs written before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_unix_ms: Option<u64>,
 }
 
 /// The tools of one step are about to be dispatched: durable before any of them leaves broca.

@@ -15,6 +15,8 @@ use crate::wal::SessionTriple;
 
 use crate::wal::verify::{dump, verify_file, wal_files, FileReport};
 
+mod store;
+
 /// Exit code: success.
 pub const EXIT_OK: u8 = 0;
 /// Exit code: the command found a failure.
@@ -34,6 +36,9 @@ Commands:
                          one run, in process: streams the answer to stdout (see `broca run --help`)
   wal verify [PATH...]   check WAL files (files, folders or a state dir; default: the state dir)
   wal dump FILE          print every record of a WAL as one JSON object per line
+  store check|rebuild    compare the store with the WALs, or rebuild it from them
+  export usage [--since TIME] [--format jsonl|csv]
+                         print the usage facts (one per model step and failed attempt)
 
 Global options:
   --state-dir DIR   state directory (default: $BROCA_STATE_DIR, else $XDG_DATA_HOME/broca,
@@ -157,6 +162,8 @@ pub fn run(args: Vec<OsString>) -> u8 {
         Some("serve") => serve_command(pargs, state_dir),
         Some("run") if help => print_help(RUN_HELP),
         Some("run") => run_command(pargs, state_dir),
+        Some("store") => store::store(pargs, help, state_dir),
+        Some("export") => store::export(pargs, help, state_dir),
         Some(other) => usage(&format!("unknown command `{other}`; see `broca --help`")),
     }
 }

@@ -1,0 +1,640 @@
+//! The store (the brief's store role): projections of the WALs in LMDB (heed), kept in
+//! `<state-dir>/store/`. The WAL is authoritative; every projection here can be rebuilt from
+//! the WALs, and is whenever it cannot be trusted.
+//!
+//! Projections, per session (keys start with the session address, so a session's entries are
+//! one key range):
+//! - `runs`: run index (run id -> state, times, steps, usage totals, provider, model);
+//! - `admission`: checkpoints (send_id -> run id and the digest of the send's inputs);
+//! - `facts`: usage facts (`core::usage`), one per model attempt and step;
+//! - `transcript`: the materialized transcript (ordinal -> message);
+//! - `marks`: what the session's projection is bound to: the WAL's lineage_id and the last
+//!   seq applied.
+//!
+//! A session whose mark matches its WAL is current; one that is behind is projected again;
+//! one of another lineage is replaced. The store records which state dir it belongs to: a
+//! store copied from elsewhere is cleared and rebuilt, and one that cannot be opened (deleted,
+//! truncated, damaged) is moved aside and rebuilt. Updates run off the hot path (serve's
+//! blocking pool, or after `broca run`'s run).
+
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+
+use heed::types::Bytes;
+use heed::{Database, Env, EnvOpenOptions};
+use serde::{Deserialize, Serialize};
+
+use crate::core::usage::{FactDeriver, SpendFact};
+use crate::core::Session;
+use crate::protocol::{Message, Usage};
+
+/// The store's format; another one is rebuilt.
+const FORMAT: &str = "broca-store-1";
+/// The largest the store's memory map may grow (address space, not memory).
+const MAP_BYTES: usize = 64 << 30;
+
+/// What a session's projection is bound to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mark {
+    pub lineage_id: String,
+    /// The last seq applied (0: the log has no records).
+    pub last_seq: u64,
+    /// Messages in the materialized transcript.
+    pub messages: u64,
+}
+
+/// A run as the index holds it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunRow {
+    pub run_id: String,
+    pub session: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send_id: Option<String>,
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    pub provider: String,
+    pub model: String,
+    pub credential_id: String,
+    pub steps: u32,
+    pub usage: Usage,
+    pub started_unix_ms: u64,
+    pub started_seq: u64,
+}
+
+/// An admission checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub run_id: String,
+    pub inputs_digest: String,
+}
+
+/// One session's projections, computed from its WAL.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Projection {
+    pub addr: [u8; 16],
+    pub mark: Mark,
+    pub runs: Vec<RunRow>,
+    pub admission: Vec<(String, Checkpoint)>,
+    pub facts: Vec<SpendFact>,
+    pub transcript: Vec<std::sync::Arc<Message>>,
+}
+
+/// What a pass over the WALs did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pass {
+    pub sessions: u64,
+    /// Sessions projected again (behind, another lineage, or new).
+    pub projected: u64,
+    pub facts: u64,
+    /// WAL bytes read.
+    pub wal_bytes: u64,
+    /// WALs that could not be projected, each with why.
+    pub failed: Vec<String>,
+}
+
+/// The store of one state dir.
+pub struct Store {
+    env: Env,
+    dir: PathBuf,
+    meta: Database<Bytes, Bytes>,
+    marks: Database<Bytes, Bytes>,
+    runs: Database<Bytes, Bytes>,
+    admission: Database<Bytes, Bytes>,
+    facts: Database<Bytes, Bytes>,
+    transcript: Database<Bytes, Bytes>,
+}
+
+fn err(what: &str) -> impl Fn(heed::Error) -> String + '_ {
+    move |e| format!("store: {what}: {e}")
+}
+
+impl Store {
+    /// Opens (or creates) the store of `state_dir`. A store that cannot be opened or checked
+    /// is moved aside and a new one created; a store of another state dir, or of another
+    /// format, is cleared. Each such event is one line in the returned notes: the caller
+    /// says so, and catches up from the WALs.
+    pub fn open(state_dir: &Path) -> Result<(Store, Vec<String>), String> {
+        let id = state_id(state_dir)?;
+        let dir = state_dir.join("store");
+        let mut notes = Vec::new();
+        let store = match Store::open_dir(&dir) {
+            Ok(s) => s,
+            Err(why) => {
+                let aside = state_dir.join(format!(
+                    "store.unusable-{}",
+                    crate::core::machine::now_unix_ms()
+                ));
+                std::fs::rename(&dir, &aside).map_err(|e| {
+                    format!(
+                        "store {} is unusable ({why}) and cannot be moved aside: {e}",
+                        dir.display()
+                    )
+                })?;
+                notes.push(format!(
+                    "the store {} could not be used ({why}); moved to {} and rebuilt from the WALs",
+                    dir.display(),
+                    aside.display()
+                ));
+                Store::open_dir(&dir)?
+            }
+        };
+        let rtxn = store.env.read_txn().map_err(err("read"))?;
+        let owner = store
+            .meta
+            .get(&rtxn, b"state_id")
+            .map_err(err("read"))?
+            .map(<[u8]>::to_vec);
+        let format = store
+            .meta
+            .get(&rtxn, b"format")
+            .map_err(err("read"))?
+            .map(<[u8]>::to_vec);
+        drop(rtxn);
+        let fresh = owner.is_none() && format.is_none();
+        if owner.as_deref() != Some(id.as_bytes()) || format.as_deref() != Some(FORMAT.as_bytes()) {
+            if !fresh {
+                notes.push(if owner.as_deref() != Some(id.as_bytes()) {
+                    format!(
+                        "the store {} belongs to another state dir; cleared and rebuilt from the WALs",
+                        dir.display()
+                    )
+                } else {
+                    format!("the store {} has another format; cleared and rebuilt", dir.display())
+                });
+            }
+            store.clear()?;
+            let mut w = store.env.write_txn().map_err(err("write"))?;
+            store
+                .meta
+                .put(&mut w, b"state_id", id.as_bytes())
+                .map_err(err("write"))?;
+            store
+                .meta
+                .put(&mut w, b"format", FORMAT.as_bytes())
+                .map_err(err("write"))?;
+            w.commit().map_err(err("commit"))?;
+        }
+        Ok((store, notes))
+    }
+
+    fn open_dir(dir: &Path) -> Result<Store, String> {
+        crate::owner_only::create_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let data = dir.join("data.mdb");
+        let existed = data.exists();
+        // SAFETY: the store's files are used by broca alone; LMDB's own lock file coordinates
+        // the processes that open them (serve, and `broca store`/`export` beside it).
+        let env = unsafe {
+            EnvOpenOptions::new()
+                .map_size(MAP_BYTES)
+                .max_dbs(8)
+                .open(dir)
+        }
+        .map_err(|e| e.to_string())?;
+        // A file cut shorter than its last page would fault when read: check before use.
+        if existed {
+            let need = (env.info().last_page_number as u64 + 1) * u64::from(env.stat().page_size);
+            let len = std::fs::metadata(&data).map(|m| m.len()).unwrap_or(0);
+            if len < need {
+                return Err(format!(
+                    "{} is {len} bytes, shorter than its {need} bytes of pages",
+                    data.display()
+                ));
+            }
+        }
+        let mut w = env.write_txn().map_err(|e| e.to_string())?;
+        let mut db = |name: &str| {
+            env.create_database::<Bytes, Bytes>(&mut w, Some(name))
+                .map_err(|e| e.to_string())
+        };
+        let (meta, marks, runs, admission, facts, transcript) = (
+            db("meta")?,
+            db("marks")?,
+            db("runs")?,
+            db("admission")?,
+            db("facts")?,
+            db("transcript")?,
+        );
+        w.commit().map_err(|e| e.to_string())?;
+        for f in ["data.mdb", "lock.mdb"] {
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(dir.join(f), std::fs::Permissions::from_mode(0o600));
+        }
+        Ok(Store {
+            env,
+            dir: dir.to_path_buf(),
+            meta,
+            marks,
+            runs,
+            admission,
+            facts,
+            transcript,
+        })
+    }
+
+    /// The store's folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn clear(&self) -> Result<(), String> {
+        let mut w = self.env.write_txn().map_err(err("write"))?;
+        for db in [
+            &self.meta,
+            &self.marks,
+            &self.runs,
+            &self.admission,
+            &self.facts,
+            &self.transcript,
+        ] {
+            db.clear(&mut w).map_err(err("clear"))?;
+        }
+        w.commit().map_err(err("commit"))
+    }
+
+    /// The mark of session `addr`, if the store has projected it.
+    pub fn mark(&self, addr: &[u8; 16]) -> Result<Option<Mark>, String> {
+        let r = self.env.read_txn().map_err(err("read"))?;
+        let found = self.marks.get(&r, addr).map_err(err("read"))?;
+        found
+            .map(|b| serde_json::from_slice(b).map_err(|e| format!("store: a mark: {e}")))
+            .transpose()
+    }
+
+    /// Brings the session of the WAL at `path` up to date. `Ok(true)` when it was projected
+    /// again, `Ok(false)` when it was current.
+    pub fn catch_up(&self, path: &Path) -> Result<(bool, u64), String> {
+        let Some((bytes, scan)) =
+            crate::wal::verify::read_and_scan_if_any(path).map_err(|e| e.to_string())?
+        else {
+            return Ok((false, 0));
+        };
+        let read = bytes.len() as u64;
+        let addr = scan.header.address.0;
+        let last_seq = scan.frames.last().map_or(0, |f| f.seq);
+        if let Some(m) = self.mark(&addr)? {
+            if m.lineage_id == scan.header.lineage_hex() && m.last_seq == last_seq {
+                return Ok((false, read));
+            }
+        }
+        let p = project(&scan, &bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+        self.write(&p)?;
+        Ok((true, read))
+    }
+
+    /// Catches up every WAL in `wal_dir`.
+    pub fn catch_up_all(&self, wal_dir: &Path) -> Result<Pass, String> {
+        let mut pass = Pass::default();
+        for path in wal_files(wal_dir)? {
+            pass.sessions += 1;
+            match self.catch_up(&path) {
+                Ok((projected, bytes)) => {
+                    pass.projected += u64::from(projected);
+                    pass.wal_bytes += bytes;
+                }
+                Err(e) => pass.failed.push(e),
+            }
+        }
+        pass.facts = self.count_facts()?;
+        Ok(pass)
+    }
+
+    /// Clears every projection and rebuilds it from the WALs.
+    pub fn rebuild(&self, wal_dir: &Path) -> Result<Pass, String> {
+        let mut w = self.env.write_txn().map_err(err("write"))?;
+        for db in [
+            &self.marks,
+            &self.runs,
+            &self.admission,
+            &self.facts,
+            &self.transcript,
+        ] {
+            db.clear(&mut w).map_err(err("clear"))?;
+        }
+        w.commit().map_err(err("commit"))?;
+        self.catch_up_all(wal_dir)
+    }
+
+    /// Replaces session `p.addr`'s projections with `p`, in one transaction.
+    pub fn write(&self, p: &Projection) -> Result<(), String> {
+        let mut w = self.env.write_txn().map_err(err("write"))?;
+        let (lo, hi) = session_range(&p.addr);
+        let range = (Bound::Included(&lo[..]), Bound::Excluded(&hi[..]));
+        for db in [&self.runs, &self.admission, &self.facts, &self.transcript] {
+            db.delete_range(&mut w, &range).map_err(err("delete"))?;
+        }
+        for r in &p.runs {
+            self.runs
+                .put(&mut w, &key(&p.addr, r.run_id.as_bytes()), &json(r))
+                .map_err(err("write"))?;
+        }
+        for (send_id, c) in &p.admission {
+            self.admission
+                .put(&mut w, &key(&p.addr, send_id.as_bytes()), &json(c))
+                .map_err(err("write"))?;
+        }
+        for f in &p.facts {
+            self.facts
+                .put(&mut w, &key(&p.addr, &f.wal_seq.to_be_bytes()), &json(f))
+                .map_err(err("write"))?;
+        }
+        for (i, m) in p.transcript.iter().enumerate() {
+            let m: &Message = m;
+            self.transcript
+                .put(&mut w, &key(&p.addr, &(i as u64).to_be_bytes()), &json(m))
+                .map_err(err("write"))?;
+        }
+        self.marks
+            .put(&mut w, &p.addr, &json(&p.mark))
+            .map_err(err("write"))?;
+        w.commit().map_err(err("commit"))
+    }
+
+    /// Every usage fact at or after `since_unix_ms`, by session and log order.
+    pub fn facts(&self, since_unix_ms: Option<u64>) -> Result<Vec<SpendFact>, String> {
+        let r = self.env.read_txn().map_err(err("read"))?;
+        let mut out = Vec::new();
+        for item in self.facts.iter(&r).map_err(err("read"))? {
+            let (_, v) = item.map_err(err("read"))?;
+            let f: SpendFact =
+                serde_json::from_slice(v).map_err(|e| format!("store: a fact: {e}"))?;
+            if since_unix_ms.is_none_or(|s| f.at_unix_ms >= s) {
+                out.push(f);
+            }
+        }
+        Ok(out)
+    }
+
+    fn count_facts(&self) -> Result<u64, String> {
+        let r = self.env.read_txn().map_err(err("read"))?;
+        self.facts.len(&r).map_err(err("read"))
+    }
+
+    /// Messages `from..from+limit` of session `addr`'s materialized transcript.
+    pub fn transcript_page(
+        &self,
+        addr: &[u8; 16],
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<Message>, String> {
+        let r = self.env.read_txn().map_err(err("read"))?;
+        let lo = key(addr, &from.to_be_bytes());
+        let (_, hi) = session_range(addr);
+        let range = (Bound::Included(&lo[..]), Bound::Excluded(&hi[..]));
+        let mut out = Vec::with_capacity(limit);
+        for item in self
+            .transcript
+            .range(&r, &range)
+            .map_err(err("read"))?
+            .take(limit)
+        {
+            let (_, v) = item.map_err(err("read"))?;
+            out.push(serde_json::from_slice(v).map_err(|e| format!("store: a message: {e}"))?);
+        }
+        Ok(out)
+    }
+
+    /// Compares every projection with what the WALs say. Each difference is one line; none
+    /// means the store agrees with the WALs.
+    pub fn check(&self, wal_dir: &Path) -> Result<Vec<String>, String> {
+        let mut diffs = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for path in wal_files(wal_dir)? {
+            let Some((bytes, scan)) =
+                crate::wal::verify::read_and_scan_if_any(&path).map_err(|e| e.to_string())?
+            else {
+                continue;
+            };
+            let want = match project(&scan, &bytes) {
+                Ok(p) => p,
+                Err(e) => {
+                    diffs.push(format!("{}: cannot be projected: {e}", path.display()));
+                    continue;
+                }
+            };
+            seen.insert(want.addr);
+            let have = self.read_projection(&want.addr)?;
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            match have {
+                None => diffs.push(format!("{name}: not in the store")),
+                Some(have) => {
+                    let differ = |what: &str, same: bool, diffs: &mut Vec<String>| {
+                        if !same {
+                            diffs.push(format!("{name}: {what} differ from the WAL"));
+                        }
+                    };
+                    differ(
+                        "mark (lineage, last seq)",
+                        have.mark == want.mark,
+                        &mut diffs,
+                    );
+                    differ("runs", have.runs == want.runs, &mut diffs);
+                    differ(
+                        "admission checkpoints",
+                        have.admission == want.admission,
+                        &mut diffs,
+                    );
+                    differ("usage facts", have.facts == want.facts, &mut diffs);
+                    differ("transcript", have.transcript == want.transcript, &mut diffs);
+                }
+            }
+        }
+        let r = self.env.read_txn().map_err(err("read"))?;
+        for item in self.marks.iter(&r).map_err(err("read"))? {
+            let (k, _) = item.map_err(err("read"))?;
+            let addr: [u8; 16] = k
+                .try_into()
+                .map_err(|_| "store: a mark key is not an address".to_string())?;
+            if !seen.contains(&addr) {
+                diffs.push(format!("{}: in the store, but its WAL is gone", hex(&addr)));
+            }
+        }
+        Ok(diffs)
+    }
+
+    fn read_projection(&self, addr: &[u8; 16]) -> Result<Option<Projection>, String> {
+        let Some(mark) = self.mark(addr)? else {
+            return Ok(None);
+        };
+        let r = self.env.read_txn().map_err(err("read"))?;
+        let (lo, hi) = session_range(addr);
+        let range = (Bound::Included(&lo[..]), Bound::Excluded(&hi[..]));
+        fn all<T: serde::de::DeserializeOwned>(
+            db: &Database<Bytes, Bytes>,
+            r: &heed::RoTxn,
+            range: &(Bound<&[u8]>, Bound<&[u8]>),
+        ) -> Result<Vec<(Vec<u8>, T)>, String> {
+            let mut out = Vec::new();
+            for item in db.range(r, range).map_err(err("read"))? {
+                let (k, v) = item.map_err(err("read"))?;
+                out.push((
+                    k[16..].to_vec(),
+                    serde_json::from_slice(v).map_err(|e| format!("store: {e}"))?,
+                ));
+            }
+            Ok(out)
+        }
+        let mut runs: Vec<RunRow> = all(&self.runs, &r, &range)?
+            .into_iter()
+            .map(|(_, v)| v)
+            .collect();
+        runs.sort_by_key(|x: &RunRow| x.started_seq);
+        let admission = all::<Checkpoint>(&self.admission, &r, &range)?
+            .into_iter()
+            .map(|(k, v)| (String::from_utf8_lossy(&k).into_owned(), v))
+            .collect();
+        let facts = all(&self.facts, &r, &range)?
+            .into_iter()
+            .map(|(_, v)| v)
+            .collect();
+        let transcript = all::<Message>(&self.transcript, &r, &range)?
+            .into_iter()
+            .map(|(_, v)| std::sync::Arc::new(v))
+            .collect();
+        Ok(Some(Projection {
+            addr: *addr,
+            mark,
+            runs,
+            admission,
+            facts,
+            transcript,
+        }))
+    }
+}
+
+/// Computes a session's projections from its scanned WAL.
+pub fn project(scan: &crate::wal::Scan, bytes: &[u8]) -> Result<Projection, String> {
+    let decoded = scan
+        .decode(bytes)
+        .map_err(|(offset, why)| format!("at offset {offset}: {why}"))?;
+    let session_hex = scan.header.address.to_string();
+    let mut deriver = FactDeriver::new(&session_hex);
+    let facts: Vec<SpendFact> = decoded
+        .records
+        .iter()
+        .filter_map(|(seq, r)| deriver.push(*seq, r))
+        .collect();
+    let last_seq = decoded.records.last().map_or(0, |(s, _)| *s);
+    let started: std::collections::HashMap<String, u64> = decoded
+        .records
+        .iter()
+        .filter_map(|(_, r)| match r {
+            crate::wal::Record::RunStarted(s) => Some((s.run_id.clone(), s.at_unix_ms)),
+            _ => None,
+        })
+        .collect();
+    let session =
+        Session::replay(decoded.records).map_err(|e| format!("record {}: {}", e.seq, e.reason))?;
+    let runs: Vec<RunRow> = session
+        .runs
+        .iter()
+        .map(|v| RunRow {
+            run_id: v.run_id.clone(),
+            session: session_hex.clone(),
+            send_id: v.send_id.clone(),
+            state: v.state.as_str().to_string(),
+            detail: v.detail.clone(),
+            provider: v.config.provider.clone(),
+            model: v.config.model.clone(),
+            credential_id: v.config.credential_id.clone(),
+            steps: v.steps,
+            usage: v.usage,
+            started_unix_ms: started.get(&v.run_id).copied().unwrap_or(0),
+            started_seq: v.started_seq,
+        })
+        .collect();
+    let mut admission: Vec<(String, Checkpoint)> = session
+        .runs
+        .iter()
+        .filter_map(|v| {
+            v.send_id.clone().map(|s| {
+                (
+                    s,
+                    Checkpoint {
+                        run_id: v.run_id.clone(),
+                        inputs_digest: v.inputs_digest.clone(),
+                    },
+                )
+            })
+        })
+        .collect();
+    admission.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(Projection {
+        addr: scan.header.address.0,
+        mark: Mark {
+            lineage_id: scan.header.lineage_hex(),
+            last_seq,
+            messages: session.transcript.len() as u64,
+        },
+        runs,
+        admission,
+        facts,
+        transcript: session.transcript,
+    })
+}
+
+/// The `.wal` files of `wal_dir`, sorted.
+pub fn wal_files(wal_dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let mut out = Vec::new();
+    let entries = match std::fs::read_dir(wal_dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(format!("{}: {e}", wal_dir.display())),
+    };
+    for e in entries {
+        let p = e.map_err(|e| format!("{}: {e}", wal_dir.display()))?.path();
+        if p.extension().is_some_and(|x| x == "wal") {
+            out.push(p);
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// This state dir's id (`<state-dir>/state.id`, made once, owner-only).
+fn state_id(state_dir: &Path) -> Result<String, String> {
+    let path = state_dir.join("state.id");
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        let t = text.trim();
+        if t.len() == 32 && t.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Ok(t.to_string());
+        }
+    }
+    let mut raw = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut raw))
+        .map_err(|e| format!("/dev/urandom: {e}"))?;
+    let id = hex(&raw);
+    crate::owner_only::create_dir(state_dir)
+        .map_err(|e| format!("{}: {e}", state_dir.display()))?;
+    crate::owner_only::write_file(&path, id.as_bytes())
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(id)
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn key(addr: &[u8; 16], rest: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(16 + rest.len());
+    k.extend_from_slice(addr);
+    k.extend_from_slice(rest);
+    k
+}
+
+/// The key range of one session: from its address to its address followed by 0xff (no key's
+/// remainder starts with 0xff: UTF-8 ids never hold that byte, big-endian seqs and ordinals
+/// stay far below 2^56).
+fn session_range(addr: &[u8; 16]) -> ([u8; 16], [u8; 17]) {
+    let mut hi = [0xffu8; 17];
+    hi[..16].copy_from_slice(addr);
+    (*addr, hi)
+}
+
+fn json<T: Serialize + ?Sized>(v: &T) -> Vec<u8> {
+    serde_json::to_vec(v).expect("store values serialize")
+}

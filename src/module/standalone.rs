@@ -95,6 +95,20 @@ impl Standalone {
             let outcome = Self::drive(&mut actor, self.send, display).await;
             let closed = actor.close().await.map_err(|e| e.to_string());
             servers.stop();
+            // The store follows the WAL after the run, off its path; a failure here loses
+            // nothing (the WAL is authoritative and the store catches up later).
+            let wal = crate::wal::writer::wal_path(&wal_dir, &self.triple);
+            let state_dir = self.state_dir.clone();
+            let projected = glommio::executor()
+                .spawn_blocking(move || {
+                    let (store, notes) = crate::store::Store::open(&state_dir)?;
+                    store.catch_up(&wal).map(|_| notes)
+                })
+                .await;
+            match projected {
+                Ok(notes) => notes.into_iter().for_each(|n| eprintln!("broca: {n}")),
+                Err(e) => eprintln!("broca: {e}"),
+            }
             let report = outcome?;
             closed?;
             Ok(report)

@@ -87,6 +87,9 @@ pub(crate) struct ServeCtx {
     pub proxy: ProxyConfig,
     /// The MCP tool servers every shard routes to.
     pub tools: Arc<crate::tools::ToolServers>,
+    /// The projections of the WALs (`None` when the store cannot be opened: then nothing is
+    /// read from it, and the WALs serve everything).
+    pub store: Option<Arc<crate::store::Store>>,
 }
 
 impl ServeCtx {
@@ -257,6 +260,37 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
         }
         crate::catalog::install(catalog);
     }
+    let store = match crate::store::Store::open(&opts.state_dir) {
+        Ok((store, notes)) => {
+            for n in notes {
+                tracing::warn!("{n}");
+            }
+            let store = Arc::new(store);
+            // Catch up with WALs written while serve was down, off the startup path.
+            let (s, dir) = (store.clone(), wal_dir.clone());
+            let _ = std::thread::Builder::new()
+                .name("store-catch-up".into())
+                .spawn(move || match s.catch_up_all(&dir) {
+                    Ok(pass) => {
+                        for f in pass.failed {
+                            tracing::error!("store: {f}");
+                        }
+                        tracing::info!(
+                            sessions = pass.sessions,
+                            projected = pass.projected,
+                            facts = pass.facts,
+                            "store caught up with the WALs"
+                        );
+                    }
+                    Err(e) => tracing::error!("{e}"),
+                });
+            Some(store)
+        }
+        Err(e) => {
+            tracing::error!("{e}; serving from the WALs alone");
+            None
+        }
+    };
     let tools = match opts.tools.clone() {
         None => crate::tools::ToolServers::none(),
         Some(cfg) => {
@@ -285,6 +319,7 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
         tls,
         proxy,
         tools,
+        store,
     });
     *slot.lock().expect("the signal slot") = Some(ctx.clone());
     let serve_json = opts.state_dir.join("serve.json");

@@ -71,6 +71,8 @@ pub(crate) struct Registry {
     /// The shard stops: actors end after their run and take no new ones.
     closing: Cell<bool>,
     hubs: RefCell<HashMap<[u8; 16], Rc<Hub>>>,
+    /// Sessions whose WAL moved on since the store last projected them.
+    dirty: RefCell<std::collections::HashSet<SessionTriple>>,
 }
 
 /// A shard's life: accept connections, serve the mesh, stop when told.
@@ -106,7 +108,11 @@ pub(crate) async fn shard_main(
         runs_active: Cell::new(0),
         closing: Cell::new(false),
         hubs: RefCell::new(HashMap::new()),
+        dirty: RefCell::new(std::collections::HashSet::new()),
     });
+    if let Some(store) = ctx.store.clone() {
+        glommio::spawn_local(project_dirty(reg.clone(), store)).detach();
+    }
     let accept = match listeners {
         Some((tcp, unix)) => Some(super::http::start(ctx.clone(), tcp, unix)?),
         None => None,
@@ -359,6 +365,7 @@ impl Registry {
             }
             live.busy.set(false);
             self.runs_active.set(self.runs_active.get() - 1);
+            self.dirty.borrow_mut().insert(triple.clone());
         }
         let idle = self.ctx.opts.idle;
         loop {
@@ -393,6 +400,7 @@ impl Registry {
                                 let done = actor.run_admitted().await;
                                 live.busy.set(false);
                                 self.runs_active.set(self.runs_active.get() - 1);
+                                self.dirty.borrow_mut().insert(triple.clone());
                                 if let Err(e) = done {
                                     tracing::error!("session {}: {e}", triple.address());
                                     break;
@@ -447,6 +455,40 @@ impl Registry {
         let bound = Instant::now() + Duration::from_secs(30);
         while !self.sessions.borrow().is_empty() && Instant::now() < bound {
             glommio::timer::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// How often a shard hands its sessions that moved on to the store.
+const PROJECT_EVERY: Duration = Duration::from_millis(100);
+
+/// Brings the store up to date with this shard's sessions that moved on, on the blocking pool
+/// (never on the executor), a batch every [`PROJECT_EVERY`].
+async fn project_dirty(reg: Rc<Registry>, store: Arc<crate::store::Store>) {
+    loop {
+        glommio::timer::sleep(PROJECT_EVERY).await;
+        let batch: Vec<SessionTriple> = reg.dirty.borrow_mut().drain().collect();
+        if batch.is_empty() {
+            if reg.closing.get() {
+                return;
+            }
+            continue;
+        }
+        let paths: Vec<_> = batch
+            .iter()
+            .map(|t| crate::wal::writer::wal_path(&reg.ctx.wal_dir, t))
+            .collect();
+        let store = store.clone();
+        let failed = glommio::executor()
+            .spawn_blocking(move || {
+                paths
+                    .iter()
+                    .filter_map(|p| store.catch_up(p).err())
+                    .collect::<Vec<_>>()
+            })
+            .await;
+        for e in failed {
+            tracing::error!("store: {e}");
         }
     }
 }

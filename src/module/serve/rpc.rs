@@ -205,13 +205,23 @@ async fn read(ctx: &Arc<ServeCtx>, mut params: Map<String, Value>) -> Result<Val
     }
     let path = crate::wal::writer::wal_path(&ctx.wal_dir, &t);
     let page = glommio::executor()
-        .spawn_blocking(move || read_page(&path, from, limit as usize))
+        .spawn_blocking({
+            let store = ctx.store.clone();
+            move || read_page(&path, store.as_deref(), from, limit as usize)
+        })
         .await;
     page.map_err(|e| RpcError::transient(500, "internal", e))
 }
 
-/// Pages the durable transcript of the WAL at `path`, read as a reader (no lease).
-fn read_page(path: &std::path::Path, from: u64, limit: usize) -> Result<Value, String> {
+/// Pages the durable transcript of the WAL at `path`, read as a reader (no lease): from the
+/// store's materialized transcript when the store has applied exactly what the WAL holds
+/// (same lineage, same last seq), else by replaying the WAL.
+fn read_page(
+    path: &std::path::Path,
+    store: Option<&crate::store::Store>,
+    from: u64,
+    limit: usize,
+) -> Result<Value, String> {
     let found = crate::wal::verify::read_and_scan_if_any(path).map_err(|e| e.to_string())?;
     let Some((bytes, scan)) = found else {
         let page = ReadPage {
@@ -222,6 +232,32 @@ fn read_page(path: &std::path::Path, from: u64, limit: usize) -> Result<Value, S
         };
         return Ok(serde_json::to_value(page).expect("a page serializes"));
     };
+    let last_seq = scan.frames.last().map_or(0, |f| f.seq);
+    let addr = scan.header.address.0;
+    let current = store.and_then(|s| s.mark(&addr).ok().flatten().map(|m| (s, m)));
+    if let Some((s, mark)) =
+        current.filter(|(_, m)| m.lineage_id == scan.header.lineage_hex() && m.last_seq == last_seq)
+    {
+        if let Ok(messages) = s.transcript_page(&addr, from, limit) {
+            let head = mark.messages;
+            let start = from.min(head);
+            let end = start + messages.len() as u64;
+            let page = ReadPage {
+                messages: messages
+                    .iter()
+                    .enumerate()
+                    .map(|(i, message)| ReadMessage {
+                        ordinal: start + i as u64,
+                        message,
+                    })
+                    .collect(),
+                next_from_ordinal: (end < head).then_some(end),
+                head,
+                lineage_id: Some(mark.lineage_id.clone()),
+            };
+            return Ok(serde_json::to_value(page).expect("a page serializes"));
+        }
+    }
     let session = crate::core::Session::replay_scan(&scan, &bytes)
         .map_err(|e| format!("{}: record {}: {}", path.display(), e.seq, e.reason))?;
     let head = session.transcript.len() as u64;

@@ -1,0 +1,467 @@
+//! The store, usage export, catalog and credentials through the real binary: facts from real
+//! runs (aimock, and a provider that never reports usage), `broca store check|rebuild` against
+//! deleted, truncated, foreign and stale stores, catalog overrides and a catalog service with
+//! their last good copies, and credentials from the owner-only file never written anywhere.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+use serde_json::{json, Value};
+use support::serve::{rpc, start, wait_for};
+use support::{broca, dump_all, fixture, last_json, peers_dir, Aimock};
+
+fn run(state: &Path, base: &str, model: &str, prompt: &str, env: &[(&str, &str)]) -> Output {
+    broca(state)
+        .env("ANTHROPIC_API_KEY", "sk-store-test-0123456789")
+        .env("OPENAI_API_KEY", "sk-store-test-0123456789")
+        .envs(env.iter().copied())
+        .args([
+            "run",
+            "--model",
+            model,
+            "--base-url",
+            base,
+            "--session",
+            "a",
+            "--json",
+            prompt,
+        ])
+        .output()
+        .expect("broca runs")
+}
+
+fn ok(o: &Output) -> Value {
+    let r = last_json(o);
+    assert!(
+        o.status.success(),
+        "{r} {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    r
+}
+
+fn cmd(state: &Path, args: &[&str]) -> Output {
+    broca(state).args(args).output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn facts(state: &Path) -> Vec<Value> {
+    let o = cmd(state, &["export", "usage"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    text(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// A loopback process that prints its port on its first stdout line; killed on drop.
+struct Peer(Child, u16);
+
+impl Peer {
+    fn start(cmd: &mut Command) -> Peer {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line.trim().parse().expect("a port");
+        Peer(child, port)
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.1)
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn absent_usage_stays_absent_from_the_stream_to_the_exported_fact() {
+    let peer = Peer::start(Command::new("python3").arg(peers_dir().join("no_usage_provider.py")));
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path();
+    let r = ok(&run(state, &peer.url(), "openai/gpt-5", "hi", &[]));
+    assert_eq!(r["usage"], json!({}), "no measure reported, none invented");
+    let f = facts(state);
+    assert_eq!(f.len(), 1);
+    assert_eq!(f[0]["usage"], json!({}));
+    assert_eq!(f[0]["kind"], "step");
+    assert_eq!(f[0]["credential_id"], "env:OPENAI_API_KEY");
+    // The charge basis is the catalog's prices for the model, frozen at admission.
+    assert_eq!(f[0]["charge_basis"]["output"], 10.0);
+    let csv = text(&cmd(state, &["export", "usage", "--format", "csv"]).stdout);
+    let row: Vec<&str> = csv.lines().nth(1).unwrap().split(',').collect();
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let cell = |name: &str| row[header.iter().position(|h| *h == name).unwrap()];
+    for measure in ["input_tokens", "output_tokens", "cache_read_tokens"] {
+        assert_eq!(cell(measure), "", "{measure} is absent, not 0");
+    }
+    assert_eq!(cell("output_price"), "10");
+}
+
+#[test]
+fn facts_are_exported_with_stable_ids_and_the_store_rebuilds_to_the_same_bytes() {
+    let peer = Aimock::start(&fixture("store.json"));
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path();
+    for (session, prompt) in [("a", "counted"), ("b", "counted"), ("a", "no usage")] {
+        let o = broca(state)
+            .env("ANTHROPIC_API_KEY", "sk-store-test-0123456789")
+            .args([
+                "run",
+                "--model",
+                "anthropic/claude-sonnet-4-5",
+                "--base-url",
+            ])
+            .arg(peer.url())
+            .args(["--session", session, "--json", prompt])
+            .output()
+            .unwrap();
+        ok(&o);
+    }
+    let before = facts(state);
+    assert_eq!(before.len(), 3);
+    assert!(before
+        .iter()
+        .any(|f| f["usage"] == json!({"input": 1000, "output": 200})));
+    let ids: std::collections::HashSet<&str> = before
+        .iter()
+        .map(|f| f["fact_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 3, "one id per fact");
+    // --since filters on the fact's time.
+    assert_eq!(
+        text(&cmd(state, &["export", "usage", "--since", "2999-01-01"]).stdout),
+        ""
+    );
+    assert_eq!(
+        text(&cmd(state, &["export", "usage", "--since", "1970-01-01"]).stdout)
+            .lines()
+            .count(),
+        3
+    );
+
+    let o = cmd(state, &["store", "check"]);
+    assert!(o.status.success(), "{}", text(&o.stdout));
+    let o = cmd(state, &["store", "rebuild"]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stdout).contains("rebuilt 2 sessions: 3 facts"),
+        "{}",
+        text(&o.stdout)
+    );
+    assert_eq!(
+        facts(state),
+        before,
+        "a rebuild gives the same facts, the same ids"
+    );
+
+    // Bad usage of the commands: exit 2 naming the problem.
+    for (args, says) in [
+        (vec!["export", "usage", "--format", "xml"], "jsonl or csv"),
+        (vec!["export", "usage", "--since", "yesterday"], "--since"),
+        (vec!["export", "spend"], "exports `usage`"),
+        (vec!["store", "fix"], "unknown command `store fix`"),
+    ] {
+        let o = cmd(state, &args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        assert!(
+            text(&o.stderr).contains(says),
+            "{args:?}: {}",
+            text(&o.stderr)
+        );
+    }
+}
+
+fn two_runs(state: &Path, peer: &Aimock) {
+    for session in ["a", "b"] {
+        let o = broca(state)
+            .env("ANTHROPIC_API_KEY", "sk-store-test-0123456789")
+            .args([
+                "run",
+                "--model",
+                "anthropic/claude-sonnet-4-5",
+                "--base-url",
+            ])
+            .arg(peer.url())
+            .args(["--session", session, "--json", "counted"])
+            .output()
+            .unwrap();
+        ok(&o);
+    }
+}
+
+#[test]
+fn a_deleted_truncated_or_garbled_store_is_noticed_and_rebuilt_from_the_wals() {
+    let peer = Aimock::start(&fixture("store.json"));
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path();
+    two_runs(state, &peer);
+    let want = facts(state);
+    let data = state.join("store/data.mdb");
+    for damage in ["delete", "truncate", "garble"] {
+        match damage {
+            "delete" => std::fs::remove_dir_all(state.join("store")).unwrap(),
+            "truncate" => {
+                let f = std::fs::OpenOptions::new().write(true).open(&data).unwrap();
+                f.set_len(std::fs::metadata(&data).unwrap().len() / 3)
+                    .unwrap();
+            }
+            _ => std::fs::write(&data, vec![0x5a; 64 * 1024]).unwrap(),
+        }
+        // check says the store is not the WALs' (and exits 1) rather than trusting it.
+        let o = cmd(state, &["store", "check"]);
+        assert_eq!(o.status.code(), Some(1), "{damage}: {}", text(&o.stdout));
+        if damage != "delete" {
+            assert!(
+                text(&o.stderr).contains("could not be used")
+                    && text(&o.stderr).contains("rebuilt"),
+                "{damage}: {}",
+                text(&o.stderr)
+            );
+        }
+        assert!(
+            text(&o.stdout).contains("not in the store"),
+            "{damage}: {}",
+            text(&o.stdout)
+        );
+        // Export catches up from the WALs: the same facts as before.
+        assert_eq!(facts(state), want, "{damage}");
+        assert!(cmd(state, &["store", "check"]).status.success(), "{damage}");
+    }
+}
+
+#[test]
+fn a_store_from_another_state_dir_or_one_left_behind_is_never_taken_as_truth() {
+    let peer = Aimock::start(&fixture("store.json"));
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    two_runs(a.path(), &peer);
+    two_runs(b.path(), &peer);
+    // A's store copied into B: B's WALs are not what it holds.
+    std::fs::remove_dir_all(b.path().join("store")).unwrap();
+    copy_dir(&a.path().join("store"), &b.path().join("store"));
+    let o = cmd(b.path(), &["store", "check"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("belongs to another state dir"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert!(cmd(b.path(), &["store", "rebuild"]).status.success());
+    assert!(cmd(b.path(), &["store", "check"]).status.success());
+
+    // A store that fell behind its WALs (restored from before the last run).
+    let state = a.path();
+    let old = state.join("store.old");
+    copy_dir(&state.join("store"), &old);
+    ok(&run(
+        state,
+        &peer.url(),
+        "anthropic/claude-sonnet-4-5",
+        "counted",
+        &[],
+    ));
+    std::fs::remove_dir_all(state.join("store")).unwrap();
+    std::fs::rename(&old, state.join("store")).unwrap();
+    let o = cmd(state, &["store", "check"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stdout).contains("differ from the WAL"),
+        "{}",
+        text(&o.stdout)
+    );
+    assert_eq!(facts(state).len(), 3, "export catches the store up first");
+    assert!(cmd(state, &["store", "check"]).status.success());
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+#[test]
+fn catalog_overrides_and_the_service_keep_their_last_good_copy() {
+    let peer = Aimock::start(&fixture("store.json"));
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let file = dir.path().join("catalog.json");
+    let priced = |price: f64| {
+        json!({"models": [{"provider": "anthropic", "model": "house-model", "context_window": 1234,
+            "prices": {"currency": "EUR", "unit": "per_million_tokens", "input": price}}]})
+    };
+    std::fs::write(&file, priced(2.5).to_string()).unwrap();
+    let env = [("BROCA_CATALOG_FILE", file.to_str().unwrap())];
+    ok(&run(
+        &state,
+        &peer.url(),
+        "anthropic/house-model",
+        "counted",
+        &env,
+    ));
+    let frozen = |n: usize| {
+        dump_all(&state)
+            .into_iter()
+            .filter(|r| r["kind"] == "run_started")
+            .nth(n)
+            .unwrap()["record"]["config"]["catalog"]
+            .clone()
+    };
+    assert_eq!(frozen(0)["prices"]["input"], 2.5);
+    assert_eq!(frozen(0)["context_window"], 1234);
+
+    // The file stops parsing: said clearly, the last good contents kept.
+    std::fs::write(&file, "{\"models\": [oops").unwrap();
+    let o = run(
+        &state,
+        &peer.url(),
+        "anthropic/house-model",
+        "counted",
+        &env,
+    );
+    ok(&o);
+    assert!(
+        text(&o.stderr).contains("catalog file")
+            && text(&o.stderr).contains("keeping its last good contents"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert_eq!(frozen(1)["prices"]["input"], 2.5);
+
+    // A catalog service: its answer is used and kept; when it is down, the kept copy is.
+    let served = dir.path().join("served");
+    std::fs::create_dir_all(&served).unwrap();
+    std::fs::write(served.join("catalog.json"), priced(7.0).to_string()).unwrap();
+    let http = Peer::start(
+        Command::new("python3")
+            .args(["-u", "-c", "import http.server,functools,sys\nh=functools.partial(http.server.SimpleHTTPRequestHandler, directory=sys.argv[1])\ns=http.server.HTTPServer(('127.0.0.1',0),h)\nprint(s.server_address[1])\ns.serve_forever()"])
+            .arg(&served),
+    );
+    let url = format!("{}/catalog.json", http.url());
+    let env = [("BROCA_CATALOG_URL", url.as_str())];
+    ok(&run(
+        &state,
+        &peer.url(),
+        "anthropic/house-model",
+        "counted",
+        &env,
+    ));
+    assert_eq!(frozen(2)["prices"]["input"], 7.0);
+    let kept = state.join("catalog/service-last-good.json");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&kept).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    drop(http);
+    let o = run(
+        &state,
+        &peer.url(),
+        "anthropic/house-model",
+        "counted",
+        &env,
+    );
+    ok(&o);
+    assert!(
+        text(&o.stderr).contains("using its last good answer"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert_eq!(frozen(3)["prices"]["input"], 7.0);
+}
+
+#[test]
+fn a_credential_from_the_owner_only_file_pays_and_its_secret_is_written_nowhere() {
+    const SECRET: &str = "sk-file-credential-0123456789abcdef";
+    let peer = Aimock::start(&fixture("store.json"));
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let creds = state.join("credentials.json");
+    std::fs::write(&creds, json!({"work": {"api_key": SECRET}}).to_string()).unwrap();
+    std::fs::set_permissions(&creds, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let s = start(&state, &peer, &[]);
+    let send = |session: &str, credential: &str| {
+        let (status, r) = rpc(
+            &s,
+            "session.send",
+            json!({"session": session, "prompt": "counted", "model": "anthropic/m", "credential_id": credential}),
+        );
+        assert_eq!(status, 200, "{r}");
+        let run_id = r["result"]["run_id"].as_str().unwrap().to_string();
+        let mut last = Value::Null;
+        wait_for("the run to end", || {
+            last = rpc(
+                &s,
+                "run.status",
+                json!({"session": session, "run_id": run_id}),
+            )
+            .1["result"]
+                .clone();
+            last["state"] != "active"
+        });
+        last
+    };
+    assert_eq!(send("a", "file:work")["state"], "completed");
+    // A file others can read is refused: the run pauses for credentials, naming the file.
+    std::fs::set_permissions(&creds, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let paused = send("b", "file:work");
+    assert_eq!(paused["state"], "paused", "{paused}");
+    assert!(
+        paused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("chmod 600"),
+        "{paused}"
+    );
+    // A secret given where an id belongs is refused without being echoed.
+    let (status, r) = rpc(
+        &s,
+        "session.send",
+        json!({"session": "c", "prompt": "counted", "model": "anthropic/m", "credential_id": SECRET}),
+    );
+    assert_eq!(status, 400, "{r}");
+    assert!(!r.to_string().contains(SECRET));
+    wait_for("the store to catch up", || {
+        cmd(&state, &["store", "check"]).status.success()
+    });
+    drop(s);
+    // The id is in the run and its facts; the secret in no file but credentials.json.
+    let f = facts(&state);
+    assert!(f.iter().any(|f| f["credential_id"] == "file:work"));
+    let mut stack = vec![PathBuf::from(&state)];
+    while let Some(p) = stack.pop() {
+        for e in std::fs::read_dir(&p).unwrap() {
+            let path = e.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path != creds {
+                let bytes = std::fs::read(&path).unwrap_or_default();
+                assert!(
+                    !bytes.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()),
+                    "the secret is in {}",
+                    path.display()
+                );
+            }
+        }
+    }
+}

@@ -90,6 +90,9 @@ pub(crate) struct ServeCtx {
     /// The projections of the WALs (`None` when the store cannot be opened: then nothing is
     /// read from it, and the WALs serve everything).
     pub store: Option<Arc<crate::store::Store>>,
+    /// Hands WALs that moved on to the store's own thread (it catches them up there, so
+    /// store writes and their syncs never queue ahead of a shard's blocking work).
+    pub projector: Option<Mutex<std::sync::mpsc::Sender<Vec<PathBuf>>>>,
 }
 
 impl ServeCtx {
@@ -172,6 +175,41 @@ fn catch_signals(ctx: Arc<Mutex<Option<Arc<ServeCtx>>>>) -> Result<(), String> {
             .map_err(|e| format!("cannot start the signal thread: {e}"))?;
     }
     Ok(())
+}
+
+/// The store's thread: catches up with WALs written while serve was down, then with each
+/// batch of WALs the shards say moved on (a path sent twice is projected once per batch).
+fn project_on_this_thread(
+    store: &crate::store::Store,
+    wal_dir: &Path,
+    rx: &std::sync::mpsc::Receiver<Vec<PathBuf>>,
+) {
+    match store.catch_up_all(wal_dir) {
+        Ok(pass) => {
+            for f in pass.failed {
+                tracing::error!("store: {f}");
+            }
+            tracing::info!(
+                sessions = pass.sessions,
+                projected = pass.projected,
+                facts = pass.facts,
+                "store caught up with the WALs"
+            );
+        }
+        Err(e) => tracing::error!("{e}"),
+    }
+    while let Ok(mut batch) = rx.recv() {
+        while let Ok(more) = rx.try_recv() {
+            batch.extend(more);
+        }
+        batch.sort();
+        batch.dedup();
+        for path in batch {
+            if let Err(e) = store.catch_up(&path) {
+                tracing::error!("store: {e}");
+            }
+        }
+    }
 }
 
 /// Raises this process's open-files soft limit to its hard limit (each open session holds its
@@ -260,35 +298,23 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
         }
         crate::catalog::install(catalog);
     }
-    let store = match crate::store::Store::open(&opts.state_dir) {
+    let (store, projector) = match crate::store::Store::open(&opts.state_dir) {
         Ok((store, notes)) => {
             for n in notes {
                 tracing::warn!("{n}");
             }
             let store = Arc::new(store);
-            // Catch up with WALs written while serve was down, off the startup path.
+            let (tx, rx) = std::sync::mpsc::channel::<Vec<PathBuf>>();
             let (s, dir) = (store.clone(), wal_dir.clone());
-            let _ = std::thread::Builder::new()
-                .name("store-catch-up".into())
-                .spawn(move || match s.catch_up_all(&dir) {
-                    Ok(pass) => {
-                        for f in pass.failed {
-                            tracing::error!("store: {f}");
-                        }
-                        tracing::info!(
-                            sessions = pass.sessions,
-                            projected = pass.projected,
-                            facts = pass.facts,
-                            "store caught up with the WALs"
-                        );
-                    }
-                    Err(e) => tracing::error!("{e}"),
-                });
-            Some(store)
+            std::thread::Builder::new()
+                .name("store".into())
+                .spawn(move || project_on_this_thread(&s, &dir, &rx))
+                .map_err(|e| format!("cannot start the store thread: {e}"))?;
+            (Some(store), Some(Mutex::new(tx)))
         }
         Err(e) => {
             tracing::error!("{e}; serving from the WALs alone");
-            None
+            (None, None)
         }
     };
     let tools = match opts.tools.clone() {
@@ -320,6 +346,7 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
         proxy,
         tools,
         store,
+        projector,
     });
     *slot.lock().expect("the signal slot") = Some(ctx.clone());
     let serve_json = opts.state_dir.join("serve.json");

@@ -110,8 +110,8 @@ pub(crate) async fn shard_main(
         hubs: RefCell::new(HashMap::new()),
         dirty: RefCell::new(std::collections::HashSet::new()),
     });
-    if let Some(store) = ctx.store.clone() {
-        glommio::spawn_local(project_dirty(reg.clone(), store)).detach();
+    if ctx.projector.is_some() {
+        glommio::spawn_local(project_dirty(reg.clone())).detach();
     }
     let accept = match listeners {
         Some((tcp, unix)) => Some(super::http::start(ctx.clone(), tcp, unix)?),
@@ -462,9 +462,9 @@ impl Registry {
 /// How often a shard hands its sessions that moved on to the store.
 const PROJECT_EVERY: Duration = Duration::from_millis(100);
 
-/// Brings the store up to date with this shard's sessions that moved on, on the blocking pool
-/// (never on the executor), a batch every [`PROJECT_EVERY`].
-async fn project_dirty(reg: Rc<Registry>, store: Arc<crate::store::Store>) {
+/// Hands this shard's sessions that moved on to the store's thread, a batch every
+/// [`PROJECT_EVERY`].
+async fn project_dirty(reg: Rc<Registry>) {
     loop {
         glommio::timer::sleep(PROJECT_EVERY).await;
         let batch: Vec<SessionTriple> = reg.dirty.borrow_mut().drain().collect();
@@ -478,17 +478,8 @@ async fn project_dirty(reg: Rc<Registry>, store: Arc<crate::store::Store>) {
             .iter()
             .map(|t| crate::wal::writer::wal_path(&reg.ctx.wal_dir, t))
             .collect();
-        let store = store.clone();
-        let failed = glommio::executor()
-            .spawn_blocking(move || {
-                paths
-                    .iter()
-                    .filter_map(|p| store.catch_up(p).err())
-                    .collect::<Vec<_>>()
-            })
-            .await;
-        for e in failed {
-            tracing::error!("store: {e}");
+        if let Some(tx) = &reg.ctx.projector {
+            let _ = tx.lock().expect("the projector lock").send(paths);
         }
     }
 }

@@ -264,35 +264,69 @@ impl Store {
     /// Brings the session of the WAL at `path` up to date. `Ok(true)` when it was projected
     /// again, `Ok(false)` when it was current.
     pub fn catch_up(&self, path: &Path) -> Result<(bool, u64), String> {
+        let (projection, read) = self.behind(path)?;
+        if let Some(p) = &projection {
+            self.write(std::slice::from_ref(p))?;
+        }
+        Ok((projection.is_some(), read))
+    }
+
+    /// Brings the sessions of the WALs at `paths` up to date in one transaction (one sync);
+    /// each WAL that cannot be projected is one line of the answer.
+    pub fn catch_up_batch(&self, paths: &[PathBuf]) -> Result<Vec<String>, String> {
+        let mut projections = Vec::new();
+        let mut failed = Vec::new();
+        for path in paths {
+            match self.behind(path) {
+                Ok((Some(p), _)) => projections.push(p),
+                Ok((None, _)) => {}
+                Err(e) => failed.push(e),
+            }
+        }
+        if !projections.is_empty() {
+            self.write(&projections)?;
+        }
+        Ok(failed)
+    }
+
+    /// The session's fresh projection when the store is behind its WAL, and the bytes read.
+    fn behind(&self, path: &Path) -> Result<(Option<Projection>, u64), String> {
         let Some((bytes, scan)) =
             crate::wal::verify::read_and_scan_if_any(path).map_err(|e| e.to_string())?
         else {
-            return Ok((false, 0));
+            return Ok((None, 0));
         };
         let read = bytes.len() as u64;
         let addr = scan.header.address.0;
         let last_seq = scan.frames.last().map_or(0, |f| f.seq);
         if let Some(m) = self.mark(&addr)? {
             if m.lineage_id == scan.header.lineage_hex() && m.last_seq == last_seq {
-                return Ok((false, read));
+                return Ok((None, read));
             }
         }
         let p = project(&scan, &bytes).map_err(|e| format!("{}: {e}", path.display()))?;
-        self.write(&p)?;
-        Ok((true, read))
+        Ok((Some(p), read))
     }
 
-    /// Catches up every WAL in `wal_dir`.
+    /// Catches up every WAL in `wal_dir`, a batch of sessions per transaction.
     pub fn catch_up_all(&self, wal_dir: &Path) -> Result<Pass, String> {
+        const BATCH: usize = 256;
         let mut pass = Pass::default();
-        for path in wal_files(wal_dir)? {
-            pass.sessions += 1;
-            match self.catch_up(&path) {
-                Ok((projected, bytes)) => {
-                    pass.projected += u64::from(projected);
-                    pass.wal_bytes += bytes;
+        for chunk in wal_files(wal_dir)?.chunks(BATCH) {
+            let mut projections = Vec::new();
+            for path in chunk {
+                pass.sessions += 1;
+                match self.behind(path) {
+                    Ok((p, bytes)) => {
+                        pass.wal_bytes += bytes;
+                        projections.extend(p);
+                    }
+                    Err(e) => pass.failed.push(e),
                 }
-                Err(e) => pass.failed.push(e),
+            }
+            pass.projected += projections.len() as u64;
+            if !projections.is_empty() {
+                self.write(&projections)?;
             }
         }
         pass.facts = self.count_facts()?;
@@ -315,39 +349,46 @@ impl Store {
         self.catch_up_all(wal_dir)
     }
 
-    /// Replaces session `p.addr`'s projections with `p`, in one transaction.
-    pub fn write(&self, p: &Projection) -> Result<(), String> {
+    /// Replaces each session's projections with the given ones, in one transaction.
+    pub fn write(&self, projections: &[Projection]) -> Result<(), String> {
         let mut w = self.env.write_txn().map_err(err("write"))?;
+        for p in projections {
+            self.write_one(&mut w, p)?;
+        }
+        w.commit().map_err(err("commit"))
+    }
+
+    fn write_one(&self, w: &mut heed::RwTxn, p: &Projection) -> Result<(), String> {
         let (lo, hi) = session_range(&p.addr);
         let range = (Bound::Included(&lo[..]), Bound::Excluded(&hi[..]));
         for db in [&self.runs, &self.admission, &self.facts, &self.transcript] {
-            db.delete_range(&mut w, &range).map_err(err("delete"))?;
+            db.delete_range(w, &range).map_err(err("delete"))?;
         }
         for r in &p.runs {
             self.runs
-                .put(&mut w, &key(&p.addr, r.run_id.as_bytes()), &json(r))
+                .put(w, &key(&p.addr, r.run_id.as_bytes()), &json(r))
                 .map_err(err("write"))?;
         }
         for (send_id, c) in &p.admission {
             self.admission
-                .put(&mut w, &key(&p.addr, send_id.as_bytes()), &json(c))
+                .put(w, &key(&p.addr, send_id.as_bytes()), &json(c))
                 .map_err(err("write"))?;
         }
         for f in &p.facts {
             self.facts
-                .put(&mut w, &key(&p.addr, &f.wal_seq.to_be_bytes()), &json(f))
+                .put(w, &key(&p.addr, &f.wal_seq.to_be_bytes()), &json(f))
                 .map_err(err("write"))?;
         }
         for (i, m) in p.transcript.iter().enumerate() {
             let m: &Message = m;
             self.transcript
-                .put(&mut w, &key(&p.addr, &(i as u64).to_be_bytes()), &json(m))
+                .put(w, &key(&p.addr, &(i as u64).to_be_bytes()), &json(m))
                 .map_err(err("write"))?;
         }
         self.marks
-            .put(&mut w, &p.addr, &json(&p.mark))
+            .put(w, &p.addr, &json(&p.mark))
             .map_err(err("write"))?;
-        w.commit().map_err(err("commit"))
+        Ok(())
     }
 
     /// Every usage fact at or after `since_unix_ms`, by session and log order.

@@ -204,10 +204,9 @@ fn project_on_this_thread(
         }
         batch.sort();
         batch.dedup();
-        for path in batch {
-            if let Err(e) = store.catch_up(&path) {
-                tracing::error!("store: {e}");
-            }
+        match store.catch_up_batch(&batch) {
+            Ok(failed) => failed.iter().for_each(|e| tracing::error!("store: {e}")),
+            Err(e) => tracing::error!("{e}"),
         }
     }
 }

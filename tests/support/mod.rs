@@ -112,6 +112,10 @@ pub fn broca(state_dir: &Path) -> Command {
             c.env_remove(k);
         }
     }
+    // BROCA_TEST_LOG sets the binary's log filter (BROCA_LOG) when a test needs its logs.
+    if let Some(filter) = std::env::var_os("BROCA_TEST_LOG") {
+        c.env("BROCA_LOG", filter);
+    }
     c.arg("--state-dir").arg(state_dir);
     c
 }

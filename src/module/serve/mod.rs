@@ -273,6 +273,13 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
     // Bind before the shards start, so a port in use is a clear error here.
     let listener = std::net::TcpListener::bind(opts.listen)
         .map_err(|e| format!("cannot listen on {}: {e}", opts.listen))?;
+    // Non-blocking for good: every shard accepts on a copy of this descriptor, and glommio's
+    // first, synchronous accept toggles O_NONBLOCK on the shared file description around its
+    // call; left blocking, one shard could restore blocking mode while another is about to
+    // accept, and that shard would sleep inside accept(2) until the next connection.
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| format!("cannot listen on {}: {e}", opts.listen))?;
     let listen = listener.local_addr().map_err(|e| e.to_string())?;
     let socket = opts
         .socket

@@ -2,6 +2,7 @@
 //! commands in order and driving the run loop's state machine with real I/O (the WAL, the
 //! model client, the tools).
 
+pub mod crash;
 pub mod scripted;
 pub mod serve;
 pub mod session;

@@ -236,6 +236,11 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
     /// Appends a record, applies it to the session state, and honours the crash plan.
     async fn append(&mut self, record: Record, wait: bool) -> Result<(), ActorError> {
         let appended = self.writer.append(&record).await?;
+        if super::crash::due(&record) {
+            // A crash test asked for the process to die right after this boundary is durable.
+            self.writer.wait_durable(appended.end).await?;
+            super::crash::abort_now(&record);
+        }
         if let Some(hook) = &mut self.on_append {
             hook(appended.seq, appended.end, &record);
         }

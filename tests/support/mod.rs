@@ -11,9 +11,39 @@ use std::sync::Once;
 
 pub mod serve;
 
+/// The repository's root (these helpers also serve the crash-tests package, one level down).
+pub fn repo_root() -> PathBuf {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    if here.join("tests/peers").is_dir() {
+        here.to_path_buf()
+    } else {
+        here.join("..")
+    }
+}
+
 /// The folder of the peers' package.json.
 pub fn peers_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/peers")
+    repo_root().join("tests/peers")
+}
+
+/// The `broca` binary: Cargo's path for it in broca's own tests; beside the test binary's
+/// folder otherwise (`cargo test --workspace` builds it).
+pub fn broca_bin() -> PathBuf {
+    if let Some(p) = option_env!("CARGO_BIN_EXE_broca") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|d| d.join("broca"))
+        .expect("the target folder");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it first (`cargo build -p broca`; `cargo test --workspace` does)",
+        bin.display()
+    );
+    bin
 }
 
 /// Installs the peers (`npm ci`) once, under a file lock so parallel test processes wait for
@@ -95,15 +125,13 @@ impl Drop for Aimock {
 
 /// The fixture file shipped with the tests.
 pub fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(name)
+    repo_root().join("tests/fixtures").join(name)
 }
 
 /// The broca binary with an environment free of the host's credentials, proxies and
 /// overrides.
 pub fn broca(state_dir: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_broca"));
+    let mut c = Command::new(broca_bin());
     for (k, _) in std::env::vars() {
         if k.starts_with("BROCA_")
             || k.ends_with("_API_KEY")

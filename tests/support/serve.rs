@@ -26,7 +26,13 @@ impl Drop for Serve {
 }
 
 pub fn start(state: &Path, peer: &Aimock, extra: &[&str]) -> Serve {
+    start_env(state, peer, extra, &[])
+}
+
+/// [`start`] with extra environment variables for the daemon.
+pub fn start_env(state: &Path, peer: &Aimock, extra: &[&str], env: &[(&str, &str)]) -> Serve {
     let mut child = broca(state)
+        .envs(env.iter().copied())
         .env("ANTHROPIC_API_KEY", "sk-serve-test-0123456789")
         .env("BROCA_BASE_URL_ANTHROPIC", peer.url())
         .args(["serve", "--listen", "127.0.0.1:0"])

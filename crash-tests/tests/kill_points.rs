@@ -1,0 +1,352 @@
+//! Real processes killed at durable boundaries: `broca serve` with aimock as the provider and
+//! tests/peers/counting_mcp.py as its tool server (it appends every call to a file before it
+//! answers) runs a send whose model asks for two tool calls. Each cut starts serve with
+//! `BROCA_CRASH_AT=<point>:<nth>` (the process aborts right after that boundary is durable), or
+//! SIGKILLs it after a seeded random delay; then serve restarts on the same state dir, the send
+//! is retried with its send_id, and the invariants are checked:
+//!
+//! - each tool call happened at most once (counted by the tool server);
+//! - exactly one terminal record per run; interrupted never reported as cancelled;
+//! - an acknowledged send survives, and the retried send_id answers the same run;
+//! - the transcript read after a restart equals the one replayed from the WAL again, and every
+//!   WAL verifies;
+//! - the store agrees with the WALs, and the exported facts are the WAL's model steps and
+//!   failed attempts.
+//!
+//! The suite fails unless at least one kill ended a real process. `BROCA_CRASH_KILLS=N` sets
+//! the random kills (default 4), `BROCA_CRASH_SECS` bounds the whole run (default 240 s): the
+//! soak mode. The output ends with the counts.
+
+#[path = "../../tests/support/mod.rs"]
+mod support;
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::serve::{start_env, Serve};
+use support::{broca, dump_all, fixture, peers_dir, Aimock};
+
+#[derive(Default, Debug)]
+struct Counts {
+    cuts: u64,
+    killed: u64,
+    not_reached: u64,
+    invariants: u64,
+}
+
+/// One JSON-RPC call that tolerates a server dying under it: `None` when no whole answer came.
+fn try_rpc(s: &Serve, method: &str, params: Value) -> Option<(u16, Value)> {
+    let mut p = json!({"project_root": "/crash", "harness": "h", "session": "s"});
+    p.as_object_mut()
+        .unwrap()
+        .extend(params.as_object().unwrap().clone());
+    let body = json!({"method": method, "params": p}).to_string();
+    let raw = format!(
+        "POST /v1/rpc HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        s.handle,
+        body.len()
+    );
+    let mut c = TcpStream::connect(&s.addr).ok()?;
+    c.set_read_timeout(Some(Duration::from_secs(20))).ok()?;
+    c.write_all(raw.as_bytes()).ok()?;
+    let mut all = Vec::new();
+    c.read_to_end(&mut all).ok()?;
+    let text = String::from_utf8_lossy(&all);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.get(9..12)?.parse().ok()?;
+    Some((status, serde_json::from_str(body).ok()?))
+}
+
+fn send(s: &Serve) -> Option<(u16, Value)> {
+    try_rpc(
+        s,
+        "session.send",
+        json!({"prompt": "record two", "model": "anthropic/m", "send_id": "k1", "max_steps": 4}),
+    )
+}
+
+struct Cut<'a> {
+    state: PathBuf,
+    calls: PathBuf,
+    config: PathBuf,
+    peer: &'a Aimock,
+}
+
+impl Cut<'_> {
+    fn new<'a>(root: &Path, name: &str, peer: &'a Aimock) -> Cut<'a> {
+        let dir = root.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let calls = dir.join("calls.jsonl");
+        let config = dir.join("tools.json");
+        let cfg = json!({"mcp": [{"name": "counting",
+            "command": ["python3", peers_dir().join("counting_mcp.py")],
+            "env": {"COUNT_FILE": calls}}]});
+        std::fs::write(&config, cfg.to_string()).unwrap();
+        Cut {
+            state: dir.join("state"),
+            calls,
+            config,
+            peer,
+        }
+    }
+
+    fn serve(&self, env: &[(&str, &str)]) -> Serve {
+        start_env(
+            &self.state,
+            self.peer,
+            &[
+                "--tools-config",
+                self.config.to_str().unwrap(),
+                "--grace-secs",
+                "1",
+            ],
+            env,
+        )
+    }
+
+    /// Restarts serve, retries the send, waits for its run to end, and checks every invariant.
+    fn check(&self, acked: Option<String>, what: &str, counts: &mut Counts) {
+        let s = self.serve(&[]);
+        let (status, r) =
+            send(&s).unwrap_or_else(|| panic!("{what}: the retried send got no answer"));
+        assert_eq!(status, 200, "{what}: {r}");
+        let run_id = r["result"]["run_id"].as_str().unwrap().to_string();
+        if let Some(first) = &acked {
+            assert_eq!(
+                &run_id, first,
+                "{what}: the retried send_id answers the acknowledged run"
+            );
+            counts.invariants += 1;
+        }
+        let until = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            let st = try_rpc(&s, "run.status", json!({"run_id": run_id}))
+                .map(|(_, v)| v["result"].clone())
+                .unwrap_or(Value::Null);
+            if st["state"].is_string() && st["state"] != "active" {
+                break st;
+            }
+            assert!(Instant::now() < until, "{what}: the run never ended: {st}");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let state = status["state"].as_str().unwrap().to_string();
+        assert_ne!(state, "cancelled", "{what}: nothing cancelled this run");
+        counts.invariants += 1;
+
+        // At most once per tool call, counted by the server itself.
+        let text = std::fs::read_to_string(&self.calls).unwrap_or_default();
+        let mut per_note: HashMap<String, u32> = HashMap::new();
+        for line in text.lines() {
+            let v: Value = serde_json::from_str(line).unwrap();
+            *per_note
+                .entry(v["arguments"]["note"].as_str().unwrap_or("").to_string())
+                .or_default() += 1;
+        }
+        assert!(
+            per_note.values().all(|n| *n <= 1),
+            "{what}: a call ran twice: {per_note:?}"
+        );
+        counts.invariants += 1;
+        if state == "interrupted" {
+            let named = status["indeterminate_tool_calls"].as_array().unwrap();
+            assert!(
+                named.iter().all(|c| c == "call_rec_1" || c == "call_rec_2"),
+                "{what}: {status}"
+            );
+        }
+        let read_before = try_rpc(&s, "session.read", json!({})).unwrap().1;
+        let _ = s.child.id();
+        stop(s);
+
+        // One terminal record per run; the WALs verify.
+        let records = dump_all(&self.state);
+        let mut terminals: HashMap<String, u32> = HashMap::new();
+        for r in &records {
+            let run = r["record"]["run_id"].as_str().unwrap_or("").to_string();
+            match r["kind"].as_str() {
+                Some("run_started") => {
+                    terminals.entry(run).or_default();
+                }
+                Some("run_finished" | "run_paused") => *terminals.entry(run).or_default() += 1,
+                _ => {}
+            }
+        }
+        assert!(
+            terminals.values().all(|n| *n == 1),
+            "{what}: terminals per run {terminals:?}"
+        );
+        let verify = broca(&self.state).args(["wal", "verify"]).output().unwrap();
+        assert!(
+            verify.status.success(),
+            "{what}: {}",
+            String::from_utf8_lossy(&verify.stdout)
+        );
+        counts.invariants += 2;
+
+        // The transcript replayed after another restart is the same.
+        let s = self.serve(&[]);
+        let read_after = try_rpc(&s, "session.read", json!({})).unwrap().1;
+        stop(s);
+        assert_eq!(
+            read_before, read_after,
+            "{what}: the transcript changed across a restart"
+        );
+        counts.invariants += 1;
+
+        // The store agrees with the WAL once caught up; its facts are the WAL's.
+        let export = broca(&self.state)
+            .args(["export", "usage"])
+            .output()
+            .unwrap();
+        assert!(export.status.success(), "{what}");
+        let facts = String::from_utf8_lossy(&export.stdout).lines().count();
+        let attempts = records
+            .iter()
+            .filter(|r| {
+                matches!(
+                    r["kind"].as_str(),
+                    Some("model_step_finished" | "model_attempt_finished")
+                )
+            })
+            .count();
+        assert_eq!(
+            facts, attempts,
+            "{what}: one fact per step and failed attempt"
+        );
+        let check = broca(&self.state)
+            .args(["store", "check"])
+            .output()
+            .unwrap();
+        assert!(
+            check.status.success(),
+            "{what}: {}",
+            String::from_utf8_lossy(&check.stdout)
+        );
+        counts.invariants += 2;
+    }
+}
+
+/// Stops serve with SIGTERM and waits for it.
+fn stop(mut s: Serve) {
+    // SAFETY: signalling a child this test started.
+    unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
+    let until = Instant::now() + Duration::from_secs(15);
+    while s.child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < until, "serve did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits for a serve that should die by itself; SIGKILLs it when it does not. Answers
+/// whether it died of a signal of its own (the abort).
+fn wait_abort(s: &mut Serve) -> bool {
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = s.child.try_wait().unwrap() {
+            return status.signal() == Some(libc::SIGABRT);
+        }
+        if Instant::now() > until {
+            let _ = s.child.kill();
+            let _ = s.child.wait();
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// splitmix64, for seeded delays.
+fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+#[test]
+fn kills_at_every_boundary_and_at_random_keep_every_invariant() {
+    let started = Instant::now();
+    let budget = Duration::from_secs(
+        std::env::var("BROCA_CRASH_SECS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(240),
+    );
+    let random_kills: u64 = std::env::var("BROCA_CRASH_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
+    let peer = Aimock::start(&fixture("tools.json"));
+    let root = tempfile::tempdir().unwrap();
+    let mut counts = Counts::default();
+
+    // Named boundaries: the send's run passes each of these once or twice.
+    let cuts = [
+        ("admitted", 1),
+        ("step_started", 1),
+        ("step", 1),
+        ("intent", 1),
+        ("tool_result", 1),
+        ("tool_result", 2),
+        ("step_started", 2),
+        ("step", 2),
+        ("terminal", 1),
+    ];
+    for (point, nth) in cuts {
+        if started.elapsed() > budget {
+            break;
+        }
+        let what = format!("{point}:{nth}");
+        let cut = Cut::new(root.path(), &what.replace(':', "-"), &peer);
+        let mut s = cut.serve(&[("BROCA_CRASH_AT", what.as_str())]);
+        let acked = send(&s)
+            .filter(|(status, _)| *status == 200)
+            .and_then(|(_, r)| r["result"]["run_id"].as_str().map(str::to_string));
+        counts.cuts += 1;
+        if wait_abort(&mut s) {
+            counts.killed += 1;
+        } else {
+            counts.not_reached += 1;
+        }
+        drop(s);
+        cut.check(acked, &what, &mut counts);
+    }
+
+    // SIGKILL after a seeded delay, wherever the run is.
+    for seed in 0..random_kills {
+        if started.elapsed() > budget {
+            break;
+        }
+        let what = format!("sigkill-{seed}");
+        let cut = Cut::new(root.path(), &what, &peer);
+        let mut s = cut.serve(&[]);
+        let delay = Duration::from_millis(mix(seed) % 150);
+        let t = Instant::now();
+        let acked = send(&s)
+            .filter(|(status, _)| *status == 200)
+            .and_then(|(_, r)| r["result"]["run_id"].as_str().map(str::to_string));
+        std::thread::sleep(delay.saturating_sub(t.elapsed()));
+        counts.cuts += 1;
+        let alive = s.child.try_wait().unwrap().is_none();
+        let _ = s.child.kill(); // SIGKILL
+        let status = s.child.wait().unwrap();
+        if alive && status.signal() == Some(libc::SIGKILL) {
+            counts.killed += 1;
+        }
+        drop(s);
+        cut.check(acked, &what, &mut counts);
+    }
+
+    println!(
+        "crash cuts tried: {}; kills that ended a real process: {}; boundaries not reached: {}; invariants checked: {}; storage faults injected: 0 (see the simulation tests)",
+        counts.cuts, counts.killed, counts.not_reached, counts.invariants
+    );
+    assert!(
+        counts.killed >= 1,
+        "no kill ended a real process: {counts:?}"
+    );
+}

@@ -5,6 +5,8 @@
 
 use std::path::Path;
 
+pub mod fuzz;
+
 use broca::wal::verify::read_and_scan;
 use broca::wal::writer::wal_path;
 use broca::wal::{Record, SessionTriple, WalWriter};

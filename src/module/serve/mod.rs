@@ -13,6 +13,8 @@ mod hub;
 mod registry;
 mod rpc;
 
+pub use rpc::check_request;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};

@@ -32,6 +32,46 @@ fn invalid(why: impl Into<String>) -> RpcError {
     RpcError::permanent(400, "invalid_params", why)
 }
 
+/// Checks a management request body as far as it can be checked without a daemon: the
+/// envelope, the method, the session triple, and for session.send its parameters and what
+/// admission refuses whatever the session holds. The fuzz targets drive the request parsing
+/// through here. Answers the method.
+pub fn check_request(body: &[u8]) -> Result<String, RpcError> {
+    let env: Envelope = serde_json::from_slice(body).map_err(|e| {
+        RpcError::permanent(400, "invalid_request", format!("not an envelope: {e}"))
+    })?;
+    let mut params = env.params.unwrap_or_default();
+    match env.method.as_str() {
+        "session.send" => {
+            triple(&mut params)?;
+            let req: SendRequest = serde_json::from_value(Value::Object(params))
+                .map_err(|e| invalid(e.to_string()))?;
+            let probe = crate::core::admission::AdmissionContext {
+                tools: &[],
+                run_id: String::new(),
+                now_unix_ms: 0,
+            };
+            crate::core::admission::admit(&req, &crate::core::Session::default(), &probe)
+                .map_err(|r| RpcError::refusal(&r, r.to_string()))?;
+        }
+        "run.status" | "run.result" | "run.cancel" | "session.read" => {
+            triple(&mut params)?;
+            take_str(&mut params, "run_id")?;
+            take_u64(&mut params, "from_ordinal")?;
+            take_u64(&mut params, "limit")?;
+            no_more(&params)?;
+        }
+        other => {
+            return Err(RpcError::permanent(
+                404,
+                "unknown_method",
+                format!("unknown method `{other}`"),
+            ))
+        }
+    }
+    Ok(env.method)
+}
+
 /// Runs one call.
 pub(crate) async fn call(ctx: &Arc<ServeCtx>, body: &[u8]) -> Result<Value, RpcError> {
     let env: Envelope = serde_json::from_slice(body).map_err(|e| {

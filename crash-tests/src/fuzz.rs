@@ -1,0 +1,68 @@
+//! Entry points shared by the cargo-fuzz targets (`fuzz/`) and the bounded property run in CI
+//! (`tests/fuzz_props.rs`): each takes arbitrary bytes and must return without panicking,
+//! without allocating without bound and without hanging.
+
+use broca_io::eventstream::EventStreamDecoder;
+use broca_io::http1::{Limits, ResponseDecoder};
+use broca_io::sse::SseDecoder;
+
+/// The WAL reader: header, frames, the recovery case table, and the decode of every record.
+pub fn wal_reader(data: &[u8]) {
+    if let Ok(scan) = broca::wal::scan(data) {
+        let _ = scan.decode(data);
+        let _ = broca::core::Session::replay_scan(&scan, data);
+    }
+}
+
+/// The SSE decoder, fed in two chunks split where the first byte says.
+pub fn sse(data: &[u8]) {
+    let split = split_at(data);
+    let mut d = SseDecoder::new(64 * 1024);
+    let mut events = 0usize;
+    for part in [&data[..split], &data[split..]] {
+        if d.push(part, &mut |_ev| events += 1).is_err() {
+            return;
+        }
+    }
+}
+
+/// The HTTP/1.1 response decoder, fed in two chunks.
+pub fn http_response(data: &[u8]) {
+    let split = split_at(data);
+    let limits = Limits {
+        head_bytes_max: 16 * 1024,
+        headers_max: 64,
+        body_bytes_max: 1024 * 1024,
+    };
+    let mut d = ResponseDecoder::new(limits, data.first().is_some_and(|b| b & 1 == 1));
+    let mut parts = Vec::new();
+    for part in [&data[..split], &data[split..]] {
+        if d.push(part, &mut parts).is_err() {
+            return;
+        }
+        parts.clear();
+    }
+}
+
+/// The management request parsing (envelope, method, triple, send parameters, admission).
+pub fn management_json(data: &[u8]) {
+    let _ = broca::module::serve::check_request(data);
+}
+
+/// The AWS event-stream decoder (both CRCs), fed in two chunks.
+pub fn event_stream(data: &[u8]) {
+    let split = split_at(data);
+    let mut d = EventStreamDecoder::new(1024 * 1024);
+    for part in [&data[..split], &data[split..]] {
+        if d.push(part, &mut |_m| {}).is_err() {
+            return;
+        }
+    }
+}
+
+fn split_at(data: &[u8]) -> usize {
+    match data.first() {
+        Some(b) => (*b as usize * data.len()) / 256,
+        None => 0,
+    }
+}

@@ -27,7 +27,7 @@ fn failing_sync(fail_at: u64, errno: i32) -> (LogConfig, Arc<AtomicU64>) {
             let n = seen.fetch_add(1, Ordering::SeqCst) + 1;
             (n == fail_at).then(|| io::Error::from_raw_os_error(errno))
         }
-        FaultPoint::Write { .. } => None,
+        FaultPoint::Write { .. } | FaultPoint::Written { .. } => None,
     }));
     (
         LogConfig {
@@ -100,7 +100,7 @@ fn a_write_that_finds_no_space_fails_every_waiter_of_its_batch_with_a_clear_erro
             let n = seen.fetch_add(1, Ordering::SeqCst) + 1;
             (n >= 2).then(|| io::Error::from_raw_os_error(libc::ENOSPC))
         }
-        FaultPoint::Sync => None,
+        FaultPoint::Sync | FaultPoint::Written { .. } => None,
     }));
     let cfg = LogConfig {
         faults: Some(hook),

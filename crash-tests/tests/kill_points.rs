@@ -3,7 +3,8 @@
 //! answers) runs a send whose model asks for two tool calls. Each cut starts serve with
 //! `BROCA_CRASH_AT=<point>:<nth>` (the process aborts right after that boundary is durable), or
 //! SIGKILLs it after a seeded random delay; then serve restarts on the same state dir, the send
-//! is retried with its send_id, and the invariants are checked:
+//! is retried with its send_id, and the invariants are checked. `mid_write` tears a batch
+//! write (its first half on disk, the rest not) and aborts before its sync.
 //!
 //! - each tool call happened at most once (counted by the tool server);
 //! - exactly one terminal record per run; interrupted never reported as cancelled;
@@ -37,6 +38,7 @@ struct Counts {
     killed: u64,
     not_reached: u64,
     invariants: u64,
+    torn_writes: u64,
 }
 
 /// One JSON-RPC call that tolerates a server dying under it: `None` when no whole answer came.
@@ -295,6 +297,9 @@ fn kills_at_every_boundary_and_at_random_keep_every_invariant() {
         ("step_started", 2),
         ("step", 2),
         ("terminal", 1),
+        // Batch writes: the lease record's, RunStarted's, then the run's own.
+        ("mid_write", 5),
+        ("mid_write", 7),
     ];
     for (point, nth) in cuts {
         if started.elapsed() > budget {
@@ -309,6 +314,7 @@ fn kills_at_every_boundary_and_at_random_keep_every_invariant() {
         counts.cuts += 1;
         if wait_abort(&mut s) {
             counts.killed += 1;
+            counts.torn_writes += u64::from(point == "mid_write");
         } else {
             counts.not_reached += 1;
         }
@@ -342,8 +348,8 @@ fn kills_at_every_boundary_and_at_random_keep_every_invariant() {
     }
 
     println!(
-        "crash cuts tried: {}; kills that ended a real process: {}; boundaries not reached: {}; invariants checked: {}; storage faults injected: 0 (see the simulation tests)",
-        counts.cuts, counts.killed, counts.not_reached, counts.invariants
+        "crash cuts tried: {}; kills that ended a real process: {}; boundaries not reached: {}; invariants checked: {}; faults injected (writes torn in a real process): {}",
+        counts.cuts, counts.killed, counts.not_reached, counts.invariants, counts.torn_writes
     );
     assert!(
         counts.killed >= 1,

@@ -6,7 +6,10 @@
 //! - `step`: a ModelStepFinished is durable;
 //! - `intent`: a ToolDispatchIntent is durable (before any of its calls leaves);
 //! - `tool_result`: a ToolResult is durable;
-//! - `terminal`: a RunFinished or RunPaused is durable.
+//! - `terminal`: a RunFinished or RunPaused is durable;
+//! - `mid_write`: the nth batch write of the process reached the file only in part (the
+//!   sectors of its first half; the rest of the batch zero, as never written), before its
+//!   fdatasync.
 //!
 //! The abort is `std::process::abort`: no destructor, flush or close runs, as after a crash.
 //! Unset (the normal case), the hook costs one load of a cached value per record.
@@ -24,6 +27,7 @@ pub const POINTS: &[&str] = &[
     "intent",
     "tool_result",
     "terminal",
+    "mid_write",
 ];
 
 struct Plan {
@@ -69,6 +73,46 @@ fn point_of(record: &Record) -> Option<&'static str> {
         Record::RunFinished(_) | Record::RunPaused(_) => "terminal",
         _ => return None,
     })
+}
+
+/// The log configuration for this process: the default, with the `mid_write` tear installed
+/// when the crash hook asks for it.
+pub fn log_config() -> broca_io::LogConfig {
+    let mut cfg = broca_io::LogConfig::default();
+    if plan().is_some_and(|p| p.point == "mid_write") {
+        cfg.faults = Some(broca_io::FaultHook(std::sync::Arc::new(|point| {
+            if let broca_io::FaultPoint::Written { fd, pos, len } = point {
+                let plan = plan().expect("the plan that installed this hook");
+                if plan.seen.fetch_add(1, Ordering::Relaxed) + 1 == plan.nth {
+                    tear(fd, pos, len);
+                }
+            }
+            None
+        })));
+    }
+    cfg
+}
+
+/// Zeroes the second half of the write of `len` bytes at `pos` (from a sector boundary, past
+/// the first sector, which holds the acknowledged tail), then aborts before any sync.
+fn tear(fd: i32, pos: u64, len: usize) -> ! {
+    const SECTOR: usize = 512;
+    let keep = (len / 2 / SECTOR * SECTOR).max(SECTOR).min(len);
+    let n = len - keep;
+    if n > 0 {
+        // O_DIRECT needs an aligned buffer.
+        let layout = std::alloc::Layout::from_size_align(n, 4096).expect("a valid layout");
+        // SAFETY: a non-zero size; freed below.
+        let buf = unsafe { std::alloc::alloc_zeroed(layout) };
+        if !buf.is_null() {
+            // SAFETY: `fd` is the log's open descriptor; `buf` holds `n` zeroed bytes.
+            let _ = unsafe { libc::pwrite(fd, buf.cast(), n, (pos + keep as u64) as libc::off_t) };
+            // SAFETY: allocated above with this layout.
+            unsafe { std::alloc::dealloc(buf, layout) };
+        }
+    }
+    eprintln!("broca: BROCA_CRASH_AT: aborting in the middle of a write ({keep} of {len} bytes)");
+    std::process::abort()
 }
 
 /// Whether the process must abort after `record` is durable.

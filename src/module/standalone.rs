@@ -7,7 +7,7 @@ use std::rc::Rc;
 
 use broca_io::net::proxy::ProxyConfig;
 use broca_io::net::{tls, ClientConfig, HttpClient};
-use broca_io::{Committer, LogConfig};
+use broca_io::Committer;
 
 use crate::core::admission::SendRequest;
 use crate::provider::credential::StateSecrets;
@@ -81,7 +81,7 @@ impl Standalone {
                 Rc::new(model),
                 Rc::new(router),
                 servers.specs(),
-                LogConfig::default(),
+                crate::module::crash::log_config(),
                 Committer::default(),
             )
             .await;

@@ -57,6 +57,9 @@ pub const ZERO_AHEAD_BATCH_BYTES_MAX: usize = 64 * 1024;
 pub enum FaultPoint {
     /// Before the batch write of `len` bytes at `pos`: an error here means nothing was written.
     Write { pos: u64, len: usize },
+    /// After the batch write of `len` bytes at `pos` on descriptor `fd`, before its sync (crash
+    /// tests tear the write here); an error here is a failed write.
+    Written { fd: i32, pos: u64, len: usize },
     /// Instead of the batch's `fdatasync`: an error here is a failed sync.
     Sync,
 }
@@ -662,6 +665,13 @@ async fn write_batch(shared: &Shared, batch: &[u8], base: u64) -> Result<Written
         })
         .await
         .map_err(|e| LogError::io(&shared.path, "write", e))?;
+    if let Some(e) = fault(FaultPoint::Written {
+        fd: shared.file.raw_fd(),
+        pos: block_start,
+        len,
+    }) {
+        return Err(LogError::io(&shared.path, "write", e));
+    }
     shared.committer.count_write(len);
 
     let started = Instant::now();

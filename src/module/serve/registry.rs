@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use broca_io::net::{ClientConfig, HttpClient};
-use broca_io::{CommitStats, Committer, LogConfig};
+use broca_io::{CommitStats, Committer};
 use futures_channel::{mpsc, oneshot};
 use futures_lite::StreamExt;
 use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
@@ -329,7 +329,7 @@ impl Registry {
             self.model.clone(),
             self.tools.clone(),
             self.ctx.tools.specs(),
-            LogConfig::default(),
+            crate::module::crash::log_config(),
             self.committer.clone(),
         )
         .await;

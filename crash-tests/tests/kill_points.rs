@@ -111,6 +111,107 @@ impl Cut<'_> {
         )
     }
 
+    /// `broca run` of the send on this cut's state dir.
+    fn run(&self, env: &[(&str, &str)]) -> std::process::Output {
+        broca(&self.state)
+            .envs(env.iter().copied())
+            .env("ANTHROPIC_API_KEY", "sk-crash-test-0123456789")
+            .args(["run", "--model", "anthropic/m", "--base-url"])
+            .arg(self.peer.url())
+            .arg("--tools-config")
+            .arg(&self.config)
+            .args([
+                "--project-root",
+                "/crash",
+                "--harness",
+                "h",
+                "--session",
+                "s",
+            ])
+            .args([
+                "--send-id",
+                "k1",
+                "--max-steps",
+                "4",
+                "--json",
+                "record two",
+            ])
+            .output()
+            .unwrap()
+    }
+
+    /// The invariants that the files alone tell: at most once per call, one terminal per run,
+    /// the WALs verify, the store and the facts agree with the WALs.
+    fn check_files(&self, what: &str, counts: &mut Counts) {
+        let text = std::fs::read_to_string(&self.calls).unwrap_or_default();
+        let mut per_note: HashMap<String, u32> = HashMap::new();
+        for line in text.lines() {
+            let v: Value = serde_json::from_str(line).unwrap();
+            *per_note
+                .entry(v["arguments"]["note"].as_str().unwrap_or("").to_string())
+                .or_default() += 1;
+        }
+        assert!(
+            per_note.values().all(|n| *n <= 1),
+            "{what}: a call ran twice: {per_note:?}"
+        );
+        let records = dump_all(&self.state);
+        let mut terminals: HashMap<String, u32> = HashMap::new();
+        for r in &records {
+            let run = r["record"]["run_id"].as_str().unwrap_or("").to_string();
+            match r["kind"].as_str() {
+                Some("run_started") => {
+                    terminals.entry(run).or_default();
+                }
+                Some("run_finished" | "run_paused") => *terminals.entry(run).or_default() += 1,
+                _ => {}
+            }
+        }
+        assert!(
+            terminals.values().all(|n| *n == 1),
+            "{what}: terminals per run {terminals:?}"
+        );
+        assert!(
+            !records.iter().any(|r| r["record"]["reason"] == "cancelled"),
+            "{what}: nothing cancelled a run"
+        );
+        let verify = broca(&self.state).args(["wal", "verify"]).output().unwrap();
+        assert!(
+            verify.status.success(),
+            "{what}: {}",
+            String::from_utf8_lossy(&verify.stdout)
+        );
+        let export = broca(&self.state)
+            .args(["export", "usage"])
+            .output()
+            .unwrap();
+        assert!(export.status.success(), "{what}");
+        let facts = String::from_utf8_lossy(&export.stdout).lines().count();
+        let attempts = records
+            .iter()
+            .filter(|r| {
+                matches!(
+                    r["kind"].as_str(),
+                    Some("model_step_finished" | "model_attempt_finished")
+                )
+            })
+            .count();
+        assert_eq!(
+            facts, attempts,
+            "{what}: one fact per step and failed attempt"
+        );
+        let check = broca(&self.state)
+            .args(["store", "check"])
+            .output()
+            .unwrap();
+        assert!(
+            check.status.success(),
+            "{what}: {}",
+            String::from_utf8_lossy(&check.stdout)
+        );
+        counts.invariants += 6;
+    }
+
     /// Restarts serve, retries the send, waits for its run to end, and checks every invariant.
     fn check(&self, acked: Option<String>, what: &str, counts: &mut Counts) {
         let s = self.serve(&[]);
@@ -320,6 +421,43 @@ fn kills_at_every_boundary_and_at_random_keep_every_invariant() {
         }
         drop(s);
         cut.check(acked, &what, &mut counts);
+    }
+
+    // `broca run` cut at a boundary, then run again with the same send_id: the run a crash
+    // left open is resumed first, the send answers that run, and no call ran twice.
+    for (point, nth) in [("intent", 1), ("tool_result", 1), ("step", 2)] {
+        if started.elapsed() > budget {
+            break;
+        }
+        let what = format!("run-{point}-{nth}");
+        let cut = Cut::new(root.path(), &what, &peer);
+        let first = cut.run(&[("BROCA_CRASH_AT", format!("{point}:{nth}").as_str())]);
+        counts.cuts += 1;
+        if first.status.signal() == Some(libc::SIGABRT) {
+            counts.killed += 1;
+        } else {
+            counts.not_reached += 1;
+        }
+        // The same send_id again: the open run is resumed (interrupted when its calls' outcome
+        // is unknown) and answered; nothing new is admitted.
+        let again = cut.run(&[]);
+        let stdout = String::from_utf8_lossy(&again.stdout);
+        let last: Value =
+            serde_json::from_str(stdout.lines().last().unwrap_or("")).unwrap_or_else(|_| {
+                panic!(
+                    "{what}: no run.result line: {}",
+                    String::from_utf8_lossy(&again.stderr)
+                )
+            });
+        let started: Vec<Value> = dump_all(&cut.state)
+            .into_iter()
+            .filter(|r| r["kind"] == "run_started")
+            .collect();
+        assert_eq!(started.len(), 1, "{what}: the send_id admitted one run");
+        assert_eq!(last["run_id"], started[0]["record"]["run_id"], "{what}");
+        assert_ne!(last["state"], "cancelled", "{what}");
+        counts.invariants += 2;
+        cut.check_files(&what, &mut counts);
     }
 
     // SIGKILL after a seeded delay, wherever the run is.

@@ -14,6 +14,18 @@ use support::serve::{rpc, start, wait_for};
 use support::{broca, dump_all, fixture, last_json, peers_dir, Aimock};
 
 fn run(state: &Path, base: &str, model: &str, prompt: &str, env: &[(&str, &str)]) -> Output {
+    run_in(state, base, model, "a", prompt, env)
+}
+
+/// `broca run` of `prompt` in `session`.
+fn run_in(
+    state: &Path,
+    base: &str,
+    model: &str,
+    session: &str,
+    prompt: &str,
+    env: &[(&str, &str)],
+) -> Output {
     broca(state)
         .env("ANTHROPIC_API_KEY", "sk-store-test-0123456789")
         .env("OPENAI_API_KEY", "sk-store-test-0123456789")
@@ -25,7 +37,7 @@ fn run(state: &Path, base: &str, model: &str, prompt: &str, env: &[(&str, &str)]
             "--base-url",
             base,
             "--session",
-            "a",
+            session,
             "--json",
             prompt,
         ])
@@ -120,18 +132,14 @@ fn facts_are_exported_with_stable_ids_and_the_store_rebuilds_to_the_same_bytes()
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path();
     for (session, prompt) in [("a", "counted"), ("b", "counted"), ("a", "no usage")] {
-        let o = broca(state)
-            .env("ANTHROPIC_API_KEY", "sk-store-test-0123456789")
-            .args([
-                "run",
-                "--model",
-                "anthropic/claude-sonnet-4-5",
-                "--base-url",
-            ])
-            .arg(peer.url())
-            .args(["--session", session, "--json", prompt])
-            .output()
-            .unwrap();
+        let o = run_in(
+            state,
+            &peer.url(),
+            "anthropic/claude-sonnet-4-5",
+            session,
+            prompt,
+            &[],
+        );
         ok(&o);
     }
     let before = facts(state);
@@ -190,18 +198,14 @@ fn facts_are_exported_with_stable_ids_and_the_store_rebuilds_to_the_same_bytes()
 
 fn two_runs(state: &Path, peer: &Aimock) {
     for session in ["a", "b"] {
-        let o = broca(state)
-            .env("ANTHROPIC_API_KEY", "sk-store-test-0123456789")
-            .args([
-                "run",
-                "--model",
-                "anthropic/claude-sonnet-4-5",
-                "--base-url",
-            ])
-            .arg(peer.url())
-            .args(["--session", session, "--json", "counted"])
-            .output()
-            .unwrap();
+        let o = run_in(
+            state,
+            &peer.url(),
+            "anthropic/claude-sonnet-4-5",
+            session,
+            "counted",
+            &[],
+        );
         ok(&o);
     }
 }
@@ -308,14 +312,13 @@ fn catalog_overrides_and_the_service_keep_their_last_good_copy() {
             "prices": {"currency": "EUR", "unit": "per_million_tokens", "input": price}}]})
     };
     std::fs::write(&file, priced(2.5).to_string()).unwrap();
+    let house = |env: &[(&str, &str)]| {
+        let o = run(&state, &peer.url(), "anthropic/house-model", "counted", env);
+        ok(&o);
+        o
+    };
     let env = [("BROCA_CATALOG_FILE", file.to_str().unwrap())];
-    ok(&run(
-        &state,
-        &peer.url(),
-        "anthropic/house-model",
-        "counted",
-        &env,
-    ));
+    house(&env);
     let frozen = |n: usize| {
         dump_all(&state)
             .into_iter()
@@ -329,14 +332,7 @@ fn catalog_overrides_and_the_service_keep_their_last_good_copy() {
 
     // The file stops parsing: said clearly, the last good contents kept.
     std::fs::write(&file, "{\"models\": [oops").unwrap();
-    let o = run(
-        &state,
-        &peer.url(),
-        "anthropic/house-model",
-        "counted",
-        &env,
-    );
-    ok(&o);
+    let o = house(&env);
     assert!(
         text(&o.stderr).contains("catalog file")
             && text(&o.stderr).contains("keeping its last good contents"),
@@ -356,13 +352,7 @@ fn catalog_overrides_and_the_service_keep_their_last_good_copy() {
     );
     let url = format!("{}/catalog.json", http.url());
     let env = [("BROCA_CATALOG_URL", url.as_str())];
-    ok(&run(
-        &state,
-        &peer.url(),
-        "anthropic/house-model",
-        "counted",
-        &env,
-    ));
+    house(&env);
     assert_eq!(frozen(2)["prices"]["input"], 7.0);
     let kept = state.join("catalog/service-last-good.json");
     use std::os::unix::fs::PermissionsExt;
@@ -371,14 +361,7 @@ fn catalog_overrides_and_the_service_keep_their_last_good_copy() {
         0o600
     );
     drop(http);
-    let o = run(
-        &state,
-        &peer.url(),
-        "anthropic/house-model",
-        "counted",
-        &env,
-    );
-    ok(&o);
+    let o = house(&env);
     assert!(
         text(&o.stderr).contains("using its last good answer"),
         "{}",

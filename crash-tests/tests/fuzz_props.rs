@@ -7,7 +7,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use broca_crash_tests::fuzz;
+use broca_crash_tests::{fuzz, mix, Rng};
 
 /// The system allocator, keeping the peak of live bytes.
 struct Peak;
@@ -48,64 +48,50 @@ const ALLOC_BOUND: usize = 256 * 1024 * 1024;
 /// The time one input may take at most (a hang, not a speed target: inputs take microseconds).
 const TIME_BOUND: Duration = Duration::from_secs(5);
 
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = mix(self.0);
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
-
 /// A mutation of one of `seeds`, or random bytes.
+/// A number below `n`, as an index.
+fn below(rng: &mut Rng, n: usize) -> usize {
+    rng.below(n as u64) as usize
+}
+
 fn input(rng: &mut Rng, seeds: &[Vec<u8>]) -> Vec<u8> {
-    if rng.below(8) == 0 {
-        let n = rng.below(512);
+    if below(rng, 8) == 0 {
+        let n = below(rng, 512);
         return (0..n).map(|_| rng.next() as u8).collect();
     }
-    let mut v = seeds[rng.below(seeds.len())].clone();
-    for _ in 0..1 + rng.below(4) {
+    let mut v = seeds[below(rng, seeds.len())].clone();
+    for _ in 0..1 + below(rng, 4) {
         let len = v.len().max(1);
-        match rng.below(7) {
+        match below(rng, 7) {
             0 if !v.is_empty() => {
-                let i = rng.below(v.len());
-                v[i] ^= 1 << rng.below(8);
+                let i = below(rng, v.len());
+                v[i] ^= 1 << below(rng, 8);
             }
             1 => {
-                let i = rng.below(v.len() + 1);
+                let i = below(rng, v.len() + 1);
                 v.insert(i, rng.next() as u8);
             }
             2 if !v.is_empty() => {
-                let i = rng.below(v.len());
-                let n = rng.below(len - i).max(1);
+                let i = below(rng, v.len());
+                let n = below(rng, len - i).max(1);
                 v.drain(i..(i + n).min(v.len()));
             }
             3 if !v.is_empty() => {
-                let i = rng.below(v.len());
-                let n = (rng.below(64) + 1).min(v.len() - i);
+                let i = below(rng, v.len());
+                let n = (below(rng, 64) + 1).min(v.len() - i);
                 let chunk = v[i..i + n].to_vec();
                 v.splice(i..i, chunk);
             }
-            4 => v.truncate(rng.below(len)),
+            4 => v.truncate(below(rng, len)),
             5 if !v.is_empty() => {
                 // An interesting number where a length or count may be.
-                let i = rng.below(v.len());
+                let i = below(rng, v.len());
                 let vals = [0u8, 0x7f, 0x80, 0xff];
-                v[i] = vals[rng.below(vals.len())];
+                v[i] = vals[below(rng, vals.len())];
             }
             _ => {
-                let other = &seeds[rng.below(seeds.len())];
-                let at = rng.below(other.len() + 1);
+                let other = &seeds[below(rng, seeds.len())];
+                let at = below(rng, other.len() + 1);
                 v.extend_from_slice(&other[at..]);
             }
         }

@@ -28,6 +28,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use broca_crash_tests::mix;
 use serde_json::{json, Value};
 use support::serve::{start_env, Serve};
 use support::{broca, dump_all, fixture, peers_dir, Aimock};
@@ -239,22 +240,6 @@ impl Cut<'_> {
         };
         let state = status["state"].as_str().unwrap().to_string();
         assert_ne!(state, "cancelled", "{what}: nothing cancelled this run");
-        counts.invariants += 1;
-
-        // At most once per tool call, counted by the server itself.
-        let text = std::fs::read_to_string(&self.calls).unwrap_or_default();
-        let mut per_note: HashMap<String, u32> = HashMap::new();
-        for line in text.lines() {
-            let v: Value = serde_json::from_str(line).unwrap();
-            *per_note
-                .entry(v["arguments"]["note"].as_str().unwrap_or("").to_string())
-                .or_default() += 1;
-        }
-        assert!(
-            per_note.values().all(|n| *n <= 1),
-            "{what}: a call ran twice: {per_note:?}"
-        );
-        counts.invariants += 1;
         if state == "interrupted" {
             let named = status["indeterminate_tool_calls"].as_array().unwrap();
             assert!(
@@ -262,34 +247,10 @@ impl Cut<'_> {
                 "{what}: {status}"
             );
         }
-        let read_before = try_rpc(&s, "session.read", json!({})).unwrap().1;
-        let _ = s.child.id();
-        stop(s);
-
-        // One terminal record per run; the WALs verify.
-        let records = dump_all(&self.state);
-        let mut terminals: HashMap<String, u32> = HashMap::new();
-        for r in &records {
-            let run = r["record"]["run_id"].as_str().unwrap_or("").to_string();
-            match r["kind"].as_str() {
-                Some("run_started") => {
-                    terminals.entry(run).or_default();
-                }
-                Some("run_finished" | "run_paused") => *terminals.entry(run).or_default() += 1,
-                _ => {}
-            }
-        }
-        assert!(
-            terminals.values().all(|n| *n == 1),
-            "{what}: terminals per run {terminals:?}"
-        );
-        let verify = broca(&self.state).args(["wal", "verify"]).output().unwrap();
-        assert!(
-            verify.status.success(),
-            "{what}: {}",
-            String::from_utf8_lossy(&verify.stdout)
-        );
         counts.invariants += 2;
+        let read_before = try_rpc(&s, "session.read", json!({})).unwrap().1;
+        stop(s);
+        self.check_files(what, counts);
 
         // The transcript replayed after another restart is the same.
         let s = self.serve(&[]);
@@ -300,37 +261,6 @@ impl Cut<'_> {
             "{what}: the transcript changed across a restart"
         );
         counts.invariants += 1;
-
-        // The store agrees with the WAL once caught up; its facts are the WAL's.
-        let export = broca(&self.state)
-            .args(["export", "usage"])
-            .output()
-            .unwrap();
-        assert!(export.status.success(), "{what}");
-        let facts = String::from_utf8_lossy(&export.stdout).lines().count();
-        let attempts = records
-            .iter()
-            .filter(|r| {
-                matches!(
-                    r["kind"].as_str(),
-                    Some("model_step_finished" | "model_attempt_finished")
-                )
-            })
-            .count();
-        assert_eq!(
-            facts, attempts,
-            "{what}: one fact per step and failed attempt"
-        );
-        let check = broca(&self.state)
-            .args(["store", "check"])
-            .output()
-            .unwrap();
-        assert!(
-            check.status.success(),
-            "{what}: {}",
-            String::from_utf8_lossy(&check.stdout)
-        );
-        counts.invariants += 2;
     }
 }
 
@@ -360,14 +290,6 @@ fn wait_abort(s: &mut Serve) -> bool {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-/// splitmix64, for seeded delays.
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
 }
 
 #[test]

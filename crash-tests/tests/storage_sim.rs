@@ -15,31 +15,11 @@
 //! 400). The output ends with the counts.
 
 use broca::wal::{scan, SessionTriple, Verdict, WalWriter};
-use broca_crash_tests::note;
+use broca_crash_tests::{mix, note, Rng};
 use broca_io::{Committer, LogConfig};
 use broca_shards::run_local;
 
 const SECTOR: usize = 512;
-
-/// splitmix64.
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = mix(self.0);
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 /// The file's bytes at each barrier, and the records durable there.
 struct Barriers {

@@ -238,9 +238,16 @@ impl Store {
     }
 
     fn clear(&self) -> Result<(), String> {
+        self.clear_projections(true)
+    }
+
+    /// Clears every projection (and the store's own records with `meta`), in one transaction.
+    fn clear_projections(&self, meta: bool) -> Result<(), String> {
         let mut w = self.env.write_txn().map_err(err("write"))?;
+        if meta {
+            self.meta.clear(&mut w).map_err(err("clear"))?;
+        }
         for db in [
-            &self.meta,
             &self.marks,
             &self.runs,
             &self.admission,
@@ -335,17 +342,7 @@ impl Store {
 
     /// Clears every projection and rebuilds it from the WALs.
     pub fn rebuild(&self, wal_dir: &Path) -> Result<Pass, String> {
-        let mut w = self.env.write_txn().map_err(err("write"))?;
-        for db in [
-            &self.marks,
-            &self.runs,
-            &self.admission,
-            &self.facts,
-            &self.transcript,
-        ] {
-            db.clear(&mut w).map_err(err("clear"))?;
-        }
-        w.commit().map_err(err("commit"))?;
+        self.clear_projections(false)?;
         self.catch_up_all(wal_dir)
     }
 

@@ -57,7 +57,7 @@ fn below(rng: &mut Rng, n: usize) -> usize {
 fn input(rng: &mut Rng, seeds: &[Vec<u8>]) -> Vec<u8> {
     if below(rng, 8) == 0 {
         let n = below(rng, 512);
-        return (0..n).map(|_| rng.next() as u8).collect();
+        return (0..n).map(|_| rng.next_u64() as u8).collect();
     }
     let mut v = seeds[below(rng, seeds.len())].clone();
     for _ in 0..1 + below(rng, 4) {
@@ -69,7 +69,7 @@ fn input(rng: &mut Rng, seeds: &[Vec<u8>]) -> Vec<u8> {
             }
             1 => {
                 let i = below(rng, v.len() + 1);
-                v.insert(i, rng.next() as u8);
+                v.insert(i, rng.next_u64() as u8);
             }
             2 if !v.is_empty() => {
                 let i = below(rng, v.len());

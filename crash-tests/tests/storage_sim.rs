@@ -28,7 +28,7 @@ struct Barriers {
 }
 
 fn write_batches(dir: &std::path::Path, batches: usize, seed: u64) -> Barriers {
-    let triple = SessionTriple::new("/sim", "faults", &format!("s{seed}")).unwrap();
+    let triple = SessionTriple::new("/sim", "faults", format!("s{seed}")).unwrap();
     let path = broca::wal::writer::wal_path(dir, &triple);
     let mut rng = Rng(seed);
     let mut images = Vec::new();
@@ -111,7 +111,7 @@ fn seeded_storage_faults_never_lose_durable_records_or_hide_corruption() {
             if tail > 0 {
                 let extra = SECTOR * (1 + rng.below(4) as usize);
                 let fill: Vec<u8> = (0..extra)
-                    .map(|_| if tail == 1 { 0 } else { rng.next() as u8 })
+                    .map(|_| if tail == 1 { 0 } else { rng.next_u64() as u8 })
                     .collect();
                 img.extend_from_slice(&fill);
                 counts.faults += 1;

@@ -155,7 +155,7 @@ impl StateSecrets {
         self
     }
 
-    fn from_file(&self, name: &str) -> Result<Credential, String> {
+    fn file_credential(&self, name: &str) -> Result<Credential, String> {
         #[derive(serde::Deserialize)]
         #[serde(deny_unknown_fields)]
         struct Entry {
@@ -202,7 +202,7 @@ impl Secrets for StateSecrets {
     fn credential(&self, credential_id: &str) -> Result<Credential, String> {
         match credential_id.split_once(':') {
             Some(("env", _)) => EnvSecrets.credential(credential_id),
-            Some(("file", name)) => self.from_file(name),
+            Some(("file", name)) => self.file_credential(name),
             Some(("vault", name)) => match &self.vault {
                 Some(v) => v.credential(name),
                 None => Err(format!(

@@ -632,6 +632,7 @@ impl RunMachine {
             reason: reason.to_string(),
             error: Some(error.clone()),
             usage: self.usage,
+            at_unix_ms: Some(now_unix_ms()),
         };
         self.push(Record::RunPaused(record), true);
         self.phase = Phase::Sealing(Outcome {
@@ -657,6 +658,7 @@ impl RunMachine {
             error: error.clone(),
             indeterminate_tool_calls: indeterminate.clone(),
             usage: self.usage,
+            at_unix_ms: Some(now_unix_ms()),
         };
         self.push(Record::RunFinished(record), true);
         self.phase = Phase::Sealing(Outcome {

@@ -59,6 +59,10 @@ pub struct RunRow {
     pub steps: u32,
     pub usage: Usage,
     pub started_unix_ms: u64,
+    /// When the run ended or paused; absent while it runs (or for logs written before the
+    /// time was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_unix_ms: Option<u64>,
     pub started_seq: u64,
 }
 
@@ -564,6 +568,16 @@ pub fn project(scan: &crate::wal::Scan, bytes: &[u8]) -> Result<Projection, Stri
             _ => None,
         })
         .collect();
+    // The last terminal record of each run (a resumed run's pause is followed by its end).
+    let ended: std::collections::HashMap<String, u64> = decoded
+        .records
+        .iter()
+        .filter_map(|(_, r)| match r {
+            crate::wal::Record::RunFinished(f) => f.at_unix_ms.map(|t| (f.run_id.clone(), t)),
+            crate::wal::Record::RunPaused(p) => p.at_unix_ms.map(|t| (p.run_id.clone(), t)),
+            _ => None,
+        })
+        .collect();
     let session =
         Session::replay(decoded.records).map_err(|e| format!("record {}: {}", e.seq, e.reason))?;
     let runs: Vec<RunRow> = session
@@ -581,6 +595,10 @@ pub fn project(scan: &crate::wal::Scan, bytes: &[u8]) -> Result<Projection, Stri
             steps: v.steps,
             usage: v.usage,
             started_unix_ms: started.get(&v.run_id).copied().unwrap_or(0),
+            ended_unix_ms: match v.state {
+                crate::core::replay::RunState::Active => None,
+                _ => ended.get(&v.run_id).copied(),
+            },
             started_seq: v.started_seq,
         })
         .collect();
@@ -675,4 +693,85 @@ fn session_range(addr: &[u8; 16]) -> ([u8; 16], [u8; 17]) {
 
 fn json<T: Serialize + ?Sized>(v: &T) -> Vec<u8> {
     serde_json::to_vec(v).expect("store values serialize")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::module::scripted::{CountingTools, Script, ScriptedModel};
+    use crate::module::session::SessionActor;
+    use crate::wal::SessionTriple;
+    use broca_io::{Committer, LogConfig};
+    use std::rc::Rc;
+
+    /// Two runs of a scripted session (the second one repeats the first's send_id).
+    fn session_wal(dir: &Path) -> PathBuf {
+        let t = SessionTriple::new("/store", "unit", "s").unwrap();
+        broca_shards::run_local(async {
+            let mut a = SessionActor::open(
+                dir,
+                &t,
+                Rc::new(ScriptedModel::new(Script::default())),
+                Rc::new(CountingTools::default()),
+                CountingTools::specs(&["echo"]),
+                LogConfig::default(),
+                Committer::default(),
+            )
+            .await
+            .unwrap();
+            for (prompt, send_id) in [("one", "k1"), ("two", "k2")] {
+                let req = crate::core::SendRequest {
+                    prompt: prompt.into(),
+                    model: "scripted/unit".into(),
+                    send_id: Some(send_id.into()),
+                    max_steps: Some(6),
+                    ..Default::default()
+                };
+                a.send(&req).await.unwrap();
+                a.run_admitted().await.unwrap();
+            }
+            a.close().await.unwrap();
+        })
+        .unwrap();
+        crate::wal::writer::wal_path(dir, &t)
+    }
+
+    #[test]
+    fn a_session_projects_its_runs_checkpoints_facts_and_transcript() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("wal")).unwrap();
+        let wal = session_wal(&dir.path().join("wal"));
+        let (bytes, scan) = crate::wal::verify::read_and_scan(&wal).unwrap();
+        let p = project(&scan, &bytes).unwrap();
+        assert_eq!(p.runs.len(), 2);
+        for r in &p.runs {
+            assert_ne!(r.state, "active");
+            assert!(r.ended_unix_ms.unwrap() >= r.started_unix_ms, "{r:?}");
+            assert!(r.steps >= 1);
+            assert_eq!(r.provider, "scripted");
+        }
+        let ids: Vec<&str> = p.admission.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(ids, ["k1", "k2"]);
+        assert_eq!(p.admission[0].1.run_id, p.runs[0].run_id);
+        let steps: u32 = p.runs.iter().map(|r| r.steps).sum();
+        assert!(
+            p.facts.len() as u32 >= steps,
+            "a fact per step (and per failed attempt)"
+        );
+        assert_eq!(p.mark.messages as usize, p.transcript.len());
+        assert_eq!(p.mark.last_seq, scan.frames.last().unwrap().seq);
+
+        // Written and read back, the store agrees with the WAL; a second catch-up is a no-op.
+        let (store, notes) = Store::open(dir.path()).unwrap();
+        assert!(notes.is_empty(), "{notes:?}");
+        assert_eq!(store.catch_up(&wal).unwrap().0, true);
+        assert_eq!(store.catch_up(&wal).unwrap().0, false);
+        assert_eq!(
+            store.check(&dir.path().join("wal")).unwrap(),
+            Vec::<String>::new()
+        );
+        let page = store.transcript_page(&p.addr, 1, 2).unwrap();
+        assert_eq!(page.len(), 2);
+        assert_eq!(page[0], *p.transcript[1]);
+    }
 }

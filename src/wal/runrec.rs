@@ -152,6 +152,9 @@ pub struct RunPaused {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ClassifiedError>,
     pub usage: Usage,
+    /// When the run paused (absent in logs written before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_unix_ms: Option<u64>,
 }
 
 /// How a run ended.
@@ -198,6 +201,9 @@ pub struct RunFinished {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub indeterminate_tool_calls: Vec<String>,
     pub usage: Usage,
+    /// When the run ended (absent in logs written before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_unix_ms: Option<u64>,
 }
 
 /// A run without a terminal record was picked up again (after a crash or restart).

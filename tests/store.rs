@@ -5,7 +5,6 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
@@ -77,15 +76,7 @@ struct Peer(Child, u16);
 
 impl Peer {
     fn start(cmd: &mut Command) -> Peer {
-        let mut child = cmd
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        let (child, line) = support::spawn_first_line(cmd.stderr(Stdio::null()));
         let port = line.trim().parse().expect("a port");
         Peer(child, port)
     }

@@ -181,3 +181,17 @@ pub fn dump_all(state_dir: &Path) -> Vec<serde_json::Value> {
     }
     out
 }
+
+/// Spawns `cmd` with its stdout piped and answers the child and its first stdout line
+/// (a peer's port, serve's listen line).
+pub fn spawn_first_line(cmd: &mut Command) -> (Child, String) {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("the process starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    (child, line)
+}

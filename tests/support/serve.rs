@@ -1,7 +1,7 @@
 //! `broca serve` as a real process for tests: started on a free port with aimock as the
 //! provider, its management surface reached over TCP with the bearer handle.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -31,25 +31,20 @@ pub fn start(state: &Path, peer: &Aimock, extra: &[&str]) -> Serve {
 
 /// [`start`] with extra environment variables for the daemon.
 pub fn start_env(state: &Path, peer: &Aimock, extra: &[&str], env: &[(&str, &str)]) -> Serve {
-    let mut child = broca(state)
-        .envs(env.iter().copied())
-        .env("ANTHROPIC_API_KEY", "sk-serve-test-0123456789")
-        .env("BROCA_BASE_URL_ANTHROPIC", peer.url())
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .args(if extra.contains(&"--shards") {
-            &[][..]
-        } else {
-            &["--shards", "2"][..]
-        })
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let (child, line) = super::spawn_first_line(
+        broca(state)
+            .envs(env.iter().copied())
+            .env("ANTHROPIC_API_KEY", "sk-serve-test-0123456789")
+            .env("BROCA_BASE_URL_ANTHROPIC", peer.url())
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(if extra.contains(&"--shards") {
+                &[][..]
+            } else {
+                &["--shards", "2"][..]
+            })
+            .args(extra)
+            .stderr(Stdio::inherit()),
+    );
     let addr = line
         .trim()
         .strip_prefix("broca listening on http://")

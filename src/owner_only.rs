@@ -12,6 +12,22 @@ pub fn create_dir(dir: &Path) -> std::io::Result<()> {
         .recursive(true)
         .mode(0o700)
         .create(dir)
+        .map_err(|e| {
+            // Name the part of the path that is in the way, rather than "File exists".
+            let in_the_way = dir
+                .ancestors()
+                .find(|p| fs::symlink_metadata(p).is_ok_and(|m| !m.is_dir() && !m.is_symlink()));
+            match in_the_way {
+                Some(p) => std::io::Error::new(
+                    e.kind(),
+                    format!(
+                        "{} is a file, not a folder; remove it or choose another path",
+                        p.display()
+                    ),
+                ),
+                None => e,
+            }
+        })
 }
 
 /// Refuses `dir` when group or others may write it, or another user owns it. `Err` is one

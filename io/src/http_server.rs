@@ -207,12 +207,7 @@ impl RequestDecoder {
             if find("transfer-encoding").is_some() {
                 return Err(RequestError::LengthRequired);
             }
-            let length = match find("content-length") {
-                None => 0,
-                Some(v) => v
-                    .parse::<usize>()
-                    .map_err(|_| RequestError::Malformed(format!("Content-Length `{v}`")))?,
-            };
+            let length = content_length(&headers)?;
             if length > self.limits.body_bytes_max {
                 return Err(RequestError::BodyTooLarge {
                     limit: self.limits.body_bytes_max,
@@ -243,6 +238,38 @@ impl RequestDecoder {
     }
 }
 
+/// The body length the Content-Length headers give: every one of them must be plain digits
+/// and all must agree; anything else is ambiguous framing (a request smuggled after the
+/// body), refused.
+fn content_length(headers: &[(String, Vec<u8>)]) -> Result<usize, RequestError> {
+    let mut length = None;
+    for (_, v) in headers
+        .iter()
+        .filter(|(n, _)| n.eq_ignore_ascii_case("content-length"))
+    {
+        let text = String::from_utf8_lossy(v);
+        let digits = text.trim_matches(|c| c == ' ' || c == '\t');
+        let parsed = (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| digits.parse::<usize>().ok())
+            .flatten()
+            .ok_or_else(|| {
+                RequestError::Malformed(format!(
+                    "Content-Length `{}` is not a decimal length",
+                    text.escape_debug()
+                ))
+            })?;
+        match length {
+            Some(l) if l != parsed => {
+                return Err(RequestError::Malformed(format!(
+                    "two Content-Length headers disagree ({l} and {parsed})"
+                )))
+            }
+            _ => length = Some(parsed),
+        }
+    }
+    Ok(length.unwrap_or(0))
+}
+
 /// The reason phrase of the statuses the server sends.
 pub fn reason(status: u16) -> &'static str {
     match status {
@@ -252,14 +279,21 @@ pub fn reason(status: u16) -> &'static str {
         401 => "Unauthorized",
         404 => "Not Found",
         405 => "Method Not Allowed",
+        403 => "Forbidden",
+        408 => "Request Timeout",
         409 => "Conflict",
         411 => "Length Required",
         413 => "Content Too Large",
         422 => "Unprocessable Content",
         431 => "Request Header Fields Too Large",
+        429 => "Too Many Requests",
         500 => "Internal Server Error",
+        502 => "Bad Gateway",
         503 => "Service Unavailable",
-        _ => "Status",
+        504 => "Gateway Timeout",
+        400..=499 => "Client Error",
+        500..=599 => "Server Error",
+        _ => "Unknown",
     }
 }
 
@@ -313,6 +347,24 @@ mod tests {
     }
 
     #[test]
+    fn agreeing_duplicate_lengths_frame_one_body() {
+        let mut d = RequestDecoder::new(ServerLimits::default());
+        d.push(b"POST / HTTP/1.1\r\nContent-Length: 5\r\ncontent-length:  5 \r\n\r\nhello");
+        let (_, body) = d.next().unwrap().unwrap();
+        assert_eq!(body, b"hello");
+        assert!(d.is_idle());
+    }
+
+    #[test]
+    fn every_status_sent_has_its_own_reason() {
+        for status in [101, 200, 400, 401, 403, 404, 405, 408, 409, 411, 413, 422, 429, 431, 500, 502, 503, 504] {
+            let r = reason(status);
+            assert!(!["Client Error", "Server Error", "Unknown"].contains(&r), "{status}");
+        }
+        assert_eq!(reason(408), "Request Timeout");
+    }
+
+    #[test]
     fn limits_and_bad_requests_map_to_statuses() {
         let small = ServerLimits {
             head_bytes_max: 64,
@@ -326,6 +378,13 @@ mod tests {
                 411,
             ),
             (b"POST / HTTP/1.1\r\nContent-Length: x\r\n\r\n", 400),
+            (b"POST / HTTP/1.1\r\nContent-Length: +5\r\n\r\nhello", 400),
+            (b"POST / HTTP/1.1\r\nContent-Length: -0\r\n\r\n", 400),
+            (b"POST / HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\nhello", 400),
+            (
+                b"POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 5\r\n\r\nhello",
+                400,
+            ),
             (b"\x00\x01garbage\r\n\r\n", 400),
             (
                 b"GET / HTTP/1.1\r\na: 1\r\nb: 2\r\nc: 3\r\nd: 4\r\ne: 5\r\n\r\n",

@@ -162,6 +162,19 @@ impl Catalog {
 
     /// Resolves `provider/model`. `Err` names what is wrong.
     pub fn resolve(&self, spec: &str) -> Result<ModelEntry, String> {
+        if spec.len() > MODEL_SPEC_BYTES_MAX {
+            return Err(format!(
+                "model has {} bytes; the limit is {MODEL_SPEC_BYTES_MAX}",
+                spec.len()
+            ));
+        }
+        if let Some(c) = spec.chars().find(|c| c.is_control() || c.is_whitespace()) {
+            return Err(format!(
+                "model `{}` holds {:?}: a model id has no spaces or control characters",
+                spec.escape_debug(),
+                c
+            ));
+        }
         let (provider, model) = spec
             .split_once('/')
             .filter(|(p, m)| !p.is_empty() && !m.is_empty())
@@ -190,6 +203,9 @@ impl Catalog {
         })
     }
 }
+
+/// The longest `PROVIDER/MODEL` admission takes.
+pub const MODEL_SPEC_BYTES_MAX: usize = 256;
 
 impl ModelEntry {
     /// blake3 of the entry's canonical JSON: frozen into RunStarted.
@@ -252,6 +268,12 @@ mod tests {
         let sonnet = c.resolve("anthropic/claude-sonnet-4-5").unwrap();
         assert_eq!(sonnet.context_window, Some(200_000));
         assert_eq!(sonnet.prices.as_ref().unwrap().output, Some(15.0));
+        for bad in ["anthropic/m\r\nx-injected: 1", "anthropic/a b", "anthropic/\u{0}"] {
+            let e = c.resolve(bad).unwrap_err();
+            assert!(e.contains("no spaces or control characters"), "{e}");
+            assert!(!e.contains('\n') && !e.contains('\r'), "{e}");
+        }
+        assert!(c.resolve(&format!("anthropic/{}", "m".repeat(300))).is_err());
         let other = c.resolve("anthropic/some-new-model").unwrap();
         assert_eq!((other.context_window, other.prices), (None, None));
         assert!(c

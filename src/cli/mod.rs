@@ -146,7 +146,7 @@ pub fn run(args: Vec<OsString>) -> u8 {
     let mut pargs = pico_args::Arguments::from_vec(args);
     let help = pargs.contains(["-h", "--help"]);
     if pargs.contains(["-V", "--version"]) {
-        println!("broca {}", env!("CARGO_PKG_VERSION"));
+        crate::outln!("broca {}", env!("CARGO_PKG_VERSION"));
         return EXIT_OK;
     }
     let state_dir: Option<PathBuf> = match pargs.opt_value_from_str("--state-dir") {
@@ -169,12 +169,12 @@ pub fn run(args: Vec<OsString>) -> u8 {
 }
 
 fn print_help(text: &str) -> u8 {
-    print!("{text}");
+    crate::out!("{text}");
     EXIT_OK
 }
 
 fn usage(message: &str) -> u8 {
-    eprintln!("broca: {message}");
+    crate::errln!("broca: {message}");
     EXIT_USAGE
 }
 
@@ -226,7 +226,7 @@ fn wal_verify(paths: Vec<OsString>, state_dir: Option<PathBuf>) -> u8 {
         match resolve_state_dir(state_dir) {
             Some(dir) if dir.exists() => vec![dir],
             Some(dir) => {
-                println!("no state dir at {}: no WALs to verify", dir.display());
+                crate::outln!("no state dir at {}: no WALs to verify", dir.display());
                 return EXIT_OK;
             }
             None => return usage("no PATH and no state dir (set --state-dir or HOME)"),
@@ -240,7 +240,7 @@ fn wal_verify(paths: Vec<OsString>, state_dir: Option<PathBuf>) -> u8 {
         let files = match wal_files(&arg) {
             Ok(files) => files,
             Err(e) => {
-                eprintln!("FAIL {e}");
+                crate::errln!("FAIL {e}");
                 failed += 1;
                 continue;
             }
@@ -250,31 +250,31 @@ fn wal_verify(paths: Vec<OsString>, state_dir: Option<PathBuf>) -> u8 {
             let shown = file.display();
             match verify_file(&file) {
                 FileReport::Intact { records, end } => {
-                    println!("ok    {shown}: {records} records, intact (ends at offset {end})")
+                    crate::outln!("ok    {shown}: {records} records, intact (ends at offset {end})")
                 }
                 FileReport::Torn {
                     records,
                     at,
                     bytes,
                     reason,
-                } => println!(
+                } => crate::outln!(
                     "torn  {shown}: {records} records, then a torn tail at offset {at} ({bytes} \
                      bytes; {reason}) that recovery cuts when a writer opens the log"
                 ),
-                FileReport::Empty { reason } => println!(
+                FileReport::Empty { reason } => crate::outln!(
                     "empty {shown}: {reason} (a crash while it was being created; a writer \
                      initializes it)"
                 ),
                 report @ FileReport::Failed(_) => {
                     failed += 1;
                     if let FileReport::Failed(e) = report {
-                        eprintln!("FAIL  {e}");
+                        crate::errln!("FAIL  {e}");
                     }
                 }
             }
         }
     }
-    println!("{checked} WAL files checked, {failed} failed");
+    crate::outln!("{checked} WAL files checked, {failed} failed");
     if failed > 0 {
         EXIT_FAILURE
     } else {
@@ -290,11 +290,11 @@ fn wal_dump(path: PathBuf) -> u8 {
     match (result, flushed) {
         (Ok(_), Ok(())) => EXIT_OK,
         (Err(e), _) => {
-            eprintln!("broca: {e}");
+            crate::errln!("broca: {e}");
             EXIT_FAILURE
         }
         (Ok(_), Err(e)) => {
-            eprintln!("broca: writing to stdout failed: {e}");
+            crate::errln!("broca: writing to stdout failed: {e}");
             EXIT_FAILURE
         }
     }
@@ -404,32 +404,32 @@ fn run_standalone(standalone: Standalone, json: bool) -> u8 {
     let report = match standalone.run(display) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("broca: {e}");
+            crate::errln!("broca: {e}");
             return EXIT_FAILURE;
         }
     };
     if let Some(r) = &report.resumed {
-        eprintln!(
+        crate::errln!(
             "broca: resumed a run an earlier stop left open: {}",
             r.summary()
         );
     }
     let result = &report.result;
     if report.existing {
-        eprintln!(
+        crate::errln!(
             "broca: this send_id already started run {}; nothing was run again",
             result.run_id
         );
         if let Some(m) = &result.final_message {
-            print!("{}", m.text);
+            crate::out!("{}", m.text);
             ended_in_newline.set(m.text.ends_with('\n'));
         }
     }
     if !ended_in_newline.get() {
-        println!();
+        crate::outln!();
     }
     if json {
-        println!(
+        crate::outln!(
             "{}",
             serde_json::to_string(result).expect("a run result serializes")
         );
@@ -437,7 +437,7 @@ fn run_standalone(standalone: Standalone, json: bool) -> u8 {
     if result.completed() {
         EXIT_OK
     } else {
-        eprintln!("broca: {}", result.summary());
+        crate::errln!("broca: {}", result.summary());
         EXIT_FAILURE
     }
 }
@@ -562,7 +562,7 @@ fn serve_command(mut pargs: pico_args::Arguments, state_dir: Option<PathBuf>) ->
         Ok(0) => EXIT_OK,
         Ok(sig) => crate::module::serve::reraise(sig),
         Err(e) => {
-            eprintln!("broca: {e}");
+            crate::errln!("broca: {e}");
             EXIT_FAILURE
         }
     }

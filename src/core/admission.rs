@@ -83,26 +83,26 @@ impl Refusal {
     }
 }
 
-impl std::fmt::Display for Refusal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl Refusal {
+    /// What was refused and what to do, without the code (replies carry the code apart).
+    pub fn message(&self) -> String {
         match self {
-            Refusal::InvalidParams(why) => write!(f, "invalid_params: {why}"),
-            Refusal::SendIdReuse { run_id } => write!(
-                f,
-                "send_id_reuse: this send_id started run {run_id} with other inputs; use a new \
-                 send_id"
+            Refusal::InvalidParams(why) => why.clone(),
+            Refusal::SendIdReuse { run_id } => format!(
+                "this send_id started run {run_id} with other inputs; use a new send_id"
             ),
             Refusal::SessionBusy { run_id } => {
-                write!(
-                    f,
-                    "session_busy: run {run_id} is active; wait for it or cancel it"
-                )
+                format!("run {run_id} is active; wait for it or cancel it")
             }
-            Refusal::ToolNameCollision(name) => {
-                write!(f, "tool_name_collision: two tool servers offer `{name}`")
-            }
-            Refusal::ShuttingDown => write!(f, "shutting_down: broca is stopping; retry later"),
+            Refusal::ToolNameCollision(name) => format!("two tool servers offer `{name}`"),
+            Refusal::ShuttingDown => "broca is stopping; retry later".to_string(),
         }
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code(), self.message())
     }
 }
 

@@ -111,7 +111,7 @@ fn tear(fd: i32, pos: u64, len: usize) -> ! {
             unsafe { std::alloc::dealloc(buf, layout) };
         }
     }
-    eprintln!("broca: BROCA_CRASH_AT: aborting in the middle of a write ({keep} of {len} bytes)");
+    crate::errln!("broca: BROCA_CRASH_AT: aborting in the middle of a write ({keep} of {len} bytes)");
     std::process::abort()
 }
 
@@ -126,7 +126,7 @@ pub fn due(record: &Record) -> bool {
 
 /// Aborts the process, saying where (on stderr, unbuffered).
 pub fn abort_now(record: &Record) -> ! {
-    eprintln!(
+    crate::errln!(
         "broca: BROCA_CRASH_AT: aborting after {}",
         point_of(record).unwrap_or("a record")
     );

@@ -54,7 +54,7 @@ impl ActorError {
     /// an internal error naming what failed.
     pub fn to_rpc_error(&self) -> crate::wire::RpcError {
         match self {
-            ActorError::Refused(r) => crate::wire::RpcError::refusal(r, r.to_string()),
+            ActorError::Refused(r) => crate::wire::RpcError::refusal(r),
             other => crate::wire::RpcError::transient(500, "internal", other.to_string()),
         }
     }

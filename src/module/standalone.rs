@@ -53,7 +53,7 @@ impl Standalone {
             if self.catalog.url.is_some() || self.catalog.file.is_some() {
                 let (catalog, notes) = crate::catalog::load::load(&self.catalog, &http).await;
                 for n in notes {
-                    eprintln!("broca: {n}");
+                    crate::errln!("broca: {n}");
                 }
                 crate::catalog::install(catalog);
             }
@@ -68,7 +68,7 @@ impl Standalone {
                     let (servers, problems) =
                         crate::tools::ToolServers::start(cfg, &tool_http).await?;
                     for p in problems {
-                        eprintln!("broca: {p}; its tools are not offered");
+                        crate::errln!("broca: {p}; its tools are not offered");
                     }
                     servers
                 }
@@ -106,8 +106,8 @@ impl Standalone {
                 })
                 .await;
             match projected {
-                Ok(notes) => notes.into_iter().for_each(|n| eprintln!("broca: {n}")),
-                Err(e) => eprintln!("broca: {e}"),
+                Ok(notes) => notes.into_iter().for_each(|n| crate::errln!("broca: {n}")),
+                Err(e) => crate::errln!("broca: {e}"),
             }
             let report = outcome?;
             closed?;

@@ -5,6 +5,7 @@
 pub mod address;
 pub mod frame;
 pub mod header;
+pub mod reader;
 pub mod record;
 pub mod recovery;
 pub mod runrec;

@@ -92,34 +92,10 @@ pub fn scan(bytes: &[u8]) -> Result<Scan, HeaderError> {
     let mut epoch_max = 0u32;
     let verdict = loop {
         let Some(frame) = valid_frame_at(bytes, at) else {
-            break tail_verdict(bytes, at, tag);
+            break tail_verdict(&bytes, at as u64, tag).expect("reading a slice cannot fail");
         };
-        let corrupt = |reason: String| Verdict::Corrupt { reason };
-        if frame.lineage_tag != tag {
-            break corrupt(format!(
-                "a record of another lineage (tag {}) where this WAL's lineage (tag {}) belongs",
-                hex(&frame.lineage_tag),
-                hex(&tag)
-            ));
-        }
-        if frame.seq != expected_seq {
-            break corrupt(format!(
-                "sequence gap: expected seq {expected_seq}, found {}",
-                frame.seq
-            ));
-        }
-        if frame.epoch < epoch_max {
-            break corrupt(format!(
-                "stale writer: epoch {} after epoch {epoch_max} (a writer wrote after losing its \
-                 lease)",
-                frame.epoch
-            ));
-        }
-        if frame.synced_end > at as u64 {
-            break corrupt(format!(
-                "record claims {} bytes were durable, beyond its own offset",
-                frame.synced_end
-            ));
+        if let Err(reason) = check_frame(&frame, at as u64, tag, expected_seq, epoch_max) {
+            break Verdict::Corrupt { reason };
         }
         frames.push(info(&frame, at));
         epoch_max = frame.epoch;
@@ -135,6 +111,44 @@ pub fn scan(bytes: &[u8]) -> Result<Scan, HeaderError> {
     })
 }
 
+/// R1-R5 for a valid frame at `at`: `Ok` when it is the next record (R1), else the
+/// corruption it shows.
+pub(crate) fn check_frame(
+    frame: &FrameHeader,
+    at: u64,
+    tag: [u8; 8],
+    expected_seq: u64,
+    epoch_max: u32,
+) -> Result<(), String> {
+    if frame.lineage_tag != tag {
+        return Err(format!(
+            "a record of another lineage (tag {}) where this WAL's lineage (tag {}) belongs",
+            hex(&frame.lineage_tag),
+            hex(&tag)
+        ));
+    }
+    if frame.seq != expected_seq {
+        return Err(format!(
+            "sequence gap: expected seq {expected_seq}, found {}",
+            frame.seq
+        ));
+    }
+    if frame.epoch < epoch_max {
+        return Err(format!(
+            "stale writer: epoch {} after epoch {epoch_max} (a writer wrote after losing its \
+             lease)",
+            frame.epoch
+        ));
+    }
+    if frame.synced_end > at {
+        return Err(format!(
+            "record claims {} bytes were durable, beyond its own offset",
+            frame.synced_end
+        ));
+    }
+    Ok(())
+}
+
 fn info(frame: &FrameHeader, at: usize) -> FrameInfo {
     let payload_start = at + FRAME_HEADER_BYTES;
     FrameInfo {
@@ -148,55 +162,145 @@ fn info(frame: &FrameHeader, at: usize) -> FrameInfo {
     }
 }
 
-/// R6-R8: there is no valid frame at `at`.
-fn tail_verdict(bytes: &[u8], at: usize, tag: [u8; 8]) -> Verdict {
-    let rest = &bytes[at.min(bytes.len())..];
-    let Some(last_nonzero) = rest.iter().rposition(|&b| b != 0) else {
-        return Verdict::Clean;
+/// Bytes that can be read at an offset: a WAL in memory, or its file (read in pieces, so a
+/// long tail never has to fit in memory).
+pub trait ReadAt {
+    /// The length in bytes.
+    fn len_bytes(&self) -> u64;
+    /// Fills `buf` from `offset` as far as the bytes go; returns how many were read.
+    fn read_at_most(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<usize>;
+}
+
+impl ReadAt for &[u8] {
+    fn len_bytes(&self) -> u64 {
+        self.len() as u64
+    }
+    fn read_at_most(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+        let start = (offset as usize).min(self.len());
+        let n = buf.len().min(self.len() - start);
+        buf[..n].copy_from_slice(&self[start..start + n]);
+        Ok(n)
+    }
+}
+
+impl ReadAt for std::fs::File {
+    fn len_bytes(&self) -> u64 {
+        self.metadata().map_or(0, |m| m.len())
+    }
+    fn read_at_most(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        let mut done = 0;
+        while done < buf.len() {
+            match self.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(done)
+    }
+}
+
+/// The piece of the tail read at once when judging it.
+const TAIL_CHUNK_BYTES: usize = 1 << 20;
+
+/// R6-R8: there is no valid frame at `at`. Reads the rest of `src` in pieces of
+/// [`TAIL_CHUNK_BYTES`]: the last nonzero byte decides R6, and every place the lineage tag
+/// occurs is a candidate witness for R7.
+pub(crate) fn tail_verdict(src: &impl ReadAt, at: u64, tag: [u8; 8]) -> std::io::Result<Verdict> {
+    const TAG_OFFSET: u64 = 16; // where the lineage tag sits in a frame header
+    let len = src.len_bytes();
+    let mut chunk = vec![0u8; TAIL_CHUNK_BYTES.min(len.saturating_sub(at) as usize + 8)];
+    let mut last_nonzero = None;
+    let mut witness = None;
+    // Each piece starts 7 bytes before the previous one ended, so a tag across the seam is
+    // found once (candidates before `next_candidate` were already tried).
+    let mut pos = at;
+    let mut next_candidate = at + 1 + TAG_OFFSET;
+    while pos < len {
+        let n = src.read_at_most(pos, &mut chunk)?;
+        if n == 0 {
+            break;
+        }
+        let piece = &chunk[..n];
+        if let Some(i) = piece.iter().rposition(|&b| b != 0) {
+            last_nonzero = Some(pos + i as u64);
+        }
+        if witness.is_none() {
+            for hit in memmem::find_iter(piece, &tag) {
+                let tag_at = pos + hit as u64;
+                if tag_at < next_candidate {
+                    continue;
+                }
+                next_candidate = tag_at + 1;
+                let frame_at = tag_at - TAG_OFFSET;
+                if let Some(f) = frame_at_in(src, frame_at)? {
+                    if f.synced_end > at {
+                        witness = Some((frame_at, f.synced_end));
+                        break;
+                    }
+                }
+            }
+        }
+        if pos + (n as u64) >= len {
+            break;
+        }
+        pos += (n as u64).saturating_sub(7).max(1);
+    }
+    let Some(last_nonzero) = last_nonzero else {
+        return Ok(Verdict::Clean);
     };
-    if let Some((witness_at, synced_end)) = durable_witness(bytes, at, tag) {
-        return Verdict::Corrupt {
+    if let Some((witness_at, synced_end)) = witness {
+        return Ok(Verdict::Corrupt {
             reason: format!(
                 "damaged record: the record at offset {witness_at} was appended after \
                  {synced_end} bytes were durable, so the bytes at offset {at} had been \
                  acknowledged"
             ),
-        };
+        });
     }
-    let reason = if rest.len() < FRAME_HEADER_BYTES {
+    let mut head = [0u8; FRAME_HEADER_BYTES];
+    let got = src.read_at_most(at, &mut head)?;
+    let reason = if got < FRAME_HEADER_BYTES {
         "the file ends inside a frame header".to_string()
     } else {
-        let header = FrameHeader::read(&rest[..FRAME_HEADER_BYTES]);
-        let frame_end = at as u64 + header.frame_len();
+        let header = FrameHeader::read(&head);
+        let frame_end = at + header.frame_len();
         if header.payload_len as usize > super::frame::PAYLOAD_BYTES_MAX {
             format!(
                 "a frame length of {} bytes is out of range",
                 header.payload_len
             )
-        } else if frame_end > bytes.len() as u64 {
+        } else if frame_end > len {
             format!("the frame runs to offset {frame_end}, past the end of the file")
         } else {
             "checksum mismatch".to_string()
         }
     };
-    Verdict::Torn {
+    Ok(Verdict::Torn {
         reason,
-        bytes: last_nonzero as u64 + 1,
-    }
+        bytes: last_nonzero - at + 1,
+    })
 }
 
-/// R7: the first valid frame of this lineage after `at` whose `synced_end` exceeds `at`.
-fn durable_witness(bytes: &[u8], at: usize, tag: [u8; 8]) -> Option<(usize, u64)> {
-    let tag_offset = 16; // where the lineage tag sits in a frame header
-    let search_from = at + 1 + tag_offset;
-    if search_from >= bytes.len() {
-        return None;
+/// The valid frame at `offset` of `src`, read whole, if one is there.
+pub(crate) fn frame_at_in(src: &impl ReadAt, offset: u64) -> std::io::Result<Option<FrameHeader>> {
+    let mut head = [0u8; FRAME_HEADER_BYTES];
+    if src.read_at_most(offset, &mut head)? < FRAME_HEADER_BYTES {
+        return Ok(None);
     }
-    memmem::find_iter(&bytes[search_from..], &tag)
-        .map(|pos| search_from + pos - tag_offset)
-        .filter_map(|frame_at| valid_frame_at(bytes, frame_at).map(|f| (frame_at, f)))
-        .find(|(_, f)| f.synced_end > at as u64)
-        .map(|(frame_at, f)| (frame_at, f.synced_end))
+    let header = FrameHeader::read(&head);
+    if header.payload_len as usize > super::frame::PAYLOAD_BYTES_MAX
+        || offset + header.frame_len() > src.len_bytes()
+    {
+        return Ok(None);
+    }
+    let mut frame = vec![0u8; header.frame_len() as usize];
+    if src.read_at_most(offset, &mut frame)? < frame.len() {
+        return Ok(None);
+    }
+    Ok(valid_frame_at(&frame, 0))
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -5,6 +5,7 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use super::reader::PagedReader;
 use super::record::Record;
 use super::recovery::{scan, Scan, Verdict};
 use super::{HeaderError, WalError};
@@ -64,10 +65,14 @@ pub fn read_and_scan_if_any(path: &Path) -> Result<Option<(Vec<u8>, Scan)>, WalE
     }
 }
 
-/// Verifies one WAL file.
+/// Payload bytes read per page while verifying or dumping (memory stays about this size,
+/// whatever the file's).
+const PAGE_BYTES: usize = 1 << 20;
+
+/// Verifies one WAL file, reading it in pages.
 pub fn verify_file(path: &Path) -> FileReport {
-    let (_, scan) = match read_and_scan(path) {
-        Ok(found) => found,
+    let mut reader = match PagedReader::open(path) {
+        Ok(r) => r,
         Err(WalError::Header {
             error: reason @ (HeaderError::Empty | HeaderError::Uninitialized),
             ..
@@ -75,7 +80,7 @@ pub fn verify_file(path: &Path) -> FileReport {
         Err(e) => return FileReport::Failed(e),
     };
     if let Some(name) = path.file_name().and_then(|n| n.to_str()) {
-        let expected = scan.header.address.wal_file_name();
+        let expected = reader.header().address.wal_file_name();
         if name.ends_with(".wal") && name != expected {
             return FileReport::Failed(WalError::Corrupt {
                 path: path.to_path_buf(),
@@ -84,21 +89,26 @@ pub fn verify_file(path: &Path) -> FileReport {
             });
         }
     }
-    let records = scan.frames.len();
-    match scan.verdict {
-        Verdict::Clean => FileReport::Intact {
-            records,
-            end: scan.end,
-        },
+    let mut records = 0;
+    loop {
+        match reader.next_frames(PAGE_BYTES, true) {
+            Ok(page) if page.is_empty() => break,
+            Ok(page) => records += page.len(),
+            Err(e) => return FileReport::Failed(e),
+        }
+    }
+    let end = reader.end();
+    match reader.verdict().cloned().unwrap_or(Verdict::Clean) {
+        Verdict::Clean => FileReport::Intact { records, end },
         Verdict::Torn { reason, bytes } => FileReport::Torn {
             records,
-            at: scan.end,
+            at: end,
             bytes,
             reason,
         },
         Verdict::Corrupt { reason } => FileReport::Failed(WalError::Corrupt {
             path: path.to_path_buf(),
-            offset: scan.end,
+            offset: end,
             reason,
         }),
     }
@@ -129,42 +139,44 @@ pub fn wal_files(arg: &Path) -> Result<Vec<PathBuf>, String> {
 }
 
 /// Writes one JSON line per record of `path` to `out`: seq, offset, len, kind, epoch and the
-/// record itself. Stops with an error at corruption, after printing the records before it.
-pub fn dump(path: &Path, out: &mut impl Write) -> Result<Scan, WalError> {
-    let (bytes, scan) = read_and_scan(path)?;
+/// record itself, reading the file in pages. Stops with an error at corruption, after
+/// printing the records before it.
+pub fn dump(path: &Path, out: &mut impl Write) -> Result<(), WalError> {
+    let mut reader = PagedReader::open(path)?;
     let write_err = |e: std::io::Error| WalError::Io {
         path: PathBuf::from("<stdout>"),
         op: "write",
         message: e.to_string(),
     };
-    for frame in &scan.frames {
-        let payload = &bytes[frame.payload.clone()];
-        let kind_name = Record::kind_name(frame.kind);
-        let record: serde_json::Value = match Record::decode(frame.kind, payload) {
-            Ok(Record::Unknown { .. }) | Err(_) => {
-                serde_json::from_slice(payload).unwrap_or_else(|_| {
-                    serde_json::Value::String(String::from_utf8_lossy(payload).into_owned())
-                })
-            }
-            Ok(_) => serde_json::from_slice(payload).expect("a decoded payload is JSON"),
-        };
-        let line = serde_json::json!({
-            "seq": frame.seq,
-            "offset": frame.offset,
-            "len": frame.len,
-            "kind": kind_name.map_or_else(|| format!("unknown({})", frame.kind), str::to_string),
-            "epoch": frame.epoch,
-            "record": record,
-        });
-        serde_json::to_writer(&mut *out, &line).map_err(|e| write_err(e.into()))?;
-        out.write_all(b"\n").map_err(write_err)?;
+    loop {
+        let page = reader.next_frames(PAGE_BYTES, true)?;
+        if page.is_empty() {
+            break;
+        }
+        for frame in &page {
+            let payload = &frame.payload;
+            let kind_name = Record::kind_name(frame.kind);
+            let record: serde_json::Value = serde_json::from_slice(payload).unwrap_or_else(|_| {
+                serde_json::Value::String(String::from_utf8_lossy(payload).into_owned())
+            });
+            let line = serde_json::json!({
+                "seq": frame.seq,
+                "offset": frame.offset,
+                "len": (super::frame::FRAME_HEADER_BYTES + payload.len()) as u64,
+                "kind": kind_name.map_or_else(|| format!("unknown({})", frame.kind), str::to_string),
+                "epoch": frame.epoch,
+                "record": record,
+            });
+            serde_json::to_writer(&mut *out, &line).map_err(|e| write_err(e.into()))?;
+            out.write_all(b"\n").map_err(write_err)?;
+        }
     }
-    if let Verdict::Corrupt { reason } = &scan.verdict {
+    if let Some(Verdict::Corrupt { reason }) = reader.verdict() {
         return Err(WalError::Corrupt {
             path: path.to_path_buf(),
-            offset: scan.end,
+            offset: reader.end(),
             reason: reason.clone(),
         });
     }
-    Ok(scan)
+    Ok(())
 }

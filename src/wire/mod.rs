@@ -136,7 +136,8 @@ impl RpcError {
     }
 
     /// The error for a refused send.
-    pub fn refusal(r: &crate::core::admission::Refusal, message: String) -> RpcError {
+    pub fn refusal(r: &crate::core::admission::Refusal) -> RpcError {
+        let message = r.message();
         use crate::core::admission::Refusal;
         match r {
             Refusal::InvalidParams(_) => RpcError::permanent(400, r.code(), message),

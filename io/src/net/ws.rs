@@ -319,6 +319,12 @@ impl ServerFramer {
         self.take()
     }
 
+    /// The bytes of a ping (a keepalive the client answers with a pong).
+    pub fn ping(&mut self) -> Vec<u8> {
+        let _ = self.ws.write(Message::Ping(Vec::new().into()));
+        self.take()
+    }
+
     /// The bytes of a close frame.
     pub fn close(&mut self) -> Vec<u8> {
         let _ = self.ws.close(None);

@@ -3,18 +3,18 @@
 //! routes `POST /v1/rpc`, `GET /healthz`, `GET /metrics`. Every failure is a 4xx or 5xx with
 //! a JSON error body; the server keeps serving.
 
-use std::cell::Cell;
-use std::os::fd::{FromRawFd, IntoRawFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use broca_io::http_server::{response, RequestDecoder, RequestHead};
 use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::wire::RpcError;
 
-use super::hub::{SubFrom, SubItem};
+use super::accept::{self, AcceptStats, StopSignal};
 use super::{ServeCtx, ShardMsg, ShardStats};
 
 /// How long a connection may sit idle between requests.
@@ -22,12 +22,22 @@ const KEEP_ALIVE_IDLE: Duration = Duration::from_secs(60);
 
 /// The accept loops; `stop` ends them.
 pub(crate) struct Acceptor {
-    stopped: Rc<Cell<bool>>,
+    stop: Rc<StopSignal>,
+    stats: Rc<AcceptStats>,
 }
 
 impl Acceptor {
     pub fn stop(&self) {
-        self.stopped.set(true);
+        self.stop.stop();
+    }
+
+    /// Accept-loop wakes with nothing to do, failed accepts, connections shed.
+    pub fn counts(&self) -> (u64, u64, u64) {
+        (
+            self.stats.wakes.get(),
+            self.stats.errors.get(),
+            self.stats.shed.get(),
+        )
     }
 }
 
@@ -39,65 +49,63 @@ pub(crate) fn start(
     tcp: std::net::TcpListener,
     unix: Option<std::os::unix::net::UnixListener>,
 ) -> Result<Acceptor, String> {
-    let stopped = Rc::new(Cell::new(false));
+    let stop = Rc::new(StopSignal::default());
+    let stats = Rc::new(AcceptStats::default());
+    let raw_fd = tcp.as_raw_fd();
     // SAFETY: the descriptor comes from a listener this function owns and gives up.
     let tcp = unsafe { glommio::net::TcpListener::from_raw_fd(tcp.into_raw_fd()) };
-    let (c, s) = (ctx.clone(), stopped.clone());
-    glommio::spawn_local(async move {
-        while let Some(conn) = until_stopped(&s, tcp.accept()).await {
-            match conn {
-                Ok(stream) => {
-                    let _ = stream.set_nodelay(true);
-                    glommio::spawn_local(connection(c.clone(), stream, true)).detach();
-                }
-                Err(e) => tracing::warn!("accept on TCP: {e}"),
-            }
-        }
-    })
+    let tcp_loop = accept::Loop {
+        listener: tcp,
+        name: "TCP",
+        raw_fd: Some(raw_fd),
+        stop: stop.clone(),
+        stats: stats.clone(),
+    };
+    glommio::spawn_local(tcp_loop.run(ctx.clone(), |ctx, stream| {
+        let _ = stream.set_nodelay(true);
+        glommio::spawn_local(connection(ctx, stream, true)).detach();
+    }))
     .detach();
     let Some(unix) = unix else {
-        return Ok(Acceptor { stopped });
+        return Ok(Acceptor { stop, stats });
     };
     let path = unix
         .local_addr()
         .ok()
         .and_then(|a| a.as_pathname().map(|p| p.to_path_buf()))
         .ok_or("the Unix socket has no path")?;
+    // glommio binds its own Unix listener: replace the socket file this process just made
+    // (and only that one: the file is checked to be the same before it is removed).
+    let ours = std::fs::symlink_metadata(&path)
+        .map(|m| (m.dev(), m.ino()))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
     drop(unix);
-    let _ = std::fs::remove_file(&path);
+    match std::fs::symlink_metadata(&path) {
+        Ok(m) if (m.dev(), m.ino()) == ours => {
+            let _ = std::fs::remove_file(&path);
+        }
+        _ => {
+            return Err(format!(
+                "{} was replaced by another process while broca started",
+                path.display()
+            ))
+        }
+    }
     let unix = glommio::net::UnixListener::bind(&path)
         .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
-    }
-    let s = stopped.clone();
-    glommio::spawn_local(async move {
-        while let Some(conn) = until_stopped(&s, unix.accept()).await {
-            match conn {
-                Ok(stream) => {
-                    glommio::spawn_local(connection(ctx.clone(), stream, false)).detach();
-                }
-                Err(e) => tracing::warn!("accept on the Unix socket: {e}"),
-            }
-        }
-    })
+    let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
+    let unix_loop = accept::Loop {
+        listener: unix,
+        name: "the Unix socket",
+        raw_fd: None,
+        stop: stop.clone(),
+        stats: stats.clone(),
+    };
+    glommio::spawn_local(unix_loop.run(ctx, |ctx, stream| {
+        glommio::spawn_local(connection(ctx, stream, false)).detach();
+    }))
     .detach();
-    Ok(Acceptor { stopped })
-}
-
-/// `fut`'s output, or `None` once `stopped` is set.
-async fn until_stopped<T>(
-    stopped: &Rc<Cell<bool>>,
-    fut: impl std::future::Future<Output = T>,
-) -> Option<T> {
-    futures_lite::future::or(async { Some(fut.await) }, async {
-        while !stopped.get() {
-            glommio::timer::sleep(Duration::from_millis(20)).await;
-        }
-        None
-    })
-    .await
+    Ok(Acceptor { stop, stats })
 }
 
 /// Serves one connection until it closes, errs, or stays idle too long.
@@ -108,6 +116,9 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
 ) {
     let mut dec = RequestDecoder::new(ctx.opts.limits);
     let mut buf = vec![0u8; 16 * 1024];
+    // When the request being received began: it must arrive whole within the request
+    // timeout, however slowly its bytes trickle in.
+    let mut began: Option<Instant> = None;
     loop {
         loop {
             match dec.next() {
@@ -118,11 +129,12 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
                             .write_all(&response(err.status, JSON, &err.body(), false))
                             .await;
                     } else {
-                        subscribe(&ctx, &head, &mut stream).await;
+                        super::subscribe::serve(&ctx, &head, &mut stream).await;
                     }
                     return; // a subscription keeps its connection to the end
                 }
                 Ok(Some((head, body))) => {
+                    began = None; // the next request's clock starts with its first byte
                     let (status, kind, out) = handle(&ctx, &head, body, tcp).await;
                     let keep = head.keep_alive;
                     if stream
@@ -150,13 +162,20 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
             }
         }
         let wait = if dec.is_idle() {
+            began = None;
             KEEP_ALIVE_IDLE
         } else {
-            ctx.opts.request_timeout
+            let since = *began.get_or_insert_with(Instant::now);
+            ctx.opts.request_timeout.saturating_sub(since.elapsed())
         };
         let read = broca_io::net::with_timeout(wait, stream.read(&mut buf)).await;
         match read {
-            Ok(Ok(n)) if n > 0 => dec.push(&buf[..n]),
+            Ok(Ok(n)) if n > 0 => {
+                if dec.is_idle() {
+                    began = Some(Instant::now());
+                }
+                dec.push(&buf[..n]);
+            }
             Err(()) if !dec.is_idle() => {
                 let err =
                     RpcError::permanent(408, "request_timeout", "the request stopped arriving");
@@ -182,7 +201,7 @@ fn authorized(ctx: &ServeCtx, head: &RequestHead) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-const JSON: &str = "application/json";
+pub(super) const JSON: &str = "application/json";
 
 fn unauthorized() -> RpcError {
     RpcError {
@@ -192,207 +211,6 @@ fn unauthorized() -> RpcError {
         message: "missing or wrong `Authorization: Bearer <handle>` (the handle is in the file \
                   serve.json names)"
             .into(),
-    }
-}
-
-/// How often an idle subscription says it is alive.
-const KEEPALIVE: Duration = Duration::from_secs(15);
-
-/// Serves `GET /v1/subscribe`: server-sent events, or a WebSocket when the client asks to
-/// upgrade. Control units carry `id: <wal_seq>.<sub_index>`; display deltas carry none.
-async fn subscribe<S: AsyncRead + AsyncWrite + Unpin>(
-    ctx: &Arc<ServeCtx>,
-    head: &RequestHead,
-    stream: &mut S,
-) {
-    let refuse = |e: RpcError| response(e.status, JSON, &e.body(), false);
-    let q = |k: &str| head.query(k);
-    let triple = match (q("project_root"), q("harness"), q("session")) {
-        (Some(p), Some(h), Some(s)) => crate::wal::SessionTriple::new(&p, &h, &s),
-        _ => {
-            let e = RpcError::permanent(
-                400,
-                "invalid_params",
-                "project_root, harness and session are required query parameters",
-            );
-            let _ = stream.write_all(&refuse(e)).await;
-            return;
-        }
-    };
-    let triple = match triple {
-        Ok(t) => t,
-        Err(e) => {
-            let _ = stream
-                .write_all(&refuse(RpcError::permanent(
-                    400,
-                    "invalid_params",
-                    e.to_string(),
-                )))
-                .await;
-            return;
-        }
-    };
-    // Last-Event-ID wins over `from`; with neither, live.
-    let from_text = head
-        .header("last-event-id")
-        .map(str::to_string)
-        .or_else(|| q("from"));
-    let from = match from_text.as_deref() {
-        None | Some("live") => SubFrom::Live,
-        Some("start") => SubFrom::Start,
-        Some(c) => match crate::core::project::Cursor::parse(c) {
-            Some(c) => SubFrom::After(c),
-            None => {
-                let e = RpcError::permanent(
-                    400,
-                    "invalid_params",
-                    format!("`{c}` is not start, live or a cursor <wal_seq>.<sub_index>"),
-                );
-                let _ = stream.write_all(&refuse(e)).await;
-                return;
-            }
-        },
-    };
-    if ctx.is_stopping() {
-        let _ = stream
-            .write_all(&refuse(RpcError::transient(
-                503,
-                "shutting_down",
-                "broca is stopping; retry later",
-            )))
-            .await;
-        return;
-    }
-    let websocket = head
-        .header("upgrade")
-        .is_some_and(|u| u.eq_ignore_ascii_case("websocket"));
-    let (tx, mut rx) = futures_channel::mpsc::channel::<SubItem>(1024);
-    let shard = ctx.shard_of(&triple);
-    if ctx.mesh[shard]
-        .unbounded_send(ShardMsg::Subscribe { triple, from, tx })
-        .is_err()
-    {
-        let _ = stream
-            .write_all(&refuse(RpcError::transient(
-                503,
-                "session_unavailable",
-                "retry",
-            )))
-            .await;
-        return;
-    }
-    let mut framer = None;
-    if websocket {
-        let Some(key) = head.header("sec-websocket-key") else {
-            let _ = stream
-                .write_all(&refuse(RpcError::permanent(
-                    400,
-                    "invalid_request",
-                    "a WebSocket upgrade needs Sec-WebSocket-Key",
-                )))
-                .await;
-            return;
-        };
-        let reply = format!(
-            "HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-accept: {}\r\n\r\n",
-            broca_io::net::ws::accept_key(key)
-        );
-        if stream.write_all(reply.as_bytes()).await.is_err() {
-            return;
-        }
-        framer = Some(broca_io::net::ws::ServerFramer::default());
-    } else {
-        let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\nconnection: close\r\n\r\n";
-        if stream.write_all(head.as_bytes()).await.is_err() {
-            return;
-        }
-    }
-    let mut buf = vec![0u8; 4096];
-    loop {
-        enum Next {
-            Item(Option<SubItem>),
-            Read(std::io::Result<usize>),
-            Tick,
-        }
-        let next = futures_lite::future::or(
-            async { Next::Item(futures_lite::StreamExt::next(&mut rx).await) },
-            futures_lite::future::or(async { Next::Read(stream.read(&mut buf).await) }, async {
-                glommio::timer::sleep(KEEPALIVE).await;
-                Next::Tick
-            }),
-        )
-        .await;
-        let (bytes, last) = match next {
-            Next::Item(None) => break,
-            Next::Item(Some(item)) => {
-                let end = matches!(item, SubItem::End(_));
-                (encode(item, framer.as_mut()), end)
-            }
-            Next::Read(Ok(0)) | Next::Read(Err(_)) => break,
-            Next::Read(Ok(n)) => match framer.as_mut() {
-                Some(f) => {
-                    let (reply, closed) = f.feed(&buf[..n]);
-                    (reply, closed)
-                }
-                None => continue, // a client sends nothing on an event stream
-            },
-            Next::Tick => match framer.as_mut() {
-                Some(_) => continue,
-                None => (b": keepalive\n\n".to_vec(), false),
-            },
-        };
-        if stream.write_all(&bytes).await.is_err() || stream.flush().await.is_err() {
-            break;
-        }
-        if last {
-            if let Some(f) = framer.as_mut() {
-                let _ = stream.write_all(&f.close()).await;
-            }
-            break;
-        }
-    }
-}
-
-/// One item as an SSE event, or as a WebSocket text message.
-fn encode(item: SubItem, framer: Option<&mut broca_io::net::ws::ServerFramer>) -> Vec<u8> {
-    let (id, event, data) = match item {
-        SubItem::Control { cursor, unit } => (Some(cursor.to_string()), None, unit),
-        SubItem::Display(text) => (
-            None,
-            Some("display"),
-            serde_json::json!({ "text": text }).to_string(),
-        ),
-        SubItem::Gap(n) => (
-            None,
-            Some("display_gap"),
-            serde_json::json!({ "dropped": n }).to_string(),
-        ),
-        SubItem::End(why) => (
-            None,
-            Some("end"),
-            serde_json::json!({ "reason": why }).to_string(),
-        ),
-    };
-    match framer {
-        Some(f) => {
-            let msg = match (&id, event) {
-                (Some(id), _) => format!("{{\"id\":\"{id}\",\"unit\":{data}}}"),
-                (None, Some(e)) => format!("{{\"event\":\"{e}\",\"data\":{data}}}"),
-                (None, None) => data,
-            };
-            f.text(msg)
-        }
-        None => {
-            let mut out = String::new();
-            if let Some(id) = id {
-                out.push_str(&format!("id: {id}\n"));
-            }
-            if let Some(e) = event {
-                out.push_str(&format!("event: {e}\n"));
-            }
-            out.push_str(&format!("data: {data}\n\n"));
-            out.into_bytes()
-        }
     }
 }
 
@@ -521,6 +339,24 @@ async fn metrics(ctx: &Arc<ServeCtx>) -> String {
         "counter",
         "Connections opened to providers.",
         &|s| s.provider_connects,
+    );
+    family(
+        "broca_accept_wakes_total",
+        "counter",
+        "Accept-loop wakes that found no connection (an idle daemon has none).",
+        &|s| s.accept_wakes,
+    );
+    family(
+        "broca_accept_errors_total",
+        "counter",
+        "Failed accepts (out of descriptors, aborted connections).",
+        &|s| s.accept_errors,
+    );
+    family(
+        "broca_accept_shed_total",
+        "counter",
+        "Connections closed at once with a 503: the process was out of file descriptors.",
+        &|s| s.accept_shed,
     );
     out.push_str("# HELP broca_model_errors_total Failed model attempts by error class.\n# TYPE broca_model_errors_total counter\n");
     for s in &stats {

@@ -11,10 +11,11 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 
 use broca_io::log::DurableWatch;
-use futures_channel::mpsc;
+use futures_channel::{mpsc, oneshot};
 use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 
 use crate::core::project::{units, Cursor};
+use crate::wal::reader::PagedReader;
 use crate::wal::Record;
 
 /// Control units a subscriber may have queued before it is told to reconnect.
@@ -24,6 +25,11 @@ const DISPLAY_QUEUE_MAX: usize = 256;
 
 /// What a subscription delivers to its connection.
 pub(crate) enum SubItem {
+    /// The subscription is accepted: control units follow (always the first item, unless
+    /// [`SubItem::Refused`]).
+    Ready,
+    /// The subscription is refused (the only item).
+    Refused(String),
     Control {
         cursor: Cursor,
         unit: String,
@@ -186,34 +192,51 @@ async fn send(tx: &mut mpsc::Sender<SubItem>, item: SubItem) -> bool {
     tx.start_send(item).is_ok()
 }
 
+/// Items a subscription's connection may have queued: with [`REPLAY_PAGE_BYTES`], what bounds
+/// a subscriber's memory (a page of records being replayed, its units, and this many items
+/// waiting for the socket), however long the WAL it replays.
+pub(crate) const SUB_CHANNEL_ITEMS: usize = 32;
+/// Payload bytes of WAL records read per page while replaying.
+pub(crate) const REPLAY_PAGE_BYTES: usize = 64 * 1024;
+
+/// Reads the next page of `reader` on the blocking pool (the file is read with plain reads).
+async fn next_page(
+    mut reader: PagedReader,
+) -> (PagedReader, Result<Vec<(u64, Record)>, String>) {
+    glommio::executor()
+        .spawn_blocking(move || {
+            let page = reader
+                .next_records(REPLAY_PAGE_BYTES)
+                .map_err(|e| e.to_string());
+            (reader, page)
+        })
+        .await
+}
+
 /// Runs one subscription on the session's shard. `barrier` makes everything the session's
-/// live actor appended durable (and answers its last seq) before the WAL is read.
+/// live actor appended durable (and answers its last seq) before the WAL is read. The first
+/// item is [`SubItem::Ready`] (or [`SubItem::Refused`]: a cursor beyond the session's head);
+/// then the replay, page by page with backpressure; then the live units. `gone` resolves
+/// when the connection ends.
 pub(crate) async fn run(
     hub: Rc<Hub>,
     wal: std::path::PathBuf,
     from: SubFrom,
     barrier: impl std::future::Future<Output = ()>,
     mut tx: mpsc::Sender<SubItem>,
+    gone: oneshot::Receiver<()>,
 ) {
     // Register first: what becomes durable from now on is queued; what is durable before the
     // read below is in the WAL. The cursor drops what both deliver.
     let (sub, woken) = hub.add();
     barrier.await;
-    let read = glommio::executor()
-        .spawn_blocking(move || -> Result<Vec<(u64, Record)>, String> {
-            let found =
-                crate::wal::verify::read_and_scan_if_any(&wal).map_err(|e| e.to_string())?;
-            let Some((bytes, scan)) = found else {
-                return Ok(Vec::new()); // not created yet: everything comes live
-            };
-            let decoded = scan
-                .decode(&bytes)
-                .map_err(|(seq, why)| format!("record {seq}: {why}"))?;
-            Ok(decoded.records)
-        })
-        .await;
-    let records = match read {
-        Ok(r) => r,
+    let replayed = replay(&wal, from, &mut tx).await;
+    let last = match replayed {
+        Ok(Some(last)) => last,
+        Ok(None) => {
+            hub.remove(&sub);
+            return; // the connection went, or the cursor was refused
+        }
         Err(e) => {
             send(
                 &mut tx,
@@ -224,77 +247,181 @@ pub(crate) async fn run(
             return;
         }
     };
+    live(&sub, woken, tx, gone, last).await;
+    hub.remove(&sub);
+}
+
+/// Sends the units of the durable records after `from`, page by page. Answers the cursor of
+/// the last unit sent (or the head, for `live`); `None` when the connection went or the
+/// cursor was refused.
+async fn replay(
+    wal: &std::path::Path,
+    from: SubFrom,
+    tx: &mut mpsc::Sender<SubItem>,
+) -> Result<Option<Cursor>, String> {
+    let path = wal.to_path_buf();
+    let opened = glommio::executor()
+        .spawn_blocking(move || PagedReader::open_if_any(&path))
+        .await
+        .map_err(|e| e.to_string())?;
     let mut last = match from {
-        SubFrom::Start => Cursor::START,
+        SubFrom::Start | SubFrom::Live => Cursor::START,
         SubFrom::After(c) => c,
-        SubFrom::Live => Cursor::end_of(records.last().map_or(0, |r| r.0)),
     };
-    for (seq, record) in &records {
-        for (i, u) in units(record).iter().enumerate() {
-            let cursor = Cursor {
-                seq: *seq,
-                sub: i as u32,
-            };
-            if cursor > last {
-                if !send(
-                    &mut tx,
-                    SubItem::Control {
-                        cursor,
-                        unit: u.to_string(),
-                    },
-                )
-                .await
-                {
-                    hub.remove(&sub);
-                    return;
+    let mut ready = false;
+    if let Some(mut reader) = opened {
+        loop {
+            let (r, page) = next_page(reader).await;
+            reader = r;
+            let page = page?;
+            if page.is_empty() {
+                break;
+            }
+            if from == SubFrom::Live {
+                continue; // only the head matters
+            }
+            for (seq, record) in &page {
+                for (i, u) in units(record).iter().enumerate() {
+                    let cursor = Cursor {
+                        seq: *seq,
+                        sub: i as u32,
+                    };
+                    if cursor <= last {
+                        continue;
+                    }
+                    if !ready {
+                        ready = true;
+                        if !send(tx, SubItem::Ready).await {
+                            return Ok(None);
+                        }
+                    }
+                    let unit = u.to_string();
+                    if !send(tx, SubItem::Control { cursor, unit }).await {
+                        return Ok(None);
+                    }
+                    last = cursor;
                 }
-                last = cursor;
             }
         }
+        if from == SubFrom::Live {
+            last = Cursor::end_of(reader.last_seq());
+        }
+        if let SubFrom::After(c) = from {
+            if c.seq > reader.last_seq() {
+                let _ = send(tx, SubItem::Refused(beyond_head(c, reader.last_seq()))).await;
+                return Ok(None);
+            }
+        }
+    } else if let SubFrom::After(c) = from {
+        if c.seq > 0 {
+            let _ = send(tx, SubItem::Refused(beyond_head(c, 0))).await;
+            return Ok(None);
+        }
     }
-    drop(records);
-    // Live: forward what the hub queues; never wait on the connection here.
+    if !ready && !send(tx, SubItem::Ready).await {
+        return Ok(None);
+    }
+    Ok(Some(last))
+}
+
+fn beyond_head(c: Cursor, head: u64) -> String {
+    format!(
+        "cursor {c} is beyond the session's head (seq {head}): it is not from this session's \
+         WAL; subscribe from=start or from=live"
+    )
+}
+
+/// Forwards what the hub queues for `sub`, as fast as the connection takes it; never waits
+/// on anything but new items, room in the connection's queue, and the connection's end.
+async fn live(
+    sub: &Rc<Sub>,
+    woken: LocalReceiver<()>,
+    mut tx: mpsc::Sender<SubItem>,
+    gone: oneshot::Receiver<()>,
+    mut last: Cursor,
+) {
+    let mut gone = gone;
     loop {
         if sub.overflow.get() {
             let _ = tx.try_send(SubItem::End(
                 "this subscriber fell behind; reconnect with Last-Event-ID to catch up from the WAL".into(),
             ));
-            break;
+            return;
         }
-        let control: Vec<_> = sub.control.borrow_mut().drain(..).collect();
-        let mut gone = false;
-        for (cursor, unit) in control {
-            if cursor > last {
-                match tx.try_send(SubItem::Control { cursor, unit }) {
-                    Ok(()) => last = cursor,
-                    Err(e) if e.is_disconnected() => gone = true,
-                    Err(_) => sub.overflow.set(true),
+        let mut full = false;
+        // Control units first, in order; a unit that does not fit waits for room.
+        loop {
+            let Some((cursor, unit)) = sub.control.borrow_mut().pop_front() else {
+                break;
+            };
+            if cursor <= last {
+                continue;
+            }
+            match tx.try_send(SubItem::Control { cursor, unit }) {
+                Ok(()) => last = cursor,
+                Err(e) if e.is_disconnected() => return,
+                Err(e) => {
+                    let SubItem::Control { cursor, unit } = e.into_inner() else {
+                        unreachable!("the item sent comes back")
+                    };
+                    sub.control.borrow_mut().push_front((cursor, unit));
+                    full = true;
+                    break;
                 }
             }
         }
-        let display: Vec<_> = sub.display.borrow_mut().drain(..).collect();
-        for text in display {
+        // Display deltas only when the control lane is through; they wait in their own
+        // bounded queue (new ones dropped and counted past it).
+        while !full {
+            let Some(text) = sub.display.borrow_mut().pop_front() else {
+                break;
+            };
             match tx.try_send(SubItem::Display(text)) {
                 Ok(()) => {}
-                Err(e) if e.is_disconnected() => gone = true,
-                Err(_) => sub.dropped.set(sub.dropped.get() + 1),
+                Err(e) if e.is_disconnected() => return,
+                Err(e) => {
+                    let SubItem::Display(text) = e.into_inner() else {
+                        unreachable!("the item sent comes back")
+                    };
+                    sub.display.borrow_mut().push_front(text);
+                    full = true;
+                }
             }
         }
-        if sub.dropped.get() > 0 && tx.try_send(SubItem::Gap(sub.dropped.get())).is_ok() {
+        if !full && sub.dropped.get() > 0 && tx.try_send(SubItem::Gap(sub.dropped.get())).is_ok() {
             sub.dropped.set(0);
         }
-        if gone || tx.is_closed() {
-            break;
+        enum Wake {
+            Items,
+            Room(bool),
+            Gone,
         }
-        if sub.overflow.get() {
-            continue;
-        }
-        // Wake on new items, or now and then to notice a closed connection.
-        futures_lite::future::or(async { woken.recv().await.is_some() }, async {
-            glommio::timer::sleep(std::time::Duration::from_millis(500)).await;
-            true
-        })
+        let wake = futures_lite::future::or(
+            async {
+                woken.recv().await;
+                Wake::Items
+            },
+            futures_lite::future::or(
+                async {
+                    if full {
+                        let ok = futures_lite::future::poll_fn(|cx| tx.poll_ready(cx))
+                            .await
+                            .is_ok();
+                        Wake::Room(ok)
+                    } else {
+                        futures_lite::future::pending().await
+                    }
+                },
+                async {
+                    let _ = (&mut gone).await;
+                    Wake::Gone
+                },
+            ),
+        )
         .await;
+        match wake {
+            Wake::Items | Wake::Room(true) => {}
+            Wake::Room(false) | Wake::Gone => return,
+        }
     }
-    hub.remove(&sub);
 }

@@ -8,10 +8,13 @@
 //! gives active runs `--grace-secs` to finish, seals the rest Interrupted, closes every WAL,
 //! removes serve.json and re-raises the signal, so a supervisor sees broca die of it.
 
+mod accept;
+mod claim;
 mod http;
 mod hub;
 mod registry;
 mod rpc;
+mod subscribe;
 
 pub use rpc::check_request;
 
@@ -64,6 +67,8 @@ pub(crate) enum ShardMsg {
     },
     /// The shard's counters.
     Stats(futures_channel::oneshot::Sender<ShardStats>),
+    /// A signal asked the daemon to stop (sent to shard 0, which stops every shard).
+    Signal,
     /// Stop: wait for active runs up to the grace, seal the rest, close every session.
     Stop(futures_channel::oneshot::Sender<()>),
     /// Subscribe to the session `triple` (owned by the receiving shard).
@@ -71,6 +76,8 @@ pub(crate) enum ShardMsg {
         triple: SessionTriple,
         from: hub::SubFrom,
         tx: mpsc::Sender<hub::SubItem>,
+        /// Resolves when the subscriber's connection ends.
+        gone: futures_channel::oneshot::Receiver<()>,
     },
 }
 
@@ -118,12 +125,23 @@ impl ServeCtx {
     }
 }
 
-/// Creates (0700) or checks the state dir and its `wal/` folder; makes the handle file.
-fn prepare_state(opts: &ServeOptions) -> Result<(PathBuf, String, PathBuf), String> {
+/// What serve prepared in its state dir.
+struct PreparedState {
+    /// Held for the daemon's life: no other serve uses this state dir meanwhile.
+    lock: claim::StateLock,
+    wal_dir: PathBuf,
+    handle: String,
+    handle_file: PathBuf,
+}
+
+/// Creates (0700) or checks the state dir and its `wal/` folder, takes the state dir's lock
+/// (refused while another serve holds it), and makes the handle file.
+fn prepare_state(opts: &ServeOptions) -> Result<PreparedState, String> {
     let dir = &opts.state_dir;
     crate::owner_only::create_dir(dir)
         .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     crate::owner_only::check_dir(dir)?;
+    let lock = claim::lock_state_dir(dir)?;
     let wal_dir = dir.join("wal");
     crate::owner_only::create_dir(&wal_dir)
         .map_err(|e| format!("cannot create {}: {e}", wal_dir.display()))?;
@@ -134,7 +152,12 @@ fn prepare_state(opts: &ServeOptions) -> Result<(PathBuf, String, PathBuf), Stri
     let handle_file = dir.join("serve.handle");
     crate::owner_only::write_file(&handle_file, handle.as_bytes())
         .map_err(|e| format!("cannot write {}: {e}", handle_file.display()))?;
-    Ok((wal_dir, handle, handle_file))
+    Ok(PreparedState {
+        lock,
+        wal_dir,
+        handle,
+        handle_file,
+    })
 }
 
 fn getrandom(buf: &mut [u8]) -> Result<(), String> {
@@ -164,13 +187,14 @@ fn catch_signals(ctx: Arc<Mutex<Option<Arc<ServeCtx>>>>) -> Result<(), String> {
                         tracing::warn!(
                             "signal {sig}: stopping admission; active runs get the grace period"
                         );
-                        let _ = ctx.signal.compare_exchange(
-                            0,
-                            sig,
-                            Ordering::AcqRel,
-                            Ordering::Acquire,
-                        );
+                        let first = ctx
+                            .signal
+                            .compare_exchange(0, sig, Ordering::AcqRel, Ordering::Acquire)
+                            .is_ok();
                         ctx.stopping.store(true, Ordering::Release);
+                        if first {
+                            let _ = ctx.mesh[0].unbounded_send(ShardMsg::Signal);
+                        }
                     }
                 }
             })
@@ -269,7 +293,12 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
     );
     let slot: Arc<Mutex<Option<Arc<ServeCtx>>>> = Arc::new(Mutex::new(None));
     catch_signals(slot.clone())?;
-    let (wal_dir, handle, handle_file) = prepare_state(&opts)?;
+    let PreparedState {
+        lock: state_lock,
+        wal_dir,
+        handle,
+        handle_file,
+    } = prepare_state(&opts)?;
     let proxy = ProxyConfig::from_env()?;
     let tls = broca_io::net::tls::default_client_config()?;
     // Bind before the shards start, so a port in use is a clear error here.
@@ -287,7 +316,7 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
         .socket
         .clone()
         .unwrap_or_else(|| opts.state_dir.join("broca.sock"));
-    let _ = std::fs::remove_file(&socket); // a socket left by a killed daemon
+    claim::claim_socket(&socket, &opts.state_dir)?; // a socket left by a killed daemon
     let unix = std::os::unix::net::UnixListener::bind(&socket)
         .map_err(|e| format!("cannot listen on {}: {e}", socket.display()))?;
     {
@@ -379,7 +408,7 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
     }
     tcp_copies.insert(0, Some(listener));
     let listeners = Arc::new(Mutex::new((tcp_copies, Some(unix))));
-    println!("broca listening on http://{listen}");
+    crate::outln!("broca listening on http://{listen}");
     use std::io::Write as _;
     let _ = std::io::stdout().flush();
     let shard_ctx = ctx.clone();
@@ -396,8 +425,10 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
         };
         registry::shard_main(shard, ctx, rx, listeners)
     });
+    // This daemon still holds the state dir's lock: serve.json and the socket are its own.
     let _ = std::fs::remove_file(&serve_json);
     let _ = std::fs::remove_file(&socket);
+    drop(state_lock);
     ctx.tools.stop();
     for r in result.map_err(|e| format!("a shard failed to start: {e}"))? {
         r?;

@@ -42,6 +42,12 @@ pub struct ShardStats {
     pub provider_connects: u64,
     /// Failed model attempts by error class.
     pub model_errors: Vec<(crate::protocol::ErrorClass, u64)>,
+    /// Accept-loop wakes that found nothing to do (an idle daemon has none).
+    pub accept_wakes: u64,
+    /// Failed accepts.
+    pub accept_errors: u64,
+    /// Connections closed with a 503 at once for lack of file descriptors.
+    pub accept_shed: u64,
 }
 
 type Actor = SessionActor<HttpModelClient, Router>;
@@ -73,6 +79,8 @@ pub(crate) struct Registry {
     hubs: RefCell<HashMap<[u8; 16], Rc<Hub>>>,
     /// Sessions whose WAL moved on since the store last projected them.
     dirty: RefCell<std::collections::HashSet<SessionTriple>>,
+    /// This shard's accept loops (`None` until started, or when it has no listener).
+    acceptor: RefCell<Option<super::http::Acceptor>>,
 }
 
 /// A shard's life: accept connections, serve the mesh, stop when told.
@@ -109,6 +117,7 @@ pub(crate) async fn shard_main(
         closing: Cell::new(false),
         hubs: RefCell::new(HashMap::new()),
         dirty: RefCell::new(std::collections::HashSet::new()),
+        acceptor: RefCell::new(None),
     });
     if ctx.projector.is_some() {
         glommio::spawn_local(project_dirty(reg.clone())).detach();
@@ -117,43 +126,27 @@ pub(crate) async fn shard_main(
         Some((tcp, unix)) => Some(super::http::start(ctx.clone(), tcp, unix)?),
         None => None,
     };
-    let accept = Rc::new(accept);
-    if shard == 0 {
-        // Shard 0 turns a signal into a stop of every shard; connections are served (sends
-        // refused) until every shard has stopped.
-        let (ctx, accept) = (ctx.clone(), accept.clone());
-        glommio::spawn_local(async move {
-            while !ctx.is_stopping() {
-                glommio::timer::sleep(Duration::from_millis(20)).await;
-            }
-            let mut waits = Vec::new();
-            for tx in &ctx.mesh {
-                let (done, wait) = oneshot::channel();
-                if tx.unbounded_send(ShardMsg::Stop(done)).is_ok() {
-                    waits.push(wait);
-                }
-            }
-            for w in waits {
-                let _ = w.await;
-            }
-            if let Some(a) = accept.as_ref() {
-                a.stop();
-            }
-            for tx in &ctx.mesh {
-                tx.close_channel();
-            }
-        })
-        .detach();
-    }
+    *reg.acceptor.borrow_mut() = accept;
     while let Some(msg) = rx.next().await {
         match msg {
             ShardMsg::Session { triple, cmd } => reg.dispatch(triple, cmd),
             ShardMsg::Stats(reply) => {
                 let _ = reply.send(reg.stats());
             }
-            ShardMsg::Subscribe { triple, from, tx } => {
+            ShardMsg::Subscribe {
+                triple,
+                from,
+                tx,
+                gone,
+            } => {
                 let reg = reg.clone();
-                glommio::spawn_local(async move { reg.subscribe(triple, from, tx).await }).detach();
+                glommio::spawn_local(async move { reg.subscribe(triple, from, tx, gone).await })
+                    .detach();
+            }
+            ShardMsg::Signal => {
+                // Shard 0 turns a signal into a stop of every shard; connections are served
+                // (sends refused) until every shard has stopped.
+                glommio::spawn_local(stop_every_shard(reg.clone())).detach();
             }
             ShardMsg::Stop(done) => {
                 let reg = reg.clone();
@@ -165,7 +158,29 @@ pub(crate) async fn shard_main(
             }
         }
     }
+    if let Some(a) = reg.acceptor.borrow().as_ref() {
+        a.stop();
+    }
     Ok(())
+}
+
+/// Shard 0's answer to SIGTERM/SIGINT: stop every shard, then end the mesh (each shard's
+/// loop, and with it its accept loops, ends).
+async fn stop_every_shard(reg: Rc<Registry>) {
+    let ctx = &reg.ctx;
+    let mut waits = Vec::new();
+    for tx in &ctx.mesh {
+        let (done, wait) = oneshot::channel();
+        if tx.unbounded_send(ShardMsg::Stop(done)).is_ok() {
+            waits.push(wait);
+        }
+    }
+    for w in waits {
+        let _ = w.await;
+    }
+    for tx in &ctx.mesh {
+        tx.close_channel();
+    }
 }
 
 impl Registry {
@@ -187,6 +202,7 @@ impl Registry {
         triple: SessionTriple,
         from: SubFrom,
         tx: futures_channel::mpsc::Sender<SubItem>,
+        gone: oneshot::Receiver<()>,
     ) {
         let addr = triple.address().0;
         let hub = self.hub(addr);
@@ -201,12 +217,17 @@ impl Registry {
             }
         };
         let wal = crate::wal::writer::wal_path(&self.ctx.wal_dir, &triple);
-        hub::run(hub, wal, from, barrier, tx).await;
+        hub::run(hub, wal, from, barrier, tx, gone).await;
         self.drop_hub_if_idle(addr);
     }
 
     fn stats(&self) -> ShardStats {
         let h = self.http.stats();
+        let (accept_wakes, accept_errors, accept_shed) = self
+            .acceptor
+            .borrow()
+            .as_ref()
+            .map_or((0, 0, 0), |a| a.counts());
         ShardStats {
             shard: self.shard,
             sessions_live: self.sessions.borrow().len(),
@@ -218,6 +239,9 @@ impl Registry {
             provider_bytes_out: h.bytes_out,
             provider_connects: h.connects,
             model_errors: self.model.errors().snapshot(),
+            accept_wakes,
+            accept_errors,
+            accept_shed,
         }
     }
 
@@ -387,7 +411,7 @@ impl Registry {
                 SessionCommand::Send { req, reply } => {
                     if self.ctx.is_stopping() {
                         let r = Refusal::ShuttingDown;
-                        let _ = reply.send(Err(RpcError::refusal(&r, r.to_string())));
+                        let _ = reply.send(Err(RpcError::refusal(&r)));
                         continue;
                     }
                     match actor.send(&req).await {
@@ -491,7 +515,7 @@ async fn queued(rx: &LocalReceiver<SessionCommand>) -> Option<SessionCommand> {
 
 fn refuse_closing(cmd: SessionCommand) {
     let r = Refusal::ShuttingDown;
-    fail(cmd, &RpcError::refusal(&r, r.to_string()));
+    fail(cmd, &RpcError::refusal(&r));
 }
 
 /// Answers a command that cannot be served (a dropped reply reads as unavailable).

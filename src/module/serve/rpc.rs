@@ -52,7 +52,7 @@ pub fn check_request(body: &[u8]) -> Result<String, RpcError> {
                 now_unix_ms: 0,
             };
             crate::core::admission::admit(&req, &crate::core::Session::default(), &probe)
-                .map_err(|r| RpcError::refusal(&r, r.to_string()))?;
+                .map_err(|r| RpcError::refusal(&r))?;
         }
         "run.status" | "run.result" | "run.cancel" | "session.read" => {
             triple(&mut params)?;
@@ -179,7 +179,7 @@ async fn send(ctx: &Arc<ServeCtx>, mut params: Map<String, Value>) -> Result<Val
         now_unix_ms: 0,
     };
     if let Err(r) = crate::core::admission::admit(&req, &crate::core::Session::default(), &probe) {
-        return Err(RpcError::refusal(&r, r.to_string()));
+        return Err(RpcError::refusal(&r));
     }
     let (reply, wait) = oneshot::channel();
     if !ctx.route(t.clone(), SessionCommand::Send { req, reply }) {

@@ -31,20 +31,30 @@ pub fn start(state: &Path, peer: &Aimock, extra: &[&str]) -> Serve {
 
 /// [`start`] with extra environment variables for the daemon.
 pub fn start_env(state: &Path, peer: &Aimock, extra: &[&str], env: &[(&str, &str)]) -> Serve {
-    let (child, line) = super::spawn_first_line(
-        broca(state)
-            .envs(env.iter().copied())
-            .env("ANTHROPIC_API_KEY", "sk-serve-test-0123456789")
-            .env("BROCA_BASE_URL_ANTHROPIC", peer.url())
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .args(if extra.contains(&"--shards") {
-                &[][..]
-            } else {
-                &["--shards", "2"][..]
-            })
-            .args(extra)
-            .stderr(Stdio::inherit()),
-    );
+    let mut cmd = command(state, &peer.url(), extra);
+    cmd.envs(env.iter().copied()).stderr(Stdio::inherit());
+    spawn(&mut cmd, state)
+}
+
+/// The `broca serve` command on a free port with `base_url` as the Anthropic provider (two
+/// shards unless `extra` says otherwise); stdio is the caller's to set.
+pub fn command(state: &Path, base_url: &str, extra: &[&str]) -> std::process::Command {
+    let mut cmd = broca(state);
+    cmd.env("ANTHROPIC_API_KEY", "sk-serve-test-0123456789")
+        .env("BROCA_BASE_URL_ANTHROPIC", base_url)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(if extra.contains(&"--shards") {
+            &[][..]
+        } else {
+            &["--shards", "2"][..]
+        })
+        .args(extra);
+    cmd
+}
+
+/// Spawns a serve command and waits for its listen line; checks serve.json.
+pub fn spawn(cmd: &mut std::process::Command, state: &Path) -> Serve {
+    let (child, line) = super::spawn_first_line(cmd);
     let addr = line
         .trim()
         .strip_prefix("broca listening on http://")
@@ -61,6 +71,15 @@ pub fn start_env(state: &Path, peer: &Aimock, extra: &[&str], env: &[(&str, &str
         handle,
         socket: PathBuf::from(info["socket"].as_str().unwrap()),
     }
+}
+
+/// `GET path` with the handle: status and body.
+pub fn get(s: &Serve, path: &str) -> (u16, Vec<u8>) {
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n",
+        s.handle
+    );
+    http(&s.addr, req.as_bytes())
 }
 
 /// One HTTP exchange on a new connection: status and body.

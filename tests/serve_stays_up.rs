@@ -30,6 +30,29 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap()
 }
 
+/// Runs a command that should refuse at once; a daemon that starts instead is killed and the
+/// test fails.
+fn refused(cmd: &mut std::process::Command) -> std::process::Output {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(15);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > until {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "it started instead of refusing: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
 fn sigterm(s: &Serve) {
     // SAFETY: kill(2) on a child this test started.
     unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
@@ -52,6 +75,11 @@ fn an_idle_daemon_never_wakes_its_accept_loops() {
     let dir = tempfile::tempdir().unwrap();
     let mut cmd = command(&dir.path().join("state"), DOWN, &[]);
     let s = spawn(cmd.stderr(Stdio::inherit()), &dir.path().join("state"));
+    let (_, text) = get(&s, "/metrics");
+    assert!(
+        String::from_utf8_lossy(&text).contains("broca_accept_wakes_total{shard=\"0\"}"),
+        "/metrics counts accept-loop wakes"
+    );
     let before = metric(&s, "broca_accept_wakes_total");
     std::thread::sleep(Duration::from_secs(5));
     let after = metric(&s, "broca_accept_wakes_total");
@@ -287,7 +315,7 @@ fn a_second_serve_on_the_same_state_dir_refuses_and_the_first_keeps_working() {
     let first = start(&state, &peer, &[]);
     let serve_json = std::fs::read(state.join("serve.json")).unwrap();
     let handle = std::fs::read(state.join("serve.handle")).unwrap();
-    let out = command(&state, DOWN, &[]).output().unwrap();
+    let out = refused(&mut command(&state, DOWN, &[]));
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -307,16 +335,14 @@ fn a_second_serve_on_the_same_state_dir_refuses_and_the_first_keeps_working() {
     // Another state dir, but the first daemon's live socket: refused, left alone.
     let other = dir.path().join("other");
     let sock = first.socket.to_str().unwrap();
-    let out = command(&other, DOWN, &["--socket", sock]).output().unwrap();
+    let out = refused(&mut command(&other, DOWN, &["--socket", sock]));
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("running process"));
     assert_eq!(get(&first, "/healthz").0, 200);
     // A file that is not a socket is never removed.
     let notes = dir.path().join("notes.txt");
     std::fs::write(&notes, "keep me").unwrap();
-    let out = command(&other, DOWN, &["--socket", notes.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = refused(&mut command(&other, DOWN, &["--socket", notes.to_str().unwrap()]));
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a socket"));
     assert_eq!(std::fs::read_to_string(&notes).unwrap(), "keep me");
@@ -413,7 +439,7 @@ fn small_things_get_clear_answers() {
     // A state dir that is a regular file: the error names it.
     let file = dir.path().join("a-file");
     std::fs::write(&file, "x").unwrap();
-    let out = command(&file, DOWN, &[]).output().unwrap();
+    let out = refused(&mut command(&file, DOWN, &[]));
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("is a file, not a folder"), "{err}");

@@ -1,5 +1,7 @@
 //! Shared helpers of broca's benchmarks: latency recording and percentiles, aligned buffers.
 
+pub mod peer;
+
 use std::time::Duration;
 
 /// Commit latencies recorded during a benchmark, by label.

@@ -214,7 +214,8 @@ async fn next_page(
 }
 
 /// Runs one subscription on the session's shard. `barrier` makes everything the session's
-/// live actor appended durable (and answers its last seq) before the WAL is read. The first
+/// live actor appended durable and answers its last seq (`None` when no actor is live)
+/// before the WAL is read; a `live` subscription to a live session reads no WAL at all. The first
 /// item is [`SubItem::Ready`] (or [`SubItem::Refused`]: a cursor beyond the session's head);
 /// then the replay, page by page with backpressure; then the live units. `gone` resolves
 /// when the connection ends.
@@ -222,15 +223,21 @@ pub(crate) async fn run(
     hub: Rc<Hub>,
     wal: std::path::PathBuf,
     from: SubFrom,
-    barrier: impl std::future::Future<Output = ()>,
+    barrier: impl std::future::Future<Output = Option<u64>>,
     mut tx: mpsc::Sender<SubItem>,
     gone: oneshot::Receiver<()>,
 ) {
     // Register first: what becomes durable from now on is queued; what is durable before the
     // read below is in the WAL. The cursor drops what both deliver.
     let (sub, woken) = hub.add();
-    barrier.await;
-    let replayed = replay(&wal, from, &mut tx).await;
+    let head = barrier.await;
+    let replayed = match (from, head) {
+        (SubFrom::Live, Some(seq)) => match send(&mut tx, SubItem::Ready).await {
+            true => Ok(Some(Cursor::end_of(seq))),
+            false => Ok(None),
+        },
+        _ => replay(&wal, from, &mut tx).await,
+    };
     let last = match replayed {
         Ok(Some(last)) => last,
         Ok(None) => {

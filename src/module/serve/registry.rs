@@ -210,11 +210,12 @@ impl Registry {
         let reg = self.clone();
         let t = triple.clone();
         let barrier = async move {
-            if live {
-                let (reply, wait) = oneshot::channel();
-                reg.dispatch(t, SessionCommand::Barrier { reply });
-                let _ = wait.await;
+            if !live {
+                return None;
             }
+            let (reply, wait) = oneshot::channel();
+            reg.dispatch(t, SessionCommand::Barrier { reply });
+            wait.await.ok().flatten()
         };
         let wal = crate::wal::writer::wal_path(&self.ctx.wal_dir, &triple);
         hub::run(hub, wal, from, barrier, tx, gone).await;

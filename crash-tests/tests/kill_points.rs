@@ -14,9 +14,16 @@
 //! - the store agrees with the WALs, and the exported facts are the WAL's model steps and
 //!   failed attempts.
 //!
-//! The suite fails unless at least one kill ended a real process. `BROCA_CRASH_KILLS=N` sets
-//! the random kills (default 4), `BROCA_CRASH_SECS` bounds the whole run (default 240 s): the
-//! soak mode. The output ends with the counts.
+//! Every cut runs twice: with plain kills (a kill keeps what was written), and in the
+//! power-loss mode (`BROCA_POWER_LOSS`: writes stay in memory until their fdatasync, each sync
+//! 50 ms late, and files whose directory was never synced are removed after the kill), where
+//! `admitted` aborts once the send is answered and `intent` once a dispatched call has run,
+//! durable or not: a missing wait for durability then loses what the action relied on.
+//!
+//! The suite fails when any planned cut was not reached (its process did not die at that
+//! point) or the time budget cut the plan short. `BROCA_CRASH_KILLS=N` sets the random kills
+//! (default 4), `BROCA_CRASH_SECS` bounds each mode's run (default 300 s): the soak mode. The
+//! output ends with the counts and each cut's outcome.
 
 #[path = "../../tests/support/mod.rs"]
 mod support;
@@ -40,6 +47,7 @@ struct Counts {
     not_reached: u64,
     invariants: u64,
     torn_writes: u64,
+    files_lost: u64,
 }
 
 /// One JSON-RPC call that tolerates a server dying under it: `None` when no whole answer came.
@@ -78,10 +86,12 @@ struct Cut<'a> {
     calls: PathBuf,
     config: PathBuf,
     peer: &'a Aimock,
+    /// The power-loss ledger, when the killed process runs in that mode.
+    ledger: Option<PathBuf>,
 }
 
 impl Cut<'_> {
-    fn new<'a>(root: &Path, name: &str, peer: &'a Aimock) -> Cut<'a> {
+    fn new<'a>(root: &Path, name: &str, peer: &'a Aimock, mode: Mode) -> Cut<'a> {
         let dir = root.join(name);
         std::fs::create_dir_all(&dir).unwrap();
         let calls = dir.join("calls.jsonl");
@@ -95,6 +105,30 @@ impl Cut<'_> {
             calls,
             config,
             peer,
+            ledger: (mode == Mode::PowerLoss).then(|| dir.join("power-loss.ledger")),
+        }
+    }
+
+    /// The environment of a process this cut kills: the crash plan, and the power-loss mode
+    /// (writes held until their fdatasync, each sync 50 ms late: a slow disk) when asked.
+    fn kill_env<'e>(&'e self, plan: Option<&'e str>) -> Vec<(&'e str, &'e str)> {
+        let mut env = Vec::new();
+        if let Some(plan) = plan {
+            env.push(("BROCA_CRASH_AT", plan));
+        }
+        if let Some(ledger) = &self.ledger {
+            env.push(("BROCA_POWER_LOSS", ledger.to_str().unwrap()));
+            env.push(("BROCA_POWER_LOSS_SYNC_MS", "50"));
+        }
+        env
+    }
+
+    /// After a kill in the power-loss mode, what a power cut takes too: files whose directory
+    /// entry was never made durable. Answers how many were removed.
+    fn cut_power(&self) -> usize {
+        match &self.ledger {
+            Some(ledger) => broca_io::power_loss::cut_power(ledger).unwrap().len(),
+            None => 0,
         }
     }
 
@@ -292,14 +326,32 @@ fn wait_abort(s: &mut Serve) -> bool {
     }
 }
 
+/// How the killed processes run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// A kill keeps everything written (the page cache survives a process).
+    Kill,
+    /// A kill loses what a power cut would (see `broca_io::power_loss`).
+    PowerLoss,
+}
+
 #[test]
 fn kills_at_every_boundary_and_at_random_keep_every_invariant() {
+    kill_everywhere(Mode::Kill);
+}
+
+#[test]
+fn power_losses_at_every_boundary_and_at_random_keep_every_invariant() {
+    kill_everywhere(Mode::PowerLoss);
+}
+
+fn kill_everywhere(mode: Mode) {
     let started = Instant::now();
     let budget = Duration::from_secs(
         std::env::var("BROCA_CRASH_SECS")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(240),
+            .unwrap_or(300),
     );
     let random_kills: u64 = std::env::var("BROCA_CRASH_KILLS")
         .ok()
@@ -308,6 +360,7 @@ fn kills_at_every_boundary_and_at_random_keep_every_invariant() {
     let peer = Aimock::start(&fixture("tools.json"));
     let root = tempfile::tempdir().unwrap();
     let mut counts = Counts::default();
+    let mut per_point: Vec<(String, bool)> = Vec::new();
 
     // Named boundaries: the send's run passes each of these once or twice.
     let cuts = [
@@ -320,46 +373,56 @@ fn kills_at_every_boundary_and_at_random_keep_every_invariant() {
         ("step_started", 2),
         ("step", 2),
         ("terminal", 1),
-        // Batch writes: the lease record's, RunStarted's, then the run's own.
+        // Batch writes: the lease record's, RunStarted's, then the run's own (slow syncs
+        // merge more records per batch: the run has fewer of them in the power-loss mode).
         ("mid_write", 5),
-        ("mid_write", 7),
+        ("mid_write", if mode == Mode::PowerLoss { 6 } else { 7 }),
     ];
+    let run_cuts = [("intent", 1), ("tool_result", 1), ("step", 2)];
+    let planned = cuts.len() + run_cuts.len() + random_kills as usize;
     for (point, nth) in cuts {
         if started.elapsed() > budget {
             break;
         }
         let what = format!("{point}:{nth}");
-        let cut = Cut::new(root.path(), &what.replace(':', "-"), &peer);
-        let mut s = cut.serve(&[("BROCA_CRASH_AT", what.as_str())]);
+        let cut = Cut::new(root.path(), &what.replace(':', "-"), &peer, mode);
+        let mut s = cut.serve(&cut.kill_env(Some(&what)));
         let acked = send(&s)
             .filter(|(status, _)| *status == 200)
             .and_then(|(_, r)| r["result"]["run_id"].as_str().map(str::to_string));
         counts.cuts += 1;
-        if wait_abort(&mut s) {
+        let killed = wait_abort(&mut s);
+        if killed {
             counts.killed += 1;
             counts.torn_writes += u64::from(point == "mid_write");
         } else {
             counts.not_reached += 1;
         }
+        per_point.push((what.clone(), killed));
         drop(s);
+        counts.files_lost += cut.cut_power() as u64;
         cut.check(acked, &what, &mut counts);
     }
 
     // `broca run` cut at a boundary, then run again with the same send_id: the run a crash
     // left open is resumed first, the send answers that run, and no call ran twice.
-    for (point, nth) in [("intent", 1), ("tool_result", 1), ("step", 2)] {
+    for (point, nth) in run_cuts {
         if started.elapsed() > budget {
             break;
         }
         let what = format!("run-{point}-{nth}");
-        let cut = Cut::new(root.path(), &what, &peer);
-        let first = cut.run(&[("BROCA_CRASH_AT", format!("{point}:{nth}").as_str())]);
+        let cut = Cut::new(root.path(), &what, &peer, mode);
+        let plan = format!("{point}:{nth}");
+        let first = cut.run(&cut.kill_env(Some(&plan)));
         counts.cuts += 1;
-        if first.status.signal() == Some(libc::SIGABRT) {
+        let killed = first.status.signal() == Some(libc::SIGABRT);
+        if killed {
             counts.killed += 1;
         } else {
             counts.not_reached += 1;
         }
+        per_point.push((what.clone(), killed));
+        counts.files_lost += cut.cut_power() as u64;
         // The same send_id again: the open run is resumed (interrupted when its calls' outcome
         // is unknown) and answered; nothing new is admitted.
         let again = cut.run(&[]);
@@ -388,8 +451,8 @@ fn kills_at_every_boundary_and_at_random_keep_every_invariant() {
             break;
         }
         let what = format!("sigkill-{seed}");
-        let cut = Cut::new(root.path(), &what, &peer);
-        let mut s = cut.serve(&[]);
+        let cut = Cut::new(root.path(), &what, &peer, mode);
+        let mut s = cut.serve(&cut.kill_env(None));
         let delay = Duration::from_millis(mix(seed) % 150);
         let t = Instant::now();
         let acked = send(&s)
@@ -400,19 +463,32 @@ fn kills_at_every_boundary_and_at_random_keep_every_invariant() {
         let alive = s.child.try_wait().unwrap().is_none();
         let _ = s.child.kill(); // SIGKILL
         let status = s.child.wait().unwrap();
-        if alive && status.signal() == Some(libc::SIGKILL) {
+        let killed = alive && status.signal() == Some(libc::SIGKILL);
+        if killed {
             counts.killed += 1;
         }
+        per_point.push((what.clone(), killed));
         drop(s);
+        counts.files_lost += cut.cut_power() as u64;
         cut.check(acked, &what, &mut counts);
     }
 
+    let summary: Vec<String> = per_point
+        .iter()
+        .map(|(what, killed)| format!("{what}={}", if *killed { "killed" } else { "MISSED" }))
+        .collect();
     println!(
-        "crash cuts tried: {}; kills that ended a real process: {}; boundaries not reached: {}; invariants checked: {}; faults injected (writes torn in a real process): {}",
-        counts.cuts, counts.killed, counts.not_reached, counts.invariants, counts.torn_writes
+        "{mode:?}: crash cuts tried: {} of {planned} planned; kills that ended a real process: {}; boundaries not reached: {}; invariants checked: {}; faults injected (writes torn in a real process): {}; files lost to the power cut: {}\n  {}",
+        counts.cuts, counts.killed, counts.not_reached, counts.invariants, counts.torn_writes,
+        counts.files_lost, summary.join(" ")
     );
-    assert!(
-        counts.killed >= 1,
-        "no kill ended a real process: {counts:?}"
+    assert_eq!(
+        counts.cuts as usize, planned,
+        "{mode:?}: the time budget ({budget:?}) cut the planned cuts short: {counts:?}"
+    );
+    assert_eq!(
+        counts.not_reached, 0,
+        "{mode:?}: cut points not reached: {}",
+        summary.join(" ")
     );
 }

@@ -11,6 +11,8 @@
 //!   pool, CONNECT proxies, WebSocket.
 //! - [`sse`]: the server-sent events decoder (sans-IO, any chunk boundary).
 //! - [`fs`]: small file-system helpers: alignment probing, directory fsync, advisory locks.
+//! - [`power_loss`]: the simulated power loss of crash tests (writes held until their sync,
+//!   a ledger of directory entries not yet durable).
 
 pub mod commit;
 pub mod eventstream;
@@ -20,6 +22,7 @@ pub mod http1;
 pub mod http_server;
 pub mod log;
 pub mod net;
+pub mod power_loss;
 pub mod sse;
 
 pub use commit::{CommitStats, Committer};

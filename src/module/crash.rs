@@ -13,6 +13,12 @@
 //!
 //! The abort is `std::process::abort`: no destructor, flush or close runs, as after a crash.
 //! Unset (the normal case), the hook costs one load of a cached value per record.
+//!
+//! With `BROCA_POWER_LOSS=<ledger file>` the process also runs in the power-loss mode
+//! (`broca_io::power_loss`: writes held until their fdatasync, new files listed until their
+//! directory's fsync), and a kill point aborts without waiting for durability: at once, or
+//! for `admitted` and `intent` right after the action the record guards (the send answered,
+//! a dispatched call run). A kill then loses what a power cut would.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -78,7 +84,10 @@ fn point_of(record: &Record) -> Option<&'static str> {
 /// The log configuration for this process: the default, with the `mid_write` tear installed
 /// when the crash hook asks for it.
 pub fn log_config() -> broca_io::LogConfig {
-    let mut cfg = broca_io::LogConfig::default();
+    let mut cfg = broca_io::LogConfig {
+        power_loss: power_loss().cloned(),
+        ..broca_io::LogConfig::default()
+    };
     if plan().is_some_and(|p| p.point == "mid_write") {
         cfg.faults = Some(broca_io::FaultHook(std::sync::Arc::new(|point| {
             if let broca_io::FaultPoint::Written { fd, pos, len } = point {
@@ -115,13 +124,83 @@ fn tear(fd: i32, pos: u64, len: usize) -> ! {
     std::process::abort()
 }
 
-/// Whether the process must abort after `record` is durable.
-pub fn due(record: &Record) -> bool {
-    let Some(plan) = plan() else {
-        return false;
-    };
-    point_of(record) == Some(plan.point)
-        && plan.seen.fetch_add(1, Ordering::Relaxed) + 1 == plan.nth
+/// When the process aborts for a record that [`due`] picked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Abort {
+    /// Once the record is durable (the normal mode: a kill after the boundary).
+    WhenDurable,
+    /// At once, durable or not (the power-loss mode: a power cut right after the write).
+    Now,
+    /// After the action the record guards, durable or not (the power-loss mode, for
+    /// `admitted`: once the send is answered; for `intent`: once a call of it has run): a
+    /// missing wait for durability is then a lost record that the action relied on.
+    AfterAction,
+}
+
+/// Whether the process must abort for `record`, and when.
+pub fn due(record: &Record) -> Option<Abort> {
+    let plan = plan()?;
+    if point_of(record) != Some(plan.point)
+        || plan.seen.fetch_add(1, Ordering::Relaxed) + 1 != plan.nth
+    {
+        return None;
+    }
+    if power_loss().is_none() {
+        return Some(Abort::WhenDurable);
+    }
+    match plan.point {
+        "admitted" | "intent" => {
+            ARMED.store(true, Ordering::Release);
+            Some(Abort::AfterAction)
+        }
+        _ => Some(Abort::Now),
+    }
+}
+
+/// Set when an `AfterAction` abort waits for its action.
+static ARMED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether an `AfterAction` abort waits for its action (one load; false outside crash tests).
+pub fn armed() -> bool {
+    ARMED.load(Ordering::Relaxed)
+}
+
+/// The send `admitted` guards was answered: abort if the plan waits for that.
+pub fn send_answered() {
+    if ARMED.load(Ordering::Acquire) && plan().is_some_and(|p| p.point == "admitted") {
+        crate::errln!("broca: BROCA_CRASH_AT: aborting after the send was answered");
+        std::process::abort()
+    }
+}
+
+/// A tool call of the intent `intent` guards has run: abort if the plan waits for that.
+pub fn tool_answered() {
+    if ARMED.load(Ordering::Acquire) && plan().is_some_and(|p| p.point == "intent") {
+        crate::errln!("broca: BROCA_CRASH_AT: aborting after a dispatched call ran");
+        std::process::abort()
+    }
+}
+
+/// The power-loss mode of this process, when `BROCA_POWER_LOSS=<ledger file>` asks for it
+/// (`BROCA_POWER_LOSS_SYNC_MS` holds each fdatasync that long, default 0). See
+/// `broca_io::power_loss`.
+pub fn power_loss() -> Option<&'static broca_io::power_loss::PowerLoss> {
+    static MODE: OnceLock<Option<broca_io::power_loss::PowerLoss>> = OnceLock::new();
+    MODE.get_or_init(|| {
+        let ledger = std::env::var_os("BROCA_POWER_LOSS")?;
+        let sync_ms = std::env::var("BROCA_POWER_LOSS_SYNC_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        tracing::warn!(
+            "BROCA_POWER_LOSS: writes stay in memory until their fdatasync ({sync_ms} ms late)"
+        );
+        Some(broca_io::power_loss::PowerLoss {
+            sync_delay: std::time::Duration::from_millis(sync_ms),
+            ledger: std::sync::Arc::new(broca_io::power_loss::Ledger::new(ledger)),
+        })
+    })
+    .as_ref()
 }
 
 /// Aborts the process, saying where (on stderr, unbuffered).

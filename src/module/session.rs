@@ -236,10 +236,15 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
     /// Appends a record, applies it to the session state, and honours the crash plan.
     async fn append(&mut self, record: Record, wait: bool) -> Result<(), ActorError> {
         let appended = self.writer.append(&record).await?;
-        if super::crash::due(&record) {
-            // A crash test asked for the process to die right after this boundary is durable.
-            self.writer.wait_durable(appended.end).await?;
-            super::crash::abort_now(&record);
+        match super::crash::due(&record) {
+            None | Some(super::crash::Abort::AfterAction) => {}
+            Some(super::crash::Abort::WhenDurable) => {
+                // A crash test asked for the process to die right after this boundary is
+                // durable.
+                self.writer.wait_durable(appended.end).await?;
+                super::crash::abort_now(&record);
+            }
+            Some(super::crash::Abort::Now) => super::crash::abort_now(&record),
         }
         if let Some(hook) = &mut self.on_append {
             hook(appended.seq, appended.end, &record);
@@ -371,6 +376,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                     }
                 }
                 Input::Tool { call_id, outcome } => {
+                    super::crash::tool_answered();
                     in_flight -= 1;
                     m.handle(match outcome {
                         ToolOutcome::Done { content, is_error } => Event::ToolResult(ResultBlock {

@@ -128,6 +128,7 @@ impl Standalone {
             };
             actor.set_display(display);
             let reply = actor.send(&send).await.map_err(|e| e.to_string())?;
+            crate::module::crash::send_answered();
             if !reply.existing {
                 actor.run_admitted().await.map_err(|e| e.to_string())?;
             }

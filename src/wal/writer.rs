@@ -77,13 +77,21 @@ impl WalWriter {
         };
         // Create the file if it is new (owner-only); the log opens its own descriptor, and the
         // lease is a flock on that one descriptor, so an open WAL costs one descriptor.
-        OpenOptions::new()
+        let created = match OpenOptions::new()
             .read(true)
             .write(true)
-            .create(true)
+            .create_new(true)
             .mode(0o600)
             .open(&path)
-            .map_err(io("open"))?;
+        {
+            Ok(_) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
+            Err(e) => return Err(io("open")(e)),
+        };
+        let power_loss = cfg.power_loss.clone();
+        if let (true, Some(p)) = (created, &power_loss) {
+            p.ledger.created(&path).map_err(io("note in the power-loss ledger"))?;
+        }
         let opened = OpenedLog::open(&path, cfg, committer).await?;
         if !opened.try_lock()? {
             opened.close().await?;
@@ -100,6 +108,11 @@ impl WalWriter {
                     .await?;
                 // The directory entry must be durable before anything in the file is.
                 sync_dir(dir).map_err(io("fsync directory"))?;
+                if let Some(p) = &power_loss {
+                    p.ledger
+                        .dir_synced(dir)
+                        .map_err(io("note in the power-loss ledger"))?;
+                }
                 (log, header, None, None)
             }
             Err(error) => return Err(WalError::Header { path, error }),

@@ -13,6 +13,8 @@ use glommio::io::{BufferedFile, DmaFile, OpenOptions};
 pub(crate) struct Backend {
     /// `None` only inside `close`.
     file: Option<Kind>,
+    /// The power-loss mode: writes held in memory until their `fdatasync` (crash tests only).
+    volatile: Option<(crate::power_loss::Volatile, std::time::Duration)>,
 }
 
 enum Kind {
@@ -48,7 +50,11 @@ fn io_err<T>(e: glommio::GlommioError<T>) -> io::Error {
 }
 
 impl Backend {
-    pub(crate) async fn open(path: &Path, direct: bool) -> io::Result<Backend> {
+    pub(crate) async fn open(
+        path: &Path,
+        direct: bool,
+        power_loss: Option<&crate::power_loss::PowerLoss>,
+    ) -> io::Result<Backend> {
         let mut opts = OpenOptions::new();
         opts.read(true).write(true);
         let file = if direct {
@@ -56,7 +62,10 @@ impl Backend {
         } else {
             Kind::Buffered(opts.buffered_open(path).await.map_err(io_err)?)
         };
-        Ok(Backend { file: Some(file) })
+        Ok(Backend {
+            file: Some(file),
+            volatile: power_loss.map(|p| (Default::default(), p.sync_delay)),
+        })
     }
 
     fn kind(&self) -> &Kind {
@@ -107,6 +116,12 @@ impl Backend {
         submit: Submit,
         fill: impl FnOnce(&mut [u8]),
     ) -> io::Result<()> {
+        if let Some((held, _)) = &self.volatile {
+            let mut buf = vec![0u8; len];
+            fill(&mut buf);
+            held.hold(pos, buf);
+            return Ok(());
+        }
         let written = match (self.kind(), submit) {
             (Kind::Direct(f), Submit::Ring) => {
                 let mut buf = f.alloc_dma_buffer(len);
@@ -139,6 +154,21 @@ impl Backend {
     }
 
     pub(crate) async fn fdatasync(&self, submit: Submit) -> io::Result<()> {
+        if let Some((held, delay)) = &self.volatile {
+            // A slow disk: the writes reach the file only now, then the real sync.
+            if !delay.is_zero() {
+                glommio::timer::sleep(*delay).await;
+            }
+            for (pos, bytes) in held.take() {
+                let n = pwrite_aligned(self.raw_fd(), &bytes, pos)?;
+                if n != bytes.len() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::WriteZero,
+                        format!("short write at offset {pos}"),
+                    ));
+                }
+            }
+        }
         if submit == Submit::Inline {
             // SAFETY: the descriptor is open for the life of self.
             let rc = unsafe { libc::fdatasync(self.raw_fd()) };
@@ -195,4 +225,28 @@ fn pwrite_all(fd: RawFd, mut buf: &[u8], mut pos: u64) -> io::Result<usize> {
         pos += n as u64;
     }
     Ok(total - buf.len())
+}
+
+/// `pwrite_all` from a copy in memory aligned for O_DIRECT (the held writes of the power-loss
+/// mode are plain vectors).
+fn pwrite_aligned(fd: RawFd, bytes: &[u8], pos: u64) -> io::Result<usize> {
+    if bytes.is_empty() {
+        return Ok(0);
+    }
+    let layout = std::alloc::Layout::from_size_align(bytes.len(), 4096)
+        .map_err(|e| io::Error::other(e.to_string()))?;
+    // SAFETY: a non-zero size; the buffer is freed below on every path.
+    let buf = unsafe { std::alloc::alloc(layout) };
+    if buf.is_null() {
+        return Err(io::Error::other("out of memory"));
+    }
+    // SAFETY: `buf` holds `bytes.len()` bytes and does not overlap `bytes`.
+    let aligned = unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf, bytes.len());
+        std::slice::from_raw_parts(buf, bytes.len())
+    };
+    let result = pwrite_all(fd, aligned, pos);
+    // SAFETY: allocated above with this layout.
+    unsafe { std::alloc::dealloc(buf, layout) };
+    result
 }

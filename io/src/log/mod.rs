@@ -87,6 +87,8 @@ pub struct LogConfig {
     pub direct_io: DirectIo,
     /// Injected faults; `None` outside fault tests.
     pub faults: Option<FaultHook>,
+    /// The simulated power loss of crash tests (see [`crate::power_loss`]); `None` otherwise.
+    pub power_loss: Option<crate::power_loss::PowerLoss>,
 }
 
 impl Default for LogConfig {
@@ -97,6 +99,7 @@ impl Default for LogConfig {
             zero_ahead_max_bytes: 4 * 1024 * 1024,
             direct_io: DirectIo::Auto,
             faults: None,
+            power_loss: None,
         }
     }
 }
@@ -262,7 +265,7 @@ impl OpenedLog {
                 ok
             }
         };
-        let file = Backend::open(path, direct)
+        let file = Backend::open(path, direct, cfg.power_loss.as_ref())
             .await
             .map_err(|e| LogError::io(path, "open", e))?;
         let probed = fs::probe_dio_alignment(path);

@@ -137,12 +137,13 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
                     began = None; // the next request's clock starts with its first byte
                     let (status, kind, out) = handle(&ctx, &head, body, tcp).await;
                     let keep = head.keep_alive;
-                    if stream
-                        .write_all(&response(status, kind, &out, keep))
-                        .await
-                        .is_err()
-                        || !keep
-                    {
+                    let written = stream.write_all(&response(status, kind, &out, keep)).await;
+                    if written.is_ok() && crate::module::crash::armed() {
+                        // A crash test's `admitted` cut in the power-loss mode: once answered.
+                        let _ = stream.flush().await;
+                        crate::module::crash::send_answered();
+                    }
+                    if written.is_err() || !keep {
                         return;
                     }
                 }

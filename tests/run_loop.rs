@@ -67,10 +67,41 @@ fn records(dir: &Path) -> Vec<(u64, Record)> {
     scan.decode(&bytes).unwrap().records
 }
 
+/// Tools that look at the WAL on disk when a call arrives: with the log in the power-loss mode
+/// (writes reach the file only with their fdatasync), the call's intent is in the file only if
+/// it was made durable before the dispatch.
+#[derive(Clone)]
+struct DurabilityProbe {
+    wal: std::path::PathBuf,
+    counting: CountingTools,
+    /// Each call, and whether its intent was durable when it arrived.
+    seen: Rc<std::cell::RefCell<Vec<(String, bool)>>>,
+}
+
+impl broca::module::ToolRunner for DurabilityProbe {
+    async fn call(
+        &self,
+        call: broca::protocol::ToolCall,
+        route: String,
+    ) -> broca::module::ToolOutcome {
+        let (bytes, scan) = read_and_scan(&self.wal).unwrap();
+        let on_disk = scan.decode(&bytes).unwrap().records.iter().any(|(_, r)| {
+            matches!(r, Record::ToolDispatchIntent(i) if i.calls.iter().any(|c| c.id == call.id))
+        });
+        self.seen.borrow_mut().push((call.id.clone(), on_disk));
+        self.counting.call(call, route).await
+    }
+}
+
 #[test]
 fn a_run_completes_with_each_intent_durable_before_its_results_and_one_terminal() {
     let dir = tempfile::tempdir().unwrap();
     let tools = CountingTools::default();
+    let probe = DurabilityProbe {
+        wal: wal_path(dir.path(), &triple()),
+        counting: tools.clone(),
+        seen: Rc::default(),
+    };
     let script = Script {
         seed: 7,
         tool_step_percent: 100,
@@ -78,8 +109,30 @@ fn a_run_completes_with_each_intent_durable_before_its_results_and_one_terminal(
         tools: vec!["echo".into(), "write".into()],
         ..Script::default()
     };
+    // Writes stay in memory until their fdatasync, and each sync is late (a slow disk): a
+    // call dispatched before its intent's sync finished would find no intent on disk.
+    let cfg = LogConfig {
+        power_loss: Some(broca_io::power_loss::PowerLoss {
+            sync_delay: std::time::Duration::from_millis(5),
+            ledger: std::sync::Arc::new(broca_io::power_loss::Ledger::new(
+                dir.path().join("ledger"),
+            )),
+        }),
+        ..LogConfig::default()
+    };
     let outcome = run_local(async {
-        let mut a = open(dir.path(), script, &tools).await;
+        let mut a = SessionActor::open(
+            dir.path(),
+            &triple(),
+            Rc::new(ScriptedModel::new(script)),
+            Rc::new(probe.clone()),
+            CountingTools::specs(&["echo", "write"]),
+            cfg,
+            Committer::default(),
+        )
+        .await
+        .unwrap();
+        a.set_timer_permille(0);
         let reply = a.send(&send("do things", "s1")).await.unwrap();
         let outcome = a.run_admitted().await.unwrap();
         assert_eq!(
@@ -92,12 +145,22 @@ fn a_run_completes_with_each_intent_durable_before_its_results_and_one_terminal(
     .unwrap();
     assert_eq!(outcome.reason, Some(FinishKind::Completed));
     assert!(outcome.usage.input.is_some() && outcome.usage.output.is_some());
+    let seen = probe.seen.borrow();
+    assert!(!seen.is_empty(), "the script asks for tools");
+    for (call_id, durable) in seen.iter() {
+        assert!(
+            durable,
+            "{call_id} was dispatched before its intent was durable"
+        );
+    }
 
     let recs = records(dir.path());
     let mut intents = 0;
+    let mut calls = 0;
     for (i, (_, r)) in recs.iter().enumerate() {
         if let Record::ToolDispatchIntent(intent) = r {
             intents += 1;
+            calls += intent.calls.len();
             for call in &intent.calls {
                 assert_eq!(tools.count(&call.id), 1, "{} dispatched once", call.id);
                 let result_at = recs.iter().position(
@@ -107,7 +170,12 @@ fn a_run_completes_with_each_intent_durable_before_its_results_and_one_terminal(
             }
         }
     }
-    assert!(intents >= 1, "the script asks for tools");
+    assert!(intents >= 1);
+    assert_eq!(
+        calls,
+        seen.len(),
+        "every call of every intent was dispatched and probed"
+    );
     let terminals = count(&recs, |r| matches!(r, Record::RunFinished(_)));
     assert_eq!(terminals, 1);
 }

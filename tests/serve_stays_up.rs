@@ -65,7 +65,10 @@ fn exit_within(s: &mut Serve, within: Duration) -> std::process::ExitStatus {
         if let Some(status) = s.child.try_wait().unwrap() {
             return status;
         }
-        assert!(Instant::now() < until, "serve did not exit within {within:?}");
+        assert!(
+            Instant::now() < until,
+            "serve did not exit within {within:?}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -342,7 +345,11 @@ fn a_second_serve_on_the_same_state_dir_refuses_and_the_first_keeps_working() {
     // A file that is not a socket is never removed.
     let notes = dir.path().join("notes.txt");
     std::fs::write(&notes, "keep me").unwrap();
-    let out = refused(&mut command(&other, DOWN, &["--socket", notes.to_str().unwrap()]));
+    let out = refused(&mut command(
+        &other,
+        DOWN,
+        &["--socket", notes.to_str().unwrap()],
+    ));
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a socket"));
     assert_eq!(std::fs::read_to_string(&notes).unwrap(), "keep me");
@@ -358,17 +365,25 @@ fn ambiguous_framing_is_refused_and_a_trickled_head_times_out() {
     let mut cmd = command(&state, DOWN, &["--config", config.to_str().unwrap()]);
     let s = spawn(cmd.stderr(Stdio::inherit()), &state);
     let auth = format!("Authorization: Bearer {}\r\n", s.handle);
-    let body = r#"{"method":"run.status","params":{"project_root":"/p","harness":"h","session":"s"}}"#;
+    let body =
+        r#"{"method":"run.status","params":{"project_root":"/p","harness":"h","session":"s"}}"#;
     for lengths in [
         format!("Content-Length: {}\r\nContent-Length: 5\r\n", body.len()),
         format!("Content-Length: +{}\r\n", body.len()),
     ] {
-        let raw = format!("POST /v1/rpc HTTP/1.1\r\n{auth}{lengths}\r\n{body}GET /healthz HTTP/1.1\r\n{auth}\r\n");
+        let raw = format!(
+            "POST /v1/rpc HTTP/1.1\r\n{auth}{lengths}\r\n{body}GET /healthz HTTP/1.1\r\n{auth}\r\n"
+        );
         let mut c = TcpStream::connect(&s.addr).unwrap();
         c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         c.write_all(raw.as_bytes()).unwrap();
         let (status, out) = support::serve::read_response(&mut c);
-        assert_eq!(status, 400, "{lengths:?}: {}", String::from_utf8_lossy(&out));
+        assert_eq!(
+            status,
+            400,
+            "{lengths:?}: {}",
+            String::from_utf8_lossy(&out)
+        );
         // ...and the connection is closed: nothing after the body is read as a request.
         let mut rest = Vec::new();
         let _ = c.read_to_end(&mut rest);
@@ -378,7 +393,10 @@ fn ambiguous_framing_is_refused_and_a_trickled_head_times_out() {
     let mut c = TcpStream::connect(&s.addr).unwrap();
     c.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
     let start = Instant::now();
-    let head = format!("GET /healthz HTTP/1.1\r\n{auth}X-Padding: {}\r\n\r\n", "y".repeat(200));
+    let head = format!(
+        "GET /healthz HTTP/1.1\r\n{auth}X-Padding: {}\r\n\r\n",
+        "y".repeat(200)
+    );
     let mut got = Vec::new();
     for b in head.bytes() {
         if c.write_all(&[b]).is_err() {
@@ -406,8 +424,15 @@ fn small_things_get_clear_answers() {
     let peer = Aimock::start(&support::fixture("aimock.json"));
     let s = start(&state, &peer, &[]);
     // Error messages do not repeat their code.
-    let (status, r) = rpc(&s, "session.send", json!({"prompt": "", "model": "anthropic/m"}));
-    assert_eq!((status, r["error"]["code"].as_str()), (400, Some("invalid_params")));
+    let (status, r) = rpc(
+        &s,
+        "session.send",
+        json!({"prompt": "", "model": "anthropic/m"}),
+    );
+    assert_eq!(
+        (status, r["error"]["code"].as_str()),
+        (400, Some("invalid_params"))
+    );
     let message = r["error"]["message"].as_str().unwrap();
     assert!(!message.starts_with("invalid_params"), "{message}");
     // CR/LF inside a model id: refused, and not echoed raw.
@@ -419,7 +444,11 @@ fn small_things_get_clear_answers() {
     assert_eq!(status, 400, "{r}");
     assert!(!r["error"]["message"].as_str().unwrap().contains('\n'));
     // A cursor beyond the session's head is refused, for a session with and without a WAL.
-    let (status, r) = rpc(&s, "session.send", json!({"prompt": "hello there", "model": "anthropic/m"}));
+    let (status, r) = rpc(
+        &s,
+        "session.send",
+        json!({"prompt": "hello there", "model": "anthropic/m"}),
+    );
     assert_eq!(status, 200, "{r}");
     let run_id = r["result"]["run_id"].as_str().unwrap().to_string();
     wait_for("the run to end", || {
@@ -434,7 +463,10 @@ fn small_things_get_clear_answers() {
         let (status, body) = http(&s.addr, req.as_bytes());
         let v: Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(status, 400, "{v}");
-        assert!(v["error"]["message"].as_str().unwrap().contains("beyond"), "{v}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains("beyond"),
+            "{v}"
+        );
     }
     // A state dir that is a regular file: the error names it.
     let file = dir.path().join("a-file");
@@ -485,9 +517,17 @@ fn wal_verify_reads_a_huge_sparse_file_in_bounded_memory() {
         std::thread::sleep(Duration::from_millis(20));
     };
     let mut out = String::new();
-    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
     assert!(status.success(), "{status:?}: {out}");
     assert!(out.contains("intact"), "{out}");
     let peak_mib = peak_kib / 1024;
-    assert!(peak_mib < 64, "wal verify peaked at {peak_mib} MiB for a 256 MiB file");
+    assert!(
+        peak_mib < 64,
+        "wal verify peaked at {peak_mib} MiB for a 256 MiB file"
+    );
 }

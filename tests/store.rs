@@ -111,8 +111,32 @@ fn absent_usage_stays_absent_from_the_stream_to_the_exported_fact() {
     let row: Vec<&str> = csv.lines().nth(1).unwrap().split(',').collect();
     let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
     let cell = |name: &str| row[header.iter().position(|h| *h == name).unwrap()];
-    for measure in ["input_tokens", "output_tokens", "cache_read_tokens"] {
+    // Every measure of the CSV header: none was reported, so every cell is empty.
+    let measures: Vec<&str> = header
+        .iter()
+        .copied()
+        .filter(|h| h.ends_with("_tokens"))
+        .collect();
+    assert_eq!(
+        measures,
+        [
+            "input_tokens",
+            "output_tokens",
+            "cache_read_tokens",
+            "cache_write_tokens",
+            "reasoning_tokens"
+        ]
+    );
+    for measure in measures {
         assert_eq!(cell(measure), "", "{measure} is absent, not 0");
+    }
+    // And in the JSON lines: no measure key at all.
+    for key in ["input", "output", "cache_read", "cache_write", "reasoning"] {
+        assert!(
+            f[0]["usage"].get(key).is_none(),
+            "{key} is absent: {}",
+            f[0]
+        );
     }
     assert_eq!(cell("output_price"), "10");
 }

@@ -411,6 +411,31 @@ fn a_kill_9_of_broca_during_a_call_leaves_it_indeterminate_and_it_is_never_sent_
         .map(|c| c["tool"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(tools, ["slow", "record"], "the slow call happened once");
+    // The killed run was resumed and sealed interrupted, naming the call, never cancelled.
+    let records = support::dump_all(&env.state);
+    let first_run = records
+        .iter()
+        .find(|r| r["kind"] == "run_started")
+        .map(|r| r["record"]["run_id"].clone())
+        .unwrap();
+    let ends: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["kind"] == "run_finished" && r["record"]["run_id"] == first_run)
+        .collect();
+    assert_eq!(ends.len(), 1, "one terminal for the killed run: {ends:?}");
+    assert_eq!(ends[0]["record"]["reason"], "interrupted", "{}", ends[0]);
+    assert_eq!(
+        ends[0]["record"]["indeterminate_tool_calls"],
+        json!(["call_slow_1"]),
+        "{}",
+        ends[0]
+    );
+    assert!(
+        records
+            .iter()
+            .any(|r| r["kind"] == "run_resumed" && r["record"]["run_id"] == first_run),
+        "the resume is recorded"
+    );
 }
 
 #[test]

@@ -67,10 +67,19 @@ fn follow(sub: BufReader<TcpStream>, run_id: &str) -> bool {
 
 /// One worker's loop while `active`: a subscriber, a send followed to its end, a read and a
 /// status.
-fn work(d: &Daemon, sessions: u64, seed: u64, active: &AtomicBool, lat: &Mutex<Vec<Duration>>, errors: &AtomicU64) {
+fn work(
+    d: &Daemon,
+    sessions: u64,
+    seed: u64,
+    active: &AtomicBool,
+    lat: &Mutex<Vec<Duration>>,
+    errors: &AtomicU64,
+) {
     let mut x = seed;
     while active.load(Ordering::Relaxed) {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         let session = (x >> 33) % sessions;
         let Some(sub) = subscribe_live(d, session) else {
             errors.fetch_add(1, Ordering::Relaxed);
@@ -79,7 +88,10 @@ fn work(d: &Daemon, sessions: u64, seed: u64, active: &AtomicBool, lat: &Mutex<V
         let t = Instant::now();
         let sent = d.rpc(
             "session.send",
-            with(triple(session), json!({"prompt": "soak", "model": "anthropic/m"})),
+            with(
+                triple(session),
+                json!({"prompt": "soak", "model": "anthropic/m"}),
+            ),
         );
         let took = t.elapsed();
         let run_id = match &sent {
@@ -126,7 +138,13 @@ struct Minute {
     cpu_secs: f64,
 }
 
-fn sample(d: &Daemon, start: Instant, phase: &'static str, lat: &Mutex<Vec<Duration>>, errors: &AtomicU64) -> Minute {
+fn sample(
+    d: &Daemon,
+    start: Instant,
+    phase: &'static str,
+    lat: &Mutex<Vec<Duration>>,
+    errors: &AtomicU64,
+) -> Minute {
     let mut l = std::mem::take(&mut *lat.lock().expect("latencies"));
     l.sort_unstable();
     let (rss_kib, fds) = rss_kib_and_fds(d.pid());
@@ -153,7 +171,12 @@ fn healthy(d: &Daemon) -> bool {
 fn idle_only(bin: &std::path::Path, secs: u64) {
     let provider = FakeProvider::start(0);
     let dir = tempfile::tempdir().expect("a temp dir");
-    let d = Daemon::start(bin, &dir.path().join("state"), &provider.url(), &["--shards", "1"]);
+    let d = Daemon::start(
+        bin,
+        &dir.path().join("state"),
+        &provider.url(),
+        &["--shards", "1"],
+    );
     println!("idle-only soak: a fresh daemon idle for {secs} s, then served");
     let (rss0, fds0) = rss_kib_and_fds(d.pid());
     std::thread::sleep(Duration::from_secs(secs));
@@ -164,7 +187,10 @@ fn idle_only(bin: &std::path::Path, secs: u64) {
     let followed = subscribe_live(&d, 0).is_some_and(|sub| {
         let sent = d.rpc(
             "session.send",
-            with(triple(0), json!({"prompt": "after the idle", "model": "anthropic/m"})),
+            with(
+                triple(0),
+                json!({"prompt": "after the idle", "model": "anthropic/m"}),
+            ),
         );
         let run_id = sent
             .ok()
@@ -185,7 +211,10 @@ fn main() {
         return; // nothing to list: this bench is one run
     }
     let bin = broca_release_bin();
-    if let Some(secs) = std::env::var("BROCA_SOAK_IDLE_ONLY").ok().and_then(|v| v.parse().ok()) {
+    if let Some(secs) = std::env::var("BROCA_SOAK_IDLE_ONLY")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
         return idle_only(&bin, secs);
     }
     let active_secs = env_u64("BROCA_SOAK_ACTIVE_SECS", 180);
@@ -195,7 +224,12 @@ fn main() {
     let workers = env_u64("BROCA_SOAK_WORKERS", 8);
     let provider = FakeProvider::start(0);
     let dir = tempfile::tempdir().expect("a temp dir");
-    let d = Arc::new(Daemon::start(&bin, &dir.path().join("state"), &provider.url(), &[]));
+    let d = Arc::new(Daemon::start(
+        &bin,
+        &dir.path().join("state"),
+        &provider.url(),
+        &[],
+    ));
     println!(
         "soak: {rounds} rounds of {active_secs} s active ({workers} workers over {sessions} sessions: \
          send, subscribe to the end, read, status) and {idle_secs} s idle, then {active_secs} s active"
@@ -218,7 +252,8 @@ fn main() {
         }
         let handles: Vec<_> = (0..if phase == "active" { workers } else { 0 })
             .map(|w| {
-                let (d, active, lat, errors) = (d.clone(), active.clone(), lat.clone(), errors.clone());
+                let (d, active, lat, errors) =
+                    (d.clone(), active.clone(), lat.clone(), errors.clone());
                 std::thread::spawn(move || work(&d, sessions, w + 1, &active, &lat, &errors))
             })
             .collect();

@@ -91,7 +91,15 @@ fn answer(mut conn: TcpStream, tool_steps: usize, requests: &AtomicU64) {
 pub fn broca_release_bin() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["build", "--release", "--quiet", "-p", "broca", "--bin", "broca"])
+        .args([
+            "build",
+            "--release",
+            "--quiet",
+            "-p",
+            "broca",
+            "--bin",
+            "broca",
+        ])
         .current_dir(&root)
         .status()
         .expect("cargo runs");
@@ -175,10 +183,17 @@ impl Daemon {
     }
 
     /// A management call: status and the JSON reply.
-    pub fn rpc(&self, method: &str, params: serde_json::Value) -> std::io::Result<(u16, serde_json::Value)> {
+    pub fn rpc(
+        &self,
+        method: &str,
+        params: serde_json::Value,
+    ) -> std::io::Result<(u16, serde_json::Value)> {
         let body = serde_json::json!({"method": method, "params": params}).to_string();
         let (status, out) = self.request("POST", "/v1/rpc", &body)?;
-        Ok((status, serde_json::from_slice(&out).unwrap_or(serde_json::Value::Null)))
+        Ok((
+            status,
+            serde_json::from_slice(&out).unwrap_or(serde_json::Value::Null),
+        ))
     }
 }
 

@@ -487,7 +487,8 @@ fn kill_everywhere(mode: Mode) {
         "{mode:?}: the time budget ({budget:?}) cut the planned cuts short: {counts:?}"
     );
     assert_eq!(
-        counts.not_reached, 0,
+        counts.not_reached,
+        0,
         "{mode:?}: cut points not reached: {}",
         summary.join(" ")
     );

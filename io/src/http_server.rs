@@ -357,9 +357,15 @@ mod tests {
 
     #[test]
     fn every_status_sent_has_its_own_reason() {
-        for status in [101, 200, 400, 401, 403, 404, 405, 408, 409, 411, 413, 422, 429, 431, 500, 502, 503, 504] {
+        for status in [
+            101, 200, 400, 401, 403, 404, 405, 408, 409, 411, 413, 422, 429, 431, 500, 502, 503,
+            504,
+        ] {
             let r = reason(status);
-            assert!(!["Client Error", "Server Error", "Unknown"].contains(&r), "{status}");
+            assert!(
+                !["Client Error", "Server Error", "Unknown"].contains(&r),
+                "{status}"
+            );
         }
         assert_eq!(reason(408), "Request Timeout");
     }

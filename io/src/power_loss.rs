@@ -52,7 +52,10 @@ impl Ledger {
     }
 
     fn note(&self, kind: &str, path: &Path) -> io::Result<()> {
-        let _held = self.lock.lock().map_err(|_| io::Error::other("ledger lock"))?;
+        let _held = self
+            .lock
+            .lock()
+            .map_err(|_| io::Error::other("ledger lock"))?;
         let mut f = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -149,6 +152,9 @@ mod tests {
         let removed = cut_power(&ledger_path).unwrap();
         assert_eq!(removed, vec![c.clone(), b.clone()]);
         assert!(a.exists() && !b.exists() && !c.exists());
-        assert!(cut_power(&ledger_path).unwrap().is_empty(), "the ledger was emptied");
+        assert!(
+            cut_power(&ledger_path).unwrap().is_empty(),
+            "the ledger was emptied"
+        );
     }
 }

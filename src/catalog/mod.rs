@@ -268,12 +268,18 @@ mod tests {
         let sonnet = c.resolve("anthropic/claude-sonnet-4-5").unwrap();
         assert_eq!(sonnet.context_window, Some(200_000));
         assert_eq!(sonnet.prices.as_ref().unwrap().output, Some(15.0));
-        for bad in ["anthropic/m\r\nx-injected: 1", "anthropic/a b", "anthropic/\u{0}"] {
+        for bad in [
+            "anthropic/m\r\nx-injected: 1",
+            "anthropic/a b",
+            "anthropic/\u{0}",
+        ] {
             let e = c.resolve(bad).unwrap_err();
             assert!(e.contains("no spaces or control characters"), "{e}");
             assert!(!e.contains('\n') && !e.contains('\r'), "{e}");
         }
-        assert!(c.resolve(&format!("anthropic/{}", "m".repeat(300))).is_err());
+        assert!(c
+            .resolve(&format!("anthropic/{}", "m".repeat(300)))
+            .is_err());
         let other = c.resolve("anthropic/some-new-model").unwrap();
         assert_eq!((other.context_window, other.prices), (None, None));
         assert!(c

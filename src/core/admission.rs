@@ -88,9 +88,9 @@ impl Refusal {
     pub fn message(&self) -> String {
         match self {
             Refusal::InvalidParams(why) => why.clone(),
-            Refusal::SendIdReuse { run_id } => format!(
-                "this send_id started run {run_id} with other inputs; use a new send_id"
-            ),
+            Refusal::SendIdReuse { run_id } => {
+                format!("this send_id started run {run_id} with other inputs; use a new send_id")
+            }
             Refusal::SessionBusy { run_id } => {
                 format!("run {run_id} is active; wait for it or cancel it")
             }

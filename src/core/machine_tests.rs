@@ -159,6 +159,36 @@ fn shutdown_with_tools_in_flight_is_interrupted_naming_them_never_cancelled() {
 }
 
 #[test]
+fn shutdown_while_streaming_aborts_and_is_interrupted_without_the_partial_step() {
+    let mut m = RunMachine::start("r".into(), config(), vec![Message::user_text("go").into()]);
+    assert_eq!(kinds(&drain(&mut m)), ["step_started", "call"]);
+    m.handle(Event::Stream(StreamEvent::TextDelta("half an ans".into())));
+    m.handle(Event::Shutdown);
+    let cmds = drain(&mut m);
+    // The partial output is displayed, never recorded as a step; the stream is abandoned.
+    assert_eq!(kinds(&cmds), ["display", "abort", "run_finished!"]);
+    let Some(Command::Append {
+        record: Record::RunFinished(f),
+        ..
+    }) = cmds.last()
+    else {
+        panic!("{cmds:?}")
+    };
+    assert_eq!(
+        f.reason,
+        FinishKind::Interrupted,
+        "interrupted, never cancelled"
+    );
+    assert!(f.indeterminate_tool_calls.is_empty());
+    // A late end of the abandoned stream changes nothing; the seal is awaited.
+    m.handle(Event::Stream(StreamEvent::TextDelta("swer".into())));
+    m.handle(Event::StepEnded);
+    assert!(drain(&mut m).is_empty());
+    m.handle(Event::Durable);
+    assert_eq!(kinds(&drain(&mut m)), ["finish:interrupted"]);
+}
+
+#[test]
 fn shutdown_before_dispatch_says_the_calls_never_ran() {
     let mut m = RunMachine::start("r".into(), config(), vec![Message::user_text("go").into()]);
     drain(&mut m);

@@ -120,7 +120,9 @@ fn tear(fd: i32, pos: u64, len: usize) -> ! {
             unsafe { std::alloc::dealloc(buf, layout) };
         }
     }
-    crate::errln!("broca: BROCA_CRASH_AT: aborting in the middle of a write ({keep} of {len} bytes)");
+    crate::errln!(
+        "broca: BROCA_CRASH_AT: aborting in the middle of a write ({keep} of {len} bytes)"
+    );
     std::process::abort()
 }
 

@@ -206,8 +206,7 @@ impl PagedReader {
                 });
                 break;
             };
-            if let Err(reason) = check_frame(&frame, self.at, tag, self.next_seq, self.epoch_max)
-            {
+            if let Err(reason) = check_frame(&frame, self.at, tag, self.next_seq, self.epoch_max) {
                 self.verdict = Some(Verdict::Corrupt { reason });
                 break;
             }
@@ -285,7 +284,10 @@ mod tests {
             if frames.is_empty() {
                 break;
             }
-            assert!(frames.len() == 1 || frames.iter().map(|f| f.payload.len()).sum::<usize>() < page + 3100);
+            assert!(
+                frames.len() == 1
+                    || frames.iter().map(|f| f.payload.len()).sum::<usize>() < page + 3100
+            );
             seen.extend(frames.iter().map(|f| (f.seq, f.offset)));
         }
         (seen, r.verdict().unwrap().clone(), r.end())
@@ -294,10 +296,7 @@ mod tests {
     #[test]
     fn a_paged_read_agrees_with_the_whole_scan_at_every_page_size() {
         let dir = tempfile::tempdir().unwrap();
-        for (name, tail) in [
-            ("clean", &b""[..]),
-            ("torn", &b"\x01\x02garbage"[..]),
-        ] {
+        for (name, tail) in [("clean", &b""[..]), ("torn", &b"\x01\x02garbage"[..])] {
             let bytes = image(400, tail);
             let path = dir.path().join(format!("{name}.wal"));
             std::fs::write(&path, &bytes).unwrap();

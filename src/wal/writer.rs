@@ -90,7 +90,9 @@ impl WalWriter {
         };
         let power_loss = cfg.power_loss.clone();
         if let (true, Some(p)) = (created, &power_loss) {
-            p.ledger.created(&path).map_err(io("note in the power-loss ledger"))?;
+            p.ledger
+                .created(&path)
+                .map_err(io("note in the power-loss ledger"))?;
         }
         let opened = OpenedLog::open(&path, cfg, committer).await?;
         if !opened.try_lock()? {

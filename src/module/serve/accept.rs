@@ -317,7 +317,10 @@ mod tests {
             .unwrap();
         let body = &SHED_RESPONSE[at + 4..];
         let head = std::str::from_utf8(&SHED_RESPONSE[..at]).unwrap();
-        assert!(head.contains(&format!("content-length: {}", body.len())), "{head}");
+        assert!(
+            head.contains(&format!("content-length: {}", body.len())),
+            "{head}"
+        );
         let v: serde_json::Value = serde_json::from_slice(body).unwrap();
         assert_eq!(v["error"]["code"], "too_many_open_files");
     }
@@ -327,12 +330,18 @@ mod tests {
         broca_shards::run_local(async {
             let stop = Rc::new(StopSignal::default());
             let s = stop.clone();
-            let waiter = glommio::spawn_local(async move { s.or_stop(futures_lite::future::pending::<()>()).await });
+            let waiter = glommio::spawn_local(async move {
+                s.or_stop(futures_lite::future::pending::<()>()).await
+            });
             glommio::yield_if_needed().await;
             futures_lite::future::yield_now().await;
             stop.stop();
             assert_eq!(waiter.await, None);
-            assert_eq!(stop.or_stop(async { 1 }).await, Some(1), "a ready future still wins");
+            assert_eq!(
+                stop.or_stop(async { 1 }).await,
+                Some(1),
+                "a ready future still wins"
+            );
         })
         .unwrap();
     }

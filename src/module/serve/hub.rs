@@ -200,9 +200,7 @@ pub(crate) const SUB_CHANNEL_ITEMS: usize = 32;
 pub(crate) const REPLAY_PAGE_BYTES: usize = 64 * 1024;
 
 /// Reads the next page of `reader` on the blocking pool (the file is read with plain reads).
-async fn next_page(
-    mut reader: PagedReader,
-) -> (PagedReader, Result<Vec<(u64, Record)>, String>) {
+async fn next_page(mut reader: PagedReader) -> (PagedReader, Result<Vec<(u64, Record)>, String>) {
     glommio::executor()
         .spawn_blocking(move || {
             let page = reader

@@ -319,3 +319,89 @@ fn read_page(
     };
     Ok(serde_json::to_value(page).expect("a page serializes"))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::rc::Rc;
+
+    use crate::core::admission::SendRequest;
+    use crate::module::scripted::{CountingTools, Script, ScriptedModel};
+    use crate::module::session::SessionActor;
+    use crate::wal::SessionTriple;
+
+    fn triple() -> SessionTriple {
+        SessionTriple::new("/p", "h", "s").unwrap()
+    }
+
+    /// A WAL of the session with one run whose prompt is `prompt` (its records are the same
+    /// in number whatever the prompt).
+    fn session_with(wal_dir: &Path, prompt: &str) {
+        broca_shards::run_local(async {
+            let script = Script {
+                tool_step_percent: 0,
+                ..Script::default()
+            };
+            let mut a: SessionActor<ScriptedModel, CountingTools> = SessionActor::open(
+                wal_dir,
+                &triple(),
+                Rc::new(ScriptedModel::new(script)),
+                Rc::new(CountingTools::default()),
+                Vec::new(),
+                broca_io::LogConfig::default(),
+                broca_io::Committer::default(),
+            )
+            .await
+            .unwrap();
+            let req = SendRequest {
+                prompt: prompt.into(),
+                model: "scripted/m1".into(),
+                ..SendRequest::default()
+            };
+            a.send(&req).await.unwrap();
+            a.run_admitted().await.unwrap();
+            a.close().await.unwrap();
+        })
+        .unwrap();
+    }
+
+    fn first_text(page: &serde_json::Value) -> String {
+        page["messages"][0]["message"]["content"][0]["text"]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    #[test]
+    fn a_page_is_never_served_from_a_projection_of_another_lineage() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path();
+        let wal_dir = state.join("wal");
+        crate::owner_only::create_dir(&wal_dir).unwrap();
+        let path = crate::wal::writer::wal_path(&wal_dir, &triple());
+        session_with(&wal_dir, "the first life");
+        let (store, _) = crate::store::Store::open(state).unwrap();
+        store.catch_up(&path).unwrap();
+        let page = super::read_page(&path, Some(&store), 0, 10).unwrap();
+        assert_eq!(first_text(&page), "the first life", "{page}");
+        let old_lineage = page["lineage_id"].clone();
+        // The session is recreated: a new lineage with exactly as many records; the store
+        // still holds the old one's projection.
+        std::fs::remove_file(&path).unwrap();
+        session_with(&wal_dir, "a second life");
+        let mark = store.mark(&triple().address().0).unwrap().unwrap();
+        let (_, scan) = crate::wal::verify::read_and_scan(&path).unwrap();
+        assert_eq!(
+            mark.last_seq,
+            scan.frames.last().unwrap().seq,
+            "the old projection ends at the same seq"
+        );
+        let page = super::read_page(&path, Some(&store), 0, 10).unwrap();
+        assert_eq!(first_text(&page), "a second life", "{page}");
+        assert_ne!(
+            page["lineage_id"], old_lineage,
+            "the lineage change is visible"
+        );
+        assert_eq!(page["lineage_id"], scan.header.lineage_hex());
+    }
+}

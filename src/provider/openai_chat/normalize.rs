@@ -408,6 +408,33 @@ data: [DONE]\n\n";
     }
 
     #[test]
+    fn usage_without_details_leaves_cache_and_reasoning_absent() {
+        // The counts without their details objects, with empty ones, and with nulls: each
+        // detail the provider did not report stays absent, never 0.
+        for usage in [
+            r#"{"prompt_tokens":30,"completion_tokens":12}"#,
+            r#"{"prompt_tokens":30,"completion_tokens":12,"prompt_tokens_details":{},"completion_tokens_details":{}}"#,
+            r#"{"prompt_tokens":30,"completion_tokens":12,"prompt_tokens_details":null,"completion_tokens_details":{"reasoning_tokens":null}}"#,
+        ] {
+            for mut n in [Normalizer::default(), Normalizer::full_only()] {
+                let data = format!(r#"{{"id":"c","choices":[],"usage":{usage}}}"#);
+                let Normalized::Events(evs) = n.push(None, &data).unwrap() else {
+                    panic!("{data}")
+                };
+                assert_eq!(
+                    evs,
+                    [StreamEvent::Usage(Usage {
+                        input: Some(30),
+                        output: Some(12),
+                        ..Usage::default()
+                    })],
+                    "{usage}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn errors_in_the_stream_are_classified_by_code() {
         let mut n = Normalizer::default();
         let data = r#"{"error":{"message":"This model's maximum context length is 128000 tokens","type":"invalid_request_error","code":"context_length_exceeded"}}"#;

@@ -328,6 +328,32 @@ data: {\"type\":\"response.completed\",\"sequence_number\":10,\"response\":{\"id
     }
 
     #[test]
+    fn usage_without_details_leaves_cache_and_reasoning_absent() {
+        for usage in [
+            r#"{"input_tokens":40,"output_tokens":25}"#,
+            r#"{"input_tokens":40,"output_tokens":25,"input_tokens_details":{},"output_tokens_details":{}}"#,
+            r#"{"input_tokens":40,"output_tokens":25,"input_tokens_details":null,"output_tokens_details":{"reasoning_tokens":null}}"#,
+        ] {
+            let mut n = Normalizer::default();
+            let data = format!(
+                r#"{{"type":"response.completed","response":{{"id":"r","status":"completed","usage":{usage}}}}}"#
+            );
+            let Normalized::Events(evs) = n.push(None, &data).unwrap() else {
+                panic!("{data}")
+            };
+            assert_eq!(
+                evs[0],
+                StreamEvent::Usage(Usage {
+                    input: Some(40),
+                    output: Some(25),
+                    ..Usage::default()
+                }),
+                "{usage}"
+            );
+        }
+    }
+
+    #[test]
     fn failures_and_error_events_are_classified() {
         let mut n = Normalizer::default();
         for (data, class) in [

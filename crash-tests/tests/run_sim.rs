@@ -244,7 +244,25 @@ fn check_wal(path: &Path, tools: &CountingTools, crash: &Crash, ctx: &str) -> u6
     let mut batches = HashSet::new();
     let mut steps = HashSet::new();
     let mut intended = HashSet::new();
+    // A durable model step is never redone: after a run's ModelStepFinished, the next record
+    // of that run that is a model step comes only after the step's tools or a new send.
+    let mut step_awaits_tools: HashMap<String, bool> = HashMap::new();
     for (_, r) in &records {
+        match r {
+            Record::ModelStepFinished(m) => {
+                let redone = step_awaits_tools.insert(m.run_id.clone(), true) == Some(true);
+                assert!(
+                    !redone,
+                    "{ctx}: run {} recorded model step {} right after another one: a durable \
+                     step was redone",
+                    m.run_id, m.step
+                );
+            }
+            Record::ToolResult(t) => {
+                step_awaits_tools.insert(t.run_id.clone(), false);
+            }
+            _ => {}
+        }
         match r {
             Record::RunStarted(r) => {
                 assert!(

@@ -373,6 +373,24 @@ mod tests {
     }
 
     #[test]
+    fn a_page_is_never_served_from_a_projection_behind_the_wal() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path();
+        let wal_dir = state.join("wal");
+        crate::owner_only::create_dir(&wal_dir).unwrap();
+        let path = crate::wal::writer::wal_path(&wal_dir, &triple());
+        session_with(&wal_dir, "one");
+        let (store, _) = crate::store::Store::open(state).unwrap();
+        store.catch_up(&path).unwrap();
+        assert_eq!(super::read_page(&path, Some(&store), 0, 10).unwrap()["head"], 2);
+        // The WAL moves on; the store has not caught up yet.
+        session_with(&wal_dir, "two");
+        let page = super::read_page(&path, Some(&store), 0, 10).unwrap();
+        assert_eq!(page["head"], 4, "{page}");
+        assert_eq!(page["messages"].as_array().unwrap().len(), 4, "{page}");
+    }
+
+    #[test]
     fn a_page_is_never_served_from_a_projection_of_another_lineage() {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path();

@@ -390,6 +390,33 @@ data: {\"type\":\"message_stop\"}\n\n";
     crate::provider::recorded_stream_tests!(STREAM, expected());
 
     #[test]
+    fn usage_without_cache_fields_leaves_them_absent() {
+        // message_start with the counts only, then message_delta with the output only: the
+        // cache measures (and reasoning, which this family never reports) stay absent.
+        let mut n = Normalizer::default();
+        let start = r#"{"type":"message_start","message":{"id":"m","usage":{"input_tokens":25,"output_tokens":1}}}"#;
+        let delta = r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":7}}"#;
+        let mut usage = Vec::new();
+        for data in [start, delta] {
+            if let Normalized::Events(evs) = n.push(None, data).unwrap() {
+                usage.extend(evs.into_iter().filter_map(|e| match e {
+                    StreamEvent::Usage(u) => Some(u),
+                    _ => None,
+                }));
+            }
+        }
+        assert!(!usage.is_empty(), "the counts are reported");
+        for u in &usage {
+            assert_eq!(
+                (u.cache_read, u.cache_write, u.reasoning),
+                (None, None, None),
+                "{u:?}"
+            );
+        }
+        assert_eq!(usage[0].input, Some(25));
+    }
+
+    #[test]
     fn stream_errors_are_classified_where_they_arise() {
         let mut n = Normalizer::default();
         let cases = [

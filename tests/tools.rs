@@ -403,7 +403,11 @@ fn a_kill_9_of_broca_during_a_call_leaves_it_indeterminate_and_it_is_never_sent_
     let o = env.run(&config, "s", "record again");
     let r = last_json(&o);
     assert!(o.status.success(), "{r} {}", stderr(&o));
-    assert!(stderr(&o).contains("call_slow_1"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("call_slow_1"),
+        "the resumed run names the indeterminate call: {}",
+        stderr(&o)
+    );
     assert_eq!(env.result("call_slow_1")["reason"], "outcome_unknown");
     let tools: Vec<String> = env
         .calls()

@@ -4,7 +4,8 @@
 //!
 //! Run: `cargo bench -p broca-bench --bench soak` (about 31 minutes). Settings:
 //! `BROCA_SOAK_ACTIVE_SECS` (180), `BROCA_SOAK_IDLE_SECS` (720), `BROCA_SOAK_ROUNDS` (2),
-//! `BROCA_SOAK_SESSIONS` (50), `BROCA_SOAK_WORKERS` (8). `BROCA_SOAK_IDLE_ONLY=SECS` instead
+//! `BROCA_SOAK_SESSIONS` (8 per worker), `BROCA_SOAK_RUNS_PER_SESSION` (20),
+//! `BROCA_SOAK_WORKERS` (8). `BROCA_SOAK_IDLE_ONLY=SECS` instead
 //! keeps a fresh daemon idle that long, then checks that it serves.
 
 use std::io::{BufRead, BufReader, Write};
@@ -75,12 +76,15 @@ fn work(
     lat: &Mutex<Vec<Duration>>,
     errors: &AtomicU64,
 ) {
-    let mut x = seed;
+    // Each worker keeps `sessions` sessions of its own and moves each on to a new session
+    // after `runs_per_session` runs: the history of a live session stays bounded, as on a
+    // host whose sessions come and go, while the daemon sees a steady stream of new ones.
+    let runs_per_session = env_u64("BROCA_SOAK_RUNS_PER_SESSION", 20);
+    let mut k = 0u64;
     while active.load(Ordering::Relaxed) {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let session = (x >> 33) % sessions;
+        let generation = k / (runs_per_session * sessions);
+        let session = (seed << 40) | (generation * sessions + k % sessions);
+        k += 1;
         let Some(sub) = subscribe_live(d, session) else {
             errors.fetch_add(1, Ordering::Relaxed);
             continue;
@@ -220,7 +224,7 @@ fn main() {
     let active_secs = env_u64("BROCA_SOAK_ACTIVE_SECS", 180);
     let idle_secs = env_u64("BROCA_SOAK_IDLE_SECS", 720);
     let rounds = env_u64("BROCA_SOAK_ROUNDS", 2);
-    let sessions = env_u64("BROCA_SOAK_SESSIONS", 50);
+    let sessions = env_u64("BROCA_SOAK_SESSIONS", 8);
     let workers = env_u64("BROCA_SOAK_WORKERS", 8);
     let provider = FakeProvider::start(0);
     let dir = tempfile::tempdir().expect("a temp dir");
@@ -231,7 +235,7 @@ fn main() {
         &[],
     ));
     println!(
-        "soak: {rounds} rounds of {active_secs} s active ({workers} workers over {sessions} sessions: \
+        "soak: {rounds} rounds of {active_secs} s active ({workers} workers with {sessions} sessions each, a new one after every 20 runs: \
          send, subscribe to the end, read, status) and {idle_secs} s idle, then {active_secs} s active"
     );
     let lat = Arc::new(Mutex::new(Vec::new()));

@@ -41,7 +41,7 @@ while IFS=$'\t' read -r patch cmd expect; do
   fi
   log="$CARGO_TARGET_DIR/promise-${patch%.patch}.log"
   start=$(date +%s)
-  (cd "$work" && cargo build --quiet -p broca --bin broca && timeout 1500 bash -c "$cmd") >"$log" 2>&1
+  (cd "$work" && cargo build --quiet -p broca --bin broca && timeout 1500 bash -c "$cmd") </dev/null >"$log" 2>&1
   rc=$?
   took=$(( $(date +%s) - start ))
   if [ $rc -eq 0 ]; then

@@ -382,7 +382,10 @@ mod tests {
         session_with(&wal_dir, "one");
         let (store, _) = crate::store::Store::open(state).unwrap();
         store.catch_up(&path).unwrap();
-        assert_eq!(super::read_page(&path, Some(&store), 0, 10).unwrap()["head"], 2);
+        assert_eq!(
+            super::read_page(&path, Some(&store), 0, 10).unwrap()["head"],
+            2
+        );
         // The WAL moves on; the store has not caught up yet.
         session_with(&wal_dir, "two");
         let page = super::read_page(&path, Some(&store), 0, 10).unwrap();

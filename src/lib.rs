@@ -1,50 +1,27 @@
 //! broca: a durable runner for LLM agent loops.
 //!
-//! The domain crate. Floors from the ground up: `wal` (the per-session write-ahead log) and the
-//! CLI in `main.rs`. The generic I/O lives in broca-io, the thread-per-core runtime in
-//! broca-shards. See docs/architecture.md for the map.
+//! The `broca` package is the command line (`cli`, used by `main.rs`); the roles of the brief
+//! live in their own crates under `src/`, one per floor (docs/architecture.md has the map).
+//! This library re-exports them under short names for the binary, the tests, the benchmarks
+//! and the crash tests.
 
-pub mod catalog;
 pub mod cli;
-pub mod core;
-pub mod module;
-pub mod owner_only;
-pub mod protocol;
-pub mod provider;
-pub mod store;
-pub mod tools;
-pub mod wal;
-pub mod wire;
 
-/// Writes a line to stdout, ignoring failures: a closed or broken stdout must never take a
-/// daemon down (`crate::outln!` panics on a broken pipe).
-#[macro_export]
-macro_rules! outln {
-    () => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout());
-    }};
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stdout(), $($arg)*);
-    }};
+pub use broca_catalog as catalog;
+pub use broca_core as core;
+pub use broca_module as module;
+pub use broca_owner_only as owner_only;
+pub use broca_protocol as protocol;
+pub use broca_provider as provider;
+pub use broca_store as store;
+pub use broca_tools as tools;
+pub use broca_wire as wire;
+
+/// The WAL: its format (broca-wal) and its writer (broca-wal-writer).
+pub mod wal {
+    pub use broca_wal::*;
+    pub use broca_wal_writer as writer;
+    pub use broca_wal_writer::{Recovered, WalWriter};
 }
 
-/// Writes to stdout without a newline, ignoring failures (see [`outln!`]).
-#[macro_export]
-macro_rules! out {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = write!(std::io::stdout(), $($arg)*);
-    }};
-}
-
-/// Writes a line to stderr, ignoring failures: a closed stderr must never panic broca
-/// (`crate::errln!` does, on a broken pipe).
-#[macro_export]
-macro_rules! errln {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
-    }};
-}
+pub use broca_module::{errln, out, outln};

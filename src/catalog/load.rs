@@ -5,17 +5,8 @@
 //! catalog stays in use).
 
 use std::path::{Path, PathBuf};
-use std::rc::Rc;
-use std::time::Duration;
-
-use broca_io::net::{with_timeout, HttpClient, Request, Url};
 
 use super::Catalog;
-
-/// How long the catalog service may take to answer at start.
-const SERVICE_TIMEOUT: Duration = Duration::from_secs(10);
-/// The largest catalog accepted from the service.
-const SERVICE_BYTES_MAX: usize = 16 * 1024 * 1024;
 
 /// Where to look.
 #[derive(Debug, Clone, Default)]
@@ -48,14 +39,12 @@ impl Sources {
     }
 }
 
-/// The catalog assembled from `src`, asking the catalog service, and what the operator
-/// should be told about it (one line each: a source that failed and what was used instead).
-pub async fn load(src: &Sources, http: &Rc<HttpClient>) -> (Catalog, Vec<String>) {
-    let fetched = match &src.url {
-        Some(url) => Some(fetch(url, http).await),
-        None => None,
-    };
-    assemble(src, fetched)
+/// The catalog assembled from `src` with the catalog service's answer (`fetched`: its text,
+/// or why it could not be had; the caller asks the service), and what the operator should
+/// be told about it (one line each: a source that failed and what was used instead).
+pub fn load(src: &Sources, fetched: Option<Result<String, String>>) -> (Catalog, Vec<String>) {
+    let parsed = fetched.map(|r| r.and_then(|text| Catalog::parse(&text).map(|c| (text, c))));
+    assemble(src, parsed)
 }
 
 /// The catalog from local sources only: the service's last good answer stands in for the
@@ -138,40 +127,9 @@ fn assemble(
     (catalog, notes)
 }
 
-async fn fetch(url: &str, http: &Rc<HttpClient>) -> Result<(String, Catalog), String> {
-    let parsed = Url::parse(url)?;
-    if !parsed.scheme.is_tls() && !parsed.is_loopback() {
-        return Err("plain http is accepted only for loopback hosts".into());
-    }
-    let req = Request {
-        method: "GET",
-        url: &parsed,
-        path: if parsed.prefix.is_empty() { "/" } else { "" },
-        headers: &[("accept", "application/json")],
-        body: b"",
-    };
-    let work = async {
-        let mut resp = http.send(&req).await.map_err(|e| e.to_string())?;
-        let status = resp.status();
-        let body = resp
-            .body(SERVICE_BYTES_MAX)
-            .await
-            .map_err(|e| e.to_string())?;
-        if status != 200 {
-            return Err(format!("HTTP {status}"));
-        }
-        let text = String::from_utf8(body).map_err(|_| "the answer is not UTF-8".to_string())?;
-        let catalog = Catalog::parse(&text)?;
-        Ok((text, catalog))
-    };
-    with_timeout(SERVICE_TIMEOUT, work)
-        .await
-        .unwrap_or_else(|()| Err(format!("no answer within {} s", SERVICE_TIMEOUT.as_secs())))
-}
-
 fn save(src: &Sources, path: &Path, bytes: &[u8]) -> Result<(), String> {
-    crate::owner_only::create_dir(&src.cache_dir)
-        .and_then(|()| crate::owner_only::write_file(path, bytes))
+    broca_owner_only::create_dir(&src.cache_dir)
+        .and_then(|()| broca_owner_only::write_file(path, bytes))
         .map_err(|e| format!("{}: {e}", path.display()))
 }
 
@@ -181,7 +139,7 @@ fn last_good(path: &Path) -> Option<Result<Catalog, String>> {
         return None;
     }
     Some(
-        crate::owner_only::read_private(path)
+        broca_owner_only::read_private(path)
             .and_then(|b| String::from_utf8(b).map_err(|_| "not UTF-8".into()))
             .and_then(|t| Catalog::parse(&t)),
     )

@@ -7,13 +7,13 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::rc::Rc;
 
-use crate::core::admission::SendRequest;
-use crate::module::serve::ServeOptions;
-use crate::module::standalone::Standalone;
-use crate::provider::transport::Endpoints;
-use crate::wal::SessionTriple;
+use broca_core::admission::SendRequest;
+use broca_module::serve::ServeOptions;
+use broca_module::standalone::Standalone;
+use broca_provider::transport::Endpoints;
+use broca_wal::SessionTriple;
 
-use crate::wal::verify::{dump, verify_file, wal_files, FileReport};
+use broca_wal::verify::{dump, verify_file, wal_files, FileReport};
 
 mod store;
 
@@ -146,7 +146,7 @@ pub fn run(args: Vec<OsString>) -> u8 {
     let mut pargs = pico_args::Arguments::from_vec(args);
     let help = pargs.contains(["-h", "--help"]);
     if pargs.contains(["-V", "--version"]) {
-        crate::outln!("broca {}", env!("CARGO_PKG_VERSION"));
+        broca_module::outln!("broca {}", env!("CARGO_PKG_VERSION"));
         return EXIT_OK;
     }
     let state_dir: Option<PathBuf> = match pargs.opt_value_from_str("--state-dir") {
@@ -169,12 +169,12 @@ pub fn run(args: Vec<OsString>) -> u8 {
 }
 
 fn print_help(text: &str) -> u8 {
-    crate::out!("{text}");
+    broca_module::out!("{text}");
     EXIT_OK
 }
 
 fn usage(message: &str) -> u8 {
-    crate::errln!("broca: {message}");
+    broca_module::errln!("broca: {message}");
     EXIT_USAGE
 }
 
@@ -226,7 +226,7 @@ fn wal_verify(paths: Vec<OsString>, state_dir: Option<PathBuf>) -> u8 {
         match resolve_state_dir(state_dir) {
             Some(dir) if dir.exists() => vec![dir],
             Some(dir) => {
-                crate::outln!("no state dir at {}: no WALs to verify", dir.display());
+                broca_module::outln!("no state dir at {}: no WALs to verify", dir.display());
                 return EXIT_OK;
             }
             None => return usage("no PATH and no state dir (set --state-dir or HOME)"),
@@ -240,7 +240,7 @@ fn wal_verify(paths: Vec<OsString>, state_dir: Option<PathBuf>) -> u8 {
         let files = match wal_files(&arg) {
             Ok(files) => files,
             Err(e) => {
-                crate::errln!("FAIL {e}");
+                broca_module::errln!("FAIL {e}");
                 failed += 1;
                 continue;
             }
@@ -250,31 +250,33 @@ fn wal_verify(paths: Vec<OsString>, state_dir: Option<PathBuf>) -> u8 {
             let shown = file.display();
             match verify_file(&file) {
                 FileReport::Intact { records, end } => {
-                    crate::outln!("ok    {shown}: {records} records, intact (ends at offset {end})")
+                    broca_module::outln!(
+                        "ok    {shown}: {records} records, intact (ends at offset {end})"
+                    )
                 }
                 FileReport::Torn {
                     records,
                     at,
                     bytes,
                     reason,
-                } => crate::outln!(
+                } => broca_module::outln!(
                     "torn  {shown}: {records} records, then a torn tail at offset {at} ({bytes} \
                      bytes; {reason}) that recovery cuts when a writer opens the log"
                 ),
-                FileReport::Empty { reason } => crate::outln!(
+                FileReport::Empty { reason } => broca_module::outln!(
                     "empty {shown}: {reason} (a crash while it was being created; a writer \
                      initializes it)"
                 ),
                 report @ FileReport::Failed(_) => {
                     failed += 1;
                     if let FileReport::Failed(e) = report {
-                        crate::errln!("FAIL  {e}");
+                        broca_module::errln!("FAIL  {e}");
                     }
                 }
             }
         }
     }
-    crate::outln!("{checked} WAL files checked, {failed} failed");
+    broca_module::outln!("{checked} WAL files checked, {failed} failed");
     if failed > 0 {
         EXIT_FAILURE
     } else {
@@ -290,11 +292,11 @@ fn wal_dump(path: PathBuf) -> u8 {
     match (result, flushed) {
         (Ok(_), Ok(())) => EXIT_OK,
         (Err(e), _) => {
-            crate::errln!("broca: {e}");
+            broca_module::errln!("broca: {e}");
             EXIT_FAILURE
         }
         (Ok(_), Err(e)) => {
-            crate::errln!("broca: writing to stdout failed: {e}");
+            broca_module::errln!("broca: writing to stdout failed: {e}");
             EXIT_FAILURE
         }
     }
@@ -344,7 +346,7 @@ fn parse_run(
         _ => return Err("`broca run` takes one PROMPT; quote it".into()),
     };
     let tools = match tools_config {
-        Some(path) => Some(crate::tools::config::ToolsConfig::load(
+        Some(path) => Some(broca_tools::config::ToolsConfig::load(
             std::path::Path::new(&path),
         )?),
         None => None,
@@ -353,9 +355,9 @@ fn parse_run(
         .ok_or("no state dir: set --state-dir, BROCA_STATE_DIR or HOME")?;
     // The command line is checked against the local catalog sources; the run loads them all
     // (the catalog service too) before it starts.
-    let catalog = crate::catalog::load::Sources::from_env(&state_dir);
-    crate::catalog::install(crate::catalog::load::load_local(&catalog).0);
-    let entry = crate::catalog::resolve(&model)?;
+    let catalog = broca_catalog::load::Sources::from_env(&state_dir);
+    broca_catalog::install(broca_catalog::load::load_local(&catalog).0);
+    let entry = broca_catalog::resolve(&model)?;
     let mut endpoints = Endpoints::from_env()?;
     if let Some(url) = base_url {
         endpoints
@@ -404,32 +406,32 @@ fn run_standalone(standalone: Standalone, json: bool) -> u8 {
     let report = match standalone.run(display) {
         Ok(r) => r,
         Err(e) => {
-            crate::errln!("broca: {e}");
+            broca_module::errln!("broca: {e}");
             return EXIT_FAILURE;
         }
     };
     if let Some(r) = &report.resumed {
-        crate::errln!(
+        broca_module::errln!(
             "broca: resumed a run an earlier stop left open: {}",
             r.summary()
         );
     }
     let result = &report.result;
     if report.existing {
-        crate::errln!(
+        broca_module::errln!(
             "broca: this send_id already started run {}; nothing was run again",
             result.run_id
         );
         if let Some(m) = &result.final_message {
-            crate::out!("{}", m.text);
+            broca_module::out!("{}", m.text);
             ended_in_newline.set(m.text.ends_with('\n'));
         }
     }
     if !ended_in_newline.get() {
-        crate::outln!();
+        broca_module::outln!();
     }
     if json {
-        crate::outln!(
+        broca_module::outln!(
             "{}",
             serde_json::to_string(result).expect("a run result serializes")
         );
@@ -437,7 +439,7 @@ fn run_standalone(standalone: Standalone, json: bool) -> u8 {
     if result.completed() {
         EXIT_OK
     } else {
-        crate::errln!("broca: {}", result.summary());
+        broca_module::errln!("broca: {}", result.summary());
         EXIT_FAILURE
     }
 }
@@ -511,7 +513,7 @@ fn parse_serve(
     let catalog_base = state_dir.clone();
     let mut endpoints = Endpoints::from_env()?;
     for (provider, url) in &file.base_urls {
-        crate::catalog::provider(provider)
+        broca_catalog::provider(provider)
             .ok_or_else(|| format!("--config: unknown provider `{provider}` in base_urls"))?;
         endpoints
             .set(provider, url)
@@ -530,7 +532,7 @@ fn parse_serve(
         idle: std::time::Duration::from_secs(file.idle_secs.unwrap_or(30)),
         open_sessions_max: file.open_sessions_max,
         catalog: {
-            let mut c = crate::catalog::load::Sources::from_env(&catalog_base);
+            let mut c = broca_catalog::load::Sources::from_env(&catalog_base);
             if file.catalog_file.is_some() {
                 c.file = file.catalog_file;
             }
@@ -540,7 +542,7 @@ fn parse_serve(
             c
         },
         tools: match tools {
-            Some(path) => Some(crate::tools::config::ToolsConfig::load(
+            Some(path) => Some(broca_tools::config::ToolsConfig::load(
                 std::path::Path::new(&path),
             )?),
             None => None,
@@ -558,11 +560,11 @@ fn serve_command(mut pargs: pico_args::Arguments, state_dir: Option<PathBuf>) ->
         Ok(o) => o,
         Err(e) => return usage(&e),
     };
-    match crate::module::serve::serve(opts) {
+    match broca_module::serve::serve(opts) {
         Ok(0) => EXIT_OK,
-        Ok(sig) => crate::module::serve::reraise(sig),
+        Ok(sig) => broca_module::serve::reraise(sig),
         Err(e) => {
-            crate::errln!("broca: {e}");
+            broca_module::errln!("broca: {e}");
             EXIT_FAILURE
         }
     }

@@ -3,11 +3,9 @@
 //! inputs, the renderer version and the catalog entry's digest are frozen into RunStarted; a
 //! refusal writes nothing and answers a refusal code.
 
-use serde::{Deserialize, Serialize};
-
-use crate::catalog;
-use crate::protocol::{Generation, ToolSpec};
-use crate::wal::runrec::{CachePolicy, FrozenConfig, ResultBlock, RunStarted, StopConditions};
+use broca_catalog as catalog;
+use broca_protocol::ToolSpec;
+use broca_wal::runrec::{CachePolicy, FrozenConfig, ResultBlock, RunStarted, StopConditions};
 
 use super::replay::{RunState, Session};
 
@@ -18,93 +16,7 @@ pub const MAX_STEPS_LIMIT: u32 = 10_000;
 /// The largest prompt accepted, in bytes.
 pub const PROMPT_BYTES_MAX: usize = 4 * 1024 * 1024;
 
-/// A send's parameters (management `session.send`, or `broca run`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SendRequest {
-    pub prompt: String,
-    pub model: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub send_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub system: Option<String>,
-    /// A subset of the configured tools, by name; all of them when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tools: Option<Vec<String>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_steps: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub budget: Option<Budget>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub context_limit: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub generation: Option<Generation>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub credential_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cache_policy: Option<CachePolicy>,
-}
-
-/// A run's budget.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Budget {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_total_tokens: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_cost_micros: Option<u64>,
-}
-
-/// Why a send was refused. Nothing was written.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Refusal {
-    /// A parameter is missing, malformed or out of range.
-    InvalidParams(String),
-    /// The send_id was used before with other inputs.
-    SendIdReuse { run_id: String },
-    /// A run of this session is active.
-    SessionBusy { run_id: String },
-    /// Two configured tools share a name the send offers.
-    ToolNameCollision(String),
-    /// The daemon is shutting down.
-    ShuttingDown,
-}
-
-impl Refusal {
-    /// The refusal code of the management surface.
-    pub fn code(&self) -> &'static str {
-        match self {
-            Refusal::InvalidParams(_) => "invalid_params",
-            Refusal::SendIdReuse { .. } => "send_id_reuse",
-            Refusal::SessionBusy { .. } => "session_busy",
-            Refusal::ToolNameCollision(_) => "tool_name_collision",
-            Refusal::ShuttingDown => "shutting_down",
-        }
-    }
-}
-
-impl Refusal {
-    /// What was refused and what to do, without the code (replies carry the code apart).
-    pub fn message(&self) -> String {
-        match self {
-            Refusal::InvalidParams(why) => why.clone(),
-            Refusal::SendIdReuse { run_id } => {
-                format!("this send_id started run {run_id} with other inputs; use a new send_id")
-            }
-            Refusal::SessionBusy { run_id } => {
-                format!("run {run_id} is active; wait for it or cancel it")
-            }
-            Refusal::ToolNameCollision(name) => format!("two tool servers offer `{name}`"),
-            Refusal::ShuttingDown => "broca is stopping; retry later".to_string(),
-        }
-    }
-}
-
-impl std::fmt::Display for Refusal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.code(), self.message())
-    }
-}
+pub use broca_wire::{Budget, Refusal, SendRequest};
 
 /// What admission decided.
 #[derive(Debug, Clone, PartialEq)]
@@ -178,7 +90,7 @@ pub fn admit(
     }
     let entry = catalog::resolve(&req.model).map_err(Refusal::InvalidParams)?;
     if let Some(id) = &req.credential_id {
-        if !crate::provider::credential::is_credential_id(id) {
+        if !broca_protocol::is_credential_id(id) {
             // Never echo it: a secret pasted where an id belongs must not reach a log.
             return invalid(
                 "credential_id must be env:NAME, file:NAME or vault:NAME (an id, never a \
@@ -209,7 +121,7 @@ pub fn admit(
             .unwrap_or_else(|| format!("env:{}", entry.provider.credential_env)),
         renderer_version: catalog::RENDERER_VERSION,
         catalog_digest: entry.digest(),
-        catalog: Some(entry.clone()),
+        catalog: Some(freeze(&entry)),
         system: req.system.clone(),
         tools: tools.into(),
         tools_digest,
@@ -283,12 +195,12 @@ pub fn check_resumable(config: &FrozenConfig) -> Result<(), String> {
     let now = catalog::resolve(&spec).map_err(|e| format!("resume refused: {e}"))?;
     match &config.catalog {
         // The run keeps its frozen limits and prices; only another wire family is refused.
-        Some(frozen) => match frozen.incompatible_with(&now) {
-            Some(why) => Err(format!(
-                "resume refused: the catalog entry of {spec} changed incompatibly: {why}"
-            )),
-            None => Ok(()),
-        },
+        Some(frozen) if frozen.provider.family != now.provider.family => Err(format!(
+            "resume refused: the catalog entry of {spec} changed incompatibly: provider `{}` \
+             was the {} family at admission and is {} now",
+            frozen.provider.id, frozen.provider.family, now.provider.family
+        )),
+        Some(_) => Ok(()),
         // A run recorded before entries were frozen whole: any change is refused.
         None if now.digest() != config.catalog_digest => Err(format!(
             "resume refused: the catalog entry of {spec} changed since the run was admitted \
@@ -297,5 +209,30 @@ pub fn check_resumable(config: &FrozenConfig) -> Result<(), String> {
             now.digest()
         )),
         None => Ok(()),
+    }
+}
+
+/// The WAL's copy of a catalog entry (the same fields, so the same digest).
+pub fn freeze(entry: &catalog::ModelEntry) -> broca_wal::runrec::CatalogEntry {
+    use broca_wal::runrec::{CatalogEntry, CatalogPrices, CatalogProvider};
+    let p = &entry.provider;
+    CatalogEntry {
+        provider: CatalogProvider {
+            id: p.id.clone(),
+            family: p.family.clone(),
+            base_url: p.base_url.clone(),
+            credential_env: p.credential_env.clone(),
+        },
+        model: entry.model.clone(),
+        context_window: entry.context_window,
+        max_output: entry.max_output,
+        prices: entry.prices.as_ref().map(|x| CatalogPrices {
+            currency: x.currency.clone(),
+            unit: x.unit.clone(),
+            input: x.input,
+            output: x.output,
+            cache_read: x.cache_read,
+            cache_write: x.cache_write,
+        }),
     }
 }

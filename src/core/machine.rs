@@ -11,16 +11,16 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use crate::protocol::{
+use broca_protocol::{
     Block, ClassifiedError, ErrorClass, FinishReason, Message, Request, Role, StreamEvent,
     ToolCall, Usage,
 };
-use crate::wal::runrec::{
+use broca_wal::runrec::{
     CachePolicy, CancelRequested, FinishKind, FrozenConfig, ModelAttemptFinished,
     ModelStepFinished, ResultBlock, RunFinished, RunPaused, RunResumed, StepStarted,
     ToolDispatchIntent, ToolResult,
 };
-use crate::wal::Record;
+use broca_wal::Record;
 
 use super::stream::StepAccumulator;
 
@@ -408,7 +408,7 @@ impl RunMachine {
             }
             let schema_check = serde_json::from_str::<serde_json::Value>(call.input.get())
                 .map_err(|e| e.to_string())
-                .and_then(|args| crate::tools::schema::validate(&spec.input_schema, &args));
+                .and_then(|args| broca_protocol::schema::validate(&spec.input_schema, &args));
             if let Err(why) = schema_check {
                 refused.push(ResultBlock {
                     call_id: call.id.clone(),
@@ -776,7 +776,7 @@ impl RunMachine {
 }
 
 fn placeholder_config() -> FrozenConfig {
-    use crate::wal::runrec::{CachePolicy, StopConditions};
+    use broca_wal::runrec::{CachePolicy, StopConditions};
     FrozenConfig {
         provider: String::new(),
         model: String::new(),

@@ -1,11 +1,11 @@
 //! The state machine alone: cancel, shutdown, pause and ordering, fed by hand.
 
 use super::machine::{Command, Event, RunMachine};
-use crate::protocol::{
+use broca_protocol::{
     ClassifiedError, ErrorClass, FinishReason, Message, StreamEvent, ToolSpec, Usage,
 };
-use crate::wal::runrec::{CachePolicy, FinishKind, FrozenConfig, ResultBlock, StopConditions};
-use crate::wal::Record;
+use broca_wal::runrec::{CachePolicy, FinishKind, FrozenConfig, ResultBlock, StopConditions};
+use broca_wal::Record;
 
 fn config() -> FrozenConfig {
     FrozenConfig {

@@ -5,7 +5,7 @@
 
 use serde_json::{json, Value};
 
-use crate::wal::Record;
+use broca_wal::Record;
 
 /// A control unit's address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

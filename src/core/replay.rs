@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::protocol::{Block, ClassifiedError, Message, Role, ToolCall, Usage};
-use crate::wal::runrec::{FinishKind, FrozenConfig};
-use crate::wal::Record;
+use broca_protocol::{Block, ClassifiedError, Message, Role, ToolCall, Usage};
+use broca_wal::runrec::{FinishKind, FrozenConfig};
+use broca_wal::Record;
 
 use super::machine::{push_result, ResumePoint};
 
@@ -99,7 +99,7 @@ impl Session {
 
     /// Replays the records of a scanned WAL, decoding on worker threads while the records
     /// already decoded are applied here.
-    pub fn replay_scan(scan: &crate::wal::Scan, bytes: &[u8]) -> Result<Session, ReplayError> {
+    pub fn replay_scan(scan: &broca_wal::Scan, bytes: &[u8]) -> Result<Session, ReplayError> {
         let mut s = Session::default();
         s.transcript.reserve(scan.frames.len() / 2);
         scan.decode_chunks(

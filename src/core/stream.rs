@@ -1,7 +1,7 @@
 //! Folding a model step's canonical stream events into its content blocks, usage and finish
 //! reason. Blocks keep the order in which the stream opened them.
 
-use crate::protocol::{Block, FinishReason, Json, StreamEvent, Usage};
+use broca_protocol::{Block, FinishReason, Json, StreamEvent, Usage};
 
 /// A completed model step.
 #[derive(Debug, Clone, PartialEq)]

@@ -8,10 +8,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::catalog::Prices;
-use crate::protocol::Usage;
-use crate::wal::runrec::FrozenConfig;
-use crate::wal::Record;
+use broca_protocol::Usage;
+use broca_wal::runrec::CatalogPrices as Prices;
+use broca_wal::runrec::FrozenConfig;
+use broca_wal::Record;
 
 /// What a fact counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -23,7 +23,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
-use crate::wal::Record;
+use broca_wal::Record;
 
 /// The points a crash can be asked at.
 pub const POINTS: &[&str] = &[

@@ -6,7 +6,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use crate::protocol::{
+use broca_protocol::{
     Block, ClassifiedError, ErrorClass, FinishReason, Request, Role, StreamEvent, ToolCall,
     ToolSpec, Usage,
 };

@@ -12,12 +12,13 @@ use broca_io::{Committer, LogConfig};
 use futures_channel::oneshot;
 use glommio::channels::local_channel;
 
-use crate::core::admission::{admit, AdmissionContext, Admitted, Refusal, SendRequest};
-use crate::core::machine::{now_unix_ms, Command, Event, Outcome, RunMachine};
-use crate::core::replay::{ReplayError, RunView, Session};
-use crate::protocol::{ToolCall, ToolSpec};
-use crate::wal::runrec::ResultBlock;
-use crate::wal::{Record, SessionTriple, WalError, WalWriter};
+use broca_core::admission::{admit, AdmissionContext, Admitted, Refusal, SendRequest};
+use broca_core::machine::{now_unix_ms, Command, Event, Outcome, RunMachine};
+use broca_core::replay::{ReplayError, RunView, Session};
+use broca_protocol::{ToolCall, ToolSpec};
+use broca_wal::runrec::ResultBlock;
+use broca_wal::{Record, SessionTriple, WalError};
+use broca_wal_writer::WalWriter;
 
 use super::{ModelClient, ModelStream, ToolOutcome, ToolRunner};
 
@@ -52,10 +53,10 @@ impl std::fmt::Display for ActorError {
 impl ActorError {
     /// The management error for this failure: a refusal keeps its code; anything else is
     /// an internal error naming what failed.
-    pub fn to_rpc_error(&self) -> crate::wire::RpcError {
+    pub fn to_rpc_error(&self) -> broca_wire::RpcError {
         match self {
-            ActorError::Refused(r) => crate::wire::RpcError::refusal(r),
-            other => crate::wire::RpcError::transient(500, "internal", other.to_string()),
+            ActorError::Refused(r) => broca_wire::RpcError::refusal(r),
+            other => broca_wire::RpcError::transient(500, "internal", other.to_string()),
         }
     }
 }
@@ -172,7 +173,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         };
         let run = &self.state.runs[open.index];
         let run_id = run.run_id.clone();
-        if let Err(why) = crate::core::admission::check_resumable(&run.config) {
+        if let Err(why) = broca_core::admission::check_resumable(&run.config) {
             // Never re-render an admitted run differently: seal it with the reason.
             let machine = RunMachine::refuse_resume(run_id.clone(), run.usage, open.step, why);
             let outcome = self.drive(machine).await?;
@@ -450,7 +451,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
 
     fn spawn_model(
         &self,
-        request: crate::protocol::Request,
+        request: broca_protocol::Request,
         call: Rc<Cell<u64>>,
         tx: Rc<local_channel::LocalSender<Input>>,
     ) {
@@ -514,8 +515,8 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
 }
 
 /// Says on the log that a model attempt failed (its partial output, if any, is dropped).
-fn log_failed_attempt(run_id: &str, error: &crate::protocol::ClassifiedError) {
-    if error.class == crate::protocol::ErrorClass::Transient {
+fn log_failed_attempt(run_id: &str, error: &broca_protocol::ClassifiedError) {
+    if error.class == broca_protocol::ErrorClass::Transient {
         tracing::warn!(run_id, "model attempt failed ({}); its output is dropped and the call retried if attempts remain: {}", error.class.as_str(), error.message);
     } else {
         tracing::warn!(
@@ -536,7 +537,7 @@ enum Input {
     /// An item of model call `call`: an event, the attempt's failure, or `None` at the end.
     Model {
         call: u64,
-        item: Option<Result<crate::protocol::StreamEvent, super::Failure>>,
+        item: Option<Result<broca_protocol::StreamEvent, super::Failure>>,
     },
     Tool {
         call_id: String,
@@ -557,7 +558,7 @@ pub enum SessionCommand {
     /// Admit a send (the run then runs in the actor).
     Send {
         req: SendRequest,
-        reply: oneshot::Sender<Result<SendReply, crate::wire::RpcError>>,
+        reply: oneshot::Sender<Result<SendReply, broca_wire::RpcError>>,
     },
     /// The view of a run (the latest when `None`).
     Status {

@@ -9,11 +9,11 @@ use broca_io::net::proxy::ProxyConfig;
 use broca_io::net::{tls, ClientConfig, HttpClient};
 use broca_io::Committer;
 
-use crate::core::admission::SendRequest;
-use crate::provider::credential::StateSecrets;
-use crate::provider::transport::{Endpoints, HttpModelClient};
-use crate::wal::SessionTriple;
-use crate::wire::RunResult;
+use broca_core::admission::SendRequest;
+use broca_provider::credential::StateSecrets;
+use broca_provider::transport::{Endpoints, HttpModelClient};
+use broca_wal::SessionTriple;
+use broca_wire::RunResult;
 
 use super::session::SessionActor;
 
@@ -24,9 +24,9 @@ pub struct Standalone {
     pub send: SendRequest,
     pub endpoints: Endpoints,
     /// The MCP tool servers to start, if any.
-    pub tools: Option<crate::tools::config::ToolsConfig>,
+    pub tools: Option<broca_tools::config::ToolsConfig>,
     /// Where the catalog comes from.
-    pub catalog: crate::catalog::load::Sources,
+    pub catalog: broca_catalog::load::Sources,
 }
 
 /// What happened.
@@ -44,44 +44,44 @@ impl Standalone {
     /// it streams. `Err` is one line naming what failed.
     pub fn run(self, display: Box<dyn FnMut(&str)>) -> Result<Report, String> {
         let wal_dir = self.state_dir.join("wal");
-        crate::owner_only::create_dir(&wal_dir)
+        broca_owner_only::create_dir(&wal_dir)
             .map_err(|e| format!("cannot create {}: {e}", wal_dir.display()))?;
         let proxy = ProxyConfig::from_env()?;
         let tls = tls::default_client_config()?;
         broca_shards::run_local(async move {
             let http = HttpClient::new(ClientConfig::new(tls.clone(), proxy.clone()));
             if self.catalog.url.is_some() || self.catalog.file.is_some() {
-                let (catalog, notes) = crate::catalog::load::load(&self.catalog, &http).await;
+                let (catalog, notes) = crate::catalog_service::load(&self.catalog, &http).await;
                 for n in notes {
                     crate::errln!("broca: {n}");
                 }
-                crate::catalog::install(catalog);
+                broca_catalog::install(catalog);
             }
             let model = HttpModelClient::new(
                 http,
                 self.endpoints,
                 Box::new(StateSecrets::new(&self.state_dir)),
             );
-            let tool_http = crate::tools::tool_http_client(tls, proxy);
+            let tool_http = broca_tools::tool_http_client(tls, proxy);
             let servers = match self.tools {
                 Some(cfg) => {
                     let (servers, problems) =
-                        crate::tools::ToolServers::start(cfg, &tool_http).await?;
+                        broca_tools::ToolServers::start(cfg, &tool_http).await?;
                     for p in problems {
                         crate::errln!("broca: {p}; its tools are not offered");
                     }
                     servers
                 }
-                None => crate::tools::ToolServers::none(),
+                None => broca_tools::ToolServers::none(),
             };
-            let router = crate::tools::Router::new(servers.clone(), tool_http);
+            let router = broca_tools::Router::new(servers.clone(), tool_http);
             let opened = SessionActor::open(
                 &wal_dir,
                 &self.triple,
                 Rc::new(model),
                 Rc::new(router),
                 servers.specs(),
-                crate::module::crash::log_config(),
+                crate::crash::log_config(),
                 Committer::default(),
             )
             .await;
@@ -97,11 +97,11 @@ impl Standalone {
             servers.stop();
             // The store follows the WAL after the run, off its path; a failure here loses
             // nothing (the WAL is authoritative and the store catches up later).
-            let wal = crate::wal::writer::wal_path(&wal_dir, &self.triple);
+            let wal = broca_wal_writer::wal_path(&wal_dir, &self.triple);
             let state_dir = self.state_dir.clone();
             let projected = glommio::executor()
                 .spawn_blocking(move || {
-                    let (store, notes) = crate::store::Store::open(&state_dir)?;
+                    let (store, notes) = broca_store::Store::open(&state_dir)?;
                     store.catch_up(&wal).map(|_| notes)
                 })
                 .await;
@@ -128,7 +128,7 @@ impl Standalone {
             };
             actor.set_display(display);
             let reply = actor.send(&send).await.map_err(|e| e.to_string())?;
-            crate::module::crash::send_answered();
+            crate::crash::send_answered();
             if !reply.existing {
                 actor.run_admitted().await.map_err(|e| e.to_string())?;
             }
@@ -151,5 +151,5 @@ fn result_of<P: super::ModelClient, T: super::ToolRunner>(
         .by_run_id
         .get(run_id)
         .ok_or_else(|| format!("run {run_id} is not in the session"))?;
-    Ok(RunResult::of(&state.runs[*index]))
+    Ok(broca_core::views::run_result(&state.runs[*index]))
 }

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use crate::protocol::ToolSpec;
+use broca_protocol::ToolSpec;
 
 const NAME_MAX: usize = 64;
 

@@ -165,7 +165,7 @@ impl StateSecrets {
             aws_session_token: Option<String>,
             region: Option<String>,
         }
-        let bytes = crate::owner_only::read_private(&self.file)?;
+        let bytes = broca_owner_only::read_private(&self.file)?;
         // A parse error could quote the file: say only where it is.
         let all: std::collections::BTreeMap<String, Entry> = serde_json::from_slice(&bytes)
             .map_err(|e| {
@@ -216,11 +216,7 @@ impl Secrets for StateSecrets {
     }
 }
 
-/// Whether `id` is a credential id broca can resolve (`env:`, `file:` or `vault:` and a name).
-pub fn is_credential_id(id: &str) -> bool {
-    matches!(id.split_once(':'), Some(("env" | "file" | "vault", name)) if !name.is_empty()
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c)))
-}
+pub use broca_protocol::is_credential_id;
 
 #[cfg(test)]
 mod tests {
@@ -236,7 +232,7 @@ mod tests {
             .credential("file:work")
             .unwrap_err()
             .contains("credentials.json"));
-        crate::owner_only::write_file(
+        broca_owner_only::write_file(
             &file,
             br#"{"work": {"api_key": "sk-file-0123456789"},
                  "aws": {"aws_access_key_id": "AKIA1", "aws_secret_access_key": "shh", "region": "eu-west-1"},
@@ -269,7 +265,7 @@ mod tests {
         );
         // A file that does not parse: where, never what.
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
-        crate::owner_only::write_file(&file, b"{\"work\": sk-secret-value}").unwrap();
+        broca_owner_only::write_file(&file, b"{\"work\": sk-secret-value}").unwrap();
         let err = s.credential("file:work").unwrap_err();
         assert!(
             err.contains("line 1") && !err.contains("sk-secret"),

@@ -128,11 +128,7 @@ impl JsonWriter {
 
 /// The sampling settings every family takes under the same names: `temperature`, `top_p`,
 /// and the stop sequences under `stop_key` (when the family has them).
-pub(crate) fn sampling(
-    w: &mut JsonWriter,
-    g: &crate::protocol::Generation,
-    stop_key: Option<&str>,
-) {
+pub(crate) fn sampling(w: &mut JsonWriter, g: &broca_protocol::Generation, stop_key: Option<&str>) {
     if let Some(t) = g.temperature {
         w.key("temperature").serde(&t);
     }

@@ -20,9 +20,9 @@ use broca_io::net::ws::WebSocket;
 use broca_io::net::{HttpClient, NetError, Request as HttpRequest, Response, Url};
 use broca_io::sse::SseDecoder;
 
-use crate::catalog;
-use crate::module::{Failure, ModelClient, ModelStream};
-use crate::protocol::{ClassifiedError, ErrorClass, Request, StreamEvent, Usage};
+use broca_catalog as catalog;
+use broca_protocol::model::{Failure, ModelClient, ModelStream};
+use broca_protocol::{ClassifiedError, ErrorClass, Request, StreamEvent, Usage};
 
 use super::credential::{Redactor, Secrets};
 use super::{Aliases, AuthContext, Framing, Normalized, Rendered, StreamNormalizer, WireFamily};
@@ -263,7 +263,7 @@ impl HttpModelClient {
         let auth = AuthContext {
             credential: &credential,
             url: &url,
-            now_unix_secs: crate::core::machine::now_unix_ms() / 1000,
+            now_unix_secs: now_unix_ms() / 1000,
         };
         family
             .authorize(&mut rendered, &auth)
@@ -749,4 +749,10 @@ mod tests {
             "BROCA_BASE_URL_OPENAI_RESPONSES"
         );
     }
+}
+
+fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }

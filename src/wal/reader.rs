@@ -255,11 +255,11 @@ impl PagedReader {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wal::frame::write_frame;
+    use crate::frame::write_frame;
 
     /// A WAL image: a header, `records` frames with payloads of varying size, then zeros.
     fn image(records: u64, tail: &[u8]) -> Vec<u8> {
-        let triple = crate::wal::SessionTriple::new("/p", "h", "s").unwrap();
+        let triple = crate::SessionTriple::new("/p", "h", "s").unwrap();
         let header = WalHeader::new(triple, 1);
         let mut out = header.encode();
         out.resize(header.data_offset as usize, 0);
@@ -300,7 +300,7 @@ mod tests {
             let bytes = image(400, tail);
             let path = dir.path().join(format!("{name}.wal"));
             std::fs::write(&path, &bytes).unwrap();
-            let whole = crate::wal::scan(&bytes).unwrap();
+            let whole = crate::scan(&bytes).unwrap();
             let expected: Vec<(u64, u64)> =
                 whole.frames.iter().map(|f| (f.seq, f.offset)).collect();
             for page in [1, 100, 4096, 1 << 20] {
@@ -315,13 +315,13 @@ mod tests {
     #[test]
     fn damage_with_a_durable_witness_is_corruption_in_both_reads() {
         let mut bytes = image(300, b"");
-        let whole = crate::wal::scan(&bytes).unwrap();
+        let whole = crate::scan(&bytes).unwrap();
         let victim = &whole.frames[100];
         bytes[victim.payload.start] ^= 0xff;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("d.wal");
         std::fs::write(&path, &bytes).unwrap();
-        let whole = crate::wal::scan(&bytes).unwrap();
+        let whole = crate::scan(&bytes).unwrap();
         assert!(matches!(whole.verdict, Verdict::Corrupt { .. }));
         let (seen, verdict, end) = read_all(&path, 10_000);
         assert_eq!(seen.len(), 100);

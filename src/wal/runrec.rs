@@ -3,9 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::protocol::{
-    Block, ClassifiedError, FinishReason, Generation, ToolCall, ToolSpec, Usage,
-};
+use broca_protocol::{Block, ClassifiedError, FinishReason, Generation, ToolCall, ToolSpec, Usage};
 
 /// Everything that shapes a run's rendered requests, frozen when the run is admitted.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -22,11 +20,11 @@ pub struct FrozenConfig {
     /// The catalog entry itself (limits, prices): the run's charge basis, and what a resume
     /// checks for incompatible drift.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub catalog: Option<crate::catalog::ModelEntry>,
+    pub catalog: Option<CatalogEntry>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system: Option<String>,
     /// Shared by every request of the run.
-    #[serde(default, skip_serializing_if = "crate::protocol::no_tools")]
+    #[serde(default, skip_serializing_if = "broca_protocol::no_tools")]
     pub tools: std::sync::Arc<[ToolSpec]>,
     /// blake3 of the tool specs.
     pub tools_digest: String,
@@ -36,6 +34,55 @@ pub struct FrozenConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_limit: Option<u64>,
     pub cache_policy: CachePolicy,
+}
+
+/// The catalog entry a run was admitted with, as the WAL keeps it: a copy of the catalog's
+/// fields (the catalog file's own types refuse unknown fields; this one ignores fields a
+/// later build adds, so an old build still reads a newer log). Serialized field for field as
+/// the catalog's entry, so its digest is the same bytes' digest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CatalogEntry {
+    pub provider: CatalogProvider,
+    pub model: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_window: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prices: Option<CatalogPrices>,
+}
+
+/// A frozen entry's provider.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CatalogProvider {
+    pub id: String,
+    pub family: String,
+    pub base_url: String,
+    pub credential_env: String,
+}
+
+/// A frozen entry's prices, per `unit` of tokens in `currency`; a price not listed is
+/// unknown, never zero.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CatalogPrices {
+    pub currency: String,
+    pub unit: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_read: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write: Option<f64>,
+}
+
+impl CatalogEntry {
+    /// blake3 of the entry's JSON (the digest frozen beside it).
+    pub fn digest(&self) -> String {
+        let bytes = serde_json::to_vec(self).expect("catalog entries serialize");
+        blake3::hash(&bytes).to_hex()[..32].to_string()
+    }
 }
 
 /// When a run stops besides the model ending its turn.
@@ -50,15 +97,7 @@ pub struct StopConditions {
     pub max_cost_micros: Option<u64>,
 }
 
-/// Prompt caching policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CachePolicy {
-    /// Let the renderer mark cache breakpoints where the provider supports them.
-    Auto,
-    /// Never ask for caching.
-    Off,
-}
+pub use broca_protocol::CachePolicy;
 
 /// A tool result block, as frozen into a record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

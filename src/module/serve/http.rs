@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use broca_io::http_server::{response, RequestDecoder, RequestHead};
 use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::wire::RpcError;
+use broca_wire::RpcError;
 
 use super::accept::{self, AcceptStats, StopSignal};
 use super::{ServeCtx, ShardMsg, ShardStats};
@@ -138,10 +138,10 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
                     let (status, kind, out) = handle(&ctx, &head, body, tcp).await;
                     let keep = head.keep_alive;
                     let written = stream.write_all(&response(status, kind, &out, keep)).await;
-                    if written.is_ok() && crate::module::crash::armed() {
+                    if written.is_ok() && crate::crash::armed() {
                         // A crash test's `admitted` cut in the power-loss mode: once answered.
                         let _ = stream.flush().await;
-                        crate::module::crash::send_answered();
+                        crate::crash::send_answered();
                     }
                     if written.is_err() || !keep {
                         return;
@@ -208,7 +208,7 @@ fn unauthorized() -> RpcError {
     RpcError {
         status: 401,
         code: "unauthorized",
-        class: crate::protocol::ErrorClass::AuthRequired,
+        class: broca_protocol::ErrorClass::AuthRequired,
         message: "missing or wrong `Authorization: Bearer <handle>` (the handle is in the file \
                   serve.json names)"
             .into(),

@@ -14,9 +14,9 @@ use broca_io::log::DurableWatch;
 use futures_channel::{mpsc, oneshot};
 use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 
-use crate::core::project::{units, Cursor};
-use crate::wal::reader::PagedReader;
-use crate::wal::Record;
+use broca_core::project::{units, Cursor};
+use broca_wal::reader::PagedReader;
+use broca_wal::Record;
 
 /// Control units a subscriber may have queued before it is told to reconnect.
 const CONTROL_QUEUE_MAX: usize = 4096;

@@ -28,8 +28,8 @@ use broca_io::http_server::ServerLimits;
 use broca_io::net::proxy::ProxyConfig;
 use futures_channel::mpsc;
 
-use crate::provider::transport::Endpoints;
-use crate::wal::SessionTriple;
+use broca_provider::transport::Endpoints;
+use broca_wal::SessionTriple;
 
 pub use registry::ShardStats;
 
@@ -49,9 +49,9 @@ pub struct ServeOptions {
     /// the open-files limit. Past it, the least recently used idle sessions are closed.
     pub open_sessions_max: Option<usize>,
     /// Where the catalog comes from.
-    pub catalog: crate::catalog::load::Sources,
+    pub catalog: broca_catalog::load::Sources,
     /// The MCP tool servers to start (`--tools-config`).
-    pub tools: Option<crate::tools::config::ToolsConfig>,
+    pub tools: Option<broca_tools::config::ToolsConfig>,
     pub limits: ServerLimits,
     /// How long a request may take to arrive once it has begun (then 408).
     pub request_timeout: Duration,
@@ -95,10 +95,10 @@ pub(crate) struct ServeCtx {
     pub tls: Arc<broca_io::net::rustls::ClientConfig>,
     pub proxy: ProxyConfig,
     /// The MCP tool servers every shard routes to.
-    pub tools: Arc<crate::tools::ToolServers>,
+    pub tools: Arc<broca_tools::ToolServers>,
     /// The projections of the WALs (`None` when the store cannot be opened: then nothing is
     /// read from it, and the WALs serve everything).
-    pub store: Option<Arc<crate::store::Store>>,
+    pub store: Option<Arc<broca_store::Store>>,
     /// Hands WALs that moved on to the store's own thread (it catches them up there, so
     /// store writes and their syncs never queue ahead of a shard's blocking work).
     pub projector: Option<Mutex<std::sync::mpsc::Sender<Vec<PathBuf>>>>,
@@ -138,19 +138,19 @@ struct PreparedState {
 /// (refused while another serve holds it), and makes the handle file.
 fn prepare_state(opts: &ServeOptions) -> Result<PreparedState, String> {
     let dir = &opts.state_dir;
-    crate::owner_only::create_dir(dir)
+    broca_owner_only::create_dir(dir)
         .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    crate::owner_only::check_dir(dir)?;
+    broca_owner_only::check_dir(dir)?;
     let lock = claim::lock_state_dir(dir)?;
     let wal_dir = dir.join("wal");
-    crate::owner_only::create_dir(&wal_dir)
+    broca_owner_only::create_dir(&wal_dir)
         .map_err(|e| format!("cannot create {}: {e}", wal_dir.display()))?;
-    crate::owner_only::check_dir(&wal_dir)?;
+    broca_owner_only::check_dir(&wal_dir)?;
     let mut raw = [0u8; 32];
     getrandom(&mut raw)?;
     let handle: String = raw.iter().map(|b| format!("{b:02x}")).collect();
     let handle_file = dir.join("serve.handle");
-    crate::owner_only::write_file(&handle_file, handle.as_bytes())
+    broca_owner_only::write_file(&handle_file, handle.as_bytes())
         .map_err(|e| format!("cannot write {}: {e}", handle_file.display()))?;
     Ok(PreparedState {
         lock,
@@ -206,7 +206,7 @@ fn catch_signals(ctx: Arc<Mutex<Option<Arc<ServeCtx>>>>) -> Result<(), String> {
 /// The store's thread: catches up with WALs written while serve was down, then with each
 /// batch of WALs the shards say moved on (a path sent twice is projected once per batch).
 fn project_on_this_thread(
-    store: &crate::store::Store,
+    store: &broca_store::Store,
     wal_dir: &Path,
     rx: &std::sync::mpsc::Receiver<Vec<PathBuf>>,
 ) {
@@ -327,15 +327,15 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
         let (tls, proxy, sources) = (tls.clone(), proxy.clone(), opts.catalog.clone());
         let (catalog, notes) = broca_shards::run_local(async move {
             let http = broca_io::net::HttpClient::new(broca_io::net::ClientConfig::new(tls, proxy));
-            crate::catalog::load::load(&sources, &http).await
+            crate::catalog_service::load(&sources, &http).await
         })
         .map_err(|e| format!("cannot load the catalog: {e}"))?;
         for n in notes {
             tracing::error!("{n}");
         }
-        crate::catalog::install(catalog);
+        broca_catalog::install(catalog);
     }
-    let (store, projector) = match crate::store::Store::open(&opts.state_dir) {
+    let (store, projector) = match broca_store::Store::open(&opts.state_dir) {
         Ok((store, notes)) => {
             for n in notes {
                 tracing::warn!("{n}");
@@ -355,12 +355,12 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
         }
     };
     let tools = match opts.tools.clone() {
-        None => crate::tools::ToolServers::none(),
+        None => broca_tools::ToolServers::none(),
         Some(cfg) => {
             let (tls, proxy) = (tls.clone(), proxy.clone());
             let (servers, problems) = broca_shards::run_local(async move {
-                let http = crate::tools::tool_http_client(tls, proxy);
-                crate::tools::ToolServers::start(cfg, &http).await
+                let http = broca_tools::tool_http_client(tls, proxy);
+                broca_tools::ToolServers::start(cfg, &http).await
             })
             .map_err(|e| format!("cannot start the tool servers: {e}"))??;
             for p in problems {
@@ -393,7 +393,7 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
         "socket": socket.display().to_string(),
         "handle_file": handle_file.display().to_string(),
     });
-    crate::owner_only::write_file(&serve_json, info.to_string().as_bytes())
+    broca_owner_only::write_file(&serve_json, info.to_string().as_bytes())
         .map_err(|e| format!("cannot write {}: {e}", serve_json.display()))?;
     let receivers = Arc::new(Mutex::new(
         receivers.into_iter().map(Some).collect::<Vec<_>>(),

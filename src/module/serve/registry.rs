@@ -15,13 +15,13 @@ use futures_channel::{mpsc, oneshot};
 use futures_lite::StreamExt;
 use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 
-use crate::core::admission::Refusal;
-use crate::module::session::{SessionActor, SessionCommand};
-use crate::provider::credential::StateSecrets;
-use crate::provider::transport::HttpModelClient;
-use crate::tools::Router;
-use crate::wal::SessionTriple;
-use crate::wire::RpcError;
+use crate::session::{SessionActor, SessionCommand};
+use broca_core::admission::Refusal;
+use broca_provider::credential::StateSecrets;
+use broca_provider::transport::HttpModelClient;
+use broca_tools::Router;
+use broca_wal::SessionTriple;
+use broca_wire::RpcError;
 
 use super::hub::{self, Hub, SubFrom, SubItem};
 use super::{ServeCtx, ShardMsg};
@@ -41,7 +41,7 @@ pub struct ShardStats {
     pub provider_bytes_out: u64,
     pub provider_connects: u64,
     /// Failed model attempts by error class.
-    pub model_errors: Vec<(crate::protocol::ErrorClass, u64)>,
+    pub model_errors: Vec<(broca_protocol::ErrorClass, u64)>,
     /// Accept-loop wakes that found nothing to do (an idle daemon has none).
     pub accept_wakes: u64,
     /// Failed accepts.
@@ -110,7 +110,7 @@ pub(crate) async fn shard_main(
         http,
         tools: Rc::new(Router::new(
             ctx.tools.clone(),
-            crate::tools::tool_http_client(ctx.tls.clone(), ctx.proxy.clone()),
+            broca_tools::tool_http_client(ctx.tls.clone(), ctx.proxy.clone()),
         )),
         committer: Committer::default(),
         runs_active: Cell::new(0),
@@ -217,7 +217,7 @@ impl Registry {
             reg.dispatch(t, SessionCommand::Barrier { reply });
             wait.await.ok().flatten()
         };
-        let wal = crate::wal::writer::wal_path(&self.ctx.wal_dir, &triple);
+        let wal = broca_wal_writer::wal_path(&self.ctx.wal_dir, &triple);
         hub::run(hub, wal, from, barrier, tx, gone).await;
         self.drop_hub_if_idle(addr);
     }
@@ -259,7 +259,7 @@ impl Registry {
             // Closing a session that is not open: nothing to do (never open it for that).
             None if matches!(cmd, SessionCommand::Close | SessionCommand::Shutdown) => return,
             None if !matches!(cmd, SessionCommand::Send { .. })
-                && !crate::wal::writer::wal_path(&self.ctx.wal_dir, &triple).exists() =>
+                && !broca_wal_writer::wal_path(&self.ctx.wal_dir, &triple).exists() =>
             {
                 // Nothing was ever sent to this session: answer without creating its WAL.
                 match cmd {
@@ -354,7 +354,7 @@ impl Registry {
             self.model.clone(),
             self.tools.clone(),
             self.ctx.tools.specs(),
-            crate::module::crash::log_config(),
+            crate::crash::log_config(),
             self.committer.clone(),
         )
         .await;
@@ -432,7 +432,7 @@ impl Registry {
                                 }
                             }
                         }
-                        Err(e @ crate::module::session::ActorError::Refused(_)) => {
+                        Err(e @ crate::session::ActorError::Refused(_)) => {
                             let _ = reply.send(Err(e.to_rpc_error()));
                         }
                         Err(e) => {
@@ -501,7 +501,7 @@ async fn project_dirty(reg: Rc<Registry>) {
         }
         let paths: Vec<_> = batch
             .iter()
-            .map(|t| crate::wal::writer::wal_path(&reg.ctx.wal_dir, t))
+            .map(|t| broca_wal_writer::wal_path(&reg.ctx.wal_dir, t))
             .collect();
         if let Some(tx) = &reg.ctx.projector {
             let _ = tx.lock().expect("the projector lock").send(paths);

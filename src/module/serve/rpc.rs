@@ -9,14 +9,11 @@ use futures_channel::oneshot;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use crate::core::admission::SendRequest;
-use crate::core::replay::RunView;
-use crate::module::session::SessionCommand;
-use crate::wal::SessionTriple;
-use crate::wire::{
-    ReadMessage, ReadPage, RpcError, RunResult, RunStatus, SendAnswer, READ_LIMIT_DEFAULT,
-    READ_LIMIT_MAX,
-};
+use crate::session::SessionCommand;
+use broca_core::admission::SendRequest;
+use broca_core::replay::RunView;
+use broca_wal::SessionTriple;
+use broca_wire::{ReadMessage, ReadPage, RpcError, READ_LIMIT_DEFAULT, READ_LIMIT_MAX};
 
 use super::ServeCtx;
 
@@ -46,12 +43,12 @@ pub fn check_request(body: &[u8]) -> Result<String, RpcError> {
             triple(&mut params)?;
             let req: SendRequest = serde_json::from_value(Value::Object(params))
                 .map_err(|e| invalid(e.to_string()))?;
-            let probe = crate::core::admission::AdmissionContext {
+            let probe = broca_core::admission::AdmissionContext {
                 tools: &[],
                 run_id: String::new(),
                 now_unix_ms: 0,
             };
-            crate::core::admission::admit(&req, &crate::core::Session::default(), &probe)
+            broca_core::admission::admit(&req, &broca_core::Session::default(), &probe)
                 .map_err(|r| RpcError::refusal(&r))?;
         }
         "run.status" | "run.result" | "run.cancel" | "session.read" => {
@@ -173,12 +170,12 @@ async fn send(ctx: &Arc<ServeCtx>, mut params: Map<String, Value>) -> Result<Val
     // What admission refuses whatever the session holds is refused here, before the session
     // is opened (a refused send writes nothing, not even a new WAL).
     let specs = ctx.tools.specs();
-    let probe = crate::core::admission::AdmissionContext {
+    let probe = broca_core::admission::AdmissionContext {
         tools: &specs,
         run_id: String::new(),
         now_unix_ms: 0,
     };
-    if let Err(r) = crate::core::admission::admit(&req, &crate::core::Session::default(), &probe) {
+    if let Err(r) = broca_core::admission::admit(&req, &broca_core::Session::default(), &probe) {
         return Err(RpcError::refusal(&r));
     }
     let (reply, wait) = oneshot::channel();
@@ -192,7 +189,7 @@ async fn send(ctx: &Arc<ServeCtx>, mut params: Map<String, Value>) -> Result<Val
     let run = view(ctx, &t, Some(sent.run_id.clone()))
         .await?
         .ok_or_else(|| unknown_run(&sent.run_id))?;
-    Ok(serde_json::to_value(SendAnswer::of(&run)).expect("an answer serializes"))
+    Ok(serde_json::to_value(broca_core::views::send_answer(&run)).expect("an answer serializes"))
 }
 
 async fn status(ctx: &Arc<ServeCtx>, mut params: Map<String, Value>) -> Result<Value, RpcError> {
@@ -205,7 +202,7 @@ async fn status(ctx: &Arc<ServeCtx>, mut params: Map<String, Value>) -> Result<V
             Some(id) => unknown_run(id),
             None => RpcError::permanent(404, "unknown_run", "this session has no run yet"),
         })?;
-    Ok(serde_json::to_value(RunStatus::of(&run)).expect("a status serializes"))
+    Ok(serde_json::to_value(broca_core::views::run_status(&run)).expect("a status serializes"))
 }
 
 async fn result(ctx: &Arc<ServeCtx>, mut params: Map<String, Value>) -> Result<Value, RpcError> {
@@ -215,7 +212,7 @@ async fn result(ctx: &Arc<ServeCtx>, mut params: Map<String, Value>) -> Result<V
     let run = view(ctx, &t, Some(run_id.clone()))
         .await?
         .ok_or_else(|| unknown_run(&run_id))?;
-    Ok(serde_json::to_value(RunResult::of(&run)).expect("a result serializes"))
+    Ok(serde_json::to_value(broca_core::views::run_result(&run)).expect("a result serializes"))
 }
 
 async fn cancel(ctx: &Arc<ServeCtx>, mut params: Map<String, Value>) -> Result<Value, RpcError> {
@@ -243,7 +240,7 @@ async fn read(ctx: &Arc<ServeCtx>, mut params: Map<String, Value>) -> Result<Val
     if limit == 0 || limit > READ_LIMIT_MAX as u64 {
         return Err(invalid(format!("`limit` must be 1 to {READ_LIMIT_MAX}")));
     }
-    let path = crate::wal::writer::wal_path(&ctx.wal_dir, &t);
+    let path = broca_wal_writer::wal_path(&ctx.wal_dir, &t);
     let page = glommio::executor()
         .spawn_blocking({
             let store = ctx.store.clone();
@@ -258,11 +255,11 @@ async fn read(ctx: &Arc<ServeCtx>, mut params: Map<String, Value>) -> Result<Val
 /// (same lineage, same last seq), else by replaying the WAL.
 fn read_page(
     path: &std::path::Path,
-    store: Option<&crate::store::Store>,
+    store: Option<&broca_store::Store>,
     from: u64,
     limit: usize,
 ) -> Result<Value, String> {
-    let found = crate::wal::verify::read_and_scan_if_any(path).map_err(|e| e.to_string())?;
+    let found = broca_wal::verify::read_and_scan_if_any(path).map_err(|e| e.to_string())?;
     let Some((bytes, scan)) = found else {
         let page = ReadPage {
             messages: Vec::new(),
@@ -298,7 +295,7 @@ fn read_page(
             return Ok(serde_json::to_value(page).expect("a page serializes"));
         }
     }
-    let session = crate::core::Session::replay_scan(&scan, &bytes)
+    let session = broca_core::Session::replay_scan(&scan, &bytes)
         .map_err(|e| format!("{}: record {}: {}", path.display(), e.seq, e.reason))?;
     let head = session.transcript.len() as u64;
     let start = from.min(head) as usize;
@@ -325,10 +322,10 @@ mod tests {
     use std::path::Path;
     use std::rc::Rc;
 
-    use crate::core::admission::SendRequest;
-    use crate::module::scripted::{CountingTools, Script, ScriptedModel};
-    use crate::module::session::SessionActor;
-    use crate::wal::SessionTriple;
+    use crate::scripted::{CountingTools, Script, ScriptedModel};
+    use crate::session::SessionActor;
+    use broca_core::admission::SendRequest;
+    use broca_wal::SessionTriple;
 
     fn triple() -> SessionTriple {
         SessionTriple::new("/p", "h", "s").unwrap()
@@ -377,10 +374,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path();
         let wal_dir = state.join("wal");
-        crate::owner_only::create_dir(&wal_dir).unwrap();
-        let path = crate::wal::writer::wal_path(&wal_dir, &triple());
+        broca_owner_only::create_dir(&wal_dir).unwrap();
+        let path = broca_wal_writer::wal_path(&wal_dir, &triple());
         session_with(&wal_dir, "one");
-        let (store, _) = crate::store::Store::open(state).unwrap();
+        let (store, _) = broca_store::Store::open(state).unwrap();
         store.catch_up(&path).unwrap();
         assert_eq!(
             super::read_page(&path, Some(&store), 0, 10).unwrap()["head"],
@@ -398,10 +395,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path();
         let wal_dir = state.join("wal");
-        crate::owner_only::create_dir(&wal_dir).unwrap();
-        let path = crate::wal::writer::wal_path(&wal_dir, &triple());
+        broca_owner_only::create_dir(&wal_dir).unwrap();
+        let path = broca_wal_writer::wal_path(&wal_dir, &triple());
         session_with(&wal_dir, "the first life");
-        let (store, _) = crate::store::Store::open(state).unwrap();
+        let (store, _) = broca_store::Store::open(state).unwrap();
         store.catch_up(&path).unwrap();
         let page = super::read_page(&path, Some(&store), 0, 10).unwrap();
         assert_eq!(first_text(&page), "the first life", "{page}");
@@ -411,7 +408,7 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         session_with(&wal_dir, "a second life");
         let mark = store.mark(&triple().address().0).unwrap().unwrap();
-        let (_, scan) = crate::wal::verify::read_and_scan(&path).unwrap();
+        let (_, scan) = broca_wal::verify::read_and_scan(&path).unwrap();
         assert_eq!(
             mark.last_seq,
             scan.frames.last().unwrap().seq,

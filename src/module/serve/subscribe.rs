@@ -11,9 +11,9 @@ use broca_io::http_server::{response, RequestHead};
 use broca_io::net::ws::ServerFramer;
 use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, StreamExt};
 
-use crate::core::project::Cursor;
-use crate::wal::SessionTriple;
-use crate::wire::RpcError;
+use broca_core::project::Cursor;
+use broca_wal::SessionTriple;
+use broca_wire::RpcError;
 
 use super::http::JSON;
 use super::hub::{SubFrom, SubItem, SUB_CHANNEL_ITEMS};

@@ -3,8 +3,8 @@
 pub mod normalize;
 pub mod render;
 
-use crate::protocol::{ErrorClass, Request};
-use crate::provider::{Aliases, AuthContext, Rendered, StreamNormalizer, WireFamily};
+use crate::{Aliases, AuthContext, Rendered, StreamNormalizer, WireFamily};
+use broca_protocol::{ErrorClass, Request};
 
 /// The family.
 pub struct Family;

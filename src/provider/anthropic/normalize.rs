@@ -3,9 +3,9 @@
 
 use serde::Deserialize;
 
-use crate::protocol::{ClassifiedError, ErrorClass, FinishReason, StreamEvent, Usage};
-use crate::provider::scan::{self, Raw};
-use crate::provider::{Aliases, Normalized};
+use crate::scan::{self, Raw};
+use crate::{Aliases, Normalized};
+use broca_protocol::{ClassifiedError, ErrorClass, FinishReason, StreamEvent, Usage};
 
 #[derive(Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -118,7 +118,7 @@ impl WireUsage {
     }
 }
 
-crate::provider::normalizer_constructors!(Normalizer);
+crate::normalizer_constructors!(Normalizer);
 
 /// The state of one streamed message.
 #[derive(Debug, Default)]
@@ -224,7 +224,7 @@ fn fast_path(data: &str) -> Option<Normalized> {
     }
 }
 
-impl crate::provider::StreamNormalizer for Normalizer {
+impl crate::StreamNormalizer for Normalizer {
     /// Normalizes one event's JSON data. A line that is not an event of this family is an
     /// error naming it.
     fn push(&mut self, _event: Option<&str>, data: &str) -> Result<Normalized, String> {
@@ -315,7 +315,7 @@ impl crate::provider::StreamNormalizer for Normalizer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provider::StreamNormalizer;
+    use crate::StreamNormalizer;
 
     /// A stream in the shape the Messages API documents: thinking with a signature, text, a
     /// tool call with its arguments in pieces, usage at start and at the end.
@@ -387,7 +387,7 @@ data: {\"type\":\"message_stop\"}\n\n";
         ]
     }
 
-    crate::provider::recorded_stream_tests!(STREAM, expected());
+    crate::recorded_stream_tests!(STREAM, expected());
 
     #[test]
     fn usage_without_cache_fields_leaves_them_absent() {

@@ -8,9 +8,9 @@
 
 use std::borrow::Cow;
 
-use crate::protocol::{Block, Request, Role};
-use crate::provider::json::JsonWriter;
-use crate::provider::{size_hint, Aliases, Rendered};
+use crate::json::JsonWriter;
+use crate::{size_hint, Aliases, Rendered};
+use broca_protocol::{Block, Request, Role};
 
 /// The output cap sent when the run sets none: the API requires one, and every current
 /// model accepts this many.
@@ -66,7 +66,7 @@ fn safe_id(id: &str) -> Cow<'_, str> {
 
 /// The blocks of `m` the API takes, as rendered.
 fn blocks<'a>(
-    m: &'a crate::protocol::Message,
+    m: &'a broca_protocol::Message,
     aliases: &'a Aliases,
 ) -> impl Iterator<Item = WBlock<'a>> + 'a {
     m.content.iter().filter_map(move |b| match b {
@@ -149,7 +149,7 @@ fn write_block(w: &mut JsonWriter, b: &WBlock<'_>, cache: bool) {
 pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
     // Messages with nothing the API takes are left out; the last one kept carries the
     // cache breakpoint on its last block.
-    let kept = |m: &&std::sync::Arc<crate::protocol::Message>| blocks(m, aliases).next().is_some();
+    let kept = |m: &&std::sync::Arc<broca_protocol::Message>| blocks(m, aliases).next().is_some();
     let last = req.messages.iter().rposition(|m| kept(&m));
     let g = &req.generation;
     let mut w = JsonWriter::with_capacity(size_hint(req));
@@ -192,7 +192,7 @@ pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
         }
         w.end_array();
     }
-    crate::provider::json::sampling(&mut w, g, Some("stop_sequences"));
+    crate::json::sampling(&mut w, g, Some("stop_sequences"));
     w.key("stream").bool(true).end_object();
     Rendered {
         path: "/v1/messages".into(),
@@ -208,7 +208,7 @@ pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provider::sample_request;
+    use crate::sample_request;
 
     #[test]
     fn the_sample_renders_to_the_documented_shape_byte_for_byte() {

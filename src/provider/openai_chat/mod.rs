@@ -4,8 +4,8 @@
 pub mod normalize;
 pub mod render;
 
-use crate::protocol::{ErrorClass, Request};
-use crate::provider::{Aliases, AuthContext, Rendered, StreamNormalizer, WireFamily};
+use crate::{Aliases, AuthContext, Rendered, StreamNormalizer, WireFamily};
+use broca_protocol::{ErrorClass, Request};
 
 /// The family.
 pub struct Family;
@@ -42,7 +42,7 @@ pub(crate) fn bearer(rendered: &mut Rendered, secret: &str) {
 
 /// The class an OpenAI error body gives (by its code and type).
 pub(crate) fn classify_openai_body(body: &[u8]) -> Option<(ErrorClass, String)> {
-    let e = crate::provider::error_body(body)?;
+    let e = crate::error_body(body)?;
     let class = normalize::classify(e.kind.as_deref(), e.code.as_deref());
     let label = e.code.or(e.kind).unwrap_or_else(|| "error".into());
     Some((class, format!("{label}: {}", e.message)))

@@ -4,9 +4,9 @@
 
 use serde::Deserialize;
 
-use crate::protocol::{ClassifiedError, ErrorClass, FinishReason, StreamEvent, Usage};
-use crate::provider::scan::Cursor;
-use crate::provider::{Aliases, Normalized};
+use crate::scan::Cursor;
+use crate::{Aliases, Normalized};
+use broca_protocol::{ClassifiedError, ErrorClass, FinishReason, StreamEvent, Usage};
 
 #[derive(Deserialize)]
 struct Chunk {
@@ -85,7 +85,7 @@ struct WireError {
     code: Option<serde_json::Value>,
 }
 
-crate::provider::normalizer_constructors!(Normalizer);
+crate::normalizer_constructors!(Normalizer);
 
 /// The state of one streamed completion.
 #[derive(Debug, Default)]
@@ -116,7 +116,7 @@ pub fn classify(kind: Option<&str>, code: Option<&str>) -> ErrorClass {
     }
 }
 
-impl crate::provider::StreamNormalizer for Normalizer {
+impl crate::StreamNormalizer for Normalizer {
     /// Normalizes one event's data. `[DONE]` ends the stream: the finish reason seen earlier
     /// is emitted then, after the usage chunk that comes between.
     fn push(&mut self, _event: Option<&str>, data: &str) -> Result<Normalized, String> {
@@ -315,7 +315,7 @@ impl Normalizer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provider::StreamNormalizer;
+    use crate::StreamNormalizer;
 
     const STREAM: &str = "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}],\"usage\":null}\n\n\
 data: {\"id\":\"chatcmpl-1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi \\u00e9\"},\"finish_reason\":null}],\"usage\":null}\n\n\
@@ -327,7 +327,7 @@ data: {\"id\":\"chatcmpl-1\",\"choices\":[],\"usage\":{\"prompt_tokens\":30,\"co
 data: [DONE]\n\n";
 
     fn normalize(chunks: &[&[u8]]) -> Vec<StreamEvent> {
-        crate::provider::normalize_chunks(&super::super::Family, &Aliases::default(), chunks)
+        crate::normalize_chunks(&super::super::Family, &Aliases::default(), chunks)
     }
 
     fn expected() -> Vec<StreamEvent> {
@@ -361,7 +361,7 @@ data: [DONE]\n\n";
         ]
     }
 
-    crate::provider::recorded_stream_tests!(STREAM, expected());
+    crate::recorded_stream_tests!(STREAM, expected());
 
     #[test]
     fn a_reused_envelope_never_hides_a_changed_value() {

@@ -2,9 +2,9 @@
 //! become `tool` messages right after the assistant message that called them; thinking is
 //! not sent back (the API takes none); usage is asked for with `stream_options`.
 
-use crate::protocol::{Block, Request, Role};
-use crate::provider::json::JsonWriter;
-use crate::provider::{size_hint, Aliases, Rendered};
+use crate::json::JsonWriter;
+use crate::{size_hint, Aliases, Rendered};
+use broca_protocol::{Block, Request, Role};
 
 fn content(w: &mut JsonWriter, texts: &[&str]) {
     match texts {
@@ -127,7 +127,7 @@ pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
     if let Some(n) = g.max_output_tokens {
         w.key("max_completion_tokens").u64(n);
     }
-    crate::provider::json::sampling(&mut w, g, Some("stop"));
+    crate::json::sampling(&mut w, g, Some("stop"));
     w.key("stream")
         .bool(true)
         .key("stream_options")
@@ -149,7 +149,7 @@ pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provider::sample_request;
+    use crate::sample_request;
 
     #[test]
     fn the_sample_renders_to_the_documented_shape_byte_for_byte() {

@@ -7,8 +7,8 @@ pub mod render;
 
 use broca_io::net::Scheme;
 
-use crate::protocol::{ErrorClass, Request};
-use crate::provider::{Aliases, AuthContext, Framing, Rendered, StreamNormalizer, WireFamily};
+use crate::{Aliases, AuthContext, Framing, Rendered, StreamNormalizer, WireFamily};
+use broca_protocol::{ErrorClass, Request};
 
 /// The family.
 pub struct Family;

@@ -4,9 +4,9 @@
 
 use serde::Deserialize;
 
-use crate::protocol::{ClassifiedError, FinishReason, StreamEvent, Usage};
-use crate::provider::scan;
-use crate::provider::{Aliases, Normalized};
+use crate::scan;
+use crate::{Aliases, Normalized};
+use broca_protocol::{ClassifiedError, FinishReason, StreamEvent, Usage};
 
 #[derive(Deserialize)]
 #[serde(tag = "type")]
@@ -37,7 +37,7 @@ enum Wire {
         #[serde(default)]
         message: String,
         #[serde(default)]
-        error: Option<crate::provider::ErrorBody>,
+        error: Option<crate::ErrorBody>,
     },
     #[serde(other)]
     Other,
@@ -54,7 +54,7 @@ struct WireResponse {
     #[serde(default)]
     incomplete_details: Option<Incomplete>,
     #[serde(default)]
-    error: Option<crate::provider::ErrorBody>,
+    error: Option<crate::ErrorBody>,
 }
 
 #[derive(Deserialize)]
@@ -94,7 +94,7 @@ struct OutputDetails {
     reasoning_tokens: Option<u64>,
 }
 
-crate::provider::normalizer_constructors!(Normalizer);
+crate::normalizer_constructors!(Normalizer);
 
 /// The state of one streamed response.
 #[derive(Debug, Default)]
@@ -107,7 +107,7 @@ pub struct Normalizer {
 }
 
 fn error(code: Option<&str>, kind: Option<&str>, message: &str) -> Normalized {
-    let class = crate::provider::openai_chat::normalize::classify(kind, code);
+    let class = crate::openai_chat::normalize::classify(kind, code);
     Normalized::Error(ClassifiedError {
         class,
         message: format!("{}: {message}", code.or(kind).unwrap_or("error")),
@@ -149,7 +149,7 @@ fn fast_path(data: &str) -> Option<Normalized> {
     Some(Normalized::Events(vec![ev]))
 }
 
-impl crate::provider::StreamNormalizer for Normalizer {
+impl crate::StreamNormalizer for Normalizer {
     fn push(&mut self, _event: Option<&str>, data: &str) -> Result<Normalized, String> {
         if !self.full_only {
             if let Some(fast) = fast_path(data) {
@@ -223,7 +223,7 @@ impl crate::provider::StreamNormalizer for Normalizer {
                 });
             }
             Wire::Failed { response } => {
-                let e = response.error.unwrap_or(crate::provider::ErrorBody {
+                let e = response.error.unwrap_or(crate::ErrorBody {
                     kind: None,
                     message: "the response failed".into(),
                     code: None,
@@ -248,8 +248,8 @@ impl crate::provider::StreamNormalizer for Normalizer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::ErrorClass;
-    use crate::provider::StreamNormalizer;
+    use crate::StreamNormalizer;
+    use broca_protocol::ErrorClass;
 
     /// The event sequence the Responses API documents for reasoning, text and a function
     /// call, with usage details in the final response.
@@ -308,7 +308,7 @@ data: {\"type\":\"response.completed\",\"sequence_number\":10,\"response\":{\"id
         ]
     }
 
-    crate::provider::recorded_stream_tests!(STREAM, expected());
+    crate::recorded_stream_tests!(STREAM, expected());
 
     #[test]
     fn incomplete_responses_and_missing_usage() {

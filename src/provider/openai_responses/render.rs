@@ -3,9 +3,9 @@
 //! stored on the provider's side (`store: false`). Thinking is not sent back, and the API has
 //! no stop sequences.
 
-use crate::protocol::{Block, Request, Role};
-use crate::provider::json::JsonWriter;
-use crate::provider::{size_hint, Aliases, Rendered};
+use crate::json::JsonWriter;
+use crate::{size_hint, Aliases, Rendered};
+use broca_protocol::{Block, Request, Role};
 
 /// Renders the request.
 pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
@@ -93,7 +93,7 @@ pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
     if let Some(n) = g.max_output_tokens {
         w.key("max_output_tokens").u64(n);
     }
-    crate::provider::json::sampling(&mut w, g, None);
+    crate::json::sampling(&mut w, g, None);
     w.key("store")
         .bool(false)
         .key("stream")
@@ -121,7 +121,7 @@ pub fn websocket_message(rendered: &Rendered) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provider::sample_request;
+    use crate::sample_request;
 
     #[test]
     fn the_sample_renders_to_the_documented_shape_byte_for_byte() {

@@ -18,7 +18,7 @@ use super::{
     classify, initialize_params, list_tools, notification, request, Answer, CallError, Incoming,
     McpTool, Slots, PROTOCOL_VERSION,
 };
-use crate::tools::config::{ServerConfig, Transport};
+use crate::config::{ServerConfig, Transport};
 
 /// The largest answer body broca reads from a tool server.
 const BODY_BYTES_MAX: usize = 64 * 1024 * 1024;

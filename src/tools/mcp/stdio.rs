@@ -22,7 +22,7 @@ use super::{
     answer_server_request, classify, initialize_params, list_tools, notification, request, Answer,
     CallError, Incoming, McpTool, Slots,
 };
-use crate::tools::config::{ServerConfig, Transport};
+use crate::config::{ServerConfig, Transport};
 
 /// A line from the server longer than this is not a message broca accepts: the server is
 /// stopped (a result that large is far past any tool-result limit).

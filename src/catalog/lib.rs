@@ -99,8 +99,7 @@ impl Catalog {
                     p.id
                 ));
             }
-            broca_io::net::Url::parse(&p.base_url)
-                .map_err(|e| format!("provider `{}`: {e}", p.id))?;
+            check_base_url(&p.base_url).map_err(|e| format!("provider `{}`: {e}", p.id))?;
         }
         for m in &c.models {
             if m.model.is_empty() {
@@ -202,6 +201,27 @@ impl Catalog {
             prices: listed.and_then(|m| m.prices.clone()),
         })
     }
+}
+
+/// A base URL's shape: `scheme://host[:port][/prefix]` with a scheme broca speaks (the
+/// transport parses it fully when it connects).
+fn check_base_url(url: &str) -> Result<(), String> {
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| format!("base URL `{url}` has no scheme://"))?;
+    if !matches!(scheme, "http" | "https" | "ws" | "wss") {
+        return Err(format!(
+            "base URL `{url}`: scheme `{scheme}` is not http(s) or ws(s)"
+        ));
+    }
+    let host = rest.split(['/', '?', '#']).next().unwrap_or("");
+    if host.is_empty() || host.contains(char::is_whitespace) {
+        return Err(format!("base URL `{url}` has no host"));
+    }
+    if rest.contains(['?', '#']) {
+        return Err(format!("base URL `{url}` has a query or fragment"));
+    }
+    Ok(())
 }
 
 /// The longest `PROVIDER/MODEL` admission takes.

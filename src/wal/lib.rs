@@ -1,5 +1,6 @@
-//! The per-session write-ahead log: file header, record framing, record kinds, recovery,
-//! the lease-holding writer, and `wal verify|dump`. The byte format and the recovery case table
+//! The per-session write-ahead log's format: file header, record framing, record kinds,
+//! recovery, paged reads, and `wal verify|dump`, with plain reads only (the lease-holding
+//! writer is broca-wal-writer, on broca-io's durable log). The byte format and the recovery case table
 //! are in docs/wal-format.md.
 
 pub mod address;
@@ -10,7 +11,6 @@ pub mod record;
 pub mod recovery;
 pub mod runrec;
 pub mod verify;
-pub mod writer;
 
 use std::fmt;
 use std::path::PathBuf;
@@ -19,7 +19,6 @@ pub use address::{SessionAddr, SessionTriple};
 pub use header::{HeaderError, WalHeader};
 pub use record::Record;
 pub use recovery::{scan, FrameInfo, Scan, Verdict};
-pub use writer::{Recovered, WalWriter};
 
 /// What went wrong with a WAL. Every variant names the file; corruption names the offset.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,8 +43,8 @@ pub enum WalError {
     LeaseHeld { path: PathBuf },
     /// This writer's lease was taken over; it may not write.
     LeaseStale { path: PathBuf },
-    /// The durable log refused or failed an operation.
-    Log(broca_io::LogError),
+    /// The durable log refused or failed an operation (what it said).
+    Log(String),
     /// A record too large to frame.
     TooLarge { path: PathBuf, bytes: usize },
 }
@@ -99,12 +98,3 @@ impl fmt::Display for WalError {
 }
 
 impl std::error::Error for WalError {}
-
-impl From<broca_io::LogError> for WalError {
-    fn from(e: broca_io::LogError) -> WalError {
-        match e {
-            broca_io::LogError::Stale { path } => WalError::LeaseStale { path },
-            other => WalError::Log(other),
-        }
-    }
-}

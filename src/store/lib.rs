@@ -24,9 +24,9 @@ use heed::types::Bytes;
 use heed::{Database, Env, EnvOpenOptions};
 use serde::{Deserialize, Serialize};
 
-use crate::core::usage::{FactDeriver, SpendFact};
-use crate::core::Session;
-use crate::protocol::{Message, Usage};
+use broca_core::usage::{FactDeriver, SpendFact};
+use broca_core::Session;
+use broca_protocol::{Message, Usage};
 
 /// The store's format; another one is rebuilt.
 const FORMAT: &str = "broca-store-1";
@@ -125,10 +125,7 @@ impl Store {
         let store = match Store::open_dir(&dir) {
             Ok(s) => s,
             Err(why) => {
-                let aside = state_dir.join(format!(
-                    "store.unusable-{}",
-                    crate::core::machine::now_unix_ms()
-                ));
+                let aside = state_dir.join(format!("store.unusable-{}", now_unix_ms()));
                 std::fs::rename(&dir, &aside).map_err(|e| {
                     format!(
                         "store {} is unusable ({why}) and cannot be moved aside: {e}",
@@ -183,7 +180,7 @@ impl Store {
     }
 
     fn open_dir(dir: &Path) -> Result<Store, String> {
-        crate::owner_only::create_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        broca_owner_only::create_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let data = dir.join("data.mdb");
         let existed = data.exists();
         // SAFETY: the store's files are used by broca alone; LMDB's own lock file coordinates
@@ -303,7 +300,7 @@ impl Store {
     /// The session's fresh projection when the store is behind its WAL, and the bytes read.
     fn behind(&self, path: &Path) -> Result<(Option<Projection>, u64), String> {
         let Some((bytes, scan)) =
-            crate::wal::verify::read_and_scan_if_any(path).map_err(|e| e.to_string())?
+            broca_wal::verify::read_and_scan_if_any(path).map_err(|e| e.to_string())?
         else {
             return Ok((None, 0));
         };
@@ -443,7 +440,7 @@ impl Store {
         let mut seen = std::collections::HashSet::new();
         for path in wal_files(wal_dir)? {
             let Some((bytes, scan)) =
-                crate::wal::verify::read_and_scan_if_any(&path).map_err(|e| e.to_string())?
+                broca_wal::verify::read_and_scan_if_any(&path).map_err(|e| e.to_string())?
             else {
                 continue;
             };
@@ -548,7 +545,7 @@ impl Store {
 }
 
 /// Computes a session's projections from its scanned WAL.
-pub fn project(scan: &crate::wal::Scan, bytes: &[u8]) -> Result<Projection, String> {
+pub fn project(scan: &broca_wal::Scan, bytes: &[u8]) -> Result<Projection, String> {
     let decoded = scan
         .decode(bytes)
         .map_err(|(offset, why)| format!("at offset {offset}: {why}"))?;
@@ -564,7 +561,7 @@ pub fn project(scan: &crate::wal::Scan, bytes: &[u8]) -> Result<Projection, Stri
         .records
         .iter()
         .filter_map(|(_, r)| match r {
-            crate::wal::Record::RunStarted(s) => Some((s.run_id.clone(), s.at_unix_ms)),
+            broca_wal::Record::RunStarted(s) => Some((s.run_id.clone(), s.at_unix_ms)),
             _ => None,
         })
         .collect();
@@ -573,8 +570,8 @@ pub fn project(scan: &crate::wal::Scan, bytes: &[u8]) -> Result<Projection, Stri
         .records
         .iter()
         .filter_map(|(_, r)| match r {
-            crate::wal::Record::RunFinished(f) => f.at_unix_ms.map(|t| (f.run_id.clone(), t)),
-            crate::wal::Record::RunPaused(p) => p.at_unix_ms.map(|t| (p.run_id.clone(), t)),
+            broca_wal::Record::RunFinished(f) => f.at_unix_ms.map(|t| (f.run_id.clone(), t)),
+            broca_wal::Record::RunPaused(p) => p.at_unix_ms.map(|t| (p.run_id.clone(), t)),
             _ => None,
         })
         .collect();
@@ -596,7 +593,7 @@ pub fn project(scan: &crate::wal::Scan, bytes: &[u8]) -> Result<Projection, Stri
             usage: v.usage,
             started_unix_ms: started.get(&v.run_id).copied().unwrap_or(0),
             ended_unix_ms: match v.state {
-                crate::core::replay::RunState::Active => None,
+                broca_core::replay::RunState::Active => None,
                 _ => ended.get(&v.run_id).copied(),
             },
             started_seq: v.started_seq,
@@ -664,9 +661,8 @@ fn state_id(state_dir: &Path) -> Result<String, String> {
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut raw))
         .map_err(|e| format!("/dev/urandom: {e}"))?;
     let id = hex(&raw);
-    crate::owner_only::create_dir(state_dir)
-        .map_err(|e| format!("{}: {e}", state_dir.display()))?;
-    crate::owner_only::write_file(&path, id.as_bytes())
+    broca_owner_only::create_dir(state_dir).map_err(|e| format!("{}: {e}", state_dir.display()))?;
+    broca_owner_only::write_file(&path, id.as_bytes())
         .map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(id)
 }
@@ -695,83 +691,8 @@ fn json<T: Serialize + ?Sized>(v: &T) -> Vec<u8> {
     serde_json::to_vec(v).expect("store values serialize")
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::module::scripted::{CountingTools, Script, ScriptedModel};
-    use crate::module::session::SessionActor;
-    use crate::wal::SessionTriple;
-    use broca_io::{Committer, LogConfig};
-    use std::rc::Rc;
-
-    /// Two runs of a scripted session (the second one repeats the first's send_id).
-    fn session_wal(dir: &Path) -> PathBuf {
-        let t = SessionTriple::new("/store", "unit", "s").unwrap();
-        broca_shards::run_local(async {
-            let mut a = SessionActor::open(
-                dir,
-                &t,
-                Rc::new(ScriptedModel::new(Script::default())),
-                Rc::new(CountingTools::default()),
-                CountingTools::specs(&["echo"]),
-                LogConfig::default(),
-                Committer::default(),
-            )
-            .await
-            .unwrap();
-            for (prompt, send_id) in [("one", "k1"), ("two", "k2")] {
-                let req = crate::core::SendRequest {
-                    prompt: prompt.into(),
-                    model: "scripted/unit".into(),
-                    send_id: Some(send_id.into()),
-                    max_steps: Some(6),
-                    ..Default::default()
-                };
-                a.send(&req).await.unwrap();
-                a.run_admitted().await.unwrap();
-            }
-            a.close().await.unwrap();
-        })
-        .unwrap();
-        crate::wal::writer::wal_path(dir, &t)
-    }
-
-    #[test]
-    fn a_session_projects_its_runs_checkpoints_facts_and_transcript() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(dir.path().join("wal")).unwrap();
-        let wal = session_wal(&dir.path().join("wal"));
-        let (bytes, scan) = crate::wal::verify::read_and_scan(&wal).unwrap();
-        let p = project(&scan, &bytes).unwrap();
-        assert_eq!(p.runs.len(), 2);
-        for r in &p.runs {
-            assert_ne!(r.state, "active");
-            assert!(r.ended_unix_ms.unwrap() >= r.started_unix_ms, "{r:?}");
-            assert!(r.steps >= 1);
-            assert_eq!(r.provider, "scripted");
-        }
-        let ids: Vec<&str> = p.admission.iter().map(|(k, _)| k.as_str()).collect();
-        assert_eq!(ids, ["k1", "k2"]);
-        assert_eq!(p.admission[0].1.run_id, p.runs[0].run_id);
-        let steps: u32 = p.runs.iter().map(|r| r.steps).sum();
-        assert!(
-            p.facts.len() as u32 >= steps,
-            "a fact per step (and per failed attempt)"
-        );
-        assert_eq!(p.mark.messages as usize, p.transcript.len());
-        assert_eq!(p.mark.last_seq, scan.frames.last().unwrap().seq);
-
-        // Written and read back, the store agrees with the WAL; a second catch-up is a no-op.
-        let (store, notes) = Store::open(dir.path()).unwrap();
-        assert!(notes.is_empty(), "{notes:?}");
-        assert_eq!(store.catch_up(&wal).unwrap().0, true);
-        assert_eq!(store.catch_up(&wal).unwrap().0, false);
-        assert_eq!(
-            store.check(&dir.path().join("wal")).unwrap(),
-            Vec::<String>::new()
-        );
-        let page = store.transcript_page(&p.addr, 1, 2).unwrap();
-        assert_eq!(page.len(), 2);
-        assert_eq!(page[0], *p.transcript[1]);
-    }
+fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }

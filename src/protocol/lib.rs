@@ -2,9 +2,19 @@
 //! stream events, usage and error classes. Providers render from these and normalize into
 //! them; the WAL stores them; nothing here knows a wire format.
 
+pub mod model;
+pub mod schema;
+
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+
+/// Whether `id` is a credential id broca can resolve (`env:`, `file:` or `vault:` and a name):
+/// runs record the id, never a secret.
+pub fn is_credential_id(id: &str) -> bool {
+    matches!(id.split_once(':'), Some(("env" | "file" | "vault", name)) if !name.is_empty()
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c)))
+}
 
 /// A JSON value kept as its raw text (tool arguments): byte-exact as the model produced it,
 /// and cheap to store and replay (one string, no map of allocations).
@@ -346,4 +356,14 @@ mod tests {
 /// For serde: a tool list that is left out when empty.
 pub fn no_tools(tools: &Arc<[ToolSpec]>) -> bool {
     tools.is_empty()
+}
+
+/// Prompt caching policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CachePolicy {
+    /// Let the renderer mark cache breakpoints where the provider supports them.
+    Auto,
+    /// Never ask for caching.
+    Off,
 }

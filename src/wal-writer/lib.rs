@@ -1,5 +1,5 @@
-//! The lease-holding WAL writer. One writer per WAL across threads and processes: an exclusive
-//! `flock` on the file, plus a lease epoch recorded in the log (every frame carries it, and a
+//! broca-wal-writer: the lease-holding WAL writer, on broca-io's durable log. One writer per
+//! WAL across threads and processes: an exclusive `flock` on the file, plus a lease epoch recorded in the log (every frame carries it, and a
 //! `lease_acquired` record opens each epoch) and a fence that refuses to write through a path
 //! that another writer has replaced.
 
@@ -12,11 +12,20 @@ use broca_io::fs::sync_dir;
 use broca_io::log::OpenedLog;
 use broca_io::{Committer, LogConfig, LogFile};
 
-use super::frame::{write_frame, FRAME_HEADER_BYTES, PAYLOAD_BYTES_MAX};
-use super::header::{HeaderError, WalHeader};
-use super::record::{LeaseAcquired, Record, TailCut};
-use super::recovery::{Scan, Verdict};
-use super::{SessionTriple, WalError};
+use broca_io::LogError;
+use broca_wal::frame::{write_frame, FRAME_HEADER_BYTES, PAYLOAD_BYTES_MAX};
+use broca_wal::header::{HeaderError, WalHeader};
+use broca_wal::record::{LeaseAcquired, Record, TailCut};
+use broca_wal::recovery::{Scan, Verdict};
+use broca_wal::{SessionTriple, WalError};
+
+/// What the durable log said, as a WAL error.
+fn log_err(e: LogError) -> WalError {
+    match e {
+        LogError::Stale { path } => WalError::LeaseStale { path },
+        other => WalError::Log(other.to_string()),
+    }
+}
 
 /// What a writer found when it opened the log.
 #[derive(Debug)]
@@ -94,20 +103,23 @@ impl WalWriter {
                 .created(&path)
                 .map_err(io("note in the power-loss ledger"))?;
         }
-        let opened = OpenedLog::open(&path, cfg, committer).await?;
-        if !opened.try_lock()? {
-            opened.close().await?;
+        let opened = OpenedLog::open(&path, cfg, committer)
+            .await
+            .map_err(log_err)?;
+        if !opened.try_lock().map_err(log_err)? {
+            opened.close().await.map_err(log_err)?;
             return Err(WalError::LeaseHeld { path });
         }
-        let bytes = opened.read_all().await?;
+        let bytes = opened.read_all().await.map_err(log_err)?;
 
-        let (log, header, scan, cut) = match super::scan(&bytes) {
+        let (log, header, scan, cut) = match broca_wal::scan(&bytes) {
             Err(HeaderError::Empty | HeaderError::Uninitialized) => {
                 // Nothing was ever acknowledged in this file: give it its header now.
                 let header = WalHeader::new(triple.clone(), now_unix_ms());
                 let log = opened
                     .initialize(&header.encode(), header.data_offset)
-                    .await?;
+                    .await
+                    .map_err(log_err)?;
                 // The directory entry must be durable before anything in the file is.
                 sync_dir(dir).map_err(io("fsync directory"))?;
                 if let Some(p) = &power_loss {
@@ -148,14 +160,19 @@ impl WalWriter {
                         })
                     }
                 };
-                let log = opened.position(scan.end, &bytes).await?;
+                let log = opened.position(scan.end, &bytes).await.map_err(log_err)?;
                 (log, scan.header.clone(), Some(scan), cut)
             }
         };
         let epoch_max = scan.as_ref().map_or(0, |s| s.epoch_max);
-        let epoch = epoch_max
-            .checked_add(1)
-            .expect("fewer than 2^32 leases per WAL");
+        // A value read from disk: at its maximum, the file is refused rather than wrapped.
+        let Some(epoch) = epoch_max.checked_add(1) else {
+            return Err(WalError::Corrupt {
+                path,
+                offset: scan.as_ref().map_or(0, |s| s.end),
+                reason: format!("the lease epoch is {epoch_max}, the largest there is"),
+            });
+        };
         let next_seq = scan.as_ref().map_or(1, Scan::next_seq);
         let mut writer = WalWriter {
             path,
@@ -217,7 +234,8 @@ impl WalWriter {
             .append_with(FRAME_HEADER_BYTES + payload.len(), |buf, synced_end| {
                 write_frame(buf, seq, tag, synced_end, epoch, kind, payload)
             })
-            .await?;
+            .await
+            .map_err(log_err)?;
         self.next_seq += 1;
         Ok(Appended { seq, end })
     }
@@ -236,12 +254,11 @@ impl WalWriter {
 
     /// Waits until everything up to `end` is durable.
     pub async fn wait_durable(&self, end: u64) -> Result<(), WalError> {
-        Ok(self.log.wait_durable(end).await?)
+        self.log.wait_durable(end).await.map_err(log_err)
     }
 
     /// Makes every append durable, closes the file and releases the lease.
     pub async fn close(self) -> Result<(), WalError> {
-        self.log.close().await?;
-        Ok(())
+        self.log.close().await.map_err(log_err)
     }
 }

@@ -2,6 +2,7 @@
 //! commands in order and driving the run loop's state machine with real I/O (the WAL, the
 //! model client, the tools).
 
+pub mod catalog_service;
 pub mod crash;
 pub mod scripted;
 pub mod serve;
@@ -10,28 +11,8 @@ pub mod standalone;
 
 use std::future::Future;
 
-use crate::protocol::{ClassifiedError, Request, StreamEvent, ToolCall, Usage};
-
-/// A failed model attempt, classified where it arose.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Failure {
-    pub error: ClassifiedError,
-    pub usage: Option<Usage>,
-}
-
-/// Calls a model: opens a stream of canonical events for a request.
-pub trait ModelClient: 'static {
-    type Stream: ModelStream;
-    /// Starts the call. An error here is a failed attempt before any output.
-    fn open(&self, request: &Request) -> impl Future<Output = Result<Self::Stream, Failure>>;
-}
-
-/// One model call's canonical events.
-pub trait ModelStream {
-    /// The next event; `None` when the step ended normally; `Some(Err)` when the attempt
-    /// failed (its partial output is dropped).
-    fn next(&mut self) -> impl Future<Output = Option<Result<StreamEvent, Failure>>>;
-}
+pub use broca_protocol::model::{Failure, ModelClient, ModelStream};
+use broca_protocol::ToolCall;
 
 /// What became of a dispatched tool call.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,10 +33,10 @@ pub trait ToolRunner: 'static {
 }
 
 /// Tools from the configured MCP servers.
-impl ToolRunner for crate::tools::Router {
+impl ToolRunner for broca_tools::Router {
     async fn call(&self, call: ToolCall, route: String) -> ToolOutcome {
-        use crate::tools::mcp::CallError;
-        match crate::tools::Router::call(self, &call, &route).await {
+        use broca_tools::mcp::CallError;
+        match broca_tools::Router::call(self, &call, &route).await {
             Ok(text) => ToolOutcome::Done {
                 content: text.content,
                 is_error: text.is_error,
@@ -80,4 +61,37 @@ impl ToolRunner for NoTools {
             reason: format!("no tool `{}` is configured", call.name),
         }
     }
+}
+
+/// Writes a line to stdout, ignoring failures: a closed or broken stdout must never take a
+/// daemon down (`println!` panics on a broken pipe).
+#[macro_export]
+macro_rules! outln {
+    () => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout());
+    }};
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// Writes to stdout without a newline, ignoring failures (see [`outln!`]).
+#[macro_export]
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// Writes a line to stderr, ignoring failures: a closed stderr must never panic broca
+/// (`eprintln!` does, on a broken pipe).
+#[macro_export]
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
 }

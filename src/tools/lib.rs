@@ -9,7 +9,7 @@
 pub mod config;
 pub mod mcp;
 pub mod result;
-pub mod schema;
+pub use broca_protocol::schema;
 
 use std::rc::Rc;
 use std::sync::Arc;
@@ -17,7 +17,7 @@ use std::sync::Arc;
 use broca_io::net::HttpClient;
 use serde_json::Value;
 
-use crate::protocol::{ToolCall, ToolSpec};
+use broca_protocol::{ToolCall, ToolSpec};
 use config::{ToolsConfig, Transport};
 use mcp::http::HttpServer;
 use mcp::stdio::StdioServer;

@@ -19,7 +19,7 @@ pub mod transport;
 
 pub use alias::Aliases;
 
-use crate::protocol::{ClassifiedError, ErrorClass, Request, StreamEvent};
+use broca_protocol::{ClassifiedError, ErrorClass, Request, StreamEvent};
 
 /// What a normalizer makes of one wire event.
 #[derive(Debug, Clone, PartialEq)]
@@ -152,7 +152,7 @@ pub(crate) fn error_body(body: &[u8]) -> Option<ErrorBody> {
 
 /// About how many bytes `req` renders to (a little more, for escapes and field names).
 pub(crate) fn size_hint(req: &Request) -> usize {
-    use crate::protocol::Block;
+    use broca_protocol::Block;
     let blocks: usize = req
         .messages
         .iter()
@@ -252,7 +252,7 @@ macro_rules! recorded_stream_tests {
     ($stream:expr, $expected:expr) => {
         #[test]
         fn the_fast_path_agrees_with_the_full_parse() {
-            crate::provider::assert_fast_path_agrees(
+            crate::assert_fast_path_agrees(
                 $stream.as_bytes(),
                 Normalizer::default(),
                 Normalizer::full_only(),
@@ -261,7 +261,7 @@ macro_rules! recorded_stream_tests {
 
         #[test]
         fn a_recorded_stream_normalizes_at_every_byte_boundary() {
-            crate::provider::assert_every_split(
+            crate::assert_every_split(
                 &super::super::Family,
                 &Aliases::default(),
                 $stream.as_bytes(),
@@ -308,7 +308,7 @@ pub(crate) fn assert_fast_path_agrees(
 /// an alias), and a transcript with text, thinking, a tool call and its result.
 #[cfg(test)]
 pub(crate) fn sample_request() -> Request {
-    use crate::protocol::{Block, Generation, Json, Message, Role, ToolSpec};
+    use broca_protocol::{Block, Generation, Json, Message, Role, ToolSpec};
     Request {
         provider: "x".into(),
         model: "m-1".into(),

@@ -9,6 +9,7 @@ pub mod project;
 pub mod replay;
 pub mod stream;
 pub mod usage;
+pub mod views;
 
 pub use admission::{admit, Admitted, Refusal, SendRequest};
 pub use machine::{Command, Event, Outcome, ResumePoint, RunMachine};

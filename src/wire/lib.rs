@@ -2,10 +2,13 @@
 //! serve surface adds its requests and refusals). Field names follow ../CONTRACT.md; optional
 //! fields are omitted when absent.
 
+mod send;
+
+pub use send::{Budget, Refusal, SendRequest};
+
 use serde::Serialize;
 
-use crate::core::replay::{RunState, RunView};
-use crate::protocol::{ClassifiedError, Usage};
+use broca_protocol::{ClassifiedError, Usage};
 
 /// An error as replies carry it: its class and message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -54,30 +57,6 @@ pub struct RunResult {
 }
 
 impl RunResult {
-    /// The reply for a run as the WAL tells it.
-    pub fn of(run: &RunView) -> RunResult {
-        let (reason, detail) = match run.state {
-            RunState::Active => (None, None),
-            // A paused run's detail is its pause reason code.
-            RunState::Paused => (run.detail.clone(), None),
-            RunState::Finished(kind) => (Some(kind.as_str().to_string()), run.detail.clone()),
-        };
-        RunResult {
-            run_id: run.run_id.clone(),
-            state: run.state.as_str(),
-            reason,
-            detail,
-            error: run.error.as_ref().map(ErrorReply::from),
-            final_message: run
-                .final_text
-                .clone()
-                .filter(|t| !t.is_empty())
-                .map(|text| FinalMessage { text }),
-            usage: run.usage,
-            indeterminate_tool_calls: run.indeterminate_tool_calls.clone(),
-        }
-    }
-
     /// Whether the run completed (the standalone runner's exit 0).
     pub fn completed(&self) -> bool {
         self.state == "completed"
@@ -110,7 +89,7 @@ impl RunResult {
 pub struct RpcError {
     pub status: u16,
     pub code: &'static str,
-    pub class: crate::protocol::ErrorClass,
+    pub class: broca_protocol::ErrorClass,
     pub message: String,
 }
 
@@ -120,7 +99,7 @@ impl RpcError {
         RpcError {
             status,
             code,
-            class: crate::protocol::ErrorClass::Permanent,
+            class: broca_protocol::ErrorClass::Permanent,
             message: message.into(),
         }
     }
@@ -130,15 +109,14 @@ impl RpcError {
         RpcError {
             status,
             code,
-            class: crate::protocol::ErrorClass::Transient,
+            class: broca_protocol::ErrorClass::Transient,
             message: message.into(),
         }
     }
 
     /// The error for a refused send.
-    pub fn refusal(r: &crate::core::admission::Refusal) -> RpcError {
+    pub fn refusal(r: &Refusal) -> RpcError {
         let message = r.message();
-        use crate::core::admission::Refusal;
         match r {
             Refusal::InvalidParams(_) => RpcError::permanent(400, r.code(), message),
             Refusal::ShuttingDown => RpcError::transient(503, r.code(), message),
@@ -171,23 +149,6 @@ pub struct SendAnswer {
     pub reason: Option<String>,
 }
 
-impl SendAnswer {
-    /// The answer for the run a send started or named.
-    pub fn of(run: &RunView) -> SendAnswer {
-        let r = RunResult::of(run);
-        let state = match run.state {
-            RunState::Active => "active",
-            RunState::Paused => "paused",
-            RunState::Finished(_) => "finished",
-        };
-        SendAnswer {
-            state,
-            run_id: r.run_id,
-            reason: r.reason,
-        }
-    }
-}
-
 /// The `run.status` reply.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RunStatus {
@@ -199,23 +160,11 @@ pub struct RunStatus {
     pub error: Option<ErrorReply>,
 }
 
-impl RunStatus {
-    pub fn of(run: &RunView) -> RunStatus {
-        RunStatus {
-            run_id: run.run_id.clone(),
-            state: run.state.as_str(),
-            usage: run.usage,
-            indeterminate_tool_calls: run.indeterminate_tool_calls.clone(),
-            error: run.error.as_ref().map(ErrorReply::from),
-        }
-    }
-}
-
 /// One message of a `session.read` page.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ReadMessage<'a> {
     pub ordinal: u64,
-    pub message: &'a crate::protocol::Message,
+    pub message: &'a broca_protocol::Message,
 }
 
 /// The `session.read` reply.

@@ -1,0 +1,91 @@
+//! The `session.send` request and why a send is refused (the refusal codes of the contract).
+
+use serde::{Deserialize, Serialize};
+
+/// A send's parameters (management `session.send`, or `broca run`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SendRequest {
+    pub prompt: String,
+    pub model: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system: Option<String>,
+    /// A subset of the configured tools, by name; all of them when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_steps: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Budget>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_limit: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<broca_protocol::Generation>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_policy: Option<broca_protocol::CachePolicy>,
+}
+
+/// A run's budget.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Budget {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_total_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost_micros: Option<u64>,
+}
+
+/// Why a send was refused. Nothing was written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// A parameter is missing, malformed or out of range.
+    InvalidParams(String),
+    /// The send_id was used before with other inputs.
+    SendIdReuse { run_id: String },
+    /// A run of this session is active.
+    SessionBusy { run_id: String },
+    /// Two configured tools share a name the send offers.
+    ToolNameCollision(String),
+    /// The daemon is shutting down.
+    ShuttingDown,
+}
+
+impl Refusal {
+    /// The refusal code of the management surface.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Refusal::InvalidParams(_) => "invalid_params",
+            Refusal::SendIdReuse { .. } => "send_id_reuse",
+            Refusal::SessionBusy { .. } => "session_busy",
+            Refusal::ToolNameCollision(_) => "tool_name_collision",
+            Refusal::ShuttingDown => "shutting_down",
+        }
+    }
+}
+
+impl Refusal {
+    /// What was refused and what to do, without the code (replies carry the code apart).
+    pub fn message(&self) -> String {
+        match self {
+            Refusal::InvalidParams(why) => why.clone(),
+            Refusal::SendIdReuse { run_id } => {
+                format!("this send_id started run {run_id} with other inputs; use a new send_id")
+            }
+            Refusal::SessionBusy { run_id } => {
+                format!("run {run_id} is active; wait for it or cancel it")
+            }
+            Refusal::ToolNameCollision(name) => format!("two tool servers offer `{name}`"),
+            Refusal::ShuttingDown => "broca is stopping; retry later".to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code(), self.message())
+    }
+}

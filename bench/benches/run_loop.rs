@@ -52,10 +52,11 @@ fn one_run() -> u64 {
         "run_bench".into(),
         config(),
         vec![Message::user_text("go").into()],
+        0,
     );
     let mut events = 0u64;
     let mut feed = |m: &mut RunMachine, ev: Event| {
-        m.handle(ev);
+        m.handle(ev, events);
         events += 1;
         let mut durable = false;
         while let Some(cmd) = m.poll_command() {

@@ -34,6 +34,8 @@ pub struct AdmissionContext<'a> {
     /// The id the new run gets.
     pub run_id: String,
     pub now_unix_ms: u64,
+    /// The catalog the send's model resolves in (a snapshot: admission reads nothing else).
+    pub catalog: &'a catalog::Catalog,
 }
 
 /// The digest of a send's inputs (everything but the send_id).
@@ -88,7 +90,10 @@ pub fn admit(
             req.prompt.len()
         ));
     }
-    let entry = catalog::resolve(&req.model).map_err(Refusal::InvalidParams)?;
+    let entry = ctx
+        .catalog
+        .resolve(&req.model)
+        .map_err(Refusal::InvalidParams)?;
     if let Some(id) = &req.credential_id {
         if !broca_protocol::is_credential_id(id) {
             // Never echo it: a secret pasted where an id belongs must not reach a log.
@@ -182,7 +187,7 @@ fn select_tools(all: &[ToolSpec], wanted: Option<&[String]>) -> Result<Vec<ToolS
 
 /// Whether a run frozen with `config` can be resumed by this build: same renderer version, and
 /// a catalog entry with the same digest. `Err` says what drifted.
-pub fn check_resumable(config: &FrozenConfig) -> Result<(), String> {
+pub fn check_resumable(config: &FrozenConfig, catalog: &catalog::Catalog) -> Result<(), String> {
     if config.renderer_version != catalog::RENDERER_VERSION {
         return Err(format!(
             "resume refused: the run was rendered with renderer version {}, and this build \
@@ -192,7 +197,9 @@ pub fn check_resumable(config: &FrozenConfig) -> Result<(), String> {
         ));
     }
     let spec = format!("{}/{}", config.provider, config.model);
-    let now = catalog::resolve(&spec).map_err(|e| format!("resume refused: {e}"))?;
+    let now = catalog
+        .resolve(&spec)
+        .map_err(|e| format!("resume refused: {e}"))?;
     match &config.catalog {
         // The run keeps its frozen limits and prices; only another wire family is refused.
         Some(frozen) if frozen.provider.family != now.provider.family => Err(format!(

@@ -1,5 +1,6 @@
-//! The run loop's domain logic, sans-IO: admission, the state machine, stream folding and
-//! replay. Nothing here touches a file, a socket or a clock it was not handed.
+//! broca-core: the run loop's domain logic, sans-IO: admission, the state machine, stream
+//! folding, replay, the control lane's projection and usage facts. Nothing here touches a
+//! file, a socket or a clock: time, the catalog and randomness come in from the caller.
 
 pub mod admission;
 pub mod machine;
@@ -12,5 +13,7 @@ pub mod usage;
 pub mod views;
 
 pub use admission::{admit, Admitted, Refusal, SendRequest};
-pub use machine::{Command, Event, Outcome, ResumePoint, RunMachine};
+pub use machine::{
+    Command, Event, Outcome, ResumeFrom, ResumePoint, RunMachine, Timeout, TimeoutKind,
+};
 pub use replay::{RunState, RunView, Session};

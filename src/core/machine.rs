@@ -1,7 +1,10 @@
 //! The run loop as a sans-IO state machine. It takes events (a record durable, a stream event,
-//! a step ended, an attempt failed, a tool result, a timer, cancel, shutdown) and returns
-//! commands (append a record, with or without waiting for durability; call the model; dispatch
-//! tools; arm a timer; finish). The caller performs all I/O and time.
+//! a step ended, an attempt failed, a tool result, cancel, shutdown), each with the time it
+//! happened, and returns commands (append a record, with or without waiting for durability;
+//! call the model; dispatch tools; finish). Time is an input, as in quinn-proto: the machine
+//! reads no clock; [`RunMachine::poll_timeout`] says when it next needs to be told the time
+//! (a retry's backoff ending, a stream that has been silent too long) and
+//! [`RunMachine::handle_timeout`] tells it. The caller performs all I/O and keeps the clock.
 //!
 //! Per model step: StepStarted, the model call, ModelStepFinished. Per tool step: a durable
 //! ToolDispatchIntent (the machine waits for [`Event::Durable`] before it asks for dispatch),
@@ -31,6 +34,28 @@ pub const RETRY_WINDOW_MS: u64 = 60_000;
 const BACKOFF_BASE_MS: u64 = 500;
 const BACKOFF_CAP_MS: u64 = 16_000;
 
+/// A model stream that sends no event for this long is treated as a failed attempt (a
+/// transient one, retried as such): the stall is detected from the times handed in, not by
+/// a clock of the machine's own.
+pub const STREAM_STALL_MS: u64 = 10 * 60 * 1000;
+
+/// When the machine next needs [`RunMachine::handle_timeout`], and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeout {
+    /// The time (Unix ms, as the caller keeps it) at which to call back.
+    pub at_ms: u64,
+    pub kind: TimeoutKind,
+}
+
+/// What a timeout is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeoutKind {
+    /// A failed attempt's backoff ends: the next attempt starts.
+    Backoff,
+    /// The stream in flight has been silent for [`STREAM_STALL_MS`].
+    StreamStall,
+}
+
 /// What happens to the machine.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
@@ -49,8 +74,6 @@ pub enum Event {
     ToolResult(ResultBlock),
     /// A dispatched tool call whose outcome cannot be known (delivered, then lost).
     ToolIndeterminate { call_id: String },
-    /// The timer armed by [`Command::SetTimer`] fired.
-    Timer,
     /// The caller cancelled the run.
     Cancel,
     /// broca is shutting down: seal the run.
@@ -77,8 +100,6 @@ pub enum Command {
     },
     /// A display-lane text delta (lossy, never replayed).
     Display(String),
-    /// Feed [`Event::Timer`] after this long.
-    SetTimer { after_ms: u64 },
     /// The run is over; its terminal record is durable.
     Finish(Outcome),
 }
@@ -130,17 +151,24 @@ pub struct RunMachine {
     cancel_requested: bool,
     acc: StepAccumulator,
     out: VecDeque<Command>,
+    /// The time of the event being handled (Unix ms, as the caller gave it).
+    now_ms: u64,
+    /// When the backoff of a failed attempt ends (in [`Phase::Backoff`]).
+    backoff_until_ms: u64,
+    /// When the stream in flight last produced anything (in [`Phase::Streaming`]).
+    stream_active_ms: u64,
 }
 
 impl RunMachine {
     /// A machine for a freshly admitted run whose RunStarted is durable. `transcript` ends
-    /// with the run's prompt. Starts the first model step.
+    /// with the run's prompt. Starts the first model step at `now_ms`.
     pub fn start(
         run_id: String,
         config: FrozenConfig,
         transcript: Vec<Arc<Message>>,
+        now_ms: u64,
     ) -> RunMachine {
-        let mut m = RunMachine::new(run_id, config, transcript, 0, Usage::default());
+        let mut m = RunMachine::new(run_id, config, transcript, 0, Usage::default(), now_ms);
         m.next_step_or_stop();
         m
     }
@@ -151,8 +179,12 @@ impl RunMachine {
         transcript: Vec<Arc<Message>>,
         step: u32,
         usage: Usage,
+        now_ms: u64,
     ) -> RunMachine {
         RunMachine {
+            now_ms,
+            backoff_until_ms: now_ms,
+            stream_active_ms: now_ms,
             run_id,
             config,
             transcript,
@@ -192,8 +224,57 @@ impl RunMachine {
         self.out.pop_front()
     }
 
-    /// Feeds one event.
-    pub fn handle(&mut self, event: Event) {
+    /// When the machine next needs [`RunMachine::handle_timeout`], if at all.
+    pub fn poll_timeout(&self) -> Option<Timeout> {
+        match self.phase {
+            Phase::Backoff => Some(Timeout {
+                at_ms: self.backoff_until_ms,
+                kind: TimeoutKind::Backoff,
+            }),
+            Phase::Streaming => Some(Timeout {
+                at_ms: self.stream_active_ms.saturating_add(STREAM_STALL_MS),
+                kind: TimeoutKind::StreamStall,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Tells the machine the time: a backoff that ended starts the next attempt; a stream
+    /// silent for [`STREAM_STALL_MS`] is abandoned as a failed attempt. Early calls change
+    /// nothing.
+    pub fn handle_timeout(&mut self, now_ms: u64) {
+        self.advance(now_ms);
+        let Some(t) = self.poll_timeout() else {
+            return;
+        };
+        if self.now_ms < t.at_ms {
+            return;
+        }
+        match t.kind {
+            TimeoutKind::Backoff => self.call_model(),
+            TimeoutKind::StreamStall => {
+                self.out.push_back(Command::AbortModel);
+                let error = ClassifiedError {
+                    class: ErrorClass::Transient,
+                    message: format!(
+                        "the model stream sent nothing for {} s; the attempt is abandoned",
+                        STREAM_STALL_MS / 1000
+                    ),
+                    retry_after_ms: None,
+                };
+                self.on_attempt_failed(error, None);
+            }
+        }
+    }
+
+    /// The caller's clock, never going back.
+    fn advance(&mut self, now_ms: u64) {
+        self.now_ms = self.now_ms.max(now_ms);
+    }
+
+    /// Feeds one event that happened at `now_ms`.
+    pub fn handle(&mut self, event: Event, now_ms: u64) {
+        self.advance(now_ms);
         match event {
             Event::Durable => self.on_durable(),
             Event::Stream(ev) => self.on_stream(ev),
@@ -201,11 +282,6 @@ impl RunMachine {
             Event::AttemptFailed { error, usage } => self.on_attempt_failed(error, usage),
             Event::ToolResult(result) => self.on_tool_result(result),
             Event::ToolIndeterminate { call_id } => self.on_tool_indeterminate(call_id),
-            Event::Timer => {
-                if matches!(self.phase, Phase::Backoff) {
-                    self.call_model();
-                }
-            }
             Event::Cancel => self.on_cancel(),
             Event::Shutdown => self.on_shutdown(),
         }
@@ -246,6 +322,7 @@ impl RunMachine {
         self.attempt += 1;
         self.acc = StepAccumulator::default();
         self.phase = Phase::Streaming;
+        self.stream_active_ms = self.now_ms;
         let request = Request {
             provider: self.config.provider.clone(),
             model: self.config.model.clone(),
@@ -267,6 +344,7 @@ impl RunMachine {
         if !matches!(self.phase, Phase::Streaming) {
             return; // a late event of an abandoned attempt
         }
+        self.stream_active_ms = self.now_ms;
         if let StreamEvent::TextDelta(text) = &ev {
             self.out.push_back(Command::Display(text.clone()));
         }
@@ -288,7 +366,7 @@ impl RunMachine {
             usage: step_usage,
             finish_reason: step.finish_reason.clone(),
             request_id: step.request_id,
-            at_unix_ms: Some(now_unix_ms()),
+            at_unix_ms: Some(self.now_ms),
         };
         self.push(Record::ModelStepFinished(Box::new(record)), false);
         let message = Message {
@@ -516,7 +594,7 @@ impl RunMachine {
             attempt: self.attempt,
             error: error.clone(),
             usage,
-            at_unix_ms: Some(now_unix_ms()),
+            at_unix_ms: Some(self.now_ms),
         };
         self.push(Record::ModelAttemptFinished(record), false);
         match error.class {
@@ -528,7 +606,7 @@ impl RunMachine {
                 {
                     self.backoff_spent_ms += wait;
                     self.phase = Phase::Backoff;
-                    self.out.push_back(Command::SetTimer { after_ms: wait });
+                    self.backoff_until_ms = self.now_ms.saturating_add(wait);
                 } else {
                     let detail = format!("the model call failed {} times; giving up", self.attempt);
                     self.seal(FinishKind::Error, Some(detail), Some(error), Vec::new());
@@ -555,7 +633,7 @@ impl RunMachine {
         self.cancel_requested = true;
         let record = CancelRequested {
             run_id: self.run_id.clone(),
-            at_unix_ms: now_unix_ms(),
+            at_unix_ms: self.now_ms,
         };
         self.push(Record::CancelRequested(record), false);
         match &self.phase {
@@ -632,7 +710,7 @@ impl RunMachine {
             reason: reason.to_string(),
             error: Some(error.clone()),
             usage: self.usage,
-            at_unix_ms: Some(now_unix_ms()),
+            at_unix_ms: Some(self.now_ms),
         };
         self.push(Record::RunPaused(record), true);
         self.phase = Phase::Sealing(Outcome {
@@ -658,7 +736,7 @@ impl RunMachine {
             error: error.clone(),
             indeterminate_tool_calls: indeterminate.clone(),
             usage: self.usage,
-            at_unix_ms: Some(now_unix_ms()),
+            at_unix_ms: Some(self.now_ms),
         };
         self.push(Record::RunFinished(record), true);
         self.phase = Phase::Sealing(Outcome {
@@ -696,13 +774,6 @@ pub fn push_result(transcript: &mut Vec<Arc<Message>>, result: ResultBlock) {
     }
 }
 
-/// Milliseconds since the Unix epoch.
-pub fn now_unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 /// Where a resumed run picks up, as replay found it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ResumePoint {
@@ -722,37 +793,50 @@ pub enum ResumePoint {
 impl RunMachine {
     /// A machine that records the resume and seals the run Interrupted because its frozen
     /// renderer or catalog entry is no longer compatible (never re-rendered silently).
-    pub fn refuse_resume(run_id: String, usage: Usage, step: u32, why: String) -> RunMachine {
-        let mut m = RunMachine::new(run_id, placeholder_config(), Vec::new(), step, usage);
+    pub fn refuse_resume(
+        run_id: String,
+        usage: Usage,
+        step: u32,
+        why: String,
+        now_ms: u64,
+    ) -> RunMachine {
+        let mut m = RunMachine::new(
+            run_id,
+            placeholder_config(),
+            Vec::new(),
+            step,
+            usage,
+            now_ms,
+        );
         let record = RunResumed {
             run_id: m.run_id.clone(),
             from_step: step,
-            at_unix_ms: now_unix_ms(),
+            at_unix_ms: now_ms,
         };
         m.push(Record::RunResumed(record), false);
         m.seal(FinishKind::Interrupted, Some(why), None, Vec::new());
         m
     }
 
-    /// A machine for a run that has no terminal record, picked up after a crash. Records
-    /// RunResumed, then continues from `point`: a durable model step is never redone, and
-    /// calls without results are never dispatched again (the run ends Interrupted naming
-    /// them).
-    #[allow(clippy::too_many_arguments)]
-    pub fn resume(
-        run_id: String,
-        config: FrozenConfig,
-        transcript: Vec<Arc<Message>>,
-        step: u32,
-        usage: Usage,
-        point: ResumePoint,
-        cancel_requested: bool,
-    ) -> RunMachine {
-        let mut m = RunMachine::new(run_id, config, transcript, step, usage);
+    /// A machine for a run that has no terminal record, picked up after a crash at `now_ms`.
+    /// Records RunResumed, then continues from `from.point`: a durable model step is never
+    /// redone, and calls without results are never dispatched again (the run ends
+    /// Interrupted naming them).
+    pub fn resume(from: ResumeFrom, now_ms: u64) -> RunMachine {
+        let ResumeFrom {
+            run_id,
+            config,
+            transcript,
+            step,
+            usage,
+            point,
+            cancel_requested,
+        } = from;
+        let mut m = RunMachine::new(run_id, config, transcript, step, usage, now_ms);
         let record = RunResumed {
             run_id: m.run_id.clone(),
             from_step: step,
-            at_unix_ms: now_unix_ms(),
+            at_unix_ms: now_ms,
         };
         m.push(Record::RunResumed(record), false);
         m.cancel_requested = cancel_requested;
@@ -773,6 +857,19 @@ impl RunMachine {
         }
         m
     }
+}
+
+/// Where a run a crash left open stands, as replay found it.
+#[derive(Debug, Clone)]
+pub struct ResumeFrom {
+    pub run_id: String,
+    pub config: FrozenConfig,
+    pub transcript: Vec<Arc<Message>>,
+    /// The last step with a durable record.
+    pub step: u32,
+    pub usage: Usage,
+    pub point: ResumePoint,
+    pub cancel_requested: bool,
 }
 
 fn placeholder_config() -> FrozenConfig {

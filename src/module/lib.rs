@@ -14,6 +14,14 @@ use std::future::Future;
 pub use broca_protocol::model::{Failure, ModelClient, ModelStream};
 use broca_protocol::ToolCall;
 
+/// The clock of the actors and the daemon: milliseconds since the Unix epoch (the run loop
+/// is handed this time; it reads none itself).
+pub fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// What became of a dispatched tool call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ToolOutcome {

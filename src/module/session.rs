@@ -13,7 +13,7 @@ use futures_channel::oneshot;
 use glommio::channels::local_channel;
 
 use broca_core::admission::{admit, AdmissionContext, Admitted, Refusal, SendRequest};
-use broca_core::machine::{now_unix_ms, Command, Event, Outcome, RunMachine};
+use broca_core::machine::{Command, Event, Outcome, ResumeFrom, RunMachine, Timeout, TimeoutKind};
 use broca_core::replay::{ReplayError, RunView, Session};
 use broca_protocol::{ToolCall, ToolSpec};
 use broca_wal::runrec::ResultBlock;
@@ -173,21 +173,24 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         };
         let run = &self.state.runs[open.index];
         let run_id = run.run_id.clone();
-        if let Err(why) = broca_core::admission::check_resumable(&run.config) {
+        let catalog = broca_catalog::current();
+        let now = crate::now_unix_ms();
+        if let Err(why) = broca_core::admission::check_resumable(&run.config, &catalog) {
             // Never re-render an admitted run differently: seal it with the reason.
-            let machine = RunMachine::refuse_resume(run_id.clone(), run.usage, open.step, why);
+            let machine = RunMachine::refuse_resume(run_id.clone(), run.usage, open.step, why, now);
             let outcome = self.drive(machine).await?;
             return Ok(Some((run_id, outcome)));
         }
-        let machine = RunMachine::resume(
-            run_id.clone(),
-            run.config.clone(),
-            self.state.transcript.clone(),
-            open.step,
-            run.usage,
-            open.point,
-            open.cancel_requested,
-        );
+        let from = ResumeFrom {
+            run_id: run_id.clone(),
+            config: run.config.clone(),
+            transcript: self.state.transcript.clone(),
+            step: open.step,
+            usage: run.usage,
+            point: open.point,
+            cancel_requested: open.cancel_requested,
+        };
+        let machine = RunMachine::resume(from, now);
         let outcome = self.drive(machine).await?;
         Ok(Some((run_id, outcome)))
     }
@@ -195,14 +198,16 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
     /// Admits a send: refuses it (writing nothing), answers an existing run for a repeated
     /// send_id (writing nothing), or makes RunStarted durable and answers the new run.
     pub async fn send(&mut self, req: &SendRequest) -> Result<SendReply, ActorError> {
+        let catalog = broca_catalog::current();
         let ctx = AdmissionContext {
+            catalog: &catalog,
             tools: &self.tool_specs,
             run_id: format!(
                 "run_{}_{}",
                 &self.writer.header().lineage_hex()[..12],
                 self.writer.next_seq()
             ),
-            now_unix_ms: now_unix_ms(),
+            now_unix_ms: crate::now_unix_ms(),
         };
         match admit(req, &self.state, &ctx).map_err(ActorError::Refused)? {
             Admitted::Existing { run_index } => Ok(SendReply {
@@ -230,6 +235,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             run.run_id.clone(),
             run.config.clone(),
             self.state.transcript.clone(),
+            crate::now_unix_ms(),
         );
         self.drive(machine).await
     }
@@ -264,17 +270,17 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         Ok(())
     }
 
-    /// Performs the machine's commands until it finishes. The model stream, the tools and
-    /// the timer run as tasks that report into one channel, so the loop also answers the
-    /// session's commands (status, cancel, shutdown, a busy send) while a run is active.
+    /// Performs the machine's commands until it finishes. The model stream and the tools run
+    /// as tasks that report into one channel, so the loop also answers the session's commands
+    /// (status, cancel, shutdown, a busy send) while a run is active; the machine's timeout
+    /// (a backoff, a silent stream) is slept on beside them, and the clock read here is the
+    /// time handed to the machine with every event.
     async fn drive(&mut self, mut m: RunMachine) -> Result<Outcome, ActorError> {
         let (tx, rx) = local_channel::new_bounded::<Input>(INPUT_QUEUE);
         let tx = Rc::new(tx);
         // The current model call; a stale call's events are ignored and its task stops.
         let call = Rc::new(Cell::new(0u64));
         let mut streaming = false;
-        let mut timer: Option<u64> = None;
-        let mut timer_gen = 0u64;
         let mut in_flight = 0usize;
         loop {
             while let Some(cmd) = m.poll_command() {
@@ -284,7 +290,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                         // future every active run keeps while it waits for its model.
                         Box::pin(self.append(record, wait)).await?;
                         if wait {
-                            m.handle(Event::Durable);
+                            m.handle(Event::Durable, crate::now_unix_ms());
                         }
                     }
                     Command::CallModel { request, .. } => {
@@ -308,17 +314,6 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                             sink(&text);
                         }
                     }
-                    Command::SetTimer { after_ms } => {
-                        timer_gen += 1;
-                        timer = Some(timer_gen);
-                        let after = Duration::from_millis(after_ms * self.timer_permille / 1000);
-                        let (tx, gen) = (tx.clone(), timer_gen);
-                        glommio::spawn_local(async move {
-                            glommio::timer::sleep(after).await;
-                            let _ = tx.send(Input::Timer { gen }).await;
-                        })
-                        .detach();
-                    }
                     Command::Finish(outcome) => {
                         call.set(call.get() + 1);
                         self.state.refresh_unresolved();
@@ -326,19 +321,30 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                     }
                 }
             }
-            if !streaming && timer.is_none() && in_flight == 0 && !m.is_done() {
+            let timeout = m.poll_timeout();
+            if !streaming && timeout.is_none() && in_flight == 0 && !m.is_done() {
                 return Err(ActorError::Stalled(m.run_id().to_string()));
             }
+            let wake = self.sleep_until(timeout);
             let next = match self.inbox.clone() {
                 Some(inbox) => {
-                    futures_lite::future::or(async { Next::Input(rx.recv().await) }, async {
-                        Next::Command(inbox.recv().await)
-                    })
+                    futures_lite::future::or(
+                        futures_lite::future::or(async { Next::Input(rx.recv().await) }, async {
+                            Next::Command(inbox.recv().await)
+                        }),
+                        wake,
+                    )
                     .await
                 }
-                None => Next::Input(rx.recv().await),
+                None => {
+                    futures_lite::future::or(async { Next::Input(rx.recv().await) }, wake).await
+                }
             };
             let input = match next {
+                Next::Timeout(at_ms) => {
+                    m.handle_timeout(at_ms);
+                    continue;
+                }
                 Next::Input(Some(input)) => input,
                 Next::Input(None) => return Err(ActorError::Stalled(m.run_id().to_string())),
                 Next::Command(Some(cmd)) => {
@@ -349,37 +355,34 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                 Next::Command(None) => {
                     // Whoever sends commands is gone (the daemon stops): seal the run.
                     self.inbox = None;
-                    m.handle(Event::Shutdown);
+                    m.handle(Event::Shutdown, crate::now_unix_ms());
                     continue;
                 }
             };
             match input {
                 Input::Model { call: c, item } if c == call.get() => match item {
-                    Some(Ok(ev)) => m.handle(Event::Stream(ev)),
+                    Some(Ok(ev)) => m.handle(Event::Stream(ev), crate::now_unix_ms()),
                     Some(Err(f)) => {
                         streaming = false;
                         log_failed_attempt(m.run_id(), &f.error);
-                        m.handle(Event::AttemptFailed {
-                            error: f.error,
-                            usage: f.usage,
-                        });
+                        m.handle(
+                            Event::AttemptFailed {
+                                error: f.error,
+                                usage: f.usage,
+                            },
+                            crate::now_unix_ms(),
+                        );
                     }
                     None => {
                         streaming = false;
-                        m.handle(Event::StepEnded);
+                        m.handle(Event::StepEnded, crate::now_unix_ms());
                     }
                 },
                 Input::Model { .. } => {} // an abandoned call
-                Input::Timer { gen } => {
-                    if timer == Some(gen) {
-                        timer = None;
-                        m.handle(Event::Timer);
-                    }
-                }
                 Input::Tool { call_id, outcome } => {
                     super::crash::tool_answered();
                     in_flight -= 1;
-                    m.handle(match outcome {
+                    let event = match outcome {
                         ToolOutcome::Done { content, is_error } => Event::ToolResult(ResultBlock {
                             call_id,
                             content,
@@ -393,7 +396,8 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                             reason: Some("refused_before_delivery".into()),
                         }),
                         ToolOutcome::Indeterminate => Event::ToolIndeterminate { call_id },
-                    });
+                    };
+                    m.handle(event, crate::now_unix_ms());
                 }
             }
         }
@@ -413,14 +417,14 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             SessionCommand::Cancel { run_id, reply } => {
                 let active = run_id == m.run_id();
                 if active {
-                    m.handle(Event::Cancel);
+                    m.handle(Event::Cancel, crate::now_unix_ms());
                 }
                 let _ = reply.send(active);
             }
             SessionCommand::Barrier { reply } => {
                 let _ = reply.send(self.barrier().await.ok());
             }
-            SessionCommand::Shutdown => m.handle(Event::Shutdown),
+            SessionCommand::Shutdown => m.handle(Event::Shutdown, crate::now_unix_ms()),
             SessionCommand::Close => {} // only an idle session closes
         }
     }
@@ -447,6 +451,29 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
     /// Sets the channel of commands a running run also answers.
     pub fn set_inbox(&mut self, inbox: Rc<local_channel::LocalReceiver<SessionCommand>>) {
         self.inbox = Some(inbox);
+    }
+
+    /// Resolves at the machine's timeout with the time to hand it: a backoff's end (scaled by
+    /// the test timer setting, the machine told its own deadline), or the real time of a
+    /// silent stream's deadline. Never, without a timeout.
+    fn sleep_until(&self, timeout: Option<Timeout>) -> impl std::future::Future<Output = Next> {
+        let permille = self.timer_permille;
+        async move {
+            let Some(t) = timeout else {
+                return futures_lite::future::pending().await;
+            };
+            let left_ms = t.at_ms.saturating_sub(crate::now_unix_ms());
+            match t.kind {
+                TimeoutKind::Backoff => {
+                    glommio::timer::sleep(Duration::from_millis(left_ms * permille / 1000)).await;
+                    Next::Timeout(t.at_ms.max(crate::now_unix_ms()))
+                }
+                TimeoutKind::StreamStall => {
+                    glommio::timer::sleep(Duration::from_millis(left_ms)).await;
+                    Next::Timeout(crate::now_unix_ms())
+                }
+            }
+        }
     }
 
     fn spawn_model(
@@ -543,14 +570,13 @@ enum Input {
         call_id: String,
         outcome: ToolOutcome,
     },
-    Timer {
-        gen: u64,
-    },
 }
 
 enum Next {
     Input(Option<Input>),
     Command(Option<SessionCommand>),
+    /// The machine's timeout came: tell it this time.
+    Timeout(u64),
 }
 
 /// A command for a live session; each is answered in order.

@@ -43,7 +43,9 @@ pub fn check_request(body: &[u8]) -> Result<String, RpcError> {
             triple(&mut params)?;
             let req: SendRequest = serde_json::from_value(Value::Object(params))
                 .map_err(|e| invalid(e.to_string()))?;
+            let catalog = broca_catalog::current();
             let probe = broca_core::admission::AdmissionContext {
+                catalog: &catalog,
                 tools: &[],
                 run_id: String::new(),
                 now_unix_ms: 0,
@@ -170,7 +172,9 @@ async fn send(ctx: &Arc<ServeCtx>, mut params: Map<String, Value>) -> Result<Val
     // What admission refuses whatever the session holds is refused here, before the session
     // is opened (a refused send writes nothing, not even a new WAL).
     let specs = ctx.tools.specs();
+    let catalog = broca_catalog::current();
     let probe = broca_core::admission::AdmissionContext {
+        catalog: &catalog,
         tools: &specs,
         run_id: String::new(),
         now_unix_ms: 0,

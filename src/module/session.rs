@@ -115,17 +115,20 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         committer: Committer,
     ) -> Result<Self, ActorError> {
         let (writer, recovered) = WalWriter::open(wal_dir, triple, log, committer).await?;
-        let state = match &recovered.scan {
-            None => Session::default(),
-            Some(scan) => Session::replay_scan(scan, &recovered.bytes).map_err(
-                |ReplayError { seq, reason }| {
-                    ActorError::Replay(format!(
-                        "{}: the log does not replay (record seq {seq}): {reason}",
-                        writer.path().display()
-                    ))
-                },
-            )?,
-        };
+        // Replay decodes on the blocking pool (with threads of its own for long logs), never
+        // on this shard's executor; the file's bytes are freed once it is done.
+        let replayed = glommio::executor()
+            .spawn_blocking(move || match &recovered.scan {
+                None => Ok(Session::default()),
+                Some(scan) => Session::replay_scan(scan, &recovered.bytes),
+            })
+            .await;
+        let state = replayed.map_err(|ReplayError { seq, reason }| {
+            ActorError::Replay(format!(
+                "{}: the log does not replay (record seq {seq}): {reason}",
+                writer.path().display()
+            ))
+        })?;
         Ok(SessionActor {
             writer,
             state,

@@ -318,47 +318,31 @@ pub struct Decoded {
 
 impl Scan {
     /// Decodes the payloads of the valid records in `bytes` (the bytes that were scanned).
-    /// A known kind whose payload does not parse is an error naming its seq and offset. Long
-    /// logs are decoded on several threads (each frame is independent).
+    /// A known kind whose payload does not parse is an error naming its offset and seq. Long
+    /// logs are decoded on several threads (each frame is independent), as in
+    /// [`Scan::decode_chunks`].
     pub fn decode(&self, bytes: &[u8]) -> Result<Decoded, (u64, String)> {
-        let threads = if self.frames.len() >= DECODE_PARALLEL_FRAMES_MIN {
-            std::thread::available_parallelism()
-                .map_or(1, |n| n.get())
-                .min(DECODE_THREADS_MAX)
-        } else {
-            1
-        };
-        if threads <= 1 {
-            return decode_frames(&self.frames, bytes);
-        }
-        let chunk = self.frames.len().div_ceil(threads);
-        let parts: Vec<Result<Decoded, (u64, String)>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = self
-                .frames
-                .chunks(chunk)
-                .map(|frames| scope.spawn(move || decode_frames(frames, bytes)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().expect("a decode thread panicked"))
-                .collect()
-        });
         let mut out = Decoded {
             records: Vec::with_capacity(self.frames.len()),
             unknown_kinds: 0,
         };
-        for part in parts {
-            let part = part?;
-            out.records.extend(part.records);
-            out.unknown_kinds += part.unknown_kinds;
-        }
+        out.unknown_kinds = self.decode_chunks(
+            bytes,
+            |records| {
+                out.records.extend(records);
+                Ok(())
+            },
+            |offset, reason| (offset, reason),
+        )?;
         Ok(out)
     }
 }
 
 impl Scan {
     /// Decodes the records in order, chunk by chunk, handing each chunk to `sink` on this
-    /// thread while worker threads decode the chunks after it: replay overlaps decoding.
+    /// thread while worker threads decode the chunks after it: replay overlaps decoding. A
+    /// log of one chunk ([`DECODE_CHUNK_FRAMES`]) is decoded on this thread alone. The
+    /// caller runs this off any executor (it blocks, and it starts threads).
     pub fn decode_chunks<E>(
         &self,
         bytes: &[u8],
@@ -418,8 +402,6 @@ pub const DECODE_CHUNK_FRAMES: usize = 2048;
 /// Decoded chunks that may wait ahead of the replay.
 pub const DECODE_AHEAD_CHUNKS: usize = 16;
 
-/// Logs with at least this many records are decoded on several threads.
-pub const DECODE_PARALLEL_FRAMES_MIN: usize = 8192;
 /// The most threads one decode uses.
 pub const DECODE_THREADS_MAX: usize = 8;
 

@@ -263,9 +263,9 @@ async fn handle(
 /// Every shard's counters in the Prometheus text format.
 async fn metrics(ctx: &Arc<ServeCtx>) -> String {
     let mut stats: Vec<ShardStats> = Vec::new();
-    for tx in &ctx.mesh {
+    for shard in 0..ctx.mesh.shards() {
         let (reply, wait) = futures_channel::oneshot::channel();
-        if tx.unbounded_send(ShardMsg::Stats(reply)).is_ok() {
+        if ctx.mesh.try_send(shard, ShardMsg::Stats(reply)).is_ok() {
             if let Ok(s) = wait.await {
                 stats.push(s);
             }
@@ -359,6 +359,22 @@ async fn metrics(ctx: &Arc<ServeCtx>) -> String {
         "Connections closed at once with a 503: the process was out of file descriptors.",
         &|s| s.accept_shed,
     );
+    family(
+        "broca_session_queue_full_total",
+        "counter",
+        "Commands refused 503 session_queue_full: the session's queue was full.",
+        &|s| s.inbox_full,
+    );
+    family(
+        "broca_projector_queue_full_total",
+        "counter",
+        "Store batches held for the next tick: the store's queue was full.",
+        &|s| s.projector_full,
+    );
+    out.push_str(&format!(
+        "# HELP broca_mesh_full_total Commands refused 503 shard_busy: their shard's queue was full.\n# TYPE broca_mesh_full_total counter\nbroca_mesh_full_total {}\n",
+        ctx.mesh.full_count()
+    ));
     out.push_str("# HELP broca_model_errors_total Failed model attempts by error class.\n# TYPE broca_model_errors_total counter\n");
     for s in &stats {
         for (class, n) in &s.model_errors {

@@ -12,6 +12,7 @@ mod accept;
 mod claim;
 mod http;
 mod hub;
+mod mesh;
 mod registry;
 mod rpc;
 mod subscribe;
@@ -71,6 +72,8 @@ pub(crate) enum ShardMsg {
     Signal,
     /// Stop: wait for active runs up to the grace, seal the rest, close every session.
     Stop(futures_channel::oneshot::Sender<()>),
+    /// Every shard has stopped: end this shard's loop.
+    End,
     /// Subscribe to the session `triple` (owned by the receiving shard).
     Subscribe {
         triple: SessionTriple,
@@ -87,7 +90,7 @@ pub(crate) struct ServeCtx {
     pub wal_dir: PathBuf,
     /// The bearer handle TCP clients present.
     pub handle: String,
-    pub mesh: Vec<mpsc::UnboundedSender<ShardMsg>>,
+    pub mesh: mesh::Mesh,
     /// Admission is closed.
     pub stopping: AtomicBool,
     /// The signal that asked for the stop (0: none yet).
@@ -101,7 +104,7 @@ pub(crate) struct ServeCtx {
     pub store: Option<Arc<broca_store::Store>>,
     /// Hands WALs that moved on to the store's own thread (it catches them up there, so
     /// store writes and their syncs never queue ahead of a shard's blocking work).
-    pub projector: Option<Mutex<std::sync::mpsc::Sender<Vec<PathBuf>>>>,
+    pub projector: Option<Mutex<std::sync::mpsc::SyncSender<Vec<PathBuf>>>>,
 }
 
 impl ServeCtx {
@@ -109,19 +112,18 @@ impl ServeCtx {
     pub fn shard_of(&self, triple: &SessionTriple) -> usize {
         let a = triple.address().0;
         let key = u64::from_le_bytes(a[..8].try_into().expect("eight bytes"));
-        broca_shards::shard_for(key, self.mesh.len())
+        broca_shards::shard_for(key, self.mesh.shards())
     }
 
     pub fn is_stopping(&self) -> bool {
         self.stopping.load(Ordering::Acquire)
     }
 
-    /// Sends a command to the session's shard. `false` when that shard is gone.
-    pub fn route(&self, triple: SessionTriple, cmd: SessionCommand) -> bool {
+    /// Sends a command to the session's shard: refused when that shard's queue is full or
+    /// the shard is gone.
+    pub fn route(&self, triple: SessionTriple, cmd: SessionCommand) -> Result<(), mesh::MeshError> {
         let shard = self.shard_of(&triple);
-        self.mesh[shard]
-            .unbounded_send(ShardMsg::Session { triple, cmd })
-            .is_ok()
+        self.mesh.try_send(shard, ShardMsg::Session { triple, cmd })
     }
 }
 
@@ -193,7 +195,7 @@ fn catch_signals(ctx: Arc<Mutex<Option<Arc<ServeCtx>>>>) -> Result<(), String> {
                             .is_ok();
                         ctx.stopping.store(true, Ordering::Release);
                         if first {
-                            let _ = ctx.mesh[0].unbounded_send(ShardMsg::Signal);
+                            let _ = ctx.mesh.send_blocking(0, ShardMsg::Signal);
                         }
                     }
                 }
@@ -341,7 +343,8 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
                 tracing::warn!("{n}");
             }
             let store = Arc::new(store);
-            let (tx, rx) = std::sync::mpsc::channel::<Vec<PathBuf>>();
+            let (tx, rx) =
+                std::sync::mpsc::sync_channel::<Vec<PathBuf>>(registry::PROJECTOR_QUEUE_MAX);
             let (s, dir) = (store.clone(), wal_dir.clone());
             std::thread::Builder::new()
                 .name("store".into())
@@ -369,14 +372,12 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
             servers
         }
     };
-    let (senders, receivers): (Vec<_>, Vec<_>) = (0..opts.shards)
-        .map(|_| mpsc::unbounded::<ShardMsg>())
-        .unzip();
+    let (mesh, receivers) = mesh::Mesh::new(opts.shards);
     let ctx = Arc::new(ServeCtx {
         opts: opts.clone(),
         wal_dir,
         handle,
-        mesh: senders,
+        mesh,
         stopping: AtomicBool::new(false),
         signal: AtomicI32::new(0),
         tls,

@@ -26,6 +26,11 @@ use broca_wire::RpcError;
 use super::hub::{self, Hub, SubFrom, SubItem};
 use super::{ServeCtx, ShardMsg};
 
+/// Commands that may wait for one session's actor.
+pub(crate) const INBOX_MAX: usize = 256;
+/// Batches of WALs that may wait for the store's thread.
+pub(crate) const PROJECTOR_QUEUE_MAX: usize = 64;
+
 /// One shard's counters, for /metrics.
 #[derive(Debug, Clone, Default)]
 pub struct ShardStats {
@@ -48,6 +53,10 @@ pub struct ShardStats {
     pub accept_errors: u64,
     /// Connections closed with a 503 at once for lack of file descriptors.
     pub accept_shed: u64,
+    /// Commands refused because their session's queue was full.
+    pub inbox_full: u64,
+    /// Batches kept for the next tick because the store's queue was full.
+    pub projector_full: u64,
 }
 
 type Actor = SessionActor<HttpModelClient, Router>;
@@ -81,13 +90,15 @@ pub(crate) struct Registry {
     dirty: RefCell<std::collections::HashSet<SessionTriple>>,
     /// This shard's accept loops (`None` until started, or when it has no listener).
     acceptor: RefCell<Option<super::http::Acceptor>>,
+    inbox_full: Cell<u64>,
+    projector_full: Cell<u64>,
 }
 
 /// A shard's life: accept connections, serve the mesh, stop when told.
 pub(crate) async fn shard_main(
     shard: usize,
     ctx: Arc<ServeCtx>,
-    mut rx: mpsc::UnboundedReceiver<ShardMsg>,
+    mut rx: mpsc::Receiver<ShardMsg>,
     listeners: Option<(
         std::net::TcpListener,
         Option<std::os::unix::net::UnixListener>,
@@ -118,6 +129,8 @@ pub(crate) async fn shard_main(
         hubs: RefCell::new(HashMap::new()),
         dirty: RefCell::new(std::collections::HashSet::new()),
         acceptor: RefCell::new(None),
+        inbox_full: Cell::new(0),
+        projector_full: Cell::new(0),
     });
     if ctx.projector.is_some() {
         glommio::spawn_local(project_dirty(reg.clone())).detach();
@@ -148,6 +161,7 @@ pub(crate) async fn shard_main(
                 // (sends refused) until every shard has stopped.
                 glommio::spawn_local(stop_every_shard(reg.clone())).detach();
             }
+            ShardMsg::End => break,
             ShardMsg::Stop(done) => {
                 let reg = reg.clone();
                 glommio::spawn_local(async move {
@@ -169,17 +183,17 @@ pub(crate) async fn shard_main(
 async fn stop_every_shard(reg: Rc<Registry>) {
     let ctx = &reg.ctx;
     let mut waits = Vec::new();
-    for tx in &ctx.mesh {
+    for shard in 0..ctx.mesh.shards() {
         let (done, wait) = oneshot::channel();
-        if tx.unbounded_send(ShardMsg::Stop(done)).is_ok() {
+        if ctx.mesh.send(shard, ShardMsg::Stop(done)).await.is_ok() {
             waits.push(wait);
         }
     }
     for w in waits {
         let _ = w.await;
     }
-    for tx in &ctx.mesh {
-        tx.close_channel();
+    for shard in 0..ctx.mesh.shards() {
+        let _ = ctx.mesh.send(shard, ShardMsg::End).await;
     }
 }
 
@@ -243,6 +257,8 @@ impl Registry {
             accept_wakes,
             accept_errors,
             accept_shed,
+            inbox_full: self.inbox_full.get(),
+            projector_full: self.projector_full.get(),
         }
     }
 
@@ -287,7 +303,7 @@ impl Registry {
                     );
                     return;
                 }
-                let (tx, rx) = local_channel::new_unbounded();
+                let (tx, rx) = local_channel::new_bounded(INBOX_MAX);
                 let live = Rc::new(Live {
                     tx,
                     last_used: Cell::new(Instant::now()),
@@ -302,10 +318,23 @@ impl Registry {
             }
         };
         live.last_used.set(Instant::now());
-        if let Err(e) = live.tx.try_send(cmd) {
-            if let glommio::GlommioError::Closed(glommio::ResourceType::Channel(cmd)) = e {
-                refuse_closing(cmd);
+        match live.tx.try_send(cmd) {
+            Ok(()) => {}
+            Err(glommio::GlommioError::Closed(glommio::ResourceType::Channel(cmd))) => {
+                refuse_closing(cmd)
             }
+            Err(glommio::GlommioError::WouldBlock(glommio::ResourceType::Channel(cmd))) => {
+                self.inbox_full.set(self.inbox_full.get() + 1);
+                fail(
+                    cmd,
+                    &RpcError::transient(
+                        503,
+                        "session_queue_full",
+                        format!("the session has {INBOX_MAX} commands waiting; retry shortly"),
+                    ),
+                );
+            }
+            Err(_) => {}
         }
     }
 
@@ -504,7 +533,12 @@ async fn project_dirty(reg: Rc<Registry>) {
             .map(|t| broca_wal_writer::wal_path(&reg.ctx.wal_dir, t))
             .collect();
         if let Some(tx) = &reg.ctx.projector {
-            let _ = tx.lock().expect("the projector lock").send(paths);
+            let sent = tx.lock().expect("the projector lock").try_send(paths);
+            if let Err(std::sync::mpsc::TrySendError::Full(_)) = sent {
+                // The store is behind: these sessions go with the next batch.
+                reg.projector_full.set(reg.projector_full.get() + 1);
+                reg.dirty.borrow_mut().extend(batch);
+            }
         }
     }
 }

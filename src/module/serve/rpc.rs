@@ -130,6 +130,18 @@ fn no_more(params: &Map<String, Value>) -> Result<(), RpcError> {
     }
 }
 
+/// The refusal for a command that did not reach its shard.
+fn unrouted(e: super::mesh::MeshError) -> RpcError {
+    match e {
+        super::mesh::MeshError::Full => RpcError::transient(
+            503,
+            "shard_busy",
+            "the session's shard has too many commands waiting; retry shortly",
+        ),
+        super::mesh::MeshError::Gone => unavailable(),
+    }
+}
+
 fn unavailable() -> RpcError {
     RpcError::transient(
         503,
@@ -144,9 +156,8 @@ async fn view(
     run_id: Option<String>,
 ) -> Result<Option<RunView>, RpcError> {
     let (reply, wait) = oneshot::channel();
-    if !ctx.route(t.clone(), SessionCommand::Status { run_id, reply }) {
-        return Err(unavailable());
-    }
+    ctx.route(t.clone(), SessionCommand::Status { run_id, reply })
+        .map_err(unrouted)?;
     wait.await.map_err(|_| unavailable())
 }
 
@@ -183,9 +194,8 @@ async fn send(ctx: &Arc<ServeCtx>, mut params: Map<String, Value>) -> Result<Val
         return Err(RpcError::refusal(&r));
     }
     let (reply, wait) = oneshot::channel();
-    if !ctx.route(t.clone(), SessionCommand::Send { req, reply }) {
-        return Err(unavailable());
-    }
+    ctx.route(t.clone(), SessionCommand::Send { req, reply })
+        .map_err(unrouted)?;
     let sent = wait.await.map_err(|_| unavailable())??;
     if !sent.existing {
         return Ok(serde_json::json!({"state": "active", "run_id": sent.run_id}));
@@ -227,9 +237,8 @@ async fn cancel(ctx: &Arc<ServeCtx>, mut params: Map<String, Value>) -> Result<V
         .await?
         .ok_or_else(|| unknown_run(&run_id))?;
     let (reply, wait) = oneshot::channel();
-    if !ctx.route(t, SessionCommand::Cancel { run_id, reply }) {
-        return Err(unavailable());
-    }
+    ctx.route(t, SessionCommand::Cancel { run_id, reply })
+        .map_err(unrouted)?;
     let acked = wait.await.map_err(|_| unavailable())?;
     Ok(Value::String(
         if acked { "ack" } else { "not_active" }.into(),

@@ -105,8 +105,17 @@ pub(super) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         tx,
         gone,
     };
-    if ctx.mesh[shard].unbounded_send(msg).is_err() {
-        let e = RpcError::transient(503, "session_unavailable", "retry");
+    if let Err(e) = ctx.mesh.try_send(shard, msg) {
+        let e = match e {
+            super::mesh::MeshError::Full => RpcError::transient(
+                503,
+                "shard_busy",
+                "the session's shard has too many commands waiting; retry shortly",
+            ),
+            super::mesh::MeshError::Gone => {
+                RpcError::transient(503, "session_unavailable", "retry")
+            }
+        };
         let _ = stream.write_all(&refuse(e)).await;
         return;
     }

@@ -38,6 +38,28 @@ pub struct AdmissionContext<'a> {
     pub catalog: &'a catalog::Catalog,
 }
 
+/// A send checked on its own and resolved (model, credential id, tools, stop conditions,
+/// budget, context limit, cache policy): what admission decides whatever the session holds.
+/// The session's part ([`admit_prepared`]) needs nothing more, so admission runs once per
+/// send even when the check and the session live on different shards.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prepared {
+    pub send_id: Option<String>,
+    /// The digest of the send's inputs (everything but the send_id).
+    pub inputs_digest: String,
+    pub prompt: String,
+    pub config: FrozenConfig,
+}
+
+/// A send that did not pass [`prepare`]: its refusal, kept with what a repeated send_id
+/// needs, since a send_id already admitted with the same inputs still answers its run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unprepared {
+    pub send_id: Option<String>,
+    pub inputs_digest: String,
+    pub refusal: Refusal,
+}
+
 /// The digest of a send's inputs (everything but the send_id).
 pub fn inputs_digest(req: &SendRequest) -> String {
     let mut canonical = req.clone();
@@ -46,29 +68,52 @@ pub fn inputs_digest(req: &SendRequest) -> String {
     blake3::hash(&bytes).to_hex()[..32].to_string()
 }
 
-/// Admits `req` into `session`, or refuses it.
+/// Admits `req` into `session`, or refuses it: [`prepare`], then [`admit_prepared`].
 pub fn admit(
     req: &SendRequest,
     session: &Session,
     ctx: &AdmissionContext<'_>,
 ) -> Result<Admitted, Refusal> {
-    let digest = inputs_digest(req);
-    if let Some(send_id) = &req.send_id {
-        if send_id.is_empty() || send_id.len() > 256 {
-            return Err(Refusal::InvalidParams(
-                "send_id must have 1 to 256 bytes".into(),
-            ));
-        }
-        if let Some(&index) = session.by_send_id.get(send_id) {
-            let run = &session.runs[index];
-            return if run.inputs_digest == digest {
-                Ok(Admitted::Existing { run_index: index })
-            } else {
-                Err(Refusal::SendIdReuse {
-                    run_id: run.run_id.clone(),
-                })
-            };
-        }
+    match prepare(req, ctx.tools, ctx.catalog) {
+        Ok(p) => admit_prepared(p, session, ctx.run_id.clone(), ctx.now_unix_ms),
+        Err(u) => admit_unprepared(&u, session),
+    }
+}
+
+/// The session's answer to a send that did not pass [`prepare`]: the existing run when its
+/// send_id was admitted before with the same inputs, else the refusal.
+pub fn admit_unprepared(u: &Unprepared, session: &Session) -> Result<Admitted, Refusal> {
+    if let Some(index) = u.send_id.as_ref().and_then(|id| session.by_send_id.get(id)) {
+        let run = &session.runs[*index];
+        return if run.inputs_digest == u.inputs_digest {
+            Ok(Admitted::Existing { run_index: *index })
+        } else {
+            Err(Refusal::SendIdReuse {
+                run_id: run.run_id.clone(),
+            })
+        };
+    }
+    Err(u.refusal.clone())
+}
+
+/// The session's part of admission: a repeated send_id (the same inputs answer the existing
+/// run; others are refused), a busy session, and the results an interrupted run left open;
+/// then the RunStarted to append.
+pub fn admit_prepared(
+    p: Prepared,
+    session: &Session,
+    run_id: String,
+    now_unix_ms: u64,
+) -> Result<Admitted, Refusal> {
+    if let Some(index) = p.send_id.as_ref().and_then(|id| session.by_send_id.get(id)) {
+        let run = &session.runs[*index];
+        return if run.inputs_digest == p.inputs_digest {
+            Ok(Admitted::Existing { run_index: *index })
+        } else {
+            Err(Refusal::SendIdReuse {
+                run_id: run.run_id.clone(),
+            })
+        };
     }
     if let Some(open) = &session.open {
         return Err(Refusal::SessionBusy {
@@ -80,7 +125,71 @@ pub fn admit(
             run_id: run.run_id.clone(),
         });
     }
+    let resolved_calls = session
+        .unresolved_calls
+        .iter()
+        .map(|id| ResultBlock {
+            call_id: id.clone(),
+            content: "outcome unknown: broca stopped while this tool call was in flight; it \
+                      may or may not have run, and it was not run again"
+                .into(),
+            is_error: true,
+            reason: Some("outcome_unknown".into()),
+        })
+        .collect();
+    Ok(Admitted::New(Box::new(RunStarted {
+        run_id,
+        send_id: p.send_id,
+        inputs_digest: p.inputs_digest,
+        prompt: p.prompt,
+        config: p.config,
+        resolved_calls,
+        at_unix_ms: now_unix_ms,
+    })))
+}
+
+/// Checks and resolves `req` against the configured tools and the catalog, whatever any
+/// session holds.
+pub fn prepare(
+    req: &SendRequest,
+    tools: &[ToolSpec],
+    catalog: &catalog::Catalog,
+) -> Result<Prepared, Unprepared> {
+    let inputs_digest = inputs_digest(req);
+    match resolve(req, tools, catalog) {
+        Ok(config) => Ok(Prepared {
+            send_id: req.send_id.clone(),
+            inputs_digest,
+            prompt: req.prompt.clone(),
+            config,
+        }),
+        Err(refusal) => Err(Unprepared {
+            // A send_id that is itself invalid names no run.
+            send_id: req
+                .send_id
+                .clone()
+                .filter(|id| !id.is_empty() && id.len() <= SEND_ID_BYTES_MAX),
+            inputs_digest,
+            refusal,
+        }),
+    }
+}
+
+/// The longest send_id taken.
+pub const SEND_ID_BYTES_MAX: usize = 256;
+
+/// The frozen config of `req`, or why it is refused.
+fn resolve(
+    req: &SendRequest,
+    tools: &[ToolSpec],
+    catalog: &catalog::Catalog,
+) -> Result<FrozenConfig, Refusal> {
     let invalid = |why: String| Err(Refusal::InvalidParams(why));
+    if let Some(send_id) = &req.send_id {
+        if send_id.is_empty() || send_id.len() > SEND_ID_BYTES_MAX {
+            return invalid(format!("send_id must have 1 to {SEND_ID_BYTES_MAX} bytes"));
+        }
+    }
     if req.prompt.is_empty() {
         return invalid("prompt is empty".into());
     }
@@ -90,8 +199,7 @@ pub fn admit(
             req.prompt.len()
         ));
     }
-    let entry = ctx
-        .catalog
+    let entry = catalog
         .resolve(&req.model)
         .map_err(Refusal::InvalidParams)?;
     if let Some(id) = &req.credential_id {
@@ -111,13 +219,13 @@ pub fn admit(
     if req.context_limit == Some(0) {
         return invalid("context_limit must be positive".into());
     }
-    let tools = select_tools(ctx.tools, req.tools.as_deref())?;
+    let tools = select_tools(tools, req.tools.as_deref())?;
     let tools_digest = {
         let bytes = serde_json::to_vec(&tools).expect("tool specs serialize");
         blake3::hash(&bytes).to_hex()[..32].to_string()
     };
     let budget = req.budget.clone().unwrap_or_default();
-    let config = FrozenConfig {
+    Ok(FrozenConfig {
         provider: entry.provider.id.to_string(),
         model: entry.model.clone(),
         credential_id: req
@@ -138,28 +246,7 @@ pub fn admit(
         },
         context_limit: req.context_limit,
         cache_policy: req.cache_policy.unwrap_or(CachePolicy::Auto),
-    };
-    let resolved_calls = session
-        .unresolved_calls
-        .iter()
-        .map(|id| ResultBlock {
-            call_id: id.clone(),
-            content: "outcome unknown: broca stopped while this tool call was in flight; it \
-                      may or may not have run, and it was not run again"
-                .into(),
-            is_error: true,
-            reason: Some("outcome_unknown".into()),
-        })
-        .collect();
-    Ok(Admitted::New(Box::new(RunStarted {
-        run_id: ctx.run_id.clone(),
-        send_id: req.send_id.clone(),
-        inputs_digest: digest,
-        prompt: req.prompt.clone(),
-        config,
-        resolved_calls,
-        at_unix_ms: ctx.now_unix_ms,
-    })))
+    })
 }
 
 fn select_tools(all: &[ToolSpec], wanted: Option<&[String]>) -> Result<Vec<ToolSpec>, Refusal> {
@@ -241,5 +328,63 @@ pub fn freeze(entry: &catalog::ModelEntry) -> broca_wal::runrec::CatalogEntry {
             cache_read: x.cache_read,
             cache_write: x.cache_write,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(prompt: &str, tools: Option<Vec<String>>) -> SendRequest {
+        SendRequest {
+            prompt: prompt.into(),
+            model: "anthropic/m".into(),
+            send_id: Some("k1".into()),
+            tools,
+            ..SendRequest::default()
+        }
+    }
+
+    #[test]
+    fn a_send_id_admitted_before_answers_its_run_even_if_its_inputs_no_longer_pass() {
+        let catalog = catalog::Catalog::builtin();
+        let tool = ToolSpec {
+            name: "t".into(),
+            description: String::new(),
+            input_schema: serde_json::json!({}),
+            route: String::new(),
+        };
+        let first = req("hi", Some(vec!["t".into()]));
+        let p = prepare(&first, std::slice::from_ref(&tool), &catalog).unwrap();
+        let Admitted::New(started) =
+            admit_prepared(p, &Session::default(), "r1".into(), 1).unwrap()
+        else {
+            panic!()
+        };
+        let mut session = Session::default();
+        session
+            .apply(1, broca_wal::Record::RunStarted(started))
+            .unwrap();
+        // The tool is no longer configured: the same send is refused on its own ...
+        let u = prepare(&first, &[], &catalog).unwrap_err();
+        assert_eq!(u.refusal.code(), "invalid_params");
+        // ... and still answers the run its send_id started.
+        assert_eq!(
+            admit_unprepared(&u, &session),
+            Ok(Admitted::Existing { run_index: 0 })
+        );
+        // Other inputs under that send_id: refused as a reuse.
+        let other = prepare(&req("other", Some(vec!["t".into()])), &[], &catalog).unwrap_err();
+        assert_eq!(
+            admit_unprepared(&other, &session).unwrap_err().code(),
+            "send_id_reuse"
+        );
+        // A session that never saw the send_id: the refusal itself.
+        assert_eq!(
+            admit_unprepared(&u, &Session::default())
+                .unwrap_err()
+                .code(),
+            "invalid_params"
+        );
     }
 }

@@ -12,7 +12,9 @@ use broca_io::{Committer, LogConfig};
 use futures_channel::oneshot;
 use glommio::channels::local_channel;
 
-use broca_core::admission::{admit, AdmissionContext, Admitted, Refusal, SendRequest};
+use broca_core::admission::{
+    admit_prepared, admit_unprepared, Admitted, Prepared, Refusal, SendRequest, Unprepared,
+};
 use broca_core::machine::{Command, Event, Outcome, ResumeFrom, RunMachine, Timeout, TimeoutKind};
 use broca_core::replay::{ReplayError, RunView, Session};
 use broca_protocol::{ToolCall, ToolSpec};
@@ -202,17 +204,30 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
     /// send_id (writing nothing), or makes RunStarted durable and answers the new run.
     pub async fn send(&mut self, req: &SendRequest) -> Result<SendReply, ActorError> {
         let catalog = broca_catalog::current();
-        let ctx = AdmissionContext {
-            catalog: &catalog,
-            tools: &self.tool_specs,
-            run_id: format!(
-                "run_{}_{}",
-                &self.writer.header().lineage_hex()[..12],
-                self.writer.next_seq()
-            ),
-            now_unix_ms: crate::now_unix_ms(),
+        let admission = broca_core::admission::prepare(req, &self.tool_specs, &catalog);
+        self.send_prepared(admission).await
+    }
+
+    /// The session's part of admitting a send whose own part ran already ([`prepare`]):
+    /// the same answers as [`SessionActor::send`], admission not run twice.
+    ///
+    /// [`prepare`]: broca_core::admission::prepare
+    pub async fn send_prepared(
+        &mut self,
+        admission: Result<Prepared, Unprepared>,
+    ) -> Result<SendReply, ActorError> {
+        let admitted = match admission {
+            Ok(p) => {
+                let run_id = format!(
+                    "run_{}_{}",
+                    &self.writer.header().lineage_hex()[..12],
+                    self.writer.next_seq()
+                );
+                admit_prepared(p, &self.state, run_id, crate::now_unix_ms())
+            }
+            Err(u) => admit_unprepared(&u, &self.state),
         };
-        match admit(req, &self.state, &ctx).map_err(ActorError::Refused)? {
+        match admitted.map_err(ActorError::Refused)? {
             Admitted::Existing { run_index } => Ok(SendReply {
                 run_id: self.state.runs[run_index].run_id.clone(),
                 existing: true,
@@ -409,10 +424,11 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
     /// Answers a command that arrives while a run is active.
     async fn command_during_run(&mut self, cmd: SessionCommand, m: &mut RunMachine) {
         match cmd {
-            SessionCommand::Send { req, reply } => {
+            SessionCommand::Send { admission, reply } => {
                 // Admission answers a repeated send_id or refuses (the session is busy);
                 // it never starts a second run beside this one.
-                let _ = reply.send(self.send(&req).await.map_err(|e| e.to_rpc_error()));
+                let answer = self.send_prepared(admission).await;
+                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
             }
             SessionCommand::Status { run_id, reply } => {
                 let _ = reply.send(self.view(run_id.as_deref()));
@@ -586,7 +602,8 @@ enum Next {
 pub enum SessionCommand {
     /// Admit a send (the run then runs in the actor).
     Send {
-        req: SendRequest,
+        /// The send as admission's first part left it (see [`SessionActor::send_prepared`]).
+        admission: Result<Prepared, Unprepared>,
         reply: oneshot::Sender<Result<SendReply, broca_wire::RpcError>>,
     },
     /// The view of a run (the latest when `None`).

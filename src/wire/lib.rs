@@ -2,8 +2,10 @@
 //! serve surface adds its requests and refusals). Field names follow ../CONTRACT.md; optional
 //! fields are omitted when absent.
 
+pub mod request;
 mod send;
 
+pub use request::{Method, Request, SessionName};
 pub use send::{Budget, Refusal, SendRequest};
 
 use serde::Serialize;

@@ -274,14 +274,24 @@ impl Registry {
             Some(live) => live,
             // Closing a session that is not open: nothing to do (never open it for that).
             None if matches!(cmd, SessionCommand::Close | SessionCommand::Shutdown) => return,
-            None if !matches!(cmd, SessionCommand::Send { .. })
-                && !broca_wal_writer::wal_path(&self.ctx.wal_dir, &triple).exists() =>
+            None if !matches!(
+                cmd,
+                SessionCommand::Send {
+                    admission: Ok(_),
+                    ..
+                }
+            ) && !broca_wal_writer::wal_path(&self.ctx.wal_dir, &triple).exists() =>
             {
-                // Nothing was ever sent to this session: answer without creating its WAL.
+                // Nothing was ever sent to this session: answer without creating its WAL (a
+                // refused send's send_id names no run here either).
                 match cmd {
                     SessionCommand::Status { reply, .. } => drop(reply.send(None)),
                     SessionCommand::Cancel { reply, .. } => drop(reply.send(false)),
                     SessionCommand::Barrier { reply } => drop(reply.send(None)),
+                    SessionCommand::Send {
+                        admission: Err(u),
+                        reply,
+                    } => drop(reply.send(Err(RpcError::refusal(&u.refusal)))),
                     _ => {}
                 }
                 return;
@@ -438,13 +448,13 @@ impl Registry {
                 Some(Some(cmd)) => cmd,
             };
             match cmd {
-                SessionCommand::Send { req, reply } => {
+                SessionCommand::Send { admission, reply } => {
                     if self.ctx.is_stopping() {
                         let r = Refusal::ShuttingDown;
                         let _ = reply.send(Err(RpcError::refusal(&r)));
                         continue;
                     }
-                    match actor.send(&req).await {
+                    match actor.send_prepared(admission).await {
                         Ok(r) => {
                             let new = !r.existing;
                             let _ = reply.send(Ok(r));

@@ -6,128 +6,55 @@
 use std::sync::Arc;
 
 use futures_channel::oneshot;
-use serde::Deserialize;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::session::SessionCommand;
 use broca_core::admission::SendRequest;
 use broca_core::replay::RunView;
 use broca_wal::SessionTriple;
-use broca_wire::{ReadMessage, ReadPage, RpcError, READ_LIMIT_DEFAULT, READ_LIMIT_MAX};
+use broca_wire::{ReadMessage, ReadPage, Request, RpcError, SessionName};
 
 use super::ServeCtx;
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Envelope {
-    method: String,
-    #[serde(default)]
-    params: Option<Map<String, Value>>,
-}
 
 fn invalid(why: impl Into<String>) -> RpcError {
     RpcError::permanent(400, "invalid_params", why)
 }
 
 /// Checks a management request body as far as it can be checked without a daemon: the
-/// envelope, the method, the session triple, and for session.send its parameters and what
-/// admission refuses whatever the session holds. The fuzz targets drive the request parsing
-/// through here. Answers the method.
+/// envelope, the method, its parameters, the session triple, and for session.send what
+/// admission refuses whatever the session holds (with no tools configured and the catalog
+/// in use). The fuzz targets drive the request parsing through here. Answers the method.
 pub fn check_request(body: &[u8]) -> Result<String, RpcError> {
-    let env: Envelope = serde_json::from_slice(body).map_err(|e| {
-        RpcError::permanent(400, "invalid_request", format!("not an envelope: {e}"))
-    })?;
-    let mut params = env.params.unwrap_or_default();
-    match env.method.as_str() {
-        "session.send" => {
-            triple(&mut params)?;
-            let req: SendRequest = serde_json::from_value(Value::Object(params))
-                .map_err(|e| invalid(e.to_string()))?;
-            let catalog = broca_catalog::current();
-            let probe = broca_core::admission::AdmissionContext {
-                catalog: &catalog,
-                tools: &[],
-                run_id: String::new(),
-                now_unix_ms: 0,
-            };
-            broca_core::admission::admit(&req, &broca_core::Session::default(), &probe)
-                .map_err(|r| RpcError::refusal(&r))?;
-        }
-        "run.status" | "run.result" | "run.cancel" | "session.read" => {
-            triple(&mut params)?;
-            take_str(&mut params, "run_id")?;
-            take_u64(&mut params, "from_ordinal")?;
-            take_u64(&mut params, "limit")?;
-            no_more(&params)?;
-        }
-        other => {
-            return Err(RpcError::permanent(
-                404,
-                "unknown_method",
-                format!("unknown method `{other}`"),
-            ))
+    let request = broca_wire::request::parse(body)?;
+    triple(request.session())?;
+    if let Request::Send { send, .. } = &request {
+        let catalog = broca_catalog::current();
+        if let Err(u) = broca_core::admission::prepare(send, &[], &catalog) {
+            return Err(RpcError::refusal(&u.refusal));
         }
     }
-    Ok(env.method)
+    Ok(request.method().as_str().to_string())
 }
 
 /// Runs one call.
 pub(crate) async fn call(ctx: &Arc<ServeCtx>, body: &[u8]) -> Result<Value, RpcError> {
-    let env: Envelope = serde_json::from_slice(body).map_err(|e| {
-        RpcError::permanent(
-            400,
-            "invalid_request",
-            format!("the body is not a request envelope {{\"method\", \"params\"}}: {e}"),
-        )
-    })?;
-    let params = env.params.unwrap_or_default();
-    match env.method.as_str() {
-        "session.send" => send(ctx, params).await,
-        "run.status" => status(ctx, params).await,
-        "run.result" => result(ctx, params).await,
-        "run.cancel" => cancel(ctx, params).await,
-        "session.read" => read(ctx, params).await,
-        other => Err(RpcError::permanent(
-            404,
-            "unknown_method",
-            format!(
-                "unknown method `{other}` (known: session.send, run.status, run.result, \
-                 run.cancel, session.read)"
-            ),
-        )),
+    let request = broca_wire::request::parse(body)?;
+    let t = triple(request.session())?;
+    match request {
+        Request::Send { send: req, .. } => self::send(ctx, t, req).await,
+        Request::Status { run_id, .. } => status(ctx, t, run_id).await,
+        Request::Result { run_id, .. } => result(ctx, t, run_id).await,
+        Request::Cancel { run_id, .. } => cancel(ctx, t, run_id).await,
+        Request::Read {
+            from_ordinal,
+            limit,
+            ..
+        } => read(ctx, t, from_ordinal, limit).await,
     }
 }
 
-fn take_str(params: &mut Map<String, Value>, key: &str) -> Result<Option<String>, RpcError> {
-    match params.remove(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s)),
-        Some(other) => Err(invalid(format!("`{key}` must be a string, not {other}"))),
-    }
-}
-
-fn take_u64(params: &mut Map<String, Value>, key: &str) -> Result<Option<u64>, RpcError> {
-    match params.remove(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) if n.as_u64().is_some() => Ok(n.as_u64()),
-        Some(other) => Err(invalid(format!(
-            "`{key}` must be a non-negative integer, not {other}"
-        ))),
-    }
-}
-
-fn triple(params: &mut Map<String, Value>) -> Result<SessionTriple, RpcError> {
-    let mut part =
-        |key: &str| take_str(params, key)?.ok_or_else(|| invalid(format!("`{key}` is required")));
-    let (root, harness, session) = (part("project_root")?, part("harness")?, part("session")?);
-    SessionTriple::new(&root, &harness, &session).map_err(|e| invalid(e.to_string()))
-}
-
-fn no_more(params: &Map<String, Value>) -> Result<(), RpcError> {
-    match params.keys().next() {
-        Some(k) => Err(invalid(format!("unknown parameter `{k}`"))),
-        None => Ok(()),
-    }
+fn triple(s: &SessionName) -> Result<SessionTriple, RpcError> {
+    SessionTriple::new(&s.project_root, &s.harness, &s.session).map_err(|e| invalid(e.to_string()))
 }
 
 /// The refusal for a command that did not reach its shard.
@@ -169,10 +96,7 @@ fn unknown_run(run_id: &str) -> RpcError {
     )
 }
 
-async fn send(ctx: &Arc<ServeCtx>, mut params: Map<String, Value>) -> Result<Value, RpcError> {
-    let t = triple(&mut params)?;
-    let req: SendRequest =
-        serde_json::from_value(Value::Object(params)).map_err(|e| invalid(e.to_string()))?;
+async fn send(ctx: &Arc<ServeCtx>, t: SessionTriple, req: SendRequest) -> Result<Value, RpcError> {
     if ctx.is_stopping() {
         return Err(RpcError::transient(
             503,
@@ -180,21 +104,19 @@ async fn send(ctx: &Arc<ServeCtx>, mut params: Map<String, Value>) -> Result<Val
             "broca is stopping; retry later",
         ));
     }
-    // What admission refuses whatever the session holds is refused here, before the session
-    // is opened (a refused send writes nothing, not even a new WAL).
+    // Admission's part that needs no session runs here, once: a send it refuses opens no
+    // session (nothing is written, not even a new WAL) unless its send_id may name a run the
+    // session already has; the session's actor does the rest with what was resolved here.
     let specs = ctx.tools.specs();
     let catalog = broca_catalog::current();
-    let probe = broca_core::admission::AdmissionContext {
-        catalog: &catalog,
-        tools: &specs,
-        run_id: String::new(),
-        now_unix_ms: 0,
-    };
-    if let Err(r) = broca_core::admission::admit(&req, &broca_core::Session::default(), &probe) {
-        return Err(RpcError::refusal(&r));
+    let admission = broca_core::admission::prepare(&req, &specs, &catalog);
+    if let Err(u) = &admission {
+        if u.send_id.is_none() {
+            return Err(RpcError::refusal(&u.refusal));
+        }
     }
     let (reply, wait) = oneshot::channel();
-    ctx.route(t.clone(), SessionCommand::Send { req, reply })
+    ctx.route(t.clone(), SessionCommand::Send { admission, reply })
         .map_err(unrouted)?;
     let sent = wait.await.map_err(|_| unavailable())??;
     if !sent.existing {
@@ -206,10 +128,11 @@ async fn send(ctx: &Arc<ServeCtx>, mut params: Map<String, Value>) -> Result<Val
     Ok(serde_json::to_value(broca_core::views::send_answer(&run)).expect("an answer serializes"))
 }
 
-async fn status(ctx: &Arc<ServeCtx>, mut params: Map<String, Value>) -> Result<Value, RpcError> {
-    let t = triple(&mut params)?;
-    let run_id = take_str(&mut params, "run_id")?;
-    no_more(&params)?;
+async fn status(
+    ctx: &Arc<ServeCtx>,
+    t: SessionTriple,
+    run_id: Option<String>,
+) -> Result<Value, RpcError> {
     let run = view(ctx, &t, run_id.clone())
         .await?
         .ok_or_else(|| match &run_id {
@@ -219,20 +142,14 @@ async fn status(ctx: &Arc<ServeCtx>, mut params: Map<String, Value>) -> Result<V
     Ok(serde_json::to_value(broca_core::views::run_status(&run)).expect("a status serializes"))
 }
 
-async fn result(ctx: &Arc<ServeCtx>, mut params: Map<String, Value>) -> Result<Value, RpcError> {
-    let t = triple(&mut params)?;
-    let run_id = take_str(&mut params, "run_id")?.ok_or_else(|| invalid("`run_id` is required"))?;
-    no_more(&params)?;
+async fn result(ctx: &Arc<ServeCtx>, t: SessionTriple, run_id: String) -> Result<Value, RpcError> {
     let run = view(ctx, &t, Some(run_id.clone()))
         .await?
         .ok_or_else(|| unknown_run(&run_id))?;
     Ok(serde_json::to_value(broca_core::views::run_result(&run)).expect("a result serializes"))
 }
 
-async fn cancel(ctx: &Arc<ServeCtx>, mut params: Map<String, Value>) -> Result<Value, RpcError> {
-    let t = triple(&mut params)?;
-    let run_id = take_str(&mut params, "run_id")?.ok_or_else(|| invalid("`run_id` is required"))?;
-    no_more(&params)?;
+async fn cancel(ctx: &Arc<ServeCtx>, t: SessionTriple, run_id: String) -> Result<Value, RpcError> {
     view(ctx, &t, Some(run_id.clone()))
         .await?
         .ok_or_else(|| unknown_run(&run_id))?;
@@ -245,19 +162,17 @@ async fn cancel(ctx: &Arc<ServeCtx>, mut params: Map<String, Value>) -> Result<V
     ))
 }
 
-async fn read(ctx: &Arc<ServeCtx>, mut params: Map<String, Value>) -> Result<Value, RpcError> {
-    let t = triple(&mut params)?;
-    let from = take_u64(&mut params, "from_ordinal")?.unwrap_or(0);
-    let limit = take_u64(&mut params, "limit")?.unwrap_or(READ_LIMIT_DEFAULT as u64);
-    no_more(&params)?;
-    if limit == 0 || limit > READ_LIMIT_MAX as u64 {
-        return Err(invalid(format!("`limit` must be 1 to {READ_LIMIT_MAX}")));
-    }
+async fn read(
+    ctx: &Arc<ServeCtx>,
+    t: SessionTriple,
+    from: u64,
+    limit: usize,
+) -> Result<Value, RpcError> {
     let path = broca_wal_writer::wal_path(&ctx.wal_dir, &t);
     let page = glommio::executor()
         .spawn_blocking({
             let store = ctx.store.clone();
-            move || read_page(&path, store.as_deref(), from, limit as usize)
+            move || read_page(&path, store.as_deref(), from, limit)
         })
         .await;
     page.map_err(|e| RpcError::transient(500, "internal", e))

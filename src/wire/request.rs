@@ -1,0 +1,267 @@
+//! The management requests: the envelope `{"method", "params"}`, the method names, and each
+//! method's parameters, parsed strictly (an unknown parameter is refused by name). One parser
+//! for every surface that takes these requests (serve's `/v1/rpc`, the fuzz targets).
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use crate::{RpcError, SendRequest, READ_LIMIT_DEFAULT, READ_LIMIT_MAX};
+
+/// The management methods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    SessionSend,
+    SessionRead,
+    RunStatus,
+    RunResult,
+    RunCancel,
+}
+
+impl Method {
+    /// Every method, in the order the docs list them.
+    pub const ALL: [Method; 5] = [
+        Method::SessionSend,
+        Method::RunStatus,
+        Method::RunResult,
+        Method::RunCancel,
+        Method::SessionRead,
+    ];
+
+    /// The method's wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Method::SessionSend => "session.send",
+            Method::SessionRead => "session.read",
+            Method::RunStatus => "run.status",
+            Method::RunResult => "run.result",
+            Method::RunCancel => "run.cancel",
+        }
+    }
+
+    /// The method named `name`.
+    pub fn parse(name: &str) -> Option<Method> {
+        Method::ALL.into_iter().find(|m| m.as_str() == name)
+    }
+}
+
+/// The session a request names: its triple, as given (the WAL's rules check it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionName {
+    pub project_root: String,
+    pub harness: String,
+    pub session: String,
+}
+
+/// A parsed management request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Request {
+    Send {
+        session: SessionName,
+        send: SendRequest,
+    },
+    Status {
+        session: SessionName,
+        run_id: Option<String>,
+    },
+    Result {
+        session: SessionName,
+        run_id: String,
+    },
+    Cancel {
+        session: SessionName,
+        run_id: String,
+    },
+    Read {
+        session: SessionName,
+        from_ordinal: u64,
+        limit: usize,
+    },
+}
+
+impl Request {
+    pub fn method(&self) -> Method {
+        match self {
+            Request::Send { .. } => Method::SessionSend,
+            Request::Status { .. } => Method::RunStatus,
+            Request::Result { .. } => Method::RunResult,
+            Request::Cancel { .. } => Method::RunCancel,
+            Request::Read { .. } => Method::SessionRead,
+        }
+    }
+
+    pub fn session(&self) -> &SessionName {
+        match self {
+            Request::Send { session, .. }
+            | Request::Status { session, .. }
+            | Request::Result { session, .. }
+            | Request::Cancel { session, .. }
+            | Request::Read { session, .. } => session,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Envelope {
+    method: String,
+    #[serde(default)]
+    params: Option<Map<String, Value>>,
+}
+
+fn invalid(why: impl Into<String>) -> RpcError {
+    RpcError::permanent(400, "invalid_params", why)
+}
+
+/// Parses a request body: the envelope, the method, and its parameters.
+pub fn parse(body: &[u8]) -> Result<Request, RpcError> {
+    let env: Envelope = serde_json::from_slice(body).map_err(|e| {
+        RpcError::permanent(
+            400,
+            "invalid_request",
+            format!("the body is not a request envelope {{\"method\", \"params\"}}: {e}"),
+        )
+    })?;
+    let method = Method::parse(&env.method).ok_or_else(|| {
+        let known: Vec<&str> = Method::ALL.iter().map(|m| m.as_str()).collect();
+        RpcError::permanent(
+            404,
+            "unknown_method",
+            format!(
+                "unknown method `{}` (known: {})",
+                env.method.escape_debug(),
+                known.join(", ")
+            ),
+        )
+    })?;
+    let mut params = env.params.unwrap_or_default();
+    let session = session_name(&mut params)?;
+    let request = match method {
+        Method::SessionSend => {
+            let send: SendRequest = serde_json::from_value(Value::Object(params))
+                .map_err(|e| invalid(e.to_string()))?;
+            return Ok(Request::Send { session, send });
+        }
+        Method::RunStatus => Request::Status {
+            run_id: take_str(&mut params, "run_id")?,
+            session,
+        },
+        Method::RunResult => Request::Result {
+            run_id: required_run_id(&mut params)?,
+            session,
+        },
+        Method::RunCancel => Request::Cancel {
+            run_id: required_run_id(&mut params)?,
+            session,
+        },
+        Method::SessionRead => {
+            let from_ordinal = take_u64(&mut params, "from_ordinal")?.unwrap_or(0);
+            let limit = take_u64(&mut params, "limit")?.unwrap_or(READ_LIMIT_DEFAULT as u64);
+            if limit == 0 || limit > READ_LIMIT_MAX as u64 {
+                return Err(invalid(format!("`limit` must be 1 to {READ_LIMIT_MAX}")));
+            }
+            Request::Read {
+                session,
+                from_ordinal,
+                limit: limit as usize,
+            }
+        }
+    };
+    match params.keys().next() {
+        Some(k) => Err(invalid(format!(
+            "unknown parameter `{}` for {}",
+            k.escape_debug(),
+            method.as_str()
+        ))),
+        None => Ok(request),
+    }
+}
+
+fn take_str(params: &mut Map<String, Value>, key: &str) -> Result<Option<String>, RpcError> {
+    match params.remove(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err(invalid(format!("`{key}` must be a string, not {other}"))),
+    }
+}
+
+fn take_u64(params: &mut Map<String, Value>, key: &str) -> Result<Option<u64>, RpcError> {
+    match params.remove(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) if n.as_u64().is_some() => Ok(n.as_u64()),
+        Some(other) => Err(invalid(format!(
+            "`{key}` must be a non-negative integer, not {other}"
+        ))),
+    }
+}
+
+fn required_run_id(params: &mut Map<String, Value>) -> Result<String, RpcError> {
+    take_str(params, "run_id")?.ok_or_else(|| invalid("`run_id` is required"))
+}
+
+fn session_name(params: &mut Map<String, Value>) -> Result<SessionName, RpcError> {
+    let mut part =
+        |key: &str| take_str(params, key)?.ok_or_else(|| invalid(format!("`{key}` is required")));
+    Ok(SessionName {
+        project_root: part("project_root")?,
+        harness: part("harness")?,
+        session: part("session")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_method_parses_its_params_strictly() {
+        let triple = r#""project_root":"/p","harness":"h","session":"s""#;
+        let ok = |body: String| parse(body.as_bytes()).unwrap();
+        let r = ok(format!(
+            r#"{{"method":"session.read","params":{{{triple},"limit":5}}}}"#
+        ));
+        assert_eq!(
+            r,
+            Request::Read {
+                session: SessionName {
+                    project_root: "/p".into(),
+                    harness: "h".into(),
+                    session: "s".into()
+                },
+                from_ordinal: 0,
+                limit: 5
+            }
+        );
+        assert_eq!(
+            ok(format!(
+                r#"{{"method":"run.status","params":{{{triple}}}}}"#
+            ))
+            .method(),
+            Method::RunStatus
+        );
+        for (body, code) in [
+            (
+                format!(r#"{{"method":"run.result","params":{{{triple}}}}}"#),
+                "invalid_params",
+            ),
+            (
+                format!(r#"{{"method":"run.status","params":{{{triple},"x":1}}}}"#),
+                "invalid_params",
+            ),
+            (
+                format!(r#"{{"method":"nope","params":{{{triple}}}}}"#),
+                "unknown_method",
+            ),
+            (r#"{"method":"run.status"}"#.to_string(), "invalid_params"),
+            ("[]".to_string(), "invalid_request"),
+            (
+                format!(r#"{{"method":"session.read","params":{{{triple},"limit":0}}}}"#),
+                "invalid_params",
+            ),
+        ] {
+            assert_eq!(parse(body.as_bytes()).unwrap_err().code, code, "{body}");
+        }
+        for m in Method::ALL {
+            assert_eq!(Method::parse(m.as_str()), Some(m));
+        }
+    }
+}

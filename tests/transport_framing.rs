@@ -18,8 +18,13 @@ use broca_io::net::{tls, ClientConfig, HttpClient, Request, Url};
 struct Converse;
 
 impl StreamNormalizer for Converse {
-    fn push(&mut self, event: Option<&str>, data: &str) -> Result<Normalized, String> {
-        let v: serde_json::Value = serde_json::from_str(data).map_err(|e| e.to_string())?;
+    fn push(
+        &mut self,
+        event: Option<&str>,
+        data: &str,
+    ) -> Result<Normalized, broca::provider::FormatError> {
+        let v: serde_json::Value =
+            serde_json::from_str(data).map_err(|e| broca::provider::FormatError(e.to_string()))?;
         Ok(match event {
             Some("contentBlockDelta") => Normalized::Events(vec![StreamEvent::TextDelta(
                 v["delta"]["text"].as_str().unwrap_or_default().to_string(),

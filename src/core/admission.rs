@@ -5,7 +5,9 @@
 
 use broca_catalog as catalog;
 use broca_protocol::ToolSpec;
-use broca_wal::runrec::{CachePolicy, FrozenConfig, ResultBlock, RunStarted, StopConditions};
+use broca_wal::runrec::{
+    result_reason, CachePolicy, FrozenConfig, ResultBlock, RunStarted, StopConditions,
+};
 
 use super::replay::{RunState, Session};
 
@@ -134,7 +136,7 @@ pub fn admit_prepared(
                       may or may not have run, and it was not run again"
                 .into(),
             is_error: true,
-            reason: Some("outcome_unknown".into()),
+            reason: Some(result_reason::OUTCOME_UNKNOWN.into()),
         })
         .collect();
     Ok(Admitted::New(Box::new(RunStarted {

@@ -19,7 +19,7 @@ use broca_protocol::{
     ToolCall, Usage,
 };
 use broca_wal::runrec::{
-    CachePolicy, CancelRequested, FinishKind, FrozenConfig, ModelAttemptFinished,
+    result_reason, CachePolicy, CancelRequested, FinishKind, FrozenConfig, ModelAttemptFinished,
     ModelStepFinished, ResultBlock, RunFinished, RunPaused, RunResumed, StepStarted,
     ToolDispatchIntent, ToolResult,
 };
@@ -450,11 +450,19 @@ impl RunMachine {
         self.phase = Phase::AwaitIntent { batch_id, calls };
     }
 
+    /// The record appended with `wait` is durable: only an intent or a terminal record is
+    /// appended so, and the caller feeds this right after that append, before anything else.
     fn on_durable(&mut self) {
         match std::mem::replace(&mut self.phase, Phase::Done) {
             Phase::AwaitIntent { batch_id, calls } => self.dispatch(batch_id, calls),
             Phase::Sealing(outcome) => self.out.push_back(Command::Finish(outcome)),
-            other => self.phase = other,
+            other => {
+                debug_assert!(
+                    false,
+                    "Durable fed in phase {other:?}: no record waited for it"
+                );
+                self.phase = other;
+            }
         }
     }
 
@@ -471,7 +479,7 @@ impl RunMachine {
                         call.name
                     ),
                     is_error: true,
-                    reason: Some("unknown_tool".into()),
+                    reason: Some(result_reason::UNKNOWN_TOOL.into()),
                 });
                 continue;
             };
@@ -480,7 +488,7 @@ impl RunMachine {
                     call_id: call.id.clone(),
                     content: format!("the arguments are not valid JSON: {raw}"),
                     is_error: true,
-                    reason: Some("invalid_arguments".into()),
+                    reason: Some(result_reason::INVALID_ARGUMENTS.into()),
                 });
                 continue;
             }
@@ -496,7 +504,7 @@ impl RunMachine {
                         call.name
                     ),
                     is_error: true,
-                    reason: Some("invalid_arguments".into()),
+                    reason: Some(result_reason::INVALID_ARGUMENTS.into()),
                 });
                 continue;
             }
@@ -520,13 +528,20 @@ impl RunMachine {
         self.tools_maybe_done();
     }
 
+    /// Records `result` of the batch in [`Phase::Tools`].
     fn record_result(&mut self, result: ResultBlock) {
         let Phase::Tools { batch_id, .. } = &self.phase else {
-            return;
+            unreachable!("a tool result is recorded only while the tools phase lasts")
         };
+        let batch_id = batch_id.clone();
+        self.push_result(batch_id, result);
+    }
+
+    /// Appends a ToolResult of `batch_id` and puts the result into the transcript.
+    fn push_result(&mut self, batch_id: String, result: ResultBlock) {
         let record = ToolResult {
             run_id: self.run_id.clone(),
-            batch_id: batch_id.clone(),
+            batch_id,
             result: result.clone(),
         };
         self.push(Record::ToolResult(record), false);
@@ -655,13 +670,8 @@ impl RunMachine {
                 self.out.push_back(Command::AbortModel);
                 self.seal(FinishKind::Interrupted, detail, None, Vec::new());
             }
-            Phase::AwaitIntent { batch_id, calls } => {
+            Phase::AwaitIntent { calls, .. } => {
                 // The intent may be durable, but nothing was dispatched: say so.
-                self.phase = Phase::Tools {
-                    batch_id,
-                    waiting: Vec::new(),
-                    indeterminate: Vec::new(),
-                };
                 self.resolve_undispatched(&calls, "shutdown");
                 self.seal(FinishKind::Interrupted, detail, None, Vec::new());
             }
@@ -679,29 +689,20 @@ impl RunMachine {
 
     /// Results for tool calls of the last step that will never be dispatched.
     fn resolve_undispatched(&mut self, calls: &[ToolCall], why: &str) {
-        if calls.is_empty() {
-            return;
-        }
         let batch_id = format!("{}.{}", self.run_id, self.step);
-        let saved = std::mem::replace(
-            &mut self.phase,
-            Phase::Tools {
-                batch_id,
-                waiting: Vec::new(),
-                indeterminate: Vec::new(),
-            },
-        );
         for call in calls {
-            self.record_result(ResultBlock {
-                call_id: call.id.clone(),
-                content: format!(
-                    "not run: the run stopped ({why}) before this call was dispatched"
-                ),
-                is_error: true,
-                reason: Some("not_dispatched".into()),
-            });
+            self.push_result(
+                batch_id.clone(),
+                ResultBlock {
+                    call_id: call.id.clone(),
+                    content: format!(
+                        "not run: the run stopped ({why}) before this call was dispatched"
+                    ),
+                    is_error: true,
+                    reason: Some(result_reason::NOT_DISPATCHED.into()),
+                },
+            );
         }
-        self.phase = saved;
     }
 
     fn pause(&mut self, reason: &str, error: ClassifiedError) {
@@ -793,21 +794,15 @@ pub enum ResumePoint {
 impl RunMachine {
     /// A machine that records the resume and seals the run Interrupted because its frozen
     /// renderer or catalog entry is no longer compatible (never re-rendered silently).
-    pub fn refuse_resume(
-        run_id: String,
-        usage: Usage,
-        step: u32,
-        why: String,
-        now_ms: u64,
-    ) -> RunMachine {
-        let mut m = RunMachine::new(
+    pub fn refuse_resume(from: ResumeFrom, why: String, now_ms: u64) -> RunMachine {
+        let ResumeFrom {
             run_id,
-            placeholder_config(),
-            Vec::new(),
+            config,
             step,
             usage,
-            now_ms,
-        );
+            ..
+        } = from;
+        let mut m = RunMachine::new(run_id, config, Vec::new(), step, usage, now_ms);
         let record = RunResumed {
             run_id: m.run_id.clone(),
             from_step: step,
@@ -870,27 +865,4 @@ pub struct ResumeFrom {
     pub usage: Usage,
     pub point: ResumePoint,
     pub cancel_requested: bool,
-}
-
-fn placeholder_config() -> FrozenConfig {
-    use broca_wal::runrec::{CachePolicy, StopConditions};
-    FrozenConfig {
-        provider: String::new(),
-        model: String::new(),
-        credential_id: String::new(),
-        renderer_version: 0,
-        catalog_digest: String::new(),
-        catalog: None,
-        system: None,
-        tools: Vec::new().into(),
-        tools_digest: String::new(),
-        generation: Default::default(),
-        stop: StopConditions {
-            max_steps: 0,
-            max_total_tokens: None,
-            max_cost_micros: None,
-        },
-        context_limit: None,
-        cache_policy: CachePolicy::Off,
-    }
 }

@@ -299,8 +299,19 @@ fn context_overflow_from_the_provider_ends_at_the_context_limit() {
 
 #[test]
 fn a_run_refused_at_resume_is_sealed_interrupted_with_the_reason() {
-    let mut m =
-        RunMachine::refuse_resume("r".into(), Usage::default(), 2, "renderer drift".into(), 0);
+    let mut m = RunMachine::refuse_resume(
+        super::machine::ResumeFrom {
+            run_id: "r".into(),
+            config: config(),
+            transcript: Vec::new(),
+            step: 2,
+            usage: Usage::default(),
+            point: super::machine::ResumePoint::BeforeStep,
+            cancel_requested: false,
+        },
+        "renderer drift".into(),
+        0,
+    );
     let cmds = drain(&mut m);
     assert_eq!(kinds(&cmds), ["run_resumed", "run_finished!"]);
     let Command::Append {

@@ -195,6 +195,12 @@ impl Session {
             }
             Record::StepStarted(r) => {
                 let (open, run) = self.open_mut(&r.run_id)?;
+                if r.step != open.step + 1 {
+                    return Err(format!(
+                        "step {} of run {} follows step {} (steps go up by one)",
+                        r.step, r.run_id, open.step
+                    ));
+                }
                 open.step = r.step;
                 open.point = ResumePoint::BeforeStep;
                 run.steps = run.steps.max(r.step);
@@ -230,7 +236,14 @@ impl Session {
             Record::ToolResult(r) => {
                 let (open, _) = self.open_mut(&r.run_id)?;
                 if let ResumePoint::IntentOpen { missing } = &mut open.point {
-                    missing.retain(|id| *id != r.result.call_id);
+                    let Some(i) = missing.iter().position(|id| *id == r.result.call_id) else {
+                        return Err(format!(
+                            "a result for tool call {} of batch {}, which its intent does not \
+                             wait for",
+                            r.result.call_id, r.batch_id
+                        ));
+                    };
+                    missing.remove(i);
                     if missing.is_empty() {
                         open.point = ResumePoint::ToolsDone;
                     }
@@ -300,4 +313,84 @@ fn unresolved(transcript: &[Arc<Message>]) -> Vec<String> {
         .map(|c| c.id)
         .filter(|id| !answered.contains(&id.as_str()))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use broca_protocol::{Json, ToolCall};
+    use broca_wal::runrec::{ResultBlock, RunStarted, StepStarted, ToolDispatchIntent, ToolResult};
+
+    fn started() -> Record {
+        let config = crate::admission::prepare(
+            &crate::admission::SendRequest {
+                prompt: "go".into(),
+                model: "anthropic/m".into(),
+                ..Default::default()
+            },
+            &[],
+            &broca_catalog::Catalog::builtin(),
+        )
+        .unwrap()
+        .config;
+        Record::RunStarted(Box::new(RunStarted {
+            run_id: "r".into(),
+            send_id: None,
+            inputs_digest: "d".into(),
+            prompt: "go".into(),
+            config,
+            resolved_calls: Vec::new(),
+            at_unix_ms: 0,
+        }))
+    }
+
+    fn step(n: u32) -> Record {
+        Record::StepStarted(StepStarted {
+            run_id: "r".into(),
+            step: n,
+        })
+    }
+
+    #[test]
+    fn steps_out_of_order_and_results_no_intent_waits_for_are_corruption_with_their_seq() {
+        let gap = [(1, started()), (2, step(1)), (3, step(3))];
+        let e = Session::replay(gap.into_iter()).unwrap_err();
+        assert_eq!(e.seq, 3);
+        assert!(e.reason.contains("follows step 1"), "{}", e.reason);
+
+        let intent = Record::ToolDispatchIntent(ToolDispatchIntent {
+            run_id: "r".into(),
+            step: 1,
+            batch_id: "r.1".into(),
+            calls: vec![ToolCall {
+                id: "c1".into(),
+                name: "t".into(),
+                input: Json::from_text("{}".into()).unwrap(),
+            }],
+        });
+        let result = |id: &str| {
+            Record::ToolResult(ToolResult {
+                run_id: "r".into(),
+                batch_id: "r.1".into(),
+                result: ResultBlock {
+                    call_id: id.into(),
+                    content: "x".into(),
+                    is_error: false,
+                    reason: None,
+                },
+            })
+        };
+        let stray = [
+            (1, started()),
+            (2, step(1)),
+            (3, intent.clone()),
+            (4, result("c9")),
+        ];
+        let e = Session::replay(stray.into_iter()).unwrap_err();
+        assert_eq!(e.seq, 4);
+        assert!(e.reason.contains("c9"), "{}", e.reason);
+        let fine = [(1, started()), (2, step(1)), (3, intent), (4, result("c1"))];
+        let s = Session::replay(fine.into_iter()).unwrap();
+        assert_eq!(s.open.unwrap().point, ResumePoint::ToolsDone);
+    }
 }

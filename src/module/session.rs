@@ -18,6 +18,7 @@ use broca_core::admission::{
 use broca_core::machine::{Command, Event, Outcome, ResumeFrom, RunMachine, Timeout, TimeoutKind};
 use broca_core::replay::{ReplayError, RunView, Session};
 use broca_protocol::{ToolCall, ToolSpec};
+use broca_wal::runrec::result_reason;
 use broca_wal::runrec::ResultBlock;
 use broca_wal::{Record, SessionTriple, WalError};
 use broca_wal_writer::WalWriter;
@@ -180,12 +181,6 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         let run_id = run.run_id.clone();
         let catalog = broca_catalog::current();
         let now = crate::now_unix_ms();
-        if let Err(why) = broca_core::admission::check_resumable(&run.config, &catalog) {
-            // Never re-render an admitted run differently: seal it with the reason.
-            let machine = RunMachine::refuse_resume(run_id.clone(), run.usage, open.step, why, now);
-            let outcome = self.drive(machine).await?;
-            return Ok(Some((run_id, outcome)));
-        }
         let from = ResumeFrom {
             run_id: run_id.clone(),
             config: run.config.clone(),
@@ -195,6 +190,12 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             point: open.point,
             cancel_requested: open.cancel_requested,
         };
+        if let Err(why) = broca_core::admission::check_resumable(&run.config, &catalog) {
+            // Never re-render an admitted run differently: seal it with the reason.
+            let machine = RunMachine::refuse_resume(from, why, now);
+            let outcome = self.drive(machine).await?;
+            return Ok(Some((run_id, outcome)));
+        }
         let machine = RunMachine::resume(from, now);
         let outcome = self.drive(machine).await?;
         Ok(Some((run_id, outcome)))
@@ -411,7 +412,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                             call_id,
                             content: format!("not run: refused before delivery: {reason}"),
                             is_error: true,
-                            reason: Some("refused_before_delivery".into()),
+                            reason: Some(result_reason::REFUSED_BEFORE_DELIVERY.into()),
                         }),
                         ToolOutcome::Indeterminate => Event::ToolIndeterminate { call_id },
                     };

@@ -30,11 +30,24 @@ pub enum Normalized {
     Error(ClassifiedError),
 }
 
+/// A framed event that is not an event of the family: what was wrong with it (shown to the
+/// operator; the attempt fails as a permanent error).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FormatError(pub String);
+
+impl std::fmt::Display for FormatError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for FormatError {}
+
 /// A family's stream normalizer: one framed event in (its event name when the framing has
 /// one, and its data), canonical events out.
 pub trait StreamNormalizer {
     /// Normalizes one event; `Err` says why it is not an event of this family.
-    fn push(&mut self, event: Option<&str>, data: &str) -> Result<Normalized, String>;
+    fn push(&mut self, event: Option<&str>, data: &str) -> Result<Normalized, FormatError>;
 }
 
 /// What a family authorizes a request with.

@@ -412,15 +412,22 @@ impl Source {
     }
 }
 
-/// Normalizes one event into `pending`, noting reported usage. `Err(Ok(e))` is the
-/// provider's error; `Err(Err(why))` an event not of the family.
+/// Why a stream stopped before its end.
+enum StreamFault {
+    /// The provider reported an error in the stream (classified where it arose).
+    Provider(ClassifiedError),
+    /// The bytes are not a stream of this family, or not framed as one.
+    Format(String),
+}
+
+/// Normalizes one event into `pending`, noting reported usage.
 fn normalize_into(
     normalizer: &mut dyn StreamNormalizer,
     pending: &mut VecDeque<StreamEvent>,
     usage: &mut Option<Usage>,
     event: Option<&str>,
     data: &str,
-) -> Result<(), Result<ClassifiedError, String>> {
+) -> Result<(), StreamFault> {
     match normalizer.push(event, data) {
         Ok(Normalized::Events(evs)) => {
             for ev in &evs {
@@ -431,8 +438,8 @@ fn normalize_into(
             pending.extend(evs);
             Ok(())
         }
-        Ok(Normalized::Error(e)) => Err(Ok(e)),
-        Err(why) => Err(Err(why)),
+        Ok(Normalized::Error(e)) => Err(StreamFault::Provider(e)),
+        Err(why) => Err(StreamFault::Format(why.0)),
     }
 }
 
@@ -511,11 +518,11 @@ impl HttpModelStream {
         .map_err(|f| self.normalize_failure(f))
     }
 
-    /// The failure of a stream the normalizer stopped: the provider's classified error, or
-    /// (`Err`) an event not of the family.
-    fn normalize_failure(&mut self, f: Result<ClassifiedError, String>) -> Failure {
+    /// The failure of a stream the normalizer stopped: the provider's classified error, or an
+    /// event not of the family.
+    fn normalize_failure(&mut self, f: StreamFault) -> Failure {
         match f {
-            Ok(mut e) => {
+            StreamFault::Provider(mut e) => {
                 e.message = self
                     .redact
                     .scrub(&format!("{}: {}", self.target, e.message));
@@ -525,7 +532,7 @@ impl HttpModelStream {
                     usage: self.usage,
                 }
             }
-            Err(why) => self.fail(
+            StreamFault::Format(why) => self.fail(
                 ErrorClass::Permanent,
                 format!(
                     "{}: the stream is not of this provider's format: {why}",
@@ -539,14 +546,14 @@ impl HttpModelStream {
     fn decode(&mut self, bytes: &[u8]) -> Result<(), Failure> {
         let (normalizer, pending, usage) =
             (&mut self.normalizer, &mut self.pending, &mut self.usage);
-        let mut failed: Option<Result<ClassifiedError, String>> = None;
+        let mut failed: Option<StreamFault> = None;
         let mut feed = |name: Option<&str>, data: Result<&str, &str>| {
             if failed.is_none() {
                 failed = match data {
                     Ok(data) => {
                         normalize_into(normalizer.as_mut(), pending, usage, name, data).err()
                     }
-                    Err(why) => Some(Err(why.to_string())),
+                    Err(why) => Some(StreamFault::Format(why.to_string())),
                 };
             }
         };

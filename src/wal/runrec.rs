@@ -99,6 +99,21 @@ pub struct StopConditions {
 
 pub use broca_protocol::CachePolicy;
 
+/// Why broca wrote a tool result itself (the `reason` of a [`ResultBlock`]); a result the
+/// tool gave has none. The values are part of the WAL's payload format and of the contract.
+pub mod result_reason {
+    /// The call may have run (delivered, then its answer lost): never run again.
+    pub const OUTCOME_UNKNOWN: &str = "outcome_unknown";
+    /// The model asked for a tool the run was not offered: never sent.
+    pub const UNKNOWN_TOOL: &str = "unknown_tool";
+    /// The arguments are not JSON or do not match the tool's input schema: never sent.
+    pub const INVALID_ARGUMENTS: &str = "invalid_arguments";
+    /// The tool's server could not take the call (unreachable, not started): it never ran.
+    pub const REFUSED_BEFORE_DELIVERY: &str = "refused_before_delivery";
+    /// The run stopped before the call was dispatched: it never ran.
+    pub const NOT_DISPATCHED: &str = "not_dispatched";
+}
+
 /// A tool result block, as frozen into a record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResultBlock {

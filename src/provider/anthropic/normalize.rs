@@ -4,7 +4,7 @@
 use serde::Deserialize;
 
 use crate::scan::{self, Raw};
-use crate::{Aliases, Normalized};
+use crate::{Aliases, FormatError, Normalized};
 use broca_protocol::{ClassifiedError, ErrorClass, FinishReason, StreamEvent, Usage};
 
 #[derive(Deserialize)]
@@ -227,14 +227,14 @@ fn fast_path(data: &str) -> Option<Normalized> {
 impl crate::StreamNormalizer for Normalizer {
     /// Normalizes one event's JSON data. A line that is not an event of this family is an
     /// error naming it.
-    fn push(&mut self, _event: Option<&str>, data: &str) -> Result<Normalized, String> {
+    fn push(&mut self, _event: Option<&str>, data: &str) -> Result<Normalized, FormatError> {
         if !self.full_only {
             if let Some(fast) = fast_path(data) {
                 return Ok(fast);
             }
         }
         let wire: Wire = serde_json::from_str(data)
-            .map_err(|e| format!("an Anthropic stream event does not parse: {e}"))?;
+            .map_err(|e| FormatError(format!("an Anthropic stream event does not parse: {e}")))?;
         let mut out = Vec::new();
         match wire {
             Wire::MessageStart { message } => {
@@ -446,6 +446,7 @@ data: {\"type\":\"message_stop\"}\n\n";
         assert!(n
             .push(None, "not json")
             .unwrap_err()
+            .0
             .contains("does not parse"));
     }
 }

@@ -5,7 +5,7 @@
 use serde::Deserialize;
 
 use crate::scan::Cursor;
-use crate::{Aliases, Normalized};
+use crate::{Aliases, FormatError, Normalized};
 use broca_protocol::{ClassifiedError, ErrorClass, FinishReason, StreamEvent, Usage};
 
 #[derive(Deserialize)]
@@ -119,7 +119,7 @@ pub fn classify(kind: Option<&str>, code: Option<&str>) -> ErrorClass {
 impl crate::StreamNormalizer for Normalizer {
     /// Normalizes one event's data. `[DONE]` ends the stream: the finish reason seen earlier
     /// is emitted then, after the usage chunk that comes between.
-    fn push(&mut self, _event: Option<&str>, data: &str) -> Result<Normalized, String> {
+    fn push(&mut self, _event: Option<&str>, data: &str) -> Result<Normalized, FormatError> {
         if data.trim() == "[DONE]" {
             let mut out = self.close_tools();
             if let Some(reason) = self.finish.take() {
@@ -136,7 +136,7 @@ impl crate::StreamNormalizer for Normalizer {
             }
         }
         let chunk: Chunk = serde_json::from_str(data)
-            .map_err(|e| format!("an OpenAI chat chunk does not parse: {e}"))?;
+            .map_err(|e| FormatError(format!("an OpenAI chat chunk does not parse: {e}")))?;
         if let Some(err) = chunk.error {
             let code = err
                 .code

@@ -5,7 +5,7 @@
 use serde::Deserialize;
 
 use crate::scan;
-use crate::{Aliases, Normalized};
+use crate::{Aliases, FormatError, Normalized};
 use broca_protocol::{ClassifiedError, FinishReason, StreamEvent, Usage};
 
 #[derive(Deserialize)]
@@ -150,14 +150,14 @@ fn fast_path(data: &str) -> Option<Normalized> {
 }
 
 impl crate::StreamNormalizer for Normalizer {
-    fn push(&mut self, _event: Option<&str>, data: &str) -> Result<Normalized, String> {
+    fn push(&mut self, _event: Option<&str>, data: &str) -> Result<Normalized, FormatError> {
         if !self.full_only {
             if let Some(fast) = fast_path(data) {
                 return Ok(fast);
             }
         }
         let wire: Wire = serde_json::from_str(data)
-            .map_err(|e| format!("an OpenAI Responses event does not parse: {e}"))?;
+            .map_err(|e| FormatError(format!("an OpenAI Responses event does not parse: {e}")))?;
         let mut out = Vec::new();
         match wire {
             Wire::Created { response } => self.request_id = response.id,

@@ -98,7 +98,9 @@ fn records_of_another_lineage_after_the_tail_are_named_as_foreign() {
     img[at..at + b_frames.len()].copy_from_slice(b_frames);
     let got = scan(&img).unwrap();
     match got.verdict {
-        Verdict::Corrupt { reason } => assert!(reason.contains("another lineage"), "{reason}"),
+        Verdict::Corrupt {
+            reason: broca::wal::Corruption::ForeignLineage { found, expected },
+        } => assert_ne!(found, expected),
         other => panic!("expected foreign lineage, got {other:?}"),
     }
     assert_eq!(got.end, a_scan.end);

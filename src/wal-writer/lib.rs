@@ -156,7 +156,7 @@ impl WalWriter {
                         return Err(WalError::Corrupt {
                             path,
                             offset: scan.end,
-                            reason: reason.clone(),
+                            reason: broca_wal::verify::corruption_text(reason),
                         })
                     }
                 };

@@ -18,7 +18,7 @@ use std::path::PathBuf;
 pub use address::{SessionAddr, SessionTriple};
 pub use header::{HeaderError, WalHeader};
 pub use record::Record;
-pub use recovery::{scan, FrameInfo, Scan, Verdict};
+pub use recovery::{scan, Corruption, FrameInfo, Scan, Verdict};
 
 /// What went wrong with a WAL. Every variant names the file; corruption names the offset.
 #[derive(Debug, Clone, PartialEq, Eq)]

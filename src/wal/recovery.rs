@@ -49,8 +49,70 @@ pub enum Verdict {
     Clean,
     /// R8: a torn tail that the lease holder cuts logically when it opens the log.
     Torn { reason: String, bytes: u64 },
-    /// R2-R5, R7: corruption; the records before `offset` are intact, nothing after is trusted.
-    Corrupt { reason: String },
+    /// R2-R5, R7: corruption; the records before the scan's end are intact, nothing after is
+    /// trusted.
+    Corrupt { reason: Corruption },
+}
+
+/// Which case of the table a corruption is, with what it found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Corruption {
+    /// R2: a valid frame of another lineage.
+    ForeignLineage { found: [u8; 8], expected: [u8; 8] },
+    /// R3: a valid frame of this lineage with another seq than the next one.
+    SequenceGap { expected: u64, found: u64 },
+    /// R4: a valid frame whose epoch is below one already seen.
+    StaleWriter { epoch: u32, after: u32 },
+    /// R5: a valid frame claiming bytes beyond its own offset were durable.
+    ImpossibleFrame { synced_end: u64 },
+    /// R7: damage in bytes that a later record proves were durable.
+    DamagedRecord { witness_at: u64, synced_end: u64 },
+}
+
+impl Corruption {
+    /// The case of the recovery table (docs/wal-format.md).
+    pub fn case(&self) -> &'static str {
+        match self {
+            Corruption::ForeignLineage { .. } => "R2",
+            Corruption::SequenceGap { .. } => "R3",
+            Corruption::StaleWriter { .. } => "R4",
+            Corruption::ImpossibleFrame { .. } => "R5",
+            Corruption::DamagedRecord { .. } => "R7",
+        }
+    }
+}
+
+impl std::fmt::Display for Corruption {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Corruption::ForeignLineage { found, expected } => write!(
+                f,
+                "a record of another lineage (tag {}) where this WAL's lineage (tag {}) belongs",
+                hex(found),
+                hex(expected)
+            ),
+            Corruption::SequenceGap { expected, found } => {
+                write!(f, "sequence gap: expected seq {expected}, found {found}")
+            }
+            Corruption::StaleWriter { epoch, after } => write!(
+                f,
+                "stale writer: epoch {epoch} after epoch {after} (a writer wrote after losing \
+                 its lease)"
+            ),
+            Corruption::ImpossibleFrame { synced_end } => write!(
+                f,
+                "record claims {synced_end} bytes were durable, beyond its own offset"
+            ),
+            Corruption::DamagedRecord {
+                witness_at,
+                synced_end,
+            } => write!(
+                f,
+                "damaged record: the record at offset {witness_at} was appended after \
+                 {synced_end} bytes were durable, so these bytes had been acknowledged"
+            ),
+        }
+    }
 }
 
 /// What a scan found.
@@ -119,32 +181,29 @@ pub(crate) fn check_frame(
     tag: [u8; 8],
     expected_seq: u64,
     epoch_max: u32,
-) -> Result<(), String> {
+) -> Result<(), Corruption> {
     if frame.lineage_tag != tag {
-        return Err(format!(
-            "a record of another lineage (tag {}) where this WAL's lineage (tag {}) belongs",
-            hex(&frame.lineage_tag),
-            hex(&tag)
-        ));
+        return Err(Corruption::ForeignLineage {
+            found: frame.lineage_tag,
+            expected: tag,
+        });
     }
     if frame.seq != expected_seq {
-        return Err(format!(
-            "sequence gap: expected seq {expected_seq}, found {}",
-            frame.seq
-        ));
+        return Err(Corruption::SequenceGap {
+            expected: expected_seq,
+            found: frame.seq,
+        });
     }
     if frame.epoch < epoch_max {
-        return Err(format!(
-            "stale writer: epoch {} after epoch {epoch_max} (a writer wrote after losing its \
-             lease)",
-            frame.epoch
-        ));
+        return Err(Corruption::StaleWriter {
+            epoch: frame.epoch,
+            after: epoch_max,
+        });
     }
     if frame.synced_end > at {
-        return Err(format!(
-            "record claims {} bytes were durable, beyond its own offset",
-            frame.synced_end
-        ));
+        return Err(Corruption::ImpossibleFrame {
+            synced_end: frame.synced_end,
+        });
     }
     Ok(())
 }
@@ -253,11 +312,10 @@ pub(crate) fn tail_verdict(src: &impl ReadAt, at: u64, tag: [u8; 8]) -> std::io:
     };
     if let Some((witness_at, synced_end)) = witness {
         return Ok(Verdict::Corrupt {
-            reason: format!(
-                "damaged record: the record at offset {witness_at} was appended after \
-                 {synced_end} bytes were durable, so the bytes at offset {at} had been \
-                 acknowledged"
-            ),
+            reason: Corruption::DamagedRecord {
+                witness_at,
+                synced_end,
+            },
         });
     }
     let mut head = [0u8; FRAME_HEADER_BYTES];

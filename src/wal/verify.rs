@@ -109,7 +109,7 @@ pub fn verify_file(path: &Path) -> FileReport {
         Verdict::Corrupt { reason } => FileReport::Failed(WalError::Corrupt {
             path: path.to_path_buf(),
             offset: end,
-            reason,
+            reason: corruption_text(&reason),
         }),
     }
 }
@@ -175,8 +175,13 @@ pub fn dump(path: &Path, out: &mut impl Write) -> Result<(), WalError> {
         return Err(WalError::Corrupt {
             path: path.to_path_buf(),
             offset: reader.end(),
-            reason: reason.clone(),
+            reason: corruption_text(reason),
         });
     }
     Ok(())
+}
+
+/// A corruption as a WAL error says it: what was found, and the case of the recovery table.
+pub fn corruption_text(c: &crate::Corruption) -> String {
+    format!("{c} (recovery case {})", c.case())
 }

@@ -15,7 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use broca_bench::peer::{
-    broca_release_bin, cpu_secs, rss_anon_file_kib, rss_kib_and_fds, Daemon, FakeProvider,
+    anon_huge_kib, broca_release_bin, cpu_secs, rss_anon_file_kib, rss_kib_and_fds, Daemon,
+    FakeProvider,
 };
 use broca_bench::percentile;
 use serde_json::json;
@@ -134,6 +135,7 @@ struct Minute {
     rss_kib: u64,
     anon_kib: u64,
     file_kib: u64,
+    huge_kib: u64,
     fds: usize,
     requests: usize,
     p50: Duration,
@@ -156,6 +158,7 @@ fn sample(
     Minute {
         anon_kib,
         file_kib,
+        huge_kib: anon_huge_kib(d.pid()),
         at_secs: start.elapsed().as_secs(),
         phase,
         rss_kib,
@@ -267,8 +270,8 @@ fn main() {
             std::thread::sleep(next.saturating_duration_since(Instant::now()));
             let m = sample(&d, start, phase, &lat, &errors);
             println!(
-                "{:>6} s {:<6} rss {:>7} KiB (heap {:>7}, files {:>7})  fds {:>4}  requests {:>7}  p50 {:>8.2} ms  p99 {:>8.2} ms  errors {}  cpu {:.1} s",
-                m.at_secs, m.phase, m.rss_kib, m.anon_kib, m.file_kib, m.fds, m.requests,
+                "{:>6} s {:<6} rss {:>7} KiB (heap {:>7}, of it huge pages {:>6}; files {:>7})  fds {:>4}  requests {:>7}  p50 {:>8.2} ms  p99 {:>8.2} ms  errors {}  cpu {:.1} s",
+                m.at_secs, m.phase, m.rss_kib, m.anon_kib, m.huge_kib, m.file_kib, m.fds, m.requests,
                 m.p50.as_secs_f64() * 1e3, m.p99.as_secs_f64() * 1e3, m.errors, m.cpu_secs
             );
             minutes.push(m);

@@ -225,6 +225,18 @@ pub fn rss_anon_file_kib(pid: u32) -> (u64, u64) {
     (field("RssAnon:"), field("RssFile:"))
 }
 
+/// The anonymous memory of process `pid` held in transparent huge pages, in KiB.
+pub fn anon_huge_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("AnonHugePages:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
 /// CPU seconds (user + system) process `pid` has used.
 pub fn cpu_secs(pid: u32) -> f64 {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {

@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+pub mod core_sim;
 pub mod fuzz;
 
 /// splitmix64: a small, good, deterministic mixer for seeded tests.

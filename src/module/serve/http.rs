@@ -15,7 +15,7 @@ use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use broca_wire::RpcError;
 
 use super::accept::{self, AcceptStats, StopSignal};
-use super::{ServeCtx, ShardMsg, ShardStats};
+use super::ServeCtx;
 
 /// How long a connection may sit idle between requests.
 const KEEP_ALIVE_IDLE: Duration = Duration::from_secs(60);
@@ -245,7 +245,7 @@ async fn handle(
         ("GET", "/metrics") => (
             200,
             "text/plain; version=0.0.4",
-            metrics(ctx).await.into_bytes(),
+            super::metrics::render(ctx).await.into_bytes(),
         ),
         (_, "/v1/rpc" | "/healthz" | "/metrics" | "/v1/subscribe") => error(RpcError::permanent(
             405,
@@ -258,154 +258,4 @@ async fn handle(
             format!("no route {}", head.path()),
         )),
     }
-}
-
-/// Every shard's counters in the Prometheus text format.
-async fn metrics(ctx: &Arc<ServeCtx>) -> String {
-    let mut stats: Vec<ShardStats> = Vec::new();
-    for shard in 0..ctx.mesh.shards() {
-        let (reply, wait) = futures_channel::oneshot::channel();
-        if ctx.mesh.try_send(shard, ShardMsg::Stats(reply)).is_ok() {
-            if let Ok(s) = wait.await {
-                stats.push(s);
-            }
-        }
-    }
-    let mut out = String::new();
-    let mut family = |name: &str, kind: &str, help: &str, value: &dyn Fn(&ShardStats) -> u64| {
-        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
-        for s in &stats {
-            out.push_str(&format!("{name}{{shard=\"{}\"}} {}\n", s.shard, value(s)));
-        }
-    };
-    family(
-        "broca_sessions_live",
-        "gauge",
-        "Session actors in memory.",
-        &|s| s.sessions_live as u64,
-    );
-    family(
-        "broca_sessions_evicted_total",
-        "counter",
-        "Idle sessions closed to stay within open_sessions_max.",
-        &|s| s.sessions_evicted,
-    );
-    family(
-        "broca_sessions_refused_at_limit_total",
-        "counter",
-        "Commands refused (503 session_limit): every open session was running.",
-        &|s| s.sessions_refused_at_limit,
-    );
-    family("broca_runs_active", "gauge", "Runs being driven.", &|s| {
-        s.runs_active as u64
-    });
-    family(
-        "broca_wal_appends_total",
-        "counter",
-        "Records appended to WALs.",
-        &|s| s.commit.appends,
-    );
-    family(
-        "broca_wal_append_bytes_total",
-        "counter",
-        "Bytes of records appended.",
-        &|s| s.commit.append_bytes,
-    );
-    family(
-        "broca_wal_fsyncs_total",
-        "counter",
-        "fdatasync calls completed.",
-        &|s| s.commit.fsyncs,
-    );
-    family(
-        "broca_wal_fsync_errors_total",
-        "counter",
-        "fdatasync calls that failed.",
-        &|s| s.commit.fsync_errors,
-    );
-    family(
-        "broca_provider_bytes_in_total",
-        "counter",
-        "Bytes received from providers.",
-        &|s| s.provider_bytes_in,
-    );
-    family(
-        "broca_provider_bytes_out_total",
-        "counter",
-        "Bytes sent to providers.",
-        &|s| s.provider_bytes_out,
-    );
-    family(
-        "broca_provider_connects_total",
-        "counter",
-        "Connections opened to providers.",
-        &|s| s.provider_connects,
-    );
-    family(
-        "broca_accept_wakes_total",
-        "counter",
-        "Accept-loop wakes that found no connection (an idle daemon has none).",
-        &|s| s.accept_wakes,
-    );
-    family(
-        "broca_accept_errors_total",
-        "counter",
-        "Failed accepts (out of descriptors, aborted connections).",
-        &|s| s.accept_errors,
-    );
-    family(
-        "broca_accept_shed_total",
-        "counter",
-        "Connections closed at once with a 503: the process was out of file descriptors.",
-        &|s| s.accept_shed,
-    );
-    family(
-        "broca_session_queue_full_total",
-        "counter",
-        "Commands refused 503 session_queue_full: the session's queue was full.",
-        &|s| s.inbox_full,
-    );
-    family(
-        "broca_projector_queue_full_total",
-        "counter",
-        "Store batches held for the next tick: the store's queue was full.",
-        &|s| s.projector_full,
-    );
-    out.push_str(&format!(
-        "# HELP broca_mesh_full_total Commands refused 503 shard_busy: their shard's queue was full.\n# TYPE broca_mesh_full_total counter\nbroca_mesh_full_total {}\n",
-        ctx.mesh.full_count()
-    ));
-    out.push_str("# HELP broca_model_errors_total Failed model attempts by error class.\n# TYPE broca_model_errors_total counter\n");
-    for s in &stats {
-        for (class, n) in &s.model_errors {
-            out.push_str(&format!(
-                "broca_model_errors_total{{shard=\"{}\",class=\"{}\"}} {n}\n",
-                s.shard,
-                class.as_str()
-            ));
-        }
-    }
-    out.push_str("# HELP broca_wal_fsync_seconds fdatasync latency.\n# TYPE broca_wal_fsync_seconds histogram\n");
-    for s in &stats {
-        let mut cumulative = 0u64;
-        for (i, count) in s.commit.fsync_latency_buckets.iter().enumerate() {
-            cumulative += count;
-            let le = match broca_io::commit::FSYNC_LATENCY_BUCKETS_US.get(i) {
-                Some(us) => format!("{}", *us as f64 / 1e6),
-                None => "+Inf".into(),
-            };
-            out.push_str(&format!(
-                "broca_wal_fsync_seconds_bucket{{shard=\"{}\",le=\"{le}\"}} {cumulative}\n",
-                s.shard
-            ));
-        }
-        out.push_str(&format!(
-            "broca_wal_fsync_seconds_sum{{shard=\"{}\"}} {}\nbroca_wal_fsync_seconds_count{{shard=\"{}\"}} {}\n",
-            s.shard,
-            s.commit.fsync_latency_sum_us as f64 / 1e6,
-            s.shard,
-            cumulative
-        ));
-    }
-    out
 }

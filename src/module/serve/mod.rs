@@ -13,6 +13,7 @@ mod claim;
 mod http;
 mod hub;
 mod mesh;
+mod metrics;
 mod registry;
 mod rpc;
 mod subscribe;

@@ -1,0 +1,180 @@
+//! `GET /metrics`: every shard's counters in the Prometheus text format, one family per
+//! row of [`FAMILIES`] (a shard label on each sample), then the ones with labels of their own
+//! (errors by class, the fsync latency histogram) and the daemon-wide mesh counter.
+
+use std::sync::Arc;
+
+use super::{ServeCtx, ShardMsg, ShardStats};
+
+/// A metric family read from each shard's stats.
+struct Family {
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
+    value: fn(&ShardStats) -> u64,
+}
+
+const FAMILIES: &[Family] = &[
+    Family {
+        name: "broca_sessions_live",
+        kind: "gauge",
+        help: "Session actors in memory.",
+        value: |s| s.sessions_live as u64,
+    },
+    Family {
+        name: "broca_sessions_evicted_total",
+        kind: "counter",
+        help: "Idle sessions closed to stay within open_sessions_max.",
+        value: |s| s.sessions_evicted,
+    },
+    Family {
+        name: "broca_sessions_refused_at_limit_total",
+        kind: "counter",
+        help: "Commands refused (503 session_limit): every open session was running.",
+        value: |s| s.sessions_refused_at_limit,
+    },
+    Family {
+        name: "broca_runs_active",
+        kind: "gauge",
+        help: "Runs being driven.",
+        value: |s| s.runs_active as u64,
+    },
+    Family {
+        name: "broca_wal_appends_total",
+        kind: "counter",
+        help: "Records appended to WALs.",
+        value: |s| s.commit.appends,
+    },
+    Family {
+        name: "broca_wal_append_bytes_total",
+        kind: "counter",
+        help: "Bytes of records appended.",
+        value: |s| s.commit.append_bytes,
+    },
+    Family {
+        name: "broca_wal_fsyncs_total",
+        kind: "counter",
+        help: "fdatasync calls completed.",
+        value: |s| s.commit.fsyncs,
+    },
+    Family {
+        name: "broca_wal_fsync_errors_total",
+        kind: "counter",
+        help: "fdatasync calls that failed.",
+        value: |s| s.commit.fsync_errors,
+    },
+    Family {
+        name: "broca_provider_bytes_in_total",
+        kind: "counter",
+        help: "Bytes received from providers.",
+        value: |s| s.provider_bytes_in,
+    },
+    Family {
+        name: "broca_provider_bytes_out_total",
+        kind: "counter",
+        help: "Bytes sent to providers.",
+        value: |s| s.provider_bytes_out,
+    },
+    Family {
+        name: "broca_provider_connects_total",
+        kind: "counter",
+        help: "Connections opened to providers.",
+        value: |s| s.provider_connects,
+    },
+    Family {
+        name: "broca_accept_wakes_total",
+        kind: "counter",
+        help: "Accept-loop wakes that found no connection (an idle daemon has none).",
+        value: |s| s.accept_wakes,
+    },
+    Family {
+        name: "broca_accept_errors_total",
+        kind: "counter",
+        help: "Failed accepts (out of descriptors, aborted connections).",
+        value: |s| s.accept_errors,
+    },
+    Family {
+        name: "broca_accept_shed_total",
+        kind: "counter",
+        help: "Connections closed at once with a 503: the process was out of file descriptors.",
+        value: |s| s.accept_shed,
+    },
+    Family {
+        name: "broca_session_queue_full_total",
+        kind: "counter",
+        help: "Commands refused 503 session_queue_full: the session's queue was full.",
+        value: |s| s.inbox_full,
+    },
+    Family {
+        name: "broca_projector_queue_full_total",
+        kind: "counter",
+        help: "Store batches held for the next tick: the store's queue was full.",
+        value: |s| s.projector_full,
+    },
+];
+
+/// The metrics text, asking every shard for its stats (a shard whose queue is full is left
+/// out of this scrape rather than waited for).
+pub(crate) async fn render(ctx: &Arc<ServeCtx>) -> String {
+    let mut stats: Vec<ShardStats> = Vec::new();
+    for shard in 0..ctx.mesh.shards() {
+        let (reply, wait) = futures_channel::oneshot::channel();
+        if ctx.mesh.try_send(shard, ShardMsg::Stats(reply)).is_ok() {
+            if let Ok(s) = wait.await {
+                stats.push(s);
+            }
+        }
+    }
+    let mut out = String::new();
+    for f in FAMILIES {
+        out.push_str(&format!(
+            "# HELP {} {}\n# TYPE {} {}\n",
+            f.name, f.help, f.name, f.kind
+        ));
+        for s in &stats {
+            out.push_str(&format!(
+                "{}{{shard=\"{}\"}} {}\n",
+                f.name,
+                s.shard,
+                (f.value)(s)
+            ));
+        }
+    }
+    out.push_str(&format!(
+        "# HELP broca_mesh_full_total Commands refused 503 shard_busy: their shard's queue was full.\n# TYPE broca_mesh_full_total counter\nbroca_mesh_full_total {}\n",
+        ctx.mesh.full_count()
+    ));
+    out.push_str("# HELP broca_model_errors_total Failed model attempts by error class.\n# TYPE broca_model_errors_total counter\n");
+    for s in &stats {
+        for (class, n) in &s.model_errors {
+            out.push_str(&format!(
+                "broca_model_errors_total{{shard=\"{}\",class=\"{}\"}} {n}\n",
+                s.shard,
+                class.as_str()
+            ));
+        }
+    }
+    out.push_str("# HELP broca_wal_fsync_seconds fdatasync latency.\n# TYPE broca_wal_fsync_seconds histogram\n");
+    for s in &stats {
+        let mut cumulative = 0u64;
+        for (i, count) in s.commit.fsync_latency_buckets.iter().enumerate() {
+            cumulative += count;
+            let le = match broca_io::commit::FSYNC_LATENCY_BUCKETS_US.get(i) {
+                Some(us) => format!("{}", *us as f64 / 1e6),
+                None => "+Inf".into(),
+            };
+            out.push_str(&format!(
+                "broca_wal_fsync_seconds_bucket{{shard=\"{}\",le=\"{le}\"}} {cumulative}\n",
+                s.shard
+            ));
+        }
+        out.push_str(&format!(
+            "broca_wal_fsync_seconds_sum{{shard=\"{}\"}} {}\nbroca_wal_fsync_seconds_count{{shard=\"{}\"}} {}\n",
+            s.shard,
+            s.commit.fsync_latency_sum_us as f64 / 1e6,
+            s.shard,
+            cumulative
+        ));
+    }
+    out
+}

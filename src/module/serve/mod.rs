@@ -278,6 +278,61 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
     if opts.shards == 0 {
         return Err("--shards must be at least 1".into());
     }
+    size_open_sessions(&mut opts)?;
+    let slot: Arc<Mutex<Option<Arc<ServeCtx>>>> = Arc::new(Mutex::new(None));
+    catch_signals(slot.clone())?;
+    let PreparedState {
+        lock: state_lock,
+        wal_dir,
+        handle,
+        handle_file,
+    } = prepare_state(&opts)?;
+    let proxy = ProxyConfig::from_env()?;
+    let tls = broca_io::net::tls::default_client_config()?;
+    let listeners = Listeners::bind(&opts)?;
+    load_catalog(&opts, &tls, &proxy)?;
+    let (store, projector) = open_store(&opts.state_dir, &wal_dir)?;
+    let tools = start_tools(&opts, &tls, &proxy)?;
+    let (mesh, receivers) = mesh::Mesh::new(opts.shards);
+    let ctx = Arc::new(ServeCtx {
+        opts: opts.clone(),
+        wal_dir,
+        handle,
+        mesh,
+        stopping: AtomicBool::new(false),
+        signal: AtomicI32::new(0),
+        tls,
+        proxy,
+        tools,
+        store,
+        projector,
+    });
+    *slot.lock().expect("the signal slot") = Some(ctx.clone());
+    let serve_json = serve_json(&opts.state_dir);
+    let info = serde_json::json!({
+        "pid": std::process::id(),
+        "listen": listeners.listen.to_string(),
+        "socket": listeners.socket.display().to_string(),
+        "handle_file": handle_file.display().to_string(),
+    });
+    broca_owner_only::write_file(&serve_json, info.to_string().as_bytes())
+        .map_err(|e| format!("cannot write {}: {e}", serve_json.display()))?;
+    let socket = listeners.socket.clone();
+    crate::outln!("broca listening on http://{}", listeners.listen);
+    use std::io::Write as _;
+    let _ = std::io::stdout().flush();
+    let result = run_shards(&ctx, receivers, listeners);
+    // This daemon still holds the state dir's lock: serve.json and the socket are its own.
+    let _ = std::fs::remove_file(&serve_json);
+    let _ = std::fs::remove_file(&socket);
+    drop(state_lock);
+    ctx.tools.stop();
+    result?;
+    Ok(ctx.signal.load(Ordering::Acquire))
+}
+
+/// Raises the open-files limit and sets `open_sessions_max` from it when the options do not.
+fn size_open_sessions(opts: &mut ServeOptions) -> Result<(), String> {
     let files = raise_open_files_limit();
     let budget = open_sessions_budget(files, opts.shards);
     match opts.open_sessions_max {
@@ -294,51 +349,83 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
         open_sessions_max = opts.open_sessions_max,
         "sessions kept open per shard"
     );
-    let slot: Arc<Mutex<Option<Arc<ServeCtx>>>> = Arc::new(Mutex::new(None));
-    catch_signals(slot.clone())?;
-    let PreparedState {
-        lock: state_lock,
-        wal_dir,
-        handle,
-        handle_file,
-    } = prepare_state(&opts)?;
-    let proxy = ProxyConfig::from_env()?;
-    let tls = broca_io::net::tls::default_client_config()?;
-    // Bind before the shards start, so a port in use is a clear error here.
-    let listener = std::net::TcpListener::bind(opts.listen)
-        .map_err(|e| format!("cannot listen on {}: {e}", opts.listen))?;
-    // Non-blocking for good: every shard accepts on a copy of this descriptor, and glommio's
-    // first, synchronous accept toggles O_NONBLOCK on the shared file description around its
-    // call; left blocking, one shard could restore blocking mode while another is about to
-    // accept, and that shard would sleep inside accept(2) until the next connection.
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| format!("cannot listen on {}: {e}", opts.listen))?;
-    let listen = listener.local_addr().map_err(|e| e.to_string())?;
-    let socket = opts
-        .socket
-        .clone()
-        .unwrap_or_else(|| opts.state_dir.join("broca.sock"));
-    claim::claim_socket(&socket, &opts.state_dir)?; // a socket left by a killed daemon
-    let unix = std::os::unix::net::UnixListener::bind(&socket)
-        .map_err(|e| format!("cannot listen on {}: {e}", socket.display()))?;
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let _ = std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600));
-    }
-    {
-        let (tls, proxy, sources) = (tls.clone(), proxy.clone(), opts.catalog.clone());
-        let (catalog, notes) = broca_shards::run_local(async move {
-            let http = broca_io::net::HttpClient::new(broca_io::net::ClientConfig::new(tls, proxy));
-            crate::catalog_service::load(&sources, &http).await
-        })
-        .map_err(|e| format!("cannot load the catalog: {e}"))?;
-        for n in notes {
-            tracing::error!("{n}");
+    Ok(())
+}
+
+/// The TCP listener and the Unix socket, bound before the shards start (so a port in use is
+/// a clear error here).
+struct Listeners {
+    tcp: std::net::TcpListener,
+    listen: SocketAddr,
+    unix: std::os::unix::net::UnixListener,
+    socket: PathBuf,
+}
+
+impl Listeners {
+    fn bind(opts: &ServeOptions) -> Result<Listeners, String> {
+        let tcp = std::net::TcpListener::bind(opts.listen)
+            .map_err(|e| format!("cannot listen on {}: {e}", opts.listen))?;
+        // Non-blocking for good: every shard accepts on a copy of this descriptor, and
+        // glommio's first, synchronous accept toggles O_NONBLOCK on the shared file
+        // description around its call; left blocking, one shard could restore blocking mode
+        // while another is about to accept, and that shard would sleep inside accept(2) until
+        // the next connection.
+        tcp.set_nonblocking(true)
+            .map_err(|e| format!("cannot listen on {}: {e}", opts.listen))?;
+        let listen = tcp.local_addr().map_err(|e| e.to_string())?;
+        let socket = opts
+            .socket
+            .clone()
+            .unwrap_or_else(|| opts.state_dir.join("broca.sock"));
+        claim::claim_socket(&socket, &opts.state_dir)?; // a socket left by a killed daemon
+        let unix = std::os::unix::net::UnixListener::bind(&socket)
+            .map_err(|e| format!("cannot listen on {}: {e}", socket.display()))?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600));
         }
-        broca_catalog::install(catalog);
+        Ok(Listeners {
+            tcp,
+            listen,
+            unix,
+            socket,
+        })
     }
-    let (store, projector) = match broca_store::Store::open(&opts.state_dir) {
+}
+
+/// Assembles the catalog (asking its service, if any) and installs it for this process.
+fn load_catalog(
+    opts: &ServeOptions,
+    tls: &Arc<broca_io::net::rustls::ClientConfig>,
+    proxy: &ProxyConfig,
+) -> Result<(), String> {
+    let (tls, proxy, sources) = (tls.clone(), proxy.clone(), opts.catalog.clone());
+    let (catalog, notes) = broca_shards::run_local(async move {
+        let http = broca_io::net::HttpClient::new(broca_io::net::ClientConfig::new(tls, proxy));
+        crate::catalog_service::load(&sources, &http).await
+    })
+    .map_err(|e| format!("cannot load the catalog: {e}"))?;
+    for n in notes {
+        tracing::error!("{n}");
+    }
+    broca_catalog::install(catalog);
+    Ok(())
+}
+
+/// The store, with its own thread projecting what the shards hand it; `None` (and the WALs
+/// serve everything) when it cannot be opened.
+#[allow(clippy::type_complexity)]
+fn open_store(
+    state_dir: &Path,
+    wal_dir: &Path,
+) -> Result<
+    (
+        Option<Arc<broca_store::Store>>,
+        Option<Mutex<std::sync::mpsc::SyncSender<Vec<PathBuf>>>>,
+    ),
+    String,
+> {
+    match broca_store::Store::open(state_dir) {
         Ok((store, notes)) => {
             for n in notes {
                 tracing::warn!("{n}");
@@ -346,96 +433,78 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
             let store = Arc::new(store);
             let (tx, rx) =
                 std::sync::mpsc::sync_channel::<Vec<PathBuf>>(registry::PROJECTOR_QUEUE_MAX);
-            let (s, dir) = (store.clone(), wal_dir.clone());
+            let (s, dir) = (store.clone(), wal_dir.to_path_buf());
             std::thread::Builder::new()
                 .name("store".into())
                 .spawn(move || project_on_this_thread(&s, &dir, &rx))
                 .map_err(|e| format!("cannot start the store thread: {e}"))?;
-            (Some(store), Some(Mutex::new(tx)))
+            Ok((Some(store), Some(Mutex::new(tx))))
         }
         Err(e) => {
             tracing::error!("{e}; serving from the WALs alone");
-            (None, None)
+            Ok((None, None))
         }
+    }
+}
+
+/// The configured MCP tool servers, started once for every shard.
+fn start_tools(
+    opts: &ServeOptions,
+    tls: &Arc<broca_io::net::rustls::ClientConfig>,
+    proxy: &ProxyConfig,
+) -> Result<Arc<broca_tools::ToolServers>, String> {
+    let Some(cfg) = opts.tools.clone() else {
+        return Ok(broca_tools::ToolServers::none());
     };
-    let tools = match opts.tools.clone() {
-        None => broca_tools::ToolServers::none(),
-        Some(cfg) => {
-            let (tls, proxy) = (tls.clone(), proxy.clone());
-            let (servers, problems) = broca_shards::run_local(async move {
-                let http = broca_tools::tool_http_client(tls, proxy);
-                broca_tools::ToolServers::start(cfg, &http).await
-            })
-            .map_err(|e| format!("cannot start the tool servers: {e}"))??;
-            for p in problems {
-                tracing::error!("{p}; its tools are not offered");
-            }
-            servers
-        }
-    };
-    let (mesh, receivers) = mesh::Mesh::new(opts.shards);
-    let ctx = Arc::new(ServeCtx {
-        opts: opts.clone(),
-        wal_dir,
-        handle,
-        mesh,
-        stopping: AtomicBool::new(false),
-        signal: AtomicI32::new(0),
-        tls,
-        proxy,
-        tools,
-        store,
-        projector,
-    });
-    *slot.lock().expect("the signal slot") = Some(ctx.clone());
-    let serve_json = opts.state_dir.join("serve.json");
-    let info = serde_json::json!({
-        "pid": std::process::id(),
-        "listen": listen.to_string(),
-        "socket": socket.display().to_string(),
-        "handle_file": handle_file.display().to_string(),
-    });
-    broca_owner_only::write_file(&serve_json, info.to_string().as_bytes())
-        .map_err(|e| format!("cannot write {}: {e}", serve_json.display()))?;
-    let receivers = Arc::new(Mutex::new(
-        receivers.into_iter().map(Some).collect::<Vec<_>>(),
-    ));
-    // Every shard accepts on its own descriptor of the TCP listener; shard 0 also takes the
-    // Unix socket.
-    let mut tcp_copies = Vec::with_capacity(opts.shards);
-    for _ in 1..opts.shards {
-        tcp_copies.push(Some(listener.try_clone().map_err(|e| {
+    let (tls, proxy) = (tls.clone(), proxy.clone());
+    let (servers, problems) = broca_shards::run_local(async move {
+        let http = broca_tools::tool_http_client(tls, proxy);
+        broca_tools::ToolServers::start(cfg, &http).await
+    })
+    .map_err(|e| format!("cannot start the tool servers: {e}"))??;
+    for p in problems {
+        tracing::error!("{p}; its tools are not offered");
+    }
+    Ok(servers)
+}
+
+/// Runs every shard until it stops: each accepts on its own descriptor of the TCP listener,
+/// shard 0 also on the Unix socket.
+fn run_shards(
+    ctx: &Arc<ServeCtx>,
+    receivers: Vec<futures_channel::mpsc::Receiver<ShardMsg>>,
+    listeners: Listeners,
+) -> Result<(), String> {
+    let shards = ctx.opts.shards;
+    let mut tcp_copies = Vec::with_capacity(shards);
+    for _ in 1..shards {
+        tcp_copies.push(Some(listeners.tcp.try_clone().map_err(|e| {
             format!("cannot share the listener between shards: {e}")
         })?));
     }
-    tcp_copies.insert(0, Some(listener));
-    let listeners = Arc::new(Mutex::new((tcp_copies, Some(unix))));
-    crate::outln!("broca listening on http://{listen}");
-    use std::io::Write as _;
-    let _ = std::io::stdout().flush();
+    tcp_copies.insert(0, Some(listeners.tcp));
+    let receivers = Arc::new(Mutex::new(
+        receivers.into_iter().map(Some).collect::<Vec<_>>(),
+    ));
+    let shared = Arc::new(Mutex::new((tcp_copies, Some(listeners.unix))));
     let shard_ctx = ctx.clone();
-    let result = broca_shards::run_pinned(opts.shards, move |shard| {
+    let result = broca_shards::run_pinned(shards, move |shard| {
         let ctx = shard_ctx.clone();
         let rx = receivers.lock().expect("receivers")[shard]
             .take()
             .expect("one receiver per shard");
         let listeners = {
-            let mut l = listeners.lock().expect("listeners");
+            let mut l = shared.lock().expect("listeners");
             let tcp = l.0[shard].take();
             let unix = if shard == 0 { l.1.take() } else { None };
             tcp.map(|tcp| (tcp, unix))
         };
         registry::shard_main(shard, ctx, rx, listeners)
     });
-    // This daemon still holds the state dir's lock: serve.json and the socket are its own.
-    let _ = std::fs::remove_file(&serve_json);
-    let _ = std::fs::remove_file(&socket);
-    drop(state_lock);
-    ctx.tools.stop();
     for r in result.map_err(|e| format!("a shard failed to start: {e}"))? {
         r?;
     }
-    Ok(ctx.signal.load(Ordering::Acquire))
+    Ok(())
 }
 
 /// Dies of `sig` as if it had not been caught (the supervisor sees the signal).

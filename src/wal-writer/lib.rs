@@ -66,6 +66,67 @@ fn now_unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+fn io_err(path: &Path, op: &'static str) -> impl FnOnce(std::io::Error) -> WalError {
+    let path = path.to_path_buf();
+    move |e| WalError::Io {
+        path,
+        op,
+        message: e.to_string(),
+    }
+}
+
+/// Creates the file if it is new (owner-only), answering whether it was: the log opens its
+/// own descriptor, and the lease is a flock on that one, so an open WAL costs one descriptor.
+fn create_if_new(path: &Path) -> Result<bool, WalError> {
+    match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(io_err(path, "open")(e)),
+    }
+}
+
+/// What the scan of an existing WAL allows: the session it belongs to, a torn tail to cut
+/// (said on the log), or corruption, which refuses the open and leaves the file as it is.
+fn check_recovered(
+    path: &Path,
+    triple: &SessionTriple,
+    scan: &Scan,
+) -> Result<Option<TailCut>, WalError> {
+    if scan.header.triple != *triple {
+        return Err(WalError::WrongSession {
+            path: path.to_path_buf(),
+            found: scan.header.triple.clone(),
+        });
+    }
+    match &scan.verdict {
+        Verdict::Clean => Ok(None),
+        Verdict::Torn { bytes, reason } => {
+            tracing::warn!(
+                path = %path.display(),
+                at = scan.end,
+                bytes,
+                reason = reason.as_str(),
+                "cutting a torn tail"
+            );
+            Ok(Some(TailCut {
+                at_offset: scan.end,
+                bytes: *bytes,
+            }))
+        }
+        Verdict::Corrupt { reason } => Err(WalError::Corrupt {
+            path: path.to_path_buf(),
+            offset: scan.end,
+            reason: broca_wal::verify::corruption_text(reason),
+        }),
+    }
+}
+
 impl WalWriter {
     /// Opens (or creates) the WAL of `triple` in `dir`, takes its lease, recovers its tail and
     /// records the new epoch durably before returning.
@@ -76,32 +137,12 @@ impl WalWriter {
         committer: Committer,
     ) -> Result<(WalWriter, Recovered), WalError> {
         let path = wal_path(dir, triple);
-        let io = |op: &'static str| {
-            let path = path.clone();
-            move |e: std::io::Error| WalError::Io {
-                path,
-                op,
-                message: e.to_string(),
-            }
-        };
-        // Create the file if it is new (owner-only); the log opens its own descriptor, and the
-        // lease is a flock on that one descriptor, so an open WAL costs one descriptor.
-        let created = match OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&path)
-        {
-            Ok(_) => true,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
-            Err(e) => return Err(io("open")(e)),
-        };
         let power_loss = cfg.power_loss.clone();
+        let created = create_if_new(&path)?;
         if let (true, Some(p)) = (created, &power_loss) {
             p.ledger
                 .created(&path)
-                .map_err(io("note in the power-loss ledger"))?;
+                .map_err(io_err(&path, "note in the power-loss ledger"))?;
         }
         let opened = OpenedLog::open(&path, cfg, committer)
             .await
@@ -111,7 +152,6 @@ impl WalWriter {
             return Err(WalError::LeaseHeld { path });
         }
         let bytes = opened.read_all().await.map_err(log_err)?;
-
         let (log, header, scan, cut) = match broca_wal::scan(&bytes) {
             Err(HeaderError::Empty | HeaderError::Uninitialized) => {
                 // Nothing was ever acknowledged in this file: give it its header now.
@@ -121,45 +161,17 @@ impl WalWriter {
                     .await
                     .map_err(log_err)?;
                 // The directory entry must be durable before anything in the file is.
-                sync_dir(dir).map_err(io("fsync directory"))?;
+                sync_dir(dir).map_err(io_err(&path, "fsync directory"))?;
                 if let Some(p) = &power_loss {
                     p.ledger
                         .dir_synced(dir)
-                        .map_err(io("note in the power-loss ledger"))?;
+                        .map_err(io_err(&path, "note in the power-loss ledger"))?;
                 }
                 (log, header, None, None)
             }
             Err(error) => return Err(WalError::Header { path, error }),
             Ok(scan) => {
-                if scan.header.triple != *triple {
-                    return Err(WalError::WrongSession {
-                        path,
-                        found: scan.header.triple,
-                    });
-                }
-                let cut = match &scan.verdict {
-                    Verdict::Clean => None,
-                    Verdict::Torn { bytes, reason } => {
-                        tracing::warn!(
-                            path = %path.display(),
-                            at = scan.end,
-                            bytes,
-                            reason = reason.as_str(),
-                            "cutting a torn tail"
-                        );
-                        Some(TailCut {
-                            at_offset: scan.end,
-                            bytes: *bytes,
-                        })
-                    }
-                    Verdict::Corrupt { reason } => {
-                        return Err(WalError::Corrupt {
-                            path,
-                            offset: scan.end,
-                            reason: broca_wal::verify::corruption_text(reason),
-                        })
-                    }
-                };
+                let cut = check_recovered(&path, triple, &scan)?;
                 let log = opened.position(scan.end, &bytes).await.map_err(log_err)?;
                 (log, scan.header.clone(), Some(scan), cut)
             }
@@ -173,13 +185,12 @@ impl WalWriter {
                 reason: format!("the lease epoch is {epoch_max}, the largest there is"),
             });
         };
-        let next_seq = scan.as_ref().map_or(1, Scan::next_seq);
         let mut writer = WalWriter {
             path,
             log,
             header,
             epoch,
-            next_seq,
+            next_seq: scan.as_ref().map_or(1, Scan::next_seq),
             scratch: Vec::new(),
         };
         let lease = Record::LeaseAcquired(LeaseAcquired {

@@ -296,129 +296,104 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
     /// time handed to the machine with every event.
     async fn drive(&mut self, mut m: RunMachine) -> Result<Outcome, ActorError> {
         let (tx, rx) = local_channel::new_bounded::<Input>(INPUT_QUEUE);
-        let tx = Rc::new(tx);
-        // The current model call; a stale call's events are ignored and its task stops.
-        let call = Rc::new(Cell::new(0u64));
-        let mut streaming = false;
-        let mut in_flight = 0usize;
+        let mut calls = InFlight {
+            tx: Rc::new(tx),
+            call: Rc::new(Cell::new(0)),
+            streaming: false,
+            tools: 0,
+        };
         loop {
             while let Some(cmd) = m.poll_command() {
-                match cmd {
-                    Command::Append { record, wait } => {
-                        // Boxed: the append's state lives only while it runs, not in the
-                        // future every active run keeps while it waits for its model.
-                        Box::pin(self.append(record, wait)).await?;
-                        if wait {
-                            m.handle(Event::Durable, crate::now_unix_ms());
-                        }
-                    }
-                    Command::CallModel { request, .. } => {
-                        call.set(call.get() + 1);
-                        streaming = true;
-                        self.spawn_model(request, call.clone(), tx.clone());
-                    }
-                    Command::AbortModel => {
-                        call.set(call.get() + 1);
-                        streaming = false;
-                    }
-                    Command::Dispatch { calls, .. } => {
-                        in_flight += calls.len();
-                        for c in calls {
-                            let route = self.route_of(&c.name);
-                            self.spawn_tool(c, route, tx.clone());
-                        }
-                    }
-                    Command::Display(text) => {
-                        if let Some(sink) = &mut self.display {
-                            sink(&text);
-                        }
-                    }
-                    Command::Finish(outcome) => {
-                        call.set(call.get() + 1);
-                        self.state.refresh_unresolved();
-                        return Ok(outcome);
-                    }
+                if let Some(outcome) = self.perform(cmd, &mut m, &mut calls).await? {
+                    return Ok(outcome);
                 }
             }
             let timeout = m.poll_timeout();
-            if !streaming && timeout.is_none() && in_flight == 0 && !m.is_done() {
+            if !calls.streaming && timeout.is_none() && calls.tools == 0 && !m.is_done() {
                 return Err(ActorError::Stalled(m.run_id().to_string()));
             }
-            let wake = self.sleep_until(timeout);
-            let next = match self.inbox.clone() {
-                Some(inbox) => {
-                    futures_lite::future::or(
-                        futures_lite::future::or(async { Next::Input(rx.recv().await) }, async {
-                            Next::Command(inbox.recv().await)
-                        }),
-                        wake,
-                    )
-                    .await
-                }
-                None => {
-                    futures_lite::future::or(async { Next::Input(rx.recv().await) }, wake).await
-                }
-            };
-            let input = match next {
-                Next::Timeout(at_ms) => {
-                    m.handle_timeout(at_ms);
-                    continue;
-                }
-                Next::Input(Some(input)) => input,
+            match self.next(&rx, timeout).await {
+                Next::Timeout(at_ms) => m.handle_timeout(at_ms),
+                Next::Input(Some(input)) => feed(&mut m, input, &mut calls),
                 Next::Input(None) => return Err(ActorError::Stalled(m.run_id().to_string())),
                 Next::Command(Some(cmd)) => {
                     // Boxed: a rare path, kept out of every active run's future.
                     Box::pin(self.command_during_run(cmd, &mut m)).await;
-                    continue;
                 }
                 Next::Command(None) => {
                     // Whoever sends commands is gone (the daemon stops): seal the run.
                     self.inbox = None;
                     m.handle(Event::Shutdown, crate::now_unix_ms());
-                    continue;
-                }
-            };
-            match input {
-                Input::Model { call: c, item } if c == call.get() => match item {
-                    Some(Ok(ev)) => m.handle(Event::Stream(ev), crate::now_unix_ms()),
-                    Some(Err(f)) => {
-                        streaming = false;
-                        log_failed_attempt(m.run_id(), &f.error);
-                        m.handle(
-                            Event::AttemptFailed {
-                                error: f.error,
-                                usage: f.usage,
-                            },
-                            crate::now_unix_ms(),
-                        );
-                    }
-                    None => {
-                        streaming = false;
-                        m.handle(Event::StepEnded, crate::now_unix_ms());
-                    }
-                },
-                Input::Model { .. } => {} // an abandoned call
-                Input::Tool { call_id, outcome } => {
-                    super::crash::tool_answered();
-                    in_flight -= 1;
-                    let event = match outcome {
-                        ToolOutcome::Done { content, is_error } => Event::ToolResult(ResultBlock {
-                            call_id,
-                            content,
-                            is_error,
-                            reason: None,
-                        }),
-                        ToolOutcome::Refused { reason } => Event::ToolResult(ResultBlock {
-                            call_id,
-                            content: format!("not run: refused before delivery: {reason}"),
-                            is_error: true,
-                            reason: Some(result_reason::REFUSED_BEFORE_DELIVERY.into()),
-                        }),
-                        ToolOutcome::Indeterminate => Event::ToolIndeterminate { call_id },
-                    };
-                    m.handle(event, crate::now_unix_ms());
                 }
             }
+        }
+    }
+
+    /// Performs one of the machine's commands; the outcome once the run is over.
+    async fn perform(
+        &mut self,
+        cmd: Command,
+        m: &mut RunMachine,
+        calls: &mut InFlight,
+    ) -> Result<Option<Outcome>, ActorError> {
+        match cmd {
+            Command::Append { record, wait } => {
+                // Boxed: the append's state lives only while it runs, not in the future every
+                // active run keeps while it waits for its model.
+                Box::pin(self.append(record, wait)).await?;
+                if wait {
+                    m.handle(Event::Durable, crate::now_unix_ms());
+                }
+            }
+            Command::CallModel { request, .. } => {
+                calls.call.set(calls.call.get() + 1);
+                calls.streaming = true;
+                self.spawn_model(request, calls.call.clone(), calls.tx.clone());
+            }
+            Command::AbortModel => {
+                calls.call.set(calls.call.get() + 1);
+                calls.streaming = false;
+            }
+            Command::Dispatch { calls: batch, .. } => {
+                calls.tools += batch.len();
+                for c in batch {
+                    let route = self.route_of(&c.name);
+                    self.spawn_tool(c, route, calls.tx.clone());
+                }
+            }
+            Command::Display(text) => {
+                if let Some(sink) = &mut self.display {
+                    sink(&text);
+                }
+            }
+            Command::Finish(outcome) => {
+                calls.call.set(calls.call.get() + 1);
+                self.state.refresh_unresolved();
+                return Ok(Some(outcome));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The next thing a running run must hear of: a model event or a tool's answer, a
+    /// command for the session, or the machine's timeout.
+    async fn next(
+        &self,
+        rx: &local_channel::LocalReceiver<Input>,
+        timeout: Option<Timeout>,
+    ) -> Next {
+        let wake = self.sleep_until(timeout);
+        match self.inbox.clone() {
+            Some(inbox) => {
+                futures_lite::future::or(
+                    futures_lite::future::or(async { Next::Input(rx.recv().await) }, async {
+                        Next::Command(inbox.recv().await)
+                    }),
+                    wake,
+                )
+                .await
+            }
+            None => futures_lite::future::or(async { Next::Input(rx.recv().await) }, wake).await,
         }
     }
 
@@ -590,6 +565,59 @@ enum Input {
         call_id: String,
         outcome: ToolOutcome,
     },
+}
+
+/// What a running run has out: the model call in flight (a stale call's events are ignored and
+/// its task stops) and the tool calls not yet answered.
+struct InFlight {
+    tx: Rc<local_channel::LocalSender<Input>>,
+    call: Rc<Cell<u64>>,
+    streaming: bool,
+    tools: usize,
+}
+
+/// Feeds one input to the machine, with the time it arrived.
+fn feed(m: &mut RunMachine, input: Input, calls: &mut InFlight) {
+    let now = crate::now_unix_ms();
+    match input {
+        Input::Model { call, item } if call == calls.call.get() => match item {
+            Some(Ok(ev)) => m.handle(Event::Stream(ev), now),
+            Some(Err(f)) => {
+                calls.streaming = false;
+                log_failed_attempt(m.run_id(), &f.error);
+                let event = Event::AttemptFailed {
+                    error: f.error,
+                    usage: f.usage,
+                };
+                m.handle(event, now);
+            }
+            None => {
+                calls.streaming = false;
+                m.handle(Event::StepEnded, now);
+            }
+        },
+        Input::Model { .. } => {} // an abandoned call
+        Input::Tool { call_id, outcome } => {
+            super::crash::tool_answered();
+            calls.tools -= 1;
+            let event = match outcome {
+                ToolOutcome::Done { content, is_error } => Event::ToolResult(ResultBlock {
+                    call_id,
+                    content,
+                    is_error,
+                    reason: None,
+                }),
+                ToolOutcome::Refused { reason } => Event::ToolResult(ResultBlock {
+                    call_id,
+                    content: format!("not run: refused before delivery: {reason}"),
+                    is_error: true,
+                    reason: Some(result_reason::REFUSED_BEFORE_DELIVERY.into()),
+                }),
+                ToolOutcome::Indeterminate => Event::ToolIndeterminate { call_id },
+            };
+            m.handle(event, now);
+        }
+    }
 }
 
 enum Next {

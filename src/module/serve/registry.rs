@@ -387,9 +387,51 @@ impl Registry {
         live: Rc<Live>,
     ) {
         let addr = triple.address().0;
+        let Some(mut actor) = self.open_actor(&triple, &rx).await else {
+            return;
+        };
+        if actor.state().open.is_some() {
+            let resumed = self.running(&live, &triple, actor.resume()).await;
+            if let Err(e) = resumed {
+                tracing::error!("session {}: resuming: {e}", triple.address());
+            }
+        }
+        let idle = self.ctx.opts.idle;
+        while !self.closing.get() {
+            let deadline = Instant::now() + idle;
+            let next = futures_lite::future::or(async { Some(rx.recv().await) }, async {
+                glommio::timer::sleep(deadline.saturating_duration_since(Instant::now())).await;
+                None
+            })
+            .await;
+            // Idle (free the memory), or the channel closed.
+            let Some(Some(cmd)) = next else { break };
+            if !self.answer(&mut actor, &live, &triple, cmd).await {
+                break;
+            }
+        }
+        if let Err(e) = actor.close().await {
+            tracing::error!("session {}: closing: {e}", triple.address());
+        }
+        self.sessions.borrow_mut().remove(&addr);
+        self.drop_hub_if_idle(addr);
+        // Commands that came in while this actor closed go to a new one (or are refused).
+        while let Some(cmd) = queued(&rx).await {
+            self.dispatch(triple.clone(), cmd);
+        }
+    }
+
+    /// Opens the session's actor, wired to its hub (appends published once durable, display
+    /// deltas passed on); when it cannot be opened, every queued command is answered so.
+    async fn open_actor(
+        &self,
+        triple: &SessionTriple,
+        rx: &Rc<LocalReceiver<SessionCommand>>,
+    ) -> Option<Actor> {
+        let addr = triple.address().0;
         let opened = SessionActor::open(
             &self.ctx.wal_dir,
-            &triple,
+            triple,
             self.model.clone(),
             self.tools.clone(),
             self.ctx.tools.specs(),
@@ -407,10 +449,10 @@ impl Registry {
                     "session_unavailable",
                     format!("the session cannot be opened: {e}"),
                 );
-                while let Some(cmd) = queued(&rx).await {
+                while let Some(cmd) = queued(rx).await {
                     fail(cmd, &err);
                 }
-                return;
+                return None;
             }
         };
         actor.set_inbox(rx.clone());
@@ -421,87 +463,76 @@ impl Registry {
             h.on_append(seq, end, record)
         }));
         actor.set_display(Box::new(move |text| hub.display(text)));
-        if actor.state().open.is_some() {
-            self.runs_active.set(self.runs_active.get() + 1);
-            live.busy.set(true);
-            if let Err(e) = actor.resume().await {
-                tracing::error!("session {}: resuming: {e}", triple.address());
-            }
-            live.busy.set(false);
-            self.runs_active.set(self.runs_active.get() - 1);
-            self.dirty.borrow_mut().insert(triple.clone());
-        }
-        let idle = self.ctx.opts.idle;
-        loop {
-            if self.closing.get() {
-                break;
-            }
-            let deadline = Instant::now() + idle;
-            let next = futures_lite::future::or(async { Some(rx.recv().await) }, async {
-                glommio::timer::sleep(deadline.saturating_duration_since(Instant::now())).await;
-                None
-            })
-            .await;
-            let cmd = match next {
-                None => break,       // idle: free the memory
-                Some(None) => break, // the channel closed
-                Some(Some(cmd)) => cmd,
-            };
-            match cmd {
-                SessionCommand::Send { admission, reply } => {
-                    if self.ctx.is_stopping() {
-                        let r = Refusal::ShuttingDown;
-                        let _ = reply.send(Err(RpcError::refusal(&r)));
-                        continue;
-                    }
-                    match actor.send_prepared(admission).await {
-                        Ok(r) => {
-                            let new = !r.existing;
-                            let _ = reply.send(Ok(r));
-                            if new {
-                                self.runs_active.set(self.runs_active.get() + 1);
-                                live.busy.set(true);
-                                let done = actor.run_admitted().await;
-                                live.busy.set(false);
-                                self.runs_active.set(self.runs_active.get() - 1);
-                                self.dirty.borrow_mut().insert(triple.clone());
-                                if let Err(e) = done {
-                                    tracing::error!("session {}: {e}", triple.address());
-                                    break;
-                                }
+        Some(actor)
+    }
+
+    /// Runs `run` (a resumed or an admitted run) with the session marked busy, then hands
+    /// the session to the store.
+    async fn running<T>(
+        &self,
+        live: &Live,
+        triple: &SessionTriple,
+        run: impl std::future::Future<Output = T>,
+    ) -> T {
+        self.runs_active.set(self.runs_active.get() + 1);
+        live.busy.set(true);
+        let done = run.await;
+        live.busy.set(false);
+        self.runs_active.set(self.runs_active.get() - 1);
+        self.dirty.borrow_mut().insert(triple.clone());
+        done
+    }
+
+    /// Answers one command of an idle session (a send's run is driven here); `false` when
+    /// the actor must close.
+    async fn answer(
+        &self,
+        actor: &mut Actor,
+        live: &Live,
+        triple: &SessionTriple,
+        cmd: SessionCommand,
+    ) -> bool {
+        match cmd {
+            SessionCommand::Send { admission, reply } => {
+                if self.ctx.is_stopping() {
+                    let r = Refusal::ShuttingDown;
+                    let _ = reply.send(Err(RpcError::refusal(&r)));
+                    return true;
+                }
+                match actor.send_prepared(admission).await {
+                    Ok(r) => {
+                        let new = !r.existing;
+                        let _ = reply.send(Ok(r));
+                        if new {
+                            let done = self.running(live, triple, actor.run_admitted()).await;
+                            if let Err(e) = done {
+                                tracing::error!("session {}: {e}", triple.address());
+                                return false;
                             }
                         }
-                        Err(e @ crate::session::ActorError::Refused(_)) => {
-                            let _ = reply.send(Err(e.to_rpc_error()));
-                        }
-                        Err(e) => {
-                            tracing::error!("session {}: {e}", triple.address());
-                            let _ = reply.send(Err(e.to_rpc_error()));
-                            break;
-                        }
+                    }
+                    Err(e @ crate::session::ActorError::Refused(_)) => {
+                        let _ = reply.send(Err(e.to_rpc_error()));
+                    }
+                    Err(e) => {
+                        tracing::error!("session {}: {e}", triple.address());
+                        let _ = reply.send(Err(e.to_rpc_error()));
+                        return false;
                     }
                 }
-                SessionCommand::Status { run_id, reply } => {
-                    let _ = reply.send(actor.view(run_id.as_deref()));
-                }
-                SessionCommand::Cancel { reply, .. } => {
-                    let _ = reply.send(false); // no run is active here
-                }
-                SessionCommand::Barrier { reply } => {
-                    let _ = reply.send(actor.barrier().await.ok());
-                }
-                SessionCommand::Shutdown | SessionCommand::Close => break,
             }
+            SessionCommand::Status { run_id, reply } => {
+                let _ = reply.send(actor.view(run_id.as_deref()));
+            }
+            SessionCommand::Cancel { reply, .. } => {
+                let _ = reply.send(false); // no run is active here
+            }
+            SessionCommand::Barrier { reply } => {
+                let _ = reply.send(actor.barrier().await.ok());
+            }
+            SessionCommand::Shutdown | SessionCommand::Close => return false,
         }
-        if let Err(e) = actor.close().await {
-            tracing::error!("session {}: closing: {e}", triple.address());
-        }
-        self.sessions.borrow_mut().remove(&addr);
-        self.drop_hub_if_idle(addr);
-        // Commands that came in while this actor closed go to a new one (or are refused).
-        while let Some(cmd) = queued(&rx).await {
-            self.dispatch(triple.clone(), cmd);
-        }
+        true
     }
 
     /// Stops the shard: no new runs; active runs get the grace period; then every session is

@@ -291,8 +291,8 @@ pub fn reason(status: u16) -> &'static str {
         502 => "Bad Gateway",
         503 => "Service Unavailable",
         504 => "Gateway Timeout",
-        400..=499 => "Client Error",
-        500..=599 => "Server Error",
+        s if (400..500).contains(&s) => "Client Error",
+        s if (500..600).contains(&s) => "Server Error",
         _ => "Unknown",
     }
 }

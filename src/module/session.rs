@@ -403,7 +403,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             SessionCommand::Send { admission, reply } => {
                 // Admission answers a repeated send_id or refuses (the session is busy);
                 // it never starts a second run beside this one.
-                let answer = self.send_prepared(admission).await;
+                let answer = self.send_prepared(*admission).await;
                 let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
             }
             SessionCommand::Status { run_id, reply } => {
@@ -631,8 +631,9 @@ enum Next {
 pub enum SessionCommand {
     /// Admit a send (the run then runs in the actor).
     Send {
-        /// The send as admission's first part left it (see [`SessionActor::send_prepared`]).
-        admission: Result<Prepared, Unprepared>,
+        /// The send as admission's first part left it (see [`SessionActor::send_prepared`]);
+        /// boxed, as it carries the resolved config.
+        admission: Box<Result<Prepared, Unprepared>>,
         reply: oneshot::Sender<Result<SendReply, broca_wire::RpcError>>,
     },
     /// The view of a run (the latest when `None`).

@@ -57,7 +57,7 @@ pub struct SessionName {
 pub enum Request {
     Send {
         session: SessionName,
-        send: SendRequest,
+        send: Box<SendRequest>,
     },
     Status {
         session: SessionName,
@@ -137,7 +137,7 @@ pub fn parse(body: &[u8]) -> Result<Request, RpcError> {
     let session = session_name(&mut params)?;
     let request = match method {
         Method::SessionSend => {
-            let send: SendRequest = serde_json::from_value(Value::Object(params))
+            let send: Box<SendRequest> = serde_json::from_value(Value::Object(params))
                 .map_err(|e| invalid(e.to_string()))?;
             return Ok(Request::Send { session, send });
         }

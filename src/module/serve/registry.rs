@@ -274,13 +274,8 @@ impl Registry {
             Some(live) => live,
             // Closing a session that is not open: nothing to do (never open it for that).
             None if matches!(cmd, SessionCommand::Close | SessionCommand::Shutdown) => return,
-            None if !matches!(
-                cmd,
-                SessionCommand::Send {
-                    admission: Ok(_),
-                    ..
-                }
-            ) && !broca_wal_writer::wal_path(&self.ctx.wal_dir, &triple).exists() =>
+            None if !matches!(&cmd, SessionCommand::Send { admission, .. } if admission.is_ok())
+                && !broca_wal_writer::wal_path(&self.ctx.wal_dir, &triple).exists() =>
             {
                 // Nothing was ever sent to this session: answer without creating its WAL (a
                 // refused send's send_id names no run here either).
@@ -288,10 +283,11 @@ impl Registry {
                     SessionCommand::Status { reply, .. } => drop(reply.send(None)),
                     SessionCommand::Cancel { reply, .. } => drop(reply.send(false)),
                     SessionCommand::Barrier { reply } => drop(reply.send(None)),
-                    SessionCommand::Send {
-                        admission: Err(u),
-                        reply,
-                    } => drop(reply.send(Err(RpcError::refusal(&u.refusal)))),
+                    SessionCommand::Send { admission, reply } => {
+                        if let Err(u) = *admission {
+                            drop(reply.send(Err(RpcError::refusal(&u.refusal))));
+                        }
+                    }
                     _ => {}
                 }
                 return;
@@ -499,7 +495,7 @@ impl Registry {
                     let _ = reply.send(Err(RpcError::refusal(&r)));
                     return true;
                 }
-                match actor.send_prepared(admission).await {
+                match actor.send_prepared(*admission).await {
                     Ok(r) => {
                         let new = !r.existing;
                         let _ = reply.send(Ok(r));

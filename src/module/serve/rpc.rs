@@ -41,7 +41,7 @@ pub(crate) async fn call(ctx: &Arc<ServeCtx>, body: &[u8]) -> Result<Value, RpcE
     let request = broca_wire::request::parse(body)?;
     let t = triple(request.session())?;
     match request {
-        Request::Send { send: req, .. } => self::send(ctx, t, req).await,
+        Request::Send { send: req, .. } => self::send(ctx, t, *req).await,
         Request::Status { run_id, .. } => status(ctx, t, run_id).await,
         Request::Result { run_id, .. } => result(ctx, t, run_id).await,
         Request::Cancel { run_id, .. } => cancel(ctx, t, run_id).await,
@@ -116,6 +116,7 @@ async fn send(ctx: &Arc<ServeCtx>, t: SessionTriple, req: SendRequest) -> Result
         }
     }
     let (reply, wait) = oneshot::channel();
+    let admission = Box::new(admission);
     ctx.route(t.clone(), SessionCommand::Send { admission, reply })
         .map_err(unrouted)?;
     let sent = wait.await.map_err(|_| unavailable())??;

@@ -5,11 +5,12 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use broca::wal::verify::read_and_scan;
-use broca::wal::writer::wal_path;
-use broca::wal::{Record, SessionTriple, Verdict, WalError, WalWriter};
 use broca_io::{Committer, FaultHook, FaultPoint, LogConfig};
 use broca_shards::run_local;
+use broca_wal::verify::read_and_scan;
+use broca_wal::{Record, SessionTriple, Verdict, WalError};
+use broca_wal_writer::wal_path;
+use broca_wal_writer::WalWriter;
 
 fn note(i: usize) -> Record {
     Record::Unknown {

@@ -2,13 +2,14 @@
 
 use std::path::Path;
 
-use broca::wal::record::{kind, LeaseAcquired};
-use broca::wal::verify::read_and_scan;
-use broca::wal::writer::wal_path;
-use broca::wal::{Record, SessionTriple, Verdict, WalError, WalWriter};
 use broca_io::log::DirectIo;
 use broca_io::{Committer, LogConfig};
 use broca_shards::run_local;
+use broca_wal::record::{kind, LeaseAcquired};
+use broca_wal::verify::read_and_scan;
+use broca_wal::{Record, SessionTriple, Verdict, WalError};
+use broca_wal_writer::wal_path;
+use broca_wal_writer::WalWriter;
 
 fn triple(session: &str) -> SessionTriple {
     SessionTriple::new("/proj", "test", session).unwrap()

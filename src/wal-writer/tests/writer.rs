@@ -246,3 +246,68 @@ fn a_writer_whose_file_was_removed_is_refused_as_stale() {
     })
     .unwrap();
 }
+
+#[test]
+fn close_makes_every_append_durable_and_the_seq_counts_each_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = triple("close");
+    let path = wal_path(dir.path(), &t);
+    let on_disk = run_local(async {
+        let (mut w, _) =
+            WalWriter::open(dir.path(), &t, LogConfig::default(), Committer::default())
+                .await
+                .unwrap();
+        assert_eq!(w.next_seq(), 2, "the lease record took seq 1");
+        for i in 0..10 {
+            let appended = w.append(&note(i)).await.unwrap();
+            assert_eq!(appended.seq, 2 + i as u64);
+        }
+        assert_eq!(w.next_seq(), 12);
+        // Nothing waited for the disk; close does, before it returns.
+        w.close().await.unwrap();
+        read_and_scan(&path).unwrap().1.frames.len()
+    })
+    .unwrap();
+    assert_eq!(
+        on_disk, 11,
+        "every append is in the file once close returned"
+    );
+}
+
+#[test]
+fn a_payload_at_the_frame_limit_is_taken_and_one_byte_more_is_refused() {
+    use broca_wal::frame::{FRAME_HEADER_BYTES, PAYLOAD_BYTES_MAX};
+    let dir = tempfile::tempdir().unwrap();
+    let t = triple("big");
+    let cfg = LogConfig {
+        batch_bytes_max: PAYLOAD_BYTES_MAX + FRAME_HEADER_BYTES + 4096,
+        ..LogConfig::default()
+    };
+    run_local(async {
+        let (mut w, _) = WalWriter::open(dir.path(), &t, cfg, Committer::default())
+            .await
+            .unwrap();
+        let at_limit = Record::Unknown {
+            kind: 900,
+            payload: vec![b'x'; PAYLOAD_BYTES_MAX],
+        };
+        w.append(&at_limit).await.unwrap();
+        let over = Record::Unknown {
+            kind: 900,
+            payload: vec![b'x'; PAYLOAD_BYTES_MAX + 1],
+        };
+        let err = w.append(&over).await.unwrap_err();
+        assert!(
+            matches!(err, WalError::TooLarge { bytes, .. } if bytes == PAYLOAD_BYTES_MAX + 1),
+            "{err}"
+        );
+        w.close().await.unwrap();
+    })
+    .unwrap();
+    let (_, scan) = read_and_scan(&wal_path(dir.path(), &t)).unwrap();
+    assert_eq!(
+        scan.frames.len(),
+        2,
+        "the lease and the record at the limit"
+    );
+}

@@ -440,6 +440,7 @@ fn requests_render_byte_for_byte_the_same_from_the_live_session_and_from_its_rep
         tools: config.tools.clone(),
         generation: config.generation.clone(),
         prompt_cache: true,
+        route: None,
     };
     let (live, replayed) = (request(live), request(replayed));
     let aliases = broca::provider::Aliases::for_tools(&live.tools);

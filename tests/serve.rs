@@ -550,7 +550,7 @@ fn the_subscription_is_also_a_websocket() {
 }
 
 #[test]
-fn an_idle_session_is_dropped_from_memory_and_rebuilt_from_its_wal() {
+fn an_idle_session_is_dropped_from_memory_read_from_its_wal_and_rebuilt_by_a_send() {
     let peer = Aimock::start(&fixture("aimock.json"));
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
@@ -574,7 +574,21 @@ fn an_idle_session_is_dropped_from_memory_and_rebuilt_from_its_wal() {
         res["result"]["final_message"]["text"],
         "Hello! How can I help you today?"
     );
-    assert_eq!(live(&s), 1, "rebuilt from the WAL on the next command");
+    assert_eq!(live(&s), 0, "a read is answered from the WAL without opening the session");
+    // The next send rebuilds the session from its WAL and continues its conversation.
+    let (status, r) = rpc(
+        &s,
+        "session.send",
+        json!({"prompt": "hello there", "model": "anthropic/m"}),
+    );
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(live(&s), 1, "rebuilt from the WAL on the next send");
+    let second = r["result"]["run_id"].as_str().unwrap().to_string();
+    wait_for("the second run to complete", || {
+        rpc(&s, "run.status", json!({"run_id": second})).1["result"]["state"] == "completed"
+    });
+    let (_, page) = rpc(&s, "session.read", json!({}));
+    assert_eq!(page["result"]["head"], 4, "{page}");
 }
 
 #[test]

@@ -214,6 +214,7 @@ fn transcript() -> Request {
         tools,
         generation: Generation::default(),
         prompt_cache: true,
+        route: None,
     }
 }
 

@@ -69,7 +69,8 @@ Options:
                        \"idle_secs\", \"open_sessions_max\" (per shard; default
                        from the open-files limit), \"body_limit_bytes\" (default 8 MiB),
                        \"catalog_file\", \"catalog_url\" (else BROCA_CATALOG_FILE and
-                       BROCA_CATALOG_URL),
+                       BROCA_CATALOG_URL), \"catalog_refresh_secs\" (how often the
+                       catalog is read again; default 300, 0 never),
                        \"request_timeout_ms\" (default 15000),
                        \"base_urls\": {PROVIDER: URL}};
                        flags win over the file
@@ -456,6 +457,7 @@ struct ServeConfig {
     open_sessions_max: Option<usize>,
     catalog_file: Option<PathBuf>,
     catalog_url: Option<String>,
+    catalog_refresh_secs: Option<u64>,
     body_limit_bytes: Option<usize>,
     request_timeout_ms: Option<u64>,
     #[serde(default)]
@@ -531,6 +533,7 @@ fn parse_serve(
         grace: std::time::Duration::from_secs(grace.or(file.grace_secs).unwrap_or(5)),
         idle: std::time::Duration::from_secs(file.idle_secs.unwrap_or(30)),
         open_sessions_max: file.open_sessions_max,
+        catalog_refresh: std::time::Duration::from_secs(file.catalog_refresh_secs.unwrap_or(300)),
         catalog: {
             let mut c = broca_catalog::load::Sources::from_env(&catalog_base);
             if file.catalog_file.is_some() {

@@ -15,8 +15,8 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use broca_protocol::{
-    Block, ClassifiedError, ErrorClass, FinishReason, Message, Request, Role, StreamEvent,
-    ToolCall, Usage,
+    Block, ClassifiedError, ErrorClass, FinishReason, Message, ProviderRoute, Request, Role,
+    StreamEvent, ToolCall, Usage,
 };
 use broca_wal::runrec::{
     result_reason, CachePolicy, CancelRequested, FinishKind, FrozenConfig, ModelAttemptFinished,
@@ -332,6 +332,11 @@ impl RunMachine {
             tools: self.config.tools.clone(),
             generation: self.config.generation.clone(),
             prompt_cache: self.config.cache_policy == CachePolicy::Auto,
+            // The run's own entry, never the catalog in use now.
+            route: self.config.catalog.as_ref().map(|e| ProviderRoute {
+                family: e.provider.family.clone(),
+                base_url: e.provider.base_url.clone(),
+            }),
         };
         self.out.push_back(Command::CallModel {
             step: self.step,

@@ -189,6 +189,17 @@ pub struct Request {
     /// Ask the provider to cache the stable prefix where it supports marking one.
     #[serde(default)]
     pub prompt_cache: bool,
+    /// Where the request goes, as the run's frozen catalog entry says (`None` for runs
+    /// admitted before entries were frozen: the catalog in use says then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route: Option<ProviderRoute>,
+}
+
+/// A provider's wire family and base URL, as frozen into a run at admission.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProviderRoute {
+    pub family: String,
+    pub base_url: String,
 }
 
 /// Token usage as the provider reported it. A measure not reported stays `None`: absent is

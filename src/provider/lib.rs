@@ -379,5 +379,6 @@ pub(crate) fn sample_request() -> Request {
             ..Generation::default()
         },
         prompt_cache: true,
+        route: None,
     }
 }

@@ -71,6 +71,14 @@ impl Endpoints {
         Ok(())
     }
 
+    /// The base URL for `provider`: an override, else `frozen` (the run's own entry).
+    pub fn base_url_for(&self, provider: &str, frozen: &str) -> Result<Url, String> {
+        match self.overrides.get(provider) {
+            Some(u) => Ok(u.clone()),
+            None => Url::parse(frozen),
+        }
+    }
+
     /// The base URL for `provider`.
     pub fn base_url(&self, provider: &str) -> Result<Url, String> {
         if let Some(u) = self.overrides.get(provider) {
@@ -232,26 +240,37 @@ impl ModelClient for HttpModelClient {
 
 impl HttpModelClient {
     async fn open_stream(&self, request: &Request) -> Result<HttpModelStream, Failure> {
-        let entry = catalog::provider(&request.provider).ok_or_else(|| {
-            failure(
-                ErrorClass::Permanent,
-                format!("unknown provider `{}`", request.provider),
-                None,
-            )
-        })?;
-        let family = super::family(&entry.family).ok_or_else(|| {
+        // The run's frozen entry says which family and where; only a run admitted before
+        // entries were frozen asks the catalog in use.
+        let route = match &request.route {
+            Some(r) => r.clone(),
+            None => {
+                let entry = catalog::provider(&request.provider).ok_or_else(|| {
+                    failure(
+                        ErrorClass::Permanent,
+                        format!("unknown provider `{}`", request.provider),
+                        None,
+                    )
+                })?;
+                broca_protocol::ProviderRoute {
+                    family: entry.family,
+                    base_url: entry.base_url,
+                }
+            }
+        };
+        let family = super::family(&route.family).ok_or_else(|| {
             failure(
                 ErrorClass::Permanent,
                 format!(
                     "provider `{}` speaks the {} wire format, which this build does not",
-                    entry.id, entry.family
+                    request.provider, route.family
                 ),
                 None,
             )
         })?;
         let url = self
             .endpoints
-            .base_url(&entry.id)
+            .base_url_for(&request.provider, &route.base_url)
             .map_err(|e| failure(ErrorClass::Permanent, e, None))?;
         let credential = self
             .secrets

@@ -389,6 +389,26 @@ impl Store {
         Ok(())
     }
 
+    /// The sessions (by address) whose index holds a run without a terminal record: what a
+    /// crash left open, for serve to resume at start. Each is checked against its WAL when its
+    /// actor opens; a session the store has not caught up with is not here.
+    pub fn sessions_with_open_runs(&self) -> Result<Vec<[u8; 16]>, String> {
+        let r = self.env.read_txn().map_err(err("read"))?;
+        let mut out: Vec<[u8; 16]> = Vec::new();
+        for item in self.runs.iter(&r).map_err(err("read"))? {
+            let (k, v) = item.map_err(err("read"))?;
+            let row: RunRow =
+                serde_json::from_slice(v).map_err(|e| format!("store: a run: {e}"))?;
+            let Some(addr) = k.get(..16).and_then(|a| <[u8; 16]>::try_from(a).ok()) else {
+                continue;
+            };
+            if row.state == "active" && out.last() != Some(&addr) {
+                out.push(addr);
+            }
+        }
+        Ok(out)
+    }
+
     /// Every usage fact at or after `since_unix_ms`, by session and log order.
     pub fn facts(&self, since_unix_ms: Option<u64>) -> Result<Vec<SpendFact>, String> {
         let r = self.env.read_txn().map_err(err("read"))?;

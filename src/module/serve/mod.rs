@@ -52,6 +52,9 @@ pub struct ServeOptions {
     pub open_sessions_max: Option<usize>,
     /// Where the catalog comes from.
     pub catalog: broca_catalog::load::Sources,
+    /// How often the catalog is assembled again (its service asked, its file read): a run
+    /// already admitted keeps the entry it froze. Zero: never.
+    pub catalog_refresh: Duration,
     /// The MCP tool servers to start (`--tools-config`).
     pub tools: Option<broca_tools::config::ToolsConfig>,
     pub limits: ServerLimits,
@@ -75,6 +78,9 @@ pub(crate) enum ShardMsg {
     Stop(futures_channel::oneshot::Sender<()>),
     /// Every shard has stopped: end this shard's loop.
     End,
+    /// The session `triple` (owned by the receiving shard) has a run a crash left open:
+    /// resume it.
+    Resume { triple: SessionTriple },
     /// Subscribe to the session `triple` (owned by the receiving shard).
     Subscribe {
         triple: SessionTriple,
@@ -212,8 +218,11 @@ fn project_on_this_thread(
     store: &broca_store::Store,
     wal_dir: &Path,
     rx: &std::sync::mpsc::Receiver<Vec<PathBuf>>,
+    caught_up: std::sync::mpsc::Sender<()>,
 ) {
-    match store.catch_up_all(wal_dir) {
+    let pass = store.catch_up_all(wal_dir);
+    let _ = caught_up.send(());
+    match pass {
         Ok(pass) => {
             for f in pass.failed {
                 tracing::error!("store: {f}");
@@ -291,7 +300,11 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
     let tls = broca_io::net::tls::default_client_config()?;
     let listeners = Listeners::bind(&opts)?;
     load_catalog(&opts, &tls, &proxy)?;
-    let (store, projector) = open_store(&opts.state_dir, &wal_dir)?;
+    let OpenedStore {
+        store,
+        projector,
+        caught_up,
+    } = open_store(&opts.state_dir, &wal_dir)?;
     let tools = start_tools(&opts, &tls, &proxy)?;
     let (mesh, receivers) = mesh::Mesh::new(opts.shards);
     let ctx = Arc::new(ServeCtx {
@@ -318,6 +331,7 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
     broca_owner_only::write_file(&serve_json, info.to_string().as_bytes())
         .map_err(|e| format!("cannot write {}: {e}", serve_json.display()))?;
     let socket = listeners.socket.clone();
+    resume_open_runs(ctx.clone(), caught_up)?;
     crate::outln!("broca listening on http://{}", listeners.listen);
     use std::io::Write as _;
     let _ = std::io::stdout().flush();
@@ -329,6 +343,78 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
     ctx.tools.stop();
     result?;
     Ok(ctx.signal.load(Ordering::Acquire))
+}
+
+/// Finds the runs a crash left open and has their shards resume them, in the background:
+/// from the store's run index once the store has caught up with the WALs, or, without a
+/// store, from the WALs themselves. Admission is open meanwhile; a read of a run being
+/// resumed answers at once from the WAL (`active`).
+fn resume_open_runs(
+    ctx: Arc<ServeCtx>,
+    caught_up: Option<std::sync::mpsc::Receiver<()>>,
+) -> Result<(), String> {
+    std::thread::Builder::new()
+        .name("resume".into())
+        .spawn(move || {
+            let sessions = match (&ctx.store, caught_up) {
+                (Some(store), Some(caught_up)) => {
+                    let _ = caught_up.recv();
+                    match store.sessions_with_open_runs() {
+                        Ok(addrs) => addrs
+                            .iter()
+                            .filter_map(|a| session_of(&ctx.wal_dir.join(wal_name(a))))
+                            .collect(),
+                        Err(e) => {
+                            tracing::error!("{e}; looking for open runs in the WALs instead");
+                            open_runs_in_wals(&ctx.wal_dir)
+                        }
+                    }
+                }
+                _ => open_runs_in_wals(&ctx.wal_dir),
+            };
+            if !sessions.is_empty() {
+                tracing::warn!(runs = sessions.len(), "resuming the runs a crash left open");
+            }
+            for triple in sessions {
+                let shard = ctx.shard_of(&triple);
+                if ctx
+                    .mesh
+                    .send_blocking(shard, ShardMsg::Resume { triple })
+                    .is_err()
+                {
+                    return; // the shards stopped
+                }
+            }
+        })
+        .map(|_| ())
+        .map_err(|e| format!("cannot start the resume thread: {e}"))
+}
+
+fn wal_name(addr: &[u8; 16]) -> String {
+    broca_wal::SessionAddr(*addr).wal_file_name()
+}
+
+/// The session a WAL belongs to, from its header.
+fn session_of(path: &Path) -> Option<SessionTriple> {
+    broca_wal::reader::PagedReader::open_if_any(path)
+        .ok()
+        .flatten()
+        .map(|r| r.header().triple.clone())
+}
+
+/// The sessions whose WAL ends with a run open (every WAL read: without a store only).
+fn open_runs_in_wals(wal_dir: &Path) -> Vec<SessionTriple> {
+    let Ok(files) = broca_store::wal_files(wal_dir) else {
+        return Vec::new();
+    };
+    files
+        .iter()
+        .filter_map(|path| {
+            let (bytes, scan) = broca_wal::verify::read_and_scan_if_any(path).ok()??;
+            let session = broca_core::Session::replay_scan(&scan, &bytes).ok()?;
+            session.open.is_some().then(|| scan.header.triple.clone())
+        })
+        .collect()
 }
 
 /// Raises the open-files limit and sets `open_sessions_max` from it when the options do not.
@@ -412,19 +498,17 @@ fn load_catalog(
     Ok(())
 }
 
+/// The store as serve opened it.
+struct OpenedStore {
+    store: Option<Arc<broca_store::Store>>,
+    projector: Option<Mutex<std::sync::mpsc::SyncSender<Vec<PathBuf>>>>,
+    /// Says when the store has caught up with the WALs at start.
+    caught_up: Option<std::sync::mpsc::Receiver<()>>,
+}
+
 /// The store, with its own thread projecting what the shards hand it; `None` (and the WALs
 /// serve everything) when it cannot be opened.
-#[allow(clippy::type_complexity)]
-fn open_store(
-    state_dir: &Path,
-    wal_dir: &Path,
-) -> Result<
-    (
-        Option<Arc<broca_store::Store>>,
-        Option<Mutex<std::sync::mpsc::SyncSender<Vec<PathBuf>>>>,
-    ),
-    String,
-> {
+fn open_store(state_dir: &Path, wal_dir: &Path) -> Result<OpenedStore, String> {
     match broca_store::Store::open(state_dir) {
         Ok((store, notes)) => {
             for n in notes {
@@ -433,16 +517,25 @@ fn open_store(
             let store = Arc::new(store);
             let (tx, rx) =
                 std::sync::mpsc::sync_channel::<Vec<PathBuf>>(registry::PROJECTOR_QUEUE_MAX);
+            let (done, caught_up) = std::sync::mpsc::channel();
             let (s, dir) = (store.clone(), wal_dir.to_path_buf());
             std::thread::Builder::new()
                 .name("store".into())
-                .spawn(move || project_on_this_thread(&s, &dir, &rx))
+                .spawn(move || project_on_this_thread(&s, &dir, &rx, done))
                 .map_err(|e| format!("cannot start the store thread: {e}"))?;
-            Ok((Some(store), Some(Mutex::new(tx))))
+            Ok(OpenedStore {
+                store: Some(store),
+                projector: Some(Mutex::new(tx)),
+                caught_up: Some(caught_up),
+            })
         }
         Err(e) => {
             tracing::error!("{e}; serving from the WALs alone");
-            Ok((None, None))
+            Ok(OpenedStore {
+                store: None,
+                projector: None,
+                caught_up: None,
+            })
         }
     }
 }

@@ -28,6 +28,8 @@ use super::{ServeCtx, ShardMsg};
 
 /// Commands that may wait for one session's actor.
 pub(crate) const INBOX_MAX: usize = 256;
+/// Runs a shard resumes at once (a crash can leave thousands open: they resume in turn).
+pub(crate) const RESUMES_AT_ONCE: usize = 16;
 /// Batches of WALs that may wait for the store's thread.
 pub(crate) const PROJECTOR_QUEUE_MAX: usize = 64;
 
@@ -92,6 +94,8 @@ pub(crate) struct Registry {
     acceptor: RefCell<Option<super::http::Acceptor>>,
     inbox_full: Cell<u64>,
     projector_full: Cell<u64>,
+    /// Runs being resumed at once (each holds a permit while its model is called).
+    resumes: glommio::sync::Semaphore,
 }
 
 /// A shard's life: accept connections, serve the mesh, stop when told.
@@ -131,9 +135,17 @@ pub(crate) async fn shard_main(
         acceptor: RefCell::new(None),
         inbox_full: Cell::new(0),
         projector_full: Cell::new(0),
+        resumes: glommio::sync::Semaphore::new(RESUMES_AT_ONCE as u64),
     });
     if ctx.projector.is_some() {
         glommio::spawn_local(project_dirty(reg.clone())).detach();
+    }
+    let catalog = &ctx.opts.catalog;
+    if shard == 0
+        && !ctx.opts.catalog_refresh.is_zero()
+        && (catalog.url.is_some() || catalog.file.is_some())
+    {
+        glommio::spawn_local(refresh_catalog(reg.clone())).detach();
     }
     let accept = match listeners {
         Some((tcp, unix)) => Some(super::http::start(ctx.clone(), tcp, unix)?),
@@ -162,6 +174,7 @@ pub(crate) async fn shard_main(
                 glommio::spawn_local(stop_every_shard(reg.clone())).detach();
             }
             ShardMsg::End => break,
+            ShardMsg::Resume { triple } => reg.resume(triple),
             ShardMsg::Stop(done) => {
                 let reg = reg.clone();
                 glommio::spawn_local(async move {
@@ -262,7 +275,9 @@ impl Registry {
         }
     }
 
-    /// Hands `cmd` to the session's actor, starting it if needed.
+    /// Hands `cmd` to the session's actor, starting it if needed. A read of a session whose
+    /// actor is not open is answered from its WAL as a reader: it takes no lease and writes
+    /// nothing.
     fn dispatch(self: &Rc<Self>, triple: SessionTriple, cmd: SessionCommand) {
         if self.closing.get() {
             refuse_closing(cmd);
@@ -274,6 +289,13 @@ impl Registry {
             Some(live) => live,
             // Closing a session that is not open: nothing to do (never open it for that).
             None if matches!(cmd, SessionCommand::Close | SessionCommand::Shutdown) => return,
+            None if matches!(cmd, SessionCommand::Status { .. }) => {
+                if let SessionCommand::Status { run_id, reply } = cmd {
+                    let path = broca_wal_writer::wal_path(&self.ctx.wal_dir, &triple);
+                    glommio::spawn_local(view_from_wal(path, run_id, reply)).detach();
+                }
+                return;
+            }
             None if !matches!(&cmd, SessionCommand::Send { admission, .. } if admission.is_ok())
                 && !broca_wal_writer::wal_path(&self.ctx.wal_dir, &triple).exists() =>
             {
@@ -292,36 +314,14 @@ impl Registry {
                 }
                 return;
             }
-            None => {
-                if !self.make_room() {
+            None => match self.start_actor(triple) {
+                Some(live) => live,
+                None => {
                     self.refused_at_limit.set(self.refused_at_limit.get() + 1);
-                    fail(
-                        cmd,
-                        &RpcError::transient(
-                            503,
-                            "session_limit",
-                            format!(
-                                "all {} sessions this shard keeps open are running; retry \
-                                 later (raise open_sessions_max or the open-files limit)",
-                                self.open_max
-                            ),
-                        ),
-                    );
+                    fail(cmd, &self.at_limit());
                     return;
                 }
-                let (tx, rx) = local_channel::new_bounded(INBOX_MAX);
-                let live = Rc::new(Live {
-                    tx,
-                    last_used: Cell::new(Instant::now()),
-                    busy: Cell::new(false),
-                    evicting: Cell::new(false),
-                });
-                self.sessions.borrow_mut().insert(addr, live.clone());
-                let (reg, l) = (self.clone(), live.clone());
-                glommio::spawn_local(async move { reg.actor(triple, Rc::new(rx), l).await })
-                    .detach();
-                live
-            }
+            },
         };
         live.last_used.set(Instant::now());
         match live.tx.try_send(cmd) {
@@ -341,6 +341,54 @@ impl Registry {
                 );
             }
             Err(_) => {}
+        }
+    }
+
+    /// Starts the actor of `triple` (it opens the WAL under the lease and resumes a run a
+    /// crash left open); `None` when the open-sessions limit leaves no room.
+    fn start_actor(self: &Rc<Self>, triple: SessionTriple) -> Option<Rc<Live>> {
+        if !self.make_room() {
+            return None;
+        }
+        let (tx, rx) = local_channel::new_bounded(INBOX_MAX);
+        let live = Rc::new(Live {
+            tx,
+            last_used: Cell::new(Instant::now()),
+            busy: Cell::new(false),
+            evicting: Cell::new(false),
+        });
+        let addr = triple.address().0;
+        self.sessions.borrow_mut().insert(addr, live.clone());
+        let (reg, l) = (self.clone(), live.clone());
+        glommio::spawn_local(async move { reg.actor(triple, Rc::new(rx), l).await }).detach();
+        Some(live)
+    }
+
+    fn at_limit(&self) -> RpcError {
+        RpcError::transient(
+            503,
+            "session_limit",
+            format!(
+                "all {} sessions this shard keeps open are running; retry later (raise \
+                 open_sessions_max or the open-files limit)",
+                self.open_max
+            ),
+        )
+    }
+
+    /// A session a crash left with an open run, found at start: its actor opens and resumes
+    /// the run in the background (at most [`RESUMES_AT_ONCE`] resumes at a time).
+    fn resume(self: &Rc<Self>, triple: SessionTriple) {
+        let addr = triple.address().0;
+        if self.closing.get() || self.sessions.borrow().contains_key(&addr) {
+            return; // stopping, or already open (it resumed when it opened)
+        }
+        if self.start_actor(triple.clone()).is_none() {
+            tracing::warn!(
+                "session {}: its open run is not resumed now (every session this shard keeps \
+                 open is running); it resumes when the session is next used",
+                triple.address()
+            );
         }
     }
 
@@ -387,6 +435,7 @@ impl Registry {
             return;
         };
         if actor.state().open.is_some() {
+            let _slot = self.resumes.acquire_permit(1).await;
             let resumed = self.running(&live, &triple, actor.resume()).await;
             if let Err(e) = resumed {
                 tracing::error!("session {}: resuming: {e}", triple.address());
@@ -550,6 +599,24 @@ impl Registry {
     }
 }
 
+/// Assembles the catalog again every `catalog_refresh` (shard 0): its service asked, its file
+/// read, the last good copies kept as at start. Admission resolves in the new one; a run
+/// already admitted uses the entry it froze.
+async fn refresh_catalog(reg: Rc<Registry>) {
+    let every = reg.ctx.opts.catalog_refresh;
+    loop {
+        glommio::timer::sleep(every).await;
+        if reg.closing.get() {
+            return;
+        }
+        let (catalog, notes) = crate::catalog_service::load(&reg.ctx.opts.catalog, &reg.http).await;
+        for n in notes {
+            tracing::warn!("catalog refresh: {n}");
+        }
+        broca_catalog::install(catalog);
+    }
+}
+
 /// How often a shard hands its sessions that moved on to the store.
 const PROJECT_EVERY: Duration = Duration::from_millis(100);
 
@@ -600,5 +667,36 @@ fn fail(cmd: SessionCommand, err: &RpcError) {
         SessionCommand::Cancel { reply, .. } => drop(reply),
         SessionCommand::Barrier { reply } => drop(reply),
         SessionCommand::Shutdown | SessionCommand::Close => {}
+    }
+}
+
+/// Answers a status from the session's WAL, read as a reader on the blocking pool (no lease,
+/// nothing written). A WAL that cannot be read drops the reply: the caller says the session is
+/// unavailable.
+async fn view_from_wal(
+    path: std::path::PathBuf,
+    run_id: Option<String>,
+    reply: oneshot::Sender<Option<broca_core::RunView>>,
+) {
+    let view = glommio::executor()
+        .spawn_blocking(move || -> Result<Option<broca_core::RunView>, String> {
+            let Some((bytes, scan)) =
+                broca_wal::verify::read_and_scan_if_any(&path).map_err(|e| e.to_string())?
+            else {
+                return Ok(None);
+            };
+            let session = broca_core::Session::replay_scan(&scan, &bytes)
+                .map_err(|e| format!("record {}: {}", e.seq, e.reason))?;
+            Ok(match run_id {
+                Some(id) => session.run(&id).cloned(),
+                None => session.runs.last().cloned(),
+            })
+        })
+        .await;
+    match view {
+        Ok(v) => {
+            let _ = reply.send(v);
+        }
+        Err(e) => tracing::error!("{e}"),
     }
 }

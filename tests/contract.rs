@@ -1,0 +1,261 @@
+//! The run's contract where a host meets it: reads never write, runs a crash left open are
+//! resumed at start without any command, a resumed run goes where its frozen catalog entry
+//! says (whatever the catalog says now), and the catalog is refreshed for new sends only.
+
+mod support;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::serve::{command, metric, rpc, spawn, start_env, wait_for, Serve};
+use support::{broca, dump_all, fixture, peers_dir, Aimock};
+
+fn kill(s: &mut Serve) {
+    let _ = s.child.kill();
+    let _ = s.child.wait();
+}
+
+#[test]
+fn a_thousand_status_reads_of_an_idle_session_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let config = dir.path().join("serve.json");
+    std::fs::write(&config, r#"{"idle_secs": 1}"#).unwrap();
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let mut s = start_env(&state, &peer, &["--config", config.to_str().unwrap()], &[]);
+    let (status, r) = rpc(
+        &s,
+        "session.send",
+        json!({"prompt": "hello there", "model": "anthropic/m"}),
+    );
+    assert_eq!(status, 200, "{r}");
+    let run_id = r["result"]["run_id"].as_str().unwrap().to_string();
+    wait_for("the run to complete", || {
+        rpc(&s, "run.status", json!({"run_id": run_id})).1["result"]["state"] == "completed"
+    });
+    wait_for("the idle actor to close", || {
+        metric(&s, "broca_sessions_live") == 0
+    });
+    let before = std::fs::read(
+        state
+            .join("wal")
+            .read_dir()
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path(),
+    )
+    .unwrap();
+    for _ in 0..1000 {
+        let (status, r) = rpc(&s, "run.status", json!({"run_id": run_id}));
+        assert_eq!(
+            (status, r["result"]["state"].as_str()),
+            (200, Some("completed"))
+        );
+    }
+    let (status, _) = rpc(&s, "run.result", json!({"run_id": run_id}));
+    assert_eq!(status, 200);
+    let after = std::fs::read(
+        state
+            .join("wal")
+            .read_dir()
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path(),
+    )
+    .unwrap();
+    assert_eq!(after.len(), before.len(), "a read wrote to the WAL");
+    assert_eq!(after, before, "a read changed the WAL");
+    assert_eq!(
+        metric(&s, "broca_sessions_live"),
+        0,
+        "a read opened the session"
+    );
+    kill(&mut s);
+    let check = broca(&state).args(["store", "check"]).output().unwrap();
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+}
+
+#[test]
+fn runs_a_crash_left_open_are_resumed_at_start_without_any_command() {
+    const SESSIONS: usize = 50;
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let calls = dir.path().join("calls.jsonl");
+    let tools = dir.path().join("tools.json");
+    let cfg = json!({"mcp": [{"name": "counting",
+        "command": ["python3", peers_dir().join("counting_mcp.py")],
+        "env": {"COUNT_FILE": calls}, "max_concurrency": 64}]});
+    std::fs::write(&tools, cfg.to_string()).unwrap();
+    let peer = Aimock::start(&fixture("tools.json"));
+    let extra = ["--tools-config", tools.to_str().unwrap()];
+    let mut s = start_env(&state, &peer, &extra, &[]);
+    for i in 0..SESSIONS {
+        let (status, r) = rpc(
+            &s,
+            "session.send",
+            json!({"session": format!("s{i}"), "prompt": "hang call", "model": "anthropic/m"}),
+        );
+        assert_eq!(status, 200, "{r}");
+    }
+    let count = || {
+        std::fs::read_to_string(&calls)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    wait_for("every hanging call to reach the tool server", || {
+        count() == SESSIONS
+    });
+    kill(&mut s); // SIGKILL: every run is open, its call delivered and unanswered
+    let delivered = count();
+
+    // A restart, and not one command: the open runs are found and resumed.
+    let started = Instant::now();
+    let mut s = start_env(&state, &peer, &extra, &[]);
+    let until = Instant::now() + Duration::from_secs(60);
+    let ends = loop {
+        let records = dump_all(&state);
+        let ends: Vec<Value> = records
+            .into_iter()
+            .filter(|r| r["kind"] == "run_finished")
+            .collect();
+        if ends.len() >= SESSIONS {
+            break ends;
+        }
+        assert!(
+            Instant::now() < until,
+            "{} of {SESSIONS} runs resumed after {:?}",
+            ends.len(),
+            started.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let took = started.elapsed();
+    assert_eq!(ends.len(), SESSIONS, "one terminal per run");
+    for e in &ends {
+        assert_eq!(e["record"]["reason"], "interrupted", "{e}");
+        assert_eq!(
+            e["record"]["indeterminate_tool_calls"],
+            json!(["call_hang_1"]),
+            "{e}"
+        );
+    }
+    assert_eq!(count(), delivered, "a resumed run sent a call again");
+    println!("{SESSIONS} open runs resumed {took:?} after the restart began");
+    kill(&mut s);
+}
+
+#[test]
+fn a_resumed_run_goes_where_its_frozen_catalog_entry_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let catalog = dir.path().join("catalog.json");
+    let write_catalog = |base_url: &str| {
+        let c = json!({"providers": [{"id": "frozen", "family": "anthropic-messages",
+            "base_url": base_url, "credential_env": "ANTHROPIC_API_KEY"}], "models": []});
+        std::fs::write(&catalog, c.to_string()).unwrap();
+    };
+    write_catalog(&peer.url());
+    let run = |crash: Option<&str>| {
+        let mut c = broca(&state);
+        c.env("ANTHROPIC_API_KEY", "sk-frozen-test-0123456789")
+            .env("BROCA_CATALOG_FILE", &catalog)
+            .args([
+                "run",
+                "--model",
+                "frozen/m",
+                "--send-id",
+                "k1",
+                "--json",
+                "hello there",
+            ]);
+        if let Some(at) = crash {
+            c.env("BROCA_CRASH_AT", at);
+        }
+        c.stderr(Stdio::piped()).output().unwrap()
+    };
+    let first = run(Some("step_started:1"));
+    assert!(!first.status.success(), "the first life was cut");
+    // The provider moves (the catalog now says a port where nothing listens); the run
+    // admitted before keeps the entry it froze.
+    write_catalog("http://127.0.0.1:1");
+    let again = run(None);
+    let stdout = String::from_utf8_lossy(&again.stdout);
+    let result: Value = serde_json::from_str(stdout.lines().last().unwrap_or(""))
+        .unwrap_or_else(|_| panic!("no run.result: {}", String::from_utf8_lossy(&again.stderr)));
+    assert_eq!(result["state"], "completed", "{result}");
+    let started: Vec<Value> = dump_all(&state)
+        .into_iter()
+        .filter(|r| r["kind"] == "run_started")
+        .collect();
+    assert_eq!(started.len(), 1, "the send_id answered the run it admitted");
+    assert_eq!(
+        started[0]["record"]["config"]["catalog"]["provider"]["base_url"],
+        peer.url().as_str()
+    );
+}
+
+#[test]
+fn the_catalog_is_read_again_for_new_sends_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let catalog = dir.path().join("catalog.json");
+    let write_catalog = |window: u64| {
+        let c = json!({"models": [{"provider": "anthropic", "model": "refreshed",
+            "context_window": window}]});
+        std::fs::write(&catalog, c.to_string()).unwrap();
+    };
+    write_catalog(1000);
+    let config = dir.path().join("serve.json");
+    std::fs::write(
+        &config,
+        json!({"catalog_file": catalog, "catalog_refresh_secs": 1}).to_string(),
+    )
+    .unwrap();
+    let mut cmd = command(&state, &peer.url(), &["--config", config.to_str().unwrap()]);
+    let mut s = spawn(cmd.stderr(Stdio::inherit()), &state);
+    let send = |s: &Serve, session: &str| {
+        let (status, r) = rpc(
+            s,
+            "session.send",
+            json!({"session": session, "prompt": "hello there", "model": "anthropic/refreshed"}),
+        );
+        assert_eq!(status, 200, "{r}");
+    };
+    send(&s, "a");
+    write_catalog(2000);
+    std::thread::sleep(Duration::from_millis(2500));
+    send(&s, "b");
+    std::thread::sleep(Duration::from_millis(500));
+    kill(&mut s);
+    let windows: Vec<(String, u64)> = dump_all(&state)
+        .into_iter()
+        .filter(|r| r["kind"] == "run_started")
+        .map(|r| {
+            (
+                r["record"]["prompt"].as_str().unwrap().to_string(),
+                r["record"]["config"]["catalog"]["context_window"]
+                    .as_u64()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    let mut got: Vec<u64> = windows.iter().map(|w| w.1).collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [1000, 2000],
+        "the second send saw the refreshed entry: {windows:?}"
+    );
+}

@@ -259,3 +259,239 @@ fn the_catalog_is_read_again_for_new_sends_only() {
         "the second send saw the refreshed entry: {windows:?}"
     );
 }
+
+/// Waits for `run_id` to end and returns its `run.result`.
+fn result_when_ended(s: &Serve, session: &str, run_id: &str) -> Value {
+    wait_for("the run to end", || {
+        rpc(
+            s,
+            "run.status",
+            json!({"session": session, "run_id": run_id}),
+        )
+        .1["result"]["state"]
+            != "active"
+    });
+    let (status, r) = rpc(
+        s,
+        "run.result",
+        json!({"session": session, "run_id": run_id}),
+    );
+    assert_eq!(status, 200, "{r}");
+    r["result"].clone()
+}
+
+#[test]
+fn a_priced_model_runs_until_its_cost_budget_is_spent() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let calls = dir.path().join("calls.jsonl");
+    let tools = dir.path().join("tools.json");
+    let cfg = json!({"mcp": [{"name": "counting",
+        "command": ["python3", peers_dir().join("counting_mcp.py")],
+        "env": {"COUNT_FILE": calls}}]});
+    std::fs::write(&tools, cfg.to_string()).unwrap();
+    // Six steps (five ask for `record`), each reporting 10,000 input and 1,000 output tokens:
+    // 45,000 micro-USD a step at claude-sonnet-4-5's built-in prices ($3 and $15 a million).
+    let peer = Aimock::start(&fixture("budget.json"));
+    let mut s = start_env(
+        &state,
+        &peer,
+        &["--tools-config", tools.to_str().unwrap()],
+        &[],
+    );
+    let send = |session: &str, budget: Value| {
+        let (status, r) = rpc(
+            &s,
+            "session.send",
+            json!({"session": session, "prompt": "spend", "model": "anthropic/claude-sonnet-4-5",
+                   "budget": budget}),
+        );
+        assert_eq!(status, 200, "{r}");
+        let run_id = r["result"]["run_id"].as_str().unwrap().to_string();
+        result_when_ended(&s, session, &run_id)
+    };
+    let dispatched = || {
+        std::fs::read_to_string(&calls)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    // Unbounded, the run takes its six steps and measures what they cost.
+    let whole = send("whole", json!({"max_total_tokens": 1_000_000}));
+    assert_eq!(whole["state"], "completed", "{whole}");
+    assert_eq!(whole["usage"]["input"], 60_000, "{whole}");
+    assert_eq!(whole["cost"], json!({"micros": 270_000, "currency": "USD"}));
+    assert_eq!(dispatched(), 5);
+    // Capped at 92,000 micro-USD: after two steps (90,000) the next request resends at least
+    // the last step's 10,000 input tokens, 3,000 micro-USD more even if all of it were read
+    // from the cache at $0.30: the run stops before it overspends, before dispatching the
+    // second step's tool call.
+    let capped = send("capped", json!({"max_cost_micros": 92_000}));
+    assert_eq!(capped["state"], "budget_exhausted", "{capped}");
+    assert_eq!(capped["cost"], json!({"micros": 90_000, "currency": "USD"}));
+    let detail = capped["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("cost 90000 micro-USD of a 92000 micro-USD budget")
+            && detail.contains("at least 3000 more"),
+        "{detail}"
+    );
+    assert_eq!(
+        dispatched(),
+        5 + 1,
+        "the stopped run dispatched past its budget"
+    );
+    // Capped at 100,000: the third step starts under the budget (90,000 + at least 3,000) and
+    // ends above it (135,000); its tool call is not dispatched, and no fourth step starts.
+    let spent = send("spent", json!({"max_cost_micros": 100_000}));
+    assert_eq!(spent["state"], "budget_exhausted", "{spent}");
+    assert_eq!(spent["cost"], json!({"micros": 135_000, "currency": "USD"}));
+    assert!(
+        spent["detail"]
+            .as_str()
+            .unwrap()
+            .contains("cost 135000 micro-USD of a 100000 micro-USD budget"),
+        "{spent}"
+    );
+    assert_eq!(dispatched(), 5 + 1 + 2);
+    // run.status tells the same cost as run.result.
+    let status = rpc(
+        &s,
+        "run.status",
+        json!({"session": "spent", "run_id": spent["run_id"]}),
+    )
+    .1;
+    assert_eq!(status["result"]["cost"]["micros"], 135_000, "{status}");
+    kill(&mut s);
+}
+
+/// Every file under `dir` with its bytes, sorted by path.
+fn tree(dir: &std::path::Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        for e in std::fs::read_dir(&p).unwrap() {
+            let path = e.unwrap().path();
+            let kind = std::fs::symlink_metadata(&path).unwrap().file_type();
+            if kind.is_dir() {
+                stack.push(path);
+            } else if kind.is_file() {
+                let bytes = std::fs::read(&path).unwrap();
+                out.push((path, bytes));
+            } else {
+                out.push((path, b"(not a file)".to_vec())); // the serve socket
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn a_send_admission_refuses_writes_nothing_in_serve_or_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let mut s = start_env(&state, &peer, &[], &[]);
+    let (status, r) = rpc(
+        &s,
+        "session.send",
+        json!({"session": "used", "prompt": "hello there", "model": "anthropic/m"}),
+    );
+    assert_eq!(status, 200, "{r}");
+    let run_id = r["result"]["run_id"].as_str().unwrap().to_string();
+    assert_eq!(result_when_ended(&s, "used", &run_id)["state"], "completed");
+    let wal = state.join("wal");
+    let before = tree(&wal);
+    assert_eq!(before.len(), 1);
+    let refusals = [
+        (
+            json!({"credential_id": "env:BROCA_TEST_UNSET"}),
+            "auth_required",
+            "BROCA_TEST_UNSET",
+        ),
+        (
+            json!({"credential_id": "file:nope"}),
+            "auth_required",
+            "credentials.json",
+        ),
+        (
+            json!({"model": "gemini/gemini-2.5-pro"}),
+            "unsupported_provider",
+            "gemini",
+        ),
+        (
+            json!({"model": "bedrock/anthropic.claude"}),
+            "unsupported_provider",
+            "bedrock",
+        ),
+        (
+            json!({"budget": {"max_cost_micros": 1000}}),
+            "budget_unpriced",
+            "anthropic/m",
+        ),
+        (
+            json!({"budget": {"max_total_tokens": 0}}),
+            "invalid_params",
+            "max_total_tokens",
+        ),
+    ];
+    for session in ["used", "fresh"] {
+        for (extra, code, names) in &refusals {
+            let mut params = json!({"session": session, "prompt": "hello", "model": "anthropic/m",
+                                    "send_id": format!("refused-{code}")});
+            for (k, v) in extra.as_object().unwrap() {
+                params[k] = v.clone();
+            }
+            let (status, r) = rpc(&s, "session.send", params.clone());
+            assert_eq!(
+                (status, r["error"]["code"].as_str()),
+                (400, Some(*code)),
+                "{params}: {r}"
+            );
+            let message = r["error"]["message"].as_str().unwrap();
+            assert!(message.contains(names), "{params}: {message}");
+            assert_eq!(tree(&wal), before, "{params} was refused and wrote");
+        }
+    }
+    kill(&mut s);
+    // `broca run` refuses the same way, before the session's WAL is touched.
+    let before = tree(&state);
+    for (args, code) in [
+        (
+            vec!["--model", "gemini/gemini-2.5-pro"],
+            "unsupported_provider",
+        ),
+        (
+            vec!["--model", "anthropic/m", "--base-url", peer.url().as_str()],
+            "auth_required",
+        ),
+    ] {
+        let o = broca(&state)
+            .env_remove("ANTHROPIC_API_KEY")
+            .args([
+                "run",
+                "--project-root",
+                "/proj",
+                "--harness",
+                "h",
+                "--session",
+                "used",
+                "--json",
+            ])
+            .args(&args)
+            .arg("hello")
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+        let last: Value = serde_json::from_slice(
+            o.stdout
+                .split(|b| *b == b'\n')
+                .filter(|l| !l.is_empty())
+                .last()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(last["error"]["code"], *code, "{args:?}: {last}");
+        assert_eq!(tree(&state), before, "{args:?} was refused and wrote");
+    }
+}

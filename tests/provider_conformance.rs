@@ -219,10 +219,11 @@ fn openai_responses_over_websocket_against_aimock() {
 }
 
 #[test]
-fn a_missing_key_pauses_the_run_naming_the_variable() {
+fn a_missing_key_refuses_the_send_naming_the_variable_and_writes_nothing() {
     let peer = Aimock::start(&fixture("aimock.json"));
     let dir = tempfile::tempdir().unwrap();
     let o = broca(dir.path())
+        .env_remove("ANTHROPIC_API_KEY")
         .args([
             "run",
             "--model",
@@ -236,7 +237,8 @@ fn a_missing_key_pauses_the_run_naming_the_variable() {
         .unwrap();
     let r = last_json(&o);
     assert_eq!(o.status.code(), Some(1));
-    assert_eq!(r["state"], "paused");
+    assert_eq!(r["error"]["code"], "auth_required", "{r}");
+    assert_eq!(r["error"]["class"], "auth_required", "{r}");
     assert!(
         r["error"]["message"]
             .as_str()
@@ -244,6 +246,11 @@ fn a_missing_key_pauses_the_run_naming_the_variable() {
             .contains("ANTHROPIC_API_KEY is not set"),
         "{r}"
     );
+    let wal = dir.path().join("wal");
+    let written: Vec<_> = std::fs::read_dir(&wal)
+        .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+        .unwrap_or_default();
+    assert!(written.is_empty(), "a refused send wrote {written:?}");
 }
 
 #[test]

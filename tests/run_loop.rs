@@ -58,6 +58,10 @@ fn run_once(dir: &Path, script: Script, tools: &CountingTools, req: &SendRequest
     .unwrap()
 }
 
+fn dispatched(tools: &CountingTools) -> u32 {
+    tools.dispatched.borrow().values().sum()
+}
+
 fn count(recs: &[(u64, Record)], pred: impl Fn(&Record) -> bool) -> usize {
     recs.iter().filter(|(_, r)| pred(r)).count()
 }
@@ -328,6 +332,53 @@ fn a_budget_the_provider_cannot_measure_stops_the_run_with_that_reason() {
     assert_eq!(outcome.reason, Some(FinishKind::BudgetUnmeasured));
     assert!(outcome.detail.unwrap().contains("did not report"));
     assert_eq!(outcome.usage.input, None, "absent is not zero");
+}
+
+#[test]
+fn a_step_that_reports_no_usage_stops_a_token_budgeted_run_at_that_step() {
+    // Three steps (two ask for a tool, the third answers); the second reports no usage.
+    let script = |unreported: Vec<u32>| Script {
+        tool_step_percent: 100,
+        tool_steps_max: 2,
+        calls_per_step_max: 1,
+        unreported_steps: unreported,
+        ..Script::default()
+    };
+    let req = SendRequest {
+        budget: Some(broca::core::admission::Budget {
+            max_total_tokens: Some(1_000_000),
+            max_cost_micros: None,
+        }),
+        ..send("three steps", "s1")
+    };
+    // Measured on every step, the budget holds and the run completes with its totals.
+    let dir = tempfile::tempdir().unwrap();
+    let tools = CountingTools::default();
+    let whole = run_once(dir.path(), script(vec![]), &tools, &req);
+    assert_eq!(whole.reason, Some(FinishKind::Completed), "{whole:?}");
+    assert!(whole.usage.input.is_some() && whole.unmeasured_steps == 0);
+    assert_eq!(dispatched(&tools), 2);
+
+    let dir = tempfile::tempdir().unwrap();
+    let tools = CountingTools::default();
+    let outcome = run_once(dir.path(), script(vec![2]), &tools, &req);
+    assert_eq!(
+        outcome.reason,
+        Some(FinishKind::BudgetUnmeasured),
+        "{outcome:?}"
+    );
+    let detail = outcome.detail.clone().unwrap();
+    assert!(detail.contains("step 2"), "{detail}");
+    // Not run on unmetered: the second step's tool call is not dispatched, no third step.
+    assert_eq!(dispatched(&tools), 1);
+    let recs = records(dir.path());
+    assert_eq!(
+        count(&recs, |r| matches!(r, Record::ModelStepFinished(_))),
+        2
+    );
+    // The sum over steps is absent (one step is unknown), and the run says how many.
+    assert_eq!(outcome.usage.input, None, "absent is not zero");
+    assert_eq!(outcome.unmeasured_steps, 1);
 }
 
 #[test]

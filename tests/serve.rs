@@ -574,7 +574,11 @@ fn an_idle_session_is_dropped_from_memory_read_from_its_wal_and_rebuilt_by_a_sen
         res["result"]["final_message"]["text"],
         "Hello! How can I help you today?"
     );
-    assert_eq!(live(&s), 0, "a read is answered from the WAL without opening the session");
+    assert_eq!(
+        live(&s),
+        0,
+        "a read is answered from the WAL without opening the session"
+    );
     // The next send rebuilds the session from its WAL and continues its conversation.
     let (status, r) = rpc(
         &s,

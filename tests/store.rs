@@ -420,17 +420,25 @@ fn a_credential_from_the_owner_only_file_pays_and_its_secret_is_written_nowhere(
         last
     };
     assert_eq!(send("a", "file:work")["state"], "completed");
-    // A file others can read is refused: the run pauses for credentials, naming the file.
+    // A file others can read is refused at admission, naming the file; session b gets no WAL.
     std::fs::set_permissions(&creds, std::fs::Permissions::from_mode(0o644)).unwrap();
-    let paused = send("b", "file:work");
-    assert_eq!(paused["state"], "paused", "{paused}");
+    let wals_before = wal_names(&state);
+    let (status, r) = rpc(
+        &s,
+        "session.send",
+        json!({"session": "b", "prompt": "counted", "model": "anthropic/m", "credential_id": "file:work"}),
+    );
+    assert_eq!(status, 400, "{r}");
+    assert_eq!(r["error"]["code"], "auth_required", "{r}");
     assert!(
-        paused["error"]["message"]
+        r["error"]["message"]
             .as_str()
             .unwrap()
             .contains("chmod 600"),
-        "{paused}"
+        "{r}"
     );
+    assert_eq!(wal_names(&state), wals_before);
+    std::fs::set_permissions(&creds, std::fs::Permissions::from_mode(0o600)).unwrap();
     // A secret given where an id belongs is refused without being echoed.
     let (status, r) = rpc(
         &s,
@@ -462,4 +470,14 @@ fn a_credential_from_the_owner_only_file_pays_and_its_secret_is_written_nowhere(
             }
         }
     }
+}
+
+/// The file names under the state dir's wal/.
+fn wal_names(state: &Path) -> Vec<std::ffi::OsString> {
+    let mut names: Vec<_> = std::fs::read_dir(state.join("wal"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    names
 }

@@ -156,6 +156,7 @@ impl<'a> Life<'a> {
             run_id: format!("run{}-{}", self.sc.seed, self.log.records.len() + 1),
             now_unix_ms: self.now_ms,
             catalog: &catalog,
+            providers: &broca::protocol::model::AnyProvider,
         };
         match admit(req, &self.session, &ctx).expect("the scenario's sends are valid") {
             Admitted::Existing { run_index } => {
@@ -183,7 +184,8 @@ impl<'a> Life<'a> {
                     config: run.config.clone(),
                     transcript,
                     step: open.step,
-                    usage: run.usage,
+                    spend: run.spend,
+                    last_step: open.last_step,
                     point: open.point,
                     cancel_requested: open.cancel_requested,
                 },

@@ -40,6 +40,7 @@ fn scenario(seed: u64) -> Scenario {
         tool_steps_max: 1 + ((r >> 8) % 3) as u32,
         transient_percent: if (r >> 16) % 4 == 0 { 30 } else { 0 },
         report_usage: true,
+        unreported_steps: Vec::new(),
         tools: vec!["echo".into(), "write".into()],
     };
     let sends = (0..1 + (r >> 24) % 3)

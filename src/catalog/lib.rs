@@ -44,6 +44,26 @@ pub struct Prices {
     pub cache_read: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_write: Option<f64>,
+    /// Long-context prices: a request whose total input is above a tier's threshold is
+    /// charged at that tier's prices (the highest threshold it passes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tiers: Vec<PriceTier>,
+}
+
+/// Prices for requests whose total input is above `above_input_tokens`; a price the tier
+/// does not list is the base price.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PriceTier {
+    pub above_input_tokens: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_read: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write: Option<f64>,
 }
 
 /// A model as a catalog lists it.
@@ -106,7 +126,19 @@ impl Catalog {
                 return Err(format!("a model of `{}` has no name", m.provider));
             }
             if let Some(p) = &m.prices {
-                let all = [p.input, p.output, p.cache_read, p.cache_write];
+                let mut all = vec![p.input, p.output, p.cache_read, p.cache_write];
+                for t in &p.tiers {
+                    all.extend([t.input, t.output, t.cache_read, t.cache_write]);
+                }
+                if p.tiers
+                    .windows(2)
+                    .any(|w| w[0].above_input_tokens >= w[1].above_input_tokens)
+                {
+                    return Err(format!(
+                        "{}/{}: price tiers must be listed by rising above_input_tokens",
+                        m.provider, m.model
+                    ));
+                }
                 if all.iter().flatten().any(|v| !v.is_finite() || *v < 0.0) {
                     return Err(format!(
                         "{}/{}: prices must be finite and >= 0",

@@ -9,7 +9,7 @@ use std::rc::Rc;
 
 use broca_core::admission::SendRequest;
 use broca_module::serve::ServeOptions;
-use broca_module::standalone::Standalone;
+use broca_module::standalone::{Failure, Standalone};
 use broca_provider::transport::Endpoints;
 use broca_wal::SessionTriple;
 
@@ -408,6 +408,12 @@ fn run_standalone(standalone: Standalone, json: bool) -> u8 {
         Ok(r) => r,
         Err(e) => {
             broca_module::errln!("broca: {e}");
+            // A refusal is an answer too: with --json it is the last stdout line, in the shape
+            // of the management surface's error replies.
+            if let (true, Failure::Refused(r)) = (json, &e) {
+                let body = broca_wire::RpcError::refusal(r).body();
+                broca_module::outln!("{}", String::from_utf8_lossy(&body));
+            }
             return EXIT_FAILURE;
         }
     };

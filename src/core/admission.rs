@@ -1,9 +1,13 @@
-//! Admission, before any record is written: idempotency by send_id, the model spec, the
-//! credential id, cache policy, stop conditions, context limit and the tool set. Accepted
-//! inputs, the renderer version and the catalog entry's digest are frozen into RunStarted; a
-//! refusal writes nothing and answers a refusal code.
+//! Admission, before any record is written: idempotency by send_id, the model spec, whether
+//! this build speaks the provider's wire family, the credential (resolved, its secret
+//! fetched into memory only and dropped; the id frozen), the cache policy against the family,
+//! the stop conditions, the budget (the measures it needs, and whether the frozen catalog
+//! entry can price them), the context limit (the caller's, else the model's context window)
+//! and the tool set. Accepted inputs, the renderer version and the catalog entry are frozen
+//! into RunStarted; a refusal writes nothing and answers a refusal code.
 
 use broca_catalog as catalog;
+use broca_protocol::model::ProviderCheck;
 use broca_protocol::ToolSpec;
 use broca_wal::runrec::{
     result_reason, CachePolicy, FrozenConfig, ResultBlock, RunStarted, StopConditions,
@@ -38,6 +42,8 @@ pub struct AdmissionContext<'a> {
     pub now_unix_ms: u64,
     /// The catalog the send's model resolves in (a snapshot: admission reads nothing else).
     pub catalog: &'a catalog::Catalog,
+    /// The families and credentials the runs' model client has.
+    pub providers: &'a dyn ProviderCheck,
 }
 
 /// A send checked on its own and resolved (model, credential id, tools, stop conditions,
@@ -76,7 +82,7 @@ pub fn admit(
     session: &Session,
     ctx: &AdmissionContext<'_>,
 ) -> Result<Admitted, Refusal> {
-    match prepare(req, ctx.tools, ctx.catalog) {
+    match prepare(req, ctx.tools, ctx.catalog, ctx.providers) {
         Ok(p) => admit_prepared(p, session, ctx.run_id.clone(), ctx.now_unix_ms),
         Err(u) => admit_unprepared(&u, session),
     }
@@ -150,15 +156,16 @@ pub fn admit_prepared(
     })))
 }
 
-/// Checks and resolves `req` against the configured tools and the catalog, whatever any
-/// session holds.
+/// Checks and resolves `req` against the configured tools, the catalog and the providers
+/// the runs' model client has, whatever any session holds.
 pub fn prepare(
     req: &SendRequest,
     tools: &[ToolSpec],
     catalog: &catalog::Catalog,
+    providers: &dyn ProviderCheck,
 ) -> Result<Prepared, Unprepared> {
     let inputs_digest = inputs_digest(req);
-    match resolve(req, tools, catalog) {
+    match resolve(req, tools, catalog, providers) {
         Ok(config) => Ok(Prepared {
             send_id: req.send_id.clone(),
             inputs_digest,
@@ -185,6 +192,7 @@ fn resolve(
     req: &SendRequest,
     tools: &[ToolSpec],
     catalog: &catalog::Catalog,
+    providers: &dyn ProviderCheck,
 ) -> Result<FrozenConfig, Refusal> {
     let invalid = |why: String| Err(Refusal::InvalidParams(why));
     if let Some(send_id) = &req.send_id {
@@ -221,19 +229,64 @@ fn resolve(
     if req.context_limit == Some(0) {
         return invalid("context_limit must be positive".into());
     }
+    let budget = req.budget.clone().unwrap_or_default();
+    for (name, value) in [
+        ("max_total_tokens", budget.max_total_tokens),
+        ("max_cost_micros", budget.max_cost_micros),
+    ] {
+        if value == Some(0) {
+            return invalid(format!("budget.{name} must be positive"));
+        }
+    }
+    let spec = format!("{}/{}", entry.provider.id, entry.model);
+    let family = &entry.provider.family;
+    let traits = providers.family(family).map_err(|why| {
+        Refusal::UnsupportedProvider(format!("{spec}: provider `{}`: {why}", entry.provider.id))
+    })?;
+    let credential_id = req
+        .credential_id
+        .clone()
+        .unwrap_or_else(|| format!("env:{}", entry.provider.credential_env));
+    providers
+        .credential(family, &credential_id)
+        .map_err(|why| Refusal::AuthRequired(format!("{spec}: {why}")))?;
+    // `auto` asks for breakpoints only where the family marks them; elsewhere it is off,
+    // and frozen so.
+    let cache_policy = match req.cache_policy.unwrap_or(CachePolicy::Auto) {
+        CachePolicy::Auto if traits.marks_cache => CachePolicy::Auto,
+        _ => CachePolicy::Off,
+    };
+    if budget.max_cost_micros.is_some() {
+        let prices = entry.prices.as_ref();
+        let lacking = match prices {
+            None => Some("prices"),
+            Some(p) if p.input.is_none() => Some("an input price"),
+            Some(p) if p.output.is_none() => Some("an output price"),
+            Some(p) if cache_policy == CachePolicy::Auto && p.cache_write.is_none() => {
+                Some("a cache_write price (its requests write prompt caches; cache_policy off writes none)")
+            }
+            Some(_) => None,
+        };
+        if let Some(lacking) = lacking {
+            return Err(Refusal::BudgetUnpriced(format!(
+                "a cost budget needs the model's prices, and the catalog has no {lacking} for {spec}"
+            )));
+        }
+    }
+    // The caller's limit, within the model's window; else the window.
+    let context_limit = match (req.context_limit, entry.context_window) {
+        (Some(mine), Some(window)) => Some(mine.min(window)),
+        (mine, window) => mine.or(window),
+    };
     let tools = select_tools(tools, req.tools.as_deref())?;
     let tools_digest = {
         let bytes = serde_json::to_vec(&tools).expect("tool specs serialize");
         blake3::hash(&bytes).to_hex()[..32].to_string()
     };
-    let budget = req.budget.clone().unwrap_or_default();
     Ok(FrozenConfig {
         provider: entry.provider.id.to_string(),
         model: entry.model.clone(),
-        credential_id: req
-            .credential_id
-            .clone()
-            .unwrap_or_else(|| format!("env:{}", entry.provider.credential_env)),
+        credential_id,
         renderer_version: catalog::RENDERER_VERSION,
         catalog_digest: entry.digest(),
         catalog: Some(freeze(&entry)),
@@ -246,8 +299,8 @@ fn resolve(
             max_total_tokens: budget.max_total_tokens,
             max_cost_micros: budget.max_cost_micros,
         },
-        context_limit: req.context_limit,
-        cache_policy: req.cache_policy.unwrap_or(CachePolicy::Auto),
+        context_limit,
+        cache_policy,
     })
 }
 
@@ -310,7 +363,7 @@ pub fn check_resumable(config: &FrozenConfig, catalog: &catalog::Catalog) -> Res
 
 /// The WAL's copy of a catalog entry (the same fields, so the same digest).
 pub fn freeze(entry: &catalog::ModelEntry) -> broca_wal::runrec::CatalogEntry {
-    use broca_wal::runrec::{CatalogEntry, CatalogPrices, CatalogProvider};
+    use broca_wal::runrec::{CatalogEntry, CatalogPriceTier, CatalogPrices, CatalogProvider};
     let p = &entry.provider;
     CatalogEntry {
         provider: CatalogProvider {
@@ -329,6 +382,17 @@ pub fn freeze(entry: &catalog::ModelEntry) -> broca_wal::runrec::CatalogEntry {
             output: x.output,
             cache_read: x.cache_read,
             cache_write: x.cache_write,
+            tiers: x
+                .tiers
+                .iter()
+                .map(|t| CatalogPriceTier {
+                    above_input_tokens: t.above_input_tokens,
+                    input: t.input,
+                    output: t.output,
+                    cache_read: t.cache_read,
+                    cache_write: t.cache_write,
+                })
+                .collect(),
         }),
     }
 }
@@ -336,6 +400,7 @@ pub fn freeze(entry: &catalog::ModelEntry) -> broca_wal::runrec::CatalogEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use broca_protocol::model::AnyProvider;
 
     fn req(prompt: &str, tools: Option<Vec<String>>) -> SendRequest {
         SendRequest {
@@ -357,7 +422,7 @@ mod tests {
             route: String::new(),
         };
         let first = req("hi", Some(vec!["t".into()]));
-        let p = prepare(&first, std::slice::from_ref(&tool), &catalog).unwrap();
+        let p = prepare(&first, std::slice::from_ref(&tool), &catalog, &AnyProvider).unwrap();
         let Admitted::New(started) =
             admit_prepared(p, &Session::default(), "r1".into(), 1).unwrap()
         else {
@@ -368,7 +433,7 @@ mod tests {
             .apply(1, broca_wal::Record::RunStarted(started))
             .unwrap();
         // The tool is no longer configured: the same send is refused on its own ...
-        let u = prepare(&first, &[], &catalog).unwrap_err();
+        let u = prepare(&first, &[], &catalog, &AnyProvider).unwrap_err();
         assert_eq!(u.refusal.code(), "invalid_params");
         // ... and still answers the run its send_id started.
         assert_eq!(
@@ -376,7 +441,13 @@ mod tests {
             Ok(Admitted::Existing { run_index: 0 })
         );
         // Other inputs under that send_id: refused as a reuse.
-        let other = prepare(&req("other", Some(vec!["t".into()])), &[], &catalog).unwrap_err();
+        let other = prepare(
+            &req("other", Some(vec!["t".into()])),
+            &[],
+            &catalog,
+            &AnyProvider,
+        )
+        .unwrap_err();
         assert_eq!(
             admit_unprepared(&other, &session).unwrap_err().code(),
             "send_id_reuse"

@@ -1,5 +1,6 @@
 //! broca-core: the run loop's domain logic, sans-IO: admission, the state machine, stream
-//! folding, replay, the control lane's projection and usage facts. Nothing here touches a
+//! folding, replay, what a run spent (usage totals, cost, budgets' measures), the control
+//! lane's projection and usage facts. Nothing here touches a
 //! file, a socket or a clock: time, the catalog and randomness come in from the caller.
 
 pub mod admission;
@@ -8,6 +9,7 @@ pub mod machine;
 mod machine_tests;
 pub mod project;
 pub mod replay;
+pub mod spend;
 pub mod stream;
 pub mod usage;
 pub mod views;

@@ -20,11 +20,12 @@ use broca_protocol::{
 };
 use broca_wal::runrec::{
     result_reason, CachePolicy, CancelRequested, FinishKind, FrozenConfig, ModelAttemptFinished,
-    ModelStepFinished, ResultBlock, RunFinished, RunPaused, RunResumed, StepStarted,
+    ModelStepFinished, ResultBlock, RunFinished, RunPaused, RunResumed, SpendSummary, StepStarted,
     ToolDispatchIntent, ToolResult,
 };
 use broca_wal::Record;
 
+use super::spend::{least_input_cost_micros, Spend};
 use super::stream::StepAccumulator;
 
 /// Model attempts per step, at most (the first try included).
@@ -112,7 +113,20 @@ pub struct Outcome {
     pub detail: Option<String>,
     pub error: Option<ClassifiedError>,
     pub indeterminate_tool_calls: Vec<String>,
+    /// The run's totals (a measure absent unless every metered step reported it).
     pub usage: Usage,
+    /// Metered steps that did not report input or output.
+    pub unmeasured_steps: u32,
+    /// The run's cost in micro-units of its prices' currency, when measured and priced.
+    pub cost_micros: Option<u64>,
+}
+
+/// The last completed model step: what the next request's size is estimated from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LastStep {
+    pub usage: Usage,
+    /// The transcript's length right after the step's message.
+    pub transcript_len: usize,
 }
 
 #[derive(Debug)]
@@ -146,7 +160,11 @@ pub struct RunMachine {
     step: u32,
     attempt: u32,
     backoff_spent_ms: u64,
-    usage: Usage,
+    spend: Spend,
+    last_step: Option<LastStep>,
+    /// Whether the attempt in flight has had any answer (a failed attempt that had may have
+    /// been billed).
+    answered: bool,
     phase: Phase,
     cancel_requested: bool,
     acc: StepAccumulator,
@@ -168,7 +186,7 @@ impl RunMachine {
         transcript: Vec<Arc<Message>>,
         now_ms: u64,
     ) -> RunMachine {
-        let mut m = RunMachine::new(run_id, config, transcript, 0, Usage::default(), now_ms);
+        let mut m = RunMachine::new(run_id, config, transcript, 0, Spend::default(), now_ms);
         m.next_step_or_stop();
         m
     }
@@ -178,7 +196,7 @@ impl RunMachine {
         config: FrozenConfig,
         transcript: Vec<Arc<Message>>,
         step: u32,
-        usage: Usage,
+        spend: Spend,
         now_ms: u64,
     ) -> RunMachine {
         RunMachine {
@@ -191,7 +209,9 @@ impl RunMachine {
             step,
             attempt: 0,
             backoff_spent_ms: 0,
-            usage,
+            spend,
+            last_step: None,
+            answered: false,
             phase: Phase::Backoff,
             cancel_requested: false,
             acc: StepAccumulator::default(),
@@ -209,9 +229,14 @@ impl RunMachine {
         &self.transcript
     }
 
-    /// The run's reported usage so far.
+    /// The run's totals so far (a measure absent unless every metered step reported it).
     pub fn usage(&self) -> Usage {
-        self.usage
+        self.spend.usage()
+    }
+
+    /// What the run has spent so far.
+    pub fn spend(&self) -> &Spend {
+        &self.spend
     }
 
     /// Whether [`Command::Finish`] was issued.
@@ -300,12 +325,8 @@ impl RunMachine {
             let detail = format!("the run reached max_steps ({})", self.config.stop.max_steps);
             return self.seal(FinishKind::MaxSteps, Some(detail), None, Vec::new());
         }
-        if self.config.stop.max_cost_micros.is_some() {
-            let detail = format!(
-                "a cost budget needs prices, and the catalog has none for {}/{}",
-                self.config.provider, self.config.model
-            );
-            return self.seal(FinishKind::BudgetUnmeasured, Some(detail), None, Vec::new());
+        if let Some((kind, detail)) = self.limit_before_request() {
+            return self.seal(kind, Some(detail), None, Vec::new());
         }
         self.step += 1;
         self.attempt = 0;
@@ -321,6 +342,7 @@ impl RunMachine {
     fn call_model(&mut self) {
         self.attempt += 1;
         self.acc = StepAccumulator::default();
+        self.answered = false;
         self.phase = Phase::Streaming;
         self.stream_active_ms = self.now_ms;
         let request = Request {
@@ -350,6 +372,7 @@ impl RunMachine {
             return; // a late event of an abandoned attempt
         }
         self.stream_active_ms = self.now_ms;
+        self.answered = true;
         if let StreamEvent::TextDelta(text) = &ev {
             self.out.push_back(Command::Display(text.clone()));
         }
@@ -362,7 +385,9 @@ impl RunMachine {
         }
         let step = std::mem::take(&mut self.acc).finish();
         let step_usage = step.usage;
-        self.usage = self.usage.add(&step_usage);
+        let prices = self.prices().cloned();
+        self.spend
+            .add(self.step, self.attempt, Some(&step_usage), prices.as_ref());
         let record = ModelStepFinished {
             run_id: self.run_id.clone(),
             step: self.step,
@@ -379,21 +404,23 @@ impl RunMachine {
             content: step.content,
         };
         self.transcript.push(Arc::new(message));
-        self.after_model_step(step_usage, step.finish_reason);
+        self.last_step = Some(LastStep {
+            usage: step_usage,
+            transcript_len: self.transcript.len(),
+        });
+        self.after_model_step(step.finish_reason);
     }
 
     /// Decides what follows a durable-or-pending model step: tools, or the end of the run.
-    /// Also the resume path of a step whose record is durable.
-    fn after_model_step(&mut self, step_usage: Usage, finish_reason: FinishReason) {
+    /// Also the resume path of a step whose record is durable. A step that asks for tools is
+    /// followed by another request, so its tools run only if that request could be made: a
+    /// budget spent or a context limit passed stops the run before they are dispatched.
+    fn after_model_step(&mut self, finish_reason: FinishReason) {
         let calls: Vec<ToolCall> = self
             .transcript
             .last()
             .map(|m| m.tool_calls().collect())
             .unwrap_or_default();
-        if let Some((kind, detail)) = self.limit_after_step(&step_usage) {
-            self.resolve_undispatched(&calls, kind.as_str());
-            return self.seal(kind, Some(detail), None, Vec::new());
-        }
         if self.cancel_requested {
             self.resolve_undispatched(&calls, "cancelled");
             return self.seal(FinishKind::Cancelled, None, None, Vec::new());
@@ -405,42 +432,153 @@ impl RunMachine {
             };
             return self.seal(FinishKind::Completed, detail, None, Vec::new());
         }
+        if let Some((kind, detail)) = self.limit_before_request() {
+            self.resolve_undispatched(&calls, kind.as_str());
+            return self.seal(kind, Some(detail), None, Vec::new());
+        }
         self.write_intent(calls);
     }
 
-    /// Budget and context checks on reported usage; absent measures are never counted as 0.
-    fn limit_after_step(&self, step_usage: &Usage) -> Option<(FinishKind, String)> {
-        if let Some(budget) = self.config.stop.max_total_tokens {
-            let (Some(input), Some(output)) = (self.usage.input, self.usage.output) else {
-                let missing = if self.usage.input.is_none() {
-                    "input"
-                } else {
-                    "output"
-                };
+    /// The run's frozen prices.
+    fn prices(&self) -> Option<&broca_wal::runrec::CatalogPrices> {
+        self.config.catalog.as_ref().and_then(|e| e.prices.as_ref())
+    }
+
+    /// The stop condition the next model request would break, if any: checked before each
+    /// step and before a step's tools are dispatched. A budget stops the run when it is
+    /// spent, when the next request would surely overrun it (every request resends the
+    /// conversation so far, so it carries at least the last step's input), or when a step
+    /// it needs the measure of was not metered (`budget_unmeasured`, naming the step); a
+    /// context limit stops it when the next request's estimated size reaches the limit.
+    fn limit_before_request(&self) -> Option<(FinishKind, String)> {
+        let stop = &self.config.stop;
+        let budgeted = stop.max_total_tokens.is_some() || stop.max_cost_micros.is_some();
+        if budgeted {
+            if let Some(u) = self.spend.first_unmeasured() {
                 return Some((
                     FinishKind::BudgetUnmeasured,
                     format!(
-                        "the token budget needs input and output counts, and the provider did \
-                         not report {missing} tokens"
+                        "step {} (attempt {}) did not report its {} token count, and a \
+                         budget is not kept on unmetered steps",
+                        u.step, u.attempt, u.missing
                     ),
-                ));
-            };
-            if input + output >= budget {
-                return Some((
-                    FinishKind::BudgetExhausted,
-                    format!("{} tokens used of a {budget}-token budget", input + output),
                 ));
             }
         }
-        if let (Some(limit), Some(input)) = (self.config.context_limit, step_usage.input) {
-            if input >= limit {
+        let least_next_input = self.last_step.and_then(|l| l.usage.input);
+        if let Some(budget) = stop.max_total_tokens {
+            let used = self.spend.tokens().unwrap_or(0);
+            if used >= budget {
+                return Some((
+                    FinishKind::BudgetExhausted,
+                    format!("{used} tokens used of a {budget}-token budget"),
+                ));
+            }
+            if let Some(least) = least_next_input.filter(|l| used.saturating_add(*l) > budget) {
+                return Some((
+                    FinishKind::BudgetExhausted,
+                    format!(
+                        "{used} tokens used of a {budget}-token budget, and the next request \
+                         would resend at least the last step's {least} input tokens"
+                    ),
+                ));
+            }
+        }
+        if let Some(budget) = stop.max_cost_micros {
+            let spec = || format!("{}/{}", self.config.provider, self.config.model);
+            let prices = self.prices();
+            let Some(prices) = prices.filter(|p| p.input.is_some() && p.output.is_some()) else {
+                return Some((
+                    FinishKind::BudgetUnmeasured,
+                    format!(
+                        "a cost budget needs input and output prices, and the catalog entry \
+                         frozen for {} has none",
+                        spec()
+                    ),
+                ));
+            };
+            let Some(cost) = self.spend.cost_micros() else {
+                let (step, measure) = self
+                    .spend
+                    .unpriced()
+                    .map_or((0, "prices"), |u| (u.step, u.measure));
+                return Some((
+                    FinishKind::BudgetUnmeasured,
+                    format!(
+                        "step {step} reported {measure} tokens, and the catalog entry frozen \
+                         for {} has no {measure} price",
+                        spec()
+                    ),
+                ));
+            };
+            let currency = &prices.currency;
+            if cost >= budget {
+                return Some((
+                    FinishKind::BudgetExhausted,
+                    format!("cost {cost} micro-{currency} of a {budget} micro-{currency} budget"),
+                ));
+            }
+            let least = least_next_input.and_then(|i| least_input_cost_micros(Some(prices), i));
+            if let Some(least) = least.filter(|l| cost.saturating_add(*l) > budget) {
+                return Some((
+                    FinishKind::BudgetExhausted,
+                    format!(
+                        "cost {cost} micro-{currency} of a {budget} micro-{currency} budget, \
+                         and the next request would cost at least {least} more"
+                    ),
+                ));
+            }
+        }
+        if let Some(limit) = self.config.context_limit {
+            let (estimate, how) = self.next_request_estimate();
+            if estimate >= limit {
                 return Some((
                     FinishKind::ContextLimit,
-                    format!("the last step's input was {input} tokens; the limit is {limit}"),
+                    format!(
+                        "the next request would carry about {estimate} tokens ({how}); the \
+                         context limit is {limit}"
+                    ),
                 ));
             }
         }
         None
+    }
+
+    /// An estimate of the next request's input tokens, and how it was made: the last step's
+    /// reported input, plus its output (its message is sent back) and what was added since
+    /// at about 4 bytes a token; without a reported input, the whole request at 4 bytes a
+    /// token. An estimate, not a count: the provider's tokenizer decides.
+    fn next_request_estimate(&self) -> (u64, &'static str) {
+        if let Some(LastStep {
+            usage:
+                Usage {
+                    input: Some(input),
+                    output,
+                    ..
+                },
+            transcript_len,
+        }) = self.last_step
+        {
+            let at = transcript_len.min(self.transcript.len());
+            let added = approx_tokens(self.transcript[at..].iter().map(|m| message_bytes(m)));
+            let output = output.unwrap_or_else(|| {
+                approx_tokens(self.transcript[..at].last().map(|m| message_bytes(m)))
+            });
+            let estimate = input.saturating_add(output).saturating_add(added);
+            return (
+                estimate,
+                "the last step's reported input and output, and about 4 bytes a token for what was added since",
+            );
+        }
+        let fixed = self.config.system.as_ref().map_or(0, String::len)
+            + serde_json::to_vec(&self.config.tools).map_or(0, |v| v.len());
+        let all = approx_tokens(
+            std::iter::once(fixed).chain(self.transcript.iter().map(|m| message_bytes(m))),
+        );
+        (
+            all,
+            "about 4 bytes a token, no step having reported its input yet",
+        )
     }
 
     fn write_intent(&mut self, calls: Vec<ToolCall>) {
@@ -605,8 +743,12 @@ impl RunMachine {
         if !matches!(self.phase, Phase::Streaming) {
             return;
         }
-        if let Some(u) = &usage {
-            self.usage = self.usage.add(u);
+        // Metered when it reported usage or had begun to answer (it may have been billed);
+        // an attempt refused before any answer was not.
+        if usage.is_some() || self.answered {
+            let prices = self.prices().cloned();
+            self.spend
+                .add(self.step, self.attempt, usage.as_ref(), prices.as_ref());
         }
         let record = ModelAttemptFinished {
             run_id: self.run_id.clone(),
@@ -614,6 +756,7 @@ impl RunMachine {
             attempt: self.attempt,
             error: error.clone(),
             usage,
+            answered: self.answered,
             at_unix_ms: Some(self.now_ms),
         };
         self.push(Record::ModelAttemptFinished(record), false);
@@ -715,17 +858,39 @@ impl RunMachine {
             run_id: self.run_id.clone(),
             reason: reason.to_string(),
             error: Some(error.clone()),
-            usage: self.usage,
+            usage: self.spend.usage(),
+            spend: self.spend_summary(),
             at_unix_ms: Some(self.now_ms),
         };
         self.push(Record::RunPaused(record), true);
-        self.phase = Phase::Sealing(Outcome {
-            reason: None,
-            detail: Some(reason.to_string()),
-            error: Some(error),
-            indeterminate_tool_calls: Vec::new(),
-            usage: self.usage,
-        });
+        self.phase =
+            Phase::Sealing(self.outcome(None, Some(reason.to_string()), Some(error), Vec::new()));
+    }
+
+    fn spend_summary(&self) -> SpendSummary {
+        SpendSummary {
+            unmeasured_steps: self.spend.unmeasured_steps(),
+            cost_micros: self.spend.cost_micros().filter(|_| self.prices().is_some()),
+        }
+    }
+
+    fn outcome(
+        &self,
+        reason: Option<FinishKind>,
+        detail: Option<String>,
+        error: Option<ClassifiedError>,
+        indeterminate_tool_calls: Vec<String>,
+    ) -> Outcome {
+        let spend = self.spend_summary();
+        Outcome {
+            reason,
+            detail,
+            error,
+            indeterminate_tool_calls,
+            usage: self.spend.usage(),
+            unmeasured_steps: spend.unmeasured_steps,
+            cost_micros: spend.cost_micros,
+        }
     }
 
     fn seal(
@@ -741,17 +906,12 @@ impl RunMachine {
             detail: detail.clone(),
             error: error.clone(),
             indeterminate_tool_calls: indeterminate.clone(),
-            usage: self.usage,
+            usage: self.spend.usage(),
+            spend: self.spend_summary(),
             at_unix_ms: Some(self.now_ms),
         };
         self.push(Record::RunFinished(record), true);
-        self.phase = Phase::Sealing(Outcome {
-            reason: Some(reason),
-            detail,
-            error,
-            indeterminate_tool_calls: indeterminate,
-            usage: self.usage,
-        });
+        self.phase = Phase::Sealing(self.outcome(Some(reason), detail, error, indeterminate));
     }
 }
 
@@ -804,10 +964,10 @@ impl RunMachine {
             run_id,
             config,
             step,
-            usage,
+            spend,
             ..
         } = from;
-        let mut m = RunMachine::new(run_id, config, Vec::new(), step, usage, now_ms);
+        let mut m = RunMachine::new(run_id, config, Vec::new(), step, spend, now_ms);
         let record = RunResumed {
             run_id: m.run_id.clone(),
             from_step: step,
@@ -828,11 +988,13 @@ impl RunMachine {
             config,
             transcript,
             step,
-            usage,
+            spend,
+            last_step,
             point,
             cancel_requested,
         } = from;
-        let mut m = RunMachine::new(run_id, config, transcript, step, usage, now_ms);
+        let mut m = RunMachine::new(run_id, config, transcript, step, spend, now_ms);
+        m.last_step = last_step;
         let record = RunResumed {
             run_id: m.run_id.clone(),
             from_step: step,
@@ -846,10 +1008,7 @@ impl RunMachine {
                     "a crash left tool calls without results; their outcome is unknown".to_string();
                 m.seal(FinishKind::Interrupted, Some(detail), None, missing);
             }
-            ResumePoint::AfterStep {
-                usage: step_usage,
-                finish_reason,
-            } => m.after_model_step(step_usage, finish_reason),
+            ResumePoint::AfterStep { finish_reason, .. } => m.after_model_step(finish_reason),
             ResumePoint::ToolsDone => m.next_step_or_stop(),
             // The step that was under way has no durable output: a new step (with a new
             // number: step numbers are never reused) takes its place.
@@ -867,7 +1026,34 @@ pub struct ResumeFrom {
     pub transcript: Vec<Arc<Message>>,
     /// The last step with a durable record.
     pub step: u32,
-    pub usage: Usage,
+    /// What the run spent before the crash, from its step records.
+    pub spend: Spend,
+    /// The last completed model step (what the next request's size is estimated from).
+    pub last_step: Option<LastStep>,
     pub point: ResumePoint,
     pub cancel_requested: bool,
+}
+
+/// About how many tokens `bytes` of text make (4 bytes a token, rounded up).
+fn approx_tokens(bytes: impl IntoIterator<Item = usize>) -> u64 {
+    (bytes.into_iter().sum::<usize>() as u64).div_ceil(4)
+}
+
+/// The bytes of a message's text, tool names, arguments and results.
+fn message_bytes(m: &Message) -> usize {
+    m.content
+        .iter()
+        .map(|b| match b {
+            Block::Text { text } => text.len(),
+            Block::Thinking { text, signature } => {
+                text.len() + signature.as_ref().map_or(0, String::len)
+            }
+            Block::ToolUse { id, name, input } => id.len() + name.len() + input.get().len(),
+            Block::ToolResult {
+                tool_use_id,
+                content,
+                ..
+            } => tool_use_id.len() + content.len(),
+        })
+        .sum()
 }

@@ -305,7 +305,8 @@ fn a_run_refused_at_resume_is_sealed_interrupted_with_the_reason() {
             config: config(),
             transcript: Vec::new(),
             step: 2,
-            usage: Usage::default(),
+            spend: Default::default(),
+            last_step: None,
             point: super::machine::ResumePoint::BeforeStep,
             cancel_requested: false,
         },
@@ -378,4 +379,315 @@ fn a_stalled_stream_is_detected_from_the_time_handed_in() {
     m.handle_timeout(backoff.at_ms);
     assert_eq!(kinds(&drain(&mut m)), ["call"], "the second attempt");
     assert_eq!(m.poll_timeout().unwrap().kind, TimeoutKind::StreamStall);
+}
+
+/// A config whose frozen catalog entry prices input at 3 and output at 15 (USD per million
+/// tokens), cache reads at 0.3 and writes at 3.75.
+fn priced(stop: StopConditions, context_limit: Option<u64>) -> FrozenConfig {
+    use broca_wal::runrec::{CatalogEntry, CatalogPrices, CatalogProvider};
+    FrozenConfig {
+        catalog: Some(CatalogEntry {
+            provider: CatalogProvider {
+                id: "scripted".into(),
+                family: "scripted".into(),
+                base_url: "http://127.0.0.1".into(),
+                credential_env: "X".into(),
+            },
+            model: "m".into(),
+            context_window: None,
+            max_output: None,
+            prices: Some(CatalogPrices {
+                currency: "USD".into(),
+                unit: "per_million_tokens".into(),
+                input: Some(3.0),
+                output: Some(15.0),
+                cache_read: Some(0.3),
+                cache_write: Some(3.75),
+                tiers: Vec::new(),
+            }),
+        }),
+        stop,
+        context_limit,
+        ..config()
+    }
+}
+
+/// One model step asking for the tool `id`, reporting `usage`.
+fn step_reporting(m: &mut RunMachine, id: &str, usage: Option<Usage>) {
+    m.feed(Event::Stream(StreamEvent::ToolCallStart {
+        index: 0,
+        id: id.into(),
+        name: "echo".into(),
+    }));
+    m.feed(Event::Stream(StreamEvent::ToolCallArgsDelta {
+        index: 0,
+        json: "{}".into(),
+    }));
+    if let Some(u) = usage {
+        m.feed(Event::Stream(StreamEvent::Usage(u)));
+    }
+    m.feed(Event::Stream(StreamEvent::Finish {
+        reason: FinishReason::ToolUse,
+        request_id: None,
+    }));
+    m.feed(Event::StepEnded);
+}
+
+fn counts(input: u64, output: u64) -> Option<Usage> {
+    Some(Usage {
+        input: Some(input),
+        output: Some(output),
+        ..Usage::default()
+    })
+}
+
+/// Runs the tools of the step just ended (its intent durable, its one call answered).
+fn answer(m: &mut RunMachine, id: &str, content: &str) -> Vec<Command> {
+    m.feed(Event::Durable);
+    drain(m);
+    m.feed(Event::ToolResult(ResultBlock {
+        call_id: id.into(),
+        content: content.into(),
+        is_error: false,
+        reason: None,
+    }));
+    drain(m)
+}
+
+fn finished(cmds: &[Command]) -> &broca_wal::runrec::RunFinished {
+    cmds.iter()
+        .find_map(|c| match c {
+            Command::Append {
+                record: Record::RunFinished(f),
+                ..
+            } => Some(f),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no run_finished in {cmds:?}"))
+}
+
+#[test]
+fn a_cost_budget_runs_until_spent_and_stops_exhausted_with_the_cost_it_measured() {
+    let stop = StopConditions {
+        max_steps: 10,
+        max_total_tokens: None,
+        max_cost_micros: Some(100),
+    };
+    let mut m = RunMachine::start(
+        "r".into(),
+        priced(stop, None),
+        vec![Message::user_text("go").into()],
+        0,
+    );
+    drain(&mut m);
+    // 10 input tokens at 3 and 2 output at 15: 60 micro-USD a step.
+    step_reporting(&mut m, "c1", counts(10, 2));
+    assert_eq!(
+        kinds(&drain(&mut m)),
+        ["model_step_finished", "tool_dispatch_intent!"]
+    );
+    assert_eq!(
+        kinds(&answer(&mut m, "c1", "x")),
+        ["tool_result", "step_started", "call"],
+        "60 of 100 spent: the next step runs"
+    );
+    step_reporting(&mut m, "c2", counts(10, 2));
+    let cmds = drain(&mut m);
+    // 120 spent: the run stops before the step's tools are dispatched.
+    assert_eq!(
+        kinds(&cmds),
+        ["model_step_finished", "tool_result", "run_finished!"],
+        "{cmds:?}"
+    );
+    let f = finished(&cmds);
+    assert_eq!(f.reason, FinishKind::BudgetExhausted);
+    assert_eq!(
+        f.detail.as_deref(),
+        Some("cost 120 micro-USD of a 100 micro-USD budget")
+    );
+    assert_eq!(f.spend.cost_micros, Some(120));
+    assert_eq!(f.usage.input, Some(20));
+}
+
+#[test]
+fn a_cost_budget_stops_before_a_request_that_would_surely_overrun_it() {
+    let stop = StopConditions {
+        max_steps: 10,
+        max_total_tokens: None,
+        max_cost_micros: Some(950),
+    };
+    let mut m = RunMachine::start(
+        "r".into(),
+        priced(stop, None),
+        vec![Message::user_text("go").into()],
+        0,
+    );
+    drain(&mut m);
+    // 300 input tokens at 3: 900 spent of 950. The next request resends those 300 tokens,
+    // 90 micro-USD at the cheapest (cache read) rate at least: it cannot fit, so the tools
+    // are not dispatched and no request is made.
+    step_reporting(&mut m, "c1", counts(300, 0));
+    let cmds = drain(&mut m);
+    assert_eq!(
+        kinds(&cmds),
+        ["model_step_finished", "tool_result", "run_finished!"]
+    );
+    let f = finished(&cmds);
+    assert_eq!(f.reason, FinishKind::BudgetExhausted);
+    assert_eq!(
+        f.detail.as_deref(),
+        Some(
+            "cost 900 micro-USD of a 950 micro-USD budget, and the next request would cost \
+             at least 90 more"
+        )
+    );
+}
+
+#[test]
+fn a_step_that_reports_no_usage_stops_a_token_budget_unmeasured_naming_it() {
+    let stop = StopConditions {
+        max_steps: 10,
+        max_total_tokens: Some(10_000),
+        max_cost_micros: None,
+    };
+    let mut m = RunMachine::start(
+        "r".into(),
+        priced(stop, None),
+        vec![Message::user_text("go").into()],
+        0,
+    );
+    drain(&mut m);
+    step_reporting(&mut m, "c1", counts(10, 2));
+    drain(&mut m);
+    answer(&mut m, "c1", "x");
+    step_reporting(&mut m, "c2", None);
+    let cmds = drain(&mut m);
+    let f = finished(&cmds);
+    assert_eq!(f.reason, FinishKind::BudgetUnmeasured);
+    assert!(
+        f.detail
+            .as_deref()
+            .unwrap()
+            .starts_with("step 2 (attempt 1) did not report its input and output"),
+        "{:?}",
+        f.detail
+    );
+    assert_eq!(
+        f.usage.input, None,
+        "a total over an unmeasured step is absent"
+    );
+    assert_eq!(f.spend.unmeasured_steps, 1);
+    assert!(
+        !cmds
+            .iter()
+            .any(|c| matches!(c, Command::Dispatch { .. } | Command::CallModel { .. })),
+        "nothing runs unmetered"
+    );
+}
+
+#[test]
+fn a_failed_attempt_is_metered_only_when_the_provider_had_answered() {
+    let stop = StopConditions {
+        max_steps: 10,
+        max_total_tokens: Some(10_000),
+        max_cost_micros: None,
+    };
+    let transient = || ClassifiedError {
+        class: ErrorClass::Transient,
+        message: "overloaded".into(),
+        retry_after_ms: None,
+    };
+    let mut m = RunMachine::start(
+        "r".into(),
+        priced(stop, None),
+        vec![Message::user_text("go").into()],
+        0,
+    );
+    drain(&mut m);
+    // Refused before any answer: not billed, the retry runs.
+    m.feed(Event::AttemptFailed {
+        error: transient(),
+        usage: None,
+    });
+    m.handle_timeout(60_000);
+    assert_eq!(kinds(&drain(&mut m)), ["model_attempt_finished", "call"]);
+    // Cut off mid-answer without usage: it may have been billed and was not metered.
+    m.feed(Event::Stream(StreamEvent::TextDelta("par".into())));
+    m.feed(Event::AttemptFailed {
+        error: transient(),
+        usage: None,
+    });
+    m.handle_timeout(120_000);
+    let cmds = drain(&mut m);
+    let answered = cmds.iter().any(|c| {
+        matches!(c, Command::Append { record: Record::ModelAttemptFinished(a), .. } if a.answered)
+    });
+    assert!(answered, "{cmds:?}");
+    assert_eq!(m.spend().unmeasured_steps(), 1);
+    // The retry's step is measured, and the run stops before going on.
+    step_reporting(&mut m, "c1", counts(10, 2));
+    let f_cmds = drain(&mut m);
+    let f = finished(&f_cmds);
+    assert_eq!(f.reason, FinishKind::BudgetUnmeasured);
+    assert!(
+        f.detail
+            .as_deref()
+            .unwrap()
+            .starts_with("step 1 (attempt 2)"),
+        "{:?}",
+        f.detail
+    );
+}
+
+#[test]
+fn the_context_limit_is_checked_before_each_request_from_an_estimate() {
+    let stop = StopConditions {
+        max_steps: 10,
+        max_total_tokens: None,
+        max_cost_micros: None,
+    };
+    let mut m = RunMachine::start(
+        "r".into(),
+        priced(stop, Some(100)),
+        vec![Message::user_text("go").into()],
+        0,
+    );
+    assert_eq!(
+        kinds(&drain(&mut m)),
+        ["step_started", "call"],
+        "a short prompt is sent"
+    );
+    step_reporting(&mut m, "c1", counts(60, 10));
+    drain(&mut m);
+    // 60 in + 10 out + a 200-byte result (about 50 tokens): the next request would pass 100.
+    let cmds = answer(&mut m, "c1", &"x".repeat(200));
+    let f = finished(&cmds);
+    assert_eq!(f.reason, FinishKind::ContextLimit, "{cmds:?}");
+    assert!(
+        f.detail
+            .as_deref()
+            .unwrap()
+            .starts_with("the next request would carry about 1"),
+        "{:?}",
+        f.detail
+    );
+    assert!(!cmds.iter().any(|c| matches!(c, Command::CallModel { .. })));
+    // Without any reported input, the whole request is estimated: a 1,000-byte prompt
+    // passes a limit of 100 before anything is sent.
+    let mut big = RunMachine::start(
+        "r".into(),
+        priced(
+            StopConditions {
+                max_steps: 10,
+                max_total_tokens: None,
+                max_cost_micros: None,
+            },
+            Some(100),
+        ),
+        vec![Message::user_text("y".repeat(1000)).into()],
+        0,
+    );
+    let cmds = drain(&mut big);
+    assert_eq!(kinds(&cmds), ["run_finished!"]);
+    assert_eq!(finished(&cmds).reason, FinishKind::ContextLimit);
 }

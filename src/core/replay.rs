@@ -5,11 +5,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use broca_protocol::{Block, ClassifiedError, Message, Role, ToolCall, Usage};
+use broca_protocol::{Block, ClassifiedError, Message, Role, ToolCall};
 use broca_wal::runrec::{FinishKind, FrozenConfig};
 use broca_wal::Record;
 
-use super::machine::{push_result, ResumePoint};
+use super::machine::{push_result, LastStep, ResumePoint};
+use super::spend::Spend;
 
 /// A run as the WAL tells it.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,7 +23,8 @@ pub struct RunView {
     pub detail: Option<String>,
     pub error: Option<ClassifiedError>,
     pub indeterminate_tool_calls: Vec<String>,
-    pub usage: Usage,
+    /// What the run spent, from its step records (totals, unmeasured steps, cost).
+    pub spend: Spend,
     /// Model steps started.
     pub steps: u32,
     /// The text of the run's last assistant message.
@@ -58,6 +60,8 @@ pub struct OpenRun {
     pub step: u32,
     pub point: ResumePoint,
     pub cancel_requested: bool,
+    /// The run's last completed model step.
+    pub last_step: Option<LastStep>,
 }
 
 /// A session's state, rebuilt from its WAL.
@@ -181,7 +185,7 @@ impl Session {
                     detail: None,
                     error: None,
                     indeterminate_tool_calls: Vec::new(),
-                    usage: Usage::default(),
+                    spend: Spend::default(),
                     steps: 0,
                     final_text: None,
                     started_seq: seq,
@@ -191,6 +195,7 @@ impl Session {
                     step: 0,
                     point: ResumePoint::ToolsDone,
                     cancel_requested: false,
+                    last_step: None,
                 });
             }
             Record::StepStarted(r) => {
@@ -207,13 +212,16 @@ impl Session {
             }
             Record::ModelAttemptFinished(r) => {
                 let (_, run) = self.open_mut(&r.run_id)?;
-                if let Some(u) = &r.usage {
-                    run.usage = run.usage.add(u);
+                // As the machine meters it: reported usage, or an answer begun.
+                if r.usage.is_some() || r.answered {
+                    let prices = run.config.catalog.as_ref().and_then(|e| e.prices.as_ref());
+                    run.spend.add(r.step, r.attempt, r.usage.as_ref(), prices);
                 }
             }
             Record::ModelStepFinished(r) => {
                 let (open, run) = self.open_mut(&r.run_id)?;
-                run.usage = run.usage.add(&r.usage);
+                let prices = run.config.catalog.as_ref().and_then(|e| e.prices.as_ref());
+                run.spend.add(r.step, r.attempt, Some(&r.usage), prices);
                 open.point = ResumePoint::AfterStep {
                     usage: r.usage,
                     finish_reason: r.finish_reason.clone(),
@@ -227,6 +235,13 @@ impl Session {
                     run.final_text = Some(text);
                 }
                 self.transcript.push(Arc::new(message));
+                let transcript_len = self.transcript.len();
+                if let Some(open) = self.open.as_mut() {
+                    open.last_step = Some(LastStep {
+                        usage: r.usage,
+                        transcript_len,
+                    });
+                }
             }
             Record::ToolDispatchIntent(r) => {
                 let (open, _) = self.open_mut(&r.run_id)?;
@@ -261,7 +276,6 @@ impl Session {
                 run.final_text = text;
                 run.error = r.error;
                 run.detail = Some(r.reason);
-                run.usage = r.usage;
                 self.open = None;
             }
             Record::RunFinished(r) => {
@@ -272,7 +286,6 @@ impl Session {
                 run.detail = r.detail;
                 run.error = r.error;
                 run.indeterminate_tool_calls = r.indeterminate_tool_calls;
-                run.usage = r.usage;
                 self.open = None;
             }
         }
@@ -330,6 +343,7 @@ mod tests {
             },
             &[],
             &broca_catalog::Catalog::builtin(),
+            &broca_protocol::model::AnyProvider,
         )
         .unwrap()
         .config;

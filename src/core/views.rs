@@ -1,7 +1,7 @@
 //! A run as the WAL tells it, turned into the management contract's replies (broca-wire):
 //! core owns the views, wire the shapes users read.
 
-use broca_wire::{ErrorReply, FinalMessage, RunResult, RunStatus, SendAnswer};
+use broca_wire::{Cost, ErrorReply, FinalMessage, RunResult, RunStatus, SendAnswer};
 
 use crate::replay::{RunState, RunView};
 
@@ -24,9 +24,20 @@ pub fn run_result(run: &RunView) -> RunResult {
             .clone()
             .filter(|t| !t.is_empty())
             .map(|text| FinalMessage { text }),
-        usage: run.usage,
+        usage: run.spend.usage(),
+        unmeasured_steps: run.spend.unmeasured_steps(),
+        cost: cost(run),
         indeterminate_tool_calls: run.indeterminate_tool_calls.clone(),
     }
+}
+
+/// The run's cost, when its frozen entry has prices and every step was measured and priced.
+fn cost(run: &RunView) -> Option<Cost> {
+    let prices = run.config.catalog.as_ref()?.prices.as_ref()?;
+    Some(Cost {
+        micros: run.spend.cost_micros()?,
+        currency: prices.currency.clone(),
+    })
 }
 
 /// The `session.send` answer for the run a send started or named.
@@ -49,7 +60,9 @@ pub fn run_status(run: &RunView) -> RunStatus {
     RunStatus {
         run_id: run.run_id.clone(),
         state: run.state.as_str(),
-        usage: run.usage,
+        usage: run.spend.usage(),
+        unmeasured_steps: run.spend.unmeasured_steps(),
+        cost: cost(run),
         indeterminate_tool_calls: run.indeterminate_tool_calls.clone(),
         error: run.error.as_ref().map(ErrorReply::from),
     }

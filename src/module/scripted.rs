@@ -27,6 +27,8 @@ pub struct Script {
     pub transient_percent: u64,
     /// Whether usage is reported (else the stream reports none).
     pub report_usage: bool,
+    /// Steps of a run (1 for its first model step) whose stream reports no usage.
+    pub unreported_steps: Vec<u32>,
     /// The tool names it calls.
     pub tools: Vec<String>,
 }
@@ -40,6 +42,7 @@ impl Default for Script {
             tool_steps_max: 3,
             transient_percent: 0,
             report_usage: true,
+            unreported_steps: Vec::new(),
             tools: vec!["echo".into()],
         }
     }
@@ -93,6 +96,11 @@ impl ModelStream for ScriptedStream {
 
 impl ModelClient for ScriptedModel {
     type Stream = ScriptedStream;
+
+    /// A scripted model calls no provider: every family and credential is admitted.
+    fn check(&self) -> &dyn broca_protocol::model::ProviderCheck {
+        &broca_protocol::model::AnyProvider
+    }
 
     async fn open(&self, req: &Request) -> Result<ScriptedStream, Failure> {
         *self.calls.borrow_mut() += 1;
@@ -149,7 +157,13 @@ impl ModelClient for ScriptedModel {
         } else {
             events.push(StreamEvent::TextDelta(" done".into()));
         }
-        if self.script.report_usage {
+        let step = 1 + req
+            .messages
+            .iter()
+            .skip(last_user_prompt(req))
+            .filter(|m| m.role == Role::Assistant)
+            .count() as u32;
+        if self.script.report_usage && !self.script.unreported_steps.contains(&step) {
             let input = 10 * req.messages.len() as u64;
             events.push(StreamEvent::Usage(Usage {
                 input: Some(input),

@@ -186,7 +186,8 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             config: run.config.clone(),
             transcript: self.state.transcript.clone(),
             step: open.step,
-            usage: run.usage,
+            spend: run.spend,
+            last_step: open.last_step,
             point: open.point,
             cancel_requested: open.cancel_requested,
         };
@@ -205,7 +206,8 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
     /// send_id (writing nothing), or makes RunStarted durable and answers the new run.
     pub async fn send(&mut self, req: &SendRequest) -> Result<SendReply, ActorError> {
         let catalog = broca_catalog::current();
-        let admission = broca_core::admission::prepare(req, &self.tool_specs, &catalog);
+        let admission =
+            broca_core::admission::prepare(req, &self.tool_specs, &catalog, self.provider.check());
         self.send_prepared(admission).await
     }
 

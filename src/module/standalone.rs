@@ -16,6 +16,7 @@ use broca_wal::SessionTriple;
 use broca_wire::RunResult;
 
 use super::session::SessionActor;
+use super::ModelClient as _;
 
 /// What to run.
 pub struct Standalone {
@@ -39,10 +40,34 @@ pub struct Report {
     pub existing: bool,
 }
 
+/// Why a standalone run did not end with a result.
+#[derive(Debug)]
+pub enum Failure {
+    /// Admission refused the send; nothing was written.
+    Refused(broca_wire::Refusal),
+    /// Anything else, as one line naming what failed.
+    Failed(String),
+}
+
+impl From<String> for Failure {
+    fn from(s: String) -> Failure {
+        Failure::Failed(s)
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Refused(r) => write!(f, "{r}"),
+            Failure::Failed(s) => f.write_str(s),
+        }
+    }
+}
+
 impl Standalone {
     /// Runs the send to its end on a local executor; `display` receives the answer's text as
-    /// it streams. `Err` is one line naming what failed.
-    pub fn run(self, display: Box<dyn FnMut(&str)>) -> Result<Report, String> {
+    /// it streams.
+    pub fn run(self, display: Box<dyn FnMut(&str)>) -> Result<Report, Failure> {
         let wal_dir = self.state_dir.join("wal");
         broca_owner_only::create_dir(&wal_dir)
             .map_err(|e| format!("cannot create {}: {e}", wal_dir.display()))?;
@@ -74,6 +99,20 @@ impl Standalone {
                 }
                 None => broca_tools::ToolServers::none(),
             };
+            // A send admission refuses on its own writes nothing, not even a new WAL: it is
+            // refused before the session opens, unless its send_id may name a run of a WAL
+            // that exists (that run is the answer then).
+            let catalog = broca_catalog::current();
+            let specs = servers.specs();
+            let wal = broca_wal_writer::wal_path(&wal_dir, &self.triple);
+            if let Err(u) =
+                broca_core::admission::prepare(&self.send, &specs, &catalog, model.check())
+            {
+                if u.send_id.is_none() || !wal.exists() {
+                    servers.stop();
+                    return Err(Failure::Refused(u.refusal));
+                }
+            }
             let router = broca_tools::Router::new(servers.clone(), tool_http);
             let opened = SessionActor::open(
                 &wal_dir,
@@ -89,7 +128,7 @@ impl Standalone {
                 Ok(a) => a,
                 Err(e) => {
                     servers.stop();
-                    return Err(e.to_string());
+                    return Err(Failure::Failed(e.to_string()));
                 }
             };
             let outcome = Self::drive(&mut actor, self.send, display).await;
@@ -113,7 +152,7 @@ impl Standalone {
             closed?;
             Ok(report)
         })
-        .map_err(|e| format!("cannot start the executor: {e}"))?
+        .map_err(|e| Failure::Failed(format!("cannot start the executor: {e}")))?
     }
 
     async fn drive<P: super::ModelClient, T: super::ToolRunner>(

@@ -202,29 +202,34 @@ pub struct ProviderRoute {
     pub base_url: String,
 }
 
-/// Token usage as the provider reported it. A measure not reported stays `None`: absent is
-/// not zero.
+/// Token usage in the canonical measures, with one meaning in every wire family (each
+/// family's normalizer maps its fields onto them; docs/usage.md). A measure not reported
+/// stays `None`: absent is not zero.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
+    /// The total input: the tokens read from no cache, plus those read from a cache
+    /// (`cache_read`), plus those written to one (`cache_write`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input: Option<u64>,
+    /// Every output token, reasoning included.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<u64>,
+    /// The part of `input` read from a prompt cache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_read: Option<u64>,
+    /// The part of `input` written to a prompt cache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_write: Option<u64>,
+    /// The part of `output` spent reasoning, when the family reports it apart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning: Option<u64>,
 }
 
 impl Usage {
-    /// Adds `other` measure by measure: a sum is present when either side reported it.
+    /// Adds `other` measure by measure: a sum is present only when both sides reported the
+    /// measure (an unreported count is unknown, and unknown plus anything is unknown).
     pub fn add(&self, other: &Usage) -> Usage {
-        let sum = |a: Option<u64>, b: Option<u64>| match (a, b) {
-            (None, None) => None,
-            (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
-        };
+        let sum = |a: Option<u64>, b: Option<u64>| Some(a?.saturating_add(b?));
         Usage {
             input: sum(self.input, other.input),
             output: sum(self.output, other.output),
@@ -330,25 +335,24 @@ mod tests {
     fn absent_usage_stays_absent_when_added_and_serialized() {
         let a = Usage {
             input: Some(10),
+            output: Some(1),
             ..Usage::default()
         };
         let b = Usage {
-            output: Some(5),
+            input: Some(3),
+            cache_read: Some(5),
             ..Usage::default()
         };
+        // Only a measure both reported has a sum: an unreported count is not zero.
         let sum = a.add(&b);
         assert_eq!(
             sum,
             Usage {
-                input: Some(10),
-                output: Some(5),
+                input: Some(13),
                 ..Usage::default()
             }
         );
-        assert_eq!(
-            serde_json::to_string(&sum).unwrap(),
-            r#"{"input":10,"output":5}"#
-        );
+        assert_eq!(serde_json::to_string(&sum).unwrap(), r#"{"input":13}"#);
         assert_eq!(serde_json::to_string(&Usage::default()).unwrap(), "{}");
     }
 

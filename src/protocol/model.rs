@@ -13,9 +13,46 @@ pub struct Failure {
     pub usage: Option<Usage>,
 }
 
+/// What admission asks of the model side before it writes anything: whether the build
+/// speaks a provider's wire family, and whether a credential resolves to one that family
+/// takes. Nothing here writes or keeps a secret.
+pub trait ProviderCheck {
+    /// How this build speaks `family`; `Err` says that it does not.
+    fn family(&self, family: &str) -> Result<FamilyTraits, String>;
+    /// Resolves `credential_id` for `family` (the secret fetched into memory, checked to be
+    /// of a kind the family takes, and dropped); `Err` says what is missing or unusable,
+    /// revealing no secret.
+    fn credential(&self, family: &str, credential_id: &str) -> Result<(), String>;
+}
+
+/// What admission needs to know of a wire family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FamilyTraits {
+    /// The family's requests mark prompt-cache breakpoints (a cache policy of `auto` does
+    /// something); a family that caches by itself, or not at all, marks none.
+    pub marks_cache: bool,
+}
+
+/// A check that admits every family and credential: for models that call no provider
+/// (scripted models in tests, simulations and benches).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AnyProvider;
+
+impl ProviderCheck for AnyProvider {
+    fn family(&self, _family: &str) -> Result<FamilyTraits, String> {
+        Ok(FamilyTraits { marks_cache: false })
+    }
+
+    fn credential(&self, _family: &str, _credential_id: &str) -> Result<(), String> {
+        Ok(())
+    }
+}
+
 /// Calls a model: opens a stream of canonical events for a request.
 pub trait ModelClient: 'static {
     type Stream: ModelStream;
+    /// What admission asks of this client's providers.
+    fn check(&self) -> &dyn ProviderCheck;
     /// Starts the call. An error here is a failed attempt before any output.
     fn open(&self, request: &Request) -> impl Future<Output = Result<Self::Stream, Failure>>;
 }

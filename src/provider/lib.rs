@@ -102,6 +102,14 @@ pub trait WireFamily: Sync {
     fn id(&self) -> &'static str;
     /// Renders `req` (deterministic: the same request gives the same bytes, always).
     fn render(&self, req: &Request, aliases: &Aliases) -> Rendered;
+    /// Whether the family's requests mark prompt-cache breakpoints.
+    fn marks_cache(&self) -> bool {
+        false
+    }
+    /// Whether the family can use `credential` (admission asks before a run is admitted).
+    fn takes(&self, credential: &credential::Credential) -> Result<(), String> {
+        credential.api_key(self.id()).map(|_| ())
+    }
     /// Adds the credential to a rendered request (a header; or a signature over the
     /// rendered bytes, for a family that signs). `Err` when the credential is of a kind the
     /// family cannot use.
@@ -132,6 +140,56 @@ pub fn family(id: &str) -> Option<&'static dyn WireFamily> {
         _ => None,
     }
 }
+
+/// Admission's checks against this build's families and a credential source.
+pub struct Checks {
+    secrets: Box<dyn credential::Secrets + Send + Sync>,
+}
+
+impl Checks {
+    pub fn new(secrets: Box<dyn credential::Secrets + Send + Sync>) -> Checks {
+        Checks { secrets }
+    }
+}
+
+impl broca_protocol::model::ProviderCheck for Checks {
+    fn family(&self, id: &str) -> Result<broca_protocol::model::FamilyTraits, String> {
+        check_family(id)
+    }
+
+    fn credential(&self, family: &str, credential_id: &str) -> Result<(), String> {
+        check_credential(&*self.secrets, family, credential_id)
+    }
+}
+
+/// Whether this build speaks the family `id`.
+pub fn check_family(id: &str) -> Result<broca_protocol::model::FamilyTraits, String> {
+    let f = family(id).ok_or_else(|| {
+        format!(
+            "this build does not speak the {id} wire family; the families it speaks are {}",
+            FAMILIES.join(", ")
+        )
+    })?;
+    Ok(broca_protocol::model::FamilyTraits {
+        marks_cache: f.marks_cache(),
+    })
+}
+
+/// Resolves `credential_id` through `secrets` and checks that `family` takes it.
+pub fn check_credential(
+    secrets: &dyn credential::Secrets,
+    family: &str,
+    credential_id: &str,
+) -> Result<(), String> {
+    let c = secrets.credential(credential_id)?;
+    match self::family(family) {
+        Some(f) => f.takes(&c),
+        None => Ok(()),
+    }
+}
+
+/// The families this build speaks, by id.
+pub const FAMILIES: &[&str] = &["anthropic-messages", "openai-chat", "openai-responses"];
 
 /// An error reply's body, in the shape both the Anthropic and the OpenAI APIs use:
 /// `{"error": {"type", "message", "code"?}}` (Anthropic adds a top-level `"type":"error"`).

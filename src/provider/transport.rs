@@ -221,8 +221,22 @@ pub fn classify_reply(
     }
 }
 
+impl broca_protocol::model::ProviderCheck for HttpModelClient {
+    fn family(&self, id: &str) -> Result<broca_protocol::model::FamilyTraits, String> {
+        super::check_family(id)
+    }
+
+    fn credential(&self, family: &str, credential_id: &str) -> Result<(), String> {
+        super::check_credential(&*self.secrets, family, credential_id)
+    }
+}
+
 impl ModelClient for HttpModelClient {
     type Stream = HttpModelStream;
+
+    fn check(&self) -> &dyn broca_protocol::model::ProviderCheck {
+        self
+    }
 
     async fn open(&self, request: &Request) -> Result<HttpModelStream, Failure> {
         match self.open_stream(request).await {

@@ -610,7 +610,7 @@ pub fn project(scan: &broca_wal::Scan, bytes: &[u8]) -> Result<Projection, Strin
             model: v.config.model.clone(),
             credential_id: v.config.credential_id.clone(),
             steps: v.steps,
-            usage: v.usage,
+            usage: v.spend.usage(),
             started_unix_ms: started.get(&v.run_id).copied().unwrap_or(0),
             ended_unix_ms: match v.state {
                 broca_core::replay::RunState::Active => None,

@@ -75,6 +75,24 @@ pub struct CatalogPrices {
     pub cache_read: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_write: Option<f64>,
+    /// Long-context prices, by rising threshold (see the catalog's `PriceTier`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tiers: Vec<CatalogPriceTier>,
+}
+
+/// Prices for requests whose total input is above `above_input_tokens`; a price not listed
+/// is the base price.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CatalogPriceTier {
+    pub above_input_tokens: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_read: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_write: Option<f64>,
 }
 
 impl CatalogEntry {
@@ -159,6 +177,10 @@ pub struct ModelAttemptFinished {
     pub error: ClassifiedError,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// Whether the provider had begun to answer: an attempt that had may have been billed,
+    /// so it is metered even when it reported no usage.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub answered: bool,
     /// When the attempt ended (absent in logs written before it was recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at_unix_ms: Option<u64>,
@@ -206,6 +228,8 @@ pub struct RunPaused {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ClassifiedError>,
     pub usage: Usage,
+    #[serde(flatten)]
+    pub spend: SpendSummary,
     /// When the run paused (absent in logs written before it was recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at_unix_ms: Option<u64>,
@@ -255,9 +279,27 @@ pub struct RunFinished {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub indeterminate_tool_calls: Vec<String>,
     pub usage: Usage,
+    #[serde(flatten)]
+    pub spend: SpendSummary,
     /// When the run ended (absent in logs written before it was recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at_unix_ms: Option<u64>,
+}
+
+/// Beside a terminal record's usage: how many metered steps left a measure unreported (the
+/// totals of that measure are then absent), and the run's cost at its frozen prices. Derived
+/// from the step records, and kept here for readers of the record alone.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpendSummary {
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unmeasured_steps: u32,
+    /// In micro-units of the prices' currency; absent when unmeasured or unpriced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_micros: Option<u64>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// A run without a terminal record was picked up again (after a crash or restart).

@@ -52,10 +52,28 @@ pub struct RunResult {
     pub error: Option<ErrorReply>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub final_message: Option<FinalMessage>,
-    /// Usage as reported; a measure never reported is absent.
+    /// The run's totals in the canonical measures; a measure is absent unless every metered
+    /// step reported it.
     pub usage: Usage,
+    /// Metered steps that did not report input or output.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub unmeasured_steps: u32,
+    /// The run's cost at its frozen catalog prices, when every step was measured and priced.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<Cost>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub indeterminate_tool_calls: Vec<String>,
+}
+
+/// A cost in micro-units of a currency (1 USD = 1,000,000 micro-USD).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Cost {
+    pub micros: u64,
+    pub currency: String,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl RunResult {
@@ -120,7 +138,16 @@ impl RpcError {
     pub fn refusal(r: &Refusal) -> RpcError {
         let message = r.message();
         match r {
-            Refusal::InvalidParams(_) => RpcError::permanent(400, r.code(), message),
+            Refusal::InvalidParams(_)
+            | Refusal::UnsupportedProvider(_)
+            | Refusal::BudgetUnpriced(_) => RpcError::permanent(400, r.code(), message),
+            // Not 401: that status answers the management handle itself.
+            Refusal::AuthRequired(_) => RpcError {
+                status: 400,
+                code: r.code(),
+                class: broca_protocol::ErrorClass::AuthRequired,
+                message,
+            },
             Refusal::ShuttingDown => RpcError::transient(503, r.code(), message),
             Refusal::SessionBusy { .. } => RpcError::transient(409, r.code(), message),
             Refusal::SendIdReuse { .. } | Refusal::ToolNameCollision(_) => {
@@ -156,7 +183,12 @@ pub struct SendAnswer {
 pub struct RunStatus {
     pub run_id: String,
     pub state: &'static str,
+    /// As in [`RunResult`].
     pub usage: Usage,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub unmeasured_steps: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<Cost>,
     pub indeterminate_tool_calls: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorReply>,

@@ -52,6 +52,12 @@ pub enum Refusal {
     ToolNameCollision(String),
     /// The daemon is shutting down.
     ShuttingDown,
+    /// The send's credential is missing or unusable (what, never the secret).
+    AuthRequired(String),
+    /// This build does not speak the provider's wire family.
+    UnsupportedProvider(String),
+    /// A budget needs a measure the model's catalog entry cannot price.
+    BudgetUnpriced(String),
 }
 
 impl Refusal {
@@ -63,6 +69,9 @@ impl Refusal {
             Refusal::SessionBusy { .. } => "session_busy",
             Refusal::ToolNameCollision(_) => "tool_name_collision",
             Refusal::ShuttingDown => "shutting_down",
+            Refusal::AuthRequired(_) => "auth_required",
+            Refusal::UnsupportedProvider(_) => "unsupported_provider",
+            Refusal::BudgetUnpriced(_) => "budget_unpriced",
         }
     }
 }
@@ -71,7 +80,10 @@ impl Refusal {
     /// What was refused and what to do, without the code (replies carry the code apart).
     pub fn message(&self) -> String {
         match self {
-            Refusal::InvalidParams(why) => why.clone(),
+            Refusal::InvalidParams(why)
+            | Refusal::AuthRequired(why)
+            | Refusal::UnsupportedProvider(why)
+            | Refusal::BudgetUnpriced(why) => why.clone(),
             Refusal::SendIdReuse { run_id } => {
                 format!("this send_id started run {run_id} with other inputs; use a new send_id")
             }

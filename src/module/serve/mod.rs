@@ -112,6 +112,9 @@ pub(crate) struct ServeCtx {
     /// Hands WALs that moved on to the store's own thread (it catches them up there, so
     /// store writes and their syncs never queue ahead of a shard's blocking work).
     pub projector: Option<Mutex<std::sync::mpsc::SyncSender<Vec<PathBuf>>>>,
+    /// Admission's checks of families and credentials (the shards' model clients resolve
+    /// the same credentials the same way).
+    pub checks: broca_provider::Checks,
 }
 
 impl ServeCtx {
@@ -319,6 +322,9 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
         tools,
         store,
         projector,
+        checks: broca_provider::Checks::new(Box::new(
+            broca_provider::credential::StateSecrets::new(&opts.state_dir),
+        )),
     });
     *slot.lock().expect("the signal slot") = Some(ctx.clone());
     let serve_json = serve_json(&opts.state_dir);

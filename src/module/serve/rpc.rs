@@ -22,14 +22,16 @@ fn invalid(why: impl Into<String>) -> RpcError {
 
 /// Checks a management request body as far as it can be checked without a daemon: the
 /// envelope, the method, its parameters, the session triple, and for session.send what
-/// admission refuses whatever the session holds (with no tools configured and the catalog
-/// in use). The fuzz targets drive the request parsing through here. Answers the method.
+/// admission refuses whatever the session holds (with no tools configured, the catalog in
+/// use, and any credential taken). The fuzz targets drive the request parsing through
+/// here. Answers the method.
 pub fn check_request(body: &[u8]) -> Result<String, RpcError> {
     let request = broca_wire::request::parse(body)?;
     triple(request.session())?;
     if let Request::Send { send, .. } = &request {
         let catalog = broca_catalog::current();
-        if let Err(u) = broca_core::admission::prepare(send, &[], &catalog) {
+        let any = broca_protocol::model::AnyProvider;
+        if let Err(u) = broca_core::admission::prepare(send, &[], &catalog, &any) {
             return Err(RpcError::refusal(&u.refusal));
         }
     }
@@ -109,7 +111,7 @@ async fn send(ctx: &Arc<ServeCtx>, t: SessionTriple, req: SendRequest) -> Result
     // session already has; the session's actor does the rest with what was resolved here.
     let specs = ctx.tools.specs();
     let catalog = broca_catalog::current();
-    let admission = broca_core::admission::prepare(&req, &specs, &catalog);
+    let admission = broca_core::admission::prepare(&req, &specs, &catalog, &ctx.checks);
     if let Err(u) = &admission {
         if u.send_id.is_none() {
             return Err(RpcError::refusal(&u.refusal));

@@ -18,6 +18,10 @@ impl WireFamily for Family {
         render::render(req, aliases)
     }
 
+    fn marks_cache(&self) -> bool {
+        true
+    }
+
     fn authorize(&self, rendered: &mut Rendered, auth: &AuthContext<'_>) -> Result<(), String> {
         let key = auth.credential.api_key(self.id())?;
         rendered.headers.push(("x-api-key".into(), key.into()));

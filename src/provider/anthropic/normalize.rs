@@ -1,5 +1,9 @@
-//! Anthropic Messages stream events -> canonical events. Usage exactly as reported: input,
-//! output, cache creation (cache_write) and cache read; a measure not reported stays absent.
+//! Anthropic Messages stream events -> canonical events. Usage in the canonical measures
+//! (docs/usage.md): Anthropic's `input_tokens` counts only the input read from neither cache,
+//! so the canonical input is `input_tokens + cache_read_input_tokens +
+//! cache_creation_input_tokens`; cache creation is cache_write, cache read is cache_read; a
+//! measure not reported stays absent. The counts of a message arrive in parts (at its start,
+//! and cumulatively at its end): they are merged before the canonical measures are derived.
 
 use serde::Deserialize;
 
@@ -90,7 +94,7 @@ struct WireMessageDelta {
     stop_reason: Option<String>,
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Debug, Deserialize, Default)]
 struct WireUsage {
     input_tokens: Option<u64>,
     output_tokens: Option<u64>,
@@ -107,9 +111,37 @@ struct WireError {
 }
 
 impl WireUsage {
+    /// Takes the counts `later` reports (each a running total), keeping the others.
+    fn merge(&mut self, later: WireUsage) {
+        let pick = |a: &mut Option<u64>, b: Option<u64>| {
+            if b.is_some() {
+                *a = b;
+            }
+        };
+        pick(&mut self.input_tokens, later.input_tokens);
+        pick(&mut self.output_tokens, later.output_tokens);
+        pick(
+            &mut self.cache_creation_input_tokens,
+            later.cache_creation_input_tokens,
+        );
+        pick(
+            &mut self.cache_read_input_tokens,
+            later.cache_read_input_tokens,
+        );
+    }
+
+    /// The canonical measures. The cache counts are part of the total input; a message that
+    /// reports none touched no cache (the API reports them whenever a cache was read or
+    /// written), so its total input is `input_tokens` alone.
     fn canonical(&self) -> Usage {
+        let cached = self
+            .cache_read_input_tokens
+            .unwrap_or(0)
+            .saturating_add(self.cache_creation_input_tokens.unwrap_or(0));
         Usage {
-            input: self.input_tokens,
+            input: self
+                .input_tokens
+                .map(|uncached| uncached.saturating_add(cached)),
             output: self.output_tokens,
             cache_read: self.cache_read_input_tokens,
             cache_write: self.cache_creation_input_tokens,
@@ -124,6 +156,8 @@ crate::normalizer_constructors!(Normalizer);
 #[derive(Debug, Default)]
 pub struct Normalizer {
     request_id: Option<String>,
+    /// The message's counts so far, as the wire reports them.
+    usage: WireUsage,
     tool_blocks: Vec<u32>,
     aliases: Aliases,
     /// Tests: every event through the full parse (the fast path's reference).
@@ -240,7 +274,8 @@ impl crate::StreamNormalizer for Normalizer {
             Wire::MessageStart { message } => {
                 self.request_id = message.id;
                 if let Some(u) = message.usage {
-                    out.push(StreamEvent::Usage(u.canonical()));
+                    self.usage.merge(u);
+                    out.push(StreamEvent::Usage(self.usage.canonical()));
                 }
             }
             Wire::ContentBlockStart {
@@ -283,7 +318,8 @@ impl crate::StreamNormalizer for Normalizer {
             }
             Wire::MessageDelta { delta, usage } => {
                 if let Some(u) = usage {
-                    out.push(StreamEvent::Usage(u.canonical()));
+                    self.usage.merge(u);
+                    out.push(StreamEvent::Usage(self.usage.canonical()));
                 }
                 if let Some(reason) = delta.stop_reason {
                     let reason = match reason.as_str() {
@@ -352,8 +388,9 @@ data: {\"type\":\"message_stop\"}\n\n";
 
     fn expected() -> Vec<StreamEvent> {
         vec![
+            // The total input: 25 read from no cache, 12 from the cache, 0 written to it.
             StreamEvent::Usage(Usage {
-                input: Some(25),
+                input: Some(37),
                 output: Some(1),
                 cache_read: Some(12),
                 cache_write: Some(0),
@@ -376,9 +413,13 @@ data: {\"type\":\"message_stop\"}\n\n";
                 json: "ris\"}".into(),
             },
             StreamEvent::ToolCallEnd { index: 2 },
+            // The end's running totals, merged with the start's.
             StreamEvent::Usage(Usage {
+                input: Some(37),
                 output: Some(89),
-                ..Usage::default()
+                cache_read: Some(12),
+                cache_write: Some(0),
+                reasoning: None,
             }),
             StreamEvent::Finish {
                 reason: FinishReason::ToolUse,
@@ -414,6 +455,36 @@ data: {\"type\":\"message_stop\"}\n\n";
             );
         }
         assert_eq!(usage[0].input, Some(25));
+    }
+
+    /// Golden: the canonical measures of an Anthropic message (docs/usage.md). The total
+    /// input adds the cache counts to `input_tokens`; the end's cumulative counts replace the
+    /// start's, field by field.
+    #[test]
+    fn canonical_usage_counts_cached_input_in_the_total() {
+        let mut n = Normalizer::default();
+        let start = r#"{"type":"message_start","message":{"id":"m","usage":{"input_tokens":10,"cache_creation_input_tokens":100,"cache_read_input_tokens":2000,"output_tokens":1}}}"#;
+        let delta = r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":50}}"#;
+        let mut last = None;
+        for data in [start, delta] {
+            if let Normalized::Events(evs) = n.push(None, data).unwrap() {
+                for e in evs {
+                    if let StreamEvent::Usage(u) = e {
+                        last = Some(u);
+                    }
+                }
+            }
+        }
+        assert_eq!(
+            last,
+            Some(Usage {
+                input: Some(2110),
+                output: Some(50),
+                cache_read: Some(2000),
+                cache_write: Some(100),
+                reasoning: None,
+            })
+        );
     }
 
     #[test]

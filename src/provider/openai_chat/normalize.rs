@@ -1,6 +1,9 @@
-//! OpenAI Chat Completions chunks -> canonical events. Usage exactly as reported (asked for
-//! with `stream_options.include_usage`): prompt, completion, cached prompt and reasoning
-//! tokens; a measure not reported stays absent. Tool calls are keyed by their index.
+//! OpenAI Chat Completions chunks -> canonical events. Usage in the canonical measures
+//! (docs/usage.md; asked for with `stream_options.include_usage`): `prompt_tokens` is already
+//! the total input (its cached part is `prompt_tokens_details.cached_tokens`, the
+//! cache_read), `completion_tokens` the output (reasoning included); the family reports no
+//! cache writes, so cache_write stays absent, as does any measure not reported. Tool calls
+//! are keyed by their index.
 
 use serde::Deserialize;
 

@@ -1,6 +1,9 @@
-//! OpenAI Responses stream events -> canonical events. Usage exactly as reported: input,
-//! cached input, output and reasoning tokens from the final response; a measure not reported
-//! stays absent. Function calls are keyed by their output index.
+//! OpenAI Responses stream events -> canonical events. Usage in the canonical measures
+//! (docs/usage.md), from the final response: `input_tokens` is already the total input (its
+//! cached part, `input_tokens_details.cached_tokens`, is the cache_read), `output_tokens` the
+//! output (reasoning included, also given apart); the family reports no cache writes, so
+//! cache_write stays absent, as does any measure not reported. Function calls are keyed by
+//! their output index.
 
 use serde::Deserialize;
 

@@ -7,6 +7,7 @@
 
 pub mod cli;
 
+pub use broca_archive as archive;
 pub use broca_catalog as catalog;
 pub use broca_core as core;
 pub use broca_module as module;

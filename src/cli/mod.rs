@@ -15,6 +15,7 @@ use broca_wal::SessionTriple;
 
 use broca_wal::verify::{dump, verify_file, wal_files, FileReport};
 
+mod archive;
 mod store;
 
 /// Exit code: success.
@@ -37,6 +38,8 @@ Commands:
   wal verify [PATH...]   check WAL files (files, folders or a state dir; default: the state dir)
   wal dump FILE          print every record of a WAL as one JSON object per line
   store check|rebuild    compare the store with the WALs, or rebuild it from them
+  archive pack|list|verify|restore
+                         pack idle WALs into sealed containers, and back (see `broca archive --help`)
   export usage [--since TIME] [--format jsonl|csv]
                          print the usage facts (one per model step and failed attempt)
 
@@ -71,6 +74,9 @@ Options:
                        \"catalog_file\", \"catalog_url\" (else BROCA_CATALOG_FILE and
                        BROCA_CATALOG_URL), \"catalog_refresh_secs\" (how often the
                        catalog is read again; default 300, 0 never),
+                       \"archive_after_days\" (pack sessions idle this long in
+                       the background; default off), \"archive_every_secs\"
+                       (how often; default 3600),
                        \"request_timeout_ms\" (default 15000),
                        \"base_urls\": {PROVIDER: URL}};
                        flags win over the file
@@ -165,6 +171,7 @@ pub fn run(args: Vec<OsString>) -> u8 {
         Some("run") => run_command(pargs, state_dir),
         Some("store") => store::store(pargs, help, state_dir),
         Some("export") => store::export(pargs, help, state_dir),
+        Some("archive") => archive::archive(pargs, help, state_dir),
         Some(other) => usage(&format!("unknown command `{other}`; see `broca --help`")),
     }
 }
@@ -237,7 +244,14 @@ fn wal_verify(paths: Vec<OsString>, state_dir: Option<PathBuf>) -> u8 {
     };
     let mut failed = 0usize;
     let mut checked = 0usize;
+    let args_for_containers = args.clone();
     for arg in args {
+        if arg
+            .extension()
+            .is_some_and(|x| x == broca_wal::archive::EXTENSION)
+        {
+            continue;
+        }
         let files = match wal_files(&arg) {
             Ok(files) => files,
             Err(e) => {
@@ -277,7 +291,26 @@ fn wal_verify(paths: Vec<OsString>, state_dir: Option<PathBuf>) -> u8 {
             }
         }
     }
-    broca_module::outln!("{checked} WAL files checked, {failed} failed");
+    // The sealed containers of a state dir named (or the default one), and containers named.
+    let containers: Vec<PathBuf> = args_for_containers
+        .iter()
+        .flat_map(|a| {
+            if a.extension()
+                .is_some_and(|x| x == broca_wal::archive::EXTENSION)
+            {
+                vec![a.clone()]
+            } else {
+                broca_wal::archive::container_paths(&a.join(broca_wal::archive::DIR_NAME))
+                    .unwrap_or_default()
+            }
+        })
+        .collect();
+    let containers_failed = archive::verify_containers(&containers);
+    failed += containers_failed;
+    broca_module::outln!(
+        "{checked} WAL files and {} containers checked, {failed} failed",
+        containers.len()
+    );
     if failed > 0 {
         EXIT_FAILURE
     } else {
@@ -464,6 +497,8 @@ struct ServeConfig {
     catalog_file: Option<PathBuf>,
     catalog_url: Option<String>,
     catalog_refresh_secs: Option<u64>,
+    archive_after_days: Option<u64>,
+    archive_every_secs: Option<u64>,
     body_limit_bytes: Option<usize>,
     request_timeout_ms: Option<u64>,
     #[serde(default)]
@@ -540,6 +575,10 @@ fn parse_serve(
         idle: std::time::Duration::from_secs(file.idle_secs.unwrap_or(30)),
         open_sessions_max: file.open_sessions_max,
         catalog_refresh: std::time::Duration::from_secs(file.catalog_refresh_secs.unwrap_or(300)),
+        archive_after: file
+            .archive_after_days
+            .map(|d| std::time::Duration::from_secs(d.saturating_mul(86_400))),
+        archive_every: std::time::Duration::from_secs(file.archive_every_secs.unwrap_or(3600)),
         catalog: {
             let mut c = broca_catalog::load::Sources::from_env(&catalog_base);
             if file.catalog_file.is_some() {

@@ -108,7 +108,7 @@ impl Standalone {
             if let Err(u) =
                 broca_core::admission::prepare(&self.send, &specs, &catalog, model.check())
             {
-                if u.send_id.is_none() || !wal.exists() {
+                if u.send_id.is_none() || !broca_wal::archive::exists(&wal) {
                     servers.stop();
                     return Err(Failure::Refused(u.refusal));
                 }

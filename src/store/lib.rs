@@ -649,21 +649,27 @@ pub fn project(scan: &broca_wal::Scan, bytes: &[u8]) -> Result<Projection, Strin
     })
 }
 
-/// The `.wal` files of `wal_dir`, sorted.
+/// The WALs of `wal_dir`, sorted: its `.wal` files, and the sessions only the archive holds
+/// (as the path their live WAL would have; reads resolve it in the archive).
 pub fn wal_files(wal_dir: &Path) -> Result<Vec<PathBuf>, String> {
     let mut out = Vec::new();
     let entries = match std::fs::read_dir(wal_dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Ok(e) => Some(e),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(format!("{}: {e}", wal_dir.display())),
     };
-    for e in entries {
+    for e in entries.into_iter().flatten() {
         let p = e.map_err(|e| format!("{}: {e}", wal_dir.display()))?.path();
         if p.extension().is_some_and(|x| x == "wal") {
             out.push(p);
         }
     }
+    let archive = broca_wal::archive::dir_of(wal_dir);
+    let archived = broca_wal::archive::archived_files(&archive)
+        .map_err(|e| format!("{}: {e}", archive.display()))?;
+    out.extend(archived.into_iter().map(|f| wal_dir.join(f)));
     out.sort();
+    out.dedup();
     Ok(out)
 }
 

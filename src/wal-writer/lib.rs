@@ -127,6 +127,34 @@ fn check_recovered(
     }
 }
 
+/// How long a writer waits for a pack that holds its WAL's lease.
+const PACK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Restores an archived WAL where no live one is, on the blocking pool (a restore writes and
+/// fsyncs the whole WAL once).
+async fn restore(path: &Path) -> Result<(), WalError> {
+    let p = path.to_path_buf();
+    let done = glommio::executor()
+        .spawn_blocking(move || broca_archive::restore(&p))
+        .await;
+    match done {
+        Ok(broca_archive::Restored::From(container)) => {
+            tracing::info!(
+                wal = %path.display(),
+                container = %container.display(),
+                "restored an archived WAL before opening it for writes"
+            );
+            Ok(())
+        }
+        Ok(_) => Ok(()),
+        Err(message) => Err(WalError::Io {
+            path: path.to_path_buf(),
+            op: "restore from the archive",
+            message,
+        }),
+    }
+}
+
 impl WalWriter {
     /// Opens (or creates) the WAL of `triple` in `dir`, takes its lease, recovers its tail and
     /// records the new epoch durably before returning.
@@ -138,20 +166,46 @@ impl WalWriter {
     ) -> Result<(WalWriter, Recovered), WalError> {
         let path = wal_path(dir, triple);
         let power_loss = cfg.power_loss.clone();
-        let created = create_if_new(&path)?;
-        if let (true, Some(p)) = (created, &power_loss) {
-            p.ledger
-                .created(&path)
-                .map_err(io_err(&path, "note in the power-loss ledger"))?;
-        }
-        let opened = OpenedLog::open(&path, cfg, committer)
-            .await
-            .map_err(log_err)?;
-        if !opened.try_lock().map_err(log_err)? {
-            opened.close().await.map_err(log_err)?;
-            return Err(WalError::LeaseHeld { path });
-        }
-        let bytes = opened.read_all().await.map_err(log_err)?;
+        // A pack holds a WAL's lease from reading it until it is removed: a writer that meets
+        // it waits for the pack (and then restores the WAL) rather than failing.
+        let wait_for_pack_until = std::time::Instant::now() + PACK_WAIT;
+        let (opened, bytes) = loop {
+            if !path.exists() {
+                restore(&path).await?;
+            }
+            let created = create_if_new(&path)?;
+            if let (true, Some(p)) = (created, &power_loss) {
+                p.ledger
+                    .created(&path)
+                    .map_err(io_err(&path, "note in the power-loss ledger"))?;
+            }
+            let opened = OpenedLog::open(&path, cfg.clone(), committer.clone())
+                .await
+                .map_err(log_err)?;
+            if !opened.try_lock().map_err(log_err)? {
+                opened.close().await.map_err(log_err)?;
+                if broca_archive::pack_running(dir)
+                    && std::time::Instant::now() < wait_for_pack_until
+                {
+                    glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
+                    continue;
+                }
+                return Err(WalError::LeaseHeld { path });
+            }
+            let bytes = opened.read_all().await.map_err(log_err)?;
+            // A WAL created just as a pack removed the live one (after this open looked for
+            // it): the sealed copy is the session's; this empty file gives way to it.
+            let empty = matches!(
+                broca_wal::scan(&bytes),
+                Err(HeaderError::Empty | HeaderError::Uninitialized)
+            );
+            if empty && created && broca_wal::archive::is_archived(&path) {
+                std::fs::remove_file(&path).map_err(io_err(&path, "remove"))?;
+                opened.close().await.map_err(log_err)?;
+                continue;
+            }
+            break (opened, bytes);
+        };
         let (log, header, scan, cut) = match broca_wal::scan(&bytes) {
             Err(HeaderError::Empty | HeaderError::Uninitialized) => {
                 // Nothing was ever acknowledged in this file: give it its header now.

@@ -4,6 +4,7 @@
 //! are in docs/wal-format.md.
 
 pub mod address;
+pub mod archive;
 pub mod frame;
 pub mod header;
 pub mod reader;

@@ -20,7 +20,7 @@ pub const READ_AHEAD_BYTES: usize = 256 * 1024;
 
 /// A WAL file being read front to back.
 pub struct PagedReader {
-    file: File,
+    file: Source,
     path: PathBuf,
     header: WalHeader,
     len: u64,
@@ -36,6 +36,27 @@ pub struct PagedReader {
     unknown_kinds: u64,
 }
 
+/// What a reader reads: a live WAL file, or an archived WAL's bytes (digest checked).
+enum Source {
+    File(File),
+    Bytes(Vec<u8>),
+}
+
+impl ReadAt for Source {
+    fn len_bytes(&self) -> u64 {
+        match self {
+            Source::File(f) => f.len_bytes(),
+            Source::Bytes(b) => b.len() as u64,
+        }
+    }
+    fn read_at_most(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Source::File(f) => f.read_at_most(offset, buf),
+            Source::Bytes(b) => b.as_slice().read_at_most(offset, buf),
+        }
+    }
+}
+
 /// One valid frame of a page.
 pub struct PageFrame {
     pub seq: u64,
@@ -48,10 +69,16 @@ pub struct PageFrame {
 impl PagedReader {
     /// Opens `path` and reads its header. `Ok(None)` when the file does not exist yet or is
     /// still being created (empty, or its header not yet written).
+    /// A session without a live WAL is read from the newest sealed container holding it.
     pub fn open_if_any(path: &Path) -> Result<Option<PagedReader>, WalError> {
         match Self::open(path) {
             Ok(r) => Ok(Some(r)),
-            Err(WalError::Io { .. }) if !path.exists() => Ok(None),
+            Err(WalError::Io { .. }) if !path.exists() => {
+                match super::archive::archived_bytes(path).map_err(super::verify::archive_error)? {
+                    Some(bytes) => Self::from_source(path, Source::Bytes(bytes)).map(Some),
+                    None => Ok(None),
+                }
+            }
             Err(WalError::Header {
                 error: HeaderError::Empty | HeaderError::Uninitialized,
                 ..
@@ -68,6 +95,15 @@ impl PagedReader {
             message: e.to_string(),
         };
         let file = File::open(path).map_err(|e| io("open", e))?;
+        Self::from_source(path, Source::File(file))
+    }
+
+    fn from_source(path: &Path, file: Source) -> Result<PagedReader, WalError> {
+        let io = |op: &'static str, e: std::io::Error| WalError::Io {
+            path: path.to_path_buf(),
+            op,
+            message: e.to_string(),
+        };
         let len = file.len_bytes();
         let mut head = vec![0u8; (READ_AHEAD_BYTES as u64).min(len) as usize];
         let got = file.read_at_most(0, &mut head).map_err(|e| io("read", e))?;

@@ -51,17 +51,53 @@ pub fn read_and_scan(path: &Path) -> Result<(Vec<u8>, Scan), WalError> {
 
 /// Like [`read_and_scan`], for a reader beside a live writer: `None` when the file does not
 /// exist yet or is still being created (empty, or its header not yet written).
+///
+/// A session without a live WAL is read from the newest sealed container holding it (its
+/// digest checked): the live WAL first, then the archive.
 pub fn read_and_scan_if_any(path: &Path) -> Result<Option<(Vec<u8>, Scan)>, WalError> {
-    if !path.exists() {
-        return Ok(None);
-    }
-    match read_and_scan(path) {
+    let live = match fs::read(path) {
+        Ok(bytes) => Some(bytes),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            return Err(WalError::Io {
+                path: path.to_path_buf(),
+                op: "read",
+                message: e.to_string(),
+            })
+        }
+    };
+    let bytes = match live {
+        Some(b) => b,
+        None => match super::archive::archived_bytes(path).map_err(archive_error)? {
+            Some(b) => b,
+            None => return Ok(None),
+        },
+    };
+    let scanned = scan(&bytes)
+        .map(|scan| (bytes, scan))
+        .map_err(|error| WalError::Header {
+            path: path.to_path_buf(),
+            error,
+        });
+    match scanned {
         Ok(found) => Ok(Some(found)),
         Err(WalError::Header {
             error: HeaderError::Empty | HeaderError::Uninitialized,
             ..
         }) => Ok(None),
         Err(e) => Err(e),
+    }
+}
+
+/// An archived copy that cannot be read, as a WAL error naming the container and member.
+pub fn archive_error(e: super::archive::ArchiveError) -> WalError {
+    WalError::Corrupt {
+        offset: e.offset,
+        reason: match &e.member {
+            Some(m) => format!("archived member {m}: {}", e.reason),
+            None => e.reason.clone(),
+        },
+        path: e.path,
     }
 }
 
@@ -142,7 +178,11 @@ pub fn wal_files(arg: &Path) -> Result<Vec<PathBuf>, String> {
 /// record itself, reading the file in pages. Stops with an error at corruption, after
 /// printing the records before it.
 pub fn dump(path: &Path, out: &mut impl Write) -> Result<(), WalError> {
-    let mut reader = PagedReader::open(path)?;
+    // A session's WAL path that only the archive holds is dumped from there.
+    let mut reader = match PagedReader::open_if_any(path)? {
+        Some(r) => r,
+        None => PagedReader::open(path)?,
+    };
     let write_err = |e: std::io::Error| WalError::Io {
         path: PathBuf::from("<stdout>"),
         op: "write",

@@ -55,6 +55,10 @@ pub struct ServeOptions {
     /// How often the catalog is assembled again (its service asked, its file read): a run
     /// already admitted keeps the entry it froze. Zero: never.
     pub catalog_refresh: Duration,
+    /// Pack sessions idle this long in the background (`archive_after_days`); `None`: off.
+    pub archive_after: Option<Duration>,
+    /// How often the background pack runs (`archive_every_secs`, default an hour).
+    pub archive_every: Duration,
     /// The MCP tool servers to start (`--tools-config`).
     pub tools: Option<broca_tools::config::ToolsConfig>,
     pub limits: ServerLimits,
@@ -338,6 +342,7 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
         .map_err(|e| format!("cannot write {}: {e}", serve_json.display()))?;
     let socket = listeners.socket.clone();
     resume_open_runs(ctx.clone(), caught_up)?;
+    start_archive_scheduler(&ctx)?;
     crate::outln!("broca listening on http://{}", listeners.listen);
     use std::io::Write as _;
     let _ = std::io::stdout().flush();
@@ -349,6 +354,46 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
     ctx.tools.stop();
     result?;
     Ok(ctx.signal.load(Ordering::Acquire))
+}
+
+/// Packs the sessions idle for `archive_after` every `archive_every`, on a thread of its own
+/// (never on a shard): a session whose actor is open holds its WAL's lease and is left live; a
+/// send to a packed session restores its WAL first.
+fn start_archive_scheduler(ctx: &Arc<ServeCtx>) -> Result<(), String> {
+    let Some(idle) = ctx.opts.archive_after else {
+        return Ok(());
+    };
+    let ctx = ctx.clone();
+    let every = ctx.opts.archive_every.max(Duration::from_secs(1));
+    std::thread::Builder::new()
+        .name("archive".into())
+        .spawn(move || loop {
+            let until = std::time::Instant::now() + every;
+            while std::time::Instant::now() < until {
+                if ctx.stopping.load(Ordering::Acquire) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(200).min(every));
+            }
+            let opts = broca_archive::PackOptions {
+                idle,
+                dry_run: false,
+            };
+            let started = std::time::Instant::now();
+            match broca_archive::pack(&ctx.opts.state_dir, &opts, &mut |_| {}) {
+                Ok(r) if !r.packed.is_empty() => tracing::info!(
+                    sessions = r.packed.len(),
+                    bytes = r.bytes,
+                    containers = r.containers.len(),
+                    ms = started.elapsed().as_millis() as u64,
+                    "packed idle sessions"
+                ),
+                Ok(_) => {}
+                Err(e) => tracing::warn!("archive pack: {e}"),
+            }
+        })
+        .map(|_| ())
+        .map_err(|e| format!("cannot start the archive thread: {e}"))
 }
 
 /// Finds the runs a crash left open and has their shards resume them, in the background:

@@ -297,7 +297,10 @@ impl Registry {
                 return;
             }
             None if !matches!(&cmd, SessionCommand::Send { admission, .. } if admission.is_ok())
-                && !broca_wal_writer::wal_path(&self.ctx.wal_dir, &triple).exists() =>
+                && !broca_wal::archive::exists(&broca_wal_writer::wal_path(
+                    &self.ctx.wal_dir,
+                    &triple,
+                )) =>
             {
                 // Nothing was ever sent to this session: answer without creating its WAL (a
                 // refused send's send_id names no run here either).

@@ -1,0 +1,538 @@
+//! broca-archive: packs idle WALs into sealed, digest-verified containers under
+//! `<state-dir>/wal-archive/`, and restores them. The format, the read side and the lookup are
+//! broca-wal's (`broca_wal::archive`); the steps and their recovery table are in
+//! docs/wal-archive.md.
+//!
+//! Every step keeps each session readable exactly once: a live WAL is removed only after the
+//! container holding its bytes is sealed, fsynced and its directory entry durable; a restore
+//! links the checked bytes in only where no live WAL is. A pack holds each WAL's lease (the
+//! writers' flock) from reading it until it is removed, so no writer appends in between.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use broca_wal::archive::{self as format, hex, Index, Member};
+use broca_wal::{Record, Verdict};
+
+/// Sessions packed and restored by this process (for `/metrics`).
+pub static PACKED: AtomicU64 = AtomicU64::new(0);
+pub static RESTORED: AtomicU64 = AtomicU64::new(0);
+
+/// Members per container at most: a pack holds one descriptor per member until its
+/// container is sealed.
+pub const MEMBERS_PER_CONTAINER: usize = 512;
+/// Bytes per container at most (a WAL larger than this gets a container of its own).
+pub const CONTAINER_BYTES_MAX: u64 = 256 << 20;
+
+/// The crash-test hook: `BROCA_CRASH_AT=archive_<step>` aborts at that step of a pack or a
+/// restore (the first time it is passed).
+pub const CRASH_POINTS: &[&str] = &[
+    "archive_written",
+    "archive_sealed",
+    "archive_removed_one",
+    "archive_packed",
+    "archive_restore_written",
+    "archive_restore_linked",
+];
+
+fn crash_point(name: &str) {
+    if std::env::var("BROCA_CRASH_AT").is_ok_and(|v| v == name) {
+        std::process::abort();
+    }
+}
+
+/// What to pack.
+#[derive(Debug, Clone)]
+pub struct PackOptions {
+    /// A WAL not modified for this long is idle.
+    pub idle: Duration,
+    /// Say what would be packed; touch nothing.
+    pub dry_run: bool,
+}
+
+/// One line of progress.
+#[derive(Debug, Clone)]
+pub enum Progress {
+    /// `done` of `total` candidate WALs looked at.
+    Looked { done: usize, total: usize },
+    /// A container was sealed with this many members.
+    Sealed { path: PathBuf, members: usize },
+}
+
+/// What a pack did.
+#[derive(Debug, Default)]
+pub struct PackReport {
+    /// The WALs packed (or, in a dry run, that would be).
+    pub packed: Vec<Member>,
+    /// WALs left live, each with why.
+    pub skipped: Vec<(String, String)>,
+    /// The containers sealed.
+    pub containers: Vec<PathBuf>,
+    /// Bytes of WAL packed.
+    pub bytes: u64,
+    /// Temporary files of an interrupted pack that were removed.
+    pub cleaned: usize,
+}
+
+/// A WAL chosen for packing, its lease held until it is removed.
+struct Chosen {
+    path: PathBuf,
+    /// Holds the flock.
+    file: File,
+    /// The file's length when it was read (its records and the space kept ahead).
+    file_len: u64,
+    bytes: Vec<u8>,
+    member: Member,
+    /// The newest container already holds these exact bytes.
+    already_sealed: bool,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn try_flock(file: &File, how: libc::c_int) -> std::io::Result<bool> {
+    // SAFETY: flock on a descriptor this function borrows; no memory is passed.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), how | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(false)
+    } else {
+        Err(e)
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<(), String> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| format!("{}: fsync directory: {e}", dir.display()))
+}
+
+/// The pack lock (`wal-archive/pack.lock`): one pack at a time; a writer that finds a WAL's
+/// lease held while it is taken waits for the pack instead of failing.
+fn pack_lock_path(archive_dir: &Path) -> PathBuf {
+    archive_dir.join("pack.lock")
+}
+
+/// Whether a pack is running on `wal_dir`'s archive (a writer then waits for a held lease).
+pub fn pack_running(wal_dir: &Path) -> bool {
+    let path = pack_lock_path(&format::dir_of(wal_dir));
+    match File::open(&path) {
+        Ok(f) => matches!(try_flock(&f, libc::LOCK_SH), Ok(false)),
+        Err(_) => false,
+    }
+}
+
+/// Why the WAL at `path` may not be packed now, or its chosen state.
+fn choose(path: &Path, idle: Duration, now: SystemTime) -> Result<Chosen, String> {
+    let file_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot stat: {e}"))?;
+    let modified = meta
+        .modified()
+        .map_err(|e| format!("no modification time: {e}"))?;
+    let quiet = now.duration_since(modified).unwrap_or(Duration::ZERO);
+    if quiet < idle {
+        return Err(format!(
+            "written {} s ago, not idle for {} s",
+            quiet.as_secs(),
+            idle.as_secs()
+        ));
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .open(path)
+        .map_err(|e| format!("cannot open: {e}"))?;
+    if !try_flock(&file, libc::LOCK_EX).map_err(|e| format!("cannot lock: {e}"))? {
+        return Err("a writer holds its lease".into());
+    }
+    let mut bytes = std::fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
+    let file_len = bytes.len() as u64;
+    let scan = broca_wal::scan(&bytes).map_err(|e| format!("not packed: {e}"))?;
+    if let Verdict::Corrupt { .. } = scan.verdict {
+        return Err("damaged; run `broca wal verify` on it".into());
+    }
+    let records = scan
+        .decode(&bytes)
+        .map_err(|(seq, why)| format!("record seq {seq} does not decode: {why}"))?
+        .records;
+    let mut open = std::collections::BTreeSet::new();
+    for (_, r) in &records {
+        match r {
+            Record::RunStarted(r) => {
+                open.insert(r.run_id.clone());
+            }
+            Record::RunFinished(r) => {
+                open.remove(&r.run_id);
+            }
+            _ => {}
+        }
+    }
+    if let Some(run) = open.first() {
+        return Err(format!("run {run} is open"));
+    }
+    // Only the records are kept: the zeroed space a writer keeps ahead (and a torn tail,
+    // which recovery would cut) is not the session's.
+    bytes.truncate(scan.end as usize);
+    let digest = hex(blake3::hash(&bytes).as_bytes());
+    let archive_dir = format::dir_of(path.parent().unwrap_or(Path::new(".")));
+    let already_sealed = format::find(&archive_dir, &file_name)
+        .ok()
+        .flatten()
+        .is_some_and(|(_, m)| m.blake3 == digest);
+    let h = &scan.header;
+    let member = Member {
+        file: file_name,
+        project_root: h.triple.project_root.clone(),
+        harness: h.triple.harness.clone(),
+        session: h.triple.session.clone(),
+        lineage_id: h.lineage_hex(),
+        offset: 0,
+        size: bytes.len() as u64,
+        blake3: digest,
+        last_seq: scan.frames.last().map_or(0, |f| f.seq),
+    };
+    Ok(Chosen {
+        path: path.to_path_buf(),
+        file,
+        file_len,
+        bytes,
+        member,
+        already_sealed,
+    })
+}
+
+/// Packs the idle WALs of `state_dir`. A crash at any step leaves every session readable
+/// exactly once; a later pack cleans up what an interrupted one left.
+pub fn pack(
+    state_dir: &Path,
+    opts: &PackOptions,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<PackReport, String> {
+    let wal_dir = state_dir.join("wal");
+    let archive_dir = state_dir.join(format::DIR_NAME);
+    broca_owner_only::create_dir(&archive_dir)
+        .map_err(|e| format!("{}: {e}", archive_dir.display()))?;
+    let lock_path = pack_lock_path(&archive_dir);
+    let lock = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&lock_path)
+        .map_err(|e| format!("{}: {e}", lock_path.display()))?;
+    if !try_flock(&lock, libc::LOCK_EX).map_err(|e| format!("{}: {e}", lock_path.display()))? {
+        return Err(format!(
+            "another pack is running on {} (it holds {})",
+            state_dir.display(),
+            lock_path.display()
+        ));
+    }
+    let mut report = PackReport::default();
+    if !opts.dry_run {
+        report.cleaned = clean_temporaries(&archive_dir, &wal_dir)?;
+    }
+    let paths = wal_files(&wal_dir)?;
+    let now = SystemTime::now();
+    let total = paths.len();
+    let mut batch: Vec<Chosen> = Vec::new();
+    let mut batch_bytes = 0u64;
+    for (i, path) in paths.iter().enumerate() {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        match choose(path, opts.idle, now) {
+            Err(why) => report.skipped.push((name, why)),
+            Ok(c) if opts.dry_run => {
+                report.bytes += c.member.size;
+                report.packed.push(c.member);
+            }
+            Ok(c) => {
+                if !batch.is_empty()
+                    && (batch.len() >= MEMBERS_PER_CONTAINER
+                        || batch_bytes + c.member.size > CONTAINER_BYTES_MAX)
+                {
+                    seal_and_remove(
+                        &archive_dir,
+                        &wal_dir,
+                        std::mem::take(&mut batch),
+                        &mut report,
+                        progress,
+                    )?;
+                    batch_bytes = 0;
+                }
+                batch_bytes += c.member.size;
+                batch.push(c);
+            }
+        }
+        if (i + 1) % 256 == 0 || i + 1 == total {
+            progress(Progress::Looked { done: i + 1, total });
+        }
+    }
+    if !batch.is_empty() {
+        seal_and_remove(&archive_dir, &wal_dir, batch, &mut report, progress)?;
+    }
+    drop(lock);
+    Ok(report)
+}
+
+/// Writes a container of `batch`, seals it, makes it durable, then removes the live WALs.
+fn seal_and_remove(
+    archive_dir: &Path,
+    wal_dir: &Path,
+    batch: Vec<Chosen>,
+    report: &mut PackReport,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<(), String> {
+    let (sealed, fresh): (Vec<Chosen>, Vec<Chosen>) =
+        batch.into_iter().partition(|c| c.already_sealed);
+    if !fresh.is_empty() {
+        let members: Vec<Member> = fresh.iter().map(|c| c.member.clone()).collect();
+        let bytes: Vec<&[u8]> = fresh.iter().map(|c| c.bytes.as_slice()).collect();
+        let (path, _) = write_container(archive_dir, &members, &bytes)?;
+        progress(Progress::Sealed {
+            path: path.clone(),
+            members: members.len(),
+        });
+        report.containers.push(path);
+    }
+    // Every byte of every chosen WAL is now in a durable, sealed container.
+    let mut removed = 0;
+    for c in sealed.into_iter().chain(fresh) {
+        // The lease was held since the bytes were read: a WAL that changed anyway (a writer
+        // that ignores the lease) stays live.
+        let same = std::fs::metadata(&c.path).is_ok_and(|m| {
+            m.size() == c.file_len && c.file.metadata().is_ok_and(|f| f.ino() == m.ino())
+        });
+        if !same {
+            report
+                .skipped
+                .push((c.member.file.clone(), "changed while it was packed".into()));
+            continue;
+        }
+        std::fs::remove_file(&c.path).map_err(|e| format!("{}: remove: {e}", c.path.display()))?;
+        removed += 1;
+        if removed == 1 {
+            crash_point("archive_removed_one");
+        }
+        report.bytes += c.member.size;
+        PACKED.fetch_add(1, Ordering::Relaxed);
+        report.packed.push(c.member);
+        drop(c.file);
+    }
+    sync_dir(wal_dir)?;
+    crash_point("archive_packed");
+    Ok(())
+}
+
+/// Writes and seals one container: a temporary file, fsynced, renamed to its digest, the
+/// folder fsynced. Returns its path and digest.
+pub fn write_container(
+    archive_dir: &Path,
+    members: &[Member],
+    bytes: &[&[u8]],
+) -> Result<(PathBuf, String), String> {
+    let tmp = archive_dir.join(format!(
+        ".pack-{}-{}.tmp",
+        std::process::id(),
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    let io = |what: &str, e: std::io::Error| format!("{}: {what}: {e}", tmp.display());
+    let file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(|e| io("create", e))?;
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+    let mut digest = blake3::Hasher::new();
+    let mut put = |out: &mut std::io::BufWriter<File>, b: &[u8]| -> std::io::Result<()> {
+        digest.update(b);
+        out.write_all(b)
+    };
+    put(&mut out, format::MAGIC).map_err(|e| io("write", e))?;
+    let mut at = format::MAGIC.len() as u64;
+    let mut index = Index {
+        format: 1,
+        created_unix_ms: now_ms(),
+        members: Vec::with_capacity(members.len()),
+    };
+    for (m, b) in members.iter().zip(bytes) {
+        put(&mut out, b).map_err(|e| io("write", e))?;
+        index.members.push(Member {
+            offset: at,
+            size: b.len() as u64,
+            ..m.clone()
+        });
+        at += b.len() as u64;
+    }
+    let raw = serde_json::to_vec(&index).map_err(|e| format!("the index: {e}"))?;
+    put(&mut out, &raw).map_err(|e| io("write", e))?;
+    let sealed = digest.finalize();
+    let trailer = format::encode_trailer(at, raw.len() as u64, sealed.as_bytes());
+    out.write_all(&trailer).map_err(|e| io("write", e))?;
+    let file = out.into_inner().map_err(|e| io("write", e.into_error()))?;
+    crash_point("archive_written");
+    file.sync_all().map_err(|e| io("fsync", e))?;
+    drop(file);
+    let name = hex(sealed.as_bytes());
+    let path = archive_dir.join(format!("{name}.{}", format::EXTENSION));
+    std::fs::rename(&tmp, &path).map_err(|e| io("rename", e))?;
+    sync_dir(archive_dir)?;
+    crash_point("archive_sealed");
+    Ok((path, name))
+}
+
+/// Removes what an interrupted pack or restore left: temporary containers (never sealed,
+/// never read) and temporary restores. Returns how many.
+fn clean_temporaries(archive_dir: &Path, wal_dir: &Path) -> Result<usize, String> {
+    let mut n = 0;
+    for (dir, prefix) in [(archive_dir, ".pack-"), (wal_dir, ".restore-")] {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with(prefix) && name.ends_with(".tmp") {
+                // A restore's temporary file may belong to a writer restoring right now:
+                // only those older than a minute are left over.
+                let old = prefix == ".pack-"
+                    || e.metadata()
+                        .and_then(|m| m.modified())
+                        .ok()
+                        .and_then(|t| t.elapsed().ok())
+                        .is_some_and(|d| d > Duration::from_secs(60));
+                if old {
+                    std::fs::remove_file(e.path())
+                        .map_err(|err| format!("{}: remove: {err}", e.path().display()))?;
+                    n += 1;
+                }
+            }
+        }
+    }
+    Ok(n)
+}
+
+/// The `.wal` files of `wal_dir`, sorted.
+fn wal_files(wal_dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let mut out = Vec::new();
+    let entries = match std::fs::read_dir(wal_dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(format!("{}: {e}", wal_dir.display())),
+    };
+    for e in entries {
+        let p = e.map_err(|e| format!("{}: {e}", wal_dir.display()))?.path();
+        if p.extension().is_some_and(|x| x == "wal") {
+            out.push(p);
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// What a restore did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Restored {
+    /// The session has a live WAL: nothing to do.
+    AlreadyLive,
+    /// No sealed container holds it.
+    NotArchived,
+    /// Restored from this container.
+    From(PathBuf),
+}
+
+/// Restores the archived WAL of `wal_path` where no live WAL is: the member's bytes (digest
+/// checked) written to a temporary file, fsynced, linked in under the WAL's name (never over
+/// a live WAL), the folder fsynced; the restore is recorded in `wal-archive/restored.jsonl`.
+pub fn restore(wal_path: &Path) -> Result<Restored, String> {
+    if wal_path.exists() {
+        return Ok(Restored::AlreadyLive);
+    }
+    let wal_dir = wal_path.parent().unwrap_or(Path::new("."));
+    let archive_dir = format::dir_of(wal_dir);
+    let file_name = wal_path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let Some((container, member)) = format::find(&archive_dir, &file_name)
+        .map_err(|e| format!("{}: {e}", archive_dir.display()))?
+    else {
+        return Ok(Restored::NotArchived);
+    };
+    let src =
+        File::open(&container.path).map_err(|e| format!("{}: {e}", container.path.display()))?;
+    let bytes = format::member_bytes(&src, &container.path, &member).map_err(|e| e.to_string())?;
+    broca_owner_only::create_dir(wal_dir).map_err(|e| format!("{}: {e}", wal_dir.display()))?;
+    let tmp = wal_dir.join(format!(
+        ".restore-{file_name}-{}-{}.tmp",
+        std::process::id(),
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    let io = |what: &str, e: std::io::Error| format!("{}: {what}: {e}", tmp.display());
+    {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|e| io("create", e))?;
+        f.write_all(&bytes).map_err(|e| io("write", e))?;
+        f.sync_all().map_err(|e| io("fsync", e))?;
+    }
+    crash_point("archive_restore_written");
+    let linked = std::fs::hard_link(&tmp, wal_path);
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => {}
+        // Restored meanwhile by another opener: the live WAL wins.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            sync_dir(wal_dir)?;
+            return Ok(Restored::AlreadyLive);
+        }
+        Err(e) => return Err(format!("{}: link: {e}", wal_path.display())),
+    }
+    crash_point("archive_restore_linked");
+    sync_dir(wal_dir)?;
+    RESTORED.fetch_add(1, Ordering::Relaxed);
+    record_restore(&archive_dir, &member, &container.path);
+    Ok(Restored::From(container.path.clone()))
+}
+
+/// Appends the restore to `wal-archive/restored.jsonl` (what `archive list` shows). The WAL
+/// itself is already durable: a failure here is only logged by the caller's reads.
+fn record_restore(archive_dir: &Path, m: &Member, container: &Path) {
+    let line = serde_json::json!({
+        "file": m.file, "project_root": m.project_root, "harness": m.harness,
+        "session": m.session, "blake3": m.blake3,
+        "container": container.file_name().map(|n| n.to_string_lossy().into_owned()),
+        "at_unix_ms": now_ms(),
+    });
+    let path = archive_dir.join("restored.jsonl");
+    if let Ok(mut f) = OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .open(&path)
+    {
+        let _ = writeln!(f, "{line}").and_then(|_| f.sync_data());
+    }
+}

@@ -1,0 +1,252 @@
+//! `broca archive pack|list|verify|restore`: sealed WAL containers under
+//! `<state-dir>/wal-archive/` (docs/wal-archive.md).
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use broca_archive::{PackOptions, Progress, Restored};
+use broca_wal::archive as format;
+use broca_wal::SessionTriple;
+
+use super::{print_help, resolve_state_dir, usage, EXIT_FAILURE, EXIT_OK};
+
+const HELP: &str = "\
+Usage: broca archive <pack|list|verify|restore> ...
+
+  pack [--idle-days N] [--dry-run]
+        pack every WAL idle for N days (default 30; 0 packs every idle one) with no open run
+        and no writer holding its lease into a sealed container under
+        <state-dir>/wal-archive/; each live WAL is removed once its container is durable
+  list  the containers, their members, and the sessions restored from them
+  verify [CONTAINER...]
+        read every byte of each container (default: all of them): the digest that names it
+        and each member's digest; exit 1 naming container, member and offset for damage
+        (nothing is deleted because of it)
+  restore ADDRESS | --project-root P --harness H --session S
+        put an archived session's WAL back into <state-dir>/wal/ (a send does this itself)
+";
+
+pub fn archive(mut pargs: pico_args::Arguments, help: bool, state_dir: Option<PathBuf>) -> u8 {
+    let sub = pargs.subcommand().ok().flatten();
+    if help || sub.is_none() {
+        return if help {
+            print_help(HELP)
+        } else {
+            usage("`broca archive` needs pack, list, verify or restore; see `broca archive --help`")
+        };
+    }
+    let Some(state) = resolve_state_dir(state_dir) else {
+        return usage("no state dir (set --state-dir or HOME)");
+    };
+    let done = match sub.as_deref() {
+        Some("pack") => pack(pargs, &state),
+        Some("list") => super::rest(pargs).and_then(|_| list(&state)),
+        Some("verify") => super::rest(pargs).and_then(|paths| verify(&state, paths)),
+        Some("restore") => restore(pargs, &state),
+        Some(other) => {
+            return usage(&format!(
+                "unknown command `archive {other}`; see `broca archive --help`"
+            ))
+        }
+        None => unreachable!("handled above"),
+    };
+    match done {
+        Ok(true) => EXIT_OK,
+        Ok(false) => EXIT_FAILURE,
+        Err(e) if e.starts_with("usage: ") => usage(&e["usage: ".len()..]),
+        Err(e) => {
+            broca_module::errln!("broca: {e}");
+            EXIT_FAILURE
+        }
+    }
+}
+
+fn pack(mut pargs: pico_args::Arguments, state: &Path) -> Result<bool, String> {
+    let days: u64 = pargs
+        .opt_value_from_str("--idle-days")
+        .map_err(|e| format!("usage: --idle-days: {e}"))?
+        .unwrap_or(30);
+    let dry_run = pargs.contains("--dry-run");
+    super::rest(pargs).map_err(|e| format!("usage: {e}"))?;
+    let opts = PackOptions {
+        idle: Duration::from_secs(days.saturating_mul(86_400)),
+        dry_run,
+    };
+    let tty = std::io::stderr().is_terminal();
+    let mut progress = |p: Progress| match p {
+        Progress::Looked { done, total } if tty => {
+            let width = 30;
+            let filled = done * width / total.max(1);
+            eprint!(
+                "\r[{}{}] {done}/{total} WALs looked at",
+                "#".repeat(filled),
+                " ".repeat(width - filled)
+            );
+            if done == total {
+                eprintln!();
+            }
+        }
+        Progress::Looked { done, total } => {
+            broca_module::errln!("broca: {done} of {total} WALs looked at")
+        }
+        Progress::Sealed { path, members } => {
+            if tty {
+                eprint!("\r");
+            }
+            broca_module::errln!("broca: sealed {} ({members} sessions)", path.display())
+        }
+    };
+    let started = std::time::Instant::now();
+    let r = broca_archive::pack(state, &opts, &mut progress)?;
+    if r.cleaned > 0 {
+        broca_module::errln!(
+            "broca: removed {} temporary file(s) an interrupted pack or restore left",
+            r.cleaned
+        );
+    }
+    for (file, why) in &r.skipped {
+        broca_module::outln!("kept    {file}: {why}");
+    }
+    let verb = if dry_run { "would pack" } else { "packed" };
+    for m in &r.packed {
+        broca_module::outln!(
+            "{verb:<7} {} ({}, {}, {}): {} bytes",
+            m.file,
+            m.project_root,
+            m.harness,
+            m.session,
+            m.size
+        );
+    }
+    broca_module::outln!(
+        "{verb} {} sessions ({} bytes) into {} container(s) in {:.1} s; {} kept live",
+        r.packed.len(),
+        r.bytes,
+        r.containers.len(),
+        started.elapsed().as_secs_f64(),
+        r.skipped.len()
+    );
+    Ok(true)
+}
+
+fn list(state: &Path) -> Result<bool, String> {
+    let dir = state.join(format::DIR_NAME);
+    let paths = format::container_paths(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut ok = true;
+    for p in &paths {
+        match format::open(p) {
+            Ok(c) => {
+                let bytes: u64 = c.index.members.iter().map(|m| m.size).sum();
+                broca_module::outln!(
+                    "container {} ({} sessions, {bytes} bytes, sealed at {} ms)",
+                    p.display(),
+                    c.index.members.len(),
+                    c.index.created_unix_ms
+                );
+                for m in &c.index.members {
+                    let live = state.join("wal").join(&m.file).exists();
+                    broca_module::outln!(
+                        "  {} ({}, {}, {}): {} bytes, last seq {}, lineage {}{}",
+                        m.file,
+                        m.project_root,
+                        m.harness,
+                        m.session,
+                        m.size,
+                        m.last_seq,
+                        m.lineage_id,
+                        if live {
+                            "; also live (the live WAL is read)"
+                        } else {
+                            ""
+                        }
+                    );
+                }
+            }
+            Err(e) => {
+                ok = false;
+                broca_module::errln!("FAIL  {e}");
+            }
+        }
+    }
+    let restored = std::fs::read_to_string(dir.join("restored.jsonl")).unwrap_or_default();
+    for line in restored.lines() {
+        broca_module::outln!("restored {line}");
+    }
+    broca_module::outln!("{} container(s)", paths.len());
+    Ok(ok)
+}
+
+fn verify(state: &Path, paths: Vec<std::ffi::OsString>) -> Result<bool, String> {
+    let paths: Vec<PathBuf> = if paths.is_empty() {
+        let dir = state.join(format::DIR_NAME);
+        format::container_paths(&dir).map_err(|e| format!("{}: {e}", dir.display()))?
+    } else {
+        paths.into_iter().map(PathBuf::from).collect()
+    };
+    Ok(verify_containers(&paths) == 0)
+}
+
+/// Verifies each container, one line each; returns how many failed.
+pub fn verify_containers(paths: &[PathBuf]) -> usize {
+    let mut failed = 0;
+    for p in paths {
+        match format::verify(p) {
+            Ok(c) => broca_module::outln!(
+                "ok    {}: {} members, every digest matches",
+                p.display(),
+                c.index.members.len()
+            ),
+            Err(e) => {
+                failed += 1;
+                broca_module::errln!("FAIL  {e}");
+            }
+        }
+    }
+    failed
+}
+
+fn restore(mut pargs: pico_args::Arguments, state: &Path) -> Result<bool, String> {
+    let mut opt = |name: &'static str| {
+        pargs
+            .opt_value_from_str::<_, String>(name)
+            .map_err(|e| format!("usage: {name}: {e}"))
+    };
+    let (root, harness, session) = (opt("--project-root")?, opt("--harness")?, opt("--session")?);
+    let rest = super::rest(pargs).map_err(|e| format!("usage: {e}"))?;
+    let file =
+        match (root, harness, session, rest.as_slice()) {
+            (Some(r), Some(h), Some(s), []) => SessionTriple::new(r, &h, &s)
+                .map_err(|e| format!("usage: {e}"))?
+                .address()
+                .wal_file_name(),
+            (None, None, None, [addr]) => {
+                let a = addr.to_string_lossy();
+                let a = a.trim_end_matches(".wal");
+                if a.len() != 32 || !a.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(format!(
+                    "usage: `{a}` is not a session address (32 hex digits, as `archive list` shows)"
+                ));
+                }
+                format!("{}.wal", a.to_ascii_lowercase())
+            }
+            _ => return Err(
+                "usage: restore takes an ADDRESS or all of --project-root, --harness, --session"
+                    .into(),
+            ),
+        };
+    let wal = state.join("wal").join(&file);
+    match broca_archive::restore(&wal)? {
+        Restored::AlreadyLive => broca_module::outln!("{file} is live already; nothing restored"),
+        Restored::From(c) => {
+            broca_module::outln!("restored {} from {}", wal.display(), c.display())
+        }
+        Restored::NotArchived => {
+            return Err(format!(
+                "{file}: no sealed container in {} holds this session",
+                state.join(format::DIR_NAME).display()
+            ))
+        }
+    }
+    Ok(true)
+}

@@ -201,7 +201,8 @@ fn packed_sessions_read_back_through_every_path_and_a_send_restores_first() {
     let second = send_and_wait(&s, "a", "hello again");
     assert_eq!(
         archive_metric(&s, "broca_archive_restored_total"),
-        restored_before + 1
+        restored_before + 1,
+        "a send to a packed session restores its WAL before it writes"
     );
     let live = live_wals(&state);
     assert_eq!(live.len(), 1);

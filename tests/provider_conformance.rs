@@ -19,6 +19,7 @@ fn run(state: &Path, provider: &str, base_url: &str, session: &str, prompt: &str
     broca(state)
         .env("ANTHROPIC_API_KEY", KEY)
         .env("OPENAI_API_KEY", KEY)
+        .env("GEMINI_API_KEY", KEY)
         .args(["run", "--model"])
         .arg(format!("{provider}/test-model"))
         .args([
@@ -163,10 +164,10 @@ fn conformance(provider: &str, scheme: &str) {
     assert!(String::from_utf8_lossy(&o.stderr).contains("auth_required"));
 
     // 400 with the family's context-length signal.
-    let prompt = if provider == "anthropic" {
-        "ctx-anthropic"
-    } else {
-        "ctx-openai"
+    let prompt = match provider {
+        "anthropic" => "ctx-anthropic",
+        "gemini" => "ctx-gemini",
+        _ => "ctx-openai",
     };
     let o = run(state, provider, &base, "ctx", prompt);
     let r = last_json(&o);
@@ -211,6 +212,11 @@ fn openai_chat_against_aimock() {
 #[test]
 fn openai_responses_against_aimock() {
     conformance("openai-responses", "http");
+}
+
+#[test]
+fn gemini_against_aimock() {
+    conformance("gemini", "http");
 }
 
 #[test]

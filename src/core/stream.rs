@@ -54,6 +54,10 @@ impl StepAccumulator {
                     signature: None,
                 }),
             },
+            StreamEvent::PartSignature(sig) => self.parts.push(Part::Thinking {
+                text: String::new(),
+                signature: Some(sig),
+            }),
             StreamEvent::ThinkingSignature(sig) => match self.parts.last_mut() {
                 Some(Part::Thinking { signature, .. }) => *signature = Some(sig),
                 _ => self.parts.push(Part::Thinking {

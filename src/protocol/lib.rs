@@ -308,6 +308,10 @@ pub enum StreamEvent {
     TextDelta(String),
     ThinkingDelta(String),
     ThinkingSignature(String),
+    /// An opaque signature the provider attached to the part that follows (Gemini's
+    /// `thoughtSignature` on a text or function-call part): kept as a Thinking block without
+    /// text just before that part's block, and sent back on it.
+    PartSignature(String),
     ToolCallStart {
         index: u32,
         id: String,

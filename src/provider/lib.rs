@@ -11,6 +11,7 @@
 pub mod alias;
 pub mod anthropic;
 pub mod credential;
+pub mod gemini;
 pub(crate) mod json;
 pub mod openai_chat;
 pub mod openai_responses;
@@ -129,6 +130,12 @@ pub trait WireFamily: Sync {
     /// The class of an error reply body the provider sent with a non-2xx `status`, when the
     /// body says more than the status does (e.g. a context-length signal).
     fn classify_body(&self, status: u16, body: &[u8]) -> Option<(ErrorClass, String)>;
+    /// How long an error reply's body asks to wait before a retry, when no header says it
+    /// (Google's `RetryInfo`).
+    fn retry_after_body(&self, body: &[u8]) -> Option<u64> {
+        let _ = body;
+        None
+    }
 }
 
 /// The family a catalog family id names.
@@ -137,6 +144,7 @@ pub fn family(id: &str) -> Option<&'static dyn WireFamily> {
         "anthropic-messages" => Some(&anthropic::Family),
         "openai-chat" => Some(&openai_chat::Family),
         "openai-responses" => Some(&openai_responses::Family),
+        "gemini" => Some(&gemini::Family),
         _ => None,
     }
 }
@@ -189,7 +197,12 @@ pub fn check_credential(
 }
 
 /// The families this build speaks, by id.
-pub const FAMILIES: &[&str] = &["anthropic-messages", "openai-chat", "openai-responses"];
+pub const FAMILIES: &[&str] = &[
+    "anthropic-messages",
+    "openai-chat",
+    "openai-responses",
+    "gemini",
+];
 
 /// An error reply's body, in the shape both the Anthropic and the OpenAI APIs use:
 /// `{"error": {"type", "message", "code"?}}` (Anthropic adds a top-level `"type":"error"`).

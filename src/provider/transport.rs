@@ -368,6 +368,7 @@ async fn open_http(
             resp.head.header("retry-after"),
         );
         let body = resp.body(ERROR_BODY_MAX).await.unwrap_or_default();
+        let wait = wait.or_else(|| family.retry_after_body(&body));
         return Err(refused(family, status, &body, wait, target, redact));
     }
     Ok(resp)

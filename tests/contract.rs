@@ -416,8 +416,8 @@ fn a_send_admission_refuses_writes_nothing_in_serve_or_run() {
         ),
         (
             json!({"model": "gemini/gemini-2.5-pro"}),
-            "unsupported_provider",
-            "gemini",
+            "auth_required",
+            "GEMINI_API_KEY",
         ),
         (
             json!({"model": "bedrock/anthropic.claude"}),
@@ -458,7 +458,7 @@ fn a_send_admission_refuses_writes_nothing_in_serve_or_run() {
     let before = tree(&state);
     for (args, code) in [
         (
-            vec!["--model", "gemini/gemini-2.5-pro"],
+            vec!["--model", "bedrock/anthropic.claude"],
             "unsupported_provider",
         ),
         (

@@ -6,11 +6,11 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use serde_json::{json, Value};
 use support::serve::{rpc, start, wait_for};
-use support::{broca, dump_all, fixture, last_json, peers_dir, Aimock};
+use support::{broca, dump_all, fixture, last_json, peers_dir, Aimock, Peer};
 
 fn run(state: &Path, base: &str, model: &str, prompt: &str, env: &[(&str, &str)]) -> Output {
     run_in(state, base, model, "a", prompt, env)
@@ -72,27 +72,6 @@ fn facts(state: &Path) -> Vec<Value> {
 }
 
 /// A loopback process that prints its port on its first stdout line; killed on drop.
-struct Peer(Child, u16);
-
-impl Peer {
-    fn start(cmd: &mut Command) -> Peer {
-        let (child, line) = support::spawn_first_line(cmd.stderr(Stdio::null()));
-        let port = line.trim().parse().expect("a port");
-        Peer(child, port)
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.1)
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn absent_usage_stays_absent_from_the_stream_to_the_exported_fact() {
     let peer = Peer::start(Command::new("python3").arg(peers_dir().join("no_usage_provider.py")));

@@ -12,6 +12,12 @@ pub enum Credential {
     ApiKey(String),
     /// AWS keys for request signing.
     Aws(AwsCredential),
+    /// An OAuth access token sent as a bearer (Google Code Assist), with the Google Cloud
+    /// project it bills when the credential names one.
+    OAuth {
+        access_token: String,
+        project: Option<String>,
+    },
 }
 
 /// AWS keys (from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION).
@@ -28,6 +34,7 @@ impl fmt::Debug for Credential {
         match self {
             Credential::ApiKey(_) => write!(f, "ApiKey(<redacted>)"),
             Credential::Aws(a) => write!(f, "Aws({}, <redacted>)", a.access_key_id),
+            Credential::OAuth { project, .. } => write!(f, "OAuth(<redacted>, {project:?})"),
         }
     }
 }
@@ -39,6 +46,20 @@ impl Credential {
             Credential::ApiKey(k) => Ok(k),
             Credential::Aws(_) => Err(format!(
                 "the {family} family takes an API key, not AWS keys"
+            )),
+            Credential::OAuth { .. } => Err(format!(
+                "the {family} family takes an API key, not an OAuth access token"
+            )),
+        }
+    }
+
+    /// A bearer token: an OAuth access token, or a key given where a token is taken.
+    pub fn bearer(&self, family: &str) -> Result<&str, String> {
+        match self {
+            Credential::ApiKey(k) => Ok(k),
+            Credential::OAuth { access_token, .. } => Ok(access_token),
+            Credential::Aws(_) => Err(format!(
+                "the {family} family takes an OAuth access token, not AWS keys"
             )),
         }
     }
@@ -52,6 +73,7 @@ impl Credential {
                 v.extend(a.session_token.clone());
                 v
             }
+            Credential::OAuth { access_token, .. } => vec![access_token.clone()],
         };
         Redactor { secrets }
     }
@@ -164,6 +186,8 @@ impl StateSecrets {
             aws_secret_access_key: Option<String>,
             aws_session_token: Option<String>,
             region: Option<String>,
+            access_token: Option<String>,
+            project: Option<String>,
         }
         let bytes = broca_owner_only::read_private(&self.file)?;
         // A parse error could quote the file: say only where it is.
@@ -179,6 +203,14 @@ impl StateSecrets {
         let e = all
             .get(name)
             .ok_or_else(|| format!("{} has no credential `{name}`", self.file.display()))?;
+        if let (Some(t), None, None) = (&e.access_token, &e.api_key, &e.aws_access_key_id) {
+            if !t.trim().is_empty() {
+                return Ok(Credential::OAuth {
+                    access_token: t.trim().to_string(),
+                    project: e.project.clone().filter(|p| !p.is_empty()),
+                });
+            }
+        }
         match (&e.api_key, &e.aws_access_key_id, &e.aws_secret_access_key) {
             (Some(k), None, None) if !k.trim().is_empty() => {
                 Ok(Credential::ApiKey(k.trim().to_string()))
@@ -190,8 +222,8 @@ impl StateSecrets {
                 region: e.region.clone(),
             })),
             _ => Err(format!(
-                "{}: credential `{name}` needs either api_key or aws_access_key_id with \
-                 aws_secret_access_key",
+                "{}: credential `{name}` needs api_key, access_token (with project), or \
+                 aws_access_key_id with aws_secret_access_key",
                 self.file.display()
             )),
         }

@@ -10,6 +10,7 @@
 
 pub mod alias;
 pub mod anthropic;
+pub mod code_assist;
 pub mod credential;
 pub mod gemini;
 pub(crate) mod json;
@@ -145,6 +146,7 @@ pub fn family(id: &str) -> Option<&'static dyn WireFamily> {
         "openai-chat" => Some(&openai_chat::Family),
         "openai-responses" => Some(&openai_responses::Family),
         "gemini" => Some(&gemini::Family),
+        "code-assist" => Some(&code_assist::Family),
         _ => None,
     }
 }
@@ -202,6 +204,7 @@ pub const FAMILIES: &[&str] = &[
     "openai-chat",
     "openai-responses",
     "gemini",
+    "code-assist",
 ];
 
 /// An error reply's body, in the shape both the Anthropic and the OpenAI APIs use:

@@ -195,3 +195,27 @@ pub fn spawn_first_line(cmd: &mut Command) -> (Child, String) {
         .unwrap();
     (child, line)
 }
+
+/// A loopback peer of tests/peers that prints its port first; killed on drop.
+#[allow(dead_code)]
+pub struct Peer(Child, u16);
+
+#[allow(dead_code)]
+impl Peer {
+    pub fn start(cmd: &mut Command) -> Peer {
+        let (child, line) = spawn_first_line(cmd.stderr(Stdio::null()));
+        let port = line.trim().parse().expect("a port");
+        Peer(child, port)
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.1)
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -108,8 +108,9 @@ impl GoogleError {
                 .any(|d| d.get("reason").and_then(|v| v.as_str()) == Some(r))
         };
         let class = match status {
-            "RESOURCE_EXHAUSTED" | "UNAVAILABLE" | "INTERNAL" | "DEADLINE_EXCEEDED"
-            | "ABORTED" => ErrorClass::Transient,
+            "RESOURCE_EXHAUSTED" | "UNAVAILABLE" | "INTERNAL" | "DEADLINE_EXCEEDED" | "ABORTED" => {
+                ErrorClass::Transient
+            }
             "UNAUTHENTICATED" | "PERMISSION_DENIED" => ErrorClass::AuthRequired,
             _ if reason("API_KEY_INVALID") || m.contains("api key not valid") => {
                 ErrorClass::AuthRequired

@@ -194,10 +194,9 @@ impl crate::StreamNormalizer for Normalizer {
             if let Some(f) = p.function_call {
                 let index = self.calls;
                 self.calls += 1;
-                let id = f
-                    .id
-                    .filter(|id| !id.is_empty())
-                    .unwrap_or_else(|| format!("{SYNTHETIC_ID_PREFIX}{event}-{index}"));
+                let id =
+                    f.id.filter(|id| !id.is_empty())
+                        .unwrap_or_else(|| format!("{SYNTHETIC_ID_PREFIX}{event}-{index}"));
                 out.push(StreamEvent::ToolCallStart {
                     index,
                     id,
@@ -205,7 +204,9 @@ impl crate::StreamNormalizer for Normalizer {
                 });
                 out.push(StreamEvent::ToolCallArgsDelta {
                     index,
-                    json: f.args.map_or_else(|| "{}".to_string(), |a| a.get().to_string()),
+                    json: f
+                        .args
+                        .map_or_else(|| "{}".to_string(), |a| a.get().to_string()),
                 });
                 out.push(StreamEvent::ToolCallEnd { index });
             } else if let Some(t) = p.text.filter(|t| !t.is_empty()) {

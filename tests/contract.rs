@@ -421,8 +421,13 @@ fn a_send_admission_refuses_writes_nothing_in_serve_or_run() {
         ),
         (
             json!({"model": "bedrock/anthropic.claude"}),
+            "auth_required",
+            "AWS_ACCESS_KEY_ID",
+        ),
+        (
+            json!({"model": "scripted/m"}),
             "unsupported_provider",
-            "bedrock",
+            "scripted",
         ),
         (
             json!({"budget": {"max_cost_micros": 1000}}),
@@ -457,10 +462,7 @@ fn a_send_admission_refuses_writes_nothing_in_serve_or_run() {
     // `broca run` refuses the same way, before the session's WAL is touched.
     let before = tree(&state);
     for (args, code) in [
-        (
-            vec!["--model", "bedrock/anthropic.claude"],
-            "unsupported_provider",
-        ),
+        (vec!["--model", "scripted/m"], "unsupported_provider"),
         (
             vec!["--model", "anthropic/m", "--base-url", peer.url().as_str()],
             "auth_required",

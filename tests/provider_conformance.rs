@@ -20,6 +20,9 @@ fn run(state: &Path, provider: &str, base_url: &str, session: &str, prompt: &str
         .env("ANTHROPIC_API_KEY", KEY)
         .env("OPENAI_API_KEY", KEY)
         .env("GEMINI_API_KEY", KEY)
+        .env("AWS_ACCESS_KEY_ID", "AKIDCONFORMANCE")
+        .env("AWS_SECRET_ACCESS_KEY", KEY)
+        .env("AWS_REGION", "us-east-1")
         .args(["run", "--model"])
         .arg(format!("{provider}/test-model"))
         .args([
@@ -167,6 +170,7 @@ fn conformance(provider: &str, scheme: &str) {
     let prompt = match provider {
         "anthropic" => "ctx-anthropic",
         "gemini" => "ctx-gemini",
+        "bedrock" => "ctx-bedrock",
         _ => "ctx-openai",
     };
     let o = run(state, provider, &base, "ctx", prompt);
@@ -217,6 +221,11 @@ fn openai_responses_against_aimock() {
 #[test]
 fn gemini_against_aimock() {
     conformance("gemini", "http");
+}
+
+#[test]
+fn bedrock_converse_against_aimock() {
+    conformance("bedrock", "http");
 }
 
 #[test]

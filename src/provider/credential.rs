@@ -281,7 +281,7 @@ mod tests {
         assert!(s
             .credential("file:bad")
             .unwrap_err()
-            .contains("either api_key"));
+            .contains("needs api_key, access_token"));
         assert!(s
             .credential("file:nope")
             .unwrap_err()

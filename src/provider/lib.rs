@@ -10,6 +10,7 @@
 
 pub mod alias;
 pub mod anthropic;
+pub mod bedrock;
 pub mod code_assist;
 pub mod credential;
 pub mod gemini;
@@ -17,6 +18,7 @@ pub(crate) mod json;
 pub mod openai_chat;
 pub mod openai_responses;
 pub(crate) mod scan;
+pub mod sigv4;
 pub mod transport;
 
 pub use alias::Aliases;
@@ -147,6 +149,7 @@ pub fn family(id: &str) -> Option<&'static dyn WireFamily> {
         "openai-responses" => Some(&openai_responses::Family),
         "gemini" => Some(&gemini::Family),
         "code-assist" => Some(&code_assist::Family),
+        "bedrock-converse" => Some(&bedrock::Family),
         _ => None,
     }
 }
@@ -205,6 +208,7 @@ pub const FAMILIES: &[&str] = &[
     "openai-responses",
     "gemini",
     "code-assist",
+    "bedrock-converse",
 ];
 
 /// An error reply's body, in the shape both the Anthropic and the OpenAI APIs use:

@@ -1,0 +1,392 @@
+//! Bedrock `ConverseStream` event-stream messages -> canonical events, by `:event-type`:
+//! `messageStart`, `contentBlockStart` (a `toolUse` with its `toolUseId`), `contentBlockDelta`
+//! (text, a tool's input JSON in pieces, reasoning text and its signature),
+//! `contentBlockStop`, `messageStop` (the stop reason), `metadata` (usage, last). An exception
+//! message (named by `:exception-type`) is classified: throttling, unavailable, model stream
+//! and internal errors are transient; a validation error naming the input's length overflows
+//! the context; access denied needs credentials.
+//!
+//! Usage in the canonical measures (docs/usage.md): `inputTokens` counts what no cache served,
+//! so the total input is `inputTokens + cacheReadInputTokens + cacheWriteInputTokens`;
+//! `outputTokens` is the output.
+
+use serde::Deserialize;
+
+use crate::{Aliases, FormatError, Normalized};
+use broca_protocol::{ClassifiedError, ErrorClass, FinishReason, StreamEvent, Usage};
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct BlockStart {
+    #[serde(default)]
+    content_block_index: u32,
+    start: Start,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Start {
+    #[serde(default)]
+    tool_use: Option<ToolStart>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ToolStart {
+    tool_use_id: String,
+    name: String,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct BlockDelta {
+    #[serde(default)]
+    content_block_index: u32,
+    delta: Delta,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Delta {
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    tool_use: Option<ToolDelta>,
+    #[serde(default)]
+    reasoning_content: Option<ReasoningDelta>,
+}
+
+#[derive(Deserialize)]
+struct ToolDelta {
+    #[serde(default)]
+    input: String,
+}
+
+#[derive(Deserialize)]
+struct ReasoningDelta {
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    signature: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct BlockStop {
+    #[serde(default)]
+    content_block_index: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MessageStop {
+    stop_reason: String,
+}
+
+#[derive(Deserialize)]
+struct Metadata {
+    #[serde(default)]
+    usage: Option<WireUsage>,
+}
+
+#[derive(Deserialize, Clone, Copy)]
+#[serde(rename_all = "camelCase")]
+struct WireUsage {
+    #[serde(default)]
+    input_tokens: Option<u64>,
+    #[serde(default)]
+    output_tokens: Option<u64>,
+    #[serde(default)]
+    cache_read_input_tokens: Option<u64>,
+    #[serde(default)]
+    cache_write_input_tokens: Option<u64>,
+}
+
+impl WireUsage {
+    fn canonical(self) -> Usage {
+        let cached = self
+            .cache_read_input_tokens
+            .unwrap_or(0)
+            .saturating_add(self.cache_write_input_tokens.unwrap_or(0));
+        Usage {
+            input: self.input_tokens.map(|i| i.saturating_add(cached)),
+            output: self.output_tokens,
+            cache_read: self.cache_read_input_tokens,
+            cache_write: self.cache_write_input_tokens,
+            reasoning: None,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Exception {
+    #[serde(default, alias = "Message")]
+    message: String,
+}
+
+/// The class of a Bedrock exception (by its type, and for validation by what it says).
+pub fn classify(kind: &str, message: &str) -> ErrorClass {
+    let m = message.to_ascii_lowercase();
+    match kind {
+        "throttlingException"
+        | "serviceUnavailableException"
+        | "modelStreamErrorException"
+        | "internalServerException"
+        | "modelNotReadyException" => ErrorClass::Transient,
+        "accessDeniedException" | "unrecognizedClientException" | "expiredTokenException" => {
+            ErrorClass::AuthRequired
+        }
+        "validationException"
+            if m.contains("too long")
+                || m.contains("input length")
+                || m.contains("too many input tokens")
+                || m.contains("context window")
+                || m.contains("max_tokens") && m.contains("exceed") =>
+        {
+            ErrorClass::ContextOverflow
+        }
+        _ => ErrorClass::Permanent,
+    }
+}
+
+/// One attempt's normalizer.
+pub struct Normalizer {
+    aliases: Aliases,
+    /// Block indexes that are tool uses.
+    tools: Vec<u32>,
+    stop: Option<String>,
+    finished: bool,
+}
+
+impl Normalizer {
+    pub fn new(aliases: Aliases) -> Normalizer {
+        Normalizer {
+            aliases,
+            tools: Vec::new(),
+            stop: None,
+            finished: false,
+        }
+    }
+}
+
+fn parse<'a, T: Deserialize<'a>>(kind: &str, data: &'a str) -> Result<T, FormatError> {
+    serde_json::from_str(data).map_err(|e| FormatError(format!("a `{kind}` event: {e}")))
+}
+
+impl crate::StreamNormalizer for Normalizer {
+    fn push(&mut self, event: Option<&str>, data: &str) -> Result<Normalized, FormatError> {
+        let kind = event.unwrap_or("");
+        let mut out = Vec::new();
+        match kind {
+            "messageStart" => {}
+            "contentBlockStart" => {
+                let s: BlockStart = parse(kind, data)?;
+                if let Some(t) = s.start.tool_use {
+                    self.tools.push(s.content_block_index);
+                    out.push(StreamEvent::ToolCallStart {
+                        index: s.content_block_index,
+                        id: t.tool_use_id,
+                        name: self.aliases.caller(t.name),
+                    });
+                }
+            }
+            "contentBlockDelta" => {
+                let d: BlockDelta = parse(kind, data)?;
+                let i = d.content_block_index;
+                if let Some(t) = d.delta.text {
+                    out.push(StreamEvent::TextDelta(t));
+                }
+                if let Some(t) = d.delta.tool_use {
+                    out.push(StreamEvent::ToolCallArgsDelta {
+                        index: i,
+                        json: t.input,
+                    });
+                }
+                if let Some(r) = d.delta.reasoning_content {
+                    if let Some(t) = r.text {
+                        out.push(StreamEvent::ThinkingDelta(t));
+                    }
+                    if let Some(s) = r.signature {
+                        out.push(StreamEvent::ThinkingSignature(s));
+                    }
+                }
+            }
+            "contentBlockStop" => {
+                let s: BlockStop = parse(kind, data)?;
+                if self.tools.contains(&s.content_block_index) {
+                    out.push(StreamEvent::ToolCallEnd {
+                        index: s.content_block_index,
+                    });
+                }
+            }
+            "messageStop" => {
+                let s: MessageStop = parse(kind, data)?;
+                self.stop = Some(s.stop_reason);
+            }
+            "metadata" => {
+                let m: Metadata = parse(kind, data)?;
+                if let Some(u) = m.usage {
+                    out.push(StreamEvent::Usage(u.canonical()));
+                }
+                if let (Some(stop), false) = (self.stop.take(), self.finished) {
+                    let reason = match stop.as_str() {
+                        "end_turn" => FinishReason::EndTurn,
+                        "tool_use" => FinishReason::ToolUse,
+                        "max_tokens" => FinishReason::MaxTokens,
+                        "stop_sequence" => FinishReason::StopSequence,
+                        other => FinishReason::Other(other.to_string()),
+                    };
+                    out.push(StreamEvent::Finish {
+                        reason,
+                        request_id: None,
+                    });
+                    self.finished = true;
+                }
+            }
+            k if k.ends_with("Exception") => {
+                let e: Exception = parse(kind, data)?;
+                return Ok(Normalized::Error(ClassifiedError {
+                    class: classify(k, &e.message),
+                    message: format!("{k}: {}", e.message),
+                    retry_after_ms: None,
+                }));
+            }
+            other => {
+                return Err(FormatError(format!(
+                    "`{other}` is not a ConverseStream event"
+                )))
+            }
+        }
+        Ok(Normalized::Events(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::StreamNormalizer;
+
+    fn all(n: &mut Normalizer, events: &[(&str, &str)]) -> Vec<StreamEvent> {
+        let mut out = Vec::new();
+        for (k, d) in events {
+            match n.push(Some(k), d).unwrap() {
+                Normalized::Events(e) => out.extend(e),
+                Normalized::Error(e) => panic!("{e:?}"),
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_stream_with_reasoning_text_a_tool_and_cached_usage() {
+        let mut n = Normalizer::new(Aliases::default());
+        let got = all(
+            &mut n,
+            &[
+                ("messageStart", r#"{"role":"assistant"}"#),
+                (
+                    "contentBlockDelta",
+                    r#"{"contentBlockIndex":0,"delta":{"reasoningContent":{"text":"hmm"}}}"#,
+                ),
+                (
+                    "contentBlockDelta",
+                    r#"{"contentBlockIndex":0,"delta":{"reasoningContent":{"signature":"c2ln"}}}"#,
+                ),
+                ("contentBlockStop", r#"{"contentBlockIndex":0}"#),
+                (
+                    "contentBlockDelta",
+                    r#"{"contentBlockIndex":1,"delta":{"text":"Let me look."}}"#,
+                ),
+                ("contentBlockStop", r#"{"contentBlockIndex":1}"#),
+                (
+                    "contentBlockStart",
+                    r#"{"contentBlockIndex":2,"start":{"toolUse":{"toolUseId":"tooluse_1","name":"ls"}}}"#,
+                ),
+                (
+                    "contentBlockDelta",
+                    r#"{"contentBlockIndex":2,"delta":{"toolUse":{"input":"{\"pa"}}}"#,
+                ),
+                (
+                    "contentBlockDelta",
+                    r#"{"contentBlockIndex":2,"delta":{"toolUse":{"input":"th\":\"/\"}"}}}"#,
+                ),
+                ("contentBlockStop", r#"{"contentBlockIndex":2}"#),
+                ("messageStop", r#"{"stopReason":"tool_use"}"#),
+                (
+                    "metadata",
+                    r#"{"usage":{"inputTokens":10,"outputTokens":20,"totalTokens":2030,"cacheReadInputTokens":2000},"metrics":{"latencyMs":300}}"#,
+                ),
+            ],
+        );
+        assert_eq!(
+            got,
+            vec![
+                StreamEvent::ThinkingDelta("hmm".into()),
+                StreamEvent::ThinkingSignature("c2ln".into()),
+                StreamEvent::TextDelta("Let me look.".into()),
+                StreamEvent::ToolCallStart {
+                    index: 2,
+                    id: "tooluse_1".into(),
+                    name: "ls".into()
+                },
+                StreamEvent::ToolCallArgsDelta {
+                    index: 2,
+                    json: "{\"pa".into()
+                },
+                StreamEvent::ToolCallArgsDelta {
+                    index: 2,
+                    json: "th\":\"/\"}".into()
+                },
+                StreamEvent::ToolCallEnd { index: 2 },
+                StreamEvent::Usage(Usage {
+                    input: Some(2010),
+                    output: Some(20),
+                    cache_read: Some(2000),
+                    cache_write: None,
+                    reasoning: None
+                }),
+                StreamEvent::Finish {
+                    reason: FinishReason::ToolUse,
+                    request_id: None
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn exceptions_are_classified() {
+        for (kind, msg, class) in [
+            (
+                "throttlingException",
+                "Too many requests",
+                ErrorClass::Transient,
+            ),
+            ("serviceUnavailableException", "busy", ErrorClass::Transient),
+            ("modelStreamErrorException", "stream", ErrorClass::Transient),
+            (
+                "validationException",
+                "Input is too long for requested model.",
+                ErrorClass::ContextOverflow,
+            ),
+            (
+                "validationException",
+                "Malformed input request",
+                ErrorClass::Permanent,
+            ),
+            (
+                "accessDeniedException",
+                "You don't have access",
+                ErrorClass::AuthRequired,
+            ),
+        ] {
+            let mut n = Normalizer::new(Aliases::default());
+            match n
+                .push(Some(kind), &format!(r#"{{"message":"{msg}"}}"#))
+                .unwrap()
+            {
+                Normalized::Error(e) => assert_eq!(e.class, class, "{kind}: {msg}"),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+}

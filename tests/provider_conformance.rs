@@ -23,6 +23,8 @@ fn run(state: &Path, provider: &str, base_url: &str, session: &str, prompt: &str
         .env("AWS_ACCESS_KEY_ID", "AKIDCONFORMANCE")
         .env("AWS_SECRET_ACCESS_KEY", KEY)
         .env("AWS_REGION", "us-east-1")
+        .env("CHATGPT_ACCESS_TOKEN", KEY)
+        .env("CHATGPT_ACCOUNT_ID", "acct-conformance")
         .args(["run", "--model"])
         .arg(format!("{provider}/test-model"))
         .args([
@@ -226,6 +228,16 @@ fn gemini_against_aimock() {
 #[test]
 fn bedrock_converse_against_aimock() {
     conformance("bedrock", "http");
+}
+
+#[test]
+fn chatgpt_against_aimock() {
+    conformance("chatgpt", "http");
+}
+
+#[test]
+fn chatgpt_over_websocket_against_aimock() {
+    conformance("chatgpt", "ws");
 }
 
 #[test]

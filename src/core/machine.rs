@@ -396,6 +396,7 @@ impl RunMachine {
             usage: step_usage,
             finish_reason: step.finish_reason.clone(),
             request_id: step.request_id,
+            quota: step.quota,
             at_unix_ms: Some(self.now_ms),
         };
         self.push(Record::ModelStepFinished(Box::new(record)), false);

@@ -31,6 +31,8 @@ pub struct RunView {
     pub final_text: Option<String>,
     /// Seq of the run's RunStarted record.
     pub started_seq: u64,
+    /// The provider's quota as its latest answer said it (ChatGPT).
+    pub quota: Option<broca_protocol::Quota>,
 }
 
 /// Where a run stands.
@@ -189,6 +191,7 @@ impl Session {
                     steps: 0,
                     final_text: None,
                     started_seq: seq,
+                    quota: None,
                 });
                 self.open = Some(OpenRun {
                     index,
@@ -222,6 +225,9 @@ impl Session {
                 let (open, run) = self.open_mut(&r.run_id)?;
                 let prices = run.config.catalog.as_ref().and_then(|e| e.prices.as_ref());
                 run.spend.add(r.step, r.attempt, Some(&r.usage), prices);
+                if r.quota.is_some() {
+                    run.quota = r.quota.clone();
+                }
                 open.point = ResumePoint::AfterStep {
                     usage: r.usage,
                     finish_reason: r.finish_reason.clone(),

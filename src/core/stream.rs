@@ -10,6 +10,8 @@ pub struct Step {
     pub usage: Usage,
     pub finish_reason: FinishReason,
     pub request_id: Option<String>,
+    /// The provider's quota as its answer said it.
+    pub quota: Option<broca_protocol::Quota>,
 }
 
 #[derive(Debug)]
@@ -34,6 +36,7 @@ pub struct StepAccumulator {
     usage: Usage,
     finish: Option<FinishReason>,
     request_id: Option<String>,
+    quota: Option<broca_protocol::Quota>,
 }
 
 impl StepAccumulator {
@@ -54,6 +57,7 @@ impl StepAccumulator {
                     signature: None,
                 }),
             },
+            StreamEvent::Quota(q) => self.quota = Some(q),
             StreamEvent::PartSignature(sig) => self.parts.push(Part::Thinking {
                 text: String::new(),
                 signature: Some(sig),
@@ -125,6 +129,7 @@ impl StepAccumulator {
             usage: self.usage,
             finish_reason,
             request_id: self.request_id,
+            quota: self.quota,
         }
     }
 }

@@ -28,6 +28,7 @@ pub fn run_result(run: &RunView) -> RunResult {
         unmeasured_steps: run.spend.unmeasured_steps(),
         cost: cost(run),
         indeterminate_tool_calls: run.indeterminate_tool_calls.clone(),
+        quota: run.quota.clone(),
     }
 }
 
@@ -65,5 +66,6 @@ pub fn run_status(run: &RunView) -> RunStatus {
         cost: cost(run),
         indeterminate_tool_calls: run.indeterminate_tool_calls.clone(),
         error: run.error.as_ref().map(ErrorReply::from),
+        quota: run.quota.clone(),
     }
 }

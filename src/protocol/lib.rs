@@ -302,6 +302,27 @@ pub enum FinishReason {
     Other(String),
 }
 
+/// What a provider said of its quota when it answered (ChatGPT's `x-codex-*` headers): one
+/// entry per window it reports.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Quota {
+    pub windows: Vec<QuotaWindow>,
+}
+
+/// One quota window.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuotaWindow {
+    /// The provider's name for it (`primary`, `secondary`).
+    pub name: String,
+    /// How much of it is used, in hundredths of a percent (4250 = 42.5 %).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used_basis_points: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_minutes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resets_in_seconds: Option<u64>,
+}
+
 /// A canonical stream event, as a normalizer produces it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum StreamEvent {
@@ -312,6 +333,8 @@ pub enum StreamEvent {
     /// `thoughtSignature` on a text or function-call part): kept as a Thinking block without
     /// text just before that part's block, and sent back on it.
     PartSignature(String),
+    /// The provider's quota as its answer's headers said it (before any other event).
+    Quota(Quota),
     ToolCallStart {
         index: u32,
         id: String,

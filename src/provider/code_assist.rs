@@ -151,6 +151,7 @@ mod tests {
         let cred = Credential::OAuth {
             access_token: "ya29.token".into(),
             project: Some("proj-1".into()),
+            account_id: None,
         };
         let url = broca_io::net::Url::parse("https://cloudcode-pa.googleapis.com").unwrap();
         Family

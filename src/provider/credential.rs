@@ -17,6 +17,8 @@ pub enum Credential {
     OAuth {
         access_token: String,
         project: Option<String>,
+        /// The ChatGPT account the token belongs to.
+        account_id: Option<String>,
     },
 }
 
@@ -188,6 +190,7 @@ impl StateSecrets {
             region: Option<String>,
             access_token: Option<String>,
             project: Option<String>,
+            account_id: Option<String>,
         }
         let bytes = broca_owner_only::read_private(&self.file)?;
         // A parse error could quote the file: say only where it is.
@@ -208,6 +211,7 @@ impl StateSecrets {
                 return Ok(Credential::OAuth {
                     access_token: t.trim().to_string(),
                     project: e.project.clone().filter(|p| !p.is_empty()),
+                    account_id: e.account_id.clone().filter(|a| !a.is_empty()),
                 });
             }
         }

@@ -11,6 +11,7 @@
 pub mod alias;
 pub mod anthropic;
 pub mod bedrock;
+pub mod chatgpt;
 pub mod code_assist;
 pub mod credential;
 pub mod gemini;
@@ -139,6 +140,11 @@ pub trait WireFamily: Sync {
         let _ = body;
         None
     }
+    /// The quota a 2xx answer's headers report (`header` looks one up by name).
+    fn quota(&self, header: &dyn Fn(&str) -> Option<String>) -> Option<broca_protocol::Quota> {
+        let _ = header;
+        None
+    }
 }
 
 /// The family a catalog family id names.
@@ -150,6 +156,7 @@ pub fn family(id: &str) -> Option<&'static dyn WireFamily> {
         "gemini" => Some(&gemini::Family),
         "code-assist" => Some(&code_assist::Family),
         "bedrock-converse" => Some(&bedrock::Family),
+        "chatgpt" => Some(&chatgpt::Family),
         _ => None,
     }
 }
@@ -209,6 +216,7 @@ pub const FAMILIES: &[&str] = &[
     "gemini",
     "code-assist",
     "bedrock-converse",
+    "chatgpt",
 ];
 
 /// An error reply's body, in the shape both the Anthropic and the OpenAI APIs use:

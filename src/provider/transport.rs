@@ -304,17 +304,21 @@ impl HttpModelClient {
         let normalizer = family.normalizer(aliases);
         let target = url.to_string();
         let framing = family.framing(url.scheme);
+        let mut quota = None;
         let source = match framing {
             Framing::Sse | Framing::AwsEventStream => {
                 let resp =
                     open_http(&self.client, family, &url, &rendered, &redact, &target).await?;
+                quota = family.quota(&|name| resp.head.header(name).map(str::to_string));
                 Source::http(resp, framing)
             }
             Framing::WebSocket => {
                 open_ws(&self.client, family, &url, &rendered, &redact, &target).await?
             }
         };
-        Ok(HttpModelStream::new(source, normalizer, redact, target))
+        let mut stream = HttpModelStream::new(source, normalizer, redact, target);
+        stream.pending.extend(quota.map(StreamEvent::Quota));
+        Ok(stream)
     }
 }
 

@@ -197,6 +197,9 @@ pub struct ModelStepFinished {
     pub finish_reason: FinishReason,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_id: Option<String>,
+    /// The provider's quota as its answer said it (ChatGPT).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<broca_protocol::Quota>,
     /// When the step ended (absent in logs written before it was recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at_unix_ms: Option<u64>,

@@ -63,6 +63,9 @@ pub struct RunResult {
     pub cost: Option<Cost>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub indeterminate_tool_calls: Vec<String>,
+    /// The provider's quota as its latest answer said it (ChatGPT's usage windows).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quota: Option<broca_protocol::Quota>,
 }
 
 /// A cost in micro-units of a currency (1 USD = 1,000,000 micro-USD).
@@ -192,6 +195,9 @@ pub struct RunStatus {
     pub indeterminate_tool_calls: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorReply>,
+    /// As in [`RunResult`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quota: Option<broca_protocol::Quota>,
 }
 
 /// One message of a `session.read` page.

@@ -1,0 +1,101 @@
+//! The chatgpt family's policy against a loopback ChatGPT backend (tests/peers/
+//! chatgpt_peer.py): the headers it sends, quota headers surfaced in run.result and recorded
+//! with the step, a usage limit waited out, a refusal ended as one.
+
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::{json, Value};
+use support::{broca, dump_all, last_json, peers_dir, Peer};
+
+fn run(state: &Path, base: &str, prompt: &str) -> Output {
+    broca(state)
+        .env("CHATGPT_ACCESS_TOKEN", "chatgpt-token-0123456789")
+        .env("CHATGPT_ACCOUNT_ID", "acct-42")
+        .args(["run", "--model", "chatgpt/gpt-5-codex", "--base-url"])
+        .arg(format!("{base}/backend-api/codex"))
+        .args(["--json", prompt])
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn the_chatgpt_policy_sends_its_headers_surfaces_quota_waits_out_limits_and_ends_refusals() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("requests.jsonl");
+    let peer = Peer::start(
+        Command::new("python3")
+            .arg(peers_dir().join("chatgpt_peer.py"))
+            .env("REQUESTS_FILE", &log),
+    );
+    let state = dir.path().join("state");
+
+    let o = run(&state, &peer.url(), "quota please");
+    let r = last_json(&o);
+    assert!(o.status.success(), "{r}");
+    assert_eq!(r["final_message"]["text"], "Within quota.");
+    let want = json!({"windows": [
+        {"name": "primary", "used_basis_points": 4250, "window_minutes": 300, "resets_in_seconds": 1200},
+        {"name": "secondary", "used_basis_points": 700}
+    ]});
+    assert_eq!(r["quota"], want, "{r}");
+    let steps: Vec<Value> = dump_all(&state)
+        .into_iter()
+        .filter(|r| r["kind"] == "model_step_finished")
+        .collect();
+    assert_eq!(steps[0]["record"]["quota"], want, "recorded with the step");
+
+    let o = run(&state, &peer.url(), "limit please");
+    let r = last_json(&o);
+    assert!(o.status.success(), "{r}");
+    assert_eq!(r["final_message"]["text"], "After the reset.");
+    let failed: Vec<Value> = dump_all(&state)
+        .into_iter()
+        .filter(|x| x["kind"] == "model_attempt_finished" && x["record"]["run_id"] == r["run_id"])
+        .map(|x| x["record"].clone())
+        .collect();
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0]["error"]["class"], "transient");
+    assert_eq!(failed[0]["error"]["retry_after_ms"], 1000);
+    assert!(failed[0]["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("usage_limit_reached (plan plus)"));
+
+    let o = run(&state, &peer.url(), "refuse please");
+    let r = last_json(&o);
+    assert_eq!(r["final_message"]["text"], "I can't help with that.", "{r}");
+    let last = dump_all(&state)
+        .into_iter()
+        .filter(|x| x["kind"] == "model_step_finished")
+        .last()
+        .unwrap();
+    assert_eq!(last["record"]["finish_reason"], json!({"other": "refusal"}));
+
+    for line in std::fs::read_to_string(&log).unwrap().lines() {
+        let h: Value = serde_json::from_str(line).unwrap();
+        assert_eq!(h["path"], "/backend-api/codex/responses");
+        assert_eq!(h["authorization"], "Bearer chatgpt-token-0123456789");
+        assert_eq!(h["chatgpt-account-id"], "acct-42");
+        assert_eq!(h["openai-beta"], "responses=experimental");
+        assert_eq!(h["originator"], "broca");
+    }
+
+    // Without the account id the send is refused at admission, naming what to set.
+    let o = broca(&dir.path().join("state2"))
+        .env("CHATGPT_ACCESS_TOKEN", "chatgpt-token-0123456789")
+        .env_remove("CHATGPT_ACCOUNT_ID")
+        .args(["run", "--model", "chatgpt/gpt-5-codex", "--base-url"])
+        .arg(peer.url())
+        .args(["--json", "hi"])
+        .output()
+        .unwrap();
+    let r = last_json(&o);
+    assert_eq!(r["error"]["code"], "auth_required", "{r}");
+    assert!(r["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("CHATGPT_ACCOUNT_ID"));
+}

@@ -5,10 +5,10 @@
 mod support;
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use serde_json::{json, Value};
-use support::{broca, dump_all, last_json, peers_dir, Peer};
+use support::{broca, dump_all, last_json, Peer};
 
 fn run(state: &Path, base: &str, prompt: &str) -> Output {
     broca(state)
@@ -25,11 +25,7 @@ fn run(state: &Path, base: &str, prompt: &str) -> Output {
 fn the_chatgpt_policy_sends_its_headers_surfaces_quota_waits_out_limits_and_ends_refusals() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("requests.jsonl");
-    let peer = Peer::start(
-        Command::new("python3")
-            .arg(peers_dir().join("chatgpt_peer.py"))
-            .env("REQUESTS_FILE", &log),
-    );
+    let peer = Peer::python("chatgpt_peer.py", &log);
     let state = dir.path().join("state");
 
     let o = run(&state, &peer.url(), "quota please");

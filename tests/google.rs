@@ -7,7 +7,7 @@
 mod support;
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use serde_json::{json, Value};
 use support::{broca, dump_all, last_json, peers_dir, Peer};
@@ -76,11 +76,7 @@ fn assert_round_trip(state: &Path, o: &Output) -> Value {
 fn gemini_sends_thought_signatures_back_where_they_came_from() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("requests.jsonl");
-    let peer = Peer::start(
-        Command::new("python3")
-            .arg(peers_dir().join("google_peer.py"))
-            .env("REQUESTS_FILE", &log),
-    );
+    let peer = Peer::python("google_peer.py", &log);
     let state = dir.path().join("state");
     let tools = tools_config(dir.path());
     let o = run(
@@ -116,11 +112,7 @@ fn gemini_sends_thought_signatures_back_where_they_came_from() {
 fn code_assist_wraps_the_request_with_the_bearer_and_the_project() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("requests.jsonl");
-    let peer = Peer::start(
-        Command::new("python3")
-            .arg(peers_dir().join("google_peer.py"))
-            .env("REQUESTS_FILE", &log),
-    );
+    let peer = Peer::python("google_peer.py", &log);
     let state = dir.path().join("state");
     let tools = tools_config(dir.path());
     let o = run(

@@ -115,6 +115,13 @@ Options:
 
 Environment:
   ANTHROPIC_API_KEY, OPENAI_API_KEY     credentials (never written anywhere)
+  GEMINI_API_KEY                        gemini/MODEL
+  GOOGLE_CLOUD_ACCESS_TOKEN, GOOGLE_CLOUD_PROJECT
+                                        code-assist/MODEL (an OAuth access token)
+  AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION
+                                        bedrock/MODEL (signed with SigV4)
+  CHATGPT_ACCESS_TOKEN, CHATGPT_ACCOUNT_ID
+                                        chatgpt/MODEL (the ChatGPT backend)
   BROCA_BASE_URL_<PROVIDER>             base URL per provider (e.g. BROCA_BASE_URL_OPENAI_RESPONSES)
   HTTPS_PROXY, NO_PROXY                 an http:// proxy for TLS connections (CONNECT)
   SSL_CERT_FILE                         extra trusted certificates (PEM)

@@ -140,6 +140,38 @@ pub(crate) fn sampling(w: &mut JsonWriter, g: &broca_protocol::Generation, stop_
     }
 }
 
+/// The generation settings as the Google and AWS APIs take them: an object under `object_key`
+/// (written only when something is set) with the output limit under `max_key`, then
+/// `temperature`, `topP` and `stopSequences`.
+pub(crate) fn camel_generation(
+    w: &mut JsonWriter,
+    g: &broca_protocol::Generation,
+    object_key: &str,
+    max_key: &str,
+) {
+    let any = g.max_output_tokens.is_some()
+        || g.temperature.is_some()
+        || g.top_p.is_some()
+        || !g.stop_sequences.is_empty();
+    if !any {
+        return;
+    }
+    w.key(object_key).object();
+    if let Some(n) = g.max_output_tokens {
+        w.key(max_key).u64(n);
+    }
+    if let Some(t) = g.temperature {
+        w.key("temperature").serde(&t);
+    }
+    if let Some(p) = g.top_p {
+        w.key("topP").serde(&p);
+    }
+    if !g.stop_sequences.is_empty() {
+        w.key("stopSequences").serde(&g.stop_sequences);
+    }
+    w.end_object();
+}
+
 /// How each byte is written inside a JSON string: 0 as it is, `u` as `\u00XX`, else the
 /// letter after the backslash.
 const ESCAPE: [u8; 256] = {

@@ -211,6 +211,15 @@ impl Peer {
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.1)
     }
+
+    /// A Python peer of tests/peers that logs each request it gets to `requests_file`.
+    pub fn python(script: &str, requests_file: &Path) -> Peer {
+        Peer::start(
+            Command::new("python3")
+                .arg(peers_dir().join(script))
+                .env("REQUESTS_FILE", requests_file),
+        )
+    }
 }
 
 impl Drop for Peer {

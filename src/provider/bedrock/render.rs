@@ -94,27 +94,7 @@ pub fn body(req: &Request, aliases: &Aliases) -> Vec<u8> {
             .end_object()
             .end_array();
     }
-    let g = &req.generation;
-    if g.max_output_tokens.is_some()
-        || g.temperature.is_some()
-        || g.top_p.is_some()
-        || !g.stop_sequences.is_empty()
-    {
-        w.key("inferenceConfig").object();
-        if let Some(n) = g.max_output_tokens {
-            w.key("maxTokens").u64(n);
-        }
-        if let Some(t) = g.temperature {
-            w.key("temperature").serde(&t);
-        }
-        if let Some(p) = g.top_p {
-            w.key("topP").serde(&p);
-        }
-        if !g.stop_sequences.is_empty() {
-            w.key("stopSequences").serde(&g.stop_sequences);
-        }
-        w.end_object();
-    }
+    crate::json::camel_generation(&mut w, &req.generation, "inferenceConfig", "maxTokens");
     if !req.tools.is_empty() {
         w.key("toolConfig").object().key("tools").array();
         for t in req.tools.iter() {

@@ -168,27 +168,7 @@ pub(crate) fn write_request(w: &mut JsonWriter, req: &Request, aliases: &Aliases
         }
         w.end_array().end_object().end_array();
     }
-    let g = &req.generation;
-    let any = g.max_output_tokens.is_some()
-        || g.temperature.is_some()
-        || g.top_p.is_some()
-        || !g.stop_sequences.is_empty();
-    if any {
-        w.key("generationConfig").object();
-        if let Some(n) = g.max_output_tokens {
-            w.key("maxOutputTokens").u64(n);
-        }
-        if let Some(t) = g.temperature {
-            w.key("temperature").serde(&t);
-        }
-        if let Some(p) = g.top_p {
-            w.key("topP").serde(&p);
-        }
-        if !g.stop_sequences.is_empty() {
-            w.key("stopSequences").serde(&g.stop_sequences);
-        }
-        w.end_object();
-    }
+    crate::json::camel_generation(w, &req.generation, "generationConfig", "maxOutputTokens");
 }
 
 #[cfg(test)]

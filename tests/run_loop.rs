@@ -495,7 +495,12 @@ fn requests_render_byte_for_byte_the_same_from_the_live_session_and_from_its_rep
     };
     let (live, replayed) = (request(live), request(replayed));
     let aliases = broca::provider::Aliases::for_tools(&live.tools);
-    for id in ["anthropic-messages", "openai-chat", "openai-responses"] {
+    assert_eq!(
+        broca::provider::FAMILIES.len(),
+        7,
+        "every family of the brief"
+    );
+    for id in broca::provider::FAMILIES {
         let f = broca::provider::family(id).unwrap();
         assert_eq!(
             f.render(&live, &aliases).body,

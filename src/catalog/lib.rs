@@ -97,6 +97,10 @@ pub struct ModelEntry {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Catalog {
+    /// Where the entries' facts come from, and when they were taken (the built-in catalog
+    /// says; an override or the catalog service may).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sources: Vec<String>,
     #[serde(default)]
     pub providers: Vec<ProviderEntry>,
     #[serde(default)]

@@ -1,6 +1,7 @@
-//! Tool aliases: a caller's tool name that a provider would reject (providers take
-//! `[A-Za-z0-9_-]{1,64}`) is rendered under an alias and mapped back when the stream names
-//! it. Aliases exist only inside rendered requests and normalizers; the WAL keeps the
+//! Tool aliases: a caller's tool name that a provider would reject is rendered under an alias
+//! and mapped back when the stream names it. The rule is what every family takes:
+//! `[A-Za-z0-9_-]{1,64}` (OpenAI, Anthropic, Bedrock), starting with a letter or `_`
+//! (Gemini). Aliases exist only inside rendered requests and normalizers; the WAL keeps the
 //! caller's names.
 
 use std::collections::HashMap;
@@ -21,6 +22,10 @@ pub struct Aliases {
 pub fn is_valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= NAME_MAX
+        && name
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
@@ -46,6 +51,12 @@ impl Aliases {
                 })
                 .take(55)
                 .collect();
+            // Gemini takes a name only when it starts with a letter or `_`.
+            let stem = if stem.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_') {
+                stem
+            } else {
+                format!("t{}", &stem[..stem.len().min(54)])
+            };
             let hash = blake3::hash(tool.name.as_bytes()).to_hex();
             let alias = format!("{stem}_{}", &hash[..8]);
             to_caller.insert(alias.clone(), tool.name.clone());
@@ -109,5 +120,20 @@ mod tests {
             a,
             "the same tools give the same aliases"
         );
+    }
+
+    #[test]
+    fn a_name_starting_with_a_digit_or_dash_gets_one_gemini_takes() {
+        let tools = [spec("2fa-code"), spec("-x"), spec("_ok")];
+        let a = Aliases::for_tools(&tools);
+        for name in ["2fa-code", "-x"] {
+            let w = a.wire(name).to_string();
+            assert!(
+                w.starts_with('t') && is_valid_name(&w) && w.len() <= 64,
+                "{w}"
+            );
+            assert_eq!(a.caller(w), name);
+        }
+        assert_eq!(a.wire("_ok"), "_ok");
     }
 }

@@ -189,6 +189,24 @@ mod tests {
     }
 
     #[test]
+    fn a_recorded_stream_in_its_envelope_normalizes_as_gemini_at_every_split() {
+        let wrapped: String = crate::gemini::tests::STREAM
+            .split("\r\n\r\n")
+            .filter(|e| !e.is_empty())
+            .map(|e| {
+                let data = e.strip_prefix("data: ").unwrap();
+                format!("data: {{\"response\": {data}, \"traceId\": \"t-1\"}}\r\n\r\n")
+            })
+            .collect();
+        crate::assert_every_split(
+            &Family,
+            &Aliases::default(),
+            wrapped.as_bytes(),
+            &crate::gemini::tests::stream_events(),
+        );
+    }
+
+    #[test]
     fn events_are_unwrapped_from_their_envelope() {
         let mut n = Family.normalizer(Aliases::default());
         let got = n

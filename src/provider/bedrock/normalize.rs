@@ -354,6 +354,80 @@ mod tests {
     }
 
     #[test]
+    fn an_event_stream_normalizes_the_same_at_every_split() {
+        let events: &[(&str, &str)] = &[
+            ("messageStart", r#"{"p":"abcd","role":"assistant"}"#),
+            (
+                "contentBlockDelta",
+                r#"{"contentBlockIndex":0,"delta":{"text":"Caf\u00e9 "},"p":"abcdefgh"}"#,
+            ),
+            ("contentBlockStop", r#"{"contentBlockIndex":0,"p":"ab"}"#),
+            (
+                "contentBlockStart",
+                r#"{"contentBlockIndex":1,"p":"abc","start":{"toolUse":{"name":"ls","toolUseId":"tooluse_9"}}}"#,
+            ),
+            (
+                "contentBlockDelta",
+                r#"{"contentBlockIndex":1,"delta":{"toolUse":{"input":"{\"path\":\"/\"}"}},"p":"a"}"#,
+            ),
+            (
+                "contentBlockStop",
+                r#"{"contentBlockIndex":1,"p":"abcdef"}"#,
+            ),
+            ("messageStop", r#"{"p":"abc","stopReason":"tool_use"}"#),
+            (
+                "metadata",
+                r#"{"metrics":{"latencyMs":120},"p":"ab","usage":{"cacheWriteInputTokens":100,"inputTokens":12,"outputTokens":7,"totalTokens":119}}"#,
+            ),
+        ];
+        let mut bytes = Vec::new();
+        for (kind, payload) in events {
+            bytes.extend(broca_io::eventstream::encode(
+                &[
+                    (":event-type", kind),
+                    (":content-type", "application/json"),
+                    (":message-type", "event"),
+                ],
+                payload.as_bytes(),
+            ));
+        }
+        let decode = |chunks: &[&[u8]]| {
+            let mut d = broca_io::eventstream::EventStreamDecoder::new(1 << 20);
+            let mut n = Normalizer::new(Aliases::default());
+            let mut out = Vec::new();
+            for c in chunks {
+                d.push(c, &mut |m| {
+                    let kind = m.header_str(":event-type").unwrap().to_string();
+                    match n
+                        .push(Some(&kind), std::str::from_utf8(&m.payload).unwrap())
+                        .unwrap()
+                    {
+                        Normalized::Events(e) => out.extend(e),
+                        Normalized::Error(e) => panic!("{e:?}"),
+                    }
+                })
+                .unwrap();
+            }
+            out
+        };
+        let whole = decode(&[&bytes]);
+        assert_eq!(whole[0], StreamEvent::TextDelta("Caf\u{e9} ".into()));
+        assert_eq!(
+            whole[whole.len() - 2],
+            StreamEvent::Usage(Usage {
+                input: Some(112),
+                output: Some(7),
+                cache_read: None,
+                cache_write: Some(100),
+                reasoning: None
+            })
+        );
+        for i in 0..=bytes.len() {
+            assert_eq!(decode(&[&bytes[..i], &bytes[i..]]), whole, "split at {i}");
+        }
+    }
+
+    #[test]
     fn exceptions_are_classified() {
         for (kind, msg, class) in [
             (

@@ -195,6 +195,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_refusal_stream_normalizes_the_same_at_every_split() {
+        let stream = concat!(
+            "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_9\",\"status\":\"in_progress\",\"output\":[]}}\n\n",
+            "event: response.refusal.delta\ndata: {\"type\":\"response.refusal.delta\",\"sequence_number\":1,\"item_id\":\"msg_1\",\"output_index\":0,\"content_index\":0,\"delta\":\"I can\\u2019t \"}\n\n",
+            "event: response.refusal.delta\ndata: {\"type\":\"response.refusal.delta\",\"sequence_number\":2,\"item_id\":\"msg_1\",\"output_index\":0,\"content_index\":0,\"delta\":\"help.\"}\n\n",
+            "event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_number\":3,\"response\":{\"id\":\"resp_9\",\"status\":\"completed\",\"usage\":{\"input_tokens\":9,\"output_tokens\":4}}}\n\n",
+        );
+        let events = crate::normalize_chunks(
+            &super::super::Family,
+            &crate::Aliases::default(),
+            &[stream.as_bytes()],
+        );
+        assert_eq!(events[0], StreamEvent::TextDelta("I can\u{2019}t ".into()));
+        assert_eq!(events[1], StreamEvent::TextDelta("help.".into()));
+        assert!(
+            matches!(events.last(), Some(StreamEvent::Finish { reason: FinishReason::Other(r), .. }) if r == "refusal"),
+            "{events:?}"
+        );
+        crate::assert_every_split(
+            &super::super::Family,
+            &crate::Aliases::default(),
+            stream.as_bytes(),
+            &events,
+        );
+    }
+
+    #[test]
     fn quota_headers_become_windows_and_absent_ones_stay_absent() {
         let h = |name: &str| match name {
             "x-codex-primary-used-percent" => Some("42.5".to_string()),

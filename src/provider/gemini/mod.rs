@@ -146,7 +146,7 @@ impl GoogleError {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -184,6 +184,51 @@ mod tests {
             assert_eq!(e.retry_delay_ms(), delay, "{body}");
         }
         assert!(google_error(b"<html>").is_none());
+    }
+
+    /// A recorded-shape stream (CRLF-framed, as the API sends it): a thought with its
+    /// signature, text, a call with a signature and no id; the same events at every split.
+    pub(crate) const STREAM: &str = "data: {\"candidates\": [{\"content\": {\"parts\": [{\"text\": \"Planning\",\"thought\": true,\"thoughtSignature\": \"c2lnLTE=\"}],\"role\": \"model\"},\"index\": 0}],\"usageMetadata\": {\"promptTokenCount\": 30,\"totalTokenCount\": 30},\"modelVersion\": \"gemini-2.5-flash\",\"responseId\": \"r-1\"}\r\n\r\ndata: {\"candidates\": [{\"content\": {\"parts\": [{\"text\": \"Caf\\u00e9 \u{1F600}\"}],\"role\": \"model\"},\"index\": 0}],\"responseId\": \"r-1\"}\r\n\r\ndata: {\"candidates\": [{\"content\": {\"parts\": [{\"functionCall\": {\"name\": \"ls\",\"args\": {\"path\": \"/tmp\"}},\"thoughtSignature\": \"c2lnLTI=\"}],\"role\": \"model\"},\"finishReason\": \"STOP\",\"index\": 0}],\"usageMetadata\": {\"promptTokenCount\": 30,\"candidatesTokenCount\": 9,\"totalTokenCount\": 51,\"thoughtsTokenCount\": 12},\"responseId\": \"r-1\"}\r\n\r\n";
+
+    pub(crate) fn stream_events() -> Vec<broca_protocol::StreamEvent> {
+        use broca_protocol::{FinishReason, StreamEvent, Usage};
+        vec![
+            StreamEvent::ThinkingDelta("Planning".into()),
+            StreamEvent::ThinkingSignature("c2lnLTE=".into()),
+            StreamEvent::TextDelta("Caf\u{e9} \u{1F600}".into()),
+            StreamEvent::PartSignature("c2lnLTI=".into()),
+            StreamEvent::ToolCallStart {
+                index: 0,
+                id: "gemini-call-2-0".into(),
+                name: "ls".into(),
+            },
+            StreamEvent::ToolCallArgsDelta {
+                index: 0,
+                json: r#"{"path": "/tmp"}"#.into(),
+            },
+            StreamEvent::ToolCallEnd { index: 0 },
+            StreamEvent::Usage(Usage {
+                input: Some(30),
+                output: Some(21),
+                cache_read: None,
+                cache_write: None,
+                reasoning: Some(12),
+            }),
+            StreamEvent::Finish {
+                reason: FinishReason::ToolUse,
+                request_id: Some("r-1".into()),
+            },
+        ]
+    }
+
+    #[test]
+    fn a_recorded_stream_normalizes_the_same_at_every_split() {
+        crate::assert_every_split(
+            &Family,
+            &Aliases::default(),
+            STREAM.as_bytes(),
+            &stream_events(),
+        );
     }
 
     #[test]

@@ -334,6 +334,22 @@ fn each_session_readable_once(state: &Path, wals: &[(String, String)], when: &st
     }
 }
 
+/// Runs `args` with the kill point `point` armed; the process must die there (SIGABRT).
+fn cut_at(state: &Path, point: &str, args: &[&str]) {
+    use std::os::unix::process::ExitStatusExt;
+    let o = broca(state)
+        .env("BROCA_CRASH_AT", point)
+        .args(args)
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.signal(),
+        Some(libc::SIGABRT),
+        "{point}: the cut was not reached: {}",
+        text(&o)
+    );
+}
+
 #[test]
 fn a_crash_at_every_step_of_pack_and_restore_leaves_each_session_readable_once() {
     let peer = Aimock::start(&fixture("aimock.json"));
@@ -346,18 +362,7 @@ fn a_crash_at_every_step_of_pack_and_restore_leaves_each_session_readable_once()
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("state");
         let wals = three_sessions(&state, &peer);
-        let o = broca(&state)
-            .env("BROCA_CRASH_AT", point)
-            .args(["archive", "pack", "--idle-days", "0"])
-            .output()
-            .unwrap();
-        use std::os::unix::process::ExitStatusExt;
-        assert_eq!(
-            o.status.signal(),
-            Some(libc::SIGABRT),
-            "{point}: the cut was not reached: {}",
-            text(&o)
-        );
+        cut_at(&state, point, &["archive", "pack", "--idle-days", "0"]);
         each_session_readable_once(&state, &wals, point);
         // The next pack finishes the job and cleans up what the cut one left.
         let o = cmd(&state, &["archive", "pack", "--idle-days", "0"]);
@@ -379,18 +384,7 @@ fn a_crash_at_every_step_of_pack_and_restore_leaves_each_session_readable_once()
             .status
             .success());
         let address = wals[0].0.trim_end_matches(".wal").to_string();
-        let o = broca(&state)
-            .env("BROCA_CRASH_AT", point)
-            .args(["archive", "restore", &address])
-            .output()
-            .unwrap();
-        use std::os::unix::process::ExitStatusExt;
-        assert_eq!(
-            o.status.signal(),
-            Some(libc::SIGABRT),
-            "{point}: the cut was not reached: {}",
-            text(&o)
-        );
+        cut_at(&state, point, &["archive", "restore", &address]);
         each_session_readable_once(&state, &wals, point);
         let o = cmd(&state, &["archive", "restore", &address]);
         assert!(o.status.success(), "{point}: {}", text(&o));

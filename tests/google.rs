@@ -72,23 +72,27 @@ fn assert_round_trip(state: &Path, o: &Output) -> Value {
     r
 }
 
-#[test]
-fn gemini_sends_thought_signatures_back_where_they_came_from() {
+/// One conversation with the Google peer as `model` (two requests: the call, then its
+/// result), checked by [`assert_round_trip`]; returns the requests the peer saw.
+fn exchange(model: &str, env: &[(&str, &str)]) -> (tempfile::TempDir, Peer, Vec<Value>) {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("requests.jsonl");
     let peer = Peer::python("google_peer.py", &log);
     let state = dir.path().join("state");
     let tools = tools_config(dir.path());
-    let o = run(
-        &state,
-        "gemini/gemini-2.5-flash",
-        &peer.url(),
-        &tools,
-        &[("GEMINI_API_KEY", "gm-key-0123456789")],
-    );
+    let o = run(&state, model, &peer.url(), &tools, env);
     assert_round_trip(&state, &o);
     let reqs = requests(&log);
     assert_eq!(reqs.len(), 2);
+    (dir, peer, reqs)
+}
+
+#[test]
+fn gemini_sends_thought_signatures_back_where_they_came_from() {
+    let (_dir, _peer, reqs) = exchange(
+        "gemini/gemini-2.5-flash",
+        &[("GEMINI_API_KEY", "gm-key-0123456789")],
+    );
     for r in &reqs {
         assert_eq!(
             r["path"],
@@ -110,24 +114,13 @@ fn gemini_sends_thought_signatures_back_where_they_came_from() {
 
 #[test]
 fn code_assist_wraps_the_request_with_the_bearer_and_the_project() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("requests.jsonl");
-    let peer = Peer::python("google_peer.py", &log);
-    let state = dir.path().join("state");
-    let tools = tools_config(dir.path());
-    let o = run(
-        &state,
+    let (dir, peer, reqs) = exchange(
         "code-assist/gemini-2.5-pro",
-        &peer.url(),
-        &tools,
         &[
             ("GOOGLE_CLOUD_ACCESS_TOKEN", "ya29.test-token-0123"),
             ("GOOGLE_CLOUD_PROJECT", "test-project-1"),
         ],
     );
-    assert_round_trip(&state, &o);
-    let reqs = requests(&log);
-    assert_eq!(reqs.len(), 2);
     for r in &reqs {
         assert_eq!(r["path"], "/v1internal:streamGenerateContent?alt=sse");
         assert_eq!(r["authorization"], "Bearer ya29.test-token-0123");

@@ -39,15 +39,19 @@ fn project(credential: &crate::credential::Credential) -> Result<String, String>
         })
 }
 
-/// A stable id for the prompt: the request's bytes hashed (FNV-1a), so a retried attempt
-/// sends the same id.
-fn prompt_id(bytes: &[u8]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+/// The id of the user prompt a request serves: the same for every request of one prompt's
+/// tool loop (and for its retries), from the prompt's place in the transcript and its text.
+fn prompt_id(req: &Request) -> String {
+    use broca_protocol::{Block, Role};
+    let mut h = blake3::Hasher::new();
+    let prompt = req.messages.iter().enumerate().rev().find(|(_, m)| {
+        m.role == Role::User && m.content.iter().any(|b| matches!(b, Block::Text { .. }))
+    });
+    if let Some((i, m)) = prompt {
+        h.update(&(i as u64).to_le_bytes());
+        h.update(m.text().as_bytes());
     }
-    format!("broca-{h:016x}")
+    format!("broca-{}", &h.finalize().to_hex()[..16])
 }
 
 impl WireFamily for Family {
@@ -56,18 +60,15 @@ impl WireFamily for Family {
     }
 
     fn render(&self, req: &Request, aliases: &Aliases) -> Rendered {
-        let mut inner = JsonWriter::with_capacity(size_hint(req));
-        inner.object();
-        render::write_request(&mut inner, req, aliases);
-        inner.end_object();
-        let inner = inner.finish();
-        let mut w = JsonWriter::with_capacity(inner.len() + 128);
+        // The Gemini request is written in place.
+        let mut w = JsonWriter::with_capacity(size_hint(req) + 128);
         w.object()
             .field_str("model", &req.model)
-            .field_str("user_prompt_id", &prompt_id(&inner))
+            .field_str("user_prompt_id", &prompt_id(req))
             .key("request")
-            .raw(std::str::from_utf8(&inner).expect("the writer writes UTF-8"))
-            .end_object();
+            .object();
+        render::write_request(&mut w, req, aliases);
+        w.end_object().end_object();
         Rendered {
             path: "/v1internal:streamGenerateContent?alt=sse".into(),
             headers: vec![

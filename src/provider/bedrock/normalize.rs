@@ -149,6 +149,43 @@ pub fn classify(kind: &str, message: &str) -> ErrorClass {
     }
 }
 
+/// The `contentBlockDelta` events that carry text or a tool's input (nearly all of a
+/// stream), read without a full parse; `None` hands the event to the full parse.
+fn fast_delta(data: &str) -> Option<StreamEvent> {
+    use crate::scan::{fields, Raw};
+    let (mut index, mut delta) = (None, None);
+    fields(data, |k, v| match k {
+        "contentBlockIndex" => index = Some(v),
+        "delta" => delta = Some(v),
+        _ => {}
+    })?;
+    let Raw::Obj(delta) = delta? else {
+        return None;
+    };
+    let (mut text, mut tool, mut others) = (None, None, 0);
+    fields(delta, |k, v| match k {
+        "text" => text = Some(v),
+        "toolUse" => tool = Some(v),
+        _ => others += 1,
+    })?;
+    match (text, tool, others) {
+        (Some(t), None, 0) => Some(StreamEvent::TextDelta(t.string()?.into_owned())),
+        (None, Some(Raw::Obj(tool)), 0) => {
+            let mut input = None;
+            fields(tool, |k, v| {
+                if k == "input" {
+                    input = Some(v)
+                }
+            })?;
+            Some(StreamEvent::ToolCallArgsDelta {
+                index: index?.u32()?,
+                json: input?.string()?.into_owned(),
+            })
+        }
+        _ => None,
+    }
+}
+
 /// One attempt's normalizer.
 pub struct Normalizer {
     aliases: Aliases,
@@ -156,6 +193,8 @@ pub struct Normalizer {
     tools: Vec<u32>,
     stop: Option<String>,
     finished: bool,
+    /// Whether delta events may take the fast path (tests compare it with the full parse).
+    fast: bool,
 }
 
 impl Normalizer {
@@ -165,7 +204,33 @@ impl Normalizer {
             tools: Vec::new(),
             stop: None,
             finished: false,
+            fast: true,
         }
+    }
+
+    /// A `contentBlockDelta` through the full parse.
+    fn slow_delta(&mut self, kind: &str, data: &str) -> Result<Normalized, FormatError> {
+        let d: BlockDelta = parse(kind, data)?;
+        let mut out = Vec::new();
+        let i = d.content_block_index;
+        if let Some(t) = d.delta.text.filter(|t| !t.is_empty()) {
+            out.push(StreamEvent::TextDelta(t));
+        }
+        if let Some(t) = d.delta.tool_use {
+            out.push(StreamEvent::ToolCallArgsDelta {
+                index: i,
+                json: t.input,
+            });
+        }
+        if let Some(r) = d.delta.reasoning_content {
+            if let Some(t) = r.text {
+                out.push(StreamEvent::ThinkingDelta(t));
+            }
+            if let Some(s) = r.signature {
+                out.push(StreamEvent::ThinkingSignature(s));
+            }
+        }
+        Ok(Normalized::Events(out))
     }
 }
 
@@ -190,27 +255,16 @@ impl crate::StreamNormalizer for Normalizer {
                     });
                 }
             }
-            "contentBlockDelta" => {
-                let d: BlockDelta = parse(kind, data)?;
-                let i = d.content_block_index;
-                if let Some(t) = d.delta.text {
-                    out.push(StreamEvent::TextDelta(t));
-                }
-                if let Some(t) = d.delta.tool_use {
-                    out.push(StreamEvent::ToolCallArgsDelta {
-                        index: i,
-                        json: t.input,
-                    });
-                }
-                if let Some(r) = d.delta.reasoning_content {
-                    if let Some(t) = r.text {
-                        out.push(StreamEvent::ThinkingDelta(t));
+            "contentBlockDelta" if self.fast => {
+                if let Some(ev) = fast_delta(data) {
+                    if !matches!(&ev, StreamEvent::TextDelta(t) if t.is_empty()) {
+                        out.push(ev);
                     }
-                    if let Some(s) = r.signature {
-                        out.push(StreamEvent::ThinkingSignature(s));
-                    }
+                    return Ok(Normalized::Events(out));
                 }
+                return self.slow_delta(kind, data);
             }
+            "contentBlockDelta" => return self.slow_delta(kind, data),
             "contentBlockStop" => {
                 let s: BlockStop = parse(kind, data)?;
                 if self.tools.contains(&s.content_block_index) {
@@ -424,6 +478,27 @@ mod tests {
         );
         for i in 0..=bytes.len() {
             assert_eq!(decode(&[&bytes[..i], &bytes[i..]]), whole, "split at {i}");
+        }
+    }
+
+    #[test]
+    fn the_fast_path_agrees_with_the_full_parse() {
+        for data in [
+            r#"{"contentBlockIndex":0,"delta":{"text":"Caf\u00e9 \"x\"\n"},"p":"abc"}"#,
+            r#"{"contentBlockIndex":0,"delta":{"text":""}}"#,
+            r#"{"contentBlockIndex":3,"delta":{"toolUse":{"input":"{\"a\":"}},"p":"ab"}"#,
+            r#"{"contentBlockIndex":0,"delta":{"reasoningContent":{"text":"hm"}}}"#,
+            r#"{"contentBlockIndex":0,"delta":{"text":"a","extra":1}}"#,
+            r#"{ "delta" : { "text" : "spaced" } , "contentBlockIndex" : 0 }"#,
+        ] {
+            let mut fast = Normalizer::new(Aliases::default());
+            let mut full = Normalizer::new(Aliases::default());
+            full.fast = false;
+            assert_eq!(
+                fast.push(Some("contentBlockDelta"), data).unwrap(),
+                full.push(Some("contentBlockDelta"), data).unwrap(),
+                "{data}"
+            );
         }
     }
 

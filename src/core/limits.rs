@@ -1,0 +1,185 @@
+//! The stop conditions a run checks before each model request: its budgets (tokens and
+//! cost, from what its steps reported and its frozen prices) and its context limit (against
+//! an estimate of the next request's size). A child of `machine`, over the machine's state.
+
+use broca_protocol::{Block, Message, Usage};
+use broca_wal::runrec::FinishKind;
+
+use super::RunMachine;
+use crate::spend::least_input_cost_micros;
+
+/// The last completed model step: what the next request's size is estimated from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LastStep {
+    pub usage: Usage,
+    /// The transcript's length right after the step's message.
+    pub transcript_len: usize,
+}
+
+impl RunMachine {
+    /// The run's frozen prices.
+    pub(super) fn prices(&self) -> Option<&broca_wal::runrec::CatalogPrices> {
+        self.config.catalog.as_ref().and_then(|e| e.prices.as_ref())
+    }
+
+    /// The stop condition the next model request would break, if any: checked before each
+    /// step and before a step's tools are dispatched. A budget stops the run when it is
+    /// spent, when the next request would surely overrun it (every request resends the
+    /// conversation so far, so it carries at least the last step's input), or when a step
+    /// it needs the measure of was not metered (`budget_unmeasured`, naming the step); a
+    /// context limit stops it when the next request's estimated size reaches the limit.
+    pub(super) fn limit_before_request(&self) -> Option<(FinishKind, String)> {
+        let stop = &self.config.stop;
+        let budgeted = stop.max_total_tokens.is_some() || stop.max_cost_micros.is_some();
+        if budgeted {
+            if let Some(u) = self.spend.first_unmeasured() {
+                return Some((
+                    FinishKind::BudgetUnmeasured,
+                    format!(
+                        "step {} (attempt {}) did not report its {} token count, and a \
+                         budget is not kept on unmetered steps",
+                        u.step, u.attempt, u.missing
+                    ),
+                ));
+            }
+        }
+        let least_next_input = self.last_step.and_then(|l| l.usage.input);
+        if let Some(budget) = stop.max_total_tokens {
+            let used = self.spend.tokens().unwrap_or(0);
+            if used >= budget {
+                return Some((
+                    FinishKind::BudgetExhausted,
+                    format!("{used} tokens used of a {budget}-token budget"),
+                ));
+            }
+            if let Some(least) = least_next_input.filter(|l| used.saturating_add(*l) > budget) {
+                return Some((
+                    FinishKind::BudgetExhausted,
+                    format!(
+                        "{used} tokens used of a {budget}-token budget, and the next request \
+                         would resend at least the last step's {least} input tokens"
+                    ),
+                ));
+            }
+        }
+        if let Some(budget) = stop.max_cost_micros {
+            let spec = || format!("{}/{}", self.config.provider, self.config.model);
+            let prices = self.prices();
+            let Some(prices) = prices.filter(|p| p.input.is_some() && p.output.is_some()) else {
+                return Some((
+                    FinishKind::BudgetUnmeasured,
+                    format!(
+                        "a cost budget needs input and output prices, and the catalog entry \
+                         frozen for {} has none",
+                        spec()
+                    ),
+                ));
+            };
+            let Some(cost) = self.spend.cost_micros() else {
+                let (step, measure) = self
+                    .spend
+                    .unpriced()
+                    .map_or((0, "prices"), |u| (u.step, u.measure));
+                return Some((
+                    FinishKind::BudgetUnmeasured,
+                    format!(
+                        "step {step} reported {measure} tokens, and the catalog entry frozen \
+                         for {} has no {measure} price",
+                        spec()
+                    ),
+                ));
+            };
+            let currency = &prices.currency;
+            if cost >= budget {
+                return Some((
+                    FinishKind::BudgetExhausted,
+                    format!("cost {cost} micro-{currency} of a {budget} micro-{currency} budget"),
+                ));
+            }
+            let least = least_next_input.and_then(|i| least_input_cost_micros(Some(prices), i));
+            if let Some(least) = least.filter(|l| cost.saturating_add(*l) > budget) {
+                return Some((
+                    FinishKind::BudgetExhausted,
+                    format!(
+                        "cost {cost} micro-{currency} of a {budget} micro-{currency} budget, \
+                         and the next request would cost at least {least} more"
+                    ),
+                ));
+            }
+        }
+        if let Some(limit) = self.config.context_limit {
+            let (estimate, how) = self.next_request_estimate();
+            if estimate >= limit {
+                return Some((
+                    FinishKind::ContextLimit,
+                    format!(
+                        "the next request would carry about {estimate} tokens ({how}); the \
+                         context limit is {limit}"
+                    ),
+                ));
+            }
+        }
+        None
+    }
+
+    /// An estimate of the next request's input tokens, and how it was made: the last step's
+    /// reported input, plus its output (its message is sent back) and what was added since
+    /// at about 4 bytes a token; without a reported input, the whole request at 4 bytes a
+    /// token. An estimate, not a count: the provider's tokenizer decides.
+    fn next_request_estimate(&self) -> (u64, &'static str) {
+        if let Some(LastStep {
+            usage:
+                Usage {
+                    input: Some(input),
+                    output,
+                    ..
+                },
+            transcript_len,
+        }) = self.last_step
+        {
+            let at = transcript_len.min(self.transcript.len());
+            let added = approx_tokens(self.transcript[at..].iter().map(|m| message_bytes(m)));
+            let output = output.unwrap_or_else(|| {
+                approx_tokens(self.transcript[..at].last().map(|m| message_bytes(m)))
+            });
+            let estimate = input.saturating_add(output).saturating_add(added);
+            return (
+                estimate,
+                "the last step's reported input and output, and about 4 bytes a token for what was added since",
+            );
+        }
+        let fixed = self.config.system.as_ref().map_or(0, String::len)
+            + serde_json::to_vec(&self.config.tools).map_or(0, |v| v.len());
+        let all = approx_tokens(
+            std::iter::once(fixed).chain(self.transcript.iter().map(|m| message_bytes(m))),
+        );
+        (
+            all,
+            "about 4 bytes a token, no step having reported its input yet",
+        )
+    }
+}
+
+/// About how many tokens `bytes` of text make (4 bytes a token, rounded up).
+fn approx_tokens(bytes: impl IntoIterator<Item = usize>) -> u64 {
+    (bytes.into_iter().sum::<usize>() as u64).div_ceil(4)
+}
+
+/// The bytes of a message's text, tool names, arguments and results.
+fn message_bytes(m: &Message) -> usize {
+    m.content
+        .iter()
+        .map(|b| match b {
+            Block::Text { text } => text.len(),
+            Block::Thinking { text, signature } => {
+                text.len() + signature.as_ref().map_or(0, String::len)
+            }
+            Block::ToolUse { id, name, input } => id.len() + name.len() + input.get().len(),
+            Block::ToolResult {
+                tool_use_id,
+                content,
+                ..
+            } => tool_use_id.len() + content.len(),
+        })
+        .sum()
+}

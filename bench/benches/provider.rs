@@ -117,14 +117,27 @@ event: response.completed\ndata: {\"type\":\"response.completed\",\"sequence_num
     s.into_bytes()
 }
 
-fn gemini_stream() -> Vec<u8> {
+/// Gemini's stream; with `counting`, every event's usage counts the output so far (so no two
+/// events repeat their bytes around the text, the envelope reuse's worst case).
+fn gemini_stream(counting: bool) -> Vec<u8> {
     // Whole GenerateContentResponse objects, a few tokens of text each (as the API streams
-    // them), then one with the function call, the finish and the usage.
+    // them: the usage of the prompt alone until the last), then one with the function call,
+    // the finish and the usage.
     let mut s = String::new();
     for i in 0..DELTAS {
         s.push_str("data: {\"candidates\": [{\"content\": {\"parts\": [{\"text\": \"");
         s.push_str(PIECES[i % PIECES.len()]);
-        s.push_str("\"}],\"role\": \"model\"},\"index\": 0}],\"usageMetadata\": {\"promptTokenCount\": 472,\"totalTokenCount\": 472},\"modelVersion\": \"gemini-2.5-flash\",\"responseId\": \"mHkNaLqWMY2p1dkP3eWw2Ag\"}\r\n\r\n");
+        s.push_str("\"}],\"role\": \"model\"},\"index\": 0}],\"usageMetadata\": {\"promptTokenCount\": 472,");
+        if counting {
+            s.push_str(&format!(
+                "\"candidatesTokenCount\": {},\"totalTokenCount\": {}",
+                i + 1,
+                473 + i
+            ));
+        } else {
+            s.push_str("\"totalTokenCount\": 472");
+        }
+        s.push_str("},\"modelVersion\": \"gemini-2.5-flash\",\"responseId\": \"mHkNaLqWMY2p1dkP3eWw2Ag\"}\r\n\r\n");
     }
     s.push_str("data: {\"candidates\": [{\"content\": {\"parts\": [{\"functionCall\": {\"name\": \"write_file\",\"args\": {\"content\": \"");
     for _ in 0..ARG_DELTAS {
@@ -198,9 +211,8 @@ fn normalize_eventstream(stream: &[u8]) -> usize {
     let mut events = 0usize;
     for chunk in stream.chunks(CHUNK) {
         d.push(chunk, &mut |m| {
-            let kind = m.header_str(":event-type").map(str::to_string);
-            let data = std::str::from_utf8(&m.payload).unwrap();
-            match n.push(kind.as_deref(), data) {
+            let data = std::str::from_utf8(m.payload).unwrap();
+            match n.push(m.header_str(":event-type"), data) {
                 Ok(Normalized::Events(evs)) => events += evs.len(),
                 other => panic!("{other:?}"),
             }
@@ -245,13 +257,22 @@ fn decode_only(stream: &[u8]) -> usize {
 
 fn streams(c: &mut Criterion) {
     let all = [
-        ("anthropic-messages", anthropic_stream()),
-        ("openai-chat", chat_stream()),
-        ("openai-responses", responses_stream()),
-        ("gemini", gemini_stream()),
-        ("chatgpt", responses_stream()),
+        (
+            "anthropic-messages",
+            "anthropic-messages",
+            anthropic_stream(),
+        ),
+        ("openai-chat", "openai-chat", chat_stream()),
+        ("openai-responses", "openai-responses", responses_stream()),
+        ("gemini", "gemini", gemini_stream(false)),
+        (
+            "gemini (usage counted in every event)",
+            "gemini",
+            gemini_stream(true),
+        ),
+        ("chatgpt", "chatgpt", responses_stream()),
     ];
-    for (id, stream) in &all {
+    for (label, id, stream) in &all {
         // The stream is well formed and every delta comes out.
         let events = normalize(id, stream);
         // Gemini sends a function call whole, in one part: one event for its arguments.
@@ -261,7 +282,7 @@ fn streams(c: &mut Criterion) {
             DELTAS + ARG_DELTAS
         };
         assert!(events >= want, "{id}: {events} events");
-        let mut g = c.benchmark_group(format!("stream/{id}"));
+        let mut g = c.benchmark_group(format!("stream/{label}"));
         g.throughput(Throughput::Bytes(stream.len() as u64));
         g.bench_function("memchr scan (limit)", |b| {
             b.iter(|| memchr::memchr_iter(b'\n', black_box(stream)).count())

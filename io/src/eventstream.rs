@@ -12,34 +12,45 @@ pub const MESSAGE_BYTES_MAX_DEFAULT: usize = 16 * 1024 * 1024;
 const PRELUDE: usize = 12;
 const TRAILER: usize = 4;
 
-/// A header value.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HeaderValue {
+/// A header value, borrowed from the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeaderValue<'a> {
     Bool(bool),
     Byte(i8),
     Short(i16),
     Int(i32),
     Long(i64),
-    Bytes(Vec<u8>),
-    String(String),
+    Bytes(&'a [u8]),
+    String(&'a str),
     Timestamp(i64),
     Uuid([u8; 16]),
 }
 
-/// One decoded message.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Message {
-    pub headers: Vec<(String, HeaderValue)>,
-    pub payload: Vec<u8>,
+/// One decoded message, borrowed from the bytes it was decoded from (nothing is copied or
+/// allocated for it). Its headers were checked whole when it was decoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Message<'a> {
+    headers: &'a [u8],
+    pub payload: &'a [u8],
 }
 
-impl Message {
+impl<'a> Message<'a> {
+    /// The headers, in order.
+    pub fn headers(&self) -> impl Iterator<Item = (&'a str, HeaderValue<'a>)> {
+        let mut b = self.headers;
+        // Checked when decoded: a header that does not read is not there.
+        std::iter::from_fn(move || next_header(&mut b).ok().flatten())
+    }
+
     /// A string header's value (`:event-type`, `:message-type`, `:exception-type`).
-    pub fn header_str(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find_map(|(n, v)| match v {
-            HeaderValue::String(s) if n == name => Some(s.as_str()),
-            _ => None,
-        })
+    pub fn header_str(&self, name: &str) -> Option<&'a str> {
+        let mut b = self.headers;
+        while let Ok(Some(h)) = next_raw(&mut b) {
+            if h.kind == 7 && h.name == name.as_bytes() {
+                return std::str::from_utf8(h.value).ok();
+            }
+        }
+        None
     }
 }
 
@@ -91,59 +102,9 @@ impl fmt::Display for EventStreamError {
 
 impl std::error::Error for EventStreamError {}
 
-/// CRC-32 lookup tables for slicing by eight: `CRC_TABLES[0]` is the classic byte table,
-/// `CRC_TABLES[k]` advances a byte that is `k` bytes further from the end.
-const CRC_TABLES: [[u32; 256]; 8] = {
-    let mut t = [[0u32; 256]; 8];
-    let mut i = 0;
-    while i < 256 {
-        let mut c = i as u32;
-        let mut k = 0;
-        while k < 8 {
-            c = if c & 1 != 0 {
-                0xEDB8_8320 ^ (c >> 1)
-            } else {
-                c >> 1
-            };
-            k += 1;
-        }
-        t[0][i] = c;
-        i += 1;
-    }
-    let mut k = 1;
-    while k < 8 {
-        let mut i = 0;
-        while i < 256 {
-            let prev = t[k - 1][i];
-            t[k][i] = (prev >> 8) ^ t[0][(prev & 0xFF) as usize];
-            i += 1;
-        }
-        k += 1;
-    }
-    t
-};
-
-/// CRC-32 (IEEE 802.3, reflected, as zlib computes it), eight bytes a step.
+/// CRC-32 (IEEE 802.3, reflected, as zlib computes it).
 pub fn crc32(bytes: &[u8]) -> u32 {
-    let t = &CRC_TABLES;
-    let mut c = !0u32;
-    let mut words = bytes.chunks_exact(8);
-    for w in &mut words {
-        let one = u32::from_le_bytes([w[0], w[1], w[2], w[3]]) ^ c;
-        let two = u32::from_le_bytes([w[4], w[5], w[6], w[7]]);
-        c = t[7][(one & 0xFF) as usize]
-            ^ t[6][((one >> 8) & 0xFF) as usize]
-            ^ t[5][((one >> 16) & 0xFF) as usize]
-            ^ t[4][(one >> 24) as usize]
-            ^ t[3][(two & 0xFF) as usize]
-            ^ t[2][((two >> 8) & 0xFF) as usize]
-            ^ t[1][((two >> 16) & 0xFF) as usize]
-            ^ t[0][(two >> 24) as usize];
-    }
-    for &b in words.remainder() {
-        c = t[0][((c ^ b as u32) & 0xFF) as usize] ^ (c >> 8);
-    }
-    !c
+    crc32fast::hash(bytes)
 }
 
 /// The decoder's state between chunks.
@@ -180,100 +141,180 @@ impl EventStreamDecoder {
         !self.buf.is_empty()
     }
 
-    /// Decodes `chunk`, handing each complete message to `on_message`.
+    /// Decodes `chunk`, handing each complete message to `on_message`. Whole messages are
+    /// decoded where they lie in `chunk`; only a message cut by the chunk's end is buffered,
+    /// and completed from the next chunks.
     pub fn push(
         &mut self,
-        chunk: &[u8],
-        on_message: &mut impl FnMut(Message),
+        mut chunk: &[u8],
+        on_message: &mut impl FnMut(Message<'_>),
     ) -> Result<(), EventStreamError> {
-        self.buf.extend_from_slice(chunk);
-        let mut at = 0;
-        while self.buf.len() - at >= PRELUDE {
-            let b = &self.buf[at..];
-            let offset = self.offset + at as u64;
-            let total = be32(b) as usize;
-            let headers_len = be32(&b[4..]) as usize;
-            if crc32(&b[..8]) != be32(&b[8..]) {
-                return Err(EventStreamError::PreludeCrc { offset });
+        if !self.buf.is_empty() {
+            // Complete the buffered message: its prelude first, then the rest it names.
+            loop {
+                let want = match self.total()? {
+                    None => PRELUDE,
+                    Some(total) => total,
+                };
+                let take = (want - self.buf.len()).min(chunk.len());
+                self.buf.extend_from_slice(&chunk[..take]);
+                chunk = &chunk[take..];
+                if self.buf.len() < want {
+                    return Ok(());
+                }
+                // (A whole message is longer than its prelude.)
+                if want > PRELUDE {
+                    break;
+                }
             }
-            if total > self.limit {
-                return Err(EventStreamError::TooLarge {
-                    offset,
-                    len: total,
-                    limit: self.limit,
-                });
-            }
-            if total < PRELUDE + TRAILER || headers_len > total - PRELUDE - TRAILER {
-                return Err(EventStreamError::Malformed {
-                    offset,
-                    why: format!("lengths do not fit (total {total}, headers {headers_len})"),
-                });
-            }
-            if b.len() < total {
+            let total = self.buf.len();
+            on_message(decode(&self.buf, self.offset)?);
+            self.buf.clear();
+            self.offset += total as u64;
+        }
+        while chunk.len() >= PRELUDE {
+            let total = prelude(chunk, self.offset, self.limit)?;
+            if chunk.len() < total {
                 break;
             }
-            if crc32(&b[..total - TRAILER]) != be32(&b[total - TRAILER..]) {
-                return Err(EventStreamError::MessageCrc { offset });
-            }
-            let headers = parse_headers(&b[PRELUDE..PRELUDE + headers_len])
-                .map_err(|why| EventStreamError::Malformed { offset, why })?;
-            let payload = b[PRELUDE + headers_len..total - TRAILER].to_vec();
-            on_message(Message { headers, payload });
-            at += total;
+            on_message(decode(&chunk[..total], self.offset)?);
+            chunk = &chunk[total..];
+            self.offset += total as u64;
         }
-        self.buf.drain(..at);
-        self.offset += at as u64;
+        self.buf.extend_from_slice(chunk);
         Ok(())
+    }
+
+    /// The buffered message's length, once its prelude is in.
+    fn total(&self) -> Result<Option<usize>, EventStreamError> {
+        if self.buf.len() < PRELUDE {
+            return Ok(None);
+        }
+        prelude(&self.buf, self.offset, self.limit).map(Some)
     }
 }
 
-fn parse_headers(mut b: &[u8]) -> Result<Vec<(String, HeaderValue)>, String> {
-    let mut out = Vec::new();
-    let take = |b: &mut &[u8], n: usize| -> Result<Vec<u8>, String> {
-        if b.len() < n {
-            return Err("a header runs past the headers".into());
-        }
-        let (v, rest) = b.split_at(n);
-        *b = rest;
-        Ok(v.to_vec())
-    };
-    while !b.is_empty() {
-        let name_len = take(&mut b, 1)?[0] as usize;
-        let name = String::from_utf8(take(&mut b, name_len)?)
-            .map_err(|_| "a header name is not UTF-8".to_string())?;
-        let kind = take(&mut b, 1)?[0];
-        let fixed = |b: &mut &[u8], n: usize| -> Result<i64, String> {
-            Ok(take(b, n)?.iter().fold(0i64, |a, &x| (a << 8) | x as i64))
-        };
-        let value = match kind {
+/// The length of the message whose prelude opens `b` (at least `PRELUDE` bytes), checked.
+fn prelude(b: &[u8], offset: u64, limit: usize) -> Result<usize, EventStreamError> {
+    let total = be32(b) as usize;
+    let headers_len = be32(&b[4..]) as usize;
+    if crc32(&b[..8]) != be32(&b[8..]) {
+        return Err(EventStreamError::PreludeCrc { offset });
+    }
+    if total > limit {
+        return Err(EventStreamError::TooLarge {
+            offset,
+            len: total,
+            limit,
+        });
+    }
+    if total < PRELUDE + TRAILER || headers_len > total - PRELUDE - TRAILER {
+        return Err(EventStreamError::Malformed {
+            offset,
+            why: format!("lengths do not fit (total {total}, headers {headers_len})"),
+        });
+    }
+    Ok(total)
+}
+
+/// The message that is exactly `b` (its prelude already checked).
+fn decode(b: &[u8], offset: u64) -> Result<Message<'_>, EventStreamError> {
+    let total = b.len();
+    let headers_len = be32(&b[4..]) as usize;
+    if crc32(&b[..total - TRAILER]) != be32(&b[total - TRAILER..]) {
+        return Err(EventStreamError::MessageCrc { offset });
+    }
+    let headers = &b[PRELUDE..PRELUDE + headers_len];
+    let malformed = |why| EventStreamError::Malformed { offset, why };
+    let mut h = headers;
+    // Names and string values are UTF-8 when the whole block is ASCII (as it nearly always
+    // is): then only the layout is checked header by header.
+    if headers.is_ascii() {
+        while next_raw(&mut h).map_err(malformed)?.is_some() {}
+    } else {
+        while next_header(&mut h).map_err(malformed)?.is_some() {}
+    }
+    Ok(Message {
+        headers,
+        payload: &b[PRELUDE + headers_len..total - TRAILER],
+    })
+}
+
+/// One header as it lies in the message: its name, type byte and value bytes.
+struct RawHeader<'a> {
+    name: &'a [u8],
+    kind: u8,
+    value: &'a [u8],
+}
+
+impl<'a> RawHeader<'a> {
+    /// The header read: `Err` names what is wrong with it.
+    fn read(&self) -> Result<(&'a str, HeaderValue<'a>), String> {
+        let name =
+            std::str::from_utf8(self.name).map_err(|_| "a header name is not UTF-8".to_string())?;
+        let v = self.value;
+        let fixed = || v.iter().fold(0i64, |a, &x| (a << 8) | x as i64);
+        let value = match self.kind {
             0 => HeaderValue::Bool(true),
             1 => HeaderValue::Bool(false),
-            2 => HeaderValue::Byte(fixed(&mut b, 1)? as i8),
-            3 => HeaderValue::Short(fixed(&mut b, 2)? as i16),
-            4 => HeaderValue::Int(fixed(&mut b, 4)? as i32),
-            5 => HeaderValue::Long(fixed(&mut b, 8)?),
-            6 | 7 => {
-                let len = fixed(&mut b, 2)? as usize;
-                let v = take(&mut b, len)?;
-                if kind == 6 {
-                    HeaderValue::Bytes(v)
-                } else {
-                    HeaderValue::String(
-                        String::from_utf8(v)
-                            .map_err(|_| format!("header `{name}` is not UTF-8"))?,
-                    )
-                }
-            }
-            8 => HeaderValue::Timestamp(fixed(&mut b, 8)?),
-            9 => {
-                let v = take(&mut b, 16)?;
-                HeaderValue::Uuid(v.try_into().expect("16 bytes"))
-            }
-            other => return Err(format!("header `{name}` has unknown type {other}")),
+            2 => HeaderValue::Byte(fixed() as i8),
+            3 => HeaderValue::Short(fixed() as i16),
+            4 => HeaderValue::Int(fixed() as i32),
+            5 => HeaderValue::Long(fixed()),
+            6 => HeaderValue::Bytes(v),
+            7 => HeaderValue::String(
+                std::str::from_utf8(v).map_err(|_| format!("header `{name}` is not UTF-8"))?,
+            ),
+            8 => HeaderValue::Timestamp(fixed()),
+            _ => HeaderValue::Uuid(
+                v.try_into()
+                    .map_err(|_| "a short uuid header".to_string())?,
+            ),
         };
-        out.push((name, value));
+        Ok((name, value))
     }
-    Ok(out)
+}
+
+/// Takes the header at the front of `b` as it lies; `None` at the end.
+fn next_raw<'a>(b: &mut &'a [u8]) -> Result<Option<RawHeader<'a>>, String> {
+    let Some(&name_len) = b.first() else {
+        return Ok(None);
+    };
+    let name_len = name_len as usize;
+    let bad = || "a header runs past the headers".to_string();
+    let name = b.get(1..1 + name_len).ok_or_else(bad)?;
+    let kind = *b.get(1 + name_len).ok_or_else(bad)?;
+    let mut at = 2 + name_len;
+    let len = match kind {
+        0 | 1 => 0,
+        2 => 1,
+        3 => 2,
+        4 => 4,
+        5 | 8 => 8,
+        6 | 7 => {
+            let l = b.get(at..at + 2).ok_or_else(bad)?;
+            at += 2;
+            u16::from_be_bytes([l[0], l[1]]) as usize
+        }
+        9 => 16,
+        other => {
+            return Err(format!(
+                "header `{}` has unknown type {other}",
+                String::from_utf8_lossy(name)
+            ))
+        }
+    };
+    let value = b.get(at..at + len).ok_or_else(bad)?;
+    *b = &b[at + len..];
+    Ok(Some(RawHeader { name, kind, value }))
+}
+
+/// Reads the header at the front of `b`; `None` at the end.
+fn next_header<'a>(b: &mut &'a [u8]) -> Result<Option<(&'a str, HeaderValue<'a>)>, String> {
+    match next_raw(b)? {
+        Some(h) => h.read().map(Some),
+        None => Ok(None),
+    }
 }
 
 /// Encodes a message with string headers (tests and test peers).
@@ -303,17 +344,35 @@ pub fn encode(headers: &[(&str, &str)], payload: &[u8]) -> Vec<u8> {
 mod tests {
     use super::*;
 
+    /// A message as owned parts, to compare.
+    type Owned = (Vec<(String, String)>, Vec<u8>);
+
+    fn owned(m: Message<'_>) -> Owned {
+        let headers = m
+            .headers()
+            .map(|(n, v)| (n.to_string(), format!("{v:?}")))
+            .collect();
+        (headers, m.payload.to_vec())
+    }
+
     #[test]
     fn crc32_matches_the_standard_check_value() {
         // The CRC-32/ISO-HDLC check value of "123456789".
         assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
         assert_eq!(crc32(b""), 0);
-        // Every length around the eight-byte steps agrees with the byte-at-a-time form.
+        // Every length agrees with the bit-at-a-time definition.
         let data: Vec<u8> = (0..200u32).map(|i| (i * 131 % 251) as u8).collect();
         for n in 0..data.len() {
             let mut c = !0u32;
             for &b in &data[..n] {
-                c = CRC_TABLES[0][((c ^ b as u32) & 0xFF) as usize] ^ (c >> 8);
+                c ^= b as u32;
+                for _ in 0..8 {
+                    c = if c & 1 != 0 {
+                        0xEDB8_8320 ^ (c >> 1)
+                    } else {
+                        c >> 1
+                    };
+                }
             }
             assert_eq!(crc32(&data[..n]), !c, "length {n}");
         }
@@ -328,13 +387,12 @@ mod tests {
         frame.extend_from_slice(&[0xc3, 0x65, 0x39, 0x36]);
         let mut d = EventStreamDecoder::default();
         let mut got = Vec::new();
-        d.push(&frame, &mut |m| got.push(m)).unwrap();
-        assert_eq!(got.len(), 1);
-        assert_eq!(got[0].payload, b"{'foo':'bar'}");
+        d.push(&frame, &mut |m| got.push(owned(m))).unwrap();
+        assert_eq!(got, vec![(vec![], b"{'foo':'bar'}".to_vec())]);
         assert_eq!(encode(&[], b"{'foo':'bar'}"), frame);
     }
 
-    fn stream() -> (Vec<u8>, Vec<Message>) {
+    fn stream() -> (Vec<u8>, Vec<Owned>) {
         let parts = [
             (
                 vec![(":message-type", "event"), (":event-type", "messageStart")],
@@ -359,13 +417,12 @@ mod tests {
         let mut msgs = Vec::new();
         for (h, p) in parts {
             bytes.extend(encode(&h, p));
-            msgs.push(Message {
-                headers: h
-                    .iter()
-                    .map(|(n, v)| (n.to_string(), HeaderValue::String(v.to_string())))
+            msgs.push((
+                h.iter()
+                    .map(|(n, v)| (n.to_string(), format!("{:?}", HeaderValue::String(v))))
                     .collect(),
-                payload: p.to_vec(),
-            });
+                p.to_vec(),
+            ));
         }
         (bytes, msgs)
     }
@@ -374,14 +431,109 @@ mod tests {
     fn every_split_gives_the_same_messages() {
         let (bytes, want) = stream();
         for i in 0..=bytes.len() {
-            let mut d = EventStreamDecoder::default();
-            let mut got = Vec::new();
-            d.push(&bytes[..i], &mut |m| got.push(m)).unwrap();
-            d.push(&bytes[i..], &mut |m| got.push(m)).unwrap();
-            assert_eq!(got, want, "split at {i}");
-            assert!(!d.is_mid_message());
+            for j in i..=bytes.len() {
+                let mut d = EventStreamDecoder::default();
+                let mut got = Vec::new();
+                for part in [&bytes[..i], &bytes[i..j], &bytes[j..]] {
+                    d.push(part, &mut |m| got.push(owned(m))).unwrap();
+                }
+                assert_eq!(got, want, "split at {i} and {j}");
+                assert!(!d.is_mid_message());
+            }
         }
-        assert_eq!(want[1].header_str(":event-type"), Some("contentBlockDelta"));
+        // Byte by byte.
+        let mut d = EventStreamDecoder::default();
+        let mut kinds = Vec::new();
+        for b in bytes.chunks(1) {
+            d.push(b, &mut |m| {
+                kinds.push(m.header_str(":event-type").map(str::to_string))
+            })
+            .unwrap();
+        }
+        assert_eq!(
+            kinds,
+            [
+                Some("messageStart".into()),
+                Some("contentBlockDelta".into()),
+                None
+            ]
+        );
+    }
+
+    /// A message whose headers are `h` (already encoded), framed.
+    fn framed(h: &[u8], payload: &[u8]) -> Vec<u8> {
+        let total = PRELUDE + h.len() + payload.len() + TRAILER;
+        let mut m = (total as u32).to_be_bytes().to_vec();
+        m.extend_from_slice(&(h.len() as u32).to_be_bytes());
+        m.extend_from_slice(&crc32(&m).to_be_bytes());
+        m.extend_from_slice(h);
+        m.extend_from_slice(payload);
+        m.extend_from_slice(&crc32(&m).to_be_bytes());
+        m
+    }
+
+    #[test]
+    fn every_header_type_reads_and_an_unknown_one_is_refused() {
+        let mut h = Vec::new();
+        let mut add = |name: &str, kind: u8, value: &[u8]| {
+            h.push(name.len() as u8);
+            h.extend_from_slice(name.as_bytes());
+            h.push(kind);
+            h.extend_from_slice(value);
+        };
+        add("t", 0, &[]);
+        add("f", 1, &[]);
+        add("b", 2, &[0xff]);
+        add("s", 3, &[0x01, 0x02]);
+        add("i", 4, &[0, 0, 1, 0]);
+        add("l", 5, &[0, 0, 0, 0, 0, 0, 0, 7]);
+        add("y", 6, &[0, 2, 0xde, 0xad]);
+        add(":event-type", 7, b"\x00\x03abc");
+        add("ts", 8, &[0, 0, 0, 0, 0, 0, 1, 0]);
+        add("u", 9, &[9; 16]);
+        let frame = framed(&h, b"{}");
+        let mut got = Vec::new();
+        EventStreamDecoder::default()
+            .push(&frame, &mut |m| {
+                assert_eq!(m.header_str(":event-type"), Some("abc"));
+                assert_eq!(m.header_str("y"), None, "a bytes header is not a string");
+                got.extend(m.headers().map(|(n, v)| (n.to_string(), format!("{v:?}"))));
+            })
+            .unwrap();
+        let want = [
+            ("t", "Bool(true)"),
+            ("f", "Bool(false)"),
+            ("b", "Byte(-1)"),
+            ("s", "Short(258)"),
+            ("i", "Int(256)"),
+            ("l", "Long(7)"),
+            ("y", "Bytes([222, 173])"),
+            (":event-type", "String(\"abc\")"),
+            ("ts", "Timestamp(256)"),
+            (
+                "u",
+                "Uuid([9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9])",
+            ),
+        ];
+        let want: Vec<(String, String)> = want
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(got, want);
+        for bad in [
+            &[1, b'x', 10][..],
+            &[1, b'x', 7, 0, 9, b'a'],
+            &[1, 0xff, 0],
+            &[1, b'x', 7, 0, 1, 0xff],
+        ] {
+            let err = EventStreamDecoder::default()
+                .push(&framed(bad, b""), &mut |_| panic!("a bad header decoded"))
+                .unwrap_err();
+            assert!(
+                matches!(err, EventStreamError::Malformed { offset: 0, .. }),
+                "{err}"
+            );
+        }
     }
 
     #[test]

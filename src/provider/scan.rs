@@ -49,12 +49,22 @@ impl<'a> Raw<'a> {
 
     /// A non-negative integer.
     pub(crate) fn u32(self) -> Option<u32> {
+        self.digits()?.parse().ok()
+    }
+
+    /// A non-negative integer.
+    pub(crate) fn u64(self) -> Option<u64> {
+        self.digits()?.parse().ok()
+    }
+
+    /// A non-negative integer's digits (no sign, fraction, exponent or leading zero).
+    fn digits(self) -> Option<&'a str> {
         match self {
             Raw::Scalar(s)
                 if s.bytes().all(|c| c.is_ascii_digit())
                     && (s.len() == 1 || !s.starts_with('0')) =>
             {
-                s.parse().ok()
+                Some(s)
             }
             _ => None,
         }

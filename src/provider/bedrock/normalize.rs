@@ -12,6 +12,7 @@
 
 use serde::Deserialize;
 
+use crate::scan::{Cursor, Raw};
 use crate::{Aliases, FormatError, Normalized};
 use broca_protocol::{ClassifiedError, ErrorClass, FinishReason, StreamEvent, Usage};
 
@@ -150,39 +151,106 @@ pub fn classify(kind: &str, message: &str) -> ErrorClass {
 }
 
 /// The `contentBlockDelta` events that carry text or a tool's input (nearly all of a
-/// stream), read without a full parse; `None` hands the event to the full parse.
-fn fast_delta(data: &str) -> Option<StreamEvent> {
-    use crate::scan::{fields, Raw};
-    let (mut index, mut delta) = (None, None);
-    fields(data, |k, v| match k {
-        "contentBlockIndex" => index = Some(v),
-        "delta" => delta = Some(v),
-        _ => {}
-    })?;
-    let Raw::Obj(delta) = delta? else {
-        return None;
-    };
-    let (mut text, mut tool, mut others) = (None, None, 0);
-    fields(delta, |k, v| match k {
-        "text" => text = Some(v),
-        "toolUse" => tool = Some(v),
-        _ => others += 1,
-    })?;
-    match (text, tool, others) {
-        (Some(t), None, 0) => Some(StreamEvent::TextDelta(t.string()?.into_owned())),
-        (None, Some(Raw::Obj(tool)), 0) => {
-            let mut input = None;
-            fields(tool, |k, v| {
-                if k == "input" {
-                    input = Some(v)
+/// stream), read without a full parse; `None` hands the event to the full parse (also for a
+/// key given twice, which the full parse refuses). `prefix` holds the bytes of the last
+/// delta before its text, when they were its block index and the `delta` and `text` keys
+/// alone: an event that starts with the same bytes reads the same up to there, and is read
+/// on from its text.
+fn fast_delta(data: &str, prefix: &mut Vec<u8>) -> Option<StreamEvent> {
+    let mut d = FastDelta::default();
+    let mut c;
+    let mut seen_index = false;
+    if !prefix.is_empty() && data.as_bytes().starts_with(prefix) {
+        c = Cursor::resume(data, prefix.len(), true);
+        d.text = Some(c.value()?);
+        d.rest(&mut c)?;
+        seen_index = true;
+    } else {
+        prefix.clear();
+        c = Cursor::new(data);
+        c.object()?;
+        let mut others = false;
+        loop {
+            match c.key()? {
+                Some("contentBlockIndex") if !seen_index => {
+                    seen_index = true;
+                    d.index = Some(c.value()?);
                 }
-            })?;
-            Some(StreamEvent::ToolCallArgsDelta {
-                index: index?.u32()?,
-                json: input?.string()?.into_owned(),
-            })
+                Some("delta") => {
+                    // Exactly one member: `text`, or `toolUse` (whose `input` is all it reads).
+                    c.object()?;
+                    match c.key()? {
+                        Some("text") => {
+                            if seen_index && !others {
+                                prefix.extend_from_slice(&data.as_bytes()[..c.position().0]);
+                            }
+                            d.text = Some(c.value()?);
+                        }
+                        Some("toolUse") => d.tool(&mut c)?,
+                        _ => return None,
+                    }
+                    d.rest(&mut c)?;
+                    break;
+                }
+                Some("contentBlockIndex") | None => return None,
+                Some(_) => {
+                    others = true;
+                    c.value()?;
+                }
+            }
         }
+    }
+    // Past `delta`: the top-level keys left.
+    while let Some(key) = c.key()? {
+        match key {
+            "contentBlockIndex" if !seen_index => {
+                seen_index = true;
+                d.index = Some(c.value()?);
+            }
+            "contentBlockIndex" | "delta" => return None,
+            _ => {
+                c.value()?;
+            }
+        }
+    }
+    if !c.at_end() {
+        return None;
+    }
+    match (d.text, d.input) {
+        (Some(t), None) => Some(StreamEvent::TextDelta(t.string()?.into_owned())),
+        (None, Some(input)) => Some(StreamEvent::ToolCallArgsDelta {
+            index: d.index?.u32()?,
+            json: input.string()?.into_owned(),
+        }),
         _ => None,
+    }
+}
+
+/// What the fast path read of a `contentBlockDelta`.
+#[derive(Default)]
+struct FastDelta<'a> {
+    index: Option<Raw<'a>>,
+    text: Option<Raw<'a>>,
+    input: Option<Raw<'a>>,
+}
+
+impl<'a> FastDelta<'a> {
+    /// A `toolUse` value: its `input` is all that is read.
+    fn tool(&mut self, c: &mut Cursor<'a>) -> Option<()> {
+        c.object()?;
+        while let Some(key) = c.key()? {
+            let v = c.value()?;
+            if key == "input" {
+                self.input = Some(v);
+            }
+        }
+        self.input.get_or_insert(Raw::Scalar("null"));
+        Some(())
+    }
+
+    /// The rest of `delta` after its one member: nothing may follow.
+    fn rest(&mut self, c: &mut Cursor<'a>) -> Option<()> {
+        c.key()?.is_none().then_some(())
     }
 }
 
@@ -195,6 +263,8 @@ pub struct Normalizer {
     finished: bool,
     /// Whether delta events may take the fast path (tests compare it with the full parse).
     fast: bool,
+    /// The last text delta's bytes before its text (`fast_delta`).
+    text_prefix: Vec<u8>,
 }
 
 impl Normalizer {
@@ -205,6 +275,7 @@ impl Normalizer {
             stop: None,
             finished: false,
             fast: true,
+            text_prefix: Vec::new(),
         }
     }
 
@@ -256,7 +327,7 @@ impl crate::StreamNormalizer for Normalizer {
                 }
             }
             "contentBlockDelta" if self.fast => {
-                if let Some(ev) = fast_delta(data) {
+                if let Some(ev) = fast_delta(data, &mut self.text_prefix) {
                     if !matches!(&ev, StreamEvent::TextDelta(t) if t.is_empty()) {
                         out.push(ev);
                     }
@@ -490,16 +561,53 @@ mod tests {
             r#"{"contentBlockIndex":0,"delta":{"reasoningContent":{"text":"hm"}}}"#,
             r#"{"contentBlockIndex":0,"delta":{"text":"a","extra":1}}"#,
             r#"{ "delta" : { "text" : "spaced" } , "contentBlockIndex" : 0 }"#,
+            r#"{"contentBlockIndex":1,"delta":{"toolUse":{}}}"#,
+            r#"{"contentBlockIndex":1,"delta":{"text":"a","toolUse":{"input":"{}"}}}"#,
+            r#"{"contentBlockIndex":1,"delta":{"toolUse":{"input":"{}"},"text":"a"}}"#,
+            r#"{"contentBlockIndex":0,"delta":"text"}"#,
+            r#"{"contentBlockIndex":"0","delta":{"toolUse":{"input":"{}"}}}"#,
+            r#"{"contentBlockIndex":0,"delta":{"text":"a"}} x"#,
         ] {
             let mut fast = Normalizer::new(Aliases::default());
             let mut full = Normalizer::new(Aliases::default());
             full.fast = false;
             assert_eq!(
-                fast.push(Some("contentBlockDelta"), data).unwrap(),
-                full.push(Some("contentBlockDelta"), data).unwrap(),
+                fast.push(Some("contentBlockDelta"), data).ok(),
+                full.push(Some("contentBlockDelta"), data).ok(),
                 "{data}"
             );
         }
+    }
+
+    #[test]
+    fn a_reused_prefix_never_hides_a_changed_value() {
+        let mut fast = Normalizer::new(Aliases::default());
+        let mut full = Normalizer::new(Aliases::default());
+        full.fast = false;
+        for data in [
+            r#"{"contentBlockIndex":0,"delta":{"text":"a"},"p":"abc"}"#,
+            r#"{"contentBlockIndex":0,"delta":{"text":"b"},"p":"abcdefg"}"#,
+            r#"{"contentBlockIndex":0,"delta":{"text":"c\"d"}}"#,
+            r#"{"contentBlockIndex":0,"delta":{"text":"e","x":1}}"#,
+            r#"{"contentBlockIndex":0,"delta":{"text":"f"},"delta":{"text":"g"}}"#,
+            r#"{"contentBlockIndex":0,"delta":{"text":"h"},"contentBlockIndex":1}"#,
+            r#"{"contentBlockIndex":0,"delta":{"text":1}}"#,
+            r#"{"contentBlockIndex":0,"delta":{"text":"i"}} trailing"#,
+            r#"{"contentBlockIndex":0,"delta":{"text":"j"},"p":"x"}"#,
+            r#"{"contentBlockIndex":1,"delta":{"text":"k"}}"#,
+            r#"{"contentBlockIndex":1,"delta":{"toolUse":{"input":"{}"}}}"#,
+            r#"{"contentBlockIndex":1,"delta":{"text":"l"}}"#,
+        ] {
+            assert_eq!(
+                fast.push(Some("contentBlockDelta"), data).ok(),
+                full.push(Some("contentBlockDelta"), data).ok(),
+                "{data}"
+            );
+        }
+        assert_eq!(
+            fast.text_prefix, br#"{"contentBlockIndex":1,"delta":{"text":"#,
+            "the last text delta's prefix is kept for the next"
+        );
     }
 
     #[test]

@@ -163,7 +163,7 @@ impl StreamNormalizer for Refusals {
             #[serde(default)]
             delta: String,
         }
-        if event == Some("response.refusal.delta") || data.contains("\"response.refusal.delta\"") {
+        if event == Some("response.refusal.delta") || may_be_refusal(data) {
             if let Ok(r) = serde_json::from_str::<Refusal>(data) {
                 if r.kind == "response.refusal.delta" {
                     self.refused = true;
@@ -190,9 +190,42 @@ impl StreamNormalizer for Refusals {
     }
 }
 
+/// Whether `data` may be a `response.refusal.delta` event: its type when it comes first (as
+/// the backend writes it), else whether the name appears at all.
+fn may_be_refusal(data: &str) -> bool {
+    let mut c = crate::scan::Cursor::new(data);
+    let first = c.object().and_then(|()| c.key()).flatten();
+    match first {
+        Some("type") => match c.value().and_then(|v| v.plain()) {
+            Some(kind) => kind == "response.refusal.delta",
+            None => data.contains("\"response.refusal.delta\""),
+        },
+        _ => data.contains("\"response.refusal.delta\""),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refusal_is_known_by_its_type_wherever_the_type_stands() {
+        for (data, refusal) in [
+            (r#"{"type":"response.refusal.delta","delta":"no"}"#, true),
+            (r#"{"delta":"no","type":"response.refusal.delta"}"#, true),
+            (r#"{ "type" : "response.refusal.delta" }"#, true),
+            (
+                r#"{"type":"response.output_text.delta","delta":"\"response.refusal.delta\""}"#,
+                false,
+            ),
+            (
+                r#"{"type":"response.output_text.delta","delta":"x"}"#,
+                false,
+            ),
+        ] {
+            assert_eq!(may_be_refusal(data), refusal, "{data}");
+        }
+    }
 
     #[test]
     fn a_refusal_stream_normalizes_the_same_at_every_split() {

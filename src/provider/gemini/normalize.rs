@@ -16,6 +16,7 @@
 
 use serde::Deserialize;
 
+use crate::scan::{Cursor, Raw};
 use crate::{Aliases, FormatError, Normalized};
 use broca_protocol::{ClassifiedError, FinishReason, StreamEvent, Usage};
 
@@ -115,7 +116,28 @@ pub struct Normalizer {
     usage: Option<WireUsage>,
     request_id: Option<String>,
     finished: bool,
+    /// The last event the fast path read, but for its one text: consecutive events of a
+    /// stream repeat these bytes, and when they do they read the same.
+    envelope: Envelope,
+    /// Tests: every event through the full parse (the fast path's reference).
+    full_only: bool,
 }
+
+/// An event's bytes around its one text part, and what they read as.
+#[derive(Default)]
+struct Envelope {
+    valid: bool,
+    prefix: Vec<u8>,
+    suffix: Vec<u8>,
+    thought: bool,
+    finish: Option<String>,
+    usage: Option<WireUsage>,
+    response_id: Option<String>,
+}
+
+/// One text or thought part as the fast path read it: the text, the thought flag, the
+/// signature.
+type FastPart<'a> = (Raw<'a>, bool, Option<Raw<'a>>);
 
 impl Normalizer {
     pub fn new(aliases: Aliases) -> Normalizer {
@@ -126,7 +148,122 @@ impl Normalizer {
             usage: None,
             request_id: None,
             finished: false,
+            envelope: Envelope::default(),
+            full_only: false,
         }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn full_only() -> Normalizer {
+        Normalizer {
+            full_only: true,
+            ..Normalizer::new(Aliases::default())
+        }
+    }
+
+    /// The events of the common shape, read in one pass: one candidate whose parts are text
+    /// and thoughts (a thought's signature included), its finish reason, the usage, the
+    /// response id and fields that do not matter. `None` for anything else (a function call,
+    /// an error, prompt feedback, an escaped key, a value of another type), which the full
+    /// parse then reads: it is the reference, and tests hold the two equal.
+    fn fast_path(&mut self, data: &str) -> Option<Normalized> {
+        if let Some(text) = self.envelope_text(data) {
+            let e = std::mem::take(&mut self.envelope);
+            let out = self.emit(
+                &[(text, e.thought, None)],
+                e.finish.as_deref(),
+                e.usage,
+                e.response_id.as_deref(),
+            );
+            self.envelope = e;
+            return out;
+        }
+        self.envelope.valid = false;
+        let mut c = Cursor::new(data);
+        c.object()?;
+        let mut parts: Vec<FastPart<'_>> = Vec::new();
+        let (mut finish, mut usage, mut response_id) = (None, None, None);
+        let mut candidates = 0;
+        while let Some(key) = c.key()? {
+            match key {
+                "candidates" => {
+                    c.array()?;
+                    while c.element()? {
+                        candidates += 1;
+                        if candidates > 1 {
+                            return None;
+                        }
+                        c.object()?;
+                        while let Some(key) = c.key()? {
+                            match key {
+                                "content" => {
+                                    c.object()?;
+                                    while let Some(key) = c.key()? {
+                                        match key {
+                                            "parts" => read_parts(&mut c, &mut parts)?,
+                                            "role" => {
+                                                c.value()?;
+                                            }
+                                            _ => return None,
+                                        }
+                                    }
+                                }
+                                "finishReason" => finish = Some(c.value()?.plain()?),
+                                "index" | "safetyRatings" | "citationMetadata" => {
+                                    c.value()?;
+                                }
+                                _ => return None,
+                            }
+                        }
+                    }
+                }
+                "usageMetadata" => usage = Some(read_usage(&mut c)?),
+                "responseId" => response_id = Some(c.value()?.plain()?),
+                "modelVersion" | "createTime" => {
+                    c.value()?;
+                }
+                _ => return None,
+            }
+        }
+        if !c.at_end() {
+            return None;
+        }
+        let out = self.emit(&parts, finish, usage, response_id)?;
+        if let [(Raw::Str { quoted, .. }, thought, None)] = parts[..] {
+            let start = quoted.as_ptr() as usize - data.as_ptr() as usize;
+            let e = &mut self.envelope;
+            e.prefix.clear();
+            e.prefix.extend_from_slice(&data.as_bytes()[..start]);
+            e.suffix.clear();
+            e.suffix
+                .extend_from_slice(&data.as_bytes()[start + quoted.len()..]);
+            e.thought = thought;
+            e.finish = finish.map(str::to_string);
+            e.usage = usage;
+            e.response_id = response_id.map(str::to_string);
+            e.valid = true;
+        }
+        Some(out)
+    }
+
+    /// The one text of `data` when its other bytes are the last envelope's.
+    fn envelope_text<'a>(&self, data: &'a str) -> Option<Raw<'a>> {
+        let e = &self.envelope;
+        let b = data.as_bytes();
+        let start = e.prefix.len();
+        if !e.valid
+            || b.len() < start + e.suffix.len()
+            || !b.starts_with(&e.prefix)
+            || !b.ends_with(&e.suffix)
+            || b.get(start) != Some(&b'"')
+        {
+            return None;
+        }
+        let (end, escaped) = crate::scan::string_end(b, start)?;
+        (end == b.len() - e.suffix.len()).then(|| Raw::Str {
+            quoted: &data[start..end],
+            escaped,
+        })
     }
 
     fn finish(&mut self, out: &mut Vec<StreamEvent>, said: &str) {
@@ -145,10 +282,62 @@ impl Normalizer {
         });
         self.finished = true;
     }
+
+    /// The events of one event the fast path read.
+    fn emit(
+        &mut self,
+        parts: &[FastPart<'_>],
+        finish: Option<&str>,
+        usage: Option<WireUsage>,
+        response_id: Option<&str>,
+    ) -> Option<Normalized> {
+        let mut out = Vec::with_capacity(parts.len() + 2);
+        for &(text, thought, signature) in parts {
+            let text = text.string()?;
+            let signature = match signature {
+                Some(s) => Some(s.string()?),
+                None => None,
+            };
+            if thought {
+                out.push(StreamEvent::ThinkingDelta(text.into_owned()));
+                if let Some(s) = signature {
+                    out.push(StreamEvent::ThinkingSignature(s.into_owned()));
+                }
+            } else {
+                if let Some(s) = signature {
+                    out.push(StreamEvent::PartSignature(s.into_owned()));
+                }
+                if !text.is_empty() {
+                    out.push(StreamEvent::TextDelta(text.into_owned()));
+                }
+            }
+        }
+        self.events += 1;
+        if let Some(id) = response_id {
+            if self.request_id.as_deref() != Some(id) {
+                self.request_id = Some(id.to_string());
+            }
+        }
+        if usage.is_some() {
+            self.usage = usage;
+        }
+        if self.finished {
+            return Some(Normalized::Events(Vec::new()));
+        }
+        if let Some(reason) = finish.filter(|r| !r.is_empty()) {
+            self.finish(&mut out, reason);
+        }
+        Some(Normalized::Events(out))
+    }
 }
 
 impl crate::StreamNormalizer for Normalizer {
     fn push(&mut self, _event: Option<&str>, data: &str) -> Result<Normalized, FormatError> {
+        if !self.full_only {
+            if let Some(fast) = self.fast_path(data) {
+                return Ok(fast);
+            }
+        }
         let r: Response = serde_json::from_str(data)
             .map_err(|e| FormatError(format!("not a GenerateContentResponse: {e}")))?;
         if let Some(e) = r.error {
@@ -218,6 +407,51 @@ impl crate::StreamNormalizer for Normalizer {
         }
         Ok(Normalized::Events(out))
     }
+}
+
+/// A candidate's parts, each text with its thought flag and signature; `None` on a part
+/// that is not text (a function call) or on anything odd.
+fn read_parts<'a>(c: &mut Cursor<'a>, parts: &mut Vec<FastPart<'a>>) -> Option<()> {
+    c.array()?;
+    while c.element()? {
+        c.object()?;
+        let (mut text, mut thought, mut signature) = (None, false, None);
+        while let Some(key) = c.key()? {
+            let v = c.value()?;
+            match (key, v) {
+                ("text", Raw::Str { .. }) => text = Some(v),
+                ("thought", Raw::Scalar("true")) => thought = true,
+                ("thought", Raw::Scalar("false")) => thought = false,
+                ("thoughtSignature", Raw::Str { .. }) => signature = Some(v),
+                _ => return None,
+            }
+        }
+        parts.push((text?, thought, signature));
+    }
+    Some(())
+}
+
+/// `usageMetadata`: the counts the canonical usage needs, the rest skipped; `None` on a count
+/// that is not a plain integer.
+fn read_usage(c: &mut Cursor<'_>) -> Option<WireUsage> {
+    let mut u = WireUsage::default();
+    c.object()?;
+    while let Some(key) = c.key()? {
+        let v = c.value()?;
+        let slot = match key {
+            "promptTokenCount" => &mut u.prompt_token_count,
+            "candidatesTokenCount" => &mut u.candidates_token_count,
+            "cachedContentTokenCount" => &mut u.cached_content_token_count,
+            "thoughtsTokenCount" => &mut u.thoughts_token_count,
+            _ => match v {
+                Raw::Obj(_) | Raw::Arr(_) => continue,
+                Raw::Scalar(_) if v.u64().is_some() => continue,
+                _ => return None,
+            },
+        };
+        *slot = Some(v.u64()?);
+    }
+    Some(u)
 }
 
 #[cfg(test)]
@@ -356,5 +590,90 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(n.push(None, "not json").is_err());
+    }
+
+    /// More recorded shapes beside the family's golden stream: a finish with text, usage with
+    /// its per-modality details, several candidates, prompt feedback, an error.
+    const MORE: &str = concat!(
+        "data: {\"candidates\": [{\"content\": {\"parts\": [{\"text\": \"Done.\"}],\"role\": \"model\"},\"finishReason\": \"STOP\",\"index\": 0}],\"usageMetadata\": {\"promptTokenCount\": 5,\"candidatesTokenCount\": 2,\"totalTokenCount\": 7,\"promptTokensDetails\": [{\"modality\": \"TEXT\",\"tokenCount\": 5}],\"trafficType\": \"ON_DEMAND\"},\"modelVersion\": \"gemini-2.5-flash\",\"responseId\": \"r-2\"}\r\n\r\n",
+        "data: {\"candidates\": [{\"content\": {\"parts\": [{\"text\": \"a\"}]}},{\"content\": {\"parts\": [{\"text\": \"b\"}]}}]}\r\n\r\n",
+        "data: {\"candidates\": [{\"content\": {\"parts\": [{\"text\": \"\",\"thoughtSignature\": \"c2ln\"}]}}],\"usageMetadata\": {\"promptTokenCount\": null}}\r\n\r\n",
+        "data: {\"promptFeedback\": {\"blockReason\": \"SAFETY\"},\"usageMetadata\": {\"promptTokenCount\": 5}}\r\n\r\n",
+        "data: {\"candidates\": [{\"content\": null,\"finishReason\": \"MAX_TOKENS\"}]}\r\n\r\n",
+        "data: {\"error\": {\"code\": 503,\"message\": \"overloaded\",\"status\": \"UNAVAILABLE\"}}\r\n\r\n",
+    );
+
+    #[test]
+    fn the_fast_path_agrees_with_the_full_parse() {
+        for stream in [super::super::tests::STREAM, MORE] {
+            crate::assert_fast_path_agrees(
+                stream.as_bytes(),
+                Normalizer::new(Aliases::default()),
+                Normalizer::full_only(),
+            );
+        }
+    }
+
+    #[test]
+    fn a_reused_envelope_never_hides_a_changed_value() {
+        let event = |text: &str, usage: &str, finish: &str| {
+            format!(
+                r#"{{"candidates": [{{"content": {{"parts": [{{"text": "{text}"}}],"role": "model"}}{finish},"index": 0}}],"usageMetadata": {{"promptTokenCount": {usage},"totalTokenCount": 9}},"responseId": "r"}}"#
+            )
+        };
+        let mut fast = Normalizer::new(Aliases::default());
+        let mut full = Normalizer::full_only();
+        for d in [
+            event("a", "4", ""),
+            event("b", "4", ""),
+            event(r#"c\""#, "4", ""),
+            event("d", "40", ""),
+            event("e", "4", ""),
+            event("", "4", ""),
+            event(r"f\u00e9", "4", ""),
+            event(r"g\q", "4", ""),
+            event(r#"\"},{\"text\": \"h"#, "4", ""),
+            event("i", "4", r#","finishReason": "STOP""#),
+            event("j", "4", ""),
+        ] {
+            assert_eq!(fast.push(None, &d).ok(), full.push(None, &d).ok(), "{d}");
+        }
+        // A text that closes the string early and goes on as JSON of its own is not one
+        // string between the envelope's bytes.
+        let mut fast = Normalizer::new(Aliases::default());
+        let mut full = Normalizer::full_only();
+        for d in [
+            event("a", "4", ""),
+            event(r#"x", "thought": true, "y": "z"#, "4", ""),
+            event(r#"x"}, {"text": "y"#, "4", ""),
+        ] {
+            assert_eq!(fast.push(None, &d).ok(), full.push(None, &d).ok(), "{d}");
+        }
+    }
+
+    #[test]
+    fn the_fast_path_reads_the_common_shape_itself() {
+        let mut n = Normalizer::new(Aliases::default());
+        let text = r#"{"candidates": [{"content": {"parts": [{"text": "Hi \"you\""}],"role": "model"},"index": 0}],"usageMetadata": {"promptTokenCount": 4,"totalTokenCount": 4},"modelVersion": "gemini-2.5-flash","responseId": "r-9"}"#;
+        assert_eq!(
+            n.fast_path(text),
+            Some(Normalized::Events(vec![StreamEvent::TextDelta(
+                "Hi \"you\"".into()
+            )]))
+        );
+        assert_eq!(n.request_id.as_deref(), Some("r-9"));
+        // The next event with the same bytes around its text is read through the envelope.
+        let next = text.replace(r#"Hi \"you\""#, "there");
+        assert!(n.envelope_text(&next).is_some());
+        assert!(n
+            .envelope_text(&next.replace("\"r-9\"", "\"r-10\""))
+            .is_none());
+        let call =
+            r#"{"candidates": [{"content": {"parts": [{"functionCall": {"name": "ls"}}]}}]}"#;
+        assert_eq!(n.fast_path(call), None);
+        assert!(
+            n.envelope_text(&next).is_none(),
+            "an event the walk declined forgets it"
+        );
     }
 }

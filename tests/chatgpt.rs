@@ -1,6 +1,7 @@
 //! The chatgpt family's policy against a loopback ChatGPT backend (tests/peers/
 //! chatgpt_peer.py): the headers it sends, quota headers surfaced in run.result and recorded
-//! with the step, a usage limit waited out, a refusal ended as one.
+//! with the step, a usage limit waited out, a refusal ended as one; and the Codex mode over
+//! the peer's own WebSocket server (written from RFC 6455 apart from broca's client).
 
 mod support;
 
@@ -11,11 +12,20 @@ use serde_json::{json, Value};
 use support::{broca, dump_all, last_json, Peer};
 
 fn run(state: &Path, base: &str, prompt: &str) -> Output {
+    run_at(state, &format!("{base}/backend-api/codex"), prompt)
+}
+
+fn run_at(state: &Path, base_url: &str, prompt: &str) -> Output {
     broca(state)
         .env("CHATGPT_ACCESS_TOKEN", "chatgpt-token-0123456789")
         .env("CHATGPT_ACCOUNT_ID", "acct-42")
-        .args(["run", "--model", "chatgpt/gpt-5-codex", "--base-url"])
-        .arg(format!("{base}/backend-api/codex"))
+        .args([
+            "run",
+            "--model",
+            "chatgpt/gpt-5-codex",
+            "--base-url",
+            base_url,
+        ])
         .args(["--json", prompt])
         .output()
         .unwrap()
@@ -94,4 +104,73 @@ fn the_chatgpt_policy_sends_its_headers_surfaces_quota_waits_out_limits_and_ends
         .as_str()
         .unwrap()
         .contains("CHATGPT_ACCOUNT_ID"));
+}
+
+#[test]
+fn the_codex_mode_speaks_to_a_websocket_server_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("requests.jsonl");
+    let peer = Peer::python("chatgpt_peer.py", &log);
+    let state = dir.path().join("state");
+    let base = format!(
+        "{}/backend-api/codex",
+        peer.url().replace("http://", "ws://")
+    );
+
+    // Text, one event split over two frames, after a ping.
+    let o = run_at(&state, &base, "quota please");
+    let r = last_json(&o);
+    assert!(o.status.success(), "{r}");
+    assert_eq!(r["final_message"]["text"], "Within quota.");
+    assert_eq!(
+        r["usage"],
+        json!({"input": 11, "output": 3, "cache_read": 0, "reasoning": 0})
+    );
+
+    // A usage limit arrives as an error event: waited out as over HTTP, then the answer.
+    let o = run_at(&state, &base, "limit please");
+    let r = last_json(&o);
+    assert!(o.status.success(), "{r}");
+    assert_eq!(r["final_message"]["text"], "After the reset.");
+    let failed: Vec<Value> = dump_all(&state)
+        .into_iter()
+        .filter(|x| x["kind"] == "model_attempt_finished" && x["record"]["run_id"] == r["run_id"])
+        .map(|x| x["record"].clone())
+        .collect();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0]["error"]["class"], "transient");
+    assert_eq!(failed[0]["error"]["retry_after_ms"], 1000);
+
+    // A refusal over the socket ends as one.
+    let o = run_at(&state, &base, "refuse please");
+    let r = last_json(&o);
+    assert_eq!(r["final_message"]["text"], "I can't help with that.", "{r}");
+
+    let seen: Vec<Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(seen.len(), 4, "{seen:?}");
+    for h in &seen {
+        assert_eq!(h["mode"], "websocket");
+        assert_eq!(h["path"], "/backend-api/codex/responses");
+        assert_eq!(h["version"], "13");
+        assert_eq!(h["authorization"], "Bearer chatgpt-token-0123456789");
+        assert_eq!(h["chatgpt-account-id"], "acct-42");
+        assert_eq!(h["openai-beta"], "responses=experimental");
+        assert_eq!(h["originator"], "broca");
+        assert_eq!(h["first_opcode"], 1, "the first message is text");
+        assert_eq!(h["message_type"], "response.create");
+        assert_eq!(h["model"], "gpt-5-codex");
+        assert_eq!(
+            h["pong"], "are-you-there",
+            "the ping answered with its payload"
+        );
+        assert_eq!(h["unmasked_frames"], 0, "every client frame masked");
+        assert_eq!(
+            h["client_closed"], true,
+            "the socket closed with a close frame: {h}"
+        );
+    }
 }

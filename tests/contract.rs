@@ -8,7 +8,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::serve::{command, metric, rpc, spawn, start_env, wait_for, Serve};
+use support::serve::{command, metric, result_when_ended, rpc, spawn, start_env, wait_for, Serve};
 use support::{broca, dump_all, fixture, peers_dir, Aimock};
 
 fn kill(s: &mut Serve) {
@@ -261,25 +261,6 @@ fn the_catalog_is_read_again_for_new_sends_only() {
 }
 
 /// Waits for `run_id` to end and returns its `run.result`.
-fn result_when_ended(s: &Serve, session: &str, run_id: &str) -> Value {
-    wait_for("the run to end", || {
-        rpc(
-            s,
-            "run.status",
-            json!({"session": session, "run_id": run_id}),
-        )
-        .1["result"]["state"]
-            != "active"
-    });
-    let (status, r) = rpc(
-        s,
-        "run.result",
-        json!({"session": session, "run_id": run_id}),
-    );
-    assert_eq!(status, 200, "{r}");
-    r["result"].clone()
-}
-
 #[test]
 fn a_priced_model_runs_until_its_cost_budget_is_spent() {
     let dir = tempfile::tempdir().unwrap();

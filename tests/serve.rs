@@ -6,7 +6,7 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::ExitStatusExt;
@@ -15,7 +15,10 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::serve::{http, metric, post, read_response, rpc, start, wait_for, Serve};
+use support::serve::{
+    http, metric, open_sse, post, read_events, read_events_for, read_response, rpc, start,
+    wait_for, Serve,
+};
 use support::{broca, dump_all, fixture, Aimock};
 
 fn wal_files(state: &Path) -> usize {
@@ -344,77 +347,6 @@ fn sigterm_stops_admission_seals_active_runs_interrupted_and_dies_of_the_signal(
         "{}",
         finished[0]
     );
-}
-
-/// Reads server-sent events from `s` until `until` says stop or the stream ends; returns
-/// (id or None, event or None, data) triples.
-fn read_events(
-    s: TcpStream,
-    mut until: impl FnMut(&(Option<String>, Option<String>, String)) -> bool,
-) -> Vec<(Option<String>, Option<String>, String)> {
-    read_events_for(s, Duration::from_secs(20), &mut until)
-}
-
-/// The same, giving up after `wait` without bytes.
-fn read_events_for(
-    s: TcpStream,
-    wait: Duration,
-    until: &mut dyn FnMut(&(Option<String>, Option<String>, String)) -> bool,
-) -> Vec<(Option<String>, Option<String>, String)> {
-    s.set_read_timeout(Some(wait)).unwrap();
-    let mut r = BufReader::new(s);
-    let mut head = String::new();
-    loop {
-        let mut line = String::new();
-        r.read_line(&mut line).unwrap();
-        head.push_str(&line);
-        if line == "\r\n" {
-            break;
-        }
-    }
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    assert!(head.contains("text/event-stream"), "{head}");
-    let mut out = Vec::new();
-    let (mut id, mut event, mut data) = (None, None, String::new());
-    loop {
-        let mut line = String::new();
-        if r.read_line(&mut line).unwrap_or(0) == 0 {
-            return out;
-        }
-        let line = line.trim_end_matches('\n');
-        if line.is_empty() {
-            if !data.is_empty() {
-                let ev = (id.take(), event.take(), std::mem::take(&mut data));
-                let stop = until(&ev);
-                out.push(ev);
-                if stop {
-                    return out;
-                }
-            }
-        } else if let Some(v) = line.strip_prefix("id: ") {
-            id = Some(v.to_string());
-        } else if let Some(v) = line.strip_prefix("event: ") {
-            event = Some(v.to_string());
-        } else if let Some(v) = line.strip_prefix("data: ") {
-            data = v.to_string();
-        }
-    }
-}
-
-fn open_sse(s: &Serve, query: &str, last_event_id: Option<&str>) -> TcpStream {
-    let mut c = TcpStream::connect(&s.addr).unwrap();
-    let extra = last_event_id
-        .map(|id| format!("Last-Event-ID: {id}\r\n"))
-        .unwrap_or_default();
-    c.write_all(
-        format!(
-            "GET /v1/subscribe?{query} HTTP/1.1\r\nAuthorization: Bearer {}\r\n{extra}\r\n",
-            s.handle
-        )
-        .as_bytes(),
-    )
-    .unwrap();
-    c
 }
 
 fn is_finish(ev: &(Option<String>, Option<String>, String)) -> bool {

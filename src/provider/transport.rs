@@ -432,7 +432,12 @@ enum Source {
         frames: EventStreamDecoder,
     },
     Ws(Box<WebSocket>),
+    /// A WebSocket handed over to be closed, once its answer was complete.
+    Closed,
 }
+
+/// How long a WebSocket's close waits for the server's close frame.
+const WS_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl Source {
     fn http(resp: Response, framing: Framing) -> Source {
@@ -612,7 +617,7 @@ impl HttpModelStream {
                     feed(name, data)
                 })
                 .map_err(|e| e.to_string()),
-            Source::Ws(_) => Ok(()),
+            Source::Ws(_) | Source::Closed => Ok(()),
         };
         if let Err(e) = decoded {
             let msg = format!("{}: {e}", self.target);
@@ -646,12 +651,31 @@ impl HttpModelStream {
             }
             Source::Ws(ws) => {
                 if self.finished {
-                    // The socket stays open after a response; the step is complete.
                     self.ended = true;
                     return Ok(());
                 }
                 match ws.next_text().await {
-                    Ok(Some(text)) => self.normalize(None, &text),
+                    Ok(Some(text)) => {
+                        let read = self.normalize(None, &text);
+                        // The server keeps the socket open after a response: once its finish
+                        // (or its error) is in, the answer is complete, and the socket is
+                        // closed as the protocol asks: the close frame now, the server's
+                        // close awaited off the step's path.
+                        let complete = read.is_err()
+                            || self
+                                .pending
+                                .iter()
+                                .any(|e| matches!(e, StreamEvent::Finish { .. }));
+                        if complete {
+                            if let Source::Ws(mut ws) =
+                                std::mem::replace(&mut self.source, Source::Closed)
+                            {
+                                ws.send_close().await;
+                                ws.finish_close_detached(WS_CLOSE_WAIT);
+                            }
+                        }
+                        read
+                    }
                     Ok(None) => {
                         self.ended = true;
                         Ok(())
@@ -661,6 +685,10 @@ impl HttpModelStream {
                         Err(self.fail(ErrorClass::Transient, msg))
                     }
                 }
+            }
+            Source::Closed => {
+                self.ended = true;
+                Ok(())
             }
         }
     }

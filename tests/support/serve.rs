@@ -1,7 +1,7 @@
 //! `broca serve` as a real process for tests: started on a free port with aimock as the
 //! provider, its management surface reached over TCP with the bearer handle.
 
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
@@ -155,4 +155,95 @@ pub fn metric(s: &Serve, name: &str) -> u64 {
         .filter(|l| l.starts_with(&prefix))
         .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
         .sum()
+}
+
+/// Reads server-sent events from `s` until `until` says stop or the stream ends; returns
+/// (id or None, event or None, data) triples.
+pub fn read_events(
+    s: TcpStream,
+    mut until: impl FnMut(&(Option<String>, Option<String>, String)) -> bool,
+) -> Vec<(Option<String>, Option<String>, String)> {
+    read_events_for(s, Duration::from_secs(20), &mut until)
+}
+
+/// The same, giving up after `wait` without bytes.
+pub fn read_events_for(
+    s: TcpStream,
+    wait: Duration,
+    until: &mut dyn FnMut(&(Option<String>, Option<String>, String)) -> bool,
+) -> Vec<(Option<String>, Option<String>, String)> {
+    s.set_read_timeout(Some(wait)).unwrap();
+    let mut r = BufReader::new(s);
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        head.push_str(&line);
+        if line == "\r\n" {
+            break;
+        }
+    }
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("text/event-stream"), "{head}");
+    let mut out = Vec::new();
+    let (mut id, mut event, mut data) = (None, None, String::new());
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).unwrap_or(0) == 0 {
+            return out;
+        }
+        let line = line.trim_end_matches('\n');
+        if line.is_empty() {
+            if !data.is_empty() {
+                let ev = (id.take(), event.take(), std::mem::take(&mut data));
+                let stop = until(&ev);
+                out.push(ev);
+                if stop {
+                    return out;
+                }
+            }
+        } else if let Some(v) = line.strip_prefix("id: ") {
+            id = Some(v.to_string());
+        } else if let Some(v) = line.strip_prefix("event: ") {
+            event = Some(v.to_string());
+        } else if let Some(v) = line.strip_prefix("data: ") {
+            data = v.to_string();
+        }
+    }
+}
+
+pub fn open_sse(s: &Serve, query: &str, last_event_id: Option<&str>) -> TcpStream {
+    let mut c = TcpStream::connect(&s.addr).unwrap();
+    let extra = last_event_id
+        .map(|id| format!("Last-Event-ID: {id}\r\n"))
+        .unwrap_or_default();
+    c.write_all(
+        format!(
+            "GET /v1/subscribe?{query} HTTP/1.1\r\nAuthorization: Bearer {}\r\n{extra}\r\n",
+            s.handle
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    c
+}
+
+/// The run's run.result once run.status no longer says it is active.
+pub fn result_when_ended(s: &Serve, session: &str, run_id: &str) -> Value {
+    wait_for("the run to end", || {
+        rpc(
+            s,
+            "run.status",
+            json!({"session": session, "run_id": run_id}),
+        )
+        .1["result"]["state"]
+            != "active"
+    });
+    let (status, r) = rpc(
+        s,
+        "run.result",
+        json!({"session": session, "run_id": run_id}),
+    );
+    assert_eq!(status, 200, "{r}");
+    r["result"].clone()
 }

@@ -184,6 +184,41 @@ impl WebSocket {
         Ok(())
     }
 
+    /// Starts the closing handshake: a close frame (1000, normal) is written. Best effort.
+    pub async fn send_close(&mut self) {
+        if self.ws.close(None).is_ok() {
+            let _ = self.flush().await;
+        }
+    }
+
+    /// Ends the closing handshake in a task of the shard's own: the server's close is read
+    /// (up to `wait`) before the connection is dropped, so that no unread frame turns the TCP
+    /// close into a reset.
+    pub fn finish_close_detached(self, wait: std::time::Duration) {
+        glommio::spawn_local(self.finish_close(wait)).detach();
+    }
+
+    async fn finish_close(mut self, wait: std::time::Duration) {
+        let _ = with_timeout(wait, async {
+            loop {
+                match self.ws.read() {
+                    Ok(_) => {}
+                    Err(tungstenite::Error::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => {
+                        match self.conn.read(&mut self.buf).await {
+                            Ok(n) if n > 0 => {
+                                let got = &self.buf[..n];
+                                self.ws.get_mut().rx.extend_from_slice(got);
+                            }
+                            _ => return,
+                        }
+                    }
+                    Err(_) => return,
+                }
+            }
+        })
+        .await;
+    }
+
     /// Sends a text message.
     pub async fn send_text(&mut self, text: String) -> Result<(), NetError> {
         self.ws

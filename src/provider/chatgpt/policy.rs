@@ -18,7 +18,7 @@ use serde::Deserialize;
 
 use crate::credential::Credential;
 use crate::{FormatError, Normalized, StreamNormalizer};
-use broca_protocol::{ErrorClass, FinishReason, Quota, QuotaWindow, StreamEvent};
+use broca_protocol::{ClassifiedError, ErrorClass, FinishReason, Quota, QuotaWindow, StreamEvent};
 
 /// The bearer token and the account id a credential gives, or what is missing.
 pub fn account<'a>(credential: &'a Credential, family: &str) -> Result<(&'a str, String), String> {
@@ -163,7 +163,21 @@ impl StreamNormalizer for Refusals {
             #[serde(default)]
             delta: String,
         }
-        if event == Some("response.refusal.delta") || may_be_refusal(data) {
+        // A usage limit in the stream (how the backend answers over a WebSocket): classified
+        // as the same answer over HTTP is.
+        if event == Some("error") || may_be(data, "error") {
+            let limit = inner(data.as_bytes()).and_then(|e| e.kind.or(e.code));
+            if let Some("usage_limit_reached" | "usage_not_included") = limit.as_deref() {
+                if let Some((class, message)) = classify_body(0, data.as_bytes()) {
+                    return Ok(Normalized::Error(ClassifiedError {
+                        class,
+                        message,
+                        retry_after_ms: usage_limit_reset_ms(data.as_bytes()),
+                    }));
+                }
+            }
+        }
+        if event == Some("response.refusal.delta") || may_be(data, "response.refusal.delta") {
             if let Ok(r) = serde_json::from_str::<Refusal>(data) {
                 if r.kind == "response.refusal.delta" {
                     self.refused = true;
@@ -190,23 +204,68 @@ impl StreamNormalizer for Refusals {
     }
 }
 
-/// Whether `data` may be a `response.refusal.delta` event: its type when it comes first (as
-/// the backend writes it), else whether the name appears at all.
-fn may_be_refusal(data: &str) -> bool {
+/// Whether `data` may be an event of type `kind`: its type when it comes first (as the
+/// backend writes it), else whether the quoted name appears at all.
+fn may_be(data: &str, kind: &str) -> bool {
     let mut c = crate::scan::Cursor::new(data);
     let first = c.object().and_then(|()| c.key()).flatten();
+    let anywhere = || {
+        let b = data.as_bytes();
+        memchr::memmem::find_iter(b, kind.as_bytes())
+            .any(|at| at > 0 && b[at - 1] == b'"' && b.get(at + kind.len()) == Some(&b'"'))
+    };
     match first {
         Some("type") => match c.value().and_then(|v| v.plain()) {
-            Some(kind) => kind == "response.refusal.delta",
-            None => data.contains("\"response.refusal.delta\""),
+            Some(t) => t == kind,
+            None => anywhere(),
         },
-        _ => data.contains("\"response.refusal.delta\""),
+        _ => anywhere(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_usage_limit_in_the_stream_is_transient_with_its_reset() {
+        use crate::WireFamily;
+        let mut n = Refusals::new(crate::openai_responses::Family.normalizer(Default::default()));
+        let got = n
+            .push(
+                None,
+                r#"{"type":"error","status":429,"error":{"type":"usage_limit_reached","message":"The usage limit has been reached","plan_type":"plus","resets_in_seconds":7}}"#,
+            )
+            .unwrap();
+        let Normalized::Error(e) = got else {
+            panic!("{got:?}")
+        };
+        assert_eq!(e.class, ErrorClass::Transient);
+        assert_eq!(e.retry_after_ms, Some(7000));
+        assert!(
+            e.message.starts_with("usage_limit_reached (plan plus)"),
+            "{}",
+            e.message
+        );
+        // Another error event is the Responses family's to classify.
+        let got = n
+            .push(
+                None,
+                r#"{"type":"error","code":"rate_limit_exceeded","message":"slow"}"#,
+            )
+            .unwrap();
+        assert!(
+            matches!(
+                got,
+                Normalized::Error(ClassifiedError {
+                    class: ErrorClass::Transient,
+                    retry_after_ms: None,
+                    ..
+                })
+            ),
+            "{got:?}"
+        );
+    }
 
     #[test]
     fn a_refusal_is_known_by_its_type_wherever_the_type_stands() {
@@ -223,7 +282,7 @@ mod tests {
                 false,
             ),
         ] {
-            assert_eq!(may_be_refusal(data), refusal, "{data}");
+            assert_eq!(may_be(data, "response.refusal.delta"), refusal, "{data}");
         }
     }
 

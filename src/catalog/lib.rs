@@ -349,6 +349,36 @@ mod tests {
     }
 
     #[test]
+    fn every_builtin_provider_lists_models_with_their_limits_and_prices() {
+        let c = Catalog::builtin();
+        // Billed by subscription: no per-token prices to list.
+        let unpriced = ["code-assist", "chatgpt"];
+        for p in c.providers.iter().filter(|p| p.id != "scripted") {
+            let models: Vec<&ModelSpec> = c.models.iter().filter(|m| m.provider == p.id).collect();
+            assert!(models.len() >= 4, "{}: {} models", p.id, models.len());
+            for m in models {
+                let name = format!("{}/{}", p.id, m.model);
+                assert!(
+                    m.context_window.is_some() && m.max_output.is_some(),
+                    "{name}: limits"
+                );
+                let prices = m.prices.as_ref();
+                if unpriced.contains(&p.id.as_str()) {
+                    assert!(prices.is_none(), "{name} is billed by subscription");
+                } else {
+                    let prices = prices.unwrap_or_else(|| panic!("{name}: prices"));
+                    assert!(prices.input.is_some() && prices.output.is_some(), "{name}");
+                }
+            }
+        }
+        assert!(
+            c.sources.iter().any(|s| s.contains("2025-11")),
+            "{:?}",
+            c.sources
+        );
+    }
+
+    #[test]
     fn overrides_replace_and_add_entries() {
         let over = Catalog::parse(
             r#"{"models": [

@@ -74,6 +74,55 @@ pub fn ensure_peers() {
     });
 }
 
+/// The Python of the tests' own environment (tests/peers/.venv) with the official provider
+/// SDKs of tests/peers/requirements.txt, made on first use under a file lock.
+pub fn python_sdks() -> PathBuf {
+    static ONCE: Once = Once::new();
+    let dir = peers_dir();
+    let python = dir.join(".venv/bin/python");
+    ONCE.call_once(|| {
+        let lock = std::fs::File::create(dir.join(".venv.lock")).expect("the venv lock file");
+        // SAFETY: flock on a descriptor this function owns.
+        assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+        let ready = Command::new(&python)
+            .args(["-c", "import google.genai, boto3"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if ready {
+            return;
+        }
+        let steps: [&[&str]; 2] = [
+            &["python3", "-m", "venv", ".venv"],
+            &[
+                ".venv/bin/python",
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "-r",
+                "requirements.txt",
+            ],
+        ];
+        for step in steps {
+            let out = Command::new(step[0])
+                .args(&step[1..])
+                .current_dir(&dir)
+                .output()
+                .expect("python3 runs (3.11 with venv and pip is needed for the SDK oracles)");
+            assert!(
+                out.status.success(),
+                "`{}` in {} failed: {}",
+                step.join(" "),
+                dir.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    });
+    python
+}
+
 /// The entry script of `@modelcontextprotocol/server-everything`, under the peers folder.
 pub const EVERYTHING_JS: &str =
     "node_modules/@modelcontextprotocol/server-everything/dist/index.js";

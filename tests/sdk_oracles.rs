@@ -1,0 +1,206 @@
+//! The official SDKs as oracles: recorded streams (tests/fixtures/gemini_stream.sse, and
+//! bedrock_converse.eventstream, framed by tests/fixtures/make_bedrock_converse.py apart from
+//! broca) are decoded by `google-genai` and `boto3` (tests/peers/sdk_oracle.py, which serves
+//! the bytes on loopback to the SDK) and by broca's decoder and normalizer, fed in small
+//! chunks: the two must agree on every part in order (text, thoughts and their signatures,
+//! calls with their ids, names and arguments), on the usage (mapped onto the canonical
+//! measures as docs/usage.md says), on the finish and on the request path the SDK used.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+
+use broca_protocol::{FinishReason, Message, Request, StreamEvent, Usage};
+use broca_provider::{family, Aliases, Normalized};
+use serde_json::{json, Value};
+use support::{fixture, peers_dir, python_sdks};
+
+/// What the SDK decoded of `fixture`, and the paths it asked for.
+fn sdk(family: &str, fixture: &Path) -> (Vec<Value>, Vec<String>) {
+    let out = Command::new(python_sdks())
+        .arg(peers_dir().join("sdk_oracle.py"))
+        .arg(family)
+        .arg(fixture)
+        .output()
+        .expect("the oracle runs");
+    assert!(
+        out.status.success(),
+        "the {family} SDK refused the recorded stream: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let paths = v["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap().to_string())
+        .collect();
+    (v["decoded"].as_array().unwrap().clone(), paths)
+}
+
+/// broca's events for a stream, fed 7 bytes at a time.
+fn broca_events(family_id: &str, bytes: &[u8]) -> Vec<StreamEvent> {
+    let mut n = family(family_id).unwrap().normalizer(Aliases::default());
+    let mut out = Vec::new();
+    let mut push = |event: Option<&str>, data: &str| match n.push(event, data).unwrap() {
+        Normalized::Events(e) => out.extend(e),
+        Normalized::Error(e) => panic!("{e:?}"),
+    };
+    if family_id == "bedrock-converse" {
+        let mut d = broca_io::eventstream::EventStreamDecoder::default();
+        for chunk in bytes.chunks(7) {
+            d.push(chunk, &mut |m| {
+                push(
+                    m.header_str(":event-type"),
+                    std::str::from_utf8(m.payload).unwrap(),
+                )
+            })
+            .unwrap();
+        }
+        assert!(!d.is_mid_message());
+    } else {
+        let mut d = broca_io::sse::SseDecoder::default();
+        for chunk in bytes.chunks(7) {
+            d.push(chunk, &mut |e| push(e.event, e.data)).unwrap();
+        }
+    }
+    out
+}
+
+/// broca's parts in the oracle's shape, its usage, its finish and request id.
+fn parts(events: Vec<StreamEvent>) -> (Vec<Value>, Usage, FinishReason, Option<String>) {
+    let (mut parts, mut usage, mut finish) = (Vec::new(), None, None);
+    let mut call: Option<(String, String, String)> = None;
+    for e in events {
+        match e {
+            StreamEvent::TextDelta(t) => parts.push(json!({"text": t})),
+            StreamEvent::ThinkingDelta(t) => parts.push(json!({"thought": t})),
+            StreamEvent::ThinkingSignature(s) => parts.push(json!({"thought_signature": s})),
+            StreamEvent::PartSignature(s) => parts.push(json!({"signature": s})),
+            StreamEvent::ToolCallStart { id, name, .. } => call = Some((id, name, String::new())),
+            StreamEvent::ToolCallArgsDelta { json, .. } => call.as_mut().unwrap().2 += &json,
+            StreamEvent::ToolCallEnd { .. } => {
+                let (id, name, args) = call.take().unwrap();
+                // A Gemini call without an id gets broca's own, which is never sent back.
+                let id = (!id.starts_with("gemini-call-")).then_some(id);
+                let args: Value = serde_json::from_str(&args).unwrap();
+                parts.push(json!({"call": {"id": id, "name": name, "args": args}}));
+            }
+            StreamEvent::Usage(u) => usage = Some(u),
+            StreamEvent::Finish { reason, request_id } => finish = Some((reason, request_id)),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let (reason, id) = finish.expect("a finish");
+    (parts, usage.expect("usage"), reason, id)
+}
+
+/// The SDK's parts (without usage, finish and response ids), its last usage, its finish and
+/// response id.
+fn sdk_parts(decoded: Vec<Value>) -> (Vec<Value>, Value, String, Option<String>) {
+    let (mut parts, mut usage, mut finish, mut id) = (Vec::new(), None, None, None);
+    for d in decoded {
+        if let Some(u) = d.get("usage") {
+            usage = Some(u.clone());
+        } else if let Some(f) = d.get("finish") {
+            finish = Some(f.as_str().unwrap().to_string());
+        } else if let Some(r) = d.get("response_id") {
+            id = Some(r.as_str().unwrap().to_string());
+        } else {
+            parts.push(d);
+        }
+    }
+    (parts, usage.expect("usage"), finish.expect("a finish"), id)
+}
+
+fn request(provider: &str, model: &str) -> Request {
+    Request {
+        provider: provider.into(),
+        model: model.into(),
+        credential_id: String::new(),
+        system: None,
+        messages: vec![Arc::new(Message::user_text("hi"))],
+        tools: Arc::from(Vec::new()),
+        generation: Default::default(),
+        prompt_cache: false,
+        route: None,
+    }
+}
+
+#[test]
+fn google_genai_decodes_a_recorded_gemini_stream_as_broca_does() {
+    let path = fixture("gemini_stream.sse");
+    let (decoded, paths) = sdk("gemini", &path);
+    let (want, usage, finish, id) = sdk_parts(decoded);
+    let (got, u, reason, request_id) =
+        parts(broca_events("gemini", &std::fs::read(&path).unwrap()));
+    assert_eq!(got, want);
+    assert_eq!(want.len(), 7, "the fixture's parts all decoded: {want:?}");
+    let count = |k: &str| usage.get(k).map(|v| v.as_u64().unwrap());
+    assert_eq!(u.input, count("prompt_token_count"));
+    assert_eq!(
+        u.output,
+        Some(count("candidates_token_count").unwrap() + count("thoughts_token_count").unwrap())
+    );
+    assert_eq!(u.cache_read, count("cached_content_token_count"));
+    assert_eq!(u.reasoning, count("thoughts_token_count"));
+    assert_eq!(u.cache_write, None, "Gemini reports no cache writes");
+    assert_eq!(finish, "STOP");
+    assert_eq!(reason, FinishReason::ToolUse, "STOP after function calls");
+    assert_eq!(request_id, id);
+    // The same model path (the SDK's API version aside).
+    let rendered = family("gemini")
+        .unwrap()
+        .render(&request("gemini", "gemini-2.5-flash"), &Aliases::default());
+    let ours = rendered.path.split_once("/models/").unwrap().1;
+    assert_eq!(paths.len(), 1);
+    assert_eq!(paths[0].split_once("/models/").unwrap().1, ours);
+}
+
+#[test]
+fn boto3_decodes_a_recorded_converse_stream_as_broca_does() {
+    let path = fixture("bedrock_converse.eventstream");
+    let (decoded, paths) = sdk("bedrock", &path);
+    let (want, usage, finish, _) = sdk_parts(decoded);
+    let bytes = std::fs::read(&path).unwrap();
+    let (got, u, reason, _) = parts(broca_events("bedrock-converse", &bytes));
+    assert_eq!(got, want);
+    assert_eq!(want.len(), 5, "the fixture's parts all decoded: {want:?}");
+    let count = |k: &str| usage[k].as_u64().unwrap();
+    assert_eq!(
+        u.input,
+        Some(count("inputTokens") + count("cacheReadInputTokens") + count("cacheWriteInputTokens"))
+    );
+    assert_eq!(u.output, Some(count("outputTokens")));
+    assert_eq!(u.cache_read, Some(count("cacheReadInputTokens")));
+    assert_eq!(u.cache_write, Some(count("cacheWriteInputTokens")));
+    assert_eq!(u.reasoning, None);
+    assert_eq!(
+        (finish.as_str(), reason),
+        ("tool_use", FinishReason::ToolUse)
+    );
+    // The model id is one path segment, escaped as the SDK escapes it.
+    let model = "anthropic.claude-sonnet-4-5-20250929-v1:0";
+    let rendered = family("bedrock-converse")
+        .unwrap()
+        .render(&request("bedrock", model), &Aliases::default());
+    assert_eq!(paths, [rendered.path]);
+    // A flipped byte anywhere in a message body is refused by both.
+    let mut bad = bytes.clone();
+    bad[40] ^= 0x20;
+    let damaged = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(damaged.path(), &bad).unwrap();
+    let out = Command::new(python_sdks())
+        .arg(peers_dir().join("sdk_oracle.py"))
+        .args(["bedrock".as_ref(), damaged.path().as_os_str()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "boto3 took a damaged stream");
+    let mut d = broca_io::eventstream::EventStreamDecoder::default();
+    assert!(
+        d.push(&bad, &mut |_| {}).is_err(),
+        "broca took a damaged stream"
+    );
+}

@@ -218,6 +218,7 @@ fn prelude(b: &[u8], offset: u64, limit: usize) -> Result<usize, EventStreamErro
 }
 
 /// The message that is exactly `b` (its prelude already checked).
+#[inline]
 fn decode(b: &[u8], offset: u64) -> Result<Message<'_>, EventStreamError> {
     let total = b.len();
     let headers_len = be32(&b[4..]) as usize;
@@ -276,6 +277,7 @@ impl<'a> RawHeader<'a> {
 }
 
 /// Takes the header at the front of `b` as it lies; `None` at the end.
+#[inline]
 fn next_raw<'a>(b: &mut &'a [u8]) -> Result<Option<RawHeader<'a>>, String> {
     let Some(&name_len) = b.first() else {
         return Ok(None);

@@ -125,6 +125,11 @@ impl StreamNormalizer for Unwrap {
             #[serde(borrow, default)]
             error: Option<&'a serde_json::value::RawValue>,
         }
+        if let Some(inner) = response_of(data) {
+            if let Ok(got) = self.0.push(event, inner) {
+                return Ok(got);
+            }
+        }
         let e: Envelope = serde_json::from_str(data)
             .map_err(|e| FormatError(format!("not a Code Assist event: {e}")))?;
         match (e.response, e.error) {
@@ -136,11 +141,81 @@ impl StreamNormalizer for Unwrap {
     }
 }
 
+/// The `response` of the envelope as Code Assist writes it, `{"response": {...},"traceId":
+/// "..."}`, cut out by its first and last bytes without a parse of its own; `None` for any
+/// other shape. The cut is only a guess until the Gemini normalizer has read it whole: when it
+/// refuses the cut, the event is read by the full parse.
+fn response_of(data: &str) -> Option<&str> {
+    let rest = data
+        .strip_prefix(r#"{"response": "#)
+        .or_else(|| data.strip_prefix(r#"{"response":"#))?;
+    let body = rest.trim_end().strip_suffix("\"}")?;
+    let quote = body.rfind('"')?;
+    if body[quote + 1..].contains('\\') {
+        return None;
+    }
+    let inner = body[..quote]
+        .strip_suffix(r#","traceId": "#)
+        .or_else(|| body[..quote].strip_suffix(r#","traceId":"#))?;
+    inner.starts_with('{').then_some(inner)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::credential::Credential;
     use broca_protocol::StreamEvent;
+
+    #[test]
+    fn the_common_envelope_is_unwrapped_without_a_parse_and_any_other_by_the_full_one() {
+        let inner = r#"{"candidates": [{"content": {"parts": [{"text": "Hi"}]}}]}"#;
+        for (data, want) in [
+            (
+                format!(r#"{{"response": {inner},"traceId": "t-1"}}"#),
+                Some(inner),
+            ),
+            (
+                format!(r#"{{"response":{inner},"traceId":"t-1"}}"#),
+                Some(inner),
+            ),
+            (format!(r#"{{"traceId": "t", "response": {inner}}}"#), None),
+            (
+                format!(r#"{{"response": {inner},"traceId": "t\"x"}}"#),
+                None,
+            ),
+            (format!(r#"{{"response": {inner}}}"#), None),
+            (r#"{"error": {"code": 429}}"#.to_string(), None),
+            (r#"{"response": [1],"traceId": "t"}"#.to_string(), None),
+        ] {
+            assert_eq!(response_of(&data), want, "{data}");
+        }
+        // Every shape through the normalizer reads as the full parse reads it: the same
+        // events, or the same refusal.
+        let text = || Normalized::Events(vec![StreamEvent::TextDelta("Hi".into())]);
+        for (data, ok) in [
+            (format!(r#"{{"response": {inner},"traceId": "t-1"}}"#), true),
+            (format!(r#"{{"traceId": "t", "response": {inner}}}"#), true),
+            (
+                format!(r#"{{"response": {inner},"metadata": {{}},"traceId": "t"}}"#),
+                true,
+            ),
+            (
+                format!(r#"{{"response": {inner},"x": 1,"traceId": "t"}}"#),
+                true,
+            ),
+            (
+                format!(r#"{{"response": {inner},"x": ,"traceId": "t"}}"#),
+                false,
+            ),
+            (r#"{"traceId": "t"}"#.to_string(), false),
+        ] {
+            let mut n = Family.normalizer(Aliases::default());
+            match n.push(None, &data) {
+                Ok(got) => assert!(ok && got == text(), "{data}: {got:?}"),
+                Err(e) => assert!(!ok, "{data}: {e:?}"),
+            }
+        }
+    }
 
     #[test]
     fn the_envelope_wraps_the_gemini_request_and_the_project_is_added_at_authorization() {

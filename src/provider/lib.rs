@@ -20,6 +20,7 @@ pub mod openai_chat;
 pub mod openai_responses;
 pub(crate) mod scan;
 pub mod sigv4;
+pub(crate) mod template;
 pub mod transport;
 
 pub use alias::Aliases;

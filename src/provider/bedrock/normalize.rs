@@ -13,6 +13,7 @@
 use serde::Deserialize;
 
 use crate::scan::{Cursor, Raw};
+use crate::template::{Hole, Template};
 use crate::{Aliases, FormatError, Normalized};
 use broca_protocol::{ClassifiedError, ErrorClass, FinishReason, StreamEvent, Usage};
 
@@ -152,62 +153,40 @@ pub fn classify(kind: &str, message: &str) -> ErrorClass {
 
 /// The `contentBlockDelta` events that carry text or a tool's input (nearly all of a
 /// stream), read without a full parse; `None` hands the event to the full parse (also for a
-/// key given twice, which the full parse refuses). `prefix` holds the bytes of the last
-/// delta before its text, when they were its block index and the `delta` and `text` keys
-/// alone: an event that starts with the same bytes reads the same up to there, and is read
-/// on from its text.
-fn fast_delta(data: &str, prefix: &mut Vec<u8>) -> Option<StreamEvent> {
-    let mut d = FastDelta::default();
-    let mut c;
-    let mut seen_index = false;
-    if !prefix.is_empty() && data.as_bytes().starts_with(prefix) {
-        c = Cursor::resume(data, prefix.len(), true);
-        d.text = Some(c.value()?);
-        d.rest(&mut c)?;
-        seen_index = true;
-    } else {
-        prefix.clear();
-        c = Cursor::new(data);
-        c.object()?;
-        let mut others = false;
-        loop {
-            match c.key()? {
-                Some("contentBlockIndex") if !seen_index => {
-                    seen_index = true;
-                    d.index = Some(c.value()?);
-                }
-                Some("delta") => {
-                    // Exactly one member: `text`, or `toolUse` (whose `input` is all it reads).
-                    c.object()?;
-                    match c.key()? {
-                        Some("text") => {
-                            if seen_index && !others {
-                                prefix.extend_from_slice(&data.as_bytes()[..c.position().0]);
-                            }
-                            d.text = Some(c.value()?);
-                        }
-                        Some("toolUse") => d.tool(&mut c)?,
-                        _ => return None,
-                    }
-                    d.rest(&mut c)?;
-                    break;
-                }
-                Some("contentBlockIndex") | None => return None,
-                Some(_) => {
-                    others = true;
-                    c.value()?;
-                }
-            }
+/// key given twice, which the full parse refuses). A delta's event is kept as a template with
+/// holes for its text (or input) and its padding (`p`): the next delta of the block repeats
+/// the rest of its bytes, and reads the same.
+fn fast_delta(data: &str, last: &mut Last) -> Option<StreamEvent> {
+    if let Some(kind) = last.kind {
+        if let Some((text, _)) = last.template.fill(data) {
+            return kind.event(text);
         }
     }
-    // Past `delta`: the top-level keys left.
+    last.kind = None;
+    last.template.forget();
+    let mut d = FastDelta::default();
+    let mut c = Cursor::new(data);
+    c.object()?;
+    let (mut seen_index, mut seen_delta) = (false, false);
     while let Some(key) = c.key()? {
         match key {
             "contentBlockIndex" if !seen_index => {
                 seen_index = true;
                 d.index = Some(c.value()?);
             }
+            "delta" if !seen_delta => {
+                // Exactly one member: `text`, or `toolUse` (whose `input` is all it reads).
+                seen_delta = true;
+                c.object()?;
+                match c.key()? {
+                    Some("text") => d.text = Some(c.value()?),
+                    Some("toolUse") => d.tool(&mut c)?,
+                    _ => return None,
+                }
+                c.key()?.is_none().then_some(())?;
+            }
             "contentBlockIndex" | "delta" => return None,
+            "p" => d.padding = Some(c.value()?),
             _ => {
                 c.value()?;
             }
@@ -216,14 +195,56 @@ fn fast_delta(data: &str, prefix: &mut Vec<u8>) -> Option<StreamEvent> {
     if !c.at_end() {
         return None;
     }
-    match (d.text, d.input) {
-        (Some(t), None) => Some(StreamEvent::TextDelta(t.string()?.into_owned())),
-        (None, Some(input)) => Some(StreamEvent::ToolCallArgsDelta {
-            index: d.index?.u32()?,
-            json: input.string()?.into_owned(),
-        }),
-        _ => None,
+    let (kind, value) = match (d.text, d.input) {
+        (Some(t), None) => (DeltaKind::Text, t),
+        (None, Some(input)) => (
+            DeltaKind::Input {
+                index: d.index?.u32()?,
+            },
+            input,
+        ),
+        _ => return None,
+    };
+    let ev = kind.event(value)?;
+    let span = |s: &str| {
+        let at = s.as_ptr() as usize - data.as_ptr() as usize;
+        (at, at + s.len())
+    };
+    if let Raw::Str { quoted, .. } = value {
+        let (a, b) = span(quoted);
+        let mut holes = vec![(a, b, Hole::Text)];
+        if let Some(Raw::Str { quoted, .. }) = d.padding {
+            let (a, b) = span(quoted);
+            holes.push((a, b, Hole::Str));
+        }
+        last.template.record(data, &mut holes);
+        last.kind = Some(kind);
     }
+    Some(ev)
+}
+
+/// What a delta's text makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DeltaKind {
+    Text,
+    Input { index: u32 },
+}
+
+impl DeltaKind {
+    fn event(self, value: Raw<'_>) -> Option<StreamEvent> {
+        let text = value.string()?.into_owned();
+        Some(match self {
+            DeltaKind::Text => StreamEvent::TextDelta(text),
+            DeltaKind::Input { index } => StreamEvent::ToolCallArgsDelta { index, json: text },
+        })
+    }
+}
+
+/// The last delta the fast path read, as a template, and what its text makes.
+#[derive(Default)]
+struct Last {
+    template: Template,
+    kind: Option<DeltaKind>,
 }
 
 /// What the fast path read of a `contentBlockDelta`.
@@ -232,6 +253,7 @@ struct FastDelta<'a> {
     index: Option<Raw<'a>>,
     text: Option<Raw<'a>>,
     input: Option<Raw<'a>>,
+    padding: Option<Raw<'a>>,
 }
 
 impl<'a> FastDelta<'a> {
@@ -247,11 +269,6 @@ impl<'a> FastDelta<'a> {
         self.input.get_or_insert(Raw::Scalar("null"));
         Some(())
     }
-
-    /// The rest of `delta` after its one member: nothing may follow.
-    fn rest(&mut self, c: &mut Cursor<'a>) -> Option<()> {
-        c.key()?.is_none().then_some(())
-    }
 }
 
 /// One attempt's normalizer.
@@ -263,8 +280,8 @@ pub struct Normalizer {
     finished: bool,
     /// Whether delta events may take the fast path (tests compare it with the full parse).
     fast: bool,
-    /// The last text delta's bytes before its text (`fast_delta`).
-    text_prefix: Vec<u8>,
+    /// The last delta the fast path read (`fast_delta`).
+    last: Last,
 }
 
 impl Normalizer {
@@ -275,7 +292,7 @@ impl Normalizer {
             stop: None,
             finished: false,
             fast: true,
-            text_prefix: Vec::new(),
+            last: Last::default(),
         }
     }
 
@@ -327,7 +344,7 @@ impl crate::StreamNormalizer for Normalizer {
                 }
             }
             "contentBlockDelta" if self.fast => {
-                if let Some(ev) = fast_delta(data, &mut self.text_prefix) {
+                if let Some(ev) = fast_delta(data, &mut self.last) {
                     if !matches!(&ev, StreamEvent::TextDelta(t) if t.is_empty()) {
                         out.push(ev);
                     }
@@ -580,7 +597,7 @@ mod tests {
     }
 
     #[test]
-    fn a_reused_prefix_never_hides_a_changed_value() {
+    fn a_reused_template_never_hides_a_changed_value() {
         let mut fast = Normalizer::new(Aliases::default());
         let mut full = Normalizer::new(Aliases::default());
         full.fast = false;
@@ -596,7 +613,9 @@ mod tests {
             r#"{"contentBlockIndex":0,"delta":{"text":"j"},"p":"x"}"#,
             r#"{"contentBlockIndex":1,"delta":{"text":"k"}}"#,
             r#"{"contentBlockIndex":1,"delta":{"toolUse":{"input":"{}"}}}"#,
-            r#"{"contentBlockIndex":1,"delta":{"text":"l"}}"#,
+            r#"{"contentBlockIndex":1,"delta":{"text":"l"},"p":"ab"}"#,
+            r#"{"contentBlockIndex":1,"delta":{"text":"l2"},"p":7}"#,
+            r#"{"contentBlockIndex":1,"delta":{"text":"l3"},"p":"a"}"#,
         ] {
             assert_eq!(
                 fast.push(Some("contentBlockDelta"), data).ok(),
@@ -604,10 +623,12 @@ mod tests {
                 "{data}"
             );
         }
-        assert_eq!(
-            fast.text_prefix, br#"{"contentBlockIndex":1,"delta":{"text":"#,
-            "the last text delta's prefix is kept for the next"
-        );
+        // The last delta is kept as a template: the next of its block reads through it.
+        assert!(fast
+            .last
+            .template
+            .fill(r#"{"contentBlockIndex":1,"delta":{"text":"m"},"p":"abcdef"}"#)
+            .is_some());
     }
 
     #[test]

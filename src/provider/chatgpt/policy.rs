@@ -163,9 +163,16 @@ impl StreamNormalizer for Refusals {
             #[serde(default)]
             delta: String,
         }
+        // The event's type when it comes first (as the backend writes it): most events are
+        // neither of the two this policy reads, and pass through on that alone.
+        let first = first_type(data);
+        let may_be = |kind: &str| match first {
+            Some(t) => t == kind,
+            None => appears(data, kind),
+        };
         // A usage limit in the stream (how the backend answers over a WebSocket): classified
         // as the same answer over HTTP is.
-        if event == Some("error") || may_be(data, "error") {
+        if event == Some("error") || may_be("error") {
             let limit = inner(data.as_bytes()).and_then(|e| e.kind.or(e.code));
             if let Some("usage_limit_reached" | "usage_not_included") = limit.as_deref() {
                 if let Some((class, message)) = classify_body(0, data.as_bytes()) {
@@ -177,7 +184,7 @@ impl StreamNormalizer for Refusals {
                 }
             }
         }
-        if event == Some("response.refusal.delta") || may_be(data, "response.refusal.delta") {
+        if event == Some("response.refusal.delta") || may_be("response.refusal.delta") {
             if let Ok(r) = serde_json::from_str::<Refusal>(data) {
                 if r.kind == "response.refusal.delta" {
                     self.refused = true;
@@ -204,22 +211,27 @@ impl StreamNormalizer for Refusals {
     }
 }
 
-/// Whether `data` may be an event of type `kind`: its type when it comes first (as the
-/// backend writes it), else whether the quoted name appears at all.
-fn may_be(data: &str, kind: &str) -> bool {
+/// The `type` of an event whose first member it is.
+fn first_type(data: &str) -> Option<&str> {
     let mut c = crate::scan::Cursor::new(data);
-    let first = c.object().and_then(|()| c.key()).flatten();
-    let anywhere = || {
-        let b = data.as_bytes();
-        memchr::memmem::find_iter(b, kind.as_bytes())
-            .any(|at| at > 0 && b[at - 1] == b'"' && b.get(at + kind.len()) == Some(&b'"'))
-    };
-    match first {
-        Some("type") => match c.value().and_then(|v| v.plain()) {
-            Some(t) => t == kind,
-            None => anywhere(),
-        },
-        _ => anywhere(),
+    c.object()?;
+    (c.key()? == Some("type")).then_some(())?;
+    c.value()?.plain()
+}
+
+/// Whether `kind` appears in `data` as a whole JSON string.
+fn appears(data: &str, kind: &str) -> bool {
+    let b = data.as_bytes();
+    memchr::memmem::find_iter(b, kind.as_bytes())
+        .any(|at| at > 0 && b[at - 1] == b'"' && b.get(at + kind.len()) == Some(&b'"'))
+}
+
+/// Whether `data` may be an event of type `kind`.
+#[cfg(test)]
+fn may_be(data: &str, kind: &str) -> bool {
+    match first_type(data) {
+        Some(t) => t == kind,
+        None => appears(data, kind),
     }
 }
 

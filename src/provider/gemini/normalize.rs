@@ -21,6 +21,7 @@ use crate::{Aliases, FormatError, Normalized};
 use broca_protocol::{ClassifiedError, FinishReason, StreamEvent, Usage};
 
 use super::render::SYNTHETIC_ID_PREFIX;
+use crate::template::{Counts, Hole, Template};
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -95,6 +96,15 @@ struct WireUsage {
 }
 
 impl WireUsage {
+    fn from_counts(c: Counts) -> WireUsage {
+        WireUsage {
+            prompt_token_count: c[0],
+            candidates_token_count: c[1],
+            cached_content_token_count: c[2],
+            thoughts_token_count: c[3],
+        }
+    }
+
     fn canonical(self) -> Usage {
         Usage {
             input: self.prompt_token_count,
@@ -116,22 +126,21 @@ pub struct Normalizer {
     usage: Option<WireUsage>,
     request_id: Option<String>,
     finished: bool,
-    /// The last event the fast path read, but for its one text: consecutive events of a
-    /// stream repeat these bytes, and when they do they read the same.
+    /// The last event the fast path read, with holes for its text and usage counts:
+    /// consecutive events of a stream repeat the rest of its bytes (`template`).
     envelope: Envelope,
     /// Tests: every event through the full parse (the fast path's reference).
     full_only: bool,
 }
 
-/// An event's bytes around its one text part, and what they read as.
+/// An event of one text part as a template, and what its bytes outside the holes read as.
 #[derive(Default)]
 struct Envelope {
-    valid: bool,
-    prefix: Vec<u8>,
-    suffix: Vec<u8>,
+    template: Template,
     thought: bool,
     finish: Option<String>,
-    usage: Option<WireUsage>,
+    /// Whether the event had `usageMetadata` (its counts are the template's holes).
+    usage: bool,
     response_id: Option<String>,
 }
 
@@ -167,22 +176,24 @@ impl Normalizer {
     /// an error, prompt feedback, an escaped key, a value of another type), which the full
     /// parse then reads: it is the reference, and tests hold the two equal.
     fn fast_path(&mut self, data: &str) -> Option<Normalized> {
-        if let Some(text) = self.envelope_text(data) {
+        if let Some((text, counts)) = self.envelope.template.fill(data) {
             let e = std::mem::take(&mut self.envelope);
+            let usage = e.usage.then(|| WireUsage::from_counts(counts));
             let out = self.emit(
                 &[(text, e.thought, None)],
                 e.finish.as_deref(),
-                e.usage,
+                usage,
                 e.response_id.as_deref(),
             );
             self.envelope = e;
             return out;
         }
-        self.envelope.valid = false;
+        self.envelope.template.forget();
         let mut c = Cursor::new(data);
         c.object()?;
         let mut parts: Vec<FastPart<'_>> = Vec::new();
         let (mut finish, mut usage, mut response_id) = (None, None, None);
+        let mut count_spans: Vec<(&str, Hole)> = Vec::new();
         let mut candidates = 0;
         while let Some(key) = c.key()? {
             match key {
@@ -217,7 +228,7 @@ impl Normalizer {
                         }
                     }
                 }
-                "usageMetadata" => usage = Some(read_usage(&mut c)?),
+                "usageMetadata" => usage = Some(read_usage(&mut c, &mut count_spans)?),
                 "responseId" => response_id = Some(c.value()?.plain()?),
                 "modelVersion" | "createTime" => {
                     c.value()?;
@@ -230,40 +241,24 @@ impl Normalizer {
         }
         let out = self.emit(&parts, finish, usage, response_id)?;
         if let [(Raw::Str { quoted, .. }, thought, None)] = parts[..] {
-            let start = quoted.as_ptr() as usize - data.as_ptr() as usize;
+            let span = |s: &str| {
+                let start = s.as_ptr() as usize - data.as_ptr() as usize;
+                (start, start + s.len())
+            };
+            let (start, end) = span(quoted);
+            let mut holes = vec![(start, end, Hole::Text)];
+            for &(s, hole) in &count_spans {
+                let (a, b) = span(s);
+                holes.push((a, b, hole));
+            }
             let e = &mut self.envelope;
-            e.prefix.clear();
-            e.prefix.extend_from_slice(&data.as_bytes()[..start]);
-            e.suffix.clear();
-            e.suffix
-                .extend_from_slice(&data.as_bytes()[start + quoted.len()..]);
+            e.template.record(data, &mut holes);
             e.thought = thought;
             e.finish = finish.map(str::to_string);
-            e.usage = usage;
+            e.usage = usage.is_some();
             e.response_id = response_id.map(str::to_string);
-            e.valid = true;
         }
         Some(out)
-    }
-
-    /// The one text of `data` when its other bytes are the last envelope's.
-    fn envelope_text<'a>(&self, data: &'a str) -> Option<Raw<'a>> {
-        let e = &self.envelope;
-        let b = data.as_bytes();
-        let start = e.prefix.len();
-        if !e.valid
-            || b.len() < start + e.suffix.len()
-            || !b.starts_with(&e.prefix)
-            || !b.ends_with(&e.suffix)
-            || b.get(start) != Some(&b'"')
-        {
-            return None;
-        }
-        let (end, escaped) = crate::scan::string_end(b, start)?;
-        (end == b.len() - e.suffix.len()).then(|| Raw::Str {
-            quoted: &data[start..end],
-            escaped,
-        })
     }
 
     fn finish(&mut self, out: &mut Vec<StreamEvent>, said: &str) {
@@ -432,26 +427,31 @@ fn read_parts<'a>(c: &mut Cursor<'a>, parts: &mut Vec<FastPart<'a>>) -> Option<(
 }
 
 /// `usageMetadata`: the counts the canonical usage needs, the rest skipped; `None` on a count
-/// that is not a plain integer.
-fn read_usage(c: &mut Cursor<'_>) -> Option<WireUsage> {
-    let mut u = WireUsage::default();
+/// that is not a plain integer. Each top-level integer is noted in `holes` with where it stands
+/// (the template's holes: Gemini sends running totals).
+fn read_usage<'a>(c: &mut Cursor<'a>, holes: &mut Vec<(&'a str, Hole)>) -> Option<WireUsage> {
+    let mut counts = [None; 4];
     c.object()?;
     while let Some(key) = c.key()? {
         let v = c.value()?;
-        let slot = match key {
-            "promptTokenCount" => &mut u.prompt_token_count,
-            "candidatesTokenCount" => &mut u.candidates_token_count,
-            "cachedContentTokenCount" => &mut u.cached_content_token_count,
-            "thoughtsTokenCount" => &mut u.thoughts_token_count,
-            _ => match v {
-                Raw::Obj(_) | Raw::Arr(_) => continue,
-                Raw::Scalar(_) if v.u64().is_some() => continue,
-                _ => return None,
-            },
+        let k = match key {
+            "promptTokenCount" => Some(0),
+            "candidatesTokenCount" => Some(1),
+            "cachedContentTokenCount" => Some(2),
+            "thoughtsTokenCount" => Some(3),
+            _ => None,
         };
-        *slot = Some(v.u64()?);
+        match (k, v) {
+            (Some(k), Raw::Scalar(text)) => {
+                counts[k] = Some(v.u64()?);
+                holes.push((text, Hole::Count(k)));
+            }
+            (Some(_), _) => return None,
+            (None, Raw::Scalar(text)) if v.u64().is_some() => holes.push((text, Hole::Other)),
+            (None, _) => {}
+        }
     }
-    Some(u)
+    Some(WireUsage::from_counts(counts))
 }
 
 #[cfg(test)]
@@ -664,15 +664,24 @@ mod tests {
         assert_eq!(n.request_id.as_deref(), Some("r-9"));
         // The next event with the same bytes around its text is read through the envelope.
         let next = text.replace(r#"Hi \"you\""#, "there");
-        assert!(n.envelope_text(&next).is_some());
+        assert!(n.envelope.template.fill(&next).is_some());
         assert!(n
-            .envelope_text(&next.replace("\"r-9\"", "\"r-10\""))
+            .envelope
+            .template
+            .fill(&next.replace("\"r-9\"", "\"r-10\""))
             .is_none());
+        // The usage counts are holes too: a running total reads through the template.
+        let (_, counts) = n
+            .envelope
+            .template
+            .fill(&next.replace("\"promptTokenCount\": 4", "\"promptTokenCount\": 47"))
+            .unwrap();
+        assert_eq!(counts, [Some(47), None, None, None]);
         let call =
             r#"{"candidates": [{"content": {"parts": [{"functionCall": {"name": "ls"}}]}}]}"#;
         assert_eq!(n.fast_path(call), None);
         assert!(
-            n.envelope_text(&next).is_none(),
+            n.envelope.template.fill(&next).is_none(),
             "an event the walk declined forgets it"
         );
     }

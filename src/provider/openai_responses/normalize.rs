@@ -7,7 +7,10 @@
 
 use serde::Deserialize;
 
-use crate::scan;
+use std::borrow::Cow;
+
+use crate::scan::{self, Raw};
+use crate::template::{Hole, Template};
 use crate::{Aliases, FormatError, Normalized};
 use broca_protocol::{ClassifiedError, FinishReason, StreamEvent, Usage};
 
@@ -105,6 +108,9 @@ pub struct Normalizer {
     request_id: Option<String>,
     calls: u32,
     aliases: Aliases,
+    /// The last delta the fast path read, as a template, and what its text makes.
+    template: Template,
+    delta_kind: Option<DeltaKind>,
     /// Tests: every event through the full parse (the fast path's reference).
     full_only: bool,
 }
@@ -118,44 +124,90 @@ fn error(code: Option<&str>, kind: Option<&str>, message: &str) -> Normalized {
     })
 }
 
-/// The delta events that make up nearly all of a stream, read without a full parse; `None`
-/// hands the event to the full parse.
-fn fast_path(data: &str) -> Option<Normalized> {
-    let (mut kind, mut delta, mut index) = (None, None, None);
-    scan::fields(data, |k, v| match k {
-        "type" => kind = Some(v),
-        "delta" => delta = Some(v),
-        "output_index" => index = Some(v),
-        _ => {}
-    })?;
-    let ev = match kind?.plain()? {
-        "response.output_text.delta" => {
-            let text = delta?.string()?;
-            if text.is_empty() {
-                return Some(Normalized::Events(Vec::new()));
+/// What a delta event the fast path read makes of its text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DeltaKind {
+    Text,
+    Reasoning,
+    Args { index: u32 },
+}
+
+impl DeltaKind {
+    fn event(self, text: Cow<'_, str>) -> Normalized {
+        let ev = match self {
+            DeltaKind::Text if text.is_empty() => return Normalized::Events(Vec::new()),
+            DeltaKind::Reasoning if text.is_empty() => return Normalized::Events(Vec::new()),
+            DeltaKind::Text => StreamEvent::TextDelta(text.into_owned()),
+            DeltaKind::Reasoning => StreamEvent::ThinkingDelta(text.into_owned()),
+            DeltaKind::Args { index } => StreamEvent::ToolCallArgsDelta {
+                index,
+                json: text.into_owned(),
+            },
+        };
+        Normalized::Events(vec![ev])
+    }
+}
+
+impl Normalizer {
+    /// The delta events that make up nearly all of a stream, read without a full parse;
+    /// `None` hands the event to the full parse. A delta's event is kept as a template with
+    /// holes for its sequence number, its text and its padding (`obfuscation`): the next
+    /// delta of the same item repeats the rest of its bytes, and reads the same.
+    fn fast_path(&mut self, data: &str) -> Option<Normalized> {
+        if let Some(kind) = self.delta_kind {
+            if let Some((text, _)) = self.template.fill(data) {
+                return Some(kind.event(text.string()?));
             }
-            StreamEvent::TextDelta(text.into_owned())
         }
-        "response.reasoning_summary_text.delta" | "response.reasoning_text.delta" => {
-            let text = delta?.string()?;
-            if text.is_empty() {
-                return Some(Normalized::Events(Vec::new()));
+        self.delta_kind = None;
+        self.template.forget();
+        let (mut kind, mut delta, mut index) = (None, None, None);
+        let (mut holes, mut plain) = (Vec::new(), true);
+        let span = |s: &str| s.as_ptr() as usize - data.as_ptr() as usize;
+        scan::fields(data, |k, v| {
+            match (k, v) {
+                ("sequence_number", Raw::Scalar(s)) if v.u32().is_some() => {
+                    holes.push((span(s), span(s) + s.len(), Hole::Other))
+                }
+                ("delta", Raw::Str { quoted, .. }) => {
+                    holes.push((span(quoted), span(quoted) + quoted.len(), Hole::Text))
+                }
+                ("obfuscation", Raw::Str { quoted, .. }) => {
+                    holes.push((span(quoted), span(quoted) + quoted.len(), Hole::Str))
+                }
+                ("sequence_number" | "delta" | "obfuscation", _) => plain = false,
+                _ => {}
             }
-            StreamEvent::ThinkingDelta(text.into_owned())
+            match k {
+                "type" => kind = Some(v),
+                "delta" => delta = Some(v),
+                "output_index" => index = Some(v),
+                _ => {}
+            }
+        })?;
+        let kind = match kind?.plain()? {
+            "response.output_text.delta" => DeltaKind::Text,
+            "response.reasoning_summary_text.delta" | "response.reasoning_text.delta" => {
+                DeltaKind::Reasoning
+            }
+            "response.function_call_arguments.delta" => DeltaKind::Args {
+                index: index?.u32()?,
+            },
+            _ => return None,
+        };
+        let out = kind.event(delta?.string()?);
+        if plain {
+            self.template.record(data, &mut holes);
+            self.delta_kind = Some(kind);
         }
-        "response.function_call_arguments.delta" => StreamEvent::ToolCallArgsDelta {
-            index: index?.u32()?,
-            json: delta?.string()?.into_owned(),
-        },
-        _ => return None,
-    };
-    Some(Normalized::Events(vec![ev]))
+        Some(out)
+    }
 }
 
 impl crate::StreamNormalizer for Normalizer {
     fn push(&mut self, _event: Option<&str>, data: &str) -> Result<Normalized, FormatError> {
         if !self.full_only {
-            if let Some(fast) = fast_path(data) {
+            if let Some(fast) = self.fast_path(data) {
                 return Ok(fast);
             }
         }
@@ -312,6 +364,49 @@ data: {\"type\":\"response.completed\",\"sequence_number\":10,\"response\":{\"id
     }
 
     crate::recorded_stream_tests!(STREAM, expected());
+
+    #[test]
+    fn a_reused_template_never_hides_a_changed_value() {
+        let delta = |kind: &str, seq: &str, index: &str, delta: &str, pad: &str| {
+            format!(
+                r#"{{"type":"response.{kind}.delta","sequence_number":{seq},"item_id":"msg_1","output_index":{index},"content_index":0,"delta":{delta},"obfuscation":{pad}}}"#
+            )
+        };
+        let mut fast = Normalizer::default();
+        let mut full = Normalizer::full_only();
+        for d in [
+            delta("output_text", "2", "0", r#""a""#, r#""Xq3""#),
+            delta("output_text", "3", "0", r#""b""#, r#""Q""#),
+            delta("output_text", "40", "0", r#""c\"d""#, r#""""#),
+            delta("output_text", "41", "0", r#""""#, r#""Xq3""#),
+            delta("output_text", "42", "0", "null", r#""Xq3""#),
+            delta("output_text", "43", "0", r#""e""#, "7"),
+            delta("output_text", "44", "0", r#""f""#, r#""Xq3""#),
+            delta("reasoning_text", "45", "0", r#""g""#, r#""Xq3""#),
+            delta("output_text", "46", "0", r#""h""#, r#""Xq3""#),
+            delta(
+                "function_call_arguments",
+                "47",
+                "1",
+                r#""{\"a\""#,
+                r#""Xq3""#,
+            ),
+            delta("function_call_arguments", "48", "2", r#""1}""#, r#""Xq3""#),
+            delta("function_call_arguments", "49", "2", r#""2}""#, r#""Xq3""#),
+            delta("function_call_arguments", "-1", "2", r#""3}""#, r#""Xq3""#),
+            delta("output_text", "51", "0", r#""i", "x": 1"#, r#""Xq3""#),
+        ] {
+            assert_eq!(fast.push(None, &d).ok(), full.push(None, &d).ok(), "{d}");
+        }
+        // The template is in use: the next delta of the same item is read through it.
+        let mut n = Normalizer::default();
+        n.push(None, &delta("output_text", "1", "0", r#""a""#, r#""p""#))
+            .unwrap();
+        assert!(n
+            .template
+            .fill(&delta("output_text", "2", "0", r#""b""#, r#""pp""#))
+            .is_some());
+    }
 
     #[test]
     fn incomplete_responses_and_missing_usage() {

@@ -31,6 +31,15 @@ fn run_at(state: &Path, base_url: &str, prompt: &str) -> Output {
         .unwrap()
 }
 
+/// The run's failed model attempts, as recorded.
+fn failed_attempts(state: &Path, run_id: &Value) -> Vec<Value> {
+    dump_all(state)
+        .into_iter()
+        .filter(|x| x["kind"] == "model_attempt_finished" && x["record"]["run_id"] == *run_id)
+        .map(|x| x["record"].clone())
+        .collect()
+}
+
 #[test]
 fn the_chatgpt_policy_sends_its_headers_surfaces_quota_waits_out_limits_and_ends_refusals() {
     let dir = tempfile::tempdir().unwrap();
@@ -57,11 +66,7 @@ fn the_chatgpt_policy_sends_its_headers_surfaces_quota_waits_out_limits_and_ends
     let r = last_json(&o);
     assert!(o.status.success(), "{r}");
     assert_eq!(r["final_message"]["text"], "After the reset.");
-    let failed: Vec<Value> = dump_all(&state)
-        .into_iter()
-        .filter(|x| x["kind"] == "model_attempt_finished" && x["record"]["run_id"] == r["run_id"])
-        .map(|x| x["record"].clone())
-        .collect();
+    let failed = failed_attempts(&state, &r["run_id"]);
     assert_eq!(failed.len(), 1);
     assert_eq!(failed[0]["error"]["class"], "transient");
     assert_eq!(failed[0]["error"]["retry_after_ms"], 1000);
@@ -132,11 +137,7 @@ fn the_codex_mode_speaks_to_a_websocket_server_of_its_own() {
     let r = last_json(&o);
     assert!(o.status.success(), "{r}");
     assert_eq!(r["final_message"]["text"], "After the reset.");
-    let failed: Vec<Value> = dump_all(&state)
-        .into_iter()
-        .filter(|x| x["kind"] == "model_attempt_finished" && x["record"]["run_id"] == r["run_id"])
-        .map(|x| x["record"].clone())
-        .collect();
+    let failed = failed_attempts(&state, &r["run_id"]);
     assert_eq!(failed.len(), 1, "{failed:?}");
     assert_eq!(failed[0]["error"]["class"], "transient");
     assert_eq!(failed[0]["error"]["retry_after_ms"], 1000);

@@ -89,14 +89,9 @@ fn runs_a_crash_left_open_are_resumed_at_start_without_any_command() {
     const SESSIONS: usize = 50;
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    let calls = dir.path().join("calls.jsonl");
-    let tools = dir.path().join("tools.json");
-    let cfg = json!({"mcp": [{"name": "counting",
-        "command": ["python3", peers_dir().join("counting_mcp.py")],
-        "env": {"COUNT_FILE": calls}, "max_concurrency": 64}]});
-    std::fs::write(&tools, cfg.to_string()).unwrap();
+    let tools = CountingTools::new(dir.path(), json!({"max_concurrency": 64}));
     let peer = Aimock::start(&fixture("tools.json"));
-    let extra = ["--tools-config", tools.to_str().unwrap()];
+    let extra = ["--tools-config", tools.config.to_str().unwrap()];
     let mut s = start_env(&state, &peer, &extra, &[]);
     for i in 0..SESSIONS {
         let (status, r) = rpc(
@@ -106,12 +101,7 @@ fn runs_a_crash_left_open_are_resumed_at_start_without_any_command() {
         );
         assert_eq!(status, 200, "{r}");
     }
-    let count = || {
-        std::fs::read_to_string(&calls)
-            .unwrap_or_default()
-            .lines()
-            .count()
-    };
+    let count = || tools.dispatched();
     wait_for("every hanging call to reach the tool server", || {
         count() == SESSIONS
     });
@@ -260,24 +250,18 @@ fn the_catalog_is_read_again_for_new_sends_only() {
     );
 }
 
-/// Waits for `run_id` to end and returns its `run.result`.
 #[test]
 fn a_priced_model_runs_until_its_cost_budget_is_spent() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    let calls = dir.path().join("calls.jsonl");
-    let tools = dir.path().join("tools.json");
-    let cfg = json!({"mcp": [{"name": "counting",
-        "command": ["python3", peers_dir().join("counting_mcp.py")],
-        "env": {"COUNT_FILE": calls}}]});
-    std::fs::write(&tools, cfg.to_string()).unwrap();
+    let tools = CountingTools::new(dir.path(), json!({}));
     // Six steps (five ask for `record`), each reporting 10,000 input and 1,000 output tokens:
     // 45,000 micro-USD a step at claude-sonnet-4-5's built-in prices ($3 and $15 a million).
     let peer = Aimock::start(&fixture("budget.json"));
     let mut s = start_env(
         &state,
         &peer,
-        &["--tools-config", tools.to_str().unwrap()],
+        &["--tools-config", tools.config.to_str().unwrap()],
         &[],
     );
     let send = |session: &str, budget: Value| {
@@ -291,12 +275,7 @@ fn a_priced_model_runs_until_its_cost_budget_is_spent() {
         let run_id = r["result"]["run_id"].as_str().unwrap().to_string();
         result_when_ended(&s, session, &run_id)
     };
-    let dispatched = || {
-        std::fs::read_to_string(&calls)
-            .unwrap_or_default()
-            .lines()
-            .count()
-    };
+    let dispatched = || tools.dispatched();
     // Unbounded, the run takes its six steps and measures what they cost.
     let whole = send("whole", json!({"max_total_tokens": 1_000_000}));
     assert_eq!(whole["state"], "completed", "{whole}");

@@ -12,7 +12,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 use support::serve::{command, open_sse, read_events, result_when_ended, rpc, spawn, Serve};
-use support::{broca, fixture, peers_dir, Aimock, Peer};
+use support::{broca, fixture, peers_dir, Aimock, CountingTools, Peer};
 
 /// Provider id, and whether the peer is the Code Assist relay (else aimock itself).
 const FAMILIES: [(&str, bool); 7] = [
@@ -67,12 +67,7 @@ fn lanes(events: &[(Option<String>, Option<String>, String)]) -> (Vec<String>, S
 fn every_family_streams_stops_on_its_budget_and_reports_usage_the_same() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    let calls = dir.path().join("calls.jsonl");
-    let tools = dir.path().join("tools.json");
-    let cfg = json!({"mcp": [{"name": "counting",
-        "command": ["python3", peers_dir().join("counting_mcp.py")],
-        "env": {"COUNT_FILE": calls}}]});
-    std::fs::write(&tools, cfg.to_string()).unwrap();
+    let tools = CountingTools::new(dir.path(), json!({}));
     // Each step of "spend" reports 10,000 input and 1,000 output tokens and asks for `record`;
     // "hello" is answered "Hello there." (5 in, 2 out).
     let aimock = Aimock::start(&fixture("budget.json"));
@@ -81,13 +76,7 @@ fn every_family_streams_stops_on_its_budget_and_reports_usage_the_same() {
             .arg(peers_dir().join("code_assist_relay.py"))
             .env("GEMINI_URL", aimock.url()),
     );
-    let s = serve(&state, &aimock, &relay, &tools);
-    let dispatched = || {
-        std::fs::read_to_string(&calls)
-            .unwrap_or_default()
-            .lines()
-            .count()
-    };
+    let s = serve(&state, &aimock, &relay, &tools.config);
 
     let mut runs = Vec::new();
     for (n, (family, _)) in FAMILIES.iter().enumerate() {
@@ -135,7 +124,7 @@ fn every_family_streams_stops_on_its_budget_and_reports_usage_the_same() {
             "{family}: {spent}"
         );
         assert_eq!(
-            dispatched(),
+            tools.dispatched(),
             n + 1,
             "{family}: one tool call dispatched, the second stopped by the budget"
         );

@@ -32,6 +32,9 @@ pub enum HeaderValue<'a> {
 pub struct Message<'a> {
     headers: &'a [u8],
     pub payload: &'a [u8],
+    /// `:event-type` and `:message-type`, which every reader asks for, found when decoded.
+    event_type: Option<&'a [u8]>,
+    message_type: Option<&'a [u8]>,
 }
 
 impl<'a> Message<'a> {
@@ -44,6 +47,14 @@ impl<'a> Message<'a> {
 
     /// A string header's value (`:event-type`, `:message-type`, `:exception-type`).
     pub fn header_str(&self, name: &str) -> Option<&'a str> {
+        let known = match name {
+            ":event-type" => Some(self.event_type),
+            ":message-type" => Some(self.message_type),
+            _ => None,
+        };
+        if let Some(value) = known {
+            return std::str::from_utf8(value?).ok();
+        }
         let mut b = self.headers;
         while let Ok(Some(h)) = next_raw(&mut b) {
             if h.kind == 7 && h.name == name.as_bytes() {
@@ -222,7 +233,10 @@ fn prelude(b: &[u8], offset: u64, limit: usize) -> Result<usize, EventStreamErro
 fn decode(b: &[u8], offset: u64) -> Result<Message<'_>, EventStreamError> {
     let total = b.len();
     let headers_len = be32(&b[4..]) as usize;
-    if crc32(&b[..total - TRAILER]) != be32(&b[total - TRAILER..]) {
+    // The message's checksum goes on from the prelude's (checked to be the first 8 bytes').
+    let mut crc = crc32fast::Hasher::new_with_initial(be32(&b[8..]));
+    crc.update(&b[8..total - TRAILER]);
+    if crc.finalize() != be32(&b[total - TRAILER..]) {
         return Err(EventStreamError::MessageCrc { offset });
     }
     let headers = &b[PRELUDE..PRELUDE + headers_len];
@@ -230,14 +244,25 @@ fn decode(b: &[u8], offset: u64) -> Result<Message<'_>, EventStreamError> {
     let mut h = headers;
     // Names and string values are UTF-8 when the whole block is ASCII (as it nearly always
     // is): then only the layout is checked header by header.
-    if headers.is_ascii() {
-        while next_raw(&mut h).map_err(malformed)?.is_some() {}
-    } else {
-        while next_header(&mut h).map_err(malformed)?.is_some() {}
+    let ascii = headers.is_ascii();
+    let (mut event_type, mut message_type) = (None, None);
+    while let Some(raw) = next_raw(&mut h).map_err(malformed)? {
+        if !ascii {
+            raw.read().map_err(malformed)?;
+        }
+        if raw.kind == 7 {
+            match raw.name {
+                b":event-type" if event_type.is_none() => event_type = Some(raw.value),
+                b":message-type" if message_type.is_none() => message_type = Some(raw.value),
+                _ => {}
+            }
+        }
     }
     Ok(Message {
         headers,
         payload: &b[PRELUDE + headers_len..total - TRAILER],
+        event_type,
+        message_type,
     })
 }
 

@@ -172,6 +172,37 @@ impl Drop for Aimock {
     }
 }
 
+/// tests/peers/counting_mcp.py as the one tool server (`counting`) of a tools config written
+/// to `dir/tools.json`; it appends every call it gets to `dir/calls.jsonl` before it answers.
+pub struct CountingTools {
+    pub config: PathBuf,
+    pub calls: PathBuf,
+}
+
+impl CountingTools {
+    /// The config, with `extra` fields (e.g. `max_concurrency`) added to the server's entry.
+    pub fn new(dir: &Path, extra: serde_json::Value) -> CountingTools {
+        let calls = dir.join("calls.jsonl");
+        let mut server = serde_json::json!({"name": "counting",
+            "command": ["python3", peers_dir().join("counting_mcp.py")],
+            "env": {"COUNT_FILE": calls}});
+        if let (Some(server), Some(extra)) = (server.as_object_mut(), extra.as_object()) {
+            server.extend(extra.clone());
+        }
+        let config = dir.join("tools.json");
+        std::fs::write(&config, serde_json::json!({"mcp": [server]}).to_string()).unwrap();
+        CountingTools { config, calls }
+    }
+
+    /// How many calls the server was dispatched.
+    pub fn dispatched(&self) -> usize {
+        std::fs::read_to_string(&self.calls)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    }
+}
+
 /// The fixture file shipped with the tests.
 pub fn fixture(name: &str) -> PathBuf {
     repo_root().join("tests/fixtures").join(name)

@@ -345,10 +345,10 @@ impl crate::StreamNormalizer for Normalizer {
             }
             "contentBlockDelta" if self.fast => {
                 if let Some(ev) = fast_delta(data, &mut self.last) {
-                    if !matches!(&ev, StreamEvent::TextDelta(t) if t.is_empty()) {
-                        out.push(ev);
+                    if matches!(&ev, StreamEvent::TextDelta(t) if t.is_empty()) {
+                        return Ok(Normalized::Events(out));
                     }
-                    return Ok(Normalized::Events(out));
+                    return Ok(Normalized::Events(vec![ev]));
                 }
                 return self.slow_delta(kind, data);
             }

@@ -5,8 +5,6 @@
 //! block without text just before that part's block). Tool schemas go as
 //! `parametersJsonSchema` (JSON Schema as it is).
 
-use std::collections::HashMap;
-
 use crate::json::JsonWriter;
 use crate::{size_hint, Aliases};
 use broca_protocol::{Block, Request, Role};
@@ -20,20 +18,24 @@ fn part_signature(w: &mut JsonWriter, signature: Option<&str>) {
     }
 }
 
-/// The `contents` of a transcript.
-fn contents(w: &mut JsonWriter, req: &Request, aliases: &Aliases) {
-    // A tool result names the function it answers: the call's name, by id.
-    let names: HashMap<&str, &str> = req
-        .messages
+/// The name of the call `id` that a tool result in message `at` answers: a tool result
+/// names the function it answers. Sought from the message before it backwards (where the
+/// call nearly always is).
+fn call_name<'a>(req: &'a Request, at: usize, id: &str) -> Option<&'a str> {
+    req.messages[..at]
         .iter()
-        .flat_map(|m| &m.content)
-        .filter_map(|b| match b {
-            Block::ToolUse { id, name, .. } => Some((id.as_str(), name.as_str())),
+        .rev()
+        .flat_map(|m| m.content.iter().rev())
+        .find_map(|b| match b {
+            Block::ToolUse { id: i, name, .. } if i == id => Some(name.as_str()),
             _ => None,
         })
-        .collect();
+}
+
+/// The `contents` of a transcript.
+fn contents(w: &mut JsonWriter, req: &Request, aliases: &Aliases) {
     w.key("contents").array();
-    for m in &req.messages {
+    for (at, m) in req.messages.iter().enumerate() {
         let role = match m.role {
             Role::Assistant => "model",
             Role::User => "user",
@@ -88,7 +90,7 @@ fn contents(w: &mut JsonWriter, req: &Request, aliases: &Aliases) {
                     content,
                     is_error,
                 } => {
-                    let name = names.get(tool_use_id.as_str()).copied().unwrap_or("");
+                    let name = call_name(req, at, tool_use_id).unwrap_or("");
                     w.object().key("functionResponse").object();
                     if !tool_use_id.starts_with(SYNTHETIC_ID_PREFIX) {
                         w.field_str("id", tool_use_id);

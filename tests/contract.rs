@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use support::serve::{command, metric, result_when_ended, rpc, spawn, start_env, wait_for, Serve};
-use support::{broca, dump_all, fixture, peers_dir, Aimock};
+use support::{broca, dump_all, fixture, Aimock, CountingTools};
 
 fn kill(s: &mut Serve) {
     let _ = s.child.kill();

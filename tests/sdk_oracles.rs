@@ -4,7 +4,8 @@
 //! the bytes on loopback to the SDK) and by broca's decoder and normalizer, fed in small
 //! chunks: the two must agree on every part in order (text, thoughts and their signatures,
 //! calls with their ids, names and arguments), on the usage (mapped onto the canonical
-//! measures as docs/usage.md says), on the finish and on the request path the SDK used.
+//! measures as docs/usage.md says), on the finish and on the request path the SDK used; and
+//! broca's SigV4 signs boto3's own request to the signature boto3 gave it.
 
 mod support;
 
@@ -17,8 +18,8 @@ use broca_provider::{family, Aliases, Normalized};
 use serde_json::{json, Value};
 use support::{fixture, peers_dir, python_sdks};
 
-/// What the SDK decoded of `fixture`, and the paths it asked for.
-fn sdk(family: &str, fixture: &Path) -> (Vec<Value>, Vec<String>) {
+/// What the SDK decoded of `fixture`, and the requests it made (path, headers, body).
+fn sdk(family: &str, fixture: &Path) -> (Vec<Value>, Vec<Value>) {
     let out = Command::new(python_sdks())
         .arg(peers_dir().join("sdk_oracle.py"))
         .arg(family)
@@ -31,13 +32,8 @@ fn sdk(family: &str, fixture: &Path) -> (Vec<Value>, Vec<String>) {
         String::from_utf8_lossy(&out.stderr)
     );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let paths = v["requests"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p.as_str().unwrap().to_string())
-        .collect();
-    (v["decoded"].as_array().unwrap().clone(), paths)
+    let requests = v["requests"].as_array().unwrap().clone();
+    (v["decoded"].as_array().unwrap().clone(), requests)
 }
 
 /// broca's events for a stream, fed 7 bytes at a time.
@@ -115,6 +111,27 @@ fn sdk_parts(decoded: Vec<Value>) -> (Vec<Value>, Value, String, Option<String>)
     (parts, usage.expect("usage"), finish.expect("a finish"), id)
 }
 
+/// Standard base64 (the oracle's encoding of request bodies).
+fn base64_decode(s: &str) -> Vec<u8> {
+    let value = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        b'/' => 63,
+        _ => panic!("not base64: {c}"),
+    };
+    let mut out = Vec::new();
+    for quad in s.trim_end_matches('=').as_bytes().chunks(4) {
+        let n = quad
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &c)| n | (value(c) as u32) << (18 - 6 * i));
+        out.extend_from_slice(&n.to_be_bytes()[1..quad.len()]);
+    }
+    out
+}
+
 fn request(provider: &str, model: &str) -> Request {
     Request {
         provider: provider.into(),
@@ -132,7 +149,7 @@ fn request(provider: &str, model: &str) -> Request {
 #[test]
 fn google_genai_decodes_a_recorded_gemini_stream_as_broca_does() {
     let path = fixture("gemini_stream.sse");
-    let (decoded, paths) = sdk("gemini", &path);
+    let (decoded, requests) = sdk("gemini", &path);
     let (want, usage, finish, id) = sdk_parts(decoded);
     let (got, u, reason, request_id) =
         parts(broca_events("gemini", &std::fs::read(&path).unwrap()));
@@ -155,14 +172,15 @@ fn google_genai_decodes_a_recorded_gemini_stream_as_broca_does() {
         .unwrap()
         .render(&request("gemini", "gemini-2.5-flash"), &Aliases::default());
     let ours = rendered.path.split_once("/models/").unwrap().1;
-    assert_eq!(paths.len(), 1);
-    assert_eq!(paths[0].split_once("/models/").unwrap().1, ours);
+    assert_eq!(requests.len(), 1);
+    let asked = requests[0]["path"].as_str().unwrap();
+    assert_eq!(asked.split_once("/models/").unwrap().1, ours);
 }
 
 #[test]
 fn boto3_decodes_a_recorded_converse_stream_as_broca_does() {
     let path = fixture("bedrock_converse.eventstream");
-    let (decoded, paths) = sdk("bedrock", &path);
+    let (decoded, requests) = sdk("bedrock", &path);
     let (want, usage, finish, _) = sdk_parts(decoded);
     let bytes = std::fs::read(&path).unwrap();
     let (got, u, reason, _) = parts(broca_events("bedrock-converse", &bytes));
@@ -186,7 +204,39 @@ fn boto3_decodes_a_recorded_converse_stream_as_broca_does() {
     let rendered = family("bedrock-converse")
         .unwrap()
         .render(&request("bedrock", model), &Aliases::default());
-    assert_eq!(paths, [rendered.path]);
+    assert_eq!(requests.len(), 1);
+    assert_eq!(requests[0]["path"], rendered.path.as_str());
+    // broca's SigV4 signs boto3's own request (its headers, date and body) to boto3's
+    // signature.
+    let r = &requests[0];
+    let auth = r["headers"]["authorization"].as_str().unwrap();
+    let field = |name: &str| {
+        auth.split([' ', ','])
+            .find_map(|p| p.strip_prefix(name))
+            .unwrap_or_else(|| panic!("{name} in {auth}"))
+    };
+    let names = field("SignedHeaders=");
+    let headers: Vec<(String, String)> = names
+        .split(';')
+        .map(|n| (n.to_string(), r["headers"][n].as_str().unwrap().to_string()))
+        .collect();
+    let date = r["headers"]["x-amz-date"].as_str().unwrap();
+    let scope = broca_provider::sigv4::Scope {
+        access_key_id: "AKIDORACLE",
+        secret_access_key: "oracle-secret",
+        region: "us-east-1",
+        service: "bedrock",
+        amz_date: date,
+    };
+    let body = base64_decode(r["body"].as_str().unwrap());
+    let (signed, signature) =
+        broca_provider::sigv4::sign(&scope, "POST", r["path"].as_str().unwrap(), &headers, &body);
+    assert_eq!(signed, names);
+    assert_eq!(signature, field("Signature="), "{auth}");
+    assert_eq!(
+        broca_provider::sigv4::authorization(&scope, &signed, &signature),
+        auth
+    );
     // A flipped byte anywhere in a message body is refused by both.
     let mut bad = bytes.clone();
     bad[40] ^= 0x20;

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The official SDKs as strict decoders of a recorded stream: a loopback server answers every
 POST with the bytes of FIXTURE, and the SDK reads them as it would the provider's answer.
-Prints one JSON object: what the SDK decoded, in the order it came.
+Prints one JSON object: the requests the SDK made (path, headers, body in base64; boto3's are
+signed with SigV4) and what it decoded, in the order it came.
 
     sdk_oracle.py gemini FIXTURE    google-genai, generate_content_stream
     sdk_oracle.py bedrock FIXTURE   boto3 bedrock-runtime, converse_stream (which checks every
@@ -30,8 +31,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def do_POST(self):
-        self.rfile.read(int(self.headers.get("content-length", "0")))
-        REQUESTS.append(self.path)
+        body = self.rfile.read(int(self.headers.get("content-length", "0")))
+        REQUESTS.append({"path": self.path,
+                         "headers": {k.lower(): v for k, v in self.headers.items()},
+                         "body": base64.b64encode(body).decode()})
         self.send_response(200)
         self.send_header("content-type", CONTENT_TYPE)
         self.send_header("content-length", str(len(BODY)))

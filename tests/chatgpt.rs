@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Output;
 
 use serde_json::{json, Value};
-use support::{broca, dump_all, last_json, Peer};
+use support::{assert_refused_naming, broca, dump_all, last_json, Peer};
 
 fn run(state: &Path, base: &str, prompt: &str) -> Output {
     run_at(state, &format!("{base}/backend-api/codex"), prompt)
@@ -95,20 +95,13 @@ fn the_chatgpt_policy_sends_its_headers_surfaces_quota_waits_out_limits_and_ends
     }
 
     // Without the account id the send is refused at admission, naming what to set.
-    let o = broca(&dir.path().join("state2"))
-        .env("CHATGPT_ACCESS_TOKEN", "chatgpt-token-0123456789")
-        .env_remove("CHATGPT_ACCOUNT_ID")
-        .args(["run", "--model", "chatgpt/gpt-5-codex", "--base-url"])
-        .arg(peer.url())
-        .args(["--json", "hi"])
-        .output()
-        .unwrap();
-    let r = last_json(&o);
-    assert_eq!(r["error"]["code"], "auth_required", "{r}");
-    assert!(r["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("CHATGPT_ACCOUNT_ID"));
+    assert_refused_naming(
+        &dir.path().join("state2"),
+        ("CHATGPT_ACCESS_TOKEN", "chatgpt-token-0123456789"),
+        "CHATGPT_ACCOUNT_ID",
+        "chatgpt/gpt-5-codex",
+        &peer.url(),
+    );
 }
 
 #[test]

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::Output;
 
 use serde_json::{json, Value};
-use support::{broca, dump_all, last_json, peers_dir, Peer};
+use support::{assert_refused_naming, broca, dump_all, last_json, peers_dir, Peer};
 
 fn tools_config(dir: &Path) -> std::path::PathBuf {
     let tools = dir.join("tools.json");
@@ -133,21 +133,11 @@ fn code_assist_wraps_the_request_with_the_bearer_and_the_project() {
         assert!(r["body"]["request"]["contents"].is_array());
     }
     // Without a project the send is refused at admission, naming what to set.
-    let o = broca(&dir.path().join("state2"))
-        .env("GOOGLE_CLOUD_ACCESS_TOKEN", "ya29.test-token-0123")
-        .env_remove("GOOGLE_CLOUD_PROJECT")
-        .args(["run", "--model", "code-assist/gemini-2.5-pro", "--base-url"])
-        .arg(peer.url())
-        .args(["--json", "hi"])
-        .output()
-        .unwrap();
-    let r = last_json(&o);
-    assert_eq!(r["error"]["code"], "auth_required", "{r}");
-    assert!(
-        r["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("GOOGLE_CLOUD_PROJECT"),
-        "{r}"
+    assert_refused_naming(
+        &dir.path().join("state2"),
+        ("GOOGLE_CLOUD_ACCESS_TOKEN", "ya29.test-token-0123"),
+        "GOOGLE_CLOUD_PROJECT",
+        "code-assist/gemini-2.5-pro",
+        &peer.url(),
     );
 }

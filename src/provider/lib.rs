@@ -404,6 +404,15 @@ pub(crate) fn assert_fast_path_agrees(
     }
 }
 
+/// [`sample_request`] with its tools' aliases, and the wire name of its tool that needs one.
+#[cfg(test)]
+pub(crate) fn sample_with_alias() -> (Request, Aliases, String) {
+    let req = sample_request();
+    let aliases = Aliases::for_tools(&req.tools);
+    let alias = aliases.wire("weather.get").to_string();
+    (req, aliases, alias)
+}
+
 /// A request for the families' render tests: a system text, two tools (one whose name needs
 /// an alias), and a transcript with text, thinking, a tool call and its result.
 #[cfg(test)]

@@ -203,6 +203,29 @@ impl CountingTools {
     }
 }
 
+/// Runs `broca run --model MODEL --base-url BASE --json hi` in `state` with `set` and without
+/// `unset`, and asserts that admission refused it as `auth_required` naming `unset`.
+pub fn assert_refused_naming(
+    state: &Path,
+    set: (&str, &str),
+    unset: &str,
+    model: &str,
+    base: &str,
+) {
+    let o = broca(state)
+        .env(set.0, set.1)
+        .env_remove(unset)
+        .args(["run", "--model", model, "--base-url", base, "--json", "hi"])
+        .output()
+        .unwrap();
+    let r = last_json(&o);
+    assert_eq!(r["error"]["code"], "auth_required", "{r}");
+    assert!(
+        r["error"]["message"].as_str().unwrap().contains(unset),
+        "{r}"
+    );
+}
+
 /// The fixture file shipped with the tests.
 pub fn fixture(name: &str) -> PathBuf {
     repo_root().join("tests/fixtures").join(name)

@@ -122,13 +122,10 @@ pub fn body(req: &Request, aliases: &Aliases) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sample_request;
 
     #[test]
     fn the_sample_renders_to_the_documented_shape_byte_for_byte() {
-        let req = sample_request();
-        let aliases = Aliases::for_tools(&req.tools);
-        let alias = aliases.wire("weather.get");
+        let (req, aliases, alias) = crate::sample_with_alias();
         let got = String::from_utf8(body(&req, &aliases)).unwrap();
         let expected = format!(
             concat!(

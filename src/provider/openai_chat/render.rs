@@ -153,9 +153,7 @@ mod tests {
 
     #[test]
     fn the_sample_renders_to_the_documented_shape_byte_for_byte() {
-        let req = sample_request();
-        let aliases = Aliases::for_tools(&req.tools);
-        let alias = aliases.wire("weather.get");
+        let (req, aliases, alias) = crate::sample_with_alias();
         let r = render(&req, &aliases);
         let expected = format!(
             concat!(

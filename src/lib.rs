@@ -10,6 +10,7 @@ pub mod cli;
 pub use broca_archive as archive;
 pub use broca_catalog as catalog;
 pub use broca_core as core;
+pub use broca_import as import;
 pub use broca_module as module;
 pub use broca_owner_only as owner_only;
 pub use broca_protocol as protocol;

@@ -19,6 +19,7 @@ const FLOORS: &[(&str, u32)] = &[
     ("broca-archive", 2),
     ("broca-wal-writer", 3),
     ("broca-core", 2),
+    ("broca-import", 2),
     ("broca-store", 3),
     ("broca-module", 4),
     ("broca", 5),

@@ -16,6 +16,7 @@ use broca_wal::SessionTriple;
 use broca_wal::verify::{dump, verify_file, wal_files, FileReport};
 
 mod archive;
+mod import;
 mod store;
 
 /// Exit code: success.
@@ -40,6 +41,9 @@ Commands:
   store check|rebuild    compare the store with the WALs, or rebuild it from them
   archive pack|list|verify|restore
                          pack idle WALs into sealed containers, and back (see `broca archive --help`)
+  import claude-code|codex PATH...
+                         take Claude Code or Codex session logs in as sessions that go on
+                         (see `broca import --help`)
   export usage [--since TIME] [--format jsonl|csv]
                          print the usage facts (one per model step and failed attempt)
 
@@ -179,6 +183,7 @@ pub fn run(args: Vec<OsString>) -> u8 {
         Some("store") => store::store(pargs, help, state_dir),
         Some("export") => store::export(pargs, help, state_dir),
         Some("archive") => archive::archive(pargs, help, state_dir),
+        Some("import") => import::import(pargs, help, state_dir),
         Some(other) => usage(&format!("unknown command `{other}`; see `broca --help`")),
     }
 }

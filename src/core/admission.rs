@@ -138,9 +138,14 @@ pub fn admit_prepared(
         .iter()
         .map(|id| ResultBlock {
             call_id: id.clone(),
-            content: "outcome unknown: broca stopped while this tool call was in flight; it \
-                      may or may not have run, and it was not run again"
-                .into(),
+            content: if session.imported_pending.contains(id) {
+                "outcome unknown: the imported session stopped before this tool call's result \
+                 was recorded; it may or may not have run, and broca did not run it"
+            } else {
+                "outcome unknown: broca stopped while this tool call was in flight; it may or \
+                 may not have run, and it was not run again"
+            }
+            .into(),
             is_error: true,
             reason: Some(result_reason::OUTCOME_UNKNOWN.into()),
         })

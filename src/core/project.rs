@@ -88,6 +88,21 @@ pub fn units(record: &Record) -> Vec<Value> {
         Record::RunFinished(r) => vec![with_type("run_finished", val(r))],
         Record::RunResumed(r) => vec![with_type("run_resumed", val(r))],
         Record::CancelRequested(r) => vec![with_type("cancel_requested", val(r))],
+        Record::EpisodeImported(r) => {
+            let mut out = vec![json!({
+                "type": "episode_imported",
+                "import_id": r.import_id,
+                "origin": val(&r.origin),
+                "messages": r.messages.len(),
+                "outcome_unknown": r.outcome_unknown,
+                "pending": r.pending,
+                "notes": val(&r.notes),
+            })];
+            for m in &r.messages {
+                out.push(json!({"type": "message", "import_id": r.import_id, "message": val(m)}));
+            }
+            out
+        }
     }
 }
 

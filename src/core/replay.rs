@@ -78,6 +78,36 @@ pub struct Session {
     /// Tool calls in the transcript without a result (left by an interrupted run): the next
     /// send resolves them with an outcome_unknown result.
     pub unresolved_calls: Vec<String>,
+    /// Every source imported, in the order first imported.
+    pub imports: Vec<ImportedSource>,
+    /// The calls the latest import left without a result (of those unresolved, the ones
+    /// another harness, not broca, stopped in).
+    pub imported_pending: Vec<String>,
+}
+
+/// A source imported into the session (its latest import), and where the transcript stood
+/// after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImportedSource {
+    pub format: String,
+    pub source_session: String,
+    /// The latest import of it.
+    pub import_id: String,
+    /// What it covers of the source: its first `bytes` bytes, of digest `blake3`.
+    pub bytes: u64,
+    pub blake3: String,
+    pub last_line: u64,
+    /// The transcript's length right after it: anything beyond came later.
+    pub transcript_len: usize,
+}
+
+impl Session {
+    /// The latest import of the source (`format`, `source_session`).
+    pub fn imported(&self, format: &str, source_session: &str) -> Option<&ImportedSource> {
+        self.imports
+            .iter()
+            .find(|i| i.format == format && i.source_session == source_session)
+    }
 }
 
 /// A record that does not fit where it stands in the log.
@@ -157,6 +187,7 @@ impl Session {
                 if self.by_run_id.contains_key(&r.run_id) {
                     return Err(format!("run id {} is reused", r.run_id));
                 }
+                self.imported_pending.clear();
                 let mut content: Vec<Block> = r
                     .resolved_calls
                     .iter()
@@ -275,6 +306,7 @@ impl Session {
                 let (open, _) = self.open_mut(&r.run_id)?;
                 open.cancel_requested = true;
             }
+            Record::EpisodeImported(r) => self.apply_import(*r)?,
             Record::RunPaused(r) => {
                 let text = final_text(&self.transcript);
                 let (_, run) = self.open_mut(&r.run_id)?;
@@ -295,6 +327,38 @@ impl Session {
                 self.open = None;
             }
         }
+        Ok(())
+    }
+
+    /// An imported episode: its messages join the transcript; the source's import is noted.
+    fn apply_import(&mut self, r: broca_wal::importrec::EpisodeImported) -> Result<(), String> {
+        if let Some(open) = &self.open {
+            return Err(format!(
+                "import {} while run {} has no terminal record",
+                r.import_id, self.runs[open.index].run_id
+            ));
+        }
+        self.transcript.extend(r.messages.into_iter().map(Arc::new));
+        self.imported_pending = r.pending;
+        let o = r.origin;
+        let entry = ImportedSource {
+            format: o.format,
+            source_session: o.source_session,
+            import_id: r.import_id,
+            bytes: o.bytes,
+            blake3: o.blake3,
+            last_line: o.last_line,
+            transcript_len: self.transcript.len(),
+        };
+        match self
+            .imports
+            .iter_mut()
+            .find(|i| i.format == entry.format && i.source_session == entry.source_session)
+        {
+            Some(prior) => *prior = entry,
+            None => self.imports.push(entry),
+        }
+        self.unresolved_calls = unresolved(&self.transcript);
         Ok(())
     }
 

@@ -7,6 +7,7 @@
 //! - `intent`: a ToolDispatchIntent is durable (before any of its calls leaves);
 //! - `tool_result`: a ToolResult is durable;
 //! - `terminal`: a RunFinished or RunPaused is durable;
+//! - `imported`: an imported episode is durable (before the import is answered);
 //! - `mid_write`: the nth batch write of the process reached the file only in part (the
 //!   sectors of its first half; the rest of the batch zero, as never written), before its
 //!   fdatasync.
@@ -33,6 +34,7 @@ pub const POINTS: &[&str] = &[
     "intent",
     "tool_result",
     "terminal",
+    "imported",
     "mid_write",
 ];
 
@@ -80,6 +82,7 @@ fn point_of(record: &Record) -> Option<&'static str> {
         Record::ToolDispatchIntent(_) => "intent",
         Record::ToolResult(_) => "tool_result",
         Record::RunFinished(_) | Record::RunPaused(_) => "terminal",
+        Record::EpisodeImported(_) => "imported",
         _ => return None,
     })
 }

@@ -71,6 +71,38 @@ impl ToolRunner for NoTools {
     }
 }
 
+/// The model of a process that calls none (`broca import`): a call fails, permanently.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoModel;
+
+/// [`NoModel`]'s stream (never opened).
+pub struct NoStream;
+
+impl ModelStream for NoStream {
+    async fn next(&mut self) -> Option<Result<broca_protocol::StreamEvent, Failure>> {
+        None
+    }
+}
+
+impl ModelClient for NoModel {
+    type Stream = NoStream;
+
+    fn check(&self) -> &dyn broca_protocol::model::ProviderCheck {
+        &broca_protocol::model::AnyProvider
+    }
+
+    async fn open(&self, _request: &broca_protocol::Request) -> Result<NoStream, Failure> {
+        Err(Failure {
+            error: broca_protocol::ClassifiedError {
+                class: broca_protocol::ErrorClass::Permanent,
+                message: "this process calls no model".into(),
+                retry_after_ms: None,
+            },
+            usage: None,
+        })
+    }
+}
+
 /// Writes a line to stdout, ignoring failures: a closed or broken stdout must never take a
 /// daemon down (`println!` panics on a broken pipe).
 #[macro_export]

@@ -25,6 +25,13 @@ use broca_wal_writer::WalWriter;
 
 use super::{ModelClient, ModelStream, ToolOutcome, ToolRunner};
 
+#[path = "import.rs"]
+mod import;
+pub use import::{
+    check_read_only, import_error, log_files, read_source, ImportInput, ImportReply, ImportTarget,
+    IMPORT_BYTES_MAX,
+};
+
 /// Why an actor operation failed.
 #[derive(Debug)]
 pub enum ActorError {
@@ -39,6 +46,8 @@ pub enum ActorError {
     /// The run loop stopped without an event to wait for (a bug; the run stays open and is
     /// resumed on the next open).
     Stalled(String),
+    /// An import was refused; nothing was written.
+    Import(broca_import::ImportError),
 }
 
 impl std::fmt::Display for ActorError {
@@ -49,6 +58,7 @@ impl std::fmt::Display for ActorError {
             ActorError::Refused(r) => write!(f, "{r}"),
             ActorError::Crashed { seq } => write!(f, "crash injected after record {seq}"),
             ActorError::Stalled(run) => write!(f, "run {run}: the run loop stalled"),
+            ActorError::Import(e) => write!(f, "{e}"),
         }
     }
 }
@@ -59,6 +69,7 @@ impl ActorError {
     pub fn to_rpc_error(&self) -> broca_wire::RpcError {
         match self {
             ActorError::Refused(r) => broca_wire::RpcError::refusal(r),
+            ActorError::Import(e) => import::import_error(e),
             other => broca_wire::RpcError::transient(500, "internal", other.to_string()),
         }
     }
@@ -421,6 +432,18 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             SessionCommand::Barrier { reply } => {
                 let _ = reply.send(self.barrier().await.ok());
             }
+            SessionCommand::Import { input, reply } => {
+                let busy = ActorError::Import(broca_import::ImportError {
+                    code: "session_busy",
+                    file: input.file,
+                    line: None,
+                    message: format!(
+                        "the session's run {} has not ended: import once it has",
+                        m.run_id()
+                    ),
+                });
+                let _ = reply.send(Err(busy.to_rpc_error()));
+            }
             SessionCommand::Shutdown => m.handle(Event::Shutdown, crate::now_unix_ms()),
             SessionCommand::Close => {} // only an idle session closes
         }
@@ -651,6 +674,11 @@ pub enum SessionCommand {
     /// Wait until everything appended is durable; answer the last seq (`None` if the log
     /// failed).
     Barrier { reply: oneshot::Sender<Option<u64>> },
+    /// Import another harness's log (refused while a run is active).
+    Import {
+        input: Box<ImportInput>,
+        reply: oneshot::Sender<Result<ImportReply, broca_wire::RpcError>>,
+    },
     /// Seal the active run Interrupted and stop.
     Shutdown,
     /// Close the session if no run is active (its memory and WAL descriptor freed; the next

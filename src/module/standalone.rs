@@ -192,3 +192,96 @@ fn result_of<P: super::ModelClient, T: super::ToolRunner>(
         .ok_or_else(|| format!("run {run_id} is not in the session"))?;
     Ok(broca_core::views::run_result(&state.runs[*index]))
 }
+
+/// What `broca import` hears of each log: the session it went into and what was imported,
+/// or why it was not (nothing was written for it then).
+pub type ImportReport<'a> = Box<
+    dyn FnMut(&std::path::Path, Result<(SessionTriple, super::session::ImportReply), String>) + 'a,
+>;
+
+/// Imports `files` (logs of `format`) into their sessions in this process, one after
+/// another, each one durable record or nothing; `progress` hears the bytes read of the
+/// current log. Answers how many failed.
+pub fn import_logs(
+    state_dir: PathBuf,
+    format: broca_import::Format,
+    files: Vec<PathBuf>,
+    target: super::session::ImportTarget,
+    mut report: ImportReport<'_>,
+    progress: std::sync::Arc<dyn Fn(u64) + Send + Sync>,
+) -> Result<usize, String> {
+    let wal_dir = state_dir.join("wal");
+    broca_owner_only::create_dir(&wal_dir)
+        .map_err(|e| format!("cannot create {}: {e}", wal_dir.display()))?;
+    let failed = broca_shards::run_local(async move {
+        let mut failed = 0;
+        let mut touched = Vec::new();
+        for path in files {
+            let imported = import_one(&wal_dir, format, &path, &target, progress.clone()).await;
+            if let Ok((triple, _)) = &imported {
+                touched.push(broca_wal_writer::wal_path(&wal_dir, triple));
+            }
+            failed += usize::from(imported.is_err());
+            report(&path, imported);
+        }
+        // The store follows the WALs (the WAL is authoritative: a failure here loses nothing).
+        let projected = glommio::executor()
+            .spawn_blocking(move || {
+                let (store, notes) = broca_store::Store::open(&state_dir)?;
+                for wal in touched {
+                    store.catch_up(&wal)?;
+                }
+                Ok::<_, String>(notes)
+            })
+            .await;
+        match projected {
+            Ok(notes) => notes.into_iter().for_each(|n| crate::errln!("broca: {n}")),
+            Err(e) => crate::errln!("broca: {e}"),
+        }
+        failed
+    })
+    .map_err(|e| format!("cannot start the executor: {e}"))?;
+    Ok(failed)
+}
+
+async fn import_one(
+    wal_dir: &std::path::Path,
+    format: broca_import::Format,
+    path: &std::path::Path,
+    target: &super::session::ImportTarget,
+    progress: std::sync::Arc<dyn Fn(u64) + Send + Sync>,
+) -> Result<(SessionTriple, super::session::ImportReply), String> {
+    let (triple, input) =
+        super::session::read_source(format, path, target).map_err(|e| e.to_string())?;
+    // A log imported as it is already, or refused: answered from a read of the WAL, which
+    // opening it for writes (a lease record) would not leave as it was.
+    let wal = broca_wal_writer::wal_path(wal_dir, &triple);
+    let checked = {
+        let input = input.clone();
+        glommio::executor()
+            .spawn_blocking(move || super::session::check_read_only(&wal, &input))
+            .await
+    };
+    if let Some(reply) = checked.map_err(|e| e.to_string())? {
+        return Ok((triple, reply));
+    }
+    let mut actor = SessionActor::open(
+        wal_dir,
+        &triple,
+        Rc::new(super::NoModel),
+        Rc::new(super::NoTools),
+        Vec::new(),
+        crate::crash::log_config(),
+        Committer::default(),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    let imported = actor
+        .import(input, Box::new(move |bytes| progress(bytes)))
+        .await
+        .map_err(|e| e.to_string());
+    let closed = actor.close().await.map_err(|e| e.to_string());
+    let reply = imported?;
+    closed?;
+    Ok((triple, reply))
+}

@@ -7,6 +7,7 @@ pub mod address;
 pub mod archive;
 pub mod frame;
 pub mod header;
+pub mod importrec;
 pub mod reader;
 pub mod record;
 pub mod recovery;

@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::importrec::EpisodeImported;
 use super::runrec::{
     CancelRequested, ModelAttemptFinished, ModelStepFinished, RunFinished, RunPaused, RunResumed,
     RunStarted, StepStarted, ToolDispatchIntent, ToolResult,
@@ -23,6 +24,8 @@ pub mod kind {
     pub const RUN_FINISHED: u16 = 17;
     pub const RUN_RESUMED: u16 = 18;
     pub const CANCEL_REQUESTED: u16 = 19;
+    /// [`super::EpisodeImported`].
+    pub const EPISODE_IMPORTED: u16 = 20;
 }
 
 /// A record of the WAL.
@@ -40,6 +43,8 @@ pub enum Record {
     RunFinished(RunFinished),
     RunResumed(RunResumed),
     CancelRequested(CancelRequested),
+    /// Another harness's log taken in as one episode.
+    EpisodeImported(Box<EpisodeImported>),
     /// A kind this build does not know; its payload is kept as it is.
     Unknown {
         kind: u16,
@@ -83,6 +88,7 @@ impl Record {
             Record::RunFinished(_) => kind::RUN_FINISHED,
             Record::RunResumed(_) => kind::RUN_RESUMED,
             Record::CancelRequested(_) => kind::CANCEL_REQUESTED,
+            Record::EpisodeImported(_) => kind::EPISODE_IMPORTED,
             Record::Unknown { kind, .. } => *kind,
         }
     }
@@ -101,6 +107,7 @@ impl Record {
             kind::RUN_FINISHED => Some("run_finished"),
             kind::RUN_RESUMED => Some("run_resumed"),
             kind::CANCEL_REQUESTED => Some("cancel_requested"),
+            kind::EPISODE_IMPORTED => Some("episode_imported"),
             _ => None,
         }
     }
@@ -121,6 +128,7 @@ impl Record {
             Record::RunFinished(r) => serde_json::to_writer(w, r),
             Record::RunResumed(r) => serde_json::to_writer(w, r),
             Record::CancelRequested(r) => serde_json::to_writer(w, r),
+            Record::EpisodeImported(r) => serde_json::to_writer(w, r),
             Record::Unknown { payload, .. } => {
                 out.extend_from_slice(payload);
                 Ok(())
@@ -158,6 +166,7 @@ impl Record {
             kind::RUN_FINISHED => Ok(Record::RunFinished(parse(payload, bad)?)),
             kind::RUN_RESUMED => Ok(Record::RunResumed(parse(payload, bad)?)),
             kind::CANCEL_REQUESTED => Ok(Record::CancelRequested(parse(payload, bad)?)),
+            kind::EPISODE_IMPORTED => Ok(Record::EpisodeImported(Box::new(parse(payload, bad)?))),
             _ => Ok(Record::Unknown {
                 kind: code,
                 payload: payload.to_vec(),

@@ -15,16 +15,18 @@ pub enum Method {
     RunStatus,
     RunResult,
     RunCancel,
+    SessionImport,
 }
 
 impl Method {
     /// Every method, in the order the docs list them.
-    pub const ALL: [Method; 5] = [
+    pub const ALL: [Method; 6] = [
         Method::SessionSend,
         Method::RunStatus,
         Method::RunResult,
         Method::RunCancel,
         Method::SessionRead,
+        Method::SessionImport,
     ];
 
     /// The method's wire name.
@@ -35,6 +37,7 @@ impl Method {
             Method::RunStatus => "run.status",
             Method::RunResult => "run.result",
             Method::RunCancel => "run.cancel",
+            Method::SessionImport => "session.import",
         }
     }
 
@@ -76,6 +79,17 @@ pub enum Request {
         from_ordinal: u64,
         limit: usize,
     },
+    /// Import a log (or every log under a folder): each part of the session not given
+    /// comes from the log.
+    Import {
+        /// `claude-code` or `codex`.
+        format: String,
+        /// An absolute path, on the daemon's machine.
+        path: String,
+        project_root: Option<String>,
+        harness: Option<String>,
+        session: Option<String>,
+    },
 }
 
 impl Request {
@@ -86,16 +100,19 @@ impl Request {
             Request::Result { .. } => Method::RunResult,
             Request::Cancel { .. } => Method::RunCancel,
             Request::Read { .. } => Method::SessionRead,
+            Request::Import { .. } => Method::SessionImport,
         }
     }
 
-    pub fn session(&self) -> &SessionName {
+    /// The session the request names (an import may name none: its logs do).
+    pub fn session(&self) -> Option<&SessionName> {
         match self {
             Request::Send { session, .. }
             | Request::Status { session, .. }
             | Request::Result { session, .. }
             | Request::Cancel { session, .. }
-            | Request::Read { session, .. } => session,
+            | Request::Read { session, .. } => Some(session),
+            Request::Import { .. } => None,
         }
     }
 }
@@ -134,6 +151,9 @@ pub fn parse(body: &[u8]) -> Result<Request, RpcError> {
         )
     })?;
     let mut params = env.params.unwrap_or_default();
+    if method == Method::SessionImport {
+        return import(params);
+    }
     let session = session_name(&mut params)?;
     let request = match method {
         Method::SessionSend => {
@@ -153,6 +173,8 @@ pub fn parse(body: &[u8]) -> Result<Request, RpcError> {
             run_id: required_run_id(&mut params)?,
             session,
         },
+        // Parsed above (it names no session of its own).
+        Method::SessionImport => return import(params),
         Method::SessionRead => {
             let from_ordinal = take_u64(&mut params, "from_ordinal")?.unwrap_or(0);
             let limit = take_u64(&mut params, "limit")?.unwrap_or(READ_LIMIT_DEFAULT as u64);
@@ -166,14 +188,47 @@ pub fn parse(body: &[u8]) -> Result<Request, RpcError> {
             }
         }
     };
+    no_more(&params, method)?;
+    Ok(request)
+}
+
+/// Refuses a parameter the method does not take, by name.
+fn no_more(params: &Map<String, Value>, method: Method) -> Result<(), RpcError> {
     match params.keys().next() {
         Some(k) => Err(invalid(format!(
             "unknown parameter `{}` for {}",
             k.escape_debug(),
             method.as_str()
         ))),
-        None => Ok(request),
+        None => Ok(()),
     }
+}
+
+/// session.import's parameters: `format`, an absolute `path`, and any of the session's
+/// parts.
+fn import(mut params: Map<String, Value>) -> Result<Request, RpcError> {
+    let format = take_str(&mut params, "format")?.ok_or_else(|| invalid("`format` is required"))?;
+    if !matches!(format.as_str(), "claude-code" | "codex") {
+        return Err(invalid(format!(
+            "`format` must be claude-code or codex, not `{}`",
+            format.escape_debug()
+        )));
+    }
+    let path = take_str(&mut params, "path")?.ok_or_else(|| invalid("`path` is required"))?;
+    if !path.starts_with('/') {
+        return Err(invalid(
+            "`path` must be absolute (the daemon's working directory is not yours)",
+        ));
+    }
+    let request = Request::Import {
+        format,
+        path,
+        project_root: take_str(&mut params, "project_root")?,
+        harness: take_str(&mut params, "harness")?,
+        session: take_str(&mut params, "session")?,
+    };
+    no_more(&params, Method::SessionImport)?;
+    Ok(request)
 }
 
 fn take_str(params: &mut Map<String, Value>, key: &str) -> Result<Option<String>, RpcError> {

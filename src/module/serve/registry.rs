@@ -297,6 +297,7 @@ impl Registry {
                 return;
             }
             None if !matches!(&cmd, SessionCommand::Send { admission, .. } if admission.is_ok())
+                && !matches!(&cmd, SessionCommand::Import { .. })
                 && !broca_wal::archive::exists(&broca_wal_writer::wal_path(
                     &self.ctx.wal_dir,
                     &triple,
@@ -578,6 +579,24 @@ impl Registry {
             SessionCommand::Barrier { reply } => {
                 let _ = reply.send(actor.barrier().await.ok());
             }
+            SessionCommand::Import { input, reply } => {
+                match actor.import(*input, Box::new(|_| {})).await {
+                    Ok(r) => {
+                        if !r.existing {
+                            self.dirty.borrow_mut().insert(triple.clone());
+                        }
+                        let _ = reply.send(Ok(r));
+                    }
+                    Err(e @ crate::session::ActorError::Import(_)) => {
+                        let _ = reply.send(Err(e.to_rpc_error()));
+                    }
+                    Err(e) => {
+                        tracing::error!("session {}: {e}", triple.address());
+                        let _ = reply.send(Err(e.to_rpc_error()));
+                        return false;
+                    }
+                }
+            }
             SessionCommand::Shutdown | SessionCommand::Close => return false,
         }
         true
@@ -669,6 +688,9 @@ fn fail(cmd: SessionCommand, err: &RpcError) {
         SessionCommand::Status { reply, .. } => drop(reply),
         SessionCommand::Cancel { reply, .. } => drop(reply),
         SessionCommand::Barrier { reply } => drop(reply),
+        SessionCommand::Import { reply, .. } => {
+            let _ = reply.send(Err(err.clone()));
+        }
         SessionCommand::Shutdown | SessionCommand::Close => {}
     }
 }

@@ -27,7 +27,9 @@ fn invalid(why: impl Into<String>) -> RpcError {
 /// here. Answers the method.
 pub fn check_request(body: &[u8]) -> Result<String, RpcError> {
     let request = broca_wire::request::parse(body)?;
-    triple(request.session())?;
+    if let Some(s) = request.session() {
+        triple(s)?;
+    }
     if let Request::Send { send, .. } = &request {
         let catalog = broca_catalog::current();
         let any = broca_protocol::model::AnyProvider;
@@ -41,7 +43,26 @@ pub fn check_request(body: &[u8]) -> Result<String, RpcError> {
 /// Runs one call.
 pub(crate) async fn call(ctx: &Arc<ServeCtx>, body: &[u8]) -> Result<Value, RpcError> {
     let request = broca_wire::request::parse(body)?;
-    let t = triple(request.session())?;
+    let Some(session) = request.session() else {
+        return match request {
+            Request::Import {
+                format,
+                path,
+                project_root,
+                harness,
+                session,
+            } => {
+                let target = crate::session::ImportTarget {
+                    project_root,
+                    harness,
+                    session,
+                };
+                import(ctx, &format, path, target).await
+            }
+            _ => Err(invalid("the request names no session")),
+        };
+    };
+    let t = triple(session)?;
     match request {
         Request::Send { send: req, .. } => self::send(ctx, t, *req).await,
         Request::Status { run_id, .. } => status(ctx, t, run_id).await,
@@ -52,7 +73,79 @@ pub(crate) async fn call(ctx: &Arc<ServeCtx>, body: &[u8]) -> Result<Value, RpcE
             limit,
             ..
         } => read(ctx, t, from_ordinal, limit).await,
+        Request::Import { .. } => Err(invalid("session.import names no session")),
     }
+}
+
+/// session.import: each log under `path` into its session (the parts of `target` not given
+/// from the log), each one durable record or nothing. One log: its answer, or its error.
+/// A folder: `{"imports": [...]}`, an entry per log, with its answer or its `error`.
+async fn import(
+    ctx: &Arc<ServeCtx>,
+    format: &str,
+    path: String,
+    target: crate::session::ImportTarget,
+) -> Result<Value, RpcError> {
+    if ctx.is_stopping() {
+        return Err(RpcError::transient(
+            503,
+            "shutting_down",
+            "broca is stopping; retry later",
+        ));
+    }
+    let format = broca_import::Format::parse(format)
+        .ok_or_else(|| invalid(format!("unknown log format `{format}`")))?;
+    let root = std::path::PathBuf::from(&path);
+    let folder = root.is_dir();
+    let files = glommio::executor()
+        .spawn_blocking(move || crate::session::log_files(&[root]))
+        .await
+        .map_err(|e| RpcError::permanent(404, "import_unreadable", e))?;
+    let mut entries = Vec::new();
+    for file in files {
+        let answer = import_one(ctx, format, file.clone(), target.clone()).await;
+        if !folder {
+            return answer;
+        }
+        entries.push(answer.unwrap_or_else(|e| {
+            serde_json::json!({
+                "file": file,
+                "error": {"code": e.code, "class": e.class.as_str(), "message": e.message},
+            })
+        }));
+    }
+    Ok(serde_json::json!({ "imports": entries }))
+}
+
+async fn import_one(
+    ctx: &Arc<ServeCtx>,
+    format: broca_import::Format,
+    file: std::path::PathBuf,
+    target: crate::session::ImportTarget,
+) -> Result<Value, RpcError> {
+    let (t, input) = glommio::executor()
+        .spawn_blocking(move || crate::session::read_source(format, &file, &target))
+        .await
+        .map_err(|e| crate::session::import_error(&e))?;
+    let name = input.file.clone();
+    // A log the session holds as it is, or one refused: answered from a read of its WAL (no
+    // lease, nothing written, the session's actor not even started).
+    let wal = broca_wal_writer::wal_path(&ctx.wal_dir, &t);
+    let checked = {
+        let input = input.clone();
+        glommio::executor()
+            .spawn_blocking(move || crate::session::check_read_only(&wal, &input))
+            .await
+    };
+    if let Some(done) = checked.map_err(|e| crate::session::import_error(&e))? {
+        return Ok(done.to_json(&name, &t));
+    }
+    let (reply, wait) = oneshot::channel();
+    let input = Box::new(input);
+    ctx.route(t.clone(), SessionCommand::Import { input, reply })
+        .map_err(unrouted)?;
+    let done = wait.await.map_err(|_| unavailable())??;
+    Ok(done.to_json(&name, &t))
 }
 
 fn triple(s: &SessionName) -> Result<SessionTriple, RpcError> {

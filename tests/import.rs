@@ -104,9 +104,17 @@ fn a_log_imports_once_and_its_longer_version_appends_only_its_new_lines() {
         &[&log("claude_killed.jsonl")],
         &[],
     ));
-    assert_eq!(again[0]["existing"], true);
+    assert_eq!(
+        again[0]["existing"], true,
+        "the same log was imported again: {}",
+        again[0]
+    );
     assert_eq!(again[0]["import_id"], a["import_id"]);
-    assert_eq!(wal_bytes(state), before);
+    assert_eq!(
+        wal_bytes(state),
+        before,
+        "the same log again wrote to the WAL"
+    );
 
     // The session went on in Claude Code: the longer log brings only its new lines, and
     // the call the kill interrupted is an unknown outcome, never a success.
@@ -122,7 +130,11 @@ fn a_log_imports_once_and_its_longer_version_appends_only_its_new_lines() {
         (&json!(23), &json!(34)),
         "{t}"
     );
-    assert_eq!(t["outcome_unknown"], json!(["toolu_fixture_2"]));
+    assert_eq!(
+        t["outcome_unknown"],
+        json!(["toolu_fixture_2"]),
+        "an interrupted call was counted a success: {t}"
+    );
     let eps = episodes(state);
     assert_eq!(eps.len(), 2);
     assert_eq!(eps[1]["origin"]["continues"], a["import_id"]);

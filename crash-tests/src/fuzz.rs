@@ -66,3 +66,35 @@ fn split_at(data: &[u8]) -> usize {
         None => 0,
     }
 }
+
+/// The import readers (Claude Code and Codex): a log read whole, then as a longer version of
+/// its first part (the split where the first byte says), with calls left open before it.
+pub fn import_log(data: &[u8]) {
+    use broca::import::{identify, plan, Format, Plan, Prior};
+    let split = split_at(data);
+    for format in [Format::ClaudeCode, Format::Codex] {
+        let Ok(id) = identify(format, "fuzz.jsonl", data) else {
+            continue;
+        };
+        let open = ["c1".to_string()];
+        let first = plan(format, "f", &data[..split], &id, None, &open, &mut |_| {});
+        if let Ok(Plan::Episode(e)) = first {
+            let prior = Prior {
+                import_id: "imp_1".into(),
+                bytes: e.origin.bytes,
+                blake3: e.origin.blake3.clone(),
+                last_line: e.origin.last_line,
+                diverged: false,
+            };
+            let _ = plan(
+                format,
+                "f",
+                data,
+                &id,
+                Some(&prior),
+                &e.pending,
+                &mut |_| {},
+            );
+        }
+    }
+}

@@ -146,6 +146,27 @@ fn event_stream_seeds() -> Vec<Vec<u8>> {
     ]
 }
 
+/// Logs the real CLIs wrote (tests/fixtures/import), their long lines left out (Codex's
+/// session_meta, whose instructions are long, replaced by its id and cwd) so the mutations
+/// reach the conversation's fields.
+fn import_seeds() -> Vec<Vec<u8>> {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/import");
+    let short = |name: &str| {
+        let bytes = std::fs::read(format!("{dir}/{name}")).unwrap();
+        let lines: Vec<Vec<u8>> = bytes
+            .split_inclusive(|&b| b == b'\n')
+            .filter(|l| l.len() < 2048)
+            .map(<[u8]>::to_vec)
+            .collect();
+        lines.concat()
+    };
+    let meta = br#"{"type":"session_meta","payload":{"id":"s1","cwd":"/p"}}"#;
+    vec![
+        short("claude_resumed.jsonl"),
+        [&meta[..], b"\n", &short("codex_resumed.jsonl")].concat(),
+    ]
+}
+
 #[test]
 fn every_target_survives_seeded_and_mutated_inputs() {
     let cases: usize = std::env::var("BROCA_FUZZ_CASES")
@@ -158,6 +179,7 @@ fn every_target_survives_seeded_and_mutated_inputs() {
         ("http_response", fuzz::http_response, http_seeds()),
         ("management_json", fuzz::management_json, json_seeds()),
         ("event_stream", fuzz::event_stream, event_stream_seeds()),
+        ("import_log", fuzz::import_log, import_seeds()),
     ];
     let mut total = 0;
     for (name, target, seeds) in &targets {

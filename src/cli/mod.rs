@@ -86,7 +86,8 @@ Options:
                        flags win over the file
   --tools-config FILE  MCP tool servers, JSON or TOML (see `broca run --help`)
 
-Routes: POST /v1/rpc (session.send, run.status, run.result, run.cancel, session.read),
+Routes: POST /v1/rpc (session.send, run.status, run.result, run.cancel, session.read,
+session.import),
 GET /healthz, GET /metrics.
 ";
 

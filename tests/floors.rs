@@ -15,6 +15,7 @@ const FLOORS: &[(&str, u32)] = &[
     ("broca-catalog", 1),
     ("broca-wire", 1),
     ("broca-tools", 1),
+    ("broca-subc", 1),
     ("broca-provider", 2),
     ("broca-archive", 2),
     ("broca-wal-writer", 3),

@@ -34,6 +34,7 @@ Usage: broca [--state-dir DIR] <command> [args]
 Commands:
   serve [--listen ADDR] [--socket PATH] [--shards N] [--grace-secs N] [--config FILE]
                          the daemon: the management surface over HTTP (see `broca serve --help`)
+  module --subc FILE     broca as a module of the subconscious daemon (see `broca module --help`)
   run --model PROVIDER/MODEL PROMPT
                          one run, in process: streams the answer to stdout (see `broca run --help`)
   wal verify [PATH...]   check WAL files (files, folders or a state dir; default: the state dir)
@@ -160,6 +161,50 @@ Prints one JSON object per record, in order: {\"seq\", \"offset\", \"len\", \"ki
 after printing the records before it.
 ";
 
+/// What every broca process does first: no transparent huge pages (mimalloc asks for them on
+/// its arena, and khugepaged then fills whole 2 MiB pages around the few small pages a
+/// daemon's sessions touch, so an idle daemon's resident memory kept growing for minutes
+/// after its load ended: the soak in BENCHMARKS.md), and logs on stderr filtered by
+/// `BROCA_LOG` (default `warn`), lines that cannot be written dropped (a subscriber that
+/// reported them on stderr again would panic).
+pub fn init_process() {
+    // SAFETY: prctl on this process with plain integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("BROCA_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter)
+        .log_internal_errors(false)
+        .init();
+}
+
+/// Runs the command line `args` (without the program name) and returns the exit code.
+/// Called as `ck-broca` (the daemon's name for the module), the command is `module`.
+pub fn run_as(program: Option<OsString>, args: Vec<OsString>) -> u8 {
+    let name = program
+        .as_deref()
+        .map(std::path::Path::new)
+        .and_then(|p| p.file_name())
+        .and_then(|n| n.to_str());
+    if name == Some("ck-broca") {
+        let mut args = args;
+        if args.first().is_some_and(|a| a == "module") {
+            args.remove(0);
+        }
+        let mut pargs = pico_args::Arguments::from_vec(args);
+        if pargs.contains(["-h", "--help"]) {
+            return print_help(MODULE_HELP);
+        }
+        let state_dir: Option<PathBuf> = match pargs.opt_value_from_str("--state-dir") {
+            Ok(dir) => dir,
+            Err(e) => return usage(&format!("--state-dir: {e}")),
+        };
+        return module_command(pargs, state_dir);
+    }
+    run(args)
+}
+
 /// Runs the command line `args` (without the program name) and returns the exit code.
 pub fn run(args: Vec<OsString>) -> u8 {
     let mut pargs = pico_args::Arguments::from_vec(args);
@@ -179,6 +224,8 @@ pub fn run(args: Vec<OsString>) -> u8 {
         Some("wal") => wal(pargs, help, state_dir),
         Some("serve") if help => print_help(SERVE_HELP),
         Some("serve") => serve_command(pargs, state_dir),
+        Some("module") if help => print_help(MODULE_HELP),
+        Some("module") => module_command(pargs, state_dir),
         Some("run") if help => print_help(RUN_HELP),
         Some("run") => run_command(pargs, state_dir),
         Some("store") => store::store(pargs, help, state_dir),
@@ -613,14 +660,70 @@ fn parse_serve(
             file.request_timeout_ms.unwrap_or(15_000),
         ),
         endpoints,
+        subc: None,
     })
 }
 
-fn serve_command(mut pargs: pico_args::Arguments, state_dir: Option<PathBuf>) -> u8 {
-    let opts = match parse_serve(&mut pargs, state_dir) {
+const MODULE_HELP: &str = "\
+Usage: broca module --subc CONNECTION_FILE [options]   (also: ck-broca --subc CONNECTION_FILE)
+
+Runs broca as a module of the subconscious daemon: reads the daemon's owner-only connection
+file, connects to it over loopback TCP, authenticates (the daemon proves it holds the file's
+key first) and registers (HELLO) as SUBC_MODULE_ID (default ck-broca), with the launch nonce
+in SUBC_LAUNCH_NONCE when the daemon handed one. Clients then reach broca over the daemon's
+management routes: each route is bound to a session (its identity's harness and session, its
+scope's folder as the project root), and its requests {method, params} are the methods of
+`broca serve` (docs/module.md). broca does not listen itself in this mode.
+
+A daemon that cannot be reached, or refuses the handshake or the HELLO, exits 1 at once with
+one line; broca never falls back to running standalone. `module.draining`, a GOODBYE from the
+daemon or SIGTERM stop admission, give active runs the grace period and seal the rest
+interrupted; then broca says GOODBYE and exits (0 when the daemon asked; SIGTERM is
+re-raised; a connection lost unannounced exits 1).
+
+Options: --subc FILE (required), and those of `broca serve` except --listen and --socket:
+--shards N, --grace-secs N, --config FILE, --tools-config FILE.
+";
+
+/// `broca module` (and `ck-broca`).
+pub fn module_command(mut pargs: pico_args::Arguments, state_dir: Option<PathBuf>) -> u8 {
+    let file: Option<PathBuf> = match pargs.opt_value_from_str("--subc") {
+        Ok(f) => f,
+        Err(e) => return usage(&format!("--subc: {e}")),
+    };
+    let Some(connection_file) = file else {
+        return usage("`broca module` needs --subc CONNECTION_FILE (the daemon's)");
+    };
+    for flag in ["--listen", "--socket"] {
+        if pargs.contains(flag) {
+            return usage(&format!("{flag}: broca does not listen in module mode"));
+        }
+    }
+    let mut opts = match parse_serve(&mut pargs, state_dir) {
         Ok(o) => o,
         Err(e) => return usage(&e),
     };
+    let module_id = match std::env::var(broca_subc::protocol::SUBC_MODULE_ID_ENV) {
+        Ok(id) if id.is_empty() => return usage("SUBC_MODULE_ID is set but empty"),
+        Ok(id) => id,
+        Err(_) => "ck-broca".to_string(),
+    };
+    // The nonce is this process's alone: read once and kept from the tool servers it starts.
+    let launch_nonce = std::env::var(broca_subc::protocol::SUBC_LAUNCH_NONCE_ENV)
+        .ok()
+        .filter(|n| !n.is_empty());
+    std::env::remove_var(broca_subc::protocol::SUBC_LAUNCH_NONCE_ENV);
+    opts.subc = Some(broca_module::serve::SubcOptions {
+        connection_file,
+        module_id,
+        launch_nonce,
+    });
+    run_daemon(opts)
+}
+
+/// Runs the daemon (serve or module mode) to its end: exit 0, the stopping signal re-raised,
+/// or 1 with the reason.
+fn run_daemon(opts: ServeOptions) -> u8 {
     match broca_module::serve::serve(opts) {
         Ok(0) => EXIT_OK,
         Ok(sig) => broca_module::serve::reraise(sig),
@@ -629,4 +732,12 @@ fn serve_command(mut pargs: pico_args::Arguments, state_dir: Option<PathBuf>) ->
             EXIT_FAILURE
         }
     }
+}
+
+fn serve_command(mut pargs: pico_args::Arguments, state_dir: Option<PathBuf>) -> u8 {
+    let opts = match parse_serve(&mut pargs, state_dir) {
+        Ok(o) => o,
+        Err(e) => return usage(&e),
+    };
+    run_daemon(opts)
 }

@@ -10,7 +10,7 @@ use serde_json::Value;
 use broca_protocol::{Block, Json, Usage};
 
 use crate::episode::Episode;
-use crate::{count_of, str_of, Identity, ImportError, Lines, Progress};
+use crate::{count_of, str_of, Identity, ImportError, Lines};
 
 /// The texts Claude Code writes as a tool's result for a call it interrupted.
 const PLACEHOLDERS: &[&str] = &[
@@ -32,17 +32,9 @@ pub(crate) fn identify(mut lines: Lines<'_>) -> Result<Option<Identity>, ImportE
 }
 
 /// Reads the lines into `episode`; answers the last line's number.
-pub(crate) fn read(
-    mut lines: Lines<'_>,
-    episode: &mut Episode,
-    progress: &mut dyn FnMut(u64),
-) -> Result<u64, ImportError> {
-    let mut progress = Progress::new(progress);
-    let mut last = lines.next_line().saturating_sub(1);
+pub(crate) fn read(mut lines: Lines<'_>, episode: &mut Episode) -> Result<u64, ImportError> {
     while let Some(next) = lines.next_value() {
         let (line, v) = next?;
-        last = line;
-        progress.at(lines.offset());
         let kind = str_of(&v, "type").unwrap_or("");
         if !matches!(kind, "user" | "assistant") {
             continue;
@@ -61,7 +53,7 @@ pub(crate) fn read(
             assistant(&lines, line, message, episode)?;
         }
     }
-    Ok(last)
+    Ok(lines.last_line())
 }
 
 fn user(

@@ -10,7 +10,7 @@ use serde_json::Value;
 use broca_protocol::{Block, Json, Usage};
 
 use crate::episode::Episode;
-use crate::{count_of, str_of, Identity, ImportError, Lines, Progress};
+use crate::{count_of, str_of, Identity, ImportError, Lines};
 
 pub(crate) fn identify(mut lines: Lines<'_>) -> Result<Option<Identity>, ImportError> {
     while let Some(next) = lines.next_value() {
@@ -28,19 +28,11 @@ pub(crate) fn identify(mut lines: Lines<'_>) -> Result<Option<Identity>, ImportE
 }
 
 /// Reads the lines into `episode`; answers the last line's number.
-pub(crate) fn read(
-    mut lines: Lines<'_>,
-    episode: &mut Episode,
-    progress: &mut dyn FnMut(u64),
-) -> Result<u64, ImportError> {
-    let mut progress = Progress::new(progress);
-    let mut last = lines.next_line().saturating_sub(1);
+pub(crate) fn read(mut lines: Lines<'_>, episode: &mut Episode) -> Result<u64, ImportError> {
     let mut model: Option<String> = None;
     let mut usage_records = false;
     while let Some(next) = lines.next_value() {
         let (line, v) = next?;
-        last = line;
-        progress.at(lines.offset());
         let kind = str_of(&v, "type").unwrap_or("");
         let payload = v.get("payload");
         match kind {
@@ -90,7 +82,7 @@ pub(crate) fn read(
             _ => {}
         }
     }
-    Ok(last)
+    Ok(lines.last_line())
 }
 
 fn response_item(

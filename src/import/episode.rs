@@ -82,11 +82,7 @@ impl Episode {
             is_error: true,
         });
         let user = self.message(Role::User);
-        let at = user
-            .content
-            .iter()
-            .take_while(|b| matches!(b, Block::ToolResult { .. }))
-            .count();
+        let at = results_end(user);
         user.content.splice(at..at, results);
         self.answered.extend(pending.iter().cloned());
         self.out.outcome_unknown.extend(pending);
@@ -150,11 +146,7 @@ impl Episode {
         };
         let user = self.message(Role::User);
         // Results come before any text of the message.
-        let at = user
-            .content
-            .iter()
-            .take_while(|b| matches!(b, Block::ToolResult { .. }))
-            .count();
+        let at = results_end(user);
         user.content.insert(
             at,
             Block::ToolResult {
@@ -216,4 +208,12 @@ impl Episode {
         self.out.pending = self.pending;
         self.out
     }
+}
+
+/// Where a user message's tool results end (they come before its text, as providers want).
+fn results_end(user: &Message) -> usize {
+    user.content
+        .iter()
+        .take_while(|b| matches!(b, Block::ToolResult { .. }))
+        .count()
 }

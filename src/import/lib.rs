@@ -157,11 +157,11 @@ pub fn plan(
             (p.bytes as usize, p.last_line + 1)
         }
     };
-    let lines = Lines::new(file, &bytes[..covered], start, first_line);
+    let lines = Lines::new(file, &bytes[..covered], start, first_line).with_progress(progress);
     let mut episode = episode::Episode::new(format.name(), open_calls);
     let last_line = match format {
-        Format::ClaudeCode => claude::read(lines, &mut episode, progress)?,
-        Format::Codex => codex::read(lines, &mut episode, progress)?,
+        Format::ClaudeCode => claude::read(lines, &mut episode)?,
+        Format::Codex => codex::read(lines, &mut episode)?,
     };
     if let Some(line) = cut {
         episode.note(
@@ -221,6 +221,9 @@ pub(crate) struct Lines<'a> {
     bytes: &'a [u8],
     at: usize,
     line: u64,
+    /// The number of the last line handed out.
+    last: u64,
+    progress: Option<Progress<'a>>,
 }
 
 impl<'a> Lines<'a> {
@@ -237,7 +240,20 @@ impl<'a> Lines<'a> {
             bytes,
             at: start,
             line: first_line,
+            last: first_line.saturating_sub(1),
+            progress: None,
         }
+    }
+
+    /// Reports the bytes read to `report` now and then.
+    fn with_progress(mut self, report: &'a mut dyn FnMut(u64)) -> Lines<'a> {
+        self.progress = Some(Progress::new(report));
+        self
+    }
+
+    /// The number of the last line handed out (the one before the first, before any).
+    pub fn last_line(&self) -> u64 {
+        self.last
     }
 
     /// The error for line `line`.
@@ -248,11 +264,6 @@ impl<'a> Lines<'a> {
             line: Some(line),
             message,
         }
-    }
-
-    /// Bytes read so far.
-    pub fn offset(&self) -> u64 {
-        self.at as u64
     }
 
     /// The next non-empty line: its number and its JSON.
@@ -267,6 +278,10 @@ impl<'a> Lines<'a> {
             self.at += len.map_or(rest.len(), |l| l + 1);
             let line = self.line;
             self.line += 1;
+            self.last = line;
+            if let Some(p) = &mut self.progress {
+                p.at(self.at as u64);
+            }
             if text.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
@@ -277,28 +292,23 @@ impl<'a> Lines<'a> {
             );
         }
     }
-
-    /// The number the next line will have.
-    pub fn next_line(&self) -> u64 {
-        self.line
-    }
 }
 
 /// Calls `progress` every 4 MiB read.
-pub(crate) struct Progress<'p> {
+struct Progress<'p> {
     report: &'p mut dyn FnMut(u64),
     next: u64,
 }
 
 impl<'p> Progress<'p> {
-    pub fn new(report: &'p mut dyn FnMut(u64)) -> Progress<'p> {
+    fn new(report: &'p mut dyn FnMut(u64)) -> Progress<'p> {
         Progress {
             report,
             next: 4 << 20,
         }
     }
 
-    pub fn at(&mut self, offset: u64) {
+    fn at(&mut self, offset: u64) {
         if offset >= self.next {
             (self.report)(offset);
             self.next = offset + (4 << 20);

@@ -113,9 +113,8 @@ const FAMILIES: &[Family] = &[
     },
 ];
 
-/// The metrics text, asking every shard for its stats (a shard whose queue is full is left
-/// out of this scrape rather than waited for).
-pub(crate) async fn render(ctx: &Arc<ServeCtx>) -> String {
+/// Every shard's stats (a shard whose queue is full is left out rather than waited for).
+pub(crate) async fn gather(ctx: &Arc<ServeCtx>) -> Vec<ShardStats> {
     let mut stats: Vec<ShardStats> = Vec::new();
     for shard in 0..ctx.mesh.shards() {
         let (reply, wait) = futures_channel::oneshot::channel();
@@ -125,6 +124,13 @@ pub(crate) async fn render(ctx: &Arc<ServeCtx>) -> String {
             }
         }
     }
+    stats
+}
+
+/// The metrics text, asking every shard for its stats (a shard whose queue is full is left
+/// out of this scrape rather than waited for).
+pub(crate) async fn render(ctx: &Arc<ServeCtx>) -> String {
+    let stats = gather(ctx).await;
     let mut out = String::new();
     for f in FAMILIES {
         out.push_str(&format!(

@@ -16,6 +16,7 @@ mod mesh;
 mod metrics;
 mod registry;
 mod rpc;
+pub mod subc;
 mod subscribe;
 
 pub use rpc::check_request;
@@ -65,6 +66,20 @@ pub struct ServeOptions {
     /// How long a request may take to arrive once it has begun (then 408).
     pub request_timeout: Duration,
     pub endpoints: Endpoints,
+    /// Module mode: register with the subconscious daemon and serve its routes instead of
+    /// listening (`broca module --subc FILE`).
+    pub subc: Option<SubcOptions>,
+}
+
+/// Module mode's settings.
+#[derive(Debug, Clone)]
+pub struct SubcOptions {
+    /// The daemon's owner-only connection file.
+    pub connection_file: PathBuf,
+    /// The module id broca registers as (`SUBC_MODULE_ID`, default `ck-broca`).
+    pub module_id: String,
+    /// The launch nonce the daemon handed this process, if any (never logged).
+    pub launch_nonce: Option<String>,
 }
 
 /// A message between shards.
@@ -119,6 +134,9 @@ pub(crate) struct ServeCtx {
     /// Admission's checks of families and credentials (the shards' model clients resolve
     /// the same credentials the same way).
     pub checks: broca_provider::Checks,
+    /// Module mode: the daemon connection ended unannounced (broca stops, and exits
+    /// non-zero).
+    pub subc_lost: AtomicBool,
 }
 
 impl ServeCtx {
@@ -183,7 +201,28 @@ fn getrandom(buf: &mut [u8]) -> Result<(), String> {
 
 /// Blocks SIGTERM and SIGINT in this thread (the shards inherit the mask) and waits for them
 /// on a thread of their own.
-fn catch_signals(ctx: Arc<Mutex<Option<Arc<ServeCtx>>>>) -> Result<(), String> {
+/// Where a signal goes: the daemon once it runs; before that, the signal is kept for it.
+#[derive(Default)]
+struct SignalSlot {
+    ctx: Option<Arc<ServeCtx>>,
+    /// A signal that came before the daemon was ready (0: none).
+    early: i32,
+}
+
+/// Stops the daemon for `sig` (the first signal wins; later ones change nothing).
+fn stop_for_signal(ctx: &ServeCtx, sig: i32) {
+    tracing::warn!("signal {sig}: stopping admission; active runs get the grace period");
+    let first = ctx
+        .signal
+        .compare_exchange(0, sig, Ordering::AcqRel, Ordering::Acquire)
+        .is_ok();
+    ctx.stopping.store(true, Ordering::Release);
+    if first {
+        let _ = ctx.mesh.send_blocking(0, ShardMsg::Signal);
+    }
+}
+
+fn catch_signals(slot: Arc<Mutex<SignalSlot>>) -> Result<(), String> {
     // SAFETY: plain libc signal-set calls on a local set.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
@@ -199,18 +238,13 @@ fn catch_signals(ctx: Arc<Mutex<Option<Arc<ServeCtx>>>>) -> Result<(), String> {
             .spawn(move || loop {
                 let mut sig = 0;
                 if libc::sigwait(&set, &mut sig) == 0 {
-                    if let Some(ctx) = ctx.lock().expect("the signal slot").as_ref() {
-                        tracing::warn!(
-                            "signal {sig}: stopping admission; active runs get the grace period"
-                        );
-                        let first = ctx
-                            .signal
-                            .compare_exchange(0, sig, Ordering::AcqRel, Ordering::Acquire)
-                            .is_ok();
-                        ctx.stopping.store(true, Ordering::Release);
-                        if first {
-                            let _ = ctx.mesh.send_blocking(0, ShardMsg::Signal);
-                        }
+                    let mut slot = slot.lock().expect("the signal slot");
+                    match slot.ctx.as_ref() {
+                        Some(ctx) => stop_for_signal(ctx, sig),
+                        // Still starting (in module mode the daemon may ask before broca is
+                        // ready): the daemon stops as soon as it is.
+                        None if slot.early == 0 => slot.early = sig,
+                        None => {}
                     }
                 }
             })
@@ -295,7 +329,7 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
         return Err("--shards must be at least 1".into());
     }
     size_open_sessions(&mut opts)?;
-    let slot: Arc<Mutex<Option<Arc<ServeCtx>>>> = Arc::new(Mutex::new(None));
+    let slot: Arc<Mutex<SignalSlot>> = Arc::new(Mutex::new(SignalSlot::default()));
     catch_signals(slot.clone())?;
     let PreparedState {
         lock: state_lock,
@@ -305,7 +339,25 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
     } = prepare_state(&opts)?;
     let proxy = ProxyConfig::from_env()?;
     let tls = broca_io::net::tls::default_client_config()?;
-    let listeners = Listeners::bind(&opts)?;
+    // Module mode registers with the daemon first: one that cannot be reached or refuses is
+    // an error at once, never a fall back to listening.
+    let (listeners, front) = match &opts.subc {
+        Some(m) => {
+            let hello = broca_subc::manifest::hello(
+                &m.module_id,
+                env!("CARGO_PKG_VERSION"),
+                m.launch_nonce.clone(),
+            );
+            let r = broca_subc::connect::connect(&m.connection_file, &hello)
+                .map_err(|e| e.to_string())?;
+            let conn = subc::SubcConn {
+                stream: r.stream,
+                decoder: r.decoder,
+            };
+            (None, Some(conn))
+        }
+        None => (Some(Listeners::bind(&opts)?), None),
+    };
     load_catalog(&opts, &tls, &proxy)?;
     let OpenedStore {
         store,
@@ -329,30 +381,53 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
         checks: broca_provider::Checks::new(Box::new(
             broca_provider::credential::StateSecrets::new(&opts.state_dir),
         )),
+        subc_lost: AtomicBool::new(false),
     });
-    *slot.lock().expect("the signal slot") = Some(ctx.clone());
+    {
+        let mut slot = slot.lock().expect("the signal slot");
+        slot.ctx = Some(ctx.clone());
+        if slot.early != 0 {
+            stop_for_signal(&ctx, slot.early);
+        }
+    }
     let serve_json = serve_json(&opts.state_dir);
-    let info = serde_json::json!({
-        "pid": std::process::id(),
-        "listen": listeners.listen.to_string(),
-        "socket": listeners.socket.display().to_string(),
-        "handle_file": handle_file.display().to_string(),
-    });
+    let info = match &listeners {
+        Some(l) => serde_json::json!({
+            "pid": std::process::id(),
+            "listen": l.listen.to_string(),
+            "socket": l.socket.display().to_string(),
+            "handle_file": handle_file.display().to_string(),
+        }),
+        None => serde_json::json!({"pid": std::process::id(), "module": true}),
+    };
     broca_owner_only::write_file(&serve_json, info.to_string().as_bytes())
         .map_err(|e| format!("cannot write {}: {e}", serve_json.display()))?;
-    let socket = listeners.socket.clone();
+    let socket = listeners.as_ref().map(|l| l.socket.clone());
     resume_open_runs(ctx.clone(), caught_up)?;
     start_archive_scheduler(&ctx)?;
-    crate::outln!("broca listening on http://{}", listeners.listen);
+    match (&listeners, &opts.subc) {
+        (Some(l), _) => crate::outln!("broca listening on http://{}", l.listen),
+        (None, Some(m)) => crate::outln!("broca registered with the daemon as {}", m.module_id),
+        (None, None) => {}
+    }
     use std::io::Write as _;
     let _ = std::io::stdout().flush();
-    let result = run_shards(&ctx, receivers, listeners);
+    let result = run_shards(&ctx, receivers, listeners, front);
     // This daemon still holds the state dir's lock: serve.json and the socket are its own.
     let _ = std::fs::remove_file(&serve_json);
-    let _ = std::fs::remove_file(&socket);
+    if let Some(socket) = &socket {
+        let _ = std::fs::remove_file(socket);
+    }
     drop(state_lock);
     ctx.tools.stop();
     result?;
+    if ctx.subc_lost.load(Ordering::Acquire) {
+        return Err(
+            "the daemon connection ended unannounced: admission stopped, active runs got the \
+             grace period and the rest were sealed interrupted"
+                .into(),
+        );
+    }
     Ok(ctx.signal.load(Ordering::Acquire))
 }
 
@@ -617,33 +692,39 @@ fn start_tools(
 fn run_shards(
     ctx: &Arc<ServeCtx>,
     receivers: Vec<futures_channel::mpsc::Receiver<ShardMsg>>,
-    listeners: Listeners,
+    listeners: Option<Listeners>,
+    front: Option<subc::SubcConn>,
 ) -> Result<(), String> {
     let shards = ctx.opts.shards;
-    let mut tcp_copies = Vec::with_capacity(shards);
-    for _ in 1..shards {
-        tcp_copies.push(Some(listeners.tcp.try_clone().map_err(|e| {
-            format!("cannot share the listener between shards: {e}")
-        })?));
+    let mut tcp_copies: Vec<Option<std::net::TcpListener>> = Vec::with_capacity(shards);
+    let mut unix = None;
+    if let Some(l) = listeners {
+        for _ in 1..shards {
+            tcp_copies.push(Some(l.tcp.try_clone().map_err(|e| {
+                format!("cannot share the listener between shards: {e}")
+            })?));
+        }
+        tcp_copies.insert(0, Some(l.tcp));
+        unix = Some(l.unix);
     }
-    tcp_copies.insert(0, Some(listeners.tcp));
     let receivers = Arc::new(Mutex::new(
         receivers.into_iter().map(Some).collect::<Vec<_>>(),
     ));
-    let shared = Arc::new(Mutex::new((tcp_copies, Some(listeners.unix))));
+    let shared = Arc::new(Mutex::new((tcp_copies, unix, front)));
     let shard_ctx = ctx.clone();
     let result = broca_shards::run_pinned(shards, move |shard| {
         let ctx = shard_ctx.clone();
         let rx = receivers.lock().expect("receivers")[shard]
             .take()
             .expect("one receiver per shard");
-        let listeners = {
+        let (listeners, front) = {
             let mut l = shared.lock().expect("listeners");
-            let tcp = l.0[shard].take();
+            let tcp = l.0.get_mut(shard).and_then(Option::take);
             let unix = if shard == 0 { l.1.take() } else { None };
-            tcp.map(|tcp| (tcp, unix))
+            let front = if shard == 0 { l.2.take() } else { None };
+            (tcp.map(|tcp| (tcp, unix)), front)
         };
-        registry::shard_main(shard, ctx, rx, listeners)
+        registry::shard_main(shard, ctx, rx, listeners, front)
     });
     for r in result.map_err(|e| format!("a shard failed to start: {e}"))? {
         r?;

@@ -107,6 +107,7 @@ pub(crate) async fn shard_main(
         std::net::TcpListener,
         Option<std::os::unix::net::UnixListener>,
     )>,
+    front: Option<super::subc::SubcConn>,
 ) -> Result<(), String> {
     let http = HttpClient::new(ClientConfig::new(ctx.tls.clone(), ctx.proxy.clone()));
     let model = Rc::new(HttpModelClient::new(
@@ -152,6 +153,10 @@ pub(crate) async fn shard_main(
         None => None,
     };
     *reg.acceptor.borrow_mut() = accept;
+    let closer = match front {
+        Some(conn) => Some(super::subc::run(ctx.clone(), conn).await?),
+        None => None,
+    };
     while let Some(msg) = rx.next().await {
         match msg {
             ShardMsg::Session { triple, cmd } => reg.dispatch(triple, cmd),
@@ -187,6 +192,9 @@ pub(crate) async fn shard_main(
     }
     if let Some(a) = reg.acceptor.borrow().as_ref() {
         a.stop();
+    }
+    if let Some(c) = closer {
+        c.goodbye().await;
     }
     Ok(())
 }

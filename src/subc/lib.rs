@@ -1,0 +1,13 @@
+//! broca's side of the subconscious daemon's wire (subc v2), built on the ecosystem's own
+//! crates: `subc-protocol` for the envelope, the frame types and every channel-0 body,
+//! `subc-transport` for the connection file and the handshake's proofs. Their I/O is tokio's;
+//! broca's shards run on glommio, so the bytes are moved here: the handshake and HELLO over a
+//! blocking socket before the shards start (`connect`), and the frame stream by a sans-IO
+//! decoder (`frames`) that the shard feeds from its own socket.
+
+pub mod connect;
+pub mod frames;
+pub mod manifest;
+
+pub use subc_protocol as protocol;
+pub use subc_transport as transport;

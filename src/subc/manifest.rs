@@ -1,0 +1,85 @@
+//! What broca tells the daemon it is: the HELLO body with its manifest (subc-protocol's
+//! types). broca provides one management surface, session-scoped: the management methods,
+//! the same ones serve's `/v1/rpc` answers.
+
+use subc_protocol::manifest::{
+    CapabilityDeclarations, Concurrency, IdentityScope, ManagementOperation,
+    ManagementOperationKind, ModuleManifest, ProviderRole, TrustTier,
+};
+use subc_protocol::session::MODULE_CONTROL_OP_HEALTH_CHECK;
+use subc_protocol::{ModuleHelloBody, PROTOCOL_VERSION};
+
+/// The management methods and whether each changes the session.
+pub const OPERATIONS: &[(&str, bool)] = &[
+    ("session.send", true),
+    ("run.status", false),
+    ("run.result", false),
+    ("run.cancel", true),
+    ("session.read", false),
+    ("session.import", true),
+    ("session.subscribe", false),
+];
+
+/// The capabilities broca declares: the bind's scope carries the session's folder
+/// (`scope-workdir/v1`), which is the session's project root.
+pub const CAPABILITIES: &[&str] = &[subc_protocol::scope::SCOPE_WORKDIR_CAPABILITY];
+
+/// The HELLO body of module `module_id` at `version`, with the daemon's launch nonce when
+/// it handed one (never logged: subc-protocol's Debug redacts it).
+pub fn hello(module_id: &str, version: &str, launch_nonce: Option<String>) -> ModuleHelloBody {
+    let operations = OPERATIONS
+        .iter()
+        .map(|&(name, mutates)| ManagementOperation {
+            name: name.to_string(),
+            kind: if mutates {
+                ManagementOperationKind::Mutate
+            } else {
+                ManagementOperationKind::Query
+            },
+            description: None,
+        })
+        .collect();
+    let surface = ProviderRole::ManagementSurface {
+        operations,
+        config_schema: serde_json::json!({"type": "object"}),
+        observability: Vec::new(),
+        identity_scope: vec![IdentityScope::Session],
+        concurrency: Concurrency::ModuleManaged,
+    };
+    let manifest: ModuleManifest = ModuleManifest::builder(module_id, version)
+        .trust_tier(Some(TrustTier::FirstParty))
+        .provides(vec![surface])
+        .capabilities(Some(CapabilityDeclarations {
+            provides: CAPABILITIES.iter().map(|c| c.to_string()).collect(),
+            requires: Vec::new(),
+            must_never_reach: Vec::new(),
+        }))
+        .build();
+    ModuleHelloBody {
+        manifest,
+        protocol_ver: PROTOCOL_VERSION,
+        control_ops: Some(vec![MODULE_CONTROL_OP_HEALTH_CHECK.to_string()]),
+        launch_nonce,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hello_is_the_golden_one() {
+        let body = hello("ck-broca", "0.1.0", Some("n-123".into()));
+        let json = serde_json::to_value(&body).unwrap();
+        let golden: serde_json::Value =
+            serde_json::from_str(include_str!("golden/hello.json")).unwrap();
+        assert_eq!(json, golden, "{json}");
+        // And the daemon's own types read it back as it was written.
+        let back: ModuleHelloBody = serde_json::from_value(json).unwrap();
+        assert_eq!(back, body);
+        assert!(
+            !format!("{body:?}").contains("n-123"),
+            "the nonce is never printed"
+        );
+    }
+}

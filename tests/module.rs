@@ -1,0 +1,412 @@
+//! Module mode: the real `broca module` (and `ck-broca`) binary registered with a stand-in
+//! daemon (tests/support/daemon.rs: a real connection file, the daemon's side of the
+//! handshake and the frames by subc-transport's own code), with aimock as the provider.
+
+#[path = "support/daemon.rs"]
+mod daemon;
+mod support;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use daemon::{Answer, Daemon};
+use serde_json::{json, Value};
+use subc_protocol::FrameType;
+use support::{broca, fixture, Aimock};
+
+const KEY: &str = "sk-module-test-0123456789";
+
+fn module(state: &Path, d: &Daemon, peer: &Aimock, extra: &[(&str, &str)]) -> Command {
+    let mut c = broca(state);
+    c.env("ANTHROPIC_API_KEY", KEY)
+        .env("BROCA_BASE_URL_ANTHROPIC", peer.url())
+        .envs(extra.iter().copied())
+        .args(["module", "--subc"])
+        .arg(&d.file)
+        .args(["--shards", "2", "--grace-secs", "2"]);
+    c
+}
+
+fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
+    let until = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            Instant::now() < until,
+            "broca did not exit within {within:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn stderr_of(child: &mut Child) -> String {
+    let mut s = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut s);
+    }
+    s
+}
+
+fn result_of(d: &mut Daemon, body: &Value) -> Value {
+    body.get("result")
+        .cloned()
+        .unwrap_or_else(|| panic!("not a result: {body} ({:?})", d.seen.len()))
+}
+
+#[test]
+fn a_module_registers_and_serves_the_management_methods_on_its_routes() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let mut d = Daemon::start(dir.path());
+    let mut child = module(
+        &state,
+        &d,
+        &peer,
+        &[("SUBC_LAUNCH_NONCE", "nonce-for-this-launch")],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let hello = d.accept(Answer::Accept).expect("broca's HELLO");
+    let m = &hello["manifest"];
+    assert_eq!(m["module_id"], "ck-broca");
+    assert_eq!(hello["launch_nonce"], "nonce-for-this-launch");
+    assert_eq!(hello["control_ops"], json!(["health.check"]));
+    let surface = &m["provides"][0];
+    assert_eq!(surface["role"], "management_surface");
+    let ops: Vec<&str> = surface["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        ops.contains(&"session.send") && ops.contains(&"session.read"),
+        "{ops:?}"
+    );
+
+    // A route bound to a session; its requests name none.
+    let (ty, ack) = d.bind(3, 1, "/proj/mod", "h", "s1");
+    assert_eq!(
+        (ty, &ack),
+        (FrameType::Response, &json!({"op": "route.bind"}))
+    );
+    let (ty, sent) = d.request(
+        3,
+        1,
+        "session.send",
+        json!({"prompt": "hello", "model": "anthropic/m"}),
+    );
+    assert_eq!(ty, FrameType::Response, "{sent}");
+    let run_id = result_of(&mut d, &sent)["run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let until = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        let (_, s) = d.request(3, 1, "run.status", json!({"run_id": run_id}));
+        let s = result_of(&mut d, &s);
+        if s["state"] != "active" {
+            break s;
+        }
+        assert!(Instant::now() < until, "the run did not end: {s}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status["state"], "completed", "{status}");
+    let (_, r) = d.request(3, 1, "run.result", json!({"run_id": run_id}));
+    assert_eq!(
+        result_of(&mut d, &r)["final_message"]["text"],
+        "Hello! How can I help you today?"
+    );
+    let (_, page) = d.request(3, 1, "session.read", json!({}));
+    assert_eq!(result_of(&mut d, &page)["head"], 2);
+    // The route's session is the session on disk: the WAL of (/proj/mod, h, s1).
+    let triple = broca::wal::SessionTriple::new("/proj/mod", "h", "s1").unwrap();
+    assert!(broca::wal::writer::wal_path(&state.join("wal"), &triple).exists());
+
+    // session.subscribe holds the request open: STREAM_DATA per control unit, each with its
+    // durable cursor, from the start; a CANCEL ends it with STREAM_END.
+    let corr = d.send(
+        FrameType::Request,
+        3,
+        1,
+        &json!({"method": "session.subscribe", "params": {"from": "start"}}),
+    );
+    let units = d.frames_for(3, corr, |f| {
+        serde_json::from_slice::<Value>(&f.body).is_ok_and(|v| v["unit"]["type"] == "run_finished")
+    });
+    let kinds: Vec<String> = units
+        .iter()
+        .map(|f| {
+            assert_eq!(f.header.ty, FrameType::StreamData);
+            let v: Value = serde_json::from_slice(&f.body).unwrap();
+            assert!(v["cursor"].as_str().unwrap().contains('.'), "{v}");
+            v["unit"]["type"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(
+        kinds.first().map(String::as_str),
+        Some("run_started"),
+        "{kinds:?}"
+    );
+    assert!(kinds.iter().any(|k| k == "message"), "{kinds:?}");
+    d.send_corr(FrameType::Cancel, 3, 1, corr);
+    let end = d.frames_for(3, corr, |f| f.header.ty == FrameType::StreamEnd);
+    assert_eq!(end.last().unwrap().header.ty, FrameType::StreamEnd);
+    // From a cursor: only what follows it.
+    let second: Value = serde_json::from_slice(&units[1].body).unwrap();
+    let corr = d.send(
+        FrameType::Request,
+        3,
+        1,
+        &json!({"method": "session.subscribe", "params": {"from": second["cursor"]}}),
+    );
+    let first = d.answer(3, corr);
+    let v: Value = serde_json::from_slice(&first.body).unwrap();
+    assert_eq!(
+        v["unit"]["type"].as_str(),
+        kinds.get(2).map(String::as_str),
+        "{v}"
+    );
+    d.send_corr(FrameType::Cancel, 3, 1, corr);
+    d.frames_for(3, corr, |f| f.header.ty == FrameType::StreamEnd);
+    let corr = d.send(
+        FrameType::Request,
+        3,
+        1,
+        &json!({"method": "session.subscribe", "params": {"from": "999999.0"}}),
+    );
+    assert_eq!(
+        d.answer(3, corr).header.ty,
+        FrameType::Error,
+        "a cursor beyond the head"
+    );
+
+    // Live: the display lane's deltas come marked SHEDDABLE, the control lane's units not.
+    let live = d.send(
+        FrameType::Request,
+        3,
+        1,
+        &json!({"method": "session.subscribe", "params": {}}),
+    );
+    let (_, sent) = d.request(
+        3,
+        1,
+        "session.send",
+        json!({"prompt": "slow", "model": "anthropic/m"}),
+    );
+    assert!(sent.get("result").is_some(), "{sent}");
+    let frames = d.frames_for(3, live, |f| {
+        serde_json::from_slice::<Value>(&f.body).is_ok_and(|v| v["unit"]["type"] == "run_finished")
+    });
+    let sheddable = |f: &subc_protocol::Frame| f.header.flags.0 & 0x30 == 0x20;
+    let display: Vec<&subc_protocol::Frame> = frames
+        .iter()
+        .filter(|f| serde_json::from_slice::<Value>(&f.body).is_ok_and(|v| v["type"] == "display"))
+        .collect();
+    assert!(
+        !display.is_empty(),
+        "display deltas while the answer streams"
+    );
+    assert!(
+        display.iter().all(|f| sheddable(f)),
+        "display deltas are sheddable"
+    );
+    assert!(frames
+        .iter()
+        .filter(|f| !display.iter().any(|d| std::ptr::eq(*d, *f)))
+        .all(|f| !sheddable(f)));
+    d.send_corr(FrameType::Cancel, 3, 1, live);
+    d.frames_for(3, live, |f| f.header.ty == FrameType::StreamEnd);
+
+    // Refusals are ERROR frames {code, message, detail: {class}}.
+    let (ty, e) = d.request(3, 1, "run.status", json!({"session": "other"}));
+    assert_eq!(
+        (ty, e["code"].as_str()),
+        (FrameType::Error, Some("invalid_params")),
+        "{e}"
+    );
+    assert_eq!(e["detail"]["class"], "permanent");
+    let (ty, e) = d.request(3, 1, "session.nope", json!({}));
+    assert_eq!(
+        (ty, e["code"].as_str()),
+        (FrameType::Error, Some("unknown_method")),
+        "{e}"
+    );
+    let (ty, e) = d.request(9, 1, "run.status", json!({}));
+    assert_eq!(
+        (ty, e["code"].as_str()),
+        (FrameType::Error, Some("unknown_channel")),
+        "{e}"
+    );
+    let (ty, e) = d.request(3, 7, "run.status", json!({}));
+    assert_eq!(
+        (ty, e["code"].as_str()),
+        (FrameType::Error, Some("stale_route_epoch")),
+        "{e}"
+    );
+    // A bind at an epoch not above the installed one is refused; a higher one replaces it.
+    let (ty, _) = d.bind(3, 1, "/proj/mod", "h", "s1");
+    assert_eq!(ty, FrameType::Error);
+    let (ty, _) = d.bind(3, 2, "/proj/mod", "h", "s2");
+    assert_eq!(ty, FrameType::Response);
+    let (_, e) = d.request(3, 2, "run.status", json!({}));
+    assert_eq!(
+        e["code"], "unknown_run",
+        "the route now names s2, which has no run: {e}"
+    );
+
+    // health.check through the same connection, with the shards' gauges.
+    let (ty, h) = d.control(&json!({"op": "health.check"}));
+    assert_eq!(ty, FrameType::Response);
+    assert_eq!(
+        (h["op"].as_str(), h["status"].as_str()),
+        (Some("health.check"), Some("ok")),
+        "{h}"
+    );
+    assert_eq!(h["metrics"]["shards"], 2);
+    assert_eq!(h["metrics"]["routes"], 1);
+    // PING is answered PONG with its corr.
+    let corr = d.send(FrameType::Ping, 0, 0, &Value::Null);
+    assert_eq!(d.answer(0, corr).header.ty, FrameType::Pong);
+
+    // A drain: admission stops, broca says GOODBYE, closes and exits 0.
+    d.send(
+        FrameType::Push,
+        0,
+        0,
+        &json!({"op": "module.draining", "reason": "restart", "deadline_ms": 0}),
+    );
+    let frames = d.until_closed();
+    assert!(
+        frames
+            .iter()
+            .any(|f| f.header.ty == FrameType::Goodbye && f.header.channel == 0),
+        "a GOODBYE before the close"
+    );
+    let status = wait_exit(&mut child, Duration::from_secs(15));
+    assert_eq!(status.code(), Some(0), "{}", stderr_of(&mut child));
+    let err = stderr_of(&mut child);
+    assert!(
+        !err.contains("nonce-for-this-launch"),
+        "the nonce is never logged: {err}"
+    );
+}
+
+#[test]
+fn a_daemon_that_is_not_there_or_not_the_files_is_a_loud_exit_within_seconds() {
+    let dir = tempfile::tempdir().unwrap();
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let run = |state: &Path, file: &Path| {
+        let t = Instant::now();
+        let out = broca(state)
+            .env("ANTHROPIC_API_KEY", KEY)
+            .args(["module", "--subc"])
+            .arg(file)
+            .output()
+            .unwrap();
+        (out, t.elapsed())
+    };
+    // Nobody listens at the file's endpoint any more.
+    let d = Daemon::start(&dir.path().join("gone"));
+    let file = d.file.clone();
+    drop(d);
+    let (out, took) = run(&dir.path().join("s1"), &file);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("the daemon cannot be reached"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+
+    // A daemon that proves itself with another key: broca proves nothing and exits.
+    let mut wrong = Daemon::start(&dir.path().join("wrong"));
+    let state = dir.path().join("s2");
+    let mut child = module(&state, &wrong, &peer, &[])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(
+        wrong.accept(Answer::WrongKey).is_none(),
+        "the handshake fails"
+    );
+    let status = wait_exit(&mut child, Duration::from_secs(10));
+    let err = stderr_of(&mut child);
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("does not match the connection file's key"),
+        "{err}"
+    );
+
+    // A connection file others can read is refused before anything is sent.
+    let open = Daemon::start(&dir.path().join("open"));
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&open.file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (out, took) = run(&dir.path().join("s3"), &open.file);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("connection file") && err.contains(open.file.to_str().unwrap()),
+        "{err}"
+    );
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    // No --subc: usage.
+    let out = broca(&dir.path().join("s4"))
+        .arg("module")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn losing_the_daemon_stops_broca_and_it_exits_non_zero_and_sigterm_is_re_raised() {
+    let dir = tempfile::tempdir().unwrap();
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let mut d = Daemon::start(&dir.path().join("d1"));
+    let mut child = module(&dir.path().join("s1"), &d, &peer, &[])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    d.accept(Answer::Accept).unwrap();
+    d.drop_connection();
+    let status = wait_exit(&mut child, Duration::from_secs(15));
+    let err = stderr_of(&mut child);
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("ended unannounced"), "{err}");
+
+    // As ck-broca, the daemon's name for it; SIGTERM says GOODBYE and dies of the signal.
+    let mut d = Daemon::start(&dir.path().join("d2"));
+    let ck = support::broca_bin().with_file_name("ck-broca");
+    let mut child = Command::new(&ck)
+        .env("ANTHROPIC_API_KEY", KEY)
+        .arg("--state-dir")
+        .arg(dir.path().join("s2"))
+        .arg("--subc")
+        .arg(&d.file)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert_eq!(
+        d.accept(Answer::Accept).unwrap()["manifest"]["module_id"],
+        "ck-broca"
+    );
+    // SAFETY: a signal to the child we started. It comes at once, while broca may still be
+    // starting: a signal before the daemon is ready is kept for it, not lost.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let frames = d.until_closed();
+    assert!(frames.iter().any(|f| f.header.ty == FrameType::Goodbye));
+    let status = wait_exit(&mut child, Duration::from_secs(15));
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGTERM),
+        "{}",
+        stderr_of(&mut child)
+    );
+}

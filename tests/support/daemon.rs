@@ -1,0 +1,305 @@
+//! A stand-in for the subconscious daemon, built on the ecosystem's own crates: it writes a
+//! real connection file (`subc_transport::connection_file::write_atomic`, a fresh key and
+//! daemon id), listens on loopback, runs the daemon's side of the handshake
+//! (`subc_transport::authenticate_server`, tokio's) and moves frames with subc-transport's
+//! `read_frame`/`write_frame`: nothing of broca's own wire code is on this side. The test
+//! drives it step by step (bind a route, send a request, ask health, drain).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+use subc_protocol::{Flags, Frame, FrameType, Priority};
+use subc_transport::connection_file::{
+    generate_daemon_id, generate_key, write_atomic, ConnectionInfo, Endpoint,
+};
+use tokio::net::{TcpListener, TcpStream};
+
+pub struct Daemon {
+    pub rt: tokio::runtime::Runtime,
+    listener: TcpListener,
+    pub file: PathBuf,
+    pub key: Vec<u8>,
+    pub daemon_id: [u8; 16],
+    stream: Option<TcpStream>,
+    /// Frames read while waiting for another.
+    pub seen: Vec<Frame>,
+    next_corr: u64,
+}
+
+/// What the daemon does with broca's handshake.
+pub enum Answer {
+    /// Prove itself with the file's key and take broca's HELLO.
+    Accept,
+    /// Prove itself with another key (a daemon that is not the file's).
+    WrongKey,
+}
+
+impl Daemon {
+    /// A daemon whose connection file is written into `dir` (created 0700).
+    pub fn start(dir: &Path) -> Daemon {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = rt.block_on(TcpListener::bind("127.0.0.1:0")).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let key = generate_key().unwrap();
+        let daemon_id = generate_daemon_id().unwrap();
+        let file = dir.join("run/subc-connection.json");
+        let info = ConnectionInfo {
+            schema: 1,
+            wire_version: Some(2),
+            endpoints: vec![Endpoint {
+                host: "127.0.0.1".into(),
+                port,
+            }],
+            key: key.clone(),
+            daemon_id,
+            pid: std::process::id(),
+            daemon_ver: "test-daemon".into(),
+        };
+        write_atomic(&file, &info).unwrap();
+        Daemon {
+            rt,
+            listener,
+            file,
+            key,
+            daemon_id,
+            stream: None,
+            seen: Vec::new(),
+            next_corr: 100,
+        }
+    }
+
+    /// Accepts broca's connection and answers its handshake; with `Accept`, reads its HELLO
+    /// and answers HELLO_ACK. Answers the HELLO body.
+    pub fn accept(&mut self, answer: Answer) -> Option<Value> {
+        let key = match answer {
+            Answer::Accept => self.key.clone(),
+            Answer::WrongKey => vec![7u8; 32],
+        };
+        let listener = &self.listener;
+        let (mut stream, _) = self
+            .rt
+            .block_on(async {
+                tokio::time::timeout(Duration::from_secs(20), listener.accept()).await
+            })
+            .expect("broca connects within 20 s")
+            .unwrap();
+        let auth = self.rt.block_on(subc_transport::authenticate_server(
+            &mut stream,
+            &key,
+            &self.daemon_id,
+            "test-daemon",
+            Duration::from_secs(2),
+        ));
+        if auth.is_err() {
+            return None;
+        }
+        let hello = self.read_on(&mut stream).expect("a HELLO");
+        assert_eq!(hello.header.ty, FrameType::Hello);
+        let ack = serde_json::json!({
+            "negotiated_ver": 2,
+            "subc_ops": ["route.open", "catalog.update"],
+            "subc_capabilities": [],
+        });
+        self.write_on(
+            &mut stream,
+            FrameType::HelloAck,
+            0,
+            0,
+            hello.header.corr,
+            &ack,
+        );
+        self.stream = Some(stream);
+        Some(serde_json::from_slice(&hello.body).unwrap())
+    }
+
+    /// The next frame; `None` when broca closed the connection (or broke it).
+    fn read_on(&self, stream: &mut TcpStream) -> Option<Frame> {
+        self.rt
+            .block_on(async {
+                tokio::time::timeout(
+                    Duration::from_secs(30),
+                    subc_transport::frame_io::read_frame(stream),
+                )
+                .await
+            })
+            .expect("a frame within 30 s")
+            .ok()
+            .flatten()
+    }
+
+    fn write_on(
+        &self,
+        stream: &mut TcpStream,
+        ty: FrameType,
+        channel: u16,
+        epoch: u32,
+        corr: u64,
+        body: &Value,
+    ) {
+        let body = if ty.is_pure_header() {
+            Vec::new()
+        } else {
+            serde_json::to_vec(body).unwrap()
+        };
+        let priority = if channel == 0 {
+            Priority::Passive
+        } else {
+            Priority::Interactive
+        };
+        let frame = Frame::build(
+            ty,
+            Flags::new(false, priority, false),
+            channel,
+            epoch,
+            corr,
+            body,
+        )
+        .unwrap();
+        self.rt
+            .block_on(subc_transport::frame_io::write_frame(stream, &frame))
+            .unwrap();
+    }
+
+    /// Sends a frame to broca; answers its corr.
+    pub fn send(&mut self, ty: FrameType, channel: u16, epoch: u32, body: &Value) -> u64 {
+        self.next_corr += 1;
+        let corr = self.next_corr;
+        let mut stream = self.stream.take().expect("connected");
+        self.write_on(&mut stream, ty, channel, epoch, corr, body);
+        self.stream = Some(stream);
+        corr
+    }
+
+    /// Sends a pure-header frame (CANCEL, GOODBYE) for an earlier corr.
+    pub fn send_corr(&mut self, ty: FrameType, channel: u16, epoch: u32, corr: u64) {
+        let mut stream = self.stream.take().expect("connected");
+        self.write_on(&mut stream, ty, channel, epoch, corr, &Value::Null);
+        self.stream = Some(stream);
+    }
+
+    /// The next frame from broca (`None`: it closed the connection).
+    pub fn next(&mut self) -> Option<Frame> {
+        if !self.seen.is_empty() {
+            return Some(self.seen.remove(0));
+        }
+        let mut stream = self.stream.take().expect("connected");
+        let f = self.read_on(&mut stream);
+        self.stream = Some(stream);
+        f
+    }
+
+    /// broca's terminal frame for (channel, corr), keeping the others it sends meanwhile.
+    pub fn answer(&mut self, channel: u16, corr: u64) -> Frame {
+        if let Some(i) = self
+            .seen
+            .iter()
+            .position(|f| f.header.channel == channel && f.header.corr == corr)
+        {
+            return self.seen.remove(i);
+        }
+        loop {
+            let mut stream = self.stream.take().expect("connected");
+            let f = self
+                .read_on(&mut stream)
+                .expect("broca answers before it closes");
+            self.stream = Some(stream);
+            if f.header.channel == channel && f.header.corr == corr {
+                return f;
+            }
+            self.seen.push(f);
+        }
+    }
+
+    /// A channel-0 request and broca's answer (its type and JSON body).
+    pub fn control(&mut self, body: &Value) -> (FrameType, Value) {
+        let corr = self.send(FrameType::Request, 0, 0, body);
+        let f = self.answer(0, corr);
+        (f.header.ty, serde_json::from_slice(&f.body).unwrap())
+    }
+
+    /// Binds route `channel` at `epoch` to the session (`workdir`, `harness`, `session`).
+    pub fn bind(
+        &mut self,
+        channel: u16,
+        epoch: u32,
+        workdir: &str,
+        harness: &str,
+        session: &str,
+    ) -> (FrameType, Value) {
+        let body = serde_json::json!({
+            "op": "route.bind",
+            "route_channel": channel,
+            "epoch": epoch,
+            "target": {"kind": "management_surface", "module_id": "ck-broca"},
+            "identity": {"harness": harness, "session": session},
+            "principal": {"kind": "direct"},
+            "scope": {
+                "owner": {"kind": "direct"},
+                "ref": format!("scope-{session}"),
+                "scope_epoch": 1,
+                "kind": "head",
+                "workdir": workdir,
+                "owner_authorized": false,
+            },
+        });
+        self.control(&body)
+    }
+
+    /// A management request on a route, and broca's answer (its type and JSON body).
+    pub fn request(
+        &mut self,
+        channel: u16,
+        epoch: u32,
+        method: &str,
+        params: Value,
+    ) -> (FrameType, Value) {
+        let corr = self.send(
+            FrameType::Request,
+            channel,
+            epoch,
+            &serde_json::json!({"method": method, "params": params}),
+        );
+        let f = self.answer(channel, corr);
+        (
+            f.header.ty,
+            serde_json::from_slice(&f.body).unwrap_or(Value::Null),
+        )
+    }
+
+    /// broca's frames for (channel, corr) until `until` says stop (given each frame), keeping
+    /// the others.
+    pub fn frames_for(
+        &mut self,
+        channel: u16,
+        corr: u64,
+        mut until: impl FnMut(&Frame) -> bool,
+    ) -> Vec<Frame> {
+        let mut got = Vec::new();
+        loop {
+            let f = self.answer(channel, corr);
+            let stop = until(&f);
+            got.push(f);
+            if stop {
+                return got;
+            }
+        }
+    }
+
+    /// Reads until broca closes the connection; answers the frames it sent meanwhile.
+    pub fn until_closed(&mut self) -> Vec<Frame> {
+        let mut out = std::mem::take(&mut self.seen);
+        while let Some(f) = self.next() {
+            out.push(f);
+        }
+        out
+    }
+
+    /// Closes the connection without a word (the daemon died).
+    pub fn drop_connection(&mut self) {
+        self.stream = None;
+    }
+}

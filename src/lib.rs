@@ -16,6 +16,7 @@ pub use broca_owner_only as owner_only;
 pub use broca_protocol as protocol;
 pub use broca_provider as provider;
 pub use broca_store as store;
+pub use broca_subc as subc;
 pub use broca_tools as tools;
 pub use broca_wire as wire;
 

@@ -330,9 +330,10 @@ fn a_daemon_that_is_not_there_or_not_the_files_is_a_loud_exit_within_seconds() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let failed = wrong.accept(Answer::WrongKey).unwrap_err();
     assert!(
-        wrong.accept(Answer::WrongKey).is_none(),
-        "the handshake fails"
+        !failed.contains("InvalidClientAuth"),
+        "broca proved itself to a daemon that had not proven itself: {failed}"
     );
     let status = wait_exit(&mut child, Duration::from_secs(10));
     let err = stderr_of(&mut child);
@@ -409,4 +410,116 @@ fn losing_the_daemon_stops_broca_and_it_exits_non_zero_and_sigterm_is_re_raised(
         "{}",
         stderr_of(&mut child)
     );
+}
+
+/// Kills broca at each durable boundary of a send made over a daemon route, restarts it as
+/// the supervisor would (a new process, a new registration, the route bound again), retries
+/// the send with its send_id, and checks what a client of the daemon relies on: the retried
+/// send answers the run that was durable, the run ends once (one terminal record), a durable
+/// model step is never redone, and nothing that was written is lost.
+#[test]
+fn killed_at_each_durable_boundary_under_the_daemon_a_restart_keeps_the_run() {
+    let peer = Aimock::start(&fixture("aimock.json"));
+    for point in ["admitted", "step", "terminal"] {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let mut d = Daemon::start(&dir.path().join("d1"));
+        let mut child = module(
+            &state,
+            &d,
+            &peer,
+            &[("BROCA_CRASH_AT", &format!("{point}:1"))],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+        d.accept(Answer::Accept).unwrap();
+        assert_eq!(d.bind(1, 1, "/crash", "h", "s").0, FrameType::Response);
+        let send = json!({"prompt": "hello", "model": "anthropic/m", "send_id": "k1"});
+        let corr = d.send(
+            FrameType::Request,
+            1,
+            1,
+            &json!({"method": "session.send", "params": send}),
+        );
+        // Answered before the kill (step, terminal) or not at all (admitted).
+        let first = d.until_closed();
+        let answered: Vec<Value> = first
+            .iter()
+            .filter(|f| f.header.corr == corr)
+            .map(|f| serde_json::from_slice(&f.body).unwrap())
+            .collect();
+        let status = wait_exit(&mut child, Duration::from_secs(20));
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            status.signal(),
+            Some(libc::SIGABRT),
+            "{point}: {}",
+            stderr_of(&mut child)
+        );
+        assert_eq!(
+            answered.is_empty(),
+            point == "admitted",
+            "{point}: {answered:?}"
+        );
+
+        // The supervisor starts it again; the client binds again and retries.
+        let mut d = Daemon::start(&dir.path().join("d2"));
+        let mut child = module(&state, &d, &peer, &[])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        d.accept(Answer::Accept).unwrap();
+        assert_eq!(d.bind(1, 1, "/crash", "h", "s").0, FrameType::Response);
+        let (_, again) = d.request(1, 1, "session.send", send.clone());
+        let run_id = again["result"]["run_id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{point}: {again}"))
+            .to_string();
+        if let Some(a) = answered.first() {
+            assert_eq!(
+                a["result"]["run_id"], run_id,
+                "{point}: the retried send_id answers the acknowledged run"
+            );
+        }
+        let until = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (_, s) = d.request(1, 1, "run.status", json!({"run_id": run_id}));
+            if s["result"]["state"] != "active" {
+                assert_eq!(s["result"]["state"], "completed", "{point}: {s}");
+                break;
+            }
+            assert!(
+                Instant::now() < until,
+                "{point}: the resumed run did not end: {s}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        d.send(
+            FrameType::Push,
+            0,
+            0,
+            &json!({"op": "module.draining", "reason": "restart", "deadline_ms": 0}),
+        );
+        d.until_closed();
+        assert_eq!(
+            wait_exit(&mut child, Duration::from_secs(15)).code(),
+            Some(0)
+        );
+        let records = support::dump_all(&state);
+        let count = |kind: &str| records.iter().filter(|r| r["kind"] == kind).count();
+        assert_eq!(count("run_started"), 1, "{point}: one run");
+        assert_eq!(
+            count("run_finished") + count("run_paused"),
+            1,
+            "{point}: one terminal record"
+        );
+        assert_eq!(
+            count("model_step_finished"),
+            1,
+            "{point}: a durable model step is never redone"
+        );
+    }
 }

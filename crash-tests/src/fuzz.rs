@@ -98,3 +98,24 @@ pub fn import_log(data: &[u8]) {
         }
     }
 }
+
+/// The daemon connection's frames (broca-subc's decoder, fed in two chunks) and the
+/// channel-0 bodies broca reads (subc-protocol's types).
+pub fn subc_frames(data: &[u8]) {
+    use broca::subc::protocol::session::{ModuleControlCommand, ModuleControlRequest};
+    let split = split_at(data);
+    let mut d = broca::subc::frames::Decoder::new();
+    for part in [&data[..split], &data[split..]] {
+        d.push(part);
+        loop {
+            match d.next_frame() {
+                Ok(Some(f)) if f.header.channel == 0 => {
+                    let _ = serde_json::from_slice::<ModuleControlRequest>(&f.body);
+                    let _ = serde_json::from_slice::<ModuleControlCommand>(&f.body);
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => break,
+            }
+        }
+    }
+}

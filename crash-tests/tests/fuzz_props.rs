@@ -167,6 +167,44 @@ fn import_seeds() -> Vec<Vec<u8>> {
     ]
 }
 
+/// Frames a daemon sends: a route bind, a health check, a request on a route, a drain.
+fn subc_seeds() -> Vec<Vec<u8>> {
+    use broca::subc::frames::{control, data, encode};
+    use broca::subc::protocol::FrameType;
+    let bind = br#"{"op":"route.bind","route_channel":3,"epoch":1,"target":{"kind":"management_surface","module_id":"ck-broca"},"identity":{"harness":"h","session":"s"}}"#;
+    let frames = [
+        encode(FrameType::Request, control(), 0, 0, 7, bind.to_vec()).unwrap(),
+        encode(
+            FrameType::Request,
+            control(),
+            0,
+            0,
+            8,
+            br#"{"op":"health.check"}"#.to_vec(),
+        )
+        .unwrap(),
+        encode(
+            FrameType::Request,
+            data(),
+            3,
+            1,
+            9,
+            br#"{"method":"run.status","params":{}}"#.to_vec(),
+        )
+        .unwrap(),
+        encode(
+            FrameType::Push,
+            control(),
+            0,
+            0,
+            10,
+            br#"{"op":"module.draining","reason":"restart","deadline_ms":1}"#.to_vec(),
+        )
+        .unwrap(),
+    ];
+    vec![frames.concat(), frames[0].clone()]
+}
+
 #[test]
 fn every_target_survives_seeded_and_mutated_inputs() {
     let cases: usize = std::env::var("BROCA_FUZZ_CASES")
@@ -180,6 +218,7 @@ fn every_target_survives_seeded_and_mutated_inputs() {
         ("management_json", fuzz::management_json, json_seeds()),
         ("event_stream", fuzz::event_stream, event_stream_seeds()),
         ("import_log", fuzz::import_log, import_seeds()),
+        ("subc_frames", fuzz::subc_frames, subc_seeds()),
     ];
     let mut total = 0;
     for (name, target, seeds) in &targets {

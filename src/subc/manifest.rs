@@ -4,7 +4,8 @@
 
 use subc_protocol::manifest::{
     CapabilityDeclarations, Concurrency, IdentityScope, ManagementOperation,
-    ManagementOperationKind, ModuleManifest, ProviderRole, TrustTier,
+    ManagementOperationKind, ModuleManifest, ProviderRole, SelfSignalDeclaration, SelfSignalEffect,
+    SelfSignalKind, SignalAnchor, TrustTier,
 };
 use subc_protocol::session::MODULE_CONTROL_OP_HEALTH_CHECK;
 use subc_protocol::{ModuleHelloBody, PROTOCOL_VERSION};
@@ -23,6 +24,10 @@ pub const OPERATIONS: &[(&str, bool)] = &[
 /// The capabilities broca declares: the bind's scope carries the session's folder
 /// (`scope-workdir/v1`), which is the session's project root.
 pub const CAPABILITIES: &[&str] = &[subc_protocol::scope::SCOPE_WORKDIR_CAPABILITY];
+
+/// The health gauge of the runs in flight: declared busy, so a drain waits for them (a run
+/// outlives the request that started it, which is all the daemon sees).
+pub const RUNS_GAUGE: &str = "runs_active";
 
 /// The HELLO body of module `module_id` at `version`, with the daemon's launch nonce when
 /// it handed one (never logged: subc-protocol's Debug redacts it).
@@ -49,6 +54,17 @@ pub fn hello(module_id: &str, version: &str, launch_nonce: Option<String>) -> Mo
     let manifest: ModuleManifest = ModuleManifest::builder(module_id, version)
         .trust_tier(Some(TrustTier::FirstParty))
         .provides(vec![surface])
+        .self_signals(Some(vec![SelfSignalDeclaration {
+            name: "model_runs".into(),
+            kind: SelfSignalKind::Busy,
+            effect: SelfSignalEffect::Observe,
+            anchored_to: SignalAnchor::HealthGauges {
+                gauges: vec![RUNS_GAUGE.into()],
+            },
+            cadence: None,
+            domain: None,
+            note: Some("agent runs in flight; a drain waits for them".into()),
+        }]))
         .capabilities(Some(CapabilityDeclarations {
             provides: CAPABILITIES.iter().map(|c| c.to_string()).collect(),
             requires: Vec::new(),

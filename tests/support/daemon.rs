@@ -73,8 +73,9 @@ impl Daemon {
     }
 
     /// Accepts broca's connection and answers its handshake; with `Accept`, reads its HELLO
-    /// and answers HELLO_ACK. Answers the HELLO body.
-    pub fn accept(&mut self, answer: Answer) -> Option<Value> {
+    /// and answers HELLO_ACK. Answers the HELLO body, or how the handshake failed (the
+    /// daemon side's `AuthError`).
+    pub fn accept(&mut self, answer: Answer) -> Result<Value, String> {
         let key = match answer {
             Answer::Accept => self.key.clone(),
             Answer::WrongKey => vec![7u8; 32],
@@ -94,8 +95,8 @@ impl Daemon {
             "test-daemon",
             Duration::from_secs(2),
         ));
-        if auth.is_err() {
-            return None;
+        if let Err(e) = auth {
+            return Err(format!("{e:?}"));
         }
         let hello = self.read_on(&mut stream).expect("a HELLO");
         assert_eq!(hello.header.ty, FrameType::Hello);
@@ -113,7 +114,7 @@ impl Daemon {
             &ack,
         );
         self.stream = Some(stream);
-        Some(serde_json::from_slice(&hello.body).unwrap())
+        Ok(serde_json::from_slice(&hello.body).unwrap())
     }
 
     /// The next frame; `None` when broca closed the connection (or broke it).

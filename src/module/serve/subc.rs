@@ -541,7 +541,7 @@ impl Front {
                 "shards": self.ctx.mesh.shards(),
                 "shards_answering": stats.len(),
                 "sessions_live": sessions,
-                "runs_active": runs,
+                "runs_active": runs, // the gauge the manifest declares busy (RUNS_GAUGE)
                 "routes": self.routes.borrow().len(),
                 "requests_in_flight": self.in_flight.get(),
             },

@@ -50,6 +50,29 @@ fn stderr_of(child: &mut Child) -> String {
     s
 }
 
+/// Drains broca as the daemon does; it says GOODBYE, closes, and exits 0.
+fn drain(d: &mut Daemon, child: &mut Child) {
+    d.send(
+        FrameType::Push,
+        0,
+        0,
+        &json!({"op": "module.draining", "reason": "restart", "deadline_ms": 0}),
+    );
+    let frames = d.until_closed();
+    assert!(
+        frames
+            .iter()
+            .any(|f| f.header.ty == FrameType::Goodbye && f.header.channel == 0),
+        "a GOODBYE before the close"
+    );
+    assert_eq!(
+        wait_exit(child, Duration::from_secs(15)).code(),
+        Some(0),
+        "{}",
+        stderr_of(child)
+    );
+}
+
 fn result_of(d: &mut Daemon, body: &Value) -> Value {
     body.get("result")
         .cloned()
@@ -276,26 +299,86 @@ fn a_module_registers_and_serves_the_management_methods_on_its_routes() {
     assert_eq!(d.answer(0, corr).header.ty, FrameType::Pong);
 
     // A drain: admission stops, broca says GOODBYE, closes and exits 0.
-    d.send(
-        FrameType::Push,
-        0,
-        0,
-        &json!({"op": "module.draining", "reason": "restart", "deadline_ms": 0}),
-    );
-    let frames = d.until_closed();
-    assert!(
-        frames
-            .iter()
-            .any(|f| f.header.ty == FrameType::Goodbye && f.header.channel == 0),
-        "a GOODBYE before the close"
-    );
-    let status = wait_exit(&mut child, Duration::from_secs(15));
-    assert_eq!(status.code(), Some(0), "{}", stderr_of(&mut child));
+    drain(&mut d, &mut child);
     let err = stderr_of(&mut child);
     assert!(
         !err.contains("nonce-for-this-launch"),
         "the nonce is never logged: {err}"
     );
+}
+
+#[test]
+fn vault_credentials_resolve_through_claustrum_under_the_modules_identity() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let mut d = Daemon::start(dir.path());
+    let secret = "sk-ant-from-the-vault-0123456789abcdef";
+    let mut child = module(
+        &state,
+        &d,
+        &peer,
+        &[("SUBC_LAUNCH_NONCE", "nonce-v"), ("ANTHROPIC_API_KEY", "")],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    d.accept(Answer::Accept).unwrap();
+    let vault = d.serve_vault(vec![("anthropic-team".into(), secret.into())]);
+    assert_eq!(d.bind(1, 1, "/vault", "h", "s").0, FrameType::Response);
+    let send =
+        json!({"prompt": "hello", "model": "anthropic/m", "credential_id": "vault:anthropic-team"});
+    let (ty, sent) = d.request(1, 1, "session.send", send);
+    assert_eq!(ty, FrameType::Response, "{sent}");
+    let run_id = sent["result"]["run_id"].as_str().unwrap().to_string();
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, s) = d.request(1, 1, "run.status", json!({"run_id": run_id}));
+        if s["result"]["state"] != "active" {
+            assert_eq!(
+                s["result"]["state"], "completed",
+                "the run used the vault's key: {s}"
+            );
+            break;
+        }
+        assert!(Instant::now() < until, "{s}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // One route to the vault, opened with broca's module id and launch nonce.
+    let opens = vault.opens.lock().unwrap().clone();
+    assert_eq!(opens.len(), 1, "{opens:?}");
+    assert_eq!(
+        opens[0]["target"],
+        json!({"kind": "management_surface", "module_id": "claustrum"})
+    );
+    assert_eq!(
+        opens[0]["consumer_identity"],
+        json!({"module_id": "ck-broca", "launch_nonce": "nonce-v"})
+    );
+    let asked = vault.calls.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(asked >= 1, "the vault was asked");
+    // A second send reuses the secret kept in memory.
+    let (_, again) = d.request(1, 1, "session.send", json!({"prompt": "hello", "model": "anthropic/m", "credential_id": "vault:anthropic-team", "send_id": "second"}));
+    assert!(again.get("result").is_some(), "{again}");
+    // A credential the vault does not hold is refused before anything is written.
+    let (ty, e) = d.request(
+        1,
+        1,
+        "session.send",
+        json!({"prompt": "x", "model": "anthropic/m", "credential_id": "vault:nope"}),
+    );
+    assert_eq!(ty, FrameType::Error, "{e}");
+    assert!(
+        e["message"].as_str().unwrap().contains("not_found")
+            || e["message"].as_str().unwrap().contains("nope"),
+        "{e}"
+    );
+    drain(&mut d, &mut child);
+    // The secret is nowhere broca writes: not in the WAL, the store, or its logs.
+    let err = stderr_of(&mut child);
+    assert!(!err.contains(secret), "{err}");
+    support::assert_no_file_holds(&state, secret);
 }
 
 #[test]
@@ -497,17 +580,7 @@ fn killed_at_each_durable_boundary_under_the_daemon_a_restart_keeps_the_run() {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        d.send(
-            FrameType::Push,
-            0,
-            0,
-            &json!({"op": "module.draining", "reason": "restart", "deadline_ms": 0}),
-        );
-        d.until_closed();
-        assert_eq!(
-            wait_exit(&mut child, Duration::from_secs(15)).code(),
-            Some(0)
-        );
+        drain(&mut d, &mut child);
         let records = support::dump_all(&state);
         let count = |kind: &str| records.iter().filter(|r| r["kind"] == kind).count();
         assert_eq!(count("run_started"), 1, "{point}: one run");

@@ -182,27 +182,7 @@ fn conformance(provider: &str, scheme: &str) {
     assert_eq!(r["error"]["class"], "context_overflow");
 
     // The key reached the provider and nothing else.
-    for entry in walk(state) {
-        let bytes = std::fs::read(&entry).unwrap();
-        assert!(
-            memchr::memmem::find(&bytes, KEY.as_bytes()).is_none(),
-            "{} holds the API key",
-            entry.display()
-        );
-    }
-}
-
-fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            out.extend(walk(&p));
-        } else {
-            out.push(p);
-        }
-    }
-    out
+    support::assert_no_file_holds(state, KEY);
 }
 
 #[test]

@@ -57,12 +57,19 @@ impl std::fmt::Display for ConnectError {
 
 impl std::error::Error for ConnectError {}
 
-/// Connects with the connection file at `file`, authenticates and registers with `hello`.
-pub fn connect(file: &Path, hello: &ModuleHelloBody) -> Result<Registered, ConnectError> {
+/// Connects with the connection file at `file` and authenticates: a connection a consumer
+/// opens routes on (it sends no HELLO). The socket keeps the step deadline as its timeouts.
+pub fn authenticate(file: &Path) -> Result<TcpStream, ConnectError> {
     let info = read_for_client(file)
         .map_err(|e| ConnectError::ConnectionFile(format!("{}: {e}", file.display())))?;
     let mut stream = dial(&info)?;
     handshake(&mut stream, &info)?;
+    Ok(stream)
+}
+
+/// Connects with the connection file at `file`, authenticates and registers with `hello`.
+pub fn connect(file: &Path, hello: &ModuleHelloBody) -> Result<Registered, ConnectError> {
+    let mut stream = authenticate(file)?;
     let body = serde_json::to_vec(hello).expect("a HELLO serializes");
     let frame = frames::encode(FrameType::Hello, frames::control(), 0, 0, 1, body)
         .map_err(ConnectError::Refused)?;
@@ -226,7 +233,7 @@ fn read_message<T: serde::de::DeserializeOwned>(stream: &mut TcpStream) -> Resul
 }
 
 /// Reads until the decoder holds a frame.
-fn read_frame(
+pub(crate) fn read_frame(
     stream: &mut TcpStream,
     decoder: &mut Decoder,
     what: &str,

@@ -3,11 +3,13 @@
 //! `subc-transport` for the connection file and the handshake's proofs. Their I/O is tokio's;
 //! broca's shards run on glommio, so the bytes are moved here: the handshake and HELLO over a
 //! blocking socket before the shards start (`connect`), and the frame stream by a sans-IO
-//! decoder (`frames`) that the shard feeds from its own socket.
+//! decoder (`frames`) that the shard feeds from its own socket. The claustrum vault is reached
+//! over a route of its own (`vault`), read with `cortexkit-claustrum-client`'s decoders.
 
 pub mod connect;
 pub mod frames;
 pub mod manifest;
+pub mod vault;
 
 pub use subc_protocol as protocol;
 pub use subc_transport as transport;

@@ -192,6 +192,16 @@ impl WalWriter {
                 }
                 return Err(WalError::LeaseHeld { path });
             }
+            // A pack removed the WAL between this open and its lock (it held the lease, then
+            // let go once the sealed copy was durable): the file held is no longer the
+            // session's. Open again: the WAL is restored from the archive.
+            if !opened.still_named() {
+                opened.close().await.map_err(log_err)?;
+                if std::time::Instant::now() < wait_for_pack_until {
+                    continue;
+                }
+                return Err(WalError::LeaseHeld { path });
+            }
             let bytes = opened.read_all().await.map_err(log_err)?;
             // A WAL created just as a pack removed the live one (after this open looked for
             // it): the sealed copy is the session's; this empty file gives way to it.

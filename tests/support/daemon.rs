@@ -9,15 +9,18 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use subc_protocol::{Flags, Frame, FrameType, Priority};
 use subc_transport::connection_file::{
     generate_daemon_id, generate_key, write_atomic, ConnectionInfo, Endpoint,
 };
-use tokio::net::{TcpListener, TcpStream};
+
+use tokio::net::TcpStream;
 
 pub struct Daemon {
     pub rt: tokio::runtime::Runtime,
-    listener: TcpListener,
+    listener: std::net::TcpListener,
     pub file: PathBuf,
     pub key: Vec<u8>,
     pub daemon_id: [u8; 16],
@@ -42,7 +45,7 @@ impl Daemon {
             .enable_all()
             .build()
             .unwrap();
-        let listener = rt.block_on(TcpListener::bind("127.0.0.1:0")).unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let key = generate_key().unwrap();
         let daemon_id = generate_daemon_id().unwrap();
@@ -80,14 +83,7 @@ impl Daemon {
             Answer::Accept => self.key.clone(),
             Answer::WrongKey => vec![7u8; 32],
         };
-        let listener = &self.listener;
-        let (mut stream, _) = self
-            .rt
-            .block_on(async {
-                tokio::time::timeout(Duration::from_secs(20), listener.accept()).await
-            })
-            .expect("broca connects within 20 s")
-            .unwrap();
+        let mut stream = self.accept_stream();
         let auth = self.rt.block_on(subc_transport::authenticate_server(
             &mut stream,
             &key,
@@ -118,6 +114,96 @@ impl Daemon {
     }
 
     /// The next frame; `None` when broca closed the connection (or broke it).
+    /// The next connection to the daemon (within 20 s), as a tokio stream.
+    fn accept_stream(&self) -> TcpStream {
+        let until = std::time::Instant::now() + Duration::from_secs(20);
+        self.listener.set_nonblocking(true).unwrap();
+        let std_stream = loop {
+            match self.listener.accept() {
+                Ok((s, _)) => break s,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    assert!(
+                        std::time::Instant::now() < until,
+                        "broca connects within 20 s"
+                    );
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => panic!("accept: {e}"),
+            }
+        };
+        std_stream.set_nonblocking(true).unwrap();
+        let _guard = self.rt.enter();
+        TcpStream::from_std(std_stream).unwrap()
+    }
+
+    /// Serves the claustrum vault on the connections broca opens next (a thread of its own):
+    /// each is authenticated, its `route.open` to claustrum answered, and its
+    /// `credential.get_scoped` requests answered from `secrets` (an unknown id: the vault's
+    /// `not_found`). Every route.open body and request is recorded.
+    pub fn serve_vault(&self, secrets: Vec<(String, String)>) -> VaultLog {
+        let log = VaultLog::default();
+        let listener = self.listener.try_clone().unwrap();
+        let key = self.key.clone();
+        let daemon_id = self.daemon_id;
+        let l = log.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            loop {
+                listener.set_nonblocking(false).unwrap();
+                let Ok((s, _)) = listener.accept() else {
+                    return;
+                };
+                s.set_nonblocking(true).unwrap();
+                let mut stream = {
+                    let _guard = rt.enter();
+                    TcpStream::from_std(s).unwrap()
+                };
+                let secrets = secrets.clone();
+                let l = l.clone();
+                rt.block_on(async {
+                    use subc_transport::frame_io::{read_frame, write_frame};
+                    if subc_transport::authenticate_server(&mut stream, &key, &daemon_id, "test-daemon", Duration::from_secs(2))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                    while let Ok(Some(f)) = read_frame(&mut stream).await {
+                        let body: Value = serde_json::from_slice(&f.body).unwrap_or(Value::Null);
+                        let h = f.header;
+                        let reply = if h.channel == 0 {
+                            l.opens.lock().unwrap().push(body.clone());
+                            serde_json::json!({"op": "route.open", "route_channel": 4, "route_epoch": 1})
+                        } else {
+                            l.calls.fetch_add(1, Ordering::SeqCst);
+                            let id = body["params"]["credential_id"].as_str().unwrap_or("").to_string();
+                            match secrets.iter().find(|(k, _)| *k == id) {
+                                Some((_, secret)) => serde_json::json!({"result": {"payload": secret, "record_version": "3"}}),
+                                None => serde_json::json!({"result": {"error": {"code": "not_found", "class": "permanent"}}}),
+                            }
+                        };
+                        let frame = Frame::build(
+                            FrameType::Response,
+                            Flags::new(false, Priority::Interactive, false),
+                            h.channel,
+                            h.epoch,
+                            h.corr,
+                            serde_json::to_vec(&reply).unwrap(),
+                        )
+                        .unwrap();
+                        if write_frame(&mut stream, &frame).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        log
+    }
+
     fn read_on(&self, stream: &mut TcpStream) -> Option<Frame> {
         self.rt
             .block_on(async {
@@ -303,4 +389,13 @@ impl Daemon {
     pub fn drop_connection(&mut self) {
         self.stream = None;
     }
+}
+
+/// What the vault stand-in saw.
+#[derive(Clone, Default)]
+pub struct VaultLog {
+    /// The route.open bodies.
+    pub opens: Arc<Mutex<Vec<Value>>>,
+    /// How many credential requests came.
+    pub calls: Arc<AtomicUsize>,
 }

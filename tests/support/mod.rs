@@ -331,3 +331,29 @@ impl Drop for Peer {
         let _ = self.0.wait();
     }
 }
+
+/// Every file under `dir`, at any depth.
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(files_under(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Fails naming the file if any file under `dir` holds `secret`.
+pub fn assert_no_file_holds(dir: &Path, secret: &str) {
+    for entry in files_under(dir) {
+        let bytes = std::fs::read(&entry).unwrap();
+        assert!(
+            memchr::memmem::find(&bytes, secret.as_bytes()).is_none(),
+            "{} holds the secret",
+            entry.display()
+        );
+    }
+}

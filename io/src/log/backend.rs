@@ -58,7 +58,24 @@ impl Backend {
         let mut opts = OpenOptions::new();
         opts.read(true).write(true);
         let file = if direct {
-            Kind::Direct(opts.dma_open(path).await.map_err(io_err)?)
+            // glommio reads the file system's type by the path after it opened the file (a
+            // statfs, and it panics when the path is gone by then: a pack removing an idle WAL
+            // at that moment took a shard down). It is handed a path that names the open file
+            // itself, whatever becomes of the directory entry; the writer's fence then sees a
+            // path that no longer names its file, as for any other removal.
+            let pinned = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(path)?;
+            let named = format!("/proc/self/fd/{}", pinned.as_raw_fd());
+            let named = if Path::new(&named).exists() {
+                std::path::PathBuf::from(named)
+            } else {
+                path.to_path_buf() // no /proc: the plain path, as before
+            };
+            let dma = opts.dma_open(&named).await.map_err(io_err);
+            drop(pinned);
+            Kind::Direct(dma?)
         } else {
             Kind::Buffered(opts.buffered_open(path).await.map_err(io_err)?)
         };
@@ -86,11 +103,15 @@ impl Backend {
         }
     }
 
+    /// The file's length, asked of the open descriptor (glommio's `file_size` asks the path,
+    /// which names a descriptor that is closed once the file is open: see `open`).
     pub(crate) async fn len(&self) -> io::Result<u64> {
-        match self.kind() {
-            Kind::Direct(f) => f.file_size().await.map_err(io_err),
-            Kind::Buffered(f) => f.file_size().await.map_err(io_err),
+        // SAFETY: fstat on this backend's open descriptor into a zeroed stat buffer.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstat(self.raw_fd(), &mut st) } != 0 {
+            return Err(io::Error::last_os_error());
         }
+        Ok(st.st_size as u64)
     }
 
     /// Reads the whole file on the executor's blocking pool (a plain buffered read: recovery

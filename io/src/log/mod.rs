@@ -303,6 +303,12 @@ impl OpenedLog {
         fs::try_flock(self.file.raw_fd()).map_err(|e| LogError::io(&self.path, "lock", e))
     }
 
+    /// Whether the path still names the file this log opened (it may have been removed or
+    /// replaced since the open, before this log took its lock).
+    pub fn still_named(&self) -> bool {
+        fs::path_identity(&self.path).is_ok_and(|id| id == self.identity)
+    }
+
     /// Closes the file without using it (for example when its lock is held elsewhere).
     pub async fn close(self) -> Result<(), LogError> {
         self.file

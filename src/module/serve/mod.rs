@@ -18,6 +18,7 @@ mod registry;
 mod rpc;
 pub mod subc;
 mod subscribe;
+pub mod vault;
 
 pub use rpc::check_request;
 
@@ -137,6 +138,26 @@ pub(crate) struct ServeCtx {
     /// Module mode: the daemon connection ended unannounced (broca stops, and exits
     /// non-zero).
     pub subc_lost: AtomicBool,
+    /// Module mode: the claustrum vault that `vault:` credentials resolve through.
+    pub vault: Option<vault::SharedVault>,
+}
+
+impl ServeCtx {
+    /// The credentials this daemon resolves: the state dir's, and the vault's in module mode.
+    pub fn secrets(&self) -> broca_provider::credential::StateSecrets {
+        secrets(&self.opts.state_dir, self.vault.as_ref())
+    }
+}
+
+fn secrets(
+    state_dir: &Path,
+    vault: Option<&vault::SharedVault>,
+) -> broca_provider::credential::StateSecrets {
+    let s = broca_provider::credential::StateSecrets::new(state_dir);
+    match vault {
+        Some(v) => s.with_vault(Box::new(v.clone())),
+        None => s,
+    }
 }
 
 impl ServeCtx {
@@ -365,6 +386,15 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
         caught_up,
     } = open_store(&opts.state_dir, &wal_dir)?;
     let tools = start_tools(&opts, &tls, &proxy)?;
+    let vault = opts.subc.as_ref().map(|m| {
+        vault::SharedVault(Arc::new(vault::ClaustrumVault::new(
+            broca_subc::vault::VaultClient::new(
+                m.connection_file.clone(),
+                m.module_id.clone(),
+                m.launch_nonce.clone(),
+            ),
+        )))
+    });
     let (mesh, receivers) = mesh::Mesh::new(opts.shards);
     let ctx = Arc::new(ServeCtx {
         opts: opts.clone(),
@@ -378,10 +408,9 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
         tools,
         store,
         projector,
-        checks: broca_provider::Checks::new(Box::new(
-            broca_provider::credential::StateSecrets::new(&opts.state_dir),
-        )),
+        checks: broca_provider::Checks::new(Box::new(secrets(&opts.state_dir, vault.as_ref()))),
         subc_lost: AtomicBool::new(false),
+        vault,
     });
     {
         let mut slot = slot.lock().expect("the signal slot");

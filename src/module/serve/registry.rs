@@ -17,7 +17,6 @@ use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 
 use crate::session::{SessionActor, SessionCommand};
 use broca_core::admission::Refusal;
-use broca_provider::credential::StateSecrets;
 use broca_provider::transport::HttpModelClient;
 use broca_tools::Router;
 use broca_wal::SessionTriple;
@@ -113,7 +112,7 @@ pub(crate) async fn shard_main(
     let model = Rc::new(HttpModelClient::new(
         http.clone(),
         ctx.opts.endpoints.clone(),
-        Box::new(StateSecrets::new(&ctx.opts.state_dir)),
+        Box::new(ctx.secrets()),
     ));
     let reg = Rc::new(Registry {
         shard,

@@ -1,0 +1,72 @@
+//! Module mode's `vault:` credentials: `vault:NAME` resolves to the secret the claustrum vault
+//! holds as NAME under broca's grant (broca_subc::vault), kept for a while in memory (never
+//! on disk, never logged), and asked again once it is about to expire.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use broca_provider::credential::{Credential, Vault};
+use broca_subc::vault::VaultClient;
+
+/// How long a secret with no expiry is used before the vault is asked again.
+const KEEP: Duration = Duration::from_secs(300);
+/// A secret is asked again this long before the vault says it expires.
+const MARGIN_MS: i64 = 60_000;
+
+/// The vault, shared by every shard.
+pub struct ClaustrumVault {
+    client: VaultClient,
+    kept: Mutex<HashMap<String, (Credential, Instant)>>,
+}
+
+impl ClaustrumVault {
+    pub fn new(client: VaultClient) -> ClaustrumVault {
+        ClaustrumVault {
+            client,
+            kept: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+/// A shard's handle on the shared vault.
+#[derive(Clone)]
+pub struct SharedVault(pub Arc<ClaustrumVault>);
+
+impl Vault for SharedVault {
+    fn credential(&self, name: &str) -> Result<Credential, String> {
+        let v = &self.0;
+        if let Some((c, until)) = v.kept.lock().ok().and_then(|k| k.get(name).cloned()) {
+            if Instant::now() < until {
+                return Ok(c);
+            }
+        }
+        let resolved = v.client.get_scoped(name).map_err(|e| {
+            // The vault's safe message and class only: never a secret.
+            format!(
+                "the vault has no usable credential `{name}`: {} ({})",
+                e.code(),
+                e
+            )
+        })?;
+        let secret = String::from_utf8(resolved.expose().to_vec())
+            .map_err(|_| format!("the vault's credential `{name}` is not text"))?;
+        let secret = secret.trim().to_string();
+        if secret.is_empty() {
+            return Err(format!("the vault's credential `{name}` is empty"));
+        }
+        let keep = match resolved.expires_at_ms {
+            Some(at) => {
+                let now = crate::now_unix_ms() as i64;
+                Duration::from_millis(at.saturating_sub(now).saturating_sub(MARGIN_MS).max(0) as u64)
+                    .min(KEEP)
+            }
+            None => KEEP,
+        };
+        let c = Credential::ApiKey(secret);
+        if let Ok(mut k) = v.kept.lock() {
+            k.insert(name.to_string(), (c.clone(), Instant::now() + keep));
+        }
+        Ok(c)
+    }
+}

@@ -50,6 +50,20 @@ fn stderr_of(child: &mut Child) -> String {
     s
 }
 
+/// Polls run.status on route (channel, epoch) until the run is no longer active; answers the
+/// status.
+fn wait_ended(d: &mut Daemon, channel: u16, epoch: u32, run_id: &str) -> Value {
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, s) = d.request(channel, epoch, "run.status", json!({"run_id": run_id}));
+        if s["result"]["state"] != "active" {
+            return s["result"].clone();
+        }
+        assert!(Instant::now() < until, "the run did not end: {s}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Drains broca as the daemon does; it says GOODBYE, closes, and exits 0.
 fn drain(d: &mut Daemon, child: &mut Child) {
     d.send(
@@ -360,7 +374,31 @@ fn vault_credentials_resolve_through_claustrum_under_the_modules_identity() {
     assert!(asked >= 1, "the vault was asked");
     // A second send reuses the secret kept in memory.
     let (_, again) = d.request(1, 1, "session.send", json!({"prompt": "hello", "model": "anthropic/m", "credential_id": "vault:anthropic-team", "send_id": "second"}));
-    assert!(again.get("result").is_some(), "{again}");
+    let second = again["result"]["run_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{again}"))
+        .to_string();
+    assert_eq!(wait_ended(&mut d, 1, 1, &second)["state"], "completed");
+    // The provider refuses the vault's key (aimock answers `err-401` with a 401): the run
+    // pauses auth_required and the vault hears of it, with the record version it gave.
+    let (_, refused) = d.request(
+        1,
+        1,
+        "session.send",
+        json!({"prompt": "err-401", "model": "anthropic/m", "credential_id": "vault:anthropic-team", "send_id": "third"}),
+    );
+    let refused_run = refused["result"]["run_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{refused}"))
+        .to_string();
+    let status = wait_ended(&mut d, 1, 1, &refused_run);
+    assert_eq!(status["state"], "paused", "{status}");
+    let reports = vault.reports.lock().unwrap().clone();
+    assert_eq!(
+        reports,
+        [json!({"credential_id": "anthropic-team", "provider_status": 401, "record_version": 3})],
+        "the vault is told of the refused key"
+    );
     // A credential the vault does not hold is refused before anything is written.
     let (ty, e) = d.request(
         1,

@@ -110,6 +110,10 @@ impl Redactor {
 pub trait Secrets {
     /// The credential for `credential_id`; `Err` says what is missing, revealing nothing.
     fn credential(&self, credential_id: &str) -> Result<Credential, String>;
+
+    /// The provider refused the credential `credential_id` resolved to (`status`: 401 or
+    /// 403). A source that can do something about it (a vault) hears of it.
+    fn auth_failed(&self, _credential_id: &str, _status: u16) {}
 }
 
 /// Credentials from the conventional environment variables: `env:NAME` is the API key in
@@ -150,6 +154,9 @@ impl Secrets for EnvSecrets {
 pub trait Vault: Send + Sync {
     /// The credential `name` names in the vault; `Err` says why not, revealing nothing.
     fn credential(&self, name: &str) -> Result<Credential, String>;
+
+    /// A provider refused the credential `name` resolved to (`status`: 401 or 403).
+    fn auth_failed(&self, _name: &str, _status: u16) {}
 }
 
 /// The credentials a state dir offers: `env:NAME` from the environment, `file:NAME` from the
@@ -248,6 +255,12 @@ impl Secrets for StateSecrets {
             _ => Err(format!(
                 "credential `{credential_id}` is not env:NAME, file:NAME or vault:NAME"
             )),
+        }
+    }
+
+    fn auth_failed(&self, credential_id: &str, status: u16) {
+        if let (Some(("vault", name)), Some(v)) = (credential_id.split_once(':'), &self.vault) {
+            v.auth_failed(name, status);
         }
     }
 }

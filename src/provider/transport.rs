@@ -305,15 +305,46 @@ impl HttpModelClient {
         let target = url.to_string();
         let framing = family.framing(url.scheme);
         let mut quota = None;
-        let source = match framing {
-            Framing::Sse | Framing::AwsEventStream => {
-                let resp =
-                    open_http(&self.client, family, &url, &rendered, &redact, &target).await?;
+        let status = std::cell::Cell::new(None);
+        let opened = match framing {
+            Framing::Sse | Framing::AwsEventStream => open_http(
+                &self.client,
+                family,
+                &url,
+                &rendered,
+                &redact,
+                &target,
+                &status,
+            )
+            .await
+            .map(|resp| {
                 quota = family.quota(&|name| resp.head.header(name).map(str::to_string));
                 Source::http(resp, framing)
-            }
+            }),
             Framing::WebSocket => {
-                open_ws(&self.client, family, &url, &rendered, &redact, &target).await?
+                open_ws(
+                    &self.client,
+                    family,
+                    &url,
+                    &rendered,
+                    &redact,
+                    &target,
+                    &status,
+                )
+                .await
+            }
+        };
+        let source = match opened {
+            Ok(source) => source,
+            Err(f) => {
+                // The provider refused the credential itself: its source hears of it (a
+                // vault marks it, and gives a fresh one next time).
+                if let (ErrorClass::AuthRequired, Some(s @ (401 | 403))) =
+                    (f.error.class, status.get())
+                {
+                    self.secrets.auth_failed(&request.credential_id, s);
+                }
+                return Err(f);
             }
         };
         let mut stream = HttpModelStream::new(source, normalizer, redact, target);
@@ -352,6 +383,7 @@ async fn open_http(
     rendered: &Rendered,
     redact: &Redactor,
     target: &str,
+    refused_status: &std::cell::Cell<Option<u16>>,
 ) -> Result<Response, Failure> {
     let headers = header_pairs(rendered);
     let req = HttpRequest {
@@ -373,6 +405,7 @@ async fn open_http(
         );
         let body = resp.body(ERROR_BODY_MAX).await.unwrap_or_default();
         let wait = wait.or_else(|| family.retry_after_body(&body));
+        refused_status.set(Some(status));
         return Err(refused(family, status, &body, wait, target, redact));
     }
     Ok(resp)
@@ -385,6 +418,7 @@ async fn open_ws(
     rendered: &Rendered,
     redact: &Redactor,
     target: &str,
+    refused_status: &std::cell::Cell<Option<u16>>,
 ) -> Result<Source, Failure> {
     let message = family.websocket_message(rendered).ok_or_else(|| {
         failure(
@@ -406,6 +440,7 @@ async fn open_ws(
         Ok(ws) => ws,
         Err(refused) => {
             let wait = retry_after_ms(None, refused.retry_after.as_deref());
+            refused_status.set(Some(refused.status));
             return Err(self::refused(
                 family,
                 refused.status,

@@ -17,7 +17,8 @@ const MARGIN_MS: i64 = 60_000;
 /// The vault, shared by every shard.
 pub struct ClaustrumVault {
     client: VaultClient,
-    kept: Mutex<HashMap<String, (Credential, Instant)>>,
+    /// Each secret, until when it is used, and the vault's record version of it.
+    kept: Mutex<HashMap<String, (Credential, Instant, String)>>,
 }
 
 impl ClaustrumVault {
@@ -36,7 +37,7 @@ pub struct SharedVault(pub Arc<ClaustrumVault>);
 impl Vault for SharedVault {
     fn credential(&self, name: &str) -> Result<Credential, String> {
         let v = &self.0;
-        if let Some((c, until)) = v.kept.lock().ok().and_then(|k| k.get(name).cloned()) {
+        if let Some((c, until, _)) = v.kept.lock().ok().and_then(|k| k.get(name).cloned()) {
             if Instant::now() < until {
                 return Ok(c);
             }
@@ -65,8 +66,35 @@ impl Vault for SharedVault {
         };
         let c = Credential::ApiKey(secret);
         if let Ok(mut k) = v.kept.lock() {
-            k.insert(name.to_string(), (c.clone(), Instant::now() + keep));
+            k.insert(
+                name.to_string(),
+                (
+                    c.clone(),
+                    Instant::now() + keep,
+                    resolved.record_version.clone(),
+                ),
+            );
         }
         Ok(c)
+    }
+
+    /// Forgets the secret (the next use asks the vault again) and reports the refusal, with
+    /// the record version the secret came with (`credential.report_auth_failure`).
+    fn auth_failed(&self, name: &str, status: u16) {
+        let kept = self.0.kept.lock().ok().and_then(|mut k| k.remove(name));
+        let Some(version) = kept.and_then(|(_, _, v)| v.parse::<u64>().ok()) else {
+            return;
+        };
+        match self.0.client.report_auth_failure(name, status, version) {
+            Ok(accepted) => {
+                tracing::info!(credential = name, status, accepted, "reported to the vault")
+            }
+            Err(e) => tracing::warn!(
+                credential = name,
+                status,
+                "the vault took no report: {}",
+                e.code()
+            ),
+        }
     }
 }

@@ -28,6 +28,20 @@ fn module(state: &Path, d: &Daemon, peer: &Aimock, extra: &[(&str, &str)]) -> Co
     c
 }
 
+/// Spawns with stdout dropped and stderr kept for the assertions.
+trait SpawnQuiet {
+    fn spawn_quiet(&mut self) -> Child;
+}
+
+impl SpawnQuiet for Command {
+    fn spawn_quiet(&mut self) -> Child {
+        self.stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+}
+
 fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
     let until = Instant::now() + within;
     loop {
@@ -105,10 +119,7 @@ fn a_module_registers_and_serves_the_management_methods_on_its_routes() {
         &peer,
         &[("SUBC_LAUNCH_NONCE", "nonce-for-this-launch")],
     )
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
+    .spawn_quiet();
     let hello = d.accept(Answer::Accept).expect("broca's HELLO");
     let m = &hello["manifest"];
     assert_eq!(m["module_id"], "ck-broca");
@@ -144,16 +155,7 @@ fn a_module_registers_and_serves_the_management_methods_on_its_routes() {
         .as_str()
         .unwrap()
         .to_string();
-    let until = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        let (_, s) = d.request(3, 1, "run.status", json!({"run_id": run_id}));
-        let s = result_of(&mut d, &s);
-        if s["state"] != "active" {
-            break s;
-        }
-        assert!(Instant::now() < until, "the run did not end: {s}");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = wait_ended(&mut d, 3, 1, &run_id);
     assert_eq!(status["state"], "completed", "{status}");
     let (_, r) = d.request(3, 1, "run.result", json!({"run_id": run_id}));
     assert_eq!(
@@ -334,10 +336,7 @@ fn vault_credentials_resolve_through_claustrum_under_the_modules_identity() {
         &peer,
         &[("SUBC_LAUNCH_NONCE", "nonce-v"), ("ANTHROPIC_API_KEY", "")],
     )
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
+    .spawn_quiet();
     d.accept(Answer::Accept).unwrap();
     let vault = d.serve_vault(vec![("anthropic-team".into(), secret.into())]);
     assert_eq!(d.bind(1, 1, "/vault", "h", "s").0, FrameType::Response);
@@ -346,19 +345,11 @@ fn vault_credentials_resolve_through_claustrum_under_the_modules_identity() {
     let (ty, sent) = d.request(1, 1, "session.send", send);
     assert_eq!(ty, FrameType::Response, "{sent}");
     let run_id = sent["result"]["run_id"].as_str().unwrap().to_string();
-    let until = Instant::now() + Duration::from_secs(20);
-    loop {
-        let (_, s) = d.request(1, 1, "run.status", json!({"run_id": run_id}));
-        if s["result"]["state"] != "active" {
-            assert_eq!(
-                s["result"]["state"], "completed",
-                "the run used the vault's key: {s}"
-            );
-            break;
-        }
-        assert!(Instant::now() < until, "{s}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let status = wait_ended(&mut d, 1, 1, &run_id);
+    assert_eq!(
+        status["state"], "completed",
+        "the run used the vault's key: {status}"
+    );
     // One route to the vault, opened with broca's module id and launch nonce.
     let opens = vault.opens.lock().unwrap().clone();
     assert_eq!(opens.len(), 1, "{opens:?}");
@@ -489,11 +480,7 @@ fn losing_the_daemon_stops_broca_and_it_exits_non_zero_and_sigterm_is_re_raised(
     let dir = tempfile::tempdir().unwrap();
     let peer = Aimock::start(&fixture("aimock.json"));
     let mut d = Daemon::start(&dir.path().join("d1"));
-    let mut child = module(&dir.path().join("s1"), &d, &peer, &[])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = module(&dir.path().join("s1"), &d, &peer, &[]).spawn_quiet();
     d.accept(Answer::Accept).unwrap();
     d.drop_connection();
     let status = wait_exit(&mut child, Duration::from_secs(15));
@@ -510,10 +497,7 @@ fn losing_the_daemon_stops_broca_and_it_exits_non_zero_and_sigterm_is_re_raised(
         .arg(dir.path().join("s2"))
         .arg("--subc")
         .arg(&d.file)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .spawn_quiet();
     assert_eq!(
         d.accept(Answer::Accept).unwrap()["manifest"]["module_id"],
         "ck-broca"
@@ -551,10 +535,7 @@ fn killed_at_each_durable_boundary_under_the_daemon_a_restart_keeps_the_run() {
             &peer,
             &[("BROCA_CRASH_AT", &format!("{point}:1"))],
         )
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .spawn_quiet();
         d.accept(Answer::Accept).unwrap();
         assert_eq!(d.bind(1, 1, "/crash", "h", "s").0, FrameType::Response);
         let send = json!({"prompt": "hello", "model": "anthropic/m", "send_id": "k1"});
@@ -587,11 +568,7 @@ fn killed_at_each_durable_boundary_under_the_daemon_a_restart_keeps_the_run() {
 
         // The supervisor starts it again; the client binds again and retries.
         let mut d = Daemon::start(&dir.path().join("d2"));
-        let mut child = module(&state, &d, &peer, &[])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = module(&state, &d, &peer, &[]).spawn_quiet();
         d.accept(Answer::Accept).unwrap();
         assert_eq!(d.bind(1, 1, "/crash", "h", "s").0, FrameType::Response);
         let (_, again) = d.request(1, 1, "session.send", send.clone());
@@ -605,19 +582,8 @@ fn killed_at_each_durable_boundary_under_the_daemon_a_restart_keeps_the_run() {
                 "{point}: the retried send_id answers the acknowledged run"
             );
         }
-        let until = Instant::now() + Duration::from_secs(20);
-        loop {
-            let (_, s) = d.request(1, 1, "run.status", json!({"run_id": run_id}));
-            if s["result"]["state"] != "active" {
-                assert_eq!(s["result"]["state"], "completed", "{point}: {s}");
-                break;
-            }
-            assert!(
-                Instant::now() < until,
-                "{point}: the resumed run did not end: {s}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let s = wait_ended(&mut d, 1, 1, &run_id);
+        assert_eq!(s["state"], "completed", "{point}: {s}");
         drain(&mut d, &mut child);
         let records = support::dump_all(&state);
         let count = |kind: &str| records.iter().filter(|r| r["kind"] == kind).count();

@@ -306,33 +306,21 @@ impl HttpModelClient {
         let framing = family.framing(url.scheme);
         let mut quota = None;
         let status = std::cell::Cell::new(None);
+        let out = Outgoing {
+            client: &self.client,
+            family,
+            url: &url,
+            rendered: &rendered,
+            redact: &redact,
+            target: &target,
+            refused_status: &status,
+        };
         let opened = match framing {
-            Framing::Sse | Framing::AwsEventStream => open_http(
-                &self.client,
-                family,
-                &url,
-                &rendered,
-                &redact,
-                &target,
-                &status,
-            )
-            .await
-            .map(|resp| {
+            Framing::Sse | Framing::AwsEventStream => open_http(&out).await.map(|resp| {
                 quota = family.quota(&|name| resp.head.header(name).map(str::to_string));
                 Source::http(resp, framing)
             }),
-            Framing::WebSocket => {
-                open_ws(
-                    &self.client,
-                    family,
-                    &url,
-                    &rendered,
-                    &redact,
-                    &target,
-                    &status,
-                )
-                .await
-            }
+            Framing::WebSocket => open_ws(&out).await,
         };
         let source = match opened {
             Ok(source) => source,
@@ -376,15 +364,29 @@ fn refused(
 }
 
 /// Sends the request; a non-2xx reply is read and classified.
-async fn open_http(
-    client: &Rc<HttpClient>,
-    family: &dyn WireFamily,
-    url: &Url,
-    rendered: &Rendered,
-    redact: &Redactor,
-    target: &str,
-    refused_status: &std::cell::Cell<Option<u16>>,
-) -> Result<Response, Failure> {
+/// A request on its way out: where it goes, its bytes, and where a refusal's status is told.
+#[derive(Clone, Copy)]
+struct Outgoing<'a> {
+    client: &'a Rc<HttpClient>,
+    family: &'a dyn WireFamily,
+    url: &'a Url,
+    rendered: &'a Rendered,
+    redact: &'a Redactor,
+    target: &'a str,
+    /// Set to the HTTP status of a refusal (the open's error says only its class).
+    refused_status: &'a std::cell::Cell<Option<u16>>,
+}
+
+async fn open_http(out: &Outgoing<'_>) -> Result<Response, Failure> {
+    let Outgoing {
+        client,
+        family,
+        url,
+        rendered,
+        redact,
+        target,
+        refused_status,
+    } = *out;
     let headers = header_pairs(rendered);
     let req = HttpRequest {
         method: "POST",
@@ -411,15 +413,16 @@ async fn open_http(
     Ok(resp)
 }
 
-async fn open_ws(
-    client: &Rc<HttpClient>,
-    family: &dyn WireFamily,
-    url: &Url,
-    rendered: &Rendered,
-    redact: &Redactor,
-    target: &str,
-    refused_status: &std::cell::Cell<Option<u16>>,
-) -> Result<Source, Failure> {
+async fn open_ws(out: &Outgoing<'_>) -> Result<Source, Failure> {
+    let Outgoing {
+        client,
+        family,
+        url,
+        rendered,
+        redact,
+        target,
+        refused_status,
+    } = *out;
     let message = family.websocket_message(rendered).ok_or_else(|| {
         failure(
             ErrorClass::Permanent,

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use daemon::{Answer, Daemon};
+use daemon::{Answer, CatalogModule, Daemon, Services, ToolModule};
 use serde_json::{json, Value};
 use subc_protocol::FrameType;
 use support::{broca, fixture, Aimock};
@@ -599,4 +599,347 @@ fn killed_at_each_durable_boundary_under_the_daemon_a_restart_keeps_the_run() {
             "{point}: a durable model step is never redone"
         );
     }
+}
+
+/// A module with the tool module `ck-tools` (and `ck-missing`, which the daemon does not
+/// know) in its tools config; answers the child and the module stand-in, being served.
+fn with_tools(
+    dir: &Path,
+    d: &mut Daemon,
+    peer: &Aimock,
+    extra: &[(&str, &str)],
+) -> (Child, ToolModule) {
+    let tools = ToolModule::new("ck-tools");
+    (with_these_tools(dir, d, peer, extra, &tools), tools)
+}
+
+fn with_these_tools(
+    dir: &Path,
+    d: &mut Daemon,
+    peer: &Aimock,
+    extra: &[(&str, &str)],
+    tools: &ToolModule,
+) -> Child {
+    let cfg = dir.join("tools.json");
+    std::fs::write(
+        &cfg,
+        json!({"modules": [{"module": "ck-tools", "call_timeout_ms": 1500}, {"module": "ck-missing"}]})
+            .to_string(),
+    )
+    .unwrap();
+    let child = module(&dir.join("state"), d, peer, extra)
+        .arg("--tools-config")
+        .arg(&cfg)
+        .spawn_quiet();
+    d.accept(Answer::Accept).unwrap();
+    d.serve(Services {
+        vault: None,
+        tools: Some(tools.clone()),
+        catalog: None,
+    });
+    child
+}
+
+/// Sends `prompt` on route `channel` (epoch 1) and waits for the run's end.
+fn run_on(d: &mut Daemon, channel: u16, prompt: &str, send_id: &str) -> (String, Value) {
+    let send = json!({"prompt": prompt, "model": "anthropic/m", "send_id": send_id});
+    let (ty, sent) = d.request(channel, 1, "session.send", send);
+    assert_eq!(ty, FrameType::Response, "{prompt}: {sent}");
+    let run_id = sent["result"]["run_id"].as_str().unwrap().to_string();
+    let status = wait_ended(d, channel, 1, &run_id);
+    (run_id, status)
+}
+
+fn run_on_route(d: &mut Daemon, prompt: &str, send_id: &str) -> (String, Value) {
+    run_on(d, 1, prompt, send_id)
+}
+
+#[test]
+fn tools_of_a_tool_module_go_over_the_sessions_own_route_and_run_at_most_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let peer = Aimock::start(&fixture("tools.json"));
+    let mut d = Daemon::start(&dir.path().join("d"));
+    let (mut child, tools) = with_tools(
+        dir.path(),
+        &mut d,
+        &peer,
+        &[("SUBC_LAUNCH_NONCE", "nonce-t")],
+    );
+    assert_eq!(d.bind(1, 1, "/t", "h", "s").0, FrameType::Response);
+
+    // Two calls in one step, each delivered once with its own key and the frozen pin.
+    let (run_id, status) = run_on_route(&mut d, "record two", "a");
+    assert_eq!(status["state"], "completed", "{status}");
+    assert_eq!(
+        (tools.times("call_rec_1"), tools.times("call_rec_2")),
+        (1, 1)
+    );
+    let calls = tools.log.calls.lock().unwrap().clone();
+    let keys: std::collections::HashSet<&str> = calls
+        .iter()
+        .map(|(c, _)| c["call_key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys.len(), 2, "a call key per call: {calls:?}");
+    assert!(calls
+        .iter()
+        .all(|(c, _)| c["schema_pin"].as_str().unwrap().starts_with("tp1:record:")));
+    // The catalog route is broca's own; the calls' route is the session's, opened with broca's
+    // consumer identity.
+    let opens = tools.log.opens.lock().unwrap().clone();
+    assert_eq!(opens[0]["identity"]["session"], "tool-catalog", "{opens:?}");
+    let session_open = opens
+        .iter()
+        .find(|o| o["identity"] == json!({"harness": "h", "session": "s"}))
+        .unwrap_or_else(|| panic!("a route for the session: {opens:?}"));
+    assert_eq!(
+        session_open["target"],
+        json!({"kind": "tool_provider", "module_id": "ck-tools"})
+    );
+    assert_eq!(
+        session_open["consumer_identity"],
+        json!({"module_id": "ck-broca", "launch_nonce": "nonce-t"})
+    );
+    let records = support::dump_all(&state);
+    let started = records
+        .iter()
+        .find(|r| r["kind"] == "run_started" && r["record"]["run_id"] == run_id.as_str())
+        .unwrap();
+    let frozen: Vec<&str> = started["record"]["config"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["route"].as_str().unwrap())
+        .collect();
+    assert!(
+        frozen.iter().all(|r| r.starts_with("subc:ck-tools@tp1:")),
+        "every tool frozen with its module and pin (ck-missing offers none): {frozen:?}"
+    );
+    let results: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["kind"] == "tool_result")
+        .collect();
+    assert!(
+        results.iter().any(|r| r.to_string().contains("recorded")),
+        "the module's answer is the result: {results:?}"
+    );
+
+    // The daemon says the route went stale before delivery: reopened, sent once more, run once.
+    tools
+        .stale_next
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let opened_before = tools.log.opens.lock().unwrap().len();
+    let (_, status) = run_on_route(&mut d, "echo please", "b");
+    assert_eq!(status["state"], "completed", "{status}");
+    assert_eq!(tools.times("call_echo_1"), 1);
+    assert_eq!(
+        tools.log.opens.lock().unwrap().len(),
+        opened_before + 1,
+        "one reopen"
+    );
+
+    // Refusals the daemon marks retryable are retried; the call still runs once.
+    tools
+        .stale_next
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    tools
+        .refuse_opens
+        .lock()
+        .unwrap()
+        .extend(["module_warming".to_string(), "module_reloading".to_string()]);
+    let (_, status) = run_on_route(&mut d, "record again", "c");
+    assert_eq!(status["state"], "completed", "{status}");
+    assert_eq!(tools.times("call_rec_9"), 1);
+
+    // A call the module never answers: cancelled at its call timeout, indeterminate, the run
+    // ends interrupted naming it; it is never sent again.
+    // (Each on a session of its own: the next send there answers the model for the lost call.)
+    assert_eq!(d.bind(2, 1, "/t", "h", "s2").0, FrameType::Response);
+    assert_eq!(d.bind(3, 1, "/t", "h", "s3").0, FrameType::Response);
+    let (_, status) = run_on(&mut d, 2, "hang call", "d");
+    assert_eq!(status["state"], "interrupted", "{status}");
+    assert!(status.to_string().contains("call_hang_1"), "{status}");
+    assert_eq!(tools.times("call_hang_1"), 1);
+    assert_eq!(
+        tools.log.cancels.lock().unwrap().len(),
+        1,
+        "the call is cancelled"
+    );
+
+    // The module dies with a call delivered: indeterminate too; the next send reconnects.
+    let (_, status) = run_on(&mut d, 3, "die call", "e");
+    assert_eq!(status["state"], "interrupted", "{status}");
+    assert!(status.to_string().contains("call_die_1"), "{status}");
+    let (_, status) = run_on_route(&mut d, "echo please", "f");
+    assert_eq!(status["state"], "completed", "after a reconnect: {status}");
+    assert_eq!(tools.times("call_die_1"), 1, "never sent again");
+    assert_eq!(tools.times("call_hang_1"), 1, "never sent again");
+
+    // A route refused for good: the call is refused before delivery and the model is told.
+    assert_eq!(d.bind(4, 1, "/t", "h", "s4").0, FrameType::Response);
+    tools
+        .refuse_opens
+        .lock()
+        .unwrap()
+        .push("capability_forbidden".into());
+    let calls_before = tools.log.calls.lock().unwrap().len();
+    let (run_id, status) = run_on(&mut d, 4, "record again", "g");
+    assert_eq!(status["state"], "completed", "{status}");
+    assert_eq!(
+        tools.log.calls.lock().unwrap().len(),
+        calls_before,
+        "nothing delivered"
+    );
+    let refused = support::dump_all(&state)
+        .into_iter()
+        .find(|r| r["kind"] == "tool_result" && r["record"]["run_id"] == run_id.as_str())
+        .unwrap();
+    assert!(
+        refused.to_string().contains("capability_forbidden"),
+        "the model is told why: {refused}"
+    );
+
+    drain(&mut d, &mut child);
+    let err = stderr_of(&mut child);
+    assert!(err.contains("tool module `ck-missing`"), "{err}");
+    assert!(!err.contains("nonce-t"), "the launch nonce is never logged");
+}
+
+#[test]
+fn killed_around_a_tool_modules_call_a_restart_never_sends_it_twice() {
+    let peer = Aimock::start(&fixture("tools.json"));
+    // intent: killed once the intent is durable, before the call goes; tool_result: killed
+    // once the module's answer is durable.
+    for (point, delivered) in [("intent", 0), ("tool_result", 1)] {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let tools = ToolModule::new("ck-tools");
+        let mut d = Daemon::start(&dir.path().join("d1"));
+        let crash = format!("{point}:1");
+        let mut child = with_these_tools(
+            dir.path(),
+            &mut d,
+            &peer,
+            &[("BROCA_CRASH_AT", &crash)],
+            &tools,
+        );
+        assert_eq!(d.bind(1, 1, "/k", "h", "s").0, FrameType::Response);
+        let send = json!({"prompt": "echo please", "model": "anthropic/m", "send_id": "k1"});
+        d.send(
+            FrameType::Request,
+            1,
+            1,
+            &json!({"method": "session.send", "params": send}),
+        );
+        d.until_closed();
+        use std::os::unix::process::ExitStatusExt;
+        let status = wait_exit(&mut child, Duration::from_secs(20));
+        assert_eq!(
+            status.signal(),
+            Some(libc::SIGABRT),
+            "{point}: {}",
+            stderr_of(&mut child)
+        );
+        assert_eq!(
+            tools.times("call_echo_1"),
+            delivered,
+            "{point}: before the restart"
+        );
+
+        // The supervisor starts it again under a new daemon connection.
+        let mut d = Daemon::start(&dir.path().join("d2"));
+        let mut child = with_these_tools(dir.path(), &mut d, &peer, &[], &tools);
+        assert_eq!(d.bind(1, 1, "/k", "h", "s").0, FrameType::Response);
+        let (_, again) = d.request(1, 1, "session.send", send.clone());
+        let run_id = again["result"]["run_id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{again}"))
+            .to_string();
+        let s = wait_ended(&mut d, 1, 1, &run_id);
+        if delivered == 0 {
+            // Its intent is durable and its outcome unknown: never sent, the run interrupted.
+            assert_eq!(s["state"], "interrupted", "{point}: {s}");
+            assert!(s.to_string().contains("call_echo_1"), "{point}: {s}");
+        } else {
+            assert_eq!(
+                s["state"], "completed",
+                "{point}: the run goes on from the result: {s}"
+            );
+        }
+        drain(&mut d, &mut child);
+        assert_eq!(
+            tools.times("call_echo_1"),
+            delivered,
+            "{point}: at most once across the restart"
+        );
+        let records = support::dump_all(&state);
+        let count = |kind: &str| records.iter().filter(|r| r["kind"] == kind).count();
+        assert_eq!(count("run_started"), 1, "{point}");
+        assert_eq!(count("tool_dispatch_intent"), 1, "{point}");
+        assert_eq!(count("run_finished") + count("run_paused"), 1, "{point}");
+    }
+}
+
+#[test]
+fn the_catalog_comes_from_fusiform_and_its_last_good_answer_outlives_an_outage() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let catalog = CatalogModule::default();
+    *catalog.answer.lock().unwrap() = Some(json!({
+        "source": "models.dev", "resolved_at_ms": 1_786_488_349_024i64, "catalog_version": 7,
+        "models": {"anthropic/claude-sonnet-4-5": {
+            "limit.context": 123456, "limit.output": null,
+            "rate.input": {"state": "priced", "units": 2_500_000_000i64, "exponent": 9, "currency": "USD"},
+            "rate.output": {"state": "priced", "units": 12, "exponent": 0, "currency": "USD"}
+        }}
+    }));
+    let frozen_entry = |send_id: &str, d: &mut Daemon| {
+        let send =
+            json!({"prompt": "hello", "model": "anthropic/claude-sonnet-4-5", "send_id": send_id});
+        let (ty, sent) = d.request(1, 1, "session.send", send);
+        assert_eq!(ty, FrameType::Response, "{sent}");
+        let run_id = sent["result"]["run_id"].as_str().unwrap().to_string();
+        assert_eq!(wait_ended(d, 1, 1, &run_id)["state"], "completed");
+        support::dump_all(&state)
+            .into_iter()
+            .find(|r| r["kind"] == "run_started" && r["record"]["run_id"] == run_id.as_str())
+            .unwrap()["record"]
+            .to_string()
+    };
+    for round in ["up", "down"] {
+        let mut d = Daemon::start(&dir.path().join(round));
+        let mut child =
+            module(&state, &d, &peer, &[("BROCA_CATALOG_MODULE", "fusiform")]).spawn_quiet();
+        d.accept(Answer::Accept).unwrap();
+        d.serve(Services {
+            vault: None,
+            tools: None,
+            catalog: Some(catalog.clone()),
+        });
+        assert_eq!(d.bind(1, 1, "/cat", "h", "s").0, FrameType::Response);
+        let entry = frozen_entry(round, &mut d);
+        // fusiform's facts, frozen with the run; its null output limit stays unknown (the
+        // built-in catalog's 64000 is not put in its place).
+        assert!(
+            entry.contains("\"context_window\":123456"),
+            "{round}: {entry}"
+        );
+        assert!(
+            entry.contains("\"input\":2.5") && entry.contains("\"output\":12.0"),
+            "{round}: {entry}"
+        );
+        assert!(!entry.contains("\"max_output\""), "{round}: {entry}");
+        drain(&mut d, &mut child);
+        let err = stderr_of(&mut child);
+        if round == "down" {
+            assert!(
+                err.contains("unavailable") && err.contains("last good"),
+                "{err}"
+            );
+        }
+        // Down from here on: the next start uses the last good answer.
+        *catalog.answer.lock().unwrap() = None;
+    }
+    assert!(catalog.asked.load(std::sync::atomic::Ordering::SeqCst) >= 2);
 }

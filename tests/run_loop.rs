@@ -87,13 +87,14 @@ impl broca::module::ToolRunner for DurabilityProbe {
         &self,
         call: broca::protocol::ToolCall,
         route: String,
+        origin: broca::module::ToolOrigin,
     ) -> broca::module::ToolOutcome {
         let (bytes, scan) = read_and_scan(&self.wal).unwrap();
         let on_disk = scan.decode(&bytes).unwrap().records.iter().any(|(_, r)| {
             matches!(r, Record::ToolDispatchIntent(i) if i.calls.iter().any(|c| c.id == call.id))
         });
         self.seen.borrow_mut().push((call.id.clone(), on_disk));
-        self.counting.call(call, route).await
+        self.counting.call(call, route, origin).await
     }
 }
 

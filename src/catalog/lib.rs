@@ -8,6 +8,7 @@
 //! its frozen entry, and a resume whose entry drifted incompatibly (another wire family) is
 //! refused.
 
+pub mod fusiform;
 pub mod load;
 
 use std::sync::{Arc, OnceLock, RwLock};

@@ -2,7 +2,9 @@
 //! (`BROCA_CATALOG_URL`; a copy of its last good answer is kept owner-only in the state dir and
 //! used while the service cannot be reached), then an override file (`BROCA_CATALOG_FILE`; its
 //! last good contents are kept too, so a file that stops parsing is reported and the last good
-//! catalog stays in use).
+//! catalog stays in use). In module mode the service may be the fusiform catalog module instead
+//! (`BROCA_CATALOG_MODULE`, its `catalog.get` answer read by `fusiform::read`), with the same
+//! last good copy.
 
 use std::path::{Path, PathBuf};
 
@@ -15,17 +17,22 @@ pub struct Sources {
     pub file: Option<PathBuf>,
     /// A catalog service (GET answers a catalog as JSON).
     pub url: Option<String>,
+    /// The fusiform catalog module asked in module mode (`catalog.get` over a daemon route);
+    /// it stands in for `url`.
+    pub module: Option<String>,
     /// Where the last good copies live (`<state-dir>/catalog`).
     pub cache_dir: PathBuf,
 }
 
 impl Sources {
-    /// From `BROCA_CATALOG_FILE` and `BROCA_CATALOG_URL`, caching under `state_dir`.
+    /// From `BROCA_CATALOG_FILE`, `BROCA_CATALOG_URL` and `BROCA_CATALOG_MODULE`, caching under
+    /// `state_dir`.
     pub fn from_env(state_dir: &Path) -> Sources {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
         Sources {
             file: var("BROCA_CATALOG_FILE").map(PathBuf::from),
             url: var("BROCA_CATALOG_URL"),
+            module: var("BROCA_CATALOG_MODULE"),
             cache_dir: state_dir.join("catalog"),
         }
     }
@@ -59,7 +66,12 @@ fn assemble(
 ) -> (Catalog, Vec<String>) {
     let mut catalog = Catalog::builtin();
     let mut notes = Vec::new();
-    if let Some(url) = &src.url {
+    let service = match (&src.module, &src.url) {
+        (Some(m), _) => Some(format!("module {m}")),
+        (None, Some(url)) => Some(url.clone()),
+        (None, None) => None,
+    };
+    if let Some(url) = &service {
         match fetched {
             Some(Ok((text, service))) => {
                 if let Err(e) = save(src, &src.service_cache(), text.as_bytes()) {

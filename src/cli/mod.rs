@@ -77,7 +77,9 @@ Options:
                        \"idle_secs\", \"open_sessions_max\" (per shard; default
                        from the open-files limit), \"body_limit_bytes\" (default 8 MiB),
                        \"catalog_file\", \"catalog_url\" (else BROCA_CATALOG_FILE and
-                       BROCA_CATALOG_URL), \"catalog_refresh_secs\" (how often the
+                       BROCA_CATALOG_URL), \"catalog_module\" (module mode: the fusiform
+                       module asked with catalog.get; else BROCA_CATALOG_MODULE),
+                       \"catalog_refresh_secs\" (how often the
                        catalog is read again; default 300, 0 never),
                        \"archive_after_days\" (pack sessions idle this long in
                        the background; default off), \"archive_every_secs\"
@@ -556,6 +558,7 @@ struct ServeConfig {
     open_sessions_max: Option<usize>,
     catalog_file: Option<PathBuf>,
     catalog_url: Option<String>,
+    catalog_module: Option<String>,
     catalog_refresh_secs: Option<u64>,
     archive_after_days: Option<u64>,
     archive_every_secs: Option<u64>,
@@ -646,6 +649,9 @@ fn parse_serve(
             }
             if file.catalog_url.is_some() {
                 c.url = file.catalog_url;
+            }
+            if file.catalog_module.is_some() {
+                c.module = file.catalog_module;
             }
             c
         },

@@ -1,6 +1,7 @@
 //! The catalog service client: one GET of the catalog (`BROCA_CATALOG_URL` or serve's
-//! `catalog_url`) on broca's own HTTP client, its text handed to broca-catalog to assemble
-//! with the built-in catalog and the override file.
+//! `catalog_url`) on broca's own HTTP client, or in module mode the fusiform module's
+//! `catalog.get` (`BROCA_CATALOG_MODULE` or `catalog_module`), its text handed to
+//! broca-catalog to assemble with the built-in catalog and the override file.
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -15,11 +16,20 @@ const SERVICE_TIMEOUT: Duration = Duration::from_secs(10);
 const SERVICE_BYTES_MAX: usize = 16 * 1024 * 1024;
 
 /// The catalog assembled from `src`, asking its service (when it has one) first, and the
-/// lines the operator should be told.
-pub async fn load(src: &Sources, http: &Rc<HttpClient>) -> (Catalog, Vec<String>) {
-    let fetched = match &src.url {
-        Some(url) => Some(fetch(url, http).await),
-        None => None,
+/// lines the operator should be told. The service is the catalog module when `src` names one
+/// (reached through `modules`, module mode only), else the URL.
+pub async fn load(
+    src: &Sources,
+    http: &Rc<HttpClient>,
+    modules: Option<&crate::subc_tools::ModuleTools>,
+) -> (Catalog, Vec<String>) {
+    let fetched = match (&src.module, &src.url, modules) {
+        (Some(m), _, Some(modules)) => Some(modules.catalog_text(m).await),
+        (Some(_), _, None) => Some(Err(
+            "a catalog module is reached through the daemon, in module mode only".to_string(),
+        )),
+        (None, Some(url), _) => Some(fetch(url, http).await),
+        (None, None, _) => None,
     };
     broca_catalog::load::load(src, fetched)
 }

@@ -8,6 +8,7 @@ pub mod scripted;
 pub mod serve;
 pub mod session;
 pub mod standalone;
+pub mod subc_tools;
 
 use std::future::Future;
 
@@ -33,16 +34,29 @@ pub enum ToolOutcome {
     Indeterminate,
 }
 
+/// Whose call it is: the session and the run (a tool module's route is the session's, and
+/// its call key is derived from both).
+#[derive(Debug, Clone)]
+pub struct ToolOrigin {
+    pub triple: std::rc::Rc<broca_wal::SessionTriple>,
+    pub run_id: String,
+}
+
 /// Runs tool calls.
 pub trait ToolRunner: 'static {
     /// Runs one call, sent to the module `route` names (the route frozen with the tool's
     /// spec at admission).
-    fn call(&self, call: ToolCall, route: String) -> impl Future<Output = ToolOutcome>;
+    fn call(
+        &self,
+        call: ToolCall,
+        route: String,
+        origin: ToolOrigin,
+    ) -> impl Future<Output = ToolOutcome>;
 }
 
 /// Tools from the configured MCP servers.
 impl ToolRunner for broca_tools::Router {
-    async fn call(&self, call: ToolCall, route: String) -> ToolOutcome {
+    async fn call(&self, call: ToolCall, route: String, _origin: ToolOrigin) -> ToolOutcome {
         use broca_tools::mcp::CallError;
         match broca_tools::Router::call(self, &call, &route).await {
             Ok(text) => ToolOutcome::Done {
@@ -64,7 +78,7 @@ impl ToolRunner for broca_tools::Router {
 pub struct NoTools;
 
 impl ToolRunner for NoTools {
-    async fn call(&self, call: ToolCall, _route: String) -> ToolOutcome {
+    async fn call(&self, call: ToolCall, _route: String, _origin: ToolOrigin) -> ToolOutcome {
         ToolOutcome::Refused {
             reason: format!("no tool `{}` is configured", call.name),
         }

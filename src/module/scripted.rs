@@ -224,7 +224,12 @@ impl CountingTools {
 }
 
 impl ToolRunner for CountingTools {
-    async fn call(&self, call: ToolCall, _route: String) -> ToolOutcome {
+    async fn call(
+        &self,
+        call: ToolCall,
+        _route: String,
+        _origin: super::ToolOrigin,
+    ) -> ToolOutcome {
         *self
             .dispatched
             .borrow_mut()

@@ -105,6 +105,8 @@ pub struct SessionActor<P: ModelClient, T: ToolRunner> {
     provider: Rc<P>,
     tools: Rc<T>,
     tool_specs: Arc<[ToolSpec]>,
+    /// The session's triple, handed to tool calls with the run's id.
+    triple: Rc<SessionTriple>,
     crash: CrashPlan,
     appends: u64,
     display: Option<Box<dyn FnMut(&str)>>,
@@ -149,6 +151,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             provider,
             tools,
             tool_specs: tool_specs.into(),
+            triple: Rc::new(triple.clone()),
             crash: CrashPlan::default(),
             appends: 0,
             display: None,
@@ -546,9 +549,19 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
 
     fn spawn_tool(&self, call: ToolCall, route: String, tx: Rc<local_channel::LocalSender<Input>>) {
         let tools = self.tools.clone();
+        let origin = super::ToolOrigin {
+            triple: self.triple.clone(),
+            run_id: self
+                .state
+                .open
+                .as_ref()
+                .and_then(|open| self.state.runs.get(open.index))
+                .map(|run| run.run_id.clone())
+                .unwrap_or_default(),
+        };
         glommio::spawn_local(async move {
             let call_id = call.id.clone();
-            let outcome = tools.call(call, route).await;
+            let outcome = tools.call(call, route, origin).await;
             // The run may have ended (crash injected): then nobody listens, and that is fine.
             let _ = tx.send(Input::Tool { call_id, outcome }).await;
         })

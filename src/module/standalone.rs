@@ -76,7 +76,8 @@ impl Standalone {
         broca_shards::run_local(async move {
             let http = HttpClient::new(ClientConfig::new(tls.clone(), proxy.clone()));
             if self.catalog.url.is_some() || self.catalog.file.is_some() {
-                let (catalog, notes) = crate::catalog_service::load(&self.catalog, &http).await;
+                let (catalog, notes) =
+                    crate::catalog_service::load(&self.catalog, &http, None).await;
                 for n in notes {
                     crate::errln!("broca: {n}");
                 }
@@ -89,6 +90,13 @@ impl Standalone {
             );
             let tool_http = broca_tools::tool_http_client(tls, proxy);
             let servers = match self.tools {
+                Some(cfg) if !cfg.modules.is_empty() => {
+                    return Err(Failure::Failed(
+                        "the tools config names tool modules; they are reached through the \
+                         daemon, in module mode (`broca module --subc FILE`), not by `broca run`"
+                            .into(),
+                    ));
+                }
                 Some(cfg) => {
                     let (servers, problems) =
                         broca_tools::ToolServers::start(cfg, &tool_http).await?;

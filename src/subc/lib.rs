@@ -5,10 +5,14 @@
 //! blocking socket before the shards start (`connect`), and the frame stream by a sans-IO
 //! decoder (`frames`) that the shard feeds from its own socket. The claustrum vault is reached
 //! over a route of its own (`vault`), read with `cortexkit-claustrum-client`'s decoders.
+//! Tools of the daemon's tool_provider modules go over a shared consumer connection (`link`,
+//! two threads of its own) with the role's bodies (`toolprov`).
 
 pub mod connect;
 pub mod frames;
+pub mod link;
 pub mod manifest;
+pub mod toolprov;
 pub mod vault;
 
 pub use subc_protocol as protocol;

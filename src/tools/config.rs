@@ -5,8 +5,12 @@
 //! {"mcp": [{"name": "fs", "command": ["npx", "-y", "@modelcontextprotocol/server-filesystem", "."],
 //!           "env": {"KEY": "VALUE"}},
 //!          {"name": "search", "url": "http://127.0.0.1:3001/mcp"}],
+//!  "modules": [{"module": "ck-shell", "call_timeout_ms": 60000}],
 //!  "result_bytes_max": 102400}
 //! ```
+//!
+//! `modules` names the daemon's tool_provider modules whose tools broca offers beside the MCP
+//! servers' (module mode only: they are reached over daemon routes).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -21,6 +25,8 @@ pub const RESULT_BYTES_MAX_DEFAULT: usize = 100 * 1024;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolsConfig {
     pub servers: Vec<ServerConfig>,
+    /// The daemon's tool_provider modules whose tools are offered (module mode).
+    pub modules: Vec<ModuleConfig>,
     /// Tool results longer than this many bytes are truncated with an explicit marker.
     pub result_bytes_max: usize,
 }
@@ -29,9 +35,20 @@ impl Default for ToolsConfig {
     fn default() -> Self {
         ToolsConfig {
             servers: Vec::new(),
+            modules: Vec::new(),
             result_bytes_max: RESULT_BYTES_MAX_DEFAULT,
         }
     }
+}
+
+/// One tool_provider module of the daemon.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModuleConfig {
+    /// Its module id.
+    pub module: String,
+    /// How long one call may take once delivered; past it the call is indeterminate (and
+    /// cancelled).
+    pub call_timeout: Duration,
 }
 
 /// How broca reaches one MCP server.
@@ -69,7 +86,16 @@ pub struct ServerConfig {
 struct FileConfig {
     #[serde(default)]
     mcp: Vec<FileServer>,
+    #[serde(default)]
+    modules: Vec<FileModule>,
     result_bytes_max: Option<usize>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileModule {
+    module: String,
+    call_timeout_ms: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -165,12 +191,34 @@ impl ToolsConfig {
                 max_concurrency,
             });
         }
+        let mut modules: Vec<ModuleConfig> = Vec::with_capacity(file.modules.len());
+        for m in file.modules {
+            let module = m.module.trim().to_string();
+            if module.is_empty()
+                || !module
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+            {
+                return Err(format!(
+                    "module `{}`: a module id is letters, digits, `-`, `_` and `.`",
+                    m.module
+                ));
+            }
+            if modules.iter().any(|o| o.module == module) {
+                return Err(format!("module `{module}` is listed twice"));
+            }
+            modules.push(ModuleConfig {
+                module,
+                call_timeout: Duration::from_millis(m.call_timeout_ms.unwrap_or(300_000)),
+            });
+        }
         let result_bytes_max = file.result_bytes_max.unwrap_or(RESULT_BYTES_MAX_DEFAULT);
         if result_bytes_max < 64 {
             return Err("result_bytes_max must be at least 64".into());
         }
         Ok(ToolsConfig {
             servers,
+            modules,
             result_bytes_max,
         })
     }
@@ -186,6 +234,7 @@ mod tests {
                                 "call_timeout_ms": 5000},
                                {"name": "web", "url": "http://127.0.0.1:3001/mcp",
                                 "headers": {"Authorization": "Bearer x"}}],
+                       "modules": [{"module": "ck-shell", "call_timeout_ms": 60000}],
                        "result_bytes_max": 4096}"#;
         let toml = r#"
 result_bytes_max = 4096
@@ -195,6 +244,10 @@ name = "fs"
 command = ["npx", "-y", "srv", "."]
 env = { K = "V" }
 call_timeout_ms = 5000
+
+[[modules]]
+module = "ck-shell"
+call_timeout_ms = 60000
 
 [[mcp]]
 name = "web"
@@ -208,6 +261,8 @@ headers = { Authorization = "Bearer x" }
         assert_eq!(a.servers[0].call_timeout, Duration::from_secs(5));
         assert_eq!(a.servers[1].max_concurrency, 16);
         assert_eq!(a.result_bytes_max, 4096);
+        assert_eq!(a.modules[0].module, "ck-shell");
+        assert_eq!(a.modules[0].call_timeout, Duration::from_secs(60));
     }
 
     #[test]
@@ -235,6 +290,11 @@ headers = { Authorization = "Bearer x" }
                 "apply to a command",
             ),
             (r#"{"mcp": [], "result_bytes_max": 3}"#, "at least 64"),
+            (r#"{"modules": [{"module": "a b"}]}"#, "a module id is"),
+            (
+                r#"{"modules": [{"module": "a"}, {"module": "a"}]}"#,
+                "listed twice",
+            ),
             ("{not json", "key must be a string"),
         ] {
             let err = ToolsConfig::parse(text, false).unwrap_err();

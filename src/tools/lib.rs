@@ -3,8 +3,8 @@
 //! sends a call to the server its route names. One set of servers per broca process, shared
 //! by every shard; a router per shard (it uses that shard's HTTP client).
 //!
-//! The daemon's tool modules (reached over daemon routes) will be another kind of route
-//! behind the same router.
+//! The daemon's tool modules (module mode) are routed elsewhere (broca-module's
+//! `subc_tools`); their specs join these with [`ToolServers::with_more`].
 
 pub mod config;
 pub mod mcp;
@@ -127,6 +127,29 @@ impl ToolServers {
             }),
             problems,
         ))
+    }
+
+    /// These servers with more tools offered (a tool module's, routed elsewhere); a tool
+    /// whose name is taken already is left out, with a line saying so.
+    pub fn with_more(&self, more: Vec<ToolSpec>) -> (Arc<ToolServers>, StartProblems) {
+        let mut specs = self.specs.to_vec();
+        let mut problems = Vec::new();
+        for spec in more {
+            if let Some(other) = specs.iter().find(|s| s.name == spec.name) {
+                problems.push(format!(
+                    "tool `{}` of `{}` has the name of `{}`'s",
+                    spec.name, spec.route, other.route
+                ));
+                continue;
+            }
+            specs.push(spec);
+        }
+        let servers = Arc::new(ToolServers {
+            servers: self.servers.clone(),
+            specs: specs.into(),
+            result_bytes_max: self.result_bytes_max,
+        });
+        (servers, problems)
     }
 
     /// The tools offered, each with its route.

@@ -142,69 +142,30 @@ impl Daemon {
     /// `not_found`). Every route.open body and request is recorded.
     pub fn serve_vault(&self, secrets: Vec<(String, String)>) -> VaultLog {
         let log = VaultLog::default();
+        self.serve(Services {
+            vault: Some((secrets, log.clone())),
+            tools: None,
+            catalog: None,
+        });
+        log
+    }
+
+    /// Serves the consumer connections broca opens from now on, each on a thread of its own:
+    /// routes to the vault and to the tool module `tools` (whose calls are answered here,
+    /// outside broca's process, and counted).
+    pub fn serve(&self, services: Services) {
         let listener = self.listener.try_clone().unwrap();
         let key = self.key.clone();
         let daemon_id = self.daemon_id;
-        let l = log.clone();
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            loop {
-                listener.set_nonblocking(false).unwrap();
-                let Ok((s, _)) = listener.accept() else {
-                    return;
-                };
-                s.set_nonblocking(true).unwrap();
-                let mut stream = {
-                    let _guard = rt.enter();
-                    TcpStream::from_std(s).unwrap()
-                };
-                let secrets = secrets.clone();
-                let l = l.clone();
-                rt.block_on(async {
-                    use subc_transport::frame_io::{read_frame, write_frame};
-                    if subc_transport::authenticate_server(&mut stream, &key, &daemon_id, "test-daemon", Duration::from_secs(2))
-                        .await
-                        .is_err()
-                    {
-                        return;
-                    }
-                    while let Ok(Some(f)) = read_frame(&mut stream).await {
-                        let body: Value = serde_json::from_slice(&f.body).unwrap_or(Value::Null);
-                        let h = f.header;
-                        let reply = if h.channel == 0 {
-                            l.opens.lock().unwrap().push(body.clone());
-                            serde_json::json!({"op": "route.open", "route_channel": 4, "route_epoch": 1})
-                        } else if body["method"] == "credential.report_auth_failure" {
-                            l.reports.lock().unwrap().push(body["params"].clone());
-                            serde_json::json!({"result": {"accepted": true}})
-                        } else {
-                            l.calls.fetch_add(1, Ordering::SeqCst);
-                            let id = body["params"]["credential_id"].as_str().unwrap_or("").to_string();
-                            match secrets.iter().find(|(k, _)| *k == id) {
-                                Some((_, secret)) => serde_json::json!({"result": {"payload": secret, "record_version": "3"}}),
-                                None => serde_json::json!({"result": {"error": {"code": "not_found", "class": "permanent"}}}),
-                            }
-                        };
-                        let frame = Frame::build(
-                            FrameType::Response,
-                            Flags::new(false, Priority::Interactive, false),
-                            h.channel,
-                            h.epoch,
-                            h.corr,
-                            serde_json::to_vec(&reply).unwrap(),
-                        )
-                        .unwrap();
-                        if write_frame(&mut stream, &frame).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
+        let services = Arc::new(services);
+        std::thread::spawn(move || loop {
+            listener.set_nonblocking(false).unwrap();
+            let Ok((s, _)) = listener.accept() else {
+                return;
+            };
+            let (key, services) = (key.clone(), services.clone());
+            std::thread::spawn(move || consumer(s, &key, &daemon_id, &services));
         });
-        log
     }
 
     fn read_on(&self, stream: &mut TcpStream) -> Option<Frame> {
@@ -403,4 +364,335 @@ pub struct VaultLog {
     pub calls: Arc<AtomicUsize>,
     /// The params of each `credential.report_auth_failure`.
     pub reports: Arc<Mutex<Vec<Value>>>,
+}
+
+/// What the daemon's stand-in serves to broca's consumer connections.
+pub struct Services {
+    pub vault: Option<(Vec<(String, String)>, VaultLog)>,
+    pub tools: Option<ToolModule>,
+    /// The fusiform catalog module: its `catalog.get` answer, or `None` to refuse it
+    /// (`unavailable`); every request it gets is counted.
+    pub catalog: Option<CatalogModule>,
+}
+
+/// The fusiform stand-in.
+#[derive(Clone, Default)]
+pub struct CatalogModule {
+    pub answer: Arc<Mutex<Option<Value>>>,
+    pub asked: Arc<AtomicUsize>,
+}
+
+/// A tool_provider module behind the daemon: `echo` (answers its message), `record` (answers
+/// what it recorded), `hang` (never answers), `die` (the module dies with the call: the
+/// connection ends). It counts every call that reaches it, by call key.
+#[derive(Clone)]
+pub struct ToolModule {
+    pub module_id: String,
+    /// Codes to refuse the next route.opens with, in order.
+    pub refuse_opens: Arc<Mutex<Vec<String>>>,
+    /// When set, the next call is answered `stale_route_epoch` by the daemon (never delivered).
+    pub stale_next: Arc<std::sync::atomic::AtomicBool>,
+    pub log: ToolLog,
+}
+
+/// What the tool module saw.
+#[derive(Clone, Default)]
+pub struct ToolLog {
+    /// Every route.open body (tool routes only).
+    pub opens: Arc<Mutex<Vec<Value>>>,
+    /// Every call delivered to the module: (call body, channel).
+    pub calls: Arc<Mutex<Vec<(Value, u16)>>>,
+    /// CANCELs received: (channel, corr).
+    pub cancels: Arc<Mutex<Vec<(u16, u64)>>>,
+}
+
+impl ToolModule {
+    pub fn new(module_id: &str) -> ToolModule {
+        ToolModule {
+            module_id: module_id.into(),
+            refuse_opens: Arc::default(),
+            stale_next: Arc::default(),
+            log: ToolLog::default(),
+        }
+    }
+
+    /// How many times the call with this model call id reached the module.
+    pub fn times(&self, call_id: &str) -> usize {
+        self.log
+            .calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(c, _)| c["tool_call_id"] == call_id)
+            .count()
+    }
+
+    fn tools() -> Vec<(&'static str, Value)> {
+        let text = |field: &str| serde_json::json!({"type": "object", "properties": {field: {"type": "string"}}, "required": [field]});
+        vec![
+            ("echo", text("message")),
+            ("record", text("note")),
+            (
+                "hang",
+                serde_json::json!({"type": "object", "properties": {}}),
+            ),
+            (
+                "die",
+                serde_json::json!({"type": "object", "properties": {}}),
+            ),
+        ]
+    }
+
+    fn catalog() -> Value {
+        use cortexkit_role_tool_provider::catalog::schema_digest;
+        let tools: Vec<Value> = Self::tools()
+            .into_iter()
+            .map(|(name, schema)| {
+                serde_json::json!({
+                    "name": name, "schema_digest": schema_digest(&schema).unwrap(),
+                    "semantics": 1, "capabilities": [], "description": format!("the {name} tool"),
+                    "input_schema": schema,
+                })
+            })
+            .collect();
+        serde_json::json!({"generation": "g1", "catalog_digest": "c1", "tools": tools})
+    }
+
+    fn pin_of(name: &str) -> Option<String> {
+        use cortexkit_role_tool_provider::call::SchemaPin;
+        use cortexkit_role_tool_provider::catalog::schema_digest;
+        let (_, schema) = Self::tools().into_iter().find(|(n, _)| *n == name)?;
+        SchemaPin::new(name, schema_digest(&schema).unwrap(), 1)
+            .encode()
+            .ok()
+    }
+}
+
+enum Reply {
+    Frame(FrameType, Value, bool),
+    Silence,
+    Die,
+}
+
+fn consumer(s: std::net::TcpStream, key: &[u8], daemon_id: &[u8; 16], services: &Services) {
+    use subc_transport::frame_io::{read_frame, write_frame};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    s.set_nonblocking(true).unwrap();
+    let mut stream = {
+        let _guard = rt.enter();
+        TcpStream::from_std(s).unwrap()
+    };
+    rt.block_on(async {
+        if subc_transport::authenticate_server(
+            &mut stream,
+            key,
+            daemon_id,
+            "test-daemon",
+            Duration::from_secs(2),
+        )
+        .await
+        .is_err()
+        {
+            return;
+        }
+        // Routes of this connection: channel -> "vault" or "tools".
+        let mut routes: std::collections::HashMap<u16, &str> = Default::default();
+        let mut next_channel = 10u16;
+        while let Ok(Some(f)) = read_frame(&mut stream).await {
+            let h = f.header;
+            let body: Value = serde_json::from_slice(&f.body).unwrap_or(Value::Null);
+            let reply = match (h.channel, h.ty) {
+                (_, FrameType::Cancel) => {
+                    if let Some(t) = &services.tools {
+                        t.log.cancels.lock().unwrap().push((h.channel, h.corr));
+                    }
+                    Reply::Silence
+                }
+                (_, FrameType::Goodbye) => {
+                    routes.remove(&h.channel);
+                    Reply::Silence
+                }
+                (0, FrameType::Request) => {
+                    open_route(services, &body, &mut routes, &mut next_channel)
+                }
+                (ch, FrameType::Request) => match routes.get(&ch).copied() {
+                    Some("vault") => vault_answer(services, &body),
+                    Some("catalog") => catalog_answer(services.catalog.as_ref().unwrap(), &body),
+                    Some(_) => tool_answer(services.tools.as_ref().unwrap(), &body, ch),
+                    None => Reply::Frame(
+                        FrameType::Error,
+                        serde_json::json!({"code": "unknown_channel", "message": "no such route"}),
+                        true,
+                    ),
+                },
+                _ => Reply::Silence,
+            };
+            let (ty, body, daemon) = match reply {
+                Reply::Frame(ty, body, daemon) => (ty, body, daemon),
+                Reply::Silence => continue,
+                Reply::Die => return,
+            };
+            let mut flags = Flags::new(false, Priority::Interactive, false);
+            if daemon {
+                flags = flags.with_daemon_origin();
+            }
+            let frame = Frame::build(
+                ty,
+                flags,
+                h.channel,
+                h.epoch,
+                h.corr,
+                serde_json::to_vec(&body).unwrap(),
+            )
+            .unwrap();
+            if write_frame(&mut stream, &frame).await.is_err() {
+                return;
+            }
+        }
+    });
+}
+
+fn open_route(
+    services: &Services,
+    body: &Value,
+    routes: &mut std::collections::HashMap<u16, &'static str>,
+    next_channel: &mut u16,
+) -> Reply {
+    let refuse = |code: &str| {
+        Reply::Frame(
+            FrameType::Error,
+            serde_json::json!({"code": code, "message": format!("refused: {code}")}),
+            true,
+        )
+    };
+    let target = &body["target"];
+    let kind = if target["module_id"] == "fusiform" && services.catalog.is_some() {
+        "catalog"
+    } else if target["module_id"] == "claustrum" {
+        if let Some((_, log)) = &services.vault {
+            log.opens.lock().unwrap().push(body.clone());
+            "vault"
+        } else {
+            return refuse("unknown_module");
+        }
+    } else {
+        match &services.tools {
+            Some(t)
+                if target["kind"] == "tool_provider"
+                    && target["module_id"] == t.module_id.as_str() =>
+            {
+                t.log.opens.lock().unwrap().push(body.clone());
+                let mut queue = t.refuse_opens.lock().unwrap();
+                if !queue.is_empty() {
+                    let code = queue.remove(0);
+                    return refuse(&code);
+                }
+                "tools"
+            }
+            _ => return refuse("unknown_module"),
+        }
+    };
+    *next_channel += 1;
+    routes.insert(*next_channel, kind);
+    Reply::Frame(
+        FrameType::Response,
+        serde_json::json!({"op": "route.open", "route_channel": *next_channel, "route_epoch": 1}),
+        false,
+    )
+}
+
+fn catalog_answer(c: &CatalogModule, body: &Value) -> Reply {
+    c.asked.fetch_add(1, Ordering::SeqCst);
+    if body["name"] != "catalog.get" {
+        return Reply::Frame(
+            FrameType::Error,
+            serde_json::json!({"code": "bad_request", "message": "unknown tool"}),
+            false,
+        );
+    }
+    match c.answer.lock().unwrap().clone() {
+        Some(a) => Reply::Frame(FrameType::Response, a, false),
+        None => Reply::Frame(
+            FrameType::Error,
+            serde_json::json!({"code": "unavailable", "message": "the store is not open"}),
+            false,
+        ),
+    }
+}
+
+fn vault_answer(services: &Services, body: &Value) -> Reply {
+    let (secrets, l) = services.vault.as_ref().unwrap();
+    let reply = if body["method"] == "credential.report_auth_failure" {
+        l.reports.lock().unwrap().push(body["params"].clone());
+        serde_json::json!({"result": {"accepted": true}})
+    } else {
+        l.calls.fetch_add(1, Ordering::SeqCst);
+        let id = body["params"]["credential_id"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        match secrets.iter().find(|(k, _)| *k == id) {
+            Some((_, secret)) => {
+                serde_json::json!({"result": {"payload": secret, "record_version": "3"}})
+            }
+            None => {
+                serde_json::json!({"result": {"error": {"code": "not_found", "class": "permanent"}}})
+            }
+        }
+    };
+    Reply::Frame(FrameType::Response, reply, false)
+}
+
+fn tool_answer(t: &ToolModule, body: &Value, channel: u16) -> Reply {
+    let name = body["name"].as_str().unwrap_or("");
+    match name {
+        "role.describe" => {
+            return Reply::Frame(
+                FrameType::Response,
+                serde_json::json!({"majors": [{"version": "tool-provider/v1", "ops": ["role.describe", "tool.catalog"], "stability": "alpha"}],
+                                   "implementation_version": "test"}),
+                false,
+            )
+        }
+        "tool.catalog" => return Reply::Frame(FrameType::Response, ToolModule::catalog(), false),
+        _ => {}
+    }
+    if t.stale_next.swap(false, Ordering::SeqCst) {
+        return Reply::Frame(
+            FrameType::Error,
+            serde_json::json!({"code": "stale_route_epoch", "message": "the route moved"}),
+            true,
+        );
+    }
+    t.log.calls.lock().unwrap().push((body.clone(), channel));
+    if body["schema_pin"].as_str() != ToolModule::pin_of(name).as_deref() {
+        return Reply::Frame(
+            FrameType::Error,
+            serde_json::json!({"code": "tool_schema_changed", "message": "pinned against another schema"}),
+            false,
+        );
+    }
+    let args = &body["arguments"];
+    match name {
+        "echo" => Reply::Frame(
+            FrameType::Response,
+            Value::String(format!("echo: {}", args["message"].as_str().unwrap_or(""))),
+            false,
+        ),
+        "record" => Reply::Frame(
+            FrameType::Response,
+            serde_json::json!({"recorded": args["note"]}),
+            false,
+        ),
+        "hang" => Reply::Silence,
+        "die" => Reply::Die,
+        other => Reply::Frame(
+            FrameType::Error,
+            serde_json::json!({"code": "unknown_tool", "message": format!("no tool {other}"), "detail": {"tool": other}}),
+            false,
+        ),
+    }
 }

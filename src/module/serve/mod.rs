@@ -126,6 +126,8 @@ pub(crate) struct ServeCtx {
     pub proxy: ProxyConfig,
     /// The MCP tool servers every shard routes to.
     pub tools: Arc<broca_tools::ToolServers>,
+    /// Module mode: the daemon's tool_provider modules (their tools are in `tools`' specs).
+    pub module_tools: Option<Arc<crate::subc_tools::ModuleTools>>,
     /// The projections of the WALs (`None` when the store cannot be opened: then nothing is
     /// read from it, and the WALs serve everything).
     pub store: Option<Arc<broca_store::Store>>,
@@ -379,13 +381,24 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
         }
         None => (Some(Listeners::bind(&opts)?), None),
     };
-    load_catalog(&opts, &tls, &proxy)?;
+    // Module mode reaches tool modules and the catalog module over routes of its own.
+    let module_tools = opts.subc.as_ref().map(|m| {
+        let cfg = opts.tools.clone().unwrap_or_default();
+        crate::subc_tools::ModuleTools::new(
+            m.connection_file.clone(),
+            m.module_id.clone(),
+            m.launch_nonce.clone(),
+            cfg.modules,
+            cfg.result_bytes_max,
+        )
+    });
+    load_catalog(&opts, &tls, &proxy, module_tools.clone())?;
     let OpenedStore {
         store,
         projector,
         caught_up,
     } = open_store(&opts.state_dir, &wal_dir)?;
-    let tools = start_tools(&opts, &tls, &proxy)?;
+    let tools = start_tools(&opts, &tls, &proxy, module_tools.clone())?;
     let vault = opts.subc.as_ref().map(|m| {
         vault::SharedVault(Arc::new(vault::ClaustrumVault::new(
             broca_subc::vault::VaultClient::new(
@@ -406,6 +419,7 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
         tls,
         proxy,
         tools,
+        module_tools,
         store,
         projector,
         checks: broca_provider::Checks::new(Box::new(secrets(&opts.state_dir, vault.as_ref()))),
@@ -449,6 +463,9 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
     }
     drop(state_lock);
     ctx.tools.stop();
+    if let Some(m) = &ctx.module_tools {
+        m.stop();
+    }
     result?;
     if ctx.subc_lost.load(Ordering::Acquire) {
         return Err(
@@ -639,11 +656,12 @@ fn load_catalog(
     opts: &ServeOptions,
     tls: &Arc<broca_io::net::rustls::ClientConfig>,
     proxy: &ProxyConfig,
+    modules: Option<Arc<crate::subc_tools::ModuleTools>>,
 ) -> Result<(), String> {
     let (tls, proxy, sources) = (tls.clone(), proxy.clone(), opts.catalog.clone());
     let (catalog, notes) = broca_shards::run_local(async move {
         let http = broca_io::net::HttpClient::new(broca_io::net::ClientConfig::new(tls, proxy));
-        crate::catalog_service::load(&sources, &http).await
+        crate::catalog_service::load(&sources, &http, modules.as_deref()).await
     })
     .map_err(|e| format!("cannot load the catalog: {e}"))?;
     for n in notes {
@@ -695,19 +713,40 @@ fn open_store(state_dir: &Path, wal_dir: &Path) -> Result<OpenedStore, String> {
     }
 }
 
-/// The configured MCP tool servers, started once for every shard.
+/// The configured MCP tool servers, started once for every shard, and in module mode the
+/// tool modules' catalogs (their tools offered beside the servers').
 fn start_tools(
     opts: &ServeOptions,
     tls: &Arc<broca_io::net::rustls::ClientConfig>,
     proxy: &ProxyConfig,
+    modules: Option<Arc<crate::subc_tools::ModuleTools>>,
 ) -> Result<Arc<broca_tools::ToolServers>, String> {
     let Some(cfg) = opts.tools.clone() else {
         return Ok(broca_tools::ToolServers::none());
     };
+    if !cfg.modules.is_empty() && modules.is_none() {
+        return Err(format!(
+            "the tools config names tool modules ({}); they are reached through the daemon: \
+             run `broca module --subc FILE`",
+            cfg.modules
+                .iter()
+                .map(|m| m.module.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
     let (tls, proxy) = (tls.clone(), proxy.clone());
     let (servers, problems) = broca_shards::run_local(async move {
         let http = broca_tools::tool_http_client(tls, proxy);
-        broca_tools::ToolServers::start(cfg, &http).await
+        let (servers, mut problems) = broca_tools::ToolServers::start(cfg, &http).await?;
+        let Some(modules) = modules else {
+            return Ok::<_, String>((servers, problems));
+        };
+        let (specs, more) = modules.catalogs().await;
+        problems.extend(more);
+        let (servers, clashes) = servers.with_more(specs);
+        problems.extend(clashes);
+        Ok((servers, problems))
     })
     .map_err(|e| format!("cannot start the tool servers: {e}"))??;
     for p in problems {

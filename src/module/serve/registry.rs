@@ -19,6 +19,8 @@ use crate::session::{SessionActor, SessionCommand};
 use broca_core::admission::Refusal;
 use broca_provider::transport::HttpModelClient;
 use broca_tools::Router;
+
+use crate::subc_tools::Tools;
 use broca_wal::SessionTriple;
 use broca_wire::RpcError;
 
@@ -60,7 +62,7 @@ pub struct ShardStats {
     pub projector_full: u64,
 }
 
-type Actor = SessionActor<HttpModelClient, Router>;
+type Actor = SessionActor<HttpModelClient, Tools>;
 
 /// A live session: its actor's command channel and what the open-sessions limit needs.
 struct Live {
@@ -81,7 +83,7 @@ pub(crate) struct Registry {
     refused_at_limit: Cell<u64>,
     model: Rc<HttpModelClient>,
     http: Rc<HttpClient>,
-    tools: Rc<Router>,
+    tools: Rc<Tools>,
     committer: Committer,
     runs_active: Cell<usize>,
     /// The shard stops: actors end after their run and take no new ones.
@@ -123,10 +125,13 @@ pub(crate) async fn shard_main(
         refused_at_limit: Cell::new(0),
         model,
         http,
-        tools: Rc::new(Router::new(
-            ctx.tools.clone(),
-            broca_tools::tool_http_client(ctx.tls.clone(), ctx.proxy.clone()),
-        )),
+        tools: Rc::new(Tools {
+            mcp: Router::new(
+                ctx.tools.clone(),
+                broca_tools::tool_http_client(ctx.tls.clone(), ctx.proxy.clone()),
+            ),
+            modules: ctx.module_tools.clone(),
+        }),
         committer: Committer::default(),
         runs_active: Cell::new(0),
         closing: Cell::new(false),
@@ -638,7 +643,12 @@ async fn refresh_catalog(reg: Rc<Registry>) {
         if reg.closing.get() {
             return;
         }
-        let (catalog, notes) = crate::catalog_service::load(&reg.ctx.opts.catalog, &reg.http).await;
+        let (catalog, notes) = crate::catalog_service::load(
+            &reg.ctx.opts.catalog,
+            &reg.http,
+            reg.ctx.module_tools.as_deref(),
+        )
+        .await;
         for n in notes {
             tracing::warn!("catalog refresh: {n}");
         }

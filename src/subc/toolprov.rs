@@ -1,0 +1,456 @@
+//! Tools offered by the daemon's tool_provider modules (the `tool-provider/v1` role), sans-IO:
+//! the bodies broca sends on a tool route and how it reads the answers. The role's own crate
+//! (`cortexkit-role-tool-provider`) checks `role.describe`, decodes `tool.catalog` and
+//! encodes each call's schema pin; subc-protocol's `ToolCallRequest` is the call.
+//!
+//! A tool's route, frozen with its spec at admission, is `subc:<module id>@<schema pin>`:
+//! the module that serves it and the pin (`tp1:<tool>:<schema digest>:<semantics>`) every
+//! call of the run carries, so a provider that changed the tool's schema or behaviour since
+//! refuses the call rather than running it against arguments built for another schema.
+
+use cortexkit_role_tool_provider::call::SchemaPin;
+use cortexkit_role_tool_provider::catalog::{check_flat_schema, schema_digest, CatalogAnswer};
+use cortexkit_role_tool_provider::describe::check_describe;
+use serde_json::{json, Value};
+use subc_control::{ClientControlRequest, ClientControlResponse, ConsumerIdentity};
+use subc_protocol::error_codes::{self, is_established_route_dead, is_retryable_route_open};
+use subc_protocol::tool_call::ToolCallRequest;
+use subc_protocol::{BindIdentity, ErrorBody, FrameType, RouteTarget};
+
+use broca_protocol::ToolSpec;
+
+use crate::frames::FrameIn;
+
+/// The route prefix of tools that tool_provider modules serve.
+pub const ROUTE_PREFIX: &str = "subc:";
+
+/// The `route.open` body for a route to tool provider `module_id` for one session.
+pub fn route_open(
+    module_id: &str,
+    harness: &str,
+    session: &str,
+    consumer: Option<(&str, &str)>,
+) -> Vec<u8> {
+    let open = ClientControlRequest::RouteOpen {
+        target: RouteTarget::ToolProvider {
+            module_id: module_id.into(),
+        },
+        identity: BindIdentity::new(harness.to_string(), session.to_string()),
+        consumer_identity: consumer.map(|(module_id, nonce)| ConsumerIdentity {
+            module_id: module_id.into(),
+            launch_nonce: nonce.into(),
+        }),
+        consumer_capabilities: None,
+        role_versions: None,
+        admission_facts: None,
+        scope: None,
+    };
+    serde_json::to_vec(&open).expect("a route.open serializes")
+}
+
+/// How a `route.open` went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Opened {
+    Route {
+        channel: u16,
+        epoch: u32,
+    },
+    /// Refused with a code the daemon marks retryable.
+    Retry(String),
+    /// Refused for good (or answered with something that is not an answer).
+    Refused(String),
+}
+
+/// Reads the daemon's answer to a `route.open`.
+pub fn read_open(frame: &FrameIn) -> Opened {
+    match frame.header.ty {
+        FrameType::Response => match serde_json::from_slice(&frame.body) {
+            Ok(ClientControlResponse::RouteOpen {
+                route_channel,
+                route_epoch,
+            }) => Opened::Route {
+                channel: route_channel,
+                epoch: route_epoch,
+            },
+            _ => Opened::Refused("the daemon's route.open answer does not parse".into()),
+        },
+        FrameType::Error => {
+            let e = error_body(&frame.body);
+            if is_retryable_route_open(&e.code) {
+                Opened::Retry(e.code)
+            } else {
+                Opened::Refused(format!("{}: {}", e.code, e.message))
+            }
+        }
+        other => Opened::Refused(format!("a {other:?} frame answered route.open")),
+    }
+}
+
+fn error_body(body: &[u8]) -> ErrorBody {
+    serde_json::from_slice(body).unwrap_or_else(|_| ErrorBody {
+        code: "unreadable_error".into(),
+        message: String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned(),
+        detail: None,
+    })
+}
+
+/// A role op's request (`{name, arguments}`, as a call is).
+pub fn op_request(op: &str, arguments: Value) -> Vec<u8> {
+    serde_json::to_vec(&json!({ "name": op, "arguments": arguments })).expect("JSON serializes")
+}
+
+/// The `role.describe` request.
+pub fn describe_request() -> Vec<u8> {
+    op_request(cortexkit_role_tool_provider::ops::ROLE_DESCRIBE, json!({}))
+}
+
+/// The `tool.catalog` request: the provider's default catalog.
+pub fn catalog_request() -> Vec<u8> {
+    op_request(
+        cortexkit_role_tool_provider::ops::TOOL_CATALOG,
+        json!({ "params": {} }),
+    )
+}
+
+/// The body of a RESPONSE, or the refusal an ERROR carries, as an error line.
+fn answer(what: &str, frame: &FrameIn) -> Result<Value, String> {
+    match frame.header.ty {
+        FrameType::Response => serde_json::from_slice(&frame.body)
+            .map_err(|e| format!("its {what} answer is not JSON: {e}")),
+        FrameType::Error => {
+            let e = error_body(&frame.body);
+            Err(format!("it refused {what}: {}: {}", e.code, e.message))
+        }
+        other => Err(format!("a {other:?} frame answered {what}")),
+    }
+}
+
+/// Checks a `role.describe` answer: a `tool-provider/v1` major serving the required ops.
+pub fn read_describe(frame: &FrameIn) -> Result<(), String> {
+    let v = answer("role.describe", frame)?;
+    check_describe(&v)
+        .map(|_| ())
+        .map_err(|problems| format!("its role.describe does not hold: {problems:?}"))
+}
+
+/// The tools of a `tool.catalog` answer as broca offers them, each routed to `module_id`
+/// with its schema pin. A tool whose schema is not a flat object schema, or whose name or
+/// pin does not encode, is left out with a note.
+pub fn read_catalog(
+    module_id: &str,
+    frame: &FrameIn,
+) -> Result<(Vec<ToolSpec>, Vec<String>), String> {
+    let v = answer("tool.catalog", frame)?;
+    let catalog: CatalogAnswer = serde_json::from_value(v)
+        .map_err(|e| format!("its tool.catalog answer does not decode: {e}"))?;
+    let mut specs = Vec::with_capacity(catalog.tools.len());
+    let mut notes = Vec::new();
+    for tool in catalog.tools {
+        if let Err(p) = check_flat_schema(&tool.input_schema) {
+            notes.push(format!(
+                "tool `{}` left out: its schema is not flat ({p:?})",
+                tool.name
+            ));
+            continue;
+        }
+        let pin = schema_digest(&tool.input_schema)
+            .map_err(|e| format!("{e:?}"))
+            .and_then(|digest| {
+                SchemaPin::new(tool.name.clone(), digest, tool.semantics)
+                    .encode()
+                    .map_err(|e| format!("{e:?}"))
+            });
+        let pin = match pin {
+            Ok(p) => p,
+            Err(e) => {
+                notes.push(format!(
+                    "tool `{}` left out: no schema pin ({e})",
+                    tool.name
+                ));
+                continue;
+            }
+        };
+        specs.push(ToolSpec {
+            name: tool.name,
+            description: tool.description.unwrap_or_default(),
+            input_schema: tool.input_schema,
+            route: format!("{ROUTE_PREFIX}{module_id}@{pin}"),
+        });
+    }
+    Ok((specs, notes))
+}
+
+/// A module tool's route read back: the module and the schema pin.
+pub fn parse_route(route: &str) -> Option<(&str, &str)> {
+    let rest = route.strip_prefix(ROUTE_PREFIX)?;
+    let (module, pin) = rest.split_once('@')?;
+    (!module.is_empty()).then_some((module, pin))
+}
+
+/// The key a call carries so a provider can tell the same call arriving twice: from the
+/// session, the run and the model's call id, so it is the same for every send of one call
+/// and differs between calls (printable ASCII, as the role requires).
+pub fn call_key(
+    project_root: &str,
+    harness: &str,
+    session: &str,
+    run_id: &str,
+    call_id: &str,
+) -> String {
+    let mut h = blake3::Hasher::new();
+    for part in [
+        "broca-call-v1",
+        project_root,
+        harness,
+        session,
+        run_id,
+        call_id,
+    ] {
+        h.update(&(part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
+    format!("broca:{}", &h.finalize().to_hex()[..32])
+}
+
+/// A call's REQUEST body. `arguments` were checked against the frozen schema.
+pub fn call_body(
+    name: &str,
+    arguments: Value,
+    call_id: &str,
+    call_key: String,
+    schema_pin: &str,
+) -> Vec<u8> {
+    let request = ToolCallRequest {
+        name: name.to_string(),
+        arguments,
+        tool_call_id: Some(call_id.to_string()),
+        progress_token: None,
+        call_key: Some(call_key),
+        schema_pin: Some(schema_pin.to_string()),
+        preset: None,
+        origin: None,
+        output_refs: None,
+    };
+    serde_json::to_vec(&request).expect("a tool call serializes")
+}
+
+/// What a call's terminal frame says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// The provider answered (an error result when it refused the call itself).
+    Answer { text: String, is_error: bool },
+    /// The route was dead and the daemon says the module never received the request: it may
+    /// be sent again on a fresh route.
+    NotDelivered(String),
+    /// The daemon ended the request after it was delivered: it may or may not have run.
+    Indeterminate(String),
+}
+
+/// Codes the daemon answers on a delivered request (a timeout, an oversized reply, the
+/// module gone): the module had the request, so the call's outcome is unknown.
+const DAEMON_AFTER_DELIVERY: &[&str] = &[
+    error_codes::MODULE_TIMEOUT,
+    error_codes::FRAME_TOO_LARGE,
+    error_codes::MODULE_REMOVED,
+    error_codes::UNKNOWN_MODULE,
+    error_codes::TARGET_UNAVAILABLE,
+];
+
+/// Reads a call's terminal frame.
+pub fn read_reply(module_id: &str, frame: &FrameIn) -> Reply {
+    match frame.header.ty {
+        FrameType::Response => match serde_json::from_slice::<Value>(&frame.body) {
+            // A legacy body: a string is the model's text, anything else its JSON.
+            Ok(Value::String(text)) => Reply::Answer {
+                text,
+                is_error: false,
+            },
+            Ok(_) => Reply::Answer {
+                text: String::from_utf8_lossy(&frame.body).into_owned(),
+                is_error: false,
+            },
+            Err(_) => Reply::Indeterminate(format!(
+                "tool module `{module_id}` answered a body that is not JSON"
+            )),
+        },
+        FrameType::Error => {
+            let e = error_body(&frame.body);
+            if is_established_route_dead(frame.header.flags, &e.code)
+                || e.code == error_codes::MODULE_RELOADING
+            {
+                Reply::NotDelivered(e.code)
+            } else if frame.header.flags.is_daemon_origin()
+                || DAEMON_AFTER_DELIVERY.contains(&e.code.as_str())
+            {
+                Reply::Indeterminate(format!(
+                    "the daemon ended the call to `{module_id}` after delivering it: {}: {}",
+                    e.code, e.message
+                ))
+            } else {
+                Reply::Answer {
+                    text: format!(
+                        "tool module `{module_id}` refused the call ({}): {}",
+                        e.code, e.message
+                    ),
+                    is_error: true,
+                }
+            }
+        }
+        FrameType::StreamEnd => Reply::Answer {
+            text: format!(
+                "tool module `{module_id}` streamed its answer, which broca does not read"
+            ),
+            is_error: true,
+        },
+        other => Reply::Indeterminate(format!("a {other:?} frame ended the call")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use subc_protocol::{EnvelopeHeader, Flags, Priority};
+
+    fn frame(ty: FrameType, flags: Flags, body: &Value) -> FrameIn {
+        let body = serde_json::to_vec(body).unwrap();
+        FrameIn {
+            header: EnvelopeHeader {
+                len: body.len() as u32,
+                ver: 2,
+                ty,
+                flags,
+                channel: 3,
+                epoch: 1,
+                corr: 9,
+            },
+            body,
+        }
+    }
+
+    fn plain() -> Flags {
+        Flags::new(false, Priority::Interactive, false)
+    }
+
+    #[test]
+    fn a_catalog_becomes_pinned_routes() {
+        let answer = json!({
+            "generation": "g1", "catalog_digest": "d",
+            "tools": [
+                {"name": "echo", "schema_digest": "x", "semantics": 2, "capabilities": [],
+                 "description": "says it back",
+                 "input_schema": {"type": "object", "properties": {"text": {"type": "string"}}}},
+                {"name": "deep", "schema_digest": "x", "semantics": 1, "capabilities": [],
+                 "input_schema": {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "object"}}}}}}
+            ]
+        });
+        let (specs, notes) =
+            read_catalog("ck-echo", &frame(FrameType::Response, plain(), &answer)).unwrap();
+        assert_eq!(specs.len(), 1, "{notes:?}");
+        assert_eq!(specs[0].name, "echo");
+        let (module, pin) = parse_route(&specs[0].route).unwrap();
+        assert_eq!(module, "ck-echo");
+        let pin = SchemaPin::parse(pin).unwrap();
+        assert_eq!(pin.semantics, 2);
+        assert_eq!(
+            pin.schema_digest,
+            schema_digest(&specs[0].input_schema).unwrap(),
+            "the pin names the schema broca froze"
+        );
+        assert!(notes.iter().any(|n| n.contains("`deep`")), "{notes:?}");
+    }
+
+    #[test]
+    fn replies_are_classified_by_who_ended_the_call() {
+        let r = read_reply("m", &frame(FrameType::Response, plain(), &json!("hi")));
+        assert_eq!(
+            r,
+            Reply::Answer {
+                text: "hi".into(),
+                is_error: false
+            }
+        );
+        let r = read_reply("m", &frame(FrameType::Response, plain(), &json!({"n": 1})));
+        assert_eq!(
+            r,
+            Reply::Answer {
+                text: "{\"n\":1}".into(),
+                is_error: false
+            }
+        );
+        let refused = json!({"code": "tool_schema_changed", "message": "schema moved"});
+        match read_reply("m", &frame(FrameType::Error, plain(), &refused)) {
+            Reply::Answer {
+                text,
+                is_error: true,
+            } => assert!(text.contains("tool_schema_changed")),
+            other => panic!("{other:?}"),
+        }
+        let dead = json!({"code": "stale_route_epoch", "message": ""});
+        assert_eq!(
+            read_reply("m", &frame(FrameType::Error, plain(), &dead)),
+            Reply::NotDelivered("stale_route_epoch".into())
+        );
+        let reloading = json!({"code": "module_reloading", "message": ""});
+        assert!(matches!(
+            read_reply("m", &frame(FrameType::Error, plain(), &reloading)),
+            Reply::NotDelivered(_)
+        ));
+        // The daemon's own error after delivery: the outcome is unknown.
+        let odd = json!({"code": "something_new", "message": "x"});
+        assert!(matches!(
+            read_reply(
+                "m",
+                &frame(FrameType::Error, plain().with_daemon_origin(), &odd)
+            ),
+            Reply::Indeterminate(_)
+        ));
+        let timeout = json!({"code": "module_timeout", "message": "x"});
+        assert!(matches!(
+            read_reply("m", &frame(FrameType::Error, plain(), &timeout)),
+            Reply::Indeterminate(_)
+        ));
+    }
+
+    #[test]
+    fn opens_are_retried_only_when_the_daemon_says_so() {
+        let ok = json!({"op": "route.open", "route_channel": 5, "route_epoch": 2});
+        assert_eq!(
+            read_open(&frame(FrameType::Response, plain(), &ok)),
+            Opened::Route {
+                channel: 5,
+                epoch: 2
+            }
+        );
+        for code in ["module_reloading", "module_warming", "target_unavailable"] {
+            let e = json!({"code": code, "message": ""});
+            assert_eq!(
+                read_open(&frame(FrameType::Error, plain(), &e)),
+                Opened::Retry(code.into())
+            );
+        }
+        let e = json!({"code": "unknown_module", "message": "no such module"});
+        assert!(
+            matches!(read_open(&frame(FrameType::Error, plain(), &e)), Opened::Refused(m) if m.contains("unknown_module"))
+        );
+    }
+
+    #[test]
+    fn call_keys_are_printable_and_per_call() {
+        let a = call_key("/p", "h", "s", "run-1", "toolu_1");
+        let b = call_key("/p", "h", "s", "run-1", "toolu_2");
+        assert_ne!(a, b);
+        assert_eq!(a, call_key("/p", "h", "s", "run-1", "toolu_1"));
+        assert!(a.len() <= 256 && a.bytes().all(|c| (0x21..=0x7e).contains(&c)));
+        let body: Value = serde_json::from_slice(&call_body(
+            "echo",
+            json!({"text": "x"}),
+            "toolu_1",
+            a.clone(),
+            "tp1:echo:00:1",
+        ))
+        .unwrap();
+        assert_eq!(body["call_key"], a.as_str());
+        assert_eq!(body["tool_call_id"], "toolu_1");
+        assert_eq!(body["schema_pin"], "tp1:echo:00:1");
+    }
+}

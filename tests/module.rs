@@ -330,13 +330,24 @@ fn vault_credentials_resolve_through_claustrum_under_the_modules_identity() {
     let peer = Aimock::start(&fixture("aimock.json"));
     let mut d = Daemon::start(dir.path());
     let secret = "sk-ant-from-the-vault-0123456789abcdef";
-    let mut child = module(
+    // The nonce as the daemon hands it: a pipe at descriptor 3, named by SUBC_LAUNCH_NONCE_FD
+    // (subc-os's own handoff); the environment copy must lose to it.
+    let handoff = subc_os::launch_nonce::LaunchNonceHandoff::new("nonce-v").unwrap();
+    let mut cmd = module(
         &state,
         &d,
         &peer,
-        &[("SUBC_LAUNCH_NONCE", "nonce-v"), ("ANTHROPIC_API_KEY", "")],
-    )
-    .spawn_quiet();
+        &[
+            ("SUBC_LAUNCH_NONCE", "not-this-one"),
+            ("ANTHROPIC_API_KEY", ""),
+        ],
+    );
+    cmd.env(
+        subc_os::launch_nonce::LAUNCH_NONCE_FD_ENV,
+        handoff.fd_env_value(),
+    );
+    handoff.install_last(&mut cmd);
+    let mut child = cmd.spawn_quiet();
     d.accept(Answer::Accept).unwrap();
     let vault = d.serve_vault(vec![("anthropic-team".into(), secret.into())]);
     assert_eq!(d.bind(1, 1, "/vault", "h", "s").0, FrameType::Response);
@@ -403,6 +414,23 @@ fn vault_credentials_resolve_through_claustrum_under_the_modules_identity() {
             || e["message"].as_str().unwrap().contains("nope"),
         "{e}"
     );
+    assert_eq!(
+        e["detail"]["class"], "auth_required",
+        "a verdict on the credential: {e}"
+    );
+    // The vault out (its route relayed away, no new route to it): an outage, not a verdict:
+    // the send is refused for now, transiently, and nothing is written.
+    vault.down.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (ty, e) = d.request(
+        1,
+        1,
+        "session.send",
+        json!({"prompt": "x", "model": "anthropic/m", "credential_id": "vault:other"}),
+    );
+    assert_eq!(ty, FrameType::Error, "{e}");
+    assert_eq!(e["code"], "credential_unavailable", "{e}");
+    assert_eq!(e["detail"]["class"], "transient", "{e}");
+    vault.down.store(false, std::sync::atomic::Ordering::SeqCst);
     drain(&mut d, &mut child);
     // The secret is nowhere broca writes: not in the WAL, the store, or its logs.
     let err = stderr_of(&mut child);
@@ -473,6 +501,19 @@ fn a_daemon_that_is_not_there_or_not_the_files_is_a_loud_exit_within_seconds() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
+    // A nonce descriptor named but not there: refused, never a fall back to the environment.
+    let good = Daemon::start(&dir.path().join("nonce"));
+    let out = broca(&dir.path().join("s5"))
+        .env("SUBC_LAUNCH_NONCE_FD", "3:1")
+        .env("SUBC_LAUNCH_NONCE", "env-copy")
+        .args(["module", "--subc"])
+        .arg(&good.file)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("launch nonce"), "{err}");
+    assert!(!err.contains("env-copy"), "{err}");
 }
 
 #[test]

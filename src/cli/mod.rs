@@ -676,7 +676,7 @@ Usage: broca module --subc CONNECTION_FILE [options]   (also: ck-broca --subc CO
 Runs broca as a module of the subconscious daemon: reads the daemon's owner-only connection
 file, connects to it over loopback TCP, authenticates (the daemon proves it holds the file's
 key first) and registers (HELLO) as SUBC_MODULE_ID (default ck-broca), with the launch nonce
-in SUBC_LAUNCH_NONCE when the daemon handed one. Clients then reach broca over the daemon's
+when the daemon handed one (a pipe named by SUBC_LAUNCH_NONCE_FD, else SUBC_LAUNCH_NONCE). Clients then reach broca over the daemon's
 management routes: each route is bound to a session (its identity's harness and session, its
 scope's folder as the project root), and its requests {method, params} are the methods of
 `broca serve` (docs/module.md). broca does not listen itself in this mode.
@@ -714,11 +714,15 @@ pub fn module_command(mut pargs: pico_args::Arguments, state_dir: Option<PathBuf
         Ok(id) => id,
         Err(_) => "ck-broca".to_string(),
     };
-    // The nonce is this process's alone: read once and kept from the tool servers it starts.
-    let launch_nonce = std::env::var(broca_subc::protocol::SUBC_LAUNCH_NONCE_ENV)
-        .ok()
-        .filter(|n| !n.is_empty());
-    std::env::remove_var(broca_subc::protocol::SUBC_LAUNCH_NONCE_ENV);
+    // The nonce is this process's alone: read once (from the descriptor the daemon names, else
+    // the environment), before anything is spawned, and kept from the tool servers it starts.
+    let launch_nonce = match broca_subc::connect::launch_nonce() {
+        Ok(n) => n,
+        Err(e) => {
+            crate::errln!("broca: {e}");
+            return EXIT_FAILURE;
+        }
+    };
     opts.subc = Some(broca_module::serve::SubcOptions {
         connection_file,
         module_id,

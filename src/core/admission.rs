@@ -252,9 +252,14 @@ fn resolve(
         .credential_id
         .clone()
         .unwrap_or_else(|| format!("env:{}", entry.provider.credential_env));
-    providers
-        .credential(family, &credential_id)
-        .map_err(|why| Refusal::AuthRequired(format!("{spec}: {why}")))?;
+    providers.credential(family, &credential_id).map_err(|p| {
+        let why = format!("{spec}: {}", p.message);
+        if p.outage {
+            Refusal::CredentialUnavailable(why)
+        } else {
+            Refusal::AuthRequired(why)
+        }
+    })?;
     // `auto` asks for breakpoints only where the family marks them; elsewhere it is off,
     // and frozen so.
     let cache_policy = match req.cache_policy.unwrap_or(CachePolicy::Auto) {

@@ -22,7 +22,42 @@ pub trait ProviderCheck {
     /// Resolves `credential_id` for `family` (the secret fetched into memory, checked to be
     /// of a kind the family takes, and dropped); `Err` says what is missing or unusable,
     /// revealing no secret.
-    fn credential(&self, family: &str, credential_id: &str) -> Result<(), String>;
+    fn credential(&self, family: &str, credential_id: &str) -> Result<(), CredentialProblem>;
+}
+
+/// Why a credential did not resolve: what is wrong (never the secret), and whether its
+/// source is out (the vault unreachable or answering "try later": asking again later may
+/// work) rather than a verdict on the credential (absent, refused, malformed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CredentialProblem {
+    pub message: String,
+    pub outage: bool,
+}
+
+impl CredentialProblem {
+    /// Its source is out; the credential itself may be fine.
+    pub fn outage(message: impl Into<String>) -> CredentialProblem {
+        CredentialProblem {
+            message: message.into(),
+            outage: true,
+        }
+    }
+}
+
+impl From<String> for CredentialProblem {
+    /// A verdict on the credential.
+    fn from(message: String) -> CredentialProblem {
+        CredentialProblem {
+            message,
+            outage: false,
+        }
+    }
+}
+
+impl std::fmt::Display for CredentialProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
 }
 
 /// What admission needs to know of a wire family.
@@ -43,7 +78,7 @@ impl ProviderCheck for AnyProvider {
         Ok(FamilyTraits { marks_cache: false })
     }
 
-    fn credential(&self, _family: &str, _credential_id: &str) -> Result<(), String> {
+    fn credential(&self, _family: &str, _credential_id: &str) -> Result<(), CredentialProblem> {
         Ok(())
     }
 }

@@ -5,6 +5,8 @@
 
 use std::fmt;
 
+pub use broca_protocol::model::CredentialProblem;
+
 /// A resolved credential.
 #[derive(Clone, PartialEq, Eq)]
 pub enum Credential {
@@ -109,7 +111,7 @@ impl Redactor {
 /// Resolves credential ids.
 pub trait Secrets {
     /// The credential for `credential_id`; `Err` says what is missing, revealing nothing.
-    fn credential(&self, credential_id: &str) -> Result<Credential, String>;
+    fn credential(&self, credential_id: &str) -> Result<Credential, CredentialProblem>;
 
     /// The provider refused the credential `credential_id` resolved to (`status`: 401 or
     /// 403). A source that can do something about it (a vault) hears of it.
@@ -129,7 +131,13 @@ fn env(var: &str) -> Option<String> {
 }
 
 impl Secrets for EnvSecrets {
-    fn credential(&self, credential_id: &str) -> Result<Credential, String> {
+    fn credential(&self, credential_id: &str) -> Result<Credential, CredentialProblem> {
+        env_credential(credential_id).map_err(CredentialProblem::from)
+    }
+}
+
+fn env_credential(credential_id: &str) -> Result<Credential, String> {
+    {
         let Some(var) = credential_id.strip_prefix("env:") else {
             return Err(format!(
                 "credential `{credential_id}` is not an environment credential (env:NAME)"
@@ -152,8 +160,9 @@ impl Secrets for EnvSecrets {
 /// A secret store a daemon provides (the claustrum vault arrives with the daemon). `vault:NAME`
 /// credential ids resolve through it.
 pub trait Vault: Send + Sync {
-    /// The credential `name` names in the vault; `Err` says why not, revealing nothing.
-    fn credential(&self, name: &str) -> Result<Credential, String>;
+    /// The credential `name` names in the vault; `Err` says why not (and whether the vault
+    /// is out rather than the credential refused), revealing nothing.
+    fn credential(&self, name: &str) -> Result<Credential, CredentialProblem>;
 
     /// A provider refused the credential `name` resolved to (`status`: 401 or 403).
     fn auth_failed(&self, _name: &str, _status: u16) {}
@@ -242,19 +251,21 @@ impl StateSecrets {
 }
 
 impl Secrets for StateSecrets {
-    fn credential(&self, credential_id: &str) -> Result<Credential, String> {
+    fn credential(&self, credential_id: &str) -> Result<Credential, CredentialProblem> {
         match credential_id.split_once(':') {
             Some(("env", _)) => EnvSecrets.credential(credential_id),
-            Some(("file", name)) => self.file_credential(name),
+            Some(("file", name)) => Ok(self.file_credential(name)?),
             Some(("vault", name)) => match &self.vault {
                 Some(v) => v.credential(name),
                 None => Err(format!(
                     "credential `{credential_id}` needs a vault, and none is configured"
-                )),
+                )
+                .into()),
             },
             _ => Err(format!(
                 "credential `{credential_id}` is not env:NAME, file:NAME or vault:NAME"
-            )),
+            )
+            .into()),
         }
     }
 
@@ -280,6 +291,7 @@ mod tests {
         assert!(s
             .credential("file:work")
             .unwrap_err()
+            .message
             .contains("credentials.json"));
         broca_owner_only::write_file(
             &file,
@@ -298,16 +310,22 @@ mod tests {
         assert!(s
             .credential("file:bad")
             .unwrap_err()
+            .message
             .contains("needs api_key, access_token"));
         assert!(s
             .credential("file:nope")
             .unwrap_err()
+            .message
             .contains("no credential `nope`"));
-        assert!(s.credential("vault:x").unwrap_err().contains("no"));
-        assert!(s.credential("ldap:x").unwrap_err().contains("not env:NAME"));
+        assert!(s.credential("vault:x").unwrap_err().message.contains("no"));
+        assert!(s
+            .credential("ldap:x")
+            .unwrap_err()
+            .message
+            .contains("not env:NAME"));
         // Readable by others: refused, and the error shows no secret.
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let err = s.credential("file:work").unwrap_err();
+        let err = s.credential("file:work").unwrap_err().message;
         assert!(
             err.contains("chmod 600") && !err.contains("sk-file"),
             "{err}"
@@ -315,7 +333,7 @@ mod tests {
         // A file that does not parse: where, never what.
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
         broca_owner_only::write_file(&file, b"{\"work\": sk-secret-value}").unwrap();
-        let err = s.credential("file:work").unwrap_err();
+        let err = s.credential("file:work").unwrap_err().message;
         assert!(
             err.contains("line 1") && !err.contains("sk-secret"),
             "{err}"
@@ -363,7 +381,8 @@ mod tests {
     fn a_missing_variable_is_named() {
         let err = EnvSecrets
             .credential("env:BROCA_TEST_SURELY_UNSET_KEY")
-            .unwrap_err();
+            .unwrap_err()
+            .message;
         assert!(
             err.contains("BROCA_TEST_SURELY_UNSET_KEY is not set"),
             "{err}"
@@ -371,6 +390,7 @@ mod tests {
         assert!(EnvSecrets
             .credential("vault:x")
             .unwrap_err()
+            .message
             .contains("not an environment"));
     }
 }

@@ -178,7 +178,11 @@ impl broca_protocol::model::ProviderCheck for Checks {
         check_family(id)
     }
 
-    fn credential(&self, family: &str, credential_id: &str) -> Result<(), String> {
+    fn credential(
+        &self,
+        family: &str,
+        credential_id: &str,
+    ) -> Result<(), credential::CredentialProblem> {
         check_credential(&*self.secrets, family, credential_id)
     }
 }
@@ -201,10 +205,10 @@ pub fn check_credential(
     secrets: &dyn credential::Secrets,
     family: &str,
     credential_id: &str,
-) -> Result<(), String> {
+) -> Result<(), credential::CredentialProblem> {
     let c = secrets.credential(credential_id)?;
     match self::family(family) {
-        Some(f) => f.takes(&c),
+        Some(f) => Ok(f.takes(&c)?),
         None => Ok(()),
     }
 }

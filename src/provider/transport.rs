@@ -226,7 +226,11 @@ impl broca_protocol::model::ProviderCheck for HttpModelClient {
         super::check_family(id)
     }
 
-    fn credential(&self, family: &str, credential_id: &str) -> Result<(), String> {
+    fn credential(
+        &self,
+        family: &str,
+        credential_id: &str,
+    ) -> Result<(), broca_protocol::model::CredentialProblem> {
         super::check_credential(&*self.secrets, family, credential_id)
     }
 }
@@ -289,7 +293,15 @@ impl HttpModelClient {
         let credential = self
             .secrets
             .credential(&request.credential_id)
-            .map_err(|e| failure(ErrorClass::AuthRequired, e, None))?;
+            .map_err(|e| {
+                // A vault that is out fails the attempt for now; a refused credential pauses.
+                let class = if e.outage {
+                    ErrorClass::Transient
+                } else {
+                    ErrorClass::AuthRequired
+                };
+                failure(class, e.message, None)
+            })?;
         let redact = credential.redactor();
         let aliases = Aliases::for_tools(&request.tools);
         let mut rendered = family.render(request, &aliases);

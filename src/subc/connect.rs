@@ -57,6 +57,26 @@ impl std::fmt::Display for ConnectError {
 
 impl std::error::Error for ConnectError {}
 
+/// This process's launch nonce, when the daemon handed one: read once through subc-os (the
+/// pipe `SUBC_LAUNCH_NONCE_FD` names, read to its end and closed; else `SUBC_LAUNCH_NONCE`),
+/// then both variables are removed so no process broca starts inherits them. Call it before
+/// anything is spawned or any thread started. A named descriptor that does not hold the
+/// nonce is an error (never a fall back to the environment); the error never holds the nonce.
+pub fn launch_nonce() -> Result<Option<String>, String> {
+    let read = subc_os::launch_nonce::launch_nonce()
+        .map_err(|e| format!("the daemon's launch nonce cannot be read: {e}"))?;
+    for var in [
+        subc_os::launch_nonce::LAUNCH_NONCE_FD_ENV,
+        subc_os::launch_nonce::LAUNCH_NONCE_ENV,
+    ] {
+        // SAFETY (of the std call): no thread has been started yet (see above).
+        std::env::remove_var(var);
+    }
+    Ok(read
+        .map(|n| n.value().to_string())
+        .filter(|n| !n.is_empty()))
+}
+
 /// Connects with the connection file at `file` and authenticates: a connection a consumer
 /// opens routes on (it sends no HELLO). The socket keeps the step deadline as its timeouts.
 pub fn authenticate(file: &Path) -> Result<TcpStream, ConnectError> {

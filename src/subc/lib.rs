@@ -15,5 +15,6 @@ pub mod manifest;
 pub mod toolprov;
 pub mod vault;
 
+pub use cortexkit_claustrum_client as claustrum;
 pub use subc_protocol as protocol;
 pub use subc_transport as transport;

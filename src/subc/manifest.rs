@@ -3,9 +3,9 @@
 //! the same ones serve's `/v1/rpc` answers.
 
 use subc_protocol::manifest::{
-    CapabilityDeclarations, Concurrency, IdentityScope, ManagementOperation,
-    ManagementOperationKind, ModuleManifest, ProviderRole, SelfSignalDeclaration, SelfSignalEffect,
-    SelfSignalKind, SignalAnchor, TrustTier,
+    CapabilityDeclarations, CapabilityNeed, CapabilityRequirement, Concurrency, ConsumerRole,
+    IdentityScope, ManagementOperation, ManagementOperationKind, ModuleManifest, ProviderRole,
+    SelfSignalDeclaration, SelfSignalEffect, SelfSignalKind, SignalAnchor, TrustTier,
 };
 use subc_protocol::session::MODULE_CONTROL_OP_HEALTH_CHECK;
 use subc_protocol::{ModuleHelloBody, PROTOCOL_VERSION};
@@ -29,9 +29,42 @@ pub const CAPABILITIES: &[&str] = &[subc_protocol::scope::SCOPE_WORKDIR_CAPABILI
 /// outlives the request that started it, which is all the daemon sees).
 pub const RUNS_GAUGE: &str = "runs_active";
 
+/// What broca reaches over daemon routes: tool_provider modules (the tools config's
+/// `modules`), and services (the claustrum vault always; the fusiform catalog module when one
+/// is configured).
+#[derive(Debug, Clone, Default)]
+pub struct Consumes {
+    pub tool_modules: Vec<String>,
+    pub services: Vec<String>,
+}
+
 /// The HELLO body of module `module_id` at `version`, with the daemon's launch nonce when
 /// it handed one (never logged: subc-protocol's Debug redacts it).
-pub fn hello(module_id: &str, version: &str, launch_nonce: Option<String>) -> ModuleHelloBody {
+pub fn hello(
+    module_id: &str,
+    version: &str,
+    launch_nonce: Option<String>,
+    consumes: &Consumes,
+) -> ModuleHelloBody {
+    let mut roles = Vec::new();
+    if !consumes.tool_modules.is_empty() {
+        roles.push(ConsumerRole::ToolClient {
+            of: consumes.tool_modules.clone(),
+        });
+    }
+    if !consumes.services.is_empty() {
+        roles.push(ConsumerRole::ServiceClient {
+            of: consumes.services.clone(),
+        });
+    }
+    let requires = if consumes.tool_modules.is_empty() {
+        Vec::new()
+    } else {
+        vec![CapabilityRequirement {
+            capability: cortexkit_role_tool_provider::PROVIDES.into(),
+            need: CapabilityNeed::Optional,
+        }]
+    };
     let operations = OPERATIONS
         .iter()
         .map(|&(name, mutates)| ManagementOperation {
@@ -54,6 +87,7 @@ pub fn hello(module_id: &str, version: &str, launch_nonce: Option<String>) -> Mo
     let manifest: ModuleManifest = ModuleManifest::builder(module_id, version)
         .trust_tier(Some(TrustTier::FirstParty))
         .provides(vec![surface])
+        .consumes(roles)
         .self_signals(Some(vec![SelfSignalDeclaration {
             name: "model_runs".into(),
             kind: SelfSignalKind::Busy,
@@ -67,7 +101,7 @@ pub fn hello(module_id: &str, version: &str, launch_nonce: Option<String>) -> Mo
         }]))
         .capabilities(Some(CapabilityDeclarations {
             provides: CAPABILITIES.iter().map(|c| c.to_string()).collect(),
-            requires: Vec::new(),
+            requires,
             must_never_reach: Vec::new(),
         }))
         .build();
@@ -85,7 +119,11 @@ mod tests {
 
     #[test]
     fn the_hello_is_the_golden_one() {
-        let body = hello("ck-broca", "0.1.0", Some("n-123".into()));
+        let consumes = Consumes {
+            tool_modules: vec!["ck-shell".into()],
+            services: vec!["claustrum".into(), "fusiform".into()],
+        };
+        let body = hello("ck-broca", "0.1.0", Some("n-123".into()), &consumes);
         let json = serde_json::to_value(&body).unwrap();
         let golden: serde_json::Value =
             serde_json::from_str(include_str!("golden/hello.json")).unwrap();

@@ -340,7 +340,7 @@ mod tests {
                  "description": "says it back",
                  "input_schema": {"type": "object", "properties": {"text": {"type": "string"}}}},
                 {"name": "deep", "schema_digest": "x", "semantics": 1, "capabilities": [],
-                 "input_schema": {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "object"}}}}}}
+                 "input_schema": {"anyOf": [{"type": "object"}, {"type": "string"}]}}
             ]
         });
         let (specs, notes) =
@@ -431,6 +431,70 @@ mod tests {
         let e = json!({"code": "unknown_module", "message": "no such module"});
         assert!(
             matches!(read_open(&frame(FrameType::Error, plain(), &e)), Opened::Refused(m) if m.contains("unknown_module"))
+        );
+    }
+
+    fn hex(b: &[u8]) -> String {
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    }
+
+    /// The frames broca writes to open a tool route and call on it, and a provider's answer
+    /// as it reads it, pinned byte for byte (src/subc/golden/tool_route.json).
+    #[test]
+    fn golden_frames_of_a_route_open_a_call_and_its_answer() {
+        use crate::frames::{self, Decoder};
+        let golden: Value = serde_json::from_str(include_str!("golden/tool_route.json")).unwrap();
+        let open = route_open("ck-tools", "h", "s", Some(("ck-broca", "nonce-1")));
+        let frame =
+            frames::encode(FrameType::Request, frames::control(), 0, 0, 1, open.clone()).unwrap();
+        assert_eq!(
+            hex(&frame[..21]),
+            golden["open"]["header"].as_str().unwrap()
+        );
+        assert_eq!(
+            serde_json::from_slice::<Value>(&open).unwrap(),
+            golden["open"]["body"]
+        );
+        let call = call_body(
+            "echo",
+            json!({"message": "hi"}),
+            "toolu_1",
+            "broca:0123".into(),
+            "tp1:echo:ab:1",
+        );
+        let frame =
+            frames::encode(FrameType::Request, frames::data(), 11, 1, 2, call.clone()).unwrap();
+        assert_eq!(
+            hex(&frame[..21]),
+            golden["call"]["header"].as_str().unwrap()
+        );
+        assert_eq!(
+            serde_json::from_slice::<Value>(&call).unwrap(),
+            golden["call"]["body"]
+        );
+        // The provider's RESPONSE, as bytes on the wire.
+        let bytes: Vec<u8> = (0..golden["answer"]["frame"].as_str().unwrap().len() / 2)
+            .map(|i| {
+                u8::from_str_radix(
+                    &golden["answer"]["frame"].as_str().unwrap()[2 * i..2 * i + 2],
+                    16,
+                )
+                .unwrap()
+            })
+            .collect();
+        let mut d = Decoder::new();
+        d.push(&bytes);
+        let f = d.next_frame().unwrap().unwrap();
+        assert_eq!(
+            (f.header.ty, f.header.channel, f.header.epoch, f.header.corr),
+            (FrameType::Response, 11, 1, 2)
+        );
+        assert_eq!(
+            read_reply("ck-tools", &f),
+            Reply::Answer {
+                text: "echo: hi".into(),
+                is_error: false
+            }
         );
     }
 

@@ -151,7 +151,9 @@ impl RpcError {
                 class: broca_protocol::ErrorClass::AuthRequired,
                 message,
             },
-            Refusal::ShuttingDown => RpcError::transient(503, r.code(), message),
+            Refusal::ShuttingDown | Refusal::CredentialUnavailable(_) => {
+                RpcError::transient(503, r.code(), message)
+            }
             Refusal::SessionBusy { .. } => RpcError::transient(409, r.code(), message),
             Refusal::SendIdReuse { .. } | Refusal::ToolNameCollision(_) => {
                 RpcError::permanent(409, r.code(), message)

@@ -54,6 +54,8 @@ pub enum Refusal {
     ShuttingDown,
     /// The send's credential is missing or unusable (what, never the secret).
     AuthRequired(String),
+    /// The credential's source (the vault) is out for now; the send may be retried.
+    CredentialUnavailable(String),
     /// This build does not speak the provider's wire family.
     UnsupportedProvider(String),
     /// A budget needs a measure the model's catalog entry cannot price.
@@ -70,6 +72,7 @@ impl Refusal {
             Refusal::ToolNameCollision(_) => "tool_name_collision",
             Refusal::ShuttingDown => "shutting_down",
             Refusal::AuthRequired(_) => "auth_required",
+            Refusal::CredentialUnavailable(_) => "credential_unavailable",
             Refusal::UnsupportedProvider(_) => "unsupported_provider",
             Refusal::BudgetUnpriced(_) => "budget_unpriced",
         }
@@ -82,6 +85,7 @@ impl Refusal {
         match self {
             Refusal::InvalidParams(why)
             | Refusal::AuthRequired(why)
+            | Refusal::CredentialUnavailable(why)
             | Refusal::UnsupportedProvider(why)
             | Refusal::BudgetUnpriced(why) => why.clone(),
             Refusal::SendIdReuse { run_id } => {

@@ -364,6 +364,9 @@ pub struct VaultLog {
     pub calls: Arc<AtomicUsize>,
     /// The params of each `credential.report_auth_failure`.
     pub reports: Arc<Mutex<Vec<Value>>>,
+    /// While set the vault is out: its requests are answered with the daemon's relay
+    /// refusal `module_reloading` and new routes to it with `unknown_module`.
+    pub down: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What the daemon's stand-in serves to broca's consumer connections.
@@ -574,6 +577,9 @@ fn open_route(
     } else if target["module_id"] == "claustrum" {
         if let Some((_, log)) = &services.vault {
             log.opens.lock().unwrap().push(body.clone());
+            if log.down.load(Ordering::SeqCst) {
+                return refuse("unknown_module");
+            }
             "vault"
         } else {
             return refuse("unknown_module");
@@ -625,6 +631,13 @@ fn catalog_answer(c: &CatalogModule, body: &Value) -> Reply {
 
 fn vault_answer(services: &Services, body: &Value) -> Reply {
     let (secrets, l) = services.vault.as_ref().unwrap();
+    if l.down.load(Ordering::SeqCst) {
+        return Reply::Frame(
+            FrameType::Error,
+            serde_json::json!({"code": "module_reloading", "message": "the vault is reloading"}),
+            true,
+        );
+    }
     let reply = if body["method"] == "credential.report_auth_failure" {
         l.reports.lock().unwrap().push(body["params"].clone());
         serde_json::json!({"result": {"accepted": true}})

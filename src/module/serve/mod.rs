@@ -366,10 +366,21 @@ pub fn serve(mut opts: ServeOptions) -> Result<i32, String> {
     // an error at once, never a fall back to listening.
     let (listeners, front) = match &opts.subc {
         Some(m) => {
+            let mut services = vec![broca_subc::vault::CLAUSTRUM.to_string()];
+            services.extend(opts.catalog.module.clone());
+            let consumes = broca_subc::manifest::Consumes {
+                tool_modules: opts
+                    .tools
+                    .iter()
+                    .flat_map(|t| t.modules.iter().map(|m| m.module.clone()))
+                    .collect(),
+                services,
+            };
             let hello = broca_subc::manifest::hello(
                 &m.module_id,
                 env!("CARGO_PKG_VERSION"),
                 m.launch_nonce.clone(),
+                &consumes,
             );
             let r = broca_subc::connect::connect(&m.connection_file, &hello)
                 .map_err(|e| e.to_string())?;

@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use broca_provider::credential::{Credential, Vault};
+use broca_provider::credential::{Credential, CredentialProblem, Vault};
+use broca_subc::claustrum::CredentialErrorClass;
 use broca_subc::vault::VaultClient;
 
 /// How long a secret with no expiry is used before the vault is asked again.
@@ -35,7 +36,7 @@ impl ClaustrumVault {
 pub struct SharedVault(pub Arc<ClaustrumVault>);
 
 impl Vault for SharedVault {
-    fn credential(&self, name: &str) -> Result<Credential, String> {
+    fn credential(&self, name: &str) -> Result<Credential, CredentialProblem> {
         let v = &self.0;
         if let Some((c, until, _)) = v.kept.lock().ok().and_then(|k| k.get(name).cloned()) {
             if Instant::now() < until {
@@ -43,18 +44,28 @@ impl Vault for SharedVault {
             }
         }
         let resolved = v.client.get_scoped(name).map_err(|e| {
-            // The vault's safe message and class only: never a secret.
-            format!(
-                "the vault has no usable credential `{name}`: {} ({})",
-                e.code(),
-                e
-            )
+            // The vault's safe message and class only: never a secret. A vault that is out
+            // (unreachable, relaying a refusal, or saying "later") is not a verdict on the
+            // credential.
+            let out = e.retryable() || e.class == CredentialErrorClass::Unavailable;
+            let message = if out {
+                format!("the vault is unavailable for `{name}`: {} ({e})", e.code())
+            } else {
+                format!(
+                    "the vault has no usable credential `{name}`: {} ({e})",
+                    e.code()
+                )
+            };
+            CredentialProblem {
+                message,
+                outage: out,
+            }
         })?;
         let secret = String::from_utf8(resolved.expose().to_vec())
             .map_err(|_| format!("the vault's credential `{name}` is not text"))?;
         let secret = secret.trim().to_string();
         if secret.is_empty() {
-            return Err(format!("the vault's credential `{name}` is empty"));
+            return Err(format!("the vault's credential `{name}` is empty").into());
         }
         let keep = match resolved.expires_at_ms {
             Some(at) => {

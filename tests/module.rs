@@ -813,7 +813,11 @@ fn tools_of_a_tool_module_go_over_the_sessions_own_route_and_run_at_most_once() 
     assert!(status.to_string().contains("call_die_1"), "{status}");
     let (_, status) = run_on_route(&mut d, "echo please", "f");
     assert_eq!(status["state"], "completed", "after a reconnect: {status}");
-    assert_eq!(tools.times("call_die_1"), 1, "never sent again");
+    assert_eq!(
+        tools.times("call_die_1"),
+        1,
+        "a call delivered before the module died was sent again"
+    );
     assert_eq!(tools.times("call_hang_1"), 1, "never sent again");
 
     // A route refused for good: the call is refused before delivery and the model is told.

@@ -100,9 +100,12 @@ pub fn import_log(data: &[u8]) {
 }
 
 /// The daemon connection's frames (broca-subc's decoder, fed in two chunks) and the
-/// channel-0 bodies broca reads (subc-protocol's types).
+/// channel-0 bodies broca reads (subc-protocol's types); on a route, the answers a tool
+/// module or the catalog module may send (route.open, role.describe, tool.catalog, a call's
+/// terminal frame, catalog.get).
 pub fn subc_frames(data: &[u8]) {
     use broca::subc::protocol::session::{ModuleControlCommand, ModuleControlRequest};
+    use broca::subc::toolprov;
     let split = split_at(data);
     let mut d = broca::subc::frames::Decoder::new();
     for part in [&data[..split], &data[split..]] {
@@ -112,8 +115,16 @@ pub fn subc_frames(data: &[u8]) {
                 Ok(Some(f)) if f.header.channel == 0 => {
                     let _ = serde_json::from_slice::<ModuleControlRequest>(&f.body);
                     let _ = serde_json::from_slice::<ModuleControlCommand>(&f.body);
+                    let _ = toolprov::read_open(&f);
                 }
-                Ok(Some(_)) => {}
+                Ok(Some(f)) => {
+                    let _ = toolprov::read_describe(&f);
+                    let _ = toolprov::read_catalog("m", &f);
+                    let _ = toolprov::read_reply("m", &f);
+                    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&f.body) {
+                        let _ = broca::catalog::fusiform::read(&v);
+                    }
+                }
                 Ok(None) | Err(_) => break,
             }
         }

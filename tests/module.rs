@@ -349,7 +349,12 @@ fn vault_credentials_resolve_through_claustrum_under_the_modules_identity() {
     handoff.install_last(&mut cmd);
     let mut child = cmd.spawn_quiet();
     d.accept(Answer::Accept).unwrap();
-    let vault = d.serve_vault(vec![("anthropic-team".into(), secret.into())]);
+    let handle = "ckh_dev_handle_0123456789";
+    let handle_secret = "sk-ant-behind-a-handle-0123456789";
+    let vault = d.serve_vault(vec![
+        ("anthropic-team".into(), secret.into()),
+        (handle.into(), handle_secret.into()),
+    ]);
     assert_eq!(d.bind(1, 1, "/vault", "h", "s").0, FrameType::Response);
     let send =
         json!({"prompt": "hello", "model": "anthropic/m", "credential_id": "vault:anthropic-team"});
@@ -434,8 +439,14 @@ fn vault_credentials_resolve_through_claustrum_under_the_modules_identity() {
     drain(&mut d, &mut child);
     // The secret is nowhere broca writes: not in the WAL, the store, or its logs.
     let err = stderr_of(&mut child);
-    assert!(!err.contains(secret), "{err}");
+    assert!(
+        !err.contains(secret) && !err.contains(handle_secret) && !err.contains(handle),
+        "{err}"
+    );
     support::assert_no_file_holds(&state, secret);
+    support::assert_no_file_holds(&state, handle_secret);
+    support::assert_no_file_holds(&state.join("wal"), handle);
+    support::assert_no_file_holds(&state.join("store"), handle);
 }
 
 #[test]

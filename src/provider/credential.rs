@@ -160,9 +160,12 @@ fn env_credential(credential_id: &str) -> Result<Credential, String> {
 /// A secret store a daemon provides (the claustrum vault arrives with the daemon). `vault:NAME`
 /// credential ids resolve through it.
 pub trait Vault: Send + Sync {
-    /// The credential `name` names in the vault; `Err` says why not (and whether the vault
-    /// is out rather than the credential refused), revealing nothing.
-    fn credential(&self, name: &str) -> Result<Credential, CredentialProblem>;
+    /// The credential `name` names in the vault, read under the module's grant, or through
+    /// `handle` (a bearer capability handle, `ckh_...`: possession authorizes) when the
+    /// credentials file gives one for `name`; `Err` says why not (and whether the vault is
+    /// out rather than the credential refused), revealing nothing (the handle included).
+    fn credential(&self, name: &str, handle: Option<&str>)
+        -> Result<Credential, CredentialProblem>;
 
     /// A provider refused the credential `name` resolved to (`status`: 401 or 403).
     fn auth_failed(&self, _name: &str, _status: u16) {}
@@ -195,6 +198,18 @@ impl StateSecrets {
         self
     }
 
+    /// The vault handle the credentials file gives for `name` (`{"NAME": {"vault_handle":
+    /// "ckh_..."}}`), if any.
+    fn vault_handle(&self, name: &str) -> Option<String> {
+        let bytes = broca_owner_only::read_private(&self.file).ok()?;
+        let all: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+        all.get(name)?
+            .get("vault_handle")?
+            .as_str()
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty())
+    }
+
     fn file_credential(&self, name: &str) -> Result<Credential, String> {
         #[derive(serde::Deserialize)]
         #[serde(deny_unknown_fields)]
@@ -207,6 +222,8 @@ impl StateSecrets {
             access_token: Option<String>,
             project: Option<String>,
             account_id: Option<String>,
+            /// A vault handle, used by `vault:NAME` (not `file:NAME`).
+            vault_handle: Option<String>,
         }
         let bytes = broca_owner_only::read_private(&self.file)?;
         // A parse error could quote the file: say only where it is.
@@ -241,6 +258,10 @@ impl StateSecrets {
                 session_token: e.aws_session_token.clone(),
                 region: e.region.clone(),
             })),
+            _ if e.vault_handle.is_some() => Err(format!(
+                "{}: credential `{name}` is a vault handle: name it vault:{name}",
+                self.file.display()
+            )),
             _ => Err(format!(
                 "{}: credential `{name}` needs api_key, access_token (with project), or \
                  aws_access_key_id with aws_secret_access_key",
@@ -256,7 +277,7 @@ impl Secrets for StateSecrets {
             Some(("env", _)) => EnvSecrets.credential(credential_id),
             Some(("file", name)) => Ok(self.file_credential(name)?),
             Some(("vault", name)) => match &self.vault {
-                Some(v) => v.credential(name),
+                Some(v) => v.credential(name, self.vault_handle(name).as_deref()),
                 None => Err(format!(
                     "credential `{credential_id}` needs a vault, and none is configured"
                 )

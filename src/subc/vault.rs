@@ -73,6 +73,17 @@ impl VaultClient {
         decode_credential_reply(self.call("credential.get_scoped", params)?)
     }
 
+    /// The secret a bearer capability handle (`ckh_...`) stands for: possession authorizes,
+    /// so a developer's tool needs no grant (`credential.get {handle}`). The handle is never
+    /// put in an error or a log.
+    pub fn get_by_handle(
+        &self,
+        handle: &str,
+    ) -> Result<ResolvedCredential, CredentialResolverError> {
+        let params = json!({ "handle": handle });
+        decode_credential_reply(self.call("credential.get", params)?)
+    }
+
     /// Tells the vault the provider refused the credential (`status`: 401 or 403); answers
     /// whether it took the report.
     pub fn report_auth_failure(

@@ -364,6 +364,8 @@ pub struct VaultLog {
     pub calls: Arc<AtomicUsize>,
     /// The params of each `credential.report_auth_failure`.
     pub reports: Arc<Mutex<Vec<Value>>>,
+    /// The handles presented by `credential.get`.
+    pub handles: Arc<Mutex<Vec<String>>>,
     /// While set the vault is out: its requests are answered with the daemon's relay
     /// refusal `module_reloading` and new routes to it with `unknown_module`.
     pub down: Arc<std::sync::atomic::AtomicBool>,

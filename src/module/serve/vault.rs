@@ -1,6 +1,8 @@
 //! Module mode's `vault:` credentials: `vault:NAME` resolves to the secret the claustrum vault
-//! holds as NAME under broca's grant (broca_subc::vault), kept for a while in memory (never
-//! on disk, never logged), and asked again once it is about to expire.
+//! holds as NAME under broca's grant (broca_subc::vault), or, when the credentials file gives
+//! NAME a `vault_handle` (a developer's bearer handle), to the secret that handle stands for;
+//! kept for a while in memory (never on disk, never logged), and asked again once it is about
+//! to expire.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -36,14 +38,22 @@ impl ClaustrumVault {
 pub struct SharedVault(pub Arc<ClaustrumVault>);
 
 impl Vault for SharedVault {
-    fn credential(&self, name: &str) -> Result<Credential, CredentialProblem> {
+    fn credential(
+        &self,
+        name: &str,
+        handle: Option<&str>,
+    ) -> Result<Credential, CredentialProblem> {
         let v = &self.0;
         if let Some((c, until, _)) = v.kept.lock().ok().and_then(|k| k.get(name).cloned()) {
             if Instant::now() < until {
                 return Ok(c);
             }
         }
-        let resolved = v.client.get_scoped(name).map_err(|e| {
+        let read = match handle {
+            Some(h) => v.client.get_by_handle(h),
+            None => v.client.get_scoped(name),
+        };
+        let resolved = read.map_err(|e| {
             // The vault's safe message and class only: never a secret. A vault that is out
             // (unreachable, relaying a refusal, or saying "later") is not a verdict on the
             // credential.

@@ -144,6 +144,29 @@ fn a_module_registers_and_serves_the_management_methods_on_its_routes() {
         (ty, &ack),
         (FrameType::Response, &json!({"op": "route.bind"}))
     );
+    // The llm-runner/v1 role: declared, and its required ops answered as the role's own crate
+    // reads them.
+    assert!(
+        m["capabilities"]["provides"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("llm-runner/v1")),
+        "{m}"
+    );
+    let (ty, described) = d.request(3, 1, "role.describe", json!({}));
+    assert_eq!(ty, FrameType::Response, "{described}");
+    let role = cortexkit_role_llm_runner::wire::read_reply::<
+        cortexkit_role_llm_runner::describe::RoleDescribe,
+    >(&serde_json::to_vec(&described).unwrap())
+    .unwrap_or_else(|e| panic!("{e:?}: {described}"));
+    cortexkit_role_llm_runner::describe::check_describe(&serde_json::to_value(&role).unwrap())
+        .unwrap_or_else(|p| panic!("{p:?}"));
+    let (_, before) = d.request(3, 1, "session.baseline", json!({}));
+    assert_eq!(
+        result_of(&mut d, &before),
+        json!({"state": "not_yet"}),
+        "nothing reached the session yet"
+    );
     let (ty, sent) = d.request(
         3,
         1,
@@ -164,6 +187,29 @@ fn a_module_registers_and_serves_the_management_methods_on_its_routes() {
     );
     let (_, page) = d.request(3, 1, "session.read", json!({}));
     assert_eq!(result_of(&mut d, &page)["head"], 2);
+    let (_, after) = d.request(3, 1, "session.baseline", json!({}));
+    let after = result_of(&mut d, &after);
+    assert_eq!(after["state"], "ready", "{after}");
+    assert_eq!(
+        after["baseline"]["items"],
+        json!([]),
+        "a plan-less session: {after}"
+    );
+    // Only the session's owner reads it: a route whose principal is not the scope's owner is
+    // refused.
+    let (ty, _) = d.control(&json!({
+        "op": "route.bind", "route_channel": 12, "epoch": 1,
+        "target": {"kind": "management_surface", "module_id": "ck-broca"},
+        "identity": {"harness": "h", "session": "s1"},
+        "principal": {"kind": "reserved", "module_id": "someone-else"},
+        "scope": {"owner": {"kind": "direct"}, "ref": "scope-s1", "scope_epoch": 1, "kind": "head",
+                  "workdir": "/proj/mod", "owner_authorized": false},
+    }));
+    assert_eq!(ty, FrameType::Response);
+    let (ty, refused) = d.request(12, 1, "session.baseline", json!({}));
+    assert_eq!(ty, FrameType::Error, "{refused}");
+    assert_eq!(refused["code"], "scope_owner_mismatch", "{refused}");
+    d.send_corr(FrameType::Goodbye, 12, 1, 0);
     // The route's session is the session on disk: the WAL of (/proj/mod, h, s1).
     let triple = broca::wal::SessionTriple::new("/proj/mod", "h", "s1").unwrap();
     assert!(broca::wal::writer::wal_path(&state.join("wal"), &triple).exists());

@@ -90,7 +90,7 @@ Options:
   --tools-config FILE  MCP tool servers, JSON or TOML (see `broca run --help`)
 
 Routes: POST /v1/rpc (session.send, run.status, run.result, run.cancel, session.read,
-session.import),
+session.import, role.describe, session.baseline),
 GET /healthz, GET /metrics.
 ";
 

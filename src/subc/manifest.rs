@@ -19,11 +19,18 @@ pub const OPERATIONS: &[(&str, bool)] = &[
     ("session.read", false),
     ("session.import", true),
     ("session.subscribe", false),
+    ("role.describe", false),
+    ("session.baseline", false),
 ];
 
 /// The capabilities broca declares: the bind's scope carries the session's folder
-/// (`scope-workdir/v1`), which is the session's project root.
-pub const CAPABILITIES: &[&str] = &[subc_protocol::scope::SCOPE_WORKDIR_CAPABILITY];
+/// (`scope-workdir/v1`), which is the session's project root; and the ecosystem's
+/// `llm-runner/v1` role (its required ops, `role.describe` and `session.baseline`, are
+/// served; `role.describe` says which of its capability groups are).
+pub const CAPABILITIES: &[&str] = &[
+    subc_protocol::scope::SCOPE_WORKDIR_CAPABILITY,
+    cortexkit_role_llm_runner::PROVIDES,
+];
 
 /// The health gauge of the runs in flight: declared busy, so a drain waits for them (a run
 /// outlives the request that started it, which is all the daemon sees).

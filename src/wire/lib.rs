@@ -3,6 +3,7 @@
 //! fields are omitted when absent.
 
 pub mod request;
+pub mod role;
 mod send;
 
 pub use request::{Method, Request, SessionName};

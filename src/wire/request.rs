@@ -16,17 +16,21 @@ pub enum Method {
     RunResult,
     RunCancel,
     SessionImport,
+    RoleDescribe,
+    SessionBaseline,
 }
 
 impl Method {
     /// Every method, in the order the docs list them.
-    pub const ALL: [Method; 6] = [
+    pub const ALL: [Method; 8] = [
         Method::SessionSend,
         Method::RunStatus,
         Method::RunResult,
         Method::RunCancel,
         Method::SessionRead,
         Method::SessionImport,
+        Method::RoleDescribe,
+        Method::SessionBaseline,
     ];
 
     /// The method's wire name.
@@ -38,6 +42,8 @@ impl Method {
             Method::RunResult => "run.result",
             Method::RunCancel => "run.cancel",
             Method::SessionImport => "session.import",
+            Method::RoleDescribe => "role.describe",
+            Method::SessionBaseline => "session.baseline",
         }
     }
 
@@ -79,6 +85,11 @@ pub enum Request {
         from_ordinal: u64,
         limit: usize,
     },
+    /// What this build serves of the llm-runner/v1 role (names no session; a route's session,
+    /// put in its params, is ignored).
+    Describe,
+    /// What the session froze (llm-runner/v1's `session.baseline`).
+    Baseline { session: SessionName },
     /// Import a log (or every log under a folder): each part of the session not given
     /// comes from the log.
     Import {
@@ -101,6 +112,8 @@ impl Request {
             Request::Cancel { .. } => Method::RunCancel,
             Request::Read { .. } => Method::SessionRead,
             Request::Import { .. } => Method::SessionImport,
+            Request::Describe => Method::RoleDescribe,
+            Request::Baseline { .. } => Method::SessionBaseline,
         }
     }
 
@@ -111,8 +124,9 @@ impl Request {
             | Request::Status { session, .. }
             | Request::Result { session, .. }
             | Request::Cancel { session, .. }
-            | Request::Read { session, .. } => Some(session),
-            Request::Import { .. } => None,
+            | Request::Read { session, .. }
+            | Request::Baseline { session } => Some(session),
+            Request::Import { .. } | Request::Describe => None,
         }
     }
 }
@@ -154,6 +168,15 @@ pub fn parse(body: &[u8]) -> Result<Request, RpcError> {
     if method == Method::SessionImport {
         return import(params);
     }
+    if method == Method::RoleDescribe {
+        // The answer is the build's: a session in the params (a route puts its own there) is
+        // not asked for, and nothing else is taken.
+        for key in ["project_root", "harness", "session"] {
+            params.remove(key);
+        }
+        no_more(&params, method)?;
+        return Ok(Request::Describe);
+    }
     let session = session_name(&mut params)?;
     let request = match method {
         Method::SessionSend => {
@@ -173,8 +196,10 @@ pub fn parse(body: &[u8]) -> Result<Request, RpcError> {
             run_id: required_run_id(&mut params)?,
             session,
         },
-        // Parsed above (it names no session of its own).
+        // Parsed above (they name no session of their own).
         Method::SessionImport => return import(params),
+        Method::RoleDescribe => Request::Describe,
+        Method::SessionBaseline => Request::Baseline { session },
         Method::SessionRead => {
             let from_ordinal = take_u64(&mut params, "from_ordinal")?.unwrap_or(0);
             let limit = take_u64(&mut params, "limit")?.unwrap_or(READ_LIMIT_DEFAULT as u64);

@@ -59,6 +59,7 @@ pub(crate) async fn call(ctx: &Arc<ServeCtx>, body: &[u8]) -> Result<Value, RpcE
                 };
                 import(ctx, &format, path, target).await
             }
+            Request::Describe => Ok(broca_wire::role::describe()),
             _ => Err(invalid("the request names no session")),
         };
     };
@@ -73,8 +74,36 @@ pub(crate) async fn call(ctx: &Arc<ServeCtx>, body: &[u8]) -> Result<Value, RpcE
             limit,
             ..
         } => read(ctx, t, from_ordinal, limit).await,
-        Request::Import { .. } => Err(invalid("session.import names no session")),
+        Request::Baseline { .. } => baseline(ctx, t).await,
+        Request::Import { .. } | Request::Describe => Err(invalid("the request names no session")),
     }
+}
+
+/// session.baseline: read from the session's WAL (or its archived copy) without its actor:
+/// no lease taken, nothing written. `not_yet` when nothing has reached the session.
+async fn baseline(ctx: &Arc<ServeCtx>, t: SessionTriple) -> Result<Value, RpcError> {
+    let wal = broca_wal_writer::wal_path(&ctx.wal_dir, &t);
+    let names = glommio::executor()
+        .spawn_blocking(move || -> Result<Option<Vec<String>>, String> {
+            let Some((bytes, scan)) =
+                broca_wal::verify::read_and_scan_if_any(&wal).map_err(|e| e.to_string())?
+            else {
+                return Ok(None);
+            };
+            let state = broca_core::replay::Session::replay_scan(&scan, &bytes)
+                .map_err(|e| format!("the session's log does not replay: {}", e.reason))?;
+            let tools = state.runs.last().map(|r| {
+                r.config
+                    .tools
+                    .iter()
+                    .map(|t| t.name.clone())
+                    .collect::<Vec<_>>()
+            });
+            Ok(Some(tools.unwrap_or_default()))
+        })
+        .await
+        .map_err(|e| RpcError::transient(503, "session_unavailable", e))?;
+    Ok(broca_wire::role::baseline(names))
 }
 
 /// session.import: each log under `path` into its session (the parts of `target` not given

@@ -46,6 +46,9 @@ pub struct SubcConn {
 struct Route {
     epoch: u32,
     triple: SessionTriple,
+    /// Whether the route's caller owns the session: the daemon stamped no scope, or the
+    /// scope's owner is the bind's principal (only the owner reads `session.baseline`).
+    owner: bool,
 }
 
 struct Front {
@@ -208,6 +211,18 @@ impl Front {
                         })
                         .detach();
                     }
+                    Some(r)
+                        if r.epoch == h.epoch
+                            && !r.owner
+                            && is_method(&f.body, "session.baseline") =>
+                    {
+                        let e = RpcError::permanent(
+                            403,
+                            broca_wire::role::SCOPE_OWNER_MISMATCH,
+                            "session.baseline is answered only to the session's owner",
+                        );
+                        self.error(h.channel, h.epoch, h.corr, &e).await;
+                    }
                     Some(r) if r.epoch == h.epoch => {
                         let me = self.clone();
                         self.in_flight.set(self.in_flight.get() + 1);
@@ -291,10 +306,20 @@ impl Front {
                     epoch,
                     identity,
                     scope,
+                    principal,
                     ..
                 }) => {
-                    let answer =
-                        self.bind(route_channel, epoch, &identity, scope.as_ref(), &f.body);
+                    let owner = scope
+                        .as_ref()
+                        .is_none_or(|s| principal.as_ref() == Some(&s.owner));
+                    let answer = self.bind(
+                        route_channel,
+                        epoch,
+                        &identity,
+                        scope.as_ref(),
+                        owner,
+                        &f.body,
+                    );
                     match answer {
                         Ok(()) => {
                             self.reply(
@@ -331,6 +356,7 @@ impl Front {
         epoch: u32,
         identity: &broca_subc::protocol::BindIdentity,
         scope: Option<&broca_subc::protocol::scope::ScopeStamp>,
+        owner: bool,
         raw: &[u8],
     ) -> Result<(), RpcError> {
         let refuse = |code, why: String| RpcError::permanent(400, code, why);
@@ -357,9 +383,14 @@ impl Front {
             .unwrap_or_else(|| NO_WORKDIR_ROOT.to_string());
         let triple = SessionTriple::new(&root, &identity.harness, &identity.session)
             .map_err(|e| refuse("invalid_request", format!("the bind's session: {e}")))?;
-        self.routes
-            .borrow_mut()
-            .insert(channel, Route { epoch, triple });
+        self.routes.borrow_mut().insert(
+            channel,
+            Route {
+                epoch,
+                triple,
+                owner,
+            },
+        );
         Ok(())
     }
 
@@ -573,12 +604,17 @@ impl Front {
 
 /// Whether a request body asks for `session.subscribe` (looked up without parsing the rest).
 fn is_subscribe(body: &[u8]) -> bool {
+    is_method(body, "session.subscribe")
+}
+
+/// Whether the request body names `method`.
+fn is_method(body: &[u8], method: &str) -> bool {
     #[derive(serde::Deserialize)]
     struct Method<'a> {
         #[serde(borrow)]
         method: std::borrow::Cow<'a, str>,
     }
-    serde_json::from_slice::<Method<'_>>(body).is_ok_and(|m| m.method == "session.subscribe")
+    serde_json::from_slice::<Method<'_>>(body).is_ok_and(|m| m.method == method)
 }
 
 /// Where a route's subscription starts: `params.from` is `start`, `live` (the default) or a

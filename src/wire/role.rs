@@ -1,0 +1,68 @@
+//! The `llm-runner/v1` role (the ecosystem's `cortexkit-role-llm-runner`, whose types these
+//! answers are): `role.describe`, what this build serves of the role, and `session.baseline`,
+//! what a session froze. broca declares the role's required ops and no capability group yet:
+//! a group is declared only once every op in it keeps the role's contract (a consumer uses
+//! only what is declared). Sessions take no fetch plan, so a baseline is plan-less: no items,
+//! the tool names its latest run froze. broca has no admission baseline, so session-level
+//! capabilities come from `session.baseline`.
+
+use cortexkit_role_llm_runner::baseline::{Baseline, BaselineReply};
+use cortexkit_role_llm_runner::describe::{Major, RoleDescribe};
+use serde_json::Value;
+
+pub use cortexkit_role_llm_runner::errors::SCOPE_OWNER_MISMATCH;
+pub use cortexkit_role_llm_runner::{PROVIDES, REQUIRED_OPS};
+
+/// The capability groups broca declares (none yet: see the module's doc).
+pub const GROUPS: &[&str] = &[];
+
+/// The `role.describe` answer of this build.
+pub fn describe() -> Value {
+    let major = Major {
+        version: PROVIDES.to_string(),
+        ops: REQUIRED_OPS.iter().map(|op| op.to_string()).collect(),
+        stability: "alpha".to_string(),
+    };
+    let answer = RoleDescribe::new(vec![major], env!("CARGO_PKG_VERSION"))
+        .with_capabilities(GROUPS.iter().map(|g| g.to_string()).collect())
+        .with_session_capabilities_from("baseline");
+    serde_json::to_value(answer).expect("a describe answer serializes")
+}
+
+/// The `session.baseline` answer: `not_yet` for a session nothing has reached (`None`), else
+/// the plan-less baseline with the tool names its latest run froze.
+pub fn baseline(tool_names: Option<Vec<String>>) -> Value {
+    let reply = match tool_names {
+        None => BaselineReply::not_yet(),
+        Some(mut names) => {
+            names.sort();
+            names.dedup();
+            BaselineReply::ready(Baseline::plan_less(names))
+        }
+    };
+    serde_json::to_value(reply).expect("a baseline serializes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_describe_answer_holds_for_the_roles_own_check() {
+        let d = cortexkit_role_llm_runner::describe::check_describe(&describe())
+            .unwrap_or_else(|p| panic!("{p:?}"));
+        assert!(d.capabilities.is_empty());
+    }
+
+    #[test]
+    fn baselines_read_back_as_the_role_defines_them() {
+        let r: BaselineReply = serde_json::from_value(baseline(None)).unwrap();
+        assert!(r.is_not_yet());
+        let r: BaselineReply =
+            serde_json::from_value(baseline(Some(vec!["b".into(), "a".into(), "b".into()])))
+                .unwrap();
+        let b = r.baseline.unwrap();
+        assert_eq!(b.tool_names, ["a", "b"]);
+        assert!(b.plan_consistent());
+    }
+}

@@ -469,6 +469,27 @@ fn vault_credentials_resolve_through_claustrum_under_the_modules_identity() {
         e["detail"]["class"], "auth_required",
         "a verdict on the credential: {e}"
     );
+    // A developer's bearer handle, kept in the owner-only credentials file: the vault is asked
+    // with the handle (possession authorizes); the run freezes the id, never the handle.
+    broca::owner_only::write_file(
+        &state.join("credentials.json"),
+        json!({"dev": {"vault_handle": handle}})
+            .to_string()
+            .as_bytes(),
+    )
+    .unwrap();
+    let (_, by_handle) = d.request(
+        1,
+        1,
+        "session.send",
+        json!({"prompt": "hello", "model": "anthropic/m", "credential_id": "vault:dev", "send_id": "fourth"}),
+    );
+    let handle_run = by_handle["result"]["run_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{by_handle}"))
+        .to_string();
+    assert_eq!(wait_ended(&mut d, 1, 1, &handle_run)["state"], "completed");
+    assert_eq!(vault.handles.lock().unwrap().clone(), [handle.to_string()]);
     // The vault out (its route relayed away, no new route to it): an outage, not a verdict:
     // the send is refused for now, transiently, and nothing is written.
     vault.down.store(true, std::sync::atomic::Ordering::SeqCst);

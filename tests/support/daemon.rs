@@ -645,10 +645,17 @@ fn vault_answer(services: &Services, body: &Value) -> Reply {
         serde_json::json!({"result": {"accepted": true}})
     } else {
         l.calls.fetch_add(1, Ordering::SeqCst);
-        let id = body["params"]["credential_id"]
-            .as_str()
-            .unwrap_or("")
-            .to_string();
+        // A scoped read names the credential; a handle read presents the handle.
+        let id = match body["params"]["handle"].as_str() {
+            Some(h) if body["method"] == "credential.get" => {
+                l.handles.lock().unwrap().push(h.to_string());
+                h.to_string()
+            }
+            _ => body["params"]["credential_id"]
+                .as_str()
+                .unwrap_or("")
+                .to_string(),
+        };
         match secrets.iter().find(|(k, _)| *k == id) {
             Some((_, secret)) => {
                 serde_json::json!({"result": {"payload": secret, "record_version": "3"}})

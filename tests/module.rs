@@ -101,6 +101,36 @@ fn drain(d: &mut Daemon, child: &mut Child) {
     );
 }
 
+/// broca aborted at its crash point (BROCA_CRASH_AT) within 20 s.
+fn assert_aborted(child: &mut Child, point: &str) {
+    use std::os::unix::process::ExitStatusExt;
+    let status = wait_exit(child, Duration::from_secs(20));
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGABRT),
+        "{point}: {}",
+        stderr_of(child)
+    );
+}
+
+/// The `key` member of each object in the array `list`.
+fn each<'a>(list: &'a Value, key: &str) -> Vec<&'a str> {
+    list.as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o[key].as_str().unwrap())
+        .collect()
+}
+
+/// The RunStarted record of `run_id` in the WALs under `state`.
+fn run_started(state: &Path, run_id: &str) -> Value {
+    support::dump_all(state)
+        .into_iter()
+        .find(|r| r["kind"] == "run_started" && r["record"]["run_id"] == run_id)
+        .unwrap_or_else(|| panic!("no run_started for {run_id}"))["record"]
+        .clone()
+}
+
 fn result_of(d: &mut Daemon, body: &Value) -> Value {
     body.get("result")
         .cloned()
@@ -127,12 +157,7 @@ fn a_module_registers_and_serves_the_management_methods_on_its_routes() {
     assert_eq!(hello["control_ops"], json!(["health.check"]));
     let surface = &m["provides"][0];
     assert_eq!(surface["role"], "management_surface");
-    let ops: Vec<&str> = surface["operations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|o| o["name"].as_str().unwrap())
-        .collect();
+    let ops = each(&surface["operations"], "name");
     assert!(
         ops.contains(&"session.send") && ops.contains(&"session.read"),
         "{ops:?}"
@@ -402,12 +427,11 @@ fn vault_credentials_resolve_through_claustrum_under_the_modules_identity() {
         (handle.into(), handle_secret.into()),
     ]);
     assert_eq!(d.bind(1, 1, "/vault", "h", "s").0, FrameType::Response);
-    let send =
-        json!({"prompt": "hello", "model": "anthropic/m", "credential_id": "vault:anthropic-team"});
-    let (ty, sent) = d.request(1, 1, "session.send", send);
-    assert_eq!(ty, FrameType::Response, "{sent}");
-    let run_id = sent["result"]["run_id"].as_str().unwrap().to_string();
-    let status = wait_ended(&mut d, 1, 1, &run_id);
+    let (_, status) = run_with(
+        &mut d,
+        1,
+        json!({"prompt": "hello", "model": "anthropic/m", "credential_id": "vault:anthropic-team"}),
+    );
     assert_eq!(
         status["state"], "completed",
         "the run used the vault's key: {status}"
@@ -426,25 +450,19 @@ fn vault_credentials_resolve_through_claustrum_under_the_modules_identity() {
     let asked = vault.calls.load(std::sync::atomic::Ordering::SeqCst);
     assert!(asked >= 1, "the vault was asked");
     // A second send reuses the secret kept in memory.
-    let (_, again) = d.request(1, 1, "session.send", json!({"prompt": "hello", "model": "anthropic/m", "credential_id": "vault:anthropic-team", "send_id": "second"}));
-    let second = again["result"]["run_id"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{again}"))
-        .to_string();
-    assert_eq!(wait_ended(&mut d, 1, 1, &second)["state"], "completed");
+    let (_, status) = run_with(
+        &mut d,
+        1,
+        json!({"prompt": "hello", "model": "anthropic/m", "credential_id": "vault:anthropic-team", "send_id": "second"}),
+    );
+    assert_eq!(status["state"], "completed");
     // The provider refuses the vault's key (aimock answers `err-401` with a 401): the run
     // pauses auth_required and the vault hears of it, with the record version it gave.
-    let (_, refused) = d.request(
+    let (_, status) = run_with(
+        &mut d,
         1,
-        1,
-        "session.send",
         json!({"prompt": "err-401", "model": "anthropic/m", "credential_id": "vault:anthropic-team", "send_id": "third"}),
     );
-    let refused_run = refused["result"]["run_id"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{refused}"))
-        .to_string();
-    let status = wait_ended(&mut d, 1, 1, &refused_run);
     assert_eq!(status["state"], "paused", "{status}");
     let reports = vault.reports.lock().unwrap().clone();
     assert_eq!(
@@ -478,17 +496,12 @@ fn vault_credentials_resolve_through_claustrum_under_the_modules_identity() {
             .as_bytes(),
     )
     .unwrap();
-    let (_, by_handle) = d.request(
+    let (_, status) = run_with(
+        &mut d,
         1,
-        1,
-        "session.send",
         json!({"prompt": "hello", "model": "anthropic/m", "credential_id": "vault:dev", "send_id": "fourth"}),
     );
-    let handle_run = by_handle["result"]["run_id"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{by_handle}"))
-        .to_string();
-    assert_eq!(wait_ended(&mut d, 1, 1, &handle_run)["state"], "completed");
+    assert_eq!(status["state"], "completed");
     assert_eq!(vault.handles.lock().unwrap().clone(), [handle.to_string()]);
     // The vault out (its route relayed away, no new route to it): an outage, not a verdict:
     // the send is refused for now, transiently, and nothing is written.
@@ -671,14 +684,7 @@ fn killed_at_each_durable_boundary_under_the_daemon_a_restart_keeps_the_run() {
             .filter(|f| f.header.corr == corr)
             .map(|f| serde_json::from_slice(&f.body).unwrap())
             .collect();
-        let status = wait_exit(&mut child, Duration::from_secs(20));
-        use std::os::unix::process::ExitStatusExt;
-        assert_eq!(
-            status.signal(),
-            Some(libc::SIGABRT),
-            "{point}: {}",
-            stderr_of(&mut child)
-        );
+        assert_aborted(&mut child, point);
         // The answer goes out once the run is admitted; the step's start races it.
         match point {
             "admitted" => assert!(answered.is_empty(), "{point}: {answered:?}"),
@@ -762,10 +768,21 @@ fn with_these_tools(
 
 /// Sends `prompt` on route `channel` (epoch 1) and waits for the run's end.
 fn run_on(d: &mut Daemon, channel: u16, prompt: &str, send_id: &str) -> (String, Value) {
-    let send = json!({"prompt": prompt, "model": "anthropic/m", "send_id": send_id});
-    let (ty, sent) = d.request(channel, 1, "session.send", send);
-    assert_eq!(ty, FrameType::Response, "{prompt}: {sent}");
-    let run_id = sent["result"]["run_id"].as_str().unwrap().to_string();
+    run_with(
+        d,
+        channel,
+        json!({"prompt": prompt, "model": "anthropic/m", "send_id": send_id}),
+    )
+}
+
+/// Sends `send` on route `channel` (epoch 1); answers its run and the run's status at its end.
+fn run_with(d: &mut Daemon, channel: u16, send: Value) -> (String, Value) {
+    let (ty, sent) = d.request(channel, 1, "session.send", send.clone());
+    assert_eq!(ty, FrameType::Response, "{send}: {sent}");
+    let run_id = sent["result"]["run_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{sent}"))
+        .to_string();
     let status = wait_ended(d, channel, 1, &run_id);
     (run_id, status)
 }
@@ -820,23 +837,14 @@ fn tools_of_a_tool_module_go_over_the_sessions_own_route_and_run_at_most_once() 
         session_open["consumer_identity"],
         json!({"module_id": "ck-broca", "launch_nonce": "nonce-t"})
     );
-    let records = support::dump_all(&state);
-    let started = records
-        .iter()
-        .find(|r| r["kind"] == "run_started" && r["record"]["run_id"] == run_id.as_str())
-        .unwrap();
-    let frozen: Vec<&str> = started["record"]["config"]["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["route"].as_str().unwrap())
-        .collect();
+    let started = run_started(&state, &run_id);
+    let frozen = each(&started["config"]["tools"], "route");
     assert!(
         frozen.iter().all(|r| r.starts_with("subc:ck-tools@tp1:")),
         "every tool frozen with its module and pin (ck-missing offers none): {frozen:?}"
     );
-    let results: Vec<&Value> = records
-        .iter()
+    let results: Vec<Value> = support::dump_all(&state)
+        .into_iter()
         .filter(|r| r["kind"] == "tool_result")
         .collect();
     assert!(
@@ -959,14 +967,7 @@ fn killed_around_a_tool_modules_call_a_restart_never_sends_it_twice() {
             &json!({"method": "session.send", "params": send}),
         );
         d.until_closed();
-        use std::os::unix::process::ExitStatusExt;
-        let status = wait_exit(&mut child, Duration::from_secs(20));
-        assert_eq!(
-            status.signal(),
-            Some(libc::SIGABRT),
-            "{point}: {}",
-            stderr_of(&mut child)
-        );
+        assert_aborted(&mut child, point);
         assert_eq!(
             tools.times("call_echo_1"),
             delivered,
@@ -1028,11 +1029,7 @@ fn the_catalog_comes_from_fusiform_and_its_last_good_answer_outlives_an_outage()
         assert_eq!(ty, FrameType::Response, "{sent}");
         let run_id = sent["result"]["run_id"].as_str().unwrap().to_string();
         assert_eq!(wait_ended(d, 1, 1, &run_id)["state"], "completed");
-        support::dump_all(&state)
-            .into_iter()
-            .find(|r| r["kind"] == "run_started" && r["record"]["run_id"] == run_id.as_str())
-            .unwrap()["record"]
-            .to_string()
+        run_started(&state, &run_id).to_string()
     };
     for round in ["up", "down"] {
         let mut d = Daemon::start(&dir.path().join(round));

@@ -40,7 +40,7 @@ const OPEN_ATTEMPTS: u32 = 6;
 const CONTROL_DEADLINE: Duration = Duration::from_secs(10);
 /// The call timeout of a module the config no longer lists (a run frozen earlier).
 const CALL_TIMEOUT_DEFAULT: Duration = Duration::from_secs(300);
-/// Routes kept open at most; past it the oldest opened is closed.
+/// Routes kept open at most; past it the least recently used is closed.
 const ROUTES_MAX: usize = 4096;
 
 type RouteKey = (String, String, String);
@@ -50,7 +50,8 @@ struct Route {
     link: Arc<Link>,
     channel: u16,
     epoch: u32,
-    opened: u64,
+    /// When it was last used (a counter): past the cap the least recently used is closed.
+    used: u64,
 }
 
 /// The tool modules of one broca process, shared by every shard.
@@ -62,7 +63,7 @@ pub struct ModuleTools {
     result_bytes_max: usize,
     link: Mutex<Option<Arc<Link>>>,
     routes: Mutex<HashMap<RouteKey, Route>>,
-    opened: std::sync::atomic::AtomicU64,
+    uses: std::sync::atomic::AtomicU64,
     /// The catalog module's last answer: its version and the catalog text made of it.
     last_catalog: Mutex<Option<(i64, String)>>,
 }
@@ -93,7 +94,7 @@ impl ModuleTools {
             result_bytes_max,
             link: Mutex::new(None),
             routes: Mutex::new(HashMap::new()),
-            opened: std::sync::atomic::AtomicU64::new(0),
+            uses: std::sync::atomic::AtomicU64::new(0),
             last_catalog: Mutex::new(None),
         })
     }
@@ -227,11 +228,17 @@ impl ModuleTools {
     /// The route to `module` for (harness, session): the one open, or a new one.
     async fn route(&self, module: &str, harness: &str, session: &str) -> Result<Route, NotSent> {
         let key = (module.to_string(), harness.to_string(), session.to_string());
-        if let Some(r) = self.routes.lock().ok().and_then(|r| r.get(&key).cloned()) {
+        let used = self.next_use();
+        let kept = self.routes.lock().ok().and_then(|mut r| {
+            let route = r.get_mut(&key)?;
+            route.used = used;
+            Some(route.clone())
+        });
+        if let Some(r) = kept {
             if r.link.is_alive() && !r.link.take_closed(r.channel) {
                 return Ok(r);
             }
-            self.evict(&key, false);
+            self.evict(&key);
         }
         let consumer = self
             .launch_nonce
@@ -262,9 +269,7 @@ impl ModuleTools {
                         link,
                         channel,
                         epoch,
-                        opened: self
-                            .opened
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                        used: self.next_use(),
                     };
                     self.keep(key, route.clone());
                     return Ok(route);
@@ -301,7 +306,7 @@ impl ModuleTools {
         if routes.len() >= ROUTES_MAX {
             if let Some(oldest) = routes
                 .iter()
-                .min_by_key(|(_, r)| r.opened)
+                .min_by_key(|(_, r)| r.used)
                 .map(|(k, _)| k.clone())
             {
                 if let Some(r) = routes.remove(&oldest) {
@@ -312,12 +317,16 @@ impl ModuleTools {
         routes.insert(key, route);
     }
 
-    fn evict(&self, key: &RouteKey, say_goodbye: bool) {
-        if let Some(r) = self.routes.lock().ok().and_then(|mut r| r.remove(key)) {
-            if say_goodbye && r.link.is_alive() {
-                r.link.close_route(r.channel, r.epoch);
-            }
+    /// Forgets a route that is dead (its link gone, the daemon closed it, or it answered that
+    /// it is dead): nothing is sent on it any more.
+    fn evict(&self, key: &RouteKey) {
+        if let Ok(mut routes) = self.routes.lock() {
+            routes.remove(key);
         }
+    }
+
+    fn next_use(&self) -> u64 {
+        self.uses.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     }
 
     fn call_timeout(&self, module: &str) -> Duration {
@@ -366,11 +375,11 @@ impl ModuleTools {
             let frame = match self.send(&r, body.clone(), timeout).await {
                 Ok(f) => f,
                 Err(NotSent::Refused(reason)) => {
-                    self.evict(&rkey, false);
+                    self.evict(&rkey);
                     return ToolOutcome::Refused { reason };
                 }
                 Err(NotSent::Indeterminate(why)) => {
-                    self.evict(&rkey, false);
+                    self.evict(&rkey);
                     return indeterminate(call, &why);
                 }
             };
@@ -383,7 +392,7 @@ impl ModuleTools {
                 }
                 Reply::NotDelivered(code) => {
                     tracing::info!(module, code, tool = %call.name, "the route was dead before delivery; opening it again");
-                    self.evict(&rkey, false);
+                    self.evict(&rkey);
                     not_delivered = code;
                 }
                 Reply::Indeterminate(why) => return indeterminate(call, &why),

@@ -87,6 +87,39 @@ impl PagedReader {
         }
     }
 
+    /// Opens `path` to read from the record `seq`, which a writer of this process said starts
+    /// at `offset` (a seek point: a reader that resumes near the head reads only the tail).
+    /// When the bytes at `offset` are not that record of this WAL (the file was replaced, the
+    /// point is stale), it reads from the first record instead: never a wrong start.
+    pub fn open_from(path: &Path, seq: u64, offset: u64) -> Result<Option<PagedReader>, WalError> {
+        let Some(mut r) = Self::open_if_any(path)? else {
+            return Ok(None);
+        };
+        if seq > 1 && offset >= r.header.data_offset && offset < r.len {
+            r.at = offset;
+            r.fill(FRAME_HEADER_BYTES)?;
+            let rel = (r.at - r.buf_at) as usize;
+            let ok = r.buf.len() >= rel + FRAME_HEADER_BYTES && {
+                let h = FrameHeader::read(&r.buf[rel..rel + FRAME_HEADER_BYTES]);
+                if h.payload_len as usize <= super::frame::PAYLOAD_BYTES_MAX {
+                    r.fill(h.frame_len() as usize)?;
+                }
+                let rel = (r.at - r.buf_at) as usize;
+                valid_frame_at(&r.buf, rel).is_some_and(|f| {
+                    check_frame(&f, offset, r.header.lineage_tag(), seq, 0).is_ok()
+                })
+            };
+            if ok {
+                r.next_seq = seq;
+            } else {
+                r.at = r.header.data_offset;
+                r.buf.clear();
+                r.buf_at = 0;
+            }
+        }
+        Ok(Some(r))
+    }
+
     /// Opens `path` and reads its header.
     pub fn open(path: &Path) -> Result<PagedReader, WalError> {
         let io = |op: &'static str, e: std::io::Error| WalError::Io {
@@ -292,6 +325,32 @@ impl PagedReader {
 mod tests {
     use super::*;
     use crate::frame::write_frame;
+
+    #[test]
+    fn a_reader_opened_at_a_seek_point_reads_the_tail_and_a_wrong_point_reads_it_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w");
+        std::fs::write(&path, image(50, &[0u8; 4096])).unwrap();
+        let mut all = PagedReader::open(&path).unwrap();
+        let frames = all.next_frames(usize::MAX, false).unwrap();
+        let at40 = frames.iter().find(|f| f.seq == 40).unwrap().offset;
+        let mut tail = PagedReader::open_from(&path, 40, at40).unwrap().unwrap();
+        let seqs: Vec<u64> = tail
+            .next_frames(usize::MAX, false)
+            .unwrap()
+            .iter()
+            .map(|f| f.seq)
+            .collect();
+        assert_eq!(seqs, (40..=50).collect::<Vec<_>>());
+        assert_eq!(tail.last_seq(), 50);
+        // A point that names another record, or lands mid-frame: read from the start.
+        for (seq, offset) in [(41, at40), (40, at40 + 3), (40, u64::MAX)] {
+            let mut r = PagedReader::open_from(&path, seq, offset).unwrap().unwrap();
+            let got = r.next_frames(usize::MAX, false).unwrap();
+            assert_eq!(got.first().map(|f| f.seq), Some(1), "{seq}@{offset}");
+            assert_eq!(got.len(), 50);
+        }
+    }
 
     /// A WAL image: a header, `records` frames with payloads of varying size, then zeros.
     fn image(records: u64, tail: &[u8]) -> Vec<u8> {

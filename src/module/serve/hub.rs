@@ -70,6 +70,38 @@ pub(crate) struct Hub {
     pending: RefCell<VecDeque<(u64, u64, Record)>>,
     pumping: Cell<bool>,
     watch: RefCell<Option<DurableWatch>>,
+    seeks: RefCell<SeekPoints>,
+}
+
+/// A record is kept as a seek point once this many records followed the last one.
+const SEEK_EVERY: u64 = 256;
+/// Seek points kept per session (the newest): a reconnect near the head reads at most about
+/// `SEEK_EVERY` records before its cursor.
+const SEEK_POINTS: usize = 8;
+
+/// Where records of the session's WAL start, as its writer appended them: (seq, offset) of a
+/// record every [`SEEK_EVERY`], and where the next one starts. A subscriber resuming from a
+/// cursor reads from the nearest point at or before it instead of from the first record
+/// (the reader checks the point, and reads from the start when it does not hold).
+#[derive(Default)]
+struct SeekPoints {
+    points: VecDeque<(u64, u64)>,
+    next: Option<(u64, u64)>,
+}
+
+impl SeekPoints {
+    fn keep(&mut self, seq: u64, offset: u64) {
+        if self
+            .points
+            .back()
+            .is_none_or(|&(last, _)| seq >= last + SEEK_EVERY)
+        {
+            self.points.push_back((seq, offset));
+            if self.points.len() > SEEK_POINTS {
+                self.points.pop_front();
+            }
+        }
+    }
 }
 
 impl Hub {
@@ -82,8 +114,30 @@ impl Hub {
         *self.watch.borrow_mut() = Some(watch);
     }
 
+    /// The session's actor opened its WAL: its next record, `seq`, starts at `offset`.
+    pub fn set_start(&self, seq: u64, offset: u64) {
+        let mut seeks = self.seeks.borrow_mut();
+        seeks.keep(seq, offset);
+        seeks.next = Some((seq, offset));
+    }
+
+    /// The nearest seek point at or before record `seq`.
+    fn seek_for(&self, seq: u64) -> Option<(u64, u64)> {
+        let seeks = self.seeks.borrow();
+        seeks.points.iter().rev().find(|p| p.0 <= seq).copied()
+    }
+
     /// A record was appended: publish it once durable, if anyone listens.
     pub fn on_append(self: &Rc<Self>, seq: u64, end: u64, record: &Record) {
+        {
+            let mut seeks = self.seeks.borrow_mut();
+            if let Some((next, offset)) = seeks.next {
+                if next == seq {
+                    seeks.keep(seq, offset);
+                }
+            }
+            seeks.next = Some((seq + 1, end));
+        }
         if self.subs.borrow().is_empty() {
             return; // a later subscriber reads it from the WAL
         }
@@ -234,7 +288,13 @@ pub(crate) async fn run(
             true => Ok(Some(Cursor::end_of(seq))),
             false => Ok(None),
         },
-        _ => replay(&wal, from, &mut tx).await,
+        _ => {
+            let start = match from {
+                SubFrom::After(c) => hub.seek_for(c.seq),
+                _ => None,
+            };
+            replay(&wal, from, start, &mut tx).await
+        }
     };
     let last = match replayed {
         Ok(Some(last)) => last,
@@ -256,17 +316,22 @@ pub(crate) async fn run(
     hub.remove(&sub);
 }
 
-/// Sends the units of the durable records after `from`, page by page. Answers the cursor of
+/// Sends the units of the durable records after `from`, page by page (from the seek point
+/// `start` when the hub has one at or before the cursor). Answers the cursor of
 /// the last unit sent (or the head, for `live`); `None` when the connection went or the
 /// cursor was refused.
 async fn replay(
     wal: &std::path::Path,
     from: SubFrom,
+    start: Option<(u64, u64)>,
     tx: &mut mpsc::Sender<SubItem>,
 ) -> Result<Option<Cursor>, String> {
     let path = wal.to_path_buf();
     let opened = glommio::executor()
-        .spawn_blocking(move || PagedReader::open_if_any(&path))
+        .spawn_blocking(move || match start {
+            Some((seq, offset)) => PagedReader::open_from(&path, seq, offset),
+            None => PagedReader::open_if_any(&path),
+        })
         .await
         .map_err(|e| e.to_string())?;
     let mut last = match from {
@@ -428,5 +493,39 @@ async fn live(
             Wake::Items | Wake::Room(true) => {}
             Wake::Room(false) | Wake::Gone => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seek_points_are_sparse_recent_and_never_after_the_cursor() {
+        let hub = Rc::new(Hub::default());
+        hub.set_start(2, 4096);
+        // Records 2.. appended as the writer reports them (each 100 bytes): no subscriber.
+        let record = Record::LeaseAcquired(broca_wal::record::LeaseAcquired {
+            epoch: 1,
+            pid: 1,
+            at_unix_ms: 0,
+            cut: None,
+        });
+        for seq in 2..3000u64 {
+            hub.on_append(seq, 4096 + (seq - 1) * 100, &record);
+        }
+        let points: Vec<(u64, u64)> = hub.seeks.borrow().points.iter().copied().collect();
+        assert_eq!(points.len(), SEEK_POINTS, "{points:?}");
+        assert!(points.windows(2).all(|w| w[1].0 >= w[0].0 + SEEK_EVERY));
+        assert!(points
+            .iter()
+            .all(|&(seq, offset)| offset == 4096 + (seq - 2) * 100));
+        // The nearest at or before: never a record after the cursor.
+        let last = *points.last().unwrap();
+        assert_eq!(hub.seek_for(last.0 + 5), Some(last));
+        assert_eq!(hub.seek_for(last.0), Some(last));
+        assert!(hub.seek_for(last.0 - 1).unwrap().0 < last.0);
+        // Older than every point kept: no point (the replay reads from the first record).
+        assert_eq!(hub.seek_for(points[0].0 - 1), None);
     }
 }

@@ -519,6 +519,7 @@ impl Registry {
         actor.set_inbox(rx.clone());
         let hub = self.hub(addr);
         hub.set_watch(actor.writer().watch());
+        hub.set_start(actor.writer().next_seq(), actor.writer().log().end());
         let h = hub.clone();
         actor.set_on_append(Box::new(move |seq, end, record| {
             h.on_append(seq, end, record)

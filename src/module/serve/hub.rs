@@ -84,7 +84,7 @@ const SEEK_POINTS: usize = 8;
 /// cursor reads from the nearest point at or before it instead of from the first record
 /// (the reader checks the point, and reads from the start when it does not hold).
 #[derive(Default)]
-struct SeekPoints {
+pub(crate) struct SeekPoints {
     points: VecDeque<(u64, u64)>,
     next: Option<(u64, u64)>,
 }
@@ -112,6 +112,19 @@ impl Hub {
     /// The log whose durability gates publishing (set when the session's actor opens it).
     pub fn set_watch(&self, watch: DurableWatch) {
         *self.watch.borrow_mut() = Some(watch);
+    }
+
+    /// The seek points, taken (the hub is going; the registry keeps them for the next one).
+    pub fn take_seeks(&self) -> SeekPoints {
+        let mut seeks = std::mem::take(&mut *self.seeks.borrow_mut());
+        // Where the next record starts holds only while a writer of this process appends.
+        seeks.next = None;
+        seeks
+    }
+
+    /// Seek points a former hub of the session kept.
+    pub fn restore_seeks(&self, seeks: SeekPoints) {
+        *self.seeks.borrow_mut() = seeks;
     }
 
     /// The session's actor opened its WAL: its next record, `seq`, starts at `offset`.
@@ -527,5 +540,13 @@ mod tests {
         assert!(hub.seek_for(last.0 - 1).unwrap().0 < last.0);
         // Older than every point kept: no point (the replay reads from the first record).
         assert_eq!(hub.seek_for(points[0].0 - 1), None);
+        // The points outlive the hub: a later hub of the session seeks the same way.
+        let later = Hub::default();
+        later.restore_seeks(hub.take_seeks());
+        assert_eq!(later.seek_for(last.0 + 5), Some(last));
+        assert!(
+            later.seeks.borrow().next.is_none(),
+            "no writer appends for it yet"
+        );
     }
 }

@@ -33,6 +33,8 @@ pub(crate) const INBOX_MAX: usize = 256;
 pub(crate) const RESUMES_AT_ONCE: usize = 16;
 /// Batches of WALs that may wait for the store's thread.
 pub(crate) const PROJECTOR_QUEUE_MAX: usize = 64;
+/// Sessions whose seek points a shard keeps once their hub is gone (8 points of 16 bytes each).
+const SEEK_SESSIONS_MAX: usize = 16_384;
 
 /// One shard's counters, for /metrics.
 #[derive(Debug, Clone, Default)]
@@ -89,6 +91,8 @@ pub(crate) struct Registry {
     /// The shard stops: actors end after their run and take no new ones.
     closing: Cell<bool>,
     hubs: RefCell<HashMap<[u8; 16], Rc<Hub>>>,
+    /// Seek points of sessions whose hub is gone (see [`Hub::take_seeks`]).
+    seeks: RefCell<HashMap<[u8; 16], super::hub::SeekPoints>>,
     /// Sessions whose WAL moved on since the store last projected them.
     dirty: RefCell<std::collections::HashSet<SessionTriple>>,
     /// This shard's accept loops (`None` until started, or when it has no listener).
@@ -136,6 +140,7 @@ pub(crate) async fn shard_main(
         runs_active: Cell::new(0),
         closing: Cell::new(false),
         hubs: RefCell::new(HashMap::new()),
+        seeks: RefCell::new(HashMap::new()),
         dirty: RefCell::new(std::collections::HashSet::new()),
         acceptor: RefCell::new(None),
         inbox_full: Cell::new(0),
@@ -224,7 +229,17 @@ async fn stop_every_shard(reg: Rc<Registry>) {
 
 impl Registry {
     fn hub(&self, addr: [u8; 16]) -> Rc<Hub> {
-        self.hubs.borrow_mut().entry(addr).or_default().clone()
+        self.hubs
+            .borrow_mut()
+            .entry(addr)
+            .or_insert_with(|| {
+                let hub = Rc::new(Hub::default());
+                if let Some(seeks) = self.seeks.borrow_mut().remove(&addr) {
+                    hub.restore_seeks(seeks);
+                }
+                hub
+            })
+            .clone()
     }
 
     fn drop_hub_if_idle(&self, addr: [u8; 16]) {
@@ -232,7 +247,17 @@ impl Registry {
         if hubs.get(&addr).is_some_and(|h| h.is_idle())
             && !self.sessions.borrow().contains_key(&addr)
         {
-            hubs.remove(&addr);
+            if let Some(hub) = hubs.remove(&addr) {
+                // A subscriber that reconnects after the session went idle still starts near
+                // its cursor: the points outlive the hub (a bounded number of sessions' worth).
+                let mut seeks = self.seeks.borrow_mut();
+                if seeks.len() >= SEEK_SESSIONS_MAX {
+                    if let Some(&any) = seeks.keys().next() {
+                        seeks.remove(&any);
+                    }
+                }
+                seeks.insert(addr, hub.take_seeks());
+            }
         }
     }
 

@@ -390,27 +390,19 @@ struct Outgoing<'a> {
 }
 
 async fn open_http(out: &Outgoing<'_>) -> Result<Response, Failure> {
-    let Outgoing {
-        client,
-        family,
-        url,
-        rendered,
-        redact,
-        target,
-        refused_status,
-    } = *out;
-    let headers = header_pairs(rendered);
+    let headers = header_pairs(out.rendered);
     let req = HttpRequest {
         method: "POST",
-        url,
-        path: &rendered.path,
+        url: out.url,
+        path: &out.rendered.path,
         headers: &headers,
-        body: &rendered.body,
+        body: &out.rendered.body,
     };
-    let mut resp = client
+    let mut resp = out
+        .client
         .send(&req)
         .await
-        .map_err(|e| net_failure(&e, redact))?;
+        .map_err(|e| net_failure(&e, out.redact))?;
     let status = resp.status();
     if !(200..300).contains(&status) {
         let wait = retry_after_ms(
@@ -418,57 +410,50 @@ async fn open_http(out: &Outgoing<'_>) -> Result<Response, Failure> {
             resp.head.header("retry-after"),
         );
         let body = resp.body(ERROR_BODY_MAX).await.unwrap_or_default();
-        let wait = wait.or_else(|| family.retry_after_body(&body));
-        refused_status.set(Some(status));
-        return Err(refused(family, status, &body, wait, target, redact));
+        let wait = wait.or_else(|| out.family.retry_after_body(&body));
+        out.refused_status.set(Some(status));
+        return Err(refused(
+            out.family, status, &body, wait, out.target, out.redact,
+        ));
     }
     Ok(resp)
 }
 
 async fn open_ws(out: &Outgoing<'_>) -> Result<Source, Failure> {
-    let Outgoing {
-        client,
-        family,
-        url,
-        rendered,
-        redact,
-        target,
-        refused_status,
-    } = *out;
-    let message = family.websocket_message(rendered).ok_or_else(|| {
+    let message = out.family.websocket_message(out.rendered).ok_or_else(|| {
         failure(
             ErrorClass::Permanent,
-            format!("the {} family has no WebSocket mode", family.id()),
+            format!("the {} family has no WebSocket mode", out.family.id()),
             None,
         )
     })?;
-    let headers: Vec<(&str, &str)> = header_pairs(rendered)
+    let headers: Vec<(&str, &str)> = header_pairs(out.rendered)
         .into_iter()
         .filter(|(n, _)| {
             !n.eq_ignore_ascii_case("content-type") && !n.eq_ignore_ascii_case("accept")
         })
         .collect();
-    let opened = WebSocket::connect(client, url, &rendered.path, &headers)
+    let opened = WebSocket::connect(out.client, out.url, &out.rendered.path, &headers)
         .await
-        .map_err(|e| net_failure(&e, redact))?;
+        .map_err(|e| net_failure(&e, out.redact))?;
     let mut ws = match opened {
         Ok(ws) => ws,
         Err(refused) => {
             let wait = retry_after_ms(None, refused.retry_after.as_deref());
-            refused_status.set(Some(refused.status));
+            out.refused_status.set(Some(refused.status));
             return Err(self::refused(
-                family,
+                out.family,
                 refused.status,
                 &refused.body,
                 wait,
-                target,
-                redact,
+                out.target,
+                out.redact,
             ));
         }
     };
     ws.send_text(message)
         .await
-        .map_err(|e| net_failure(&e, redact))?;
+        .map_err(|e| net_failure(&e, out.redact))?;
     Ok(Source::Ws(Box::new(ws)))
 }
 

@@ -1,0 +1,151 @@
+//! What serve starts before its shards: the catalog (assembled and installed), the store
+//! with its projecting thread, and the tools (the MCP servers, and in module mode the tool
+//! modules' catalogs).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use broca_io::net::proxy::ProxyConfig;
+
+use super::{registry, ServeOptions};
+
+/// The store's thread: catches up with WALs written while serve was down, then with each
+/// batch of WALs the shards say moved on (a path sent twice is projected once per batch).
+fn project_on_this_thread(
+    store: &broca_store::Store,
+    wal_dir: &Path,
+    rx: &std::sync::mpsc::Receiver<Vec<PathBuf>>,
+    caught_up: std::sync::mpsc::Sender<()>,
+) {
+    let pass = store.catch_up_all(wal_dir);
+    let _ = caught_up.send(());
+    match pass {
+        Ok(pass) => {
+            for f in pass.failed {
+                tracing::error!("store: {f}");
+            }
+            tracing::info!(
+                sessions = pass.sessions,
+                projected = pass.projected,
+                facts = pass.facts,
+                "store caught up with the WALs"
+            );
+        }
+        Err(e) => tracing::error!("{e}"),
+    }
+    while let Ok(mut batch) = rx.recv() {
+        while let Ok(more) = rx.try_recv() {
+            batch.extend(more);
+        }
+        batch.sort();
+        batch.dedup();
+        match store.catch_up_batch(&batch) {
+            Ok(failed) => failed.iter().for_each(|e| tracing::error!("store: {e}")),
+            Err(e) => tracing::error!("{e}"),
+        }
+    }
+}
+
+/// Assembles the catalog (asking its service, if any) and installs it for this process.
+pub(super) fn load_catalog(
+    opts: &ServeOptions,
+    tls: &Arc<broca_io::net::rustls::ClientConfig>,
+    proxy: &ProxyConfig,
+    modules: Option<Arc<crate::subc_tools::ModuleTools>>,
+) -> Result<(), String> {
+    let (tls, proxy, sources) = (tls.clone(), proxy.clone(), opts.catalog.clone());
+    let (catalog, notes) = broca_shards::run_local(async move {
+        let http = broca_io::net::HttpClient::new(broca_io::net::ClientConfig::new(tls, proxy));
+        crate::catalog_service::load(&sources, &http, modules.as_deref()).await
+    })
+    .map_err(|e| format!("cannot load the catalog: {e}"))?;
+    for n in notes {
+        tracing::error!("{n}");
+    }
+    broca_catalog::install(catalog);
+    Ok(())
+}
+
+/// The store as serve opened it.
+pub(super) struct OpenedStore {
+    pub store: Option<Arc<broca_store::Store>>,
+    pub projector: Option<Mutex<std::sync::mpsc::SyncSender<Vec<PathBuf>>>>,
+    /// Says when the store has caught up with the WALs at start.
+    pub caught_up: Option<std::sync::mpsc::Receiver<()>>,
+}
+
+/// The store, with its own thread projecting what the shards hand it; `None` (and the WALs
+/// serve everything) when it cannot be opened.
+pub(super) fn open_store(state_dir: &Path, wal_dir: &Path) -> Result<OpenedStore, String> {
+    match broca_store::Store::open(state_dir) {
+        Ok((store, notes)) => {
+            for n in notes {
+                tracing::warn!("{n}");
+            }
+            let store = Arc::new(store);
+            let (tx, rx) =
+                std::sync::mpsc::sync_channel::<Vec<PathBuf>>(registry::PROJECTOR_QUEUE_MAX);
+            let (done, caught_up) = std::sync::mpsc::channel();
+            let (s, dir) = (store.clone(), wal_dir.to_path_buf());
+            std::thread::Builder::new()
+                .name("store".into())
+                .spawn(move || project_on_this_thread(&s, &dir, &rx, done))
+                .map_err(|e| format!("cannot start the store thread: {e}"))?;
+            Ok(OpenedStore {
+                store: Some(store),
+                projector: Some(Mutex::new(tx)),
+                caught_up: Some(caught_up),
+            })
+        }
+        Err(e) => {
+            tracing::error!("{e}; serving from the WALs alone");
+            Ok(OpenedStore {
+                store: None,
+                projector: None,
+                caught_up: None,
+            })
+        }
+    }
+}
+
+/// The configured MCP tool servers, started once for every shard, and in module mode the
+/// tool modules' catalogs (their tools offered beside the servers').
+pub(super) fn start_tools(
+    opts: &ServeOptions,
+    tls: &Arc<broca_io::net::rustls::ClientConfig>,
+    proxy: &ProxyConfig,
+    modules: Option<Arc<crate::subc_tools::ModuleTools>>,
+) -> Result<Arc<broca_tools::ToolServers>, String> {
+    let Some(cfg) = opts.tools.clone() else {
+        return Ok(broca_tools::ToolServers::none());
+    };
+    if !cfg.modules.is_empty() && modules.is_none() {
+        return Err(format!(
+            "the tools config names tool modules ({}); they are reached through the daemon: \
+             run `broca module --subc FILE`",
+            cfg.modules
+                .iter()
+                .map(|m| m.module.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    let (tls, proxy) = (tls.clone(), proxy.clone());
+    let (servers, problems) = broca_shards::run_local(async move {
+        let http = broca_tools::tool_http_client(tls, proxy);
+        let (servers, mut problems) = broca_tools::ToolServers::start(cfg, &http).await?;
+        let Some(modules) = modules else {
+            return Ok::<_, String>((servers, problems));
+        };
+        let (specs, more) = modules.catalogs().await;
+        problems.extend(more);
+        let (servers, clashes) = servers.with_more(specs);
+        problems.extend(clashes);
+        Ok((servers, problems))
+    })
+    .map_err(|e| format!("cannot start the tool servers: {e}"))??;
+    for p in problems {
+        tracing::error!("{p}; its tools are not offered");
+    }
+    Ok(servers)
+}

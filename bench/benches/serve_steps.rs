@@ -83,7 +83,7 @@ use broca::module::session::SessionActor;
 use broca::provider::credential::EnvSecrets;
 use broca::provider::transport::{Endpoints, HttpModelClient};
 use broca::wal::SessionTriple;
-use broca_bench::percentile;
+use broca_bench::{percentile, raise_fd_limit};
 use broca_io::http_server::{RequestDecoder, ServerLimits};
 use broca_io::net::proxy::ProxyConfig;
 use broca_io::net::{tls, ClientConfig, HttpClient};
@@ -158,30 +158,6 @@ fn rss_kib() -> u64 {
                 .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
         })
         .unwrap_or(0)
-}
-
-fn raise_fd_limit(want: u64) {
-    // SAFETY: reading and setting this process's own limit.
-    unsafe {
-        let mut lim = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
-        if lim.rlim_cur < want {
-            let new = libc::rlimit {
-                rlim_cur: want,
-                rlim_max: want.max(lim.rlim_max),
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &new) != 0 {
-                let soft = libc::rlimit {
-                    rlim_cur: lim.rlim_max,
-                    rlim_max: lim.rlim_max,
-                };
-                libc::setrlimit(libc::RLIMIT_NOFILE, &soft);
-            }
-        }
-    }
 }
 
 /// Runs in one session before the next run moves to a fresh one.

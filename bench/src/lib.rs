@@ -1,6 +1,8 @@
 //! Shared helpers of broca's benchmarks: latency recording and percentiles, aligned buffers.
 
+pub mod loadgen;
 pub mod peer;
+pub mod roles;
 
 use std::time::Duration;
 
@@ -51,6 +53,31 @@ pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 fn fmt(d: Duration) -> String {
     format!("{:.1} µs", d.as_secs_f64() * 1e6)
+}
+
+/// Raises this process's open-files limit to `want` (or as far as the hard limit allows).
+pub fn raise_fd_limit(want: u64) {
+    // SAFETY: reading and setting this process's own limit.
+    unsafe {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+        if lim.rlim_cur < want {
+            let new = libc::rlimit {
+                rlim_cur: want,
+                rlim_max: want.max(lim.rlim_max),
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &new) != 0 {
+                let soft = libc::rlimit {
+                    rlim_cur: lim.rlim_max,
+                    rlim_max: lim.rlim_max,
+                };
+                libc::setrlimit(libc::RLIMIT_NOFILE, &soft);
+            }
+        }
+    }
 }
 
 /// A heap buffer aligned for O_DIRECT.

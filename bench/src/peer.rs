@@ -161,25 +161,7 @@ impl Daemon {
 
     /// One request on a new connection: status and body.
     pub fn request(&self, method: &str, path: &str, body: &str) -> std::io::Result<(u16, Vec<u8>)> {
-        let mut s = TcpStream::connect(&self.addr)?;
-        s.set_read_timeout(Some(Duration::from_secs(30)))?;
-        let raw = format!(
-            "{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            self.handle,
-            body.len()
-        );
-        s.write_all(raw.as_bytes())?;
-        let mut all = Vec::new();
-        s.read_to_end(&mut all)?;
-        let end = all
-            .windows(4)
-            .position(|w| w == b"\r\n\r\n")
-            .ok_or_else(|| std::io::Error::other("no response head"))?;
-        let status = std::str::from_utf8(&all[9..12])
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| std::io::Error::other("no status"))?;
-        Ok((status, all[end + 4..].to_vec()))
+        request(&self.addr, &self.handle, method, path, body)
     }
 
     /// A management call: status and the JSON reply.
@@ -195,6 +177,35 @@ impl Daemon {
             serde_json::from_slice(&out).unwrap_or(serde_json::Value::Null),
         ))
     }
+}
+
+/// One request to the daemon at `addr` with its bearer `handle`, on a new connection: status
+/// and body.
+pub fn request(
+    addr: &str,
+    handle: &str,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> std::io::Result<(u16, Vec<u8>)> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let raw = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {handle}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(raw.as_bytes())?;
+    let mut all = Vec::new();
+    s.read_to_end(&mut all)?;
+    let end = all
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other("no response head"))?;
+    let status = std::str::from_utf8(&all[9..12])
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other("no status"))?;
+    Ok((status, all[end + 4..].to_vec()))
 }
 
 /// The resident set of process `pid` in KiB, and its open descriptors.

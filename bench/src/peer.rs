@@ -87,8 +87,12 @@ fn answer(mut conn: TcpStream, tool_steps: usize, requests: &AtomicU64) {
     }
 }
 
-/// The release `broca` binary, built first if needed (`cargo build --release --bin broca`).
+/// The release `broca` binary, built first if needed (`cargo build --release --bin broca`);
+/// `BROCA_BIN` names one to use instead.
 pub fn broca_release_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("BROCA_BIN") {
+        return PathBuf::from(bin);
+    }
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .args([

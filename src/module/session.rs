@@ -275,9 +275,16 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         self.drive(machine).await
     }
 
-    /// Appends a record, applies it to the session state, and honours the crash plan.
+    /// Appends a record, applies it to the session state, and honours the crash plan. A record
+    /// nothing waits for is deferred: it shares the fdatasync of the next one waited for (a
+    /// tool step's result and the next step's start ride on that step's tool intent), so a
+    /// tool step costs one fdatasync.
     async fn append(&mut self, record: Record, wait: bool) -> Result<(), ActorError> {
-        let appended = self.writer.append(&record).await?;
+        let appended = if wait {
+            self.writer.append(&record).await?
+        } else {
+            self.writer.append_deferred(&record).await?
+        };
         match super::crash::due(&record) {
             None | Some(super::crash::Abort::AfterAction) => {}
             Some(super::crash::Abort::WhenDurable) => {

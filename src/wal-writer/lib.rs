@@ -292,8 +292,20 @@ impl WalWriter {
         &self.log
     }
 
-    /// Appends `record` to the pending batch without waiting for the disk.
+    /// Appends `record` to the pending batch without waiting for the disk; its write starts
+    /// at once.
     pub async fn append(&mut self, record: &Record) -> Result<Appended, WalError> {
+        self.append_as(record, true).await
+    }
+
+    /// Appends `record` without starting a write for it: it becomes durable with the next
+    /// urgent append or wait, or within the log's `defer_max` (see
+    /// `LogFile::append_deferred_with`). For records a crash may lose.
+    pub async fn append_deferred(&mut self, record: &Record) -> Result<Appended, WalError> {
+        self.append_as(record, false).await
+    }
+
+    async fn append_as(&mut self, record: &Record, urgent: bool) -> Result<Appended, WalError> {
         record.encode_payload(&mut self.scratch);
         let payload = &self.scratch;
         if payload.len() > PAYLOAD_BYTES_MAX {
@@ -304,13 +316,16 @@ impl WalWriter {
         }
         let seq = self.next_seq;
         let (tag, epoch, kind) = (self.header.lineage_tag(), self.epoch, record.kind());
-        let end = self
-            .log
-            .append_with(FRAME_HEADER_BYTES + payload.len(), |buf, synced_end| {
-                write_frame(buf, seq, tag, synced_end, epoch, kind, payload)
-            })
-            .await
-            .map_err(log_err)?;
+        let len = FRAME_HEADER_BYTES + payload.len();
+        let fill = |buf: &mut [u8], synced_end| {
+            write_frame(buf, seq, tag, synced_end, epoch, kind, payload)
+        };
+        let end = if urgent {
+            self.log.append_with(len, fill).await
+        } else {
+            self.log.append_deferred_with(len, fill).await
+        }
+        .map_err(log_err)?;
         self.next_seq += 1;
         Ok(Appended { seq, end })
     }

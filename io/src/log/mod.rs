@@ -89,6 +89,9 @@ pub struct LogConfig {
     pub faults: Option<FaultHook>,
     /// The simulated power loss of crash tests (see [`crate::power_loss`]); `None` otherwise.
     pub power_loss: Option<crate::power_loss::PowerLoss>,
+    /// The longest a deferred append ([`LogFile::append_deferred_with`]) waits for a write
+    /// before one is made for it alone.
+    pub defer_max: std::time::Duration,
 }
 
 impl Default for LogConfig {
@@ -100,9 +103,13 @@ impl Default for LogConfig {
             direct_io: DirectIo::Auto,
             faults: None,
             power_loss: None,
+            defer_max: DEFER_MAX_DEFAULT,
         }
     }
 }
+
+/// How long a deferred append may wait for an urgent one to carry it, by default.
+pub const DEFER_MAX_DEFAULT: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// What went wrong with a log file. Every variant names the file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -222,6 +229,11 @@ struct State {
     tail_block: Vec<u8>,
     /// Appends not yet handed to a write.
     pending: Vec<u8>,
+    /// Bytes below this are due to be written now: urgent appends, waits, deferred appends
+    /// whose time ran out. Pending bytes above it wait for one of those.
+    urgent_end: u64,
+    /// A timer is set to make the deferred appends urgent.
+    defer_armed: bool,
     /// A spare batch buffer, swapped with `pending` at each flush to keep its capacity.
     spare: Vec<u8>,
     flushing: bool,
@@ -423,6 +435,8 @@ impl OpenedLog {
                     zeroed_end,
                     tail_block,
                     pending: Vec::new(),
+                    urgent_end: end,
+                    defer_armed: false,
                     spare: Vec::new(),
                     flushing: false,
                     dead: None,
@@ -463,11 +477,32 @@ impl LogFile {
     /// Appends `len` bytes that `fill` writes into place; `fill` also receives the durable end
     /// at the time of the append (a lower bound a reader can trust). Waits only for room in the
     /// pending batch, never for the disk; returns the log's end after this append, for
-    /// [`LogFile::wait_durable`].
+    /// [`LogFile::wait_durable`]. The write starts at once (with whatever else is pending).
     pub async fn append_with(
         &self,
         len: usize,
         fill: impl FnOnce(&mut [u8], u64),
+    ) -> Result<u64, LogError> {
+        self.append_inner(len, fill, true).await
+    }
+
+    /// As [`LogFile::append_with`], but no write starts for these bytes alone: they ride on
+    /// the next urgent append's write or wait, or after [`LogConfig::defer_max`] get a write
+    /// of their own. For records whose loss in a crash the reader tolerates, so that a record
+    /// and the urgent one after it share one fdatasync.
+    pub async fn append_deferred_with(
+        &self,
+        len: usize,
+        fill: impl FnOnce(&mut [u8], u64),
+    ) -> Result<u64, LogError> {
+        self.append_inner(len, fill, false).await
+    }
+
+    async fn append_inner(
+        &self,
+        len: usize,
+        fill: impl FnOnce(&mut [u8], u64),
+        urgent: bool,
     ) -> Result<u64, LogError> {
         let max = self.shared.cfg.batch_bytes_max;
         if len > max {
@@ -485,10 +520,11 @@ impl LogFile {
         fill(&mut st.pending[start..], durable_end);
         st.end += len as u64;
         let end = st.end;
-        if !st.flushing {
-            st.flushing = true;
-            self.shared.committer.flush_started();
-            glommio::spawn_local(flush_loop(self.shared.clone())).detach();
+        if urgent {
+            st.urgent_end = end;
+            start_flush(&self.shared, &mut st);
+        } else if !st.flushing {
+            arm_defer(&self.shared, &mut st);
         }
         drop(st);
         self.shared.committer.count_append(len);
@@ -501,8 +537,16 @@ impl LogFile {
             .await
     }
 
-    /// Waits until every byte below `end` is durable.
+    /// Waits until every byte below `end` is durable, starting the write of deferred bytes
+    /// below it (a [`DurableWatch`] waits without hurrying anything).
     pub async fn wait_durable(&self, end: u64) -> Result<(), LogError> {
+        {
+            let mut st = self.shared.state.borrow_mut();
+            if end > st.urgent_end {
+                st.urgent_end = end.min(st.end);
+                start_flush(&self.shared, &mut st);
+            }
+        }
         self.watch().wait_durable(end).await
     }
 
@@ -558,16 +602,50 @@ impl LogFile {
     }
 }
 
-/// Writes batches until nothing is pending. One per log at a time (`State::flushing`).
+/// Starts the flush task unless it runs (it takes every pending byte once some are urgent).
+fn start_flush(shared: &Rc<Shared>, st: &mut State) {
+    if !st.flushing && !st.pending.is_empty() {
+        st.flushing = true;
+        shared.committer.flush_started();
+        glommio::spawn_local(flush_loop(shared.clone())).detach();
+    }
+}
+
+/// Makes the deferred bytes urgent after `defer_max`, unless something writes them first.
+/// The timer holds the log weakly: closing the log is not delayed by it.
+fn arm_defer(shared: &Rc<Shared>, st: &mut State) {
+    if st.defer_armed || st.pending.is_empty() {
+        return;
+    }
+    st.defer_armed = true;
+    let weak = Rc::downgrade(shared);
+    let after = shared.cfg.defer_max;
+    glommio::spawn_local(async move {
+        glommio::timer::sleep(after).await;
+        let Some(shared) = weak.upgrade() else { return };
+        let mut st = shared.state.borrow_mut();
+        st.defer_armed = false;
+        st.urgent_end = st.end;
+        start_flush(&shared, &mut st);
+    })
+    .detach();
+}
+
+/// Writes batches while urgent bytes are pending. One per log at a time (`State::flushing`);
+/// deferred bytes left when it stops get their timer.
 async fn flush_loop(shared: Rc<Shared>) {
     loop {
         // Let every append that is ready in this tick join the batch.
         futures_lite::future::yield_now().await;
         let (batch, base) = {
             let mut st = shared.state.borrow_mut();
-            if st.pending.is_empty() || st.dead.is_some() {
+            let pending_from = st.end - st.pending.len() as u64;
+            if st.pending.is_empty() || st.dead.is_some() || st.urgent_end <= pending_from {
                 st.flushing = false;
                 shared.committer.flush_ended();
+                if st.dead.is_none() {
+                    arm_defer(&shared, &mut st);
+                }
                 return;
             }
             let spare = std::mem::take(&mut st.spare);

@@ -136,6 +136,48 @@ fn many_concurrent_appends_share_fdatasyncs_and_all_become_durable() {
 }
 
 #[test]
+fn deferred_appends_ride_on_the_next_urgent_one_or_get_a_write_of_their_own_in_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = triple("deferred");
+    let committer = Committer::default();
+    let c2 = committer.clone();
+    let defer_max = std::time::Duration::from_secs(2);
+    let cfg = LogConfig {
+        defer_max,
+        ..LogConfig::default()
+    };
+    run_local(async move {
+        let (mut w, _) = WalWriter::open(dir.path(), &t, cfg, c2).await.unwrap();
+        let fsyncs = || committer.stats().fsyncs;
+        // A deferred append alone is not written at once...
+        let before = fsyncs();
+        let a = w.append_deferred(&note(1)).await.unwrap().end;
+        glommio::timer::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(w.log().durable_end() < a, "a deferred append was written at once");
+        // ...and rides on the next urgent append: one fdatasync for both.
+        let b = w.append(&note(2)).await.unwrap().end;
+        w.wait_durable(b).await.unwrap();
+        assert!(w.log().durable_end() >= b);
+        assert_eq!(fsyncs() - before, 1, "two appends, one of them urgent");
+        // Waiting for a deferred append writes it now, not when its time runs out.
+        let c = w.append_deferred(&note(3)).await.unwrap().end;
+        let started = std::time::Instant::now();
+        w.wait_durable(c).await.unwrap();
+        assert!(started.elapsed() < defer_max / 2);
+        // A deferred append that nothing follows or waits for becomes durable on its own
+        // (a watch waits without hurrying it).
+        let before = fsyncs();
+        let d = w.append_deferred(&note(4)).await.unwrap().end;
+        w.watch().wait_durable(d).await.unwrap();
+        assert_eq!(fsyncs() - before, 1);
+        w.close().await.unwrap();
+        let (_, scan) = read_and_scan(&wal_path(dir.path(), &t)).unwrap();
+        assert_eq!(scan.frames.len(), 5, "the lease record and the four notes");
+    })
+    .unwrap();
+}
+
+#[test]
 fn appends_larger_than_a_batch_wait_for_room_and_keep_their_order() {
     let dir = tempfile::tempdir().unwrap();
     let t = triple("room");

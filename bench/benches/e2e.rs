@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use broca_bench::loadgen::{self, Figures, Mark, Mode, Plan, Target};
 use broca_bench::peer::{broca_release_bin, cpu_secs, request, rss_kib_and_fds, Daemon};
-use broca_bench::{raise_fd_limit, roles};
+use broca_bench::{floors, raise_fd_limit, roles};
 use serde_json::{json, Value};
 
 fn env_str(name: &str, default: &str) -> String {
@@ -35,6 +35,7 @@ struct Provider {
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
+    port: u16,
     url: String,
 }
 
@@ -60,12 +61,13 @@ impl Provider {
         let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
         let mut line = String::new();
         stdout.read_line(&mut line).expect("the provider's port");
-        let url = format!("http://127.0.0.1:{}", line.trim());
+        let port: u16 = line.trim().parse().expect("the provider's port");
         Provider {
             child,
             stdin,
             stdout,
-            url,
+            port,
+            url: format!("http://127.0.0.1:{port}"),
         }
     }
 
@@ -323,6 +325,11 @@ fn peer_row(python: &Path, work: &Path, peer: &str, sessions: usize, secs: f64) 
         row["cpu_us_per_step"] = json!(round(cpu * 1e6 / steps.max(1.0), 1));
         row["cores"] = json!(round(cpu / secs, 2));
     }
+    for k in ["step_p50_ms", "step_p99_ms", "steps_per_s", "cpu_s"] {
+        if let Some(v) = row[k].as_f64() {
+            row[k] = json!(round(v, 2));
+        }
+    }
     if let Some(kib) = row["peak_rss_kib"].as_f64() {
         row["peak_rss_mib"] = json!(round(kib / 1024.0, 1));
     }
@@ -365,6 +372,7 @@ fn main() {
         warm,
     };
     let begun = Instant::now();
+    let floors = measure_floors(work, if full { 5.0 } else { 2.0 });
     let mut broca = Vec::new();
     for &n in sessions.iter().filter(|_| row("closed")) {
         let label = format!("closed {n}");
@@ -413,13 +421,105 @@ fn main() {
         }
     }
     let ratios = ratios(&broca, &peers, &sessions);
+    let targets = targets(&broca);
     print_tables(&broca, &peers);
     println!(
         "{}",
         json!({"mode": if full { "full" } else { "quick" }, "window_s": secs,
-            "took_s": round(begun.elapsed().as_secs_f64(), 1),
-            "broca": broca, "peers": peers, "ratios": ratios})
+            "took_s": round(begun.elapsed().as_secs_f64(), 1), "floors": floors,
+            "broca": broca, "peers": peers, "ratios": ratios, "targets": targets})
     );
+}
+
+/// The disk's write + fdatasync ceiling over 1, 100 and 1,000 files, and the provider alone.
+fn measure_floors(work: &Path, secs: f64) -> Value {
+    let mut out = serde_json::Map::new();
+    for files in [1, 100, 1000] {
+        let dir = tempfile::tempdir_in(work).expect("a dir");
+        let f = floors::fsync_floor(dir.path(), files, secs);
+        let v = json!({"ops_per_s": round(f.ops_per_s, 0), "cpu_us_per_op": round(f.cpu_us_per_op, 1),
+            "p50_us": f.p50_us, "p99_us": f.p99_us});
+        eprintln!("fdatasync floor, {files} files: {v}");
+        out.insert(format!("fdatasync_{files}_files"), v);
+    }
+    let provider = Provider::start(9, 0);
+    let mut body = String::from("{\"messages\":[{\"role\":\"user\",\"content\":\"bench-prompt\"}");
+    for i in 0..9 {
+        body.push_str(&format!(
+            ",{{\"role\":\"user\",\"content\":[{{\"type\":\"tool_result\",\"tool_use_id\":\"x{i}\",\"content\":\"ok\"}}]}}"
+        ));
+    }
+    body.push_str(&format!("],\"system\":\"{}\"}}", "x".repeat(3000)));
+    let cpu0 = provider.cpu();
+    let f = floors::provider_alone(provider.port, 64, body.into_bytes(), secs);
+    let provider_cpu = provider.cpu() - cpu0;
+    let v = json!({"requests_per_s": round(f.ops_per_s, 0),
+        "provider_cpu_us_per_request": round(provider_cpu * 1e6 / (f.ops_per_s * secs).max(1.0), 1),
+        "client_cpu_us_per_request": round(f.cpu_us_per_op, 1), "p50_us": f.p50_us, "p99_us": f.p99_us});
+    eprintln!("provider alone, 64 connections: {v}");
+    out.insert("provider_alone".into(), v);
+    Value::Object(out)
+}
+
+/// The targets, each with its measured figure and whether it is met.
+fn targets(broca: &[Value]) -> Value {
+    let row = |label: &str| broca.iter().find(|r| r["label"] == label);
+    let f = |r: Option<&Value>, k: &str| r.and_then(|r| r[k].as_f64());
+    let mut out = Vec::new();
+    let mut check = |name: &str, value: Option<f64>, ok: fn(f64) -> bool| {
+        out.push(json!({"target": name, "measured": value, "met": value.map(ok)}));
+    };
+    let c1000 = row("closed 1000");
+    check(
+        "1,000 sessions: >= 10,000 steps/s",
+        f(c1000, "steps_per_s"),
+        |v| v >= 10_000.0,
+    );
+    check(
+        "1,000 sessions: peak RSS < 64 MiB",
+        f(c1000, "peak_rss_mib"),
+        |v| v < 64.0,
+    );
+    check(
+        "1,000 sessions: <= 32 KiB per session",
+        f(c1000, "rss_per_session_kib"),
+        |v| v <= 32.0,
+    );
+    check(
+        "1,000 sessions: < 100 µs CPU per step",
+        f(c1000, "broca_cpu_us_per_step"),
+        |v| v < 100.0,
+    );
+    check(
+        "open loop 5,000 steps/s: p99 < 20 ms",
+        f(row("open 5000 steps/s"), "step_p99_ms"),
+        |v| v < 20.0,
+    );
+    let c1 = row("closed 1");
+    let above = c1.and_then(|r| {
+        Some(
+            r["step_p99_ms"].as_f64()?
+                - r["fsyncs_per_step"].as_f64()? * r["fsync_mean_us"].as_f64()? / 1e3,
+        )
+    });
+    check(
+        "1 session: step p99 less its fdatasync time < 1 ms",
+        above,
+        |v| v < 1.0,
+    );
+    let once = row("once 10000");
+    check("10,000 sessions: no error", f(once, "errors"), |v| v == 0.0);
+    check(
+        "10,000 sessions: peak RSS < 400 MiB",
+        f(once, "peak_rss_mib"),
+        |v| v < 400.0,
+    );
+    check(
+        "fdatasyncs per step <= 1.1 (one per tool step; RunStarted and RunFinished per send)",
+        f(c1000, "fsyncs_per_step"),
+        |v| v <= 1.1 + 1e-9,
+    );
+    Value::Array(out)
 }
 
 /// broca / peer for every figure of the closed-loop rows, at each session count.

@@ -373,12 +373,12 @@ fn kill_everywhere(mode: Mode) {
         ("step_started", 2),
         ("step", 2),
         ("terminal", 1),
-        // Batch writes: the lease record's, RunStarted's, then the run's own. How many records
-        // a batch merges depends on how fast syncs come back (slow ones merge more), so the
-        // run has at least six batches, and a seventh only on a quiet machine: the cuts tear
-        // the fifth and the sixth.
-        ("mid_write", 5),
-        ("mid_write", 6),
+        // Batch writes: the lease record's, RunStarted's, then the run's own. Records the run
+        // does not wait for ride on the next one it waits for (or get a write of their own
+        // after 50 ms), so the run writes at least two batches of its own: the tool intent's
+        // and RunFinished's. The cuts tear the third and the fourth.
+        ("mid_write", 3),
+        ("mid_write", 4),
     ];
     let run_cuts = [("intent", 1), ("tool_result", 1), ("step", 2)];
     let planned = cuts.len() + run_cuts.len() + random_kills as usize;

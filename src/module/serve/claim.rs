@@ -63,6 +63,10 @@ pub(crate) fn previous_serve(dir: &Path) -> Option<PreviousServe> {
     })
 }
 
+/// How many times (100 ms apart) a socket that takes connections is tried again before it is
+/// called a running process's.
+const SOCKET_SETTLE_TRIES: u32 = 20;
+
 /// Makes `socket` free for this daemon to bind. Nothing there: fine. A socket nobody listens
 /// on, that this state dir's default socket or its last daemon's serve.json names: removed.
 /// Anything else is refused, naming what is in the way.
@@ -79,15 +83,25 @@ pub(crate) fn claim_socket(socket: &Path, state_dir: &Path) -> Result<(), String
             socket.display()
         ));
     }
-    match std::os::unix::net::UnixStream::connect(socket) {
-        Ok(_) => {
-            return Err(format!(
-                "{} is the socket of a running process; stop it or choose another --socket",
-                socket.display()
-            ))
+    // A daemon killed a moment ago may still hold its socket: the kernel tears its io_uring
+    // down after the process is gone, and a pending accept keeps the listener open until then.
+    // A socket that still takes connections after a while belongs to a running process.
+    let mut tries = 0;
+    loop {
+        match std::os::unix::net::UnixStream::connect(socket) {
+            Ok(_) if tries < SOCKET_SETTLE_TRIES => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            Ok(_) => {
+                return Err(format!(
+                    "{} is the socket of a running process; stop it or choose another --socket",
+                    socket.display()
+                ))
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => break,
+            Err(e) => return Err(format!("{}: {e}", socket.display())),
         }
-        Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => {}
-        Err(e) => return Err(format!("{}: {e}", socket.display())),
     }
     let ours = socket == state_dir.join("broca.sock")
         || previous_serve(state_dir).and_then(|p| p.socket).as_deref() == Some(socket);

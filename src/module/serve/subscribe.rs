@@ -22,6 +22,9 @@ use super::{ServeCtx, ShardMsg};
 /// How often an idle subscription says it is alive (an SSE comment, or a WebSocket ping).
 const KEEPALIVE: Duration = Duration::from_secs(15);
 
+/// The most bytes of queued items joined into one write.
+const COALESCE_BYTES_MAX: usize = 64 * 1024;
+
 /// What a subscription asks for.
 struct Params {
     triple: SessionTriple,
@@ -190,8 +193,16 @@ async fn pump<S: AsyncRead + AsyncWrite + Unpin>(
         let (bytes, last) = match next {
             Next::Item(None) | Next::Read(Ok(0)) | Next::Read(Err(_)) => break,
             Next::Item(Some(item)) => {
-                let end = matches!(item, SubItem::End(_));
-                (encode(item, framer.as_deref_mut()), end)
+                // The items already queued go out in the same write (a step's units come
+                // together).
+                let mut end = matches!(item, SubItem::End(_));
+                let mut bytes = encode(item, framer.as_deref_mut());
+                while !end && bytes.len() < COALESCE_BYTES_MAX {
+                    let Ok(Some(more)) = rx.try_next() else { break };
+                    end = matches!(more, SubItem::End(_));
+                    bytes.extend_from_slice(&encode(more, framer.as_deref_mut()));
+                }
+                (bytes, end)
             }
             Next::Read(Ok(n)) => match framer.as_deref_mut() {
                 Some(f) => f.feed(&buf[..n]),

@@ -153,7 +153,10 @@ fn deferred_appends_ride_on_the_next_urgent_one_or_get_a_write_of_their_own_in_t
         let before = fsyncs();
         let a = w.append_deferred(&note(1)).await.unwrap().end;
         glommio::timer::sleep(std::time::Duration::from_millis(50)).await;
-        assert!(w.log().durable_end() < a, "a deferred append was written at once");
+        assert!(
+            w.log().durable_end() < a,
+            "a deferred append was written at once"
+        );
         // ...and rides on the next urgent append: one fdatasync for both.
         let b = w.append(&note(2)).await.unwrap().end;
         w.wait_durable(b).await.unwrap();

@@ -27,6 +27,12 @@ pub const SENDS_PER_SESSION: u32 = 5;
 /// Connections being opened at once (the daemon's accept backlog is not the subject).
 const CONNECTS_AT_ONCE: u64 = 128;
 
+/// Sends on connections of their own in flight at once (each holds a descriptor).
+const SENDS_AT_ONCE: u64 = 1024;
+
+/// How many times a send refused 503 is made before it counts as an error (100 ms apart).
+const SEND_RETRIES: u32 = 600;
+
 /// Longest wait for the next unit of a subscription.
 const READ_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -60,6 +66,10 @@ pub struct Plan {
     pub tag: String,
     pub sessions: usize,
     pub websocket: bool,
+    /// Each session keeps its send connection open between sends; else a connection per
+    /// send (a client of 10,000 sessions cannot hold 20,000 descriptors on a machine whose
+    /// limit is 20,000).
+    pub keep_alive: bool,
     pub mode: Mode,
     pub warm: Duration,
 }
@@ -92,12 +102,15 @@ pub struct Figures {
     pub cpu_s: f64,
     /// Open loop: sends due when no session was idle.
     pub late: u64,
+    /// Sends refused 503 (a transient refusal: the daemon is at a limit) and made again.
+    pub retried: u64,
 }
 
 struct Ctx {
     target: Target,
     plan: Plan,
     connects: Semaphore,
+    sends_at_once: Semaphore,
     arrived: Cell<usize>,
     gate: Semaphore,
     stopping: Cell<bool>,
@@ -108,6 +121,7 @@ struct Ctx {
     display_us: RefCell<Vec<u32>>,
     dropped: Cell<u64>,
     sends: Cell<u64>,
+    retried: Cell<u64>,
     errors: Cell<u64>,
     first_error: RefCell<Option<String>>,
     idle: RefCell<VecDeque<usize>>,
@@ -137,6 +151,7 @@ async fn drive(target: Target, plan: Plan, mut mark: impl FnMut(Mark)) -> Figure
         target,
         plan: plan.clone(),
         connects: Semaphore::new(CONNECTS_AT_ONCE),
+        sends_at_once: Semaphore::new(SENDS_AT_ONCE),
         arrived: Cell::new(0),
         gate: Semaphore::new(0),
         stopping: Cell::new(matches!(plan.mode, Mode::Once)),
@@ -147,6 +162,7 @@ async fn drive(target: Target, plan: Plan, mut mark: impl FnMut(Mark)) -> Figure
         display_us: RefCell::default(),
         dropped: Cell::new(0),
         sends: Cell::new(0),
+        retried: Cell::new(0),
         errors: Cell::new(0),
         first_error: RefCell::default(),
         idle: RefCell::new((0..n).collect()),
@@ -269,6 +285,7 @@ fn figures(ctx: &Ctx, start: Instant, end: Instant, cpu_s: f64, late: u64) -> Fi
         first_error: ctx.first_error.take(),
         cpu_s,
         late,
+        retried: ctx.retried.get(),
     }
 }
 
@@ -280,7 +297,11 @@ async fn session_task(ctx: Rc<Ctx>, idx: usize, go: Option<LocalReceiver<()>>) {
         let name = format!("{}-{idx}-{gen}", ctx.plan.tag);
         let opened = Sub::open(&ctx, &name).await;
         if gen == 0 {
-            let connected = sender.connect(&ctx).await;
+            let connected = if ctx.plan.keep_alive {
+                sender.connect(&ctx).await
+            } else {
+                Ok(())
+            };
             ctx.arrived.set(ctx.arrived.get() + 1);
             let _ = ctx.gate.acquire(1).await;
             if let Err(e) = connected {
@@ -454,24 +475,52 @@ impl Sender {
         Ok(())
     }
 
-    /// `session.send` on the keep-alive connection (opened again once if it was lost).
+    /// `session.send` on the keep-alive connection (opened again once if it was lost), or on
+    /// a connection of its own; a transient refusal (503) is made again after a pause.
     async fn send(&mut self, ctx: &Ctx, session: &str, k: u32) -> Result<(), String> {
+        for _ in 0..SEND_RETRIES {
+            match self.send_once(ctx, session, k).await {
+                Err(e) if e.starts_with("session.send answered 503") => {
+                    ctx.retried.set(ctx.retried.get() + 1);
+                    glommio::timer::sleep(Duration::from_millis(100)).await;
+                }
+                other => return other,
+            }
+        }
+        Err(format!("session.send refused 503 {SEND_RETRIES} times"))
+    }
+
+    async fn send_once(&mut self, ctx: &Ctx, session: &str, k: u32) -> Result<(), String> {
+        let _permit = match ctx.plan.keep_alive {
+            true => None,
+            false => Some(
+                ctx.sends_at_once
+                    .acquire_permit(1)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            ),
+        };
         let body = format!(
             "{{\"method\":\"session.send\",\"params\":{{\"project_root\":\"/e2e\",\"harness\":\"bench\",\
              \"session\":\"{session}\",\"prompt\":\"bench-prompt {session} {k}\",\"model\":\"anthropic/bench\"}}}}"
         );
         let req = format!(
             "POST /v1/rpc HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\ncontent-type: application/json\r\n\
-             content-length: {}\r\n\r\n{body}",
+             content-length: {}\r\n{}\r\n{body}",
             ctx.target.handle,
-            body.len()
+            body.len(),
+            if ctx.plan.keep_alive { "" } else { "connection: close\r\n" }
         );
         for attempt in 0..2 {
             if self.stream.is_none() {
                 self.connect(ctx).await?;
             }
             let s = self.stream.as_mut().expect("just connected");
-            match exchange(s, req.as_bytes()).await {
+            let answer = exchange(s, req.as_bytes()).await;
+            if !ctx.plan.keep_alive {
+                self.stream = None;
+            }
+            match answer {
                 Ok((200, _)) => return Ok(()),
                 Ok((status, reply)) => {
                     return Err(format!(

@@ -30,6 +30,9 @@ pub struct CommitStats {
     pub fsync_errors: u64,
     /// Bytes handed to the kernel in batch writes, alignment padding and zeroing included.
     pub write_bytes: u64,
+    /// Batches started because deferred appends waited `defer_max` with nothing urgent to
+    /// carry them.
+    pub defer_timeouts: u64,
     /// fsync latency histogram: counts per bucket of [`FSYNC_LATENCY_BUCKETS_US`], plus one
     /// overflow bucket at the end.
     pub fsync_latency_buckets: Vec<u64>,
@@ -51,6 +54,7 @@ struct Inner {
     fsyncs: Cell<u64>,
     fsync_errors: Cell<u64>,
     write_bytes: Cell<u64>,
+    defer_timeouts: Cell<u64>,
     latency: RefCell<[u64; FSYNC_LATENCY_BUCKETS_US.len() + 1]>,
     latency_sum_us: Cell<u64>,
 }
@@ -77,6 +81,7 @@ impl Committer {
                 fsyncs: Cell::new(0),
                 fsync_errors: Cell::new(0),
                 write_bytes: Cell::new(0),
+                defer_timeouts: Cell::new(0),
                 latency: RefCell::new([0; FSYNC_LATENCY_BUCKETS_US.len() + 1]),
                 latency_sum_us: Cell::new(0),
             }),
@@ -116,6 +121,10 @@ impl Committer {
         bump(&self.inner.append_bytes, bytes as u64);
     }
 
+    pub(crate) fn count_defer_timeout(&self) {
+        bump(&self.inner.defer_timeouts, 1);
+    }
+
     pub(crate) fn count_write(&self, bytes: usize) {
         bump(&self.inner.write_bytes, bytes as u64);
     }
@@ -143,6 +152,7 @@ impl Committer {
             fsyncs: self.inner.fsyncs.get(),
             fsync_errors: self.inner.fsync_errors.get(),
             write_bytes: self.inner.write_bytes.get(),
+            defer_timeouts: self.inner.defer_timeouts.get(),
             fsync_latency_buckets: self.inner.latency.borrow().to_vec(),
             fsync_latency_sum_us: self.inner.latency_sum_us.get(),
         }

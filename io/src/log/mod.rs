@@ -98,7 +98,7 @@ impl Default for LogConfig {
     fn default() -> Self {
         LogConfig {
             batch_bytes_max: 1024 * 1024,
-            zero_ahead_min_bytes: 16 * 1024,
+            zero_ahead_min_bytes: 4 * 1024,
             zero_ahead_max_bytes: 4 * 1024 * 1024,
             direct_io: DirectIo::Auto,
             faults: None,
@@ -625,6 +625,9 @@ fn arm_defer(shared: &Rc<Shared>, st: &mut State) {
         let Some(shared) = weak.upgrade() else { return };
         let mut st = shared.state.borrow_mut();
         st.defer_armed = false;
+        if !st.flushing && !st.pending.is_empty() && st.urgent_end < st.end {
+            shared.committer.count_defer_timeout();
+        }
         st.urgent_end = st.end;
         start_flush(&shared, &mut st);
     })

@@ -108,6 +108,10 @@ pub(crate) fn start(
     Ok(Acceptor { stop, stats })
 }
 
+/// The read buffer of a connection: a send's request fits in one read, larger bodies take
+/// several (every open connection holds one).
+const READ_CHUNK: usize = 8 * 1024;
+
 /// Serves one connection until it closes, errs, or stays idle too long.
 async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
     ctx: Arc<ServeCtx>,
@@ -115,7 +119,7 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
     tcp: bool,
 ) {
     let mut dec = RequestDecoder::new(ctx.opts.limits);
-    let mut buf = vec![0u8; 16 * 1024];
+    let mut buf = vec![0u8; READ_CHUNK];
     // When the request being received began: it must arrive whole within the request
     // timeout, however slowly its bytes trickle in.
     let mut began: Option<Instant> = None;
@@ -129,6 +133,12 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
                             .write_all(&response(err.status, JSON, &err.body(), false))
                             .await;
                     } else {
+                        // A subscription lives long: the request's buffers go first.
+                        drop(std::mem::take(&mut buf));
+                        drop(std::mem::replace(
+                            &mut dec,
+                            RequestDecoder::new(ctx.opts.limits),
+                        ));
                         super::subscribe::serve(&ctx, &head, &mut stream).await;
                     }
                     return; // a subscription keeps its connection to the end

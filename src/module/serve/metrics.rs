@@ -58,6 +58,12 @@ const FAMILIES: &[Family] = &[
         value: |s| s.commit.fsyncs,
     },
     Family {
+        name: "broca_wal_defer_timeouts_total",
+        kind: "counter",
+        help: "Batches written because deferred records waited their 50 ms with nothing urgent to carry them.",
+        value: |s| s.commit.defer_timeouts,
+    },
+    Family {
         name: "broca_wal_fsync_errors_total",
         kind: "counter",
         help: "fdatasync calls that failed.",

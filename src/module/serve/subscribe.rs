@@ -198,7 +198,7 @@ async fn pump<S: AsyncRead + AsyncWrite + Unpin>(
                 let mut end = matches!(item, SubItem::End(_));
                 let mut bytes = encode(item, framer.as_deref_mut());
                 while !end && bytes.len() < COALESCE_BYTES_MAX {
-                    let Ok(Some(more)) = rx.try_next() else { break };
+                    let Ok(more) = rx.try_recv() else { break };
                     end = matches!(more, SubItem::End(_));
                     bytes.extend_from_slice(&encode(more, framer.as_deref_mut()));
                 }

@@ -528,6 +528,53 @@ fn an_idle_session_is_dropped_from_memory_read_from_its_wal_and_rebuilt_by_a_sen
 }
 
 #[test]
+fn a_session_that_went_idle_under_a_subscriber_takes_the_next_send() {
+    // The subscriber's hub outlives the session's actor: it must not keep the WAL (and the
+    // lease its descriptor holds) open, or the next send could never open the session again.
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let config = dir.path().join("serve.json5");
+    std::fs::write(&config, r#"{"idle_secs": 1}"#).unwrap();
+    let s = start(&state, &peer, &["--config", config.to_str().unwrap()]);
+    let sub = open_sse(
+        &s,
+        "project_root=%2Fproj&harness=h&session=s1&from=live",
+        None,
+    );
+    let send = || {
+        let (status, r) = rpc(
+            &s,
+            "session.send",
+            json!({"prompt": "hello there", "model": "anthropic/m"}),
+        );
+        assert_eq!(status, 200, "{r}");
+        r["result"]["run_id"].as_str().unwrap().to_string()
+    };
+    let first = send();
+    wait_for("the run to complete", || {
+        rpc(&s, "run.status", json!({"run_id": first})).1["result"]["state"] == "completed"
+    });
+    wait_for("the idle session to be dropped", || {
+        metric(&s, "broca_sessions_live") == 0
+    });
+    let second = send();
+    let mut finished = Vec::new();
+    read_events(sub, |(_, _, data)| {
+        if data.contains("\"type\":\"run_finished\"") {
+            let v: Value = serde_json::from_str(data).unwrap();
+            finished.push(v["run_id"].as_str().unwrap().to_string());
+        }
+        finished.len() == 2
+    });
+    assert_eq!(
+        finished,
+        [first, second],
+        "the subscriber saw both runs end"
+    );
+}
+
+#[test]
 fn open_sessions_stay_within_the_limit_idle_ones_closed_first_and_busy_ones_refuse_more() {
     let peer = Aimock::start(&fixture("aimock.json"));
     let dir = tempfile::tempdir().unwrap();

@@ -175,17 +175,31 @@ impl LogError {
     }
 }
 
-/// Waits for a log's durability from another task of its shard.
+/// Waits for a log's durability from another task of its shard. It holds the log weakly: a
+/// watch never keeps the file (and the lease its descriptor holds) open after the log is
+/// closed; a closed log's watch answers from the end its close made durable.
 #[derive(Clone)]
 pub struct DurableWatch {
-    shared: Rc<Shared>,
+    shared: std::rc::Weak<Shared>,
+    closed_end: Rc<std::cell::Cell<Option<u64>>>,
+    path: PathBuf,
 }
 
 impl DurableWatch {
-    /// Waits until every byte below `end` is durable (or the log died).
+    /// Waits until every byte below `end` is durable (or the log died, or was dropped without
+    /// a close that made `end` durable).
     pub async fn wait_durable(&self, end: u64) -> Result<(), LogError> {
         poll_fn(|cx| {
-            let mut st = self.shared.state.borrow_mut();
+            let Some(shared) = self.shared.upgrade() else {
+                return Poll::Ready(match self.closed_end.get() {
+                    Some(durable) if end <= durable => Ok(()),
+                    _ => Err(LogError::Dead {
+                        path: self.path.clone(),
+                        cause: "the log was dropped before this end was durable".into(),
+                    }),
+                });
+            };
+            let mut st = shared.state.borrow_mut();
             if st.durable_end >= end {
                 return Poll::Ready(Ok(()));
             }
@@ -206,6 +220,8 @@ pub struct LogFile {
 
 struct Shared {
     path: PathBuf,
+    /// Set by a clean close: everything below is durable (read by watches afterwards).
+    closed_end: Rc<std::cell::Cell<Option<u64>>>,
     /// The directory watch that tells when the fence needs a real check.
     watch: Option<Rc<DirWatch>>,
     /// The watch generation at the last successful fence check.
@@ -421,6 +437,7 @@ impl OpenedLog {
         let watch = self.path.parent().and_then(DirWatch::for_dir);
         LogFile {
             shared: Rc::new(Shared {
+                closed_end: Rc::default(),
                 watch,
                 fenced_generation: std::cell::Cell::new(0),
                 path: self.path,
@@ -550,11 +567,13 @@ impl LogFile {
         self.watch().wait_durable(end).await
     }
 
-    /// A handle that can wait for durability elsewhere on this shard (it keeps the log's
-    /// state alive, not its file open).
+    /// A handle that can wait for durability elsewhere on this shard (it keeps neither the
+    /// log's state nor its file alive).
     pub fn watch(&self) -> DurableWatch {
         DurableWatch {
-            shared: self.shared.clone(),
+            shared: Rc::downgrade(&self.shared),
+            closed_end: self.shared.closed_end.clone(),
+            path: self.shared.path.clone(),
         }
     }
 
@@ -568,6 +587,9 @@ impl LogFile {
     pub async fn close(self) -> Result<(), LogError> {
         self.sync().await?;
         let shared = self.shared;
+        shared
+            .closed_end
+            .set(Some(shared.state.borrow().durable_end));
         // The flush task may still hold its handle for a moment after waking us.
         while shared.state.borrow().flushing {
             futures_lite::future::yield_now().await;
@@ -581,7 +603,8 @@ impl LogFile {
                     .await
                     .map_err(|e| LogError::io(&path, "close", e))
             }
-            Err(_) => Ok(()), // another handle keeps it open; the last drop closes it
+            // Another handle keeps it open a moment (the last drop closes it).
+            Err(_) => Ok(()),
         }
     }
 

@@ -481,14 +481,20 @@ fn the_subscription_is_also_a_websocket() {
     ws.close(None).unwrap();
 }
 
-#[test]
-fn an_idle_session_is_dropped_from_memory_read_from_its_wal_and_rebuilt_by_a_send() {
+/// serve on aimock's fixture with `idle_secs` 1 (the peer and the folder live as long as it).
+fn idle_after_a_second() -> (Aimock, tempfile::TempDir, Serve) {
     let peer = Aimock::start(&fixture("aimock.json"));
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
     let config = dir.path().join("serve.json5");
     std::fs::write(&config, r#"{"idle_secs": 1}"#).unwrap();
     let s = start(&state, &peer, &["--config", config.to_str().unwrap()]);
+    (peer, dir, s)
+}
+
+#[test]
+fn an_idle_session_is_dropped_from_memory_read_from_its_wal_and_rebuilt_by_a_send() {
+    let (_peer, _dir, s) = idle_after_a_second();
     let live = |s: &Serve| metric(s, "broca_sessions_live");
     let (_, r) = rpc(
         &s,
@@ -531,12 +537,7 @@ fn an_idle_session_is_dropped_from_memory_read_from_its_wal_and_rebuilt_by_a_sen
 fn a_session_that_went_idle_under_a_subscriber_takes_the_next_send() {
     // The subscriber's hub outlives the session's actor: it must not keep the WAL (and the
     // lease its descriptor holds) open, or the next send could never open the session again.
-    let peer = Aimock::start(&fixture("aimock.json"));
-    let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("state");
-    let config = dir.path().join("serve.json5");
-    std::fs::write(&config, r#"{"idle_secs": 1}"#).unwrap();
-    let s = start(&state, &peer, &["--config", config.to_str().unwrap()]);
+    let (_peer, _dir, s) = idle_after_a_second();
     let sub = open_sse(
         &s,
         "project_root=%2Fproj&harness=h&session=s1&from=live",

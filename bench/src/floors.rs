@@ -2,12 +2,9 @@
 //! fdatasync ceiling over N files, and the loopback provider alone under a closed-loop client
 //! (its ceiling, and what one HTTP exchange costs a client).
 
-use std::cell::Cell;
 use std::path::Path;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
-
-use futures_lite::{AsyncReadExt, AsyncWriteExt};
 
 /// The CPU seconds (user + system) this process has used, every thread and io_uring worker
 /// included.
@@ -44,118 +41,98 @@ fn floor_of(ops: u64, secs: f64, cpu: f64, mut lat: Vec<u32>) -> Floor {
     }
 }
 
+/// What one task of a floor records: each operation's latency.
+pub(crate) struct Recorder {
+    lat: std::cell::RefCell<Vec<u32>>,
+}
+
+impl Recorder {
+    fn done(&self, started: Instant) {
+        self.lat
+            .borrow_mut()
+            .push(started.elapsed().as_micros() as u32);
+    }
+}
+
+/// Runs `tasks` copies of `task(i, until, recorder)` at once on a new glommio executor until
+/// `until`, `secs` from now; the floor of what they recorded, with this process's CPU.
+fn floor_on_executor<F, Fut>(tasks: usize, secs: f64, task: F) -> Floor
+where
+    F: Fn(usize, Instant, Rc<Recorder>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + 'static,
+{
+    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+        .spawn(move || async move {
+            let recorder = Rc::new(Recorder {
+                lat: Default::default(),
+            });
+            let until = Instant::now() + Duration::from_secs_f64(secs);
+            let cpu0 = process_cpu_secs();
+            let started = Instant::now();
+            let running: Vec<_> = (0..tasks)
+                .map(|i| glommio::spawn_local(task(i, until, recorder.clone())))
+                .collect();
+            for t in running {
+                t.await;
+            }
+            let secs = started.elapsed().as_secs_f64();
+            let lat = recorder.lat.take();
+            floor_of(lat.len() as u64, secs, process_cpu_secs() - cpu0, lat)
+        })
+        .expect("an executor")
+        .join()
+        .expect("the floor's executor")
+}
+
 /// `files` O_DIRECT files in `dir`, each rewritten one 4 KiB block then fdatasynced in a
 /// loop for `secs`, all at once on one glommio executor (as a shard's logs are).
 pub fn fsync_floor(dir: &Path, files: usize, secs: f64) -> Floor {
     let dir = dir.to_path_buf();
-    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-        .spawn(move || async move {
-            let ops = Rc::new(Cell::new(0u64));
-            let lat = Rc::new(std::cell::RefCell::new(Vec::new()));
-            let until = Instant::now() + Duration::from_secs_f64(secs);
-            let cpu0 = process_cpu_secs();
-            let started = Instant::now();
-            let mut tasks = Vec::new();
-            for i in 0..files {
-                let path = dir.join(format!("floor-{i}"));
-                let (ops, lat) = (ops.clone(), lat.clone());
-                tasks.push(glommio::spawn_local(async move {
-                    let file = glommio::io::DmaFile::create(&path).await.expect("a file");
-                    while Instant::now() < until {
-                        let t = Instant::now();
-                        let mut buf = file.alloc_dma_buffer(4096);
-                        buf.as_bytes_mut().fill(7);
-                        file.write_at(buf, 0).await.expect("a write");
-                        file.fdatasync().await.expect("an fdatasync");
-                        ops.set(ops.get() + 1);
-                        lat.borrow_mut().push(t.elapsed().as_micros() as u32);
-                    }
-                    let _ = file.close().await;
-                    let _ = std::fs::remove_file(&path);
-                }));
+    floor_on_executor(files, secs, move |i, until, rec| {
+        let path = dir.join(format!("floor-{i}"));
+        async move {
+            let file = glommio::io::DmaFile::create(&path).await.expect("a file");
+            while Instant::now() < until {
+                let t = Instant::now();
+                let mut buf = file.alloc_dma_buffer(4096);
+                buf.as_bytes_mut().fill(7);
+                file.write_at(buf, 0).await.expect("a write");
+                file.fdatasync().await.expect("an fdatasync");
+                rec.done(t);
             }
-            for t in tasks {
-                t.await;
-            }
-            let secs = started.elapsed().as_secs_f64();
-            let lat = lat.take();
-            floor_of(ops.get(), secs, process_cpu_secs() - cpu0, lat)
-        })
-        .expect("an executor")
-        .join()
-        .expect("the fsync floor")
+            let _ = file.close().await;
+            let _ = std::fs::remove_file(&path);
+        }
+    })
 }
 
 /// `conns` keep-alive connections each posting `body` to the provider at `port` and reading
 /// the whole answer, for `secs`: the provider's ceiling, and (as `cpu_us_per_op`) what an
 /// exchange costs this client. The provider's own CPU is read by the caller.
 pub fn provider_alone(port: u16, conns: usize, body: Vec<u8>, secs: f64) -> Floor {
-    glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-        .spawn(move || async move {
-            let req = Rc::new(
-                [
-                    format!(
-                        "POST /v1/messages HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n\
-                         content-length: {}\r\n\r\n",
-                        body.len()
-                    )
-                    .into_bytes(),
-                    body,
-                ]
-                .concat(),
-            );
-            let ops = Rc::new(Cell::new(0u64));
-            let lat = Rc::new(std::cell::RefCell::new(Vec::new()));
-            let until = Instant::now() + Duration::from_secs_f64(secs);
-            let cpu0 = process_cpu_secs();
-            let started = Instant::now();
-            let mut tasks = Vec::new();
-            for _ in 0..conns {
-                let (ops, lat, req) = (ops.clone(), lat.clone(), req.clone());
-                tasks.push(glommio::spawn_local(async move {
-                    let mut s = glommio::net::TcpStream::connect(("127.0.0.1", port))
-                        .await
-                        .expect("the provider");
-                    let _ = s.set_nodelay(true);
-                    let mut buf = vec![0u8; 16 * 1024];
-                    while Instant::now() < until {
-                        let t = Instant::now();
-                        s.write_all(&req).await.expect("a request");
-                        // Content-Length framed: read the head, then the body.
-                        let mut got = Vec::new();
-                        let total = loop {
-                            let n = s.read(&mut buf).await.expect("an answer");
-                            assert!(n > 0, "the provider closed");
-                            got.extend_from_slice(&buf[..n]);
-                            if let Some(h) = memchr::memmem::find(&got, b"\r\n\r\n") {
-                                let head = String::from_utf8_lossy(&got[..h]).to_ascii_lowercase();
-                                let len: usize = head
-                                    .split("content-length:")
-                                    .nth(1)
-                                    .and_then(|r| r.split("\r\n").next())
-                                    .and_then(|v| v.trim().parse().ok())
-                                    .expect("content-length");
-                                break h + 4 + len;
-                            }
-                        };
-                        while got.len() < total {
-                            let n = s.read(&mut buf).await.expect("an answer");
-                            assert!(n > 0, "the provider closed");
-                            got.extend_from_slice(&buf[..n]);
-                        }
-                        ops.set(ops.get() + 1);
-                        lat.borrow_mut().push(t.elapsed().as_micros() as u32);
-                    }
-                }));
+    let mut req = format!(
+        "POST /v1/messages HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    req.extend_from_slice(&body);
+    let req = std::sync::Arc::new(req);
+    floor_on_executor(conns, secs, move |_, until, rec| {
+        let req = req.clone();
+        async move {
+            let mut s = glommio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .expect("the provider");
+            let _ = s.set_nodelay(true);
+            while Instant::now() < until {
+                let t = Instant::now();
+                let (status, _) = crate::loadgen::exchange(&mut s, &req)
+                    .await
+                    .expect("an answer");
+                assert_eq!(status, 200, "the provider answered {status}");
+                rec.done(t);
             }
-            for t in tasks {
-                t.await;
-            }
-            let secs = started.elapsed().as_secs_f64();
-            let lat = lat.take();
-            floor_of(ops.get(), secs, process_cpu_secs() - cpu0, lat)
-        })
-        .expect("an executor")
-        .join()
-        .expect("the provider floor")
+        }
+    })
 }

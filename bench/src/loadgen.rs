@@ -537,7 +537,7 @@ impl Sender {
 }
 
 /// Writes a request and reads its response (Content-Length framed).
-async fn exchange(s: &mut TcpStream, req: &[u8]) -> Result<(u16, Vec<u8>), String> {
+pub(crate) async fn exchange(s: &mut TcpStream, req: &[u8]) -> Result<(u16, Vec<u8>), String> {
     s.write_all(req).await.map_err(|e| e.to_string())?;
     let mut buf = Vec::with_capacity(512);
     let head_len = read_head(s, &mut buf).await?;

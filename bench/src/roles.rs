@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use broca_io::http_server::{RequestDecoder, ServerLimits};
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 
+use crate::peer::TEXT_STEP;
+
 /// Microseconds on CLOCK_MONOTONIC: the same clock in every process of the machine, so a
 /// token's send time written by the provider can be read by the generator.
 pub fn mono_us() -> u64 {
@@ -72,13 +74,6 @@ event: message_delta\ndata: {{\"type\":\"message_delta\",\"delta\":{{\"stop_reas
 event: message_stop\ndata: {{\"type\":\"message_stop\"}}\n\n"
     )
 }
-
-const TEXT_STEP: &str = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_t\",\"usage\":{\"input_tokens\":70,\"output_tokens\":1}}}\n\n\
-event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n\
-event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Done.\"}}\n\n\
-event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n\
-event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":3}}\n\n\
-event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
 
 /// The provider's measurements, shared with the thread that reports them.
 #[derive(Default)]

@@ -23,6 +23,7 @@
 //!   and the owner must reopen the log and recover from what is on disk.
 
 mod backend;
+mod flush;
 
 use std::cell::RefCell;
 use std::fmt;
@@ -32,7 +33,6 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::task::{Poll, Waker};
-use std::time::Instant;
 
 use backend::{Backend, Submit};
 
@@ -539,9 +539,9 @@ impl LogFile {
         let end = st.end;
         if urgent {
             st.urgent_end = end;
-            start_flush(&self.shared, &mut st);
+            flush::start_flush(&self.shared, &mut st);
         } else if !st.flushing {
-            arm_defer(&self.shared, &mut st);
+            flush::arm_defer(&self.shared, &mut st);
         }
         drop(st);
         self.shared.committer.count_append(len);
@@ -561,7 +561,7 @@ impl LogFile {
             let mut st = self.shared.state.borrow_mut();
             if end > st.urgent_end {
                 st.urgent_end = end.min(st.end);
-                start_flush(&self.shared, &mut st);
+                flush::start_flush(&self.shared, &mut st);
             }
         }
         self.watch().wait_durable(end).await
@@ -622,216 +622,5 @@ impl LogFile {
             Poll::Pending
         })
         .await
-    }
-}
-
-/// Starts the flush task unless it runs (it takes every pending byte once some are urgent).
-fn start_flush(shared: &Rc<Shared>, st: &mut State) {
-    if !st.flushing && !st.pending.is_empty() {
-        st.flushing = true;
-        shared.committer.flush_started();
-        glommio::spawn_local(flush_loop(shared.clone())).detach();
-    }
-}
-
-/// Makes the deferred bytes urgent after `defer_max`, unless something writes them first.
-/// The timer holds the log weakly: closing the log is not delayed by it.
-fn arm_defer(shared: &Rc<Shared>, st: &mut State) {
-    if st.defer_armed || st.pending.is_empty() {
-        return;
-    }
-    st.defer_armed = true;
-    let weak = Rc::downgrade(shared);
-    let after = shared.cfg.defer_max;
-    glommio::spawn_local(async move {
-        glommio::timer::sleep(after).await;
-        let Some(shared) = weak.upgrade() else { return };
-        let mut st = shared.state.borrow_mut();
-        st.defer_armed = false;
-        if !st.flushing && !st.pending.is_empty() && st.urgent_end < st.end {
-            shared.committer.count_defer_timeout();
-        }
-        st.urgent_end = st.end;
-        start_flush(&shared, &mut st);
-    })
-    .detach();
-}
-
-/// Writes batches while urgent bytes are pending. One per log at a time (`State::flushing`);
-/// deferred bytes left when it stops get their timer.
-async fn flush_loop(shared: Rc<Shared>) {
-    loop {
-        // Let every append that is ready in this tick join the batch.
-        futures_lite::future::yield_now().await;
-        let (batch, base) = {
-            let mut st = shared.state.borrow_mut();
-            let pending_from = st.end - st.pending.len() as u64;
-            if st.pending.is_empty() || st.dead.is_some() || st.urgent_end <= pending_from {
-                st.flushing = false;
-                shared.committer.flush_ended();
-                if st.dead.is_none() {
-                    arm_defer(&shared, &mut st);
-                }
-                return;
-            }
-            let spare = std::mem::take(&mut st.spare);
-            let batch = std::mem::replace(&mut st.pending, spare);
-            for waker in st.room_waiters.drain(..) {
-                waker.wake();
-            }
-            (batch, st.durable_end)
-        };
-        let permit = shared.committer.admit_batch().await;
-        let result = write_batch(&shared, &batch, base).await;
-        drop(permit);
-        let mut st = shared.state.borrow_mut();
-        match result {
-            Ok(written) => {
-                st.durable_end = written.durable_end;
-                st.zeroed_end = written.zeroed_end;
-                st.tail_block = written.tail_block;
-                let durable = st.durable_end;
-                st.durable_waiters.retain(|(end, waker)| {
-                    let done = *end <= durable;
-                    if done {
-                        waker.wake_by_ref();
-                    }
-                    !done
-                });
-            }
-            Err(err) => {
-                tracing::error!(error = %err, "log write failed; the log is closed for writing");
-                st.dead = Some(LogError::Dead {
-                    path: shared.path.clone(),
-                    cause: err.to_string(),
-                });
-                for (_, waker) in st.durable_waiters.drain(..) {
-                    waker.wake();
-                }
-                for waker in st.room_waiters.drain(..) {
-                    waker.wake();
-                }
-                st.flushing = false;
-                shared.committer.flush_ended();
-                return;
-            }
-        }
-        let mut batch = batch;
-        batch.clear();
-        st.spare = batch;
-    }
-}
-
-struct Written {
-    durable_end: u64,
-    zeroed_end: u64,
-    tail_block: Vec<u8>,
-}
-
-/// One batch: one aligned write from the start of the partial tail block, then one fdatasync.
-async fn write_batch(shared: &Shared, batch: &[u8], base: u64) -> Result<Written, LogError> {
-    let align = shared.align;
-    let (tail_block, zeroed_end) = {
-        let st = shared.state.borrow();
-        (st.tail_block.clone(), st.zeroed_end)
-    };
-    let block_start = align_down(base, align);
-    debug_assert_eq!(block_start + tail_block.len() as u64, base);
-    let data_end = base + batch.len() as u64;
-    let mut write_end = align_up(data_end, align);
-    let mut new_zeroed_end = zeroed_end.max(write_end);
-    if write_end > zeroed_end && batch.len() < ZERO_AHEAD_BATCH_BYTES_MAX {
-        // Grow the zeroed space in the same write, in proportion to the file, within limits.
-        // A large batch skips it: it extends the file itself, and the one metadata commit its
-        // fdatasync then carries is small beside its own bytes, while zeroing ahead would write
-        // every byte twice.
-        let grow = data_end.clamp(
-            shared.cfg.zero_ahead_min_bytes,
-            shared.cfg.zero_ahead_max_bytes,
-        );
-        new_zeroed_end = align_up(data_end + grow, align);
-        write_end = new_zeroed_end;
-    }
-    let len = usize::try_from(write_end - block_start).expect("a batch fits in memory");
-
-    check_fence(shared)?;
-    let fault = |point| shared.cfg.faults.as_ref().and_then(|hook| (hook.0)(point));
-    if let Some(e) = fault(FaultPoint::Write {
-        pos: block_start,
-        len,
-    }) {
-        return Err(LogError::io(&shared.path, "write", e));
-    }
-    // A lone batch on the shard goes inline; batches of several logs overlap in the ring.
-    let submit = if shared.committer.flushing_logs() <= 1 {
-        Submit::Inline
-    } else {
-        Submit::Ring
-    };
-    shared
-        .file
-        .write_filled(block_start, len, submit, |buf| {
-            let head = tail_block.len();
-            buf[..head].copy_from_slice(&tail_block);
-            buf[head..head + batch.len()].copy_from_slice(batch);
-            buf[head + batch.len()..].fill(0);
-        })
-        .await
-        .map_err(|e| LogError::io(&shared.path, "write", e))?;
-    if let Some(e) = fault(FaultPoint::Written {
-        fd: shared.file.raw_fd(),
-        pos: block_start,
-        len,
-    }) {
-        return Err(LogError::io(&shared.path, "write", e));
-    }
-    shared.committer.count_write(len);
-
-    let started = Instant::now();
-    let synced = match fault(FaultPoint::Sync) {
-        Some(e) => Err(e),
-        None => shared.file.fdatasync(submit).await,
-    };
-    if let Err(e) = synced {
-        shared.committer.count_fsync_error();
-        return Err(LogError::io(&shared.path, "fdatasync", e));
-    }
-    shared.committer.count_fsync(started.elapsed());
-
-    let new_block_start = align_down(data_end, align);
-    let mut new_tail = tail_block;
-    if new_block_start == block_start {
-        new_tail.extend_from_slice(batch);
-    } else {
-        let from = (new_block_start - base) as usize;
-        new_tail.clear();
-        new_tail.extend_from_slice(&batch[from..]);
-    }
-    Ok(Written {
-        durable_end: data_end,
-        zeroed_end: new_zeroed_end,
-        tail_block: new_tail,
-    })
-}
-
-/// The fence: never write through a file that another writer has replaced or removed. The path
-/// is stat'ed only when the directory watch saw a change since the last check.
-fn check_fence(shared: &Shared) -> Result<(), LogError> {
-    let generation = shared.watch.as_ref().map(|w| w.poll());
-    if generation.is_some() && generation == Some(shared.fenced_generation.get()) {
-        return Ok(());
-    }
-    match fs::path_identity(&shared.path) {
-        Ok(id) if id == shared.identity => {
-            shared.fenced_generation.set(generation.unwrap_or(0));
-            Ok(())
-        }
-        Ok(_) => Err(LogError::Stale {
-            path: shared.path.clone(),
-        }),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Err(LogError::Stale {
-            path: shared.path.clone(),
-        }),
-        Err(e) => Err(LogError::io(&shared.path, "stat", e)),
     }
 }

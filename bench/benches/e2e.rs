@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use broca_bench::loadgen::{self, Figures, Mark, Mode, Plan, Target};
 use broca_bench::peer::{
-    broca_release_bin, cpu_secs, request, rss_anon_file_kib, rss_kib_and_fds, Daemon,
+    broca_release_bin, cpu_secs, request, rss_anon_file_kib, rss_kib_and_fds, status_kib, Daemon,
 };
 use broca_bench::{floors, raise_fd_limit, roles};
 use serde_json::{json, Value};
@@ -144,14 +144,7 @@ impl Probe {
 }
 
 fn peak_rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
+    status_kib(pid, "VmHWM:")
 }
 
 fn pct(sorted: &[u32], p: f64) -> f64 {

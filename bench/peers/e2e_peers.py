@@ -107,6 +107,32 @@ def wants_tool(assistant):
     return assistant["content"][0]["type"] == "tool_use"
 
 
+async def drive(window, sessions, starts, send, name):
+    """Each session sends (`send(thread, k)`) back to back until the window ends, moving to a
+    fresh thread every SENDS_PER_SESSION sends; the window then ends the process."""
+
+    async def session(i):
+        gen = 0
+        while window.open():
+            thread = f"s{i}-{gen}"
+            for k in range(SENDS_PER_SESSION):
+                if not window.open():
+                    return
+                starts[thread] = []
+                try:
+                    await send(thread, k)
+                    window.sends += 1
+                except Exception as e:  # counted, and the first one shown
+                    if window.errors == 0:
+                        print(f"{name}: {e!r}", file=sys.stderr)
+                    window.errors += 1
+                window.record(starts.pop(thread))
+            gen += 1
+
+    await asyncio.gather(*(session(i) for i in range(sessions)))
+    await asyncio.sleep(3600)
+
+
 def prompt(session, k):
     return {"role": "user", "content": [{"type": "text", "text": f"bench-prompt {session} {k}"}]}
 
@@ -145,28 +171,12 @@ async def langgraph_peer(sessions, secs, url, state_dir, durability):
         config = {"durability": durability, "journal_mode": journal, "synchronous": synchronous}
         window = Window(f"langgraph-{durability}", sessions, secs, config, starts)
 
-        async def session(i):
-            gen = 0
-            while window.open():
-                thread = f"s{i}-{gen}"
-                for k in range(SENDS_PER_SESSION):
-                    if not window.open():
-                        return
-                    starts[thread] = []
-                    try:
-                        await graph.ainvoke({"messages": [prompt(thread, k)]},
-                                            {"configurable": {"thread_id": thread}},
-                                            durability=durability)
-                        window.sends += 1
-                    except Exception as e:  # counted, and the first one shown
-                        if window.errors == 0:
-                            print(f"langgraph: {e!r}", file=sys.stderr)
-                        window.errors += 1
-                    window.record(starts.pop(thread))
-                gen += 1
+        async def send(thread, k):
+            await graph.ainvoke({"messages": [prompt(thread, k)]},
+                                {"configurable": {"thread_id": thread}},
+                                durability=durability)
 
-        await asyncio.gather(*(session(i) for i in range(sessions)))
-        await asyncio.sleep(3600)  # the window ends the process
+        await drive(window, sessions, starts, send, "langgraph")
 
 
 async def dbos_peer(sessions, secs, url, state_dir):
@@ -205,27 +215,15 @@ async def dbos_peer(sessions, secs, url, state_dir):
     config = {"journal_mode": journal, "checkpoints": "each step's output, committed before the next step"}
     window = Window("dbos", sessions, secs, config, STARTS)
 
-    async def session(i):
-        gen = 0
-        while window.open():
-            thread = f"s{i}-{gen}"
-            history = []
-            for k in range(SENDS_PER_SESSION):
-                if not window.open():
-                    return
-                STARTS[thread] = []
-                try:
-                    history = await agent_run(history + [prompt(thread, k)], thread)
-                    window.sends += 1
-                except Exception as e:
-                    if window.errors == 0:
-                        print(f"dbos: {e!r}", file=sys.stderr)
-                    window.errors += 1
-                window.record(STARTS.pop(thread))
-            gen += 1
+    histories = {}
 
-    await asyncio.gather(*(session(i) for i in range(sessions)))
-    await asyncio.sleep(3600)  # the window ends the process
+    async def send(thread, k):
+        history = histories.pop(thread, [])
+        history = await agent_run(history + [prompt(thread, k)], thread)
+        if k + 1 < SENDS_PER_SESSION:
+            histories[thread] = history
+
+    await drive(window, sessions, STARTS, send, "dbos")
 
 
 def peak_rss_kib():

@@ -230,14 +230,26 @@ pub fn rss_kib_and_fds(pid: u32) -> (u64, usize) {
 /// mapped files (the store's LMDB map is read through one).
 pub fn rss_anon_file_kib(pid: u32) -> (u64, u64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or(0)
-    };
-    (field("RssAnon:"), field("RssFile:"))
+    (
+        kib_field(&status, "RssAnon:"),
+        kib_field(&status, "RssFile:"),
+    )
+}
+
+/// A `kB` field of process `pid`'s /proc status (`VmHWM:`, `VmRSS:`, ...); zero if absent.
+pub fn status_kib(pid: u32, name: &str) -> u64 {
+    kib_field(
+        &std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default(),
+        name,
+    )
+}
+
+fn kib_field(status: &str, name: &str) -> u64 {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(name))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// The anonymous memory of process `pid` held in transparent huge pages, in KiB.

@@ -12,6 +12,9 @@
 //!   sectors of its first half; the rest of the batch zero, as never written), before its
 //!   fdatasync.
 //!
+//! `BROCA_CRASH_ARM=<file>` arms a plan later: the file's content, once it exists (see
+//! `armed_plan`).
+//!
 //! The abort is `std::process::abort`: no destructor, flush or close runs, as after a crash.
 //! Unset (the normal case), the hook costs one load of a cached value per record.
 //!
@@ -48,29 +51,55 @@ fn plan() -> Option<&'static Plan> {
     static PLAN: OnceLock<Option<Plan>> = OnceLock::new();
     PLAN.get_or_init(|| {
         let text = std::env::var("BROCA_CRASH_AT").ok()?;
-        let (point, nth) = text.split_once(':').unwrap_or((text.as_str(), "1"));
-        if point.starts_with("archive_") {
-            return None; // broca-archive's own points (broca_archive::CRASH_POINTS)
-        }
-        let Some(point) = POINTS.iter().find(|p| **p == point) else {
-            tracing::error!(
-                "BROCA_CRASH_AT={text}: unknown point (known: {})",
-                POINTS.join(", ")
-            );
-            return None;
-        };
-        let Ok(nth) = nth.parse::<u64>() else {
-            tracing::error!("BROCA_CRASH_AT={text}: `{nth}` is not a count");
-            return None;
-        };
-        tracing::warn!("BROCA_CRASH_AT={text}: this process aborts at that point");
-        Some(Plan {
-            point,
-            nth: nth.max(1),
-            seen: AtomicU64::new(0),
-        })
+        parse_plan("BROCA_CRASH_AT", &text)
     })
     .as_ref()
+    .or_else(armed_plan)
+}
+
+/// `<point>[:<nth>]`, as `BROCA_CRASH_AT` and the arm file spell a plan.
+fn parse_plan(source: &str, text: &str) -> Option<Plan> {
+    let (point, nth) = text.split_once(':').unwrap_or((text, "1"));
+    if point.starts_with("archive_") {
+        return None; // broca-archive's own points (broca_archive::CRASH_POINTS)
+    }
+    let Some(point) = POINTS.iter().find(|p| **p == point) else {
+        tracing::error!(
+            "{source}={text}: unknown point (known: {})",
+            POINTS.join(", ")
+        );
+        return None;
+    };
+    let Ok(nth) = nth.parse::<u64>() else {
+        tracing::error!("{source}={text}: `{nth}` is not a count");
+        return None;
+    };
+    tracing::warn!("{source}={text}: this process aborts at that point");
+    Some(Plan {
+        point,
+        nth: nth.max(1),
+        seen: AtomicU64::new(0),
+    })
+}
+
+/// The plan armed while the process runs: with `BROCA_CRASH_ARM=<file>`, the file's content
+/// (`<point>[:<nth>]`) once it exists, its passes counted from the first boundary after it
+/// was read. A harness arms a point on a module it started earlier (the conformance suite's
+/// `kill_at`). The file is looked for at each boundary until it is found; unset, this is one
+/// load of a cached value.
+fn armed_plan() -> Option<&'static Plan> {
+    static FILE: OnceLock<Option<std::path::PathBuf>> = OnceLock::new();
+    static ARMED_PLAN: OnceLock<Option<Plan>> = OnceLock::new();
+    if let Some(plan) = ARMED_PLAN.get() {
+        return plan.as_ref();
+    }
+    let file = FILE
+        .get_or_init(|| std::env::var_os("BROCA_CRASH_ARM").map(Into::into))
+        .as_ref()?;
+    let text = std::fs::read_to_string(file).ok()?;
+    ARMED_PLAN
+        .get_or_init(|| parse_plan("BROCA_CRASH_ARM", text.trim()))
+        .as_ref()
 }
 
 /// The point `record` is, if any.

@@ -1,0 +1,431 @@
+//! broca as the suite's `LlmRunnerSubject`: each module is the real `broca module` process
+//! (the `ck-broca` entry) under the stand-in daemon, on the state root the suite hands it; a
+//! kill arms a crash point in the running process (`BROCA_CRASH_ARM`) and waits for it to
+//! abort; a restart starts broca again on the same root, as the supervisor would.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use cortexkit_role_harness::{
+    Harness, HarnessError, KillMechanism, KillPoint, KillReport, PointDeclaration, RouteStamp,
+    Trigger,
+};
+use cortexkit_role_llm_runner::points;
+use cortexkit_role_llm_runner_conformance::{
+    envelope, Capability, LlmRunnerSubject, ModelRequestObservation, Reply, RouteFailure,
+    RunnerRoute, Script, SubscribeOutcome, SCRIPTED_TOOL,
+};
+use serde_json::{json, Map, Value};
+use subc_protocol::{ErrorBody, FrameType};
+
+use crate::daemon::{Daemon, Link};
+use crate::model::Model;
+use crate::tools::{ToolModule, MODULE};
+
+/// The harness every route's session lives under.
+const HARNESS: &str = "conformance";
+/// How long a subscription may be silent before the suite's replay is taken as complete.
+const QUIET: Duration = Duration::from_millis(300);
+/// How long a request waits for broca's answer.
+const ANSWER_WITHIN: Duration = Duration::from_secs(60);
+
+/// The role's kill points broca reaches, each with the crash hook's point that is it.
+const POINTS: &[(&str, &str, &str)] = &[
+    (
+        points::ADMITTED,
+        "admitted",
+        "the run's RunStarted record (frozen config, the send and its send_id) is durable; nothing was asked of the model",
+    ),
+    (
+        points::SEND_RECORDED,
+        "admitted",
+        "a send's message is the RunStarted record of its run, durable with its send_id before the reply",
+    ),
+    (
+        points::STEP_RECORDED,
+        "step",
+        "a ModelStepFinished record is durable, before its calls' dispatch intent is appended",
+    ),
+    (
+        points::DISPATCH_INTENT,
+        "intent",
+        "a ToolDispatchIntent record is durable, before any of its calls leaves",
+    ),
+    (
+        points::TOOL_RESULT_RECORDED,
+        "tool_result",
+        "a ToolResult record is durable",
+    ),
+    (
+        points::TERMINAL,
+        "terminal",
+        "a RunFinished (or RunPaused) record is durable",
+    ),
+];
+
+pub struct Subject {
+    model: Model,
+    tools: ToolModule,
+}
+
+/// A live broca module: its process, the daemon it is connected to, and the connection.
+pub struct Module {
+    root: PathBuf,
+    child: Mutex<Option<tokio::process::Child>>,
+    _daemon: Daemon,
+    link: Arc<Link>,
+}
+
+/// A session-bound route on a module's connection.
+pub struct Route {
+    link: Arc<Link>,
+    channel: u16,
+}
+
+impl Subject {
+    pub async fn new() -> Subject {
+        Subject {
+            model: Model::start().await,
+            tools: ToolModule::default(),
+        }
+    }
+
+    async fn start(&self, root: &Path) -> Result<Module, HarnessError> {
+        let fail =
+            |what: &str, e: &dyn std::fmt::Display| HarnessError::new(format!("{what}: {e}"));
+        let daemon_dir = root.join("daemon");
+        std::fs::create_dir_all(&daemon_dir).map_err(|e| fail("the daemon's folder", &e))?;
+        let _ = std::fs::remove_file(arm_file(root));
+        let daemon = Daemon::start(&daemon_dir, self.tools.clone())
+            .await
+            .map_err(|e| fail("the daemon", &e))?;
+        let tools = root.join("tools.json");
+        std::fs::write(
+            &tools,
+            json!({"modules": [{"module": MODULE, "call_timeout_ms": 60000}]}).to_string(),
+        )
+        .map_err(|e| fail("the tools config", &e))?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(root.join("broca.log"))
+            .map_err(|e| fail("broca's log", &e))?;
+        let mut cmd = crate::support::broca(&root.join("state"));
+        cmd.env("ANTHROPIC_API_KEY", "sk-conformance-0123456789abcdef")
+            .env("BROCA_BASE_URL_ANTHROPIC", &self.model.url)
+            .env("BROCA_CRASH_ARM", arm_file(root))
+            .env("BROCA_LOG", "info")
+            .args(["module", "--subc"])
+            .arg(&daemon.file)
+            .args(["--shards", "2", "--grace-secs", "2", "--tools-config"])
+            .arg(&tools)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(log);
+        let mut cmd = tokio::process::Command::from(cmd);
+        cmd.kill_on_drop(true);
+        let child = cmd.spawn().map_err(|e| fail("starting broca", &e))?;
+        let link = daemon
+            .module(Duration::from_secs(30))
+            .await
+            .map_err(|e| fail("broca's module connection", &e))?;
+        Ok(Module {
+            root: root.to_path_buf(),
+            child: Mutex::new(Some(child)),
+            _daemon: daemon,
+            link,
+        })
+    }
+}
+
+fn arm_file(root: &Path) -> PathBuf {
+    root.join("crash-arm")
+}
+
+#[async_trait]
+impl Harness for Subject {
+    type Handle = Module;
+    type Route = Route;
+
+    fn declared_points(&self) -> Vec<PointDeclaration> {
+        POINTS
+            .iter()
+            .map(|(point, _, note)| PointDeclaration {
+                point: KillPoint::new(*point),
+                mechanisms: vec![KillMechanism::FaultHookThenProcessKill],
+                note: format!("{note}; BROCA_CRASH_ARM aborts the process right after it"),
+            })
+            .collect()
+    }
+
+    async fn spawn(&self, state_root: &Path) -> Result<Module, HarnessError> {
+        self.start(state_root).await
+    }
+
+    async fn route(&self, handle: &Module, stamp: &RouteStamp) -> Result<Route, HarnessError> {
+        self.session_route(handle, "cf-harness-route", stamp).await
+    }
+
+    async fn kill_at(
+        &self,
+        handle: Module,
+        point: &KillPoint,
+        trigger: Trigger<'_>,
+    ) -> Result<KillReport, HarnessError> {
+        let Some((_, hook, _)) = POINTS.iter().find(|(p, _, _)| *p == point.as_str()) else {
+            return Err(HarnessError::new(format!("{point} is not declared")));
+        };
+        // Written whole, then renamed: broca never reads half a plan.
+        let arm = arm_file(&handle.root);
+        let staged = arm.with_extension("staged");
+        std::fs::write(&staged, format!("{hook}:1"))
+            .and_then(|()| std::fs::rename(&staged, &arm))
+            .map_err(|e| HarnessError::new(format!("arming {point}: {e}")))?;
+        let mut child = handle
+            .child
+            .lock()
+            .unwrap()
+            .take()
+            .ok_or_else(|| HarnessError::new("the module has no process"))?;
+        let status = tokio::select! {
+            status = child.wait() => status,
+            () = trigger => {
+                match tokio::time::timeout(Duration::from_secs(10), child.wait()).await {
+                    Ok(status) => status,
+                    Err(_) => return Err(HarnessError::new(format!(
+                        "the trigger finished and broca did not reach {point} ({hook}) within 10 s"
+                    ))),
+                }
+            }
+        }
+        .map_err(|e| HarnessError::new(format!("waiting for broca: {e}")))?;
+        use std::os::unix::process::ExitStatusExt;
+        if status.signal() != Some(libc::SIGABRT) {
+            return Err(HarnessError::new(format!(
+                "broca ended {status} instead of aborting at {point} ({hook})"
+            )));
+        }
+        Ok(KillReport {
+            point: point.clone(),
+            mechanism: KillMechanism::FaultHookThenProcessKill,
+        })
+    }
+
+    async fn restart(&self, state_root: &Path) -> Result<Module, HarnessError> {
+        self.start(state_root).await
+    }
+}
+
+#[async_trait]
+impl LlmRunnerSubject for Subject {
+    fn runner_id(&self) -> &str {
+        "ck-broca"
+    }
+
+    fn capabilities(&self) -> BTreeSet<Capability> {
+        let mut declared: BTreeSet<Capability> = broca::wire::role::GROUPS
+            .iter()
+            .filter_map(|g| Capability::from_group(g))
+            .collect();
+        declared.insert(Capability::HoldToolCalls);
+        declared
+    }
+
+    fn owner_stamp(&self) -> RouteStamp {
+        RouteStamp {
+            principal: "reserved:conformance-owner".into(),
+            scope: None,
+        }
+    }
+
+    fn stranger_stamp(&self) -> RouteStamp {
+        RouteStamp {
+            principal: "reserved:conformance-stranger".into(),
+            scope: None,
+        }
+    }
+
+    async fn session_route(
+        &self,
+        handle: &Module,
+        session: &str,
+        stamp: &RouteStamp,
+    ) -> Result<Route, HarnessError> {
+        let channel = handle
+            .link
+            .bind(HARNESS, session, stamp)
+            .await
+            .map_err(HarnessError::new)?;
+        Ok(Route {
+            link: handle.link.clone(),
+            channel,
+        })
+    }
+
+    fn send_fields(&self, session: &str, _first: bool) -> Map<String, Value> {
+        let mut fields = Map::new();
+        fields.insert("model".into(), json!(format!("anthropic/{session}")));
+        fields
+    }
+
+    fn tool_provider_module(&self) -> String {
+        MODULE.to_string()
+    }
+
+    async fn install_script(&self, session: &str, script: Script) -> Result<(), HarnessError> {
+        for call in script.tool_calls() {
+            if call.tool == SCRIPTED_TOOL {
+                self.tools
+                    .script(&call.arguments, call.result.clone(), call.hold);
+            }
+        }
+        self.model.install(session, script);
+        Ok(())
+    }
+
+    async fn model_requests(
+        &self,
+        session: &str,
+    ) -> Result<Vec<ModelRequestObservation>, HarnessError> {
+        Ok(self
+            .model
+            .requests(session)
+            .iter()
+            .map(|body| {
+                let tools = body["tools"]
+                    .as_array()
+                    .map(|t| {
+                        t.iter()
+                            .filter_map(|t| t["name"].as_str().map(str::to_string))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let mut seen = ModelRequestObservation::new(tools);
+                if let Some(max) = body["max_tokens"].as_u64() {
+                    seen = seen.with_max_output_tokens(max);
+                }
+                seen
+            })
+            .collect())
+    }
+
+    async fn model_invocations(&self, session: &str) -> Result<usize, HarnessError> {
+        Ok(self.model.requests(session).len())
+    }
+
+    async fn tool_invocations(&self, arguments: &Value) -> usize {
+        self.tools.invocations(arguments)
+    }
+
+    async fn await_tool_call(&self, arguments: &Value) -> Result<(), HarnessError> {
+        self.tools
+            .await_call(arguments)
+            .await
+            .map_err(HarnessError::new)
+    }
+
+    async fn release_tool_call(&self, arguments: &Value) -> Result<(), HarnessError> {
+        self.tools.release(arguments);
+        Ok(())
+    }
+
+    async fn pause(&self) {
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+impl Route {
+    /// broca's first frame for a request, or why none came.
+    async fn first_frame(
+        rx: &mut tokio::sync::mpsc::UnboundedReceiver<subc_protocol::Frame>,
+        within: Duration,
+    ) -> Result<Option<subc_protocol::Frame>, RouteFailure> {
+        match tokio::time::timeout(within, rx.recv()).await {
+            Err(_) => Ok(None),
+            Ok(None) => Err(RouteFailure::new("the route closed before broca answered")),
+            Ok(Some(f)) => Ok(Some(f)),
+        }
+    }
+}
+
+fn error_body(method: &str, bytes: &[u8]) -> Result<ErrorBody, RouteFailure> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        RouteFailure::new(format!(
+            "{method}: an ERROR body that is not {{code, message, detail?}} ({e}): {}",
+            String::from_utf8_lossy(bytes)
+        ))
+    })
+}
+
+#[async_trait]
+impl RunnerRoute for Route {
+    async fn request(&self, method: &str, params: Value) -> Result<Reply, RouteFailure> {
+        let (_, mut rx) = self
+            .link
+            .request(self.channel, 1, &envelope(method, params))
+            .await
+            .map_err(RouteFailure::new)?;
+        let f = Self::first_frame(&mut rx, ANSWER_WITHIN)
+            .await?
+            .ok_or_else(|| {
+                RouteFailure::new(format!("{method}: no answer within {ANSWER_WITHIN:?}"))
+            })?;
+        match f.header.ty {
+            FrameType::Response => cortexkit_role_llm_runner::wire::read_reply::<Value>(&f.body)
+                .map(Reply::Response)
+                .map_err(|e| {
+                    RouteFailure::new(format!(
+                        "{method}: the RESPONSE body is refused ({}): {}",
+                        e.name(),
+                        String::from_utf8_lossy(&f.body)
+                    ))
+                }),
+            FrameType::Error => Ok(Reply::Error(error_body(method, &f.body)?)),
+            other => Err(RouteFailure::new(format!(
+                "{method}: broca answered a {other:?} frame"
+            ))),
+        }
+    }
+
+    async fn subscribe(&self, params: Value) -> Result<SubscribeOutcome, RouteFailure> {
+        let (corr, mut rx) = self
+            .link
+            .request(self.channel, 1, &envelope("session.subscribe", params))
+            .await
+            .map_err(RouteFailure::new)?;
+        let mut events = Vec::new();
+        loop {
+            let f = match Self::first_frame(&mut rx, QUIET).await {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                Err(e) if events.is_empty() => return Err(e),
+                Err(_) => break,
+            };
+            match f.header.ty {
+                FrameType::StreamData => {
+                    let event: Value = serde_json::from_slice(&f.body).map_err(|e| {
+                        RouteFailure::new(format!("a STREAM_DATA body that is not JSON: {e}"))
+                    })?;
+                    events.push(event);
+                }
+                FrameType::Error if events.is_empty() => {
+                    return Ok(SubscribeOutcome::Refused(error_body(
+                        "session.subscribe",
+                        &f.body,
+                    )?))
+                }
+                FrameType::StreamEnd | FrameType::Error => break,
+                other => {
+                    return Err(RouteFailure::new(format!(
+                        "session.subscribe: broca sent a {other:?} frame"
+                    )))
+                }
+            }
+        }
+        self.link.cancel(self.channel, 1, corr).await;
+        Ok(SubscribeOutcome::Events(events))
+    }
+}

@@ -1,0 +1,213 @@
+//! The scripted tool provider: a `tool-provider/v1` module behind the daemon serving one tool,
+//! `conformance_echo`, outside broca's process. It answers each call with the result the
+//! script gave for its arguments, counts every call that reaches it by those arguments (the
+//! counts survive broca's restarts: they live here), and holds a call the script marks held
+//! until the case releases it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cortexkit_role_llm_runner_conformance::SCRIPTED_TOOL;
+use serde_json::{json, Value};
+use subc_protocol::{Frame, FrameType};
+use subc_transport::frame_io::read_frame;
+use tokio::io::AsyncRead;
+use tokio::sync::Notify;
+
+use crate::daemon::{send, Writer};
+
+/// The module id broca's tools config names.
+pub const MODULE: &str = "conformance-tools";
+
+#[derive(Default)]
+struct State {
+    /// Scripted results by the call's arguments (as canonical JSON text), and whether held.
+    results: HashMap<String, (Value, bool)>,
+    /// Calls received, by arguments.
+    calls: HashMap<String, usize>,
+    /// Held calls released by the case.
+    released: std::collections::HashSet<String>,
+}
+
+/// The module, shared by every daemon of the run.
+#[derive(Clone, Default)]
+pub struct ToolModule {
+    state: Arc<Mutex<State>>,
+    changed: Arc<Notify>,
+}
+
+fn key(arguments: &Value) -> String {
+    arguments.to_string()
+}
+
+impl ToolModule {
+    /// The script's answer to the call with `arguments`.
+    pub fn script(&self, arguments: &Value, result: Value, hold: bool) {
+        self.state
+            .lock()
+            .unwrap()
+            .results
+            .insert(key(arguments), (result, hold));
+    }
+
+    /// How many calls with `arguments` reached the module.
+    pub fn invocations(&self, arguments: &Value) -> usize {
+        self.state
+            .lock()
+            .unwrap()
+            .calls
+            .get(&key(arguments))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Waits (up to 30 s) until a call with `arguments` has reached the module.
+    pub async fn await_call(&self, arguments: &Value) -> Result<(), String> {
+        let until = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let notified = self.changed.notified();
+            if self.invocations(arguments) > 0 {
+                return Ok(());
+            }
+            if tokio::time::timeout_at(until, notified).await.is_err() {
+                return Err(format!(
+                    "no call with {arguments} reached the tool within 30 s"
+                ));
+            }
+        }
+    }
+
+    /// Lets a held call with `arguments` answer.
+    pub fn release(&self, arguments: &Value) {
+        self.state.lock().unwrap().released.insert(key(arguments));
+        self.changed.notify_waiters();
+    }
+
+    fn schema() -> Value {
+        json!({"type": "object", "properties": {"marker": {"type": "string"}}, "required": ["marker"]})
+    }
+
+    fn catalog() -> Value {
+        use cortexkit_role_tool_provider::catalog::schema_digest;
+        let schema = Self::schema();
+        json!({"generation": "g1", "catalog_digest": "c1", "tools": [{
+            "name": SCRIPTED_TOOL,
+            "schema_digest": schema_digest(&schema).expect("the schema digests"),
+            "semantics": 1,
+            "capabilities": [],
+            "description": "answers each call with its scripted result",
+            "input_schema": schema,
+        }]})
+    }
+
+    /// The answer to one call: its scripted result (after its release, when held).
+    async fn call(&self, body: &Value) -> (FrameType, Value) {
+        let arguments = &body["arguments"];
+        let k = key(arguments);
+        let scripted = {
+            let mut s = self.state.lock().unwrap();
+            *s.calls.entry(k.clone()).or_default() += 1;
+            s.results.get(&k).cloned()
+        };
+        self.changed.notify_waiters();
+        let Some((result, hold)) = scripted else {
+            return (
+                FrameType::Error,
+                json!({"code": "invalid_arguments", "message": format!("no scripted call has the arguments {arguments}")}),
+            );
+        };
+        while hold {
+            let notified = self.changed.notified();
+            if self.state.lock().unwrap().released.contains(&k) {
+                break;
+            }
+            notified.await;
+        }
+        (FrameType::Response, result)
+    }
+}
+
+/// One consumer connection of broca's: route opens on channel 0, the tool's requests on the
+/// routes, each answered in a task of its own (a held call holds only itself).
+pub async fn consumer<R: AsyncRead + Unpin>(
+    first: Frame,
+    mut reader: R,
+    writer: Writer,
+    tools: ToolModule,
+) {
+    let mut routes = std::collections::HashSet::new();
+    let mut next_channel = 10u16;
+    let mut frame = Some(first);
+    loop {
+        let f = match frame.take() {
+            Some(f) => f,
+            None => match read_frame(&mut reader).await {
+                Ok(Some(f)) => f,
+                _ => return,
+            },
+        };
+        let h = f.header;
+        let body: Value = serde_json::from_slice(&f.body).unwrap_or(Value::Null);
+        match (h.channel, h.ty) {
+            (0, FrameType::Request) => {
+                let target = &body["target"];
+                let (ty, answer, daemon) = if target["kind"] == "tool_provider"
+                    && target["module_id"] == MODULE
+                {
+                    next_channel += 1;
+                    routes.insert(next_channel);
+                    (
+                        FrameType::Response,
+                        json!({"op": "route.open", "route_channel": next_channel, "route_epoch": 1}),
+                        false,
+                    )
+                } else {
+                    (
+                        FrameType::Error,
+                        json!({"code": "unknown_module", "message": "this daemon serves only the scripted tools"}),
+                        true,
+                    )
+                };
+                if send(&writer, ty, 0, h.epoch, h.corr, &answer, daemon)
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            (ch, FrameType::Request) if routes.contains(&ch) => {
+                let (tools, writer) = (tools.clone(), writer.clone());
+                tokio::spawn(async move {
+                    let (ty, answer) = match body["name"].as_str() {
+                        Some("role.describe") => (
+                            FrameType::Response,
+                            json!({"majors": [{"version": "tool-provider/v1", "ops": ["role.describe", "tool.catalog"], "stability": "alpha"}],
+                                   "implementation_version": "conformance"}),
+                        ),
+                        Some("tool.catalog") => (FrameType::Response, ToolModule::catalog()),
+                        Some(SCRIPTED_TOOL) => tools.call(&body).await,
+                        other => (
+                            FrameType::Error,
+                            json!({"code": "unknown_tool", "message": format!("no tool {other:?}")}),
+                        ),
+                    };
+                    let _ = send(&writer, ty, ch, h.epoch, h.corr, &answer, false).await;
+                });
+            }
+            (ch, FrameType::Request) => {
+                let e = json!({"code": "unknown_channel", "message": "no such route"});
+                if send(&writer, FrameType::Error, ch, h.epoch, h.corr, &e, true)
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            (ch, FrameType::Goodbye) => {
+                routes.remove(&ch);
+            }
+            _ => {}
+        }
+    }
+}

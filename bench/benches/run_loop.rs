@@ -110,6 +110,7 @@ fn one_run() -> u64 {
                 content: "ok".into(),
                 is_error: false,
                 reason: None,
+                size: None,
             }),
         );
     }

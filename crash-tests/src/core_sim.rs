@@ -247,6 +247,7 @@ impl<'a> Life<'a> {
                             content: format!("echo of {call_id}"),
                             is_error: false,
                             reason: None,
+                            size: None,
                         }),
                         self.now_ms,
                     ),

@@ -55,8 +55,13 @@ pub struct Prepared {
     pub send_id: Option<String>,
     /// The digest of the send's inputs (everything but the send_id).
     pub inputs_digest: String,
+    /// The digest of its prompt alone (a reused send_id's refusal names the field that
+    /// differs).
+    pub prompt_digest: String,
     pub prompt: String,
     pub config: FrozenConfig,
+    /// Who sends it (set by the surface that took the request).
+    pub caller: broca_wire::Caller,
 }
 
 /// A send that did not pass [`prepare`]: its refusal, kept with what a repeated send_id
@@ -65,7 +70,23 @@ pub struct Prepared {
 pub struct Unprepared {
     pub send_id: Option<String>,
     pub inputs_digest: String,
+    pub prompt_digest: String,
+    pub caller: broca_wire::Caller,
     pub refusal: Refusal,
+}
+
+/// The digest of a prompt, as runs keep it.
+pub fn prompt_digest(prompt: &str) -> String {
+    blake3::hash(prompt.as_bytes()).to_hex()[..32].to_string()
+}
+
+/// The refusal of a send whose send_id named `run` with other inputs: it names the prompt
+/// when that is what differs.
+fn reused(run: &crate::replay::RunView, prompt_digest: &str) -> Refusal {
+    Refusal::SendIdReuse {
+        run_id: run.run_id.clone(),
+        field: (run.prompt_digest != prompt_digest).then_some("prompt"),
+    }
 }
 
 /// The digest of a send's inputs (everything but the send_id).
@@ -91,14 +112,15 @@ pub fn admit(
 /// The session's answer to a send that did not pass [`prepare`]: the existing run when its
 /// send_id was admitted before with the same inputs, else the refusal.
 pub fn admit_unprepared(u: &Unprepared, session: &Session) -> Result<Admitted, Refusal> {
+    if !u.caller.owns(&session.owners()) {
+        return Err(Refusal::ScopeOwnerMismatch);
+    }
     if let Some(index) = u.send_id.as_ref().and_then(|id| session.by_send_id.get(id)) {
         let run = &session.runs[*index];
         return if run.inputs_digest == u.inputs_digest {
             Ok(Admitted::Existing { run_index: *index })
         } else {
-            Err(Refusal::SendIdReuse {
-                run_id: run.run_id.clone(),
-            })
+            Err(reused(run, &u.prompt_digest))
         };
     }
     Err(u.refusal.clone())
@@ -113,14 +135,15 @@ pub fn admit_prepared(
     run_id: String,
     now_unix_ms: u64,
 ) -> Result<Admitted, Refusal> {
+    if !p.caller.owns(&session.owners()) {
+        return Err(Refusal::ScopeOwnerMismatch);
+    }
     if let Some(index) = p.send_id.as_ref().and_then(|id| session.by_send_id.get(id)) {
         let run = &session.runs[*index];
         return if run.inputs_digest == p.inputs_digest {
             Ok(Admitted::Existing { run_index: *index })
         } else {
-            Err(Refusal::SendIdReuse {
-                run_id: run.run_id.clone(),
-            })
+            Err(reused(run, &p.prompt_digest))
         };
     }
     if let Some(open) = &session.open {
@@ -148,6 +171,7 @@ pub fn admit_prepared(
             .into(),
             is_error: true,
             reason: Some(result_reason::OUTCOME_UNKNOWN.into()),
+            size: None,
         })
         .collect();
     Ok(Admitted::New(Box::new(RunStarted {
@@ -158,6 +182,8 @@ pub fn admit_prepared(
         config: p.config,
         resolved_calls,
         at_unix_ms: now_unix_ms,
+        principal: p.caller.principal,
+        scope_owner: p.caller.scope_owner,
     })))
 }
 
@@ -174,8 +200,10 @@ pub fn prepare(
         Ok(config) => Ok(Prepared {
             send_id: req.send_id.clone(),
             inputs_digest,
+            prompt_digest: prompt_digest(&req.prompt),
             prompt: req.prompt.clone(),
             config,
+            caller: broca_wire::Caller::operator(),
         }),
         Err(refusal) => Err(Unprepared {
             // A send_id that is itself invalid names no run.
@@ -184,6 +212,8 @@ pub fn prepare(
                 .clone()
                 .filter(|id| !id.is_empty() && id.len() <= SEND_ID_BYTES_MAX),
             inputs_digest,
+            prompt_digest: prompt_digest(&req.prompt),
+            caller: broca_wire::Caller::operator(),
             refusal,
         }),
     }

@@ -4,11 +4,13 @@
 //! file, a socket or a clock: time, the catalog and randomness come in from the caller.
 
 pub mod admission;
+pub mod entries;
 pub mod machine;
 #[cfg(test)]
 mod machine_tests;
 pub mod project;
 pub mod replay;
+pub mod role;
 pub mod spend;
 pub mod stream;
 pub mod usage;

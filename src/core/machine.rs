@@ -481,6 +481,7 @@ impl RunMachine {
                     ),
                     is_error: true,
                     reason: Some(result_reason::UNKNOWN_TOOL.into()),
+                    size: None,
                 });
                 continue;
             };
@@ -490,6 +491,7 @@ impl RunMachine {
                     content: format!("the arguments are not valid JSON: {raw}"),
                     is_error: true,
                     reason: Some(result_reason::INVALID_ARGUMENTS.into()),
+                    size: None,
                 });
                 continue;
             }
@@ -506,6 +508,7 @@ impl RunMachine {
                     ),
                     is_error: true,
                     reason: Some(result_reason::INVALID_ARGUMENTS.into()),
+                    size: None,
                 });
                 continue;
             }
@@ -706,6 +709,7 @@ impl RunMachine {
                     ),
                     is_error: true,
                     reason: Some(result_reason::NOT_DISPATCHED.into()),
+                    size: None,
                 },
             );
         }

@@ -110,6 +110,7 @@ fn dispatch_waits_for_the_durable_intent() {
         content: "x".into(),
         is_error: false,
         reason: None,
+        size: None,
     }));
     assert!(
         drain(&mut m).is_empty(),
@@ -159,6 +160,7 @@ fn cancel_while_tools_run_records_their_results_then_finishes_cancelled() {
         content: "x".into(),
         is_error: false,
         reason: None,
+        size: None,
     }));
     assert_eq!(kinds(&drain(&mut m)), ["tool_result", "run_finished!"]);
 }
@@ -450,6 +452,7 @@ fn answer(m: &mut RunMachine, id: &str, content: &str) -> Vec<Command> {
         content: content.into(),
         is_error: false,
         reason: None,
+        size: None,
     }));
     drain(m)
 }

@@ -18,6 +18,11 @@ pub struct RunView {
     pub run_id: String,
     pub send_id: Option<String>,
     pub inputs_digest: String,
+    /// The digest of the run's prompt (`admission::prompt_digest`).
+    pub prompt_digest: String,
+    /// Who sent it: the attested principal and its scope's owner (RunStarted's).
+    pub principal: Option<String>,
+    pub scope_owner: Option<String>,
     pub config: FrozenConfig,
     pub state: RunState,
     pub detail: Option<String>,
@@ -83,6 +88,8 @@ pub struct Session {
     /// The calls the latest import left without a result (of those unresolved, the ones
     /// another harness, not broca, stopped in).
     pub imported_pending: Vec<String>,
+    /// The role's entries, kept when the replay asked for them (`with_entries`).
+    pub entries: Option<super::entries::Entries>,
 }
 
 /// A source imported into the session (its latest import), and where the transcript stood
@@ -136,7 +143,25 @@ impl Session {
     /// Replays the records of a scanned WAL, decoding on worker threads while the records
     /// already decoded are applied here.
     pub fn replay_scan(scan: &broca_wal::Scan, bytes: &[u8]) -> Result<Session, ReplayError> {
-        let mut s = Session::default();
+        Session::default().replay_scan_into(scan, bytes)
+    }
+
+    /// A session that keeps the role's entries as records are applied (readers of
+    /// `session.read` and `session.head`).
+    pub fn with_entries() -> Session {
+        Session {
+            entries: Some(Default::default()),
+            ..Session::default()
+        }
+    }
+
+    /// [`Session::replay_scan`] into this (empty) session.
+    pub fn replay_scan_into(
+        mut self,
+        scan: &broca_wal::Scan,
+        bytes: &[u8],
+    ) -> Result<Session, ReplayError> {
+        let mut s = std::mem::take(&mut self);
         s.transcript.reserve(scan.frames.len() / 2);
         scan.decode_chunks(
             bytes,
@@ -154,6 +179,20 @@ impl Session {
         )?;
         s.unresolved_calls = unresolved(&s.transcript);
         Ok(s)
+    }
+
+    /// The session's owners: who sent its first run, and that route's scope owner (none for
+    /// a session first sent over serve's HTTP surface or by an unattested caller).
+    pub fn owners(&self) -> Vec<&str> {
+        let Some(first) = self.runs.first() else {
+            return Vec::new();
+        };
+        first
+            .principal
+            .iter()
+            .chain(first.scope_owner.iter())
+            .map(String::as_str)
+            .collect()
     }
 
     /// The run with `run_id`.
@@ -175,6 +214,28 @@ impl Session {
 
     /// Applies one record; the live actor calls this too, so replay and live agree.
     pub fn apply(&mut self, seq: u64, record: Record) -> Result<(), String> {
+        let Some(mut entries) = self.entries.take() else {
+            return self.apply_record(seq, record);
+        };
+        let note = super::entries::Note::of(
+            &record,
+            self.runs.len(),
+            self.open.as_ref().map(|o| o.index),
+        );
+        let before = self.transcript.len();
+        let applied = self.apply_record(seq, record);
+        if applied.is_ok() {
+            entries.add(
+                seq,
+                note,
+                &self.transcript[before.min(self.transcript.len())..],
+            );
+        }
+        self.entries = Some(entries);
+        applied
+    }
+
+    fn apply_record(&mut self, seq: u64, record: Record) -> Result<(), String> {
         match record {
             Record::LeaseAcquired(_) | Record::Unknown { .. } | Record::RunResumed(_) => {}
             Record::RunStarted(r) => {
@@ -213,6 +274,9 @@ impl Session {
                     run_id: r.run_id,
                     send_id: r.send_id,
                     inputs_digest: r.inputs_digest,
+                    prompt_digest: super::admission::prompt_digest(&r.prompt),
+                    principal: r.principal,
+                    scope_owner: r.scope_owner,
                     config: r.config,
                     state: RunState::Active,
                     detail: None,
@@ -425,6 +489,8 @@ mod tests {
             config,
             resolved_calls: Vec::new(),
             at_unix_ms: 0,
+            principal: None,
+            scope_owner: None,
         }))
     }
 
@@ -461,6 +527,7 @@ mod tests {
                     content: "x".into(),
                     is_error: false,
                     reason: None,
+                    size: None,
                 },
             })
         };

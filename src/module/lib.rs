@@ -28,6 +28,9 @@ pub fn now_unix_ms() -> u64 {
 pub enum ToolOutcome {
     /// The tool answered.
     Done { content: String, is_error: bool },
+    /// The tool ran and answered more than the model may see (`bytes`, over the 64 KiB
+    /// limit): the answer is discarded whole, and the call is not run again.
+    TooLarge { bytes: u64 },
     /// Refused before delivery: nothing ran.
     Refused { reason: String },
     /// Delivered, then the answer was lost: it may or may not have run.

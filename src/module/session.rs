@@ -432,12 +432,20 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             SessionCommand::Status { run_id, reply } => {
                 let _ = reply.send(self.view(run_id.as_deref()));
             }
-            SessionCommand::Cancel { run_id, reply } => {
-                let active = run_id == m.run_id();
-                if active {
+            SessionCommand::Cancel {
+                run_id,
+                caller,
+                reply,
+            } => {
+                let answer = if run_id != m.run_id() {
+                    Cancelled::NotActive
+                } else if !caller.owns(&self.state.owners()) {
+                    Cancelled::NotOwner
+                } else {
                     m.handle(Event::Cancel, crate::now_unix_ms());
-                }
-                let _ = reply.send(active);
+                    Cancelled::Ack
+                };
+                let _ = reply.send(answer);
             }
             SessionCommand::Barrier { reply } => {
                 let _ = reply.send(self.barrier().await.ok());
@@ -599,6 +607,9 @@ fn log_failed_attempt(run_id: &str, error: &broca_protocol::ClassifiedError) {
 /// bounded channel preallocates its queue, so this stays small: it is per active run.
 const INPUT_QUEUE: usize = 4;
 
+/// The model-visible limit of a tool module's answer (tool-provider/v1's 64 KiB measure).
+const TOOL_RESULT_LIMIT: u64 = cortexkit_role_tool_provider::result::MAX_MODEL_VISIBLE_BYTES as u64;
+
 /// What the drive loop waits for.
 enum Input {
     /// An item of model call `call`: an event, the attempt's failure, or `None` at the end.
@@ -651,12 +662,27 @@ fn feed(m: &mut RunMachine, input: Input, calls: &mut InFlight) {
                     content,
                     is_error,
                     reason: None,
+                    size: None,
+                }),
+                ToolOutcome::TooLarge { bytes } => Event::ToolResult(ResultBlock {
+                    call_id,
+                    content: format!(
+                        "{} ({bytes} bytes; the limit is {TOOL_RESULT_LIMIT})",
+                        cortexkit_role_llm_runner::tool_result_limit::OUTPUT_DISCARDED
+                    ),
+                    is_error: true,
+                    reason: Some(result_reason::TOOL_RESULT_TOO_LARGE.into()),
+                    size: Some(broca_wal::runrec::ResultSize {
+                        bytes,
+                        limit: TOOL_RESULT_LIMIT,
+                    }),
                 }),
                 ToolOutcome::Refused { reason } => Event::ToolResult(ResultBlock {
                     call_id,
                     content: format!("not run: refused before delivery: {reason}"),
                     is_error: true,
                     reason: Some(result_reason::REFUSED_BEFORE_DELIVERY.into()),
+                    size: None,
                 }),
                 ToolOutcome::Indeterminate => Event::ToolIndeterminate { call_id },
             };
@@ -686,10 +712,11 @@ pub enum SessionCommand {
         run_id: Option<String>,
         reply: oneshot::Sender<Option<RunView>>,
     },
-    /// Cancel the run if it is the active one; answers whether it was.
+    /// Cancel the run if it is the active one and the caller owns the session.
     Cancel {
         run_id: String,
-        reply: oneshot::Sender<bool>,
+        caller: broca_wire::Caller,
+        reply: oneshot::Sender<Cancelled>,
     },
     /// Wait until everything appended is durable; answer the last seq (`None` if the log
     /// failed).
@@ -704,6 +731,17 @@ pub enum SessionCommand {
     /// Close the session if no run is active (its memory and WAL descriptor freed; the next
     /// command reopens it); ignored during a run.
     Close,
+}
+
+/// What a `run.cancel` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cancelled {
+    /// The active run was told to stop.
+    Ack,
+    /// No such run is active: nothing was written.
+    NotActive,
+    /// The run is active, and the caller does not own the session.
+    NotOwner,
 }
 
 /// Tool runner bookkeeping shared by test tools: how often each call id was dispatched.

@@ -390,6 +390,7 @@ impl ModuleTools {
                         is_error,
                     }
                 }
+                Reply::TooLarge { bytes } => return ToolOutcome::TooLarge { bytes },
                 Reply::NotDelivered(code) => {
                     tracing::info!(module, code, tool = %call.name, "the route was dead before delivery; opening it again");
                     self.evict(&rkey);

@@ -17,6 +17,7 @@ pub const OPERATIONS: &[(&str, bool)] = &[
     ("run.result", false),
     ("run.cancel", true),
     ("session.read", false),
+    ("session.head", false),
     ("session.import", true),
     ("session.subscribe", false),
     ("role.describe", false),

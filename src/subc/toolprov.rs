@@ -239,6 +239,9 @@ pub fn call_body(
 pub enum Reply {
     /// The provider answered (an error result when it refused the call itself).
     Answer { text: String, is_error: bool },
+    /// The provider answered with more than the model-visible limit (64 KiB, measured as
+    /// tool-provider/v1 measures a legacy result): the answer is discarded whole.
+    TooLarge { bytes: u64 },
     /// The route was dead and the daemon says the module never received the request: it may
     /// be sent again on a fresh route.
     NotDelivered(String),
@@ -258,8 +261,16 @@ const DAEMON_AFTER_DELIVERY: &[&str] = &[
 
 /// Reads a call's terminal frame.
 pub fn read_reply(module_id: &str, frame: &FrameIn) -> Reply {
+    use cortexkit_role_tool_provider::result::{
+        legacy_model_visible_bytes, MAX_MODEL_VISIBLE_BYTES,
+    };
     match frame.header.ty {
         FrameType::Response => match serde_json::from_slice::<Value>(&frame.body) {
+            Ok(body) if legacy_model_visible_bytes(&body) > MAX_MODEL_VISIBLE_BYTES => {
+                Reply::TooLarge {
+                    bytes: legacy_model_visible_bytes(&body) as u64,
+                }
+            }
             // A legacy body: a string is the model's text, anything else its JSON.
             Ok(Value::String(text)) => Reply::Answer {
                 text,

@@ -130,6 +130,9 @@ pub mod result_reason {
     pub const REFUSED_BEFORE_DELIVERY: &str = "refused_before_delivery";
     /// The run stopped before the call was dispatched: it never ran.
     pub const NOT_DISPATCHED: &str = "not_dispatched";
+    /// The tool ran, but its output was over the model-visible limit (64 KiB) and was
+    /// discarded whole, never cut short; the call is not run again.
+    pub const TOOL_RESULT_TOO_LARGE: &str = "tool_result_too_large";
 }
 
 /// A tool result block, as frozen into a record.
@@ -142,6 +145,16 @@ pub struct ResultBlock {
     /// Why broca wrote this result itself (`outcome_unknown`, `unknown_tool`, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// For `tool_result_too_large`: how large the discarded output was, and the limit.
+    #[serde(default, flatten, skip_serializing_if = "Option::is_none")]
+    pub size: Option<ResultSize>,
+}
+
+/// The measured size of a tool's output that broca discarded, and the limit it passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResultSize {
+    pub bytes: u64,
+    pub limit: u64,
 }
 
 /// A run was admitted. Opens an episode.
@@ -159,6 +172,12 @@ pub struct RunStarted {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub resolved_calls: Vec<ResultBlock>,
     pub at_unix_ms: u64,
+    /// The daemon-attested principal that sent it (module routes), and its route's scope
+    /// owner: the first run's are the session's owners.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope_owner: Option<String>,
 }
 
 /// A model step began.

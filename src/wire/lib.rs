@@ -13,6 +13,40 @@ use serde::Serialize;
 
 use broca_protocol::{ClassifiedError, Usage};
 
+/// Who sent a management request. On a module route the daemon attests the caller
+/// (`route.bind`'s principal and scope); serve's HTTP surface takes the holder of the
+/// management handle, the state directory's operator.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Caller {
+    /// The daemon-attested principal (`reserved:<module>`), when the daemon attested one.
+    pub principal: Option<String>,
+    /// The owner of the route's scope (`reserved:<module>`), when it has a scope.
+    pub scope_owner: Option<String>,
+    /// The management handle's holder (serve's HTTP surface).
+    pub operator: bool,
+}
+
+impl Caller {
+    /// The holder of serve's management handle.
+    pub fn operator() -> Caller {
+        Caller {
+            operator: true,
+            ..Caller::default()
+        }
+    }
+
+    /// Whether this caller is one of `owners` (a session with none recorded is not
+    /// owner-protected; the operator passes).
+    pub fn owns(&self, owners: &[&str]) -> bool {
+        self.operator
+            || owners.is_empty()
+            || self
+                .principal
+                .as_deref()
+                .is_some_and(|p| owners.contains(&p))
+    }
+}
+
 /// An error as replies carry it: its class and message.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ErrorReply {
@@ -115,27 +149,55 @@ pub struct RpcError {
     pub code: &'static str,
     pub class: broca_protocol::ErrorClass,
     pub message: String,
+    /// The refusal's detail members beside `class` (the role's `detail`: the `field` an
+    /// `invalid_params` names, ...).
+    pub detail: serde_json::Map<String, serde_json::Value>,
 }
 
 impl RpcError {
     /// A permanent error.
     pub fn permanent(status: u16, code: &'static str, message: impl Into<String>) -> RpcError {
+        RpcError::new(status, code, broca_protocol::ErrorClass::Permanent, message)
+    }
+
+    /// An error of `class`.
+    pub fn new(
+        status: u16,
+        code: &'static str,
+        class: broca_protocol::ErrorClass,
+        message: impl Into<String>,
+    ) -> RpcError {
         RpcError {
             status,
             code,
-            class: broca_protocol::ErrorClass::Permanent,
+            class,
             message: message.into(),
+            detail: serde_json::Map::new(),
         }
+    }
+
+    /// The refusal's `detail.field`: the request field it is about.
+    pub fn with_field(self, field: impl Into<String>) -> RpcError {
+        self.with_detail("field", serde_json::Value::String(field.into()))
+    }
+
+    /// One more member of the refusal's detail.
+    pub fn with_detail(mut self, key: &str, value: serde_json::Value) -> RpcError {
+        self.detail.insert(key.to_string(), value);
+        self
+    }
+
+    /// The refusal's detail as the role carries it: `class`, `status` and the members added.
+    pub fn detail_body(&self) -> serde_json::Value {
+        let mut d = self.detail.clone();
+        d.insert("class".into(), self.class.as_str().into());
+        d.insert("status".into(), self.status.into());
+        serde_json::Value::Object(d)
     }
 
     /// A transient error (worth retrying later).
     pub fn transient(status: u16, code: &'static str, message: impl Into<String>) -> RpcError {
-        RpcError {
-            status,
-            code,
-            class: broca_protocol::ErrorClass::Transient,
-            message: message.into(),
-        }
+        RpcError::new(status, code, broca_protocol::ErrorClass::Transient, message)
     }
 
     /// The error for a refused send.
@@ -146,30 +208,39 @@ impl RpcError {
             | Refusal::UnsupportedProvider(_)
             | Refusal::BudgetUnpriced(_) => RpcError::permanent(400, r.code(), message),
             // Not 401: that status answers the management handle itself.
-            Refusal::AuthRequired(_) => RpcError {
-                status: 400,
-                code: r.code(),
-                class: broca_protocol::ErrorClass::AuthRequired,
+            Refusal::AuthRequired(_) => RpcError::new(
+                400,
+                r.code(),
+                broca_protocol::ErrorClass::AuthRequired,
                 message,
-            },
+            ),
             Refusal::ShuttingDown | Refusal::CredentialUnavailable(_) => {
                 RpcError::transient(503, r.code(), message)
             }
             Refusal::SessionBusy { .. } => RpcError::transient(409, r.code(), message),
-            Refusal::SendIdReuse { .. } | Refusal::ToolNameCollision(_) => {
-                RpcError::permanent(409, r.code(), message)
+            Refusal::SendIdReuse { field, .. } => {
+                let e = RpcError::permanent(409, r.code(), message);
+                match field {
+                    Some(f) => e.with_field(*f),
+                    None => e,
+                }
             }
+            Refusal::ToolNameCollision(_) => RpcError::permanent(409, r.code(), message),
+            Refusal::ScopeOwnerMismatch => RpcError::permanent(403, r.code(), message),
         }
     }
 
     /// The JSON body.
     pub fn body(&self) -> Vec<u8> {
-        serde_json::to_vec(&serde_json::json!({"error": {
+        let mut error = serde_json::json!({
             "code": self.code,
             "class": self.class.as_str(),
             "message": self.message,
-        }}))
-        .expect("an error serializes")
+        });
+        if !self.detail.is_empty() {
+            error["detail"] = serde_json::Value::Object(self.detail.clone());
+        }
+        serde_json::to_vec(&serde_json::json!({ "error": error })).expect("an error serializes")
     }
 }
 

@@ -5,13 +5,15 @@
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use crate::{RpcError, SendRequest, READ_LIMIT_DEFAULT, READ_LIMIT_MAX};
+use crate::{RpcError, SendRequest};
+use cortexkit_role_llm_runner::read::ReadRequest;
 
 /// The management methods.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Method {
     SessionSend,
     SessionRead,
+    SessionHead,
     RunStatus,
     RunResult,
     RunCancel,
@@ -22,12 +24,13 @@ pub enum Method {
 
 impl Method {
     /// Every method, in the order the docs list them.
-    pub const ALL: [Method; 8] = [
+    pub const ALL: [Method; 9] = [
         Method::SessionSend,
         Method::RunStatus,
         Method::RunResult,
         Method::RunCancel,
         Method::SessionRead,
+        Method::SessionHead,
         Method::SessionImport,
         Method::RoleDescribe,
         Method::SessionBaseline,
@@ -38,6 +41,7 @@ impl Method {
         match self {
             Method::SessionSend => "session.send",
             Method::SessionRead => "session.read",
+            Method::SessionHead => "session.head",
             Method::RunStatus => "run.status",
             Method::RunResult => "run.result",
             Method::RunCancel => "run.cancel",
@@ -80,11 +84,13 @@ pub enum Request {
         session: SessionName,
         run_id: String,
     },
+    /// llm-runner/v1's `session.read`, its request as the role defines it.
     Read {
         session: SessionName,
-        from_ordinal: u64,
-        limit: usize,
+        read: Box<ReadRequest>,
     },
+    /// llm-runner/v1's `session.head`.
+    Head { session: SessionName },
     /// What this build serves of the llm-runner/v1 role (names no session; a route's session,
     /// put in its params, is ignored).
     Describe,
@@ -111,6 +117,7 @@ impl Request {
             Request::Result { .. } => Method::RunResult,
             Request::Cancel { .. } => Method::RunCancel,
             Request::Read { .. } => Method::SessionRead,
+            Request::Head { .. } => Method::SessionHead,
             Request::Import { .. } => Method::SessionImport,
             Request::Describe => Method::RoleDescribe,
             Request::Baseline { .. } => Method::SessionBaseline,
@@ -125,6 +132,7 @@ impl Request {
             | Request::Result { session, .. }
             | Request::Cancel { session, .. }
             | Request::Read { session, .. }
+            | Request::Head { session }
             | Request::Baseline { session } => Some(session),
             Request::Import { .. } | Request::Describe => None,
         }
@@ -180,8 +188,8 @@ pub fn parse(body: &[u8]) -> Result<Request, RpcError> {
     let session = session_name(&mut params)?;
     let request = match method {
         Method::SessionSend => {
-            let send: Box<SendRequest> = serde_json::from_value(Value::Object(params))
-                .map_err(|e| invalid(e.to_string()))?;
+            role_send_members(&mut params)?;
+            let send = strict(params, method)?;
             return Ok(Request::Send { session, send });
         }
         Method::RunStatus => Request::Status {
@@ -201,20 +209,60 @@ pub fn parse(body: &[u8]) -> Result<Request, RpcError> {
         Method::RoleDescribe => Request::Describe,
         Method::SessionBaseline => Request::Baseline { session },
         Method::SessionRead => {
-            let from_ordinal = take_u64(&mut params, "from_ordinal")?.unwrap_or(0);
-            let limit = take_u64(&mut params, "limit")?.unwrap_or(READ_LIMIT_DEFAULT as u64);
-            if limit == 0 || limit > READ_LIMIT_MAX as u64 {
-                return Err(invalid(format!("`limit` must be 1 to {READ_LIMIT_MAX}")));
-            }
-            Request::Read {
-                session,
-                from_ordinal,
-                limit: limit as usize,
-            }
+            let read = strict(params, method)?;
+            return Ok(Request::Read { session, read });
         }
+        Method::SessionHead => Request::Head { session },
     };
     no_more(&params, method)?;
     Ok(request)
+}
+
+/// The llm-runner/v1 members of a send that broca takes or refuses by the role's rules,
+/// taken out of `params`: `delivery` (a string; `queue`, what an absent one means, is the
+/// mode broca serves; `steer` and `interrupt` are refused `delivery_unsupported`, an unknown
+/// mode or a list `invalid_params`) and `plan` (broca admits no plans).
+fn role_send_members(params: &mut Map<String, Value>) -> Result<(), RpcError> {
+    match params.remove("delivery") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(mode)) if mode == "queue" => {}
+        Some(Value::String(mode)) if mode == "steer" || mode == "interrupt" => {
+            return Err(RpcError::permanent(
+                400,
+                "delivery_unsupported",
+                format!("this runner does not serve the `{mode}` delivery mode"),
+            )
+            .with_detail("delivery", Value::String(mode)));
+        }
+        Some(Value::Array(_)) => {
+            return Err(invalid(
+                "a list of delivery modes needs the delivery_order group, which this runner \
+                 does not declare",
+            )
+            .with_field("delivery"))
+        }
+        Some(other) => {
+            return Err(
+                invalid(format!("`delivery` must be queue, not {other}")).with_field("delivery")
+            )
+        }
+    }
+    if let Some(plan) = params.get("plan") {
+        let output_refs = plan
+            .get("tool_items")
+            .and_then(Value::as_array)
+            .is_some_and(|items| items.iter().any(|i| i.get("output_refs").is_some()));
+        let field = if output_refs {
+            "plan.tool_items[].output_refs"
+        } else {
+            "plan"
+        };
+        return Err(invalid(format!(
+            "this runner admits no fetch plan (`{field}`); a send names its tools in `tools`"
+        ))
+        .with_field(field));
+    }
+    Ok(())
 }
 
 /// Refuses a parameter the method does not take, by name.
@@ -224,8 +272,37 @@ fn no_more(params: &Map<String, Value>, method: Method) -> Result<(), RpcError> 
             "unknown parameter `{}` for {}",
             k.escape_debug(),
             method.as_str()
-        ))),
+        ))
+        .with_field(k.as_str())),
         None => Ok(()),
+    }
+}
+
+/// A role request decoded strictly from `params`; a refusal names the field at fault (an
+/// unknown one, or the first whose value the request type refuses).
+fn strict<T: serde::de::DeserializeOwned>(
+    params: Map<String, Value>,
+    method: Method,
+) -> Result<Box<T>, RpcError> {
+    match serde_json::from_value::<T>(Value::Object(params.clone())) {
+        Ok(t) => Ok(Box::new(t)),
+        Err(e) => {
+            let field = params
+                .iter()
+                .find(|(k, v)| {
+                    let alone: Map<String, Value> =
+                        std::iter::once(((*k).clone(), (*v).clone())).collect();
+                    serde_json::from_value::<T>(Value::Object(alone))
+                        .err()
+                        .is_some_and(|e| !e.to_string().starts_with("missing field"))
+                })
+                .map(|(k, _)| k.clone());
+            let e = invalid(format!("{}: {e}", method.as_str()));
+            Err(match field {
+                Some(f) => e.with_field(f),
+                None => e,
+            })
+        }
     }
 }
 
@@ -264,16 +341,6 @@ fn take_str(params: &mut Map<String, Value>, key: &str) -> Result<Option<String>
     }
 }
 
-fn take_u64(params: &mut Map<String, Value>, key: &str) -> Result<Option<u64>, RpcError> {
-    match params.remove(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) if n.as_u64().is_some() => Ok(n.as_u64()),
-        Some(other) => Err(invalid(format!(
-            "`{key}` must be a non-negative integer, not {other}"
-        ))),
-    }
-}
-
 fn required_run_id(params: &mut Map<String, Value>) -> Result<String, RpcError> {
     take_str(params, "run_id")?.ok_or_else(|| invalid("`run_id` is required"))
 }
@@ -307,8 +374,7 @@ mod tests {
                     harness: "h".into(),
                     session: "s".into()
                 },
-                from_ordinal: 0,
-                limit: 5
+                read: Box::new(ReadRequest::tail().with_limit(5)),
             }
         );
         assert_eq!(
@@ -334,12 +400,38 @@ mod tests {
             (r#"{"method":"run.status"}"#.to_string(), "invalid_params"),
             ("[]".to_string(), "invalid_request"),
             (
-                format!(r#"{{"method":"session.read","params":{{{triple},"limit":0}}}}"#),
+                format!(r#"{{"method":"session.read","params":{{{triple},"from_ordnal":1}}}}"#),
                 "invalid_params",
+            ),
+            (
+                format!(
+                    r#"{{"method":"session.send","params":{{{triple},"prompt":"p","model":"a/m","delivery":"steer"}}}}"#
+                ),
+                "delivery_unsupported",
             ),
         ] {
             assert_eq!(parse(body.as_bytes()).unwrap_err().code, code, "{body}");
         }
+        // A refusal names the field at fault: an unknown one, or one of the wrong type.
+        let field = |body: String| parse(body.as_bytes()).unwrap_err().detail["field"].clone();
+        assert_eq!(
+            field(format!(
+                r#"{{"method":"session.read","params":{{{triple},"from_ordnal":1}}}}"#
+            )),
+            "from_ordnal"
+        );
+        assert_eq!(
+            field(format!(
+                r#"{{"method":"session.read","params":{{{triple},"limit":"x"}}}}"#
+            )),
+            "limit"
+        );
+        assert_eq!(
+            field(format!(
+                r#"{{"method":"session.send","params":{{{triple},"prompt":"p","model":"a/m","delivery":["queue"]}}}}"#
+            )),
+            "delivery"
+        );
         for m in Method::ALL {
             assert_eq!(Method::parse(m.as_str()), Some(m));
         }

@@ -13,19 +13,42 @@ use serde_json::Value;
 pub use cortexkit_role_llm_runner::errors::SCOPE_OWNER_MISMATCH;
 pub use cortexkit_role_llm_runner::{PROVIDES, REQUIRED_OPS};
 
-/// The capability groups broca declares (none yet: see the module's doc).
-pub const GROUPS: &[&str] = &[];
+use cortexkit_role_llm_runner::capabilities as groups;
+
+/// The capability groups broca declares: each served whole, as the role's contract says.
+pub const GROUPS: &[&str] = &[groups::TRANSCRIPT_READS, groups::QUEUE];
+
+/// `session.read`'s byte cap: the default, and the largest honoured.
+pub const READ_MAX_BYTES: (u64, u64) = (256 * 1024, 3 * 1024 * 1024);
+
+/// The ops this build serves: the required ones and every op of each declared group.
+pub fn ops() -> Vec<String> {
+    let mut ops: Vec<String> = REQUIRED_OPS.iter().map(|op| op.to_string()).collect();
+    for (group, group_ops) in groups::GROUPS {
+        if GROUPS.contains(group) {
+            for op in *group_ops {
+                if !ops.iter().any(|o| o == op) {
+                    ops.push(op.to_string());
+                }
+            }
+        }
+    }
+    ops
+}
 
 /// The `role.describe` answer of this build.
 pub fn describe() -> Value {
     let major = Major {
         version: PROVIDES.to_string(),
-        ops: REQUIRED_OPS.iter().map(|op| op.to_string()).collect(),
+        ops: ops(),
         stability: "alpha".to_string(),
     };
-    let answer = RoleDescribe::new(vec![major], env!("CARGO_PKG_VERSION"))
+    let mut answer = RoleDescribe::new(vec![major], env!("CARGO_PKG_VERSION"))
         .with_capabilities(GROUPS.iter().map(|g| g.to_string()).collect())
         .with_session_capabilities_from("baseline");
+    if GROUPS.contains(&groups::TRANSCRIPT_READS) {
+        answer = answer.with_max_bytes(READ_MAX_BYTES.0, READ_MAX_BYTES.1);
+    }
     serde_json::to_value(answer).expect("a describe answer serializes")
 }
 
@@ -51,7 +74,7 @@ mod tests {
     fn the_describe_answer_holds_for_the_roles_own_check() {
         let d = cortexkit_role_llm_runner::describe::check_describe(&describe())
             .unwrap_or_else(|p| panic!("{p:?}"));
-        assert!(d.capabilities.is_empty());
+        assert_eq!(d.capabilities, GROUPS);
     }
 
     #[test]

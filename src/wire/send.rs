@@ -45,13 +45,19 @@ pub enum Refusal {
     /// A parameter is missing, malformed or out of range.
     InvalidParams(String),
     /// The send_id was used before with other inputs.
-    SendIdReuse { run_id: String },
+    SendIdReuse {
+        run_id: String,
+        /// The field that differs, when known.
+        field: Option<&'static str>,
+    },
     /// A run of this session is active.
     SessionBusy { run_id: String },
     /// Two configured tools share a name the send offers.
     ToolNameCollision(String),
     /// The daemon is shutting down.
     ShuttingDown,
+    /// The session has an owner and the caller is not it.
+    ScopeOwnerMismatch,
     /// The send's credential is missing or unusable (what, never the secret).
     AuthRequired(String),
     /// The credential's source (the vault) is out for now; the send may be retried.
@@ -71,6 +77,7 @@ impl Refusal {
             Refusal::SessionBusy { .. } => "session_busy",
             Refusal::ToolNameCollision(_) => "tool_name_collision",
             Refusal::ShuttingDown => "shutting_down",
+            Refusal::ScopeOwnerMismatch => "scope_owner_mismatch",
             Refusal::AuthRequired(_) => "auth_required",
             Refusal::CredentialUnavailable(_) => "credential_unavailable",
             Refusal::UnsupportedProvider(_) => "unsupported_provider",
@@ -88,7 +95,7 @@ impl Refusal {
             | Refusal::CredentialUnavailable(why)
             | Refusal::UnsupportedProvider(why)
             | Refusal::BudgetUnpriced(why) => why.clone(),
-            Refusal::SendIdReuse { run_id } => {
+            Refusal::SendIdReuse { run_id, .. } => {
                 format!("this send_id started run {run_id} with other inputs; use a new send_id")
             }
             Refusal::SessionBusy { run_id } => {
@@ -96,6 +103,10 @@ impl Refusal {
             }
             Refusal::ToolNameCollision(name) => format!("two tool servers offer `{name}`"),
             Refusal::ShuttingDown => "broca is stopping; retry later".to_string(),
+            Refusal::ScopeOwnerMismatch => {
+                "only the session's owner sends into it (the principal of its first send)"
+                    .to_string()
+            }
         }
     }
 }

@@ -28,7 +28,10 @@ fn broca_passes_the_llm_runner_v1_conformance_suite() {
         .enable_all()
         .build()
         .unwrap();
+    // BROCA_CONFORMANCE_WORK keeps the state roots (and each broca's log) for a look after.
     let work = tempfile::tempdir().unwrap();
+    let kept = std::env::var_os("BROCA_CONFORMANCE_WORK").map(std::path::PathBuf::from);
+    let work_dir = kept.unwrap_or_else(|| work.path().to_path_buf());
     let report = rt.block_on(async {
         let subject = subject::Subject::new().await;
         let options = SuiteOptions::new().with_progress(|event| {
@@ -43,7 +46,7 @@ fn broca_passes_the_llm_runner_v1_conformance_suite() {
                 }
             }
         });
-        let report = run_suite_with(&subject, &work.path().join("suite"), options)
+        let report = run_suite_with(&subject, &work_dir.join("suite"), options)
             .await
             .expect("the suite starts");
         let declared = subject_declared(&subject);

@@ -146,7 +146,7 @@ fn event(out: &mut String, data: Value) {
 }
 
 /// One turn as Anthropic's stream: a block per part, the turn's usage at face value (absent
-/// when the script has none), its finish reason as `stop_reason` (null when it has none).
+/// when the script has none), its finish reason as `stop_reason`.
 fn render(session: &str, turn: usize, t: &ScriptedTurn, _max_tokens: Option<u64>) -> String {
     let mut out = String::new();
     let mut message = json!({"id": format!("msg_{session}_{turn}"), "type": "message",
@@ -196,8 +196,20 @@ fn render(session: &str, turn: usize, t: &ScriptedTurn, _max_tokens: Option<u64>
             json!({"type": "content_block_stop", "index": index}),
         );
     }
+    // Anthropic's stream always states a reason: a turn whose script names none stops the way
+    // the wire says a turn with (or without) tool calls stops.
+    let natural = if t
+        .parts
+        .iter()
+        .any(|p| matches!(p, ScriptedPart::ToolCall(_)))
+    {
+        "tool_use"
+    } else {
+        "end_turn"
+    };
+    let reason = t.finish_reason.as_deref().unwrap_or(natural);
     let mut delta = json!({"type": "message_delta",
-        "delta": {"stop_reason": t.finish_reason, "stop_sequence": null}});
+        "delta": {"stop_reason": reason, "stop_sequence": null}});
     if let Some(u) = &t.usage {
         delta["usage"] = json!({"output_tokens": u.output_tokens});
     }

@@ -16,7 +16,8 @@ use cortexkit_role_harness::{
 use cortexkit_role_llm_runner::points;
 use cortexkit_role_llm_runner_conformance::{
     envelope, Capability, LlmRunnerSubject, ModelRequestObservation, Reply, RouteFailure,
-    RunnerRoute, Script, SubscribeOutcome, SCRIPTED_TOOL,
+    RunnerRoute, Script, SubscribeOutcome, ToolResultLimitObservation, ToolResultObservation,
+    SCRIPTED_TOOL,
 };
 use serde_json::{json, Map, Value};
 use subc_protocol::{ErrorBody, FrameType};
@@ -314,6 +315,42 @@ impl LlmRunnerSubject for Subject {
 
     async fn model_invocations(&self, session: &str) -> Result<usize, HarnessError> {
         Ok(self.model.requests(session).len())
+    }
+
+    fn oversized_tool_result(
+        &self,
+        message: &Value,
+        tool_call_id: &str,
+    ) -> Option<ToolResultLimitObservation> {
+        // broca's tool entry: {role: "tool", tool_use_id, content, is_error?, reason?, bytes?,
+        // limit?}, as its ToolResult record holds it.
+        if message["role"] != "tool" || message["tool_use_id"] != tool_call_id {
+            return None;
+        }
+        Some(ToolResultLimitObservation::new(
+            message["reason"].as_str()?,
+            message["bytes"].as_u64()?,
+            message["limit"].as_u64()?,
+            message["content"].as_str()?,
+            message["is_error"] == true,
+        ))
+    }
+
+    fn not_executed_tool_result(
+        &self,
+        message: &Value,
+        tool_call_id: &str,
+    ) -> Option<ToolResultObservation> {
+        if message["role"] != "tool" || message["tool_use_id"] != tool_call_id {
+            return None;
+        }
+        let reason = message["reason"].as_str()?;
+        // Results broca wrote for a call it never sent; `outcome_unknown` may have run.
+        let executed = !matches!(
+            reason,
+            "not_dispatched" | "unknown_tool" | "invalid_arguments" | "refused_before_delivery"
+        );
+        Some(ToolResultObservation::new(executed, reason))
     }
 
     async fn tool_invocations(&self, arguments: &Value) -> usize {

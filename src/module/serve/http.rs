@@ -215,14 +215,13 @@ fn authorized(ctx: &ServeCtx, head: &RequestHead) -> bool {
 pub(super) const JSON: &str = "application/json";
 
 fn unauthorized() -> RpcError {
-    RpcError {
-        status: 401,
-        code: "unauthorized",
-        class: broca_protocol::ErrorClass::AuthRequired,
-        message: "missing or wrong `Authorization: Bearer <handle>` (the handle is in the file \
-                  serve.json names)"
-            .into(),
-    }
+    RpcError::new(
+        401,
+        "unauthorized",
+        broca_protocol::ErrorClass::AuthRequired,
+        "missing or wrong `Authorization: Bearer <handle>` (the handle is in the file serve.json \
+         names)",
+    )
 }
 
 async fn handle(
@@ -236,15 +235,17 @@ async fn handle(
         return error(unauthorized());
     }
     match (head.method.as_str(), head.path()) {
-        ("POST", "/v1/rpc") => match super::rpc::call(ctx, &body).await {
-            Ok(result) => (
-                200,
-                JSON,
-                serde_json::to_vec(&serde_json::json!({ "result": result }))
-                    .expect("a reply serializes"),
-            ),
-            Err(e) => error(e),
-        },
+        ("POST", "/v1/rpc") => {
+            match super::rpc::call(ctx, &body, &broca_wire::Caller::operator()).await {
+                Ok(result) => (
+                    200,
+                    JSON,
+                    serde_json::to_vec(&serde_json::json!({ "result": result }))
+                        .expect("a reply serializes"),
+                ),
+                Err(e) => error(e),
+            }
+        }
         ("GET", "/healthz") => {
             if ctx.is_stopping() {
                 (503, JSON, br#"{"status":"stopping"}"#.to_vec())

@@ -344,7 +344,9 @@ impl Registry {
                 // refused send's send_id names no run here either).
                 match cmd {
                     SessionCommand::Status { reply, .. } => drop(reply.send(None)),
-                    SessionCommand::Cancel { reply, .. } => drop(reply.send(false)),
+                    SessionCommand::Cancel { reply, .. } => {
+                        let _ = reply.send(crate::session::Cancelled::NotActive);
+                    }
                     SessionCommand::Barrier { reply } => drop(reply.send(None)),
                     SessionCommand::Send { admission, reply } => {
                         if let Err(u) = *admission {
@@ -612,7 +614,7 @@ impl Registry {
                 let _ = reply.send(actor.view(run_id.as_deref()));
             }
             SessionCommand::Cancel { reply, .. } => {
-                let _ = reply.send(false); // no run is active here
+                let _ = reply.send(crate::session::Cancelled::NotActive); // no run is active here
             }
             SessionCommand::Barrier { reply } => {
                 let _ = reply.send(actor.barrier().await.ok());

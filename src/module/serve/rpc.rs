@@ -8,11 +8,13 @@ use std::sync::Arc;
 use futures_channel::oneshot;
 use serde_json::Value;
 
-use crate::session::SessionCommand;
+use crate::session::{Cancelled, SessionCommand};
 use broca_core::admission::SendRequest;
 use broca_core::replay::RunView;
+use broca_core::role::ReadRefusal;
 use broca_wal::SessionTriple;
-use broca_wire::{ReadMessage, ReadPage, Request, RpcError, SessionName};
+use broca_wire::{Caller, Request, RpcError, SessionName};
+use cortexkit_role_llm_runner::read::ReadRequest;
 
 use super::ServeCtx;
 
@@ -41,7 +43,11 @@ pub fn check_request(body: &[u8]) -> Result<String, RpcError> {
 }
 
 /// Runs one call.
-pub(crate) async fn call(ctx: &Arc<ServeCtx>, body: &[u8]) -> Result<Value, RpcError> {
+pub(crate) async fn call(
+    ctx: &Arc<ServeCtx>,
+    body: &[u8],
+    caller: &Caller,
+) -> Result<Value, RpcError> {
     let request = broca_wire::request::parse(body)?;
     let Some(session) = request.session() else {
         return match request {
@@ -65,33 +71,38 @@ pub(crate) async fn call(ctx: &Arc<ServeCtx>, body: &[u8]) -> Result<Value, RpcE
     };
     let t = triple(session)?;
     match request {
-        Request::Send { send: req, .. } => self::send(ctx, t, *req).await,
+        Request::Send { send: req, .. } => self::send(ctx, t, *req, caller).await,
         Request::Status { run_id, .. } => status(ctx, t, run_id).await,
         Request::Result { run_id, .. } => result(ctx, t, run_id).await,
-        Request::Cancel { run_id, .. } => cancel(ctx, t, run_id).await,
-        Request::Read {
-            from_ordinal,
-            limit,
-            ..
-        } => read(ctx, t, from_ordinal, limit).await,
-        Request::Baseline { .. } => baseline(ctx, t).await,
+        Request::Cancel { run_id, .. } => cancel(ctx, t, run_id, caller).await,
+        Request::Read { read: req, .. } => read(ctx, t, req).await,
+        Request::Head { .. } => head(ctx, t).await,
+        Request::Baseline { .. } => baseline(ctx, t, caller).await,
         Request::Import { .. } | Request::Describe => Err(invalid("the request names no session")),
     }
 }
 
 /// session.baseline: read from the session's WAL (or its archived copy) without its actor:
 /// no lease taken, nothing written. `not_yet` when nothing has reached the session.
-async fn baseline(ctx: &Arc<ServeCtx>, t: SessionTriple) -> Result<Value, RpcError> {
+async fn baseline(
+    ctx: &Arc<ServeCtx>,
+    t: SessionTriple,
+    caller: &Caller,
+) -> Result<Value, RpcError> {
     let wal = broca_wal_writer::wal_path(&ctx.wal_dir, &t);
+    let caller = caller.clone();
     let names = glommio::executor()
-        .spawn_blocking(move || -> Result<Option<Vec<String>>, String> {
+        .spawn_blocking(move || -> Result<Result<Option<Vec<String>>, ()>, String> {
             let Some((bytes, scan)) =
                 broca_wal::verify::read_and_scan_if_any(&wal).map_err(|e| e.to_string())?
             else {
-                return Ok(None);
+                return Ok(Ok(None));
             };
             let state = broca_core::replay::Session::replay_scan(&scan, &bytes)
                 .map_err(|e| format!("the session's log does not replay: {}", e.reason))?;
+            if !caller.owns(&state.owners()) {
+                return Ok(Err(()));
+            }
             let tools = state.runs.last().map(|r| {
                 r.config
                     .tools
@@ -99,10 +110,11 @@ async fn baseline(ctx: &Arc<ServeCtx>, t: SessionTriple) -> Result<Value, RpcErr
                     .map(|t| t.name.clone())
                     .collect::<Vec<_>>()
             });
-            Ok(Some(tools.unwrap_or_default()))
+            Ok(Ok(Some(tools.unwrap_or_default())))
         })
         .await
-        .map_err(|e| RpcError::transient(503, "session_unavailable", e))?;
+        .map_err(|e| RpcError::transient(503, "session_unavailable", e))?
+        .map_err(|()| not_owner("session.baseline"))?;
     Ok(broca_wire::role::baseline(names))
 }
 
@@ -220,7 +232,23 @@ fn unknown_run(run_id: &str) -> RpcError {
     )
 }
 
-async fn send(ctx: &Arc<ServeCtx>, t: SessionTriple, req: SendRequest) -> Result<Value, RpcError> {
+/// The refusal of an owner-only method to anyone else.
+fn not_owner(method: &str) -> RpcError {
+    RpcError::permanent(
+        403,
+        broca_wire::role::SCOPE_OWNER_MISMATCH,
+        format!(
+            "{method} is answered only to the session's owner (the principal of its first send)"
+        ),
+    )
+}
+
+async fn send(
+    ctx: &Arc<ServeCtx>,
+    t: SessionTriple,
+    req: SendRequest,
+    caller: &Caller,
+) -> Result<Value, RpcError> {
     if ctx.is_stopping() {
         return Err(RpcError::transient(
             503,
@@ -233,7 +261,11 @@ async fn send(ctx: &Arc<ServeCtx>, t: SessionTriple, req: SendRequest) -> Result
     // session already has; the session's actor does the rest with what was resolved here.
     let specs = ctx.tools.specs();
     let catalog = broca_catalog::current();
-    let admission = broca_core::admission::prepare(&req, &specs, &catalog, &ctx.checks);
+    let mut admission = broca_core::admission::prepare(&req, &specs, &catalog, &ctx.checks);
+    match &mut admission {
+        Ok(p) => p.caller = caller.clone(),
+        Err(u) => u.caller = caller.clone(),
+    }
     if let Err(u) = &admission {
         if u.send_id.is_none() {
             return Err(RpcError::refusal(&u.refusal));
@@ -274,100 +306,100 @@ async fn result(ctx: &Arc<ServeCtx>, t: SessionTriple, run_id: String) -> Result
     Ok(serde_json::to_value(broca_core::views::run_result(&run)).expect("a result serializes"))
 }
 
-async fn cancel(ctx: &Arc<ServeCtx>, t: SessionTriple, run_id: String) -> Result<Value, RpcError> {
+async fn cancel(
+    ctx: &Arc<ServeCtx>,
+    t: SessionTriple,
+    run_id: String,
+    caller: &Caller,
+) -> Result<Value, RpcError> {
     view(ctx, &t, Some(run_id.clone()))
         .await?
         .ok_or_else(|| unknown_run(&run_id))?;
     let (reply, wait) = oneshot::channel();
-    ctx.route(t, SessionCommand::Cancel { run_id, reply })
-        .map_err(unrouted)?;
-    let acked = wait.await.map_err(|_| unavailable())?;
-    Ok(Value::String(
-        if acked { "ack" } else { "not_active" }.into(),
-    ))
+    let caller = caller.clone();
+    ctx.route(
+        t,
+        SessionCommand::Cancel {
+            run_id,
+            caller,
+            reply,
+        },
+    )
+    .map_err(unrouted)?;
+    match wait.await.map_err(|_| unavailable())? {
+        Cancelled::Ack => Ok(Value::String("ack".into())),
+        Cancelled::NotActive => Ok(Value::String("not_active".into())),
+        Cancelled::NotOwner => Err(not_owner("run.cancel")),
+    }
 }
 
 async fn read(
     ctx: &Arc<ServeCtx>,
     t: SessionTriple,
-    from: u64,
-    limit: usize,
+    req: Box<ReadRequest>,
 ) -> Result<Value, RpcError> {
+    if let Err(field) = req.check_rich_ui(broca_wire::role::GROUPS) {
+        return Err(invalid("this runner serves no rich UI stamps").with_field(field));
+    }
+    if let Err(field) = req.check_display_facts(broca_wire::role::GROUPS) {
+        return Err(invalid("this runner serves no display facts").with_field(field));
+    }
     let path = broca_wal_writer::wal_path(&ctx.wal_dir, &t);
     let page = glommio::executor()
-        .spawn_blocking({
-            let store = ctx.store.clone();
-            move || read_page(&path, store.as_deref(), from, limit)
+        .spawn_blocking(move || {
+            let (session, incarnation) = entries_of(&path)?;
+            Ok::<_, String>(broca_core::role::read_page(
+                session.as_ref(),
+                &incarnation,
+                &req,
+            ))
         })
-        .await;
-    page.map_err(|e| RpcError::transient(500, "internal", e))
+        .await
+        .map_err(|e| RpcError::transient(500, "internal", e))?;
+    match page {
+        Ok(page) => Ok(serde_json::to_value(page).expect("a page serializes")),
+        Err(ReadRefusal::Invalid { field, why }) => Err(invalid(why).with_field(field)),
+        Err(ReadRefusal::HistoryChanged(v)) => Err(RpcError::permanent(
+            409,
+            "history_changed",
+            format!(
+                "the cursor is of history version {v}; this session's is {}",
+                broca_core::role::HISTORY_VERSION
+            ),
+        )),
+        Err(ReadRefusal::UnknownMid(mid)) => Err(RpcError::permanent(
+            404,
+            "unknown_mid",
+            format!("no message `{}` in this session", mid.escape_debug()),
+        )),
+    }
 }
 
-/// Pages the durable transcript of the WAL at `path`, read as a reader (no lease): from the
-/// store's materialized transcript when the store has applied exactly what the WAL holds
-/// (same lineage, same last seq), else by replaying the WAL.
-fn read_page(
-    path: &std::path::Path,
-    store: Option<&broca_store::Store>,
-    from: u64,
-    limit: usize,
-) -> Result<Value, String> {
+/// session.head: read from the WAL like a page, no lease taken.
+async fn head(ctx: &Arc<ServeCtx>, t: SessionTriple) -> Result<Value, RpcError> {
+    let path = broca_wal_writer::wal_path(&ctx.wal_dir, &t);
+    let head = glommio::executor()
+        .spawn_blocking(move || {
+            let (session, incarnation) = entries_of(&path)?;
+            Ok::<_, String>(broca_core::role::head(session.as_ref(), &incarnation))
+        })
+        .await
+        .map_err(|e| RpcError::transient(500, "internal", e))?;
+    Ok(serde_json::to_value(head).expect("a head serializes"))
+}
+
+/// The session of the WAL at `path` (or its archived copy) replayed with its entries, read
+/// as a reader (no lease), and its incarnation (the WAL's lineage). A session never written
+/// has no entries and the incarnation `none`.
+fn entries_of(path: &std::path::Path) -> Result<(Option<broca_core::Session>, String), String> {
     let found = broca_wal::verify::read_and_scan_if_any(path).map_err(|e| e.to_string())?;
     let Some((bytes, scan)) = found else {
-        let page = ReadPage {
-            messages: Vec::new(),
-            next_from_ordinal: None,
-            head: 0,
-            lineage_id: None,
-        };
-        return Ok(serde_json::to_value(page).expect("a page serializes"));
+        return Ok((None, "none".to_string()));
     };
-    let last_seq = scan.frames.last().map_or(0, |f| f.seq);
-    let addr = scan.header.address.0;
-    let current = store.and_then(|s| s.mark(&addr).ok().flatten().map(|m| (s, m)));
-    if let Some((s, mark)) =
-        current.filter(|(_, m)| m.lineage_id == scan.header.lineage_hex() && m.last_seq == last_seq)
-    {
-        if let Ok(messages) = s.transcript_page(&addr, from, limit) {
-            let head = mark.messages;
-            let start = from.min(head);
-            let end = start + messages.len() as u64;
-            let page = ReadPage {
-                messages: messages
-                    .iter()
-                    .enumerate()
-                    .map(|(i, message)| ReadMessage {
-                        ordinal: start + i as u64,
-                        message,
-                    })
-                    .collect(),
-                next_from_ordinal: (end < head).then_some(end),
-                head,
-                lineage_id: Some(mark.lineage_id.clone()),
-            };
-            return Ok(serde_json::to_value(page).expect("a page serializes"));
-        }
-    }
-    let session = broca_core::Session::replay_scan(&scan, &bytes)
+    let session = broca_core::Session::with_entries()
+        .replay_scan_into(&scan, &bytes)
         .map_err(|e| format!("{}: record {}: {}", path.display(), e.seq, e.reason))?;
-    let head = session.transcript.len() as u64;
-    let start = from.min(head) as usize;
-    let end = (start + limit).min(session.transcript.len());
-    let messages = session.transcript[start..end]
-        .iter()
-        .enumerate()
-        .map(|(i, message)| ReadMessage {
-            ordinal: (start + i) as u64,
-            message,
-        })
-        .collect();
-    let page = ReadPage {
-        messages,
-        next_from_ordinal: ((end as u64) < head).then_some(end as u64),
-        head,
-        lineage_id: Some(scan.header.lineage_hex()),
-    };
-    Ok(serde_json::to_value(page).expect("a page serializes"))
+    Ok((Some(session), scan.header.lineage_hex()))
 }
 
 #[cfg(test)]
@@ -416,63 +448,38 @@ mod tests {
     }
 
     fn first_text(page: &serde_json::Value) -> String {
-        page["messages"][0]["message"]["content"][0]["text"]["text"]
+        page["messages"][0]["message"]["content"][0]["text"]
             .as_str()
             .unwrap_or_default()
             .to_string()
     }
 
-    #[test]
-    fn a_page_is_never_served_from_a_projection_behind_the_wal() {
-        let dir = tempfile::tempdir().unwrap();
-        let state = dir.path();
-        let wal_dir = state.join("wal");
-        broca_owner_only::create_dir(&wal_dir).unwrap();
-        let path = broca_wal_writer::wal_path(&wal_dir, &triple());
-        session_with(&wal_dir, "one");
-        let (store, _) = broca_store::Store::open(state).unwrap();
-        store.catch_up(&path).unwrap();
-        assert_eq!(
-            super::read_page(&path, Some(&store), 0, 10).unwrap()["head"],
-            2
-        );
-        // The WAL moves on; the store has not caught up yet.
-        session_with(&wal_dir, "two");
-        let page = super::read_page(&path, Some(&store), 0, 10).unwrap();
-        assert_eq!(page["head"], 4, "{page}");
-        assert_eq!(page["messages"].as_array().unwrap().len(), 4, "{page}");
+    fn page(path: &Path) -> serde_json::Value {
+        let (session, incarnation) = super::entries_of(path).unwrap();
+        let req = cortexkit_role_llm_runner::read::ReadRequest::range(1);
+        let page = broca_core::role::read_page(session.as_ref(), &incarnation, &req).unwrap();
+        serde_json::to_value(page).unwrap()
     }
 
     #[test]
-    fn a_page_is_never_served_from_a_projection_of_another_lineage() {
+    fn a_page_follows_the_wal_and_names_its_lineage() {
         let dir = tempfile::tempdir().unwrap();
-        let state = dir.path();
-        let wal_dir = state.join("wal");
+        let wal_dir = dir.path().join("wal");
         broca_owner_only::create_dir(&wal_dir).unwrap();
         let path = broca_wal_writer::wal_path(&wal_dir, &triple());
         session_with(&wal_dir, "the first life");
-        let (store, _) = broca_store::Store::open(state).unwrap();
-        store.catch_up(&path).unwrap();
-        let page = super::read_page(&path, Some(&store), 0, 10).unwrap();
-        assert_eq!(first_text(&page), "the first life", "{page}");
-        let old_lineage = page["lineage_id"].clone();
-        // The session is recreated: a new lineage with exactly as many records; the store
-        // still holds the old one's projection.
+        let first = page(&path);
+        assert_eq!(first_text(&first), "the first life", "{first}");
+        assert_eq!(first["messages"].as_array().unwrap().len(), 2, "{first}");
+        session_with(&wal_dir, "more");
+        assert_eq!(page(&path)["messages"].as_array().unwrap().len(), 4);
+        // The session is recreated: a new lineage, which the page's incarnation names.
         std::fs::remove_file(&path).unwrap();
         session_with(&wal_dir, "a second life");
-        let mark = store.mark(&triple().address().0).unwrap().unwrap();
+        let second = page(&path);
+        assert_eq!(first_text(&second), "a second life", "{second}");
         let (_, scan) = broca_wal::verify::read_and_scan(&path).unwrap();
-        assert_eq!(
-            mark.last_seq,
-            scan.frames.last().unwrap().seq,
-            "the old projection ends at the same seq"
-        );
-        let page = super::read_page(&path, Some(&store), 0, 10).unwrap();
-        assert_eq!(first_text(&page), "a second life", "{page}");
-        assert_ne!(
-            page["lineage_id"], old_lineage,
-            "the lineage change is visible"
-        );
-        assert_eq!(page["lineage_id"], scan.header.lineage_hex());
+        assert_eq!(second["incarnation"], scan.header.lineage_hex());
+        assert_ne!(second["incarnation"], first["incarnation"]);
     }
 }

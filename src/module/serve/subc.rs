@@ -46,9 +46,9 @@ pub struct SubcConn {
 struct Route {
     epoch: u32,
     triple: SessionTriple,
-    /// Whether the route's caller owns the session: the daemon stamped no scope, or the
-    /// scope's owner is the bind's principal (only the owner reads `session.baseline`).
-    owner: bool,
+    /// Who the daemon says the route's caller is (owner-only methods compare it with the
+    /// session's owners).
+    caller: broca_wire::Caller,
 }
 
 struct Front {
@@ -186,8 +186,7 @@ impl Front {
     }
 
     async fn error(&self, channel: u16, epoch: u32, corr: u64, e: &RpcError) {
-        let body = ErrorBody::new(e.code, e.message.clone())
-            .with_detail(json!({"class": e.class.as_str(), "status": e.status}));
+        let body = ErrorBody::new(e.code, e.message.clone()).with_detail(e.detail_body());
         let body = serde_json::to_value(body).expect("an error body serializes");
         self.reply(FrameType::Error, channel, epoch, corr, &body)
             .await;
@@ -211,24 +210,11 @@ impl Front {
                         })
                         .detach();
                     }
-                    Some(r)
-                        if r.epoch == h.epoch
-                            && !r.owner
-                            && is_method(&f.body, "session.baseline") =>
-                    {
-                        let e = RpcError::permanent(
-                            403,
-                            broca_wire::role::SCOPE_OWNER_MISMATCH,
-                            "session.baseline is answered only to the session's owner",
-                        );
-                        self.error(h.channel, h.epoch, h.corr, &e).await;
-                    }
                     Some(r) if r.epoch == h.epoch => {
                         let me = self.clone();
                         self.in_flight.set(self.in_flight.get() + 1);
                         glommio::spawn_local(async move {
-                            me.request(r.triple, h.channel, h.epoch, h.corr, f.body)
-                                .await;
+                            me.request(&r, h.channel, h.epoch, h.corr, f.body).await;
                             me.in_flight.set(me.in_flight.get() - 1);
                         })
                         .detach();
@@ -309,15 +295,17 @@ impl Front {
                     principal,
                     ..
                 }) => {
-                    let owner = scope
-                        .as_ref()
-                        .is_none_or(|s| principal.as_ref() == Some(&s.owner));
+                    let caller = broca_wire::Caller {
+                        principal: principal.as_ref().and_then(attested),
+                        scope_owner: scope.as_ref().and_then(|s| attested(&s.owner)),
+                        operator: false,
+                    };
                     let answer = self.bind(
                         route_channel,
                         epoch,
                         &identity,
                         scope.as_ref(),
-                        owner,
+                        caller,
                         &f.body,
                     );
                     match answer {
@@ -356,7 +344,7 @@ impl Front {
         epoch: u32,
         identity: &broca_subc::protocol::BindIdentity,
         scope: Option<&broca_subc::protocol::scope::ScopeStamp>,
-        owner: bool,
+        caller: broca_wire::Caller,
         raw: &[u8],
     ) -> Result<(), RpcError> {
         let refuse = |code, why: String| RpcError::permanent(400, code, why);
@@ -388,16 +376,16 @@ impl Front {
             Route {
                 epoch,
                 triple,
-                owner,
+                caller,
             },
         );
         Ok(())
     }
 
     /// One management request on a bound route: the route's session goes into the params.
-    async fn request(&self, t: SessionTriple, channel: u16, epoch: u32, corr: u64, body: Vec<u8>) {
-        let answer = match bound_body(&body, &t) {
-            Ok(bound) => super::rpc::call(&self.ctx, &bound).await,
+    async fn request(&self, r: &Route, channel: u16, epoch: u32, corr: u64, body: Vec<u8>) {
+        let answer = match bound_body(&body, &r.triple) {
+            Ok(bound) => super::rpc::call(&self.ctx, &bound, &r.caller).await,
             Err(e) => Err(e),
         };
         match answer {
@@ -671,4 +659,15 @@ fn bound_body(body: &[u8], t: &SessionTriple) -> Result<Vec<u8>, RpcError> {
     params.insert("harness".into(), json!(t.harness));
     params.insert("session".into(), json!(t.session));
     Ok(serde_json::to_vec(&v).expect("JSON values serialize"))
+}
+
+/// A principal the daemon attested (`reserved:<module>`): a direct or unverified caller is
+/// nobody's owner.
+fn attested(p: &broca_subc::protocol::Principal) -> Option<String> {
+    match p {
+        broca_subc::protocol::Principal::Reserved { module_id } => {
+            Some(format!("reserved:{module_id}"))
+        }
+        _ => None,
+    }
 }

@@ -1,0 +1,219 @@
+//! The llm-runner/v1 role's reads over a replayed session (`Session::with_entries`):
+//! `session.read` pages and `session.head`, with the role crate's own types. broca never
+//! rewrites a session's history (its WAL is append-only and a recovery only drops a torn
+//! tail nobody was answered from), so the history version is always
+//! [`HISTORY_VERSION`]; the incarnation is the WAL's lineage, new whenever the log is made
+//! anew.
+
+use cortexkit_role_llm_runner::read::{
+    HeadMeta, LastRunError, LastRunState, ReadMessage, ReadMode, ReadPage, ReadRequest,
+    RunAttribution,
+};
+
+use crate::replay::{RunState, RunView, Session};
+use broca_wal::runrec::FinishKind;
+
+/// The only history version broca's sessions have.
+pub const HISTORY_VERSION: u64 = 1;
+/// `session.read`'s byte cap: the default and the largest honoured (below the 4 MiB frame),
+/// as `role.describe` states them.
+pub const READ_MAX_BYTES_DEFAULT: u64 = broca_wire::role::READ_MAX_BYTES.0;
+pub const READ_MAX_BYTES_MAX: u64 = broca_wire::role::READ_MAX_BYTES.1;
+/// `session.read`'s message count: the default and the largest honoured.
+pub const READ_LIMIT_DEFAULT: u64 = 200;
+pub const READ_LIMIT_MAX: u64 = 500;
+
+/// Why a read was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadRefusal {
+    /// `invalid_params` naming `field`.
+    Invalid { field: &'static str, why: String },
+    /// `history_changed`: the request names another history version.
+    HistoryChanged(u64),
+    /// `unknown_mid`.
+    UnknownMid(String),
+}
+
+/// A run's state as the role names it, and its reason when it has one.
+pub fn run_state(run: &RunView) -> (&'static str, Option<String>) {
+    match run.state {
+        RunState::Active => ("active", None),
+        RunState::Paused => ("paused", run.detail.clone()),
+        RunState::Finished(kind) => (
+            match kind {
+                // broca's total-token or cost budget: a budget the run exhausted, or one it
+                // could not measure.
+                FinishKind::BudgetExhausted | FinishKind::BudgetUnmeasured => "budget_exhausted",
+                FinishKind::ContextLimit => "context_ceiling",
+                other => other.as_str(),
+            },
+            None,
+        ),
+    }
+}
+
+/// Whether the run has its terminal record (a paused run waits for its caller).
+fn ended(run: &RunView) -> bool {
+    matches!(run.state, RunState::Finished(_))
+}
+
+/// The read entry at `index` (ordinal `index + 1`).
+fn entry(s: &Session, index: usize, last_of_run: &[Option<usize>]) -> ReadMessage {
+    let entries = s
+        .entries
+        .as_ref()
+        .expect("a session replayed with its entries");
+    let e = &entries.list[index];
+    let message = e.body.to_json();
+    let mut m = ReadMessage::new(index as u64 + 1, e.mid.clone(), message).with_role(e.role);
+    if let Some(at) = e.written_at {
+        m = m.with_written_at(at);
+    }
+    if let Some(run) = e.run.and_then(|r| s.runs.get(r).map(|v| (r, v))) {
+        let (r, view) = run;
+        m = m.with_run(RunAttribution {
+            run_id: view.run_id.clone(),
+            episode: view.run_id.clone(),
+            is_final: ended(view) && last_of_run.get(r).copied().flatten() == Some(index),
+        });
+    }
+    m
+}
+
+/// The index of each run's last entry.
+fn last_entries(s: &Session) -> Vec<Option<usize>> {
+    let mut last = vec![None; s.runs.len()];
+    if let Some(entries) = &s.entries {
+        for (i, e) in entries.list.iter().enumerate() {
+            if let Some(slot) = e.run.and_then(|r| last.get_mut(r)) {
+                *slot = Some(i);
+            }
+        }
+    }
+    last
+}
+
+fn size(m: &ReadMessage) -> u64 {
+    serde_json::to_vec(m).map_or(0, |b| b.len() as u64)
+}
+
+/// A `session.read` page of `s` (replayed with its entries; `None` for a session never
+/// written) under `incarnation`.
+pub fn read_page(
+    s: Option<&Session>,
+    incarnation: &str,
+    req: &ReadRequest,
+) -> Result<ReadPage, ReadRefusal> {
+    let mode = req.mode().map_err(|field| ReadRefusal::Invalid {
+        field,
+        why: match field {
+            "from_ordinal" => "`after_mid` and `from_ordinal` exclude each other".into(),
+            _ => "`after_mid` needs the `history_version` it came from".into(),
+        },
+    })?;
+    if let Some(v) = req.history_version.filter(|v| *v != HISTORY_VERSION) {
+        return Err(ReadRefusal::HistoryChanged(v));
+    }
+    let limit = match req.limit {
+        Some(0) => {
+            return Err(ReadRefusal::Invalid {
+                field: "limit",
+                why: "`limit` must be at least 1".into(),
+            })
+        }
+        Some(n) => n.min(READ_LIMIT_MAX),
+        None => READ_LIMIT_DEFAULT,
+    } as usize;
+    let cap = req
+        .max_bytes
+        .unwrap_or(READ_MAX_BYTES_DEFAULT)
+        .min(READ_MAX_BYTES_MAX);
+    let total = s
+        .and_then(|s| s.entries.as_ref())
+        .map_or(0, |e| e.list.len());
+    let start = match mode {
+        ReadMode::Range { from_ordinal } => (from_ordinal - 1).min(total as u64) as usize,
+        ReadMode::After { mid, .. } => {
+            let found = s
+                .and_then(|s| s.entries.as_ref())
+                .and_then(|e| e.position(mid));
+            found.ok_or_else(|| ReadRefusal::UnknownMid(mid.to_string()))? + 1
+        }
+        ReadMode::Tail => {
+            let Some(s) = s else {
+                return Ok(ReadPage::empty(HISTORY_VERSION, incarnation));
+            };
+            // The newest entries that fit, gathered backwards; the oldest of them first.
+            let last = last_entries(s);
+            let mut messages = Vec::new();
+            let mut bytes = 0;
+            for i in (0..total).rev() {
+                let m = entry(s, i, &last);
+                let n = size(&m);
+                if !messages.is_empty() && (messages.len() >= limit || bytes + n > cap) {
+                    break;
+                }
+                bytes += n;
+                messages.push(m);
+            }
+            messages.reverse();
+            return Ok(ReadPage::new(HISTORY_VERSION, incarnation, messages));
+        }
+    };
+    let Some(s) = s else {
+        return Ok(ReadPage::empty(HISTORY_VERSION, incarnation));
+    };
+    let last = last_entries(s);
+    let mut messages = Vec::new();
+    let mut bytes = 0;
+    let mut next = start;
+    while next < total {
+        let m = entry(s, next, &last);
+        let n = size(&m);
+        if !messages.is_empty() && (messages.len() >= limit || bytes + n > cap) {
+            break;
+        }
+        bytes += n;
+        messages.push(m);
+        next += 1;
+    }
+    let page = ReadPage::new(HISTORY_VERSION, incarnation, messages);
+    Ok(if next < total {
+        page.with_next_from_ordinal(next as u64 + 1)
+    } else {
+        page
+    })
+}
+
+/// `session.head` of `s` (replayed with its entries; `None` for a session never written).
+pub fn head(s: Option<&Session>, incarnation: &str) -> HeadMeta {
+    let Some(s) = s else {
+        return HeadMeta::empty(HISTORY_VERSION, incarnation);
+    };
+    let entries = s
+        .entries
+        .as_ref()
+        .expect("a session replayed with its entries");
+    let Some(updated_at) = entries.updated_at else {
+        return HeadMeta::empty(HISTORY_VERSION, incarnation);
+    };
+    let mut head = HeadMeta::new(HISTORY_VERSION, incarnation, 1, updated_at);
+    if !entries.list.is_empty() {
+        head = head.with_last_ordinal(entries.list.len() as u64);
+    }
+    if let Some(run) = s.runs.last() {
+        let (state, reason) = run_state(run);
+        head.last_run_state = Some(LastRunState {
+            run_id: run.run_id.clone(),
+            state: state.to_string(),
+            reason,
+        });
+        if state == "error" {
+            head.last_run_error = run
+                .error
+                .as_ref()
+                .map(|e| LastRunError::new(e.class.as_str()));
+        }
+    }
+    head
+}

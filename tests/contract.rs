@@ -279,7 +279,7 @@ fn a_priced_model_runs_until_its_cost_budget_is_spent() {
     // Unbounded, the run takes its six steps and measures what they cost.
     let whole = send("whole", json!({"max_total_tokens": 1_000_000}));
     assert_eq!(whole["state"], "completed", "{whole}");
-    assert_eq!(whole["usage"]["input"], 60_000, "{whole}");
+    assert_eq!(whole["metered_usage"]["input"], 60_000, "{whole}");
     assert_eq!(whole["cost"], json!({"micros": 270_000, "currency": "USD"}));
     assert_eq!(dispatched(), 5);
     // Capped at 92,000 micro-USD: after two steps (90,000) the next request resends at least
@@ -289,7 +289,7 @@ fn a_priced_model_runs_until_its_cost_budget_is_spent() {
     let capped = send("capped", json!({"max_cost_micros": 92_000}));
     assert_eq!(capped["state"], "budget_exhausted", "{capped}");
     assert_eq!(capped["cost"], json!({"micros": 90_000, "currency": "USD"}));
-    let detail = capped["detail"].as_str().unwrap();
+    let detail = capped["stop_detail"].as_str().unwrap();
     assert!(
         detail.contains("cost 90000 micro-USD of a 92000 micro-USD budget")
             && detail.contains("at least 3000 more"),
@@ -306,7 +306,7 @@ fn a_priced_model_runs_until_its_cost_budget_is_spent() {
     assert_eq!(spent["state"], "budget_exhausted", "{spent}");
     assert_eq!(spent["cost"], json!({"micros": 135_000, "currency": "USD"}));
     assert!(
-        spent["detail"]
+        spent["stop_detail"]
             .as_str()
             .unwrap()
             .contains("cost 135000 micro-USD of a 100000 micro-USD budget"),

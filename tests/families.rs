@@ -102,7 +102,11 @@ fn every_family_streams_stops_on_its_budget_and_reports_usage_the_same() {
         let hello = result_when_ended(&s, &session, &run_id);
         assert_eq!(hello["state"], "completed", "{family}: {hello}");
         assert_eq!(hello["final_message"]["text"], "Hello there.");
-        assert_eq!(hello["usage"], json!({"input": 5, "output": 2}), "{family}");
+        assert_eq!(
+            hello["metered_usage"],
+            json!({"input": 5, "output": 2}),
+            "{family}"
+        );
 
         // 25,000 tokens: the first step (11,000) and its tool call; the second (22,000 in
         // all) leaves too little for the next request, which resends at least its 10,000
@@ -119,7 +123,7 @@ fn every_family_streams_stops_on_its_budget_and_reports_usage_the_same() {
         let spent = result_when_ended(&s, &session, &run_id);
         assert_eq!(spent["state"], "budget_exhausted", "{family}: {spent}");
         assert_eq!(
-            spent["usage"],
+            spent["metered_usage"],
             json!({"input": 20_000, "output": 2_000}),
             "{family}: {spent}"
         );

@@ -211,7 +211,12 @@ fn a_module_registers_and_serves_the_management_methods_on_its_routes() {
         "Hello! How can I help you today?"
     );
     let (_, page) = d.request(3, 1, "session.read", json!({}));
-    assert_eq!(result_of(&mut d, &page)["head"], 2);
+    assert_eq!(
+        result_of(&mut d, &page)["messages"]
+            .as_array()
+            .map(Vec::len),
+        Some(2)
+    );
     let (_, after) = d.request(3, 1, "session.baseline", json!({}));
     let after = result_of(&mut d, &after);
     assert_eq!(after["state"], "ready", "{after}");
@@ -220,21 +225,45 @@ fn a_module_registers_and_serves_the_management_methods_on_its_routes() {
         json!([]),
         "a plan-less session: {after}"
     );
-    // Only the session's owner reads it: a route whose principal is not the scope's owner is
-    // refused.
-    let (ty, _) = d.control(&json!({
-        "op": "route.bind", "route_channel": 12, "epoch": 1,
-        "target": {"kind": "management_surface", "module_id": "ck-broca"},
-        "identity": {"harness": "h", "session": "s1"},
-        "principal": {"kind": "reserved", "module_id": "someone-else"},
-        "scope": {"owner": {"kind": "direct"}, "ref": "scope-s1", "scope_epoch": 1, "kind": "head",
-                  "workdir": "/proj/mod", "owner_authorized": false},
-    }));
-    assert_eq!(ty, FrameType::Response);
+    // A session first sent by an attested principal is that principal's: another one is
+    // refused its baseline (and its sends), the owner is answered.
+    let bind_as = |d: &mut Daemon, channel: u16, module: &str| {
+        let (ty, _) = d.control(&json!({
+            "op": "route.bind", "route_channel": channel, "epoch": 1,
+            "target": {"kind": "management_surface", "module_id": "ck-broca"},
+            "identity": {"harness": "h", "session": "owned"},
+            "principal": {"kind": "reserved", "module_id": module},
+            "scope": {"owner": {"kind": "direct"}, "ref": "scope-owned", "scope_epoch": 1,
+                      "kind": "head", "workdir": "/proj/mod", "owner_authorized": false},
+        }));
+        assert_eq!(ty, FrameType::Response);
+    };
+    bind_as(&mut d, 13, "the-owner");
+    let (ty, sent) = d.request(
+        13,
+        1,
+        "session.send",
+        json!({"prompt": "hello", "model": "anthropic/m", "send_id": "own-1"}),
+    );
+    assert_eq!(ty, FrameType::Response, "{sent}");
+    let owned_run = sent["result"]["run_id"].as_str().unwrap().to_string();
+    wait_ended(&mut d, 13, 1, &owned_run);
+    bind_as(&mut d, 12, "someone-else");
     let (ty, refused) = d.request(12, 1, "session.baseline", json!({}));
     assert_eq!(ty, FrameType::Error, "{refused}");
     assert_eq!(refused["code"], "scope_owner_mismatch", "{refused}");
+    let (ty, refused) = d.request(
+        12,
+        1,
+        "session.send",
+        json!({"prompt": "mine now", "model": "anthropic/m", "send_id": "other-1"}),
+    );
+    assert_eq!(ty, FrameType::Error, "{refused}");
+    assert_eq!(refused["code"], "scope_owner_mismatch", "{refused}");
+    let (ty, owner) = d.request(13, 1, "session.baseline", json!({}));
+    assert_eq!(ty, FrameType::Response, "{owner}");
     d.send_corr(FrameType::Goodbye, 12, 1, 0);
+    d.send_corr(FrameType::Goodbye, 13, 1, 0);
     // The route's session is the session on disk: the WAL of (/proj/mod, h, s1).
     let triple = broca::wal::SessionTriple::new("/proj/mod", "h", "s1").unwrap();
     assert!(broca::wal::writer::wal_path(&state.join("wal"), &triple).exists());

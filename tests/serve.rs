@@ -56,7 +56,20 @@ fn the_management_methods_work_end_to_end() {
         rpc(&s, "run.status", json!({"run_id": run_id})).1["result"]["state"] == "completed"
     });
     let (_, st) = rpc(&s, "run.status", json!({}));
-    assert_eq!(st["result"]["usage"], json!({"input": 12, "output": 9}));
+    // The role's usage (uncached input, by model), and broca's metered totals beside it.
+    assert_eq!(
+        (
+            &st["result"]["usage"]["steps"],
+            &st["result"]["usage"]["input_tokens"],
+            &st["result"]["usage"]["output_tokens"]
+        ),
+        (&json!(1), &json!(12), &json!(9)),
+        "{st}"
+    );
+    assert_eq!(
+        st["result"]["metered_usage"],
+        json!({"input": 12, "output": 9})
+    );
     assert_eq!(st["result"]["indeterminate_tool_calls"], json!([]));
 
     // The same send_id: the same run, nothing written; other inputs: refused.
@@ -95,17 +108,15 @@ fn the_management_methods_work_end_to_end() {
     let (_, c) = rpc(&s, "run.cancel", json!({"run_id": run_id}));
     assert_eq!(c["result"], "not_active");
 
-    // session.read pages the transcript by ordinal.
-    let (_, page) = rpc(&s, "session.read", json!({"limit": 1}));
+    // session.read pages the transcript by ordinal, from 1.
+    let (_, page) = rpc(&s, "session.read", json!({"from_ordinal": 1, "limit": 1}));
     let page = &page["result"];
-    assert_eq!(
-        (page["head"].as_u64(), page["next_from_ordinal"].as_u64()),
-        (Some(2), Some(1))
-    );
-    assert_eq!(page["messages"][0]["ordinal"], 0);
+    assert_eq!(page["next_from_ordinal"].as_u64(), Some(2), "{page}");
+    assert_eq!(page["messages"][0]["ordinal"], 1);
+    assert_eq!(page["messages"][0]["role"], "user");
     assert_eq!(page["messages"][0]["message"]["role"], "user");
-    assert_eq!(page["lineage_id"].as_str().unwrap().len(), 32);
-    let (_, page) = rpc(&s, "session.read", json!({"from_ordinal": 1}));
+    assert_eq!(page["incarnation"].as_str().unwrap().len(), 32);
+    let (_, page) = rpc(&s, "session.read", json!({"from_ordinal": 2}));
     assert_eq!(
         page["result"]["messages"][0]["message"]["content"][0]["text"]["text"],
         "Hello! How can I help you today?"
@@ -168,7 +179,7 @@ fn bad_input_gets_a_4xx_with_a_code_and_touches_no_wal() {
             "invalid_params",
         ),
         (
-            r#"{"method":"session.read","params":{"project_root":"/p","harness":"h","session":"s","limit":501}}"#,
+            r#"{"method":"session.read","params":{"project_root":"/p","harness":"h","session":"s","limit":0}}"#,
             400,
             "invalid_params",
         ),
@@ -275,7 +286,7 @@ fn session_read_works_while_another_process_holds_the_wal() {
         .spawn()
         .unwrap();
     wait_for("the run's first records", || {
-        rpc(&s, "session.read", json!({})).1["result"]["head"].as_u64() == Some(1)
+        rpc(&s, "session.head", json!({})).1["result"]["last_ordinal"].as_u64() == Some(1)
     });
     let (status, page) = rpc(&s, "session.read", json!({}));
     assert_eq!(status, 200);
@@ -288,8 +299,8 @@ fn session_read_works_while_another_process_holds_the_wal() {
         "the writer is still running"
     );
     assert!(run.wait().unwrap().success());
-    let (_, page) = rpc(&s, "session.read", json!({}));
-    assert_eq!(page["result"]["head"], 2);
+    let (_, head) = rpc(&s, "session.head", json!({}));
+    assert_eq!(head["result"]["last_ordinal"], 2);
 }
 
 #[test]
@@ -529,8 +540,8 @@ fn an_idle_session_is_dropped_from_memory_read_from_its_wal_and_rebuilt_by_a_sen
     wait_for("the second run to complete", || {
         rpc(&s, "run.status", json!({"run_id": second})).1["result"]["state"] == "completed"
     });
-    let (_, page) = rpc(&s, "session.read", json!({}));
-    assert_eq!(page["result"]["head"], 4, "{page}");
+    let (_, head) = rpc(&s, "session.head", json!({}));
+    assert_eq!(head["result"]["last_ordinal"], 4, "{head}");
 }
 
 #[test]

@@ -169,6 +169,9 @@ impl<'a> Life<'a> {
                 self.seen.acked.push((send_id, run_id.clone()));
                 Ok(None)
             }
+            Admitted::Queued(_) | Admitted::Pending { .. } => {
+                panic!("the scenario sends only to a session with no run active")
+            }
         }
     }
 

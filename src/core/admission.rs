@@ -10,7 +10,7 @@ use broca_catalog as catalog;
 use broca_protocol::model::ProviderCheck;
 use broca_protocol::ToolSpec;
 use broca_wal::runrec::{
-    result_reason, CachePolicy, FrozenConfig, ResultBlock, RunStarted, StopConditions,
+    result_reason, CachePolicy, FrozenConfig, ResultBlock, RunStarted, SendQueued, StopConditions,
 };
 
 use super::replay::{RunState, Session};
@@ -31,6 +31,10 @@ pub enum Admitted {
     Existing { run_index: usize },
     /// A new run: append this RunStarted (durably) before answering.
     New(Box<RunStarted>),
+    /// A run is active: append this queued send (durably) before answering `pending`.
+    Queued(Box<SendQueued>),
+    /// The send_id names a queued send with the same inputs: nothing to write.
+    Pending { submission_id: String },
 }
 
 /// What admission needs besides the request and the session.
@@ -115,20 +119,20 @@ pub fn admit_unprepared(u: &Unprepared, session: &Session) -> Result<Admitted, R
     if !u.caller.owns(&session.owners()) {
         return Err(Refusal::ScopeOwnerMismatch);
     }
-    if let Some(index) = u.send_id.as_ref().and_then(|id| session.by_send_id.get(id)) {
-        let run = &session.runs[*index];
-        return if run.inputs_digest == u.inputs_digest {
-            Ok(Admitted::Existing { run_index: *index })
-        } else {
-            Err(reused(run, &u.prompt_digest))
-        };
+    if let Some(answer) = repeated(
+        session,
+        u.send_id.as_deref(),
+        &u.inputs_digest,
+        &u.prompt_digest,
+    ) {
+        return answer;
     }
     Err(u.refusal.clone())
 }
 
 /// The session's part of admission: a repeated send_id (the same inputs answer the existing
-/// run; others are refused), a busy session, and the results an interrupted run left open;
-/// then the RunStarted to append.
+/// run, or the queued send; others are refused), a send behind an active run (queued), and
+/// the results an interrupted run left open; then the record to append.
 pub fn admit_prepared(
     p: Prepared,
     session: &Session,
@@ -138,25 +142,97 @@ pub fn admit_prepared(
     if !p.caller.owns(&session.owners()) {
         return Err(Refusal::ScopeOwnerMismatch);
     }
-    if let Some(index) = p.send_id.as_ref().and_then(|id| session.by_send_id.get(id)) {
+    if let Some(answer) = repeated(
+        session,
+        p.send_id.as_deref(),
+        &p.inputs_digest,
+        &p.prompt_digest,
+    ) {
+        return answer;
+    }
+    let busy = session.open.is_some()
+        || session
+            .runs
+            .last()
+            .is_some_and(|r| r.state == RunState::Active)
+        || !session.queued.is_empty();
+    if busy {
+        return Ok(Admitted::Queued(Box::new(SendQueued {
+            submission_id: format!("sub_{run_id}"),
+            send_id: p.send_id,
+            inputs_digest: p.inputs_digest,
+            prompt: p.prompt,
+            config: p.config,
+            at_unix_ms: now_unix_ms,
+            principal: p.caller.principal,
+            scope_owner: p.caller.scope_owner,
+        })));
+    }
+    Ok(Admitted::New(Box::new(RunStarted {
+        run_id,
+        send_id: p.send_id,
+        inputs_digest: p.inputs_digest,
+        prompt: p.prompt,
+        config: p.config,
+        resolved_calls: resolved_calls(session),
+        at_unix_ms: now_unix_ms,
+        principal: p.caller.principal,
+        scope_owner: p.caller.scope_owner,
+        submission_id: None,
+    })))
+}
+
+/// The answer to a send whose send_id the session has seen: its run, its queued
+/// submission, its retraction, or a reuse with other inputs.
+fn repeated(
+    session: &Session,
+    send_id: Option<&str>,
+    inputs_digest: &str,
+    prompt_digest: &str,
+) -> Option<Result<Admitted, Refusal>> {
+    let send_id = send_id?;
+    if let Some(index) = session.by_send_id.get(send_id) {
         let run = &session.runs[*index];
-        return if run.inputs_digest == p.inputs_digest {
+        return Some(if run.inputs_digest == inputs_digest {
             Ok(Admitted::Existing { run_index: *index })
         } else {
-            Err(reused(run, &p.prompt_digest))
-        };
-    }
-    if let Some(open) = &session.open {
-        return Err(Refusal::SessionBusy {
-            run_id: session.runs[open.index].run_id.clone(),
+            Err(reused(run, prompt_digest))
         });
     }
-    if let Some(run) = session.runs.last().filter(|r| r.state == RunState::Active) {
-        return Err(Refusal::SessionBusy {
-            run_id: run.run_id.clone(),
+    let same = |digest: &str, prompt: &str| {
+        if digest == inputs_digest {
+            None
+        } else {
+            Some(Refusal::SendIdReuse {
+                run_id: String::new(),
+                field: (crate::admission::prompt_digest(prompt) != prompt_digest)
+                    .then_some("prompt"),
+            })
+        }
+    };
+    if let Some(q) = session
+        .queued
+        .iter()
+        .find(|q| q.send_id.as_deref() == Some(send_id))
+    {
+        return Some(match same(&q.inputs_digest, &q.prompt) {
+            None => Ok(Admitted::Pending {
+                submission_id: q.submission_id.clone(),
+            }),
+            Some(refusal) => Err(refusal),
         });
     }
-    let resolved_calls = session
+    if let Some(q) = session.retracted.get(send_id) {
+        return Some(Err(
+            same(&q.inputs_digest, &q.prompt).unwrap_or(Refusal::SendRetracted)
+        ));
+    }
+    None
+}
+
+/// Results for the tool calls an interrupted run left without one: outcome unknown.
+fn resolved_calls(session: &Session) -> Vec<ResultBlock> {
+    session
         .unresolved_calls
         .iter()
         .map(|id| ResultBlock {
@@ -173,18 +249,33 @@ pub fn admit_prepared(
             reason: Some(result_reason::OUTCOME_UNKNOWN.into()),
             size: None,
         })
-        .collect();
-    Ok(Admitted::New(Box::new(RunStarted {
+        .collect()
+}
+
+/// The RunStarted of the session's next queued send, once no run is active: its frozen
+/// admission, the results an interrupted run left open, and the submission it delivers.
+pub fn start_queued(session: &Session, run_id: String, now_unix_ms: u64) -> Option<RunStarted> {
+    if session.open.is_some()
+        || session
+            .runs
+            .last()
+            .is_some_and(|r| r.state == RunState::Active)
+    {
+        return None;
+    }
+    let q = session.queued.first()?;
+    Some(RunStarted {
         run_id,
-        send_id: p.send_id,
-        inputs_digest: p.inputs_digest,
-        prompt: p.prompt,
-        config: p.config,
-        resolved_calls,
+        send_id: q.send_id.clone(),
+        inputs_digest: q.inputs_digest.clone(),
+        prompt: q.prompt.clone(),
+        config: q.config.clone(),
+        resolved_calls: resolved_calls(session),
         at_unix_ms: now_unix_ms,
-        principal: p.caller.principal,
-        scope_owner: p.caller.scope_owner,
-    })))
+        principal: q.principal.clone(),
+        scope_owner: q.scope_owner.clone(),
+        submission_id: Some(q.submission_id.clone()),
+    })
 }
 
 /// Checks and resolves `req` against the configured tools, the catalog and the providers

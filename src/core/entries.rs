@@ -117,6 +117,8 @@ impl Note {
             Record::RunPaused(r) => Note::Time(r.at_unix_ms),
             Record::RunResumed(r) => Note::Time(Some(r.at_unix_ms)),
             Record::CancelRequested(r) => Note::Time(Some(r.at_unix_ms)),
+            Record::SendQueued(r) => Note::Time(Some(r.at_unix_ms)),
+            Record::SendRetracted(r) => Note::Time(Some(r.at_unix_ms)),
             _ => Note::Time(None),
         }
     }

@@ -19,9 +19,9 @@ use broca_protocol::{
     StreamEvent, ToolCall, Usage,
 };
 use broca_wal::runrec::{
-    result_reason, CachePolicy, CancelRequested, FinishKind, FrozenConfig, ModelAttemptFinished,
-    ModelStepFinished, ResultBlock, RunFinished, RunPaused, RunResumed, SpendSummary, StepStarted,
-    ToolDispatchIntent, ToolResult,
+    interrupt_cause, result_reason, CachePolicy, CancelRequested, FinishKind, FrozenConfig,
+    ModelAttemptFinished, ModelStepFinished, ResultBlock, RunFinished, RunPaused, RunResumed,
+    SpendSummary, StepStarted, ToolDispatchIntent, ToolResult,
 };
 use broca_wal::Record;
 
@@ -166,6 +166,8 @@ pub struct RunMachine {
     answered: bool,
     phase: Phase,
     cancel_requested: bool,
+    /// Why the run is being sealed interrupted (`interrupt_cause`), when it is.
+    pub(crate) interrupt_cause: Option<&'static str>,
     acc: StepAccumulator,
     out: VecDeque<Command>,
     /// The time of the event being handled (Unix ms, as the caller gave it).
@@ -213,6 +215,7 @@ impl RunMachine {
             answered: false,
             phase: Phase::Backoff,
             cancel_requested: false,
+            interrupt_cause: None,
             acc: StepAccumulator::default(),
             out: VecDeque::new(),
         }
@@ -432,6 +435,14 @@ impl RunMachine {
             };
             return self.seal(FinishKind::Completed, detail, None, Vec::new());
         }
+        // The last step the run may take asked for tools: no model would read their results,
+        // so they are never dispatched; each gets its not-run result in the commit that ends
+        // the run.
+        if self.step >= self.config.stop.max_steps {
+            let detail = format!("the run reached max_steps ({})", self.config.stop.max_steps);
+            self.resolve_undispatched(&calls, "max_steps");
+            return self.seal(FinishKind::MaxSteps, Some(detail), None, Vec::new());
+        }
         if let Some((kind, detail)) = self.limit_before_request() {
             self.resolve_undispatched(&calls, kind.as_str());
             return self.seal(kind, Some(detail), None, Vec::new());
@@ -595,6 +606,7 @@ impl RunMachine {
         if !indeterminate.is_empty() {
             let calls = std::mem::take(indeterminate);
             let detail = "a tool call's outcome is unknown (delivered, then lost)".to_string();
+            self.interrupt_cause = Some(interrupt_cause::TOOL_OUTCOME_UNKNOWN);
             return self.seal(FinishKind::Interrupted, Some(detail), None, calls);
         }
         self.next_step_or_stop();
@@ -674,6 +686,7 @@ impl RunMachine {
 
     fn on_shutdown(&mut self) {
         let detail = Some("broca shut down".to_string());
+        self.interrupt_cause = Some(interrupt_cause::RUNNER_SHUTDOWN);
         match std::mem::replace(&mut self.phase, Phase::Done) {
             Phase::Streaming | Phase::Backoff => {
                 self.out.push_back(Command::AbortModel);
@@ -771,6 +784,9 @@ impl RunMachine {
             usage: self.spend.usage(),
             spend: self.spend_summary(),
             at_unix_ms: Some(self.now_ms),
+            cause: (reason == FinishKind::Interrupted)
+                .then(|| self.interrupt_cause.map(str::to_string))
+                .flatten(),
         };
         self.push(Record::RunFinished(record), true);
         self.phase = Phase::Sealing(self.outcome(Some(reason), detail, error, indeterminate));

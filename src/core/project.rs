@@ -88,6 +88,14 @@ pub fn units(record: &Record) -> Vec<Value> {
         Record::RunFinished(r) => vec![with_type("run_finished", val(r))],
         Record::RunResumed(r) => vec![with_type("run_resumed", val(r))],
         Record::CancelRequested(r) => vec![with_type("cancel_requested", val(r))],
+        Record::SendQueued(r) => vec![json!({
+            "type": "send_queued",
+            "submission_id": r.submission_id,
+            "send_id": r.send_id,
+            "prompt": r.prompt,
+            "model": format!("{}/{}", r.config.provider, r.config.model),
+        })],
+        Record::SendRetracted(r) => vec![with_type("send_retracted", val(r))],
         Record::EpisodeImported(r) => {
             let mut out = vec![json!({
                 "type": "episode_imported",

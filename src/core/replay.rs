@@ -23,6 +23,16 @@ pub struct RunView {
     /// Who sent it: the attested principal and its scope's owner (RunStarted's).
     pub principal: Option<String>,
     pub scope_owner: Option<String>,
+    /// The role's view of the run's usage: each completed step as its provider reported it.
+    pub step_usage: cortexkit_role_llm_runner::usage::RunUsage,
+    /// The run's last assistant message: its entry's ordinal and mid, and its text.
+    pub last_assistant: Option<(u64, String, String)>,
+    /// How its last model step finished, and whether it asked for tools.
+    pub last_finish: Option<(broca_protocol::FinishReason, bool)>,
+    /// Why it was sealed interrupted (RunFinished's `cause`), when it was.
+    pub interrupt_cause: Option<String>,
+    /// The queued send it delivered, when it waited for its turn.
+    pub submission_id: Option<String>,
     pub config: FrozenConfig,
     pub state: RunState,
     pub detail: Option<String>,
@@ -90,6 +100,12 @@ pub struct Session {
     pub imported_pending: Vec<String>,
     /// The role's entries, kept when the replay asked for them (`with_entries`).
     pub entries: Option<super::entries::Entries>,
+    /// How many entries the session has (counted whether or not they are kept).
+    pub entry_count: u64,
+    /// Sends waiting for the active run to end, in the order they came.
+    pub queued: Vec<broca_wal::runrec::SendQueued>,
+    /// Queued sends withdrawn before they started, by send_id.
+    pub retracted: HashMap<String, broca_wal::runrec::SendQueued>,
 }
 
 /// A source imported into the session (its latest import), and where the transcript stood
@@ -238,6 +254,23 @@ impl Session {
     fn apply_record(&mut self, seq: u64, record: Record) -> Result<(), String> {
         match record {
             Record::LeaseAcquired(_) | Record::Unknown { .. } | Record::RunResumed(_) => {}
+            Record::SendQueued(q) => self.queued.push(*q),
+            Record::SendRetracted(r) => {
+                let Some(i) = self
+                    .queued
+                    .iter()
+                    .position(|q| q.submission_id == r.submission_id)
+                else {
+                    return Err(format!(
+                        "submission {} is retracted, but nothing queued has that id",
+                        r.submission_id
+                    ));
+                };
+                let q = self.queued.remove(i);
+                if let Some(send_id) = q.send_id.clone() {
+                    self.retracted.insert(send_id, q);
+                }
+            }
             Record::RunStarted(r) => {
                 if let Some(open) = &self.open {
                     return Err(format!(
@@ -249,6 +282,16 @@ impl Session {
                     return Err(format!("run id {} is reused", r.run_id));
                 }
                 self.imported_pending.clear();
+                self.entry_count += 1;
+                if let Some(sub) = &r.submission_id {
+                    let Some(i) = self.queued.iter().position(|q| &q.submission_id == sub) else {
+                        return Err(format!(
+                            "run {} delivers submission {sub}, which is not queued",
+                            r.run_id
+                        ));
+                    };
+                    self.queued.remove(i);
+                }
                 let mut content: Vec<Block> = r
                     .resolved_calls
                     .iter()
@@ -277,6 +320,11 @@ impl Session {
                     prompt_digest: super::admission::prompt_digest(&r.prompt),
                     principal: r.principal,
                     scope_owner: r.scope_owner,
+                    step_usage: Default::default(),
+                    last_assistant: None,
+                    last_finish: None,
+                    interrupt_cause: None,
+                    submission_id: r.submission_id,
                     config: r.config,
                     state: RunState::Active,
                     detail: None,
@@ -317,7 +365,26 @@ impl Session {
                 }
             }
             Record::ModelStepFinished(r) => {
+                self.entry_count += 1;
+                let ordinal = self.entry_count;
                 let (open, run) = self.open_mut(&r.run_id)?;
+                let asked_tools = r.content.iter().any(|b| matches!(b, Block::ToolUse { .. }));
+                run.last_finish = Some((r.finish_reason.clone(), asked_tools));
+                run.step_usage.record_step(
+                    &run.config.provider,
+                    &run.config.model,
+                    None,
+                    super::role::step_usage(&r.usage),
+                );
+                let text: String = r
+                    .content
+                    .iter()
+                    .filter_map(|b| match b {
+                        Block::Text { text } => Some(text.as_str()),
+                        _ => None,
+                    })
+                    .collect();
+                run.last_assistant = Some((ordinal, seq.to_string(), text));
                 let prices = run.config.catalog.as_ref().and_then(|e| e.prices.as_ref());
                 run.spend.add(r.step, r.attempt, Some(&r.usage), prices);
                 if r.quota.is_some() {
@@ -350,6 +417,7 @@ impl Session {
                 open.point = ResumePoint::IntentOpen { missing };
             }
             Record::ToolResult(r) => {
+                self.entry_count += 1;
                 let (open, _) = self.open_mut(&r.run_id)?;
                 if let ResumePoint::IntentOpen { missing } = &mut open.point {
                     let Some(i) = missing.iter().position(|id| *id == r.result.call_id) else {
@@ -388,6 +456,7 @@ impl Session {
                 run.detail = r.detail;
                 run.error = r.error;
                 run.indeterminate_tool_calls = r.indeterminate_tool_calls;
+                run.interrupt_cause = r.cause;
                 self.open = None;
             }
         }
@@ -402,6 +471,7 @@ impl Session {
                 r.import_id, self.runs[open.index].run_id
             ));
         }
+        self.entry_count += r.messages.len() as u64;
         self.transcript.extend(r.messages.into_iter().map(Arc::new));
         self.imported_pending = r.pending;
         let o = r.origin;
@@ -491,6 +561,7 @@ mod tests {
             at_unix_ms: 0,
             principal: None,
             scope_owner: None,
+            submission_id: None,
         }))
     }
 

@@ -37,6 +37,7 @@ impl RunMachine {
             at_unix_ms: now_ms,
         };
         m.push(Record::RunResumed(record), false);
+        m.interrupt_cause = Some(broca_wal::runrec::interrupt_cause::RUNNER_CRASH);
         m.seal(FinishKind::Interrupted, Some(why), None, Vec::new());
         m
     }
@@ -69,6 +70,7 @@ impl RunMachine {
             ResumePoint::IntentOpen { missing } => {
                 let detail =
                     "a crash left tool calls without results; their outcome is unknown".to_string();
+                m.interrupt_cause = Some(broca_wal::runrec::interrupt_cause::RUNNER_CRASH);
                 m.seal(FinishKind::Interrupted, Some(detail), None, missing);
             }
             ResumePoint::AfterStep { finish_reason, .. } => m.after_model_step(finish_reason),

@@ -1,5 +1,6 @@
-//! The llm-runner/v1 role's reads over a replayed session (`Session::with_entries`):
-//! `session.read` pages and `session.head`, with the role crate's own types. broca never
+//! The llm-runner/v1 role's answers over a replayed session: `session.read` pages and
+//! `session.head` (`Session::with_entries`), `run.result` and `run.status`, with the role
+//! crate's own types. broca never
 //! rewrites a session's history (its WAL is append-only and a recovery only drops a torn
 //! tail nobody was answered from), so the history version is always
 //! [`HISTORY_VERSION`]; the incarnation is the WAL's lineage, new whenever the log is made
@@ -10,7 +11,12 @@ use cortexkit_role_llm_runner::read::{
     RunAttribution,
 };
 
+use cortexkit_role_llm_runner::finish::Finish;
+use cortexkit_role_llm_runner::run::{FinalMessage, RunError, RunResult, RunStatus};
+use cortexkit_role_llm_runner::usage::StepUsage;
+
 use crate::replay::{RunState, RunView, Session};
+use broca_protocol::FinishReason;
 use broca_wal::runrec::FinishKind;
 
 /// The only history version broca's sessions have.
@@ -39,6 +45,7 @@ pub fn run_state(run: &RunView) -> (&'static str, Option<String>) {
     match run.state {
         RunState::Active => ("active", None),
         RunState::Paused => ("paused", run.detail.clone()),
+        RunState::Finished(FinishKind::Interrupted) => ("interrupted", run.interrupt_cause.clone()),
         RunState::Finished(kind) => (
             match kind {
                 // broca's total-token or cost budget: a budget the run exhausted, or one it
@@ -216,4 +223,90 @@ pub fn head(s: Option<&Session>, incarnation: &str) -> HeadMeta {
         }
     }
     head
+}
+
+/// One completed step's usage as the role counts it: `input_tokens` only the input neither
+/// read from nor written to a cache (broca's canonical input holds all three), and a step
+/// that reported no measure at all unreported.
+pub fn step_usage(u: &broca_protocol::Usage) -> StepUsage {
+    let mut s = StepUsage::unreported();
+    if let Some(input) = u.input {
+        let cached = u.cache_read.unwrap_or(0) + u.cache_write.unwrap_or(0);
+        s = s.with_input_tokens(input.saturating_sub(cached));
+    }
+    if let Some(n) = u.cache_read {
+        s = s.with_cached_input_tokens(n);
+    }
+    if let Some(n) = u.cache_write {
+        s = s.with_cache_write_tokens(n);
+    }
+    if let Some(n) = u.output {
+        s = s.with_output_tokens(n);
+    }
+    if let Some(n) = u.reasoning {
+        s = s.with_reasoning_tokens(n);
+    }
+    s
+}
+
+/// The normalized finish of the run's last model step (absent when no step ran).
+pub fn finish(run: &RunView) -> Option<Finish> {
+    let (reason, asked_tools) = run.last_finish.as_ref()?;
+    Some(match reason {
+        FinishReason::EndTurn | FinishReason::StopSequence if *asked_tools => Finish::ToolCalls,
+        FinishReason::EndTurn | FinishReason::StopSequence => Finish::Stop,
+        FinishReason::ToolUse => Finish::ToolCalls,
+        FinishReason::MaxTokens => Finish::Length,
+        FinishReason::Other(raw) => match raw.as_str() {
+            "refusal" | "content_filter" | "SAFETY" | "content_filtered" => Finish::ContentFilter,
+            "model_context_window_exceeded" | "length" | "MAX_TOKENS" => Finish::Length,
+            _ => Finish::Other,
+        },
+    })
+}
+
+/// A run error as the role carries it: broca's class, also as the `provider_code` (the
+/// role's codes name provider refusals broca classifies by class).
+fn run_error(e: &broca_protocol::ClassifiedError) -> RunError {
+    let mut error = RunError::new(e.class.as_str(), e.message.clone(), e.class.as_str());
+    if let Some(ms) = e.retry_after_ms {
+        error = error.with_retry_after_secs(ms as f64 / 1000.0);
+    }
+    error
+}
+
+/// `run.result` of `run`.
+pub fn run_result(run: &RunView) -> RunResult {
+    let (state, reason) = run_state(run);
+    let mut r = RunResult::new(run.run_id.clone(), state);
+    r.reason = reason;
+    r.error = run
+        .error
+        .as_ref()
+        .filter(|_| state == "error")
+        .map(run_error);
+    if ended(run) {
+        r.final_message = run
+            .last_assistant
+            .as_ref()
+            .map(|(ordinal, mid, text)| FinalMessage {
+                ordinal: *ordinal,
+                mid: mid.clone(),
+                text: text.clone(),
+            });
+        r.finish = finish(run);
+    }
+    r.usage = Some(run.step_usage.clone());
+    r
+}
+
+/// `run.status` of `run`.
+pub fn run_status(run: &RunView) -> RunStatus {
+    let result = run_result(run);
+    let mut s = RunStatus::new(result.state);
+    s.reason = result.reason.map(Into::into);
+    s.error = result.error;
+    s.finish = result.finish;
+    s.usage = result.usage;
+    s
 }

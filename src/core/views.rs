@@ -69,3 +69,60 @@ pub fn run_status(run: &RunView) -> RunStatus {
         quota: run.quota.clone(),
     }
 }
+
+/// The members broca's answers carry beside the llm-runner/v1 role's (a runner's own members
+/// ride beside the role's): the run's spend over every metered attempt in the canonical
+/// measures (`metered_usage`, strict: a measure is absent unless every metered attempt
+/// reported it) with its cost, the calls left with an unknown outcome, the provider's quota,
+/// and the sentence saying why the run stopped (`stop_detail`).
+fn broca_members(run: &RunView, v: &mut serde_json::Value) {
+    let r = run_result(run);
+    let obj = v.as_object_mut().expect("an answer is an object");
+    let usage = serde_json::to_value(r.usage).expect("usage serializes");
+    if usage.as_object().is_some_and(|u| !u.is_empty()) {
+        obj.insert("metered_usage".into(), usage);
+    }
+    if r.unmeasured_steps > 0 {
+        obj.insert("unmeasured_steps".into(), r.unmeasured_steps.into());
+    }
+    if let Some(cost) = r.cost {
+        obj.insert(
+            "cost".into(),
+            serde_json::to_value(cost).expect("a cost serializes"),
+        );
+    }
+    if !r.indeterminate_tool_calls.is_empty() {
+        obj.insert(
+            "indeterminate_tool_calls".into(),
+            r.indeterminate_tool_calls.into(),
+        );
+    }
+    if let Some(q) = r.quota {
+        obj.insert(
+            "quota".into(),
+            serde_json::to_value(q).expect("a quota serializes"),
+        );
+    }
+    if let Some(d) = r.detail {
+        obj.insert("stop_detail".into(), d.into());
+    }
+}
+
+/// The `run.result` answer: the role's `RunResult`, with broca's own members beside it.
+pub fn result_answer(run: &RunView) -> serde_json::Value {
+    let mut v = serde_json::to_value(crate::role::run_result(run)).expect("a result serializes");
+    broca_members(run, &mut v);
+    v
+}
+
+/// The `run.status` answer: the role's `RunStatus` with the run's id, and broca's members.
+pub fn status_answer(run: &RunView) -> serde_json::Value {
+    let mut v = serde_json::to_value(crate::role::run_status(run)).expect("a status serializes");
+    v["run_id"] = run.run_id.clone().into();
+    broca_members(run, &mut v);
+    // The status always lists them (empty when every call's outcome is known).
+    if v.get("indeterminate_tool_calls").is_none() {
+        v["indeterminate_tool_calls"] = serde_json::json!([]);
+    }
+    v
+}

@@ -93,9 +93,12 @@ pub struct CrashPlan {
 /// The answer to a send.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SendReply {
+    /// The run the send started or named (empty for a queued send).
     pub run_id: String,
-    /// True when the send_id named an existing run and nothing was written.
+    /// True when the send_id named an existing run (or queued send) and nothing was written.
     pub existing: bool,
+    /// The queued send's submission, when the send waits for the active run to end.
+    pub pending: Option<String>,
 }
 
 /// One live session.
@@ -248,6 +251,12 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             Admitted::Existing { run_index } => Ok(SendReply {
                 run_id: self.state.runs[run_index].run_id.clone(),
                 existing: true,
+                pending: None,
+            }),
+            Admitted::Pending { submission_id } => Ok(SendReply {
+                run_id: String::new(),
+                existing: true,
+                pending: Some(submission_id),
             }),
             Admitted::New(started) => {
                 let run_id = started.run_id.clone();
@@ -255,9 +264,75 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                 Ok(SendReply {
                     run_id,
                     existing: false,
+                    pending: None,
+                })
+            }
+            Admitted::Queued(queued) => {
+                let submission_id = queued.submission_id.clone();
+                self.append(Record::SendQueued(queued), true).await?;
+                Ok(SendReply {
+                    run_id: String::new(),
+                    existing: false,
+                    pending: Some(submission_id),
                 })
             }
         }
+    }
+
+    /// Starts the next queued send's run once no run is active (its RunStarted durable);
+    /// answers whether one started.
+    pub async fn start_queued(&mut self) -> Result<bool, ActorError> {
+        let run_id = format!(
+            "run_{}_{}",
+            &self.writer.header().lineage_hex()[..12],
+            self.writer.next_seq()
+        );
+        match broca_core::admission::start_queued(&self.state, run_id, crate::now_unix_ms()) {
+            Some(started) => {
+                self.append(Record::RunStarted(Box::new(started)), true)
+                    .await?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// `session.retract` from `caller`: owner-only.
+    pub async fn retract_for(
+        &mut self,
+        caller: &broca_wire::Caller,
+        submission_id: &str,
+    ) -> Result<Retracted, ActorError> {
+        if !caller.owns(&self.state.owners()) {
+            return Err(ActorError::Refused(broca_core::Refusal::ScopeOwnerMismatch));
+        }
+        self.retract(submission_id).await
+    }
+
+    /// Withdraws the queued send `submission_id` before it starts.
+    pub async fn retract(&mut self, submission_id: &str) -> Result<Retracted, ActorError> {
+        if self
+            .state
+            .queued
+            .iter()
+            .any(|q| q.submission_id == submission_id)
+        {
+            let record = broca_wal::runrec::SendRetracted {
+                submission_id: submission_id.to_string(),
+                at_unix_ms: crate::now_unix_ms(),
+            };
+            self.append(Record::SendRetracted(record), true).await?;
+            return Ok(Retracted::Retracted);
+        }
+        if self
+            .state
+            .runs
+            .iter()
+            .any(|r| r.submission_id.as_deref() == Some(submission_id))
+        {
+            return Ok(Retracted::AlreadyStarted);
+        }
+        Ok(Retracted::NotPending)
     }
 
     /// Drives the run just admitted by [`SessionActor::send`] to its end.
@@ -446,6 +521,14 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                     Cancelled::Ack
                 };
                 let _ = reply.send(answer);
+            }
+            SessionCommand::Retract {
+                submission_id,
+                caller,
+                reply,
+            } => {
+                let answer = self.retract_for(&caller, &submission_id).await;
+                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
             }
             SessionCommand::Barrier { reply } => {
                 let _ = reply.send(self.barrier().await.ok());
@@ -712,6 +795,12 @@ pub enum SessionCommand {
         run_id: Option<String>,
         reply: oneshot::Sender<Option<RunView>>,
     },
+    /// Withdraw a queued send before it starts (owner-only).
+    Retract {
+        submission_id: String,
+        caller: broca_wire::Caller,
+        reply: oneshot::Sender<Result<Retracted, broca_wire::RpcError>>,
+    },
     /// Cancel the run if it is the active one and the caller owns the session.
     Cancel {
         run_id: String,
@@ -731,6 +820,17 @@ pub enum SessionCommand {
     /// Close the session if no run is active (its memory and WAL descriptor freed; the next
     /// command reopens it); ignored during a run.
     Close,
+}
+
+/// What a `session.retract` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retracted {
+    /// The queued send is durably withdrawn and never starts.
+    Retracted,
+    /// It already started a run.
+    AlreadyStarted,
+    /// No queued send has that id (nothing was written).
+    NotPending,
 }
 
 /// What a `run.cancel` did.

@@ -41,6 +41,13 @@ pub struct Mark {
     pub last_seq: u64,
     /// Messages in the materialized transcript.
     pub messages: u64,
+    /// Sends queued behind a run and not started yet (a session serve starts at boot).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub queued: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A run as the index holds it.
@@ -389,8 +396,8 @@ impl Store {
         Ok(())
     }
 
-    /// The sessions (by address) whose index holds a run without a terminal record: what a
-    /// crash left open, for serve to resume at start. Each is checked against its WAL when its
+    /// The sessions (by address) whose index holds a run without a terminal record, or a
+    /// queued send not yet started: what a crash left open, for serve to resume at start. Each is checked against its WAL when its
     /// actor opens; a session the store has not caught up with is not here.
     pub fn sessions_with_open_runs(&self) -> Result<Vec<[u8; 16]>, String> {
         let r = self.env.read_txn().map_err(err("read"))?;
@@ -403,6 +410,18 @@ impl Store {
                 continue;
             };
             if row.state == "active" && out.last() != Some(&addr) {
+                out.push(addr);
+            }
+        }
+        // Sessions whose queued sends wait for a run that already ended.
+        for item in self.marks.iter(&r).map_err(err("read"))? {
+            let (k, v) = item.map_err(err("read"))?;
+            let mark: Mark =
+                serde_json::from_slice(v).map_err(|e| format!("store: a mark: {e}"))?;
+            let Ok(addr) = <[u8; 16]>::try_from(k) else {
+                continue;
+            };
+            if mark.queued > 0 && !out.contains(&addr) {
                 out.push(addr);
             }
         }
@@ -641,6 +660,7 @@ pub fn project(scan: &broca_wal::Scan, bytes: &[u8]) -> Result<Projection, Strin
             lineage_id: scan.header.lineage_hex(),
             last_seq,
             messages: session.transcript.len() as u64,
+            queued: session.queued.len() as u64,
         },
         runs,
         admission,

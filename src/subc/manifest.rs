@@ -18,6 +18,7 @@ pub const OPERATIONS: &[(&str, bool)] = &[
     ("run.cancel", true),
     ("session.read", false),
     ("session.head", false),
+    ("session.retract", true),
     ("session.import", true),
     ("session.subscribe", false),
     ("role.describe", false),

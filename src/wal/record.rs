@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::importrec::EpisodeImported;
 use super::runrec::{
     CancelRequested, ModelAttemptFinished, ModelStepFinished, RunFinished, RunPaused, RunResumed,
-    RunStarted, StepStarted, ToolDispatchIntent, ToolResult,
+    RunStarted, SendQueued, SendRetracted, StepStarted, ToolDispatchIntent, ToolResult,
 };
 
 /// Kind codes. Codes are never reused for another meaning.
@@ -26,6 +26,10 @@ pub mod kind {
     pub const CANCEL_REQUESTED: u16 = 19;
     /// [`super::EpisodeImported`].
     pub const EPISODE_IMPORTED: u16 = 20;
+    /// [`crate::runrec::SendQueued`].
+    pub const SEND_QUEUED: u16 = 21;
+    /// [`crate::runrec::SendRetracted`].
+    pub const SEND_RETRACTED: u16 = 22;
 }
 
 /// A record of the WAL.
@@ -45,6 +49,10 @@ pub enum Record {
     CancelRequested(CancelRequested),
     /// Another harness's log taken in as one episode.
     EpisodeImported(Box<EpisodeImported>),
+    /// A send that came while a run was active, waiting for its turn.
+    SendQueued(Box<SendQueued>),
+    /// A queued send withdrawn before it started.
+    SendRetracted(SendRetracted),
     /// A kind this build does not know; its payload is kept as it is.
     Unknown {
         kind: u16,
@@ -89,6 +97,8 @@ impl Record {
             Record::RunResumed(_) => kind::RUN_RESUMED,
             Record::CancelRequested(_) => kind::CANCEL_REQUESTED,
             Record::EpisodeImported(_) => kind::EPISODE_IMPORTED,
+            Record::SendQueued(_) => kind::SEND_QUEUED,
+            Record::SendRetracted(_) => kind::SEND_RETRACTED,
             Record::Unknown { kind, .. } => *kind,
         }
     }
@@ -108,6 +118,8 @@ impl Record {
             kind::RUN_RESUMED => Some("run_resumed"),
             kind::CANCEL_REQUESTED => Some("cancel_requested"),
             kind::EPISODE_IMPORTED => Some("episode_imported"),
+            kind::SEND_QUEUED => Some("send_queued"),
+            kind::SEND_RETRACTED => Some("send_retracted"),
             _ => None,
         }
     }
@@ -129,6 +141,8 @@ impl Record {
             Record::RunResumed(r) => serde_json::to_writer(w, r),
             Record::CancelRequested(r) => serde_json::to_writer(w, r),
             Record::EpisodeImported(r) => serde_json::to_writer(w, r),
+            Record::SendQueued(r) => serde_json::to_writer(w, r),
+            Record::SendRetracted(r) => serde_json::to_writer(w, r),
             Record::Unknown { payload, .. } => {
                 out.extend_from_slice(payload);
                 Ok(())
@@ -167,6 +181,8 @@ impl Record {
             kind::RUN_RESUMED => Ok(Record::RunResumed(parse(payload, bad)?)),
             kind::CANCEL_REQUESTED => Ok(Record::CancelRequested(parse(payload, bad)?)),
             kind::EPISODE_IMPORTED => Ok(Record::EpisodeImported(Box::new(parse(payload, bad)?))),
+            kind::SEND_QUEUED => Ok(Record::SendQueued(Box::new(parse(payload, bad)?))),
+            kind::SEND_RETRACTED => Ok(Record::SendRetracted(parse(payload, bad)?)),
             _ => Ok(Record::Unknown {
                 kind: code,
                 payload: payload.to_vec(),

@@ -178,6 +178,34 @@ pub struct RunStarted {
     pub principal: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope_owner: Option<String>,
+    /// The queued send (`SendQueued`) this run delivers, when it waited for its turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submission_id: Option<String>,
+}
+
+/// A send that came while a run was active: admitted, frozen as a RunStarted would freeze
+/// it, and waiting for the active run to end (the llm-runner/v1 role's `queue` delivery). Its
+/// run's RunStarted names the submission; a retraction withdraws it first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SendQueued {
+    pub submission_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send_id: Option<String>,
+    pub inputs_digest: String,
+    pub prompt: String,
+    pub config: FrozenConfig,
+    pub at_unix_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope_owner: Option<String>,
+}
+
+/// A queued send withdrawn before it started (`session.retract`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SendRetracted {
+    pub submission_id: String,
+    pub at_unix_ms: u64,
 }
 
 /// A model step began.
@@ -306,6 +334,21 @@ pub struct RunFinished {
     /// When the run ended (absent in logs written before it was recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at_unix_ms: Option<u64>,
+    /// Why an interrupted run was sealed (`interrupt_cause`); absent in logs written before
+    /// it was recorded, and for other ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<String>,
+}
+
+/// Why an interrupted run was sealed (the llm-runner/v1 role's interrupt reasons, and
+/// broca's own).
+pub mod interrupt_cause {
+    /// Sealed during a planned stop (`broca serve` or the module asked to stop).
+    pub const RUNNER_SHUTDOWN: &str = "runner_shutdown";
+    /// Sealed at the next start after broca died under the run.
+    pub const RUNNER_CRASH: &str = "runner_crash";
+    /// A tool call was delivered and its answer lost while broca stayed up.
+    pub const TOOL_OUTCOME_UNKNOWN: &str = "tool_outcome_unknown";
 }
 
 /// Beside a terminal record's usage: how many metered steps left a measure unreported (the

@@ -227,6 +227,7 @@ impl RpcError {
             }
             Refusal::ToolNameCollision(_) => RpcError::permanent(409, r.code(), message),
             Refusal::ScopeOwnerMismatch => RpcError::permanent(403, r.code(), message),
+            Refusal::SendRetracted => RpcError::permanent(409, r.code(), message),
         }
     }
 

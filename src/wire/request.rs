@@ -14,6 +14,7 @@ pub enum Method {
     SessionSend,
     SessionRead,
     SessionHead,
+    SessionRetract,
     RunStatus,
     RunResult,
     RunCancel,
@@ -24,13 +25,14 @@ pub enum Method {
 
 impl Method {
     /// Every method, in the order the docs list them.
-    pub const ALL: [Method; 9] = [
+    pub const ALL: [Method; 10] = [
         Method::SessionSend,
         Method::RunStatus,
         Method::RunResult,
         Method::RunCancel,
         Method::SessionRead,
         Method::SessionHead,
+        Method::SessionRetract,
         Method::SessionImport,
         Method::RoleDescribe,
         Method::SessionBaseline,
@@ -42,6 +44,7 @@ impl Method {
             Method::SessionSend => "session.send",
             Method::SessionRead => "session.read",
             Method::SessionHead => "session.head",
+            Method::SessionRetract => "session.retract",
             Method::RunStatus => "run.status",
             Method::RunResult => "run.result",
             Method::RunCancel => "run.cancel",
@@ -91,6 +94,11 @@ pub enum Request {
     },
     /// llm-runner/v1's `session.head`.
     Head { session: SessionName },
+    /// llm-runner/v1's `session.retract`: withdraw a queued send.
+    Retract {
+        session: SessionName,
+        submission_id: String,
+    },
     /// What this build serves of the llm-runner/v1 role (names no session; a route's session,
     /// put in its params, is ignored).
     Describe,
@@ -118,6 +126,7 @@ impl Request {
             Request::Cancel { .. } => Method::RunCancel,
             Request::Read { .. } => Method::SessionRead,
             Request::Head { .. } => Method::SessionHead,
+            Request::Retract { .. } => Method::SessionRetract,
             Request::Import { .. } => Method::SessionImport,
             Request::Describe => Method::RoleDescribe,
             Request::Baseline { .. } => Method::SessionBaseline,
@@ -133,6 +142,7 @@ impl Request {
             | Request::Cancel { session, .. }
             | Request::Read { session, .. }
             | Request::Head { session }
+            | Request::Retract { session, .. }
             | Request::Baseline { session } => Some(session),
             Request::Import { .. } | Request::Describe => None,
         }
@@ -200,10 +210,23 @@ pub fn parse(body: &[u8]) -> Result<Request, RpcError> {
             run_id: required_run_id(&mut params)?,
             session,
         },
-        Method::RunCancel => Request::Cancel {
-            run_id: required_run_id(&mut params)?,
-            session,
-        },
+        Method::RunCancel => {
+            // `at` is `now` (what an absent one means): broca stops a run at once.
+            match params.remove("at") {
+                None | Some(Value::Null) => {}
+                Some(Value::String(at)) if at == "now" => {}
+                Some(other) => {
+                    return Err(invalid(format!(
+                        "`at` must be now (the only cancellation point broca serves), not {other}"
+                    ))
+                    .with_field("at"))
+                }
+            }
+            Request::Cancel {
+                run_id: required_run_id(&mut params)?,
+                session,
+            }
+        }
         // Parsed above (they name no session of their own).
         Method::SessionImport => return import(params),
         Method::RoleDescribe => Request::Describe,
@@ -213,6 +236,12 @@ pub fn parse(body: &[u8]) -> Result<Request, RpcError> {
             return Ok(Request::Read { session, read });
         }
         Method::SessionHead => Request::Head { session },
+        Method::SessionRetract => Request::Retract {
+            submission_id: take_str(&mut params, "submission_id")?.ok_or_else(|| {
+                invalid("`submission_id` is required").with_field("submission_id")
+            })?,
+            session,
+        },
     };
     no_more(&params, method)?;
     Ok(request)
@@ -221,7 +250,9 @@ pub fn parse(body: &[u8]) -> Result<Request, RpcError> {
 /// The llm-runner/v1 members of a send that broca takes or refuses by the role's rules,
 /// taken out of `params`: `delivery` (a string; `queue`, what an absent one means, is the
 /// mode broca serves; `steer` and `interrupt` are refused `delivery_unsupported`, an unknown
-/// mode or a list `invalid_params`) and `plan` (broca admits no plans).
+/// mode or a list `invalid_params`), `stop_when.max_steps` (broca's `max_steps`),
+/// `generation.max_output_tokens` (checked here, so a refusal names it) and `plan` (broca
+/// admits no plans).
 fn role_send_members(params: &mut Map<String, Value>) -> Result<(), RpcError> {
     match params.remove("delivery") {
         None | Some(Value::Null) => {}
@@ -244,6 +275,64 @@ fn role_send_members(params: &mut Map<String, Value>) -> Result<(), RpcError> {
         Some(other) => {
             return Err(
                 invalid(format!("`delivery` must be queue, not {other}")).with_field("delivery")
+            )
+        }
+    }
+    // `stop_when.max_steps` is the role's spelling of broca's `max_steps`.
+    match params.remove("stop_when") {
+        None => {}
+        Some(Value::Object(mut stop)) => {
+            let steps = stop.remove("max_steps");
+            if let Some(other) = stop.keys().next() {
+                return Err(invalid(format!(
+                    "`stop_when.{other}` is not a stop condition broca takes"
+                ))
+                .with_field(format!("stop_when.{other}")));
+            }
+            match steps {
+                None => {}
+                Some(Value::Number(n))
+                    if n.as_u64().is_some_and(|n| n > 0 && n <= u32::MAX as u64) =>
+                {
+                    if params.contains_key("max_steps") {
+                        return Err(invalid(
+                            "`max_steps` and `stop_when.max_steps` name the same limit: send one",
+                        )
+                        .with_field("stop_when.max_steps"));
+                    }
+                    params.insert("max_steps".into(), Value::Number(n));
+                }
+                Some(other) => {
+                    return Err(invalid(format!(
+                        "`stop_when.max_steps` must be a positive integer, not {other}"
+                    ))
+                    .with_field("stop_when.max_steps"))
+                }
+            }
+        }
+        Some(other) => {
+            return Err(
+                invalid(format!("`stop_when` must be an object, not {other}"))
+                    .with_field("stop_when"),
+            )
+        }
+    }
+    match params.get("generation") {
+        None => {}
+        Some(Value::Object(g)) => match g.get("max_output_tokens") {
+            None => {}
+            Some(Value::Number(n)) if n.as_u64().is_some_and(|n| n > 0) => {}
+            Some(other) => {
+                return Err(invalid(format!(
+                    "`generation.max_output_tokens` must be a positive integer, not {other}"
+                ))
+                .with_field("generation.max_output_tokens"))
+            }
+        },
+        Some(other) => {
+            return Err(
+                invalid(format!("`generation` must be an object, not {other}"))
+                    .with_field("generation"),
             )
         }
     }

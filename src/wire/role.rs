@@ -16,7 +16,20 @@ pub use cortexkit_role_llm_runner::{PROVIDES, REQUIRED_OPS};
 use cortexkit_role_llm_runner::capabilities as groups;
 
 /// The capability groups broca declares: each served whole, as the role's contract says.
-pub const GROUPS: &[&str] = &[groups::TRANSCRIPT_READS, groups::QUEUE];
+pub const GROUPS: &[&str] = &[
+    groups::TRANSCRIPT_READS,
+    groups::QUEUE,
+    groups::RUN_OPS,
+    groups::RUN_STATUS,
+    groups::RUN_USAGE,
+    groups::FINISH_REASON,
+    groups::INTERRUPT_REASON,
+    groups::RUN_CANCEL,
+    groups::RETRACT,
+    groups::MAX_STEPS,
+    groups::MAX_OUTPUT_TOKENS,
+    groups::NO_TOOLS,
+];
 
 /// `session.read`'s byte cap: the default, and the largest honoured.
 pub const READ_MAX_BYTES: (u64, u64) = (256 * 1024, 3 * 1024 * 1024);

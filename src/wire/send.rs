@@ -58,6 +58,8 @@ pub enum Refusal {
     ShuttingDown,
     /// The session has an owner and the caller is not it.
     ScopeOwnerMismatch,
+    /// The send_id's queued send was withdrawn (`session.retract`): it never starts.
+    SendRetracted,
     /// The send's credential is missing or unusable (what, never the secret).
     AuthRequired(String),
     /// The credential's source (the vault) is out for now; the send may be retried.
@@ -78,6 +80,7 @@ impl Refusal {
             Refusal::ToolNameCollision(_) => "tool_name_collision",
             Refusal::ShuttingDown => "shutting_down",
             Refusal::ScopeOwnerMismatch => "scope_owner_mismatch",
+            Refusal::SendRetracted => "send_retracted",
             Refusal::AuthRequired(_) => "auth_required",
             Refusal::CredentialUnavailable(_) => "credential_unavailable",
             Refusal::UnsupportedProvider(_) => "unsupported_provider",
@@ -103,6 +106,9 @@ impl Refusal {
             }
             Refusal::ToolNameCollision(name) => format!("two tool servers offer `{name}`"),
             Refusal::ShuttingDown => "broca is stopping; retry later".to_string(),
+            Refusal::SendRetracted => {
+                "this send was retracted before it started; it never starts".to_string()
+            }
             Refusal::ScopeOwnerMismatch => {
                 "only the session's owner sends into it (the principal of its first send)"
                     .to_string()

@@ -146,8 +146,31 @@ fn event(out: &mut String, data: Value) {
 }
 
 /// One turn as Anthropic's stream: a block per part, the turn's usage at face value (absent
-/// when the script has none), its finish reason as `stop_reason`.
-fn render(session: &str, turn: usize, t: &ScriptedTurn, _max_tokens: Option<u64>) -> String {
+/// when the script has none), its finish reason as `stop_reason`. A request whose `max_tokens`
+/// is below the turn's output is answered as a model would: cut at that many tokens (a token
+/// is a word here), the output usage what was produced, and `stop_reason: max_tokens`.
+fn render(session: &str, turn: usize, t: &ScriptedTurn, max_tokens: Option<u64>) -> String {
+    let scripted = t.usage.as_ref().map(|u| u.output_tokens);
+    let cut = match (max_tokens, scripted) {
+        (Some(max), Some(out)) if max < out => Some(max),
+        _ => None,
+    };
+    let mut t = t.clone();
+    if let Some(max) = cut {
+        let mut left = max as usize;
+        for part in &mut t.parts {
+            if let ScriptedPart::Text(text) = part {
+                let words: Vec<&str> = text.split_whitespace().take(left).collect();
+                left -= words.len();
+                *text = words.join(" ");
+            }
+        }
+        if let Some(u) = &mut t.usage {
+            u.output_tokens = max;
+        }
+        t.finish_reason = Some("max_tokens".into());
+    }
+    let t = &t;
     let mut out = String::new();
     let mut message = json!({"id": format!("msg_{session}_{turn}"), "type": "message",
         "role": "assistant", "model": session, "content": [], "stop_reason": null,

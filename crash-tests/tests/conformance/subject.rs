@@ -15,9 +15,9 @@ use cortexkit_role_harness::{
 };
 use cortexkit_role_llm_runner::points;
 use cortexkit_role_llm_runner_conformance::{
-    envelope, Capability, LlmRunnerSubject, ModelRequestObservation, Reply, RouteFailure,
-    RunnerRoute, Script, SubscribeOutcome, ToolResultLimitObservation, ToolResultObservation,
-    SCRIPTED_TOOL,
+    envelope, AttributionFixture, Capability, LlmRunnerSubject, ModelRequestObservation, Reply,
+    RouteFailure, RunnerRoute, Script, SubscribeOutcome, ToolResultLimitObservation,
+    ToolResultObservation, SCRIPTED_TOOL,
 };
 use serde_json::{json, Map, Value};
 use subc_protocol::{ErrorBody, FrameType};
@@ -78,6 +78,33 @@ pub struct Module {
     child: Mutex<Option<tokio::process::Child>>,
     _daemon: Daemon,
     link: Arc<Link>,
+}
+
+/// Dropping a module stops it as its supervisor would: SIGTERM (admission closes, active runs
+/// get the grace period, the rest are sealed interrupted), then its exit is awaited, so the
+/// next module on the same root finds the state dir free. One that has not exited within
+/// 15 s is killed.
+impl Drop for Module {
+    fn drop(&mut self) {
+        let Some(mut child) = self.child.lock().unwrap().take() else {
+            return;
+        };
+        if let Some(pid) = child.id() {
+            // SAFETY: a signal to the process this handle started and has not reaped.
+            unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        }
+        let until = std::time::Instant::now() + Duration::from_secs(15);
+        while std::time::Instant::now() < until {
+            if !matches!(child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.start_kill();
+        while matches!(child.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 /// A session-bound route on a module's connection.
@@ -266,6 +293,10 @@ impl LlmRunnerSubject for Subject {
         })
     }
 
+    fn model_finish_reason_source(&self) -> Option<&'static str> {
+        Some("anthropic.messages")
+    }
+
     fn send_fields(&self, session: &str, _first: bool) -> Map<String, Value> {
         let mut fields = Map::new();
         fields.insert("model".into(), json!(format!("anthropic/{session}")));
@@ -285,6 +316,61 @@ impl LlmRunnerSubject for Subject {
         }
         self.model.install(session, script);
         Ok(())
+    }
+
+    async fn install_attribution_fixture(
+        &self,
+        handle: &Module,
+        session: &str,
+    ) -> Result<AttributionFixture, HarnessError> {
+        // A message whose run cannot be told: one imported from another harness's log
+        // (`session.import`, a real write path), which no broca run produced.
+        let route = self
+            .session_route(handle, session, &self.owner_stamp())
+            .await?;
+        let fail = |what: &str, e: String| HarnessError::new(format!("{what}: {e}"));
+        let head = route
+            .request("session.head", json!({}))
+            .await
+            .map_err(|e| fail("session.head", e.message))?;
+        let Reply::Response(head) = head else {
+            return Err(HarnessError::new(format!("session.head refused: {head:?}")));
+        };
+        let last = head["last_ordinal"].as_u64().unwrap_or(0);
+        let marker = format!("{session}-imported-marker");
+        let log = handle.root.join(format!("{session}.jsonl"));
+        let line = |kind: &str, uuid: &str, message: Value| {
+            json!({"type": kind, "uuid": uuid, "sessionId": format!("{session}-log"),
+                   "timestamp": "2026-12-01T00:00:00.000Z", "cwd": "/", "message": message})
+            .to_string()
+        };
+        let text = [
+            line("user", "u1", json!({"role": "user", "content": marker})),
+            line(
+                "assistant",
+                "a1",
+                json!({"role": "assistant", "model": "m", "content": [{"type": "text", "text": "noted"}]}),
+            ),
+        ]
+        .join("\n")
+            + "\n";
+        std::fs::write(&log, text).map_err(|e| fail("the log", e.to_string()))?;
+        let imported = route
+            .request(
+                "session.import",
+                json!({"format": "claude-code", "path": log.to_string_lossy()}),
+            )
+            .await
+            .map_err(|e| fail("session.import", e.message))?;
+        if !matches!(imported, Reply::Response(_)) {
+            return Err(HarnessError::new(format!(
+                "session.import refused: {imported:?}"
+            )));
+        }
+        Ok(AttributionFixture::Installed {
+            ordinal: last + 1,
+            marker,
+        })
     }
 
     async fn model_requests(

@@ -561,7 +561,8 @@ fn open_runs_in_wals(wal_dir: &Path) -> Vec<SessionTriple> {
         .filter_map(|path| {
             let (bytes, scan) = broca_wal::verify::read_and_scan_if_any(path).ok()??;
             let session = broca_core::Session::replay_scan(&scan, &bytes).ok()?;
-            session.open.is_some().then(|| scan.header.triple.clone())
+            (session.open.is_some() || !session.queued.is_empty())
+                .then(|| scan.header.triple.clone())
         })
         .collect()
 }

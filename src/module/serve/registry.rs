@@ -347,6 +347,9 @@ impl Registry {
                     SessionCommand::Cancel { reply, .. } => {
                         let _ = reply.send(crate::session::Cancelled::NotActive);
                     }
+                    SessionCommand::Retract { reply, .. } => {
+                        let _ = reply.send(Ok(crate::session::Retracted::NotPending));
+                    }
                     SessionCommand::Barrier { reply } => drop(reply.send(None)),
                     SessionCommand::Send { admission, reply } => {
                         if let Err(u) = *admission {
@@ -484,6 +487,9 @@ impl Registry {
                 tracing::error!("session {}: resuming: {e}", triple.address());
             }
         }
+        if !self.run_queued(&mut actor, &live, &triple).await {
+            return;
+        }
         let idle = self.ctx.opts.idle;
         while !self.closing.get() {
             let deadline = Instant::now() + idle;
@@ -572,6 +578,28 @@ impl Registry {
         done
     }
 
+    /// Runs the session's queued sends, one after the other, while no run is active (or until
+    /// the shard stops); `false` when the actor must close.
+    async fn run_queued(&self, actor: &mut Actor, live: &Live, triple: &SessionTriple) -> bool {
+        while !self.closing.get() && !self.ctx.is_stopping() {
+            match actor.start_queued().await {
+                Ok(false) => break,
+                Ok(true) => {
+                    let done = self.running(live, triple, actor.run_admitted()).await;
+                    if let Err(e) = done {
+                        tracing::error!("session {}: {e}", triple.address());
+                        return false;
+                    }
+                }
+                Err(e) => {
+                    tracing::error!("session {}: starting a queued send: {e}", triple.address());
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
     /// Answers one command of an idle session (a send's run is driven here); `false` when
     /// the actor must close.
     async fn answer(
@@ -590,7 +618,7 @@ impl Registry {
                 }
                 match actor.send_prepared(*admission).await {
                     Ok(r) => {
-                        let new = !r.existing;
+                        let new = !r.existing && r.pending.is_none();
                         let _ = reply.send(Ok(r));
                         if new {
                             let done = self.running(live, triple, actor.run_admitted()).await;
@@ -599,6 +627,7 @@ impl Registry {
                                 return false;
                             }
                         }
+                        return self.run_queued(actor, live, triple).await;
                     }
                     Err(e @ crate::session::ActorError::Refused(_)) => {
                         let _ = reply.send(Err(e.to_rpc_error()));
@@ -615,6 +644,18 @@ impl Registry {
             }
             SessionCommand::Cancel { reply, .. } => {
                 let _ = reply.send(crate::session::Cancelled::NotActive); // no run is active here
+            }
+            SessionCommand::Retract {
+                submission_id,
+                caller,
+                reply,
+            } => {
+                let answer = actor.retract_for(&caller, &submission_id).await;
+                let failed = matches!(&answer, Err(e) if !matches!(e, crate::session::ActorError::Refused(_)));
+                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
+                if failed {
+                    return false;
+                }
             }
             SessionCommand::Barrier { reply } => {
                 let _ = reply.send(actor.barrier().await.ok());
@@ -732,6 +773,9 @@ fn fail(cmd: SessionCommand, err: &RpcError) {
         }
         SessionCommand::Status { reply, .. } => drop(reply),
         SessionCommand::Cancel { reply, .. } => drop(reply),
+        SessionCommand::Retract { reply, .. } => {
+            let _ = reply.send(Err(err.clone()));
+        }
         SessionCommand::Barrier { reply } => drop(reply),
         SessionCommand::Import { reply, .. } => {
             let _ = reply.send(Err(err.clone()));

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use futures_channel::oneshot;
 use serde_json::Value;
 
-use crate::session::{Cancelled, SessionCommand};
+use crate::session::{Cancelled, Retracted, SessionCommand};
 use broca_core::admission::SendRequest;
 use broca_core::replay::RunView;
 use broca_core::role::ReadRefusal;
@@ -77,6 +77,7 @@ pub(crate) async fn call(
         Request::Cancel { run_id, .. } => cancel(ctx, t, run_id, caller).await,
         Request::Read { read: req, .. } => read(ctx, t, req).await,
         Request::Head { .. } => head(ctx, t).await,
+        Request::Retract { submission_id, .. } => retract(ctx, t, submission_id, caller).await,
         Request::Baseline { .. } => baseline(ctx, t, caller).await,
         Request::Import { .. } | Request::Describe => Err(invalid("the request names no session")),
     }
@@ -276,13 +277,51 @@ async fn send(
     ctx.route(t.clone(), SessionCommand::Send { admission, reply })
         .map_err(unrouted)?;
     let sent = wait.await.map_err(|_| unavailable())??;
+    if let Some(submission_id) = sent.pending {
+        return Ok(serde_json::json!({"state": "pending", "submission_id": submission_id}));
+    }
     if !sent.existing {
         return Ok(serde_json::json!({"state": "active", "run_id": sent.run_id}));
     }
     let run = view(ctx, &t, Some(sent.run_id.clone()))
         .await?
         .ok_or_else(|| unknown_run(&sent.run_id))?;
-    Ok(serde_json::to_value(broca_core::views::send_answer(&run)).expect("an answer serializes"))
+    let mut answer =
+        serde_json::to_value(broca_core::views::send_answer(&run)).expect("an answer serializes");
+    // A send that waited for its turn was delivered by starting this run.
+    if run.submission_id.is_some() {
+        answer["delivered"] = serde_json::json!({"as": "turn", "ref": run.run_id});
+    }
+    Ok(answer)
+}
+
+/// session.retract: withdraws a queued send before it starts (owner-only).
+async fn retract(
+    ctx: &Arc<ServeCtx>,
+    t: SessionTriple,
+    submission_id: String,
+    caller: &Caller,
+) -> Result<Value, RpcError> {
+    let (reply, wait) = oneshot::channel();
+    let caller = caller.clone();
+    ctx.route(
+        t,
+        SessionCommand::Retract {
+            submission_id,
+            caller,
+            reply,
+        },
+    )
+    .map_err(unrouted)?;
+    let answer = wait.await.map_err(|_| unavailable())??;
+    Ok(Value::String(
+        match answer {
+            Retracted::Retracted => "retracted",
+            Retracted::AlreadyStarted => "already_started",
+            Retracted::NotPending => "not_pending",
+        }
+        .into(),
+    ))
 }
 
 async fn status(
@@ -290,20 +329,24 @@ async fn status(
     t: SessionTriple,
     run_id: Option<String>,
 ) -> Result<Value, RpcError> {
-    let run = view(ctx, &t, run_id.clone())
-        .await?
-        .ok_or_else(|| match &run_id {
-            Some(id) => unknown_run(id),
-            None => RpcError::permanent(404, "unknown_run", "this session has no run yet"),
-        })?;
-    Ok(serde_json::to_value(broca_core::views::run_status(&run)).expect("a status serializes"))
+    // A run id the session does not know answers the role's `unknown` state, never a
+    // refusal; the session-level form (no run id) answers its latest run.
+    match (view(ctx, &t, run_id.clone()).await?, run_id) {
+        (Some(run), _) => Ok(broca_core::views::status_answer(&run)),
+        (None, Some(_)) => Ok(serde_json::json!({"state": "unknown"})),
+        (None, None) => Err(RpcError::permanent(
+            404,
+            "unknown_run",
+            "this session has no run yet",
+        )),
+    }
 }
 
 async fn result(ctx: &Arc<ServeCtx>, t: SessionTriple, run_id: String) -> Result<Value, RpcError> {
     let run = view(ctx, &t, Some(run_id.clone()))
         .await?
         .ok_or_else(|| unknown_run(&run_id))?;
-    Ok(serde_json::to_value(broca_core::views::run_result(&run)).expect("a result serializes"))
+    Ok(broca_core::views::result_answer(&run))
 }
 
 async fn cancel(
@@ -448,7 +491,7 @@ mod tests {
     }
 
     fn first_text(page: &serde_json::Value) -> String {
-        page["messages"][0]["message"]["content"][0]["text"]
+        page["messages"][0]["message"]["content"][0]["text"]["text"]
             .as_str()
             .unwrap_or_default()
             .to_string()

@@ -284,7 +284,8 @@ fn a_module_registers_and_serves_the_management_methods_on_its_routes() {
         .map(|f| {
             assert_eq!(f.header.ty, FrameType::StreamData);
             let v: Value = serde_json::from_slice(&f.body).unwrap();
-            assert!(v["cursor"].as_str().unwrap().contains('.'), "{v}");
+            assert_eq!(v["kind"], "control", "{v}");
+            assert!(v["cursor"]["after"].as_str().unwrap().contains('.'), "{v}");
             v["unit"]["type"].as_str().unwrap().to_string()
         })
         .collect();

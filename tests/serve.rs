@@ -660,3 +660,93 @@ fn open_sessions_stay_within_the_limit_idle_ones_closed_first_and_busy_ones_refu
     );
     assert_eq!(status, 200, "room again once a session is idle: {r}");
 }
+
+#[test]
+fn a_send_behind_an_active_run_is_queued_durably_runs_next_and_can_be_retracted() {
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(&dir.path().join("state"), &peer, &[]);
+    let send = |prompt: &str, send_id: &str| {
+        rpc(
+            &s,
+            "session.send",
+            json!({"prompt": prompt, "model": "anthropic/m", "send_id": send_id}),
+        )
+    };
+    let (_, a) = send("slow please", "a");
+    assert_eq!(a["result"]["state"], "active", "{a}");
+    let first = a["result"]["run_id"].as_str().unwrap().to_string();
+    // Behind the running run: queued, durable before the answer, and the same answer again.
+    let (status, b) = send("hello there", "b");
+    assert_eq!(
+        (status, b["result"]["state"].as_str()),
+        (200, Some("pending")),
+        "{b}"
+    );
+    let sub_b = b["result"]["submission_id"].as_str().unwrap().to_string();
+    let (_, again) = send("hello there", "b");
+    assert_eq!(again["result"]["submission_id"], sub_b.as_str(), "{again}");
+    let (status, other) = send("something else", "b");
+    assert_eq!(
+        (status, other["error"]["code"].as_str()),
+        (409, Some("send_id_reuse")),
+        "{other}"
+    );
+    // Another queued send, withdrawn before it starts: it never runs, and a re-send says so.
+    let (_, c) = send("hello again", "c");
+    let sub_c = c["result"]["submission_id"].as_str().unwrap().to_string();
+    let (_, r) = rpc(&s, "session.retract", json!({"submission_id": sub_c}));
+    assert_eq!(r["result"], "retracted", "{r}");
+    let (_, r) = rpc(&s, "session.retract", json!({"submission_id": sub_c}));
+    assert_eq!(r["result"], "not_pending", "{r}");
+    let (status, c2) = send("hello again", "c");
+    assert_eq!(
+        (status, c2["error"]["code"].as_str()),
+        (409, Some("send_retracted")),
+        "{c2}"
+    );
+    // The first run ends, then the queued send runs as the next turn.
+    wait_for("the queued send's run to complete", || {
+        let (_, st) = rpc(&s, "session.send_status", json!({"send_id": "b"}));
+        st["result"]["state"] == "finished"
+    });
+    let (_, st) = rpc(&s, "session.send_status", json!({"send_id": "b"}));
+    let second = st["result"]["run_id"].as_str().unwrap().to_string();
+    assert_ne!(second, first);
+    assert_eq!(
+        st["result"]["delivered"],
+        json!({"as": "turn", "ref": second}),
+        "{st}"
+    );
+    assert_eq!(st["result"]["reason"], "completed", "{st}");
+    let (_, r) = rpc(&s, "session.retract", json!({"submission_id": sub_b}));
+    assert_eq!(r["result"], "already_started", "{r}");
+    let (_, r) = rpc(&s, "run.result", json!({"run_id": second}));
+    assert_eq!(
+        r["result"]["final_message"]["text"],
+        "Hello! How can I help you today?"
+    );
+    // The transcript holds both runs in order, and nothing of the retracted send.
+    let (_, page) = rpc(&s, "session.read", json!({"from_ordinal": 1}));
+    let texts: Vec<String> = page["result"]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            m["message"]["content"][0]["text"]["text"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
+    assert_eq!(texts.len(), 4, "{page}");
+    assert_eq!(
+        (texts[0].as_str(), texts[2].as_str()),
+        ("slow please", "hello there")
+    );
+    let (status, unknown) = rpc(&s, "send.status", json!({"send_id": "nope"}));
+    assert_eq!(
+        (status, unknown["error"]["code"].as_str()),
+        (404, Some("unknown_send"))
+    );
+}

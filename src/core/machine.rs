@@ -419,14 +419,44 @@ impl RunMachine {
     /// followed by another request, so its tools run only if that request could be made: a
     /// budget spent or a context limit passed stops the run before they are dispatched.
     fn after_model_step(&mut self, finish_reason: FinishReason) {
-        let calls: Vec<ToolCall> = self
+        // The step's calls that have no result yet: all of them live; after a crash, those a
+        // stop had not yet given their not-run result (its results are deferred, and the run's
+        // end was not durable).
+        let calls: Vec<ToolCall> = match self
             .transcript
-            .last()
-            .map(|m| m.tool_calls().collect())
-            .unwrap_or_default();
+            .iter()
+            .rposition(|m| m.role == Role::Assistant)
+        {
+            Some(last) => {
+                let answered: Vec<&str> = self.transcript[last + 1..]
+                    .iter()
+                    .flat_map(|m| &m.content)
+                    .filter_map(|b| match b {
+                        Block::ToolResult { tool_use_id, .. } => Some(tool_use_id.as_str()),
+                        _ => None,
+                    })
+                    .collect();
+                self.transcript[last]
+                    .tool_calls()
+                    .filter(|c| !answered.contains(&c.id.as_str()))
+                    .collect()
+            }
+            None => Vec::new(),
+        };
         if self.cancel_requested {
             self.resolve_undispatched(&calls, "cancelled");
             return self.seal(FinishKind::Cancelled, None, None, Vec::new());
+        }
+        let asked_tools = self
+            .transcript
+            .iter()
+            .rev()
+            .find(|m| m.role == Role::Assistant)
+            .is_some_and(|m| m.tool_calls().next().is_some());
+        if calls.is_empty() && asked_tools && self.step >= self.config.stop.max_steps {
+            // Resumed after every call of the last step got its not-run result.
+            let detail = format!("the run reached max_steps ({})", self.config.stop.max_steps);
+            return self.seal(FinishKind::MaxSteps, Some(detail), None, Vec::new());
         }
         if calls.is_empty() {
             let detail = match finish_reason {

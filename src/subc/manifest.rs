@@ -19,6 +19,8 @@ pub const OPERATIONS: &[(&str, bool)] = &[
     ("session.read", false),
     ("session.head", false),
     ("session.retract", true),
+    ("session.send_status", false),
+    ("send.status", false),
     ("session.import", true),
     ("session.subscribe", false),
     ("role.describe", false),

@@ -15,6 +15,8 @@ pub enum Method {
     SessionRead,
     SessionHead,
     SessionRetract,
+    SessionSendStatus,
+    SendStatus,
     RunStatus,
     RunResult,
     RunCancel,
@@ -25,7 +27,7 @@ pub enum Method {
 
 impl Method {
     /// Every method, in the order the docs list them.
-    pub const ALL: [Method; 10] = [
+    pub const ALL: [Method; 12] = [
         Method::SessionSend,
         Method::RunStatus,
         Method::RunResult,
@@ -33,6 +35,8 @@ impl Method {
         Method::SessionRead,
         Method::SessionHead,
         Method::SessionRetract,
+        Method::SessionSendStatus,
+        Method::SendStatus,
         Method::SessionImport,
         Method::RoleDescribe,
         Method::SessionBaseline,
@@ -45,6 +49,8 @@ impl Method {
             Method::SessionRead => "session.read",
             Method::SessionHead => "session.head",
             Method::SessionRetract => "session.retract",
+            Method::SessionSendStatus => "session.send_status",
+            Method::SendStatus => "send.status",
             Method::RunStatus => "run.status",
             Method::RunResult => "run.result",
             Method::RunCancel => "run.cancel",
@@ -94,6 +100,12 @@ pub enum Request {
     },
     /// llm-runner/v1's `session.head`.
     Head { session: SessionName },
+    /// llm-runner/v1's `session.send_status` (also `send.status`): what a re-send of
+    /// `send_id` would answer, without acting.
+    SendStatus {
+        session: SessionName,
+        send_id: String,
+    },
     /// llm-runner/v1's `session.retract`: withdraw a queued send.
     Retract {
         session: SessionName,
@@ -127,6 +139,7 @@ impl Request {
             Request::Read { .. } => Method::SessionRead,
             Request::Head { .. } => Method::SessionHead,
             Request::Retract { .. } => Method::SessionRetract,
+            Request::SendStatus { .. } => Method::SessionSendStatus,
             Request::Import { .. } => Method::SessionImport,
             Request::Describe => Method::RoleDescribe,
             Request::Baseline { .. } => Method::SessionBaseline,
@@ -143,6 +156,7 @@ impl Request {
             | Request::Read { session, .. }
             | Request::Head { session }
             | Request::Retract { session, .. }
+            | Request::SendStatus { session, .. }
             | Request::Baseline { session } => Some(session),
             Request::Import { .. } | Request::Describe => None,
         }
@@ -236,6 +250,11 @@ pub fn parse(body: &[u8]) -> Result<Request, RpcError> {
             return Ok(Request::Read { session, read });
         }
         Method::SessionHead => Request::Head { session },
+        Method::SessionSendStatus | Method::SendStatus => Request::SendStatus {
+            send_id: take_str(&mut params, "send_id")?
+                .ok_or_else(|| invalid("`send_id` is required").with_field("send_id"))?,
+            session,
+        },
         Method::SessionRetract => Request::Retract {
             submission_id: take_str(&mut params, "submission_id")?.ok_or_else(|| {
                 invalid("`submission_id` is required").with_field("submission_id")

@@ -29,6 +29,8 @@ pub const GROUPS: &[&str] = &[
     groups::MAX_STEPS,
     groups::MAX_OUTPUT_TOKENS,
     groups::NO_TOOLS,
+    groups::SEND_STATUS,
+    groups::STREAMING,
 ];
 
 /// `session.read`'s byte cap: the default, and the largest honoured.

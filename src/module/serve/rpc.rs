@@ -78,6 +78,7 @@ pub(crate) async fn call(
         Request::Read { read: req, .. } => read(ctx, t, req).await,
         Request::Head { .. } => head(ctx, t).await,
         Request::Retract { submission_id, .. } => retract(ctx, t, submission_id, caller).await,
+        Request::SendStatus { send_id, .. } => send_status(ctx, t, send_id, caller).await,
         Request::Baseline { .. } => baseline(ctx, t, caller).await,
         Request::Import { .. } | Request::Describe => Err(invalid("the request names no session")),
     }
@@ -286,13 +287,72 @@ async fn send(
     let run = view(ctx, &t, Some(sent.run_id.clone()))
         .await?
         .ok_or_else(|| unknown_run(&sent.run_id))?;
+    Ok(send_reply(&run))
+}
+
+/// session.send_status: what a re-send of `send_id` would answer, read from the WAL (or its
+/// archived copy) as a reader: nothing admitted, delivered or written.
+async fn send_status(
+    ctx: &Arc<ServeCtx>,
+    t: SessionTriple,
+    send_id: String,
+    caller: &Caller,
+) -> Result<Value, RpcError> {
+    let wal = broca_wal_writer::wal_path(&ctx.wal_dir, &t);
+    let caller = caller.clone();
+    glommio::executor()
+        .spawn_blocking(move || {
+            let unknown = || {
+                RpcError::permanent(
+                    404,
+                    "unknown_send",
+                    format!("this session has no send `{}`", send_id.escape_debug()),
+                )
+            };
+            let found = broca_wal::verify::read_and_scan_if_any(&wal)
+                .map_err(|e| RpcError::transient(503, "session_unavailable", e.to_string()))?;
+            let Some((bytes, scan)) = found else {
+                return Err(unknown());
+            };
+            let s = broca_core::Session::replay_scan(&scan, &bytes).map_err(|e| {
+                RpcError::transient(
+                    503,
+                    "session_unavailable",
+                    format!("record {}: {}", e.seq, e.reason),
+                )
+            })?;
+            if !caller.owns(&s.owners()) {
+                return Err(not_owner("session.send_status"));
+            }
+            if let Some(&index) = s.by_send_id.get(&send_id) {
+                return Ok(send_reply(&s.runs[index]));
+            }
+            if let Some(q) = s
+                .queued
+                .iter()
+                .find(|q| q.send_id.as_deref() == Some(send_id.as_str()))
+            {
+                return Ok(
+                    serde_json::json!({"state": "pending", "submission_id": q.submission_id}),
+                );
+            }
+            if s.retracted.contains_key(&send_id) {
+                return Err(RpcError::refusal(&broca_wire::Refusal::SendRetracted));
+            }
+            Err(unknown())
+        })
+        .await
+}
+
+/// The answer to a send that named `run`: its state, and how a send that waited for its
+/// turn was delivered.
+fn send_reply(run: &broca_core::RunView) -> Value {
     let mut answer =
-        serde_json::to_value(broca_core::views::send_answer(&run)).expect("an answer serializes");
-    // A send that waited for its turn was delivered by starting this run.
+        serde_json::to_value(broca_core::views::send_answer(run)).expect("an answer serializes");
     if run.submission_id.is_some() {
         answer["delivered"] = serde_json::json!({"as": "turn", "ref": run.run_id});
     }
-    Ok(answer)
+    answer
 }
 
 /// session.retract: withdraws a queued send before it starts (owner-only).
@@ -390,12 +450,14 @@ async fn read(
     let path = broca_wal_writer::wal_path(&ctx.wal_dir, &t);
     let page = glommio::executor()
         .spawn_blocking(move || {
-            let (session, incarnation) = entries_of(&path)?;
-            Ok::<_, String>(broca_core::role::read_page(
-                session.as_ref(),
-                &incarnation,
-                &req,
-            ))
+            let (session, incarnation, last_seq) = entries_of(&path)?;
+            let page = broca_core::role::read_page(session.as_ref(), &incarnation, &req);
+            // The page's snapshot ends after the last record it read: a subscription from
+            // this head continues strictly after it.
+            Ok::<_, String>(page.map(|p| match last_seq {
+                Some(seq) => p.with_head(head_position(seq)),
+                None => p,
+            }))
         })
         .await
         .map_err(|e| RpcError::transient(500, "internal", e))?;
@@ -423,7 +485,7 @@ async fn head(ctx: &Arc<ServeCtx>, t: SessionTriple) -> Result<Value, RpcError> 
     let path = broca_wal_writer::wal_path(&ctx.wal_dir, &t);
     let head = glommio::executor()
         .spawn_blocking(move || {
-            let (session, incarnation) = entries_of(&path)?;
+            let (session, incarnation, _) = entries_of(&path)?;
             Ok::<_, String>(broca_core::role::head(session.as_ref(), &incarnation))
         })
         .await
@@ -431,18 +493,30 @@ async fn head(ctx: &Arc<ServeCtx>, t: SessionTriple) -> Result<Value, RpcError> 
     Ok(serde_json::to_value(head).expect("a head serializes"))
 }
 
+/// A subscription position strictly after every unit of the record `seq`: what a page's
+/// `head` holds, and what `session.subscribe` takes back as `from`.
+pub(crate) fn head_position(seq: u64) -> serde_json::Map<String, Value> {
+    let cursor = broca_core::project::Cursor::end_of(seq).to_string();
+    [("after".to_string(), Value::String(cursor))]
+        .into_iter()
+        .collect()
+}
+
 /// The session of the WAL at `path` (or its archived copy) replayed with its entries, read
-/// as a reader (no lease), and its incarnation (the WAL's lineage). A session never written
-/// has no entries and the incarnation `none`.
-fn entries_of(path: &std::path::Path) -> Result<(Option<broca_core::Session>, String), String> {
+/// as a reader (no lease), its incarnation (the WAL's lineage), and the seq of its last
+/// record. A session never written has no entries and the incarnation `none`.
+type Read = (Option<broca_core::Session>, String, Option<u64>);
+
+fn entries_of(path: &std::path::Path) -> Result<Read, String> {
     let found = broca_wal::verify::read_and_scan_if_any(path).map_err(|e| e.to_string())?;
     let Some((bytes, scan)) = found else {
-        return Ok((None, "none".to_string()));
+        return Ok((None, "none".to_string(), None));
     };
+    let last_seq = scan.frames.last().map(|f| f.seq);
     let session = broca_core::Session::with_entries()
         .replay_scan_into(&scan, &bytes)
         .map_err(|e| format!("{}: record {}: {}", path.display(), e.seq, e.reason))?;
-    Ok((Some(session), scan.header.lineage_hex()))
+    Ok((Some(session), scan.header.lineage_hex(), last_seq))
 }
 
 #[cfg(test)]
@@ -498,7 +572,7 @@ mod tests {
     }
 
     fn page(path: &Path) -> serde_json::Value {
-        let (session, incarnation) = super::entries_of(path).unwrap();
+        let (session, incarnation, _) = super::entries_of(path).unwrap();
         let req = cortexkit_role_llm_runner::read::ReadRequest::range(1);
         let page = broca_core::role::read_page(session.as_ref(), &incarnation, &req).unwrap();
         serde_json::to_value(page).unwrap()

@@ -466,17 +466,17 @@ impl Front {
             }
             let (body, sheddable, end) = match item {
                 SubItem::Control { cursor, unit } => (
-                    format!("{{\"type\":\"control\",\"cursor\":\"{cursor}\",\"unit\":{unit}}}"),
+                    format!("{{\"kind\":\"control\",\"type\":\"control\",\"cursor\":{{\"after\":\"{cursor}\"}},\"unit\":{unit}}}"),
                     false,
                     false,
                 ),
                 SubItem::Display(text) => (
-                    json!({"type": "display", "text": text}).to_string(),
+                    json!({"kind": "display", "type": "display", "text": text}).to_string(),
                     true,
                     false,
                 ),
                 SubItem::Gap(n) => (
-                    json!({"type": "display_gap", "dropped": n}).to_string(),
+                    json!({"kind": "display_gap", "type": "display_gap", "dropped": n}).to_string(),
                     false,
                     false,
                 ),
@@ -620,17 +620,26 @@ fn subscribe_from(body: &[u8]) -> Result<SubFrom, RpcError> {
             k.escape_debug()
         )));
     }
-    match params.get("from").map(|f| f.as_str()) {
-        None | Some(Some("live")) => Ok(SubFrom::Live),
-        Some(Some("start")) => Ok(SubFrom::Start),
-        Some(Some(c)) => Cursor::parse(c).map(SubFrom::After).ok_or_else(|| {
+    // `from`: start, live, or a position an event's `cursor` or a page's `head` gave,
+    // `{"after": "<wal_seq>.<sub_index>"}` (the cursor's text alone is taken too).
+    let cursor = match params.get("from") {
+        None => return Ok(SubFrom::Live),
+        Some(Value::String(s)) if s == "live" => return Ok(SubFrom::Live),
+        Some(Value::String(s)) if s == "start" => return Ok(SubFrom::Start),
+        Some(Value::String(c)) => Some(c.as_str()),
+        Some(Value::Object(at)) if at.len() == 1 => at.get("after").and_then(Value::as_str),
+        Some(_) => None,
+    };
+    cursor
+        .and_then(Cursor::parse)
+        .map(SubFrom::After)
+        .ok_or_else(|| {
             invalid(format!(
-                "`{}` is not start, live or a cursor <wal_seq>.<sub_index>",
-                c.escape_debug()
+                "`from` is not start, live or a position {{\"after\": \"<wal_seq>.<sub_index>\"}}: {}",
+                params["from"]
             ))
-        }),
-        Some(None) => Err(invalid("`from` must be a string".into())),
-    }
+            .with_field("from")
+        })
 }
 
 /// The request with the route's session in its params; a request that names a session of

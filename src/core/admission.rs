@@ -199,12 +199,12 @@ fn repeated(
             Err(reused(run, prompt_digest))
         });
     }
-    let same = |digest: &str, prompt: &str| {
+    let same = |digest: &str, prompt: &str, submission: &str| {
         if digest == inputs_digest {
             None
         } else {
             Some(Refusal::SendIdReuse {
-                run_id: String::new(),
+                run_id: submission.to_string(),
                 field: (crate::admission::prompt_digest(prompt) != prompt_digest)
                     .then_some("prompt"),
             })
@@ -215,7 +215,7 @@ fn repeated(
         .iter()
         .find(|q| q.send_id.as_deref() == Some(send_id))
     {
-        return Some(match same(&q.inputs_digest, &q.prompt) {
+        return Some(match same(&q.inputs_digest, &q.prompt, &q.submission_id) {
             None => Ok(Admitted::Pending {
                 submission_id: q.submission_id.clone(),
             }),
@@ -224,7 +224,7 @@ fn repeated(
     }
     if let Some(q) = session.retracted.get(send_id) {
         return Some(Err(
-            same(&q.inputs_digest, &q.prompt).unwrap_or(Refusal::SendRetracted)
+            same(&q.inputs_digest, &q.prompt, &q.submission_id).unwrap_or(Refusal::SendRetracted)
         ));
     }
     None

@@ -21,7 +21,7 @@ use broca_protocol::{
 use broca_wal::runrec::{
     interrupt_cause, result_reason, CachePolicy, CancelRequested, FinishKind, FrozenConfig,
     ModelAttemptFinished, ModelStepFinished, ResultBlock, RunFinished, RunPaused, RunResumed,
-    SpendSummary, StepStarted, ToolDispatchIntent, ToolResult,
+    SpendSummary, StepStarted, ToolResult,
 };
 use broca_wal::Record;
 
@@ -33,6 +33,9 @@ mod limits;
 pub use limits::LastStep;
 #[path = "resume.rs"]
 mod resume;
+
+#[path = "step_end.rs"]
+mod step_end;
 pub use resume::{ResumeFrom, ResumePoint};
 
 /// Model attempts per step, at most (the first try included).
@@ -414,84 +417,6 @@ impl RunMachine {
         self.after_model_step(step.finish_reason);
     }
 
-    /// Decides what follows a durable-or-pending model step: tools, or the end of the run.
-    /// Also the resume path of a step whose record is durable. A step that asks for tools is
-    /// followed by another request, so its tools run only if that request could be made: a
-    /// budget spent or a context limit passed stops the run before they are dispatched.
-    fn after_model_step(&mut self, finish_reason: FinishReason) {
-        // The step's calls that have no result yet: all of them live; after a crash, those a
-        // stop had not yet given their not-run result (its results are deferred, and the run's
-        // end was not durable).
-        let calls: Vec<ToolCall> = match self
-            .transcript
-            .iter()
-            .rposition(|m| m.role == Role::Assistant)
-        {
-            Some(last) => {
-                let answered: Vec<&str> = self.transcript[last + 1..]
-                    .iter()
-                    .flat_map(|m| &m.content)
-                    .filter_map(|b| match b {
-                        Block::ToolResult { tool_use_id, .. } => Some(tool_use_id.as_str()),
-                        _ => None,
-                    })
-                    .collect();
-                self.transcript[last]
-                    .tool_calls()
-                    .filter(|c| !answered.contains(&c.id.as_str()))
-                    .collect()
-            }
-            None => Vec::new(),
-        };
-        if self.cancel_requested {
-            self.resolve_undispatched(&calls, "cancelled");
-            return self.seal(FinishKind::Cancelled, None, None, Vec::new());
-        }
-        let asked_tools = self
-            .transcript
-            .iter()
-            .rev()
-            .find(|m| m.role == Role::Assistant)
-            .is_some_and(|m| m.tool_calls().next().is_some());
-        if calls.is_empty() && asked_tools && self.step >= self.config.stop.max_steps {
-            // Resumed after every call of the last step got its not-run result.
-            let detail = format!("the run reached max_steps ({})", self.config.stop.max_steps);
-            return self.seal(FinishKind::MaxSteps, Some(detail), None, Vec::new());
-        }
-        if calls.is_empty() {
-            let detail = match finish_reason {
-                FinishReason::MaxTokens => Some("the model hit its output token limit".into()),
-                _ => None,
-            };
-            return self.seal(FinishKind::Completed, detail, None, Vec::new());
-        }
-        // The last step the run may take asked for tools: no model would read their results,
-        // so they are never dispatched; each gets its not-run result in the commit that ends
-        // the run.
-        if self.step >= self.config.stop.max_steps {
-            let detail = format!("the run reached max_steps ({})", self.config.stop.max_steps);
-            self.resolve_undispatched(&calls, "max_steps");
-            return self.seal(FinishKind::MaxSteps, Some(detail), None, Vec::new());
-        }
-        if let Some((kind, detail)) = self.limit_before_request() {
-            self.resolve_undispatched(&calls, kind.as_str());
-            return self.seal(kind, Some(detail), None, Vec::new());
-        }
-        self.write_intent(calls);
-    }
-
-    fn write_intent(&mut self, calls: Vec<ToolCall>) {
-        let batch_id = format!("{}.{}", self.run_id, self.step);
-        let record = ToolDispatchIntent {
-            run_id: self.run_id.clone(),
-            step: self.step,
-            batch_id: batch_id.clone(),
-            calls: calls.clone(),
-        };
-        self.push(Record::ToolDispatchIntent(record), true);
-        self.phase = Phase::AwaitIntent { batch_id, calls };
-    }
-
     /// The record appended with `wait` is durable: only an intent or a terminal record is
     /// appended so, and the caller feeds this right after that append, before anything else.
     fn on_durable(&mut self) {
@@ -736,25 +661,6 @@ impl RunMachine {
                 self.seal(FinishKind::Interrupted, detail, None, indeterminate);
             }
             other => self.phase = other,
-        }
-    }
-
-    /// Results for tool calls of the last step that will never be dispatched.
-    fn resolve_undispatched(&mut self, calls: &[ToolCall], why: &str) {
-        let batch_id = format!("{}.{}", self.run_id, self.step);
-        for call in calls {
-            self.push_result(
-                batch_id.clone(),
-                ResultBlock {
-                    call_id: call.id.clone(),
-                    content: format!(
-                        "not run: the run stopped ({why}) before this call was dispatched"
-                    ),
-                    is_error: true,
-                    reason: Some(result_reason::NOT_DISPATCHED.into()),
-                    size: None,
-                },
-            );
         }
     }
 

@@ -512,8 +512,16 @@ fn final_text(transcript: &[Arc<Message>]) -> Option<String> {
         .find(|t| !t.is_empty())
 }
 
-/// Tool calls of the last assistant message that no later message answers.
+/// Ids of the tool calls of the last assistant message that no later message answers.
 fn unresolved(transcript: &[Arc<Message>]) -> Vec<String> {
+    unanswered_calls(transcript)
+        .into_iter()
+        .map(|c| c.id)
+        .collect()
+}
+
+/// The tool calls of the last assistant message that no later message answers.
+pub(crate) fn unanswered_calls(transcript: &[Arc<Message>]) -> Vec<ToolCall> {
     let Some(last_assistant) = transcript.iter().rposition(|m| m.role == Role::Assistant) else {
         return Vec::new();
     };
@@ -527,8 +535,7 @@ fn unresolved(transcript: &[Arc<Message>]) -> Vec<String> {
         .collect();
     transcript[last_assistant]
         .tool_calls()
-        .map(|c| c.id)
-        .filter(|id| !answered.contains(&id.as_str()))
+        .filter(|c| !answered.contains(&c.id.as_str()))
         .collect()
 }
 

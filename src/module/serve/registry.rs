@@ -27,6 +27,10 @@ use broca_wire::RpcError;
 use super::hub::{self, Hub, SubFrom, SubItem};
 use super::{ServeCtx, ShardMsg};
 
+#[path = "unopened.rs"]
+mod unopened;
+use unopened::{fail, refuse_closing, view_from_wal};
+
 /// Commands that may wait for one session's actor.
 pub(crate) const INBOX_MAX: usize = 256;
 /// Runs a shard resumes at once (a crash can leave thousands open: they resume in turn).
@@ -487,11 +491,9 @@ impl Registry {
                 tracing::error!("session {}: resuming: {e}", triple.address());
             }
         }
-        if !self.run_queued(&mut actor, &live, &triple).await {
-            return;
-        }
+        let mut open = self.run_queued(&mut actor, &live, &triple).await;
         let idle = self.ctx.opts.idle;
-        while !self.closing.get() {
+        while open && !self.closing.get() {
             let deadline = Instant::now() + idle;
             let next = futures_lite::future::or(async { Some(rx.recv().await) }, async {
                 glommio::timer::sleep(deadline.saturating_duration_since(Instant::now())).await;
@@ -500,9 +502,7 @@ impl Registry {
             .await;
             // Idle (free the memory), or the channel closed.
             let Some(Some(cmd)) = next else { break };
-            if !self.answer(&mut actor, &live, &triple, cmd).await {
-                break;
-            }
+            open = self.answer(&mut actor, &live, &triple, cmd).await;
         }
         if let Err(e) = actor.close().await {
             tracing::error!("session {}: closing: {e}", triple.address());
@@ -758,59 +758,4 @@ async fn project_dirty(reg: Rc<Registry>) {
 /// A command already queued, without waiting.
 async fn queued(rx: &LocalReceiver<SessionCommand>) -> Option<SessionCommand> {
     futures_lite::future::poll_once(rx.recv()).await.flatten()
-}
-
-fn refuse_closing(cmd: SessionCommand) {
-    let r = Refusal::ShuttingDown;
-    fail(cmd, &RpcError::refusal(&r));
-}
-
-/// Answers a command that cannot be served (a dropped reply reads as unavailable).
-fn fail(cmd: SessionCommand, err: &RpcError) {
-    match cmd {
-        SessionCommand::Send { reply, .. } => {
-            let _ = reply.send(Err(err.clone()));
-        }
-        SessionCommand::Status { reply, .. } => drop(reply),
-        SessionCommand::Cancel { reply, .. } => drop(reply),
-        SessionCommand::Retract { reply, .. } => {
-            let _ = reply.send(Err(err.clone()));
-        }
-        SessionCommand::Barrier { reply } => drop(reply),
-        SessionCommand::Import { reply, .. } => {
-            let _ = reply.send(Err(err.clone()));
-        }
-        SessionCommand::Shutdown | SessionCommand::Close => {}
-    }
-}
-
-/// Answers a status from the session's WAL, read as a reader on the blocking pool (no lease,
-/// nothing written). A WAL that cannot be read drops the reply: the caller says the session is
-/// unavailable.
-async fn view_from_wal(
-    path: std::path::PathBuf,
-    run_id: Option<String>,
-    reply: oneshot::Sender<Option<broca_core::RunView>>,
-) {
-    let view = glommio::executor()
-        .spawn_blocking(move || -> Result<Option<broca_core::RunView>, String> {
-            let Some((bytes, scan)) =
-                broca_wal::verify::read_and_scan_if_any(&path).map_err(|e| e.to_string())?
-            else {
-                return Ok(None);
-            };
-            let session = broca_core::Session::replay_scan(&scan, &bytes)
-                .map_err(|e| format!("record {}: {}", e.seq, e.reason))?;
-            Ok(match run_id {
-                Some(id) => session.run(&id).cloned(),
-                None => session.runs.last().cloned(),
-            })
-        })
-        .await;
-    match view {
-        Ok(v) => {
-            let _ = reply.send(v);
-        }
-        Err(e) => tracing::error!("{e}"),
-    }
 }

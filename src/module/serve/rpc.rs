@@ -215,15 +215,28 @@ fn unavailable() -> RpcError {
     )
 }
 
+/// Hands the session's shard the command `make` builds around a reply channel; answers the
+/// reply.
+async fn ask<R>(
+    ctx: &Arc<ServeCtx>,
+    t: SessionTriple,
+    make: impl FnOnce(oneshot::Sender<R>) -> SessionCommand,
+) -> Result<R, RpcError> {
+    let (reply, wait) = oneshot::channel();
+    ctx.route(t, make(reply)).map_err(unrouted)?;
+    wait.await.map_err(|_| unavailable())
+}
+
 async fn view(
     ctx: &Arc<ServeCtx>,
     t: &SessionTriple,
     run_id: Option<String>,
 ) -> Result<Option<RunView>, RpcError> {
-    let (reply, wait) = oneshot::channel();
-    ctx.route(t.clone(), SessionCommand::Status { run_id, reply })
-        .map_err(unrouted)?;
-    wait.await.map_err(|_| unavailable())
+    ask(ctx, t.clone(), |reply| SessionCommand::Status {
+        run_id,
+        reply,
+    })
+    .await
 }
 
 fn unknown_run(run_id: &str) -> RpcError {
@@ -362,18 +375,13 @@ async fn retract(
     submission_id: String,
     caller: &Caller,
 ) -> Result<Value, RpcError> {
-    let (reply, wait) = oneshot::channel();
     let caller = caller.clone();
-    ctx.route(
-        t,
-        SessionCommand::Retract {
-            submission_id,
-            caller,
-            reply,
-        },
-    )
-    .map_err(unrouted)?;
-    let answer = wait.await.map_err(|_| unavailable())??;
+    let answer = ask(ctx, t, |reply| SessionCommand::Retract {
+        submission_id,
+        caller,
+        reply,
+    })
+    .await??;
     Ok(Value::String(
         match answer {
             Retracted::Retracted => "retracted",
@@ -418,18 +426,14 @@ async fn cancel(
     view(ctx, &t, Some(run_id.clone()))
         .await?
         .ok_or_else(|| unknown_run(&run_id))?;
-    let (reply, wait) = oneshot::channel();
     let caller = caller.clone();
-    ctx.route(
-        t,
-        SessionCommand::Cancel {
-            run_id,
-            caller,
-            reply,
-        },
-    )
-    .map_err(unrouted)?;
-    match wait.await.map_err(|_| unavailable())? {
+    let cancelled = ask(ctx, t, |reply| SessionCommand::Cancel {
+        run_id,
+        caller,
+        reply,
+    })
+    .await?;
+    match cancelled {
         Cancelled::Ack => Ok(Value::String("ack".into())),
         Cancelled::NotActive => Ok(Value::String("not_active".into())),
         Cancelled::NotOwner => Err(not_owner("run.cancel")),

@@ -1,0 +1,88 @@
+//! What a completed model step leads to (a child of `machine`): the tool intent of its calls,
+//! or a stop (a cancel, `max_steps`, a budget or the context limit) that gives each call its
+//! not-run result in the commit that ends the run, so no call is left without one.
+
+use broca_protocol::{FinishReason, Role, ToolCall};
+use broca_wal::runrec::{result_reason, FinishKind, ResultBlock, ToolDispatchIntent};
+use broca_wal::Record;
+
+use super::{Phase, RunMachine};
+
+impl RunMachine {
+    /// Decides what follows a durable-or-pending model step: tools, or the end of the run.
+    /// Also the resume path of a step whose record is durable. A step that asks for tools is
+    /// followed by another request, so its tools run only if that request could be made: a
+    /// budget spent or a context limit passed stops the run before they are dispatched.
+    pub(super) fn after_model_step(&mut self, finish_reason: FinishReason) {
+        // The step's calls that have no result yet: all of them live; after a crash, those a
+        // stop had not yet given their not-run result (its results are deferred, and the run's
+        // end was not durable).
+        let calls: Vec<ToolCall> = crate::replay::unanswered_calls(&self.transcript);
+        if self.cancel_requested {
+            self.resolve_undispatched(&calls, "cancelled");
+            return self.seal(FinishKind::Cancelled, None, None, Vec::new());
+        }
+        let asked_tools = self
+            .transcript
+            .iter()
+            .rev()
+            .find(|m| m.role == Role::Assistant)
+            .is_some_and(|m| m.tool_calls().next().is_some());
+        if calls.is_empty() && asked_tools && self.step >= self.config.stop.max_steps {
+            // Resumed after every call of the last step got its not-run result.
+            let detail = format!("the run reached max_steps ({})", self.config.stop.max_steps);
+            return self.seal(FinishKind::MaxSteps, Some(detail), None, Vec::new());
+        }
+        if calls.is_empty() {
+            let detail = match finish_reason {
+                FinishReason::MaxTokens => Some("the model hit its output token limit".into()),
+                _ => None,
+            };
+            return self.seal(FinishKind::Completed, detail, None, Vec::new());
+        }
+        // The last step the run may take asked for tools: no model would read their results,
+        // so they are never dispatched; each gets its not-run result in the commit that ends
+        // the run.
+        if self.step >= self.config.stop.max_steps {
+            let detail = format!("the run reached max_steps ({})", self.config.stop.max_steps);
+            self.resolve_undispatched(&calls, "max_steps");
+            return self.seal(FinishKind::MaxSteps, Some(detail), None, Vec::new());
+        }
+        if let Some((kind, detail)) = self.limit_before_request() {
+            self.resolve_undispatched(&calls, kind.as_str());
+            return self.seal(kind, Some(detail), None, Vec::new());
+        }
+        self.write_intent(calls);
+    }
+
+    pub(super) fn write_intent(&mut self, calls: Vec<ToolCall>) {
+        let batch_id = format!("{}.{}", self.run_id, self.step);
+        let record = ToolDispatchIntent {
+            run_id: self.run_id.clone(),
+            step: self.step,
+            batch_id: batch_id.clone(),
+            calls: calls.clone(),
+        };
+        self.push(Record::ToolDispatchIntent(record), true);
+        self.phase = Phase::AwaitIntent { batch_id, calls };
+    }
+
+    /// Results for tool calls of the last step that will never be dispatched.
+    pub(super) fn resolve_undispatched(&mut self, calls: &[ToolCall], why: &str) {
+        let batch_id = format!("{}.{}", self.run_id, self.step);
+        for call in calls {
+            self.push_result(
+                batch_id.clone(),
+                ResultBlock {
+                    call_id: call.id.clone(),
+                    content: format!(
+                        "not run: the run stopped ({why}) before this call was dispatched"
+                    ),
+                    is_error: true,
+                    reason: Some(result_reason::NOT_DISPATCHED.into()),
+                    size: None,
+                },
+            );
+        }
+    }
+}

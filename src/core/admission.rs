@@ -130,6 +130,9 @@ pub fn admit_unprepared(u: &Unprepared, session: &Session) -> Result<Admitted, R
     Err(u.refusal.clone())
 }
 
+/// How many sends a session holds queued behind its active run.
+pub const QUEUED_SENDS_MAX: usize = 64;
+
 /// The session's part of admission: a repeated send_id (the same inputs answer the existing
 /// run, or the queued send; others are refused), a send behind an active run (queued), and
 /// the results an interrupted run left open; then the record to append.
@@ -156,6 +159,17 @@ pub fn admit_prepared(
             .last()
             .is_some_and(|r| r.state == RunState::Active)
         || !session.queued.is_empty();
+    // A session holds a bounded queue: past it, a send is refused (transient, nothing
+    // written) until the queue drains.
+    if busy && session.queued.len() >= QUEUED_SENDS_MAX {
+        return Err(Refusal::SessionBusy {
+            run_id: session
+                .runs
+                .last()
+                .map(|r| r.run_id.clone())
+                .unwrap_or_default(),
+        });
+    }
     if busy {
         return Ok(Admitted::Queued(Box::new(SendQueued {
             submission_id: format!("sub_{run_id}"),
@@ -589,6 +603,60 @@ mod tests {
                 .unwrap_err()
                 .code(),
             "invalid_params"
+        );
+    }
+
+    #[test]
+    fn sends_behind_an_active_run_queue_in_order_up_to_the_bound() {
+        let catalog = catalog::Catalog::builtin();
+        let send = |prompt: &str, send_id: &str| {
+            let mut r = req(prompt, None);
+            r.send_id = Some(send_id.into());
+            prepare(&r, &[], &catalog, &AnyProvider).unwrap()
+        };
+        let mut session = Session::default();
+        let Admitted::New(started) =
+            admit_prepared(send("first", "k0"), &session, "r0".into(), 1).unwrap()
+        else {
+            panic!("an idle session starts the run")
+        };
+        session
+            .apply(1, broca_wal::Record::RunStarted(started))
+            .unwrap();
+        for i in 0..QUEUED_SENDS_MAX {
+            let admitted = admit_prepared(
+                send("next", &format!("q{i}")),
+                &session,
+                format!("r{}", i + 1),
+                2,
+            );
+            let Ok(Admitted::Queued(q)) = admitted else {
+                panic!("send {i} behind the run is queued: {admitted:?}")
+            };
+            session
+                .apply(2 + i as u64, broca_wal::Record::SendQueued(q))
+                .unwrap();
+        }
+        // The same send again answers its submission; one more is refused, nothing queued.
+        assert!(matches!(
+            admit_prepared(send("next", "q0"), &session, "rx".into(), 3),
+            Ok(Admitted::Pending { .. })
+        ));
+        let refused = admit_prepared(send("one more", "q-extra"), &session, "ry".into(), 3);
+        assert_eq!(refused.unwrap_err().code(), "session_busy");
+        // Once the run ends, the first queued send is the next run, naming its submission.
+        let q0 = session.queued[0].submission_id.clone();
+        let mut s2 = session.clone();
+        s2.open = None;
+        s2.runs[0].state = RunState::Finished(broca_wal::runrec::FinishKind::Completed);
+        let next = start_queued(&s2, "rn".into(), 4).unwrap();
+        assert_eq!(
+            (next.submission_id.as_deref(), next.send_id.as_deref()),
+            (Some(q0.as_str()), Some("q0"))
+        );
+        assert!(
+            start_queued(&session, "rn".into(), 4).is_none(),
+            "not while the run is active"
         );
     }
 }

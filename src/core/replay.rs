@@ -25,8 +25,9 @@ pub struct RunView {
     pub scope_owner: Option<String>,
     /// The role's view of the run's usage: each completed step as its provider reported it.
     pub step_usage: cortexkit_role_llm_runner::usage::RunUsage,
-    /// The run's last assistant message: its entry's ordinal and mid, and its text.
-    pub last_assistant: Option<(u64, String, String)>,
+    /// The run's last assistant message: its entry's ordinal, its record's seq (its mid),
+    /// and whether it has text (then its text is `final_text`).
+    pub last_assistant: Option<(u64, u64, bool)>,
     /// How its last model step finished, and whether it asked for tools.
     pub last_finish: Option<(broca_protocol::FinishReason, bool)>,
     /// Why it was sealed interrupted (RunFinished's `cause`), when it was.
@@ -376,15 +377,11 @@ impl Session {
                     None,
                     super::role::step_usage(&r.usage),
                 );
-                let text: String = r
+                let has_text = r
                     .content
                     .iter()
-                    .filter_map(|b| match b {
-                        Block::Text { text } => Some(text.as_str()),
-                        _ => None,
-                    })
-                    .collect();
-                run.last_assistant = Some((ordinal, seq.to_string(), text));
+                    .any(|b| matches!(b, Block::Text { text } if !text.is_empty()));
+                run.last_assistant = Some((ordinal, seq, has_text));
                 let prices = run.config.catalog.as_ref().and_then(|e| e.prices.as_ref());
                 run.spend.add(r.step, r.attempt, Some(&r.usage), prices);
                 if r.quota.is_some() {

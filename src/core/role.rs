@@ -64,12 +64,18 @@ fn ended(run: &RunView) -> bool {
     matches!(run.state, RunState::Finished(_))
 }
 
+/// The session's entries (none for a session replayed without them).
+fn entries_of(s: &Session) -> &crate::entries::Entries {
+    static NONE: crate::entries::Entries = crate::entries::Entries {
+        list: Vec::new(),
+        updated_at: None,
+    };
+    s.entries.as_ref().unwrap_or(&NONE)
+}
+
 /// The read entry at `index` (ordinal `index + 1`).
 fn entry(s: &Session, index: usize, last_of_run: &[Option<usize>]) -> ReadMessage {
-    let entries = s
-        .entries
-        .as_ref()
-        .expect("a session replayed with its entries");
+    let entries = entries_of(s);
     let e = &entries.list[index];
     let message = e.body.to_json();
     let mut m = ReadMessage::new(index as u64 + 1, e.mid.clone(), message).with_role(e.role);
@@ -197,10 +203,7 @@ pub fn head(s: Option<&Session>, incarnation: &str) -> HeadMeta {
     let Some(s) = s else {
         return HeadMeta::empty(HISTORY_VERSION, incarnation);
     };
-    let entries = s
-        .entries
-        .as_ref()
-        .expect("a session replayed with its entries");
+    let entries = entries_of(s);
     let Some(updated_at) = entries.updated_at else {
         return HeadMeta::empty(HISTORY_VERSION, incarnation);
     };
@@ -289,10 +292,16 @@ pub fn run_result(run: &RunView) -> RunResult {
         r.final_message = run
             .last_assistant
             .as_ref()
-            .map(|(ordinal, mid, text)| FinalMessage {
-                ordinal: *ordinal,
-                mid: mid.clone(),
-                text: text.clone(),
+            .map(|&(ordinal, seq, has_text)| FinalMessage {
+                ordinal,
+                mid: seq.to_string(),
+                // The last assistant message's text parts, joined as they came: the run's
+                // final text when it has any (the last message with text), else none.
+                text: if has_text {
+                    run.final_text.clone().unwrap_or_default()
+                } else {
+                    String::new()
+                },
             });
         r.finish = finish(run);
     }

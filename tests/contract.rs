@@ -269,7 +269,7 @@ fn a_priced_model_runs_until_its_cost_budget_is_spent() {
             &s,
             "session.send",
             json!({"session": session, "prompt": "spend", "model": "anthropic/claude-sonnet-4-5",
-                   "budget": budget}),
+                   "stop_when": budget}),
         );
         assert_eq!(status, 200, "{r}");
         let run_id = r["result"]["run_id"].as_str().unwrap().to_string();
@@ -390,14 +390,25 @@ fn a_send_admission_refuses_writes_nothing_in_serve_or_run() {
             "scripted",
         ),
         (
-            json!({"budget": {"max_cost_micros": 1000}}),
+            json!({"stop_when": {"max_cost_micros": 1000}}),
             "budget_unpriced",
             "anthropic/m",
         ),
         (
-            json!({"budget": {"max_total_tokens": 0}}),
+            json!({"stop_when": {"max_total_tokens": 0}}),
             "invalid_params",
             "max_total_tokens",
+        ),
+        // The run's budgets are stop conditions; the role's closed `budget` says where.
+        (
+            json!({"budget": {"max_total_tokens": 1000}}),
+            "invalid_params",
+            "stop_when.max_total_tokens",
+        ),
+        (
+            json!({"budget": {"max_input_tokens": 0}}),
+            "invalid_params",
+            "budget.max_input_tokens",
         ),
     ];
     for session in ["used", "fresh"] {

@@ -116,7 +116,7 @@ fn every_family_streams_stops_on_its_budget_and_reports_usage_the_same() {
             &s,
             "session.send",
             json!({"session": session, "prompt": "spend", "model": model,
-                   "budget": {"max_total_tokens": 25_000}}),
+                   "stop_when": {"max_total_tokens": 25_000}}),
         );
         assert_eq!(status, 200, "{family}: {r}");
         let run_id = r["result"]["run_id"].as_str().unwrap().to_string();

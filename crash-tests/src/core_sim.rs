@@ -191,6 +191,7 @@ impl<'a> Life<'a> {
                     last_step: open.last_step,
                     point: open.point,
                     cancel_requested: open.cancel_requested,
+                    input: self.session.input,
                 },
                 self.now_ms,
             )

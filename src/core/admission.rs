@@ -10,7 +10,8 @@ use broca_catalog as catalog;
 use broca_protocol::model::ProviderCheck;
 use broca_protocol::ToolSpec;
 use broca_wal::runrec::{
-    result_reason, CachePolicy, FrozenConfig, ResultBlock, RunStarted, SendQueued, StopConditions,
+    result_reason, CachePolicy, FrozenConfig, InputCap, ResultBlock, RunStarted, SendQueued,
+    StopConditions,
 };
 
 use super::replay::{RunState, Session};
@@ -170,30 +171,58 @@ pub fn admit_prepared(
                 .unwrap_or_default(),
         });
     }
+    let mut config = p.config;
+    if let Some(asked) = config.stop.input_cap.map(|c| c.limit) {
+        if let Some(frozen) = session.input_cap.filter(|f| asked > *f) {
+            return Err(Refusal::InvalidField {
+                field: "budget.max_input_tokens",
+                why: format!(
+                    "the session's input cap is {frozen} tokens and only goes down; {asked} \
+                     would raise it"
+                ),
+            });
+        }
+    }
     if busy {
+        // The cap it asked for; the session's state joins it when it starts.
         return Ok(Admitted::Queued(Box::new(SendQueued {
             submission_id: format!("sub_{run_id}"),
             send_id: p.send_id,
             inputs_digest: p.inputs_digest,
             prompt: p.prompt,
-            config: p.config,
+            config,
             at_unix_ms: now_unix_ms,
             principal: p.caller.principal,
             scope_owner: p.caller.scope_owner,
         })));
     }
+    config.stop.input_cap = input_cap(session, config.stop.input_cap);
     Ok(Admitted::New(Box::new(RunStarted {
         run_id,
         send_id: p.send_id,
         inputs_digest: p.inputs_digest,
         prompt: p.prompt,
-        config: p.config,
+        config,
         resolved_calls: resolved_calls(session),
         at_unix_ms: now_unix_ms,
         principal: p.caller.principal,
         scope_owner: p.caller.scope_owner,
         submission_id: None,
     })))
+}
+
+/// The input cap a run starting now keeps: the lowest of the session's and the send's, with
+/// what the session's steps have consumed; none when neither has a cap.
+fn input_cap(session: &Session, asked: Option<InputCap>) -> Option<InputCap> {
+    let limit = match (session.input_cap, asked.map(|c| c.limit)) {
+        (Some(a), Some(b)) => a.min(b),
+        (a, b) => a.or(b)?,
+    };
+    Some(InputCap {
+        limit,
+        spent: session.input.spent,
+        unmeasured: session.input.unmeasured,
+    })
 }
 
 /// The answer to a send whose send_id the session has seen: its run, its queued
@@ -278,12 +307,14 @@ pub fn start_queued(session: &Session, run_id: String, now_unix_ms: u64) -> Opti
         return None;
     }
     let q = session.queued.first()?;
+    let mut config = q.config.clone();
+    config.stop.input_cap = input_cap(session, config.stop.input_cap);
     Some(RunStarted {
         run_id,
         send_id: q.send_id.clone(),
         inputs_digest: q.inputs_digest.clone(),
         prompt: q.prompt.clone(),
-        config: q.config.clone(),
+        config,
         resolved_calls: resolved_calls(session),
         at_unix_ms: now_unix_ms,
         principal: q.principal.clone(),
@@ -369,13 +400,22 @@ fn resolve(
     if req.context_limit == Some(0) {
         return invalid("context_limit must be positive".into());
     }
+    if req.max_input_tokens == Some(0) {
+        return Err(Refusal::InvalidField {
+            field: "budget.max_input_tokens",
+            why: "budget.max_input_tokens must be at least 1".into(),
+        });
+    }
     let budget = req.budget.clone().unwrap_or_default();
-    for (name, value) in [
-        ("max_total_tokens", budget.max_total_tokens),
-        ("max_cost_micros", budget.max_cost_micros),
+    for (field, value) in [
+        ("stop_when.max_total_tokens", budget.max_total_tokens),
+        ("stop_when.max_cost_micros", budget.max_cost_micros),
     ] {
         if value == Some(0) {
-            return invalid(format!("budget.{name} must be positive"));
+            return Err(Refusal::InvalidField {
+                field,
+                why: format!("{field} must be positive"),
+            });
         }
     }
     let spec = format!("{}/{}", entry.provider.id, entry.model);
@@ -443,6 +483,11 @@ fn resolve(
             max_steps,
             max_total_tokens: budget.max_total_tokens,
             max_cost_micros: budget.max_cost_micros,
+            input_cap: req.max_input_tokens.map(|limit| InputCap {
+                limit,
+                spent: 0,
+                unmeasured: false,
+            }),
         },
         context_limit,
         cache_policy,
@@ -657,6 +702,70 @@ mod tests {
         assert!(
             start_queued(&session, "rn".into(), 4).is_none(),
             "not while the run is active"
+        );
+    }
+
+    #[test]
+    fn the_session_input_cap_only_goes_down_and_carries_what_was_spent() {
+        let catalog = catalog::Catalog::builtin();
+        let send = |send_id: &str, cap: Option<u64>| {
+            let mut r = req("go", None);
+            r.send_id = Some(send_id.into());
+            r.max_input_tokens = cap;
+            prepare(&r, &[], &catalog, &AnyProvider).unwrap()
+        };
+        let cap_of = |a: Result<Admitted, Refusal>| match a {
+            Ok(Admitted::New(r)) => r.config.stop.input_cap,
+            other => panic!("not a new run: {other:?}"),
+        };
+        let mut session = Session::default();
+        // No cap yet: none is kept, and the session's usage counts all the same.
+        assert_eq!(
+            cap_of(admit_prepared(send("a", None), &session, "r0".into(), 1)),
+            None
+        );
+        let Ok(Admitted::New(first)) =
+            admit_prepared(send("b", Some(10)), &session, "r1".into(), 1)
+        else {
+            panic!()
+        };
+        session
+            .apply(1, broca_wal::Record::RunStarted(first))
+            .unwrap();
+        session.open = None;
+        session.runs[0].state = RunState::Finished(broca_wal::runrec::FinishKind::Completed);
+        session.input.spent = 7;
+        let raise = admit_prepared(send("c", Some(11)), &session, "r2".into(), 2).unwrap_err();
+        assert_eq!(
+            raise,
+            Refusal::InvalidField {
+                field: "budget.max_input_tokens",
+                why: "the session's input cap is 10 tokens and only goes down; 11 would raise it"
+                    .into()
+            }
+        );
+        let kept = InputCap {
+            limit: 10,
+            spent: 7,
+            unmeasured: false,
+        };
+        // Omitted or repeated: the frozen cap, with what the session spent; lowered: lower.
+        assert_eq!(
+            cap_of(admit_prepared(send("d", None), &session, "r3".into(), 2)),
+            Some(kept)
+        );
+        assert_eq!(
+            cap_of(admit_prepared(
+                send("e", Some(10)),
+                &session,
+                "r4".into(),
+                2
+            )),
+            Some(kept)
+        );
+        assert_eq!(
+            cap_of(admit_prepared(send("f", Some(4)), &session, "r5".into(), 2)),
+            Some(InputCap { limit: 4, ..kept })
         );
     }
 }

@@ -5,6 +5,8 @@
 
 pub mod admission;
 pub mod entries;
+#[cfg(test)]
+mod input_cap_tests;
 pub mod machine;
 #[cfg(test)]
 mod machine_tests;

@@ -3,10 +3,41 @@
 //! an estimate of the next request's size). A child of `machine`, over the machine's state.
 
 use broca_protocol::{Block, Message, Usage};
-use broca_wal::runrec::FinishKind;
+use broca_wal::runrec::{budget_stop, BudgetStop, FinishKind};
 
 use super::RunMachine;
 use crate::spend::least_input_cost_micros;
+
+/// A stop condition the next request would break: the run's end, why, and the budget's
+/// figures when a budget stopped it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Stop {
+    pub kind: FinishKind,
+    pub detail: String,
+    pub budget: Option<BudgetStop>,
+}
+
+impl Stop {
+    fn budget(
+        kind: FinishKind,
+        detail: String,
+        measure: &str,
+        limit: u64,
+        spent: u64,
+        cause: &str,
+    ) -> Stop {
+        Stop {
+            kind,
+            detail,
+            budget: Some(BudgetStop {
+                measure: measure.to_string(),
+                limit,
+                spent,
+                cause: cause.to_string(),
+            }),
+        }
+    }
+}
 
 /// The last completed model step: what the next request's size is estimated from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,101 +54,176 @@ impl RunMachine {
     }
 
     /// The stop condition the next model request would break, if any: checked before each
-    /// step and before a step's tools are dispatched. A budget stops the run when it is
-    /// spent, when the next request would surely overrun it (every request resends the
-    /// conversation so far, so it carries at least the last step's input), or when a step
-    /// it needs the measure of was not metered (`budget_unmeasured`, naming the step); a
-    /// context limit stops it when the next request's estimated size reaches the limit.
-    pub(super) fn limit_before_request(&self) -> Option<(FinishKind, String)> {
+    /// step and before a step's tools are dispatched. The session's input cap stops the run
+    /// when the session's consumed input has reached it, or cannot be measured (a step did
+    /// not report its input); it never estimates the next request. A run budget stops the
+    /// run when it is spent, when the next request would surely overrun it (every request
+    /// resends the conversation so far, so it carries at least the last step's input), or
+    /// when a step it needs the measure of was not metered (`budget_unmeasured`, naming the
+    /// step); a context limit stops it when the next request's estimated size reaches the
+    /// limit.
+    pub(super) fn limit_before_request(&self) -> Option<Stop> {
         let stop = &self.config.stop;
+        if let Some(stop) = self.input_cap_stop() {
+            return Some(stop);
+        }
         let budgeted = stop.max_total_tokens.is_some() || stop.max_cost_micros.is_some();
         if budgeted {
             if let Some(u) = self.spend.first_unmeasured() {
-                return Some((
+                let (measure, limit) = match stop.max_total_tokens {
+                    Some(l) => (budget_stop::MAX_TOTAL_TOKENS, l),
+                    None => (
+                        budget_stop::MAX_COST_MICROS,
+                        stop.max_cost_micros.unwrap_or(0),
+                    ),
+                };
+                return Some(Stop::budget(
                     FinishKind::BudgetUnmeasured,
                     format!(
                         "step {} (attempt {}) did not report its {} token count, and a \
                          budget is not kept on unmetered steps",
                         u.step, u.attempt, u.missing
                     ),
+                    measure,
+                    limit,
+                    0,
+                    budget_stop::USAGE_UNREPORTED,
                 ));
             }
         }
         let least_next_input = self.last_step.and_then(|l| l.usage.input);
         if let Some(budget) = stop.max_total_tokens {
             let used = self.spend.tokens().unwrap_or(0);
-            if used >= budget {
-                return Some((
+            let exhausted = |detail: String| {
+                Some(Stop::budget(
                     FinishKind::BudgetExhausted,
-                    format!("{used} tokens used of a {budget}-token budget"),
-                ));
+                    detail,
+                    budget_stop::MAX_TOTAL_TOKENS,
+                    budget,
+                    used,
+                    budget_stop::LIMIT_REACHED,
+                ))
+            };
+            if used >= budget {
+                return exhausted(format!("{used} tokens used of a {budget}-token budget"));
             }
             if let Some(least) = least_next_input.filter(|l| used.saturating_add(*l) > budget) {
-                return Some((
-                    FinishKind::BudgetExhausted,
-                    format!(
-                        "{used} tokens used of a {budget}-token budget, and the next request \
-                         would resend at least the last step's {least} input tokens"
-                    ),
+                return exhausted(format!(
+                    "{used} tokens used of a {budget}-token budget, and the next request \
+                     would resend at least the last step's {least} input tokens"
                 ));
             }
         }
         if let Some(budget) = stop.max_cost_micros {
             let spec = || format!("{}/{}", self.config.provider, self.config.model);
+            let unpriced = |detail: String, spent: u64| {
+                Some(Stop::budget(
+                    FinishKind::BudgetUnmeasured,
+                    detail,
+                    budget_stop::MAX_COST_MICROS,
+                    budget,
+                    spent,
+                    budget_stop::UNPRICED,
+                ))
+            };
             let prices = self.prices();
             let Some(prices) = prices.filter(|p| p.input.is_some() && p.output.is_some()) else {
-                return Some((
-                    FinishKind::BudgetUnmeasured,
+                return unpriced(
                     format!(
                         "a cost budget needs input and output prices, and the catalog entry \
                          frozen for {} has none",
                         spec()
                     ),
-                ));
+                    0,
+                );
             };
             let Some(cost) = self.spend.cost_micros() else {
                 let (step, measure) = self
                     .spend
                     .unpriced()
                     .map_or((0, "prices"), |u| (u.step, u.measure));
-                return Some((
-                    FinishKind::BudgetUnmeasured,
+                return unpriced(
                     format!(
                         "step {step} reported {measure} tokens, and the catalog entry frozen \
                          for {} has no {measure} price",
                         spec()
                     ),
-                ));
+                    0,
+                );
             };
             let currency = &prices.currency;
-            if cost >= budget {
-                return Some((
+            let exhausted = |detail: String| {
+                Some(Stop::budget(
                     FinishKind::BudgetExhausted,
-                    format!("cost {cost} micro-{currency} of a {budget} micro-{currency} budget"),
+                    detail,
+                    budget_stop::MAX_COST_MICROS,
+                    budget,
+                    cost,
+                    budget_stop::LIMIT_REACHED,
+                ))
+            };
+            if cost >= budget {
+                return exhausted(format!(
+                    "cost {cost} micro-{currency} of a {budget} micro-{currency} budget"
                 ));
             }
             let least = least_next_input.and_then(|i| least_input_cost_micros(Some(prices), i));
             if let Some(least) = least.filter(|l| cost.saturating_add(*l) > budget) {
-                return Some((
-                    FinishKind::BudgetExhausted,
-                    format!(
-                        "cost {cost} micro-{currency} of a {budget} micro-{currency} budget, \
-                         and the next request would cost at least {least} more"
-                    ),
+                return exhausted(format!(
+                    "cost {cost} micro-{currency} of a {budget} micro-{currency} budget, \
+                     and the next request would cost at least {least} more"
                 ));
             }
         }
         if let Some(limit) = self.config.context_limit {
             let (estimate, how) = self.next_request_estimate();
             if estimate >= limit {
-                return Some((
-                    FinishKind::ContextLimit,
-                    format!(
+                return Some(Stop {
+                    kind: FinishKind::ContextLimit,
+                    detail: format!(
                         "the next request would carry about {estimate} tokens ({how}); the \
                          context limit is {limit}"
                     ),
-                ));
+                    budget: None,
+                });
             }
+        }
+        None
+    }
+
+    /// The session's input cap's stop, if it has one and it is due: its consumed input has
+    /// reached the cap, or cannot be measured (a step did not report its input). Checked
+    /// before each step and right after each step (the step that reaches the cap ends the
+    /// run, its calls not dispatched); never an estimate of the next request.
+    pub(super) fn input_cap_stop(&self) -> Option<Stop> {
+        let cap = self.config.stop.input_cap?;
+        let spent = self.input.spent;
+        if self.input.unmeasured {
+            return Some(Stop::budget(
+                FinishKind::BudgetUnmeasured,
+                format!(
+                    "a step of this session did not report its input tokens, so its \
+                     input cap ({}) cannot be kept; {spent} were measured before it",
+                    cap.limit
+                ),
+                budget_stop::MAX_INPUT_TOKENS,
+                cap.limit,
+                spent,
+                budget_stop::USAGE_UNREPORTED,
+            ));
+        }
+        if spent >= cap.limit {
+            return Some(Stop::budget(
+                FinishKind::BudgetExhausted,
+                format!(
+                    "the session consumed {spent} input tokens of its {}-token input cap",
+                    cap.limit
+                ),
+                budget_stop::MAX_INPUT_TOKENS,
+                cap.limit,
+                spent,
+                budget_stop::LIMIT_REACHED,
+            ));
         }
         None
     }

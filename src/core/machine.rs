@@ -25,7 +25,7 @@ use broca_wal::runrec::{
 };
 use broca_wal::Record;
 
-use super::spend::Spend;
+use super::spend::{InputTally, Spend};
 use super::stream::StepAccumulator;
 
 #[path = "limits.rs"]
@@ -163,6 +163,11 @@ pub struct RunMachine {
     attempt: u32,
     backoff_spent_ms: u64,
     spend: Spend,
+    /// The session's consumed input (its input cap's measure): the earlier runs' and this
+    /// run's completed steps.
+    input: InputTally,
+    /// The budget figures of the stop being sealed, when a budget stopped the run.
+    stop_budget: Option<broca_wal::runrec::BudgetStop>,
     last_step: Option<LastStep>,
     /// Whether the attempt in flight has had any answer (a failed attempt that had may have
     /// been billed).
@@ -203,7 +208,15 @@ impl RunMachine {
         spend: Spend,
         now_ms: u64,
     ) -> RunMachine {
+        let input = config
+            .stop
+            .input_cap
+            .map_or(InputTally::default(), |c| InputTally {
+                spent: c.spent,
+                unmeasured: c.unmeasured,
+            });
         RunMachine {
+            input,
             now_ms,
             backoff_until_ms: now_ms,
             stream_active_ms: now_ms,
@@ -214,6 +227,7 @@ impl RunMachine {
             attempt: 0,
             backoff_spent_ms: 0,
             spend,
+            stop_budget: None,
             last_step: None,
             answered: false,
             phase: Phase::Backoff,
@@ -330,8 +344,8 @@ impl RunMachine {
             let detail = format!("the run reached max_steps ({})", self.config.stop.max_steps);
             return self.seal(FinishKind::MaxSteps, Some(detail), None, Vec::new());
         }
-        if let Some((kind, detail)) = self.limit_before_request() {
-            return self.seal(kind, Some(detail), None, Vec::new());
+        if let Some(stop) = self.limit_before_request() {
+            return self.seal_stop(stop);
         }
         self.step += 1;
         self.attempt = 0;
@@ -393,6 +407,7 @@ impl RunMachine {
         let prices = self.prices().cloned();
         self.spend
             .add(self.step, self.attempt, Some(&step_usage), prices.as_ref());
+        self.input.add(&step_usage);
         let record = ModelStepFinished {
             run_id: self.run_id.clone(),
             step: self.step,
@@ -723,9 +738,18 @@ impl RunMachine {
             cause: (reason == FinishKind::Interrupted)
                 .then(|| self.interrupt_cause.map(str::to_string))
                 .flatten(),
+            budget: self.stop_budget.take(),
         };
         self.push(Record::RunFinished(record), true);
         self.phase = Phase::Sealing(self.outcome(Some(reason), detail, error, indeterminate));
+    }
+}
+
+impl RunMachine {
+    /// Seals the run at a stop condition, with its budget's figures when a budget stopped it.
+    fn seal_stop(&mut self, stop: limits::Stop) {
+        self.stop_budget = stop.budget;
+        self.seal(stop.kind, Some(stop.detail), None, Vec::new());
     }
 }
 

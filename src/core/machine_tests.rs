@@ -7,7 +7,7 @@ use broca_protocol::{
 use broca_wal::runrec::{CachePolicy, FinishKind, FrozenConfig, ResultBlock, StopConditions};
 use broca_wal::Record;
 
-fn config() -> FrozenConfig {
+pub(crate) fn config() -> FrozenConfig {
     FrozenConfig {
         provider: "scripted".into(),
         model: "m".into(),
@@ -26,6 +26,7 @@ fn config() -> FrozenConfig {
         tools_digest: "t".into(),
         generation: Default::default(),
         stop: StopConditions {
+            input_cap: None,
             max_steps: 5,
             max_total_tokens: None,
             max_cost_micros: None,
@@ -36,7 +37,7 @@ fn config() -> FrozenConfig {
 }
 
 /// Feeds events at time 0 (these tests are about order, not time).
-trait Feed {
+pub(crate) trait Feed {
     fn feed(&mut self, event: Event);
 }
 
@@ -46,11 +47,11 @@ impl Feed for RunMachine {
     }
 }
 
-fn drain(m: &mut RunMachine) -> Vec<Command> {
+pub(crate) fn drain(m: &mut RunMachine) -> Vec<Command> {
     std::iter::from_fn(|| m.poll_command()).collect()
 }
 
-fn kinds(cmds: &[Command]) -> Vec<String> {
+pub(crate) fn kinds(cmds: &[Command]) -> Vec<String> {
     cmds.iter()
         .map(|c| match c {
             Command::Append { record, wait } => {
@@ -303,6 +304,7 @@ fn context_overflow_from_the_provider_ends_at_the_context_limit() {
 fn a_run_refused_at_resume_is_sealed_interrupted_with_the_reason() {
     let mut m = RunMachine::refuse_resume(
         super::machine::ResumeFrom {
+            input: Default::default(),
             run_id: "r".into(),
             config: config(),
             transcript: Vec::new(),
@@ -415,7 +417,7 @@ fn priced(stop: StopConditions, context_limit: Option<u64>) -> FrozenConfig {
 }
 
 /// One model step asking for the tool `id`, reporting `usage`.
-fn step_reporting(m: &mut RunMachine, id: &str, usage: Option<Usage>) {
+pub(crate) fn step_reporting(m: &mut RunMachine, id: &str, usage: Option<Usage>) {
     m.feed(Event::Stream(StreamEvent::ToolCallStart {
         index: 0,
         id: id.into(),
@@ -435,7 +437,7 @@ fn step_reporting(m: &mut RunMachine, id: &str, usage: Option<Usage>) {
     m.feed(Event::StepEnded);
 }
 
-fn counts(input: u64, output: u64) -> Option<Usage> {
+pub(crate) fn counts(input: u64, output: u64) -> Option<Usage> {
     Some(Usage {
         input: Some(input),
         output: Some(output),
@@ -444,7 +446,7 @@ fn counts(input: u64, output: u64) -> Option<Usage> {
 }
 
 /// Runs the tools of the step just ended (its intent durable, its one call answered).
-fn answer(m: &mut RunMachine, id: &str, content: &str) -> Vec<Command> {
+pub(crate) fn answer(m: &mut RunMachine, id: &str, content: &str) -> Vec<Command> {
     m.feed(Event::Durable);
     drain(m);
     m.feed(Event::ToolResult(ResultBlock {
@@ -457,7 +459,7 @@ fn answer(m: &mut RunMachine, id: &str, content: &str) -> Vec<Command> {
     drain(m)
 }
 
-fn finished(cmds: &[Command]) -> &broca_wal::runrec::RunFinished {
+pub(crate) fn finished(cmds: &[Command]) -> &broca_wal::runrec::RunFinished {
     cmds.iter()
         .find_map(|c| match c {
             Command::Append {
@@ -472,6 +474,7 @@ fn finished(cmds: &[Command]) -> &broca_wal::runrec::RunFinished {
 #[test]
 fn a_cost_budget_runs_until_spent_and_stops_exhausted_with_the_cost_it_measured() {
     let stop = StopConditions {
+        input_cap: None,
         max_steps: 10,
         max_total_tokens: None,
         max_cost_micros: Some(100),
@@ -515,6 +518,7 @@ fn a_cost_budget_runs_until_spent_and_stops_exhausted_with_the_cost_it_measured(
 #[test]
 fn a_cost_budget_stops_before_a_request_that_would_surely_overrun_it() {
     let stop = StopConditions {
+        input_cap: None,
         max_steps: 10,
         max_total_tokens: None,
         max_cost_micros: Some(950),
@@ -549,6 +553,7 @@ fn a_cost_budget_stops_before_a_request_that_would_surely_overrun_it() {
 #[test]
 fn a_step_that_reports_no_usage_stops_a_token_budget_unmeasured_naming_it() {
     let stop = StopConditions {
+        input_cap: None,
         max_steps: 10,
         max_total_tokens: Some(10_000),
         max_cost_micros: None,
@@ -591,6 +596,7 @@ fn a_step_that_reports_no_usage_stops_a_token_budget_unmeasured_naming_it() {
 #[test]
 fn a_failed_attempt_is_metered_only_when_the_provider_had_answered() {
     let stop = StopConditions {
+        input_cap: None,
         max_steps: 10,
         max_total_tokens: Some(10_000),
         max_cost_micros: None,
@@ -645,6 +651,7 @@ fn a_failed_attempt_is_metered_only_when_the_provider_had_answered() {
 #[test]
 fn the_context_limit_is_checked_before_each_request_from_an_estimate() {
     let stop = StopConditions {
+        input_cap: None,
         max_steps: 10,
         max_total_tokens: None,
         max_cost_micros: None,
@@ -681,6 +688,7 @@ fn the_context_limit_is_checked_before_each_request_from_an_estimate() {
         "r".into(),
         priced(
             StopConditions {
+                input_cap: None,
                 max_steps: 10,
                 max_total_tokens: None,
                 max_cost_micros: None,

@@ -49,6 +49,8 @@ pub struct RunView {
     pub started_seq: u64,
     /// The provider's quota as its latest answer said it (ChatGPT).
     pub quota: Option<broca_protocol::Quota>,
+    /// For a run a budget stopped: which budget, its limit, what was spent, and why.
+    pub budget: Option<broca_wal::runrec::BudgetStop>,
 }
 
 /// Where a run stands.
@@ -107,6 +109,20 @@ pub struct Session {
     pub queued: Vec<broca_wal::runrec::SendQueued>,
     /// Queued sends withdrawn before they started, by send_id.
     pub retracted: HashMap<String, broca_wal::runrec::SendQueued>,
+    /// The session's input-token cap: the lowest any accepted send asked for (a started run,
+    /// or a queued send, even one later retracted: the cap is lower-only).
+    pub input_cap: Option<u64>,
+    /// The input the session's completed steps consumed (the cap's measure).
+    pub input: super::spend::InputTally,
+}
+
+impl Session {
+    /// Lowers the session's input cap to `config`'s, if it has one.
+    fn note_input_cap(&mut self, config: &broca_wal::runrec::FrozenConfig) {
+        if let Some(cap) = config.stop.input_cap {
+            self.input_cap = Some(self.input_cap.map_or(cap.limit, |c| c.min(cap.limit)));
+        }
+    }
 }
 
 /// A source imported into the session (its latest import), and where the transcript stood
@@ -255,7 +271,10 @@ impl Session {
     fn apply_record(&mut self, seq: u64, record: Record) -> Result<(), String> {
         match record {
             Record::LeaseAcquired(_) | Record::Unknown { .. } | Record::RunResumed(_) => {}
-            Record::SendQueued(q) => self.queued.push(*q),
+            Record::SendQueued(q) => {
+                self.note_input_cap(&q.config);
+                self.queued.push(*q);
+            }
             Record::SendRetracted(r) => {
                 let Some(i) = self
                     .queued
@@ -284,6 +303,7 @@ impl Session {
                 }
                 self.imported_pending.clear();
                 self.entry_count += 1;
+                self.note_input_cap(&r.config);
                 if let Some(sub) = &r.submission_id {
                     let Some(i) = self.queued.iter().position(|q| &q.submission_id == sub) else {
                         return Err(format!(
@@ -336,6 +356,7 @@ impl Session {
                     final_text: None,
                     started_seq: seq,
                     quota: None,
+                    budget: None,
                 });
                 self.open = Some(OpenRun {
                     index,
@@ -399,6 +420,7 @@ impl Session {
                 if !text.is_empty() {
                     run.final_text = Some(text);
                 }
+                self.input.add(&r.usage);
                 self.transcript.push(Arc::new(message));
                 let transcript_len = self.transcript.len();
                 if let Some(open) = self.open.as_mut() {
@@ -454,6 +476,7 @@ impl Session {
                 run.error = r.error;
                 run.indeterminate_tool_calls = r.indeterminate_tool_calls;
                 run.interrupt_cause = r.cause;
+                run.budget = r.budget;
                 self.open = None;
             }
         }

@@ -56,9 +56,11 @@ impl RunMachine {
             last_step,
             point,
             cancel_requested,
+            input,
         } = from;
         let mut m = RunMachine::new(run_id, config, transcript, step, spend, now_ms);
         m.last_step = last_step;
+        m.input = input;
         let record = RunResumed {
             run_id: m.run_id.clone(),
             from_step: step,
@@ -97,4 +99,6 @@ pub struct ResumeFrom {
     pub last_step: Option<LastStep>,
     pub point: ResumePoint,
     pub cancel_requested: bool,
+    /// The session's consumed input, its steps before the crash included.
+    pub input: crate::spend::InputTally,
 }

@@ -12,7 +12,9 @@ use cortexkit_role_llm_runner::read::{
 };
 
 use cortexkit_role_llm_runner::finish::Finish;
-use cortexkit_role_llm_runner::run::{FinalMessage, RunError, RunResult, RunStatus};
+use cortexkit_role_llm_runner::run::{
+    BudgetExhaustedDetail, FinalMessage, RunError, RunResult, RunStatus,
+};
 use cortexkit_role_llm_runner::usage::StepUsage;
 
 use crate::replay::{RunState, RunView, Session};
@@ -305,6 +307,16 @@ pub fn run_result(run: &RunView) -> RunResult {
             });
         r.finish = finish(run);
     }
+    // A budget's stop: its limit, what was measured as spent, and why; the budget it was
+    // (the session's input cap, or the run's token or cost budget) is the reason.
+    if let Some(b) = run.budget.as_ref().filter(|_| state == "budget_exhausted") {
+        r.detail = Some(BudgetExhaustedDetail::new(
+            b.limit,
+            b.spent,
+            b.cause.clone(),
+        ));
+        r.reason = Some(b.measure.clone());
+    }
     r.usage = Some(run.step_usage.clone());
     r
 }
@@ -317,5 +329,6 @@ pub fn run_status(run: &RunView) -> RunStatus {
     s.error = result.error;
     s.finish = result.finish;
     s.usage = result.usage;
+    s.detail = result.detail;
     s
 }

@@ -21,6 +21,30 @@
 use broca_protocol::Usage;
 use broca_wal::runrec::CatalogPrices;
 
+/// A session's consumed input, the measure of its input-token cap (llm-runner/v1
+/// `budget.max_input_tokens`): each completed model step's total input (uncached, cache reads
+/// and cache writes at face value) over every run of the session. Once a step has not
+/// reported its input the sum cannot be measured: it stays what the steps before it
+/// consumed, and a capped run takes no further step.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InputTally {
+    pub spent: u64,
+    pub unmeasured: bool,
+}
+
+impl InputTally {
+    /// Counts a completed step's reported usage.
+    pub fn add(&mut self, usage: &Usage) {
+        if self.unmeasured {
+            return;
+        }
+        match usage.input {
+            Some(input) => self.spent = self.spent.saturating_add(input),
+            None => self.unmeasured = true,
+        }
+    }
+}
+
 /// A metered step that reported not every measure a budget needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Unmeasured {

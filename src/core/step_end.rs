@@ -22,6 +22,12 @@ impl RunMachine {
             self.resolve_undispatched(&calls, "cancelled");
             return self.seal(FinishKind::Cancelled, None, None, Vec::new());
         }
+        // The step that brings the session's input to its cap ends the run, whatever it
+        // asked for; its calls are never dispatched.
+        if let Some(stop) = self.input_cap_stop() {
+            self.resolve_undispatched(&calls, stop.kind.as_str());
+            return self.seal_stop(stop);
+        }
         let asked_tools = self
             .transcript
             .iter()
@@ -48,9 +54,9 @@ impl RunMachine {
             self.resolve_undispatched(&calls, "max_steps");
             return self.seal(FinishKind::MaxSteps, Some(detail), None, Vec::new());
         }
-        if let Some((kind, detail)) = self.limit_before_request() {
-            self.resolve_undispatched(&calls, kind.as_str());
-            return self.seal(kind, Some(detail), None, Vec::new());
+        if let Some(stop) = self.limit_before_request() {
+            self.resolve_undispatched(&calls, stop.kind.as_str());
+            return self.seal_stop(stop);
         }
         self.write_intent(calls);
     }
@@ -79,10 +85,20 @@ impl RunMachine {
                         "not run: the run stopped ({why}) before this call was dispatched"
                     ),
                     is_error: true,
-                    reason: Some(result_reason::NOT_DISPATCHED.into()),
+                    reason: Some(not_run_reason(why).into()),
                     size: None,
                 },
             );
         }
+    }
+}
+
+/// The reason a never-dispatched call's result carries: the role's state name for a budget's
+/// or the context limit's stop, `not_dispatched` for the others.
+fn not_run_reason(why: &str) -> &'static str {
+    match why {
+        "budget_exhausted" | "budget_unmeasured" => result_reason::BUDGET_EXHAUSTED,
+        "context_limit" => result_reason::CONTEXT_CEILING,
+        _ => result_reason::NOT_DISPATCHED,
     }
 }

@@ -211,6 +211,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             last_step: open.last_step,
             point: open.point,
             cancel_requested: open.cancel_requested,
+            input: self.state.input,
         };
         if let Err(why) = broca_core::admission::check_resumable(&run.config, &catalog) {
             // Never re-render an admitted run differently: seal it with the reason.

@@ -113,6 +113,28 @@ pub struct StopConditions {
     /// A cost budget in micro-units of the catalog's currency (needs prices in the catalog).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_cost_micros: Option<u64>,
+    /// The session's input-token cap (llm-runner/v1 `budget.max_input_tokens`), as it stood
+    /// when the run started: the cap and what the session's earlier steps had consumed. In a
+    /// queued send, the cap it asked for (the rest is filled when it starts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_cap: Option<InputCap>,
+}
+
+/// A session's input-token cap and its consumed input when a run starts. Consumed input is
+/// each completed model step's total input (uncached, cache reads and cache writes, at face
+/// value) over every run of the session; output never counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputCap {
+    /// The cap: lower-only over the session's sends.
+    pub limit: u64,
+    /// The input the session's completed steps consumed before the run (only those before
+    /// the first step that did not report its input, when one did not).
+    #[serde(default)]
+    pub spent: u64,
+    /// Whether an earlier step did not report its input: the sum cannot be measured, so a
+    /// capped run takes no step.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unmeasured: bool,
 }
 
 pub use broca_protocol::CachePolicy;
@@ -130,6 +152,11 @@ pub mod result_reason {
     pub const REFUSED_BEFORE_DELIVERY: &str = "refused_before_delivery";
     /// The run stopped before the call was dispatched: it never ran.
     pub const NOT_DISPATCHED: &str = "not_dispatched";
+    /// A budget (the session's input cap, or the run's token or cost budget) stopped the run
+    /// before the call was dispatched: it never ran.
+    pub const BUDGET_EXHAUSTED: &str = "budget_exhausted";
+    /// The context limit stopped the run before the call was dispatched: it never ran.
+    pub const CONTEXT_CEILING: &str = "context_ceiling";
     /// The tool ran, but its output was over the model-visible limit (64 KiB) and was
     /// discarded whole, never cut short; the call is not run again.
     pub const TOOL_RESULT_TOO_LARGE: &str = "tool_result_too_large";
@@ -338,6 +365,33 @@ pub struct RunFinished {
     /// it was recorded, and for other ends.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cause: Option<String>,
+    /// For a budget's stop: which budget, its limit, what was spent, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetStop>,
+}
+
+/// The budget that stopped a run (`budget_exhausted` or `budget_unmeasured`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BudgetStop {
+    /// `max_input_tokens` (the session's input cap), `max_total_tokens` or
+    /// `max_cost_micros` (the run's budgets).
+    pub measure: String,
+    pub limit: u64,
+    /// What was measured as spent, in the budget's unit (for an unmeasured stop, what the
+    /// measured steps before the unmeasured one spent).
+    pub spent: u64,
+    /// `limit_reached`, `usage_unreported` or `unpriced`.
+    pub cause: String,
+}
+
+/// The measures and causes of a [`BudgetStop`].
+pub mod budget_stop {
+    pub const MAX_INPUT_TOKENS: &str = "max_input_tokens";
+    pub const MAX_TOTAL_TOKENS: &str = "max_total_tokens";
+    pub const MAX_COST_MICROS: &str = "max_cost_micros";
+    pub const LIMIT_REACHED: &str = "limit_reached";
+    pub const USAGE_UNREPORTED: &str = "usage_unreported";
+    pub const UNPRICED: &str = "unpriced";
 }
 
 /// Why an interrupted run was sealed (the llm-runner/v1 role's interrupt reasons, and

@@ -225,6 +225,9 @@ impl RpcError {
                     None => e,
                 }
             }
+            Refusal::InvalidField { field, .. } => {
+                RpcError::permanent(400, r.code(), message).with_field(*field)
+            }
             Refusal::ToolNameCollision(_) => RpcError::permanent(409, r.code(), message),
             Refusal::ScopeOwnerMismatch => RpcError::permanent(403, r.code(), message),
             Refusal::SendRetracted => RpcError::permanent(409, r.code(), message),

@@ -297,11 +297,38 @@ fn role_send_members(params: &mut Map<String, Value>) -> Result<(), RpcError> {
             )
         }
     }
-    // `stop_when.max_steps` is the role's spelling of broca's `max_steps`.
+    if params.contains_key("max_input_tokens") {
+        return Err(
+            invalid("the session's input cap is sent as `budget.max_input_tokens`")
+                .with_field("max_input_tokens"),
+        );
+    }
+    // The role's `budget` is closed: of its members broca keeps the session's input cap.
+    let input_cap = match params.remove("budget") {
+        None => None,
+        Some(budget) => role_budget(budget)?,
+    };
+    // `stop_when.max_steps` is the role's spelling of broca's `max_steps`; the run's token
+    // and cost budgets are broca's own stop conditions beside it.
+    let mut run_budget = Map::new();
     match params.remove("stop_when") {
         None => {}
         Some(Value::Object(mut stop)) => {
             let steps = stop.remove("max_steps");
+            for name in ["max_total_tokens", "max_cost_micros"] {
+                match stop.remove(name) {
+                    None => {}
+                    Some(Value::Number(n)) if n.as_u64().is_some_and(|n| n > 0) => {
+                        run_budget.insert(name.into(), Value::Number(n));
+                    }
+                    Some(other) => {
+                        return Err(invalid(format!(
+                            "`stop_when.{name}` must be a positive integer, not {other}"
+                        ))
+                        .with_field(format!("stop_when.{name}")))
+                    }
+                }
+            }
             if let Some(other) = stop.keys().next() {
                 return Err(invalid(format!(
                     "`stop_when.{other}` is not a stop condition broca takes"
@@ -335,6 +362,12 @@ fn role_send_members(params: &mut Map<String, Value>) -> Result<(), RpcError> {
                     .with_field("stop_when"),
             )
         }
+    }
+    if !run_budget.is_empty() {
+        params.insert("budget".into(), Value::Object(run_budget));
+    }
+    if let Some(cap) = input_cap {
+        params.insert("max_input_tokens".into(), cap.into());
     }
     match params.get("generation") {
         None => {}
@@ -371,6 +404,79 @@ fn role_send_members(params: &mut Map<String, Value>) -> Result<(), RpcError> {
         .with_field(field));
     }
     Ok(())
+}
+
+/// The role's `budget` of a send: a closed object whose members are `nudges`,
+/// `finalize_at_tool_calls`, `finalize_text` and `max_input_tokens` (each `nudges[]` element
+/// `at_tool_calls` and `text`); an unknown member is refused by its full path. broca keeps
+/// the session's input cap (a u64 of at least 1, answered here); it nudges and finalizes
+/// nothing, so those members are refused by name rather than ignored. broca's own run
+/// budgets moved to `stop_when`, and a refusal says so.
+fn role_budget(budget: Value) -> Result<Option<u64>, RpcError> {
+    let Value::Object(budget) = budget else {
+        return Err(
+            invalid(format!("`budget` must be an object, not {budget}")).with_field("budget")
+        );
+    };
+    const MEMBERS: [&str; 4] = [
+        "nudges",
+        "finalize_at_tool_calls",
+        "finalize_text",
+        "max_input_tokens",
+    ];
+    for key in budget.keys() {
+        if !MEMBERS.contains(&key.as_str()) {
+            let why = match key.as_str() {
+                "max_total_tokens" | "max_cost_micros" => {
+                    format!("a run's `{key}` is a stop condition: send it as `stop_when.{key}`")
+                }
+                _ => format!(
+                    "`budget.{}` is not a budget member (known: {})",
+                    key.escape_debug(),
+                    MEMBERS.join(", ")
+                ),
+            };
+            return Err(invalid(why).with_field(format!("budget.{key}")));
+        }
+    }
+    if let Some(nudges) = budget.get("nudges") {
+        let Value::Array(list) = nudges else {
+            return Err(invalid("`budget.nudges` must be a list").with_field("budget.nudges"));
+        };
+        for (i, nudge) in list.iter().enumerate() {
+            let Value::Object(nudge) = nudge else {
+                return Err(invalid(format!("`budget.nudges[{i}]` must be an object"))
+                    .with_field(format!("budget.nudges[{i}]")));
+            };
+            if let Some(k) = nudge
+                .keys()
+                .find(|k| !["at_tool_calls", "text"].contains(&k.as_str()))
+            {
+                return Err(invalid(format!(
+                    "`budget.nudges[{i}].{}` is not a nudge member (known: at_tool_calls, text)",
+                    k.escape_debug()
+                ))
+                .with_field(format!("budget.nudges[{i}].{k}")));
+            }
+        }
+    }
+    for member in ["nudges", "finalize_at_tool_calls", "finalize_text"] {
+        if budget.contains_key(member) {
+            return Err(invalid(format!(
+                "this runner does not serve `budget.{member}`; a send's budget here is its \
+                 `max_input_tokens`"
+            ))
+            .with_field(format!("budget.{member}")));
+        }
+    }
+    match budget.get("max_input_tokens") {
+        None => Ok(None),
+        Some(Value::Number(n)) if n.as_u64().is_some_and(|n| n > 0) => Ok(n.as_u64()),
+        Some(other) => Err(invalid(format!(
+            "`budget.max_input_tokens` must be an integer of at least 1, not {other}"
+        ))
+        .with_field("budget.max_input_tokens")),
+    }
 }
 
 /// Refuses a parameter the method does not take, by name.
@@ -542,6 +648,69 @@ mod tests {
         );
         for m in Method::ALL {
             assert_eq!(Method::parse(m.as_str()), Some(m));
+        }
+    }
+
+    #[test]
+    fn a_send_budget_is_the_role_closed_object_and_run_budgets_are_stop_conditions() {
+        let send = |extra: &str| {
+            let body = format!(
+                r#"{{"method":"session.send","params":{{"project_root":"/p","harness":"h","session":"s","prompt":"p","model":"a/m",{extra}}}}}"#
+            );
+            parse(body.as_bytes())
+        };
+        let Ok(Request::Send { send: taken, .. }) = send(
+            r#""budget":{"max_input_tokens":6},"stop_when":{"max_steps":3,"max_total_tokens":9}"#,
+        ) else {
+            panic!()
+        };
+        assert_eq!(taken.max_input_tokens, Some(6));
+        assert_eq!(taken.max_steps, Some(3));
+        assert_eq!(taken.budget.and_then(|b| b.max_total_tokens), Some(9));
+        for (extra, field) in [
+            (r#""budget":[]"#, "budget"),
+            (
+                r#""budget":{"max_input_tokens":0}"#,
+                "budget.max_input_tokens",
+            ),
+            (
+                r#""budget":{"max_input_tokens":-1}"#,
+                "budget.max_input_tokens",
+            ),
+            (
+                r#""budget":{"max_input_tokens":1.5}"#,
+                "budget.max_input_tokens",
+            ),
+            (
+                r#""budget":{"max_input_tokens":null}"#,
+                "budget.max_input_tokens",
+            ),
+            (
+                r#""budget":{"max_input_tokens":18446744073709551616}"#,
+                "budget.max_input_tokens",
+            ),
+            (r#""budget":{"foo":1}"#, "budget.foo"),
+            (
+                r#""budget":{"nudges":[{"at_tool_calls":1,"text":"hint","foo":1}]}"#,
+                "budget.nudges[0].foo",
+            ),
+            (r#""budget":{"finalize_text":"x"}"#, "budget.finalize_text"),
+            (
+                r#""budget":{"max_total_tokens":5}"#,
+                "budget.max_total_tokens",
+            ),
+            (r#""max_input_tokens":5"#, "max_input_tokens"),
+            (
+                r#""stop_when":{"max_cost_micros":0}"#,
+                "stop_when.max_cost_micros",
+            ),
+        ] {
+            let e = send(extra).unwrap_err();
+            assert_eq!(
+                (e.code, e.detail["field"].as_str()),
+                ("invalid_params", Some(field)),
+                "{extra}"
+            );
         }
     }
 }

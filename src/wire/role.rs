@@ -1,8 +1,8 @@
 //! The `llm-runner/v1` role (the ecosystem's `cortexkit-role-llm-runner`, whose types these
 //! answers are): `role.describe`, what this build serves of the role, and `session.baseline`,
-//! what a session froze. broca declares the role's required ops and no capability group yet:
-//! a group is declared only once every op in it keeps the role's contract (a consumer uses
-//! only what is declared). Sessions take no fetch plan, so a baseline is plan-less: no items,
+//! what a session froze. broca declares the role's required ops and the capability groups in
+//! [`GROUPS`]: a group is declared only once every op in it keeps the role's contract (a
+//! consumer uses only what is declared). Sessions take no fetch plan, so a baseline is plan-less: no items,
 //! the tool names its latest run froze. broca has no admission baseline, so session-level
 //! capabilities come from `session.baseline`.
 
@@ -31,6 +31,7 @@ pub const GROUPS: &[&str] = &[
     groups::NO_TOOLS,
     groups::SEND_STATUS,
     groups::STREAMING,
+    groups::INPUT_TOKEN_CAP,
 ];
 
 /// `session.read`'s byte cap: the default, and the largest honoured.

@@ -19,6 +19,10 @@ pub struct SendRequest {
     pub max_steps: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<Budget>,
+    /// The session's input-token cap (llm-runner/v1 `budget.max_input_tokens`): lower-only,
+    /// kept over every run of the session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_input_tokens: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_limit: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -44,6 +48,8 @@ pub struct Budget {
 pub enum Refusal {
     /// A parameter is missing, malformed or out of range.
     InvalidParams(String),
+    /// `invalid_params` about one field of the request, named as the caller spelled it.
+    InvalidField { field: &'static str, why: String },
     /// The send_id was used before with other inputs.
     SendIdReuse {
         run_id: String,
@@ -74,7 +80,7 @@ impl Refusal {
     /// The refusal code of the management surface.
     pub fn code(&self) -> &'static str {
         match self {
-            Refusal::InvalidParams(_) => "invalid_params",
+            Refusal::InvalidParams(_) | Refusal::InvalidField { .. } => "invalid_params",
             Refusal::SendIdReuse { .. } => "send_id_reuse",
             Refusal::SessionBusy { .. } => "session_busy",
             Refusal::ToolNameCollision(_) => "tool_name_collision",
@@ -97,7 +103,8 @@ impl Refusal {
             | Refusal::AuthRequired(why)
             | Refusal::CredentialUnavailable(why)
             | Refusal::UnsupportedProvider(why)
-            | Refusal::BudgetUnpriced(why) => why.clone(),
+            | Refusal::BudgetUnpriced(why)
+            | Refusal::InvalidField { why, .. } => why.clone(),
             Refusal::SendIdReuse { run_id, .. } => {
                 format!("this send_id started run {run_id} with other inputs; use a new send_id")
             }

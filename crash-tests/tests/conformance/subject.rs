@@ -434,7 +434,12 @@ impl LlmRunnerSubject for Subject {
         // Results broca wrote for a call it never sent; `outcome_unknown` may have run.
         let executed = !matches!(
             reason,
-            "not_dispatched" | "unknown_tool" | "invalid_arguments" | "refused_before_delivery"
+            "not_dispatched"
+                | "budget_exhausted"
+                | "context_ceiling"
+                | "unknown_tool"
+                | "invalid_arguments"
+                | "refused_before_delivery"
         );
         Some(ToolResultObservation::new(executed, reason))
     }

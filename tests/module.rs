@@ -260,6 +260,16 @@ fn a_module_registers_and_serves_the_management_methods_on_its_routes() {
     );
     assert_eq!(ty, FrameType::Error, "{refused}");
     assert_eq!(refused["code"], "scope_owner_mismatch", "{refused}");
+    // Cancelling is the owner's too, also for a run that has ended.
+    let (ty, refused) = d.request(12, 1, "run.cancel", json!({"run_id": owned_run}));
+    assert_eq!(ty, FrameType::Error, "{refused}");
+    assert_eq!(refused["code"], "scope_owner_mismatch", "{refused}");
+    let (ty, owner) = d.request(13, 1, "run.cancel", json!({"run_id": owned_run}));
+    assert_eq!(
+        (ty, owner["result"].clone()),
+        (FrameType::Response, json!("not_active")),
+        "{owner}"
+    );
     let (ty, owner) = d.request(13, 1, "session.baseline", json!({}));
     assert_eq!(ty, FrameType::Response, "{owner}");
     d.send_corr(FrameType::Goodbye, 12, 1, 0);

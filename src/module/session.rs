@@ -461,10 +461,11 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                 caller,
                 reply,
             } => {
-                let answer = if run_id != m.run_id() {
-                    Cancelled::NotActive
-                } else if !caller.owns(&self.state.owners()) {
+                // Owner-only, whether or not the run is the active one.
+                let answer = if !caller.owns(&self.state.owners()) {
                     Cancelled::NotOwner
+                } else if run_id != m.run_id() {
+                    Cancelled::NotActive
                 } else {
                     m.handle(Event::Cancel, crate::now_unix_ms());
                     Cancelled::Ack

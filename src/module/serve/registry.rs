@@ -642,8 +642,14 @@ impl Registry {
             SessionCommand::Status { run_id, reply } => {
                 let _ = reply.send(actor.view(run_id.as_deref()));
             }
-            SessionCommand::Cancel { reply, .. } => {
-                let _ = reply.send(crate::session::Cancelled::NotActive); // no run is active here
+            SessionCommand::Cancel { caller, reply, .. } => {
+                // No run is active here; the answer is still the owner's alone.
+                let answer = if caller.owns(&actor.state().owners()) {
+                    crate::session::Cancelled::NotActive
+                } else {
+                    crate::session::Cancelled::NotOwner
+                };
+                let _ = reply.send(answer);
             }
             SessionCommand::Retract {
                 submission_id,

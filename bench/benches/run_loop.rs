@@ -40,6 +40,7 @@ fn config() -> FrozenConfig {
             max_steps: STEPS_PER_RUN,
             max_total_tokens: None,
             max_cost_micros: None,
+            input_cap: None,
         },
         context_limit: None,
         cache_policy: CachePolicy::Auto,

@@ -12,6 +12,12 @@ use broca_io::{Committer, LogConfig};
 
 /// Two runs of a scripted session (the second one repeats the first's send_id).
 fn session_wal(dir: &Path) -> PathBuf {
+    session_wal_with(dir, &["k1", "k2"], |_| {})
+}
+
+/// Runs of a scripted session, one per send_id, calling `after_run` with the WAL's path after
+/// each one.
+fn session_wal_with(dir: &Path, send_ids: &[&str], mut after_run: impl FnMut(&Path)) -> PathBuf {
     let t = SessionTriple::new("/store", "unit", "s").unwrap();
     broca_shards::run_local(async {
         let mut a = SessionActor::open(
@@ -25,16 +31,17 @@ fn session_wal(dir: &Path) -> PathBuf {
         )
         .await
         .unwrap();
-        for (prompt, send_id) in [("one", "k1"), ("two", "k2")] {
+        for send_id in send_ids {
             let req = broca::core::SendRequest {
-                prompt: prompt.into(),
+                prompt: format!("prompt of {send_id}"),
                 model: "scripted/unit".into(),
-                send_id: Some(send_id.into()),
+                send_id: Some(send_id.to_string()),
                 max_steps: Some(6),
                 ..Default::default()
             };
             a.send(&req).await.unwrap();
             a.run_admitted().await.unwrap();
+            after_run(&broca::wal::writer::wal_path(dir, &t));
         }
         a.close().await.unwrap();
     })
@@ -79,4 +86,47 @@ fn a_session_projects_its_runs_checkpoints_facts_and_transcript() {
     let page = store.transcript_page(&p.addr, 1, 2).unwrap();
     assert_eq!(page.len(), 2);
     assert_eq!(page[0], *p.transcript[1]);
+}
+
+#[test]
+fn a_session_projected_after_each_run_agrees_with_its_wal_as_a_whole_projection_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal_dir = dir.path().join("wal");
+    std::fs::create_dir_all(&wal_dir).unwrap();
+    let (store, _) = Store::open(dir.path()).unwrap();
+    let mut marks = Vec::new();
+    // Each catch-up finds the session it holds grown by one run: it writes what changed.
+    let wal = session_wal_with(&wal_dir, &["k1", "k2", "k3", "k4"], |wal| {
+        assert_eq!(store.catch_up(wal).unwrap().0, true);
+        assert_eq!(store.check(&wal_dir).unwrap(), Vec::<String>::new());
+        let (bytes, scan) = broca::wal::verify::read_and_scan(wal).unwrap();
+        marks.push(store.mark(&scan.header.address.0).unwrap().unwrap());
+        let p = project(&scan, &bytes).unwrap();
+        let last = p.transcript.len() as u64 - 1;
+        // The last message (where a run's tool results gather) is the projection's, too.
+        assert_eq!(
+            store.transcript_page(&p.addr, last, 1).unwrap(),
+            [(*p.transcript[last as usize]).clone()]
+        );
+    });
+    assert_eq!(marks.len(), 4);
+    assert!(
+        marks
+            .windows(2)
+            .all(|w| w[0].last_seq < w[1].last_seq && w[0].messages < w[1].messages),
+        "{marks:?}"
+    );
+    // What the store holds is what a store built from the WAL at once holds.
+    let fresh_dir = tempfile::tempdir().unwrap();
+    let (fresh, _) = Store::open(fresh_dir.path()).unwrap();
+    assert_eq!(fresh.catch_up(&wal).unwrap().0, true);
+    let (bytes, scan) = broca::wal::verify::read_and_scan(&wal).unwrap();
+    let addr = scan.header.address.0;
+    let whole = project(&scan, &bytes).unwrap();
+    assert_eq!(store.facts(None).unwrap(), fresh.facts(None).unwrap());
+    assert_eq!(store.facts(None).unwrap().len(), whole.facts.len());
+    assert_eq!(
+        store.transcript_page(&addr, 0, 1000).unwrap(),
+        fresh.transcript_page(&addr, 0, 1000).unwrap()
+    );
 }

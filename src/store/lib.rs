@@ -363,32 +363,64 @@ impl Store {
         w.commit().map_err(err("commit"))
     }
 
+    /// Writes one session's projection. A session the store holds of the same lineage and
+    /// not ahead of `p` only grew (its WAL is append-only): what it already holds is kept,
+    /// and only what changed is written (each run row and checkpoint that differs, the facts
+    /// of the records since its mark, the transcript from its last message on). Anything
+    /// else (new, another lineage) replaces the session's projections whole.
     fn write_one(&self, w: &mut heed::RwTxn, p: &Projection) -> Result<(), String> {
-        let (lo, hi) = session_range(&p.addr);
-        let range = (Bound::Included(&lo[..]), Bound::Excluded(&hi[..]));
-        for db in [&self.runs, &self.admission, &self.facts, &self.transcript] {
-            db.delete_range(w, &range).map_err(err("delete"))?;
-        }
+        let held: Option<Mark> = self
+            .marks
+            .get(w, &p.addr)
+            .map_err(err("read"))?
+            .and_then(|b| serde_json::from_slice(b).ok());
+        let grew = held.filter(|m| {
+            m.lineage_id == p.mark.lineage_id
+                && m.last_seq <= p.mark.last_seq
+                && m.messages <= p.mark.messages
+        });
+        let (facts_after, messages_from) = match &grew {
+            Some(m) => (m.last_seq, m.messages.saturating_sub(1)),
+            None => {
+                let (lo, hi) = session_range(&p.addr);
+                let range = (Bound::Included(&lo[..]), Bound::Excluded(&hi[..]));
+                for db in [&self.runs, &self.admission, &self.facts, &self.transcript] {
+                    db.delete_range(w, &range).map_err(err("delete"))?;
+                }
+                (0, 0)
+            }
+        };
+        // Only a value that differs is put: an unchanged one dirties no page.
+        let put = |db: &Database<Bytes, Bytes>, w: &mut heed::RwTxn, k: &[u8], v: Vec<u8>| {
+            if grew.is_some() && db.get(w, k).map_err(err("read"))? == Some(&v[..]) {
+                return Ok::<(), String>(());
+            }
+            db.put(w, k, &v).map_err(err("write"))
+        };
         for r in &p.runs {
-            self.runs
-                .put(w, &key(&p.addr, r.run_id.as_bytes()), &json(r))
-                .map_err(err("write"))?;
+            put(&self.runs, w, &key(&p.addr, r.run_id.as_bytes()), json(r))?;
         }
         for (send_id, c) in &p.admission {
-            self.admission
-                .put(w, &key(&p.addr, send_id.as_bytes()), &json(c))
-                .map_err(err("write"))?;
+            put(
+                &self.admission,
+                w,
+                &key(&p.addr, send_id.as_bytes()),
+                json(c),
+            )?;
         }
-        for f in &p.facts {
+        for f in p.facts.iter().filter(|f| f.wal_seq > facts_after) {
             self.facts
                 .put(w, &key(&p.addr, &f.wal_seq.to_be_bytes()), &json(f))
                 .map_err(err("write"))?;
         }
-        for (i, m) in p.transcript.iter().enumerate() {
+        for (i, m) in p.transcript.iter().enumerate().skip(messages_from as usize) {
             let m: &Message = m;
-            self.transcript
-                .put(w, &key(&p.addr, &(i as u64).to_be_bytes()), &json(m))
-                .map_err(err("write"))?;
+            put(
+                &self.transcript,
+                w,
+                &key(&p.addr, &(i as u64).to_be_bytes()),
+                json(m),
+            )?;
         }
         self.marks
             .put(w, &p.addr, &json(&p.mark))

@@ -494,3 +494,31 @@ fn requests_beyond_the_per_origin_cap_wait_for_a_slot() {
     );
     assert_eq!(conns.load(Ordering::SeqCst), 2);
 }
+
+#[test]
+fn a_burst_of_requests_keeps_its_connections_for_the_next_burst() {
+    // 64 requests at once (a shard's runs asking one provider), then 64 more: the second
+    // burst takes the first one's connections from the pool instead of opening new ones.
+    let (port, conns) = serve(|_, _| b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec());
+    let url = Url::parse(&format!("http://127.0.0.1:{port}")).unwrap();
+    let c = client(&[], ProxyConfig::default());
+    run(async {
+        for _ in 0..2 {
+            let tasks: Vec<_> = (0..64)
+                .map(|_| {
+                    let (c, url) = (c.clone(), url.clone());
+                    glommio::spawn_local(async move {
+                        let mut r = c.send(&post(&url, b"{}")).await.unwrap();
+                        r.body(1 << 10).await.unwrap()
+                    })
+                })
+                .collect();
+            for t in tasks {
+                assert_eq!(t.await, b"ok");
+            }
+        }
+    });
+    assert_eq!(conns.load(Ordering::SeqCst), 64);
+    let s = c.stats();
+    assert_eq!((s.connects, s.reuses), (64, 64));
+}

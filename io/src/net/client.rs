@@ -25,7 +25,9 @@ pub struct ClientConfig {
     pub limits: Limits,
     pub tls: Arc<rustls::ClientConfig>,
     pub proxy: ProxyConfig,
-    /// Idle connections kept per origin.
+    /// Idle connections kept per origin. A shard with many runs in flight to one provider
+    /// needs about as many: a response whose connection finds the pool full closes it, and
+    /// the next request pays a new connection (and, for TLS, a handshake).
     pub idle_per_origin: usize,
     /// Requests in flight per origin at most (more wait for a slot): bounds the sockets and
     /// buffers a burst of runs can take, and the load one daemon puts on a provider.
@@ -43,7 +45,7 @@ impl ClientConfig {
             limits: Limits::default(),
             tls,
             proxy,
-            idle_per_origin: 8,
+            idle_per_origin: 256,
             max_per_origin: 1024,
             idle_keep: Duration::from_secs(30),
             user_agent: concat!("broca/", env!("CARGO_PKG_VERSION")).to_string(),
@@ -149,6 +151,13 @@ impl HttpClient {
     fn give_back(&self, origin: String, conn: Conn) {
         let mut pool = self.pool.borrow_mut();
         let idle = pool.entry(origin).or_default();
+        // The oldest are first (each goes back at its time, and the newest is taken first):
+        // those kept past `idle_keep` are closed here rather than held until reached.
+        let stale = idle
+            .iter()
+            .take_while(|(_, since)| since.elapsed() >= self.config.idle_keep)
+            .count();
+        idle.drain(..stale);
         if idle.len() < self.config.idle_per_origin {
             idle.push((conn, Instant::now()));
         }

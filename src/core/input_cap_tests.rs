@@ -46,6 +46,21 @@ fn result_reasons(cmds: &[Command]) -> Vec<Option<String>> {
         .collect()
 }
 
+/// The commands after a step the cap stopped: its one call's never-run result, then the
+/// run's end in the same commit; the end's record.
+fn sealed_after_the_step(m: &mut RunMachine) -> broca_wal::runrec::RunFinished {
+    let cmds = drain(m);
+    assert_eq!(
+        kinds(&cmds),
+        ["model_step_finished", "tool_result", "run_finished!"]
+    );
+    assert_eq!(
+        result_reasons(&cmds),
+        [Some("budget_exhausted".to_string())]
+    );
+    finished(&cmds).clone()
+}
+
 #[test]
 fn input_under_the_cap_runs_on_and_output_never_counts() {
     let mut m = start(capped(10, 3, false));
@@ -68,16 +83,7 @@ fn the_step_that_reaches_the_cap_ends_the_run_and_its_calls_never_run() {
     drain(&mut m);
     // 3 + 7 = 10: a cap of 10 stops at exactly 10, before the step's call is dispatched.
     step_reporting(&mut m, "c1", counts(7, 1));
-    let cmds = drain(&mut m);
-    assert_eq!(
-        kinds(&cmds),
-        ["model_step_finished", "tool_result", "run_finished!"]
-    );
-    assert_eq!(
-        result_reasons(&cmds),
-        [Some("budget_exhausted".to_string())]
-    );
-    let f = finished(&cmds);
+    let f = sealed_after_the_step(&mut m);
     assert_eq!(f.reason, FinishKind::BudgetExhausted);
     assert_eq!(f.budget, stop(10, 10, budget_stop::LIMIT_REACHED));
     m.feed(Event::Durable);
@@ -116,16 +122,7 @@ fn a_step_without_its_input_count_fails_closed_before_its_calls() {
         ..Usage::default()
     });
     step_reporting(&mut m, "c1", output_only);
-    let cmds = drain(&mut m);
-    assert_eq!(
-        kinds(&cmds),
-        ["model_step_finished", "tool_result", "run_finished!"]
-    );
-    assert_eq!(
-        result_reasons(&cmds),
-        [Some("budget_exhausted".to_string())]
-    );
-    let f = finished(&cmds);
+    let f = sealed_after_the_step(&mut m);
     assert_eq!(f.reason, FinishKind::BudgetUnmeasured);
     // Only the measured steps before it: the unmeasured one is never counted as zero.
     assert_eq!(f.budget, stop(10, 3, budget_stop::USAGE_UNREPORTED));

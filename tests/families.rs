@@ -11,7 +11,7 @@ mod support;
 use std::path::Path;
 
 use serde_json::{json, Value};
-use support::serve::{command, open_sse, read_events, result_when_ended, rpc, spawn, Serve};
+use support::serve::{command, open_sse_ready, read_events, result_when_ended, rpc, spawn, Serve};
 use support::{broca, fixture, peers_dir, Aimock, CountingTools, Peer};
 
 /// Provider id, and whether the peer is the Code Assist relay (else aimock itself).
@@ -83,7 +83,8 @@ fn every_family_streams_stops_on_its_budget_and_reports_usage_the_same() {
         let model = format!("{family}/test-model");
         let session = format!("hello-{family}");
         let q = format!("project_root=%2Fproj&harness=h&session={session}&from=start");
-        let sub = open_sse(&s, &q, None);
+        // Subscribed before the send: the display lane is live only.
+        let sub = open_sse_ready(&s, &q);
         let (status, r) = rpc(
             &s,
             "session.send",

@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::serve::{
-    http, metric, open_sse, post, read_events, read_events_for, read_response, rpc, start,
-    wait_for, Serve,
+    http, metric, open_sse, open_sse_ready, post, read_events, read_events_for, read_response, rpc,
+    start, wait_for, Serve,
 };
 use support::{broca, dump_all, fixture, Aimock};
 
@@ -374,7 +374,8 @@ fn subscribers_get_the_control_lane_with_cursors_and_resume_without_gap_or_dupli
         let s = start(&state, &peer, &[]);
         // A stuck subscriber that never reads: the run must not wait for it.
         let _stuck = open_sse(&s, q, None);
-        let sub = open_sse(&s, q, None);
+        // Subscribed before the send: the display lane is live only.
+        let sub = open_sse_ready(&s, q);
         let (_, r) = rpc(
             &s,
             "session.send",

@@ -228,6 +228,23 @@ pub fn open_sse(s: &Serve, query: &str, last_event_id: Option<&str>) -> TcpStrea
     c
 }
 
+/// [`open_sse`], returning once the response head has come: the subscription is then
+/// registered, so display deltas of a run started after it reach it (the display lane is
+/// live only, never replayed).
+pub fn open_sse_ready(s: &Serve, query: &str) -> TcpStream {
+    let c = open_sse(s, query, None);
+    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut buf = [0u8; 1024];
+    loop {
+        let n = c.peek(&mut buf).expect("the subscription's response head");
+        assert!(n > 0, "the subscription closed before its head");
+        if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+            return c;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// The run's run.result once run.status no longer says it is active.
 pub fn result_when_ended(s: &Serve, session: &str, run_id: &str) -> Value {
     wait_for("the run to end", || {

@@ -171,9 +171,9 @@ fn broca_row(
 ) -> Value {
     let tool_steps = if stream_tokens > 0 { 1 } else { 9 };
     let mut provider = Provider::start(tool_steps, stream_tokens);
-    let state = tempfile::tempdir_in(work).expect("a state dir");
-    let mcp_pid_file = state.path().join("mcp.pid");
-    let tools = state.path().join("tools.json");
+    let state = kept_dir(work);
+    let mcp_pid_file = state.join("mcp.pid");
+    let tools = state.join("tools.json");
     std::fs::write(
         &tools,
         json!({"mcp": [{"name": "noop",
@@ -183,13 +183,13 @@ fn broca_row(
         .to_string(),
     )
     .expect("the tools config");
-    let config = state.path().join("serve.json");
+    let config = state.join("serve.json");
     let mut serve_config = serve_config;
     serve_config["idle_secs"] = json!(IDLE_SECS);
     std::fs::write(&config, serve_config.to_string()).expect("the serve config");
     let daemon = Daemon::start(
         bin,
-        &state.path().join("state"),
+        &state.join("state"),
         &provider.url,
         &[
             "--tools-config",
@@ -320,7 +320,7 @@ fn peers_python() -> Option<PathBuf> {
 
 fn peer_row(python: &Path, work: &Path, peer: &str, sessions: usize, secs: f64) -> Value {
     let mut provider = Provider::start(9, 0);
-    let state = tempfile::tempdir_in(work).expect("a state dir");
+    let state = kept_dir(work);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers/e2e_peers.py");
     let cpu0 = provider.cpu();
     let out = Command::new(python)
@@ -331,7 +331,7 @@ fn peer_row(python: &Path, work: &Path, peer: &str, sessions: usize, secs: f64) 
             &secs.to_string(),
             &provider.url,
         ])
-        .arg(state.path())
+        .arg(&state)
         .stderr(Stdio::inherit())
         .output();
     let cpu1 = provider.cpu();
@@ -465,19 +465,42 @@ fn main() {
             "took_s": round(begun.elapsed().as_secs_f64(), 1), "floors": floors,
             "broca": broca, "peers": peers, "ratios": ratios, "targets": targets})
     );
+    KEPT.with(|k| k.borrow_mut().clear());
+}
+
+thread_local! {
+    static KEPT: std::cell::RefCell<Vec<tempfile::TempDir>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A fresh directory in `work`, removed when the bench ends, not before: on ext4 without a
+/// journal (this machine's) a file created within minutes of many deletions costs a scan past
+/// the recently deleted inodes, so a row's files deleted at its end would tax the next
+/// row's new WALs with the bench's own clean-up.
+fn kept_dir(work: &Path) -> PathBuf {
+    let dir = tempfile::tempdir_in(work).expect("a dir");
+    let path = dir.path().to_path_buf();
+    KEPT.with(|k| k.borrow_mut().push(dir));
+    path
 }
 
 /// The disk's write + fdatasync ceiling over 1, 100 and 1,000 files, and the provider alone.
 fn measure_floors(work: &Path, secs: f64) -> Value {
     let mut out = serde_json::Map::new();
     for files in [1, 100, 1000] {
-        let dir = tempfile::tempdir_in(work).expect("a dir");
-        let f = floors::fsync_floor(dir.path(), files, secs);
+        let dir = kept_dir(work);
+        let f = floors::fsync_floor(&dir, files, secs);
         let v = json!({"ops_per_s": round(f.ops_per_s, 0), "cpu_us_per_op": round(f.cpu_us_per_op, 1),
             "p50_us": f.p50_us, "p99_us": f.p99_us});
         eprintln!("fdatasync floor, {files} files: {v}");
         out.insert(format!("fdatasync_{files}_files"), v);
     }
+    // Creating a file, as each new session's WAL is (after this run's earlier deletions, if
+    // any: none until the end, see `kept_dir`).
+    let f = floors::create_floor(&kept_dir(work), 1000);
+    let v = json!({"creates_per_s": round(f.ops_per_s, 0), "cpu_us_per_op": round(f.cpu_us_per_op, 1),
+        "p50_us": f.p50_us, "p99_us": f.p99_us});
+    eprintln!("file create floor, 1000 files: {v}");
+    out.insert("create_1000_files".into(), v);
     let provider = Provider::start(9, 0);
     let mut body = String::from("{\"messages\":[{\"role\":\"user\",\"content\":\"bench-prompt\"}");
     for i in 0..9 {

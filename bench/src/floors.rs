@@ -101,9 +101,34 @@ pub fn fsync_floor(dir: &Path, files: usize, secs: f64) -> Floor {
                 rec.done(t);
             }
             let _ = file.close().await;
-            let _ = std::fs::remove_file(&path);
         }
     })
+}
+
+/// `files` new files created in `dir` one after the other (owner-only, exclusive, as a new
+/// session's WAL is): creates per second, and the CPU of each.
+pub fn create_floor(dir: &Path, files: usize) -> Floor {
+    use std::os::unix::fs::OpenOptionsExt;
+    let cpu0 = process_cpu_secs();
+    let started = Instant::now();
+    let mut lat = Vec::with_capacity(files);
+    for i in 0..files {
+        let t = Instant::now();
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(dir.join(format!("new-{i}")))
+            .expect("a new file");
+        lat.push(t.elapsed().as_micros() as u32);
+    }
+    floor_of(
+        files as u64,
+        started.elapsed().as_secs_f64(),
+        process_cpu_secs() - cpu0,
+        lat,
+    )
 }
 
 /// `conns` keep-alive connections each posting `body` to the provider at `port` and reading

@@ -200,7 +200,9 @@ impl Router {
         })?;
         let answer = match server {
             Server::Stdio(s) => s.call(&call.name, &args).await?,
-            Server::Http(s) => s.call(&self.http, &call.name, &args).await?,
+            // Boxed: the HTTP call is a large future (the client's exchange inside timeouts),
+            // which would otherwise size every tool call's task (BENCHMARKS.md).
+            Server::Http(s) => Box::pin(s.call(&self.http, &call.name, &args)).await?,
         };
         let max = self.servers.result_bytes_max;
         Ok(match answer {

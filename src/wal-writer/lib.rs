@@ -130,29 +130,39 @@ fn check_recovered(
 /// How long a writer waits for a pack that holds its WAL's lease.
 const PACK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Restores an archived WAL where no live one is, on the blocking pool (a restore writes and
-/// fsyncs the whole WAL once).
-async fn restore(path: &Path) -> Result<(), WalError> {
+/// WAL files are created one at a time in a process: a create holds its directory's lock
+/// while the file system finds a free inode, which on ext4 without a journal can mean
+/// scanning past many recently deleted ones; two shards creating at once spin on that lock
+/// (BENCHMARKS.md). Waiting here, a blocking-pool thread sleeps instead.
+static CREATING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Where no live WAL is, on the blocking pool (never the shard's thread): restores the
+/// archived one (a restore writes and fsyncs the whole WAL once), or creates the file
+/// (owner-only). Answers whether it created it.
+async fn restore_or_create(path: &Path) -> Result<bool, WalError> {
     let p = path.to_path_buf();
     let done = glommio::executor()
-        .spawn_blocking(move || broca_archive::restore(&p))
-        .await;
-    match done {
-        Ok(broca_archive::Restored::From(container)) => {
-            tracing::info!(
-                wal = %path.display(),
-                container = %container.display(),
-                "restored an archived WAL before opening it for writes"
-            );
-            Ok(())
-        }
-        Ok(_) => Ok(()),
-        Err(message) => Err(WalError::Io {
-            path: path.to_path_buf(),
-            op: "restore from the archive",
-            message,
-        }),
+        .spawn_blocking(move || match broca_archive::restore(&p) {
+            Ok(broca_archive::Restored::From(container)) => Ok((false, Some(container))),
+            Ok(_) => {
+                let _one = CREATING.lock().unwrap_or_else(|e| e.into_inner());
+                create_if_new(&p).map(|created| (created, None))
+            }
+            Err(message) => Err(WalError::Io {
+                path: p.clone(),
+                op: "restore from the archive",
+                message,
+            }),
+        })
+        .await?;
+    if let (_, Some(container)) = &done {
+        tracing::info!(
+            wal = %path.display(),
+            container = %container.display(),
+            "restored an archived WAL before opening it for writes"
+        );
     }
+    Ok(done.0)
 }
 
 impl WalWriter {
@@ -170,10 +180,7 @@ impl WalWriter {
         // it waits for the pack (and then restores the WAL) rather than failing.
         let wait_for_pack_until = std::time::Instant::now() + PACK_WAIT;
         let (opened, bytes) = loop {
-            if !path.exists() {
-                restore(&path).await?;
-            }
-            let created = create_if_new(&path)?;
+            let created = !path.exists() && restore_or_create(&path).await?;
             if let (true, Some(p)) = (created, &power_loss) {
                 p.ledger
                     .created(&path)

@@ -374,6 +374,13 @@ impl Registry {
             },
         };
         live.last_used.set(Instant::now());
+        // The inbox is unbounded (a bounded one reserves its whole capacity up front, 24 KiB
+        // a session) and bounded here instead; Close and Shutdown always get in.
+        if live.tx.len() >= INBOX_MAX {
+            self.inbox_full.set(self.inbox_full.get() + 1);
+            fail(cmd, &inbox_full());
+            return;
+        }
         match live.tx.try_send(cmd) {
             Ok(()) => {}
             Err(glommio::GlommioError::Closed(glommio::ResourceType::Channel(cmd))) => {
@@ -381,14 +388,7 @@ impl Registry {
             }
             Err(glommio::GlommioError::WouldBlock(glommio::ResourceType::Channel(cmd))) => {
                 self.inbox_full.set(self.inbox_full.get() + 1);
-                fail(
-                    cmd,
-                    &RpcError::transient(
-                        503,
-                        "session_queue_full",
-                        format!("the session has {INBOX_MAX} commands waiting; retry shortly"),
-                    ),
-                );
+                fail(cmd, &inbox_full());
             }
             Err(_) => {}
         }
@@ -400,7 +400,7 @@ impl Registry {
         if !self.make_room() {
             return None;
         }
-        let (tx, rx) = local_channel::new_bounded(INBOX_MAX);
+        let (tx, rx) = local_channel::new_unbounded();
         let live = Rc::new(Live {
             tx,
             last_used: Cell::new(Instant::now()),
@@ -481,17 +481,20 @@ impl Registry {
         live: Rc<Live>,
     ) {
         let addr = triple.address().0;
-        let Some(mut actor) = self.open_actor(&triple, &rx).await else {
+        // The steps that are large futures (opening, resuming, a run, closing) are boxed: an
+        // open session waiting for its next command holds only this loop's own state, and a
+        // running one the step it is in (BENCHMARKS.md, memory per session).
+        let Some(mut actor) = Box::pin(self.open_actor(&triple, &rx)).await else {
             return;
         };
         if actor.state().open.is_some() {
             let _slot = self.resumes.acquire_permit(1).await;
-            let resumed = self.running(&live, &triple, actor.resume()).await;
+            let resumed = Box::pin(self.running(&live, &triple, actor.resume())).await;
             if let Err(e) = resumed {
                 tracing::error!("session {}: resuming: {e}", triple.address());
             }
         }
-        let mut open = self.run_queued(&mut actor, &live, &triple).await;
+        let mut open = Box::pin(self.run_queued(&mut actor, &live, &triple)).await;
         let idle = self.ctx.opts.idle;
         while open && !self.closing.get() {
             let deadline = Instant::now() + idle;
@@ -502,9 +505,9 @@ impl Registry {
             .await;
             // Idle (free the memory), or the channel closed.
             let Some(Some(cmd)) = next else { break };
-            open = self.answer(&mut actor, &live, &triple, cmd).await;
+            open = Box::pin(self.answer(&mut actor, &live, &triple, cmd)).await;
         }
-        if let Err(e) = actor.close().await {
+        if let Err(e) = Box::pin(actor.close()).await {
             tracing::error!("session {}: closing: {e}", triple.address());
         }
         self.sessions.borrow_mut().remove(&addr);
@@ -729,6 +732,15 @@ async fn refresh_catalog(reg: Rc<Registry>) {
         }
         broca_catalog::install(catalog);
     }
+}
+
+/// The refusal of a command whose session has [`INBOX_MAX`] commands waiting.
+fn inbox_full() -> RpcError {
+    RpcError::transient(
+        503,
+        "session_queue_full",
+        format!("the session has {INBOX_MAX} commands waiting; retry shortly"),
+    )
 }
 
 /// How often a shard hands its sessions that moved on to the store.

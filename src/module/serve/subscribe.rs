@@ -180,7 +180,9 @@ async fn pump<S: AsyncRead + AsyncWrite + Unpin>(
         Read(std::io::Result<usize>),
         Tick,
     }
-    let mut buf = vec![0u8; 4096];
+    // An SSE client sends nothing after its request (a read only notices the close); a
+    // WebSocket client sends frames.
+    let mut buf = vec![0u8; if framer.is_some() { 4096 } else { 256 }];
     loop {
         let next = futures_lite::future::or(
             async { Next::Item(rx.next().await) },

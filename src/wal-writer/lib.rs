@@ -186,9 +186,16 @@ impl WalWriter {
                     .created(&path)
                     .map_err(io_err(&path, "note in the power-loss ledger"))?;
             }
-            let opened = OpenedLog::open(&path, cfg.clone(), committer.clone())
-                .await
-                .map_err(log_err)?;
+            let opened = match OpenedLog::open(&path, cfg.clone(), committer.clone()).await {
+                Ok(opened) => opened,
+                // A pack removed the WAL between the look for it and this open: look again
+                // (the WAL is restored from the archive).
+                Err(LogError::Io {
+                    kind: std::io::ErrorKind::NotFound,
+                    ..
+                }) if std::time::Instant::now() < wait_for_pack_until => continue,
+                Err(e) => return Err(log_err(e)),
+            };
             if !opened.try_lock().map_err(log_err)? {
                 opened.close().await.map_err(log_err)?;
                 if broca_archive::pack_running(dir)

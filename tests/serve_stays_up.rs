@@ -93,19 +93,14 @@ fn an_idle_daemon_never_wakes_its_accept_loops() {
     assert_eq!(status, 200);
 }
 
-#[test]
-fn running_out_of_descriptors_pauses_accepting_and_recovers() {
-    let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("state");
-    let stderr_path = dir.path().join("stderr");
-    let mut cmd = command(&state, DOWN, &["--shards", "1"]);
-    cmd.stderr(std::fs::File::create(&stderr_path).unwrap());
+/// The child may open at most `n` descriptors (its soft and hard limit).
+fn limit_descriptors(cmd: &mut std::process::Command, n: u64) {
     // SAFETY: setrlimit in the child before exec; async-signal-safe.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             let lim = libc::rlimit {
-                rlim_cur: 256,
-                rlim_max: 256,
+                rlim_cur: n,
+                rlim_max: n,
             };
             if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
                 return Err(std::io::Error::last_os_error());
@@ -113,6 +108,16 @@ fn running_out_of_descriptors_pauses_accepting_and_recovers() {
             Ok(())
         });
     }
+}
+
+#[test]
+fn running_out_of_descriptors_pauses_accepting_and_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let stderr_path = dir.path().join("stderr");
+    let mut cmd = command(&state, DOWN, &["--shards", "1"]);
+    cmd.stderr(std::fs::File::create(&stderr_path).unwrap());
+    limit_descriptors(&mut cmd, 256);
     let mut s = spawn(&mut cmd, &state);
     let hold = |s: &Serve| {
         let mut held = Vec::new();
@@ -171,6 +176,66 @@ fn running_out_of_descriptors_pauses_accepting_and_recovers() {
     let status = exit_within(&mut s, Duration::from_secs(15));
     assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
     drop(held);
+}
+
+#[test]
+fn sessions_that_find_no_descriptor_are_refused_clearly_and_logged_in_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let stderr_path = dir.path().join("stderr");
+    let peer = Aimock::start(&support::fixture("aimock.json"));
+    // More open sessions allowed than there are descriptors (serve warns of it at start).
+    let config = dir.path().join("serve.json");
+    std::fs::write(&config, r#"{"open_sessions_max": 1000}"#).unwrap();
+    let extra = ["--shards", "1", "--config", config.to_str().unwrap()];
+    let mut cmd = command(&state, &peer.url(), &extra);
+    cmd.stderr(std::fs::File::create(&stderr_path).unwrap());
+    limit_descriptors(&mut cmd, 128);
+    let s = spawn(&mut cmd, &state);
+    // Each open session holds its WAL's descriptor (idle sessions stay open 30 s): new
+    // sessions soon find none left.
+    let mut unavailable = Vec::new();
+    for i in 0..200 {
+        let (status, r) = rpc(
+            &s,
+            "session.send",
+            json!({"session": format!("f{i}"), "prompt": "hello there", "model": "anthropic/m"}),
+        );
+        if r["error"]["code"] == "session_unavailable" {
+            assert_eq!(status, 503, "{r}");
+            unavailable.push(r["error"]["message"].as_str().unwrap().to_string());
+        } else {
+            assert!(status == 200 || status == 503, "{status} {r}");
+        }
+    }
+    assert!(
+        unavailable.len() >= 20,
+        "only {} sends met the limit: the test did not run out",
+        unavailable.len()
+    );
+    for m in &unavailable {
+        assert!(m.contains("out of file descriptors"), "{m}");
+        assert!(m.contains("open_sessions_max"), "{m}");
+    }
+    assert_eq!(
+        metric(&s, "broca_sessions_out_of_descriptors_total") as usize,
+        unavailable.len()
+    );
+    // One line, then a summary at most every 10 s: not a line per session.
+    let log = std::fs::read_to_string(&stderr_path).unwrap();
+    let lines = log
+        .lines()
+        .filter(|l| l.contains("out of file descriptors"))
+        .count();
+    assert!(
+        (1..=3).contains(&lines),
+        "{lines} lines for {} refusals:\n{}",
+        unavailable.len(),
+        &log[..log.len().min(3000)]
+    );
+    // The sessions that did open are whole: the first one's run completed.
+    let first = rpc(&s, "run.status", json!({"session": "f0"})).1;
+    assert_ne!(first["result"], Value::Null, "{first}");
 }
 
 /// Writes a WAL of about `mib` MiB for the session (/proj, h, s1): runs whose prompts are
@@ -530,4 +595,118 @@ fn wal_verify_reads_a_huge_sparse_file_in_bounded_memory() {
         peak_mib < 64,
         "wal verify peaked at {peak_mib} MiB for a 256 MiB file"
     );
+}
+
+/// Takes an exclusive flock on `path` (created if missing), held while the file stays open.
+fn hold_flock(path: &Path) -> std::fs::File {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .unwrap();
+    // SAFETY: flock(2) on a descriptor this test owns.
+    assert_eq!(unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) }, 0);
+    f
+}
+
+#[test]
+fn a_session_that_cannot_take_its_commands_refuses_past_its_queue_and_loses_none() {
+    const SENDS: usize = 300;
+    const INBOX: usize = 256; // a session's commands waiting (docs/module.md)
+    const QUEUED: usize = 64; // sends queued behind a run
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let config = dir.path().join("serve.json");
+    std::fs::write(&config, r#"{"idle_secs": 1}"#).unwrap();
+    let peer = Aimock::start(&support::fixture("aimock.json"));
+    let s = start(&state, &peer, &["--config", config.to_str().unwrap()]);
+    let send = |s: &Serve, id: &str| {
+        rpc(
+            s,
+            "session.send",
+            json!({"prompt": "hello there", "model": "anthropic/m", "send_id": id}),
+        )
+    };
+    assert_eq!(send(&s, "first").0, 200);
+    wait_for("the session to close when idle", || {
+        metric(&s, "broca_sessions_live") == 0 && metric(&s, "broca_runs_active") == 0
+    });
+
+    // A pack holds the session's WAL (its lock and the WAL's lease): the next actor waits in
+    // its open and reads no command, so every send queues in front of it.
+    let wal = state.join("wal").join(
+        broca::wal::SessionTriple::new("/proj", "h", "s1")
+            .unwrap()
+            .address()
+            .wal_file_name(),
+    );
+    std::fs::create_dir_all(state.join("wal-archive")).unwrap();
+    let pack = hold_flock(&state.join("wal-archive").join("pack.lock"));
+    let lease = hold_flock(&wal);
+    let answers: Vec<(u16, Value)> = std::thread::scope(|scope| {
+        let sends: Vec<_> = (0..SENDS)
+            .map(|i| {
+                let s = &s;
+                scope.spawn(move || send(s, &format!("k{i}")))
+            })
+            .collect();
+        // Those past the queue are told at once; the rest wait for the session.
+        wait_for("the sends past the session's queue to be refused", || {
+            metric(&s, "broca_session_queue_full_total") as usize >= SENDS - INBOX
+        });
+        drop((lease, pack));
+        sends.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+
+    let code = |r: &Value| r["error"]["code"].as_str().unwrap_or("").to_string();
+    let full: Vec<_> = answers
+        .iter()
+        .filter(|(_, r)| code(r) == "session_queue_full")
+        .collect();
+    assert_eq!(full.len(), SENDS - INBOX, "{:?}", &answers[..3]);
+    for (status, r) in &full {
+        assert_eq!(*status, 503, "{r}");
+        assert_eq!(r["error"]["class"], "transient", "{r}");
+        assert!(
+            r["error"]["message"].as_str().unwrap().contains("retry"),
+            "{r}"
+        );
+    }
+    assert_eq!(
+        metric(&s, "broca_session_queue_full_total") as usize,
+        SENDS - INBOX
+    );
+    // The session took the others in order once it opened: one run, the queue behind it
+    // (answered pending), and the rest refused busy; nothing was left unanswered.
+    let state_of = |r: &Value| r["result"]["state"].as_str().unwrap_or("").to_string();
+    let started = answers
+        .iter()
+        .filter(|(_, r)| r["result"]["run_id"].is_string());
+    let pending = answers.iter().filter(|(_, r)| state_of(r) == "pending");
+    let busy = answers.iter().filter(|(_, r)| code(r) == "session_busy");
+    assert_eq!(started.count(), 1, "{:?}", &answers[..3]);
+    assert_eq!(pending.count(), QUEUED);
+    assert_eq!(busy.count(), INBOX - 1 - QUEUED);
+    // Every admitted send runs to its end, and the session keeps working.
+    let until = Instant::now() + Duration::from_secs(90);
+    let finished = || {
+        support::dump_all(&state)
+            .into_iter()
+            .filter(|r| r["kind"] == "run_finished")
+            .map(|r| r["record"]["reason"].as_str().unwrap_or("").to_string())
+            .collect::<Vec<_>>()
+    };
+    let ends = loop {
+        let ends = finished();
+        if ends.len() >= 2 + QUEUED || Instant::now() > until {
+            break ends;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(ends.len(), 2 + QUEUED, "{ends:?}");
+    assert!(ends.iter().all(|r| r == "completed"), "{ends:?}");
+    assert_eq!(send(&s, "after").0, 200);
 }

@@ -20,9 +20,17 @@ use broca_wal::recovery::{Scan, Verdict};
 use broca_wal::{SessionTriple, WalError};
 
 /// What the durable log said, as a WAL error.
+/// Whether an OS error number says no descriptor is left (the process's or the system's).
+fn out_of_descriptors(os_error: Option<i32>) -> bool {
+    matches!(os_error, Some(libc::EMFILE | libc::ENFILE))
+}
+
 fn log_err(e: LogError) -> WalError {
     match e {
         LogError::Stale { path } => WalError::LeaseStale { path },
+        LogError::Io {
+            path, op, os_error, ..
+        } if out_of_descriptors(os_error) => WalError::OutOfDescriptors { path, op },
         other => WalError::Log(other.to_string()),
     }
 }
@@ -68,10 +76,15 @@ fn now_unix_ms() -> u64 {
 
 fn io_err(path: &Path, op: &'static str) -> impl FnOnce(std::io::Error) -> WalError {
     let path = path.to_path_buf();
-    move |e| WalError::Io {
-        path,
-        op,
-        message: e.to_string(),
+    move |e| {
+        if out_of_descriptors(e.raw_os_error()) {
+            return WalError::OutOfDescriptors { path, op };
+        }
+        WalError::Io {
+            path,
+            op,
+            message: e.to_string(),
+        }
     }
 }
 

@@ -45,6 +45,8 @@ pub enum WalError {
     LeaseHeld { path: PathBuf },
     /// This writer's lease was taken over; it may not write.
     LeaseStale { path: PathBuf },
+    /// The process (or the system) has no file descriptor left to open the WAL with.
+    OutOfDescriptors { path: PathBuf, op: &'static str },
     /// The durable log refused or failed an operation (what it said).
     Log(String),
     /// A record too large to frame.
@@ -85,6 +87,12 @@ impl fmt::Display for WalError {
             WalError::LeaseStale { path } => write!(
                 f,
                 "{}: lease_stale: a newer writer took this WAL over; this writer may not write",
+                path.display()
+            ),
+            WalError::OutOfDescriptors { path, op } => write!(
+                f,
+                "{}: {op} failed: out of file descriptors (raise the open-files limit, or \
+                 lower open_sessions_max)",
                 path.display()
             ),
             WalError::Log(e) => write!(f, "{e}"),

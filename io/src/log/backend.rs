@@ -45,8 +45,13 @@ fn unlock(fd: RawFd) {
     unsafe { libc::flock(fd, libc::LOCK_UN) };
 }
 
+/// glommio's error as an `io::Error`; an OS error stays one (its number is kept, so that
+/// running out of descriptors can be told apart; the caller names the path and the call).
 fn io_err<T>(e: glommio::GlommioError<T>) -> io::Error {
-    io::Error::from(e)
+    match e.raw_os_error() {
+        Some(code) => io::Error::from_raw_os_error(code),
+        None => io::Error::from(e),
+    }
 }
 
 impl Backend {

@@ -119,6 +119,8 @@ pub enum LogError {
         path: PathBuf,
         op: &'static str,
         kind: io::ErrorKind,
+        /// The OS error number, where the call set one.
+        os_error: Option<i32>,
         message: String,
     },
     /// The log died earlier (a failed write or fsync) and takes no more appends.
@@ -170,6 +172,7 @@ impl LogError {
             path: path.to_path_buf(),
             op,
             kind: e.kind(),
+            os_error: e.raw_os_error(),
             message: e.to_string(),
         }
     }

@@ -117,6 +117,13 @@ const FAMILIES: &[Family] = &[
         help: "Store batches held for the next tick: the store's queue was full.",
         value: |s| s.projector_full,
     },
+    Family {
+        name: "broca_sessions_out_of_descriptors_total",
+        kind: "counter",
+        help: "Sessions refused 503 session_unavailable: no file descriptor was left to open \
+               their WAL.",
+        value: |s| s.out_of_descriptors,
+    },
 ];
 
 /// Every shard's stats (a shard whose queue is full is left out rather than waited for).

@@ -15,13 +15,13 @@ use futures_channel::{mpsc, oneshot};
 use futures_lite::StreamExt;
 use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 
-use crate::session::{SessionActor, SessionCommand};
+use crate::session::{ActorError, SessionActor, SessionCommand};
 use broca_core::admission::Refusal;
 use broca_provider::transport::HttpModelClient;
 use broca_tools::Router;
 
 use crate::subc_tools::Tools;
-use broca_wal::SessionTriple;
+use broca_wal::{SessionTriple, WalError};
 use broca_wire::RpcError;
 
 use super::hub::{self, Hub, SubFrom, SubItem};
@@ -33,6 +33,9 @@ use unopened::{fail, refuse_closing, view_from_wal};
 
 /// Commands that may wait for one session's actor.
 pub(crate) const INBOX_MAX: usize = 256;
+
+/// How often a shard out of file descriptors says so in its log.
+const SHORT_LOG_EVERY: Duration = Duration::from_secs(10);
 /// Runs a shard resumes at once (a crash can leave thousands open: they resume in turn).
 pub(crate) const RESUMES_AT_ONCE: usize = 16;
 /// Batches of WALs that may wait for the store's thread.
@@ -66,6 +69,8 @@ pub struct ShardStats {
     pub inbox_full: u64,
     /// Batches kept for the next tick because the store's queue was full.
     pub projector_full: u64,
+    /// Sessions that could not open their WAL for want of a file descriptor.
+    pub out_of_descriptors: u64,
 }
 
 type Actor = SessionActor<HttpModelClient, Tools>;
@@ -103,6 +108,10 @@ pub(crate) struct Registry {
     acceptor: RefCell<Option<super::http::Acceptor>>,
     inbox_full: Cell<u64>,
     projector_full: Cell<u64>,
+    /// Sessions that could not open their WAL for want of a descriptor, and the log line
+    /// that says so (at most one per [`SHORT_LOG_EVERY`], with the count since the last).
+    out_of_descriptors: Cell<u64>,
+    short_logged: Cell<Option<(Instant, u64)>>,
     /// Runs being resumed at once (each holds a permit while its model is called).
     resumes: glommio::sync::Semaphore,
 }
@@ -149,6 +158,8 @@ pub(crate) async fn shard_main(
         acceptor: RefCell::new(None),
         inbox_full: Cell::new(0),
         projector_full: Cell::new(0),
+        out_of_descriptors: Cell::new(0),
+        short_logged: Cell::new(None),
         resumes: glommio::sync::Semaphore::new(RESUMES_AT_ONCE as u64),
     });
     if ctx.projector.is_some() {
@@ -313,6 +324,7 @@ impl Registry {
             accept_shed,
             inbox_full: self.inbox_full.get(),
             projector_full: self.projector_full.get(),
+            out_of_descriptors: self.out_of_descriptors.get(),
         }
     }
 
@@ -536,7 +548,11 @@ impl Registry {
         let mut actor: Actor = match opened {
             Ok(a) => a,
             Err(e) => {
-                tracing::error!("session {}: {e}", triple.address());
+                if matches!(e, ActorError::Wal(WalError::OutOfDescriptors { .. })) {
+                    self.out_of_descriptors_met(triple, &e);
+                } else {
+                    tracing::error!("session {}: {e}", triple.address());
+                }
                 self.sessions.borrow_mut().remove(&addr);
                 let err = RpcError::transient(
                     503,
@@ -559,6 +575,33 @@ impl Registry {
         }));
         actor.set_display(Box::new(move |text| hub.display(text)));
         Some(actor)
+    }
+
+    /// Logs a session that could not open its WAL for want of a descriptor: the first at
+    /// once, then one line per [`SHORT_LOG_EVERY`] with how many more met it (a daemon out of
+    /// descriptors meets it at every new session; each is still answered 503).
+    fn out_of_descriptors_met(&self, triple: &SessionTriple, e: &ActorError) {
+        self.out_of_descriptors
+            .set(self.out_of_descriptors.get() + 1);
+        let now = Instant::now();
+        match self.short_logged.get() {
+            Some((at, more)) if now.duration_since(at) < SHORT_LOG_EVERY => {
+                self.short_logged.set(Some((at, more + 1)));
+            }
+            Some((_, more)) => {
+                tracing::error!(
+                    "{} more sessions could not open their WAL since the last line; the latest, \
+                     session {}: {e}",
+                    more + 1,
+                    triple.address()
+                );
+                self.short_logged.set(Some((now, 0)));
+            }
+            None => {
+                tracing::error!("session {}: {e}", triple.address());
+                self.short_logged.set(Some((now, 0)));
+            }
+        }
     }
 
     /// Runs `run` (a resumed or an admitted run) with the session marked busy, then hands

@@ -233,6 +233,24 @@ fn sessions_that_find_no_descriptor_are_refused_clearly_and_logged_in_summary() 
         unavailable.len(),
         &log[..log.len().min(3000)]
     );
+    // The window's count is logged when it closes, with no more refusals to carry it: the
+    // lines add up to every refusal.
+    let counted = || {
+        let log = std::fs::read_to_string(&stderr_path).unwrap();
+        let summed: usize = log
+            .lines()
+            .filter_map(|l| {
+                let (head, _) = l.split_once(" more sessions could not open their WAL")?;
+                head.rsplit(' ').next()?.parse::<usize>().ok()
+            })
+            .sum();
+        1 + summed
+    };
+    let until = Instant::now() + Duration::from_secs(30);
+    while counted() < unavailable.len() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(counted(), unavailable.len());
     // The sessions that did open are whole: the first one's run completed.
     let first = rpc(&s, "run.status", json!({"session": "f0"})).1;
     assert_ne!(first["result"], Value::Null, "{first}");
@@ -615,8 +633,7 @@ fn hold_flock(path: &Path) -> std::fs::File {
 #[test]
 fn a_session_that_cannot_take_its_commands_refuses_past_its_queue_and_loses_none() {
     const SENDS: usize = 300;
-    const INBOX: usize = 256; // a session's commands waiting (docs/module.md)
-    const QUEUED: usize = 64; // sends queued behind a run
+    const INBOX: usize = 256; // a session's commands waiting (docs/architecture.md)
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
     let config = dir.path().join("serve.json");
@@ -679,17 +696,25 @@ fn a_session_that_cannot_take_its_commands_refuses_past_its_queue_and_loses_none
         metric(&s, "broca_session_queue_full_total") as usize,
         SENDS - INBOX
     );
-    // The session took the others in order once it opened: one run, the queue behind it
-    // (answered pending), and the rest refused busy; nothing was left unanswered.
+    // The session took the others in order once it opened: the first starts a run, the
+    // next are queued behind it (answered pending, at most 64 waiting at a time) or refused
+    // busy; nothing was left unanswered.
     let state_of = |r: &Value| r["result"]["state"].as_str().unwrap_or("").to_string();
     let started = answers
         .iter()
-        .filter(|(_, r)| r["result"]["run_id"].is_string());
-    let pending = answers.iter().filter(|(_, r)| state_of(r) == "pending");
-    let busy = answers.iter().filter(|(_, r)| code(r) == "session_busy");
-    assert_eq!(started.count(), 1, "{:?}", &answers[..3]);
-    assert_eq!(pending.count(), QUEUED);
-    assert_eq!(busy.count(), INBOX - 1 - QUEUED);
+        .filter(|(_, r)| r["result"]["run_id"].is_string())
+        .count();
+    let pending = answers
+        .iter()
+        .filter(|(_, r)| state_of(r) == "pending")
+        .count();
+    let busy = answers
+        .iter()
+        .filter(|(_, r)| code(r) == "session_busy")
+        .count();
+    assert!(started >= 1, "{:?}", &answers[..3]);
+    assert!(pending >= 1, "{:?}", &answers[..3]);
+    assert_eq!(started + pending + busy, INBOX, "{:?}", &answers[..3]);
     // Every admitted send runs to its end, and the session keeps working.
     let until = Instant::now() + Duration::from_secs(90);
     let finished = || {
@@ -699,14 +724,15 @@ fn a_session_that_cannot_take_its_commands_refuses_past_its_queue_and_loses_none
             .map(|r| r["record"]["reason"].as_str().unwrap_or("").to_string())
             .collect::<Vec<_>>()
     };
+    let runs = 1 + started + pending; // the first send's run, before the pack, counts too
     let ends = loop {
         let ends = finished();
-        if ends.len() >= 2 + QUEUED || Instant::now() > until {
+        if ends.len() >= runs || Instant::now() > until {
             break ends;
         }
         std::thread::sleep(Duration::from_millis(200));
     };
-    assert_eq!(ends.len(), 2 + QUEUED, "{ends:?}");
+    assert_eq!(ends.len(), runs, "{ends:?}");
     assert!(ends.iter().all(|r| r == "completed"), "{ends:?}");
     assert_eq!(send(&s, "after").0, 200);
 }

@@ -458,10 +458,40 @@ pub enum Restored {
     From(PathBuf),
 }
 
+/// Why a restore failed: the message names the file; `os_error` is the OS error number of
+/// the call that failed, where one did (running out of descriptors is told apart by it).
+#[derive(Debug)]
+pub struct RestoreError {
+    pub message: String,
+    pub os_error: Option<i32>,
+}
+
+impl From<String> for RestoreError {
+    fn from(message: String) -> RestoreError {
+        RestoreError {
+            message,
+            os_error: None,
+        }
+    }
+}
+
+/// An I/O error of a restore, named by `path`.
+fn restore_io(path: &Path, e: std::io::Error) -> RestoreError {
+    RestoreError {
+        message: format!("{}: {e}", path.display()),
+        os_error: e.raw_os_error(),
+    }
+}
+
 /// Restores the archived WAL of `wal_path` where no live WAL is: the member's bytes (digest
 /// checked) written to a temporary file, fsynced, linked in under the WAL's name (never over
 /// a live WAL), the folder fsynced; the restore is recorded in `wal-archive/restored.jsonl`.
 pub fn restore(wal_path: &Path) -> Result<Restored, String> {
+    restore_or_error(wal_path).map_err(|e| e.message)
+}
+
+/// [`restore`], with the OS error of a failed call kept.
+pub fn restore_or_error(wal_path: &Path) -> Result<Restored, RestoreError> {
     if wal_path.exists() {
         return Ok(Restored::AlreadyLive);
     }
@@ -471,13 +501,12 @@ pub fn restore(wal_path: &Path) -> Result<Restored, String> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let Some((container, member)) = format::find(&archive_dir, &file_name)
-        .map_err(|e| format!("{}: {e}", archive_dir.display()))?
+    let Some((container, member)) =
+        format::find(&archive_dir, &file_name).map_err(|e| restore_io(&archive_dir, e))?
     else {
         return Ok(Restored::NotArchived);
     };
-    let src =
-        File::open(&container.path).map_err(|e| format!("{}: {e}", container.path.display()))?;
+    let src = File::open(&container.path).map_err(|e| restore_io(&container.path, e))?;
     let bytes = format::member_bytes(&src, &container.path, &member).map_err(|e| e.to_string())?;
     broca_owner_only::create_dir(wal_dir).map_err(|e| format!("{}: {e}", wal_dir.display()))?;
     let tmp = wal_dir.join(format!(
@@ -487,7 +516,10 @@ pub fn restore(wal_path: &Path) -> Result<Restored, String> {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos())
     ));
-    let io = |what: &str, e: std::io::Error| format!("{}: {what}: {e}", tmp.display());
+    let io = |what: &str, e: std::io::Error| RestoreError {
+        message: format!("{}: {what}: {e}", tmp.display()),
+        os_error: e.raw_os_error(),
+    };
     {
         let mut f = OpenOptions::new()
             .write(true)
@@ -508,7 +540,12 @@ pub fn restore(wal_path: &Path) -> Result<Restored, String> {
             sync_dir(wal_dir)?;
             return Ok(Restored::AlreadyLive);
         }
-        Err(e) => return Err(format!("{}: link: {e}", wal_path.display())),
+        Err(e) => {
+            return Err(RestoreError {
+                message: format!("{}: link: {e}", wal_path.display()),
+                os_error: e.raw_os_error(),
+            })
+        }
     }
     crash_point("archive_restore_linked");
     sync_dir(wal_dir)?;

@@ -54,6 +54,32 @@ fn io_err<T>(e: glommio::GlommioError<T>) -> io::Error {
     }
 }
 
+/// glommio reads a block device's properties from sysfs at a thread's first O_DIRECT open of
+/// a file on it, and panics when it cannot (with no descriptor left, say). Opening one probe
+/// file in `dir` at a shard's start caches them, so that a later open on a thread out of
+/// descriptors fails as an error instead. A file system that refuses O_DIRECT is no error
+/// (its logs are written buffered).
+pub async fn warm_device_cache(dir: &Path, name: &str) -> io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join(name);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)?;
+    let opened = OpenOptions::new().read(true).dma_open(&path).await;
+    let _ = std::fs::remove_file(&path);
+    match opened {
+        Ok(f) => {
+            let _ = f.close().await;
+            Ok(())
+        }
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(()),
+        Err(e) => Err(io_err(e)),
+    }
+}
+
 impl Backend {
     pub(crate) async fn open(
         path: &Path,

@@ -34,6 +34,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::task::{Poll, Waker};
 
+pub use backend::warm_device_cache;
 use backend::{Backend, Submit};
 
 use crate::commit::Committer;

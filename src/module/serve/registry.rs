@@ -108,10 +108,10 @@ pub(crate) struct Registry {
     acceptor: RefCell<Option<super::http::Acceptor>>,
     inbox_full: Cell<u64>,
     projector_full: Cell<u64>,
-    /// Sessions that could not open their WAL for want of a descriptor, and the log line
-    /// that says so (at most one per [`SHORT_LOG_EVERY`], with the count since the last).
+    /// Sessions that could not open their WAL for want of a descriptor, and those not yet
+    /// logged while a [`SHORT_LOG_EVERY`] window is open (`None`: none is).
     out_of_descriptors: Cell<u64>,
-    short_logged: Cell<Option<(Instant, u64)>>,
+    short_unlogged: Rc<Cell<Option<u64>>>,
     /// Runs being resumed at once (each holds a permit while its model is called).
     resumes: glommio::sync::Semaphore,
 }
@@ -159,9 +159,17 @@ pub(crate) async fn shard_main(
         inbox_full: Cell::new(0),
         projector_full: Cell::new(0),
         out_of_descriptors: Cell::new(0),
-        short_logged: Cell::new(None),
+        short_unlogged: Rc::new(Cell::new(None)),
         resumes: glommio::sync::Semaphore::new(RESUMES_AT_ONCE as u64),
     });
+    if let Err(e) =
+        broca_io::log::warm_device_cache(&ctx.wal_dir, &format!(".device-probe-{shard}")).await
+    {
+        tracing::warn!(
+            "{}: opening a probe file with O_DIRECT: {e}",
+            ctx.wal_dir.display()
+        );
+    }
     if ctx.projector.is_some() {
         glommio::spawn_local(project_dirty(reg.clone())).detach();
     }
@@ -578,30 +586,39 @@ impl Registry {
     }
 
     /// Logs a session that could not open its WAL for want of a descriptor: the first at
-    /// once, then one line per [`SHORT_LOG_EVERY`] with how many more met it (a daemon out of
-    /// descriptors meets it at every new session; each is still answered 503).
+    /// once, then, while more meet it, one line per [`SHORT_LOG_EVERY`] with how many (a
+    /// daemon out of descriptors meets it at every new session; each is answered 503).
     fn out_of_descriptors_met(&self, triple: &SessionTriple, e: &ActorError) {
         self.out_of_descriptors
             .set(self.out_of_descriptors.get() + 1);
-        let now = Instant::now();
-        match self.short_logged.get() {
-            Some((at, more)) if now.duration_since(at) < SHORT_LOG_EVERY => {
-                self.short_logged.set(Some((at, more + 1)));
-            }
-            Some((_, more)) => {
-                tracing::error!(
-                    "{} more sessions could not open their WAL since the last line; the latest, \
-                     session {}: {e}",
-                    more + 1,
-                    triple.address()
-                );
-                self.short_logged.set(Some((now, 0)));
-            }
-            None => {
-                tracing::error!("session {}: {e}", triple.address());
-                self.short_logged.set(Some((now, 0)));
-            }
+        if let Some(n) = self.short_unlogged.get() {
+            self.short_unlogged.set(Some(n + 1));
+            return;
         }
+        tracing::error!("session {}: {e}", triple.address());
+        self.short_unlogged.set(Some(0));
+        let unlogged = self.short_unlogged.clone();
+        glommio::spawn_local(async move {
+            loop {
+                glommio::timer::sleep(SHORT_LOG_EVERY).await;
+                match unlogged.get() {
+                    Some(n) if n > 0 => {
+                        tracing::error!(
+                            "{n} more sessions could not open their WAL in the last {} s: out \
+                             of file descriptors (raise the open-files limit, or lower \
+                             open_sessions_max)",
+                            SHORT_LOG_EVERY.as_secs()
+                        );
+                        unlogged.set(Some(0));
+                    }
+                    _ => {
+                        unlogged.set(None);
+                        return;
+                    }
+                }
+            }
+        })
+        .detach();
     }
 
     /// Runs `run` (a resumed or an admitted run) with the session marked busy, then hands

@@ -196,6 +196,7 @@ impl WalWriter {
         // A pack holds a WAL's lease from reading it until it is removed: a writer that meets
         // it waits for the pack (and then restores the WAL) rather than failing.
         let wait_for_pack_until = std::time::Instant::now() + PACK_WAIT;
+        let mut tried_after_pack = false;
         let (opened, bytes) = loop {
             let created = !path.exists() && restore_or_create(&path).await?;
             if let (true, Some(p)) = (created, &power_loss) {
@@ -215,10 +216,15 @@ impl WalWriter {
             };
             if !opened.try_lock().map_err(log_err)? {
                 opened.close().await.map_err(log_err)?;
-                if broca_archive::pack_running(dir)
-                    && std::time::Instant::now() < wait_for_pack_until
-                {
+                let waiting = std::time::Instant::now() < wait_for_pack_until;
+                if broca_archive::pack_running(dir) && waiting {
                     glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
+                    continue;
+                }
+                // A pack that held the lease may have ended between the lock and the look for
+                // it: the lock is tried once more before the lease is called held.
+                if waiting && !tried_after_pack {
+                    tried_after_pack = true;
                     continue;
                 }
                 return Err(WalError::LeaseHeld { path });

@@ -34,6 +34,8 @@ pub struct PagedReader {
     /// Set once no valid frame follows: how the records end.
     verdict: Option<Verdict>,
     unknown_kinds: u64,
+    /// The offset whose frame was read again from the file, and how many times.
+    rereads: (u64, u8),
 }
 
 /// What a reader reads: a live WAL file, or an archived WAL's bytes (digest checked).
@@ -178,6 +180,7 @@ impl PagedReader {
             buf_at: 0,
             verdict: None,
             unknown_kinds: 0,
+            rereads: (0, 0),
         })
     }
 
@@ -242,6 +245,28 @@ impl PagedReader {
         Ok(())
     }
 
+    /// Drops the bytes held from `self.at` on and measures the file again, so that the next
+    /// fill reads the frame there from the file; at most `times` times for one offset.
+    /// `false` for archived bytes (they do not change) or once the rereads are spent.
+    fn reread_at(&mut self, times: u8) -> bool {
+        let Source::File(f) = &self.file else {
+            return false;
+        };
+        let done = if self.rereads.0 == self.at {
+            self.rereads.1
+        } else {
+            0
+        };
+        if done >= times {
+            return false;
+        }
+        self.rereads = (self.at, done + 1);
+        self.len = f.len_bytes();
+        let keep = (self.at - self.buf_at) as usize;
+        self.buf.truncate(keep.min(self.buf.len()));
+        true
+    }
+
     /// The next valid frames, their payloads adding up to about `payload_bytes_max` (at least
     /// one frame when any is left). Empty once the valid records end; then
     /// [`PagedReader::verdict`] says how (the tail is judged when `judge_tail` is set, which
@@ -268,11 +293,24 @@ impl PagedReader {
                 None
             };
             let Some((frame, rel)) = frame else {
-                self.verdict = Some(if judge_tail {
-                    tail_verdict(&self.file, self.at, tag).map_err(|e| self.io_error("read", e))?
-                } else {
-                    Verdict::Clean
-                });
+                if !judge_tail {
+                    self.verdict = Some(Verdict::Clean);
+                    break;
+                }
+                // Beside a live writer the file may have grown since it was measured, or its
+                // tail sector been written again: read the frame from the file once more.
+                if self.reread_at(1) {
+                    continue;
+                }
+                let verdict =
+                    tail_verdict(&self.file, self.at, tag).map_err(|e| self.io_error("read", e))?;
+                // A witness read after this frame says the frame was durable: a writer may
+                // have completed it after the bytes held here were read. Read it again, now
+                // durable, before calling it corruption.
+                if matches!(verdict, Verdict::Corrupt { .. }) && self.reread_at(2) {
+                    continue;
+                }
+                self.verdict = Some(verdict);
                 break;
             };
             if let Err(reason) = check_frame(&frame, self.at, tag, self.next_seq, self.epoch_max) {
@@ -405,6 +443,32 @@ mod tests {
                 assert_eq!(end, whole.end);
             }
         }
+    }
+
+    #[test]
+    fn a_frame_completed_by_the_writer_after_the_open_is_read_not_called_corruption() {
+        let bytes = image(50, b"");
+        let whole = crate::scan(&bytes).unwrap();
+        let cut_frame = &whole.frames[30];
+        // The file as a writer had it at the open: it ended on a sector inside frame 31.
+        let cut = (cut_frame.offset / 512 + 1) * 512;
+        assert!(cut < cut_frame.offset + cut_frame.len);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("live.wal");
+        std::fs::write(&path, &bytes[..cut as usize]).unwrap();
+        let mut r = PagedReader::open(&path).unwrap();
+        // The writer completes that frame and appends the rest (each a durable witness).
+        std::fs::write(&path, &bytes).unwrap();
+        let mut seen = 0;
+        loop {
+            let frames = r.next_frames(usize::MAX, true).unwrap();
+            if frames.is_empty() {
+                break;
+            }
+            seen += frames.len();
+        }
+        assert_eq!(seen, 50);
+        assert_eq!(r.verdict(), Some(&whole.verdict));
     }
 
     #[test]

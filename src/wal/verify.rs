@@ -55,30 +55,26 @@ pub fn read_and_scan(path: &Path) -> Result<(Vec<u8>, Scan), WalError> {
 /// A session without a live WAL is read from the newest sealed container holding it (its
 /// digest checked): the live WAL first, then the archive.
 pub fn read_and_scan_if_any(path: &Path) -> Result<Option<(Vec<u8>, Scan)>, WalError> {
-    let live = match fs::read(path) {
-        Ok(bytes) => Some(bytes),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => {
-            return Err(WalError::Io {
-                path: path.to_path_buf(),
-                op: "read",
-                message: e.to_string(),
-            })
+    let scanned = match read_live(path)? {
+        Some(bytes) => {
+            let first = scan_bytes(path, bytes);
+            // Read while a writer wrote its tail, a damaged frame can seem to have a durable
+            // witness after it: corruption is what a second read of the file still shows.
+            match first {
+                Ok((_, ref s)) if matches!(s.verdict, crate::Verdict::Corrupt { .. }) => {
+                    match read_live(path)? {
+                        Some(again) => scan_bytes(path, again),
+                        None => first,
+                    }
+                }
+                other => other,
+            }
         }
-    };
-    let bytes = match live {
-        Some(b) => b,
         None => match super::archive::archived_bytes(path).map_err(archive_error)? {
-            Some(b) => b,
+            Some(b) => scan_bytes(path, b),
             None => return Ok(None),
         },
     };
-    let scanned = scan(&bytes)
-        .map(|scan| (bytes, scan))
-        .map_err(|error| WalError::Header {
-            path: path.to_path_buf(),
-            error,
-        });
     match scanned {
         Ok(found) => Ok(Some(found)),
         Err(WalError::Header {
@@ -87,6 +83,28 @@ pub fn read_and_scan_if_any(path: &Path) -> Result<Option<(Vec<u8>, Scan)>, WalE
         }) => Ok(None),
         Err(e) => Err(e),
     }
+}
+
+/// The live WAL's bytes; `None` when there is no file.
+fn read_live(path: &Path) -> Result<Option<Vec<u8>>, WalError> {
+    match fs::read(path) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(WalError::Io {
+            path: path.to_path_buf(),
+            op: "read",
+            message: e.to_string(),
+        }),
+    }
+}
+
+fn scan_bytes(path: &Path, bytes: Vec<u8>) -> Result<(Vec<u8>, Scan), WalError> {
+    scan(&bytes)
+        .map(|scan| (bytes, scan))
+        .map_err(|error| WalError::Header {
+            path: path.to_path_buf(),
+            error,
+        })
 }
 
 /// An archived copy that cannot be read, as a WAL error naming the container and member.

@@ -396,7 +396,8 @@ impl Registry {
         };
         live.last_used.set(Instant::now());
         // The inbox is unbounded (a bounded one reserves its whole capacity up front, 24 KiB
-        // a session) and bounded here instead; Close and Shutdown always get in.
+        // a session) and bounded here instead; the registry's own Close and Shutdown (to make
+        // room, to stop) are sent past this bound.
         if live.tx.len() >= INBOX_MAX {
             self.inbox_full.set(self.inbox_full.get() + 1);
             fail(cmd, &inbox_full());

@@ -54,6 +54,12 @@ pub fn supports_o_direct(path: &Path) -> io::Result<bool> {
     }
 }
 
+/// Whether an OS error number says no file descriptor is left (the process's or the
+/// system's).
+pub fn out_of_descriptors(os_error: Option<i32>) -> bool {
+    matches!(os_error, Some(libc::EMFILE | libc::ENFILE))
+}
+
 /// fsyncs the directory `dir`, so that a file just created in it survives a crash.
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()

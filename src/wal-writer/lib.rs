@@ -8,7 +8,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use broca_io::fs::sync_dir;
+use broca_io::fs::{out_of_descriptors, sync_dir};
 use broca_io::log::OpenedLog;
 use broca_io::{Committer, LogConfig, LogFile};
 
@@ -20,11 +20,6 @@ use broca_wal::recovery::{Scan, Verdict};
 use broca_wal::{SessionTriple, WalError};
 
 /// What the durable log said, as a WAL error.
-/// Whether an OS error number says no descriptor is left (the process's or the system's).
-fn out_of_descriptors(os_error: Option<i32>) -> bool {
-    matches!(os_error, Some(libc::EMFILE | libc::ENFILE))
-}
-
 fn log_err(e: LogError) -> WalError {
     match e {
         LogError::Stale { path } => WalError::LeaseStale { path },

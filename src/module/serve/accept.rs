@@ -243,11 +243,10 @@ impl ErrorLog {
     }
 }
 
+/// Out of descriptors, or of the kernel memory a socket takes.
 fn out_of_descriptors(e: &std::io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
-    )
+    broca_io::fs::out_of_descriptors(e.raw_os_error())
+        || matches!(e.raw_os_error(), Some(libc::ENOBUFS | libc::ENOMEM))
 }
 
 /// Errors of one connection that left before it was accepted.

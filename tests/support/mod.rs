@@ -269,6 +269,7 @@ pub fn dump_all(state_dir: &Path) -> Vec<serde_json::Value> {
     let mut files: Vec<_> = std::fs::read_dir(state_dir.join("wal"))
         .unwrap()
         .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "wal"))
         .collect();
     files.sort();
     for f in files {

@@ -57,19 +57,39 @@ fn io_err<T>(e: glommio::GlommioError<T>) -> io::Error {
 /// glommio reads a block device's properties from sysfs at a thread's first O_DIRECT open of
 /// a file on it, and panics when it cannot (with no descriptor left, say). Opening one probe
 /// file in `dir` at a shard's start caches them, so that a later open on a thread out of
-/// descriptors fails as an error instead. A file system that refuses O_DIRECT is no error
-/// (its logs are written buffered).
+/// descriptors fails as an error instead. The probe is an unnamed file (`O_TMPFILE`, opened
+/// again through `/proc/self/fd`), so that nobody listing `dir` ever sees it; where the file
+/// system has no unnamed files it is `name`, removed at once. A file system that refuses
+/// O_DIRECT is no error (its logs are written buffered).
 pub async fn warm_device_cache(dir: &Path, name: &str) -> io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
-    let path = dir.join(name);
-    std::fs::OpenOptions::new()
+    let unnamed = std::fs::OpenOptions::new()
+        .read(true)
         .write(true)
-        .create(true)
-        .truncate(true)
+        .custom_flags(libc::O_TMPFILE)
         .mode(0o600)
-        .open(&path)?;
+        .open(dir);
+    let (path, _held, named): (std::path::PathBuf, Option<std::fs::File>, bool) = match unnamed {
+        Ok(f) if Path::new("/proc/self/fd").exists() => (
+            format!("/proc/self/fd/{}", f.as_raw_fd()).into(),
+            Some(f),
+            false,
+        ),
+        _ => {
+            let path = dir.join(name);
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&path)?;
+            (path, None, true)
+        }
+    };
     let opened = OpenOptions::new().read(true).dma_open(&path).await;
-    let _ = std::fs::remove_file(&path);
+    if named {
+        let _ = std::fs::remove_file(&path);
+    }
     match opened {
         Ok(f) => {
             let _ = f.close().await;
@@ -301,4 +321,28 @@ fn pwrite_aligned(fd: RawFd, bytes: &[u8], pos: u64) -> io::Result<usize> {
     // SAFETY: allocated above with this layout.
     unsafe { std::alloc::dealloc(buf, layout) };
     result
+}
+
+#[cfg(test)]
+mod tests {
+    /// The probe never names a file in the WAL directory (a lister there, `broca wal dump`
+    /// over every file, a count of the session files, saw it while a shard started): a
+    /// directory squatting on the fallback name is left alone and the probe still opens.
+    #[test]
+    fn the_device_probe_leaves_no_name_in_its_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join(".probe")).unwrap();
+        let dir_path = dir.path().to_path_buf();
+        let probed = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .make()
+            .unwrap()
+            .run(async move { super::warm_device_cache(&dir_path, ".probe").await });
+        probed.unwrap();
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from(".probe")]);
+        assert!(dir.path().join(".probe").is_dir());
+    }
 }

@@ -17,8 +17,18 @@ fn session_wal(dir: &Path) -> PathBuf {
 
 /// Runs of a scripted session, one per send_id, calling `after_run` with the WAL's path after
 /// each one.
-fn session_wal_with(dir: &Path, send_ids: &[&str], mut after_run: impl FnMut(&Path)) -> PathBuf {
-    let t = SessionTriple::new("/store", "unit", "s").unwrap();
+fn session_wal_with(dir: &Path, send_ids: &[&str], after_run: impl FnMut(&Path)) -> PathBuf {
+    session_wal_named(dir, "s", send_ids, after_run)
+}
+
+/// [`session_wal_with`] for the session named `session`.
+fn session_wal_named(
+    dir: &Path,
+    session: &str,
+    send_ids: &[&str],
+    mut after_run: impl FnMut(&Path),
+) -> PathBuf {
+    let t = SessionTriple::new("/store", "unit", session).unwrap();
     broca_shards::run_local(async {
         let mut a = SessionActor::open(
             dir,
@@ -129,4 +139,97 @@ fn a_session_projected_after_each_run_agrees_with_its_wal_as_a_whole_projection_
         store.transcript_page(&addr, 0, 1000).unwrap(),
         fresh.transcript_page(&addr, 0, 1000).unwrap()
     );
+}
+
+/// The store's thread in serve projects a session after each run from where the last
+/// projection ended: what it writes is what a projection of the whole WAL writes.
+#[test]
+fn a_followed_session_reads_only_its_new_records_and_agrees_with_a_whole_projection() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal_dir = dir.path().join("wal");
+    std::fs::create_dir_all(&wal_dir).unwrap();
+    let (store, _) = Store::open(dir.path()).unwrap();
+    let mut follower = broca::store::Follower::new(16);
+    let mut marks = Vec::new();
+    let wal = session_wal_with(&wal_dir, &["k1", "k2", "k3", "k4", "k5"], |wal| {
+        let failed = follower
+            .catch_up_batch(&store, &[wal.to_path_buf()])
+            .unwrap();
+        assert!(failed.is_empty(), "{failed:?}");
+        assert_eq!(store.check(&wal_dir).unwrap(), Vec::<String>::new());
+        // Nothing new: nothing written, and the WAL is not read whole again.
+        assert!(follower
+            .catch_up_batch(&store, &[wal.to_path_buf()])
+            .unwrap()
+            .is_empty());
+        let (_, scan) = broca::wal::verify::read_and_scan(wal).unwrap();
+        marks.push(store.mark(&scan.header.address.0).unwrap().unwrap());
+    });
+    assert_eq!(
+        follower.reads(),
+        broca::store::Reads { whole: 1, since: 9 },
+        "the first projection reads the WAL whole, each after it from its last record"
+    );
+    assert!(
+        marks.windows(2).all(|w| w[0].last_seq < w[1].last_seq),
+        "{marks:?}"
+    );
+    let fresh_dir = tempfile::tempdir().unwrap();
+    let (fresh, _) = Store::open(fresh_dir.path()).unwrap();
+    assert!(fresh.catch_up(&wal).unwrap().0);
+    let (_, scan) = broca::wal::verify::read_and_scan(&wal).unwrap();
+    let addr = scan.header.address.0;
+    assert_eq!(store.mark(&addr).unwrap(), fresh.mark(&addr).unwrap());
+    assert_eq!(store.facts(None).unwrap(), fresh.facts(None).unwrap());
+    assert_eq!(store.check(&wal_dir).unwrap(), Vec::<String>::new());
+    assert_eq!(
+        store.transcript_page(&addr, 0, 1000).unwrap(),
+        fresh.transcript_page(&addr, 0, 1000).unwrap()
+    );
+}
+
+/// A followed WAL replaced by another lineage (the session removed and run again), or a
+/// session dropped from a follower full of others, is projected whole: never from a seek
+/// point that is not this WAL's.
+#[test]
+fn a_replaced_or_dropped_session_is_projected_whole_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal_dir = dir.path().join("wal");
+    std::fs::create_dir_all(&wal_dir).unwrap();
+    let (store, _) = Store::open(dir.path()).unwrap();
+    let mut follower = broca::store::Follower::new(1);
+    let wal = session_wal_with(&wal_dir, &["k1", "k2", "k3"], |wal| {
+        follower
+            .catch_up_batch(&store, &[wal.to_path_buf()])
+            .unwrap();
+    });
+    assert_eq!(follower.reads(), broca::store::Reads { whole: 1, since: 2 });
+    let (_, before) = broca::wal::verify::read_and_scan(&wal).unwrap();
+    std::fs::remove_file(&wal).unwrap();
+    let wal = session_wal_with(&wal_dir, &["k9"], |_| {});
+    let (_, after) = broca::wal::verify::read_and_scan(&wal).unwrap();
+    assert_ne!(before.header.lineage_hex(), after.header.lineage_hex());
+    assert!(follower
+        .catch_up_batch(&store, &[wal.clone()])
+        .unwrap()
+        .is_empty());
+    assert_eq!(follower.reads(), broca::store::Reads { whole: 2, since: 2 });
+    assert_eq!(store.check(&wal_dir).unwrap(), Vec::<String>::new());
+    let (bytes, scan) = broca::wal::verify::read_and_scan(&wal).unwrap();
+    assert_eq!(
+        store.mark(&scan.header.address.0).unwrap(),
+        Some(project(&scan, &bytes).unwrap().mark)
+    );
+
+    // Another session pushes this one out of a follower that keeps one: it is read whole
+    // (and found current).
+    let other = session_wal_named(&wal_dir, "other", &["o1"], |_| {});
+    assert!(follower
+        .catch_up_batch(&store, &[other])
+        .unwrap()
+        .is_empty());
+    assert_eq!(follower.followed(), 1);
+    assert!(follower.catch_up_batch(&store, &[wal]).unwrap().is_empty());
+    assert_eq!(follower.reads(), broca::store::Reads { whole: 4, since: 2 });
+    assert_eq!(store.check(&wal_dir).unwrap(), Vec::<String>::new());
 }

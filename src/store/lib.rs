@@ -24,9 +24,11 @@ use heed::types::Bytes;
 use heed::{Database, Env, EnvOpenOptions};
 use serde::{Deserialize, Serialize};
 
-use broca_core::usage::{FactDeriver, SpendFact};
-use broca_core::Session;
+use broca_core::usage::SpendFact;
 use broca_protocol::{Message, Usage};
+
+mod follow;
+pub use follow::{Follower, Reads};
 
 /// The store's format; another one is rebuilt.
 const FORMAT: &str = "broca-store-1";
@@ -617,88 +619,7 @@ impl Store {
 
 /// Computes a session's projections from its scanned WAL.
 pub fn project(scan: &broca_wal::Scan, bytes: &[u8]) -> Result<Projection, String> {
-    let decoded = scan
-        .decode(bytes)
-        .map_err(|(offset, why)| format!("at offset {offset}: {why}"))?;
-    let session_hex = scan.header.address.to_string();
-    let mut deriver = FactDeriver::new(&session_hex);
-    let facts: Vec<SpendFact> = decoded
-        .records
-        .iter()
-        .filter_map(|(seq, r)| deriver.push(*seq, r))
-        .collect();
-    let last_seq = decoded.records.last().map_or(0, |(s, _)| *s);
-    let started: std::collections::HashMap<String, u64> = decoded
-        .records
-        .iter()
-        .filter_map(|(_, r)| match r {
-            broca_wal::Record::RunStarted(s) => Some((s.run_id.clone(), s.at_unix_ms)),
-            _ => None,
-        })
-        .collect();
-    // The last terminal record of each run (a resumed run's pause is followed by its end).
-    let ended: std::collections::HashMap<String, u64> = decoded
-        .records
-        .iter()
-        .filter_map(|(_, r)| match r {
-            broca_wal::Record::RunFinished(f) => f.at_unix_ms.map(|t| (f.run_id.clone(), t)),
-            broca_wal::Record::RunPaused(p) => p.at_unix_ms.map(|t| (p.run_id.clone(), t)),
-            _ => None,
-        })
-        .collect();
-    let session =
-        Session::replay(decoded.records).map_err(|e| format!("record {}: {}", e.seq, e.reason))?;
-    let runs: Vec<RunRow> = session
-        .runs
-        .iter()
-        .map(|v| RunRow {
-            run_id: v.run_id.clone(),
-            session: session_hex.clone(),
-            send_id: v.send_id.clone(),
-            state: v.state.as_str().to_string(),
-            detail: v.detail.clone(),
-            provider: v.config.provider.clone(),
-            model: v.config.model.clone(),
-            credential_id: v.config.credential_id.clone(),
-            steps: v.steps,
-            usage: v.spend.usage(),
-            started_unix_ms: started.get(&v.run_id).copied().unwrap_or(0),
-            ended_unix_ms: match v.state {
-                broca_core::replay::RunState::Active => None,
-                _ => ended.get(&v.run_id).copied(),
-            },
-            started_seq: v.started_seq,
-        })
-        .collect();
-    let mut admission: Vec<(String, Checkpoint)> = session
-        .runs
-        .iter()
-        .filter_map(|v| {
-            v.send_id.clone().map(|s| {
-                (
-                    s,
-                    Checkpoint {
-                        run_id: v.run_id.clone(),
-                        inputs_digest: v.inputs_digest.clone(),
-                    },
-                )
-            })
-        })
-        .collect();
-    admission.sort_by(|a, b| a.0.cmp(&b.0));
-    Ok(Projection {
-        addr: scan.header.address.0,
-        mark: Mark {
-            lineage_id: scan.header.lineage_hex(),
-            last_seq,
-            messages: session.transcript.len() as u64,
-            queued: session.queued.len() as u64,
-        },
-        runs,
-        admission,
-        facts,
-        transcript: session.transcript,
-    })
+    follow::follow_scan(scan, bytes).map(|(p, _)| p)
 }
 
 /// The WALs of `wal_dir`, sorted: its `.wal` files, and the sessions only the archive holds

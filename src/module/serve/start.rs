@@ -9,8 +9,14 @@ use broca_io::net::proxy::ProxyConfig;
 
 use super::{registry, ServeOptions};
 
+/// Sessions whose replayed state the store's thread keeps, to project each from where its
+/// last projection ended (the least lately projected are dropped first and read whole when
+/// they move again).
+const FOLLOWED_MAX: usize = 2048;
+
 /// The store's thread: catches up with WALs written while serve was down, then with each
-/// batch of WALs the shards say moved on (a path sent twice is projected once per batch).
+/// batch of WALs the shards say moved on (a path sent twice is projected once per batch),
+/// reading each from where its last projection ended.
 fn project_on_this_thread(
     store: &broca_store::Store,
     wal_dir: &Path,
@@ -33,13 +39,14 @@ fn project_on_this_thread(
         }
         Err(e) => tracing::error!("{e}"),
     }
+    let mut follower = broca_store::Follower::new(FOLLOWED_MAX);
     while let Ok(mut batch) = rx.recv() {
         while let Ok(more) = rx.try_recv() {
             batch.extend(more);
         }
         batch.sort();
         batch.dedup();
-        match store.catch_up_batch(&batch) {
+        match follower.catch_up_batch(store, &batch) {
             Ok(failed) => failed.iter().for_each(|e| tracing::error!("store: {e}")),
             Err(e) => tracing::error!("{e}"),
         }

@@ -202,7 +202,7 @@ fn a_repeated_send_id_returns_the_same_run_and_writes_nothing_and_other_inputs_a
         assert!(again.existing);
         let err = a.send(&send("something else", "s1")).await.unwrap_err();
         assert!(
-            matches!(&err, ActorError::Refused(r) if r.code() == "send_id_reuse"),
+            matches!(&err, ActorError::Refused(r) if r.code().as_str() == "send_id_reuse"),
             "{err}"
         );
         let bad = SendRequest {
@@ -211,7 +211,7 @@ fn a_repeated_send_id_returns_the_same_run_and_writes_nothing_and_other_inputs_a
         };
         let err = a.send(&bad).await.unwrap_err();
         assert!(
-            matches!(&err, ActorError::Refused(r) if r.code() == "invalid_params"),
+            matches!(&err, ActorError::Refused(r) if r.code().as_str() == "invalid_params"),
             "{err}"
         );
         let empty = SendRequest {

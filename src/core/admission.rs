@@ -624,7 +624,7 @@ mod tests {
             .unwrap();
         // The tool is no longer configured: the same send is refused on its own ...
         let u = prepare(&first, &[], &catalog, &AnyProvider).unwrap_err();
-        assert_eq!(u.refusal.code(), "invalid_params");
+        assert_eq!(u.refusal.code().as_str(), "invalid_params");
         // ... and still answers the run its send_id started.
         assert_eq!(
             admit_unprepared(&u, &session),
@@ -639,14 +639,18 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(
-            admit_unprepared(&other, &session).unwrap_err().code(),
+            admit_unprepared(&other, &session)
+                .unwrap_err()
+                .code()
+                .as_str(),
             "send_id_reuse"
         );
         // A session that never saw the send_id: the refusal itself.
         assert_eq!(
             admit_unprepared(&u, &Session::default())
                 .unwrap_err()
-                .code(),
+                .code()
+                .as_str(),
             "invalid_params"
         );
     }
@@ -688,7 +692,7 @@ mod tests {
             Ok(Admitted::Pending { .. })
         ));
         let refused = admit_prepared(send("one more", "q-extra"), &session, "ry".into(), 3);
-        assert_eq!(refused.unwrap_err().code(), "session_busy");
+        assert_eq!(refused.unwrap_err().code().as_str(), "session_busy");
         // Once the run ends, the first queued send is the next run, naming its submission.
         let q0 = session.queued[0].submission_id.clone();
         let mut s2 = session.clone();

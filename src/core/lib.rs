@@ -11,6 +11,7 @@ pub mod machine;
 #[cfg(test)]
 mod machine_tests;
 pub mod project;
+pub mod read;
 pub mod replay;
 pub mod role;
 pub mod spend;
@@ -22,4 +23,5 @@ pub use admission::{admit, Admitted, Refusal, SendRequest};
 pub use machine::{
     Command, Event, Outcome, ResumeFrom, ResumePoint, RunMachine, Timeout, TimeoutKind,
 };
-pub use replay::{RunState, RunView, Session};
+pub use read::{read_session, Keep, ReadError, ReadSession};
+pub use replay::{Misfit, ReplayError, RunState, RunView, Session};

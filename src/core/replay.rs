@@ -154,7 +154,91 @@ impl Session {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReplayError {
     pub seq: u64,
-    pub reason: String,
+    pub reason: Misfit,
+}
+
+impl std::fmt::Display for ReplayError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "record seq {}: {}", self.seq, self.reason)
+    }
+}
+
+/// Why a record does not fit where it stands: the log holds what no writer appends, so it is
+/// corrupt there (replay stops, the WAL is left as it is).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Misfit {
+    /// A record of run `run_id` while no run is open.
+    NoOpenRun { run_id: String },
+    /// A record of run `run_id` while run `open` is the open one.
+    NotTheOpenRun { run_id: String, open: String },
+    /// A retraction of a submission nothing queued has.
+    RetractedUnknown { submission_id: String },
+    /// A RunStarted while another run has no terminal record.
+    StartedWhileOpen { run_id: String, open: String },
+    /// A run id used twice.
+    RunIdReused { run_id: String },
+    /// A run that delivers a submission not queued.
+    SubmissionNotQueued {
+        run_id: String,
+        submission_id: String,
+    },
+    /// Steps go up by one.
+    StepOutOfOrder {
+        run_id: String,
+        step: u32,
+        previous: u32,
+    },
+    /// A tool result no intent waits for.
+    StrayResult { call_id: String, batch_id: String },
+    /// An imported episode while a run has no terminal record.
+    ImportWhileOpen { import_id: String, open: String },
+    /// A frame that does not decode (at its offset in the file).
+    Undecodable { offset: u64, reason: String },
+}
+
+impl std::fmt::Display for Misfit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Misfit::NoOpenRun { run_id } => write!(f, "{run_id}: no run is open"),
+            Misfit::NotTheOpenRun { run_id, open } => {
+                write!(f, "{run_id}: the open run is {open}")
+            }
+            Misfit::RetractedUnknown { submission_id } => write!(
+                f,
+                "submission {submission_id} is retracted, but nothing queued has that id"
+            ),
+            Misfit::StartedWhileOpen { run_id, open } => write!(
+                f,
+                "run {run_id} started while run {open} has no terminal record"
+            ),
+            Misfit::RunIdReused { run_id } => write!(f, "run id {run_id} is reused"),
+            Misfit::SubmissionNotQueued {
+                run_id,
+                submission_id,
+            } => write!(
+                f,
+                "run {run_id} delivers submission {submission_id}, which is not queued"
+            ),
+            Misfit::StepOutOfOrder {
+                run_id,
+                step,
+                previous,
+            } => write!(
+                f,
+                "step {step} of run {run_id} follows step {previous} (steps go up by one)"
+            ),
+            Misfit::StrayResult { call_id, batch_id } => write!(
+                f,
+                "a result for tool call {call_id} of batch {batch_id}, which its intent does \
+                 not wait for"
+            ),
+            Misfit::ImportWhileOpen { import_id, open } => write!(
+                f,
+                "import {import_id} while run {open} has no terminal record"
+            ),
+            Misfit::Undecodable { offset, reason } => write!(f, "at offset {offset}: {reason}"),
+        }
+    }
 }
 
 impl Session {
@@ -207,7 +291,7 @@ impl Session {
             },
             |offset, reason| ReplayError {
                 seq: 0,
-                reason: format!("at offset {offset}: {reason}"),
+                reason: Misfit::Undecodable { offset, reason },
             },
         )?;
         s.unresolved_calls = unresolved(&s.transcript);
@@ -233,20 +317,22 @@ impl Session {
         self.by_run_id.get(run_id).map(|&i| &self.runs[i])
     }
 
-    fn open_mut(&mut self, run_id: &str) -> Result<(&mut OpenRun, &mut RunView), String> {
-        let open = self
-            .open
-            .as_mut()
-            .ok_or_else(|| format!("{run_id}: no run is open"))?;
+    fn open_mut(&mut self, run_id: &str) -> Result<(&mut OpenRun, &mut RunView), Misfit> {
+        let open = self.open.as_mut().ok_or_else(|| Misfit::NoOpenRun {
+            run_id: run_id.to_string(),
+        })?;
         let run = &mut self.runs[open.index];
         if run.run_id != run_id {
-            return Err(format!("{run_id}: the open run is {}", run.run_id));
+            return Err(Misfit::NotTheOpenRun {
+                run_id: run_id.to_string(),
+                open: run.run_id.clone(),
+            });
         }
         Ok((open, run))
     }
 
     /// Applies one record; the live actor calls this too, so replay and live agree.
-    pub fn apply(&mut self, seq: u64, record: Record) -> Result<(), String> {
+    pub fn apply(&mut self, seq: u64, record: Record) -> Result<(), Misfit> {
         let Some(mut entries) = self.entries.take() else {
             return self.apply_record(seq, record);
         };
@@ -268,7 +354,7 @@ impl Session {
         applied
     }
 
-    fn apply_record(&mut self, seq: u64, record: Record) -> Result<(), String> {
+    fn apply_record(&mut self, seq: u64, record: Record) -> Result<(), Misfit> {
         match record {
             Record::LeaseAcquired(_) | Record::Unknown { .. } | Record::RunResumed(_) => {}
             Record::SendQueued(q) => {
@@ -281,10 +367,9 @@ impl Session {
                     .iter()
                     .position(|q| q.submission_id == r.submission_id)
                 else {
-                    return Err(format!(
-                        "submission {} is retracted, but nothing queued has that id",
-                        r.submission_id
-                    ));
+                    return Err(Misfit::RetractedUnknown {
+                        submission_id: r.submission_id,
+                    });
                 };
                 let q = self.queued.remove(i);
                 if let Some(send_id) = q.send_id.clone() {
@@ -293,23 +378,23 @@ impl Session {
             }
             Record::RunStarted(r) => {
                 if let Some(open) = &self.open {
-                    return Err(format!(
-                        "run {} started while run {} has no terminal record",
-                        r.run_id, self.runs[open.index].run_id
-                    ));
+                    return Err(Misfit::StartedWhileOpen {
+                        run_id: r.run_id.clone(),
+                        open: self.runs[open.index].run_id.clone(),
+                    });
                 }
                 if self.by_run_id.contains_key(&r.run_id) {
-                    return Err(format!("run id {} is reused", r.run_id));
+                    return Err(Misfit::RunIdReused { run_id: r.run_id });
                 }
                 self.imported_pending.clear();
                 self.entry_count += 1;
                 self.note_input_cap(&r.config);
                 if let Some(sub) = &r.submission_id {
                     let Some(i) = self.queued.iter().position(|q| &q.submission_id == sub) else {
-                        return Err(format!(
-                            "run {} delivers submission {sub}, which is not queued",
-                            r.run_id
-                        ));
+                        return Err(Misfit::SubmissionNotQueued {
+                            run_id: r.run_id.clone(),
+                            submission_id: sub.clone(),
+                        });
                     };
                     self.queued.remove(i);
                 }
@@ -368,11 +453,12 @@ impl Session {
             }
             Record::StepStarted(r) => {
                 let (open, run) = self.open_mut(&r.run_id)?;
-                if r.step != open.step + 1 {
-                    return Err(format!(
-                        "step {} of run {} follows step {} (steps go up by one)",
-                        r.step, r.run_id, open.step
-                    ));
+                if open.step.checked_add(1) != Some(r.step) {
+                    return Err(Misfit::StepOutOfOrder {
+                        run_id: r.run_id,
+                        step: r.step,
+                        previous: open.step,
+                    });
                 }
                 open.step = r.step;
                 open.point = ResumePoint::BeforeStep;
@@ -440,11 +526,10 @@ impl Session {
                 let (open, _) = self.open_mut(&r.run_id)?;
                 if let ResumePoint::IntentOpen { missing } = &mut open.point {
                     let Some(i) = missing.iter().position(|id| *id == r.result.call_id) else {
-                        return Err(format!(
-                            "a result for tool call {} of batch {}, which its intent does not \
-                             wait for",
-                            r.result.call_id, r.batch_id
-                        ));
+                        return Err(Misfit::StrayResult {
+                            call_id: r.result.call_id,
+                            batch_id: r.batch_id,
+                        });
                     };
                     missing.remove(i);
                     if missing.is_empty() {
@@ -484,12 +569,12 @@ impl Session {
     }
 
     /// An imported episode: its messages join the transcript; the source's import is noted.
-    fn apply_import(&mut self, r: broca_wal::importrec::EpisodeImported) -> Result<(), String> {
+    fn apply_import(&mut self, r: broca_wal::importrec::EpisodeImported) -> Result<(), Misfit> {
         if let Some(open) = &self.open {
-            return Err(format!(
-                "import {} while run {} has no terminal record",
-                r.import_id, self.runs[open.index].run_id
-            ));
+            return Err(Misfit::ImportWhileOpen {
+                import_id: r.import_id,
+                open: self.runs[open.index].run_id.clone(),
+            });
         }
         self.entry_count += r.messages.len() as u64;
         self.transcript.extend(r.messages.into_iter().map(Arc::new));
@@ -604,7 +689,18 @@ mod tests {
         let gap = [(1, started()), (2, step(1)), (3, step(3))];
         let e = Session::replay(gap.into_iter()).unwrap_err();
         assert_eq!(e.seq, 3);
-        assert!(e.reason.contains("follows step 1"), "{}", e.reason);
+        assert!(
+            matches!(
+                e.reason,
+                Misfit::StepOutOfOrder {
+                    step: 3,
+                    previous: 1,
+                    ..
+                }
+            ),
+            "{}",
+            e.reason
+        );
 
         let intent = Record::ToolDispatchIntent(ToolDispatchIntent {
             run_id: "r".into(),
@@ -637,7 +733,11 @@ mod tests {
         ];
         let e = Session::replay(stray.into_iter()).unwrap_err();
         assert_eq!(e.seq, 4);
-        assert!(e.reason.contains("c9"), "{}", e.reason);
+        assert!(
+            matches!(&e.reason, Misfit::StrayResult { call_id, .. } if call_id == "c9"),
+            "{}",
+            e.reason
+        );
         let fine = [(1, started()), (2, step(1)), (3, intent), (4, result("c1"))];
         let s = Session::replay(fine.into_iter()).unwrap();
         assert_eq!(s.open.unwrap().point, ResumePoint::ToolsDone);

@@ -9,6 +9,7 @@ mod codex;
 mod episode;
 
 use broca_wal::importrec::{EpisodeImported, ImportOrigin};
+use broca_wire::Code;
 
 /// A log format broca reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,8 +39,9 @@ impl Format {
 /// Why a log cannot be imported. Nothing was written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImportError {
-    /// `import_malformed`, `import_empty`, `import_conflict`, `import_diverged`.
-    pub code: &'static str,
+    /// `import_malformed`, `import_empty`, `import_conflict`, `import_diverged`, or the
+    /// reader's own (`import_unreadable`, `import_too_large`, `invalid_params`).
+    pub code: Code,
     pub file: String,
     /// The 1-based line the error is about, when it is about one.
     pub line: Option<u64>,
@@ -95,7 +97,7 @@ pub fn identify(format: Format, file: &str, bytes: &[u8]) -> Result<Identity, Im
         Format::Codex => codex::identify(lines)?,
     };
     found.ok_or_else(|| ImportError {
-        code: "import_empty",
+        code: Code::ImportEmpty,
         file: file.to_string(),
         line: None,
         message: format!("no {} session id in the log", format.name()),
@@ -128,7 +130,7 @@ pub fn plan(
                 && blake3::hash(&bytes[..p.bytes as usize]).to_hex().as_str() == p.blake3;
             if !same {
                 return Err(err(
-                    "import_conflict",
+                    Code::ImportConflict,
                     None,
                     format!(
                         "not a longer version of the log imported as {}: its first {} bytes \
@@ -144,7 +146,7 @@ pub fn plan(
             }
             if p.diverged {
                 return Err(err(
-                    "import_diverged",
+                    Code::ImportDiverged,
                     None,
                     format!(
                         "the session went on in broca after import {}: the log's new lines \
@@ -172,7 +174,7 @@ pub fn plan(
     }
     if prior.is_none() && episode.is_empty() {
         return Err(err(
-            "import_empty",
+            Code::ImportEmpty,
             None,
             format!("no conversation in the log (no {} message)", format.name()),
         ));
@@ -259,7 +261,7 @@ impl<'a> Lines<'a> {
     /// The error for line `line`.
     pub fn error(&self, line: u64, message: String) -> ImportError {
         ImportError {
-            code: "import_malformed",
+            code: Code::ImportMalformed,
             file: self.file.to_string(),
             line: Some(line),
             message,

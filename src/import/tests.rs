@@ -252,10 +252,10 @@ fn the_same_log_again_is_nothing_and_a_different_one_under_the_same_id_is_refuse
     let at = changed.len() / 2;
     changed[at] ^= 0x20;
     let err = import(Format::ClaudeCode, &changed, Some(&prior), &[]).unwrap_err();
-    assert_eq!(err.code, "import_conflict", "{err}");
+    assert_eq!(err.code.as_str(), "import_conflict", "{err}");
     let shorter = &bytes[..bytes.len() - 200];
     let err = import(Format::ClaudeCode, shorter, Some(&prior), &[]).unwrap_err();
-    assert_eq!(err.code, "import_conflict", "{err}");
+    assert_eq!(err.code.as_str(), "import_conflict", "{err}");
     // A session that went on in broca after the import takes no appended tail.
     let killed = fixture("claude_killed.jsonl");
     let first = episode(import(Format::ClaudeCode, &killed, None, &[]).unwrap());
@@ -265,7 +265,7 @@ fn the_same_log_again_is_nothing_and_a_different_one_under_the_same_id_is_refuse
     };
     let resumed = fixture("claude_resumed.jsonl");
     let err = import(Format::ClaudeCode, &resumed, Some(&diverged), &[]).unwrap_err();
-    assert_eq!(err.code, "import_diverged", "{err}");
+    assert_eq!(err.code.as_str(), "import_diverged", "{err}");
     assert!(err.message.contains("line 23"), "{err}");
 }
 
@@ -278,7 +278,7 @@ fn a_malformed_line_is_an_error_naming_file_and_line_and_a_cut_last_line_waits()
     bad.extend_from_slice(&lines[9..].concat());
     let err = import(Format::Codex, &bad, None, &[]).unwrap_err();
     assert_eq!(
-        (err.code, err.line),
+        (err.code.as_str(), err.line),
         ("import_malformed", Some(10)),
         "{err}"
     );
@@ -321,7 +321,7 @@ fn a_malformed_line_is_an_error_naming_file_and_line_and_a_cut_last_line_waits()
     // A log with no conversation at all is refused, not imported empty.
     let meta_only = lines[..2].concat();
     let err = import(Format::Codex, &meta_only, None, &[]).unwrap_err();
-    assert_eq!(err.code, "import_empty", "{err}");
+    assert_eq!(err.code.as_str(), "import_empty", "{err}");
 }
 
 #[test]

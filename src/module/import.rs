@@ -47,7 +47,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
     ) -> Result<ImportReply, ActorError> {
         if let Some(open) = &self.state.open {
             return Err(ActorError::Import(ImportError {
-                code: "session_busy",
+                code: broca_wire::Code::SessionBusy,
                 file: input.file,
                 line: None,
                 message: format!(
@@ -144,13 +144,10 @@ pub fn check_read_only(
     wal: &std::path::Path,
     input: &ImportInput,
 ) -> Result<Option<ImportReply>, ImportError> {
-    let state = match broca_wal::verify::read_and_scan_if_any(wal) {
+    let state = match broca_core::read_session(wal, broca_core::Keep::State) {
         Ok(None) => Session::default(),
-        Ok(Some((bytes, scan))) => match Session::replay_scan(&scan, &bytes) {
-            Ok(state) => state,
-            Err(_) => return Ok(None), // the actor's open names what is wrong with the WAL
-        },
-        Err(_) => return Ok(None),
+        Ok(Some(read)) => read.session,
+        Err(_) => return Ok(None), // the actor's open names what is wrong with the WAL
     };
     let prior = prior_of(&state, input);
     let plan = broca_import::plan(
@@ -228,17 +225,24 @@ pub fn read_source(
         message,
     };
     let shown = path.display().to_string();
-    let path =
-        std::path::absolute(path).map_err(|e| fail("import_unreadable", &shown, e.to_string()))?;
+    let path = std::path::absolute(path)
+        .map_err(|e| fail(broca_wire::Code::ImportUnreadable, &shown, e.to_string()))?;
     let file = path
         .to_str()
-        .ok_or_else(|| fail("import_unreadable", &shown, "the path is not UTF-8".into()))?
+        .ok_or_else(|| {
+            fail(
+                broca_wire::Code::ImportUnreadable,
+                &shown,
+                "the path is not UTF-8".into(),
+            )
+        })?
         .to_string();
-    let unreadable = |e: std::io::Error| fail("import_unreadable", &file, e.to_string());
+    let unreadable =
+        |e: std::io::Error| fail(broca_wire::Code::ImportUnreadable, &file, e.to_string());
     let len = std::fs::metadata(&path).map_err(unreadable)?.len();
     if len > IMPORT_BYTES_MAX {
         return Err(fail(
-            "import_too_large",
+            broca_wire::Code::ImportTooLarge,
             &file,
             format!("{len} bytes, more than the {IMPORT_BYTES_MAX} a log may have"),
         ));
@@ -249,7 +253,7 @@ pub fn read_source(
         (Some(root), _) | (None, Some(root)) => root.clone(),
         (None, None) => {
             return Err(fail(
-                "invalid_params",
+                broca_wire::Code::InvalidParams,
                 &file,
                 "the log names no working directory: give the project root".into(),
             ))
@@ -258,7 +262,7 @@ pub fn read_source(
     let harness = target.harness.as_deref().unwrap_or(format.name());
     let session = target.session.as_deref().unwrap_or(&identity.session);
     let triple = broca_wal::SessionTriple::new(&root, harness, session)
-        .map_err(|e| fail("invalid_params", &file, e.to_string()))?;
+        .map_err(|e| fail(broca_wire::Code::InvalidParams, &file, e.to_string()))?;
     Ok((
         triple,
         ImportInput {
@@ -292,13 +296,5 @@ impl ImportReply {
 
 /// The management error for a refused import.
 pub fn import_error(e: &ImportError) -> broca_wire::RpcError {
-    match e.code {
-        "session_busy" => broca_wire::RpcError::transient(409, e.code, e.to_string()),
-        "import_conflict" | "import_diverged" => {
-            broca_wire::RpcError::permanent(409, e.code, e.to_string())
-        }
-        "import_unreadable" => broca_wire::RpcError::permanent(404, e.code, e.to_string()),
-        "import_too_large" => broca_wire::RpcError::permanent(413, e.code, e.to_string()),
-        _ => broca_wire::RpcError::permanent(400, e.code, e.to_string()),
-    }
+    broca_wire::RpcError::new(e.code, e.to_string())
 }

@@ -16,7 +16,7 @@ use broca_core::admission::{
     admit_prepared, admit_unprepared, Admitted, Prepared, Refusal, SendRequest, Unprepared,
 };
 use broca_core::machine::{Command, Event, Outcome, ResumeFrom, RunMachine, Timeout, TimeoutKind};
-use broca_core::replay::{ReplayError, RunView, Session};
+use broca_core::replay::{RunView, Session};
 use broca_protocol::{ToolCall, ToolSpec};
 use broca_wal::runrec::result_reason;
 use broca_wal::runrec::ResultBlock;
@@ -41,8 +41,8 @@ pub use queue::{Cancelled, Retracted};
 pub enum ActorError {
     /// The WAL failed (its error names the file).
     Wal(WalError),
-    /// The WAL's records do not replay (names the seq).
-    Replay(String),
+    /// The WAL's records do not replay (names the file and the seq).
+    Replay(broca_core::ReadError),
     /// The send was refused; nothing was written.
     Refused(Refusal),
     /// A crash was injected here (tests only): after the append of `seq`.
@@ -74,7 +74,7 @@ impl ActorError {
         match self {
             ActorError::Refused(r) => broca_wire::RpcError::refusal(r),
             ActorError::Import(e) => import::import_error(e),
-            other => broca_wire::RpcError::transient(500, "internal", other.to_string()),
+            other => broca_wire::RpcError::new(broca_wire::Code::Internal, other.to_string()),
         }
     }
 }
@@ -146,11 +146,11 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                 Some(scan) => Session::replay_scan(scan, &recovered.bytes),
             })
             .await;
-        let state = replayed.map_err(|ReplayError { seq, reason }| {
-            ActorError::Replay(format!(
-                "{}: the log does not replay (record seq {seq}): {reason}",
-                writer.path().display()
-            ))
+        let state = replayed.map_err(|error| {
+            ActorError::Replay(broca_core::ReadError::Replay {
+                path: writer.path().to_path_buf(),
+                error,
+            })
         })?;
         Ok(SessionActor {
             writer,
@@ -323,7 +323,13 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             hook(appended.seq, appended.end, &record);
         }
         self.state.apply(appended.seq, record).map_err(|reason| {
-            ActorError::Replay(format!("live record {}: {reason}", appended.seq))
+            ActorError::Replay(broca_core::ReadError::Replay {
+                path: self.writer.path().to_path_buf(),
+                error: broca_core::ReplayError {
+                    seq: appended.seq,
+                    reason,
+                },
+            })
         })?;
         self.appends += 1;
         let crash_now = self.crash.after_appends == Some(self.appends);
@@ -485,7 +491,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             }
             SessionCommand::Import { input, reply } => {
                 let busy = ActorError::Import(broca_import::ImportError {
-                    code: "session_busy",
+                    code: broca_wire::Code::SessionBusy,
                     file: input.file,
                     line: None,
                     message: format!(

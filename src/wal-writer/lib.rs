@@ -26,7 +26,11 @@ fn log_err(e: LogError) -> WalError {
         LogError::Io {
             path, op, os_error, ..
         } if out_of_descriptors(os_error) => WalError::OutOfDescriptors { path, op },
-        other => WalError::Log(other.to_string()),
+        LogError::Io {
+            path, op, message, ..
+        } => WalError::Io { path, op, message },
+        LogError::Dead { path, cause } => WalError::Closed { path, cause },
+        LogError::TooLarge { path, len, .. } => WalError::TooLarge { path, bytes: len },
     }
 }
 

@@ -47,8 +47,9 @@ pub enum WalError {
     LeaseStale { path: PathBuf },
     /// The process (or the system) has no file descriptor left to open the WAL with.
     OutOfDescriptors { path: PathBuf, op: &'static str },
-    /// The durable log refused or failed an operation (what it said).
-    Log(String),
+    /// The log takes no more writes: an earlier write or fdatasync failed (`cause`), and
+    /// nothing is retried. What is durable stays; reopening the WAL recovers it.
+    Closed { path: PathBuf, cause: String },
     /// A record too large to frame.
     TooLarge { path: PathBuf, bytes: usize },
 }
@@ -95,7 +96,12 @@ impl fmt::Display for WalError {
                  lower open_sessions_max)",
                 path.display()
             ),
-            WalError::Log(e) => write!(f, "{e}"),
+            WalError::Closed { path, cause } => write!(
+                f,
+                "{}: the log is closed for writing after an earlier failure ({cause}); reopen \
+                 it to recover from what is durable",
+                path.display()
+            ),
             WalError::TooLarge { path, bytes } => {
                 write!(
                     f,

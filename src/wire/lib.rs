@@ -2,10 +2,12 @@
 //! serve surface adds its requests and refusals). Field names follow ../CONTRACT.md; optional
 //! fields are omitted when absent.
 
+mod code;
 pub mod request;
 pub mod role;
 mod send;
 
+pub use code::Code;
 pub use request::{Method, Request, SessionName};
 pub use send::{Budget, Refusal, SendRequest};
 
@@ -141,13 +143,11 @@ impl RunResult {
     }
 }
 
-/// An error reply of the management surface: `{"error": {"code", "class", "message"}}` with
-/// its HTTP status.
+/// An error reply of the management surface: `{"error": {"code", "class", "message"}}`, its
+/// HTTP status and class those of its [`Code`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RpcError {
-    pub status: u16,
-    pub code: &'static str,
-    pub class: broca_protocol::ErrorClass,
+    pub code: Code,
     pub message: String,
     /// The refusal's detail members beside `class` (the role's `detail`: the `field` an
     /// `invalid_params` names, ...).
@@ -155,25 +155,23 @@ pub struct RpcError {
 }
 
 impl RpcError {
-    /// A permanent error.
-    pub fn permanent(status: u16, code: &'static str, message: impl Into<String>) -> RpcError {
-        RpcError::new(status, code, broca_protocol::ErrorClass::Permanent, message)
-    }
-
-    /// An error of `class`.
-    pub fn new(
-        status: u16,
-        code: &'static str,
-        class: broca_protocol::ErrorClass,
-        message: impl Into<String>,
-    ) -> RpcError {
+    /// An error of `code`.
+    pub fn new(code: Code, message: impl Into<String>) -> RpcError {
         RpcError {
-            status,
             code,
-            class,
             message: message.into(),
             detail: serde_json::Map::new(),
         }
+    }
+
+    /// The HTTP status of this error.
+    pub fn status(&self) -> u16 {
+        self.code.status()
+    }
+
+    /// Whether retrying can help.
+    pub fn class(&self) -> broca_protocol::ErrorClass {
+        self.code.class()
     }
 
     /// The refusal's `detail.field`: the request field it is about.
@@ -190,61 +188,37 @@ impl RpcError {
     /// The refusal's detail as the role carries it: `class`, `status` and the members added.
     pub fn detail_body(&self) -> serde_json::Value {
         let mut d = self.detail.clone();
-        d.insert("class".into(), self.class.as_str().into());
-        d.insert("status".into(), self.status.into());
+        d.insert("class".into(), self.class().as_str().into());
+        d.insert("status".into(), self.status().into());
         serde_json::Value::Object(d)
-    }
-
-    /// A transient error (worth retrying later).
-    pub fn transient(status: u16, code: &'static str, message: impl Into<String>) -> RpcError {
-        RpcError::new(status, code, broca_protocol::ErrorClass::Transient, message)
     }
 
     /// The error for a refused send.
     pub fn refusal(r: &Refusal) -> RpcError {
-        let message = r.message();
-        match r {
-            Refusal::InvalidParams(_)
-            | Refusal::UnsupportedProvider(_)
-            | Refusal::BudgetUnpriced(_) => RpcError::permanent(400, r.code(), message),
-            // Not 401: that status answers the management handle itself.
-            Refusal::AuthRequired(_) => RpcError::new(
-                400,
-                r.code(),
-                broca_protocol::ErrorClass::AuthRequired,
-                message,
-            ),
-            Refusal::ShuttingDown | Refusal::CredentialUnavailable(_) => {
-                RpcError::transient(503, r.code(), message)
-            }
-            Refusal::SessionBusy { .. } => RpcError::transient(409, r.code(), message),
-            Refusal::SendIdReuse { field, .. } => {
-                let e = RpcError::permanent(409, r.code(), message);
-                match field {
-                    Some(f) => e.with_field(*f),
-                    None => e,
-                }
-            }
-            Refusal::InvalidField { field, .. } => {
-                RpcError::permanent(400, r.code(), message).with_field(*field)
-            }
-            Refusal::ToolNameCollision(_) => RpcError::permanent(409, r.code(), message),
-            Refusal::ScopeOwnerMismatch => RpcError::permanent(403, r.code(), message),
-            Refusal::SendRetracted => RpcError::permanent(409, r.code(), message),
+        let e = RpcError::new(r.code(), r.message());
+        match r.field() {
+            Some(f) => e.with_field(f),
+            None => e,
         }
     }
 
     /// The JSON body.
     pub fn body(&self) -> Vec<u8> {
         let mut error = serde_json::json!({
-            "code": self.code,
-            "class": self.class.as_str(),
+            "code": self.code.as_str(),
+            "class": self.class().as_str(),
             "message": self.message,
         });
         if !self.detail.is_empty() {
             error["detail"] = serde_json::Value::Object(self.detail.clone());
         }
         serde_json::to_vec(&serde_json::json!({ "error": error })).expect("an error serializes")
+    }
+}
+
+impl std::fmt::Display for RpcError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code.as_str(), self.message)
     }
 }
 

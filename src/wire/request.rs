@@ -5,7 +5,7 @@
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use crate::{RpcError, SendRequest};
+use crate::{Code, RpcError, SendRequest};
 use cortexkit_role_llm_runner::read::ReadRequest;
 
 /// The management methods.
@@ -172,23 +172,21 @@ struct Envelope {
 }
 
 fn invalid(why: impl Into<String>) -> RpcError {
-    RpcError::permanent(400, "invalid_params", why)
+    RpcError::new(Code::InvalidParams, why)
 }
 
 /// Parses a request body: the envelope, the method, and its parameters.
 pub fn parse(body: &[u8]) -> Result<Request, RpcError> {
     let env: Envelope = serde_json::from_slice(body).map_err(|e| {
-        RpcError::permanent(
-            400,
-            "invalid_request",
+        RpcError::new(
+            Code::InvalidRequest,
             format!("the body is not a request envelope {{\"method\", \"params\"}}: {e}"),
         )
     })?;
     let method = Method::parse(&env.method).ok_or_else(|| {
         let known: Vec<&str> = Method::ALL.iter().map(|m| m.as_str()).collect();
-        RpcError::permanent(
-            404,
-            "unknown_method",
+        RpcError::new(
+            Code::UnknownMethod,
             format!(
                 "unknown method `{}` (known: {})",
                 env.method.escape_debug(),
@@ -277,9 +275,8 @@ fn role_send_members(params: &mut Map<String, Value>) -> Result<(), RpcError> {
         None | Some(Value::Null) => {}
         Some(Value::String(mode)) if mode == "queue" => {}
         Some(Value::String(mode)) if mode == "steer" || mode == "interrupt" => {
-            return Err(RpcError::permanent(
-                400,
-                "delivery_unsupported",
+            return Err(RpcError::new(
+                Code::DeliveryUnsupported,
                 format!("this runner does not serve the `{mode}` delivery mode"),
             )
             .with_detail("delivery", Value::String(mode)));
@@ -624,7 +621,11 @@ mod tests {
                 "delivery_unsupported",
             ),
         ] {
-            assert_eq!(parse(body.as_bytes()).unwrap_err().code, code, "{body}");
+            assert_eq!(
+                parse(body.as_bytes()).unwrap_err().code.as_str(),
+                code,
+                "{body}"
+            );
         }
         // A refusal names the field at fault: an unknown one, or one of the wrong type.
         let field = |body: String| parse(body.as_bytes()).unwrap_err().detail["field"].clone();
@@ -707,7 +708,7 @@ mod tests {
         ] {
             let e = send(extra).unwrap_err();
             assert_eq!(
-                (e.code, e.detail["field"].as_str()),
+                (e.code.as_str(), e.detail["field"].as_str()),
                 ("invalid_params", Some(field)),
                 "{extra}"
             );

@@ -10,7 +10,6 @@ use cortexkit_role_llm_runner::baseline::{Baseline, BaselineReply};
 use cortexkit_role_llm_runner::describe::{Major, RoleDescribe};
 use serde_json::Value;
 
-pub use cortexkit_role_llm_runner::errors::SCOPE_OWNER_MISMATCH;
 pub use cortexkit_role_llm_runner::{PROVIDES, REQUIRED_OPS};
 
 use cortexkit_role_llm_runner::capabilities as groups;

@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::Code;
+
 /// A send's parameters (management `session.send`, or `broca run`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -77,20 +79,29 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    /// The refusal code of the management surface.
-    pub fn code(&self) -> &'static str {
+    /// The refusal's code.
+    pub fn code(&self) -> Code {
         match self {
-            Refusal::InvalidParams(_) | Refusal::InvalidField { .. } => "invalid_params",
-            Refusal::SendIdReuse { .. } => "send_id_reuse",
-            Refusal::SessionBusy { .. } => "session_busy",
-            Refusal::ToolNameCollision(_) => "tool_name_collision",
-            Refusal::ShuttingDown => "shutting_down",
-            Refusal::ScopeOwnerMismatch => "scope_owner_mismatch",
-            Refusal::SendRetracted => "send_retracted",
-            Refusal::AuthRequired(_) => "auth_required",
-            Refusal::CredentialUnavailable(_) => "credential_unavailable",
-            Refusal::UnsupportedProvider(_) => "unsupported_provider",
-            Refusal::BudgetUnpriced(_) => "budget_unpriced",
+            Refusal::InvalidParams(_) | Refusal::InvalidField { .. } => Code::InvalidParams,
+            Refusal::SendIdReuse { .. } => Code::SendIdReuse,
+            Refusal::SessionBusy { .. } => Code::SessionBusy,
+            Refusal::ToolNameCollision(_) => Code::ToolNameCollision,
+            Refusal::ShuttingDown => Code::ShuttingDown,
+            Refusal::ScopeOwnerMismatch => Code::ScopeOwnerMismatch,
+            Refusal::SendRetracted => Code::SendRetracted,
+            Refusal::AuthRequired(_) => Code::AuthRequired,
+            Refusal::CredentialUnavailable(_) => Code::CredentialUnavailable,
+            Refusal::UnsupportedProvider(_) => Code::UnsupportedProvider,
+            Refusal::BudgetUnpriced(_) => Code::BudgetUnpriced,
+        }
+    }
+
+    /// The request field the refusal is about, when it names one.
+    pub fn field(&self) -> Option<&'static str> {
+        match self {
+            Refusal::InvalidField { field, .. } => Some(field),
+            Refusal::SendIdReuse { field, .. } => *field,
+            _ => None,
         }
     }
 }
@@ -126,6 +137,6 @@ impl Refusal {
 
 impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.code(), self.message())
+        write!(f, "{}: {}", self.code().as_str(), self.message())
     }
 }

@@ -130,7 +130,7 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
                     if tcp && !authorized(&ctx, &head) {
                         let err = unauthorized();
                         let _ = stream
-                            .write_all(&response(err.status, JSON, &err.body(), false))
+                            .write_all(&response(err.status(), JSON, &err.body(), false))
                             .await;
                     } else {
                         // A subscription lives long: the request's buffers go first.
@@ -159,10 +159,10 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    let err = RpcError::permanent(e.status(), e.code(), e.to_string());
+                    let err = RpcError::new(request_code(&e), e.to_string());
                     let _ = stream
                         .write_all(&response(
-                            err.status,
+                            err.status(),
                             "application/json",
                             &err.body(),
                             false,
@@ -188,10 +188,12 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
                 dec.push(&buf[..n]);
             }
             Err(()) if !dec.is_idle() => {
-                let err =
-                    RpcError::permanent(408, "request_timeout", "the request stopped arriving");
+                let err = RpcError::new(
+                    broca_wire::Code::RequestTimeout,
+                    "the request stopped arriving",
+                );
                 let _ = stream
-                    .write_all(&response(408, "application/json", &err.body(), false))
+                    .write_all(&response(err.status(), JSON, &err.body(), false))
                     .await;
                 return;
             }
@@ -214,11 +216,20 @@ fn authorized(ctx: &ServeCtx, head: &RequestHead) -> bool {
 
 pub(super) const JSON: &str = "application/json";
 
+/// The code of a request the decoder refused.
+fn request_code(e: &broca_io::http_server::RequestError) -> broca_wire::Code {
+    use broca_io::http_server::RequestError;
+    match e {
+        RequestError::HeadTooLarge { .. } => broca_wire::Code::HeadTooLarge,
+        RequestError::BodyTooLarge { .. } => broca_wire::Code::BodyTooLarge,
+        RequestError::LengthRequired => broca_wire::Code::LengthRequired,
+        RequestError::Malformed(_) => broca_wire::Code::MalformedRequest,
+    }
+}
+
 fn unauthorized() -> RpcError {
     RpcError::new(
-        401,
-        "unauthorized",
-        broca_protocol::ErrorClass::AuthRequired,
+        broca_wire::Code::Unauthorized,
         "missing or wrong `Authorization: Bearer <handle>` (the handle is in the file serve.json \
          names)",
     )
@@ -230,7 +241,7 @@ async fn handle(
     body: Vec<u8>,
     tcp: bool,
 ) -> (u16, &'static str, Vec<u8>) {
-    let error = |e: RpcError| (e.status, JSON, e.body());
+    let error = |e: RpcError| (e.status(), JSON, e.body());
     if tcp && !authorized(ctx, head) {
         return error(unauthorized());
     }
@@ -258,14 +269,12 @@ async fn handle(
             "text/plain; version=0.0.4",
             super::metrics::render(ctx).await.into_bytes(),
         ),
-        (_, "/v1/rpc" | "/healthz" | "/metrics" | "/v1/subscribe") => error(RpcError::permanent(
-            405,
-            "method_not_allowed",
+        (_, "/v1/rpc" | "/healthz" | "/metrics" | "/v1/subscribe") => error(RpcError::new(
+            broca_wire::Code::MethodNotAllowed,
             format!("{} {} is not served", head.method, head.path()),
         )),
-        _ => error(RpcError::permanent(
-            404,
-            "not_found",
+        _ => error(RpcError::new(
+            broca_wire::Code::NotFound,
             format!("no route {}", head.path()),
         )),
     }

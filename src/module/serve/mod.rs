@@ -559,10 +559,15 @@ fn open_runs_in_wals(wal_dir: &Path) -> Vec<SessionTriple> {
     files
         .iter()
         .filter_map(|path| {
-            let (bytes, scan) = broca_wal::verify::read_and_scan_if_any(path).ok()??;
-            let session = broca_core::Session::replay_scan(&scan, &bytes).ok()?;
-            (session.open.is_some() || !session.queued.is_empty())
-                .then(|| scan.header.triple.clone())
+            let read = match broca_core::read_session(path, broca_core::Keep::State) {
+                Ok(read) => read?,
+                Err(e) => {
+                    tracing::error!("looking for an open run: {e}");
+                    return None;
+                }
+            };
+            let s = &read.session;
+            (s.open.is_some() || !s.queued.is_empty()).then_some(read.triple)
         })
         .collect()
 }

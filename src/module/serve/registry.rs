@@ -434,9 +434,8 @@ impl Registry {
     }
 
     fn at_limit(&self) -> RpcError {
-        RpcError::transient(
-            503,
-            "session_limit",
+        RpcError::new(
+            broca_wire::Code::SessionLimit,
             format!(
                 "all {} sessions this shard keeps open are running; retry later (raise \
                  open_sessions_max or the open-files limit)",
@@ -564,9 +563,8 @@ impl Registry {
                     tracing::error!("session {}: {e}", triple.address());
                 }
                 self.sessions.borrow_mut().remove(&addr);
-                let err = RpcError::transient(
-                    503,
-                    "session_unavailable",
+                let err = RpcError::new(
+                    broca_wire::Code::SessionUnavailable,
                     format!("the session cannot be opened: {e}"),
                 );
                 while let Some(cmd) = queued(rx).await {
@@ -667,9 +665,8 @@ async fn refresh_catalog(reg: Rc<Registry>) {
 
 /// The refusal of a command whose session has [`INBOX_MAX`] commands waiting.
 fn inbox_full() -> RpcError {
-    RpcError::transient(
-        503,
-        "session_queue_full",
+    RpcError::new(
+        broca_wire::Code::SessionQueueFull,
         format!("the session has {INBOX_MAX} commands waiting; retry shortly"),
     )
 }

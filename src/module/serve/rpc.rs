@@ -19,7 +19,7 @@ use cortexkit_role_llm_runner::read::ReadRequest;
 use super::ServeCtx;
 
 fn invalid(why: impl Into<String>) -> RpcError {
-    RpcError::permanent(400, "invalid_params", why)
+    RpcError::new(broca_wire::Code::InvalidParams, why)
 }
 
 /// Checks a management request body as far as it can be checked without a daemon: the
@@ -94,14 +94,11 @@ async fn baseline(
     let wal = broca_wal_writer::wal_path(&ctx.wal_dir, &t);
     let caller = caller.clone();
     let names = glommio::executor()
-        .spawn_blocking(move || -> Result<Result<Option<Vec<String>>, ()>, String> {
-            let Some((bytes, scan)) =
-                broca_wal::verify::read_and_scan_if_any(&wal).map_err(|e| e.to_string())?
-            else {
+        .spawn_blocking(move || {
+            let Some(read) = broca_core::read_session(&wal, broca_core::Keep::State)? else {
                 return Ok(Ok(None));
             };
-            let state = broca_core::replay::Session::replay_scan(&scan, &bytes)
-                .map_err(|e| format!("the session's log does not replay: {}", e.reason))?;
+            let state = read.session;
             if !caller.owns(&state.owners()) {
                 return Ok(Err(()));
             }
@@ -112,10 +109,10 @@ async fn baseline(
                     .map(|t| t.name.clone())
                     .collect::<Vec<_>>()
             });
-            Ok(Ok(Some(tools.unwrap_or_default())))
+            Ok::<_, broca_core::ReadError>(Ok(Some(tools.unwrap_or_default())))
         })
         .await
-        .map_err(|e| RpcError::transient(503, "session_unavailable", e))?
+        .map_err(unreadable)?
         .map_err(|()| not_owner("session.baseline"))?;
     Ok(broca_wire::role::baseline(names))
 }
@@ -130,9 +127,8 @@ async fn import(
     target: crate::session::ImportTarget,
 ) -> Result<Value, RpcError> {
     if ctx.is_stopping() {
-        return Err(RpcError::transient(
-            503,
-            "shutting_down",
+        return Err(RpcError::new(
+            broca_wire::Code::ShuttingDown,
             "broca is stopping; retry later",
         ));
     }
@@ -143,7 +139,7 @@ async fn import(
     let files = glommio::executor()
         .spawn_blocking(move || crate::session::log_files(&[root]))
         .await
-        .map_err(|e| RpcError::permanent(404, "import_unreadable", e))?;
+        .map_err(|e| RpcError::new(broca_wire::Code::ImportUnreadable, e))?;
     let mut entries = Vec::new();
     for file in files {
         let answer = import_one(ctx, format, file.clone(), target.clone()).await;
@@ -153,7 +149,7 @@ async fn import(
         entries.push(answer.unwrap_or_else(|e| {
             serde_json::json!({
                 "file": file,
-                "error": {"code": e.code, "class": e.class.as_str(), "message": e.message},
+                "error": {"code": e.code.as_str(), "class": e.class().as_str(), "message": e.message},
             })
         }));
     }
@@ -198,9 +194,8 @@ fn triple(s: &SessionName) -> Result<SessionTriple, RpcError> {
 /// The refusal for a command that did not reach its shard.
 fn unrouted(e: super::mesh::MeshError) -> RpcError {
     match e {
-        super::mesh::MeshError::Full => RpcError::transient(
-            503,
-            "shard_busy",
+        super::mesh::MeshError::Full => RpcError::new(
+            broca_wire::Code::ShardBusy,
             "the session's shard has too many commands waiting; retry shortly",
         ),
         super::mesh::MeshError::Gone => unavailable(),
@@ -208,9 +203,8 @@ fn unrouted(e: super::mesh::MeshError) -> RpcError {
 }
 
 fn unavailable() -> RpcError {
-    RpcError::transient(
-        503,
-        "session_unavailable",
+    RpcError::new(
+        broca_wire::Code::SessionUnavailable,
         "the session's shard did not answer; retry",
     )
 }
@@ -240,18 +234,16 @@ async fn view(
 }
 
 fn unknown_run(run_id: &str) -> RpcError {
-    RpcError::permanent(
-        404,
-        "unknown_run",
+    RpcError::new(
+        broca_wire::Code::UnknownRun,
         format!("no run `{run_id}` in this session"),
     )
 }
 
 /// The refusal of an owner-only method to anyone else.
 fn not_owner(method: &str) -> RpcError {
-    RpcError::permanent(
-        403,
-        broca_wire::role::SCOPE_OWNER_MISMATCH,
+    RpcError::new(
+        broca_wire::Code::ScopeOwnerMismatch,
         format!(
             "{method} is answered only to the session's owner (the principal of its first send)"
         ),
@@ -265,9 +257,8 @@ async fn send(
     caller: &Caller,
 ) -> Result<Value, RpcError> {
     if ctx.is_stopping() {
-        return Err(RpcError::transient(
-            503,
-            "shutting_down",
+        return Err(RpcError::new(
+            broca_wire::Code::ShuttingDown,
             "broca is stopping; retry later",
         ));
     }
@@ -316,24 +307,16 @@ async fn send_status(
     glommio::executor()
         .spawn_blocking(move || {
             let unknown = || {
-                RpcError::permanent(
-                    404,
-                    "unknown_send",
+                RpcError::new(
+                    broca_wire::Code::UnknownSend,
                     format!("this session has no send `{}`", send_id.escape_debug()),
                 )
             };
-            let found = broca_wal::verify::read_and_scan_if_any(&wal)
-                .map_err(|e| RpcError::transient(503, "session_unavailable", e.to_string()))?;
-            let Some((bytes, scan)) = found else {
+            let found = broca_core::read_session(&wal, broca_core::Keep::State);
+            let Some(read) = found.map_err(unreadable)? else {
                 return Err(unknown());
             };
-            let s = broca_core::Session::replay_scan(&scan, &bytes).map_err(|e| {
-                RpcError::transient(
-                    503,
-                    "session_unavailable",
-                    format!("record {}: {}", e.seq, e.reason),
-                )
-            })?;
+            let s = read.session;
             if !caller.owns(&s.owners()) {
                 return Err(not_owner("session.send_status"));
             }
@@ -402,9 +385,8 @@ async fn status(
     match (view(ctx, &t, run_id.clone()).await?, run_id) {
         (Some(run), _) => Ok(broca_core::views::status_answer(&run)),
         (None, Some(_)) => Ok(serde_json::json!({"state": "unknown"})),
-        (None, None) => Err(RpcError::permanent(
-            404,
-            "unknown_run",
+        (None, None) => Err(RpcError::new(
+            broca_wire::Code::UnknownRun,
             "this session has no run yet",
         )),
     }
@@ -458,27 +440,25 @@ async fn read(
             let page = broca_core::role::read_page(session.as_ref(), &incarnation, &req);
             // The page's snapshot ends after the last record it read: a subscription from
             // this head continues strictly after it.
-            Ok::<_, String>(page.map(|p| match last_seq {
+            Ok::<_, broca_core::ReadError>(page.map(|p| match last_seq {
                 Some(seq) => p.with_head(head_position(seq)),
                 None => p,
             }))
         })
         .await
-        .map_err(|e| RpcError::transient(500, "internal", e))?;
+        .map_err(unreadable)?;
     match page {
         Ok(page) => Ok(serde_json::to_value(page).expect("a page serializes")),
         Err(ReadRefusal::Invalid { field, why }) => Err(invalid(why).with_field(field)),
-        Err(ReadRefusal::HistoryChanged(v)) => Err(RpcError::permanent(
-            409,
-            "history_changed",
+        Err(ReadRefusal::HistoryChanged(v)) => Err(RpcError::new(
+            broca_wire::Code::HistoryChanged,
             format!(
                 "the cursor is of history version {v}; this session's is {}",
                 broca_core::role::HISTORY_VERSION
             ),
         )),
-        Err(ReadRefusal::UnknownMid(mid)) => Err(RpcError::permanent(
-            404,
-            "unknown_mid",
+        Err(ReadRefusal::UnknownMid(mid)) => Err(RpcError::new(
+            broca_wire::Code::UnknownMid,
             format!("no message `{}` in this session", mid.escape_debug()),
         )),
     }
@@ -490,10 +470,10 @@ async fn head(ctx: &Arc<ServeCtx>, t: SessionTriple) -> Result<Value, RpcError> 
     let head = glommio::executor()
         .spawn_blocking(move || {
             let (session, incarnation, _) = entries_of(&path)?;
-            Ok::<_, String>(broca_core::role::head(session.as_ref(), &incarnation))
+            Ok::<_, broca_core::ReadError>(broca_core::role::head(session.as_ref(), &incarnation))
         })
         .await
-        .map_err(|e| RpcError::transient(500, "internal", e))?;
+        .map_err(unreadable)?;
     Ok(serde_json::to_value(head).expect("a head serializes"))
 }
 
@@ -511,16 +491,18 @@ pub(crate) fn head_position(seq: u64) -> serde_json::Map<String, Value> {
 /// record. A session never written has no entries and the incarnation `none`.
 type Read = (Option<broca_core::Session>, String, Option<u64>);
 
-fn entries_of(path: &std::path::Path) -> Result<Read, String> {
-    let found = broca_wal::verify::read_and_scan_if_any(path).map_err(|e| e.to_string())?;
-    let Some((bytes, scan)) = found else {
-        return Ok((None, "none".to_string(), None));
-    };
-    let last_seq = scan.frames.last().map(|f| f.seq);
-    let session = broca_core::Session::with_entries()
-        .replay_scan_into(&scan, &bytes)
-        .map_err(|e| format!("{}: record {}: {}", path.display(), e.seq, e.reason))?;
-    Ok((Some(session), scan.header.lineage_hex(), last_seq))
+fn entries_of(path: &std::path::Path) -> Result<Read, broca_core::ReadError> {
+    Ok(
+        match broca_core::read_session(path, broca_core::Keep::Entries)? {
+            Some(r) => (Some(r.session), r.lineage, r.last_seq),
+            None => (None, "none".to_string(), None),
+        },
+    )
+}
+
+/// The refusal of a session whose WAL cannot be read (the error names the file).
+fn unreadable(e: broca_core::ReadError) -> RpcError {
+    RpcError::new(broca_wire::Code::SessionUnavailable, e.to_string())
 }
 
 #[cfg(test)]

@@ -186,7 +186,7 @@ impl Front {
     }
 
     async fn error(&self, channel: u16, epoch: u32, corr: u64, e: &RpcError) {
-        let body = ErrorBody::new(e.code, e.message.clone()).with_detail(e.detail_body());
+        let body = ErrorBody::new(e.code.as_str(), e.message.clone()).with_detail(e.detail_body());
         let body = serde_json::to_value(body).expect("an error body serializes");
         self.reply(FrameType::Error, channel, epoch, corr, &body)
             .await;
@@ -220,17 +220,15 @@ impl Front {
                         .detach();
                     }
                     Some(_) => {
-                        let e = RpcError::permanent(
-                            409,
-                            "stale_route_epoch",
+                        let e = RpcError::new(
+                            broca_wire::Code::StaleRouteEpoch,
                             format!("route {} was bound again since", h.channel),
                         );
                         self.error(h.channel, h.epoch, h.corr, &e).await;
                     }
                     None => {
-                        let e = RpcError::permanent(
-                            404,
-                            "unknown_channel",
+                        let e = RpcError::new(
+                            broca_wire::Code::UnknownChannel,
                             format!("no route is bound on channel {}", h.channel),
                         );
                         self.error(h.channel, h.epoch, h.corr, &e).await;
@@ -323,9 +321,8 @@ impl Front {
                     }
                 }
                 Err(e) => {
-                    let e = RpcError::permanent(
-                        400,
-                        "invalid_request",
+                    let e = RpcError::new(
+                        broca_wire::Code::InvalidRequest,
                         format!("a control request broca does not take: {e}"),
                     );
                     self.error(0, 0, h.corr, &e).await;
@@ -347,14 +344,17 @@ impl Front {
         caller: broca_wire::Caller,
         raw: &[u8],
     ) -> Result<(), RpcError> {
-        let refuse = |code, why: String| RpcError::permanent(400, code, why);
+        let refuse = |code, why: String| RpcError::new(code, why);
         if channel == 0 {
-            return Err(refuse("invalid_request", "a route on channel 0".into()));
+            return Err(refuse(
+                broca_wire::Code::InvalidRequest,
+                "a route on channel 0".into(),
+            ));
         }
         if let Some(r) = self.routes.borrow().get(&channel) {
             if epoch <= r.epoch {
                 return Err(refuse(
-                    "route_rejected",
+                    broca_wire::Code::RouteRejected,
                     format!("channel {channel} is bound at epoch {} already", r.epoch),
                 ));
             }
@@ -369,8 +369,13 @@ impl Front {
             .and_then(|s| s.workdir.clone())
             .or(legacy)
             .unwrap_or_else(|| NO_WORKDIR_ROOT.to_string());
-        let triple = SessionTriple::new(&root, &identity.harness, &identity.session)
-            .map_err(|e| refuse("invalid_request", format!("the bind's session: {e}")))?;
+        let triple =
+            SessionTriple::new(&root, &identity.harness, &identity.session).map_err(|e| {
+                refuse(
+                    broca_wire::Code::InvalidRequest,
+                    format!("the bind's session: {e}"),
+                )
+            })?;
         self.routes.borrow_mut().insert(
             channel,
             Route {
@@ -393,9 +398,7 @@ impl Front {
                 let body = json!({ "result": result });
                 let bytes = serde_json::to_vec(&body).expect("JSON values serialize");
                 if bytes.len() + broca_subc::protocol::HEADER_LEN > MAX_DELIVERED_FRAME_LEN {
-                    let e = RpcError::permanent(
-                        413,
-                        "reply_too_large",
+                    let e = RpcError::new(broca_wire::Code::ReplyTooLarge,
                         format!(
                             "the answer is {} bytes, more than a frame carries ({MAX_DELIVERED_FRAME_LEN})",
                             bytes.len()
@@ -430,7 +433,10 @@ impl Front {
             Err(e) => return self.error(channel, epoch, corr, &e).await,
         };
         if self.ctx.is_stopping() {
-            let e = RpcError::transient(503, "shutting_down", "broca is stopping; retry later");
+            let e = RpcError::new(
+                broca_wire::Code::ShuttingDown,
+                "broca is stopping; retry later",
+            );
             return self.error(channel, epoch, corr, &e).await;
         }
         let (tx, mut rx) = futures_channel::mpsc::channel::<SubItem>(SUB_CHANNEL_ITEMS);
@@ -443,18 +449,23 @@ impl Front {
             gone,
         };
         if self.ctx.mesh.try_send(shard, msg).is_err() {
-            let e = RpcError::transient(503, "shard_busy", "the session's shard is busy; retry");
+            let e = RpcError::new(
+                broca_wire::Code::ShardBusy,
+                "the session's shard is busy; retry",
+            );
             return self.error(channel, epoch, corr, &e).await;
         }
         match rx.next().await {
             Some(SubItem::Ready) => {}
             Some(SubItem::Refused(why)) => {
-                let e = RpcError::permanent(400, "invalid_params", why);
+                let e = RpcError::new(broca_wire::Code::InvalidParams, why);
                 return self.error(channel, epoch, corr, &e).await;
             }
             _ => {
-                let e =
-                    RpcError::transient(503, "session_unavailable", "the session went away; retry");
+                let e = RpcError::new(
+                    broca_wire::Code::SessionUnavailable,
+                    "the session went away; retry",
+                );
                 return self.error(channel, epoch, corr, &e).await;
             }
         }
@@ -608,7 +619,7 @@ fn is_method(body: &[u8], method: &str) -> bool {
 /// Where a route's subscription starts: `params.from` is `start`, `live` (the default) or a
 /// cursor `<wal_seq>.<sub_index>`.
 fn subscribe_from(body: &[u8]) -> Result<SubFrom, RpcError> {
-    let invalid = |why: String| RpcError::permanent(400, "invalid_params", why);
+    let invalid = |why: String| RpcError::new(broca_wire::Code::InvalidParams, why);
     let v: Value = serde_json::from_slice(body).map_err(|e| invalid(e.to_string()))?;
     let params = v.get("params").cloned().unwrap_or_else(|| json!({}));
     let Some(params) = params.as_object() else {
@@ -645,21 +656,20 @@ fn subscribe_from(body: &[u8]) -> Result<SubFrom, RpcError> {
 /// The request with the route's session in its params; a request that names a session of
 /// its own is refused (the route names it).
 fn bound_body(body: &[u8], t: &SessionTriple) -> Result<Vec<u8>, RpcError> {
-    let invalid = |why: String| RpcError::permanent(400, "invalid_request", why);
+    let invalid = |why: String| RpcError::new(broca_wire::Code::InvalidRequest, why);
     let mut v: Value = serde_json::from_slice(body)
         .map_err(|e| invalid(format!("the body is not {{\"method\", \"params\"}}: {e}")))?;
     let obj = v
         .as_object_mut()
         .ok_or_else(|| invalid("the body is not an object".into()))?;
     let params = obj.entry("params").or_insert_with(|| json!({}));
-    let params = params
-        .as_object_mut()
-        .ok_or_else(|| RpcError::permanent(400, "invalid_params", "`params` is not an object"))?;
+    let params = params.as_object_mut().ok_or_else(|| {
+        RpcError::new(broca_wire::Code::InvalidParams, "`params` is not an object")
+    })?;
     for key in ["project_root", "harness", "session"] {
         if params.contains_key(key) {
-            return Err(RpcError::permanent(
-                400,
-                "invalid_params",
+            return Err(RpcError::new(
+                broca_wire::Code::InvalidParams,
                 format!("`{key}`: a request on a route names no session (the route does)"),
             ));
         }

@@ -36,7 +36,7 @@ struct Params {
 /// (`Last-Event-ID` wins over `from`; with neither, live), and the WebSocket key when the
 /// client asks to upgrade.
 fn params(head: &RequestHead) -> Result<Params, RpcError> {
-    let invalid = |m: String| RpcError::permanent(400, "invalid_params", m);
+    let invalid = |m: String| RpcError::new(broca_wire::Code::InvalidParams, m);
     let q = |k: &str| head.query(k);
     let (Some(p), Some(h), Some(s)) = (q("project_root"), q("harness"), q("session")) else {
         return Err(invalid(
@@ -65,9 +65,8 @@ fn params(head: &RequestHead) -> Result<Params, RpcError> {
         (false, _) => None,
         (true, Some(key)) => Some(key.to_string()),
         (true, None) => {
-            return Err(RpcError::permanent(
-                400,
-                "invalid_request",
+            return Err(RpcError::new(
+                broca_wire::Code::InvalidRequest,
                 "a WebSocket upgrade needs Sec-WebSocket-Key",
             ))
         }
@@ -85,7 +84,7 @@ pub(super) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     head: &RequestHead,
     stream: &mut S,
 ) {
-    let refuse = |e: RpcError| response(e.status, JSON, &e.body(), false);
+    let refuse = |e: RpcError| response(e.status(), JSON, &e.body(), false);
     let p = match params(head) {
         Ok(p) => p,
         Err(e) => {
@@ -94,7 +93,10 @@ pub(super) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         }
     };
     if ctx.is_stopping() {
-        let e = RpcError::transient(503, "shutting_down", "broca is stopping; retry later");
+        let e = RpcError::new(
+            broca_wire::Code::ShuttingDown,
+            "broca is stopping; retry later",
+        );
         let _ = stream.write_all(&refuse(e)).await;
         return;
     }
@@ -110,13 +112,12 @@ pub(super) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     };
     if let Err(e) = ctx.mesh.try_send(shard, msg) {
         let e = match e {
-            super::mesh::MeshError::Full => RpcError::transient(
-                503,
-                "shard_busy",
+            super::mesh::MeshError::Full => RpcError::new(
+                broca_wire::Code::ShardBusy,
                 "the session's shard has too many commands waiting; retry shortly",
             ),
             super::mesh::MeshError::Gone => {
-                RpcError::transient(503, "session_unavailable", "retry")
+                RpcError::new(broca_wire::Code::SessionUnavailable, "retry")
             }
         };
         let _ = stream.write_all(&refuse(e)).await;
@@ -125,12 +126,15 @@ pub(super) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     match rx.next().await {
         Some(SubItem::Ready) => {}
         Some(SubItem::Refused(why)) => {
-            let e = RpcError::permanent(400, "invalid_params", why);
+            let e = RpcError::new(broca_wire::Code::InvalidParams, why);
             let _ = stream.write_all(&refuse(e)).await;
             return;
         }
         _ => {
-            let e = RpcError::transient(503, "session_unavailable", "the session went away; retry");
+            let e = RpcError::new(
+                broca_wire::Code::SessionUnavailable,
+                "the session went away; retry",
+            );
             let _ = stream.write_all(&refuse(e)).await;
             return;
         }

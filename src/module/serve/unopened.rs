@@ -41,15 +41,12 @@ pub(super) async fn view_from_wal(
     reply: oneshot::Sender<Option<broca_core::RunView>>,
 ) {
     let view = glommio::executor()
-        .spawn_blocking(move || -> Result<Option<broca_core::RunView>, String> {
-            let Some((bytes, scan)) =
-                broca_wal::verify::read_and_scan_if_any(&path).map_err(|e| e.to_string())?
-            else {
+        .spawn_blocking(move || {
+            let Some(read) = broca_core::read_session(&path, broca_core::Keep::State)? else {
                 return Ok(None);
             };
-            let session = broca_core::Session::replay_scan(&scan, &bytes)
-                .map_err(|e| format!("record {}: {}", e.seq, e.reason))?;
-            Ok(match run_id {
+            let session = read.session;
+            Ok::<_, broca_core::ReadError>(match run_id {
                 Some(id) => session.run(&id).cloned(),
                 None => session.runs.last().cloned(),
             })

@@ -10,11 +10,15 @@ pub mod cli;
 pub use broca_archive as archive;
 pub use broca_catalog as catalog;
 pub use broca_core as core;
+pub use broca_daemon as daemon;
+pub use broca_host as host;
 pub use broca_import as import;
-pub use broca_module as module;
 pub use broca_owner_only as owner_only;
 pub use broca_protocol as protocol;
 pub use broca_provider as provider;
+pub use broca_run as run;
+pub use broca_serve as serve;
+pub use broca_session as session;
 pub use broca_store as store;
 pub use broca_subc as subc;
 pub use broca_tools as tools;
@@ -27,4 +31,4 @@ pub mod wal {
     pub use broca_wal_writer::{Recovered, WalWriter};
 }
 
-pub use broca_module::{errln, out, outln};
+pub use broca_io::{errln, out, outln};

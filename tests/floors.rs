@@ -1,6 +1,8 @@
 //! The floors of docs/architecture.md, checked on the workspace's manifests: every crate
-//! depends only on crates of lower floors, and broca-core's whole dependency tree holds no
-//! I/O crate (no glommio, broca-io, broca-shards, heed, tokio): core is sans-IO.
+//! depends only on crates of lower floors; broca-core's whole dependency tree holds no I/O
+//! crate (no glommio, broca-io, broca-shards, heed, tokio): core is sans-IO; the runtime
+//! (broca-shards) uses broca-io and nothing else of ours; and the test doubles
+//! (broca-testkit) are never a production crate's dependency.
 
 use std::collections::HashMap;
 use std::process::Command;
@@ -14,22 +16,31 @@ const FLOORS: &[(&str, u32)] = &[
     ("broca-wal", 1),
     ("broca-catalog", 1),
     ("broca-wire", 1),
-    ("broca-tools", 1),
     ("broca-subc", 1),
+    ("broca-tools", 2),
     ("broca-provider", 2),
     ("broca-archive", 2),
-    ("broca-wal-writer", 3),
     ("broca-core", 2),
     ("broca-import", 2),
+    ("broca-wal-writer", 3),
     ("broca-store", 3),
-    ("broca-module", 4),
-    ("broca", 5),
-    ("broca-bench", 6),
-    ("broca-crash-tests", 6),
+    ("broca-testkit", 3),
+    ("broca-session", 4),
+    ("broca-crash-points", 5),
+    ("broca-host", 6),
+    ("broca-run", 6),
+    ("broca-serve", 7),
+    ("broca-daemon", 7),
+    ("broca", 8),
+    ("broca-bench", 9),
+    ("broca-crash-tests", 9),
 ];
 
 /// Crates that must not be anywhere in broca-core's tree.
 const IO_CRATES: &[&str] = &["glommio", "broca-io", "broca-shards", "heed", "tokio"];
+
+/// Crates of tests and benchmarks, the only ones the test doubles may be a dependency of.
+const TEST_CRATES: &[&str] = &["broca-bench", "broca-crash-tests"];
 
 fn cargo() -> Command {
     let mut c = Command::new(env!("CARGO"));
@@ -37,8 +48,8 @@ fn cargo() -> Command {
     c
 }
 
-#[test]
-fn every_crate_depends_only_on_lower_floors() {
+/// The workspace's packages, as `cargo metadata` describes them.
+fn packages() -> Vec<serde_json::Value> {
     let out = cargo()
         .args([
             "metadata",
@@ -55,9 +66,57 @@ fn every_crate_depends_only_on_lower_floors() {
         String::from_utf8_lossy(&out.stderr)
     );
     let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    meta["packages"].as_array().unwrap().clone()
+}
+
+/// The workspace crates `pkg` depends on with `kind` (`None`: normal dependencies).
+fn ours<'a>(pkg: &'a serde_json::Value, kind: Option<&str>) -> Vec<&'a str> {
+    pkg["dependencies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["kind"].as_str() == kind)
+        .filter_map(|d| d["name"].as_str())
+        .filter(|n| FLOORS.iter().any(|(f, _)| f == n))
+        .collect()
+}
+
+#[test]
+fn the_runtime_uses_broca_io_alone_and_no_production_crate_uses_the_test_doubles() {
+    let packages = packages();
+    let shards = packages
+        .iter()
+        .find(|p| p["name"] == "broca-shards")
+        .unwrap();
+    assert_eq!(
+        ours(shards, None),
+        vec!["broca-io"],
+        "broca-shards knows nothing of LLMs"
+    );
+    let mut dev_users = 0;
+    for pkg in &packages {
+        let name = pkg["name"].as_str().unwrap();
+        if TEST_CRATES.contains(&name) {
+            continue;
+        }
+        assert!(
+            !ours(pkg, None).contains(&"broca-testkit"),
+            "{name} depends on broca-testkit: the test doubles are for tests only"
+        );
+        dev_users += usize::from(ours(pkg, Some("dev")).contains(&"broca-testkit"));
+    }
+    assert!(
+        dev_users > 0,
+        "the tests use the test doubles (the check looked at them)"
+    );
+}
+
+#[test]
+fn every_crate_depends_only_on_lower_floors() {
+    let packages = packages();
     let floors: HashMap<&str, u32> = FLOORS.iter().copied().collect();
     let mut seen = Vec::new();
-    for pkg in meta["packages"].as_array().unwrap() {
+    for pkg in &packages {
         let name = pkg["name"].as_str().unwrap();
         let Some(&floor) = floors.get(name) else {
             panic!("{name} has no floor in this table (and in docs/architecture.md)")

@@ -7,14 +7,14 @@ use std::rc::Rc;
 use broca::core::admission::SendRequest;
 use broca::core::machine::Outcome;
 use broca::core::RunState;
-use broca::module::scripted::{CountingTools, Script, ScriptedModel};
-use broca::module::session::{ActorError, CrashPlan, SessionActor};
+use broca::session::{ActorError, CrashPlan, SessionActor};
 use broca::wal::runrec::FinishKind;
 use broca::wal::verify::read_and_scan;
 use broca::wal::writer::wal_path;
 use broca::wal::{Record, SessionTriple};
 use broca_io::{Committer, LogConfig};
 use broca_shards::run_local;
+use broca_testkit::{CountingTools, Script, ScriptedModel};
 
 fn triple() -> SessionTriple {
     SessionTriple::new("/proj", "test", "run").unwrap()
@@ -23,18 +23,30 @@ fn triple() -> SessionTriple {
 type Actor = SessionActor<ScriptedModel, CountingTools>;
 
 async fn open(dir: &Path, script: Script, tools: &CountingTools) -> Actor {
-    let mut actor = SessionActor::open(
+    open_crashing(dir, script, tools, CrashPlan::default()).await
+}
+
+/// The session, stopping as if the process died where `plan` says.
+async fn open_crashing(
+    dir: &Path,
+    script: Script,
+    tools: &CountingTools,
+    plan: CrashPlan,
+) -> Actor {
+    let actor = SessionActor::opener(
         dir,
         &triple(),
         Rc::new(ScriptedModel::new(script)),
         Rc::new(tools.clone()),
-        CountingTools::specs(&["echo", "write"]),
-        LogConfig::default(),
-        Committer::default(),
     )
+    .tool_specs(CountingTools::specs(&["echo", "write"]))
+    .log(LogConfig::default())
+    .committer(Committer::default())
+    .crash_plan(plan)
+    .timer_permille(0)
+    .open()
     .await
     .unwrap();
-    actor.set_timer_permille(0);
     actor
 }
 
@@ -82,13 +94,13 @@ struct DurabilityProbe {
     seen: Rc<std::cell::RefCell<Vec<(String, bool)>>>,
 }
 
-impl broca::module::ToolRunner for DurabilityProbe {
+impl broca::tools::ToolRunner for DurabilityProbe {
     async fn call(
         &self,
         call: broca::protocol::ToolCall,
         route: String,
-        origin: broca::module::ToolOrigin,
-    ) -> broca::module::ToolOutcome {
+        origin: broca::tools::ToolOrigin,
+    ) -> broca::tools::ToolOutcome {
         let (bytes, scan) = read_and_scan(&self.wal).unwrap();
         let on_disk = scan.decode(&bytes).unwrap().records.iter().any(|(_, r)| {
             matches!(r, Record::ToolDispatchIntent(i) if i.calls.iter().any(|c| c.id == call.id))
@@ -126,18 +138,19 @@ fn a_run_completes_with_each_intent_durable_before_its_results_and_one_terminal(
         ..LogConfig::default()
     };
     let outcome = run_local(async {
-        let mut a = SessionActor::open(
+        let mut a = SessionActor::opener(
             dir.path(),
             &triple(),
             Rc::new(ScriptedModel::new(script)),
             Rc::new(probe.clone()),
-            CountingTools::specs(&["echo", "write"]),
-            cfg,
-            Committer::default(),
         )
+        .tool_specs(CountingTools::specs(&["echo", "write"]))
+        .log(cfg)
+        .committer(Committer::default())
+        .timer_permille(0)
+        .open()
         .await
         .unwrap();
-        a.set_timer_permille(0);
         let reply = a.send(&send("do things", "s1")).await.unwrap();
         let outcome = a.run_admitted().await.unwrap();
         assert_eq!(
@@ -240,11 +253,11 @@ fn a_crash_after_the_intent_leaves_the_calls_indeterminate_and_the_next_send_res
     };
     // Appends: RunStarted, StepStarted, ModelStepFinished, ToolDispatchIntent: crash there.
     run_local(async {
-        let mut a = open(dir.path(), script.clone(), &tools).await;
-        a.set_crash_plan(CrashPlan {
+        let plan = CrashPlan {
             after_appends: Some(4),
             durable: true,
-        });
+        };
+        let mut a = open_crashing(dir.path(), script.clone(), &tools, plan).await;
         a.send(&send("go", "s1")).await.unwrap();
         assert!(matches!(
             a.run_admitted().await,

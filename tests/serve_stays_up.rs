@@ -260,8 +260,8 @@ fn sessions_that_find_no_descriptor_are_refused_clearly_and_logged_in_summary() 
 /// 200 KiB each, answered by the scripted model.
 fn big_wal(state: &Path, mib: usize) {
     use broca::core::admission::SendRequest;
-    use broca::module::scripted::{CountingTools, Script, ScriptedModel};
-    use broca::module::session::SessionActor;
+    use broca::session::SessionActor;
+    use broca_testkit::{CountingTools, Script, ScriptedModel};
     let wal_dir = state.join("wal");
     broca::owner_only::create_dir(&wal_dir).unwrap();
     let triple = broca::wal::SessionTriple::new("/proj", "h", "s1").unwrap();
@@ -271,15 +271,16 @@ fn big_wal(state: &Path, mib: usize) {
             tool_step_percent: 0,
             ..Script::default()
         };
-        let mut actor: SessionActor<ScriptedModel, CountingTools> = SessionActor::open(
+        let mut actor: SessionActor<ScriptedModel, CountingTools> = SessionActor::opener(
             &wal_dir,
             &triple,
             Rc::new(ScriptedModel::new(script)),
             Rc::new(CountingTools::default()),
-            Vec::new(),
-            broca_io::LogConfig::default(),
-            broca_io::Committer::default(),
         )
+        .tool_specs(Vec::new())
+        .log(broca_io::LogConfig::default())
+        .committer(broca_io::Committer::default())
+        .open()
         .await
         .unwrap();
         for i in 0..runs {

@@ -4,11 +4,11 @@
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
-use broca::module::scripted::{CountingTools, Script, ScriptedModel};
-use broca::module::session::SessionActor;
+use broca::session::SessionActor;
 use broca::store::{project, Store};
 use broca::wal::SessionTriple;
 use broca_io::{Committer, LogConfig};
+use broca_testkit::{CountingTools, Script, ScriptedModel};
 
 /// Two runs of a scripted session (the second one repeats the first's send_id).
 fn session_wal(dir: &Path) -> PathBuf {
@@ -30,15 +30,16 @@ fn session_wal_named(
 ) -> PathBuf {
     let t = SessionTriple::new("/store", "unit", session).unwrap();
     broca_shards::run_local(async {
-        let mut a = SessionActor::open(
+        let mut a = SessionActor::opener(
             dir,
             &t,
             Rc::new(ScriptedModel::new(Script::default())),
             Rc::new(CountingTools::default()),
-            CountingTools::specs(&["echo"]),
-            LogConfig::default(),
-            Committer::default(),
         )
+        .tool_specs(CountingTools::specs(&["echo"]))
+        .log(LogConfig::default())
+        .committer(Committer::default())
+        .open()
         .await
         .unwrap();
         for send_id in send_ids {

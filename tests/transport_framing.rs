@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::thread;
 
-use broca::module::ModelStream;
+use broca::protocol::model::ModelStream;
 use broca::protocol::{ClassifiedError, ErrorClass, FinishReason, StreamEvent};
 use broca::provider::transport::HttpModelStream;
 use broca::provider::{Framing, Normalized, StreamNormalizer};

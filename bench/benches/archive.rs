@@ -21,12 +21,12 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use broca::module::scripted::{CountingTools, Script, ScriptedModel};
-use broca::module::session::SessionActor;
+use broca::session::SessionActor;
 use broca::wal::writer::wal_path;
 use broca::wal::SessionTriple;
 use broca_bench::percentile;
 use broca_io::{Committer, LogConfig};
+use broca_testkit::{CountingTools, Script, ScriptedModel};
 
 fn env_num(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -87,15 +87,16 @@ fn main() {
                     tool_step_percent: 60,
                     ..Script::default()
                 };
-                let mut a = SessionActor::open(
+                let mut a = SessionActor::opener(
                     &wal,
                     t,
                     Rc::new(ScriptedModel::new(script)),
                     Rc::new(CountingTools::default()),
-                    CountingTools::specs(&["echo"]),
-                    LogConfig::default(),
-                    committer.clone(),
                 )
+                .tool_specs(CountingTools::specs(&["echo"]))
+                .log(LogConfig::default())
+                .committer(committer.clone())
+                .open()
                 .await
                 .unwrap();
                 for r in 0..runs {
@@ -169,7 +170,7 @@ fn main() {
     let mut seed = 0x9E37_79B9_7F4A_7C15u64;
     let picks: Vec<usize> = (0..1000)
         .map(|_| {
-            seed = broca::module::scripted::mix(seed);
+            seed = broca_testkit::mix(seed);
             (seed % sessions as u64) as usize
         })
         .collect();

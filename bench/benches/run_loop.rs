@@ -11,14 +11,14 @@ use std::time::{Duration, Instant};
 
 use broca::core::machine::{Command, Event, RunMachine};
 use broca::core::Session;
-use broca::module::scripted::{CountingTools, Script, ScriptedModel};
-use broca::module::session::SessionActor;
 use broca::protocol::{FinishReason, Message, StreamEvent, Usage};
+use broca::session::SessionActor;
 use broca::wal::runrec::{CachePolicy, FrozenConfig, ResultBlock, StopConditions};
 use broca::wal::verify::read_and_scan;
 use broca::wal::writer::wal_path;
 use broca::wal::SessionTriple;
 use broca_io::{Committer, LogConfig};
+use broca_testkit::{CountingTools, Script, ScriptedModel};
 use criterion::{Criterion, Throughput};
 
 const STEPS_PER_RUN: u32 = 50;
@@ -131,17 +131,14 @@ fn build_wal(dir: &Path, records: u64) -> std::path::PathBuf {
             ..Script::default()
         };
         let tools = CountingTools::default();
-        let mut a = SessionActor::open(
-            dir,
-            &t,
-            Rc::new(ScriptedModel::new(script)),
-            Rc::new(tools),
-            CountingTools::specs(&["echo"]),
-            LogConfig::default(),
-            Committer::default(),
-        )
-        .await
-        .unwrap();
+        let mut a =
+            SessionActor::opener(dir, &t, Rc::new(ScriptedModel::new(script)), Rc::new(tools))
+                .tool_specs(CountingTools::specs(&["echo"]))
+                .log(LogConfig::default())
+                .committer(Committer::default())
+                .open()
+                .await
+                .unwrap();
         let mut i = 0;
         while a.writer().next_seq() < records {
             let req = broca::core::SendRequest {

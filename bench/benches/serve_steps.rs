@@ -78,16 +78,16 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use broca::core::admission::SendRequest;
-use broca::module::scripted::CountingTools;
-use broca::module::session::SessionActor;
 use broca::provider::credential::EnvSecrets;
 use broca::provider::transport::{Endpoints, HttpModelClient};
+use broca::session::SessionActor;
 use broca::wal::SessionTriple;
 use broca_bench::{percentile, raise_fd_limit};
 use broca_io::http_server::{RequestDecoder, ServerLimits};
 use broca_io::net::proxy::ProxyConfig;
 use broca_io::net::{tls, ClientConfig, HttpClient};
 use broca_io::{Committer, LogConfig};
+use broca_testkit::CountingTools;
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 
 const TOOL_STEP: &str = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"usage\":{\"input_tokens\":50,\"output_tokens\":1}}}\n\n\
@@ -250,17 +250,13 @@ fn workload(dir: &std::path::Path, port: u16, sessions: usize, runs: usize) -> O
                         (dir.clone(), model.clone(), tools.clone(), committer.clone());
                     async move {
                         let triple = SessionTriple::new("/bench", "serve-steps", &name).unwrap();
-                        SessionActor::open(
-                            &dir,
-                            &triple,
-                            model,
-                            tools,
-                            CountingTools::specs(&["echo"]),
-                            LogConfig::default(),
-                            committer,
-                        )
-                        .await
-                        .expect("the session opens")
+                        SessionActor::opener(&dir, &triple, model, tools)
+                            .tool_specs(CountingTools::specs(&["echo"]))
+                            .log(LogConfig::default())
+                            .committer(committer)
+                            .open()
+                            .await
+                            .expect("the session opens")
                     }
                 };
                 let mut actor = open(0).await;
@@ -402,15 +398,16 @@ fn sessions_on_disk(dir: &std::path::Path, n: usize) -> (u64, u64, Duration) {
                 let (dir, committer, model) = (dir.clone(), committer.clone(), model.clone());
                 tasks.push(glommio::spawn_local(async move {
                     let triple = SessionTriple::new("/bench", "on-disk", &format!("s{i}")).unwrap();
-                    let actor = SessionActor::open(
+                    let actor = SessionActor::opener(
                         &dir,
                         &triple,
                         model,
                         Rc::new(CountingTools::default()),
-                        Vec::new(),
-                        LogConfig::default(),
-                        committer,
                     )
+                    .tool_specs(Vec::new())
+                    .log(LogConfig::default())
+                    .committer(committer)
+                    .open()
                     .await
                     .expect("the session opens");
                     actor.close().await.expect("closes");

@@ -19,13 +19,13 @@ use std::rc::Rc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use broca::module::scripted::{CountingTools, Script, ScriptedModel};
-use broca::module::session::SessionActor;
+use broca::session::SessionActor;
 use broca::store::Store;
 use broca::wal::writer::wal_path;
 use broca::wal::SessionTriple;
 use broca_bench::percentile;
 use broca_io::{Committer, LogConfig};
+use broca_testkit::{CountingTools, Script, ScriptedModel};
 
 fn env_num(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -88,15 +88,16 @@ fn main() {
                             tool_step_percent: 60,
                             ..Script::default()
                         };
-                        let mut a = SessionActor::open(
+                        let mut a = SessionActor::opener(
                             &wal,
                             &t,
                             Rc::new(ScriptedModel::new(script)),
                             Rc::new(CountingTools::default()),
-                            CountingTools::specs(&["echo"]),
-                            LogConfig::default(),
-                            committer,
                         )
+                        .tool_specs(CountingTools::specs(&["echo"]))
+                        .log(LogConfig::default())
+                        .committer(committer)
+                        .open()
                         .await
                         .unwrap();
                         for r in 0..runs {

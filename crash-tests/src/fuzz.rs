@@ -46,7 +46,7 @@ pub fn http_response(data: &[u8]) {
 
 /// The management request parsing (envelope, method, triple, send parameters, admission).
 pub fn management_json(data: &[u8]) {
-    let _ = broca::module::serve::check_request(data);
+    let _ = broca::host::check_request(data);
 }
 
 /// The AWS event-stream decoder (both CRCs), fed in two chunks.

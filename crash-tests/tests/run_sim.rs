@@ -10,15 +10,15 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use broca::core::admission::SendRequest;
-use broca::module::scripted::{mix, CountingTools, Script, ScriptedModel};
-use broca::module::session::{ActorError, CrashPlan, SessionActor};
 use broca::protocol::{Block, Message};
+use broca::session::{ActorError, CrashPlan, SessionActor};
 use broca::wal::runrec::FinishKind;
 use broca::wal::verify::read_and_scan;
 use broca::wal::writer::wal_path;
 use broca::wal::{scan, Record, SessionTriple, Verdict};
 use broca_io::{Committer, LogConfig};
 use broca_shards::run_local;
+use broca_testkit::{mix, CountingTools, Script, ScriptedModel};
 
 type Actor = SessionActor<ScriptedModel, CountingTools>;
 
@@ -55,19 +55,21 @@ fn scenario(seed: u64) -> Scenario {
     Scenario { script, sends }
 }
 
-async fn open(dir: &Path, s: &Scenario, tools: &CountingTools) -> Actor {
-    let mut a = SessionActor::open(
+async fn open(dir: &Path, s: &Scenario, tools: &CountingTools, plan: CrashPlan) -> Actor {
+    let a = SessionActor::opener(
         dir,
         &triple(),
         Rc::new(ScriptedModel::new(s.script.clone())),
         Rc::new(tools.clone()),
-        CountingTools::specs(&["echo", "write"]),
-        LogConfig::default(),
-        Committer::default(),
     )
+    .tool_specs(CountingTools::specs(&["echo", "write"]))
+    .log(LogConfig::default())
+    .committer(Committer::default())
+    .crash_plan(plan)
+    .timer_permille(0)
+    .open()
     .await
     .expect("open the session");
-    a.set_timer_permille(0);
     a
 }
 
@@ -87,11 +89,11 @@ fn crash_life(
     durable: bool,
 ) -> Option<Crash> {
     run_local(async {
-        let mut a = open(dir, s, tools).await;
-        a.set_crash_plan(CrashPlan {
+        let plan = CrashPlan {
             after_appends: Some(k),
             durable,
-        });
+        };
+        let mut a = open(dir, s, tools, plan).await;
         let mut acked = Vec::new();
         for req in &s.sends {
             let step = async {
@@ -154,7 +156,7 @@ fn check_schedule(seed: u64, k: u64, durable: bool, counts: &mut Counts) -> bool
     // Life 2: reopen, check the replayed prefix, resume, retry the acknowledged sends, finish.
     let before_retry_bytes = std::cell::RefCell::new(Vec::new());
     run_local(async {
-        let mut a = open(dir.path(), &s, &tools).await;
+        let mut a = open(dir.path(), &s, &tools, CrashPlan::default()).await;
         let replayed = a.state().transcript.clone();
         check_prefix(&replayed, &crash.live_transcript, durable && !torn, &ctx);
         if let Some((_, outcome)) = a.resume().await.expect("resume") {

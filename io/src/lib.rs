@@ -13,6 +13,7 @@
 //! - [`fs`]: small file-system helpers: alignment probing, directory fsync, advisory locks.
 //! - [`power_loss`]: the simulated power loss of crash tests (writes held until their sync,
 //!   a ledger of directory entries not yet durable).
+//! - [`outln!`], [`out!`], [`errln!`]: stdout and stderr writes that never panic.
 
 pub mod commit;
 pub mod eventstream;
@@ -27,3 +28,36 @@ pub mod sse;
 
 pub use commit::{CommitStats, Committer};
 pub use log::{FaultHook, FaultPoint, LogConfig, LogError, LogFile};
+
+/// Writes a line to stdout, ignoring failures: a closed or broken stdout must never take a
+/// daemon down (`println!` panics on a broken pipe).
+#[macro_export]
+macro_rules! outln {
+    () => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout());
+    }};
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// Writes to stdout without a newline, ignoring failures (see [`outln!`]).
+#[macro_export]
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// Writes a line to stderr, ignoring failures: a closed stderr must never panic broca
+/// (`eprintln!` does, on a broken pipe).
+#[macro_export]
+macro_rules! errln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}

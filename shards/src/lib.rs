@@ -1,9 +1,17 @@
 //! broca-shards: the thread-per-core runtime. It knows nothing of LLMs.
 //!
-//! One glommio executor per core, pinned with `Placement::Fixed`; a key (a session address)
-//! picks its shard with [`shard_for`]. Each shard owns what runs on it; work reaches another
-//! shard only through channels. Later: the cross-shard mesh and the per-shard services
-//! (group-commit scheduler, connection pools, timers) are wired here.
+//! One glommio executor per core, pinned with `Placement::Fixed` ([`run_pinned`]); a key (a
+//! session address) picks its shard with [`shard_for`]. Each shard owns what runs on it; work
+//! reaches another shard only as a message over the [`mesh`] (one bounded queue per shard).
+//! On a shard, a [`registry`] keeps one actor per key (started on first use, commands in
+//! order through a bounded inbox, closed when idle or to make room), [`timer`] has its
+//! periodic tasks and stop flags, and [`services`] what the shard owns once (its group-commit
+//! scheduler, its HTTP client).
+
+pub mod mesh;
+pub mod registry;
+pub mod services;
+pub mod timer;
 
 use std::future::Future;
 use std::io;

@@ -56,7 +56,7 @@ pub fn archive(mut pargs: pico_args::Arguments, help: bool, state_dir: Option<Pa
         Ok(false) => EXIT_FAILURE,
         Err(e) if e.starts_with("usage: ") => usage(&e["usage: ".len()..]),
         Err(e) => {
-            broca_module::errln!("broca: {e}");
+            broca_io::errln!("broca: {e}");
             EXIT_FAILURE
         }
     }
@@ -88,29 +88,29 @@ fn pack(mut pargs: pico_args::Arguments, state: &Path) -> Result<bool, String> {
             }
         }
         Progress::Looked { done, total } => {
-            broca_module::errln!("broca: {done} of {total} WALs looked at")
+            broca_io::errln!("broca: {done} of {total} WALs looked at")
         }
         Progress::Sealed { path, members } => {
             if tty {
                 eprint!("\r");
             }
-            broca_module::errln!("broca: sealed {} ({members} sessions)", path.display())
+            broca_io::errln!("broca: sealed {} ({members} sessions)", path.display())
         }
     };
     let started = std::time::Instant::now();
     let r = broca_archive::pack(state, &opts, &mut progress)?;
     if r.cleaned > 0 {
-        broca_module::errln!(
+        broca_io::errln!(
             "broca: removed {} temporary file(s) an interrupted pack or restore left",
             r.cleaned
         );
     }
     for (file, why) in &r.skipped {
-        broca_module::outln!("kept    {file}: {why}");
+        broca_io::outln!("kept    {file}: {why}");
     }
     let verb = if dry_run { "would pack" } else { "packed" };
     for m in &r.packed {
-        broca_module::outln!(
+        broca_io::outln!(
             "{verb:<7} {} ({}, {}, {}): {} bytes",
             m.file,
             m.project_root,
@@ -119,7 +119,7 @@ fn pack(mut pargs: pico_args::Arguments, state: &Path) -> Result<bool, String> {
             m.size
         );
     }
-    broca_module::outln!(
+    broca_io::outln!(
         "{verb} {} sessions ({} bytes) into {} container(s) in {:.1} s; {} kept live",
         r.packed.len(),
         r.bytes,
@@ -138,7 +138,7 @@ fn list(state: &Path) -> Result<bool, String> {
         match format::open(p) {
             Ok(c) => {
                 let bytes: u64 = c.index.members.iter().map(|m| m.size).sum();
-                broca_module::outln!(
+                broca_io::outln!(
                     "container {} ({} sessions, {bytes} bytes, sealed at {} ms)",
                     p.display(),
                     c.index.members.len(),
@@ -146,7 +146,7 @@ fn list(state: &Path) -> Result<bool, String> {
                 );
                 for m in &c.index.members {
                     let live = state.join("wal").join(&m.file).exists();
-                    broca_module::outln!(
+                    broca_io::outln!(
                         "  {} ({}, {}, {}): {} bytes, last seq {}, lineage {}{}",
                         m.file,
                         m.project_root,
@@ -165,15 +165,15 @@ fn list(state: &Path) -> Result<bool, String> {
             }
             Err(e) => {
                 ok = false;
-                broca_module::errln!("FAIL  {e}");
+                broca_io::errln!("FAIL  {e}");
             }
         }
     }
     let restored = std::fs::read_to_string(dir.join("restored.jsonl")).unwrap_or_default();
     for line in restored.lines() {
-        broca_module::outln!("restored {line}");
+        broca_io::outln!("restored {line}");
     }
-    broca_module::outln!("{} container(s)", paths.len());
+    broca_io::outln!("{} container(s)", paths.len());
     Ok(ok)
 }
 
@@ -192,14 +192,14 @@ pub fn verify_containers(paths: &[PathBuf]) -> usize {
     let mut failed = 0;
     for p in paths {
         match format::verify(p) {
-            Ok(c) => broca_module::outln!(
+            Ok(c) => broca_io::outln!(
                 "ok    {}: {} members, every digest matches",
                 p.display(),
                 c.index.members.len()
             ),
             Err(e) => {
                 failed += 1;
-                broca_module::errln!("FAIL  {e}");
+                broca_io::errln!("FAIL  {e}");
             }
         }
     }
@@ -237,9 +237,9 @@ fn restore(mut pargs: pico_args::Arguments, state: &Path) -> Result<bool, String
         };
     let wal = state.join("wal").join(&file);
     match broca_archive::restore(&wal)? {
-        Restored::AlreadyLive => broca_module::outln!("{file} is live already; nothing restored"),
+        Restored::AlreadyLive => broca_io::outln!("{file} is live already; nothing restored"),
         Restored::From(c) => {
-            broca_module::outln!("restored {} from {}", wal.display(), c.display())
+            broca_io::outln!("restored {} from {}", wal.display(), c.display())
         }
         Restored::NotArchived => {
             return Err(format!(

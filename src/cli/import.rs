@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use broca_import::Format;
-use broca_module::session::{log_files, ImportTarget};
-use broca_module::standalone::import_logs;
+use broca_run::import_logs;
+use broca_session::{log_files, ImportTarget};
 
 use super::{print_help, rest, usage, EXIT_FAILURE, EXIT_OK};
 
@@ -82,12 +82,12 @@ pub(super) fn import(
     };
     let files = match log_files(&paths) {
         Ok(f) if f.is_empty() => {
-            broca_module::errln!("broca: no *.jsonl log under {}", display(&paths));
+            broca_io::errln!("broca: no *.jsonl log under {}", display(&paths));
             return EXIT_FAILURE;
         }
         Ok(f) => f,
         Err(e) => {
-            broca_module::errln!("broca: {e}");
+            broca_io::errln!("broca: {e}");
             return EXIT_FAILURE;
         }
     };
@@ -101,10 +101,10 @@ pub(super) fn import(
         match done {
             Ok((triple, r)) => report_done(json, path, &triple, &r),
             Err(e) => {
-                broca_module::errln!("broca: {e}");
+                broca_io::errln!("broca: {e}");
                 if json {
                     let line = serde_json::json!({"file": path, "error": e});
-                    broca_module::outln!("{line}");
+                    broca_io::outln!("{line}");
                 }
             }
         }
@@ -113,11 +113,11 @@ pub(super) fn import(
     match import_logs(state_dir, format, files, target, report, progress) {
         Ok(0) => EXIT_OK,
         Ok(failed) => {
-            broca_module::errln!("broca: {failed} log(s) not imported");
+            broca_io::errln!("broca: {failed} log(s) not imported");
             EXIT_FAILURE
         }
         Err(e) => {
-            broca_module::errln!("broca: {e}");
+            broca_io::errln!("broca: {e}");
             EXIT_FAILURE
         }
     }
@@ -132,15 +132,15 @@ fn report_done(
     json: bool,
     path: &std::path::Path,
     triple: &broca_wal::SessionTriple,
-    r: &broca_module::session::ImportReply,
+    r: &broca_session::ImportReply,
 ) {
     if json {
         let line = r.to_json(&path.display().to_string(), triple);
-        broca_module::outln!("{line}");
+        broca_io::outln!("{line}");
         return;
     }
     if r.existing {
-        broca_module::outln!(
+        broca_io::outln!(
             "{}: already imported as {} (session {}), nothing new",
             path.display(),
             r.import_id,
@@ -148,7 +148,7 @@ fn report_done(
         );
         return;
     }
-    broca_module::outln!(
+    broca_io::outln!(
         "{}: imported lines {}-{} as {} into {} / {} / {}: {} messages{}{}{}",
         path.display(),
         r.first_line,

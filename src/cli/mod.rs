@@ -8,9 +8,9 @@ use std::path::PathBuf;
 use std::rc::Rc;
 
 use broca_core::admission::SendRequest;
-use broca_module::serve::ServeOptions;
-use broca_module::standalone::{Failure, Standalone};
 use broca_provider::transport::Endpoints;
+use broca_run::{Failure, Standalone};
+use broca_serve::ServeOptions;
 use broca_wal::SessionTriple;
 
 use broca_wal::verify::{dump, verify_file, wal_files, FileReport};
@@ -212,7 +212,7 @@ pub fn run(args: Vec<OsString>) -> u8 {
     let mut pargs = pico_args::Arguments::from_vec(args);
     let help = pargs.contains(["-h", "--help"]);
     if pargs.contains(["-V", "--version"]) {
-        broca_module::outln!("broca {}", env!("CARGO_PKG_VERSION"));
+        broca_io::outln!("broca {}", env!("CARGO_PKG_VERSION"));
         return EXIT_OK;
     }
     let state_dir: Option<PathBuf> = match pargs.opt_value_from_str("--state-dir") {
@@ -239,12 +239,12 @@ pub fn run(args: Vec<OsString>) -> u8 {
 }
 
 fn print_help(text: &str) -> u8 {
-    broca_module::out!("{text}");
+    broca_io::out!("{text}");
     EXIT_OK
 }
 
 fn usage(message: &str) -> u8 {
-    broca_module::errln!("broca: {message}");
+    broca_io::errln!("broca: {message}");
     EXIT_USAGE
 }
 
@@ -296,7 +296,7 @@ fn wal_verify(paths: Vec<OsString>, state_dir: Option<PathBuf>) -> u8 {
         match resolve_state_dir(state_dir) {
             Some(dir) if dir.exists() => vec![dir],
             Some(dir) => {
-                broca_module::outln!("no state dir at {}: no WALs to verify", dir.display());
+                broca_io::outln!("no state dir at {}: no WALs to verify", dir.display());
                 return EXIT_OK;
             }
             None => return usage("no PATH and no state dir (set --state-dir or HOME)"),
@@ -317,7 +317,7 @@ fn wal_verify(paths: Vec<OsString>, state_dir: Option<PathBuf>) -> u8 {
         let files = match wal_files(&arg) {
             Ok(files) => files,
             Err(e) => {
-                broca_module::errln!("FAIL {e}");
+                broca_io::errln!("FAIL {e}");
                 failed += 1;
                 continue;
             }
@@ -327,7 +327,7 @@ fn wal_verify(paths: Vec<OsString>, state_dir: Option<PathBuf>) -> u8 {
             let shown = file.display();
             match verify_file(&file) {
                 FileReport::Intact { records, end } => {
-                    broca_module::outln!(
+                    broca_io::outln!(
                         "ok    {shown}: {records} records, intact (ends at offset {end})"
                     )
                 }
@@ -336,18 +336,18 @@ fn wal_verify(paths: Vec<OsString>, state_dir: Option<PathBuf>) -> u8 {
                     at,
                     bytes,
                     reason,
-                } => broca_module::outln!(
+                } => broca_io::outln!(
                     "torn  {shown}: {records} records, then a torn tail at offset {at} ({bytes} \
                      bytes; {reason}) that recovery cuts when a writer opens the log"
                 ),
-                FileReport::Empty { reason } => broca_module::outln!(
+                FileReport::Empty { reason } => broca_io::outln!(
                     "empty {shown}: {reason} (a crash while it was being created; a writer \
                      initializes it)"
                 ),
                 report @ FileReport::Failed(_) => {
                     failed += 1;
                     if let FileReport::Failed(e) = report {
-                        broca_module::errln!("FAIL  {e}");
+                        broca_io::errln!("FAIL  {e}");
                     }
                 }
             }
@@ -369,7 +369,7 @@ fn wal_verify(paths: Vec<OsString>, state_dir: Option<PathBuf>) -> u8 {
         .collect();
     let containers_failed = archive::verify_containers(&containers);
     failed += containers_failed;
-    broca_module::outln!(
+    broca_io::outln!(
         "{checked} WAL files and {} containers checked, {failed} failed",
         containers.len()
     );
@@ -388,11 +388,11 @@ fn wal_dump(path: PathBuf) -> u8 {
     match (result, flushed) {
         (Ok(_), Ok(())) => EXIT_OK,
         (Err(e), _) => {
-            broca_module::errln!("broca: {e}");
+            broca_io::errln!("broca: {e}");
             EXIT_FAILURE
         }
         (Ok(_), Err(e)) => {
-            broca_module::errln!("broca: writing to stdout failed: {e}");
+            broca_io::errln!("broca: writing to stdout failed: {e}");
             EXIT_FAILURE
         }
     }
@@ -502,38 +502,38 @@ fn run_standalone(standalone: Standalone, json: bool) -> u8 {
     let report = match standalone.run(display) {
         Ok(r) => r,
         Err(e) => {
-            broca_module::errln!("broca: {e}");
+            broca_io::errln!("broca: {e}");
             // A refusal is an answer too: with --json it is the last stdout line, in the shape
             // of the management surface's error replies.
             if let (true, Failure::Refused(r)) = (json, &e) {
                 let body = broca_wire::RpcError::refusal(r).body();
-                broca_module::outln!("{}", String::from_utf8_lossy(&body));
+                broca_io::outln!("{}", String::from_utf8_lossy(&body));
             }
             return EXIT_FAILURE;
         }
     };
     if let Some(r) = &report.resumed {
-        broca_module::errln!(
+        broca_io::errln!(
             "broca: resumed a run an earlier stop left open: {}",
             r.summary()
         );
     }
     let result = &report.result;
     if report.existing {
-        broca_module::errln!(
+        broca_io::errln!(
             "broca: this send_id already started run {}; nothing was run again",
             result.run_id
         );
         if let Some(m) = &result.final_message {
-            broca_module::out!("{}", m.text);
+            broca_io::out!("{}", m.text);
             ended_in_newline.set(m.text.ends_with('\n'));
         }
     }
     if !ended_in_newline.get() {
-        broca_module::outln!();
+        broca_io::outln!();
     }
     if json {
-        broca_module::outln!(
+        broca_io::outln!(
             "{}",
             serde_json::to_string(result).expect("a run result serializes")
         );
@@ -541,7 +541,7 @@ fn run_standalone(standalone: Standalone, json: bool) -> u8 {
     if result.completed() {
         EXIT_OK
     } else {
-        broca_module::errln!("broca: {}", result.summary());
+        broca_io::errln!("broca: {}", result.summary());
         EXIT_FAILURE
     }
 }
@@ -629,10 +629,8 @@ fn parse_serve(
     if let Some(n) = file.body_limit_bytes {
         limits.body_bytes_max = n;
     }
-    Ok(ServeOptions {
+    let host = broca_host::HostOptions {
         state_dir,
-        listen,
-        socket: socket.or(file.socket),
         shards,
         grace: std::time::Duration::from_secs(grace.or(file.grace_secs).unwrap_or(5)),
         idle: std::time::Duration::from_secs(file.idle_secs.unwrap_or(30)),
@@ -661,12 +659,16 @@ fn parse_serve(
             )?),
             None => None,
         },
+        endpoints,
+    };
+    Ok(ServeOptions {
+        host,
+        listen,
+        socket: socket.or(file.socket),
         limits,
         request_timeout: std::time::Duration::from_millis(
             file.request_timeout_ms.unwrap_or(15_000),
         ),
-        endpoints,
-        subc: None,
     })
 }
 
@@ -705,7 +707,7 @@ pub fn module_command(mut pargs: pico_args::Arguments, state_dir: Option<PathBuf
             return usage(&format!("{flag}: broca does not listen in module mode"));
         }
     }
-    let mut opts = match parse_serve(&mut pargs, state_dir) {
+    let opts = match parse_serve(&mut pargs, state_dir) {
         Ok(o) => o,
         Err(e) => return usage(&e),
     };
@@ -719,26 +721,27 @@ pub fn module_command(mut pargs: pico_args::Arguments, state_dir: Option<PathBuf
     let launch_nonce = match broca_subc::connect::launch_nonce() {
         Ok(n) => n,
         Err(e) => {
-            crate::errln!("broca: {e}");
+            broca_io::errln!("broca: {e}");
             return EXIT_FAILURE;
         }
     };
-    opts.subc = Some(broca_module::serve::SubcOptions {
+    let opts = broca_daemon::DaemonOptions {
+        host: opts.host,
         connection_file,
         module_id,
         launch_nonce,
-    });
-    run_daemon(opts)
+    };
+    daemon_exit(broca_daemon::run(opts))
 }
 
-/// Runs the daemon (serve or module mode) to its end: exit 0, the stopping signal re-raised,
-/// or 1 with the reason.
-fn run_daemon(opts: ServeOptions) -> u8 {
-    match broca_module::serve::serve(opts) {
+/// The exit of the daemon (serve or module mode) once it ended: 0, the stopping signal
+/// re-raised, or 1 with the reason.
+fn daemon_exit(ended: Result<i32, String>) -> u8 {
+    match ended {
         Ok(0) => EXIT_OK,
-        Ok(sig) => broca_module::serve::reraise(sig),
+        Ok(sig) => broca_host::reraise(sig),
         Err(e) => {
-            broca_module::errln!("broca: {e}");
+            broca_io::errln!("broca: {e}");
             EXIT_FAILURE
         }
     }
@@ -749,5 +752,5 @@ fn serve_command(mut pargs: pico_args::Arguments, state_dir: Option<PathBuf>) ->
         Ok(o) => o,
         Err(e) => return usage(&e),
     };
-    run_daemon(opts)
+    daemon_exit(broca_serve::serve(opts))
 }

@@ -35,7 +35,7 @@ Options:
 fn open(state_dir: &Path) -> Result<Store, String> {
     let (store, notes) = Store::open(state_dir)?;
     for n in notes {
-        broca_module::errln!("broca: {n}");
+        broca_io::errln!("broca: {n}");
     }
     Ok(store)
 }
@@ -60,21 +60,21 @@ pub(super) fn store(mut pargs: pico_args::Arguments, help: bool, state_dir: Opti
             let result = open(&state).and_then(|s| s.check(&wal_dir));
             match result {
                 Ok(diffs) if diffs.is_empty() => {
-                    broca_module::outln!("the store agrees with the WALs");
+                    broca_io::outln!("the store agrees with the WALs");
                     EXIT_OK
                 }
                 Ok(diffs) => {
                     for d in &diffs {
-                        broca_module::outln!("DIFF {d}");
+                        broca_io::outln!("DIFF {d}");
                     }
-                    broca_module::errln!(
+                    broca_io::errln!(
                         "broca: {} differences; `broca store rebuild` rebuilds the store from the WALs",
                         diffs.len()
                     );
                     EXIT_FAILURE
                 }
                 Err(e) => {
-                    broca_module::errln!("broca: {e}");
+                    broca_io::errln!("broca: {e}");
                     EXIT_FAILURE
                 }
             }
@@ -84,7 +84,7 @@ pub(super) fn store(mut pargs: pico_args::Arguments, help: bool, state_dir: Opti
             match open(&state).and_then(|s| s.rebuild(&wal_dir)) {
                 Ok(pass) => {
                     let secs = started.elapsed().as_secs_f64().max(1e-9);
-                    broca_module::outln!(
+                    broca_io::outln!(
                         "rebuilt {} sessions: {} facts from {} WAL bytes in {:.3} s ({:.0} facts/s, {:.1} MB/s)",
                         pass.sessions,
                         pass.facts,
@@ -94,7 +94,7 @@ pub(super) fn store(mut pargs: pico_args::Arguments, help: bool, state_dir: Opti
                         pass.wal_bytes as f64 / secs / 1e6
                     );
                     for f in &pass.failed {
-                        broca_module::errln!("broca: {f}");
+                        broca_io::errln!("broca: {f}");
                     }
                     if pass.failed.is_empty() {
                         EXIT_OK
@@ -103,7 +103,7 @@ pub(super) fn store(mut pargs: pico_args::Arguments, help: bool, state_dir: Opti
                     }
                 }
                 Err(e) => {
-                    broca_module::errln!("broca: {e}");
+                    broca_io::errln!("broca: {e}");
                     EXIT_FAILURE
                 }
             }
@@ -154,14 +154,14 @@ pub(super) fn export(
     let facts = open(&state).and_then(|s| {
         let pass = s.catch_up_all(&state.join("wal"))?;
         for f in &pass.failed {
-            broca_module::errln!("broca: {f}; its facts are not exported");
+            broca_io::errln!("broca: {f}; its facts are not exported");
         }
         s.facts(since_ms)
     });
     let facts = match facts {
         Ok(f) => f,
         Err(e) => {
-            broca_module::errln!("broca: {e}");
+            broca_io::errln!("broca: {e}");
             return EXIT_FAILURE;
         }
     };

@@ -7,37 +7,7 @@ use serde_json::{json, Value};
 
 use broca_wal::Record;
 
-/// A control unit's address.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Cursor {
-    pub seq: u64,
-    pub sub: u32,
-}
-
-impl Cursor {
-    /// Before every unit.
-    pub const START: Cursor = Cursor { seq: 0, sub: 0 };
-
-    /// Parses `<wal_seq>.<sub_index>`.
-    pub fn parse(text: &str) -> Option<Cursor> {
-        let (seq, sub) = text.trim().split_once('.')?;
-        Some(Cursor {
-            seq: seq.parse().ok()?,
-            sub: sub.parse().ok()?,
-        })
-    }
-
-    /// The last unit a record of `seq` can have (for "everything up to seq").
-    pub fn end_of(seq: u64) -> Cursor {
-        Cursor { seq, sub: u32::MAX }
-    }
-}
-
-impl std::fmt::Display for Cursor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}.{}", self.seq, self.sub)
-    }
-}
+pub use broca_wire::Cursor;
 
 fn with_type(kind: &str, value: Value) -> Value {
     let mut v = value;

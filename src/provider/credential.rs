@@ -171,6 +171,21 @@ pub trait Vault: Send + Sync {
     fn auth_failed(&self, _name: &str, _status: u16) {}
 }
 
+/// A shared vault is a vault (every shard's credentials resolve through the one vault).
+impl<V: Vault + ?Sized> Vault for std::sync::Arc<V> {
+    fn credential(
+        &self,
+        name: &str,
+        handle: Option<&str>,
+    ) -> Result<Credential, CredentialProblem> {
+        (**self).credential(name, handle)
+    }
+
+    fn auth_failed(&self, name: &str, status: u16) {
+        (**self).auth_failed(name, status)
+    }
+}
+
 /// The credentials a state dir offers: `env:NAME` from the environment, `file:NAME` from the
 /// owner-only `<state-dir>/credentials.json`, `vault:NAME` from the vault when one is
 /// configured. The file is read at each use, so a rotated key applies to the next call.

@@ -11,6 +11,7 @@
 pub mod alias;
 pub mod anthropic;
 pub mod bedrock;
+pub mod catalog_service;
 pub mod chatgpt;
 pub mod code_assist;
 pub mod credential;

@@ -3,13 +3,18 @@
 //! sends a call to the server its route names. One set of servers per broca process, shared
 //! by every shard; a router per shard (it uses that shard's HTTP client).
 //!
-//! The daemon's tool modules (module mode) are routed elsewhere (broca-module's
-//! `subc_tools`); their specs join these with [`ToolServers::with_more`].
+//! The daemon's tool modules (module mode) are reached over daemon routes ([`modules`]);
+//! their specs join these with [`ToolServers::with_more`]. A session's run calls both through
+//! one [`ToolRunner`] ([`runner`]).
 
 pub mod config;
 pub mod mcp;
+pub mod modules;
 pub mod result;
+pub mod runner;
+
 pub use broca_protocol::schema;
+pub use runner::{NoTools, ToolOrigin, ToolOutcome, ToolRunner, Tools};
 
 use std::rc::Rc;
 use std::sync::Arc;

@@ -75,6 +75,13 @@ impl SessionTriple {
 }
 
 impl SessionAddr {
+    /// The key a session's shard is picked by: the address's first eight bytes (uniform, as
+    /// the address is a digest).
+    pub fn shard_key(&self) -> u64 {
+        let [a, b, c, d, e, f, g, h, ..] = self.0;
+        u64::from_le_bytes([a, b, c, d, e, f, g, h])
+    }
+
     /// The WAL file name: `<address>.wal`.
     pub fn wal_file_name(&self) -> String {
         format!("{self}.wal")

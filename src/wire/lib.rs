@@ -3,11 +3,13 @@
 //! fields are omitted when absent.
 
 mod code;
+pub mod lanes;
 pub mod request;
 pub mod role;
 mod send;
 
 pub use code::Code;
+pub use lanes::{Cursor, SubFrom, SubItem};
 pub use request::{Method, Request, SessionName};
 pub use send::{Budget, Refusal, SendRequest};
 

@@ -175,14 +175,51 @@ fn invalid(why: impl Into<String>) -> RpcError {
     RpcError::new(Code::InvalidParams, why)
 }
 
+fn not_an_envelope(e: serde_json::Error) -> RpcError {
+    RpcError::new(
+        Code::InvalidRequest,
+        format!("the body is not a request envelope {{\"method\", \"params\"}}: {e}"),
+    )
+}
+
 /// Parses a request body: the envelope, the method, and its parameters.
 pub fn parse(body: &[u8]) -> Result<Request, RpcError> {
-    let env: Envelope = serde_json::from_slice(body).map_err(|e| {
-        RpcError::new(
+    let env: Envelope = serde_json::from_slice(body).map_err(not_an_envelope)?;
+    parse_envelope(env)
+}
+
+/// Parses a request that arrived on a route bound to `session` (module mode): the route
+/// names the session, so params that name one are refused, and the route's goes in.
+pub fn parse_on_route(body: &[u8], session: &SessionName) -> Result<Request, RpcError> {
+    let mut v: Value = serde_json::from_slice(body).map_err(not_an_envelope)?;
+    let Some(obj) = v.as_object_mut() else {
+        return Err(RpcError::new(
             Code::InvalidRequest,
-            format!("the body is not a request envelope {{\"method\", \"params\"}}: {e}"),
-        )
-    })?;
+            "the body is not an object",
+        ));
+    };
+    let Value::Object(params) = obj
+        .entry("params")
+        .or_insert_with(|| Value::Object(Map::new()))
+    else {
+        return Err(invalid("`params` is not an object").with_field("params"));
+    };
+    for key in ["project_root", "harness", "session"] {
+        if params.contains_key(key) {
+            return Err(invalid(format!(
+                "`{key}`: a request on a route names no session (the route does)"
+            ))
+            .with_field(key));
+        }
+    }
+    params.insert("project_root".into(), session.project_root.clone().into());
+    params.insert("harness".into(), session.harness.clone().into());
+    params.insert("session".into(), session.session.clone().into());
+    let env: Envelope = serde_json::from_value(v).map_err(not_an_envelope)?;
+    parse_envelope(env)
+}
+
+fn parse_envelope(env: Envelope) -> Result<Request, RpcError> {
     let method = Method::parse(&env.method).ok_or_else(|| {
         let known: Vec<&str> = Method::ALL.iter().map(|m| m.as_str()).collect();
         RpcError::new(

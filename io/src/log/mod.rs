@@ -3,9 +3,11 @@
 //!
 //! Cost per batch, whatever its number of appends: one `write` of the aligned span from the
 //! start of the partial tail block to the end of the new bytes (plus zeroing, when the file
-//! grows), one `fdatasync`, one `stat` of the path (the fence), one buffer allocation. Per
-//! append: one copy of the frame into the pending batch, no allocation once the batch buffer
-//! has grown to its working size.
+//! grows), one `fdatasync`, one non-blocking `read` of the log directory's inotify descriptor
+//! (the fence: the path is `stat`ed only when the directory changed since the last batch, see
+//! `crate::fence`), and two allocations: the aligned write buffer (glommio's DMA allocator) and
+//! the copy of the partial tail block it starts with. Per append: one copy of the frame into
+//! the pending batch, no allocation once the batch buffer has grown to its working size.
 //!
 //! Invariants:
 //! - bytes below `durable_end` were written and `fdatasync` returned; a waiter is released only

@@ -1,0 +1,565 @@
+//! The daemon connection on shard 0, after broca-subc registered it.
+//! The daemon binds routes on channel 0 (`route.bind`: the session is the bind's identity,
+//! its project root the scope's folder), asks `health.check` and pings; REQUEST frames
+//! `{method, params}` on a bound route are parsed by the management core with the route's
+//! session and executed by the host as serve's `/v1/rpc` requests are, each in a task of its
+//! own, answered `{"result": ...}` or an ERROR frame
+//! `{code, message, detail: {class, status}}`. `module.draining`, a GOODBYE on channel 0 or
+//! the connection's end stop broca as a signal does (admission closed, the grace period,
+//! the rest sealed interrupted); at the end broca says GOODBYE.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use glommio::channels::local_channel;
+use serde_json::{json, Value};
+
+use broca_host::Host;
+use broca_subc::frames::{self, Decoder, FrameIn};
+use broca_subc::protocol::session::{HealthStatus, ModuleControlCommand, ModuleControlRequest};
+use broca_subc::protocol::{AdmissionClass, ErrorBody, FrameType, MAX_DELIVERED_FRAME_LEN};
+use broca_wal::SessionTriple;
+use broca_wire::lanes::{self, SubFrom};
+use broca_wire::{Code, RpcError, SessionName};
+
+/// Frames waiting for the socket; past it, the tasks that answer wait (the reader does not).
+const EGRESS_FRAMES: usize = 256;
+
+/// The project root of a session whose bind names no folder.
+pub const NO_WORKDIR_ROOT: &str = "/";
+
+/// The daemon connection, registered, handed to shard 0.
+pub struct SubcConn {
+    pub stream: std::net::TcpStream,
+    pub decoder: Decoder,
+}
+
+/// A route the daemon bound.
+#[derive(Debug, Clone)]
+struct Route {
+    epoch: u32,
+    triple: SessionTriple,
+    /// The triple as the management core names a session.
+    session: SessionName,
+    /// Who the daemon says the route's caller is (owner-only methods compare it with the
+    /// session's owners).
+    caller: broca_wire::Caller,
+}
+
+struct Routes {
+    host: Arc<Host>,
+    /// Set when the connection ended unannounced (broca stops, and exits non-zero).
+    lost: Arc<std::sync::atomic::AtomicBool>,
+    routes: RefCell<HashMap<u16, Route>>,
+    out: Rc<local_channel::LocalSender<Vec<u8>>>,
+    /// Requests being answered.
+    in_flight: Cell<usize>,
+    /// Held-open `session.subscribe` requests by (channel, corr): dropping the sender ends
+    /// the subscription.
+    subs: RefCell<HashMap<(u16, u64), futures_channel::oneshot::Sender<()>>>,
+}
+
+/// Serves the daemon connection until it ends or broca stops; answers the GOODBYE's end
+/// (the socket's write side, to be said GOODBYE on and closed when the shard ends).
+pub(crate) async fn run(
+    host: Arc<Host>,
+    conn: SubcConn,
+    lost: Arc<std::sync::atomic::AtomicBool>,
+) -> Result<Closer, String> {
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    conn.stream
+        .set_nonblocking(true)
+        .map_err(|e| format!("the daemon connection: {e}"))?;
+    // SAFETY: the descriptor comes from a connected std socket whose ownership moves here.
+    let stream = unsafe { glommio::net::TcpStream::from_raw_fd(conn.stream.into_raw_fd()) };
+    let (mut reader, writer) = futures_lite::io::split(stream);
+    let (tx, rx) = local_channel::new_bounded::<Vec<u8>>(EGRESS_FRAMES);
+    let writer = Rc::new(RefCell::new(Some(writer)));
+    let w = writer.clone();
+    glommio::spawn_local(async move {
+        while let Some(frame) = rx.recv().await {
+            let Some(mut out) = w.borrow_mut().take() else {
+                return;
+            };
+            let sent = out.write_all(&frame).await;
+            *w.borrow_mut() = Some(out);
+            if let Err(e) = sent {
+                tracing::error!("the daemon connection: {e}");
+                return;
+            }
+        }
+    })
+    .detach();
+    let front = Rc::new(Routes {
+        host,
+        lost,
+        routes: RefCell::new(HashMap::new()),
+        out: Rc::new(tx),
+        in_flight: Cell::new(0),
+        subs: RefCell::new(HashMap::new()),
+    });
+    let mut decoder = conn.decoder;
+    let f = front.clone();
+    glommio::spawn_local(async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        // Reads until the daemon says GOODBYE or the connection ends; a drain stops broca
+        // and reading goes on (the daemon may still send what it had in flight).
+        let end = loop {
+            match decoder.next_frame() {
+                Ok(Some(frame)) => match f.dispatch(frame).await {
+                    Some(End::Drain(why)) => f.stop(End::Drain(why)).await,
+                    Some(end) => break end,
+                    None => {}
+                },
+                Ok(None) => match reader.read(&mut buf).await {
+                    Ok(0) => break End::Lost("the daemon closed the connection".into()),
+                    Ok(n) => decoder.push(&buf[..n]),
+                    Err(e) => break End::Lost(format!("the daemon connection: {e}")),
+                },
+                Err(e) => break End::Lost(format!("the daemon sent {e}")),
+            }
+        };
+        f.stop(end).await;
+    })
+    .detach();
+    Ok(Closer {
+        writer,
+        out: front.out.clone(),
+    })
+}
+
+/// Why broca stops.
+enum End {
+    /// The daemon is draining broca (`module.draining`): the connection stays.
+    Drain(String),
+    /// The daemon said GOODBYE.
+    Asked(String),
+    /// The connection broke or the daemon went away unannounced.
+    Lost(String),
+}
+
+/// Says GOODBYE and closes the connection, at the shard's end.
+pub(crate) struct Closer {
+    writer: Rc<RefCell<Option<futures_lite::io::WriteHalf<glommio::net::TcpStream>>>>,
+    out: Rc<local_channel::LocalSender<Vec<u8>>>,
+}
+
+impl broca_host::Running for Closer {
+    fn stop(self: Box<Self>) -> broca_host::LocalBoxFuture<'static, ()> {
+        Box::pin(self.goodbye())
+    }
+}
+
+impl Closer {
+    async fn goodbye(self) {
+        if let Ok(bye) = frames::encode(FrameType::Goodbye, frames::control(), 0, 0, 0, Vec::new())
+        {
+            let _ = self.out.send(bye).await;
+        }
+        // Let the writer drain what is queued (it holds the write side while it writes),
+        // then close the write side.
+        for _ in 0..200 {
+            if self.out.len() == 0 && self.writer.borrow().is_some() {
+                break;
+            }
+            glommio::timer::sleep(Duration::from_millis(10)).await;
+        }
+        let taken = self.writer.borrow_mut().take();
+        if let Some(mut w) = taken {
+            let _ = w.flush().await;
+            let _ = w.close().await;
+        }
+    }
+}
+
+impl Routes {
+    async fn send(&self, frame: Result<Vec<u8>, String>) {
+        match frame {
+            Ok(bytes) => {
+                let _ = self.out.send(bytes).await;
+            }
+            Err(e) => tracing::error!("a frame for the daemon: {e}"),
+        }
+    }
+
+    async fn reply(&self, ty: FrameType, channel: u16, epoch: u32, corr: u64, body: &Value) {
+        let flags = if channel == 0 {
+            frames::control()
+        } else {
+            frames::data()
+        };
+        let bytes = serde_json::to_vec(body).expect("JSON values serialize");
+        self.send(frames::encode(ty, flags, channel, epoch, corr, bytes))
+            .await;
+    }
+
+    async fn error(&self, channel: u16, epoch: u32, corr: u64, e: &RpcError) {
+        let body = ErrorBody::new(e.code.as_str(), e.message.clone()).with_detail(e.detail_body());
+        let body = serde_json::to_value(body).expect("an error body serializes");
+        self.reply(FrameType::Error, channel, epoch, corr, &body)
+            .await;
+    }
+
+    /// One frame from the daemon; `Some` when the connection is to end.
+    async fn dispatch(self: &Rc<Self>, f: FrameIn) -> Option<End> {
+        let h = f.header;
+        if h.channel == 0 {
+            return self.control(f).await;
+        }
+        match h.ty {
+            FrameType::Request => {
+                let route = self.routes.borrow().get(&h.channel).cloned();
+                match route {
+                    Some(r) if r.epoch == h.epoch && lanes::is_subscribe(&f.body) => {
+                        let me = self.clone();
+                        glommio::spawn_local(async move {
+                            me.subscribe(r.triple, h.channel, h.epoch, h.corr, &f.body)
+                                .await;
+                        })
+                        .detach();
+                    }
+                    Some(r) if r.epoch == h.epoch => {
+                        let me = self.clone();
+                        self.in_flight.set(self.in_flight.get() + 1);
+                        glommio::spawn_local(async move {
+                            me.request(&r, h.channel, h.epoch, h.corr, f.body).await;
+                            me.in_flight.set(me.in_flight.get() - 1);
+                        })
+                        .detach();
+                    }
+                    Some(_) => {
+                        let e = RpcError::new(
+                            Code::StaleRouteEpoch,
+                            format!("route {} was bound again since", h.channel),
+                        );
+                        self.error(h.channel, h.epoch, h.corr, &e).await;
+                    }
+                    None => {
+                        let e = RpcError::new(
+                            Code::UnknownChannel,
+                            format!("no route is bound on channel {}", h.channel),
+                        );
+                        self.error(h.channel, h.epoch, h.corr, &e).await;
+                    }
+                }
+            }
+            FrameType::Goodbye => {
+                // The route is gone; its requests already in flight finish and their
+                // answers are dropped by the daemon.
+                let mut routes = self.routes.borrow_mut();
+                if routes.get(&h.channel).is_some_and(|r| r.epoch == h.epoch) {
+                    routes.remove(&h.channel);
+                    self.subs.borrow_mut().retain(|(ch, _), _| *ch != h.channel);
+                }
+            }
+            // Ends a held-open subscription; any other request is answered at once and has
+            // nothing to cancel.
+            FrameType::Cancel => {
+                self.subs.borrow_mut().remove(&(h.channel, h.corr));
+            }
+            other => tracing::debug!("a {other:?} frame on route {}: ignored", h.channel),
+        }
+        None
+    }
+
+    async fn control(&self, f: FrameIn) -> Option<End> {
+        let h = f.header;
+        match h.ty {
+            FrameType::Ping => {
+                self.send(frames::encode(
+                    FrameType::Pong,
+                    h.flags,
+                    0,
+                    0,
+                    h.corr,
+                    Vec::new(),
+                ))
+                .await;
+            }
+            FrameType::Goodbye => return Some(End::Asked("the daemon said GOODBYE".into())),
+            FrameType::Push => {
+                if let Ok(ModuleControlCommand::Draining {
+                    reason,
+                    deadline_ms,
+                }) = serde_json::from_slice(&f.body)
+                {
+                    return Some(End::Drain(format!(
+                        "the daemon is draining broca ({reason:?}, by {deadline_ms} ms)"
+                    )));
+                }
+            }
+            FrameType::Request => match serde_json::from_slice::<ModuleControlRequest>(&f.body) {
+                Ok(ModuleControlRequest::HealthCheck {}) => {
+                    let report = self.health().await;
+                    self.reply(FrameType::Response, 0, 0, h.corr, &report).await;
+                }
+                Ok(ModuleControlRequest::RouteBind {
+                    route_channel,
+                    epoch,
+                    identity,
+                    scope,
+                    principal,
+                    ..
+                }) => {
+                    let caller = broca_wire::Caller {
+                        principal: principal.as_ref().and_then(attested),
+                        scope_owner: scope.as_ref().and_then(|s| attested(&s.owner)),
+                        operator: false,
+                    };
+                    let answer = self.bind(
+                        route_channel,
+                        epoch,
+                        &identity,
+                        scope.as_ref(),
+                        caller,
+                        &f.body,
+                    );
+                    match answer {
+                        Ok(()) => {
+                            self.reply(
+                                FrameType::Response,
+                                0,
+                                0,
+                                h.corr,
+                                &json!({"op": "route.bind"}),
+                            )
+                            .await
+                        }
+                        Err(e) => self.error(0, 0, h.corr, &e).await,
+                    }
+                }
+                Err(e) => {
+                    let e = RpcError::new(
+                        Code::InvalidRequest,
+                        format!("a control request broca does not take: {e}"),
+                    );
+                    self.error(0, 0, h.corr, &e).await;
+                }
+            },
+            _ => {}
+        }
+        None
+    }
+
+    /// Installs a route: the session is the bind's identity, its project root the scope's
+    /// folder (else the legacy `project_root` of the bind, else `/`).
+    fn bind(
+        &self,
+        channel: u16,
+        epoch: u32,
+        identity: &broca_subc::protocol::BindIdentity,
+        scope: Option<&broca_subc::protocol::scope::ScopeStamp>,
+        caller: broca_wire::Caller,
+        raw: &[u8],
+    ) -> Result<(), RpcError> {
+        let refuse = |code, why: String| RpcError::new(code, why);
+        if channel == 0 {
+            return Err(refuse(Code::InvalidRequest, "a route on channel 0".into()));
+        }
+        if let Some(r) = self.routes.borrow().get(&channel) {
+            if epoch <= r.epoch {
+                return Err(refuse(
+                    Code::RouteRejected,
+                    format!("channel {channel} is bound at epoch {} already", r.epoch),
+                ));
+            }
+        }
+        let legacy = serde_json::from_slice::<Value>(raw).ok().and_then(|v| {
+            v.pointer("/identity/project_root")
+                .or_else(|| v.get("project_root"))
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        });
+        let root = scope
+            .and_then(|s| s.workdir.clone())
+            .or(legacy)
+            .unwrap_or_else(|| NO_WORKDIR_ROOT.to_string());
+        let triple = SessionTriple::new(&root, &identity.harness, &identity.session)
+            .map_err(|e| refuse(Code::InvalidRequest, format!("the bind's session: {e}")))?;
+        let session = SessionName {
+            project_root: triple.project_root.clone(),
+            harness: triple.harness.clone(),
+            session: triple.session.clone(),
+        };
+        let route = Route {
+            epoch,
+            triple,
+            session,
+            caller,
+        };
+        self.routes.borrow_mut().insert(channel, route);
+        Ok(())
+    }
+
+    /// One management request on a bound route: the route's session goes into the params.
+    async fn request(&self, r: &Route, channel: u16, epoch: u32, corr: u64, body: Vec<u8>) {
+        let answer = match broca_wire::request::parse_on_route(&body, &r.session) {
+            Ok(request) => self.host.call(request, &r.caller).await,
+            Err(e) => Err(e),
+        };
+        match answer {
+            Ok(result) => {
+                let body = json!({ "result": result });
+                let bytes = serde_json::to_vec(&body).expect("JSON values serialize");
+                if bytes.len() + broca_subc::protocol::HEADER_LEN > MAX_DELIVERED_FRAME_LEN {
+                    let e = RpcError::new(Code::ReplyTooLarge,
+                        format!(
+                            "the answer is {} bytes, more than a frame carries ({MAX_DELIVERED_FRAME_LEN})",
+                            bytes.len()
+                        ),
+                    );
+                    self.error(channel, epoch, corr, &e).await;
+                    return;
+                }
+                self.send(frames::encode(
+                    FrameType::Response,
+                    frames::data(),
+                    channel,
+                    epoch,
+                    corr,
+                    bytes,
+                ))
+                .await;
+            }
+            Err(e) => self.error(channel, epoch, corr, &e).await,
+        }
+    }
+
+    /// `session.subscribe` on a route: the session's control lane as STREAM_DATA frames,
+    /// one per unit with its durable cursor, and its display lane marked SHEDDABLE (a delta
+    /// that finds the connection's queue full is dropped and reported as a gap), until the
+    /// subscription ends (the hub's `end`, a CANCEL, the route's GOODBYE, broca stopping),
+    /// then STREAM_END. A subscriber that falls behind is ended by the hub, naming the cursor
+    /// to resume from; the run it follows never waits for it.
+    async fn subscribe(&self, t: SessionTriple, channel: u16, epoch: u32, corr: u64, body: &[u8]) {
+        let accepted = match SubFrom::from_route_request(body) {
+            Ok(from) => self.host.subscribe(t, from).await,
+            Err(e) => Err(e),
+        };
+        let (mut items, alive) = match accepted {
+            Ok(sub) => sub.into_parts(),
+            Err(e) => return self.error(channel, epoch, corr, &e).await,
+        };
+        self.subs.borrow_mut().insert((channel, corr), alive);
+        let mut dropped = 0u64;
+        while let Some(item) = futures_lite::StreamExt::next(&mut items).await {
+            if !self.subs.borrow().contains_key(&(channel, corr)) {
+                break; // cancelled, or the route is gone
+            }
+            let Some((body, sheddable)) = lanes::stream_data(&item) else {
+                continue;
+            };
+            if dropped > 0 && !sheddable {
+                self.stream_data(channel, epoch, corr, lanes::display_gap(dropped), false)
+                    .await;
+                dropped = 0;
+            }
+            if sheddable && self.out.is_full() {
+                dropped += 1;
+                continue;
+            }
+            self.stream_data(channel, epoch, corr, body, sheddable)
+                .await;
+            if item.is_last() {
+                break;
+            }
+        }
+        self.subs.borrow_mut().remove(&(channel, corr));
+        self.send(frames::encode(
+            FrameType::StreamEnd,
+            frames::data(),
+            channel,
+            epoch,
+            corr,
+            Vec::new(),
+        ))
+        .await;
+    }
+
+    async fn stream_data(
+        &self,
+        channel: u16,
+        epoch: u32,
+        corr: u64,
+        body: String,
+        sheddable: bool,
+    ) {
+        let flags = if sheddable {
+            frames::data().with_admission_class(AdmissionClass::Sheddable)
+        } else {
+            frames::data()
+        };
+        self.send(frames::encode(
+            FrameType::StreamData,
+            flags,
+            channel,
+            epoch,
+            corr,
+            body.into_bytes(),
+        ))
+        .await;
+    }
+
+    /// health.check, answered from the shards' own counters.
+    async fn health(&self) -> Value {
+        let stats = self.host.stats().await;
+        let sessions: usize = stats.iter().map(|s| s.sessions_live).sum();
+        let runs: usize = stats.iter().map(|s| s.runs_active).sum();
+        let (status, detail) = if self.host.is_stopping() {
+            (
+                HealthStatus::Degraded,
+                Some("stopping: admission is closed"),
+            )
+        } else if stats.len() < self.host.shards() {
+            (HealthStatus::Degraded, Some("a shard did not answer"))
+        } else {
+            (HealthStatus::Ok, None)
+        };
+        let mut report = json!({
+            "op": "health.check",
+            "status": status,
+            "metrics": {
+                "shards": self.host.shards(),
+                "shards_answering": stats.len(),
+                "sessions_live": sessions,
+                "runs_active": runs, // the gauge the manifest declares busy (RUNS_GAUGE)
+                "routes": self.routes.borrow().len(),
+                "requests_in_flight": self.in_flight.get(),
+            },
+        });
+        if let Some(d) = detail {
+            report["detail"] = json!(d);
+        }
+        report
+    }
+
+    /// Stops broca as a signal would. The connection's end after broca began to stop (its
+    /// own GOODBYE answered by a close) is no loss.
+    async fn stop(&self, end: End) {
+        let why = match end {
+            End::Drain(why) | End::Asked(why) => why,
+            End::Lost(_) if self.host.is_stopping() => return,
+            End::Lost(why) => {
+                self.lost.store(true, Ordering::Release);
+                why
+            }
+        };
+        self.host.stop(&why).await;
+    }
+}
+
+/// A principal the daemon attested (`reserved:<module>`): a direct or unverified caller is
+/// nobody's owner.
+fn attested(p: &broca_subc::protocol::Principal) -> Option<String> {
+    match p {
+        broca_subc::protocol::Principal::Reserved { module_id } => {
+            Some(format!("reserved:{module_id}"))
+        }
+        _ => None,
+    }
+}

@@ -1,0 +1,132 @@
+//! broca-daemon: module mode (`broca module --subc FILE`, `ck-broca`), broca as a supervised
+//! module of the subconscious daemon and its llm-runner, a front of the host (broca-host).
+//! broca registers before anything slow starts (connection file, handshake, HELLO over a
+//! blocking socket: a daemon that cannot be reached or refuses is one line and exit 1, never a
+//! fall back to listening); the registered connection is then served on shard 0
+//! ([`front`]), its routes' requests executed by the host. The daemon's other services are
+//! reached over connections of their own: the claustrum vault ([`vault`]) and, shared by
+//! every shard, tool modules and the fusiform catalog (`broca_tools::modules`).
+
+mod front;
+pub mod vault;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use broca_host::{Extras, Front, Host, HostOptions, Running, ShardFront, Startup};
+use broca_tools::modules::ModuleTools;
+
+pub use front::NO_WORKDIR_ROOT;
+
+/// How module mode runs.
+#[derive(Debug, Clone)]
+pub struct DaemonOptions {
+    pub host: HostOptions,
+    /// The daemon's owner-only connection file.
+    pub connection_file: PathBuf,
+    /// The module id broca registers as (`SUBC_MODULE_ID`, default `ck-broca`).
+    pub module_id: String,
+    /// The launch nonce the daemon handed this process, if any (never logged).
+    pub launch_nonce: Option<String>,
+}
+
+/// Registers with the daemon (HELLO, naming what broca consumes: the vault, the catalog
+/// module, the tool modules).
+fn register(opts: &DaemonOptions) -> Result<front::SubcConn, String> {
+    let mut services = vec![broca_subc::vault::CLAUSTRUM.to_string()];
+    services.extend(opts.host.catalog.module.clone());
+    let tool_modules = opts
+        .host
+        .tools
+        .iter()
+        .flat_map(|t| t.modules.iter().map(|m| m.module.clone()))
+        .collect();
+    let consumes = broca_subc::manifest::Consumes {
+        tool_modules,
+        services,
+    };
+    let hello = broca_subc::manifest::hello(
+        &opts.module_id,
+        env!("CARGO_PKG_VERSION"),
+        opts.launch_nonce.clone(),
+        &consumes,
+    );
+    let r =
+        broca_subc::connect::connect(&opts.connection_file, &hello).map_err(|e| e.to_string())?;
+    Ok(front::SubcConn {
+        stream: r.stream,
+        decoder: r.decoder,
+    })
+}
+
+/// What module mode hands the host: the tool modules and the vault, over routes of their own.
+fn extras(opts: &DaemonOptions) -> Extras {
+    let cfg = opts.host.tools.clone().unwrap_or_default();
+    let module_tools = ModuleTools::new(
+        opts.connection_file.clone(),
+        opts.module_id.clone(),
+        opts.launch_nonce.clone(),
+        cfg.modules,
+        cfg.result_bytes_max,
+    );
+    let client = broca_subc::vault::VaultClient::new(
+        opts.connection_file.clone(),
+        opts.module_id.clone(),
+        opts.launch_nonce.clone(),
+    );
+    let vault: Arc<dyn broca_provider::credential::Vault> =
+        Arc::new(vault::ClaustrumVault::new(client));
+    Extras {
+        module_tools: Some(module_tools),
+        vault: Some(vault),
+    }
+}
+
+/// The registered connection, served on shard 0.
+struct SubcShard {
+    conn: front::SubcConn,
+    lost: Arc<AtomicBool>,
+}
+
+impl ShardFront for SubcShard {
+    fn start(
+        self: Box<Self>,
+        host: Arc<Host>,
+    ) -> broca_host::LocalBoxFuture<'static, Result<Box<dyn Running>, String>> {
+        Box::pin(async move {
+            let closer = front::run(host, self.conn, self.lost).await?;
+            Ok(Box::new(closer) as Box<dyn Running>)
+        })
+    }
+}
+
+/// Runs module mode until the daemon or a signal stops it. Returns the signal to re-raise
+/// (0: the daemon asked). `Err` is one line: the daemon could not be reached or refused, or
+/// the connection ended unannounced (then the runs were sealed first).
+pub fn run(opts: DaemonOptions) -> Result<i32, String> {
+    let startup = Startup::begin(opts.host.clone())?;
+    // Registered first: a daemon that cannot be reached or refuses is an error at once.
+    let conn = register(&opts)?;
+    let lost = Arc::new(AtomicBool::new(false));
+    let mut info = serde_json::Map::new();
+    info.insert("module".into(), true.into());
+    let shard0: Box<dyn ShardFront> = Box::new(SubcShard {
+        conn,
+        lost: lost.clone(),
+    });
+    let front = Front {
+        info,
+        ready: format!("broca registered with the daemon as {}", opts.module_id),
+        shards: vec![Some(shard0)],
+    };
+    let sig = startup.run(front, extras(&opts))?;
+    if lost.load(Ordering::Acquire) {
+        return Err(
+            "the daemon connection ended unannounced: admission stopped, active runs got the \
+             grace period and the rest were sealed interrupted"
+                .into(),
+        );
+    }
+    Ok(sig)
+}

@@ -1,0 +1,144 @@
+//! An open session's runs and the commands it answers while no run is active.
+
+use broca_core::admission::Refusal;
+use broca_session::{ActorError, Cancelled, SessionCommand};
+use broca_shards::registry::Inbox;
+use broca_wal::SessionTriple;
+use broca_wire::RpcError;
+
+use crate::sessions::Actor;
+use crate::shard::Shard;
+
+impl Shard {
+    /// Runs `run` (a resumed or an admitted run) with the session marked busy, then hands
+    /// the session to the store.
+    pub(crate) async fn running<T>(
+        &self,
+        inbox: &Inbox<SessionCommand>,
+        triple: &SessionTriple,
+        run: impl std::future::Future<Output = T>,
+    ) -> T {
+        self.runs_active.set(self.runs_active.get() + 1);
+        let done = inbox.busy(run).await;
+        let active = self.runs_active.get();
+        assert!(active > 0, "a run that ends was counted when it began");
+        self.runs_active.set(active - 1);
+        self.dirty.borrow_mut().insert(triple.clone());
+        done
+    }
+
+    /// Runs the session's queued sends, one after the other, while no run is active (or until
+    /// the shard stops); `false` when the actor must close.
+    pub(crate) async fn run_queued(
+        &self,
+        actor: &mut Actor,
+        inbox: &Inbox<SessionCommand>,
+        triple: &SessionTriple,
+    ) -> bool {
+        while !self.sessions.is_closing() && !self.host.is_stopping() {
+            match actor.start_queued().await {
+                Ok(false) => break,
+                Ok(true) => {
+                    let done = self.running(inbox, triple, actor.run_admitted()).await;
+                    if let Err(e) = done {
+                        tracing::error!("session {}: {e}", triple.address());
+                        return false;
+                    }
+                }
+                Err(e) => {
+                    tracing::error!("session {}: starting a queued send: {e}", triple.address());
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// Answers one command of an idle session (a send's run is driven here); `false` when
+    /// the actor must close.
+    pub(crate) async fn answer(
+        &self,
+        actor: &mut Actor,
+        inbox: &Inbox<SessionCommand>,
+        triple: &SessionTriple,
+        cmd: SessionCommand,
+    ) -> bool {
+        match cmd {
+            SessionCommand::Send { admission, reply } => {
+                if self.host.is_stopping() {
+                    let r = Refusal::ShuttingDown;
+                    let _ = reply.send(Err(RpcError::refusal(&r)));
+                    return true;
+                }
+                match actor.send_prepared(*admission).await {
+                    Ok(r) => {
+                        let new = !r.existing && r.pending.is_none();
+                        let _ = reply.send(Ok(r));
+                        if new {
+                            let done = self.running(inbox, triple, actor.run_admitted()).await;
+                            if let Err(e) = done {
+                                tracing::error!("session {}: {e}", triple.address());
+                                return false;
+                            }
+                        }
+                        return self.run_queued(actor, inbox, triple).await;
+                    }
+                    Err(e @ ActorError::Refused(_)) => {
+                        let _ = reply.send(Err(e.to_rpc_error()));
+                    }
+                    Err(e) => {
+                        tracing::error!("session {}: {e}", triple.address());
+                        let _ = reply.send(Err(e.to_rpc_error()));
+                        return false;
+                    }
+                }
+            }
+            SessionCommand::Status { run_id, reply } => {
+                let _ = reply.send(actor.view(run_id.as_deref()));
+            }
+            SessionCommand::Cancel { caller, reply, .. } => {
+                // No run is active here; the answer is still the owner's alone.
+                let answer = if caller.owns(&actor.state().owners()) {
+                    Cancelled::NotActive
+                } else {
+                    Cancelled::NotOwner
+                };
+                let _ = reply.send(answer);
+            }
+            SessionCommand::Retract {
+                submission_id,
+                caller,
+                reply,
+            } => {
+                let answer = actor.retract_for(&caller, &submission_id).await;
+                let failed = matches!(&answer, Err(e) if !matches!(e, ActorError::Refused(_)));
+                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
+                if failed {
+                    return false;
+                }
+            }
+            SessionCommand::Barrier { reply } => {
+                let _ = reply.send(actor.barrier().await.ok());
+            }
+            SessionCommand::Import { input, reply } => {
+                match actor.import(*input, Box::new(|_| {})).await {
+                    Ok(r) => {
+                        if !r.existing {
+                            self.dirty.borrow_mut().insert(triple.clone());
+                        }
+                        let _ = reply.send(Ok(r));
+                    }
+                    Err(e @ ActorError::Import(_)) => {
+                        let _ = reply.send(Err(e.to_rpc_error()));
+                    }
+                    Err(e) => {
+                        tracing::error!("session {}: {e}", triple.address());
+                        let _ = reply.send(Err(e.to_rpc_error()));
+                        return false;
+                    }
+                }
+            }
+        }
+        true
+    }
+}

@@ -1,0 +1,380 @@
+//! broca-host: the daemon both fronts run in. One pinned executor per shard; a session
+//! address picks its shard, which owns the session's actor (a registry of them per shard),
+//! its WAL appends (one group-commit scheduler per shard) and its provider connections (one
+//! HTTP client per shard). The management core's requests, parsed by broca-wire, are
+//! executed here against the shards ([`Host::call`], [`Host::subscribe`]); serve's HTTP and
+//! Unix-socket surface (broca-serve) and module mode's daemon routes (broca-daemon) are the
+//! fronts, each started on the shards through [`ShardFront`].
+//!
+//! Shutdown: a signal (or the front) stops admission (new sends are refused
+//! `shutting_down`), gives active runs `grace` to finish, seals the rest Interrupted, closes
+//! every WAL and removes serve.json; the caller re-raises the signal ([`reraise`]).
+
+mod answer;
+mod limits;
+pub mod metrics;
+mod reads;
+mod resume;
+mod rpc;
+mod sessions;
+mod shard;
+mod signals;
+mod start;
+mod state;
+mod subscribe;
+mod unopened;
+
+pub use metrics::ShardStats;
+pub use rpc::check_request;
+pub use signals::reraise;
+pub use state::{previous_serve, serve_json, PreviousServe};
+pub use subscribe::Subscription;
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use broca_io::net::proxy::ProxyConfig;
+use futures_channel::mpsc;
+
+use broca_provider::credential::Vault;
+use broca_provider::transport::Endpoints;
+use broca_session::hub::{SubFrom, SubItem};
+use broca_session::SessionCommand;
+use broca_shards::mesh::{Mesh, MeshError};
+use broca_tools::modules::ModuleTools;
+use broca_wal::SessionTriple;
+
+/// How the daemon runs, whichever its front.
+#[derive(Debug, Clone)]
+pub struct HostOptions {
+    pub state_dir: PathBuf,
+    pub shards: usize,
+    pub grace: Duration,
+    /// An idle session's actor is closed (and its memory freed) after this long.
+    pub idle: Duration,
+    /// Sessions open at once per shard (each holds its WAL open); `None` derives it from
+    /// the open-files limit. Past it, the least recently used idle sessions are closed.
+    pub open_sessions_max: Option<usize>,
+    /// Where the catalog comes from.
+    pub catalog: broca_catalog::load::Sources,
+    /// How often the catalog is assembled again (its service asked, its file read): a run
+    /// already admitted keeps the entry it froze. Zero: never.
+    pub catalog_refresh: Duration,
+    /// Pack sessions idle this long in the background (`archive_after_days`); `None`: off.
+    pub archive_after: Option<Duration>,
+    /// How often the background pack runs (`archive_every_secs`, default an hour).
+    pub archive_every: Duration,
+    /// The MCP tool servers to start (`--tools-config`).
+    pub tools: Option<broca_tools::config::ToolsConfig>,
+    pub endpoints: Endpoints,
+}
+
+/// A message between shards.
+pub(crate) enum ShardMsg {
+    /// A command for the session `triple` (owned by the receiving shard).
+    Session {
+        triple: SessionTriple,
+        cmd: SessionCommand,
+    },
+    /// The shard's counters.
+    Stats(futures_channel::oneshot::Sender<ShardStats>),
+    /// A signal asked the daemon to stop (sent to shard 0, which stops every shard).
+    Signal,
+    /// Stop: wait for active runs up to the grace, seal the rest, close every session.
+    Stop(futures_channel::oneshot::Sender<()>),
+    /// Every shard has stopped: end this shard's loop.
+    End,
+    /// The session `triple` (owned by the receiving shard) has a run a crash left open:
+    /// resume it.
+    Resume { triple: SessionTriple },
+    /// Subscribe to the session `triple` (owned by the receiving shard).
+    Subscribe {
+        triple: SessionTriple,
+        from: SubFrom,
+        tx: mpsc::Sender<SubItem>,
+        /// Resolves when the subscriber's connection ends.
+        gone: futures_channel::oneshot::Receiver<()>,
+    },
+}
+
+/// What a front hands the host besides its shards' parts (module mode's).
+#[derive(Default)]
+pub struct Extras {
+    /// The daemon's tool_provider modules (their tools are offered beside the MCP servers').
+    pub module_tools: Option<Arc<ModuleTools>>,
+    /// The vault that `vault:` credentials resolve through.
+    pub vault: Option<Arc<dyn Vault>>,
+}
+
+/// What every shard shares.
+pub struct Host {
+    pub opts: HostOptions,
+    pub wal_dir: PathBuf,
+    /// The bearer handle TCP clients present.
+    pub handle: String,
+    pub(crate) mesh: Mesh<ShardMsg>,
+    /// Admission is closed.
+    stopping: AtomicBool,
+    /// The signal that asked for the stop (0: none yet).
+    signal: AtomicI32,
+    pub(crate) tls: Arc<broca_io::net::rustls::ClientConfig>,
+    pub(crate) proxy: ProxyConfig,
+    /// The MCP tool servers every shard routes to.
+    pub(crate) tools: Arc<broca_tools::ToolServers>,
+    /// Module mode: the daemon's tool_provider modules (their tools are in `tools`' specs).
+    pub(crate) module_tools: Option<Arc<ModuleTools>>,
+    /// The projections of the WALs (`None` when the store cannot be opened: then nothing is
+    /// read from it, and the WALs serve everything).
+    pub(crate) store: Option<Arc<broca_store::Store>>,
+    /// Hands WALs that moved on to the store's own thread (it catches them up there, so
+    /// store writes and their syncs never queue ahead of a shard's blocking work).
+    pub(crate) projector: Option<Mutex<std::sync::mpsc::SyncSender<Vec<PathBuf>>>>,
+    /// Admission's checks of families and credentials (the shards' model clients resolve
+    /// the same credentials the same way).
+    pub(crate) checks: broca_provider::Checks,
+    /// Module mode: the claustrum vault that `vault:` credentials resolve through.
+    vault: Option<Arc<dyn Vault>>,
+}
+
+impl Host {
+    /// The credentials this daemon resolves: the state dir's, and the vault's in module mode.
+    pub fn secrets(&self) -> broca_provider::credential::StateSecrets {
+        secrets(&self.opts.state_dir, self.vault.as_ref())
+    }
+
+    /// The shard that owns `triple`.
+    pub fn shard_of(&self, triple: &SessionTriple) -> usize {
+        self.mesh.shard_of(triple.address().shard_key())
+    }
+
+    /// How many shards run.
+    pub fn shards(&self) -> usize {
+        self.mesh.shards()
+    }
+
+    /// Whether admission is closed.
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
+    }
+
+    /// Sends a command to the session's shard: refused when that shard's queue is full or
+    /// the shard is gone.
+    pub(crate) fn route(
+        &self,
+        triple: SessionTriple,
+        cmd: SessionCommand,
+    ) -> Result<(), MeshError> {
+        let shard = self.shard_of(&triple);
+        self.mesh.try_send(shard, ShardMsg::Session { triple, cmd })
+    }
+
+    /// Stops the daemon as a signal would (the front asked: a drain, the connection's end):
+    /// admission closes at once, and shard 0 stops every shard. `false` when it was stopping
+    /// already.
+    pub async fn stop(&self, why: &str) -> bool {
+        tracing::warn!("{why}: stopping admission; active runs get the grace period");
+        let first = !self.stopping.swap(true, Ordering::AcqRel);
+        if first {
+            let _ = self.mesh.send(0, ShardMsg::Signal).await;
+        }
+        first
+    }
+
+    /// Every shard's counters (a shard whose queue is full is left out rather than waited
+    /// for).
+    pub async fn stats(&self) -> Vec<ShardStats> {
+        metrics::gather(self).await
+    }
+}
+
+fn secrets(
+    state_dir: &Path,
+    vault: Option<&Arc<dyn Vault>>,
+) -> broca_provider::credential::StateSecrets {
+    let s = broca_provider::credential::StateSecrets::new(state_dir);
+    match vault {
+        Some(v) => s.with_vault(Box::new(v.clone())),
+        None => s,
+    }
+}
+
+/// A future a front runs on its shard.
+pub type LocalBoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
+
+/// What a front runs on one shard, handed to that shard when it starts.
+pub trait ShardFront: Send {
+    /// Starts serving on this shard's executor; the answer stops it when the shard ends.
+    fn start(
+        self: Box<Self>,
+        host: Arc<Host>,
+    ) -> LocalBoxFuture<'static, Result<Box<dyn Running>, String>>;
+}
+
+/// A front serving on a shard.
+pub trait Running {
+    /// Its accept loops' counters (wakes with nothing to do, failed accepts, connections
+    /// shed), for /metrics.
+    fn counts(&self) -> (u64, u64, u64) {
+        (0, 0, 0)
+    }
+
+    /// Stops serving (the shard ends).
+    fn stop(self: Box<Self>) -> LocalBoxFuture<'static, ()>;
+}
+
+/// A front: what it writes into serve.json, what it says once ready, and its part on each
+/// shard.
+pub struct Front {
+    /// serve.json's members beside `pid`.
+    pub info: serde_json::Map<String, serde_json::Value>,
+    /// The line printed on stdout once ready.
+    pub ready: String,
+    /// Each shard's part (by shard index; `None`: nothing runs there).
+    pub shards: Vec<Option<Box<dyn ShardFront>>>,
+}
+
+/// A daemon being started: its limits sized, its signals caught, its state dir taken. The
+/// front binds or registers next (before anything slow starts, so a port in use or a daemon
+/// that refuses is an error at once), then [`Startup::run`] runs the daemon to its end.
+pub struct Startup {
+    opts: HostOptions,
+    slot: Arc<Mutex<signals::SignalSlot>>,
+    state: state::PreparedState,
+    tls: Arc<broca_io::net::rustls::ClientConfig>,
+    proxy: ProxyConfig,
+}
+
+impl Startup {
+    /// Sizes the open sessions from the open-files limit, catches SIGTERM and SIGINT, and
+    /// takes the state dir (its lock, its `wal/`, a new bearer handle). `Err` is one line
+    /// naming what kept it from starting.
+    pub fn begin(mut opts: HostOptions) -> Result<Startup, String> {
+        if opts.shards == 0 {
+            return Err("--shards must be at least 1".into());
+        }
+        let open = limits::open_sessions(opts.open_sessions_max, opts.shards)
+            .map_err(|e| e.to_string())?;
+        opts.open_sessions_max = Some(open);
+        let slot = Arc::new(Mutex::new(signals::SignalSlot::default()));
+        signals::catch_signals(slot.clone()).map_err(|e| e.to_string())?;
+        let state = state::prepare_state(&opts.state_dir)?;
+        let proxy = ProxyConfig::from_env()?;
+        let tls = broca_io::net::tls::default_client_config()?;
+        Ok(Startup {
+            opts,
+            slot,
+            state,
+            tls,
+            proxy,
+        })
+    }
+
+    /// The options, as sized.
+    pub fn options(&self) -> &HostOptions {
+        &self.opts
+    }
+
+    /// The owner-only file holding the bearer handle.
+    pub fn handle_file(&self) -> &Path {
+        &self.state.handle_file
+    }
+
+    /// Starts the catalog, the store, the tools and the shards (each with its part of
+    /// `front`), writes serve.json and says `front.ready`, and serves until a signal or the
+    /// front stops the daemon. Answers the signal that stopped it (0: the front did), once
+    /// every WAL is closed and serve.json removed.
+    pub fn run(self, front: Front, extras: Extras) -> Result<i32, String> {
+        let Startup {
+            opts,
+            slot,
+            state,
+            tls,
+            proxy,
+        } = self;
+        assert!(
+            opts.open_sessions_max.is_some(),
+            "begin sized the open sessions"
+        );
+        start::load_catalog(&opts, &tls, &proxy, extras.module_tools.clone())?;
+        let opened = start::open_store(&opts.state_dir, &state.wal_dir)?;
+        let tools = start::start_tools(&opts, &tls, &proxy, extras.module_tools.clone())?;
+        let (mesh, receivers) = Mesh::new(opts.shards);
+        let host = Arc::new(Host {
+            checks: broca_provider::Checks::new(Box::new(secrets(
+                &opts.state_dir,
+                extras.vault.as_ref(),
+            ))),
+            opts,
+            wal_dir: state.wal_dir.clone(),
+            handle: state.handle.clone(),
+            mesh,
+            stopping: AtomicBool::new(false),
+            signal: AtomicI32::new(0),
+            tls,
+            proxy,
+            tools,
+            module_tools: extras.module_tools,
+            store: opened.store,
+            projector: opened.projector,
+            vault: extras.vault,
+        });
+        signals::SignalSlot::install(&slot, &host);
+        let serve_json = state::serve_json(&host.opts.state_dir);
+        let mut info = front.info;
+        info.insert("pid".into(), std::process::id().into());
+        broca_owner_only::write_file(
+            &serve_json,
+            serde_json::Value::Object(info).to_string().as_bytes(),
+        )
+        .map_err(|e| format!("cannot write {}: {e}", serve_json.display()))?;
+        resume::resume_open_runs(host.clone(), opened.caught_up)?;
+        resume::start_archive_scheduler(&host)?;
+        broca_io::outln!("{}", front.ready);
+        use std::io::Write as _;
+        let _ = std::io::stdout().flush();
+        let result = run_shards(&host, receivers, front.shards);
+        // This daemon still holds the state dir's lock: serve.json is its own.
+        let _ = std::fs::remove_file(&serve_json);
+        drop(state.lock);
+        host.tools.stop();
+        if let Some(m) = &host.module_tools {
+            m.stop();
+        }
+        result?;
+        Ok(host.signal.load(Ordering::Acquire))
+    }
+}
+
+/// Runs every shard until it stops, each with its part of the front.
+fn run_shards(
+    host: &Arc<Host>,
+    receivers: Vec<broca_shards::mesh::Inbound<ShardMsg>>,
+    fronts: Vec<Option<Box<dyn ShardFront>>>,
+) -> Result<(), String> {
+    let shards = host.opts.shards;
+    assert_eq!(receivers.len(), shards, "one queue per shard");
+    assert!(fronts.len() <= shards, "a front part per shard at most");
+    let mut parts: Vec<_> = receivers.into_iter().map(Some).collect();
+    let mut fronts: Vec<_> = fronts.into_iter().collect();
+    fronts.resize_with(shards, || None);
+    let parts: Vec<_> = parts.drain(..).zip(fronts).collect();
+    let parts = Arc::new(Mutex::new(parts));
+    let shard_host = host.clone();
+    let result = broca_shards::run_pinned(shards, move |shard| {
+        let host = shard_host.clone();
+        let (rx, front) = {
+            let mut parts = parts.lock().unwrap_or_else(|e| e.into_inner());
+            let (rx, front) = std::mem::replace(&mut parts[shard], (None, None));
+            (rx.expect("each shard takes its queue once"), front)
+        };
+        shard::shard_main(shard, host, rx, front)
+    });
+    for r in result.map_err(|e| format!("a shard failed to start: {e}"))? {
+        r?;
+    }
+    Ok(())
+}

@@ -1,0 +1,235 @@
+//! Every shard's counters ([`ShardStats`], gathered over the mesh) and their exposition in
+//! the Prometheus text format (`GET /metrics`): one family per row of [`FAMILIES`] (a shard
+//! label on each sample), then the ones with labels of their own (errors by class, the fsync
+//! latency histogram) and the daemon-wide mesh counter.
+
+use broca_io::CommitStats;
+
+use crate::{Host, ShardMsg};
+
+/// One shard's counters, for /metrics.
+#[derive(Debug, Clone, Default)]
+pub struct ShardStats {
+    pub shard: usize,
+    pub sessions_live: usize,
+    /// Idle sessions closed to stay within the open-sessions limit.
+    pub sessions_evicted: u64,
+    /// Commands refused because every open session was busy at the limit.
+    pub sessions_refused_at_limit: u64,
+    pub runs_active: usize,
+    pub commit: CommitStats,
+    pub provider_bytes_in: u64,
+    pub provider_bytes_out: u64,
+    pub provider_connects: u64,
+    /// Failed model attempts by error class.
+    pub model_errors: Vec<(broca_protocol::ErrorClass, u64)>,
+    /// Accept-loop wakes that found nothing to do (an idle daemon has none).
+    pub accept_wakes: u64,
+    /// Failed accepts.
+    pub accept_errors: u64,
+    /// Connections closed with a 503 at once for lack of file descriptors.
+    pub accept_shed: u64,
+    /// Commands refused because their session's queue was full.
+    pub inbox_full: u64,
+    /// Batches kept for the next tick because the store's queue was full.
+    pub projector_full: u64,
+    /// Sessions that could not open their WAL for want of a file descriptor.
+    pub out_of_descriptors: u64,
+}
+
+/// A metric family read from each shard's stats.
+struct Family {
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
+    value: fn(&ShardStats) -> u64,
+}
+
+const FAMILIES: &[Family] = &[
+    Family {
+        name: "broca_sessions_live",
+        kind: "gauge",
+        help: "Session actors in memory.",
+        value: |s| s.sessions_live as u64,
+    },
+    Family {
+        name: "broca_sessions_evicted_total",
+        kind: "counter",
+        help: "Idle sessions closed to stay within open_sessions_max.",
+        value: |s| s.sessions_evicted,
+    },
+    Family {
+        name: "broca_sessions_refused_at_limit_total",
+        kind: "counter",
+        help: "Commands refused (503 session_limit): every open session was running.",
+        value: |s| s.sessions_refused_at_limit,
+    },
+    Family {
+        name: "broca_runs_active",
+        kind: "gauge",
+        help: "Runs being driven.",
+        value: |s| s.runs_active as u64,
+    },
+    Family {
+        name: "broca_wal_appends_total",
+        kind: "counter",
+        help: "Records appended to WALs.",
+        value: |s| s.commit.appends,
+    },
+    Family {
+        name: "broca_wal_append_bytes_total",
+        kind: "counter",
+        help: "Bytes of records appended.",
+        value: |s| s.commit.append_bytes,
+    },
+    Family {
+        name: "broca_wal_fsyncs_total",
+        kind: "counter",
+        help: "fdatasync calls completed.",
+        value: |s| s.commit.fsyncs,
+    },
+    Family {
+        name: "broca_wal_defer_timeouts_total",
+        kind: "counter",
+        help: "Batches written because deferred records waited their 50 ms with nothing urgent to carry them.",
+        value: |s| s.commit.defer_timeouts,
+    },
+    Family {
+        name: "broca_wal_fsync_errors_total",
+        kind: "counter",
+        help: "fdatasync calls that failed.",
+        value: |s| s.commit.fsync_errors,
+    },
+    Family {
+        name: "broca_provider_bytes_in_total",
+        kind: "counter",
+        help: "Bytes received from providers.",
+        value: |s| s.provider_bytes_in,
+    },
+    Family {
+        name: "broca_provider_bytes_out_total",
+        kind: "counter",
+        help: "Bytes sent to providers.",
+        value: |s| s.provider_bytes_out,
+    },
+    Family {
+        name: "broca_provider_connects_total",
+        kind: "counter",
+        help: "Connections opened to providers.",
+        value: |s| s.provider_connects,
+    },
+    Family {
+        name: "broca_accept_wakes_total",
+        kind: "counter",
+        help: "Accept-loop wakes that found no connection (an idle daemon has none).",
+        value: |s| s.accept_wakes,
+    },
+    Family {
+        name: "broca_accept_errors_total",
+        kind: "counter",
+        help: "Failed accepts (out of descriptors, aborted connections).",
+        value: |s| s.accept_errors,
+    },
+    Family {
+        name: "broca_accept_shed_total",
+        kind: "counter",
+        help: "Connections closed at once with a 503: the process was out of file descriptors.",
+        value: |s| s.accept_shed,
+    },
+    Family {
+        name: "broca_session_queue_full_total",
+        kind: "counter",
+        help: "Commands refused 503 session_queue_full: the session's queue was full.",
+        value: |s| s.inbox_full,
+    },
+    Family {
+        name: "broca_projector_queue_full_total",
+        kind: "counter",
+        help: "Store batches held for the next tick: the store's queue was full.",
+        value: |s| s.projector_full,
+    },
+    Family {
+        name: "broca_sessions_out_of_descriptors_total",
+        kind: "counter",
+        help: "Sessions refused 503 session_unavailable: no file descriptor was left to open \
+               their WAL.",
+        value: |s| s.out_of_descriptors,
+    },
+];
+
+/// Every shard's stats (a shard whose queue is full is left out rather than waited for).
+pub(crate) async fn gather(ctx: &Host) -> Vec<ShardStats> {
+    let mut stats: Vec<ShardStats> = Vec::new();
+    for shard in 0..ctx.mesh.shards() {
+        let (reply, wait) = futures_channel::oneshot::channel();
+        if ctx.mesh.try_send(shard, ShardMsg::Stats(reply)).is_ok() {
+            if let Ok(s) = wait.await {
+                stats.push(s);
+            }
+        }
+    }
+    stats
+}
+
+/// The metrics text, asking every shard for its stats (a shard whose queue is full is left
+/// out of this scrape rather than waited for).
+pub async fn render(ctx: &Host) -> String {
+    let stats = gather(ctx).await;
+    let mut out = String::new();
+    for f in FAMILIES {
+        out.push_str(&format!(
+            "# HELP {} {}\n# TYPE {} {}\n",
+            f.name, f.help, f.name, f.kind
+        ));
+        for s in &stats {
+            out.push_str(&format!(
+                "{}{{shard=\"{}\"}} {}\n",
+                f.name,
+                s.shard,
+                (f.value)(s)
+            ));
+        }
+    }
+    out.push_str(&format!(
+        "# HELP broca_mesh_full_total Commands refused 503 shard_busy: their shard's queue was full.\n# TYPE broca_mesh_full_total counter\nbroca_mesh_full_total {}\n",
+        ctx.mesh.full_count()
+    ));
+    out.push_str(&format!(
+        "# HELP broca_archive_packed_total Sessions packed into sealed containers by this process.\n# TYPE broca_archive_packed_total counter\nbroca_archive_packed_total {}\n# HELP broca_archive_restored_total Archived sessions restored before a write by this process.\n# TYPE broca_archive_restored_total counter\nbroca_archive_restored_total {}\n",
+        broca_archive::PACKED.load(std::sync::atomic::Ordering::Relaxed),
+        broca_archive::RESTORED.load(std::sync::atomic::Ordering::Relaxed),
+    ));
+    out.push_str("# HELP broca_model_errors_total Failed model attempts by error class.\n# TYPE broca_model_errors_total counter\n");
+    for s in &stats {
+        for (class, n) in &s.model_errors {
+            out.push_str(&format!(
+                "broca_model_errors_total{{shard=\"{}\",class=\"{}\"}} {n}\n",
+                s.shard,
+                class.as_str()
+            ));
+        }
+    }
+    out.push_str("# HELP broca_wal_fsync_seconds fdatasync latency.\n# TYPE broca_wal_fsync_seconds histogram\n");
+    for s in &stats {
+        let mut cumulative = 0u64;
+        for (i, count) in s.commit.fsync_latency_buckets.iter().enumerate() {
+            cumulative += count;
+            let le = match broca_io::commit::FSYNC_LATENCY_BUCKETS_US.get(i) {
+                Some(us) => format!("{}", *us as f64 / 1e6),
+                None => "+Inf".into(),
+            };
+            out.push_str(&format!(
+                "broca_wal_fsync_seconds_bucket{{shard=\"{}\",le=\"{le}\"}} {cumulative}\n",
+                s.shard
+            ));
+        }
+        out.push_str(&format!(
+            "broca_wal_fsync_seconds_sum{{shard=\"{}\"}} {}\nbroca_wal_fsync_seconds_count{{shard=\"{}\"}} {}\n",
+            s.shard,
+            s.commit.fsync_latency_sum_us as f64 / 1e6,
+            s.shard,
+            cumulative
+        ));
+    }
+    out
+}

@@ -1,0 +1,332 @@
+//! The management methods, executed: a request the management core (broca-wire) parsed in,
+//! its `result` or a refusal out, the same for every front (serve's `/v1/rpc`, a daemon
+//! route). A session-bound command goes to the shard that owns the session; the reads
+//! (`crate::reads`) never take the writer lease.
+
+use futures_channel::oneshot;
+use serde_json::Value;
+
+use broca_core::admission::SendRequest;
+use broca_core::replay::RunView;
+use broca_session::{Cancelled, ImportTarget, SessionCommand};
+use broca_shards::mesh::MeshError;
+use broca_wal::SessionTriple;
+use broca_wire::{Caller, Code, Request, RpcError, SessionName};
+
+use crate::reads::{baseline, head, read, send_status};
+use crate::Host;
+
+pub(crate) fn invalid(why: impl Into<String>) -> RpcError {
+    RpcError::new(Code::InvalidParams, why)
+}
+
+/// Checks a management request body as far as it can be checked without a daemon: the
+/// envelope, the method, its parameters, the session triple, and for session.send what
+/// admission refuses whatever the session holds (with no tools configured, the catalog in
+/// use, and any credential taken). The fuzz targets drive the request parsing through
+/// here. Answers the method.
+pub fn check_request(body: &[u8]) -> Result<String, RpcError> {
+    let request = broca_wire::request::parse(body)?;
+    if let Some(s) = request.session() {
+        triple(s)?;
+    }
+    if let Request::Send { send, .. } = &request {
+        let catalog = broca_catalog::current();
+        let any = broca_protocol::model::AnyProvider;
+        if let Err(u) = broca_core::admission::prepare(send, &[], &catalog, &any) {
+            return Err(RpcError::refusal(&u.refusal));
+        }
+    }
+    Ok(request.method().as_str().to_string())
+}
+
+impl Host {
+    /// Executes one management request from `caller`: its `result`, or the refusal.
+    pub async fn call(&self, request: Request, caller: &Caller) -> Result<Value, RpcError> {
+        call(self, request, caller).await
+    }
+}
+
+async fn call(ctx: &Host, request: Request, caller: &Caller) -> Result<Value, RpcError> {
+    let Some(session) = request.session() else {
+        return match request {
+            Request::Import {
+                format,
+                path,
+                project_root,
+                harness,
+                session,
+            } => {
+                let target = ImportTarget {
+                    project_root,
+                    harness,
+                    session,
+                };
+                import(ctx, &format, path, target).await
+            }
+            Request::Describe => Ok(broca_wire::role::describe()),
+            _ => Err(invalid("the request names no session")),
+        };
+    };
+    let t = triple(session)?;
+    match request {
+        Request::Send { send: req, .. } => self::send(ctx, t, *req, caller).await,
+        Request::Status { run_id, .. } => status(ctx, t, run_id).await,
+        Request::Result { run_id, .. } => result(ctx, t, run_id).await,
+        Request::Cancel { run_id, .. } => cancel(ctx, t, run_id, caller).await,
+        Request::Read { read: req, .. } => read(ctx, t, req).await,
+        Request::Head { .. } => head(ctx, t).await,
+        Request::Retract { submission_id, .. } => retract(ctx, t, submission_id, caller).await,
+        Request::SendStatus { send_id, .. } => send_status(ctx, t, send_id, caller).await,
+        Request::Baseline { .. } => baseline(ctx, t, caller).await,
+        Request::Import { .. } | Request::Describe => Err(invalid("the request names no session")),
+    }
+}
+
+/// session.import: each log under `path` into its session (the parts of `target` not given
+/// from the log), each one durable record or nothing. One log: its answer, or its error.
+/// A folder: `{"imports": [...]}`, an entry per log, with its answer or its `error`.
+async fn import(
+    ctx: &Host,
+    format: &str,
+    path: String,
+    target: ImportTarget,
+) -> Result<Value, RpcError> {
+    if ctx.is_stopping() {
+        return Err(RpcError::new(
+            Code::ShuttingDown,
+            "broca is stopping; retry later",
+        ));
+    }
+    let format = broca_import::Format::parse(format)
+        .ok_or_else(|| invalid(format!("unknown log format `{format}`")))?;
+    let root = std::path::PathBuf::from(&path);
+    let folder = root.is_dir();
+    let files = glommio::executor()
+        .spawn_blocking(move || broca_session::log_files(&[root]))
+        .await
+        .map_err(|e| RpcError::new(Code::ImportUnreadable, e))?;
+    let mut entries = Vec::new();
+    for file in files {
+        let answer = import_one(ctx, format, file.clone(), target.clone()).await;
+        if !folder {
+            return answer;
+        }
+        entries.push(answer.unwrap_or_else(|e| {
+            serde_json::json!({
+                "file": file,
+                "error": {"code": e.code.as_str(), "class": e.class().as_str(), "message": e.message},
+            })
+        }));
+    }
+    Ok(serde_json::json!({ "imports": entries }))
+}
+
+async fn import_one(
+    ctx: &Host,
+    format: broca_import::Format,
+    file: std::path::PathBuf,
+    target: ImportTarget,
+) -> Result<Value, RpcError> {
+    let (t, input) = glommio::executor()
+        .spawn_blocking(move || broca_session::read_source(format, &file, &target))
+        .await
+        .map_err(|e| broca_session::import_error(&e))?;
+    let name = input.file.clone();
+    // A log the session holds as it is, or one refused: answered from a read of its WAL (no
+    // lease, nothing written, the session's actor not even started).
+    let wal = broca_wal_writer::wal_path(&ctx.wal_dir, &t);
+    let checked = {
+        let input = input.clone();
+        glommio::executor()
+            .spawn_blocking(move || broca_session::check_read_only(&wal, &input))
+            .await
+    };
+    if let Some(done) = checked.map_err(|e| broca_session::import_error(&e))? {
+        return Ok(done.to_json(&name, &t));
+    }
+    let (reply, wait) = oneshot::channel();
+    let input = Box::new(input);
+    ctx.route(t.clone(), SessionCommand::Import { input, reply })
+        .map_err(unrouted)?;
+    let done = wait.await.map_err(|_| unavailable())??;
+    Ok(done.to_json(&name, &t))
+}
+
+fn triple(s: &SessionName) -> Result<SessionTriple, RpcError> {
+    SessionTriple::new(&s.project_root, &s.harness, &s.session).map_err(|e| invalid(e.to_string()))
+}
+
+/// The refusal for a command that did not reach its shard.
+pub(crate) fn unrouted(e: MeshError) -> RpcError {
+    match e {
+        MeshError::Full => RpcError::new(
+            Code::ShardBusy,
+            "the session's shard has too many commands waiting; retry shortly",
+        ),
+        MeshError::Gone => unavailable(),
+    }
+}
+
+pub(crate) fn unavailable() -> RpcError {
+    RpcError::new(
+        Code::SessionUnavailable,
+        "the session's shard did not answer; retry",
+    )
+}
+
+/// Hands the session's shard the command `make` builds around a reply channel; answers the
+/// reply.
+async fn ask<R>(
+    ctx: &Host,
+    t: SessionTriple,
+    make: impl FnOnce(oneshot::Sender<R>) -> SessionCommand,
+) -> Result<R, RpcError> {
+    let (reply, wait) = oneshot::channel();
+    ctx.route(t, make(reply)).map_err(unrouted)?;
+    wait.await.map_err(|_| unavailable())
+}
+
+async fn view(
+    ctx: &Host,
+    t: &SessionTriple,
+    run_id: Option<String>,
+) -> Result<Option<RunView>, RpcError> {
+    ask(ctx, t.clone(), |reply| SessionCommand::Status {
+        run_id,
+        reply,
+    })
+    .await
+}
+
+fn unknown_run(run_id: &str) -> RpcError {
+    RpcError::new(
+        Code::UnknownRun,
+        format!("no run `{run_id}` in this session"),
+    )
+}
+
+/// The refusal of an owner-only method to anyone else.
+pub(crate) fn not_owner(method: &str) -> RpcError {
+    RpcError::new(
+        Code::ScopeOwnerMismatch,
+        format!(
+            "{method} is answered only to the session's owner (the principal of its first send)"
+        ),
+    )
+}
+
+async fn send(
+    ctx: &Host,
+    t: SessionTriple,
+    req: SendRequest,
+    caller: &Caller,
+) -> Result<Value, RpcError> {
+    if ctx.is_stopping() {
+        return Err(RpcError::new(
+            Code::ShuttingDown,
+            "broca is stopping; retry later",
+        ));
+    }
+    // Admission's part that needs no session runs here, once: a send it refuses opens no
+    // session (nothing is written, not even a new WAL) unless its send_id may name a run the
+    // session already has; the session's actor does the rest with what was resolved here.
+    let specs = ctx.tools.specs();
+    let catalog = broca_catalog::current();
+    let mut admission = broca_core::admission::prepare(&req, &specs, &catalog, &ctx.checks);
+    match &mut admission {
+        Ok(p) => p.caller = caller.clone(),
+        Err(u) => u.caller = caller.clone(),
+    }
+    if let Err(u) = &admission {
+        if u.send_id.is_none() {
+            return Err(RpcError::refusal(&u.refusal));
+        }
+    }
+    let (reply, wait) = oneshot::channel();
+    let admission = Box::new(admission);
+    ctx.route(t.clone(), SessionCommand::Send { admission, reply })
+        .map_err(unrouted)?;
+    let sent = wait.await.map_err(|_| unavailable())??;
+    if let Some(submission_id) = sent.pending {
+        return Ok(serde_json::json!({"state": "pending", "submission_id": submission_id}));
+    }
+    if !sent.existing {
+        return Ok(serde_json::json!({"state": "active", "run_id": sent.run_id}));
+    }
+    let run = view(ctx, &t, Some(sent.run_id.clone()))
+        .await?
+        .ok_or_else(|| unknown_run(&sent.run_id))?;
+    Ok(send_reply(&run))
+}
+
+/// The answer to a send that named `run`: its state, and how a send that waited for its
+/// turn was delivered.
+pub(crate) fn send_reply(run: &broca_core::RunView) -> Value {
+    let mut answer =
+        serde_json::to_value(broca_core::views::send_answer(run)).expect("an answer serializes");
+    if run.submission_id.is_some() {
+        answer["delivered"] = serde_json::json!({"as": "turn", "ref": run.run_id});
+    }
+    answer
+}
+
+/// session.retract: withdraws a queued send before it starts (owner-only).
+async fn retract(
+    ctx: &Host,
+    t: SessionTriple,
+    submission_id: String,
+    caller: &Caller,
+) -> Result<Value, RpcError> {
+    let caller = caller.clone();
+    let answer = ask(ctx, t, |reply| SessionCommand::Retract {
+        submission_id,
+        caller,
+        reply,
+    })
+    .await??;
+    Ok(Value::String(answer.as_str().into()))
+}
+
+async fn status(ctx: &Host, t: SessionTriple, run_id: Option<String>) -> Result<Value, RpcError> {
+    // A run id the session does not know answers the role's `unknown` state, never a
+    // refusal; the session-level form (no run id) answers its latest run.
+    match (view(ctx, &t, run_id.clone()).await?, run_id) {
+        (Some(run), _) => Ok(broca_core::views::status_answer(&run)),
+        (None, Some(_)) => Ok(serde_json::json!({"state": "unknown"})),
+        (None, None) => Err(RpcError::new(
+            Code::UnknownRun,
+            "this session has no run yet",
+        )),
+    }
+}
+
+async fn result(ctx: &Host, t: SessionTriple, run_id: String) -> Result<Value, RpcError> {
+    let run = view(ctx, &t, Some(run_id.clone()))
+        .await?
+        .ok_or_else(|| unknown_run(&run_id))?;
+    Ok(broca_core::views::result_answer(&run))
+}
+
+async fn cancel(
+    ctx: &Host,
+    t: SessionTriple,
+    run_id: String,
+    caller: &Caller,
+) -> Result<Value, RpcError> {
+    view(ctx, &t, Some(run_id.clone()))
+        .await?
+        .ok_or_else(|| unknown_run(&run_id))?;
+    let caller = caller.clone();
+    let cancelled = ask(ctx, t, |reply| SessionCommand::Cancel {
+        run_id,
+        caller,
+        reply,
+    })
+    .await?;
+    match cancelled {
+        Cancelled::Ack => Ok(Value::String("ack".into())),
+        Cancelled::NotActive => Ok(Value::String("not_active".into())),
+        Cancelled::NotOwner => Err(not_owner("run.cancel")),
+    }
+}

@@ -1,0 +1,296 @@
+//! A shard's sessions: an actor per live session in the shard's registry, started on the
+//! first command for it (opening its WAL under the lease and resuming a run a crash left
+//! open) and closed after it has been idle for a while or to make room, so an idle session
+//! costs no memory; the next command rebuilds it from the WAL. A command for a session no
+//! actor holds that needs no actor (a status, a cancel of nothing) is answered from its WAL.
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use broca_session::{ActorError, Cancelled, Retracted, SessionActor, SessionCommand};
+use broca_shards::registry::{Inbox, Msg, Refused};
+use broca_wal::{SessionTriple, WalError};
+use broca_wire::{Code, RpcError};
+
+use crate::shard::{Key, Shard, INBOX_MAX};
+
+/// A shard's session actor.
+pub(crate) type Actor =
+    SessionActor<broca_provider::transport::HttpModelClient, broca_tools::Tools>;
+
+/// How often a shard out of file descriptors says so in its log.
+const SHORT_LOG_EVERY: Duration = Duration::from_secs(10);
+/// How long a stopping shard waits for its sessions to close.
+const STOP_CLOSE_MAX: Duration = Duration::from_secs(30);
+/// How often a stopping shard looks whether its active runs ended within the grace.
+const GRACE_POLL: Duration = Duration::from_millis(10);
+
+impl Shard {
+    /// Hands `cmd` to the session's actor, starting it if needed. A read of a session whose
+    /// actor is not open is answered from its WAL as a reader: it takes no lease and writes
+    /// nothing.
+    pub(crate) fn dispatch(self: &Rc<Self>, triple: SessionTriple, cmd: SessionCommand) {
+        if self.sessions.is_closing() {
+            return refuse_closing(cmd);
+        }
+        let addr = triple.address().0;
+        let cmd = match self.sessions.is_live(&addr) {
+            true => cmd,
+            false => match self.without_actor(&triple, cmd) {
+                Some(cmd) => cmd,
+                None => return,
+            },
+        };
+        let me = self.clone();
+        let t = triple.clone();
+        let start = move |inbox: Inbox<SessionCommand>| {
+            glommio::spawn_local(async move { me.actor(t, Rc::new(inbox)).await }).detach();
+        };
+        match self.sessions.route(&addr, cmd, start) {
+            Ok(()) => {}
+            Err((cmd, Refused::AtLimit)) => cmd.fail(&self.at_limit()),
+            Err((cmd, Refused::InboxFull)) => cmd.fail(&inbox_full()),
+            Err((cmd, Refused::Closing)) => refuse_closing(cmd),
+        }
+    }
+
+    /// Answers what a session no actor holds needs no actor for; `Some` hands back a command
+    /// its actor must answer (started for it).
+    fn without_actor(&self, triple: &SessionTriple, cmd: SessionCommand) -> Option<SessionCommand> {
+        let wal = broca_wal_writer::wal_path(&self.host.wal_dir, triple);
+        if let SessionCommand::Status { run_id, reply } = cmd {
+            glommio::spawn_local(crate::unopened::view_from_wal(wal, run_id, reply)).detach();
+            return None;
+        }
+        let writes = matches!(&cmd, SessionCommand::Send { admission, .. } if admission.is_ok())
+            || matches!(&cmd, SessionCommand::Import { .. });
+        if writes || broca_wal::archive::exists(&wal) {
+            return Some(cmd);
+        }
+        // Nothing was ever sent to this session: answer without creating its WAL (a refused
+        // send's send_id names no run here either).
+        match cmd {
+            SessionCommand::Cancel { reply, .. } => drop(reply.send(Cancelled::NotActive)),
+            SessionCommand::Retract { reply, .. } => drop(reply.send(Ok(Retracted::NotPending))),
+            SessionCommand::Barrier { reply } => drop(reply.send(None)),
+            SessionCommand::Send { admission, reply } => {
+                if let Err(u) = *admission {
+                    drop(reply.send(Err(RpcError::refusal(&u.refusal))));
+                }
+            }
+            SessionCommand::Status { .. } | SessionCommand::Import { .. } => {
+                unreachable!("answered above")
+            }
+        }
+        None
+    }
+
+    fn at_limit(&self) -> RpcError {
+        RpcError::new(
+            Code::SessionLimit,
+            format!(
+                "all {} sessions this shard keeps open are running; retry later (raise \
+                 open_sessions_max or the open-files limit)",
+                self.sessions.limits().open_max
+            ),
+        )
+    }
+
+    /// A session a crash left with an open run, found at start: its actor opens and resumes
+    /// the run in the background (at most `RESUMES_AT_ONCE` resumes at a time).
+    pub(crate) fn resume(self: &Rc<Self>, triple: SessionTriple) {
+        let addr = triple.address().0;
+        if self.sessions.is_closing() || self.sessions.is_live(&addr) {
+            return; // stopping, or already open (it resumed when it opened)
+        }
+        // A barrier starts the actor (which resumes the run as it opens) and asks nothing.
+        let (reply, _) = futures_channel::oneshot::channel();
+        let me = self.clone();
+        let t = triple.clone();
+        let start = move |inbox: Inbox<SessionCommand>| {
+            glommio::spawn_local(async move { me.actor(t, Rc::new(inbox)).await }).detach();
+        };
+        if let Err((_, why)) = self
+            .sessions
+            .route(&addr, SessionCommand::Barrier { reply }, start)
+        {
+            tracing::warn!(
+                "session {}: its open run is not resumed now ({why:?}: every session this \
+                 shard keeps open is running); it resumes when the session is next used",
+                triple.address()
+            );
+        }
+    }
+
+    /// One session's actor: open, resume, answer commands in order, run sends, close when
+    /// idle, told to make room, or stopping.
+    async fn actor(self: Rc<Self>, triple: SessionTriple, inbox: Rc<Inbox<SessionCommand>>) {
+        let addr = triple.address().0;
+        // The steps that are large futures (opening, resuming, a run, closing) are boxed: an
+        // open session waiting for its next command holds only this loop's own state, and a
+        // running one the step it is in (BENCHMARKS.md, memory per session).
+        let opened = Box::pin(self.open_actor(&triple, &inbox)).await;
+        if let Some(mut actor) = opened {
+            if actor.state().open.is_some() {
+                let _slot = self.resumes.acquire_permit(1).await;
+                let resumed = Box::pin(self.running(&inbox, &triple, actor.resume())).await;
+                if let Err(e) = resumed {
+                    tracing::error!("session {}: resuming: {e}", triple.address());
+                }
+            }
+            Box::pin(self.serve_commands(&mut actor, &inbox, &triple)).await;
+            if let Err(e) = Box::pin(actor.close()).await {
+                tracing::error!("session {}: closing: {e}", triple.address());
+            }
+        }
+        self.ended(addr, &triple, inbox).await;
+    }
+
+    /// Answers the session's commands in order until it is idle, told to close, or stopping.
+    async fn serve_commands(
+        &self,
+        actor: &mut Actor,
+        inbox: &Inbox<SessionCommand>,
+        triple: &SessionTriple,
+    ) {
+        let mut open = Box::pin(self.run_queued(actor, inbox, triple)).await;
+        let idle = self.sessions.limits().idle;
+        while open && !self.sessions.is_closing() {
+            // Idle (free the memory), told to close or stop, or the channel closed.
+            let Some(Msg::Command(cmd)) = inbox.next_or_idle(idle).await else {
+                break;
+            };
+            open = Box::pin(self.answer(actor, inbox, triple, cmd)).await;
+        }
+    }
+
+    /// The actor of `addr` has ended: the commands that came in meanwhile go to a new one (or
+    /// are refused).
+    async fn ended(
+        self: &Rc<Self>,
+        addr: Key,
+        triple: &SessionTriple,
+        inbox: Rc<Inbox<SessionCommand>>,
+    ) {
+        let left = self.sessions.ended(&addr, &inbox).await;
+        self.drop_hub_if_idle(addr);
+        for cmd in left {
+            self.dispatch(triple.clone(), cmd);
+        }
+    }
+
+    /// Opens the session's actor, wired to its hub (appends published once durable, display
+    /// deltas passed on); when it cannot be opened, every queued command is answered so.
+    async fn open_actor(
+        &self,
+        triple: &SessionTriple,
+        inbox: &Rc<Inbox<SessionCommand>>,
+    ) -> Option<Actor> {
+        let addr = triple.address().0;
+        let hub = self.hub(addr);
+        let (on_append, on_display) = (hub.clone(), hub.clone());
+        let opened = SessionActor::opener(
+            &self.host.wal_dir,
+            triple,
+            self.model.clone(),
+            self.tools.clone(),
+        )
+        .tool_specs(self.host.tools.specs())
+        .log(broca_crash_points::log_config())
+        .committer(self.services.committer.clone())
+        .hooks(Rc::new(broca_crash_points::KillPoints))
+        .inbox(inbox.clone())
+        .on_append(Box::new(move |seq, end, record| {
+            on_append.on_append(seq, end, record)
+        }))
+        .display(Box::new(move |text| on_display.display(text)))
+        .open()
+        .await;
+        let e = match opened {
+            Ok(actor) => {
+                hub.set_watch(actor.writer().watch());
+                hub.set_start(actor.writer().next_seq(), actor.writer().log().end());
+                return Some(actor);
+            }
+            Err(e) => e,
+        };
+        if matches!(e, ActorError::Wal(WalError::OutOfDescriptors { .. })) {
+            self.out_of_descriptors_met(triple, &e);
+        } else {
+            tracing::error!("session {}: {e}", triple.address());
+        }
+        let err = RpcError::new(
+            Code::SessionUnavailable,
+            format!("the session cannot be opened: {e}"),
+        );
+        while let Some(msg) = inbox.queued().await {
+            if let Msg::Command(cmd) = msg {
+                cmd.fail(&err);
+            }
+        }
+        None
+    }
+
+    /// Logs a session that could not open its WAL for want of a descriptor: the first at
+    /// once, then, while more meet it, one line per [`SHORT_LOG_EVERY`] with how many (a
+    /// daemon out of descriptors meets it at every new session; each is answered 503).
+    fn out_of_descriptors_met(&self, triple: &SessionTriple, e: &ActorError) {
+        self.out_of_descriptors
+            .set(self.out_of_descriptors.get() + 1);
+        if let Some(n) = self.short_unlogged.get() {
+            self.short_unlogged.set(Some(n + 1));
+            return;
+        }
+        tracing::error!("session {}: {e}", triple.address());
+        self.short_unlogged.set(Some(0));
+        let unlogged = self.short_unlogged.clone();
+        glommio::spawn_local(async move {
+            loop {
+                glommio::timer::sleep(SHORT_LOG_EVERY).await;
+                match unlogged.get() {
+                    Some(n) if n > 0 => {
+                        tracing::error!(
+                            "{n} more sessions could not open their WAL in the last {} s: out \
+                             of file descriptors (raise the open-files limit, or lower \
+                             open_sessions_max)",
+                            SHORT_LOG_EVERY.as_secs()
+                        );
+                        unlogged.set(Some(0));
+                    }
+                    _ => {
+                        unlogged.set(None);
+                        return;
+                    }
+                }
+            }
+        })
+        .detach();
+    }
+
+    /// Stops the shard: no new runs; active runs get the grace period; then every session is
+    /// told to stop (sealing its run Interrupted) and closed, and what moved on is handed to
+    /// the store.
+    pub(crate) async fn stop(&self) {
+        let deadline = std::time::Instant::now() + self.host.opts.grace;
+        while self.runs_active.get() > 0 && std::time::Instant::now() < deadline {
+            glommio::timer::sleep(GRACE_POLL).await;
+        }
+        self.sessions.shutdown_all();
+        self.sessions.wait_empty(STOP_CLOSE_MAX).await;
+        self.project_dirty();
+    }
+}
+
+/// The refusal of a command that came while the shard stops.
+fn refuse_closing(cmd: SessionCommand) {
+    let r = broca_core::admission::Refusal::ShuttingDown;
+    cmd.fail(&RpcError::refusal(&r));
+}
+
+/// The refusal of a command whose session has [`INBOX_MAX`] commands waiting.
+fn inbox_full() -> RpcError {
+    RpcError::new(
+        Code::SessionQueueFull,
+        format!("the session has {INBOX_MAX} commands waiting; retry shortly"),
+    )
+}

@@ -1,0 +1,347 @@
+//! One shard's life: its services, its sessions (a registry of session actors,
+//! `crate::sessions`), its subscribers' hubs, its part of the front, and the mesh messages it
+//! answers until every shard has stopped.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use broca_io::net::ClientConfig;
+use futures_channel::{mpsc, oneshot};
+
+use broca_provider::transport::HttpModelClient;
+use broca_session::hub::{Hub, SeekPoints, SubFrom, SubItem};
+use broca_session::SessionCommand;
+use broca_shards::registry::{Limits, Registry};
+use broca_shards::services::Services;
+use broca_shards::timer::{every, StopSignal};
+use broca_tools::{Router, Tools};
+use broca_wal::SessionTriple;
+
+use crate::metrics::ShardStats;
+use crate::{Host, Running, ShardFront, ShardMsg};
+
+/// Commands that may wait for one session's actor.
+pub(crate) const INBOX_MAX: usize = 256;
+/// Runs a shard resumes at once (a crash can leave thousands open: they resume in turn).
+pub(crate) const RESUMES_AT_ONCE: usize = 16;
+/// Batches of WALs that may wait for the store's thread.
+pub(crate) const PROJECTOR_QUEUE_MAX: usize = 64;
+/// Sessions whose seek points a shard keeps once their hub is gone (8 points of 16 bytes each).
+const SEEK_SESSIONS_MAX: usize = 16_384;
+/// How often a shard hands its sessions that moved on to the store.
+const PROJECT_EVERY: Duration = Duration::from_millis(100);
+
+/// A session's key on its shard: its address.
+pub(crate) type Key = [u8; 16];
+
+/// One shard: its services, its sessions and everything that serves them.
+pub(crate) struct Shard {
+    pub(crate) host: Arc<Host>,
+    pub(crate) services: Services,
+    /// The session actors, by address.
+    pub(crate) sessions: Registry<Key, SessionCommand>,
+    pub(crate) model: Rc<HttpModelClient>,
+    pub(crate) tools: Rc<Tools>,
+    pub(crate) runs_active: Cell<usize>,
+    hubs: RefCell<HashMap<Key, Rc<Hub>>>,
+    /// Seek points of sessions whose hub is gone (see [`Hub::take_seeks`]).
+    seeks: RefCell<HashMap<Key, SeekPoints>>,
+    /// Sessions whose WAL moved on since the store last projected them.
+    pub(crate) dirty: RefCell<HashSet<SessionTriple>>,
+    /// This shard's part of the front, once started.
+    front: RefCell<Option<Box<dyn Running>>>,
+    projector_full: Cell<u64>,
+    /// Sessions that could not open their WAL for want of a descriptor, and those not yet
+    /// logged while a report window is open (`None`: none is).
+    pub(crate) out_of_descriptors: Cell<u64>,
+    pub(crate) short_unlogged: Rc<Cell<Option<u64>>>,
+    /// Runs being resumed at once (each holds a permit while its model is called).
+    pub(crate) resumes: glommio::sync::Semaphore,
+    /// Set when the shard stops: its periodic tasks end.
+    pub(crate) stopped: Rc<StopSignal>,
+}
+
+impl Shard {
+    fn new(shard: usize, host: Arc<Host>) -> Shard {
+        let services = Services::new(
+            shard,
+            ClientConfig::new(host.tls.clone(), host.proxy.clone()),
+        );
+        let model = Rc::new(HttpModelClient::new(
+            services.http.clone(),
+            host.opts.endpoints.clone(),
+            Box::new(host.secrets()),
+        ));
+        let limits = Limits {
+            open_max: host.opts.open_sessions_max.unwrap_or(4096).max(1),
+            inbox_max: INBOX_MAX,
+            idle: host.opts.idle,
+        };
+        let tools = Rc::new(Tools {
+            mcp: Router::new(
+                host.tools.clone(),
+                broca_tools::tool_http_client(host.tls.clone(), host.proxy.clone()),
+            ),
+            modules: host.module_tools.clone(),
+        });
+        Shard {
+            services,
+            sessions: Registry::new(limits),
+            model,
+            tools,
+            runs_active: Cell::new(0),
+            hubs: RefCell::new(HashMap::new()),
+            seeks: RefCell::new(HashMap::new()),
+            dirty: RefCell::new(HashSet::new()),
+            front: RefCell::new(None),
+            projector_full: Cell::new(0),
+            out_of_descriptors: Cell::new(0),
+            short_unlogged: Rc::new(Cell::new(None)),
+            resumes: glommio::sync::Semaphore::new(RESUMES_AT_ONCE as u64),
+            stopped: Rc::new(StopSignal::default()),
+            host,
+        }
+    }
+
+    /// The session's hub, made on first use (with the seek points a former hub kept).
+    pub(crate) fn hub(&self, addr: Key) -> Rc<Hub> {
+        self.hubs
+            .borrow_mut()
+            .entry(addr)
+            .or_insert_with(|| {
+                let hub = Rc::new(Hub::default());
+                if let Some(seeks) = self.seeks.borrow_mut().remove(&addr) {
+                    hub.restore_seeks(seeks);
+                }
+                hub
+            })
+            .clone()
+    }
+
+    /// Drops the session's hub once nobody subscribes and no actor is open, keeping its seek
+    /// points (a bounded number of sessions' worth): a subscriber that reconnects after the
+    /// session went idle still starts near its cursor.
+    pub(crate) fn drop_hub_if_idle(&self, addr: Key) {
+        let mut hubs = self.hubs.borrow_mut();
+        let idle = hubs.get(&addr).is_some_and(|h| h.is_idle());
+        if !idle || self.sessions.is_live(&addr) {
+            return;
+        }
+        let Some(hub) = hubs.remove(&addr) else {
+            return;
+        };
+        let mut seeks = self.seeks.borrow_mut();
+        if seeks.len() >= SEEK_SESSIONS_MAX {
+            if let Some(&any) = seeks.keys().next() {
+                seeks.remove(&any);
+            }
+        }
+        seeks.insert(addr, hub.take_seeks());
+        assert!(seeks.len() <= SEEK_SESSIONS_MAX);
+    }
+
+    async fn subscribe(
+        self: Rc<Self>,
+        triple: SessionTriple,
+        from: SubFrom,
+        tx: mpsc::Sender<SubItem>,
+        gone: oneshot::Receiver<()>,
+    ) {
+        let addr = triple.address().0;
+        let hub = self.hub(addr);
+        let live = self.sessions.is_live(&addr);
+        let shard = self.clone();
+        let t = triple.clone();
+        let barrier = async move {
+            if !live {
+                return None;
+            }
+            let (reply, wait) = oneshot::channel();
+            shard.dispatch(t, SessionCommand::Barrier { reply });
+            wait.await.ok().flatten()
+        };
+        let wal = broca_wal_writer::wal_path(&self.host.wal_dir, &triple);
+        broca_session::subscribe(hub, wal, from, barrier, tx, gone).await;
+        self.drop_hub_if_idle(addr);
+    }
+
+    fn stats(&self) -> ShardStats {
+        let h = self.services.http.stats();
+        let (accept_wakes, accept_errors, accept_shed) = self
+            .front
+            .borrow()
+            .as_ref()
+            .map_or((0, 0, 0), |f| f.counts());
+        let sessions = self.sessions.stats();
+        ShardStats {
+            shard: self.services.shard,
+            sessions_live: sessions.live,
+            sessions_evicted: sessions.evicted,
+            sessions_refused_at_limit: sessions.refused_at_limit,
+            runs_active: self.runs_active.get(),
+            commit: self.services.committer.stats(),
+            provider_bytes_in: h.bytes_in,
+            provider_bytes_out: h.bytes_out,
+            provider_connects: h.connects,
+            model_errors: self.model.errors().snapshot(),
+            accept_wakes,
+            accept_errors,
+            accept_shed,
+            inbox_full: sessions.inbox_full,
+            projector_full: self.projector_full.get(),
+            out_of_descriptors: self.out_of_descriptors.get(),
+        }
+    }
+
+    /// Answers one mesh message; `false` once the shard's loop is to end.
+    fn on_message(self: &Rc<Self>, msg: ShardMsg) -> bool {
+        match msg {
+            ShardMsg::Session { triple, cmd } => self.dispatch(triple, cmd),
+            ShardMsg::Stats(reply) => drop(reply.send(self.stats())),
+            ShardMsg::Subscribe {
+                triple,
+                from,
+                tx,
+                gone,
+            } => {
+                let me = self.clone();
+                glommio::spawn_local(me.subscribe(triple, from, tx, gone)).detach();
+            }
+            // Shard 0 turns a signal into a stop of every shard; connections are served
+            // (sends refused) until every shard has stopped.
+            ShardMsg::Signal => {
+                glommio::spawn_local(stop_every_shard(self.clone())).detach();
+            }
+            ShardMsg::End => return false,
+            ShardMsg::Resume { triple } => self.resume(triple),
+            ShardMsg::Stop(done) => {
+                let me = self.clone();
+                glommio::spawn_local(async move {
+                    me.stop().await;
+                    let _ = done.send(());
+                })
+                .detach();
+            }
+        }
+        true
+    }
+
+    /// Starts what runs beside the sessions: the hand-off to the store, the catalog's
+    /// refresh (shard 0), and the warming of the device cache.
+    async fn start_background(self: &Rc<Self>) {
+        let host = &self.host;
+        let probe = format!(".device-probe-{}", self.services.shard);
+        if let Err(e) = broca_io::log::warm_device_cache(&host.wal_dir, &probe).await {
+            let dir = host.wal_dir.display();
+            tracing::warn!("{dir}: opening a probe file with O_DIRECT: {e}");
+        }
+        if host.projector.is_some() {
+            let me = self.clone();
+            every(PROJECT_EVERY, self.stopped.clone(), move || {
+                let me = me.clone();
+                async move {
+                    me.project_dirty();
+                    true
+                }
+            });
+        }
+        let catalog = &host.opts.catalog;
+        let refresh = host.opts.catalog_refresh;
+        let refreshed = catalog.url.is_some() || catalog.file.is_some();
+        if self.services.shard == 0 && !refresh.is_zero() && refreshed {
+            let me = self.clone();
+            every(refresh, self.stopped.clone(), move || {
+                let me = me.clone();
+                async move {
+                    me.refresh_catalog().await;
+                    true
+                }
+            });
+        }
+    }
+
+    /// Assembles the catalog again (shard 0): its service asked, its file read, the last good
+    /// copies kept as at start. Admission resolves in the new one; a run already admitted
+    /// uses the entry it froze.
+    async fn refresh_catalog(&self) {
+        let host = &self.host;
+        let modules = host.module_tools.as_deref();
+        let (catalog, notes) =
+            crate::start::load(&host.opts.catalog, &self.services.http, modules).await;
+        for n in notes {
+            tracing::warn!("catalog refresh: {n}");
+        }
+        broca_catalog::install(catalog);
+    }
+
+    /// Hands this shard's sessions that moved on to the store's thread, one batch.
+    pub(crate) fn project_dirty(&self) {
+        let batch: Vec<SessionTriple> = self.dirty.borrow_mut().drain().collect();
+        let Some(tx) = &self.host.projector else {
+            return;
+        };
+        if batch.is_empty() {
+            return;
+        }
+        let wal_dir = &self.host.wal_dir;
+        let paths: Vec<_> = batch
+            .iter()
+            .map(|t| broca_wal_writer::wal_path(wal_dir, t))
+            .collect();
+        let sent = tx.lock().unwrap_or_else(|e| e.into_inner()).try_send(paths);
+        if let Err(std::sync::mpsc::TrySendError::Full(_)) = sent {
+            // The store is behind: these sessions go with the next batch.
+            self.projector_full.set(self.projector_full.get() + 1);
+            self.dirty.borrow_mut().extend(batch);
+        }
+    }
+}
+
+/// A shard's life: start its front's part and its background, serve the mesh, stop when
+/// told.
+pub(crate) async fn shard_main(
+    shard: usize,
+    host: Arc<Host>,
+    mut rx: broca_shards::mesh::Inbound<ShardMsg>,
+    front: Option<Box<dyn ShardFront>>,
+) -> Result<(), String> {
+    let me = Rc::new(Shard::new(shard, host.clone()));
+    me.start_background().await;
+    if let Some(front) = front {
+        let running = front.start(host.clone()).await?;
+        *me.front.borrow_mut() = Some(running);
+    }
+    while let Some(msg) = rx.next().await {
+        if !me.on_message(msg) {
+            break;
+        }
+    }
+    me.stopped.stop();
+    let front = me.front.borrow_mut().take();
+    if let Some(front) = front {
+        front.stop().await;
+    }
+    Ok(())
+}
+
+/// Shard 0's answer to a signal: stop every shard, then end the mesh (each shard's loop, and
+/// with it its front's part, ends).
+async fn stop_every_shard(me: Rc<Shard>) {
+    let mesh = &me.host.mesh;
+    let mut waits = Vec::new();
+    for shard in 0..mesh.shards() {
+        let (done, wait) = oneshot::channel();
+        if mesh.send(shard, ShardMsg::Stop(done)).await.is_ok() {
+            waits.push(wait);
+        }
+    }
+    for w in waits {
+        let _ = w.await;
+    }
+    for shard in 0..mesh.shards() {
+        let _ = mesh.send(shard, ShardMsg::End).await;
+    }
+}

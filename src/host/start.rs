@@ -1,0 +1,177 @@
+//! What serve starts before its shards: the catalog (assembled and installed), the store
+//! with its projecting thread, and the tools (the MCP servers, and in module mode the tool
+//! modules' catalogs).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use broca_io::net::proxy::ProxyConfig;
+
+use crate::shard::PROJECTOR_QUEUE_MAX;
+use crate::HostOptions;
+
+/// Sessions whose replayed state the store's thread keeps, to project each from where its
+/// last projection ended (the least lately projected are dropped first and read whole when
+/// they move again).
+const FOLLOWED_MAX: usize = 2048;
+
+/// The store's thread: catches up with WALs written while serve was down, then with each
+/// batch of WALs the shards say moved on (a path sent twice is projected once per batch),
+/// reading each from where its last projection ended.
+fn project_on_this_thread(
+    store: &broca_store::Store,
+    wal_dir: &Path,
+    rx: &std::sync::mpsc::Receiver<Vec<PathBuf>>,
+    caught_up: std::sync::mpsc::Sender<()>,
+) {
+    let pass = store.catch_up_all(wal_dir);
+    let _ = caught_up.send(());
+    match pass {
+        Ok(pass) => {
+            for f in pass.failed {
+                tracing::error!("store: {f}");
+            }
+            tracing::info!(
+                sessions = pass.sessions,
+                projected = pass.projected,
+                facts = pass.facts,
+                "store caught up with the WALs"
+            );
+        }
+        Err(e) => tracing::error!("{e}"),
+    }
+    let mut follower = broca_store::Follower::new(FOLLOWED_MAX);
+    while let Ok(mut batch) = rx.recv() {
+        while let Ok(more) = rx.try_recv() {
+            batch.extend(more);
+        }
+        batch.sort();
+        batch.dedup();
+        match follower.catch_up_batch(store, &batch) {
+            Ok(failed) => failed.iter().for_each(|e| tracing::error!("store: {e}")),
+            Err(e) => tracing::error!("{e}"),
+        }
+    }
+}
+
+/// Assembles the catalog (asking its service, if any) and installs it for this process.
+pub(crate) fn load_catalog(
+    opts: &HostOptions,
+    tls: &Arc<broca_io::net::rustls::ClientConfig>,
+    proxy: &ProxyConfig,
+    modules: Option<Arc<broca_tools::modules::ModuleTools>>,
+) -> Result<(), String> {
+    let (tls, proxy, sources) = (tls.clone(), proxy.clone(), opts.catalog.clone());
+    let (catalog, notes) = broca_shards::run_local(async move {
+        let http = broca_io::net::HttpClient::new(broca_io::net::ClientConfig::new(tls, proxy));
+        load(&sources, &http, modules.as_deref()).await
+    })
+    .map_err(|e| format!("cannot load the catalog: {e}"))?;
+    for n in notes {
+        tracing::error!("{n}");
+    }
+    broca_catalog::install(catalog);
+    Ok(())
+}
+
+/// The store as serve opened it.
+pub(crate) struct OpenedStore {
+    pub store: Option<Arc<broca_store::Store>>,
+    pub projector: Option<Mutex<std::sync::mpsc::SyncSender<Vec<PathBuf>>>>,
+    /// Says when the store has caught up with the WALs at start.
+    pub caught_up: Option<std::sync::mpsc::Receiver<()>>,
+}
+
+/// The store, with its own thread projecting what the shards hand it; `None` (and the WALs
+/// serve everything) when it cannot be opened.
+pub(crate) fn open_store(state_dir: &Path, wal_dir: &Path) -> Result<OpenedStore, String> {
+    match broca_store::Store::open(state_dir) {
+        Ok((store, notes)) => {
+            for n in notes {
+                tracing::warn!("{n}");
+            }
+            let store = Arc::new(store);
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<PathBuf>>(PROJECTOR_QUEUE_MAX);
+            let (done, caught_up) = std::sync::mpsc::channel();
+            let (s, dir) = (store.clone(), wal_dir.to_path_buf());
+            std::thread::Builder::new()
+                .name("store".into())
+                .spawn(move || project_on_this_thread(&s, &dir, &rx, done))
+                .map_err(|e| format!("cannot start the store thread: {e}"))?;
+            Ok(OpenedStore {
+                store: Some(store),
+                projector: Some(Mutex::new(tx)),
+                caught_up: Some(caught_up),
+            })
+        }
+        Err(e) => {
+            tracing::error!("{e}; serving from the WALs alone");
+            Ok(OpenedStore {
+                store: None,
+                projector: None,
+                caught_up: None,
+            })
+        }
+    }
+}
+
+/// The configured MCP tool servers, started once for every shard, and in module mode the
+/// tool modules' catalogs (their tools offered beside the servers').
+pub(crate) fn start_tools(
+    opts: &HostOptions,
+    tls: &Arc<broca_io::net::rustls::ClientConfig>,
+    proxy: &ProxyConfig,
+    modules: Option<Arc<broca_tools::modules::ModuleTools>>,
+) -> Result<Arc<broca_tools::ToolServers>, String> {
+    let Some(cfg) = opts.tools.clone() else {
+        return Ok(broca_tools::ToolServers::none());
+    };
+    if !cfg.modules.is_empty() && modules.is_none() {
+        return Err(format!(
+            "the tools config names tool modules ({}); they are reached through the daemon: \
+             run `broca module --subc FILE`",
+            cfg.modules
+                .iter()
+                .map(|m| m.module.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    let (tls, proxy) = (tls.clone(), proxy.clone());
+    let (servers, problems) = broca_shards::run_local(async move {
+        let http = broca_tools::tool_http_client(tls, proxy);
+        let (servers, mut problems) = broca_tools::ToolServers::start(cfg, &http).await?;
+        let Some(modules) = modules else {
+            return Ok::<_, String>((servers, problems));
+        };
+        let (specs, more) = modules.catalogs().await;
+        problems.extend(more);
+        let (servers, clashes) = servers.with_more(specs);
+        problems.extend(clashes);
+        Ok((servers, problems))
+    })
+    .map_err(|e| format!("cannot start the tool servers: {e}"))??;
+    for p in problems {
+        tracing::error!("{p}; its tools are not offered");
+    }
+    Ok(servers)
+}
+
+/// The catalog assembled from `src`, asking its service (when it has one) first, and the
+/// lines the operator should be told. The service is the catalog module when `src` names one
+/// (reached through `modules`, module mode only), else the URL.
+pub(crate) async fn load(
+    src: &broca_catalog::load::Sources,
+    http: &std::rc::Rc<broca_io::net::HttpClient>,
+    modules: Option<&broca_tools::modules::ModuleTools>,
+) -> (broca_catalog::Catalog, Vec<String>) {
+    let fetched = match (&src.module, &src.url, modules) {
+        (Some(m), _, Some(modules)) => Some(modules.catalog_text(m).await),
+        (Some(_), _, None) => Some(Err(
+            "a catalog module is reached through the daemon, in module mode only".to_string(),
+        )),
+        (None, Some(url), _) => Some(broca_provider::catalog_service::fetch(url, http).await),
+        (None, None, _) => None,
+    };
+    broca_catalog::load::load(src, fetched)
+}

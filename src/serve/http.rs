@@ -1,0 +1,282 @@
+//! The management surface over HTTP/1.1, on the loopback TCP listener and the Unix socket:
+//! keep-alive connections, limits on head and body, bearer-handle auth on TCP, and the
+//! routes `POST /v1/rpc`, `GET /healthz`, `GET /metrics`. Every failure is a 4xx or 5xx with
+//! a JSON error body; the server keeps serving.
+
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use broca_io::http_server::{response, RequestDecoder, RequestHead};
+use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use broca_shards::timer::StopSignal;
+use broca_wire::{Code, RpcError};
+
+use crate::accept::{self, AcceptStats};
+use crate::Surface;
+
+/// How long a connection may sit idle between requests.
+const KEEP_ALIVE_IDLE: Duration = Duration::from_secs(60);
+
+/// The accept loops; `stop` ends them.
+pub(crate) struct Acceptor {
+    stop: Rc<StopSignal>,
+    stats: Rc<AcceptStats>,
+}
+
+impl broca_host::Running for Acceptor {
+    /// Accept-loop wakes with nothing to do, failed accepts, connections shed.
+    fn counts(&self) -> (u64, u64, u64) {
+        (
+            self.stats.wakes.get(),
+            self.stats.errors.get(),
+            self.stats.shed.get(),
+        )
+    }
+
+    fn stop(self: Box<Self>) -> broca_host::LocalBoxFuture<'static, ()> {
+        self.stop.stop();
+        Box::pin(async {})
+    }
+}
+
+/// Starts accepting on this shard: on its copy of the TCP listener (every shard accepts from
+/// the one listening socket, and serves the connections it accepted), and on the Unix socket
+/// when given one (shard 0).
+pub(crate) fn start(
+    ctx: Arc<Surface>,
+    tcp: std::net::TcpListener,
+    unix: Option<std::os::unix::net::UnixListener>,
+) -> Result<Acceptor, String> {
+    let stop = Rc::new(StopSignal::default());
+    let stats = Rc::new(AcceptStats::default());
+    let raw_fd = tcp.as_raw_fd();
+    // SAFETY: the descriptor comes from a listener this function owns and gives up.
+    let tcp = unsafe { glommio::net::TcpListener::from_raw_fd(tcp.into_raw_fd()) };
+    let tcp_loop = accept::Loop {
+        listener: tcp,
+        name: "TCP",
+        raw_fd: Some(raw_fd),
+        stop: stop.clone(),
+        stats: stats.clone(),
+    };
+    glommio::spawn_local(tcp_loop.run(ctx.clone(), |ctx, stream| {
+        let _ = stream.set_nodelay(true);
+        glommio::spawn_local(connection(ctx, stream, true)).detach();
+    }))
+    .detach();
+    let Some(unix) = unix else {
+        return Ok(Acceptor { stop, stats });
+    };
+    let path = unix
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_pathname().map(|p| p.to_path_buf()))
+        .ok_or("the Unix socket has no path")?;
+    // glommio binds its own Unix listener: replace the socket file this process just made
+    // (and only that one: the file is checked to be the same before it is removed).
+    let ours = std::fs::symlink_metadata(&path)
+        .map(|m| (m.dev(), m.ino()))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    drop(unix);
+    match std::fs::symlink_metadata(&path) {
+        Ok(m) if (m.dev(), m.ino()) == ours => {
+            let _ = std::fs::remove_file(&path);
+        }
+        _ => {
+            return Err(format!(
+                "{} was replaced by another process while broca started",
+                path.display()
+            ))
+        }
+    }
+    let unix = glommio::net::UnixListener::bind(&path)
+        .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+    let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
+    let unix_loop = accept::Loop {
+        listener: unix,
+        name: "the Unix socket",
+        raw_fd: None,
+        stop: stop.clone(),
+        stats: stats.clone(),
+    };
+    glommio::spawn_local(unix_loop.run(ctx, |ctx, stream| {
+        glommio::spawn_local(connection(ctx, stream, false)).detach();
+    }))
+    .detach();
+    Ok(Acceptor { stop, stats })
+}
+
+/// The read buffer of a connection: a send's request fits in one read, larger bodies take
+/// several (every open connection holds one).
+const READ_CHUNK: usize = 8 * 1024;
+
+/// Serves one connection until it closes, errs, or stays idle too long.
+async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
+    ctx: Arc<Surface>,
+    mut stream: S,
+    tcp: bool,
+) {
+    let mut dec = RequestDecoder::new(ctx.limits);
+    let mut buf = vec![0u8; READ_CHUNK];
+    // When the request being received began: it must arrive whole within the request
+    // timeout, however slowly its bytes trickle in.
+    let mut began: Option<Instant> = None;
+    loop {
+        loop {
+            match dec.next() {
+                Ok(Some((head, _))) if head.method == "GET" && head.path() == "/v1/subscribe" => {
+                    if tcp && !authorized(&ctx, &head) {
+                        let err = unauthorized();
+                        let _ = stream
+                            .write_all(&response(err.status(), JSON, &err.body(), false))
+                            .await;
+                    } else {
+                        // A subscription lives long: the request's buffers go first.
+                        drop(std::mem::take(&mut buf));
+                        drop(std::mem::replace(&mut dec, RequestDecoder::new(ctx.limits)));
+                        crate::subscribe::serve(&ctx, &head, &mut stream).await;
+                    }
+                    return; // a subscription keeps its connection to the end
+                }
+                Ok(Some((head, body))) => {
+                    began = None; // the next request's clock starts with its first byte
+                    let (status, kind, out) = handle(&ctx, &head, body, tcp).await;
+                    let keep = head.keep_alive;
+                    let written = stream.write_all(&response(status, kind, &out, keep)).await;
+                    if written.is_ok() && broca_crash_points::armed() {
+                        // A crash test's `admitted` cut in the power-loss mode: once answered.
+                        let _ = stream.flush().await;
+                        broca_crash_points::send_answered();
+                    }
+                    if written.is_err() || !keep {
+                        return;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    let err = RpcError::new(request_code(&e), e.to_string());
+                    let _ = stream
+                        .write_all(&response(
+                            err.status(),
+                            "application/json",
+                            &err.body(),
+                            false,
+                        ))
+                        .await;
+                    return;
+                }
+            }
+        }
+        let wait = if dec.is_idle() {
+            began = None;
+            KEEP_ALIVE_IDLE
+        } else {
+            let since = *began.get_or_insert_with(Instant::now);
+            ctx.request_timeout.saturating_sub(since.elapsed())
+        };
+        let read = broca_io::net::with_timeout(wait, stream.read(&mut buf)).await;
+        match read {
+            Ok(Ok(n)) if n > 0 => {
+                if dec.is_idle() {
+                    began = Some(Instant::now());
+                }
+                dec.push(&buf[..n]);
+            }
+            Err(()) if !dec.is_idle() => {
+                let err = RpcError::new(Code::RequestTimeout, "the request stopped arriving");
+                let _ = stream
+                    .write_all(&response(err.status(), JSON, &err.body(), false))
+                    .await;
+                return;
+            }
+            _ => return,
+        }
+    }
+}
+
+/// Whether the request carries the daemon's handle (compared in constant time).
+fn authorized(ctx: &Surface, head: &RequestHead) -> bool {
+    let Some(given) = head
+        .header("authorization")
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return false;
+    };
+    let (a, b) = (given.trim().as_bytes(), ctx.host.handle.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+pub(crate) const JSON: &str = "application/json";
+
+/// The code of a request the decoder refused.
+fn request_code(e: &broca_io::http_server::RequestError) -> broca_wire::Code {
+    use broca_io::http_server::RequestError;
+    match e {
+        RequestError::HeadTooLarge { .. } => Code::HeadTooLarge,
+        RequestError::BodyTooLarge { .. } => Code::BodyTooLarge,
+        RequestError::LengthRequired => Code::LengthRequired,
+        RequestError::Malformed(_) => Code::MalformedRequest,
+    }
+}
+
+fn unauthorized() -> RpcError {
+    RpcError::new(
+        Code::Unauthorized,
+        "missing or wrong `Authorization: Bearer <handle>` (the handle is in the file serve.json \
+         names)",
+    )
+}
+
+async fn handle(
+    ctx: &Arc<Surface>,
+    head: &RequestHead,
+    body: Vec<u8>,
+    tcp: bool,
+) -> (u16, &'static str, Vec<u8>) {
+    let error = |e: RpcError| (e.status(), JSON, e.body());
+    if tcp && !authorized(ctx, head) {
+        return error(unauthorized());
+    }
+    match (head.method.as_str(), head.path()) {
+        ("POST", "/v1/rpc") => {
+            let caller = broca_wire::Caller::operator();
+            let answer = match broca_wire::request::parse(&body) {
+                Ok(request) => ctx.host.call(request, &caller).await,
+                Err(e) => Err(e),
+            };
+            match answer {
+                Ok(result) => (
+                    200,
+                    JSON,
+                    serde_json::to_vec(&serde_json::json!({ "result": result }))
+                        .expect("a reply serializes"),
+                ),
+                Err(e) => error(e),
+            }
+        }
+        ("GET", "/healthz") => {
+            if ctx.host.is_stopping() {
+                (503, JSON, br#"{"status":"stopping"}"#.to_vec())
+            } else {
+                (200, JSON, br#"{"status":"ok"}"#.to_vec())
+            }
+        }
+        ("GET", "/metrics") => (
+            200,
+            "text/plain; version=0.0.4",
+            broca_host::metrics::render(&ctx.host).await.into_bytes(),
+        ),
+        (_, "/v1/rpc" | "/healthz" | "/metrics" | "/v1/subscribe") => error(RpcError::new(
+            Code::MethodNotAllowed,
+            format!("{} {} is not served", head.method, head.path()),
+        )),
+        _ => error(RpcError::new(
+            Code::NotFound,
+            format!("no route {}", head.path()),
+        )),
+    }
+}

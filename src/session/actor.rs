@@ -1,0 +1,435 @@
+//! The session actor: opens the session's WAL (taking its writer lease), replays it, resumes a
+//! run a crash left open, admits sends and drives their runs. Commands are processed in order
+//! because the actor is driven through `&mut self`. It is built with an [`Opener`].
+
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::Arc;
+
+use broca_io::{Committer, LogConfig};
+use broca_shards::registry::Inbox;
+
+use broca_core::admission::{admit_prepared, admit_unprepared, Admitted, Prepared, Refusal};
+use broca_core::admission::{SendRequest, Unprepared};
+use broca_core::machine::{Outcome, ResumeFrom, RunMachine};
+use broca_core::replay::{RunView, Session};
+use broca_core::{ReadError, ReplayError};
+use broca_protocol::model::ModelClient;
+use broca_protocol::ToolSpec;
+use broca_tools::ToolRunner;
+use broca_wal::{Record, SessionTriple, WalError};
+use broca_wal_writer::WalWriter;
+
+use crate::command::SessionCommand;
+use crate::hooks::{Abort, CrashPlan, Hooks, NoHooks};
+
+/// Why an actor operation failed.
+#[derive(Debug)]
+pub enum ActorError {
+    /// The WAL failed (its error names the file).
+    Wal(WalError),
+    /// The WAL's records do not replay (names the file and the seq).
+    Replay(ReadError),
+    /// The send was refused; nothing was written.
+    Refused(Refusal),
+    /// A crash was injected here (tests only): after the append of `seq`.
+    Crashed { seq: u64 },
+    /// The run loop stopped without an event to wait for (a bug; the run stays open and is
+    /// resumed on the next open).
+    Stalled { run_id: String },
+    /// An import was refused; nothing was written.
+    Import(broca_import::ImportError),
+}
+
+impl std::fmt::Display for ActorError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ActorError::Wal(e) => write!(f, "{e}"),
+            ActorError::Replay(e) => write!(f, "{e}"),
+            ActorError::Refused(r) => write!(f, "{r}"),
+            ActorError::Crashed { seq } => write!(f, "crash injected after record {seq}"),
+            ActorError::Stalled { run_id } => write!(f, "run {run_id}: the run loop stalled"),
+            ActorError::Import(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for ActorError {}
+
+impl ActorError {
+    /// The management error for this failure: a refusal keeps its code; anything else is
+    /// an internal error naming what failed.
+    pub fn to_rpc_error(&self) -> broca_wire::RpcError {
+        match self {
+            ActorError::Refused(r) => broca_wire::RpcError::refusal(r),
+            ActorError::Import(e) => crate::import::import_error(e),
+            other => broca_wire::RpcError::new(broca_wire::Code::Internal, other.to_string()),
+        }
+    }
+}
+
+impl From<WalError> for ActorError {
+    fn from(e: WalError) -> ActorError {
+        ActorError::Wal(e)
+    }
+}
+
+/// The answer to a send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendReply {
+    /// The run the send started or named (empty for a queued send).
+    pub run_id: String,
+    /// True when the send_id named an existing run (or queued send) and nothing was written.
+    pub existing: bool,
+    /// The queued send's submission, when the send waits for the active run to end.
+    pub pending: Option<String>,
+}
+
+/// Told of every record appended: its seq, the log end after it, the record.
+pub type OnAppend = Box<dyn FnMut(u64, u64, &Record)>;
+/// Receives the display lane's text deltas.
+pub type Display = Box<dyn FnMut(&str)>;
+
+/// Opens a [`SessionActor`]: the session, its model and tools, and what else it is wired to.
+pub struct Opener<P, T> {
+    wal_dir: PathBuf,
+    triple: SessionTriple,
+    model: Rc<P>,
+    tools: Rc<T>,
+    tool_specs: Arc<[ToolSpec]>,
+    log: LogConfig,
+    committer: Committer,
+    crash: CrashPlan,
+    hooks: Rc<dyn Hooks>,
+    timer_permille: u64,
+    inbox: Option<Rc<Inbox<SessionCommand>>>,
+    on_append: Option<OnAppend>,
+    display: Option<Display>,
+}
+
+impl<P: ModelClient, T: ToolRunner> Opener<P, T> {
+    /// The tools the session's sends may be offered (none by default).
+    pub fn tool_specs(mut self, specs: impl Into<Arc<[ToolSpec]>>) -> Self {
+        self.tool_specs = specs.into();
+        self
+    }
+
+    /// The log's configuration (the default's by default).
+    pub fn log(mut self, log: LogConfig) -> Self {
+        self.log = log;
+        self
+    }
+
+    /// The shard's group-commit scheduler (a new one by default).
+    pub fn committer(mut self, committer: Committer) -> Self {
+        self.committer = committer;
+        self
+    }
+
+    /// Where a test stops the actor as if the process died (nowhere by default).
+    pub fn crash_plan(mut self, plan: CrashPlan) -> Self {
+        self.crash = plan;
+        self
+    }
+
+    /// The process's crash hooks ([`NoHooks`] by default).
+    pub fn hooks(mut self, hooks: Rc<dyn Hooks>) -> Self {
+        self.hooks = hooks;
+        self
+    }
+
+    /// Scales every timer the run loop arms (tests: 0 makes backoffs instant).
+    pub fn timer_permille(mut self, permille: u64) -> Self {
+        self.timer_permille = permille;
+        self
+    }
+
+    /// The commands a running run also answers (its shard's inbox for the session).
+    pub fn inbox(mut self, inbox: Rc<Inbox<SessionCommand>>) -> Self {
+        self.inbox = Some(inbox);
+        self
+    }
+
+    /// Told of every record appended (seq, log end after it, record).
+    pub fn on_append(mut self, hook: OnAppend) -> Self {
+        self.on_append = Some(hook);
+        self
+    }
+
+    /// Receives the display lane's text deltas.
+    pub fn display(mut self, sink: Display) -> Self {
+        self.display = Some(sink);
+        self
+    }
+
+    /// Opens the session: takes the lease, recovers the log and replays it. A run left open
+    /// by a crash is not driven yet: call [`SessionActor::resume`].
+    pub async fn open(self) -> Result<SessionActor<P, T>, ActorError> {
+        let (writer, recovered) =
+            WalWriter::open(&self.wal_dir, &self.triple, self.log, self.committer).await?;
+        // Replay decodes on the blocking pool (with threads of its own for long logs), never
+        // on this shard's executor; the file's bytes are freed once it is done.
+        let replayed = glommio::executor()
+            .spawn_blocking(move || match &recovered.scan {
+                None => Ok(Session::default()),
+                Some(scan) => Session::replay_scan(scan, &recovered.bytes),
+            })
+            .await;
+        let state = replayed.map_err(|error| replay_error(writer.path(), error))?;
+        Ok(SessionActor {
+            writer,
+            state,
+            provider: self.model,
+            tools: self.tools,
+            tool_specs: self.tool_specs,
+            triple: Rc::new(self.triple),
+            crash: self.crash,
+            hooks: self.hooks,
+            appends: 0,
+            display: self.display,
+            timer_permille: self.timer_permille,
+            inbox: self.inbox,
+            on_append: self.on_append,
+        })
+    }
+}
+
+/// The error of a record of `path` that does not replay.
+fn replay_error(path: &Path, error: ReplayError) -> ActorError {
+    ActorError::Replay(ReadError::Replay {
+        path: path.to_path_buf(),
+        error,
+    })
+}
+
+/// One live session.
+pub struct SessionActor<P: ModelClient, T: ToolRunner> {
+    pub(crate) writer: WalWriter,
+    pub(crate) state: Session,
+    pub(crate) provider: Rc<P>,
+    pub(crate) tools: Rc<T>,
+    tool_specs: Arc<[ToolSpec]>,
+    /// The session's triple, handed to tool calls with the run's id.
+    pub(crate) triple: Rc<SessionTriple>,
+    crash: CrashPlan,
+    pub(crate) hooks: Rc<dyn Hooks>,
+    appends: u64,
+    pub(crate) display: Option<Display>,
+    /// Timers sleep `after_ms * timer_permille / 1000` (tests shorten backoffs).
+    pub(crate) timer_permille: u64,
+    /// Commands answered while a run is active (serve).
+    pub(crate) inbox: Option<Rc<Inbox<SessionCommand>>>,
+    on_append: Option<OnAppend>,
+}
+
+impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
+    /// An opener of the session `triple` in `wal_dir`, calling `model` and `tools`.
+    pub fn opener(
+        wal_dir: &Path,
+        triple: &SessionTriple,
+        model: Rc<P>,
+        tools: Rc<T>,
+    ) -> Opener<P, T> {
+        Opener {
+            wal_dir: wal_dir.to_path_buf(),
+            triple: triple.clone(),
+            model,
+            tools,
+            tool_specs: Arc::from(Vec::new()),
+            log: LogConfig::default(),
+            committer: Committer::default(),
+            crash: CrashPlan::default(),
+            hooks: Rc::new(NoHooks),
+            timer_permille: 1000,
+            inbox: None,
+            on_append: None,
+            display: None,
+        }
+    }
+
+    /// The session as replayed and as appended since.
+    pub fn state(&self) -> &Session {
+        &self.state
+    }
+
+    /// The WAL writer.
+    pub fn writer(&self) -> &WalWriter {
+        &self.writer
+    }
+
+    /// Resumes the run a crash left open, if any, and drives it to its end.
+    pub async fn resume(&mut self) -> Result<Option<(String, Outcome)>, ActorError> {
+        let Some(open) = self.state.open.clone() else {
+            return Ok(None);
+        };
+        let run = &self.state.runs[open.index];
+        let run_id = run.run_id.clone();
+        let catalog = broca_catalog::current();
+        let now = crate::now_unix_ms();
+        let from = ResumeFrom {
+            run_id: run_id.clone(),
+            config: run.config.clone(),
+            transcript: self.state.transcript.clone(),
+            step: open.step,
+            spend: run.spend,
+            last_step: open.last_step,
+            point: open.point,
+            cancel_requested: open.cancel_requested,
+            input: self.state.input,
+        };
+        let machine = match broca_core::admission::check_resumable(&run.config, &catalog) {
+            // Never re-render an admitted run differently: seal it with the reason.
+            Err(why) => RunMachine::refuse_resume(from, why, now),
+            Ok(()) => RunMachine::resume(from, now),
+        };
+        let outcome = self.drive(machine).await?;
+        Ok(Some((run_id, outcome)))
+    }
+
+    /// Admits a send: refuses it (writing nothing), answers an existing run for a repeated
+    /// send_id (writing nothing), or makes RunStarted durable and answers the new run.
+    pub async fn send(&mut self, req: &SendRequest) -> Result<SendReply, ActorError> {
+        let catalog = broca_catalog::current();
+        let admission =
+            broca_core::admission::prepare(req, &self.tool_specs, &catalog, self.provider.check());
+        self.send_prepared(admission).await
+    }
+
+    /// The id of what the next record starts (`run`, `imp`): the prefix, the lineage's
+    /// first 12 hex digits and the seq the record gets, never used twice by a WAL.
+    pub(crate) fn next_id(&self, prefix: &str) -> String {
+        let lineage = self.writer.header().lineage_hex();
+        assert!(lineage.len() >= 12, "a lineage is 16 bytes in hex");
+        format!("{prefix}_{}_{}", &lineage[..12], self.writer.next_seq())
+    }
+
+    /// The session's part of admitting a send whose own part ran already ([`prepare`]):
+    /// the same answers as [`SessionActor::send`], admission not run twice.
+    ///
+    /// [`prepare`]: broca_core::admission::prepare
+    pub async fn send_prepared(
+        &mut self,
+        admission: Result<Prepared, Unprepared>,
+    ) -> Result<SendReply, ActorError> {
+        let admitted = match admission {
+            Ok(p) => admit_prepared(p, &self.state, self.next_id("run"), crate::now_unix_ms()),
+            Err(u) => admit_unprepared(&u, &self.state),
+        };
+        let (record, reply) = match admitted.map_err(ActorError::Refused)? {
+            Admitted::Existing { run_index } => {
+                let run_id = self.state.runs[run_index].run_id.clone();
+                return Ok(SendReply {
+                    run_id,
+                    existing: true,
+                    pending: None,
+                });
+            }
+            Admitted::Pending { submission_id } => {
+                return Ok(SendReply {
+                    run_id: String::new(),
+                    existing: true,
+                    pending: Some(submission_id),
+                })
+            }
+            Admitted::New(started) => {
+                let reply = SendReply {
+                    run_id: started.run_id.clone(),
+                    existing: false,
+                    pending: None,
+                };
+                (Record::RunStarted(started), reply)
+            }
+            Admitted::Queued(queued) => {
+                let reply = SendReply {
+                    run_id: String::new(),
+                    existing: false,
+                    pending: Some(queued.submission_id.clone()),
+                };
+                (Record::SendQueued(queued), reply)
+            }
+        };
+        self.append(record, true).await?;
+        Ok(reply)
+    }
+
+    /// Drives the run just admitted by [`SessionActor::send`] to its end.
+    pub async fn run_admitted(&mut self) -> Result<Outcome, ActorError> {
+        let Some(open) = self.state.open.clone() else {
+            return Err(ActorError::Stalled {
+                run_id: "(no admitted run)".into(),
+            });
+        };
+        let run = &self.state.runs[open.index];
+        let machine = RunMachine::start(
+            run.run_id.clone(),
+            run.config.clone(),
+            self.state.transcript.clone(),
+            crate::now_unix_ms(),
+        );
+        self.drive(machine).await
+    }
+
+    /// Appends a record, applies it to the session state, and honours the crash hooks and
+    /// plan. A record nothing waits for is deferred: it shares the fdatasync of the next one
+    /// waited for (a tool step's result and the next step's start ride on that step's tool
+    /// intent), so a tool step costs one fdatasync.
+    pub(crate) async fn append(&mut self, record: Record, wait: bool) -> Result<(), ActorError> {
+        let seq_expected = self.writer.next_seq();
+        let appended = if wait {
+            self.writer.append(&record).await?
+        } else {
+            self.writer.append_deferred(&record).await?
+        };
+        assert_eq!(appended.seq, seq_expected, "a record takes the next seq");
+        match self.hooks.appended(&record) {
+            None | Some(Abort::AfterAction) => {}
+            Some(Abort::WhenDurable) => {
+                // The hooks asked for the process to die right after this boundary is durable.
+                self.writer.wait_durable(appended.end).await?;
+                self.hooks.abort(&record);
+            }
+            Some(Abort::Now) => self.hooks.abort(&record),
+        }
+        if let Some(hook) = &mut self.on_append {
+            hook(appended.seq, appended.end, &record);
+        }
+        let path = self.writer.path();
+        self.state.apply(appended.seq, record).map_err(|reason| {
+            let error = ReplayError {
+                seq: appended.seq,
+                reason,
+            };
+            replay_error(path, error)
+        })?;
+        self.appends += 1;
+        let crash_now = self.crash.after_appends == Some(self.appends);
+        if wait || (crash_now && self.crash.durable) {
+            self.writer.wait_durable(appended.end).await?;
+        }
+        if crash_now {
+            return Err(ActorError::Crashed { seq: appended.seq });
+        }
+        Ok(())
+    }
+
+    /// The run `run_id` (the latest run when `None`), as the WAL tells it.
+    pub fn view(&self, run_id: Option<&str>) -> Option<RunView> {
+        match run_id {
+            Some(id) => self.state.run(id).cloned(),
+            None => self.state.runs.last().cloned(),
+        }
+    }
+
+    /// Waits until everything appended so far is durable; returns the last seq.
+    pub async fn barrier(&self) -> Result<u64, ActorError> {
+        self.writer.wait_durable(self.writer.log().end()).await?;
+        let next = self.writer.next_seq();
+        assert!(next > 1, "an open WAL holds its lease record");
+        Ok(next - 1)
+    }
+
+    /// Closes the WAL, releasing the lease.
+    pub async fn close(self) -> Result<(), ActorError> {
+        Ok(self.writer.close().await?)
+    }
+}

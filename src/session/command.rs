@@ -1,0 +1,94 @@
+//! The commands a session's actor answers, in order, and what some of them did.
+
+use futures_channel::oneshot;
+
+use broca_core::admission::{Prepared, Unprepared};
+use broca_core::replay::RunView;
+
+use crate::actor::SendReply;
+use crate::import::{ImportInput, ImportReply};
+
+/// A command for a live session; each is answered in order. (Closing an idle session and
+/// stopping are the shard registry's own messages, `broca_shards::registry::Msg`.)
+pub enum SessionCommand {
+    /// Admit a send (the run then runs in the actor).
+    Send {
+        /// The send as admission's first part left it (see
+        /// [`crate::SessionActor::send_prepared`]); boxed, as it carries the resolved config.
+        admission: Box<Result<Prepared, Unprepared>>,
+        reply: oneshot::Sender<Result<SendReply, broca_wire::RpcError>>,
+    },
+    /// The view of a run (the latest when `None`).
+    Status {
+        run_id: Option<String>,
+        reply: oneshot::Sender<Option<RunView>>,
+    },
+    /// Withdraw a queued send before it starts (owner-only).
+    Retract {
+        submission_id: String,
+        caller: broca_wire::Caller,
+        reply: oneshot::Sender<Result<Retracted, broca_wire::RpcError>>,
+    },
+    /// Cancel the run if it is the active one and the caller owns the session.
+    Cancel {
+        run_id: String,
+        caller: broca_wire::Caller,
+        reply: oneshot::Sender<Cancelled>,
+    },
+    /// Wait until everything appended is durable; answer the last seq (`None` if the log
+    /// failed).
+    Barrier { reply: oneshot::Sender<Option<u64>> },
+    /// Import another harness's log (refused while a run is active).
+    Import {
+        input: Box<ImportInput>,
+        reply: oneshot::Sender<Result<ImportReply, broca_wire::RpcError>>,
+    },
+}
+
+impl SessionCommand {
+    /// Answers a command that cannot be served with `err` (a status, cancel or barrier,
+    /// which carry no error, drops its reply: the caller reads that as unavailable).
+    pub fn fail(self, err: &broca_wire::RpcError) {
+        match self {
+            SessionCommand::Send { reply, .. } => drop(reply.send(Err(err.clone()))),
+            SessionCommand::Retract { reply, .. } => drop(reply.send(Err(err.clone()))),
+            SessionCommand::Import { reply, .. } => drop(reply.send(Err(err.clone()))),
+            SessionCommand::Status { reply, .. } => drop(reply),
+            SessionCommand::Cancel { reply, .. } => drop(reply),
+            SessionCommand::Barrier { reply } => drop(reply),
+        }
+    }
+}
+
+/// What a `session.retract` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retracted {
+    /// The queued send is durably withdrawn and never starts.
+    Retracted,
+    /// It already started a run.
+    AlreadyStarted,
+    /// No queued send has that id (nothing was written).
+    NotPending,
+}
+
+impl Retracted {
+    /// The answer's wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Retracted::Retracted => "retracted",
+            Retracted::AlreadyStarted => "already_started",
+            Retracted::NotPending => "not_pending",
+        }
+    }
+}
+
+/// What a `run.cancel` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cancelled {
+    /// The active run was told to stop.
+    Ack,
+    /// No such run is active: nothing was written.
+    NotActive,
+    /// The run is active, and the caller does not own the session.
+    NotOwner,
+}

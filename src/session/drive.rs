@@ -1,0 +1,392 @@
+//! A run driven by its session's actor: the machine's commands performed (appends, the model
+//! call, tool dispatch, display) and its events fed back with the time they arrived. The model
+//! stream and the tools run as tasks that report into one channel, so the loop also answers the
+//! session's commands while a run is active.
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use glommio::channels::local_channel;
+
+use broca_core::machine::{Command, Event, Outcome, RunMachine, Timeout, TimeoutKind};
+use broca_protocol::model::{Failure, ModelClient, ModelStream};
+use broca_protocol::ToolCall;
+use broca_shards::registry::Msg;
+use broca_tools::{ToolOrigin, ToolOutcome, ToolRunner};
+use broca_wal::runrec::{result_reason, ResultBlock};
+
+use crate::actor::{ActorError, SessionActor};
+use crate::command::{Cancelled, SessionCommand};
+
+/// Inputs queued for the drive loop at most (the model stream's task waits beyond it). A
+/// bounded channel preallocates its queue, so this stays small: it is per active run.
+const INPUT_QUEUE: usize = 4;
+
+/// The model-visible limit of a tool module's answer (tool-provider/v1's 64 KiB measure).
+const TOOL_RESULT_LIMIT: u64 = cortexkit_role_tool_provider::result::MAX_MODEL_VISIBLE_BYTES as u64;
+
+/// What the drive loop waits for.
+enum Input {
+    /// An item of model call `call`: an event, the attempt's failure, or `None` at the end.
+    Model {
+        call: u64,
+        item: Option<Result<broca_protocol::StreamEvent, Failure>>,
+    },
+    Tool {
+        call_id: String,
+        outcome: ToolOutcome,
+    },
+}
+
+/// What a running run has out: the model call in flight (a stale call's events are ignored and
+/// its task stops) and the tool calls not yet answered.
+struct InFlight {
+    tx: Rc<local_channel::LocalSender<Input>>,
+    call: Rc<Cell<u64>>,
+    streaming: bool,
+    tools: usize,
+}
+
+enum Next {
+    Input(Option<Input>),
+    Command(Option<Msg<SessionCommand>>),
+    /// The machine's timeout came: tell it this time.
+    Timeout(u64),
+}
+
+impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
+    /// Performs the machine's commands until it finishes; the machine's timeout (a backoff, a
+    /// silent stream) is slept on beside the inputs, and the clock read here is the time
+    /// handed to the machine with every event.
+    pub(crate) async fn drive(&mut self, mut m: RunMachine) -> Result<Outcome, ActorError> {
+        let (tx, rx) = local_channel::new_bounded::<Input>(INPUT_QUEUE);
+        let mut calls = InFlight {
+            tx: Rc::new(tx),
+            call: Rc::new(Cell::new(0)),
+            streaming: false,
+            tools: 0,
+        };
+        loop {
+            while let Some(cmd) = m.poll_command() {
+                if let Some(outcome) = self.perform(cmd, &mut m, &mut calls).await? {
+                    return Ok(outcome);
+                }
+            }
+            let timeout = m.poll_timeout();
+            let stalled = ActorError::Stalled {
+                run_id: m.run_id().to_string(),
+            };
+            if !calls.streaming && timeout.is_none() && calls.tools == 0 && !m.is_done() {
+                return Err(stalled);
+            }
+            match self.next(&rx, timeout).await {
+                Next::Timeout(at_ms) => m.handle_timeout(at_ms),
+                Next::Input(Some(input)) => feed(&mut m, input, &mut calls, &*self.hooks),
+                Next::Input(None) => return Err(stalled),
+                Next::Command(Some(Msg::Command(cmd))) => {
+                    // Boxed: a rare path, kept out of every active run's future.
+                    Box::pin(self.command_during_run(cmd, &mut m)).await;
+                }
+                // Only an idle session closes to make room.
+                Next::Command(Some(Msg::Close)) => {}
+                Next::Command(Some(Msg::Shutdown)) => {
+                    m.handle(Event::Shutdown, crate::now_unix_ms())
+                }
+                Next::Command(None) => {
+                    // Whoever sends commands is gone (the daemon stops): seal the run.
+                    self.inbox = None;
+                    m.handle(Event::Shutdown, crate::now_unix_ms());
+                }
+            }
+        }
+    }
+
+    /// Performs one of the machine's commands; the outcome once the run is over.
+    async fn perform(
+        &mut self,
+        cmd: Command,
+        m: &mut RunMachine,
+        calls: &mut InFlight,
+    ) -> Result<Option<Outcome>, ActorError> {
+        match cmd {
+            Command::Append { record, wait } => {
+                // Boxed: the append's state lives only while it runs, not in the future every
+                // active run keeps while it waits for its model.
+                Box::pin(self.append(record, wait)).await?;
+                if wait {
+                    m.handle(Event::Durable, crate::now_unix_ms());
+                }
+            }
+            Command::CallModel { request, .. } => {
+                assert!(!calls.streaming, "one model call at a time");
+                calls.call.set(calls.call.get() + 1);
+                calls.streaming = true;
+                self.spawn_model(request, calls.call.clone(), calls.tx.clone());
+            }
+            Command::AbortModel => {
+                calls.call.set(calls.call.get() + 1);
+                calls.streaming = false;
+            }
+            Command::Dispatch { calls: batch, .. } => {
+                assert!(!batch.is_empty(), "a dispatch carries calls");
+                assert_eq!(
+                    calls.tools, 0,
+                    "a batch is dispatched once the last one answered"
+                );
+                calls.tools += batch.len();
+                for c in batch {
+                    let route = self.route_of(&c.name);
+                    self.spawn_tool(c, route, calls.tx.clone());
+                }
+            }
+            Command::Display(text) => {
+                if let Some(sink) = &mut self.display {
+                    sink(&text);
+                }
+            }
+            Command::Finish(outcome) => {
+                calls.call.set(calls.call.get() + 1);
+                self.state.refresh_unresolved();
+                return Ok(Some(outcome));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The next thing a running run must hear of: a model event or a tool's answer, a
+    /// command for the session, or the machine's timeout.
+    async fn next(
+        &self,
+        rx: &local_channel::LocalReceiver<Input>,
+        timeout: Option<Timeout>,
+    ) -> Next {
+        let wake = self.sleep_until(timeout);
+        match self.inbox.clone() {
+            Some(inbox) => {
+                futures_lite::future::or(
+                    futures_lite::future::or(async { Next::Input(rx.recv().await) }, async {
+                        Next::Command(inbox.recv().await)
+                    }),
+                    wake,
+                )
+                .await
+            }
+            None => futures_lite::future::or(async { Next::Input(rx.recv().await) }, wake).await,
+        }
+    }
+
+    /// Answers a command that arrives while a run is active.
+    async fn command_during_run(&mut self, cmd: SessionCommand, m: &mut RunMachine) {
+        match cmd {
+            SessionCommand::Send { admission, reply } => {
+                // Admission answers a repeated send_id or refuses (the session is busy);
+                // it never starts a second run beside this one.
+                let answer = self.send_prepared(*admission).await;
+                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
+            }
+            SessionCommand::Status { run_id, reply } => {
+                let _ = reply.send(self.view(run_id.as_deref()));
+            }
+            SessionCommand::Cancel {
+                run_id,
+                caller,
+                reply,
+            } => {
+                // Owner-only, whether or not the run is the active one.
+                let answer = if !caller.owns(&self.state.owners()) {
+                    Cancelled::NotOwner
+                } else if run_id != m.run_id() {
+                    Cancelled::NotActive
+                } else {
+                    m.handle(Event::Cancel, crate::now_unix_ms());
+                    Cancelled::Ack
+                };
+                let _ = reply.send(answer);
+            }
+            SessionCommand::Retract {
+                submission_id,
+                caller,
+                reply,
+            } => {
+                let answer = self.retract_for(&caller, &submission_id).await;
+                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
+            }
+            SessionCommand::Barrier { reply } => {
+                let _ = reply.send(self.barrier().await.ok());
+            }
+            SessionCommand::Import { input, reply } => {
+                let busy = crate::import::busy(input.file, m.run_id());
+                let _ = reply.send(Err(busy.to_rpc_error()));
+            }
+        }
+    }
+
+    /// Resolves at the machine's timeout with the time to hand it: a backoff's end (scaled by
+    /// the test timer setting, the machine told its own deadline), or the real time of a
+    /// silent stream's deadline. Never, without a timeout.
+    fn sleep_until(&self, timeout: Option<Timeout>) -> impl std::future::Future<Output = Next> {
+        let permille = self.timer_permille;
+        async move {
+            let Some(t) = timeout else {
+                return futures_lite::future::pending().await;
+            };
+            let left_ms = t.at_ms.saturating_sub(crate::now_unix_ms());
+            match t.kind {
+                TimeoutKind::Backoff => {
+                    let scaled_ms = left_ms.saturating_mul(permille) / 1000;
+                    glommio::timer::sleep(Duration::from_millis(scaled_ms)).await;
+                    Next::Timeout(t.at_ms.max(crate::now_unix_ms()))
+                }
+                TimeoutKind::StreamStall => {
+                    glommio::timer::sleep(Duration::from_millis(left_ms)).await;
+                    Next::Timeout(crate::now_unix_ms())
+                }
+            }
+        }
+    }
+
+    fn spawn_model(
+        &self,
+        request: broca_protocol::Request,
+        call: Rc<Cell<u64>>,
+        tx: Rc<local_channel::LocalSender<Input>>,
+    ) {
+        let provider = self.provider.clone();
+        let me = call.get();
+        glommio::spawn_local(async move {
+            // Boxed: opening (render, connect, send) needs more state than streaming does, and
+            // the task keeps the larger of the two for its whole life otherwise.
+            let opened = Box::pin(provider.open(&request)).await;
+            drop(request);
+            let mut stream = match opened {
+                Ok(s) => s,
+                Err(f) => {
+                    let item = Some(Err(f));
+                    let _ = tx.send(Input::Model { call: me, item }).await;
+                    return;
+                }
+            };
+            // Stops reading once the call is abandoned (aborted, or the run ended).
+            while call.get() == me {
+                let item = stream.next().await;
+                let last = !matches!(item, Some(Ok(_)));
+                if tx.send(Input::Model { call: me, item }).await.is_err() || last {
+                    return;
+                }
+            }
+        })
+        .detach();
+    }
+
+    /// The open run's id and config (a run being driven is the open one).
+    fn open_run(&self) -> Option<&broca_core::RunView> {
+        let open = self.state.open.as_ref()?;
+        self.state.runs.get(open.index)
+    }
+
+    /// The route frozen for tool `name` in the active run's config (empty when none).
+    fn route_of(&self, name: &str) -> String {
+        self.open_run()
+            .and_then(|run| run.config.tools.iter().find(|t| t.name == name))
+            .map(|t| t.route.clone())
+            .unwrap_or_default()
+    }
+
+    fn spawn_tool(&self, call: ToolCall, route: String, tx: Rc<local_channel::LocalSender<Input>>) {
+        let tools = self.tools.clone();
+        let origin = ToolOrigin {
+            triple: self.triple.clone(),
+            run_id: self
+                .open_run()
+                .map(|r| r.run_id.clone())
+                .unwrap_or_default(),
+        };
+        glommio::spawn_local(async move {
+            let call_id = call.id.clone();
+            let outcome = tools.call(call, route, origin).await;
+            // The run may have ended (crash injected): then nobody listens, and that is fine.
+            let _ = tx.send(Input::Tool { call_id, outcome }).await;
+        })
+        .detach();
+    }
+}
+
+/// Says on the log that a model attempt failed (its partial output, if any, is dropped).
+fn log_failed_attempt(run_id: &str, error: &broca_protocol::ClassifiedError) {
+    let class = error.class.as_str();
+    if error.class == broca_protocol::ErrorClass::Transient {
+        tracing::warn!(run_id, "model attempt failed ({class}); its output is dropped and the call retried if attempts remain: {}", error.message);
+    } else {
+        tracing::warn!(run_id, "model attempt failed ({class}): {}", error.message);
+    }
+}
+
+/// Feeds one input to the machine, with the time it arrived.
+fn feed(m: &mut RunMachine, input: Input, calls: &mut InFlight, hooks: &dyn crate::Hooks) {
+    let now = crate::now_unix_ms();
+    match input {
+        Input::Model { call, item } if call == calls.call.get() => match item {
+            Some(Ok(ev)) => m.handle(Event::Stream(ev), now),
+            Some(Err(f)) => {
+                calls.streaming = false;
+                log_failed_attempt(m.run_id(), &f.error);
+                let event = Event::AttemptFailed {
+                    error: f.error,
+                    usage: f.usage,
+                };
+                m.handle(event, now);
+            }
+            None => {
+                calls.streaming = false;
+                m.handle(Event::StepEnded, now);
+            }
+        },
+        Input::Model { .. } => {} // an abandoned call
+        Input::Tool { call_id, outcome } => {
+            hooks.tool_answered();
+            assert!(calls.tools > 0, "an answer comes for a call dispatched");
+            calls.tools -= 1;
+            m.handle(tool_event(call_id, outcome), now);
+        }
+    }
+}
+
+/// The machine's event for a tool call's outcome.
+fn tool_event(call_id: String, outcome: ToolOutcome) -> Event {
+    let refused = |content: String, reason: &str, size| {
+        Event::ToolResult(ResultBlock {
+            call_id: call_id.clone(),
+            content,
+            is_error: true,
+            reason: Some(reason.into()),
+            size,
+        })
+    };
+    match outcome {
+        ToolOutcome::Done { content, is_error } => Event::ToolResult(ResultBlock {
+            call_id,
+            content,
+            is_error,
+            reason: None,
+            size: None,
+        }),
+        ToolOutcome::TooLarge { bytes } => refused(
+            format!(
+                "{} ({bytes} bytes; the limit is {TOOL_RESULT_LIMIT})",
+                cortexkit_role_llm_runner::tool_result_limit::OUTPUT_DISCARDED
+            ),
+            result_reason::TOOL_RESULT_TOO_LARGE,
+            Some(broca_wal::runrec::ResultSize {
+                bytes,
+                limit: TOOL_RESULT_LIMIT,
+            }),
+        ),
+        ToolOutcome::Refused { reason } => refused(
+            format!("not run: refused before delivery: {reason}"),
+            result_reason::REFUSED_BEFORE_DELIVERY,
+            None,
+        ),
+        ToolOutcome::Indeterminate => Event::ToolIndeterminate { call_id },
+    }
+}

@@ -1,0 +1,278 @@
+//! A session's subscribers and what waits for them. The reliable control lane is projected
+//! from the WAL: a subscriber first reads the log from its cursor (the replay,
+//! `crate::subscription`), then receives each record as it becomes durable; every unit
+//! carries its cursor, so a reconnect resumes with no gap and no duplicate, across restarts
+//! too. The display lane carries token deltas: lossy, bounded per subscriber, never replayed,
+//! a gap reported in-band. A slow subscriber never slows a run: its display deltas are
+//! dropped (and counted), and if its control queue overflows it is told to reconnect, which
+//! it does from its cursor, reading the WAL.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::rc::Rc;
+
+use broca_io::log::DurableWatch;
+use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
+
+use broca_core::project::units;
+use broca_wal::Record;
+use broca_wire::Cursor;
+
+pub use broca_wire::{SubFrom, SubItem};
+
+/// Control units a subscriber may have queued before it is told to reconnect.
+pub const CONTROL_QUEUE_MAX: usize = 4096;
+/// Display deltas a subscriber may have queued before new ones are dropped.
+pub const DISPLAY_QUEUE_MAX: usize = 256;
+
+/// One subscriber's queues, filled by the hub and drained by its connection's task.
+pub(crate) struct Sub {
+    pub(crate) control: RefCell<VecDeque<(Cursor, String)>>,
+    pub(crate) display: RefCell<VecDeque<String>>,
+    pub(crate) dropped: Cell<u64>,
+    pub(crate) overflow: Cell<bool>,
+    wake: LocalSender<()>,
+}
+
+impl Sub {
+    fn poke(&self) {
+        let _ = self.wake.try_send(());
+    }
+}
+
+/// The subscribers of one session and the records waiting to become durable for them.
+#[derive(Default)]
+pub struct Hub {
+    subs: RefCell<Vec<Rc<Sub>>>,
+    pending: RefCell<VecDeque<(u64, u64, Record)>>,
+    pumping: Cell<bool>,
+    watch: RefCell<Option<DurableWatch>>,
+    seeks: RefCell<SeekPoints>,
+}
+
+/// A record is kept as a seek point once this many records followed the last one.
+const SEEK_EVERY: u64 = 256;
+/// Seek points kept per session (the newest): a reconnect near the head reads at most about
+/// `SEEK_EVERY` records before its cursor.
+const SEEK_POINTS: usize = 8;
+
+/// Where records of the session's WAL start, as its writer appended them: (seq, offset) of a
+/// record every [`SEEK_EVERY`], and where the next one starts. A subscriber resuming from a
+/// cursor reads from the nearest point at or before it instead of from the first record
+/// (the reader checks the point, and reads from the start when it does not hold).
+#[derive(Default)]
+pub struct SeekPoints {
+    points: VecDeque<(u64, u64)>,
+    next: Option<(u64, u64)>,
+}
+
+impl SeekPoints {
+    fn keep(&mut self, seq: u64, offset: u64) {
+        assert!(self.points.len() <= SEEK_POINTS);
+        if self
+            .points
+            .back()
+            .is_none_or(|&(last, _)| seq >= last + SEEK_EVERY)
+        {
+            self.points.push_back((seq, offset));
+            if self.points.len() > SEEK_POINTS {
+                self.points.pop_front();
+            }
+        }
+    }
+}
+
+impl Hub {
+    pub fn is_idle(&self) -> bool {
+        self.subs.borrow().is_empty() && self.pending.borrow().is_empty()
+    }
+
+    /// The log whose durability gates publishing (set when the session's actor opens it).
+    pub fn set_watch(&self, watch: DurableWatch) {
+        *self.watch.borrow_mut() = Some(watch);
+    }
+
+    /// The seek points, taken (the hub is going; the registry keeps them for the next one).
+    pub fn take_seeks(&self) -> SeekPoints {
+        let mut seeks = std::mem::take(&mut *self.seeks.borrow_mut());
+        // Where the next record starts holds only while a writer of this process appends.
+        seeks.next = None;
+        seeks
+    }
+
+    /// Seek points a former hub of the session kept.
+    pub fn restore_seeks(&self, seeks: SeekPoints) {
+        *self.seeks.borrow_mut() = seeks;
+    }
+
+    /// The session's actor opened its WAL: its next record, `seq`, starts at `offset`.
+    pub fn set_start(&self, seq: u64, offset: u64) {
+        let mut seeks = self.seeks.borrow_mut();
+        seeks.keep(seq, offset);
+        seeks.next = Some((seq, offset));
+    }
+
+    /// The nearest seek point at or before record `seq`.
+    pub(crate) fn seek_for(&self, seq: u64) -> Option<(u64, u64)> {
+        let seeks = self.seeks.borrow();
+        seeks.points.iter().rev().find(|p| p.0 <= seq).copied()
+    }
+
+    /// A record was appended: publish it once durable, if anyone listens.
+    pub fn on_append(self: &Rc<Self>, seq: u64, end: u64, record: &Record) {
+        {
+            let mut seeks = self.seeks.borrow_mut();
+            if let Some((next, offset)) = seeks.next {
+                assert!(seq >= next, "records are appended in seq order");
+                assert!(end > offset, "a record ends after where it starts");
+            }
+            if let Some((next, offset)) = seeks.next {
+                if next == seq {
+                    seeks.keep(seq, offset);
+                }
+            }
+            seeks.next = Some((seq + 1, end));
+        }
+        if self.subs.borrow().is_empty() {
+            return; // a later subscriber reads it from the WAL
+        }
+        self.pending
+            .borrow_mut()
+            .push_back((seq, end, record.clone()));
+        if !self.pumping.replace(true) {
+            glommio::spawn_local(self.clone().pump()).detach();
+        }
+    }
+
+    async fn pump(self: Rc<Self>) {
+        loop {
+            let Some(end) = self.pending.borrow().front().map(|p| p.1) else {
+                self.pumping.set(false);
+                return;
+            };
+            let watch = self.watch.borrow().clone();
+            let durable = match watch {
+                Some(w) => w.wait_durable(end).await.is_ok(),
+                None => false,
+            };
+            if !durable {
+                // The log failed: nothing more becomes durable; subscribers reconnect.
+                self.pending.borrow_mut().clear();
+                for s in self.subs.borrow().iter() {
+                    s.overflow.set(true);
+                    s.poke();
+                }
+                self.pumping.set(false);
+                return;
+            }
+            loop {
+                let next = {
+                    let mut p = self.pending.borrow_mut();
+                    match p.front() {
+                        Some(&(_, e, _)) if e <= end => p.pop_front(),
+                        _ => None,
+                    }
+                };
+                let Some((seq, _, record)) = next else { break };
+                self.publish(seq, &record);
+            }
+        }
+    }
+
+    fn publish(&self, seq: u64, record: &Record) {
+        let units: Vec<String> = units(record).iter().map(|u| u.to_string()).collect();
+        if units.is_empty() {
+            return;
+        }
+        for s in self.subs.borrow().iter() {
+            let mut q = s.control.borrow_mut();
+            for (i, u) in units.iter().enumerate() {
+                if q.len() >= CONTROL_QUEUE_MAX {
+                    s.overflow.set(true);
+                    break;
+                }
+                let cursor = Cursor { seq, sub: i as u32 };
+                assert!(
+                    q.back().is_none_or(|(last, _)| *last < cursor),
+                    "units queue in order"
+                );
+                q.push_back((cursor, u.clone()));
+            }
+            drop(q);
+            s.poke();
+        }
+    }
+
+    /// A display delta (token text) for every subscriber.
+    pub fn display(&self, text: &str) {
+        for s in self.subs.borrow().iter() {
+            let mut q = s.display.borrow_mut();
+            if q.len() >= DISPLAY_QUEUE_MAX {
+                s.dropped.set(s.dropped.get() + 1);
+            } else {
+                q.push_back(text.to_string());
+            }
+            drop(q);
+            s.poke();
+        }
+    }
+
+    pub(crate) fn add(&self) -> (Rc<Sub>, LocalReceiver<()>) {
+        let (wake, woken) = local_channel::new_bounded(1);
+        let sub = Rc::new(Sub {
+            control: RefCell::new(VecDeque::new()),
+            display: RefCell::new(VecDeque::new()),
+            dropped: Cell::new(0),
+            overflow: Cell::new(false),
+            wake,
+        });
+        self.subs.borrow_mut().push(sub.clone());
+        (sub, woken)
+    }
+
+    pub(crate) fn remove(&self, sub: &Rc<Sub>) {
+        self.subs.borrow_mut().retain(|s| !Rc::ptr_eq(s, sub));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seek_points_are_sparse_recent_and_never_after_the_cursor() {
+        let hub = Rc::new(Hub::default());
+        hub.set_start(2, 4096);
+        // Records 2.. appended as the writer reports them (each 100 bytes): no subscriber.
+        let record = Record::LeaseAcquired(broca_wal::record::LeaseAcquired {
+            epoch: 1,
+            pid: 1,
+            at_unix_ms: 0,
+            cut: None,
+        });
+        for seq in 2..3000u64 {
+            hub.on_append(seq, 4096 + (seq - 1) * 100, &record);
+        }
+        let points: Vec<(u64, u64)> = hub.seeks.borrow().points.iter().copied().collect();
+        assert_eq!(points.len(), SEEK_POINTS, "{points:?}");
+        assert!(points.windows(2).all(|w| w[1].0 >= w[0].0 + SEEK_EVERY));
+        assert!(points
+            .iter()
+            .all(|&(seq, offset)| offset == 4096 + (seq - 2) * 100));
+        // The nearest at or before: never a record after the cursor.
+        let last = *points.last().unwrap();
+        assert_eq!(hub.seek_for(last.0 + 5), Some(last));
+        assert_eq!(hub.seek_for(last.0), Some(last));
+        assert!(hub.seek_for(last.0 - 1).unwrap().0 < last.0);
+        // Older than every point kept: no point (the replay reads from the first record).
+        assert_eq!(hub.seek_for(points[0].0 - 1), None);
+        // The points outlive the hub: a later hub of the session seeks the same way.
+        let later = Hub::default();
+        later.restore_seeks(hub.take_seeks());
+        assert_eq!(later.seek_for(last.0 + 5), Some(last));
+        assert!(
+            later.seeks.borrow().next.is_none(),
+            "no writer appends for it yet"
+        );
+    }
+}

@@ -1,0 +1,301 @@
+//! Importing another harness's log into the session: the plan is made on the blocking pool
+//! from what the session holds of the source, and an episode is appended as one record,
+//! durable before the answer. Nothing is written for a refused import or for a source the
+//! session holds already.
+
+use std::sync::Arc;
+
+use broca_core::replay::Session;
+use broca_import::{Format, Identity, ImportError, Plan, Prior};
+use broca_wal::Record;
+
+use broca_protocol::model::ModelClient;
+use broca_tools::ToolRunner;
+
+use crate::actor::{ActorError, SessionActor};
+
+/// A log to import, read whole.
+#[derive(Debug, Clone)]
+pub struct ImportInput {
+    pub format: Format,
+    /// The file's path as it is to be recorded (resolved).
+    pub file: String,
+    pub bytes: Arc<Vec<u8>>,
+    pub identity: Identity,
+}
+
+/// What an import did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImportReply {
+    /// The episode written, or the import that holds the source already.
+    pub import_id: String,
+    /// True when nothing was written (the session holds the source as it is).
+    pub existing: bool,
+    pub messages: usize,
+    pub first_line: u64,
+    pub last_line: u64,
+    pub outcome_unknown: Vec<String>,
+    pub pending: Vec<String>,
+    /// The notes of what was left out, as `line N: note`.
+    pub notes: Vec<String>,
+}
+
+impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
+    /// Imports `input` into the session (see the module's doc); `progress` hears the bytes
+    /// read, from the blocking pool.
+    pub async fn import(
+        &mut self,
+        input: ImportInput,
+        progress: Box<dyn FnMut(u64) + Send>,
+    ) -> Result<ImportReply, ActorError> {
+        if let Some(open) = &self.state.open {
+            return Err(busy(input.file, &self.state.runs[open.index].run_id));
+        }
+        let prior = prior_of(&self.state, &input);
+        let open_calls = self.state.unresolved_calls.clone();
+        let planned = glommio::executor()
+            .spawn_blocking(move || {
+                let mut progress = progress;
+                broca_import::plan(
+                    input.format,
+                    &input.file,
+                    &input.bytes,
+                    &input.identity,
+                    prior.as_ref(),
+                    &open_calls,
+                    &mut *progress,
+                )
+            })
+            .await
+            .map_err(ActorError::Import)?;
+        let mut episode = match planned {
+            Plan::Nothing { import_id } => return Ok(existing(&self.state, import_id)),
+            Plan::Episode(e) => e,
+        };
+        episode.import_id = self.next_id("imp");
+        episode.at_unix_ms = crate::now_unix_ms();
+        let reply = ImportReply {
+            import_id: episode.import_id.clone(),
+            existing: false,
+            messages: episode.messages.len(),
+            first_line: episode.origin.first_line,
+            last_line: episode.origin.last_line,
+            outcome_unknown: episode.outcome_unknown.clone(),
+            pending: episode.pending.clone(),
+            notes: episode
+                .notes
+                .iter()
+                .map(|n| format!("line {}: {}", n.line, n.note))
+                .collect(),
+        };
+        self.append(Record::EpisodeImported(episode), true).await?;
+        self.state.refresh_unresolved();
+        Ok(reply)
+    }
+}
+
+/// The refusal of an import into a session whose run `run_id` has not ended.
+pub(crate) fn busy(file: String, run_id: &str) -> ActorError {
+    ActorError::Import(ImportError {
+        code: broca_wire::Code::SessionBusy,
+        file,
+        line: None,
+        message: format!("the session's run {run_id} has not ended: import once it has"),
+    })
+}
+
+/// What the session holds of the source of `input`.
+fn prior_of(state: &Session, input: &ImportInput) -> Option<Prior> {
+    state
+        .imported(input.format.name(), &input.identity.session)
+        .map(|i| Prior {
+            import_id: i.import_id.clone(),
+            bytes: i.bytes,
+            blake3: i.blake3.clone(),
+            last_line: i.last_line,
+            diverged: state.transcript.len() != i.transcript_len,
+        })
+}
+
+/// The answer for a source the session holds as it is (import `import_id`).
+fn existing(state: &Session, import_id: String) -> ImportReply {
+    let held = state
+        .imports
+        .iter()
+        .find(|i| i.import_id == import_id)
+        .map_or(0, |i| i.last_line);
+    ImportReply {
+        import_id,
+        existing: true,
+        messages: 0,
+        first_line: held + 1,
+        last_line: held,
+        outcome_unknown: Vec::new(),
+        pending: Vec::new(),
+        notes: Vec::new(),
+    }
+}
+
+/// What importing `input` comes to, decided from a read of the session's WAL at `wal`
+/// (no lease taken, nothing written): `Some` answer when the session holds the log as it is
+/// already, an error when the import is refused (the log is malformed, or not a
+/// continuation of what was imported), `None` when there is something to write. The actor
+/// plans again under the lease before it writes.
+pub fn check_read_only(
+    wal: &std::path::Path,
+    input: &ImportInput,
+) -> Result<Option<ImportReply>, ImportError> {
+    let state = match broca_core::read_session(wal, broca_core::Keep::State) {
+        Ok(None) => Session::default(),
+        Ok(Some(read)) => read.session,
+        Err(_) => return Ok(None), // the actor's open names what is wrong with the WAL
+    };
+    let prior = prior_of(&state, input);
+    let plan = broca_import::plan(
+        input.format,
+        &input.file,
+        &input.bytes,
+        &input.identity,
+        prior.as_ref(),
+        &state.unresolved_calls,
+        &mut |_| {},
+    )?;
+    Ok(match plan {
+        Plan::Nothing { import_id } => Some(existing(&state, import_id)),
+        Plan::Episode(_) => None,
+    })
+}
+
+/// The most bytes one log may have: a larger file is refused before it is read.
+pub const IMPORT_BYTES_MAX: u64 = 1 << 30;
+
+/// The logs `paths` name, in order: each file named, and every `*.jsonl` file under each
+/// directory named (at any depth, sorted by path).
+pub fn log_files(paths: &[std::path::PathBuf]) -> Result<Vec<std::path::PathBuf>, String> {
+    fn walk(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) -> Result<(), String> {
+        let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mut paths = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| format!("{}: {e}", dir.display()))?;
+            paths.push(entry.path());
+        }
+        paths.sort();
+        for p in paths {
+            if p.is_dir() {
+                walk(&p, out)?;
+            } else if p.extension().is_some_and(|e| e == "jsonl") {
+                out.push(p);
+            }
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    for p in paths {
+        let meta = std::fs::metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        if meta.is_dir() {
+            walk(p, &mut out)?;
+        } else {
+            out.push(p.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// The session parts given for an import; a part not given comes from the log (the
+/// project root from its working directory, the harness from its format, the session from
+/// its id).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImportTarget {
+    pub project_root: Option<String>,
+    pub harness: Option<String>,
+    pub session: Option<String>,
+}
+
+/// Reads the log at `path` and finds the session it goes into. Errors: `import_unreadable`,
+/// `import_too_large`, `invalid_params` (the session it would go into), and the log's own
+/// (`import_malformed`, `import_empty`).
+pub fn read_source(
+    format: Format,
+    path: &std::path::Path,
+    target: &ImportTarget,
+) -> Result<(broca_wal::SessionTriple, ImportInput), ImportError> {
+    let fail = |code, file: &str, message: String| ImportError {
+        code,
+        file: file.to_string(),
+        line: None,
+        message,
+    };
+    let shown = path.display().to_string();
+    let path = std::path::absolute(path)
+        .map_err(|e| fail(broca_wire::Code::ImportUnreadable, &shown, e.to_string()))?;
+    let file = path
+        .to_str()
+        .ok_or_else(|| {
+            fail(
+                broca_wire::Code::ImportUnreadable,
+                &shown,
+                "the path is not UTF-8".into(),
+            )
+        })?
+        .to_string();
+    let unreadable =
+        |e: std::io::Error| fail(broca_wire::Code::ImportUnreadable, &file, e.to_string());
+    let len = std::fs::metadata(&path).map_err(unreadable)?.len();
+    if len > IMPORT_BYTES_MAX {
+        return Err(fail(
+            broca_wire::Code::ImportTooLarge,
+            &file,
+            format!("{len} bytes, more than the {IMPORT_BYTES_MAX} a log may have"),
+        ));
+    }
+    let bytes = std::fs::read(&path).map_err(unreadable)?;
+    let identity = broca_import::identify(format, &file, &bytes)?;
+    let root = match (&target.project_root, &identity.cwd) {
+        (Some(root), _) | (None, Some(root)) => root.clone(),
+        (None, None) => {
+            return Err(fail(
+                broca_wire::Code::InvalidParams,
+                &file,
+                "the log names no working directory: give the project root".into(),
+            ))
+        }
+    };
+    let harness = target.harness.as_deref().unwrap_or(format.name());
+    let session = target.session.as_deref().unwrap_or(&identity.session);
+    let triple = broca_wal::SessionTriple::new(&root, harness, session)
+        .map_err(|e| fail(broca_wire::Code::InvalidParams, &file, e.to_string()))?;
+    Ok((
+        triple,
+        ImportInput {
+            format,
+            file,
+            bytes: Arc::new(bytes),
+            identity,
+        },
+    ))
+}
+
+impl ImportReply {
+    /// The reply as the management surface and `broca import --json` give it.
+    pub fn to_json(&self, file: &str, triple: &broca_wal::SessionTriple) -> serde_json::Value {
+        serde_json::json!({
+            "file": file,
+            "project_root": triple.project_root,
+            "harness": triple.harness,
+            "session": triple.session,
+            "import_id": self.import_id,
+            "existing": self.existing,
+            "messages": self.messages,
+            "first_line": self.first_line,
+            "last_line": self.last_line,
+            "outcome_unknown": self.outcome_unknown,
+            "pending": self.pending,
+            "notes": self.notes,
+        })
+    }
+}
+
+/// The management error for a refused import.
+pub fn import_error(e: &ImportError) -> broca_wire::RpcError {
+    broca_wire::RpcError::new(e.code, e.to_string())
+}

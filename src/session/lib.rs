@@ -1,0 +1,67 @@
+//! broca-session: one live session. [`SessionActor`] holds the session's WAL writer lease,
+//! answers its [`SessionCommand`]s in order and drives its runs' state machine
+//! (broca-core) with real I/O: the WAL, the model client, the tools. Its [`hub`] fans the
+//! session's durable records out to subscribers (the control lane, replayed from the WAL
+//! from any cursor) and its token deltas (the lossy display lane). A shard keeps its
+//! sessions' actors in broca-shards' registry; the process's crash hooks are handed in
+//! ([`Hooks`]).
+
+mod actor;
+mod command;
+mod drive;
+pub mod hooks;
+pub mod hub;
+mod import;
+mod queue;
+mod subscription;
+
+pub use actor::{ActorError, Display, OnAppend, Opener, SendReply, SessionActor};
+pub use command::{Cancelled, Retracted, SessionCommand};
+pub use hooks::{Abort, CrashPlan, Hooks, NoHooks};
+pub use import::{
+    check_read_only, import_error, log_files, read_source, ImportInput, ImportReply, ImportTarget,
+    IMPORT_BYTES_MAX,
+};
+pub use subscription::{subscribe, REPLAY_PAGE_BYTES, SUB_CHANNEL_ITEMS};
+
+use broca_protocol::model::{Failure, ModelClient, ModelStream};
+
+/// The clock of the actors and the daemon: milliseconds since the Unix epoch (the run loop
+/// is handed this time; it reads none itself).
+pub fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The model of a process that calls none (`broca import`): a call fails, permanently.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoModel;
+
+/// [`NoModel`]'s stream (never opened).
+pub struct NoStream;
+
+impl ModelStream for NoStream {
+    async fn next(&mut self) -> Option<Result<broca_protocol::StreamEvent, Failure>> {
+        None
+    }
+}
+
+impl ModelClient for NoModel {
+    type Stream = NoStream;
+
+    fn check(&self) -> &dyn broca_protocol::model::ProviderCheck {
+        &broca_protocol::model::AnyProvider
+    }
+
+    async fn open(&self, _request: &broca_protocol::Request) -> Result<NoStream, Failure> {
+        Err(Failure {
+            error: broca_protocol::ClassifiedError {
+                class: broca_protocol::ErrorClass::Permanent,
+                message: "this process calls no model".into(),
+                retry_after_ms: None,
+            },
+            usage: None,
+        })
+    }
+}

@@ -1,0 +1,66 @@
+//! A session's queued sends: the next one started once no run is active, and a withdrawal
+//! before it starts (owner-only).
+
+use broca_protocol::model::ModelClient;
+use broca_tools::ToolRunner;
+use broca_wal::Record;
+
+use crate::actor::{ActorError, SessionActor};
+use crate::command::Retracted;
+
+impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
+    /// Starts the next queued send's run once no run is active (its RunStarted durable);
+    /// answers whether one started.
+    pub async fn start_queued(&mut self) -> Result<bool, ActorError> {
+        let run_id = self.next_id("run");
+        match broca_core::admission::start_queued(&self.state, run_id, crate::now_unix_ms()) {
+            Some(started) => {
+                self.append(Record::RunStarted(Box::new(started)), true)
+                    .await?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// `session.retract` from `caller`: owner-only.
+    pub async fn retract_for(
+        &mut self,
+        caller: &broca_wire::Caller,
+        submission_id: &str,
+    ) -> Result<Retracted, ActorError> {
+        if !caller.owns(&self.state.owners()) {
+            return Err(ActorError::Refused(broca_core::Refusal::ScopeOwnerMismatch));
+        }
+        self.retract(submission_id).await
+    }
+
+    /// Withdraws the queued send `submission_id` before it starts.
+    pub async fn retract(&mut self, submission_id: &str) -> Result<Retracted, ActorError> {
+        let queued = &self.state.queued;
+        if queued.iter().any(|q| q.submission_id == submission_id) {
+            let record = broca_wal::runrec::SendRetracted {
+                submission_id: submission_id.to_string(),
+                at_unix_ms: crate::now_unix_ms(),
+            };
+            self.append(Record::SendRetracted(record), true).await?;
+            assert!(
+                !self
+                    .state
+                    .queued
+                    .iter()
+                    .any(|q| q.submission_id == submission_id),
+                "a retracted send leaves the queue"
+            );
+            return Ok(Retracted::Retracted);
+        }
+        let runs = &self.state.runs;
+        if runs
+            .iter()
+            .any(|r| r.submission_id.as_deref() == Some(submission_id))
+        {
+            return Ok(Retracted::AlreadyStarted);
+        }
+        Ok(Retracted::NotPending)
+    }
+}

@@ -1,0 +1,463 @@
+//! Tools of the daemon's tool_provider modules (module mode), beside the MCP servers': their
+//! catalogs are read once at startup (`role.describe` checked, then `tool.catalog`), and
+//! each call goes over a route of its session's own (`route.open` with the session's harness
+//! and session as the bind identity), on one consumer connection shared by every shard
+//! (broca_subc::link). A call is sent at most once:
+//!
+//! - not sent (no connection, the route refused, the frame never handed to the socket):
+//!   refused before delivery, nothing ran;
+//! - the daemon says the route was dead before delivery (`unknown_channel`,
+//!   `stale_route_epoch`, `module_reloading`): the route is opened again and the call sent
+//!   once more, with the same call key;
+//! - answered by the module: its answer, or its refusal as the call's error result;
+//! - anything else after the frame was written (the connection lost, the route closed, the
+//!   daemon's own error, no answer within the module's call timeout, then a CANCEL):
+//!   indeterminate, never sent again.
+//!
+//! The same connection and routes carry broca's own requests: the fusiform catalog module's
+//! `catalog.get` (`catalog_text`).
+//!
+//! `route.open` refusals the daemon marks retryable are tried again with a doubling backoff
+//! (100 ms to 2 s, six tries); any other refusal is final for that call.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::config::ModuleConfig;
+use broca_io::net::with_timeout;
+use broca_protocol::{ToolCall, ToolSpec};
+use broca_subc::frames::FrameIn;
+use broca_subc::link::{Link, Written};
+use broca_subc::toolprov::{self, Opened, Reply};
+
+use crate::{ToolOrigin, ToolOutcome};
+
+/// `route.open` tries for a refusal the daemon marks retryable.
+const OPEN_ATTEMPTS: u32 = 6;
+/// How long the daemon gets to answer a `route.open` or a role op.
+const CONTROL_DEADLINE: Duration = Duration::from_secs(10);
+/// The call timeout of a module the config no longer lists (a run frozen earlier).
+const CALL_TIMEOUT_DEFAULT: Duration = Duration::from_secs(300);
+/// Routes kept open at most; past it the least recently used is closed.
+const ROUTES_MAX: usize = 4096;
+
+type RouteKey = (String, String, String);
+
+#[derive(Clone)]
+struct Route {
+    link: Arc<Link>,
+    channel: u16,
+    epoch: u32,
+    /// When it was last used (a counter): past the cap the least recently used is closed.
+    used: u64,
+}
+
+/// The tool modules of one broca process, shared by every shard.
+pub struct ModuleTools {
+    file: PathBuf,
+    module_id: String,
+    launch_nonce: Option<String>,
+    modules: Vec<ModuleConfig>,
+    result_bytes_max: usize,
+    link: Mutex<Option<Arc<Link>>>,
+    routes: Mutex<HashMap<RouteKey, Route>>,
+    uses: std::sync::atomic::AtomicU64,
+    /// The catalog module's last answer: its version and the catalog text made of it.
+    last_catalog: Mutex<Option<(i64, String)>>,
+}
+
+/// Why a call did not go.
+enum NotSent {
+    /// Nothing reached the module.
+    Refused(String),
+    /// The module may have the request.
+    Indeterminate(String),
+}
+
+impl ModuleTools {
+    /// The tool modules `modules`, reached through the daemon of connection file `file` as
+    /// module `module_id` (with its launch nonce, when the daemon handed one).
+    pub fn new(
+        file: PathBuf,
+        module_id: String,
+        launch_nonce: Option<String>,
+        modules: Vec<ModuleConfig>,
+        result_bytes_max: usize,
+    ) -> Arc<ModuleTools> {
+        Arc::new(ModuleTools {
+            file,
+            module_id,
+            launch_nonce,
+            modules,
+            result_bytes_max,
+            link: Mutex::new(None),
+            routes: Mutex::new(HashMap::new()),
+            uses: std::sync::atomic::AtomicU64::new(0),
+            last_catalog: Mutex::new(None),
+        })
+    }
+
+    /// Every module's tools, each with its pinned route; a module that cannot be reached or
+    /// whose answers do not hold is reported (its tools are not offered). Runs on a glommio
+    /// executor.
+    pub async fn catalogs(&self) -> (Vec<ToolSpec>, Vec<String>) {
+        let mut specs = Vec::new();
+        let mut problems = Vec::new();
+        for m in &self.modules {
+            match self.catalog(&m.module).await {
+                Ok((tools, notes)) => {
+                    for n in notes {
+                        tracing::warn!(module = %m.module, "{n}");
+                    }
+                    tracing::info!(module = %m.module, tools = tools.len(), "tool module ready");
+                    specs.extend(tools);
+                }
+                Err(e) => problems.push(format!("tool module `{}`: {e}", m.module)),
+            }
+        }
+        (specs, problems)
+    }
+
+    async fn catalog(&self, module: &str) -> Result<(Vec<ToolSpec>, Vec<String>), String> {
+        let session = "tool-catalog";
+        let describe = self
+            .ask(module, session, toolprov::describe_request())
+            .await?;
+        toolprov::read_describe(&describe)?;
+        toolprov::read_catalog(
+            module,
+            &self
+                .ask(module, session, toolprov::catalog_request())
+                .await?,
+        )
+    }
+
+    /// A request of broca's own (not a session's) to `module`, on the route broca keeps for
+    /// `session`, and its terminal frame.
+    async fn ask(&self, module: &str, session: &str, body: Vec<u8>) -> Result<FrameIn, String> {
+        let route = self
+            .route(module, &self.module_id, session)
+            .await
+            .map_err(|e| match e {
+                NotSent::Refused(e) | NotSent::Indeterminate(e) => e,
+            })?;
+        let sent = route.link.request(route.channel, route.epoch, body)?;
+        match with_timeout(CONTROL_DEADLINE, sent.reply).await {
+            Ok(Ok(Ok(frame))) => Ok(frame),
+            Ok(Ok(Err(why))) => Err(why),
+            Ok(Err(_)) => Err("the connection to the daemon ended".to_string()),
+            Err(()) => {
+                route.link.cancel(route.channel, route.epoch, sent.corr);
+                Err(format!("no answer within {CONTROL_DEADLINE:?}"))
+            }
+        }
+    }
+
+    /// The fusiform catalog module's current catalog (`catalog.get`) as catalog text for
+    /// broca-catalog; its `catalog_version` is the change mark: an answer of the version read
+    /// last gives the text made then.
+    pub async fn catalog_text(&self, module: &str) -> Result<String, String> {
+        let body = toolprov::op_request(fusiform_protocol::TOOL_GET, serde_json::json!({}));
+        let frame = self.ask(module, "catalog", body).await?;
+        let answer: serde_json::Value = match frame.header.ty {
+            broca_subc::protocol::FrameType::Response => serde_json::from_slice(&frame.body)
+                .map_err(|e| format!("its catalog.get answer is not JSON: {e}"))?,
+            broca_subc::protocol::FrameType::Error => {
+                let e: broca_subc::protocol::ErrorBody = serde_json::from_slice(&frame.body)
+                    .map_err(|_| "an error that does not parse".to_string())?;
+                let kind = fusiform_protocol::refusal::RefusalKind::of(&e.code);
+                return Err(format!(
+                    "it refused catalog.get ({}, {kind:?}): {}",
+                    e.code, e.message
+                ));
+            }
+            other => return Err(format!("a {other:?} frame answered catalog.get")),
+        };
+        let version = answer
+            .get("catalog_version")
+            .and_then(serde_json::Value::as_i64);
+        if let (Some(v), Ok(last)) = (version, self.last_catalog.lock()) {
+            if let Some((lv, text)) = last.as_ref() {
+                if *lv == v {
+                    return Ok(text.clone());
+                }
+            }
+        }
+        let read = broca_catalog::fusiform::read(&answer)?;
+        if !read.notes.is_empty() {
+            tracing::info!(
+                module,
+                unknown = read.notes.len(),
+                "catalog facts fusiform does not state are left unknown"
+            );
+            for n in &read.notes {
+                tracing::debug!(module, "{n}");
+            }
+        }
+        let text = serde_json::to_string(&read.catalog).map_err(|e| e.to_string())?;
+        if let Ok(mut last) = self.last_catalog.lock() {
+            *last = Some((read.catalog_version, text.clone()));
+        }
+        Ok(text)
+    }
+
+    /// The shared connection, connected (on the blocking pool) when there is none alive.
+    async fn link(&self) -> Result<Arc<Link>, String> {
+        if let Some(l) = self.link.lock().ok().and_then(|l| l.clone()) {
+            if l.is_alive() {
+                return Ok(l);
+            }
+        }
+        let file = self.file.clone();
+        let link = glommio::executor()
+            .spawn_blocking(move || Link::connect(&file))
+            .await
+            .map_err(|e| format!("cannot reach the daemon: {e}"))?;
+        if let Ok(mut slot) = self.link.lock() {
+            match slot.as_ref() {
+                // Another shard connected meanwhile: use its connection.
+                Some(other) if other.is_alive() => return Ok(other.clone()),
+                _ => *slot = Some(link.clone()),
+            }
+        }
+        Ok(link)
+    }
+
+    /// The route to `module` for (harness, session): the one open, or a new one.
+    async fn route(&self, module: &str, harness: &str, session: &str) -> Result<Route, NotSent> {
+        let key = (module.to_string(), harness.to_string(), session.to_string());
+        let used = self.next_use();
+        let kept = self.routes.lock().ok().and_then(|mut r| {
+            let route = r.get_mut(&key)?;
+            route.used = used;
+            Some(route.clone())
+        });
+        if let Some(r) = kept {
+            if r.link.is_alive() && !r.link.take_closed(r.channel) {
+                return Ok(r);
+            }
+            self.evict(&key);
+        }
+        let consumer = self
+            .launch_nonce
+            .as_deref()
+            .map(|n| (self.module_id.as_str(), n));
+        let body = toolprov::route_open(module, harness, session, consumer);
+        let mut delay = Duration::from_millis(100);
+        let mut last = String::new();
+        for attempt in 1..=OPEN_ATTEMPTS {
+            let link = self.link().await.map_err(NotSent::Refused)?;
+            let sent = link.request(0, 0, body.clone()).map_err(NotSent::Refused)?;
+            let frame = match with_timeout(CONTROL_DEADLINE, sent.reply).await {
+                Ok(Ok(Ok(frame))) => frame,
+                Ok(Ok(Err(why))) => return Err(NotSent::Refused(why)),
+                Ok(Err(_)) => return Err(NotSent::Refused("the daemon connection ended".into())),
+                Err(()) => {
+                    link.cancel(0, 0, sent.corr);
+                    // A route the daemon may have opened after all is left to its own
+                    // cleanup; nothing was sent on it.
+                    return Err(NotSent::Refused(format!(
+                        "the daemon did not answer route.open to `{module}` within {CONTROL_DEADLINE:?}"
+                    )));
+                }
+            };
+            match toolprov::read_open(&frame) {
+                Opened::Route { channel, epoch } => {
+                    let route = Route {
+                        link,
+                        channel,
+                        epoch,
+                        used: self.next_use(),
+                    };
+                    self.keep(key, route.clone());
+                    return Ok(route);
+                }
+                Opened::Retry(code) => {
+                    tracing::info!(
+                        module,
+                        code,
+                        attempt,
+                        "route.open refused for now; trying again"
+                    );
+                    last = code;
+                    if attempt < OPEN_ATTEMPTS {
+                        glommio::timer::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(2));
+                    }
+                }
+                Opened::Refused(why) => {
+                    return Err(NotSent::Refused(format!(
+                        "the daemon refused a route to tool module `{module}`: {why}"
+                    )))
+                }
+            }
+        }
+        Err(NotSent::Refused(format!(
+            "the daemon kept refusing a route to tool module `{module}` ({last}, {OPEN_ATTEMPTS} tries)"
+        )))
+    }
+
+    fn keep(&self, key: RouteKey, route: Route) {
+        let Ok(mut routes) = self.routes.lock() else {
+            return;
+        };
+        if routes.len() >= ROUTES_MAX {
+            if let Some(oldest) = routes
+                .iter()
+                .min_by_key(|(_, r)| r.used)
+                .map(|(k, _)| k.clone())
+            {
+                if let Some(r) = routes.remove(&oldest) {
+                    r.link.close_route(r.channel, r.epoch);
+                }
+            }
+        }
+        routes.insert(key, route);
+    }
+
+    /// Forgets a route that is dead (its link gone, the daemon closed it, or it answered that
+    /// it is dead): nothing is sent on it any more.
+    fn evict(&self, key: &RouteKey) {
+        if let Ok(mut routes) = self.routes.lock() {
+            routes.remove(key);
+        }
+    }
+
+    fn next_use(&self) -> u64 {
+        self.uses.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn call_timeout(&self, module: &str) -> Duration {
+        self.modules
+            .iter()
+            .find(|m| m.module == module)
+            .map_or(CALL_TIMEOUT_DEFAULT, |m| m.call_timeout)
+    }
+
+    /// Sends `call` once (twice only when the daemon says the first never reached the module).
+    pub async fn call(&self, call: &ToolCall, route: &str, origin: &ToolOrigin) -> ToolOutcome {
+        let Some((module, pin)) = toolprov::parse_route(route) else {
+            return ToolOutcome::Refused {
+                reason: format!(
+                    "`{route}` is not a tool module's route (tool `{}`)",
+                    call.name
+                ),
+            };
+        };
+        let arguments = match serde_json::from_str(call.input.get()) {
+            Ok(a) => a,
+            Err(e) => {
+                return ToolOutcome::Refused {
+                    reason: format!("the arguments of `{}` are not JSON: {e}", call.name),
+                }
+            }
+        };
+        let t = &origin.triple;
+        let key = toolprov::call_key(
+            &t.project_root,
+            &t.harness,
+            &t.session,
+            &origin.run_id,
+            &call.id,
+        );
+        let body = toolprov::call_body(&call.name, arguments, &call.id, key, pin);
+        let rkey = (module.to_string(), t.harness.clone(), t.session.clone());
+        let timeout = self.call_timeout(module);
+        let mut not_delivered = String::new();
+        for _ in 0..2 {
+            let r = match self.route(module, &t.harness, &t.session).await {
+                Ok(r) => r,
+                Err(NotSent::Refused(reason)) => return ToolOutcome::Refused { reason },
+                Err(NotSent::Indeterminate(why)) => return indeterminate(call, &why),
+            };
+            let frame = match self.send(&r, body.clone(), timeout).await {
+                Ok(f) => f,
+                Err(NotSent::Refused(reason)) => {
+                    self.evict(&rkey);
+                    return ToolOutcome::Refused { reason };
+                }
+                Err(NotSent::Indeterminate(why)) => {
+                    self.evict(&rkey);
+                    return indeterminate(call, &why);
+                }
+            };
+            match toolprov::read_reply(module, &frame) {
+                Reply::Answer { text, is_error } => {
+                    return ToolOutcome::Done {
+                        content: crate::result::truncate(text, self.result_bytes_max),
+                        is_error,
+                    }
+                }
+                Reply::TooLarge { bytes } => return ToolOutcome::TooLarge { bytes },
+                Reply::NotDelivered(code) => {
+                    tracing::info!(module, code, tool = %call.name, "the route was dead before delivery; opening it again");
+                    self.evict(&rkey);
+                    not_delivered = code;
+                }
+                Reply::Indeterminate(why) => return indeterminate(call, &why),
+            }
+        }
+        ToolOutcome::Refused {
+            reason: format!(
+                "tool module `{module}`'s route stayed dead ({not_delivered}); the call was never delivered"
+            ),
+        }
+    }
+
+    /// Writes the request and waits for its terminal frame.
+    async fn send(&self, r: &Route, body: Vec<u8>, timeout: Duration) -> Result<FrameIn, NotSent> {
+        let sent = r
+            .link
+            .request(r.channel, r.epoch, body)
+            .map_err(NotSent::Refused)?;
+        match sent.written.await {
+            Ok(Written::Whole) => {}
+            Ok(Written::Nothing) | Err(_) => {
+                return Err(NotSent::Refused(
+                    "the connection to the daemon failed before the call was written".into(),
+                ))
+            }
+            Ok(Written::Partly) => {
+                return Err(NotSent::Indeterminate(
+                    "the connection to the daemon failed while the call was written".into(),
+                ))
+            }
+        }
+        match with_timeout(timeout, sent.reply).await {
+            Ok(Ok(Ok(frame))) => Ok(frame),
+            Ok(Ok(Err(why))) => Err(NotSent::Indeterminate(format!(
+                "{why} after the call was sent"
+            ))),
+            Ok(Err(_)) => Err(NotSent::Indeterminate(
+                "the daemon connection ended after the call was sent".into(),
+            )),
+            Err(()) => {
+                r.link.cancel(r.channel, r.epoch, sent.corr);
+                Err(NotSent::Indeterminate(format!(
+                    "no answer within {timeout:?} (cancelled)"
+                )))
+            }
+        }
+    }
+
+    /// Closes every route and the connection.
+    pub fn stop(&self) {
+        if let Ok(mut routes) = self.routes.lock() {
+            for (_, r) in routes.drain() {
+                if r.link.is_alive() {
+                    r.link.close_route(r.channel, r.epoch);
+                }
+            }
+        }
+        if let Some(l) = self.link.lock().ok().and_then(|mut l| l.take()) {
+            l.shutdown();
+        }
+    }
+}
+
+fn indeterminate(call: &ToolCall, why: &str) -> ToolOutcome {
+    tracing::warn!(tool = %call.name, call_id = %call.id, "tool call indeterminate: {why}");
+    ToolOutcome::Indeterminate
+}

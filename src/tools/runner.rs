@@ -1,0 +1,100 @@
+//! What a session's run calls its tools through: [`ToolRunner`], its outcomes, and the
+//! runners there are: the MCP servers' [`Router`], the daemon's tool modules
+//! ([`crate::modules::ModuleTools`]), both behind a shard's [`Tools`], and [`NoTools`].
+
+use std::future::Future;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use broca_protocol::ToolCall;
+
+use crate::mcp::CallError;
+use crate::modules::ModuleTools;
+use crate::Router;
+
+/// What became of a dispatched tool call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolOutcome {
+    /// The tool answered.
+    Done { content: String, is_error: bool },
+    /// The tool ran and answered more than the model may see (`bytes`, over the 64 KiB
+    /// limit): the answer is discarded whole, and the call is not run again.
+    TooLarge { bytes: u64 },
+    /// Refused before delivery: nothing ran.
+    Refused { reason: String },
+    /// Delivered, then the answer was lost: it may or may not have run.
+    Indeterminate,
+}
+
+/// Whose call it is: the session and the run (a tool module's route is the session's, and
+/// its call key is derived from both).
+#[derive(Debug, Clone)]
+pub struct ToolOrigin {
+    pub triple: Rc<broca_wal::SessionTriple>,
+    pub run_id: String,
+}
+
+/// Runs tool calls.
+pub trait ToolRunner: 'static {
+    /// Runs one call, sent to the module `route` names (the route frozen with the tool's
+    /// spec at admission).
+    fn call(
+        &self,
+        call: ToolCall,
+        route: String,
+        origin: ToolOrigin,
+    ) -> impl Future<Output = ToolOutcome>;
+}
+
+/// Tools from the configured MCP servers.
+impl ToolRunner for Router {
+    async fn call(&self, call: ToolCall, route: String, _origin: ToolOrigin) -> ToolOutcome {
+        match Router::call(self, &call, &route).await {
+            Ok(text) => ToolOutcome::Done {
+                content: text.content,
+                is_error: text.is_error,
+            },
+            Err(CallError::Refused(reason)) => ToolOutcome::Refused { reason },
+            Err(CallError::Indeterminate(why)) => {
+                tracing::warn!(tool = %call.name, call_id = %call.id, "tool call indeterminate: {why}");
+                ToolOutcome::Indeterminate
+            }
+        }
+    }
+}
+
+/// The runner of a session with no tools configured: the run loop refuses every call as an
+/// unknown tool before dispatch, so this is never called; if it were, nothing runs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoTools;
+
+impl ToolRunner for NoTools {
+    async fn call(&self, call: ToolCall, _route: String, _origin: ToolOrigin) -> ToolOutcome {
+        ToolOutcome::Refused {
+            reason: format!("no tool `{}` is configured", call.name),
+        }
+    }
+}
+
+/// A shard's tools: the MCP servers' router and, in module mode, the tool modules.
+pub struct Tools {
+    pub mcp: Router,
+    pub modules: Option<Arc<ModuleTools>>,
+}
+
+impl ToolRunner for Tools {
+    async fn call(&self, call: ToolCall, route: String, origin: ToolOrigin) -> ToolOutcome {
+        if !route.starts_with(broca_subc::toolprov::ROUTE_PREFIX) {
+            return ToolRunner::call(&self.mcp, call, route, origin).await;
+        }
+        match &self.modules {
+            Some(m) => m.call(&call, &route, &origin).await,
+            None => ToolOutcome::Refused {
+                reason: format!(
+                    "tool `{}` is served by a tool module (`{route}`), reached only in module mode",
+                    call.name
+                ),
+            },
+        }
+    }
+}

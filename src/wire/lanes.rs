@@ -1,0 +1,310 @@
+//! A subscription's two lanes as every front carries them: where it starts ([`SubFrom`],
+//! parsed from an HTTP query or a route's params), what it delivers ([`SubItem`]: control
+//! units with their [`Cursor`], display deltas, gaps, its end), and one encoder per framing:
+//! server-sent events ([`sse`]), WebSocket text messages ([`websocket`]) and the daemon's
+//! STREAM_DATA bodies ([`stream_data`]).
+
+use serde_json::{json, Map, Value};
+
+use crate::{Code, RpcError};
+
+/// A control unit's address: the WAL record's seq and the unit's index within that record's
+/// projection (`<wal_seq>.<sub_index>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Cursor {
+    pub seq: u64,
+    pub sub: u32,
+}
+
+impl Cursor {
+    /// Before every unit.
+    pub const START: Cursor = Cursor { seq: 0, sub: 0 };
+
+    /// Parses `<wal_seq>.<sub_index>`.
+    pub fn parse(text: &str) -> Option<Cursor> {
+        let (seq, sub) = text.trim().split_once('.')?;
+        Some(Cursor {
+            seq: seq.parse().ok()?,
+            sub: sub.parse().ok()?,
+        })
+    }
+
+    /// The last unit a record of `seq` can have (for "everything up to seq").
+    pub fn end_of(seq: u64) -> Cursor {
+        Cursor { seq, sub: u32::MAX }
+    }
+
+    /// A position strictly after every unit of the record `seq`, as a page's `head` holds it
+    /// and `session.subscribe` takes it back: `{"after": "<seq>.<u32::MAX>"}`.
+    pub fn head_position(seq: u64) -> Map<String, Value> {
+        let mut m = Map::new();
+        m.insert(
+            "after".into(),
+            Value::String(Cursor::end_of(seq).to_string()),
+        );
+        m
+    }
+}
+
+impl std::fmt::Display for Cursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.seq, self.sub)
+    }
+}
+
+/// Where a subscription starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubFrom {
+    /// From the session's first unit.
+    Start,
+    /// From what becomes durable next.
+    Live,
+    /// Strictly after this cursor.
+    After(Cursor),
+}
+
+fn invalid(why: impl Into<String>) -> RpcError {
+    RpcError::new(Code::InvalidParams, why)
+}
+
+impl SubFrom {
+    /// `start`, `live` or a cursor, as an HTTP subscription spells it (`Last-Event-ID`, else
+    /// `from`; with neither, live).
+    pub fn parse(text: Option<&str>) -> Result<SubFrom, RpcError> {
+        match text {
+            None | Some("live") => Ok(SubFrom::Live),
+            Some("start") => Ok(SubFrom::Start),
+            Some(c) => Cursor::parse(c).map(SubFrom::After).ok_or_else(|| {
+                invalid(format!(
+                    "`{}` is not start, live or a cursor <wal_seq>.<sub_index>",
+                    c.escape_debug()
+                ))
+                .with_field("from")
+            }),
+        }
+    }
+
+    /// A route's `session.subscribe` request: `params.from` is `start`, `live` (the default)
+    /// or a position an event's `cursor` or a page's `head` gave, `{"after": "<seq>.<sub>"}`
+    /// (the cursor's text alone is taken too). A route names its session, so `from` is the
+    /// only parameter.
+    pub fn from_route_request(body: &[u8]) -> Result<SubFrom, RpcError> {
+        let v: Value = serde_json::from_slice(body).map_err(|e| invalid(e.to_string()))?;
+        let params = v.get("params").cloned().unwrap_or_else(|| json!({}));
+        let Some(params) = params.as_object() else {
+            return Err(invalid("`params` is not an object"));
+        };
+        if let Some(k) = params.keys().find(|k| *k != "from") {
+            return Err(invalid(format!(
+                "unknown parameter `{}` for session.subscribe (a route names its session)",
+                k.escape_debug()
+            ))
+            .with_field(k.as_str()));
+        }
+        let cursor = match params.get("from") {
+            None => return Ok(SubFrom::Live),
+            Some(Value::String(s)) if s == "live" => return Ok(SubFrom::Live),
+            Some(Value::String(s)) if s == "start" => return Ok(SubFrom::Start),
+            Some(Value::String(c)) => Some(c.as_str()),
+            Some(Value::Object(at)) if at.len() == 1 => at.get("after").and_then(Value::as_str),
+            Some(_) => None,
+        };
+        cursor
+            .and_then(Cursor::parse)
+            .map(SubFrom::After)
+            .ok_or_else(|| {
+                invalid(format!(
+                    "`from` is not start, live or a position {{\"after\": \"<wal_seq>.<sub_index>\"}}: {}",
+                    params["from"]
+                ))
+                .with_field("from")
+            })
+    }
+}
+
+/// Whether a request body asks for `session.subscribe` (looked up without parsing the rest):
+/// a route's subscription is held open, unlike its other requests.
+pub fn is_subscribe(body: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Method<'a> {
+        #[serde(borrow)]
+        method: std::borrow::Cow<'a, str>,
+    }
+    serde_json::from_slice::<Method<'_>>(body).is_ok_and(|m| m.method == "session.subscribe")
+}
+
+/// What a subscription delivers, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubItem {
+    /// The subscription is accepted: control units follow (always the first item, unless
+    /// [`SubItem::Refused`]).
+    Ready,
+    /// The subscription is refused (the only item): a cursor beyond the session's head.
+    Refused(String),
+    /// A control unit (its JSON text) and its cursor.
+    Control { cursor: Cursor, unit: String },
+    /// A display delta (token text).
+    Display(String),
+    /// Display deltas were dropped (this many since the last report).
+    Gap(u64),
+    /// The subscription ends (the reason says what the client should do).
+    End(String),
+}
+
+impl SubItem {
+    /// Whether the subscription is over after this item.
+    pub fn is_last(&self) -> bool {
+        matches!(self, SubItem::End(_) | SubItem::Refused(_))
+    }
+}
+
+/// An item as a server-sent event: a control unit with `id: <cursor>`, the others named by
+/// `event:` (`display`, `display_gap`, `end`) with no id. [`SubItem::Ready`] is nothing.
+pub fn sse(item: &SubItem) -> Vec<u8> {
+    let (id, event, data) = match http_parts(item) {
+        Some(parts) => parts,
+        None => return Vec::new(),
+    };
+    let mut out = String::with_capacity(data.len() + 32);
+    if let Some(id) = id {
+        out.push_str("id: ");
+        out.push_str(&id);
+        out.push('\n');
+    }
+    if let Some(e) = event {
+        out.push_str("event: ");
+        out.push_str(e);
+        out.push('\n');
+    }
+    out.push_str("data: ");
+    out.push_str(&data);
+    out.push_str("\n\n");
+    out.into_bytes()
+}
+
+/// An item as a WebSocket text message: `{"id", "unit"}` for a control unit, `{"event",
+/// "data"}` for the others. [`SubItem::Ready`] is none.
+pub fn websocket(item: &SubItem) -> Option<String> {
+    let (id, event, data) = http_parts(item)?;
+    Some(match (id, event) {
+        (Some(id), _) => format!("{{\"id\":\"{id}\",\"unit\":{data}}}"),
+        (None, Some(e)) => format!("{{\"event\":\"{e}\",\"data\":{data}}}"),
+        (None, None) => data,
+    })
+}
+
+/// The id, event name and data of an item on the HTTP surface.
+fn http_parts(item: &SubItem) -> Option<(Option<String>, Option<&'static str>, String)> {
+    Some(match item {
+        SubItem::Control { cursor, unit } => (Some(cursor.to_string()), None, unit.clone()),
+        SubItem::Display(text) => (None, Some("display"), json!({ "text": text }).to_string()),
+        SubItem::Gap(n) => (
+            None,
+            Some("display_gap"),
+            json!({ "dropped": n }).to_string(),
+        ),
+        SubItem::End(why) | SubItem::Refused(why) => {
+            (None, Some("end"), json!({ "reason": why }).to_string())
+        }
+        SubItem::Ready => return None,
+    })
+}
+
+/// An item as the body of a daemon STREAM_DATA frame (the role's event shapes: `kind` and
+/// `type`, a control unit's cursor as `{"after"}`), and whether the frame may be shed (a
+/// display delta). [`SubItem::Ready`] is none.
+pub fn stream_data(item: &SubItem) -> Option<(String, bool)> {
+    Some(match item {
+        SubItem::Control { cursor, unit } => (
+            format!(
+                "{{\"kind\":\"control\",\"type\":\"control\",\"cursor\":{{\"after\":\"{cursor}\"}},\"unit\":{unit}}}"
+            ),
+            false,
+        ),
+        SubItem::Display(text) => (
+            json!({"kind": "display", "type": "display", "text": text}).to_string(),
+            true,
+        ),
+        SubItem::Gap(n) => (display_gap(*n), false),
+        SubItem::End(why) | SubItem::Refused(why) => {
+            (json!({"type": "end", "reason": why}).to_string(), false)
+        }
+        SubItem::Ready => return None,
+    })
+}
+
+/// The STREAM_DATA body saying that `dropped` display deltas were shed.
+pub fn display_gap(dropped: u64) -> String {
+    json!({"kind": "display_gap", "type": "display_gap", "dropped": dropped}).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_framing_carries_a_unit_with_its_cursor_and_ready_as_nothing() {
+        let unit = SubItem::Control {
+            cursor: Cursor { seq: 7, sub: 1 },
+            unit: r#"{"type":"step_started"}"#.into(),
+        };
+        assert_eq!(
+            String::from_utf8(sse(&unit)).unwrap(),
+            "id: 7.1\ndata: {\"type\":\"step_started\"}\n\n"
+        );
+        let ws: Value = serde_json::from_str(&websocket(&unit).unwrap()).unwrap();
+        assert_eq!(ws["id"], "7.1");
+        assert_eq!(ws["unit"]["type"], "step_started");
+        let (body, shed) = stream_data(&unit).unwrap();
+        let body: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            (body["cursor"]["after"].as_str(), shed),
+            (Some("7.1"), false)
+        );
+        let display = SubItem::Display("hi".into());
+        assert_eq!(
+            String::from_utf8(sse(&display)).unwrap(),
+            "event: display\ndata: {\"text\":\"hi\"}\n\n"
+        );
+        assert!(
+            stream_data(&display).unwrap().1,
+            "a display delta may be shed"
+        );
+        assert!(sse(&SubItem::Ready).is_empty());
+        assert!(websocket(&SubItem::Ready).is_none() && stream_data(&SubItem::Ready).is_none());
+        assert!(SubItem::End("x".into()).is_last() && !unit.is_last());
+    }
+
+    #[test]
+    fn a_start_is_parsed_the_same_from_a_query_and_a_route() {
+        assert_eq!(SubFrom::parse(None).unwrap(), SubFrom::Live);
+        assert_eq!(SubFrom::parse(Some("start")).unwrap(), SubFrom::Start);
+        let at = SubFrom::After(Cursor { seq: 3, sub: 0 });
+        assert_eq!(SubFrom::parse(Some("3.0")).unwrap(), at);
+        assert_eq!(
+            SubFrom::parse(Some("3")).unwrap_err().code,
+            Code::InvalidParams
+        );
+        let route = |params: &str| {
+            SubFrom::from_route_request(
+                format!(r#"{{"method":"session.subscribe","params":{params}}}"#).as_bytes(),
+            )
+        };
+        assert_eq!(route(r#"{"from":{"after":"3.0"}}"#).unwrap(), at);
+        assert_eq!(route(r#"{"from":"3.0"}"#).unwrap(), at);
+        assert_eq!(route("{}").unwrap(), SubFrom::Live);
+        let e = route(r#"{"session":"s"}"#).unwrap_err();
+        assert_eq!(
+            (e.code, e.detail["field"].as_str()),
+            (Code::InvalidParams, Some("session"))
+        );
+        assert_eq!(route(r#"{"from":7}"#).unwrap_err().detail["field"], "from");
+    }
+
+    #[test]
+    fn a_head_position_is_after_every_unit_of_its_record() {
+        let head = Cursor::head_position(9);
+        let after = Cursor::parse(head["after"].as_str().unwrap()).unwrap();
+        assert!(after > Cursor { seq: 9, sub: 1000 } && after < Cursor { seq: 10, sub: 0 });
+    }
+}

@@ -6,6 +6,7 @@
 //! and the tool set. Accepted inputs, the renderer version and the catalog entry are frozen
 //! into RunStarted; a refusal writes nothing and answers a refusal code.
 
+use crate::replay::prompt_digest;
 use broca_catalog as catalog;
 use broca_protocol::model::ProviderCheck;
 use broca_protocol::ToolSpec;
@@ -78,11 +79,6 @@ pub struct Unprepared {
     pub prompt_digest: String,
     pub caller: broca_wire::Caller,
     pub refusal: Refusal,
-}
-
-/// The digest of a prompt, as runs keep it.
-pub fn prompt_digest(prompt: &str) -> String {
-    blake3::hash(prompt.as_bytes()).to_hex()[..32].to_string()
 }
 
 /// The refusal of a send whose send_id named `run` with other inputs: it names the prompt
@@ -248,8 +244,7 @@ fn repeated(
         } else {
             Some(Refusal::SendIdReuse {
                 run_id: submission.to_string(),
-                field: (crate::admission::prompt_digest(prompt) != prompt_digest)
-                    .then_some("prompt"),
+                field: (crate::replay::prompt_digest(prompt) != prompt_digest).then_some("prompt"),
             })
         }
     };

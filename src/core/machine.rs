@@ -28,13 +28,9 @@ use broca_wal::Record;
 use super::spend::{InputTally, Spend};
 use super::stream::StepAccumulator;
 
-#[path = "limits.rs"]
 mod limits;
 pub use limits::LastStep;
-#[path = "resume.rs"]
 mod resume;
-
-#[path = "step_end.rs"]
 mod step_end;
 pub use resume::{ResumeFrom, ResumePoint};
 

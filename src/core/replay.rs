@@ -18,7 +18,7 @@ pub struct RunView {
     pub run_id: String,
     pub send_id: Option<String>,
     pub inputs_digest: String,
-    /// The digest of the run's prompt (`admission::prompt_digest`).
+    /// The digest of the run's prompt ([`prompt_digest`]).
     pub prompt_digest: String,
     /// Who sent it: the attested principal and its scope's owner (RunStarted's).
     pub principal: Option<String>,
@@ -148,6 +148,11 @@ impl Session {
             .iter()
             .find(|i| i.format == format && i.source_session == source_session)
     }
+}
+
+/// The digest of a prompt, as runs keep it.
+pub fn prompt_digest(prompt: &str) -> String {
+    blake3::hash(prompt.as_bytes()).to_hex()[..32].to_string()
 }
 
 /// A record that does not fit where it stands in the log.
@@ -423,7 +428,7 @@ impl Session {
                     run_id: r.run_id,
                     send_id: r.send_id,
                     inputs_digest: r.inputs_digest,
-                    prompt_digest: super::admission::prompt_digest(&r.prompt),
+                    prompt_digest: prompt_digest(&r.prompt),
                     principal: r.principal,
                     scope_owner: r.scope_owner,
                     step_usage: Default::default(),
@@ -482,7 +487,7 @@ impl Session {
                     &run.config.provider,
                     &run.config.model,
                     None,
-                    super::role::step_usage(&r.usage),
+                    super::spend::step_usage(&r.usage),
                 );
                 let has_text = r
                     .content

@@ -15,7 +15,6 @@ use cortexkit_role_llm_runner::finish::Finish;
 use cortexkit_role_llm_runner::run::{
     BudgetExhaustedDetail, FinalMessage, RunError, RunResult, RunStatus,
 };
-use cortexkit_role_llm_runner::usage::StepUsage;
 
 use crate::replay::{RunState, RunView, Session};
 use broca_protocol::FinishReason;
@@ -228,30 +227,6 @@ pub fn head(s: Option<&Session>, incarnation: &str) -> HeadMeta {
         }
     }
     head
-}
-
-/// One completed step's usage as the role counts it: `input_tokens` only the input neither
-/// read from nor written to a cache (broca's canonical input holds all three), and a step
-/// that reported no measure at all unreported.
-pub fn step_usage(u: &broca_protocol::Usage) -> StepUsage {
-    let mut s = StepUsage::unreported();
-    if let Some(input) = u.input {
-        let cached = u.cache_read.unwrap_or(0) + u.cache_write.unwrap_or(0);
-        s = s.with_input_tokens(input.saturating_sub(cached));
-    }
-    if let Some(n) = u.cache_read {
-        s = s.with_cached_input_tokens(n);
-    }
-    if let Some(n) = u.cache_write {
-        s = s.with_cache_write_tokens(n);
-    }
-    if let Some(n) = u.output {
-        s = s.with_output_tokens(n);
-    }
-    if let Some(n) = u.reasoning {
-        s = s.with_reasoning_tokens(n);
-    }
-    s
 }
 
 /// The normalized finish of the run's last model step (absent when no step ran).

@@ -229,6 +229,30 @@ pub fn least_input_cost_micros(prices: Option<&CatalogPrices>, input: u64) -> Op
     Some(u64::try_from(input as u128 * cheapest / 1_000_000).unwrap_or(u64::MAX))
 }
 
+/// One completed step's usage as the role counts it: `input_tokens` only the input neither
+/// read from nor written to a cache (broca's canonical input holds all three), and a step
+/// that reported no measure at all unreported.
+pub fn step_usage(u: &Usage) -> cortexkit_role_llm_runner::usage::StepUsage {
+    let mut s = cortexkit_role_llm_runner::usage::StepUsage::unreported();
+    if let Some(input) = u.input {
+        let cached = u.cache_read.unwrap_or(0) + u.cache_write.unwrap_or(0);
+        s = s.with_input_tokens(input.saturating_sub(cached));
+    }
+    if let Some(n) = u.cache_read {
+        s = s.with_cached_input_tokens(n);
+    }
+    if let Some(n) = u.cache_write {
+        s = s.with_cache_write_tokens(n);
+    }
+    if let Some(n) = u.output {
+        s = s.with_output_tokens(n);
+    }
+    if let Some(n) = u.reasoning {
+        s = s.with_reasoning_tokens(n);
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,6 +14,7 @@ mod answer;
 mod limits;
 pub mod metrics;
 mod reads;
+mod replies;
 mod resume;
 mod rpc;
 mod sessions;

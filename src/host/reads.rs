@@ -10,7 +10,7 @@ use broca_wal::SessionTriple;
 use broca_wire::{Caller, Code, Cursor, RpcError};
 use cortexkit_role_llm_runner::read::ReadRequest;
 
-use crate::rpc::{invalid, not_owner, send_reply};
+use crate::replies::{invalid, not_owner, send_reply};
 use crate::Host;
 
 /// session.baseline: read from the session's WAL (or its archived copy) without its actor:

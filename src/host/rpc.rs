@@ -9,16 +9,12 @@ use serde_json::Value;
 use broca_core::admission::SendRequest;
 use broca_core::replay::RunView;
 use broca_session::{Cancelled, ImportTarget, SessionCommand};
-use broca_shards::mesh::MeshError;
 use broca_wal::SessionTriple;
 use broca_wire::{Caller, Code, Request, RpcError, SessionName};
 
 use crate::reads::{baseline, head, read, send_status};
+use crate::replies::{invalid, not_owner, send_reply, unavailable, unrouted};
 use crate::Host;
-
-pub(crate) fn invalid(why: impl Into<String>) -> RpcError {
-    RpcError::new(Code::InvalidParams, why)
-}
 
 /// Checks a management request body as far as it can be checked without a daemon: the
 /// envelope, the method, its parameters, the session triple, and for session.send what
@@ -157,24 +153,6 @@ fn triple(s: &SessionName) -> Result<SessionTriple, RpcError> {
     SessionTriple::new(&s.project_root, &s.harness, &s.session).map_err(|e| invalid(e.to_string()))
 }
 
-/// The refusal for a command that did not reach its shard.
-pub(crate) fn unrouted(e: MeshError) -> RpcError {
-    match e {
-        MeshError::Full => RpcError::new(
-            Code::ShardBusy,
-            "the session's shard has too many commands waiting; retry shortly",
-        ),
-        MeshError::Gone => unavailable(),
-    }
-}
-
-pub(crate) fn unavailable() -> RpcError {
-    RpcError::new(
-        Code::SessionUnavailable,
-        "the session's shard did not answer; retry",
-    )
-}
-
 /// Hands the session's shard the command `make` builds around a reply channel; answers the
 /// reply.
 async fn ask<R>(
@@ -203,16 +181,6 @@ fn unknown_run(run_id: &str) -> RpcError {
     RpcError::new(
         Code::UnknownRun,
         format!("no run `{run_id}` in this session"),
-    )
-}
-
-/// The refusal of an owner-only method to anyone else.
-pub(crate) fn not_owner(method: &str) -> RpcError {
-    RpcError::new(
-        Code::ScopeOwnerMismatch,
-        format!(
-            "{method} is answered only to the session's owner (the principal of its first send)"
-        ),
     )
 }
 
@@ -258,17 +226,6 @@ async fn send(
         .await?
         .ok_or_else(|| unknown_run(&sent.run_id))?;
     Ok(send_reply(&run))
-}
-
-/// The answer to a send that named `run`: its state, and how a send that waited for its
-/// turn was delivered.
-pub(crate) fn send_reply(run: &broca_core::RunView) -> Value {
-    let mut answer =
-        serde_json::to_value(broca_core::views::send_answer(run)).expect("an answer serializes");
-    if run.submission_id.is_some() {
-        answer["delivered"] = serde_json::json!({"as": "turn", "ref": run.run_id});
-    }
-    answer
 }
 
 /// session.retract: withdraws a queued send before it starts (owner-only).

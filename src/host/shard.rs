@@ -27,8 +27,6 @@ use crate::{Host, Running, ShardFront, ShardMsg};
 pub(crate) const INBOX_MAX: usize = 256;
 /// Runs a shard resumes at once (a crash can leave thousands open: they resume in turn).
 pub(crate) const RESUMES_AT_ONCE: usize = 16;
-/// Batches of WALs that may wait for the store's thread.
-pub(crate) const PROJECTOR_QUEUE_MAX: usize = 64;
 /// Sessions whose seek points a shard keeps once their hub is gone (8 points of 16 bytes each).
 const SEEK_SESSIONS_MAX: usize = 16_384;
 /// How often a shard hands its sessions that moved on to the store.

@@ -7,8 +7,10 @@ use std::sync::{Arc, Mutex};
 
 use broca_io::net::proxy::ProxyConfig;
 
-use crate::shard::PROJECTOR_QUEUE_MAX;
 use crate::HostOptions;
+
+/// Batches of WALs that may wait for the store's thread.
+const PROJECTOR_QUEUE_MAX: usize = 64;
 
 /// Sessions whose replayed state the store's thread keeps, to project each from where its
 /// last projection ended (the least lately projected are dropped first and read whole when

@@ -57,7 +57,7 @@ impl Host {
         };
         self.mesh
             .try_send(shard, msg)
-            .map_err(crate::rpc::unrouted)?;
+            .map_err(crate::replies::unrouted)?;
         match items.next().await {
             Some(SubItem::Ready) => Ok(Subscription { items, alive }),
             Some(SubItem::Refused(why)) => {

@@ -768,7 +768,6 @@ impl ModelStream for HttpModelStream {
 }
 
 #[cfg(test)]
-#[path = "transport_tests.rs"]
 mod tests;
 
 fn now_unix_ms() -> u64 {

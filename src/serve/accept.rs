@@ -234,7 +234,7 @@ fn shed_response() -> &'static [u8] {
             broca_wire::Code::TooManyOpenFiles,
             "broca is out of file descriptors; retry later",
         );
-        broca_io::http_server::response(e.status(), crate::http::JSON, &e.body(), false)
+        broca_io::http_server::response(e.status(), crate::JSON, &e.body(), false)
     })
 }
 

@@ -16,7 +16,7 @@ use broca_shards::timer::StopSignal;
 use broca_wire::{Code, RpcError};
 
 use crate::accept::{self, AcceptStats};
-use crate::Surface;
+use crate::{Surface, JSON};
 
 /// How long a connection may sit idle between requests.
 const KEEP_ALIVE_IDLE: Duration = Duration::from_secs(60);
@@ -209,8 +209,6 @@ fn authorized(ctx: &Surface, head: &RequestHead) -> bool {
     let (a, b) = (given.trim().as_bytes(), ctx.host.handle.as_bytes());
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
-
-pub(crate) const JSON: &str = "application/json";
 
 /// The code of a request the decoder refused.
 fn request_code(e: &broca_io::http_server::RequestError) -> broca_wire::Code {

@@ -18,6 +18,9 @@ use std::time::Duration;
 use broca_host::{Extras, Front, Host, HostOptions, Running, ShardFront, Startup};
 use broca_io::http_server::ServerLimits;
 
+/// The content type of every JSON answer.
+pub(crate) const JSON: &str = "application/json";
+
 /// How serve runs.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {

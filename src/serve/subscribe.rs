@@ -17,8 +17,7 @@ use broca_wal::SessionTriple;
 use broca_wire::lanes::{self, SubFrom, SubItem};
 use broca_wire::{Code, RpcError};
 
-use crate::http::JSON;
-use crate::Surface;
+use crate::{Surface, JSON};
 
 /// How often an idle subscription says it is alive (an SSE comment, or a WebSocket ping).
 const KEEPALIVE: Duration = Duration::from_secs(15);

@@ -20,7 +20,7 @@ use broca_tools::ToolRunner;
 use broca_wal::{Record, SessionTriple, WalError};
 use broca_wal_writer::WalWriter;
 
-use crate::command::SessionCommand;
+use crate::command::{SendReply, SessionCommand};
 use crate::hooks::{Abort, CrashPlan, Hooks, NoHooks};
 
 /// Why an actor operation failed.
@@ -62,7 +62,7 @@ impl ActorError {
     pub fn to_rpc_error(&self) -> broca_wire::RpcError {
         match self {
             ActorError::Refused(r) => broca_wire::RpcError::refusal(r),
-            ActorError::Import(e) => crate::import::import_error(e),
+            ActorError::Import(e) => broca_wire::RpcError::new(e.code, e.to_string()),
             other => broca_wire::RpcError::new(broca_wire::Code::Internal, other.to_string()),
         }
     }
@@ -72,17 +72,6 @@ impl From<WalError> for ActorError {
     fn from(e: WalError) -> ActorError {
         ActorError::Wal(e)
     }
-}
-
-/// The answer to a send.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SendReply {
-    /// The run the send started or named (empty for a queued send).
-    pub run_id: String,
-    /// True when the send_id named an existing run (or queued send) and nothing was written.
-    pub existing: bool,
-    /// The queued send's submission, when the send waits for the active run to end.
-    pub pending: Option<String>,
 }
 
 /// Told of every record appended: its seq, the log end after it, the record.

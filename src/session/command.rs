@@ -1,12 +1,13 @@
 //! The commands a session's actor answers, in order, and what some of them did.
 
+use std::sync::Arc;
+
 use futures_channel::oneshot;
 
 use broca_core::admission::{Prepared, Unprepared};
 use broca_core::replay::RunView;
 
-use crate::actor::SendReply;
-use crate::import::{ImportInput, ImportReply};
+use broca_import::{Format, Identity};
 
 /// A command for a live session; each is answered in order. (Closing an idle session and
 /// stopping are the shard registry's own messages, `broca_shards::registry::Msg`.)
@@ -91,4 +92,41 @@ pub enum Cancelled {
     NotActive,
     /// The run is active, and the caller does not own the session.
     NotOwner,
+}
+
+/// The answer to a send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendReply {
+    /// The run the send started or named (empty for a queued send).
+    pub run_id: String,
+    /// True when the send_id named an existing run (or queued send) and nothing was written.
+    pub existing: bool,
+    /// The queued send's submission, when the send waits for the active run to end.
+    pub pending: Option<String>,
+}
+
+/// A log to import, read whole.
+#[derive(Debug, Clone)]
+pub struct ImportInput {
+    pub format: Format,
+    /// The file's path as it is to be recorded (resolved).
+    pub file: String,
+    pub bytes: Arc<Vec<u8>>,
+    pub identity: Identity,
+}
+
+/// What an import did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImportReply {
+    /// The episode written, or the import that holds the source already.
+    pub import_id: String,
+    /// True when nothing was written (the session holds the source as it is).
+    pub existing: bool,
+    pub messages: usize,
+    pub first_line: u64,
+    pub last_line: u64,
+    pub outcome_unknown: Vec<String>,
+    pub pending: Vec<String>,
+    /// The notes of what was left out, as `line N: note`.
+    pub notes: Vec<String>,
 }

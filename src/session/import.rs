@@ -6,39 +6,14 @@
 use std::sync::Arc;
 
 use broca_core::replay::Session;
-use broca_import::{Format, Identity, ImportError, Plan, Prior};
+use broca_import::{Format, ImportError, Plan, Prior};
 use broca_wal::Record;
 
 use broca_protocol::model::ModelClient;
 use broca_tools::ToolRunner;
 
 use crate::actor::{ActorError, SessionActor};
-
-/// A log to import, read whole.
-#[derive(Debug, Clone)]
-pub struct ImportInput {
-    pub format: Format,
-    /// The file's path as it is to be recorded (resolved).
-    pub file: String,
-    pub bytes: Arc<Vec<u8>>,
-    pub identity: Identity,
-}
-
-/// What an import did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ImportReply {
-    /// The episode written, or the import that holds the source already.
-    pub import_id: String,
-    /// True when nothing was written (the session holds the source as it is).
-    pub existing: bool,
-    pub messages: usize,
-    pub first_line: u64,
-    pub last_line: u64,
-    pub outcome_unknown: Vec<String>,
-    pub pending: Vec<String>,
-    /// The notes of what was left out, as `line N: note`.
-    pub notes: Vec<String>,
-}
+use crate::command::{ImportInput, ImportReply};
 
 impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
     /// Imports `input` into the session (see the module's doc); `progress` hears the bytes

@@ -394,3 +394,17 @@ pub fn archived_files(archive_dir: &Path) -> std::io::Result<Vec<String>> {
     names.dedup();
     Ok(names)
 }
+
+/// An archived copy that cannot be read, as a WAL error naming the container and member.
+impl From<ArchiveError> for crate::WalError {
+    fn from(e: ArchiveError) -> crate::WalError {
+        crate::WalError::Corrupt {
+            offset: e.offset,
+            reason: match &e.member {
+                Some(m) => format!("archived member {m}: {}", e.reason),
+                None => e.reason.clone(),
+            },
+            path: e.path,
+        }
+    }
+}

@@ -76,7 +76,7 @@ impl PagedReader {
         match Self::open(path) {
             Ok(r) => Ok(Some(r)),
             Err(WalError::Io { .. }) if !path.exists() => {
-                match super::archive::archived_bytes(path).map_err(super::verify::archive_error)? {
+                match super::archive::archived_bytes(path).map_err(crate::WalError::from)? {
                     Some(bytes) => Self::from_source(path, Source::Bytes(bytes)).map(Some),
                     None => Ok(None),
                 }

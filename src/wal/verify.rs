@@ -70,7 +70,7 @@ pub fn read_and_scan_if_any(path: &Path) -> Result<Option<(Vec<u8>, Scan)>, WalE
                 other => other,
             }
         }
-        None => match super::archive::archived_bytes(path).map_err(archive_error)? {
+        None => match super::archive::archived_bytes(path).map_err(WalError::from)? {
             Some(b) => scan_bytes(path, b),
             None => return Ok(None),
         },
@@ -105,18 +105,6 @@ fn scan_bytes(path: &Path, bytes: Vec<u8>) -> Result<(Vec<u8>, Scan), WalError> 
             path: path.to_path_buf(),
             error,
         })
-}
-
-/// An archived copy that cannot be read, as a WAL error naming the container and member.
-pub fn archive_error(e: super::archive::ArchiveError) -> WalError {
-    WalError::Corrupt {
-        offset: e.offset,
-        reason: match &e.member {
-            Some(m) => format!("archived member {m}: {}", e.reason),
-            None => e.reason.clone(),
-        },
-        path: e.path,
-    }
 }
 
 /// Payload bytes read per page while verifying or dumping (memory stays about this size,

@@ -210,36 +210,7 @@ async fn drive(target: Target, plan: Plan, mut mark: impl FnMut(Mark)) -> Figure
             secs,
         } => {
             let sends_per_s = steps_per_s / steps_per_send.max(1) as f64;
-            let (mut issued, mut late) = (0u64, 0u64);
-            let (mut start, mut cpu0) = (None, 0.0);
-            let stop_at = t0 + plan.warm + Duration::from_secs_f64(secs);
-            loop {
-                let now = Instant::now();
-                if start.is_none() && now >= t0 + plan.warm {
-                    start = Some(now);
-                    cpu0 = thread_cpu_secs();
-                    mark(Mark::Start);
-                }
-                if now >= stop_at {
-                    break;
-                }
-                let due = (sends_per_s * now.duration_since(t0).as_secs_f64()) as u64;
-                while issued < due {
-                    issued += 1;
-                    match ctx.idle.borrow_mut().pop_front() {
-                        Some(i) => {
-                            let _ = goes[i].try_send(());
-                        }
-                        None if start.is_some() => late += 1,
-                        None => {}
-                    }
-                }
-                glommio::timer::sleep(Duration::from_micros(500)).await;
-            }
-            let (end, cpu1) = (Instant::now(), thread_cpu_secs());
-            mark(Mark::End);
-            goes.clear();
-            (start.unwrap_or(t0), cpu0, end, cpu1, late)
+            open_loop(&ctx, &plan, &mut goes, t0, sends_per_s, secs, &mut mark).await
         }
     };
     // The runs still going finish (their steps after the window do not count).
@@ -248,6 +219,50 @@ async fn drive(target: Target, plan: Plan, mut mark: impl FnMut(Mark)) -> Figure
         glommio::timer::sleep(Duration::from_millis(5)).await;
     }
     figures(&ctx, start, end, cpu1 - cpu0, late)
+}
+
+/// The open loop: sends offered at `sends_per_s` from `t0` (each to an idle session; none
+/// idle is a late send, counted once the window started), for the warm-up and `secs`.
+/// Answers the window's start, its CPU at start, its end, its CPU at end and the late sends.
+async fn open_loop(
+    ctx: &Ctx,
+    plan: &Plan,
+    goes: &mut Vec<LocalSender<()>>,
+    t0: Instant,
+    sends_per_s: f64,
+    secs: f64,
+    mark: &mut impl FnMut(Mark),
+) -> (Instant, f64, Instant, f64, u64) {
+    let (mut issued, mut late) = (0u64, 0u64);
+    let (mut start, mut cpu0) = (None, 0.0);
+    let stop_at = t0 + plan.warm + Duration::from_secs_f64(secs);
+    loop {
+        let now = Instant::now();
+        if start.is_none() && now >= t0 + plan.warm {
+            start = Some(now);
+            cpu0 = thread_cpu_secs();
+            mark(Mark::Start);
+        }
+        if now >= stop_at {
+            break;
+        }
+        let due = (sends_per_s * now.duration_since(t0).as_secs_f64()) as u64;
+        while issued < due {
+            issued += 1;
+            match ctx.idle.borrow_mut().pop_front() {
+                Some(i) => {
+                    let _ = goes[i].try_send(());
+                }
+                None if start.is_some() => late += 1,
+                None => {}
+            }
+        }
+        glommio::timer::sleep(Duration::from_micros(500)).await;
+    }
+    let (end, cpu1) = (Instant::now(), thread_cpu_secs());
+    mark(Mark::End);
+    goes.clear();
+    (start.unwrap_or(t0), cpu0, end, cpu1, late)
 }
 
 fn figures(ctx: &Ctx, start: Instant, end: Instant, cpu_s: f64, late: u64) -> Figures {

@@ -203,14 +203,20 @@ impl RequestDecoder {
                 headers,
                 keep_alive,
             };
+            assert!(used <= self.buf.len(), "a parsed head lies in the buffer");
             self.buf.drain(..used);
             self.head = Some((head, length));
         }
         let length = self.head.as_ref().map_or(0, |(_, l)| *l);
+        assert!(
+            length <= self.limits.body_bytes_max,
+            "the body's length was checked"
+        );
         if self.buf.len() < length {
             return Ok(None);
         }
         let body: Vec<u8> = self.buf.drain(..length).collect();
+        assert_eq!(body.len(), length);
         let (head, _) = self.head.take().expect("a head was parsed");
         Ok(Some((head, body)))
     }

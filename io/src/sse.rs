@@ -137,6 +137,7 @@ impl SseDecoder {
                 self.line.clear();
                 r?;
             }
+            assert!(end < chunk.len(), "a line end was found inside the chunk");
             let is_cr = chunk[end] == b'\r';
             chunk = &chunk[end + 1..];
             if is_cr {
@@ -160,6 +161,10 @@ impl SseDecoder {
     fn extend_line(&mut self, bytes: &[u8]) -> Result<(), SseError> {
         self.check_line(self.line.len() + bytes.len())?;
         self.line.extend_from_slice(bytes);
+        assert!(
+            self.line.len() <= self.limit,
+            "a partial line stays within its limit"
+        );
         Ok(())
     }
 
@@ -191,6 +196,10 @@ impl SseDecoder {
                     self.data.push(b'\n');
                 }
                 self.data.extend_from_slice(value);
+                assert!(
+                    self.data.len() <= self.limit,
+                    "an event's data stays within its limit"
+                );
                 self.has_data = true;
             }
             b"event" => {

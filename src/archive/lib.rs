@@ -133,6 +133,28 @@ pub fn pack_running(wal_dir: &Path) -> bool {
     }
 }
 
+/// The first run of the scanned WAL without a terminal record, if any (a session with a run
+/// open is not packed).
+fn open_run(scan: &broca_wal::Scan, bytes: &[u8]) -> Result<Option<String>, String> {
+    let records = scan
+        .decode(bytes)
+        .map_err(|(seq, why)| format!("record seq {seq} does not decode: {why}"))?
+        .records;
+    let mut open = std::collections::BTreeSet::new();
+    for (_, r) in &records {
+        match r {
+            Record::RunStarted(r) => {
+                open.insert(r.run_id.clone());
+            }
+            Record::RunFinished(r) => {
+                open.remove(&r.run_id);
+            }
+            _ => {}
+        }
+    }
+    Ok(open.first().cloned())
+}
+
 /// Why the WAL at `path` may not be packed now, or its chosen state.
 fn choose(path: &Path, idle: Duration, now: SystemTime) -> Result<Chosen, String> {
     let file_name = path
@@ -164,23 +186,7 @@ fn choose(path: &Path, idle: Duration, now: SystemTime) -> Result<Chosen, String
     if let Verdict::Corrupt { .. } = scan.verdict {
         return Err("damaged; run `broca wal verify` on it".into());
     }
-    let records = scan
-        .decode(&bytes)
-        .map_err(|(seq, why)| format!("record seq {seq} does not decode: {why}"))?
-        .records;
-    let mut open = std::collections::BTreeSet::new();
-    for (_, r) in &records {
-        match r {
-            Record::RunStarted(r) => {
-                open.insert(r.run_id.clone());
-            }
-            Record::RunFinished(r) => {
-                open.remove(&r.run_id);
-            }
-            _ => {}
-        }
-    }
-    if let Some(run) = open.first() {
+    if let Some(run) = open_run(&scan, &bytes)? {
         return Err(format!("run {run} is open"));
     }
     // Only the records are kept: the zeroed space a writer keeps ahead (and a torn tail,
@@ -214,18 +220,9 @@ fn choose(path: &Path, idle: Duration, now: SystemTime) -> Result<Chosen, String
     })
 }
 
-/// Packs the idle WALs of `state_dir`. A crash at any step leaves every session readable
-/// exactly once; a later pack cleans up what an interrupted one left.
-pub fn pack(
-    state_dir: &Path,
-    opts: &PackOptions,
-    progress: &mut dyn FnMut(Progress),
-) -> Result<PackReport, String> {
-    let wal_dir = state_dir.join("wal");
-    let archive_dir = state_dir.join(format::DIR_NAME);
-    broca_owner_only::create_dir(&archive_dir)
-        .map_err(|e| format!("{}: {e}", archive_dir.display()))?;
-    let lock_path = pack_lock_path(&archive_dir);
+/// The lock one pack of the state dir holds while it runs; refused while another pack holds it.
+fn pack_lock(state_dir: &Path, archive_dir: &Path) -> Result<File, String> {
+    let lock_path = pack_lock_path(archive_dir);
     let lock = OpenOptions::new()
         .read(true)
         .write(true)
@@ -241,6 +238,21 @@ pub fn pack(
             lock_path.display()
         ));
     }
+    Ok(lock)
+}
+
+/// Packs the idle WALs of `state_dir`. A crash at any step leaves every session readable
+/// exactly once; a later pack cleans up what an interrupted one left.
+pub fn pack(
+    state_dir: &Path,
+    opts: &PackOptions,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<PackReport, String> {
+    let wal_dir = state_dir.join("wal");
+    let archive_dir = state_dir.join(format::DIR_NAME);
+    broca_owner_only::create_dir(&archive_dir)
+        .map_err(|e| format!("{}: {e}", archive_dir.display()))?;
+    let lock = pack_lock(state_dir, &archive_dir)?;
     let mut report = PackReport::default();
     if !opts.dry_run {
         report.cleaned = clean_temporaries(&archive_dir, &wal_dir)?;

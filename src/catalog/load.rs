@@ -72,59 +72,13 @@ fn assemble(
         (None, None) => None,
     };
     if let Some(url) = &service {
-        match fetched {
-            Some(Ok((text, service))) => {
-                if let Err(e) = save(src, &src.service_cache(), text.as_bytes()) {
-                    notes.push(format!("catalog service: cannot keep its answer: {e}"));
-                }
-                catalog = catalog.overlaid(&service);
-            }
-            failed => {
-                let why = match failed {
-                    Some(Err(e)) => format!("catalog service {url}: {e}; "),
-                    _ => String::new(),
-                };
-                match last_good(&src.service_cache()) {
-                    Some(Ok(cached)) => {
-                        if !why.is_empty() {
-                            notes.push(format!("{why}using its last good answer"));
-                        }
-                        catalog = catalog.overlaid(&cached);
-                    }
-                    Some(Err(c)) => notes.push(format!(
-                        "{why}the cached catalog service answer is unusable ({c}); using the \
-                         built-in catalog"
-                    )),
-                    None if !why.is_empty() => notes.push(format!(
-                        "{why}no cached answer yet, using the built-in catalog"
-                    )),
-                    None => {}
-                }
-            }
+        if let Some(over) = service_layer(src, url, fetched, &mut notes) {
+            catalog = catalog.overlaid(&over);
         }
     }
     if let Some(file) = &src.file {
-        let read = std::fs::read_to_string(file).map_err(|e| e.to_string());
-        match read.and_then(|t| Catalog::parse(&t).map(|c| (t, c))) {
-            Ok((text, over)) => {
-                if let Err(e) = save(src, &src.file_cache(), text.as_bytes()) {
-                    notes.push(format!("catalog file: cannot keep a copy: {e}"));
-                }
-                catalog = catalog.overlaid(&over);
-            }
-            Err(e) => match last_good(&src.file_cache()) {
-                Some(Ok(kept)) => {
-                    notes.push(format!(
-                        "catalog file {}: {e}; keeping its last good contents",
-                        file.display()
-                    ));
-                    catalog = catalog.overlaid(&kept);
-                }
-                _ => notes.push(format!(
-                    "catalog file {}: {e}; no good copy of it yet, its entries are not used",
-                    file.display()
-                )),
-            },
+        if let Some(over) = file_layer(src, file, &mut notes) {
+            catalog = catalog.overlaid(&over);
         }
     }
     let before = catalog.models.len();
@@ -137,6 +91,77 @@ fn assemble(
         ));
     }
     (catalog, notes)
+}
+
+/// What the catalog service adds: its answer (kept as the last good one), else the last good
+/// one; each failure said in `notes`.
+fn service_layer(
+    src: &Sources,
+    url: &str,
+    fetched: Option<Result<(String, Catalog), String>>,
+    notes: &mut Vec<String>,
+) -> Option<Catalog> {
+    let why = match fetched {
+        Some(Ok((text, service))) => {
+            if let Err(e) = save(src, &src.service_cache(), text.as_bytes()) {
+                notes.push(format!("catalog service: cannot keep its answer: {e}"));
+            }
+            return Some(service);
+        }
+        Some(Err(e)) => format!("catalog service {url}: {e}; "),
+        None => String::new(),
+    };
+    match last_good(&src.service_cache()) {
+        Some(Ok(cached)) => {
+            if !why.is_empty() {
+                notes.push(format!("{why}using its last good answer"));
+            }
+            Some(cached)
+        }
+        Some(Err(c)) => {
+            notes.push(format!(
+                "{why}the cached catalog service answer is unusable ({c}); using the built-in \
+                 catalog"
+            ));
+            None
+        }
+        None if !why.is_empty() => {
+            notes.push(format!(
+                "{why}no cached answer yet, using the built-in catalog"
+            ));
+            None
+        }
+        None => None,
+    }
+}
+
+/// What the override file adds (kept as its last good copy), else its last good copy.
+fn file_layer(src: &Sources, file: &Path, notes: &mut Vec<String>) -> Option<Catalog> {
+    let read = std::fs::read_to_string(file).map_err(|e| e.to_string());
+    match read.and_then(|t| Catalog::parse(&t).map(|c| (t, c))) {
+        Ok((text, over)) => {
+            if let Err(e) = save(src, &src.file_cache(), text.as_bytes()) {
+                notes.push(format!("catalog file: cannot keep a copy: {e}"));
+            }
+            Some(over)
+        }
+        Err(e) => match last_good(&src.file_cache()) {
+            Some(Ok(kept)) => {
+                notes.push(format!(
+                    "catalog file {}: {e}; keeping its last good contents",
+                    file.display()
+                ));
+                Some(kept)
+            }
+            _ => {
+                notes.push(format!(
+                    "catalog file {}: {e}; no good copy of it yet, its entries are not used",
+                    file.display()
+                ));
+                None
+            }
+        },
+    }
 }
 
 fn save(src: &Sources, path: &Path, bytes: &[u8]) -> Result<(), String> {

@@ -568,10 +568,17 @@ struct ServeConfig {
     base_urls: std::collections::BTreeMap<String, String>,
 }
 
-fn parse_serve(
-    pargs: &mut pico_args::Arguments,
-    state_dir: Option<PathBuf>,
-) -> Result<ServeOptions, String> {
+/// The flags `broca serve` and `broca module` share, as given.
+struct ServeFlags {
+    listen: Option<String>,
+    socket: Option<PathBuf>,
+    shards: Option<usize>,
+    grace: Option<u64>,
+    config: Option<PathBuf>,
+    tools: Option<String>,
+}
+
+fn serve_flags(pargs: &mut pico_args::Arguments) -> Result<ServeFlags, String> {
     let listen: Option<String> = pargs
         .opt_value_from_str("--listen")
         .map_err(|e| format!("--listen: {e}"))?;
@@ -590,25 +597,70 @@ fn parse_serve(
     let tools: Option<String> = pargs
         .opt_value_from_str("--tools-config")
         .map_err(|e| format!("--tools-config: {e}"))?;
-    rest(std::mem::replace(
-        pargs,
-        pico_args::Arguments::from_vec(Vec::new()),
-    ))?;
-    let file: ServeConfig = match &config {
+    Ok(ServeFlags {
+        listen,
+        socket,
+        shards,
+        grace,
+        config,
+        tools,
+    })
+}
+
+/// The `--config` file, or the defaults.
+fn serve_config(config: Option<&PathBuf>) -> Result<ServeConfig, String> {
+    Ok(match config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| format!("--config {}: {e}", path.display()))?;
             serde_json::from_str(&text).map_err(|e| format!("--config {}: {e}", path.display()))?
         }
         None => ServeConfig::default(),
-    };
-    let listen_text = listen
-        .or(file.listen)
+    })
+}
+
+fn parse_serve(
+    pargs: &mut pico_args::Arguments,
+    state_dir: Option<PathBuf>,
+) -> Result<ServeOptions, String> {
+    let f = serve_flags(pargs)?;
+    rest(std::mem::replace(
+        pargs,
+        pico_args::Arguments::from_vec(Vec::new()),
+    ))?;
+    let file = serve_config(f.config.as_ref())?;
+    let listen_text = f
+        .listen
+        .clone()
+        .or(file.listen.clone())
         .unwrap_or_else(|| "127.0.0.1:7411".into());
     let listen = listen_text.parse().map_err(|_| {
         format!("--listen `{listen_text}` is not an address such as 127.0.0.1:7411")
     })?;
-    let shards = shards
+    let mut limits = broca_io::http_server::ServerLimits::default();
+    if let Some(n) = file.body_limit_bytes {
+        limits.body_bytes_max = n;
+    }
+    let socket = f.socket.clone().or(file.socket.clone());
+    let request_timeout =
+        std::time::Duration::from_millis(file.request_timeout_ms.unwrap_or(15_000));
+    Ok(ServeOptions {
+        host: host_options(&f, file, state_dir)?,
+        listen,
+        socket,
+        limits,
+        request_timeout,
+    })
+}
+
+/// The host's options from the flags and the config file.
+fn host_options(
+    f: &ServeFlags,
+    file: ServeConfig,
+    state_dir: Option<PathBuf>,
+) -> Result<broca_host::HostOptions, String> {
+    let shards = f
+        .shards
         .or(file.shards)
         .unwrap_or_else(broca_shards::available_cores);
     if !(1..=1024).contains(&shards) {
@@ -625,11 +677,9 @@ fn parse_serve(
             .set(provider, url)
             .map_err(|e| format!("--config: base_urls.{provider}: {e}"))?;
     }
-    let mut limits = broca_io::http_server::ServerLimits::default();
-    if let Some(n) = file.body_limit_bytes {
-        limits.body_bytes_max = n;
-    }
-    let host = broca_host::HostOptions {
+    let grace = f.grace;
+    let tools = f.tools.clone();
+    Ok(broca_host::HostOptions {
         state_dir,
         shards,
         grace: std::time::Duration::from_secs(grace.or(file.grace_secs).unwrap_or(5)),
@@ -660,15 +710,6 @@ fn parse_serve(
             None => None,
         },
         endpoints,
-    };
-    Ok(ServeOptions {
-        host,
-        listen,
-        socket: socket.or(file.socket),
-        limits,
-        request_timeout: std::time::Duration::from_millis(
-            file.request_timeout_ms.unwrap_or(15_000),
-        ),
     })
 }
 

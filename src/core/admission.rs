@@ -168,17 +168,7 @@ pub fn admit_prepared(
         });
     }
     let mut config = p.config;
-    if let Some(asked) = config.stop.input_cap.map(|c| c.limit) {
-        if let Some(frozen) = session.input_cap.filter(|f| asked > *f) {
-            return Err(Refusal::InvalidField {
-                field: "budget.max_input_tokens",
-                why: format!(
-                    "the session's input cap is {frozen} tokens and only goes down; {asked} \
-                     would raise it"
-                ),
-            });
-        }
-    }
+    check_cap_lowers(session, &config)?;
     if busy {
         // The cap it asked for; the session's state joins it when it starts.
         return Ok(Admitted::Queued(Box::new(SendQueued {
@@ -205,6 +195,23 @@ pub fn admit_prepared(
         scope_owner: p.caller.scope_owner,
         submission_id: None,
     })))
+}
+
+/// The session's input cap only goes down: a send asking a higher one is refused.
+fn check_cap_lowers(session: &Session, config: &FrozenConfig) -> Result<(), Refusal> {
+    let Some(asked) = config.stop.input_cap.map(|c| c.limit) else {
+        return Ok(());
+    };
+    match session.input_cap.filter(|f| asked > *f) {
+        Some(frozen) => Err(Refusal::InvalidField {
+            field: "budget.max_input_tokens",
+            why: format!(
+                "the session's input cap is {frozen} tokens and only goes down; {asked} would \
+                 raise it"
+            ),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// The input cap a run starting now keeps: the lowest of the session's and the send's, with
@@ -360,98 +367,21 @@ fn resolve(
     catalog: &catalog::Catalog,
     providers: &dyn ProviderCheck,
 ) -> Result<FrozenConfig, Refusal> {
-    let invalid = |why: String| Err(Refusal::InvalidParams(why));
-    if let Some(send_id) = &req.send_id {
-        if send_id.is_empty() || send_id.len() > SEND_ID_BYTES_MAX {
-            return invalid(format!("send_id must have 1 to {SEND_ID_BYTES_MAX} bytes"));
-        }
-    }
-    if req.prompt.is_empty() {
-        return invalid("prompt is empty".into());
-    }
-    if req.prompt.len() > PROMPT_BYTES_MAX {
-        return invalid(format!(
-            "prompt has {} bytes; the limit is {PROMPT_BYTES_MAX}",
-            req.prompt.len()
-        ));
-    }
+    check_request(req)?;
     let entry = catalog
         .resolve(&req.model)
         .map_err(Refusal::InvalidParams)?;
-    if let Some(id) = &req.credential_id {
-        if !broca_protocol::is_credential_id(id) {
-            // Never echo it: a secret pasted where an id belongs must not reach a log.
-            return invalid(
-                "credential_id must be env:NAME, file:NAME or vault:NAME (an id, never a \
-                 secret)"
-                    .into(),
-            );
-        }
-    }
-    let max_steps = req.max_steps.unwrap_or(MAX_STEPS_DEFAULT);
-    if !(1..=MAX_STEPS_LIMIT).contains(&max_steps) {
-        return invalid(format!("max_steps must be 1 to {MAX_STEPS_LIMIT}"));
-    }
-    if req.context_limit == Some(0) {
-        return invalid("context_limit must be positive".into());
-    }
-    if req.max_input_tokens == Some(0) {
-        return Err(Refusal::InvalidField {
-            field: "budget.max_input_tokens",
-            why: "budget.max_input_tokens must be at least 1".into(),
-        });
-    }
-    let budget = req.budget.clone().unwrap_or_default();
-    for (field, value) in [
-        ("stop_when.max_total_tokens", budget.max_total_tokens),
-        ("stop_when.max_cost_micros", budget.max_cost_micros),
-    ] {
-        if value == Some(0) {
-            return Err(Refusal::InvalidField {
-                field,
-                why: format!("{field} must be positive"),
-            });
-        }
-    }
-    let spec = format!("{}/{}", entry.provider.id, entry.model);
-    let family = &entry.provider.family;
-    let traits = providers.family(family).map_err(|why| {
-        Refusal::UnsupportedProvider(format!("{spec}: provider `{}`: {why}", entry.provider.id))
-    })?;
-    let credential_id = req
-        .credential_id
-        .clone()
-        .unwrap_or_else(|| format!("env:{}", entry.provider.credential_env));
-    providers.credential(family, &credential_id).map_err(|p| {
-        let why = format!("{spec}: {}", p.message);
-        if p.outage {
-            Refusal::CredentialUnavailable(why)
-        } else {
-            Refusal::AuthRequired(why)
-        }
-    })?;
+    check_credential_id(req)?;
+    let stop = stop_conditions(req)?;
+    let (traits, credential_id) = check_provider(req, &entry, providers)?;
     // `auto` asks for breakpoints only where the family marks them; elsewhere it is off,
     // and frozen so.
     let cache_policy = match req.cache_policy.unwrap_or(CachePolicy::Auto) {
         CachePolicy::Auto if traits.marks_cache => CachePolicy::Auto,
         _ => CachePolicy::Off,
     };
-    if budget.max_cost_micros.is_some() {
-        let prices = entry.prices.as_ref();
-        let lacking = match prices {
-            None => Some("prices"),
-            Some(p) if p.input.is_none() => Some("an input price"),
-            Some(p) if p.output.is_none() => Some("an output price"),
-            Some(p) if cache_policy == CachePolicy::Auto && p.cache_write.is_none() => {
-                Some("a cache_write price (its requests write prompt caches; cache_policy off writes none)")
-            }
-            Some(_) => None,
-        };
-        if let Some(lacking) = lacking {
-            return Err(Refusal::BudgetUnpriced(format!(
-                "a cost budget needs the model's prices, and the catalog has no {lacking} for {spec}"
-            )));
-        }
+    if stop.max_cost_micros.is_some() {
+        check_priced(&entry, cache_policy)?;
     }
     // The caller's limit, within the model's window; else the window.
     let context_limit = match (req.context_limit, entry.context_window) {
@@ -474,19 +404,133 @@ fn resolve(
         tools: tools.into(),
         tools_digest,
         generation: req.generation.clone().unwrap_or_default(),
-        stop: StopConditions {
-            max_steps,
-            max_total_tokens: budget.max_total_tokens,
-            max_cost_micros: budget.max_cost_micros,
-            input_cap: req.max_input_tokens.map(|limit| InputCap {
-                limit,
-                spent: 0,
-                unmeasured: false,
-            }),
-        },
+        stop,
         context_limit,
         cache_policy,
     })
+}
+
+/// What a send must be whatever its model: a send_id and a prompt within their limits.
+fn check_request(req: &SendRequest) -> Result<(), Refusal> {
+    let invalid = |why: String| Err(Refusal::InvalidParams(why));
+    if let Some(send_id) = &req.send_id {
+        if send_id.is_empty() || send_id.len() > SEND_ID_BYTES_MAX {
+            return invalid(format!("send_id must have 1 to {SEND_ID_BYTES_MAX} bytes"));
+        }
+    }
+    if req.prompt.is_empty() {
+        return invalid("prompt is empty".into());
+    }
+    if req.prompt.len() > PROMPT_BYTES_MAX {
+        return invalid(format!(
+            "prompt has {} bytes; the limit is {PROMPT_BYTES_MAX}",
+            req.prompt.len()
+        ));
+    }
+    Ok(())
+}
+
+/// A credential id is an id (checked once the model resolves).
+fn check_credential_id(req: &SendRequest) -> Result<(), Refusal> {
+    match &req.credential_id {
+        // Never echo it: a secret pasted where an id belongs must not reach a log.
+        Some(id) if !broca_protocol::is_credential_id(id) => Err(Refusal::InvalidParams(
+            "credential_id must be env:NAME, file:NAME or vault:NAME (an id, never a secret)"
+                .into(),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The run's stop conditions: its steps, its budgets and the session's input cap, each
+/// within its bounds.
+fn stop_conditions(req: &SendRequest) -> Result<StopConditions, Refusal> {
+    let max_steps = req.max_steps.unwrap_or(MAX_STEPS_DEFAULT);
+    if !(1..=MAX_STEPS_LIMIT).contains(&max_steps) {
+        return Err(Refusal::InvalidParams(format!(
+            "max_steps must be 1 to {MAX_STEPS_LIMIT}"
+        )));
+    }
+    if req.context_limit == Some(0) {
+        return Err(Refusal::InvalidParams(
+            "context_limit must be positive".into(),
+        ));
+    }
+    if req.max_input_tokens == Some(0) {
+        return Err(Refusal::InvalidField {
+            field: "budget.max_input_tokens",
+            why: "budget.max_input_tokens must be at least 1".into(),
+        });
+    }
+    let budget = req.budget.clone().unwrap_or_default();
+    for (field, value) in [
+        ("stop_when.max_total_tokens", budget.max_total_tokens),
+        ("stop_when.max_cost_micros", budget.max_cost_micros),
+    ] {
+        if value == Some(0) {
+            return Err(Refusal::InvalidField {
+                field,
+                why: format!("{field} must be positive"),
+            });
+        }
+    }
+    Ok(StopConditions {
+        max_steps,
+        max_total_tokens: budget.max_total_tokens,
+        max_cost_micros: budget.max_cost_micros,
+        input_cap: req.max_input_tokens.map(|limit| InputCap {
+            limit,
+            spent: 0,
+            unmeasured: false,
+        }),
+    })
+}
+
+/// The provider's family traits and the credential id the run uses, once this build speaks
+/// the family and the credential resolves (its secret never leaves the check).
+fn check_provider(
+    req: &SendRequest,
+    entry: &catalog::ModelEntry,
+    providers: &dyn ProviderCheck,
+) -> Result<(broca_protocol::model::FamilyTraits, String), Refusal> {
+    let spec = format!("{}/{}", entry.provider.id, entry.model);
+    let family = &entry.provider.family;
+    let traits = providers.family(family).map_err(|why| {
+        Refusal::UnsupportedProvider(format!("{spec}: provider `{}`: {why}", entry.provider.id))
+    })?;
+    let credential_id = req
+        .credential_id
+        .clone()
+        .unwrap_or_else(|| format!("env:{}", entry.provider.credential_env));
+    providers.credential(family, &credential_id).map_err(|p| {
+        let why = format!("{spec}: {}", p.message);
+        if p.outage {
+            Refusal::CredentialUnavailable(why)
+        } else {
+            Refusal::AuthRequired(why)
+        }
+    })?;
+    Ok((traits, credential_id))
+}
+
+/// A cost budget needs the prices of every measure the run's requests are billed for.
+fn check_priced(entry: &catalog::ModelEntry, cache_policy: CachePolicy) -> Result<(), Refusal> {
+    let lacking = match entry.prices.as_ref() {
+        None => Some("prices"),
+        Some(p) if p.input.is_none() => Some("an input price"),
+        Some(p) if p.output.is_none() => Some("an output price"),
+        Some(p) if cache_policy == CachePolicy::Auto && p.cache_write.is_none() => Some(
+            "a cache_write price (its requests write prompt caches; cache_policy off writes none)",
+        ),
+        Some(_) => None,
+    };
+    match lacking {
+        Some(lacking) => Err(Refusal::BudgetUnpriced(format!(
+            "a cost budget needs the model's prices, and the catalog has no {lacking} for {}/{}",
+            entry.provider.id, entry.model
+        ))),
+        None => Ok(()),
+    }
 }
 
 fn select_tools(all: &[ToolSpec], wanted: Option<&[String]>) -> Result<Vec<ToolSpec>, Refusal> {

@@ -328,6 +328,10 @@ impl RunMachine {
     }
 
     fn push(&mut self, record: Record, wait: bool) {
+        assert!(
+            !matches!(self.phase, Phase::Sealing(_)),
+            "nothing follows a run's terminal record"
+        );
         self.out.push_back(Command::Append { record, wait });
     }
 
@@ -343,6 +347,10 @@ impl RunMachine {
         if let Some(stop) = self.limit_before_request() {
             return self.seal_stop(stop);
         }
+        assert!(
+            self.step < self.config.stop.max_steps,
+            "max_steps was checked"
+        );
         self.step += 1;
         self.attempt = 0;
         self.backoff_spent_ms = 0;
@@ -355,6 +363,11 @@ impl RunMachine {
     }
 
     fn call_model(&mut self) {
+        assert!(self.step >= 1, "a model call belongs to a started step");
+        assert!(
+            self.attempt < MODEL_ATTEMPTS_MAX,
+            "the attempts are bounded"
+        );
         self.attempt += 1;
         self.acc = StepAccumulator::default();
         self.answered = false;
@@ -434,17 +447,13 @@ impl RunMachine {
         match std::mem::replace(&mut self.phase, Phase::Done) {
             Phase::AwaitIntent { batch_id, calls } => self.dispatch(batch_id, calls),
             Phase::Sealing(outcome) => self.out.push_back(Command::Finish(outcome)),
-            other => {
-                debug_assert!(
-                    false,
-                    "Durable fed in phase {other:?}: no record waited for it"
-                );
-                self.phase = other;
-            }
+            other => unreachable!("Durable fed in phase {other:?}: no record waited for it"),
         }
     }
 
     fn dispatch(&mut self, batch_id: String, calls: Vec<ToolCall>) {
+        let calls_len = calls.len();
+        assert!(calls_len > 0, "an intent names its calls");
         let mut send = Vec::with_capacity(calls.len());
         let mut refused = Vec::new();
         for call in calls {
@@ -474,7 +483,10 @@ impl RunMachine {
             }
             let schema_check = serde_json::from_str::<serde_json::Value>(call.input.get())
                 .map_err(|e| e.to_string())
-                .and_then(|args| broca_protocol::schema::validate(&spec.input_schema, &args));
+                .and_then(|args| {
+                    broca_protocol::schema::validate(&spec.input_schema, &args)
+                        .map_err(|m| m.to_string())
+                });
             if let Err(why) = schema_check {
                 refused.push(ResultBlock {
                     call_id: call.id.clone(),
@@ -491,7 +503,12 @@ impl RunMachine {
             }
             send.push(call);
         }
-        let waiting = send.iter().map(|c| c.id.clone()).collect();
+        let waiting: Vec<String> = send.iter().map(|c| c.id.clone()).collect();
+        assert_eq!(
+            waiting.len() + refused.len(),
+            calls_len,
+            "each call is sent or refused"
+        );
         self.phase = Phase::Tools {
             batch_id: batch_id.clone(),
             waiting,
@@ -601,12 +618,14 @@ impl RunMachine {
         self.push(Record::ModelAttemptFinished(record), false);
         match error.class {
             ErrorClass::Transient => {
+                assert!(self.attempt >= 1, "a failed attempt was made");
                 let backoff = (BACKOFF_BASE_MS << (self.attempt - 1).min(10)).min(BACKOFF_CAP_MS);
                 let wait = error.retry_after_ms.unwrap_or(0).max(backoff);
                 if self.attempt < MODEL_ATTEMPTS_MAX
                     && self.backoff_spent_ms + wait <= RETRY_WINDOW_MS
                 {
                     self.backoff_spent_ms += wait;
+                    assert!(self.backoff_spent_ms <= RETRY_WINDOW_MS);
                     self.phase = Phase::Backoff;
                     self.backoff_until_ms = self.now_ms.saturating_add(wait);
                 } else {
@@ -722,6 +741,10 @@ impl RunMachine {
         error: Option<ClassifiedError>,
         indeterminate: Vec<String>,
     ) {
+        assert!(
+            reason == FinishKind::Interrupted || indeterminate.is_empty(),
+            "only an interrupted run names calls of unknown outcome"
+        );
         let record = RunFinished {
             run_id: self.run_id.clone(),
             reason,

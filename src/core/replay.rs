@@ -53,6 +53,36 @@ pub struct RunView {
     pub budget: Option<broca_wal::runrec::BudgetStop>,
 }
 
+impl RunView {
+    /// The run `r` starts, at record `seq`: nothing spent, no step yet.
+    fn started(seq: u64, r: broca_wal::runrec::RunStarted) -> RunView {
+        RunView {
+            prompt_digest: prompt_digest(&r.prompt),
+            run_id: r.run_id,
+            send_id: r.send_id,
+            inputs_digest: r.inputs_digest,
+            principal: r.principal,
+            scope_owner: r.scope_owner,
+            step_usage: Default::default(),
+            last_assistant: None,
+            last_finish: None,
+            interrupt_cause: None,
+            submission_id: r.submission_id,
+            config: r.config,
+            state: RunState::Active,
+            detail: None,
+            error: None,
+            indeterminate_tool_calls: Vec::new(),
+            spend: Spend::default(),
+            steps: 0,
+            final_text: None,
+            started_seq: seq,
+            quota: None,
+            budget: None,
+        }
+    }
+}
+
 /// Where a run stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RunState {
@@ -366,96 +396,8 @@ impl Session {
                 self.note_input_cap(&q.config);
                 self.queued.push(*q);
             }
-            Record::SendRetracted(r) => {
-                let Some(i) = self
-                    .queued
-                    .iter()
-                    .position(|q| q.submission_id == r.submission_id)
-                else {
-                    return Err(Misfit::RetractedUnknown {
-                        submission_id: r.submission_id,
-                    });
-                };
-                let q = self.queued.remove(i);
-                if let Some(send_id) = q.send_id.clone() {
-                    self.retracted.insert(send_id, q);
-                }
-            }
-            Record::RunStarted(r) => {
-                if let Some(open) = &self.open {
-                    return Err(Misfit::StartedWhileOpen {
-                        run_id: r.run_id.clone(),
-                        open: self.runs[open.index].run_id.clone(),
-                    });
-                }
-                if self.by_run_id.contains_key(&r.run_id) {
-                    return Err(Misfit::RunIdReused { run_id: r.run_id });
-                }
-                self.imported_pending.clear();
-                self.entry_count += 1;
-                self.note_input_cap(&r.config);
-                if let Some(sub) = &r.submission_id {
-                    let Some(i) = self.queued.iter().position(|q| &q.submission_id == sub) else {
-                        return Err(Misfit::SubmissionNotQueued {
-                            run_id: r.run_id.clone(),
-                            submission_id: sub.clone(),
-                        });
-                    };
-                    self.queued.remove(i);
-                }
-                let mut content: Vec<Block> = r
-                    .resolved_calls
-                    .iter()
-                    .map(|b| Block::ToolResult {
-                        tool_use_id: b.call_id.clone(),
-                        content: b.content.clone(),
-                        is_error: b.is_error,
-                    })
-                    .collect();
-                content.push(Block::Text {
-                    text: r.prompt.clone(),
-                });
-                self.transcript.push(Arc::new(Message {
-                    role: Role::User,
-                    content,
-                }));
-                let index = self.runs.len();
-                if let Some(send_id) = &r.send_id {
-                    self.by_send_id.insert(send_id.clone(), index);
-                }
-                self.by_run_id.insert(r.run_id.clone(), index);
-                self.runs.push(RunView {
-                    run_id: r.run_id,
-                    send_id: r.send_id,
-                    inputs_digest: r.inputs_digest,
-                    prompt_digest: prompt_digest(&r.prompt),
-                    principal: r.principal,
-                    scope_owner: r.scope_owner,
-                    step_usage: Default::default(),
-                    last_assistant: None,
-                    last_finish: None,
-                    interrupt_cause: None,
-                    submission_id: r.submission_id,
-                    config: r.config,
-                    state: RunState::Active,
-                    detail: None,
-                    error: None,
-                    indeterminate_tool_calls: Vec::new(),
-                    spend: Spend::default(),
-                    steps: 0,
-                    final_text: None,
-                    started_seq: seq,
-                    quota: None,
-                    budget: None,
-                });
-                self.open = Some(OpenRun {
-                    index,
-                    step: 0,
-                    point: ResumePoint::ToolsDone,
-                    cancel_requested: false,
-                    last_step: None,
-                });
-            }
+            Record::SendRetracted(r) => self.apply_retracted(r)?,
+            Record::RunStarted(r) => self.apply_started(seq, *r)?,
             Record::StepStarted(r) => {
                 let (open, run) = self.open_mut(&r.run_id)?;
                 if open.step.checked_add(1) != Some(r.step) {
@@ -477,72 +419,13 @@ impl Session {
                     run.spend.add(r.step, r.attempt, r.usage.as_ref(), prices);
                 }
             }
-            Record::ModelStepFinished(r) => {
-                self.entry_count += 1;
-                let ordinal = self.entry_count;
-                let (open, run) = self.open_mut(&r.run_id)?;
-                let asked_tools = r.content.iter().any(|b| matches!(b, Block::ToolUse { .. }));
-                run.last_finish = Some((r.finish_reason.clone(), asked_tools));
-                run.step_usage.record_step(
-                    &run.config.provider,
-                    &run.config.model,
-                    None,
-                    super::spend::step_usage(&r.usage),
-                );
-                let has_text = r
-                    .content
-                    .iter()
-                    .any(|b| matches!(b, Block::Text { text } if !text.is_empty()));
-                run.last_assistant = Some((ordinal, seq, has_text));
-                let prices = run.config.catalog.as_ref().and_then(|e| e.prices.as_ref());
-                run.spend.add(r.step, r.attempt, Some(&r.usage), prices);
-                if r.quota.is_some() {
-                    run.quota = r.quota.clone();
-                }
-                open.point = ResumePoint::AfterStep {
-                    usage: r.usage,
-                    finish_reason: r.finish_reason.clone(),
-                };
-                let message = Message {
-                    role: Role::Assistant,
-                    content: r.content.clone(),
-                };
-                let text = message.text();
-                if !text.is_empty() {
-                    run.final_text = Some(text);
-                }
-                self.input.add(&r.usage);
-                self.transcript.push(Arc::new(message));
-                let transcript_len = self.transcript.len();
-                if let Some(open) = self.open.as_mut() {
-                    open.last_step = Some(LastStep {
-                        usage: r.usage,
-                        transcript_len,
-                    });
-                }
-            }
+            Record::ModelStepFinished(r) => self.apply_step_finished(seq, *r)?,
             Record::ToolDispatchIntent(r) => {
                 let (open, _) = self.open_mut(&r.run_id)?;
                 let missing = r.calls.iter().map(|c: &ToolCall| c.id.clone()).collect();
                 open.point = ResumePoint::IntentOpen { missing };
             }
-            Record::ToolResult(r) => {
-                self.entry_count += 1;
-                let (open, _) = self.open_mut(&r.run_id)?;
-                if let ResumePoint::IntentOpen { missing } = &mut open.point {
-                    let Some(i) = missing.iter().position(|id| *id == r.result.call_id) else {
-                        return Err(Misfit::StrayResult {
-                            call_id: r.result.call_id,
-                            batch_id: r.batch_id,
-                        });
-                    };
-                    missing.remove(i);
-                    if missing.is_empty() {
-                        open.point = ResumePoint::ToolsDone;
-                    }
-                }
-                push_result(&mut self.transcript, r.result);
-            }
+            Record::ToolResult(r) => self.apply_result(r)?,
             Record::CancelRequested(r) => {
                 let (open, _) = self.open_mut(&r.run_id)?;
                 open.cancel_requested = true;
@@ -557,19 +440,170 @@ impl Session {
                 run.detail = Some(r.reason);
                 self.open = None;
             }
-            Record::RunFinished(r) => {
-                let text = final_text(&self.transcript);
-                let (_, run) = self.open_mut(&r.run_id)?;
-                run.state = RunState::Finished(r.reason);
-                run.final_text = text;
-                run.detail = r.detail;
-                run.error = r.error;
-                run.indeterminate_tool_calls = r.indeterminate_tool_calls;
-                run.interrupt_cause = r.cause;
-                run.budget = r.budget;
-                self.open = None;
+            Record::RunFinished(r) => self.apply_finished(r)?,
+        }
+        Ok(())
+    }
+
+    /// A queued send withdrawn before it started.
+    fn apply_retracted(&mut self, r: broca_wal::runrec::SendRetracted) -> Result<(), Misfit> {
+        let Some(i) = self
+            .queued
+            .iter()
+            .position(|q| q.submission_id == r.submission_id)
+        else {
+            return Err(Misfit::RetractedUnknown {
+                submission_id: r.submission_id,
+            });
+        };
+        let q = self.queued.remove(i);
+        if let Some(send_id) = q.send_id.clone() {
+            self.retracted.insert(send_id, q);
+        }
+        Ok(())
+    }
+
+    /// A run starts: its prompt (after the results of calls an interrupted run left open)
+    /// joins the transcript, and it is the open run.
+    fn apply_started(&mut self, seq: u64, r: broca_wal::runrec::RunStarted) -> Result<(), Misfit> {
+        if let Some(open) = &self.open {
+            return Err(Misfit::StartedWhileOpen {
+                run_id: r.run_id.clone(),
+                open: self.runs[open.index].run_id.clone(),
+            });
+        }
+        if self.by_run_id.contains_key(&r.run_id) {
+            return Err(Misfit::RunIdReused { run_id: r.run_id });
+        }
+        if let Some(sub) = &r.submission_id {
+            let Some(i) = self.queued.iter().position(|q| &q.submission_id == sub) else {
+                return Err(Misfit::SubmissionNotQueued {
+                    run_id: r.run_id.clone(),
+                    submission_id: sub.clone(),
+                });
+            };
+            self.queued.remove(i);
+        }
+        self.imported_pending.clear();
+        self.entry_count += 1;
+        self.note_input_cap(&r.config);
+        let mut content: Vec<Block> = r
+            .resolved_calls
+            .iter()
+            .map(|b| Block::ToolResult {
+                tool_use_id: b.call_id.clone(),
+                content: b.content.clone(),
+                is_error: b.is_error,
+            })
+            .collect();
+        content.push(Block::Text {
+            text: r.prompt.clone(),
+        });
+        self.transcript.push(Arc::new(Message {
+            role: Role::User,
+            content,
+        }));
+        let index = self.runs.len();
+        if let Some(send_id) = &r.send_id {
+            self.by_send_id.insert(send_id.clone(), index);
+        }
+        self.by_run_id.insert(r.run_id.clone(), index);
+        self.runs.push(RunView::started(seq, r));
+        assert_eq!(self.runs.len(), index + 1);
+        self.open = Some(OpenRun {
+            index,
+            step: 0,
+            point: ResumePoint::ToolsDone,
+            cancel_requested: false,
+            last_step: None,
+        });
+        Ok(())
+    }
+
+    /// A model step's answer: the assistant message joins the transcript, the run's usage
+    /// and spend count it, and the run resumes after it.
+    fn apply_step_finished(
+        &mut self,
+        seq: u64,
+        r: broca_wal::runrec::ModelStepFinished,
+    ) -> Result<(), Misfit> {
+        self.entry_count += 1;
+        let ordinal = self.entry_count;
+        let (open, run) = self.open_mut(&r.run_id)?;
+        let asked_tools = r.content.iter().any(|b| matches!(b, Block::ToolUse { .. }));
+        run.last_finish = Some((r.finish_reason.clone(), asked_tools));
+        run.step_usage.record_step(
+            &run.config.provider,
+            &run.config.model,
+            None,
+            super::spend::step_usage(&r.usage),
+        );
+        let has_text = r
+            .content
+            .iter()
+            .any(|b| matches!(b, Block::Text { text } if !text.is_empty()));
+        run.last_assistant = Some((ordinal, seq, has_text));
+        let prices = run.config.catalog.as_ref().and_then(|e| e.prices.as_ref());
+        run.spend.add(r.step, r.attempt, Some(&r.usage), prices);
+        if r.quota.is_some() {
+            run.quota = r.quota.clone();
+        }
+        open.point = ResumePoint::AfterStep {
+            usage: r.usage,
+            finish_reason: r.finish_reason.clone(),
+        };
+        let message = Message {
+            role: Role::Assistant,
+            content: r.content,
+        };
+        let text = message.text();
+        if !text.is_empty() {
+            run.final_text = Some(text);
+        }
+        self.input.add(&r.usage);
+        self.transcript.push(Arc::new(message));
+        let transcript_len = self.transcript.len();
+        if let Some(open) = self.open.as_mut() {
+            open.last_step = Some(LastStep {
+                usage: r.usage,
+                transcript_len,
+            });
+        }
+        Ok(())
+    }
+
+    /// A tool call's result: the intent waits for one call less.
+    fn apply_result(&mut self, r: broca_wal::runrec::ToolResult) -> Result<(), Misfit> {
+        self.entry_count += 1;
+        let (open, _) = self.open_mut(&r.run_id)?;
+        if let ResumePoint::IntentOpen { missing } = &mut open.point {
+            let Some(i) = missing.iter().position(|id| *id == r.result.call_id) else {
+                return Err(Misfit::StrayResult {
+                    call_id: r.result.call_id,
+                    batch_id: r.batch_id,
+                });
+            };
+            missing.remove(i);
+            if missing.is_empty() {
+                open.point = ResumePoint::ToolsDone;
             }
         }
+        push_result(&mut self.transcript, r.result);
+        Ok(())
+    }
+
+    /// A run's terminal record: the run is over and no run is open.
+    fn apply_finished(&mut self, r: broca_wal::runrec::RunFinished) -> Result<(), Misfit> {
+        let text = final_text(&self.transcript);
+        let (_, run) = self.open_mut(&r.run_id)?;
+        run.state = RunState::Finished(r.reason);
+        run.final_text = text;
+        run.detail = r.detail;
+        run.error = r.error;
+        run.indeterminate_tool_calls = r.indeterminate_tool_calls;
+        run.interrupt_cause = r.cause;
+        run.budget = r.budget;
+        self.open = None;
         Ok(())
     }
 

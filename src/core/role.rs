@@ -128,6 +128,50 @@ pub fn read_page(
     if let Some(v) = req.history_version.filter(|v| *v != HISTORY_VERSION) {
         return Err(ReadRefusal::HistoryChanged(v));
     }
+    let bounds = page_bounds(req)?;
+    let total = s
+        .and_then(|s| s.entries.as_ref())
+        .map_or(0, |e| e.list.len());
+    let start = match mode {
+        ReadMode::Range { from_ordinal } => {
+            from_ordinal.saturating_sub(1).min(total as u64) as usize
+        }
+        ReadMode::After { mid, .. } => {
+            let found = s
+                .and_then(|s| s.entries.as_ref())
+                .and_then(|e| e.position(mid));
+            found.ok_or_else(|| ReadRefusal::UnknownMid(mid.to_string()))? + 1
+        }
+        ReadMode::Tail => {
+            return Ok(match s {
+                Some(s) => tail_page(s, incarnation, total, bounds),
+                None => ReadPage::empty(HISTORY_VERSION, incarnation),
+            })
+        }
+    };
+    Ok(match s {
+        Some(s) => forward_page(s, incarnation, start, total, bounds),
+        None => ReadPage::empty(HISTORY_VERSION, incarnation),
+    })
+}
+
+/// A page's bounds: at most this many messages, and this many bytes (a page holds at least
+/// one message whatever its size).
+#[derive(Debug, Clone, Copy)]
+struct Bounds {
+    limit: usize,
+    bytes_max: u64,
+}
+
+impl Bounds {
+    /// Whether a page of `messages` and `bytes` has room for one more of `n` bytes.
+    fn room(&self, messages: usize, bytes: u64, n: u64) -> bool {
+        messages == 0 || (messages < self.limit && bytes + n <= self.bytes_max)
+    }
+}
+
+/// The bounds a read asks for, within the role's limits.
+fn page_bounds(req: &ReadRequest) -> Result<Bounds, ReadRefusal> {
     let limit = match req.limit {
         Some(0) => {
             return Err(ReadRefusal::Invalid {
@@ -138,45 +182,40 @@ pub fn read_page(
         Some(n) => n.min(READ_LIMIT_MAX),
         None => READ_LIMIT_DEFAULT,
     } as usize;
-    let cap = req
+    let bytes_max = req
         .max_bytes
         .unwrap_or(READ_MAX_BYTES_DEFAULT)
         .min(READ_MAX_BYTES_MAX);
-    let total = s
-        .and_then(|s| s.entries.as_ref())
-        .map_or(0, |e| e.list.len());
-    let start = match mode {
-        ReadMode::Range { from_ordinal } => (from_ordinal - 1).min(total as u64) as usize,
-        ReadMode::After { mid, .. } => {
-            let found = s
-                .and_then(|s| s.entries.as_ref())
-                .and_then(|e| e.position(mid));
-            found.ok_or_else(|| ReadRefusal::UnknownMid(mid.to_string()))? + 1
+    assert!(limit >= 1 && limit <= READ_LIMIT_MAX as usize);
+    Ok(Bounds { limit, bytes_max })
+}
+
+/// The newest entries that fit, gathered backwards; the oldest of them first.
+fn tail_page(s: &Session, incarnation: &str, total: usize, bounds: Bounds) -> ReadPage {
+    let last = last_entries(s);
+    let mut messages = Vec::new();
+    let mut bytes = 0;
+    for i in (0..total).rev() {
+        let m = entry(s, i, &last);
+        let n = size(&m);
+        if !bounds.room(messages.len(), bytes, n) {
+            break;
         }
-        ReadMode::Tail => {
-            let Some(s) = s else {
-                return Ok(ReadPage::empty(HISTORY_VERSION, incarnation));
-            };
-            // The newest entries that fit, gathered backwards; the oldest of them first.
-            let last = last_entries(s);
-            let mut messages = Vec::new();
-            let mut bytes = 0;
-            for i in (0..total).rev() {
-                let m = entry(s, i, &last);
-                let n = size(&m);
-                if !messages.is_empty() && (messages.len() >= limit || bytes + n > cap) {
-                    break;
-                }
-                bytes += n;
-                messages.push(m);
-            }
-            messages.reverse();
-            return Ok(ReadPage::new(HISTORY_VERSION, incarnation, messages));
-        }
-    };
-    let Some(s) = s else {
-        return Ok(ReadPage::empty(HISTORY_VERSION, incarnation));
-    };
+        bytes += n;
+        messages.push(m);
+    }
+    messages.reverse();
+    ReadPage::new(HISTORY_VERSION, incarnation, messages)
+}
+
+/// The entries from index `start` that fit, and where the next page starts.
+fn forward_page(
+    s: &Session,
+    incarnation: &str,
+    start: usize,
+    total: usize,
+    bounds: Bounds,
+) -> ReadPage {
     let last = last_entries(s);
     let mut messages = Vec::new();
     let mut bytes = 0;
@@ -184,19 +223,23 @@ pub fn read_page(
     while next < total {
         let m = entry(s, next, &last);
         let n = size(&m);
-        if !messages.is_empty() && (messages.len() >= limit || bytes + n > cap) {
+        if !bounds.room(messages.len(), bytes, n) {
             break;
         }
         bytes += n;
         messages.push(m);
         next += 1;
     }
+    assert!(
+        messages.len() <= bounds.limit,
+        "a page holds at most its limit"
+    );
     let page = ReadPage::new(HISTORY_VERSION, incarnation, messages);
-    Ok(if next < total {
+    if next < total {
         page.with_next_from_ordinal(next as u64 + 1)
     } else {
         page
-    })
+    }
 }
 
 /// `session.head` of `s` (replayed with its entries; `None` for a session never written).

@@ -95,6 +95,10 @@ impl Spend {
             self.usage.add(&u)
         };
         self.metered += 1;
+        assert!(
+            self.unmeasured < self.metered,
+            "a step is counted before it is judged"
+        );
         let missing = match (u.input, u.output) {
             (Some(_), Some(_)) => None,
             (None, Some(_)) => Some("input"),

@@ -293,57 +293,56 @@ impl Routes {
                     )));
                 }
             }
-            FrameType::Request => match serde_json::from_slice::<ModuleControlRequest>(&f.body) {
-                Ok(ModuleControlRequest::HealthCheck {}) => {
-                    let report = self.health().await;
-                    self.reply(FrameType::Response, 0, 0, h.corr, &report).await;
-                }
-                Ok(ModuleControlRequest::RouteBind {
-                    route_channel,
-                    epoch,
-                    identity,
-                    scope,
-                    principal,
-                    ..
-                }) => {
-                    let caller = broca_wire::Caller {
-                        principal: principal.as_ref().and_then(attested),
-                        scope_owner: scope.as_ref().and_then(|s| attested(&s.owner)),
-                        operator: false,
-                    };
-                    let answer = self.bind(
-                        route_channel,
-                        epoch,
-                        &identity,
-                        scope.as_ref(),
-                        caller,
-                        &f.body,
-                    );
-                    match answer {
-                        Ok(()) => {
-                            self.reply(
-                                FrameType::Response,
-                                0,
-                                0,
-                                h.corr,
-                                &json!({"op": "route.bind"}),
-                            )
-                            .await
-                        }
-                        Err(e) => self.error(0, 0, h.corr, &e).await,
-                    }
-                }
-                Err(e) => {
-                    let e = RpcError::new(
-                        Code::InvalidRequest,
-                        format!("a control request broca does not take: {e}"),
-                    );
-                    self.error(0, 0, h.corr, &e).await;
-                }
-            },
+            FrameType::Request => self.control_request(h.corr, &f.body).await,
             _ => {}
         }
         None
+    }
+
+    /// A control request on channel 0: `health.check`, or a `route.bind`.
+    async fn control_request(&self, corr: u64, body: &[u8]) {
+        match serde_json::from_slice::<ModuleControlRequest>(body) {
+            Ok(ModuleControlRequest::HealthCheck {}) => {
+                let report = self.health().await;
+                self.reply(FrameType::Response, 0, 0, corr, &report).await;
+            }
+            Ok(ModuleControlRequest::RouteBind {
+                route_channel,
+                epoch,
+                identity,
+                scope,
+                principal,
+                ..
+            }) => {
+                let caller = broca_wire::Caller {
+                    principal: principal.as_ref().and_then(attested),
+                    scope_owner: scope.as_ref().and_then(|s| attested(&s.owner)),
+                    operator: false,
+                };
+                let bound = self.bind(
+                    route_channel,
+                    epoch,
+                    &identity,
+                    scope.as_ref(),
+                    caller,
+                    body,
+                );
+                match bound {
+                    Ok(()) => {
+                        let ok = json!({"op": "route.bind"});
+                        self.reply(FrameType::Response, 0, 0, corr, &ok).await
+                    }
+                    Err(e) => self.error(0, 0, corr, &e).await,
+                }
+            }
+            Err(e) => {
+                let e = RpcError::new(
+                    Code::InvalidRequest,
+                    format!("a control request broca does not take: {e}"),
+                );
+                self.error(0, 0, corr, &e).await;
+            }
+        }
     }
 
     /// Installs a route: the session is the bind's identity, its project root the scope's

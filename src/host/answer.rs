@@ -1,6 +1,6 @@
 //! An open session's runs and the commands it answers while no run is active.
 
-use broca_core::admission::Refusal;
+use broca_core::admission::{Prepared, Refusal, Unprepared};
 use broca_session::{ActorError, Cancelled, SessionCommand};
 use broca_shards::registry::Inbox;
 use broca_wal::SessionTriple;
@@ -65,33 +65,9 @@ impl Shard {
     ) -> bool {
         match cmd {
             SessionCommand::Send { admission, reply } => {
-                if self.host.is_stopping() {
-                    let r = Refusal::ShuttingDown;
-                    let _ = reply.send(Err(RpcError::refusal(&r)));
-                    return true;
-                }
-                match actor.send_prepared(*admission).await {
-                    Ok(r) => {
-                        let new = !r.existing && r.pending.is_none();
-                        let _ = reply.send(Ok(r));
-                        if new {
-                            let done = self.running(inbox, triple, actor.run_admitted()).await;
-                            if let Err(e) = done {
-                                tracing::error!("session {}: {e}", triple.address());
-                                return false;
-                            }
-                        }
-                        return self.run_queued(actor, inbox, triple).await;
-                    }
-                    Err(e @ ActorError::Refused(_)) => {
-                        let _ = reply.send(Err(e.to_rpc_error()));
-                    }
-                    Err(e) => {
-                        tracing::error!("session {}: {e}", triple.address());
-                        let _ = reply.send(Err(e.to_rpc_error()));
-                        return false;
-                    }
-                }
+                return self
+                    .answer_send(actor, inbox, triple, *admission, reply)
+                    .await;
             }
             SessionCommand::Status { run_id, reply } => {
                 let _ = reply.send(actor.view(run_id.as_deref()));
@@ -121,24 +97,79 @@ impl Shard {
                 let _ = reply.send(actor.barrier().await.ok());
             }
             SessionCommand::Import { input, reply } => {
-                match actor.import(*input, Box::new(|_| {})).await {
-                    Ok(r) => {
-                        if !r.existing {
-                            self.dirty.borrow_mut().insert(triple.clone());
-                        }
-                        let _ = reply.send(Ok(r));
-                    }
-                    Err(e @ ActorError::Import(_)) => {
-                        let _ = reply.send(Err(e.to_rpc_error()));
-                    }
-                    Err(e) => {
-                        tracing::error!("session {}: {e}", triple.address());
-                        let _ = reply.send(Err(e.to_rpc_error()));
-                        return false;
-                    }
-                }
+                return self.answer_import(actor, triple, *input, reply).await;
             }
         }
         true
     }
+
+    /// A send to an idle session: admitted (its run driven here, then the queued sends), or
+    /// refused; `false` when the actor must close.
+    async fn answer_send(
+        &self,
+        actor: &mut Actor,
+        inbox: &Inbox<SessionCommand>,
+        triple: &SessionTriple,
+        admission: Result<Prepared, Unprepared>,
+        reply: Reply<broca_session::SendReply>,
+    ) -> bool {
+        if self.host.is_stopping() {
+            let _ = reply.send(Err(RpcError::refusal(&Refusal::ShuttingDown)));
+            return true;
+        }
+        match actor.send_prepared(admission).await {
+            Ok(r) => {
+                let new = !r.existing && r.pending.is_none();
+                let _ = reply.send(Ok(r));
+                if new {
+                    let done = self.running(inbox, triple, actor.run_admitted()).await;
+                    if let Err(e) = done {
+                        tracing::error!("session {}: {e}", triple.address());
+                        return false;
+                    }
+                }
+                self.run_queued(actor, inbox, triple).await
+            }
+            Err(e @ ActorError::Refused(_)) => {
+                let _ = reply.send(Err(e.to_rpc_error()));
+                true
+            }
+            Err(e) => {
+                tracing::error!("session {}: {e}", triple.address());
+                let _ = reply.send(Err(e.to_rpc_error()));
+                false
+            }
+        }
+    }
+
+    /// An import into an idle session; `false` when the actor must close.
+    async fn answer_import(
+        &self,
+        actor: &mut Actor,
+        triple: &SessionTriple,
+        input: broca_session::ImportInput,
+        reply: Reply<broca_session::ImportReply>,
+    ) -> bool {
+        match actor.import(input, Box::new(|_| {})).await {
+            Ok(r) => {
+                if !r.existing {
+                    self.dirty.borrow_mut().insert(triple.clone());
+                }
+                let _ = reply.send(Ok(r));
+                true
+            }
+            Err(e @ ActorError::Import(_)) => {
+                let _ = reply.send(Err(e.to_rpc_error()));
+                true
+            }
+            Err(e) => {
+                tracing::error!("session {}: {e}", triple.address());
+                let _ = reply.send(Err(e.to_rpc_error()));
+                false
+            }
+        }
+    }
 }
+
+/// A command's reply channel.
+type Reply<T> = futures_channel::oneshot::Sender<Result<T, RpcError>>;

@@ -125,40 +125,16 @@ pub fn plan(
     let (covered, cut) = covered(bytes);
     let (start, first_line) = match prior {
         None => (0, 1),
-        Some(p) => {
-            let same = p.bytes <= covered as u64
-                && blake3::hash(&bytes[..p.bytes as usize]).to_hex().as_str() == p.blake3;
-            if !same {
-                return Err(err(
-                    Code::ImportConflict,
-                    None,
-                    format!(
-                        "not a longer version of the log imported as {}: its first {} bytes \
-                         differ from what that import read",
-                        p.import_id, p.bytes
-                    ),
-                ));
-            }
-            if p.bytes == covered as u64 {
+        Some(p) => match continues(file, bytes, covered, p)? {
+            Some(from) => from,
+            None => {
                 return Ok(Plan::Nothing {
                     import_id: p.import_id.clone(),
-                });
+                })
             }
-            if p.diverged {
-                return Err(err(
-                    Code::ImportDiverged,
-                    None,
-                    format!(
-                        "the session went on in broca after import {}: the log's new lines \
-                         (from line {}) cannot be appended after it",
-                        p.import_id,
-                        p.last_line + 1
-                    ),
-                ));
-            }
-            (p.bytes as usize, p.last_line + 1)
-        }
+        },
     };
+    assert!(start <= covered, "an import starts inside what it covers");
     let lines = Lines::new(file, &bytes[..covered], start, first_line).with_progress(progress);
     let mut episode = episode::Episode::new(format.name(), open_calls);
     let last_line = match format {
@@ -199,6 +175,50 @@ pub fn plan(
         notes: built.notes,
         at_unix_ms: 0,
     })))
+}
+
+/// Where a log that was imported before (`prior`) goes on: the byte and the line its new part
+/// starts at; `None` when it holds nothing new. Refused when it is not a longer version of
+/// what was imported, or the session went on after that import.
+fn continues(
+    file: &str,
+    bytes: &[u8],
+    covered: usize,
+    p: &Prior,
+) -> Result<Option<(usize, u64)>, ImportError> {
+    let err = |code, message: String| ImportError {
+        code,
+        file: file.to_string(),
+        line: None,
+        message,
+    };
+    let same = p.bytes <= covered as u64
+        && blake3::hash(&bytes[..p.bytes as usize]).to_hex().as_str() == p.blake3;
+    if !same {
+        return Err(err(
+            Code::ImportConflict,
+            format!(
+                "not a longer version of the log imported as {}: its first {} bytes differ \
+                 from what that import read",
+                p.import_id, p.bytes
+            ),
+        ));
+    }
+    if p.bytes == covered as u64 {
+        return Ok(None);
+    }
+    if p.diverged {
+        return Err(err(
+            Code::ImportDiverged,
+            format!(
+                "the session went on in broca after import {}: the log's new lines (from line \
+                 {}) cannot be appended after it",
+                p.import_id,
+                p.last_line + 1
+            ),
+        ));
+    }
+    Ok(Some((p.bytes as usize, p.last_line + 1)))
 }
 
 /// The bytes an import covers: through the last complete line, and the final unterminated

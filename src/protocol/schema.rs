@@ -13,13 +13,34 @@ use serde_json::{Map, Value};
 /// Nesting beyond this is not checked (a guard against pathological schemas).
 const DEPTH_MAX: usize = 64;
 
+/// Where and how arguments do not match their schema.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mismatch {
+    /// The JSON pointer of the value at fault (`/` for the arguments themselves).
+    pub path: String,
+    pub why: String,
+}
+
+impl std::fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "`{}`: {}", self.path, self.why)
+    }
+}
+
+impl Mismatch {
+    /// Whether the mismatch's text holds `part`.
+    pub fn contains(&self, part: &str) -> bool {
+        self.to_string().contains(part)
+    }
+}
+
 /// `Ok` when `args` matches `schema`; otherwise where and how it does not, e.g.
 /// "`/city`: expected a string, found 12".
-pub fn validate(schema: &Value, args: &Value) -> Result<(), String> {
+pub fn validate(schema: &Value, args: &Value) -> Result<(), Mismatch> {
     check(schema, args, &mut String::new(), 0)
 }
 
-fn check(schema: &Value, v: &Value, path: &mut String, depth: usize) -> Result<(), String> {
+fn check(schema: &Value, v: &Value, path: &mut String, depth: usize) -> Result<(), Mismatch> {
     let Some(s) = schema.as_object() else {
         return match schema {
             Value::Bool(false) => Err(at(path, "no value is allowed here")),
@@ -29,6 +50,19 @@ fn check(schema: &Value, v: &Value, path: &mut String, depth: usize) -> Result<(
     if depth > DEPTH_MAX {
         return Ok(());
     }
+    allowed_values(s, v, path)?;
+    match v {
+        Value::Object(o) => object(s, o, path, depth)?,
+        Value::Array(items) => array(s, items, path, depth)?,
+        Value::String(text) => string(s, text, path)?,
+        Value::Number(num) => number(s, num.as_f64().unwrap_or(f64::NAN), path)?,
+        _ => {}
+    }
+    combinators(s, v, path, depth)
+}
+
+/// `type`, `enum` and `const`.
+fn allowed_values(s: &Map<String, Value>, v: &Value, path: &str) -> Result<(), Mismatch> {
     if let Some(t) = s.get("type") {
         let ok = match t {
             Value::String(name) => has_type(v, name),
@@ -53,33 +87,38 @@ fn check(schema: &Value, v: &Value, path: &mut String, depth: usize) -> Result<(
             ));
         }
     }
-    if let Some(c) = s.get("const") {
-        if !same(c, v) {
-            return Err(at(
-                path,
-                &format!("expected {}, found {}", short(c), short(v)),
-            ));
+    match s.get("const") {
+        Some(c) if !same(c, v) => Err(at(
+            path,
+            &format!("expected {}, found {}", short(c), short(v)),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `minLength` and `maxLength`, in characters.
+fn string(s: &Map<String, Value>, text: &str, path: &str) -> Result<(), Mismatch> {
+    let n = text.chars().count() as u64;
+    if let Some(min) = s.get("minLength").and_then(Value::as_u64) {
+        if n < min {
+            return Err(at(path, &format!("at least {min} characters, found {n}")));
         }
     }
-    match v {
-        Value::Object(o) => object(s, o, path, depth)?,
-        Value::Array(items) => array(s, items, path, depth)?,
-        Value::String(text) => {
-            let n = text.chars().count() as u64;
-            if let Some(min) = s.get("minLength").and_then(Value::as_u64) {
-                if n < min {
-                    return Err(at(path, &format!("at least {min} characters, found {n}")));
-                }
-            }
-            if let Some(max) = s.get("maxLength").and_then(Value::as_u64) {
-                if n > max {
-                    return Err(at(path, &format!("at most {max} characters, found {n}")));
-                }
-            }
+    if let Some(max) = s.get("maxLength").and_then(Value::as_u64) {
+        if n > max {
+            return Err(at(path, &format!("at most {max} characters, found {n}")));
         }
-        Value::Number(num) => number(s, num.as_f64().unwrap_or(f64::NAN), path)?,
-        _ => {}
     }
+    Ok(())
+}
+
+/// `allOf`, `anyOf`, `oneOf` and `not`.
+fn combinators(
+    s: &Map<String, Value>,
+    v: &Value,
+    path: &mut String,
+    depth: usize,
+) -> Result<(), Mismatch> {
     if let Some(all) = s.get("allOf").and_then(Value::as_array) {
         for sub in all {
             check(sub, v, path, depth + 1)?;
@@ -109,12 +148,12 @@ fn check(schema: &Value, v: &Value, path: &mut String, depth: usize) -> Result<(
             ));
         }
     }
-    if let Some(not) = s.get("not") {
-        if check(not, v, path, depth + 1).is_ok() {
-            return Err(at(path, "matches a schema it must not"));
+    match s.get("not") {
+        Some(not) if check(not, v, path, depth + 1).is_ok() => {
+            Err(at(path, "matches a schema it must not"))
         }
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 fn object(
@@ -122,7 +161,7 @@ fn object(
     o: &Map<String, Value>,
     path: &mut String,
     depth: usize,
-) -> Result<(), String> {
+) -> Result<(), Mismatch> {
     if let Some(required) = s.get("required").and_then(Value::as_array) {
         for name in required.iter().filter_map(Value::as_str) {
             if !o.contains_key(name) {
@@ -155,7 +194,7 @@ fn array(
     items: &[Value],
     path: &mut String,
     depth: usize,
-) -> Result<(), String> {
+) -> Result<(), Mismatch> {
     let n = items.len() as u64;
     if let Some(min) = s.get("minItems").and_then(Value::as_u64) {
         if n < min {
@@ -179,7 +218,7 @@ fn array(
     Ok(())
 }
 
-fn number(s: &Map<String, Value>, x: f64, path: &str) -> Result<(), String> {
+fn number(s: &Map<String, Value>, x: f64, path: &str) -> Result<(), Mismatch> {
     let bound = |k: &str| s.get(k).and_then(Value::as_f64);
     let checks: [(&str, fn(f64, f64) -> bool, &str); 4] = [
         ("minimum", |x, b| x >= b, "at least"),
@@ -256,9 +295,12 @@ fn short(v: &Value) -> String {
     format!("{}...", &text[..end])
 }
 
-fn at(path: &str, what: &str) -> String {
+fn at(path: &str, what: &str) -> Mismatch {
     let path = if path.is_empty() { "/" } else { path };
-    format!("`{path}`: {what}")
+    Mismatch {
+        path: path.to_string(),
+        why: what.to_string(),
+    }
 }
 
 #[cfg(test)]

@@ -22,7 +22,8 @@ impl JsonWriter {
     }
 
     pub(crate) fn finish(self) -> Vec<u8> {
-        debug_assert!(self.started.is_empty(), "every object and array is closed");
+        assert!(self.started.is_empty(), "every object and array is closed");
+        assert!(!self.after_key, "every key has its value");
         self.out
     }
 
@@ -56,14 +57,15 @@ impl JsonWriter {
 
     /// Closes the innermost object.
     pub(crate) fn end_object(&mut self) -> &mut Self {
-        self.started.pop();
+        assert!(!self.after_key, "a key is followed by its value");
+        assert!(self.started.pop().is_some(), "an object is closed once");
         self.out.push(b'}');
         self
     }
 
     /// Closes the innermost array.
     pub(crate) fn end_array(&mut self) -> &mut Self {
-        self.started.pop();
+        assert!(self.started.pop().is_some(), "an array is closed once");
         self.out.push(b']');
         self
     }
@@ -71,10 +73,12 @@ impl JsonWriter {
     /// Writes a key; its value must follow (the value writes no comma). Keys are the
     /// renderers' own names, which need no escape.
     pub(crate) fn key(&mut self, key: &'static str) -> &mut Self {
-        debug_assert!(
+        assert!(
             !key.bytes().any(|c| c < 0x20 || c == b'"' || c == b'\\'),
             "a key that needs an escape: {key:?}"
         );
+        assert!(!self.after_key, "two keys in a row");
+        assert!(!self.started.is_empty(), "a key belongs to an object");
         self.comma();
         self.out.push(b'"');
         self.out.extend_from_slice(key.as_bytes());

@@ -353,6 +353,7 @@ impl<'a> Cursor<'a> {
         if escaped {
             return None;
         }
+        assert!(end > self.i, "a string ends after its quote");
         let key = self.text.get(self.i + 1..end - 1)?;
         self.i = end;
         if self.peek()? != b':' {
@@ -371,6 +372,10 @@ impl<'a> Cursor<'a> {
     pub(crate) fn value(&mut self) -> Option<Raw<'a>> {
         let at = skip_ws(self.b(), self.i);
         let (v, end) = value(self.text, at)?;
+        assert!(
+            end >= at && end <= self.text.len(),
+            "a value lies inside the text"
+        );
         self.i = end;
         Some(v)
     }

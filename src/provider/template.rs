@@ -46,11 +46,17 @@ impl Template {
         let b = data.as_bytes();
         let mut at = 0;
         for &(start, end, hole) in spans.iter() {
+            assert!(at <= start, "holes do not overlap");
+            assert!(
+                start <= end && end <= b.len(),
+                "a hole lies inside the event"
+            );
             self.literal.extend_from_slice(&b[at..start]);
             self.holes.push((self.literal.len(), hole));
             at = end;
         }
         self.literal.extend_from_slice(&b[at..]);
+        assert_eq!(self.holes.len(), spans.len());
         self.valid = true;
     }
 

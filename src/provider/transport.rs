@@ -258,24 +258,7 @@ impl ModelClient for HttpModelClient {
 
 impl HttpModelClient {
     async fn open_stream(&self, request: &Request) -> Result<HttpModelStream, Failure> {
-        // The run's frozen entry says which family and where; only a run admitted before
-        // entries were frozen asks the catalog in use.
-        let route = match &request.route {
-            Some(r) => r.clone(),
-            None => {
-                let entry = catalog::provider(&request.provider).ok_or_else(|| {
-                    failure(
-                        ErrorClass::Permanent,
-                        format!("unknown provider `{}`", request.provider),
-                        None,
-                    )
-                })?;
-                broca_protocol::ProviderRoute {
-                    family: entry.family,
-                    base_url: entry.base_url,
-                }
-            }
-        };
+        let route = route_of(request)?;
         let family = super::family(&route.family).ok_or_else(|| {
             failure(
                 ErrorClass::Permanent,
@@ -302,12 +285,24 @@ impl HttpModelClient {
                 };
                 failure(class, e.message, None)
             })?;
+        self.open_with(request, family, &url, &credential).await
+    }
+
+    /// Renders, authorizes and sends the request to `url` with `credential`, and opens the
+    /// answer's stream. A provider that refuses the credential itself tells its source.
+    async fn open_with(
+        &self,
+        request: &Request,
+        family: &'static dyn WireFamily,
+        url: &Url,
+        credential: &crate::credential::Credential,
+    ) -> Result<HttpModelStream, Failure> {
         let redact = credential.redactor();
         let aliases = Aliases::for_tools(&request.tools);
         let mut rendered = family.render(request, &aliases);
         let auth = AuthContext {
-            credential: &credential,
-            url: &url,
+            credential,
+            url,
             now_unix_secs: now_unix_ms() / 1000,
         };
         family
@@ -321,7 +316,7 @@ impl HttpModelClient {
         let out = Outgoing {
             client: &self.client,
             family,
-            url: &url,
+            url,
             rendered: &rendered,
             redact: &redact,
             target: &target,
@@ -351,6 +346,25 @@ impl HttpModelClient {
         stream.pending.extend(quota.map(StreamEvent::Quota));
         Ok(stream)
     }
+}
+
+/// Which family and where: the run's frozen entry says; only a run admitted before entries
+/// were frozen asks the catalog in use.
+fn route_of(request: &Request) -> Result<broca_protocol::ProviderRoute, Failure> {
+    if let Some(r) = &request.route {
+        return Ok(r.clone());
+    }
+    let entry = catalog::provider(&request.provider).ok_or_else(|| {
+        failure(
+            ErrorClass::Permanent,
+            format!("unknown provider `{}`", request.provider),
+            None,
+        )
+    })?;
+    Ok(broca_protocol::ProviderRoute {
+        family: entry.family,
+        base_url: entry.base_url,
+    })
 }
 
 fn header_pairs(rendered: &Rendered) -> Vec<(&str, &str)> {

@@ -78,41 +78,14 @@ impl Standalone {
         let tls = tls::default_client_config()?;
         broca_shards::run_local(async move {
             let http = HttpClient::new(ClientConfig::new(tls.clone(), proxy.clone()));
-            if self.catalog.url.is_some() || self.catalog.file.is_some() {
-                let fetched = match &self.catalog.url {
-                    Some(url) => Some(broca_provider::catalog_service::fetch(url, &http).await),
-                    None => None,
-                };
-                let (catalog, notes) = broca_catalog::load::load(&self.catalog, fetched);
-                for n in notes {
-                    broca_io::errln!("broca: {n}");
-                }
-                broca_catalog::install(catalog);
-            }
+            load_catalog(&self.catalog, &http).await;
             let model = HttpModelClient::new(
                 http,
                 self.endpoints,
                 Box::new(StateSecrets::new(&self.state_dir)),
             );
             let tool_http = broca_tools::tool_http_client(tls, proxy);
-            let servers = match self.tools {
-                Some(cfg) if !cfg.modules.is_empty() => {
-                    return Err(Failure::Failed(
-                        "the tools config names tool modules; they are reached through the \
-                         daemon, in module mode (`broca module --subc FILE`), not by `broca run`"
-                            .into(),
-                    ));
-                }
-                Some(cfg) => {
-                    let (servers, problems) =
-                        broca_tools::ToolServers::start(cfg, &tool_http).await?;
-                    for p in problems {
-                        broca_io::errln!("broca: {p}; its tools are not offered");
-                    }
-                    servers
-                }
-                None => broca_tools::ToolServers::none(),
-            };
+            let servers = start_tools(self.tools, &tool_http).await?;
             // A send admission refuses on its own writes nothing, not even a new WAL: it is
             // refused before the session opens, unless its send_id may name a run of a WAL
             // that exists (that run is the answer then).
@@ -154,22 +127,9 @@ impl Standalone {
             let outcome = Self::drive(&mut actor, self.send, &shown).await;
             let closed = actor.close().await.map_err(|e| e.to_string());
             servers.stop();
-            // The store follows the WAL after the run, off its path; a failure here loses
-            // nothing (the WAL is authoritative and the store catches up later).
+            // The store follows the WAL after the run, off its path.
             let wal = broca_wal_writer::wal_path(&wal_dir, &self.triple);
-            let state_dir = self.state_dir.clone();
-            let projected = glommio::executor()
-                .spawn_blocking(move || {
-                    let (store, notes) = broca_store::Store::open(&state_dir)?;
-                    store.catch_up(&wal).map(|_| notes)
-                })
-                .await;
-            match projected {
-                Ok(notes) => notes
-                    .into_iter()
-                    .for_each(|n| broca_io::errln!("broca: {n}")),
-                Err(e) => broca_io::errln!("broca: {e}"),
-            }
+            project(self.state_dir.clone(), vec![wal]).await;
             let report = outcome?;
             closed?;
             Ok(report)
@@ -215,6 +175,66 @@ fn result_of<P: ModelClient, T: ToolRunner>(
     Ok(broca_core::views::run_result(&state.runs[*index]))
 }
 
+/// Assembles the catalog (asking its service, when a URL names one) and installs it.
+async fn load_catalog(src: &broca_catalog::load::Sources, http: &Rc<HttpClient>) {
+    if src.url.is_none() && src.file.is_none() {
+        return;
+    }
+    let fetched = match &src.url {
+        Some(url) => Some(broca_provider::catalog_service::fetch(url, http).await),
+        None => None,
+    };
+    let (catalog, notes) = broca_catalog::load::load(src, fetched);
+    for n in notes {
+        broca_io::errln!("broca: {n}");
+    }
+    broca_catalog::install(catalog);
+}
+
+/// The configured MCP servers, started (a server that does not start is reported, and its
+/// tools are not offered); tool modules are refused: only module mode reaches them.
+async fn start_tools(
+    cfg: Option<broca_tools::config::ToolsConfig>,
+    http: &Rc<HttpClient>,
+) -> Result<std::sync::Arc<broca_tools::ToolServers>, Failure> {
+    let Some(cfg) = cfg else {
+        return Ok(broca_tools::ToolServers::none());
+    };
+    if !cfg.modules.is_empty() {
+        return Err(Failure::Failed(
+            "the tools config names tool modules; they are reached through the daemon, in \
+             module mode (`broca module --subc FILE`), not by `broca run`"
+                .into(),
+        ));
+    }
+    let (servers, problems) = broca_tools::ToolServers::start(cfg, http).await?;
+    for p in problems {
+        broca_io::errln!("broca: {p}; its tools are not offered");
+    }
+    Ok(servers)
+}
+
+/// Catches the store up with the WALs `wals` on the blocking pool, off the run's path. A
+/// failure loses nothing (the WAL is authoritative and the store catches up later): it is
+/// said on stderr.
+async fn project(state_dir: PathBuf, wals: Vec<PathBuf>) {
+    let projected = glommio::executor()
+        .spawn_blocking(move || {
+            let (store, notes) = broca_store::Store::open(&state_dir)?;
+            for wal in wals {
+                store.catch_up(&wal)?;
+            }
+            Ok::<_, String>(notes)
+        })
+        .await;
+    match projected {
+        Ok(notes) => notes
+            .into_iter()
+            .for_each(|n| broca_io::errln!("broca: {n}")),
+        Err(e) => broca_io::errln!("broca: {e}"),
+    }
+}
+
 /// What `broca import` hears of each log: the session it went into and what was imported,
 /// or why it was not (nothing was written for it then).
 pub type ImportReport<'a> =
@@ -245,22 +265,7 @@ pub fn import_logs(
             failed += usize::from(imported.is_err());
             report(&path, imported);
         }
-        // The store follows the WALs (the WAL is authoritative: a failure here loses nothing).
-        let projected = glommio::executor()
-            .spawn_blocking(move || {
-                let (store, notes) = broca_store::Store::open(&state_dir)?;
-                for wal in touched {
-                    store.catch_up(&wal)?;
-                }
-                Ok::<_, String>(notes)
-            })
-            .await;
-        match projected {
-            Ok(notes) => notes
-                .into_iter()
-                .for_each(|n| broca_io::errln!("broca: {n}")),
-            Err(e) => broca_io::errln!("broca: {e}"),
-        }
+        project(state_dir, touched).await;
         failed
     })
     .map_err(|e| format!("cannot start the executor: {e}"))?;

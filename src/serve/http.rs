@@ -130,10 +130,7 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
             match dec.next() {
                 Ok(Some((head, _))) if head.method == "GET" && head.path() == "/v1/subscribe" => {
                     if tcp && !authorized(&ctx, &head) {
-                        let err = unauthorized();
-                        let _ = stream
-                            .write_all(&response(err.status(), JSON, &err.body(), false))
-                            .await;
+                        refuse(&mut stream, &unauthorized()).await;
                     } else {
                         // A subscription lives long: the request's buffers go first.
                         drop(std::mem::take(&mut buf));
@@ -144,29 +141,13 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
                 }
                 Ok(Some((head, body))) => {
                     began = None; // the next request's clock starts with its first byte
-                    let (status, kind, out) = handle(&ctx, &head, body, tcp).await;
-                    let keep = head.keep_alive;
-                    let written = stream.write_all(&response(status, kind, &out, keep)).await;
-                    if written.is_ok() && broca_crash_points::armed() {
-                        // A crash test's `admitted` cut in the power-loss mode: once answered.
-                        let _ = stream.flush().await;
-                        broca_crash_points::send_answered();
-                    }
-                    if written.is_err() || !keep {
+                    if !answer(&ctx, &head, body, tcp, &mut stream).await {
                         return;
                     }
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    let err = RpcError::new(request_code(&e), e.to_string());
-                    let _ = stream
-                        .write_all(&response(
-                            err.status(),
-                            "application/json",
-                            &err.body(),
-                            false,
-                        ))
-                        .await;
+                    refuse(&mut stream, &RpcError::new(request_code(&e), e.to_string())).await;
                     return;
                 }
             }
@@ -188,14 +169,39 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
             }
             Err(()) if !dec.is_idle() => {
                 let err = RpcError::new(Code::RequestTimeout, "the request stopped arriving");
-                let _ = stream
-                    .write_all(&response(err.status(), JSON, &err.body(), false))
-                    .await;
+                refuse(&mut stream, &err).await;
                 return;
             }
             _ => return,
         }
     }
+}
+
+/// Answers one request; `false` when the connection is to close (the client asked, or the
+/// answer could not be written).
+async fn answer<S: AsyncWrite + Unpin>(
+    ctx: &Arc<Surface>,
+    head: &RequestHead,
+    body: Vec<u8>,
+    tcp: bool,
+    stream: &mut S,
+) -> bool {
+    let (status, kind, out) = handle(ctx, head, body, tcp).await;
+    let keep = head.keep_alive;
+    let written = stream.write_all(&response(status, kind, &out, keep)).await;
+    if written.is_ok() && broca_crash_points::armed() {
+        // A crash test's `admitted` cut in the power-loss mode: once answered.
+        let _ = stream.flush().await;
+        broca_crash_points::send_answered();
+    }
+    written.is_ok() && keep
+}
+
+/// Writes `err` as the connection's last answer.
+async fn refuse<S: AsyncWrite + Unpin>(stream: &mut S, err: &RpcError) {
+    let _ = stream
+        .write_all(&response(err.status(), JSON, &err.body(), false))
+        .await;
 }
 
 /// Whether the request carries the daemon's handle (compared in constant time).

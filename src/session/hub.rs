@@ -198,6 +198,10 @@ impl Hub {
                 );
                 q.push_back((cursor, u.clone()));
             }
+            assert!(
+                q.len() <= CONTROL_QUEUE_MAX,
+                "a control queue keeps its bound"
+            );
             drop(q);
             s.poke();
         }
@@ -212,6 +216,10 @@ impl Hub {
             } else {
                 q.push_back(text.to_string());
             }
+            assert!(
+                q.len() <= DISPLAY_QUEUE_MAX,
+                "a display queue keeps its bound"
+            );
             drop(q);
             s.poke();
         }

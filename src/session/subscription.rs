@@ -128,43 +128,18 @@ async fn replay(
             if from == SubFrom::Live {
                 continue; // only the head matters
             }
-            for (seq, record) in &page {
-                for (i, u) in units(record).iter().enumerate() {
-                    let cursor = Cursor {
-                        seq: *seq,
-                        sub: i as u32,
-                    };
-                    if cursor <= last {
-                        continue;
-                    }
-                    if !ready {
-                        ready = true;
-                        if !send(tx, SubItem::Ready).await {
-                            return Ok(None);
-                        }
-                    }
-                    let unit = u.to_string();
-                    if !send(tx, SubItem::Control { cursor, unit }).await {
-                        return Ok(None);
-                    }
-                    last = cursor;
-                }
+            if !send_page(&page, &mut last, &mut ready, tx).await {
+                return Ok(None);
             }
         }
         if from == SubFrom::Live {
             last = Cursor::end_of(reader.last_seq());
         }
-        if let SubFrom::After(c) = from {
-            if c.seq > reader.last_seq() {
-                let _ = send(tx, SubItem::Refused(beyond_head(c, reader.last_seq()))).await;
-                return Ok(None);
-            }
-        }
-    } else if let SubFrom::After(c) = from {
-        if c.seq > 0 {
-            let _ = send(tx, SubItem::Refused(beyond_head(c, 0))).await;
+        if !within_head(from, reader.last_seq(), tx).await {
             return Ok(None);
         }
+    } else if !within_head(from, 0, tx).await {
+        return Ok(None);
     }
     if !ready && !send(tx, SubItem::Ready).await {
         return Ok(None);
@@ -172,11 +147,100 @@ async fn replay(
     Ok(Some(last))
 }
 
+/// Sends a page's units after `last` (saying ready before the first), moving `last` on;
+/// `false` when the connection went.
+async fn send_page(
+    page: &[(u64, Record)],
+    last: &mut Cursor,
+    ready: &mut bool,
+    tx: &mut mpsc::Sender<SubItem>,
+) -> bool {
+    for (seq, record) in page {
+        for (i, u) in units(record).iter().enumerate() {
+            let cursor = Cursor {
+                seq: *seq,
+                sub: i as u32,
+            };
+            if cursor <= *last {
+                continue;
+            }
+            if !*ready {
+                *ready = true;
+                if !send(tx, SubItem::Ready).await {
+                    return false;
+                }
+            }
+            let unit = u.to_string();
+            if !send(tx, SubItem::Control { cursor, unit }).await {
+                return false;
+            }
+            *last = cursor;
+        }
+    }
+    true
+}
+
+/// Whether a subscription's cursor is within the session's head (`head`, the last seq); a
+/// cursor beyond it is refused (`false`).
+async fn within_head(from: SubFrom, head: u64, tx: &mut mpsc::Sender<SubItem>) -> bool {
+    match from {
+        SubFrom::After(c) if c.seq > head => {
+            let _ = send(tx, SubItem::Refused(beyond_head(c, head))).await;
+            false
+        }
+        _ => true,
+    }
+}
+
 fn beyond_head(c: Cursor, head: u64) -> String {
     format!(
         "cursor {c} is beyond the session's head (seq {head}): it is not from this session's \
          WAL; subscribe from=start or from=live"
     )
+}
+
+/// Hands the connection what `sub` has queued, control units first (in order, after
+/// `last`), then display deltas, as much as it takes without waiting. Answers whether the
+/// connection's queue is full; `None` once the connection is gone.
+fn forward_queued(sub: &Sub, tx: &mut mpsc::Sender<SubItem>, last: &mut Cursor) -> Option<bool> {
+    // A unit that does not fit waits for room.
+    loop {
+        let Some((cursor, unit)) = sub.control.borrow_mut().pop_front() else {
+            break;
+        };
+        if cursor <= *last {
+            continue;
+        }
+        match tx.try_send(SubItem::Control { cursor, unit }) {
+            Ok(()) => *last = cursor,
+            Err(e) if e.is_disconnected() => return None,
+            Err(e) => {
+                let SubItem::Control { cursor, unit } = e.into_inner() else {
+                    unreachable!("the item sent comes back")
+                };
+                sub.control.borrow_mut().push_front((cursor, unit));
+                return Some(true);
+            }
+        }
+    }
+    // Display deltas only when the control lane is through; they wait in their own bounded
+    // queue (new ones dropped and counted past it).
+    loop {
+        let Some(text) = sub.display.borrow_mut().pop_front() else {
+            return Some(false);
+        };
+        match tx.try_send(SubItem::Display(text)) {
+            Ok(()) => {}
+            Err(e) if e.is_disconnected() => return None,
+            Err(e) => {
+                let SubItem::Display(text) = e.into_inner() else {
+                    unreachable!("the item sent comes back")
+                };
+                sub.display.borrow_mut().push_front(text);
+                return Some(true);
+            }
+        }
+    }
 }
 
 /// Forwards what the hub queues for `sub`, as fast as the connection takes it; never waits
@@ -196,46 +260,9 @@ async fn live(
             ));
             return;
         }
-        let mut full = false;
-        // Control units first, in order; a unit that does not fit waits for room.
-        loop {
-            let Some((cursor, unit)) = sub.control.borrow_mut().pop_front() else {
-                break;
-            };
-            if cursor <= last {
-                continue;
-            }
-            match tx.try_send(SubItem::Control { cursor, unit }) {
-                Ok(()) => last = cursor,
-                Err(e) if e.is_disconnected() => return,
-                Err(e) => {
-                    let SubItem::Control { cursor, unit } = e.into_inner() else {
-                        unreachable!("the item sent comes back")
-                    };
-                    sub.control.borrow_mut().push_front((cursor, unit));
-                    full = true;
-                    break;
-                }
-            }
-        }
-        // Display deltas only when the control lane is through; they wait in their own
-        // bounded queue (new ones dropped and counted past it).
-        while !full {
-            let Some(text) = sub.display.borrow_mut().pop_front() else {
-                break;
-            };
-            match tx.try_send(SubItem::Display(text)) {
-                Ok(()) => {}
-                Err(e) if e.is_disconnected() => return,
-                Err(e) => {
-                    let SubItem::Display(text) = e.into_inner() else {
-                        unreachable!("the item sent comes back")
-                    };
-                    sub.display.borrow_mut().push_front(text);
-                    full = true;
-                }
-            }
-        }
+        let Some(full) = forward_queued(sub, &mut tx, &mut last) else {
+            return; // the connection went
+        };
         if !full && sub.dropped.get() > 0 && tx.try_send(SubItem::Gap(sub.dropped.get())).is_ok() {
             sub.dropped.set(0);
         }

@@ -302,6 +302,10 @@ impl Follower {
         used.sort_unstable();
         let keep_from = used[over - 1];
         self.followed.retain(|_, f| f.used > keep_from);
+        assert!(
+            self.followed.len() <= self.followed_max,
+            "the followed state keeps its bound"
+        );
     }
 }
 
@@ -344,6 +348,9 @@ fn since(store: &Store, path: &Path, f: &mut Followed) -> Result<Since, String> 
             match applied {
                 Ok(fact) => {
                     facts.extend(fact);
+                    assert!(f
+                        .last
+                        .is_none_or(|(s, o)| frame.seq > s && frame.offset > o));
                     f.last = Some((frame.seq, frame.offset));
                 }
                 // A record that does not fit or parse: the whole read names it.

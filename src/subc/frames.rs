@@ -39,6 +39,10 @@ impl Decoder {
     /// The next whole frame, if the bytes hold one; an error for a frame the wire's rules
     /// refuse (the connection cannot go on after one).
     pub fn next_frame(&mut self) -> Result<Option<FrameIn>, String> {
+        assert!(
+            self.at <= self.buf.len(),
+            "the decoder's position is inside its buffer"
+        );
         let rest = &self.buf[self.at..];
         if rest.len() < HEADER_LEN {
             return Ok(None);
@@ -56,6 +60,7 @@ impl Decoder {
             return Ok(None);
         }
         let body = rest[HEADER_LEN..end].to_vec();
+        assert_eq!(body.len(), header.len as usize);
         self.at += end;
         if self.at == self.buf.len() {
             self.buf.clear();

@@ -135,27 +135,7 @@ impl ModelClient for ScriptedModel {
             && tool_steps_so_far < self.script.tool_steps_max
             && h % 100 < self.script.tool_step_percent;
         if wants_tools {
-            let n = 1 + (mix(h) % u64::from(self.script.calls_per_step_max.max(1))) as u32;
-            for i in 0..n {
-                let name = &self.script.tools
-                    [(mix(h + u64::from(i)) % self.script.tools.len() as u64) as usize];
-                events.push(StreamEvent::ToolCallStart {
-                    index: i,
-                    id: format!("call_{:016x}_{i}", h),
-                    name: name.clone(),
-                });
-                let args = format!("{{\"n\":{},\"tag\":\"{:x}\"}}", i, h & 0xffff);
-                let (a, b) = args.split_at(args.len() / 2);
-                events.push(StreamEvent::ToolCallArgsDelta {
-                    index: i,
-                    json: a.into(),
-                });
-                events.push(StreamEvent::ToolCallArgsDelta {
-                    index: i,
-                    json: b.into(),
-                });
-                events.push(StreamEvent::ToolCallEnd { index: i });
-            }
+            self.tool_calls(h, &mut events);
         } else {
             events.push(StreamEvent::TextDelta(" done".into()));
         }
@@ -185,6 +165,34 @@ impl ModelClient for ScriptedModel {
         Ok(ScriptedStream {
             events: events.into_iter(),
         })
+    }
+}
+
+impl ScriptedModel {
+    /// The tool calls of a step whose request hashed to `h`: 1 to `calls_per_step_max` of
+    /// them, each with its arguments streamed in two pieces.
+    fn tool_calls(&self, h: u64, events: &mut Vec<StreamEvent>) {
+        let n = 1 + (mix(h) % u64::from(self.script.calls_per_step_max.max(1))) as u32;
+        for i in 0..n {
+            let name = &self.script.tools
+                [(mix(h + u64::from(i)) % self.script.tools.len() as u64) as usize];
+            events.push(StreamEvent::ToolCallStart {
+                index: i,
+                id: format!("call_{:016x}_{i}", h),
+                name: name.clone(),
+            });
+            let args = format!("{{\"n\":{},\"tag\":\"{:x}\"}}", i, h & 0xffff);
+            let (a, b) = args.split_at(args.len() / 2);
+            events.push(StreamEvent::ToolCallArgsDelta {
+                index: i,
+                json: a.into(),
+            });
+            events.push(StreamEvent::ToolCallArgsDelta {
+                index: i,
+                json: b.into(),
+            });
+            events.push(StreamEvent::ToolCallEnd { index: i });
+        }
     }
 }
 

@@ -133,63 +133,11 @@ impl ToolsConfig {
         };
         let mut servers: Vec<ServerConfig> = Vec::with_capacity(file.mcp.len());
         for s in file.mcp {
-            let name = s.name.trim().to_string();
-            if name.is_empty() || name.contains(['/', '\n']) {
-                return Err(format!(
-                    "server name `{}` must be non-empty, without `/`",
-                    s.name
-                ));
+            let server = server(s)?;
+            if servers.iter().any(|o| o.name == server.name) {
+                return Err(format!("two servers are named `{}`", server.name));
             }
-            if servers.iter().any(|o| o.name == name) {
-                return Err(format!("two servers are named `{name}`"));
-            }
-            if s.command.is_some() && !s.headers.is_empty() {
-                return Err(format!(
-                    "server `{name}`: `headers` apply to a url, not a command"
-                ));
-            }
-            let transport = match (s.command, s.url) {
-                (Some(command), None) => {
-                    if command.first().is_none_or(|c| c.is_empty()) {
-                        return Err(format!("server `{name}`: `command` is empty"));
-                    }
-                    Transport::Stdio {
-                        command,
-                        env: s.env,
-                        cwd: s.cwd,
-                    }
-                }
-                (None, Some(url)) => {
-                    if !s.env.is_empty() || s.cwd.is_some() {
-                        return Err(format!(
-                            "server `{name}`: `env` and `cwd` apply to a command, not a url"
-                        ));
-                    }
-                    Transport::Http {
-                        url,
-                        headers: s.headers,
-                    }
-                }
-                (Some(_), Some(_)) => {
-                    return Err(format!(
-                        "server `{name}`: give `command` or `url`, not both"
-                    ))
-                }
-                (None, None) => return Err(format!("server `{name}`: give `command` or `url`")),
-            };
-            let max_concurrency = s.max_concurrency.unwrap_or(16);
-            if max_concurrency == 0 {
-                return Err(format!(
-                    "server `{name}`: max_concurrency must be at least 1"
-                ));
-            }
-            servers.push(ServerConfig {
-                name,
-                transport,
-                startup_timeout: Duration::from_millis(s.startup_timeout_ms.unwrap_or(30_000)),
-                call_timeout: Duration::from_millis(s.call_timeout_ms.unwrap_or(300_000)),
-                max_concurrency,
-            });
+            servers.push(server);
         }
         let mut modules: Vec<ModuleConfig> = Vec::with_capacity(file.modules.len());
         for m in file.modules {
@@ -222,6 +170,65 @@ impl ToolsConfig {
             result_bytes_max,
         })
     }
+}
+
+/// One MCP server of the file, checked: a name, and a command or a url with what applies to
+/// it.
+fn server(s: FileServer) -> Result<ServerConfig, String> {
+    let name = s.name.trim().to_string();
+    if name.is_empty() || name.contains(['/', '\n']) {
+        return Err(format!(
+            "server name `{}` must be non-empty, without `/`",
+            s.name
+        ));
+    }
+    if s.command.is_some() && !s.headers.is_empty() {
+        return Err(format!(
+            "server `{name}`: `headers` apply to a url, not a command"
+        ));
+    }
+    let transport = match (s.command, s.url) {
+        (Some(command), None) => {
+            if command.first().is_none_or(|c| c.is_empty()) {
+                return Err(format!("server `{name}`: `command` is empty"));
+            }
+            Transport::Stdio {
+                command,
+                env: s.env,
+                cwd: s.cwd,
+            }
+        }
+        (None, Some(url)) => {
+            if !s.env.is_empty() || s.cwd.is_some() {
+                return Err(format!(
+                    "server `{name}`: `env` and `cwd` apply to a command, not a url"
+                ));
+            }
+            Transport::Http {
+                url,
+                headers: s.headers,
+            }
+        }
+        (Some(_), Some(_)) => {
+            return Err(format!(
+                "server `{name}`: give `command` or `url`, not both"
+            ))
+        }
+        (None, None) => return Err(format!("server `{name}`: give `command` or `url`")),
+    };
+    let max_concurrency = s.max_concurrency.unwrap_or(16);
+    if max_concurrency == 0 {
+        return Err(format!(
+            "server `{name}`: max_concurrency must be at least 1"
+        ));
+    }
+    Ok(ServerConfig {
+        name,
+        transport,
+        startup_timeout: Duration::from_millis(s.startup_timeout_ms.unwrap_or(30_000)),
+        call_timeout: Duration::from_millis(s.call_timeout_ms.unwrap_or(300_000)),
+        max_concurrency,
+    })
 }
 
 #[cfg(test)]

@@ -248,21 +248,7 @@ impl ModuleTools {
         let mut delay = Duration::from_millis(100);
         let mut last = String::new();
         for attempt in 1..=OPEN_ATTEMPTS {
-            let link = self.link().await.map_err(NotSent::Refused)?;
-            let sent = link.request(0, 0, body.clone()).map_err(NotSent::Refused)?;
-            let frame = match with_timeout(CONTROL_DEADLINE, sent.reply).await {
-                Ok(Ok(Ok(frame))) => frame,
-                Ok(Ok(Err(why))) => return Err(NotSent::Refused(why)),
-                Ok(Err(_)) => return Err(NotSent::Refused("the daemon connection ended".into())),
-                Err(()) => {
-                    link.cancel(0, 0, sent.corr);
-                    // A route the daemon may have opened after all is left to its own
-                    // cleanup; nothing was sent on it.
-                    return Err(NotSent::Refused(format!(
-                        "the daemon did not answer route.open to `{module}` within {CONTROL_DEADLINE:?}"
-                    )));
-                }
-            };
+            let (link, frame) = self.open_once(module, &body).await?;
             match toolprov::read_open(&frame) {
                 Opened::Route { channel, epoch } => {
                     let route = Route {
@@ -297,6 +283,27 @@ impl ModuleTools {
         Err(NotSent::Refused(format!(
             "the daemon kept refusing a route to tool module `{module}` ({last}, {OPEN_ATTEMPTS} tries)"
         )))
+    }
+
+    /// One `route.open` to `module` over the shared connection, and the daemon's answer; a
+    /// `route.open` the daemon did not answer in time is given up (nothing was sent on the
+    /// route it may have opened after all, which is left to its own cleanup).
+    async fn open_once(&self, module: &str, body: &[u8]) -> Result<(Arc<Link>, FrameIn), NotSent> {
+        let link = self.link().await.map_err(NotSent::Refused)?;
+        let sent = link
+            .request(0, 0, body.to_vec())
+            .map_err(NotSent::Refused)?;
+        match with_timeout(CONTROL_DEADLINE, sent.reply).await {
+            Ok(Ok(Ok(frame))) => Ok((link, frame)),
+            Ok(Ok(Err(why))) => Err(NotSent::Refused(why)),
+            Ok(Err(_)) => Err(NotSent::Refused("the daemon connection ended".into())),
+            Err(()) => {
+                link.cancel(0, 0, sent.corr);
+                Err(NotSent::Refused(format!(
+                    "the daemon did not answer route.open to `{module}` within {CONTROL_DEADLINE:?}"
+                )))
+            }
+        }
     }
 
     fn keep(&self, key: RouteKey, route: Route) {

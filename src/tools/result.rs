@@ -91,6 +91,7 @@ pub fn truncate(mut text: String, max: usize) -> String {
         end -= 1;
     }
     text.truncate(end);
+    assert!(end < total, "a result is cut only when over its limit");
     text.push_str(&format!(
         "\n[broca: result truncated: {} of {total} bytes left out]",
         total - end

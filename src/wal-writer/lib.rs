@@ -139,6 +139,49 @@ fn check_recovered(
     }
 }
 
+/// The log positioned where recovery leaves it: an empty file given its header (its directory
+/// entry durable before anything in it), an existing one scanned, its torn tail cut,
+/// corruption refused.
+async fn recover(
+    dir: &Path,
+    path: &Path,
+    triple: &SessionTriple,
+    cfg: &LogConfig,
+    opened: OpenedLog,
+    bytes: &[u8],
+) -> Result<(LogFile, WalHeader, Option<Scan>, Option<TailCut>), WalError> {
+    match broca_wal::scan(bytes) {
+        Err(HeaderError::Empty | HeaderError::Uninitialized) => {
+            // Nothing was ever acknowledged in this file: give it its header now.
+            let header = WalHeader::new(triple.clone(), now_unix_ms());
+            let log = opened
+                .initialize(&header.encode(), header.data_offset)
+                .await
+                .map_err(log_err)?;
+            sync_dir(dir).map_err(io_err(path, "fsync directory"))?;
+            if let Some(p) = &cfg.power_loss {
+                p.ledger
+                    .dir_synced(dir)
+                    .map_err(io_err(path, "note in the power-loss ledger"))?;
+            }
+            Ok((log, header, None, None))
+        }
+        Err(error) => Err(WalError::Header {
+            path: path.to_path_buf(),
+            error,
+        }),
+        Ok(scan) => {
+            let cut = check_recovered(path, triple, &scan)?;
+            assert!(
+                scan.end as usize <= bytes.len(),
+                "a scan ends inside the bytes read"
+            );
+            let log = opened.position(scan.end, bytes).await.map_err(log_err)?;
+            Ok((log, scan.header.clone(), Some(scan), cut))
+        }
+    }
+}
+
 /// How long a writer waits for a pack that holds its WAL's lease.
 const PACK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -181,6 +224,100 @@ async fn restore_or_create(path: &Path) -> Result<bool, WalError> {
     Ok(done.0)
 }
 
+/// What one try at opening a WAL under its lease met: the races with a pack (which holds a
+/// WAL's lease from reading it until it removes the file, and whose sealed copy a writer
+/// restores) decide whether the writer goes on, tries again, or gives up. The table, in the
+/// order [`try_open`] meets its rows:
+///
+/// | what the try met | answer |
+/// |---|---|
+/// | no file: the archive holds the session, or not | restored, or created; then opened |
+/// | the file went between the look and the open (a pack removed it) | again, within [`PACK_WAIT`] |
+/// | the lease is held, and a pack runs | wait 10 ms, again, within [`PACK_WAIT`] |
+/// | the lease is held, no pack runs, first time | again once: a pack may have just ended |
+/// | the lease is held | [`WalError::LeaseHeld`] |
+/// | the file held is no longer the path's (a pack removed it after the lock) | again, within [`PACK_WAIT`]; then [`WalError::LeaseHeld`] |
+/// | the file is new and empty, and the archive holds the session | removed; again |
+/// | otherwise | [`Try::Opened`] with the file's bytes |
+enum Try {
+    Opened(OpenedLog, Vec<u8>),
+    Again,
+    /// Again, after a pause (a pack runs).
+    Wait,
+}
+
+/// How far a writer's open has come through the table of [`Try`].
+struct Attempts {
+    until: std::time::Instant,
+    tried_after_pack: bool,
+}
+
+impl Attempts {
+    fn waiting(&self) -> bool {
+        std::time::Instant::now() < self.until
+    }
+}
+
+/// One try at opening the WAL at `path` under its lease (see [`Try`]).
+async fn try_open(
+    dir: &Path,
+    path: &Path,
+    cfg: &LogConfig,
+    committer: &Committer,
+    attempts: &mut Attempts,
+) -> Result<Try, WalError> {
+    let created = !path.exists() && restore_or_create(path).await?;
+    if let (true, Some(p)) = (created, &cfg.power_loss) {
+        p.ledger
+            .created(path)
+            .map_err(io_err(path, "note in the power-loss ledger"))?;
+    }
+    let opened = match OpenedLog::open(path, cfg.clone(), committer.clone()).await {
+        Ok(opened) => opened,
+        Err(LogError::Io {
+            kind: std::io::ErrorKind::NotFound,
+            ..
+        }) if attempts.waiting() => return Ok(Try::Again),
+        Err(e) => return Err(log_err(e)),
+    };
+    let held = || WalError::LeaseHeld {
+        path: path.to_path_buf(),
+    };
+    if !opened.try_lock().map_err(log_err)? {
+        opened.close().await.map_err(log_err)?;
+        if broca_archive::pack_running(dir) && attempts.waiting() {
+            return Ok(Try::Wait);
+        }
+        if attempts.waiting() && !attempts.tried_after_pack {
+            attempts.tried_after_pack = true;
+            return Ok(Try::Again);
+        }
+        return Err(held());
+    }
+    if !opened.still_named() {
+        opened.close().await.map_err(log_err)?;
+        return if attempts.waiting() {
+            Ok(Try::Again)
+        } else {
+            Err(held())
+        };
+    }
+    let bytes = opened.read_all().await.map_err(log_err)?;
+    let empty = matches!(
+        broca_wal::scan(&bytes),
+        Err(HeaderError::Empty | HeaderError::Uninitialized)
+    );
+    if empty && created && broca_wal::archive::is_archived(path) {
+        std::fs::remove_file(path).map_err(io_err(path, "remove"))?;
+        opened.close().await.map_err(log_err)?;
+        return Ok(Try::Again);
+    }
+    Ok(Try::Opened(opened, bytes))
+}
+
+/// How long an open waits between tries while a pack holds the lease.
+const PACK_POLL: std::time::Duration = std::time::Duration::from_millis(10);
+
 impl WalWriter {
     /// Opens (or creates) the WAL of `triple` in `dir`, takes its lease, recovers its tail and
     /// records the new epoch durably before returning.
@@ -191,91 +328,18 @@ impl WalWriter {
         committer: Committer,
     ) -> Result<(WalWriter, Recovered), WalError> {
         let path = wal_path(dir, triple);
-        let power_loss = cfg.power_loss.clone();
-        // A pack holds a WAL's lease from reading it until it is removed: a writer that meets
-        // it waits for the pack (and then restores the WAL) rather than failing.
-        let wait_for_pack_until = std::time::Instant::now() + PACK_WAIT;
-        let mut tried_after_pack = false;
+        let mut attempts = Attempts {
+            until: std::time::Instant::now() + PACK_WAIT,
+            tried_after_pack: false,
+        };
         let (opened, bytes) = loop {
-            let created = !path.exists() && restore_or_create(&path).await?;
-            if let (true, Some(p)) = (created, &power_loss) {
-                p.ledger
-                    .created(&path)
-                    .map_err(io_err(&path, "note in the power-loss ledger"))?;
-            }
-            let opened = match OpenedLog::open(&path, cfg.clone(), committer.clone()).await {
-                Ok(opened) => opened,
-                // A pack removed the WAL between the look for it and this open: look again
-                // (the WAL is restored from the archive).
-                Err(LogError::Io {
-                    kind: std::io::ErrorKind::NotFound,
-                    ..
-                }) if std::time::Instant::now() < wait_for_pack_until => continue,
-                Err(e) => return Err(log_err(e)),
-            };
-            if !opened.try_lock().map_err(log_err)? {
-                opened.close().await.map_err(log_err)?;
-                let waiting = std::time::Instant::now() < wait_for_pack_until;
-                if broca_archive::pack_running(dir) && waiting {
-                    glommio::timer::sleep(std::time::Duration::from_millis(10)).await;
-                    continue;
-                }
-                // A pack that held the lease may have ended between the lock and the look for
-                // it: the lock is tried once more before the lease is called held.
-                if waiting && !tried_after_pack {
-                    tried_after_pack = true;
-                    continue;
-                }
-                return Err(WalError::LeaseHeld { path });
-            }
-            // A pack removed the WAL between this open and its lock (it held the lease, then
-            // let go once the sealed copy was durable): the file held is no longer the
-            // session's. Open again: the WAL is restored from the archive.
-            if !opened.still_named() {
-                opened.close().await.map_err(log_err)?;
-                if std::time::Instant::now() < wait_for_pack_until {
-                    continue;
-                }
-                return Err(WalError::LeaseHeld { path });
-            }
-            let bytes = opened.read_all().await.map_err(log_err)?;
-            // A WAL created just as a pack removed the live one (after this open looked for
-            // it): the sealed copy is the session's; this empty file gives way to it.
-            let empty = matches!(
-                broca_wal::scan(&bytes),
-                Err(HeaderError::Empty | HeaderError::Uninitialized)
-            );
-            if empty && created && broca_wal::archive::is_archived(&path) {
-                std::fs::remove_file(&path).map_err(io_err(&path, "remove"))?;
-                opened.close().await.map_err(log_err)?;
-                continue;
-            }
-            break (opened, bytes);
-        };
-        let (log, header, scan, cut) = match broca_wal::scan(&bytes) {
-            Err(HeaderError::Empty | HeaderError::Uninitialized) => {
-                // Nothing was ever acknowledged in this file: give it its header now.
-                let header = WalHeader::new(triple.clone(), now_unix_ms());
-                let log = opened
-                    .initialize(&header.encode(), header.data_offset)
-                    .await
-                    .map_err(log_err)?;
-                // The directory entry must be durable before anything in the file is.
-                sync_dir(dir).map_err(io_err(&path, "fsync directory"))?;
-                if let Some(p) = &power_loss {
-                    p.ledger
-                        .dir_synced(dir)
-                        .map_err(io_err(&path, "note in the power-loss ledger"))?;
-                }
-                (log, header, None, None)
-            }
-            Err(error) => return Err(WalError::Header { path, error }),
-            Ok(scan) => {
-                let cut = check_recovered(&path, triple, &scan)?;
-                let log = opened.position(scan.end, &bytes).await.map_err(log_err)?;
-                (log, scan.header.clone(), Some(scan), cut)
+            match try_open(dir, &path, &cfg, &committer, &mut attempts).await? {
+                Try::Opened(opened, bytes) => break (opened, bytes),
+                Try::Again => {}
+                Try::Wait => glommio::timer::sleep(PACK_POLL).await,
             }
         };
+        let (log, header, scan, cut) = recover(dir, &path, triple, &cfg, opened, &bytes).await?;
         let epoch_max = scan.as_ref().map_or(0, |s| s.epoch_max);
         // A value read from disk: at its maximum, the file is refused rather than wrapped.
         let Some(epoch) = epoch_max.checked_add(1) else {
@@ -285,12 +349,14 @@ impl WalWriter {
                 reason: format!("the lease epoch is {epoch_max}, the largest there is"),
             });
         };
+        let next_seq = scan.as_ref().map_or(1, Scan::next_seq);
+        assert!(next_seq >= 1, "seqs start at 1");
         let mut writer = WalWriter {
             path,
             log,
             header,
             epoch,
-            next_seq: scan.as_ref().map_or(1, Scan::next_seq),
+            next_seq,
             scratch: Vec::new(),
         };
         let lease = Record::LeaseAcquired(LeaseAcquired {

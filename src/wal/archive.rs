@@ -167,54 +167,14 @@ pub fn open(path: &Path) -> Result<Container, ArchiveError> {
     if &magic != MAGIC {
         return Err(err(0, "not a broca WAL container (bad magic)".into()));
     }
-    let at = len - TRAILER_BYTES;
-    let mut t = [0u8; 64];
-    read_exact_at(&file, at, &mut t).map_err(|e| err(at, format!("cannot read: {e}")))?;
-    let crc = u32::from_le_bytes(t[56..60].try_into().expect("4 bytes"));
-    if &t[..8] != TRAILER_MAGIC || crc != crc32c::crc32c(&t[..56]) {
-        return Err(err(
-            at,
-            "no valid trailer: the container is not sealed or is truncated".into(),
-        ));
-    }
-    let index_offset = u64::from_le_bytes(t[8..16].try_into().expect("8 bytes"));
-    let index_len = u64::from_le_bytes(t[16..24].try_into().expect("8 bytes"));
-    let digest = hex(&t[24..56]);
-    let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
-    if name != digest {
-        return Err(err(
-            at,
-            format!("named {name}, but its trailer seals digest {digest}"),
-        ));
-    }
-    if index_offset < MAGIC.len() as u64
-        || index_len > INDEX_BYTES_MAX
-        || index_offset.checked_add(index_len) != Some(at)
-    {
-        return Err(err(
-            at,
-            format!(
-                "the trailer's index ({index_offset}, {index_len} bytes) does not fit the file"
-            ),
-        ));
-    }
-    let mut raw = vec![0u8; index_len as usize];
-    read_exact_at(&file, index_offset, &mut raw)
-        .map_err(|e| err(index_offset, format!("cannot read the index: {e}")))?;
-    let index: Index = serde_json::from_slice(&raw)
-        .map_err(|e| err(index_offset, format!("the index does not parse: {e}")))?;
-    if index.format != 1 {
-        return Err(err(
-            index_offset,
-            format!("format {} is not one this build reads", index.format),
-        ));
-    }
+    let trailer = read_trailer(&file, path, len)?;
+    let index = read_index(&file, &trailer).map_err(|(offset, why)| err(offset, why))?;
     let mut by_file = HashMap::with_capacity(index.members.len());
     for (i, m) in index.members.iter().enumerate() {
         let fits = m.offset >= MAGIC.len() as u64
             && m.offset
                 .checked_add(m.size)
-                .is_some_and(|end| end <= index_offset);
+                .is_some_and(|end| end <= trailer.index_offset);
         if !fits {
             return Err(ArchiveError {
                 member: Some(m.file.clone()),
@@ -226,12 +186,86 @@ pub fn open(path: &Path) -> Result<Container, ArchiveError> {
         }
         by_file.insert(m.file.clone(), i);
     }
+    assert_eq!(
+        by_file.len(),
+        index.members.len(),
+        "an index names each file once"
+    );
     Ok(Container {
         path: path.to_path_buf(),
-        digest,
+        digest: trailer.digest,
         index,
         by_file,
     })
+}
+
+/// A sealed container's trailer: where its index is and the digest it seals.
+struct Trailer {
+    index_offset: u64,
+    index_len: u64,
+    digest: String,
+}
+
+/// Reads and checks the trailer at the end of the `len`-byte container `path`: its magic
+/// and checksum, the digest the file is named for, an index that fits before it.
+fn read_trailer(file: &File, path: &Path, len: u64) -> Result<Trailer, ArchiveError> {
+    let at = len - TRAILER_BYTES;
+    let err = |reason: String| ArchiveError {
+        path: path.to_path_buf(),
+        member: None,
+        offset: at,
+        reason,
+    };
+    let mut t = [0u8; TRAILER_BYTES as usize];
+    read_exact_at(file, at, &mut t).map_err(|e| err(format!("cannot read: {e}")))?;
+    let word = |from: usize| u64::from_le_bytes(t[from..from + 8].try_into().expect("8 bytes"));
+    let crc = u32::from_le_bytes(t[56..60].try_into().expect("4 bytes"));
+    if &t[..8] != TRAILER_MAGIC || crc != crc32c::crc32c(&t[..56]) {
+        return Err(err(
+            "no valid trailer: the container is not sealed or is truncated".into(),
+        ));
+    }
+    let (index_offset, index_len) = (word(8), word(16));
+    let digest = hex(&t[24..56]);
+    let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+    if name != digest {
+        return Err(err(format!(
+            "named {name}, but its trailer seals digest {digest}"
+        )));
+    }
+    if index_offset < MAGIC.len() as u64
+        || index_len > INDEX_BYTES_MAX
+        || index_offset.checked_add(index_len) != Some(at)
+    {
+        return Err(err(format!(
+            "the trailer's index ({index_offset}, {index_len} bytes) does not fit the file"
+        )));
+    }
+    Ok(Trailer {
+        index_offset,
+        index_len,
+        digest,
+    })
+}
+
+/// Reads and parses the index the trailer points at; `Err` is the offset and what is wrong.
+fn read_index(file: &File, t: &Trailer) -> Result<Index, (u64, String)> {
+    assert!(
+        t.index_len <= INDEX_BYTES_MAX,
+        "the trailer's index was checked"
+    );
+    let at = t.index_offset;
+    let mut raw = vec![0u8; t.index_len as usize];
+    read_exact_at(file, at, &mut raw).map_err(|e| (at, format!("cannot read the index: {e}")))?;
+    let index: Index =
+        serde_json::from_slice(&raw).map_err(|e| (at, format!("the index does not parse: {e}")))?;
+    if index.format != 1 {
+        return Err((
+            at,
+            format!("format {} is not one this build reads", index.format),
+        ));
+    }
+    Ok(index)
 }
 
 fn read_exact_at(file: &File, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {

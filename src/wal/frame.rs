@@ -38,6 +38,10 @@ pub struct FrameHeader {
 impl FrameHeader {
     /// Reads a frame header; `bytes` holds at least [`FRAME_HEADER_BYTES`].
     pub fn read(bytes: &[u8]) -> FrameHeader {
+        assert!(
+            bytes.len() >= FRAME_HEADER_BYTES,
+            "a frame header is read whole"
+        );
         let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8"));
         let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4"));
         let u16_at = |at: usize| u16::from_le_bytes(bytes[at..at + 2].try_into().expect("2"));
@@ -105,6 +109,7 @@ pub fn valid_frame_at(bytes: &[u8], offset: usize) -> Option<FrameHeader> {
         return None;
     }
     let end = offset + FRAME_HEADER_BYTES + header.payload_len as usize;
+    assert!(end > offset, "a frame has a length");
     let payload = bytes.get(offset + FRAME_HEADER_BYTES..end)?;
     (frame_crc(&head[4..], payload) == header.crc).then_some(header)
 }

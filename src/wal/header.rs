@@ -137,7 +137,7 @@ impl WalHeader {
             out.extend_from_slice(&(part.len() as u32).to_le_bytes());
             out.extend_from_slice(part.as_bytes());
         }
-        debug_assert_eq!(out.len(), header_len);
+        assert_eq!(out.len(), header_len, "the header is as long as it says");
         let crc = crc32c::crc32c(&out);
         out.extend_from_slice(&crc.to_le_bytes());
         out
@@ -187,29 +187,7 @@ impl WalHeader {
                 "data_offset {data_offset} is invalid"
             )));
         }
-        let mut at = FIXED_BYTES;
-        let mut parts = Vec::with_capacity(3);
-        for name in ["project_root", "harness", "session"] {
-            if at + 4 > header_len {
-                return Err(HeaderError::Damaged(format!("{name} runs past the header")));
-            }
-            let len = u32_at(bytes, at) as usize;
-            at += 4;
-            if at + len > header_len {
-                return Err(HeaderError::Damaged(format!("{name} runs past the header")));
-            }
-            let text = std::str::from_utf8(&bytes[at..at + len])
-                .map_err(|_| HeaderError::Damaged(format!("{name} is not UTF-8")))?;
-            parts.push(text.to_string());
-            at += len;
-        }
-        let [project_root, harness, session]: [String; 3] =
-            parts.try_into().expect("three components");
-        let triple = SessionTriple {
-            project_root,
-            harness,
-            session,
-        };
+        let triple = decode_triple(&bytes[..header_len])?;
         let address = SessionAddr(bytes[48..64].try_into().expect("16 bytes"));
         if triple.address() != address {
             return Err(HeaderError::Damaged(
@@ -225,6 +203,37 @@ impl WalHeader {
             data_offset,
         })
     }
+}
+
+/// The session triple after the fixed part of a header (`header` is the header's bytes, its
+/// checksum checked already): each component its u32 length and its UTF-8 bytes, inside the
+/// header.
+fn decode_triple(header: &[u8]) -> Result<SessionTriple, HeaderError> {
+    assert!(header.len() >= FIXED_BYTES, "the fixed part was checked");
+    let mut at = FIXED_BYTES;
+    let mut parts = Vec::with_capacity(3);
+    for name in ["project_root", "harness", "session"] {
+        let past = || HeaderError::Damaged(format!("{name} runs past the header"));
+        if at + 4 > header.len() {
+            return Err(past());
+        }
+        let len = u32_at(header, at) as usize;
+        at += 4;
+        if len > header.len() - at {
+            return Err(past());
+        }
+        let text = std::str::from_utf8(&header[at..at + len])
+            .map_err(|_| HeaderError::Damaged(format!("{name} is not UTF-8")))?;
+        parts.push(text.to_string());
+        at += len;
+    }
+    assert!(at <= header.len());
+    let [project_root, harness, session]: [String; 3] = parts.try_into().expect("three components");
+    Ok(SessionTriple {
+        project_root,
+        harness,
+        session,
+    })
 }
 
 fn u32_at(bytes: &[u8], at: usize) -> u32 {

@@ -281,6 +281,10 @@ impl PagedReader {
         let tag = self.header.lineage_tag();
         while self.verdict.is_none() && (page.is_empty() || bytes < payload_bytes_max) {
             self.fill(FRAME_HEADER_BYTES)?;
+            assert!(
+                self.at >= self.buf_at,
+                "the buffer starts at or before the position"
+            );
             let rel = (self.at - self.buf_at) as usize;
             let frame = if self.buf.len() >= rel + FRAME_HEADER_BYTES {
                 let h = FrameHeader::read(&self.buf[rel..rel + FRAME_HEADER_BYTES]);
@@ -317,7 +321,9 @@ impl PagedReader {
                 self.verdict = Some(Verdict::Corrupt { reason });
                 break;
             }
+            assert_eq!(frame.seq, self.next_seq, "the frame was checked");
             let payload = &self.buf[rel + FRAME_HEADER_BYTES..rel + frame.frame_len() as usize];
+            assert_eq!(payload.len(), frame.payload_len as usize);
             bytes += payload.len();
             page.push(PageFrame {
                 seq: frame.seq,
@@ -326,10 +332,18 @@ impl PagedReader {
                 epoch: frame.epoch,
                 payload: payload.to_vec(),
             });
+            assert!(
+                frame.epoch >= self.epoch_max,
+                "epochs never go down (checked)"
+            );
             self.epoch_max = frame.epoch;
             self.next_seq += 1;
             self.at += frame.frame_len();
         }
+        assert!(
+            page.windows(2).all(|w| w[1].seq == w[0].seq + 1),
+            "a page is in seq order"
+        );
         Ok(page)
     }
 

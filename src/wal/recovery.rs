@@ -160,10 +160,14 @@ pub fn scan(bytes: &[u8]) -> Result<Scan, HeaderError> {
             break Verdict::Corrupt { reason };
         }
         frames.push(info(&frame, at));
+        assert!(frame.epoch >= epoch_max, "epochs never go down (checked)");
         epoch_max = frame.epoch;
         expected_seq += 1;
         at += frame.frame_len() as usize;
+        assert!(at <= bytes.len(), "a valid frame lies inside the bytes");
     };
+    assert!(at >= start && at <= bytes.len());
+    assert_eq!(frames.len() as u64, expected_seq - 1, "one frame per seq");
     Ok(Scan {
         header,
         frames,

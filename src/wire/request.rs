@@ -220,17 +220,7 @@ pub fn parse_on_route(body: &[u8], session: &SessionName) -> Result<Request, Rpc
 }
 
 fn parse_envelope(env: Envelope) -> Result<Request, RpcError> {
-    let method = Method::parse(&env.method).ok_or_else(|| {
-        let known: Vec<&str> = Method::ALL.iter().map(|m| m.as_str()).collect();
-        RpcError::new(
-            Code::UnknownMethod,
-            format!(
-                "unknown method `{}` (known: {})",
-                env.method.escape_debug(),
-                known.join(", ")
-            ),
-        )
-    })?;
+    let method = Method::parse(&env.method).ok_or_else(|| unknown_method(&env.method))?;
     let mut params = env.params.unwrap_or_default();
     if method == Method::SessionImport {
         return import(params);
@@ -260,17 +250,7 @@ fn parse_envelope(env: Envelope) -> Result<Request, RpcError> {
             session,
         },
         Method::RunCancel => {
-            // `at` is `now` (what an absent one means): broca stops a run at once.
-            match params.remove("at") {
-                None | Some(Value::Null) => {}
-                Some(Value::String(at)) if at == "now" => {}
-                Some(other) => {
-                    return Err(invalid(format!(
-                        "`at` must be now (the only cancellation point broca serves), not {other}"
-                    ))
-                    .with_field("at"))
-                }
-            }
+            cancel_at(params.remove("at"))?;
             Request::Cancel {
                 run_id: required_run_id(&mut params)?,
                 session,
@@ -301,6 +281,31 @@ fn parse_envelope(env: Envelope) -> Result<Request, RpcError> {
     Ok(request)
 }
 
+/// The refusal of a method this build does not know, listing those it does.
+fn unknown_method(name: &str) -> RpcError {
+    let known: Vec<&str> = Method::ALL.iter().map(|m| m.as_str()).collect();
+    RpcError::new(
+        Code::UnknownMethod,
+        format!(
+            "unknown method `{}` (known: {})",
+            name.escape_debug(),
+            known.join(", ")
+        ),
+    )
+}
+
+/// A cancel's `at`: `now` (what an absent one means): broca stops a run at once.
+fn cancel_at(at: Option<Value>) -> Result<(), RpcError> {
+    match at {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(at)) if at == "now" => Ok(()),
+        Some(other) => Err(invalid(format!(
+            "`at` must be now (the only cancellation point broca serves), not {other}"
+        ))
+        .with_field("at")),
+    }
+}
+
 /// The llm-runner/v1 members of a send that broca takes or refuses by the role's rules,
 /// taken out of `params`: `delivery` (a string; `queue`, what an absent one means, is the
 /// mode broca serves; `steer` and `interrupt` are refused `delivery_unsupported`, an unknown
@@ -308,7 +313,32 @@ fn parse_envelope(env: Envelope) -> Result<Request, RpcError> {
 /// `generation.max_output_tokens` (checked here, so a refusal names it) and `plan` (broca
 /// admits no plans).
 fn role_send_members(params: &mut Map<String, Value>) -> Result<(), RpcError> {
-    match params.remove("delivery") {
+    delivery(params.remove("delivery"))?;
+    if params.contains_key("max_input_tokens") {
+        return Err(
+            invalid("the session's input cap is sent as `budget.max_input_tokens`")
+                .with_field("max_input_tokens"),
+        );
+    }
+    // The role's `budget` is closed: of its members broca keeps the session's input cap.
+    let input_cap = match params.remove("budget") {
+        None => None,
+        Some(budget) => role_budget(budget)?,
+    };
+    let run_budget = stop_when(params)?;
+    if !run_budget.is_empty() {
+        params.insert("budget".into(), Value::Object(run_budget));
+    }
+    if let Some(cap) = input_cap {
+        params.insert("max_input_tokens".into(), cap.into());
+    }
+    generation(params.get("generation"))?;
+    no_plan(params.get("plan"))
+}
+
+/// `delivery`: a string; `queue`, what an absent one means, is the mode broca serves.
+fn delivery(given: Option<Value>) -> Result<(), RpcError> {
+    match given {
         None | Some(Value::Null) => {}
         Some(Value::String(mode)) if mode == "queue" => {}
         Some(Value::String(mode)) if mode == "steer" || mode == "interrupt" => {
@@ -331,17 +361,12 @@ fn role_send_members(params: &mut Map<String, Value>) -> Result<(), RpcError> {
             )
         }
     }
-    if params.contains_key("max_input_tokens") {
-        return Err(
-            invalid("the session's input cap is sent as `budget.max_input_tokens`")
-                .with_field("max_input_tokens"),
-        );
-    }
-    // The role's `budget` is closed: of its members broca keeps the session's input cap.
-    let input_cap = match params.remove("budget") {
-        None => None,
-        Some(budget) => role_budget(budget)?,
-    };
+    Ok(())
+}
+
+/// `stop_when`: `max_steps` (broca's `max_steps`, moved into `params`), and the run's token
+/// and cost budgets, answered as broca's `budget`.
+fn stop_when(params: &mut Map<String, Value>) -> Result<Map<String, Value>, RpcError> {
     // `stop_when.max_steps` is the role's spelling of broca's `max_steps`; the run's token
     // and cost budgets are broca's own stop conditions beside it.
     let mut run_budget = Map::new();
@@ -397,13 +422,12 @@ fn role_send_members(params: &mut Map<String, Value>) -> Result<(), RpcError> {
             )
         }
     }
-    if !run_budget.is_empty() {
-        params.insert("budget".into(), Value::Object(run_budget));
-    }
-    if let Some(cap) = input_cap {
-        params.insert("max_input_tokens".into(), cap.into());
-    }
-    match params.get("generation") {
+    Ok(run_budget)
+}
+
+/// `generation.max_output_tokens`, checked here so that a refusal names it.
+fn generation(given: Option<&Value>) -> Result<(), RpcError> {
+    match given {
         None => {}
         Some(Value::Object(g)) => match g.get("max_output_tokens") {
             None => {}
@@ -422,7 +446,12 @@ fn role_send_members(params: &mut Map<String, Value>) -> Result<(), RpcError> {
             )
         }
     }
-    if let Some(plan) = params.get("plan") {
+    Ok(())
+}
+
+/// A `plan`: broca admits none.
+fn no_plan(given: Option<&Value>) -> Result<(), RpcError> {
+    if let Some(plan) = given {
         let output_refs = plan
             .get("tool_items")
             .and_then(Value::as_array)

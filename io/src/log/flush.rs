@@ -59,8 +59,16 @@ async fn flush_loop(shared: Rc<Shared>) {
                 }
                 return;
             }
+            assert_eq!(
+                pending_from, st.durable_end,
+                "one batch of a log is in flight at a time"
+            );
             let spare = std::mem::take(&mut st.spare);
             let batch = std::mem::replace(&mut st.pending, spare);
+            assert!(
+                batch.len() <= shared.cfg.batch_bytes_max,
+                "a batch is bounded"
+            );
             for waker in st.room_waiters.drain(..) {
                 waker.wake();
             }
@@ -72,6 +80,11 @@ async fn flush_loop(shared: Rc<Shared>) {
         let mut st = shared.state.borrow_mut();
         match result {
             Ok(written) => {
+                assert!(
+                    written.durable_end > st.durable_end,
+                    "a batch makes bytes durable"
+                );
+                assert!(written.durable_end <= st.end);
                 st.durable_end = written.durable_end;
                 st.zeroed_end = written.zeroed_end;
                 st.tail_block = written.tail_block;
@@ -113,51 +126,120 @@ struct Written {
     tail_block: Vec<u8>,
 }
 
+/// Where one batch's write goes: from the start of the partial tail block to `write_end`
+/// (the batch's end, aligned, or further when zeroed space grows with it).
+struct Span {
+    block_start: u64,
+    data_end: u64,
+    write_end: u64,
+    zeroed_end: u64,
+}
+
+impl Span {
+    /// The span of `batch` appended at `base`, the tail block holding `tail_len` bytes and
+    /// zeroes on disk reaching `zeroed_end`.
+    fn plan(
+        shared: &Shared,
+        base: u64,
+        batch_len: usize,
+        tail_len: usize,
+        zeroed_end: u64,
+    ) -> Span {
+        let align = shared.align;
+        let block_start = align_down(base, align);
+        assert_eq!(
+            block_start + tail_len as u64,
+            base,
+            "the tail block ends where the batch starts"
+        );
+        assert!(tail_len < align as usize, "the tail block is partial");
+        let data_end = base + batch_len as u64;
+        let mut write_end = align_up(data_end, align);
+        let mut new_zeroed_end = zeroed_end.max(write_end);
+        if write_end > zeroed_end && batch_len < ZERO_AHEAD_BATCH_BYTES_MAX {
+            // Grow the zeroed space in the same write, in proportion to the file, within
+            // limits. A large batch skips it: it extends the file itself, and the one metadata
+            // commit its fdatasync then carries is small beside its own bytes, while zeroing
+            // ahead would write every byte twice.
+            let grow = data_end.clamp(
+                shared.cfg.zero_ahead_min_bytes,
+                shared.cfg.zero_ahead_max_bytes,
+            );
+            new_zeroed_end = align_up(data_end + grow, align);
+            write_end = new_zeroed_end;
+        }
+        assert!(
+            write_end % align == 0 && block_start % align == 0,
+            "an O_DIRECT span is aligned"
+        );
+        assert!(data_end <= write_end && write_end <= new_zeroed_end);
+        Span {
+            block_start,
+            data_end,
+            write_end,
+            zeroed_end: new_zeroed_end,
+        }
+    }
+
+    fn len(&self) -> usize {
+        usize::try_from(self.write_end - self.block_start).expect("a batch fits in memory")
+    }
+}
+
 /// One batch: one aligned write from the start of the partial tail block, then one fdatasync.
 async fn write_batch(shared: &Shared, batch: &[u8], base: u64) -> Result<Written, LogError> {
-    let align = shared.align;
     let (tail_block, zeroed_end) = {
         let st = shared.state.borrow();
         (st.tail_block.clone(), st.zeroed_end)
     };
-    let block_start = align_down(base, align);
-    debug_assert_eq!(block_start + tail_block.len() as u64, base);
-    let data_end = base + batch.len() as u64;
-    let mut write_end = align_up(data_end, align);
-    let mut new_zeroed_end = zeroed_end.max(write_end);
-    if write_end > zeroed_end && batch.len() < ZERO_AHEAD_BATCH_BYTES_MAX {
-        // Grow the zeroed space in the same write, in proportion to the file, within limits.
-        // A large batch skips it: it extends the file itself, and the one metadata commit its
-        // fdatasync then carries is small beside its own bytes, while zeroing ahead would write
-        // every byte twice.
-        let grow = data_end.clamp(
-            shared.cfg.zero_ahead_min_bytes,
-            shared.cfg.zero_ahead_max_bytes,
-        );
-        new_zeroed_end = align_up(data_end + grow, align);
-        write_end = new_zeroed_end;
-    }
-    let len = usize::try_from(write_end - block_start).expect("a batch fits in memory");
-
+    let span = Span::plan(shared, base, batch.len(), tail_block.len(), zeroed_end);
     check_fence(shared)?;
+    // A lone batch on the shard goes inline; batches of several logs overlap in the ring.
+    let submit = submit_of(shared);
+    write_span(shared, &span, &tail_block, batch, submit).await?;
+    sync(shared, submit).await?;
+    let new_block_start = align_down(span.data_end, shared.align);
+    let mut new_tail = tail_block;
+    if new_block_start == span.block_start {
+        new_tail.extend_from_slice(batch);
+    } else {
+        let from = (new_block_start - base) as usize;
+        new_tail.clear();
+        new_tail.extend_from_slice(&batch[from..]);
+    }
+    assert_eq!(new_block_start + new_tail.len() as u64, span.data_end);
+    Ok(Written {
+        durable_end: span.data_end,
+        zeroed_end: span.zeroed_end,
+        tail_block: new_tail,
+    })
+}
+
+/// Writes the span: the tail block's acknowledged bytes, the batch, zeros to its end.
+async fn write_span(
+    shared: &Shared,
+    span: &Span,
+    tail_block: &[u8],
+    batch: &[u8],
+    submit: Submit,
+) -> Result<(), LogError> {
+    let len = span.len();
+    assert!(
+        tail_block.len() + batch.len() <= len,
+        "the span holds the tail and the batch"
+    );
     let fault = |point| shared.cfg.faults.as_ref().and_then(|hook| (hook.0)(point));
     if let Some(e) = fault(FaultPoint::Write {
-        pos: block_start,
+        pos: span.block_start,
         len,
     }) {
         return Err(LogError::io(&shared.path, "write", e));
     }
-    // A lone batch on the shard goes inline; batches of several logs overlap in the ring.
-    let submit = if shared.committer.flushing_logs() <= 1 {
-        Submit::Inline
-    } else {
-        Submit::Ring
-    };
     shared
         .file
-        .write_filled(block_start, len, submit, |buf| {
+        .write_filled(span.block_start, len, submit, |buf| {
             let head = tail_block.len();
-            buf[..head].copy_from_slice(&tail_block);
+            buf[..head].copy_from_slice(tail_block);
             buf[head..head + batch.len()].copy_from_slice(batch);
             buf[head + batch.len()..].fill(0);
         })
@@ -165,13 +247,28 @@ async fn write_batch(shared: &Shared, batch: &[u8], base: u64) -> Result<Written
         .map_err(|e| LogError::io(&shared.path, "write", e))?;
     if let Some(e) = fault(FaultPoint::Written {
         fd: shared.file.raw_fd(),
-        pos: block_start,
+        pos: span.block_start,
         len,
     }) {
         return Err(LogError::io(&shared.path, "write", e));
     }
     shared.committer.count_write(len);
+    Ok(())
+}
 
+/// How a flush's system calls go: inline when the shard flushes this log alone, through the
+/// executor's io_uring when several logs flush at once (their calls then overlap).
+fn submit_of(shared: &Shared) -> Submit {
+    if shared.committer.flushing_logs() <= 1 {
+        Submit::Inline
+    } else {
+        Submit::Ring
+    }
+}
+
+/// The batch's one fdatasync; its failure is fatal for the log (never retried).
+async fn sync(shared: &Shared, submit: Submit) -> Result<(), LogError> {
+    let fault = |point| shared.cfg.faults.as_ref().and_then(|hook| (hook.0)(point));
     let started = Instant::now();
     let synced = match fault(FaultPoint::Sync) {
         Some(e) => Err(e),
@@ -182,21 +279,7 @@ async fn write_batch(shared: &Shared, batch: &[u8], base: u64) -> Result<Written
         return Err(LogError::io(&shared.path, "fdatasync", e));
     }
     shared.committer.count_fsync(started.elapsed());
-
-    let new_block_start = align_down(data_end, align);
-    let mut new_tail = tail_block;
-    if new_block_start == block_start {
-        new_tail.extend_from_slice(batch);
-    } else {
-        let from = (new_block_start - base) as usize;
-        new_tail.clear();
-        new_tail.extend_from_slice(&batch[from..]);
-    }
-    Ok(Written {
-        durable_end: data_end,
-        zeroed_end: new_zeroed_end,
-        tail_block: new_tail,
-    })
+    Ok(())
 }
 
 /// The fence: never write through a file that another writer has replaced or removed. The path

@@ -538,11 +538,16 @@ impl LogFile {
         self.wait_for_room(len).await?;
         let mut st = self.shared.state.borrow_mut();
         let start = st.pending.len();
+        assert!(start + len <= max, "an append waits for room in the batch");
         st.pending.resize(start + len, 0);
         let durable_end = st.durable_end;
         fill(&mut st.pending[start..], durable_end);
         st.end += len as u64;
         let end = st.end;
+        assert!(
+            st.durable_end <= end,
+            "nothing is durable past the log's end"
+        );
         if urgent {
             st.urgent_end = end;
             flush::start_flush(&self.shared, &mut st);
@@ -567,6 +572,7 @@ impl LogFile {
             let mut st = self.shared.state.borrow_mut();
             if end > st.urgent_end {
                 st.urgent_end = end.min(st.end);
+                assert!(st.urgent_end >= st.durable_end);
                 flush::start_flush(&self.shared, &mut st);
             }
         }

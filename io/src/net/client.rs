@@ -242,10 +242,6 @@ impl HttpClient {
         head_request: bool,
     ) -> Result<Response, Exchange> {
         let target = conn.target().to_string();
-        let io = |e: std::io::Error| NetError::Io {
-            target: target.clone(),
-            why: e.to_string(),
-        };
         if conn.write_all(request).await.is_err() {
             return Err(Exchange::Stale);
         }
@@ -253,40 +249,9 @@ impl HttpClient {
         let mut decoder = ResponseDecoder::new(self.config.limits, head_request);
         let mut parts = Vec::new();
         let mut buf = vec![0u8; READ_CHUNK];
-        let mut got_any = false;
-        let t = self.config.timeouts.first_byte;
-        let head = loop {
-            let n = match with_timeout(t, conn.read(&mut buf)).await {
-                Err(()) => {
-                    return Err(Exchange::Failed(NetError::Timeout {
-                        what: "response",
-                        target,
-                        after: t,
-                    }))
-                }
-                Ok(Err(_)) if !got_any => return Err(Exchange::Stale),
-                Ok(Err(e)) => return Err(Exchange::Failed(io(e))),
-                Ok(Ok(n)) => n,
-            };
-            if n == 0 {
-                if !got_any {
-                    return Err(Exchange::Stale);
-                }
-                decoder.finish(&mut parts).map_err(|e| http(&target, e))?;
-            } else {
-                got_any = true;
-                self.count(|s| s.bytes_in += n as u64);
-                decoder
-                    .push(&buf[..n], &mut parts)
-                    .map_err(|e| http(&target, e))?;
-            }
-            if let Some(Part::Head(_)) = parts.first() {
-                let Part::Head(head) = parts.remove(0) else {
-                    unreachable!()
-                };
-                break head;
-            }
-        };
+        let head = self
+            .read_head(&mut conn, &mut decoder, &mut parts, &mut buf)
+            .await?;
         let keep_alive = !head
             .header("connection")
             .is_some_and(|v| v.eq_ignore_ascii_case("close"));
@@ -316,6 +281,59 @@ impl HttpClient {
             resp.finish();
         }
         Ok(resp)
+    }
+}
+
+impl HttpClient {
+    /// Reads until the response's head is decoded (each read within the first-byte timeout);
+    /// the parts decoded after it stay in `parts`. A connection that ends or fails before any
+    /// byte of the answer was a stale pooled one.
+    async fn read_head(
+        &self,
+        conn: &mut Conn,
+        decoder: &mut ResponseDecoder,
+        parts: &mut Vec<Part>,
+        buf: &mut [u8],
+    ) -> Result<Head, Exchange> {
+        let target = conn.target().to_string();
+        let t = self.config.timeouts.first_byte;
+        let mut got_any = false;
+        loop {
+            let n = match with_timeout(t, conn.read(buf)).await {
+                Err(()) => {
+                    return Err(Exchange::Failed(NetError::Timeout {
+                        what: "response",
+                        target,
+                        after: t,
+                    }))
+                }
+                Ok(Err(_)) if !got_any => return Err(Exchange::Stale),
+                Ok(Err(e)) => {
+                    let why = e.to_string();
+                    return Err(Exchange::Failed(NetError::Io { target, why }));
+                }
+                Ok(Ok(n)) => n,
+            };
+            if n == 0 {
+                if !got_any {
+                    return Err(Exchange::Stale);
+                }
+                decoder.finish(parts).map_err(|e| http(&target, e))?;
+            } else {
+                assert!(n <= buf.len(), "a read fills at most its buffer");
+                got_any = true;
+                self.count(|s| s.bytes_in += n as u64);
+                decoder
+                    .push(&buf[..n], parts)
+                    .map_err(|e| http(&target, e))?;
+            }
+            if let Some(Part::Head(_)) = parts.first() {
+                let Part::Head(head) = parts.remove(0) else {
+                    unreachable!("the first part is the head")
+                };
+                return Ok(head);
+            }
+        }
     }
 }
 

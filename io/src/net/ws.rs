@@ -72,6 +72,69 @@ pub struct WebSocket {
     closed_by_peer: bool,
 }
 
+/// The upgrade request's bytes; a header value holding a line break is refused.
+fn upgrade_request(
+    url: &Url,
+    path: &str,
+    target: &str,
+    user_agent: &str,
+    key: &str,
+    headers: &[(&str, &str)],
+) -> Result<String, NetError> {
+    let mut req = format!(
+        "GET {}{} HTTP/1.1\r\nHost: {}\r\nUser-Agent: {}\r\nUpgrade: websocket\r\n\
+         Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n",
+        url.prefix, path, target, user_agent
+    );
+    for (name, value) in headers {
+        if value.contains(['\r', '\n']) {
+            return Err(NetError::Url(format!("header `{name}` holds a line break")));
+        }
+        req.push_str(&format!("{name}: {value}\r\n"));
+    }
+    req.push_str("\r\n");
+    Ok(req)
+}
+
+/// Reads the upgrade reply's head (at most [`HEAD_MAX`] bytes, each read within `t`):
+/// what was read, and where the head ends in it.
+async fn read_reply_head(
+    conn: &mut Conn,
+    target: &str,
+    t: std::time::Duration,
+    buf: &mut [u8],
+) -> Result<(Vec<u8>, usize), NetError> {
+    let ws_err = |why: String| NetError::WebSocket {
+        target: target.to_string(),
+        why,
+    };
+    let mut got = Vec::new();
+    loop {
+        if let Some(i) = memchr::memmem::find(&got, b"\r\n\r\n") {
+            assert!(i + 4 <= got.len());
+            return Ok((got, i + 4));
+        }
+        if got.len() > HEAD_MAX {
+            return Err(ws_err("upgrade reply head too large".into()));
+        }
+        let n = match with_timeout(t, conn.read(buf)).await {
+            Err(()) => {
+                return Err(NetError::Timeout {
+                    what: "upgrade reply",
+                    target: target.to_string(),
+                    after: t,
+                })
+            }
+            Ok(r) => r.map_err(|e| ws_err(format!("reading the upgrade reply: {e}")))?,
+        };
+        if n == 0 {
+            return Err(ws_err("closed before the upgrade reply".into()));
+        }
+        assert!(n <= buf.len(), "a read fills at most its buffer");
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
 impl WebSocket {
     /// Connects to `url` + `path` and upgrades. `Ok(Err(refused))` when the server answered
     /// with another status (its body read, up to 1 MiB).
@@ -88,49 +151,20 @@ impl WebSocket {
             why,
         };
         let key = generate_key();
-        let mut req = format!(
-            "GET {}{} HTTP/1.1\r\nHost: {}\r\nUser-Agent: {}\r\nUpgrade: websocket\r\n\
-             Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n",
-            url.prefix,
+        let req = upgrade_request(
+            url,
             path,
-            target,
-            client.config().user_agent
-        );
-        for (name, value) in headers {
-            if value.contains(['\r', '\n']) {
-                return Err(NetError::Url(format!("header `{name}` holds a line break")));
-            }
-            req.push_str(&format!("{name}: {value}\r\n"));
-        }
-        req.push_str("\r\n");
+            &target,
+            &client.config().user_agent,
+            &key,
+            headers,
+        )?;
         conn.write_all(req.as_bytes())
             .await
             .map_err(|e| ws_err(format!("writing the upgrade: {e}")))?;
         let t = client.config().timeouts.first_byte;
-        let mut got = Vec::new();
         let mut buf = vec![0u8; 16 * 1024];
-        let head_end = loop {
-            if let Some(i) = memchr::memmem::find(&got, b"\r\n\r\n") {
-                break i + 4;
-            }
-            if got.len() > HEAD_MAX {
-                return Err(ws_err("upgrade reply head too large".into()));
-            }
-            let n = match with_timeout(t, conn.read(&mut buf)).await {
-                Err(()) => {
-                    return Err(NetError::Timeout {
-                        what: "upgrade reply",
-                        target,
-                        after: t,
-                    })
-                }
-                Ok(r) => r.map_err(|e| ws_err(format!("reading the upgrade reply: {e}")))?,
-            };
-            if n == 0 {
-                return Err(ws_err("closed before the upgrade reply".into()));
-            }
-            got.extend_from_slice(&buf[..n]);
-        };
+        let (got, head_end) = read_reply_head(&mut conn, &target, t, &mut buf).await?;
         let mut hbuf = [httparse::EMPTY_HEADER; 64];
         let mut resp = httparse::Response::new(&mut hbuf);
         resp.parse(&got[..head_end])

@@ -63,132 +63,152 @@ impl RunMachine {
     /// step); a context limit stops it when the next request's estimated size reaches the
     /// limit.
     pub(super) fn limit_before_request(&self) -> Option<Stop> {
+        self.input_cap_stop()
+            .or_else(|| self.unmeasured_budget_stop())
+            .or_else(|| self.token_budget_stop())
+            .or_else(|| self.cost_budget_stop())
+            .or_else(|| self.context_limit_stop())
+    }
+
+    /// A run budget is not kept on a step that was not metered: the first such step stops
+    /// the run (`budget_unmeasured`).
+    fn unmeasured_budget_stop(&self) -> Option<Stop> {
         let stop = &self.config.stop;
-        if let Some(stop) = self.input_cap_stop() {
-            return Some(stop);
+        if stop.max_total_tokens.is_none() && stop.max_cost_micros.is_none() {
+            return None;
         }
-        let budgeted = stop.max_total_tokens.is_some() || stop.max_cost_micros.is_some();
-        if budgeted {
-            if let Some(u) = self.spend.first_unmeasured() {
-                let (measure, limit) = match stop.max_total_tokens {
-                    Some(l) => (budget_stop::MAX_TOTAL_TOKENS, l),
-                    None => (
-                        budget_stop::MAX_COST_MICROS,
-                        stop.max_cost_micros.unwrap_or(0),
-                    ),
-                };
-                return Some(Stop::budget(
-                    FinishKind::BudgetUnmeasured,
-                    format!(
-                        "step {} (attempt {}) did not report its {} token count, and a \
-                         budget is not kept on unmetered steps",
-                        u.step, u.attempt, u.missing
-                    ),
-                    measure,
-                    limit,
-                    0,
-                    budget_stop::USAGE_UNREPORTED,
-                ));
-            }
+        let u = self.spend.first_unmeasured()?;
+        let (measure, limit) = match stop.max_total_tokens {
+            Some(l) => (budget_stop::MAX_TOTAL_TOKENS, l),
+            None => (
+                budget_stop::MAX_COST_MICROS,
+                stop.max_cost_micros.unwrap_or(0),
+            ),
+        };
+        Some(Stop::budget(
+            FinishKind::BudgetUnmeasured,
+            format!(
+                "step {} (attempt {}) did not report its {} token count, and a budget is not \
+                 kept on unmetered steps",
+                u.step, u.attempt, u.missing
+            ),
+            measure,
+            limit,
+            0,
+            budget_stop::USAGE_UNREPORTED,
+        ))
+    }
+
+    /// The input the next request carries at least: it resends the conversation so far, so
+    /// at least the last step's input.
+    fn least_next_input(&self) -> Option<u64> {
+        self.last_step.and_then(|l| l.usage.input)
+    }
+
+    /// The token budget is spent, or the next request would surely overrun it.
+    fn token_budget_stop(&self) -> Option<Stop> {
+        let budget = self.config.stop.max_total_tokens?;
+        let used = self.spend.tokens().unwrap_or(0);
+        let exhausted = |detail: String| {
+            Some(Stop::budget(
+                FinishKind::BudgetExhausted,
+                detail,
+                budget_stop::MAX_TOTAL_TOKENS,
+                budget,
+                used,
+                budget_stop::LIMIT_REACHED,
+            ))
+        };
+        if used >= budget {
+            return exhausted(format!("{used} tokens used of a {budget}-token budget"));
         }
-        let least_next_input = self.last_step.and_then(|l| l.usage.input);
-        if let Some(budget) = stop.max_total_tokens {
-            let used = self.spend.tokens().unwrap_or(0);
-            let exhausted = |detail: String| {
-                Some(Stop::budget(
-                    FinishKind::BudgetExhausted,
-                    detail,
-                    budget_stop::MAX_TOTAL_TOKENS,
-                    budget,
-                    used,
-                    budget_stop::LIMIT_REACHED,
-                ))
-            };
-            if used >= budget {
-                return exhausted(format!("{used} tokens used of a {budget}-token budget"));
-            }
-            if let Some(least) = least_next_input.filter(|l| used.saturating_add(*l) > budget) {
-                return exhausted(format!(
-                    "{used} tokens used of a {budget}-token budget, and the next request \
-                     would resend at least the last step's {least} input tokens"
-                ));
-            }
+        let least = self.least_next_input()?;
+        if used.saturating_add(least) <= budget {
+            return None;
         }
-        if let Some(budget) = stop.max_cost_micros {
-            let spec = || format!("{}/{}", self.config.provider, self.config.model);
-            let unpriced = |detail: String, spent: u64| {
-                Some(Stop::budget(
-                    FinishKind::BudgetUnmeasured,
-                    detail,
-                    budget_stop::MAX_COST_MICROS,
-                    budget,
-                    spent,
-                    budget_stop::UNPRICED,
-                ))
-            };
-            let prices = self.prices();
-            let Some(prices) = prices.filter(|p| p.input.is_some() && p.output.is_some()) else {
-                return unpriced(
-                    format!(
-                        "a cost budget needs input and output prices, and the catalog entry \
-                         frozen for {} has none",
-                        spec()
-                    ),
-                    0,
-                );
-            };
-            let Some(cost) = self.spend.cost_micros() else {
-                let (step, measure) = self
-                    .spend
-                    .unpriced()
-                    .map_or((0, "prices"), |u| (u.step, u.measure));
-                return unpriced(
-                    format!(
-                        "step {step} reported {measure} tokens, and the catalog entry frozen \
-                         for {} has no {measure} price",
-                        spec()
-                    ),
-                    0,
-                );
-            };
-            let currency = &prices.currency;
-            let exhausted = |detail: String| {
-                Some(Stop::budget(
-                    FinishKind::BudgetExhausted,
-                    detail,
-                    budget_stop::MAX_COST_MICROS,
-                    budget,
-                    cost,
-                    budget_stop::LIMIT_REACHED,
-                ))
-            };
-            if cost >= budget {
-                return exhausted(format!(
-                    "cost {cost} micro-{currency} of a {budget} micro-{currency} budget"
-                ));
-            }
-            let least = least_next_input.and_then(|i| least_input_cost_micros(Some(prices), i));
-            if let Some(least) = least.filter(|l| cost.saturating_add(*l) > budget) {
-                return exhausted(format!(
-                    "cost {cost} micro-{currency} of a {budget} micro-{currency} budget, \
-                     and the next request would cost at least {least} more"
-                ));
-            }
+        exhausted(format!(
+            "{used} tokens used of a {budget}-token budget, and the next request would resend \
+             at least the last step's {least} input tokens"
+        ))
+    }
+
+    /// The cost budget cannot be priced (`budget_unmeasured`), is spent, or the next request
+    /// would surely overrun it.
+    fn cost_budget_stop(&self) -> Option<Stop> {
+        let budget = self.config.stop.max_cost_micros?;
+        let spec = || format!("{}/{}", self.config.provider, self.config.model);
+        let unpriced = |detail: String| {
+            Some(Stop::budget(
+                FinishKind::BudgetUnmeasured,
+                detail,
+                budget_stop::MAX_COST_MICROS,
+                budget,
+                0,
+                budget_stop::UNPRICED,
+            ))
+        };
+        let prices = self.prices();
+        let Some(prices) = prices.filter(|p| p.input.is_some() && p.output.is_some()) else {
+            return unpriced(format!(
+                "a cost budget needs input and output prices, and the catalog entry frozen for \
+                 {} has none",
+                spec()
+            ));
+        };
+        let Some(cost) = self.spend.cost_micros() else {
+            let (step, measure) = self
+                .spend
+                .unpriced()
+                .map_or((0, "prices"), |u| (u.step, u.measure));
+            return unpriced(format!(
+                "step {step} reported {measure} tokens, and the catalog entry frozen for {} has \
+                 no {measure} price",
+                spec()
+            ));
+        };
+        let currency = &prices.currency;
+        let exhausted = |detail: String| {
+            Some(Stop::budget(
+                FinishKind::BudgetExhausted,
+                detail,
+                budget_stop::MAX_COST_MICROS,
+                budget,
+                cost,
+                budget_stop::LIMIT_REACHED,
+            ))
+        };
+        if cost >= budget {
+            return exhausted(format!(
+                "cost {cost} micro-{currency} of a {budget} micro-{currency} budget"
+            ));
         }
-        if let Some(limit) = self.config.context_limit {
-            let (estimate, how) = self.next_request_estimate();
-            if estimate >= limit {
-                return Some(Stop {
-                    kind: FinishKind::ContextLimit,
-                    detail: format!(
-                        "the next request would carry about {estimate} tokens ({how}); the \
-                         context limit is {limit}"
-                    ),
-                    budget: None,
-                });
-            }
+        let least = self
+            .least_next_input()
+            .and_then(|i| least_input_cost_micros(Some(prices), i))?;
+        if cost.saturating_add(least) <= budget {
+            return None;
         }
-        None
+        exhausted(format!(
+            "cost {cost} micro-{currency} of a {budget} micro-{currency} budget, and the next \
+             request would cost at least {least} more"
+        ))
+    }
+
+    /// The next request's estimated size reaches the context limit.
+    fn context_limit_stop(&self) -> Option<Stop> {
+        let limit = self.config.context_limit?;
+        let (estimate, how) = self.next_request_estimate();
+        if estimate < limit {
+            return None;
+        }
+        Some(Stop {
+            kind: FinishKind::ContextLimit,
+            detail: format!(
+                "the next request would carry about {estimate} tokens ({how}); the context \
+                 limit is {limit}"
+            ),
+            budget: None,
+        })
     }
 
     /// The session's input cap's stop, if it has one and it is due: its consumed input has

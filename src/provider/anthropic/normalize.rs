@@ -258,6 +258,49 @@ fn fast_path(data: &str) -> Option<Normalized> {
     }
 }
 
+impl Normalizer {
+    /// A content block's start: text or thinking it already holds, or a tool call.
+    fn block_start(&mut self, index: u32, block: WireBlock) -> Option<StreamEvent> {
+        match block {
+            WireBlock::Text { text } if !text.is_empty() => Some(StreamEvent::TextDelta(text)),
+            WireBlock::ToolUse { id, name } => {
+                self.tool_blocks.push(index);
+                let name = self.aliases.caller(name);
+                Some(StreamEvent::ToolCallStart { index, id, name })
+            }
+            WireBlock::Thinking { thinking } if !thinking.is_empty() => {
+                Some(StreamEvent::ThinkingDelta(thinking))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A content block's delta as the canonical event.
+fn block_delta(index: u32, delta: WireDelta) -> Option<StreamEvent> {
+    Some(match delta {
+        WireDelta::TextDelta { text } => StreamEvent::TextDelta(text),
+        WireDelta::InputJsonDelta { partial_json } => StreamEvent::ToolCallArgsDelta {
+            index,
+            json: partial_json,
+        },
+        WireDelta::ThinkingDelta { thinking } => StreamEvent::ThinkingDelta(thinking),
+        WireDelta::SignatureDelta { signature } => StreamEvent::ThinkingSignature(signature),
+        WireDelta::Other => return None,
+    })
+}
+
+/// Anthropic's stop reason, canonical.
+fn finish_reason(reason: String) -> FinishReason {
+    match reason.as_str() {
+        "end_turn" => FinishReason::EndTurn,
+        "tool_use" => FinishReason::ToolUse,
+        "max_tokens" => FinishReason::MaxTokens,
+        "stop_sequence" => FinishReason::StopSequence,
+        _ => FinishReason::Other(reason),
+    }
+}
+
 impl crate::StreamNormalizer for Normalizer {
     /// Normalizes one event's JSON data. A line that is not an event of this family is an
     /// error naming it.
@@ -281,36 +324,8 @@ impl crate::StreamNormalizer for Normalizer {
             Wire::ContentBlockStart {
                 index,
                 content_block,
-            } => match content_block {
-                WireBlock::Text { text } if !text.is_empty() => {
-                    out.push(StreamEvent::TextDelta(text))
-                }
-                WireBlock::ToolUse { id, name } => {
-                    self.tool_blocks.push(index);
-                    let name = self.aliases.caller(name);
-                    out.push(StreamEvent::ToolCallStart { index, id, name });
-                }
-                WireBlock::Thinking { thinking } if !thinking.is_empty() => {
-                    out.push(StreamEvent::ThinkingDelta(thinking))
-                }
-                _ => {}
-            },
-            Wire::ContentBlockDelta { index, delta } => match delta {
-                WireDelta::TextDelta { text } => out.push(StreamEvent::TextDelta(text)),
-                WireDelta::InputJsonDelta { partial_json } => {
-                    out.push(StreamEvent::ToolCallArgsDelta {
-                        index,
-                        json: partial_json,
-                    })
-                }
-                WireDelta::ThinkingDelta { thinking } => {
-                    out.push(StreamEvent::ThinkingDelta(thinking))
-                }
-                WireDelta::SignatureDelta { signature } => {
-                    out.push(StreamEvent::ThinkingSignature(signature))
-                }
-                WireDelta::Other => {}
-            },
+            } => out.extend(self.block_start(index, content_block)),
+            Wire::ContentBlockDelta { index, delta } => out.extend(block_delta(index, delta)),
             Wire::ContentBlockStop { index } => {
                 if self.tool_blocks.contains(&index) {
                     out.push(StreamEvent::ToolCallEnd { index });
@@ -322,15 +337,8 @@ impl crate::StreamNormalizer for Normalizer {
                     out.push(StreamEvent::Usage(self.usage.canonical()));
                 }
                 if let Some(reason) = delta.stop_reason {
-                    let reason = match reason.as_str() {
-                        "end_turn" => FinishReason::EndTurn,
-                        "tool_use" => FinishReason::ToolUse,
-                        "max_tokens" => FinishReason::MaxTokens,
-                        "stop_sequence" => FinishReason::StopSequence,
-                        _ => FinishReason::Other(reason),
-                    };
                     out.push(StreamEvent::Finish {
-                        reason,
+                        reason: finish_reason(reason),
                         request_id: self.request_id.clone(),
                     });
                 }

@@ -326,6 +326,30 @@ fn parse<'a, T: Deserialize<'a>>(kind: &str, data: &'a str) -> Result<T, FormatE
     serde_json::from_str(data).map_err(|e| FormatError(format!("a `{kind}` event: {e}")))
 }
 
+impl Normalizer {
+    /// The stream's last event: its usage, and the finish the earlier `messageStop` said.
+    fn metadata(&mut self, m: Metadata, out: &mut Vec<StreamEvent>) {
+        if let Some(u) = m.usage {
+            out.push(StreamEvent::Usage(u.canonical()));
+        }
+        let (Some(stop), false) = (self.stop.take(), self.finished) else {
+            return;
+        };
+        let reason = match stop.as_str() {
+            "end_turn" => FinishReason::EndTurn,
+            "tool_use" => FinishReason::ToolUse,
+            "max_tokens" => FinishReason::MaxTokens,
+            "stop_sequence" => FinishReason::StopSequence,
+            other => FinishReason::Other(other.to_string()),
+        };
+        out.push(StreamEvent::Finish {
+            reason,
+            request_id: None,
+        });
+        self.finished = true;
+    }
+}
+
 impl crate::StreamNormalizer for Normalizer {
     fn push(&mut self, event: Option<&str>, data: &str) -> Result<Normalized, FormatError> {
         let kind = event.unwrap_or("");
@@ -365,26 +389,7 @@ impl crate::StreamNormalizer for Normalizer {
                 let s: MessageStop = parse(kind, data)?;
                 self.stop = Some(s.stop_reason);
             }
-            "metadata" => {
-                let m: Metadata = parse(kind, data)?;
-                if let Some(u) = m.usage {
-                    out.push(StreamEvent::Usage(u.canonical()));
-                }
-                if let (Some(stop), false) = (self.stop.take(), self.finished) {
-                    let reason = match stop.as_str() {
-                        "end_turn" => FinishReason::EndTurn,
-                        "tool_use" => FinishReason::ToolUse,
-                        "max_tokens" => FinishReason::MaxTokens,
-                        "stop_sequence" => FinishReason::StopSequence,
-                        other => FinishReason::Other(other.to_string()),
-                    };
-                    out.push(StreamEvent::Finish {
-                        reason,
-                        request_id: None,
-                    });
-                    self.finished = true;
-                }
-            }
+            "metadata" => self.metadata(parse(kind, data)?, &mut out),
             k if k.ends_with("Exception") => {
                 let e: Exception = parse(kind, data)?;
                 return Ok(Normalized::Error(ClassifiedError {

@@ -29,56 +29,61 @@ fn messages(w: &mut JsonWriter, req: &Request, aliases: &Aliases) {
         };
         w.object().field_str("role", role).key("content").array();
         for b in blocks {
-            w.object();
-            match b {
-                Block::Text { text } => {
-                    w.field_str("text", text);
-                }
-                Block::Thinking { text, signature } => {
-                    w.key("reasoningContent")
-                        .object()
-                        .key("reasoningText")
-                        .object()
-                        .field_str("text", text);
-                    if let Some(s) = signature {
-                        w.field_str("signature", s);
-                    }
-                    w.end_object().end_object();
-                }
-                Block::ToolUse { id, name, input } => {
-                    w.key("toolUse")
-                        .object()
-                        .field_str("toolUseId", id)
-                        .field_str("name", aliases.wire(name))
-                        .key("input")
-                        .raw(input.get())
-                        .end_object();
-                }
-                Block::ToolResult {
-                    tool_use_id,
-                    content,
-                    is_error,
-                } => {
-                    w.key("toolResult")
-                        .object()
-                        .field_str("toolUseId", tool_use_id)
-                        .key("content")
-                        .array()
-                        .object()
-                        .field_str("text", content)
-                        .end_object()
-                        .end_array();
-                    if *is_error {
-                        w.field_str("status", "error");
-                    }
-                    w.end_object();
-                }
-            }
-            w.end_object();
+            block(w, b, aliases);
         }
         w.end_array().end_object();
     }
     w.end_array();
+}
+
+/// One content block.
+fn block(w: &mut JsonWriter, b: &Block, aliases: &Aliases) {
+    w.object();
+    match b {
+        Block::Text { text } => {
+            w.field_str("text", text);
+        }
+        Block::Thinking { text, signature } => {
+            w.key("reasoningContent")
+                .object()
+                .key("reasoningText")
+                .object()
+                .field_str("text", text);
+            if let Some(s) = signature {
+                w.field_str("signature", s);
+            }
+            w.end_object().end_object();
+        }
+        Block::ToolUse { id, name, input } => {
+            w.key("toolUse")
+                .object()
+                .field_str("toolUseId", id)
+                .field_str("name", aliases.wire(name))
+                .key("input")
+                .raw(input.get())
+                .end_object();
+        }
+        Block::ToolResult {
+            tool_use_id,
+            content,
+            is_error,
+        } => {
+            w.key("toolResult")
+                .object()
+                .field_str("toolUseId", tool_use_id)
+                .key("content")
+                .array()
+                .object()
+                .field_str("text", content)
+                .end_object()
+                .end_array();
+            if *is_error {
+                w.field_str("status", "error");
+            }
+            w.end_object();
+        }
+    }
+    w.end_object();
 }
 
 /// The request body.

@@ -194,40 +194,9 @@ impl Normalizer {
         let mut parts: Vec<FastPart<'_>> = Vec::new();
         let (mut finish, mut usage, mut response_id) = (None, None, None);
         let mut count_spans: Vec<(&str, Hole)> = Vec::new();
-        let mut candidates = 0;
         while let Some(key) = c.key()? {
             match key {
-                "candidates" => {
-                    c.array()?;
-                    while c.element()? {
-                        candidates += 1;
-                        if candidates > 1 {
-                            return None;
-                        }
-                        c.object()?;
-                        while let Some(key) = c.key()? {
-                            match key {
-                                "content" => {
-                                    c.object()?;
-                                    while let Some(key) = c.key()? {
-                                        match key {
-                                            "parts" => read_parts(&mut c, &mut parts)?,
-                                            "role" => {
-                                                c.value()?;
-                                            }
-                                            _ => return None,
-                                        }
-                                    }
-                                }
-                                "finishReason" => finish = Some(c.value()?.plain()?),
-                                "index" | "safetyRatings" | "citationMetadata" => {
-                                    c.value()?;
-                                }
-                                _ => return None,
-                            }
-                        }
-                    }
-                }
+                "candidates" => finish = read_candidates(&mut c, &mut parts)?,
                 "usageMetadata" => usage = Some(read_usage(&mut c, &mut count_spans)?),
                 "responseId" => response_id = Some(c.value()?.plain()?),
                 "modelVersion" | "createTime" => {
@@ -241,24 +210,40 @@ impl Normalizer {
         }
         let out = self.emit(&parts, finish, usage, response_id)?;
         if let [(Raw::Str { quoted, .. }, thought, None)] = parts[..] {
-            let span = |s: &str| {
-                let start = s.as_ptr() as usize - data.as_ptr() as usize;
-                (start, start + s.len())
+            let recorded = Recorded {
+                quoted,
+                thought,
+                finish,
+                usage: usage.is_some(),
+                response_id,
             };
-            let (start, end) = span(quoted);
-            let mut holes = vec![(start, end, Hole::Text)];
-            for &(s, hole) in &count_spans {
-                let (a, b) = span(s);
-                holes.push((a, b, hole));
-            }
-            let e = &mut self.envelope;
-            e.template.record(data, &mut holes);
-            e.thought = thought;
-            e.finish = finish.map(str::to_string);
-            e.usage = usage.is_some();
-            e.response_id = response_id.map(str::to_string);
+            self.record(data, recorded, &count_spans);
         }
         Some(out)
+    }
+
+    /// Keeps an event of one text part as the template the next ones are read against.
+    fn record(&mut self, data: &str, r: Recorded<'_>, count_spans: &[(&str, Hole)]) {
+        let span = |s: &str| {
+            let start = s.as_ptr() as usize - data.as_ptr() as usize;
+            assert!(
+                start + s.len() <= data.len(),
+                "a hole lies inside the event"
+            );
+            (start, start + s.len())
+        };
+        let (start, end) = span(r.quoted);
+        let mut holes = vec![(start, end, Hole::Text)];
+        for &(s, hole) in count_spans {
+            let (a, b) = span(s);
+            holes.push((a, b, hole));
+        }
+        let e = &mut self.envelope;
+        e.template.record(data, &mut holes);
+        e.thought = r.thought;
+        e.finish = r.finish.map(str::to_string);
+        e.usage = r.usage;
+        e.response_id = r.response_id.map(str::to_string);
     }
 
     fn finish(&mut self, out: &mut Vec<StreamEvent>, said: &str) {
@@ -326,6 +311,53 @@ impl Normalizer {
     }
 }
 
+/// What of a one-text-part event the fast path keeps as its template.
+struct Recorded<'a> {
+    quoted: &'a str,
+    thought: bool,
+    finish: Option<&'a str>,
+    usage: bool,
+    response_id: Option<&'a str>,
+}
+
+impl Normalizer {
+    /// One part of the candidate of event `event`: a thought, text, or a function call (whole
+    /// in one part: start, arguments and end at once; an id made up when it has none).
+    fn part(&mut self, p: Part, event: u64, out: &mut Vec<StreamEvent>) {
+        if p.thought {
+            out.push(StreamEvent::ThinkingDelta(p.text.unwrap_or_default()));
+            if let Some(s) = p.thought_signature {
+                out.push(StreamEvent::ThinkingSignature(s));
+            }
+            return;
+        }
+        if let Some(s) = p.thought_signature {
+            out.push(StreamEvent::PartSignature(s));
+        }
+        if let Some(f) = p.function_call {
+            let index = self.calls;
+            self.calls += 1;
+            let id =
+                f.id.filter(|id| !id.is_empty())
+                    .unwrap_or_else(|| format!("{SYNTHETIC_ID_PREFIX}{event}-{index}"));
+            out.push(StreamEvent::ToolCallStart {
+                index,
+                id,
+                name: self.aliases.caller(f.name),
+            });
+            out.push(StreamEvent::ToolCallArgsDelta {
+                index,
+                json: f
+                    .args
+                    .map_or_else(|| "{}".to_string(), |a| a.get().to_string()),
+            });
+            out.push(StreamEvent::ToolCallEnd { index });
+        } else if let Some(t) = p.text.filter(|t| !t.is_empty()) {
+            out.push(StreamEvent::TextDelta(t));
+        }
+    }
+}
+
 impl crate::StreamNormalizer for Normalizer {
     fn push(&mut self, _event: Option<&str>, data: &str) -> Result<Normalized, FormatError> {
         if !self.full_only {
@@ -365,43 +397,53 @@ impl crate::StreamNormalizer for Normalizer {
             return Ok(Normalized::Events(out));
         };
         for p in c.content.map(|c| c.parts).unwrap_or_default() {
-            if p.thought {
-                out.push(StreamEvent::ThinkingDelta(p.text.unwrap_or_default()));
-                if let Some(s) = p.thought_signature {
-                    out.push(StreamEvent::ThinkingSignature(s));
-                }
-                continue;
-            }
-            if let Some(s) = p.thought_signature {
-                out.push(StreamEvent::PartSignature(s));
-            }
-            if let Some(f) = p.function_call {
-                let index = self.calls;
-                self.calls += 1;
-                let id =
-                    f.id.filter(|id| !id.is_empty())
-                        .unwrap_or_else(|| format!("{SYNTHETIC_ID_PREFIX}{event}-{index}"));
-                out.push(StreamEvent::ToolCallStart {
-                    index,
-                    id,
-                    name: self.aliases.caller(f.name),
-                });
-                out.push(StreamEvent::ToolCallArgsDelta {
-                    index,
-                    json: f
-                        .args
-                        .map_or_else(|| "{}".to_string(), |a| a.get().to_string()),
-                });
-                out.push(StreamEvent::ToolCallEnd { index });
-            } else if let Some(t) = p.text.filter(|t| !t.is_empty()) {
-                out.push(StreamEvent::TextDelta(t));
-            }
+            self.part(p, event, &mut out);
         }
         if let Some(reason) = c.finish_reason.filter(|r| !r.is_empty()) {
             self.finish(&mut out, &reason);
         }
         Ok(Normalized::Events(out))
     }
+}
+
+/// The `candidates` of an event the fast path reads: at most one, whose parts are text
+/// (into `parts`); answers its finish reason. `None` for anything else.
+fn read_candidates<'a>(
+    c: &mut Cursor<'a>,
+    parts: &mut Vec<FastPart<'a>>,
+) -> Option<Option<&'a str>> {
+    let mut finish = None;
+    let mut candidates = 0;
+    c.array()?;
+    while c.element()? {
+        candidates += 1;
+        if candidates > 1 {
+            return None;
+        }
+        c.object()?;
+        while let Some(key) = c.key()? {
+            match key {
+                "content" => {
+                    c.object()?;
+                    while let Some(key) = c.key()? {
+                        match key {
+                            "parts" => read_parts(c, parts)?,
+                            "role" => {
+                                c.value()?;
+                            }
+                            _ => return None,
+                        }
+                    }
+                }
+                "finishReason" => finish = Some(c.value()?.plain()?),
+                "index" | "safetyRatings" | "citationMetadata" => {
+                    c.value()?;
+                }
+                _ => return None,
+            }
+        }
+    }
+    Some(finish)
 }
 
 /// A candidate's parts, each text with its thought flag and signature; `None` on a part

@@ -74,14 +74,7 @@ fn contents(w: &mut JsonWriter, req: &Request, aliases: &Aliases) {
                     w.end_object();
                 }
                 Block::ToolUse { id, name, input } => {
-                    w.object().key("functionCall").object();
-                    if !id.starts_with(SYNTHETIC_ID_PREFIX) {
-                        w.field_str("id", id);
-                    }
-                    w.field_str("name", aliases.wire(name))
-                        .key("args")
-                        .raw(input.get())
-                        .end_object();
+                    function_call(w, id, aliases.wire(name), input.get());
                     part_signature(w, pending.take());
                     w.end_object();
                 }
@@ -90,18 +83,8 @@ fn contents(w: &mut JsonWriter, req: &Request, aliases: &Aliases) {
                     content,
                     is_error,
                 } => {
-                    let name = call_name(req, at, tool_use_id).unwrap_or("");
-                    w.object().key("functionResponse").object();
-                    if !tool_use_id.starts_with(SYNTHETIC_ID_PREFIX) {
-                        w.field_str("id", tool_use_id);
-                    }
-                    w.field_str("name", aliases.wire(name))
-                        .key("response")
-                        .object()
-                        .field_str(if *is_error { "error" } else { "output" }, content)
-                        .end_object()
-                        .end_object()
-                        .end_object();
+                    let name = aliases.wire(call_name(req, at, tool_use_id).unwrap_or(""));
+                    function_response(w, tool_use_id, name, content, *is_error);
                 }
             }
         }
@@ -113,6 +96,30 @@ fn contents(w: &mut JsonWriter, req: &Request, aliases: &Aliases) {
         w.end_array().end_object();
     }
     w.end_array();
+}
+
+/// A `functionCall` part, left open for its signature (a made-up id is not sent back).
+fn function_call(w: &mut JsonWriter, id: &str, name: &str, args: &str) {
+    w.object().key("functionCall").object();
+    if !id.starts_with(SYNTHETIC_ID_PREFIX) {
+        w.field_str("id", id);
+    }
+    w.field_str("name", name).key("args").raw(args).end_object();
+}
+
+/// A `functionResponse` part: the call's output, or its error.
+fn function_response(w: &mut JsonWriter, id: &str, name: &str, content: &str, is_error: bool) {
+    w.object().key("functionResponse").object();
+    if !id.starts_with(SYNTHETIC_ID_PREFIX) {
+        w.field_str("id", id);
+    }
+    w.field_str("name", name)
+        .key("response")
+        .object()
+        .field_str(if is_error { "error" } else { "output" }, content)
+        .end_object()
+        .end_object()
+        .end_object();
 }
 
 trait ReplaceIf<'a> {

@@ -155,48 +155,8 @@ impl crate::StreamNormalizer for Normalizer {
             self.request_id = chunk.id;
         }
         let mut out = Vec::new();
-        for choice in chunk.choices.into_iter().take(1) {
-            if let Some(r) = choice.delta.reasoning_content.filter(|t| !t.is_empty()) {
-                out.push(StreamEvent::ThinkingDelta(r));
-            }
-            if let Some(text) = choice.delta.content.filter(|t| !t.is_empty()) {
-                out.push(StreamEvent::TextDelta(text));
-            }
-            for call in choice.delta.tool_calls {
-                if let Some(id) = call.id {
-                    let name = call
-                        .function
-                        .as_ref()
-                        .and_then(|f| f.name.clone())
-                        .unwrap_or_default();
-                    let name = self.aliases.caller(name);
-                    self.open_tools.push(call.index);
-                    out.push(StreamEvent::ToolCallStart {
-                        index: call.index,
-                        id,
-                        name,
-                    });
-                }
-                if let Some(args) = call
-                    .function
-                    .and_then(|f| f.arguments)
-                    .filter(|a| !a.is_empty())
-                {
-                    out.push(StreamEvent::ToolCallArgsDelta {
-                        index: call.index,
-                        json: args,
-                    });
-                }
-            }
-            if let Some(reason) = choice.finish_reason {
-                out.extend(self.close_tools());
-                self.finish = Some(match reason.as_str() {
-                    "stop" => FinishReason::EndTurn,
-                    "tool_calls" => FinishReason::ToolUse,
-                    "length" => FinishReason::MaxTokens,
-                    _ => FinishReason::Other(reason),
-                });
-            }
+        if let Some(choice) = chunk.choices.into_iter().next() {
+            self.choice(choice, &mut out);
         }
         if let Some(u) = chunk.usage {
             out.push(StreamEvent::Usage(Usage {
@@ -243,37 +203,8 @@ impl Normalizer {
                     if !reused && envelope.is_none() {
                         envelope = Some(before);
                     }
-                    c.array()?;
-                    if !c.element()? {
-                        return None;
-                    }
+                    (content, reasoning) = fast_choice(&mut c)?;
                     seen_choice = true;
-                    c.object()?;
-                    while let Some(key) = c.key()? {
-                        match key {
-                            "finish_reason" => {
-                                if !c.value()?.is_null() {
-                                    return None;
-                                }
-                            }
-                            "delta" => {
-                                c.object()?;
-                                while let Some(key) = c.key()? {
-                                    let v = c.value()?;
-                                    match key {
-                                        "content" if !v.is_null() => content = Some(v),
-                                        "reasoning_content" if !v.is_null() => reasoning = Some(v),
-                                        "tool_calls" if !v.is_null() => return None,
-                                        _ => {}
-                                    }
-                                }
-                            }
-                            _ => {
-                                c.value()?;
-                            }
-                        }
-                    }
-                    c.finish_array()?;
                 }
                 _ => {
                     c.value()?;
@@ -307,12 +238,103 @@ impl Normalizer {
         Some(Normalized::Events(out))
     }
 
+    /// The first choice's delta: reasoning, text, tool calls, and its finish reason (which
+    /// closes the open tool calls; it is emitted at `[DONE]`).
+    fn choice(&mut self, choice: Choice, out: &mut Vec<StreamEvent>) {
+        if let Some(r) = choice.delta.reasoning_content.filter(|t| !t.is_empty()) {
+            out.push(StreamEvent::ThinkingDelta(r));
+        }
+        if let Some(text) = choice.delta.content.filter(|t| !t.is_empty()) {
+            out.push(StreamEvent::TextDelta(text));
+        }
+        for call in choice.delta.tool_calls {
+            self.tool_call(call, out);
+        }
+        if let Some(reason) = choice.finish_reason {
+            out.extend(self.close_tools());
+            self.finish = Some(match reason.as_str() {
+                "stop" => FinishReason::EndTurn,
+                "tool_calls" => FinishReason::ToolUse,
+                "length" => FinishReason::MaxTokens,
+                _ => FinishReason::Other(reason),
+            });
+        }
+    }
+
+    /// A tool call's delta: its start (with its id and name), then its arguments' pieces.
+    fn tool_call(&mut self, call: ToolCallDelta, out: &mut Vec<StreamEvent>) {
+        if let Some(id) = call.id {
+            let name = call
+                .function
+                .as_ref()
+                .and_then(|f| f.name.clone())
+                .unwrap_or_default();
+            let name = self.aliases.caller(name);
+            self.open_tools.push(call.index);
+            out.push(StreamEvent::ToolCallStart {
+                index: call.index,
+                id,
+                name,
+            });
+        }
+        if let Some(args) = call
+            .function
+            .and_then(|f| f.arguments)
+            .filter(|a| !a.is_empty())
+        {
+            out.push(StreamEvent::ToolCallArgsDelta {
+                index: call.index,
+                json: args,
+            });
+        }
+    }
+
     fn close_tools(&mut self) -> Vec<StreamEvent> {
         self.open_tools
             .drain(..)
             .map(|index| StreamEvent::ToolCallEnd { index })
             .collect()
     }
+}
+
+/// A chunk's `choices` read without a full parse: its one choice's text and reasoning;
+/// `None` (the full parse) for no choice, a finish reason or tool calls.
+#[allow(clippy::type_complexity)]
+fn fast_choice<'a>(
+    c: &mut Cursor<'a>,
+) -> Option<(Option<crate::scan::Raw<'a>>, Option<crate::scan::Raw<'a>>)> {
+    let (mut content, mut reasoning) = (None, None);
+    c.array()?;
+    if !c.element()? {
+        return None;
+    }
+    c.object()?;
+    while let Some(key) = c.key()? {
+        match key {
+            "finish_reason" => {
+                if !c.value()?.is_null() {
+                    return None;
+                }
+            }
+            "delta" => {
+                c.object()?;
+                while let Some(key) = c.key()? {
+                    let v = c.value()?;
+                    match key {
+                        "content" if !v.is_null() => content = Some(v),
+                        "reasoning_content" if !v.is_null() => reasoning = Some(v),
+                        "tool_calls" if !v.is_null() => return None,
+                        _ => {}
+                    }
+                }
+            }
+            _ => {
+                c.value()?;
+            }
+        }
+    }
+    c.finish_array()?;
+    Some((content, reasoning))
 }
 
 #[cfg(test)]

@@ -56,21 +56,7 @@ fn messages(w: &mut JsonWriter, req: &Request, aliases: &Aliases) {
                 w.object().field_str("role", "assistant").key("content");
                 content(w, &texts);
                 if calls.peek().is_some() {
-                    w.key("tool_calls").array();
-                    for b in calls {
-                        if let Block::ToolUse { id, name, input } = b {
-                            w.object()
-                                .field_str("id", id)
-                                .field_str("type", "function")
-                                .key("function")
-                                .object()
-                                .field_str("name", aliases.wire(name))
-                                .field_str("arguments", input.get())
-                                .end_object()
-                                .end_object();
-                        }
-                    }
-                    w.end_array();
+                    tool_calls(w, calls, aliases);
                 }
                 w.end_object();
             }
@@ -95,6 +81,25 @@ fn messages(w: &mut JsonWriter, req: &Request, aliases: &Aliases) {
                     w.end_object();
                 }
             }
+        }
+    }
+    w.end_array();
+}
+
+/// An assistant message's `tool_calls`.
+fn tool_calls<'a>(w: &mut JsonWriter, calls: impl Iterator<Item = &'a Block>, aliases: &Aliases) {
+    w.key("tool_calls").array();
+    for b in calls {
+        if let Block::ToolUse { id, name, input } = b {
+            w.object()
+                .field_str("id", id)
+                .field_str("type", "function")
+                .key("function")
+                .object()
+                .field_str("name", aliases.wire(name))
+                .field_str("arguments", input.get())
+                .end_object()
+                .end_object();
         }
     }
     w.end_array();

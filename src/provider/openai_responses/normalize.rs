@@ -204,6 +204,40 @@ impl Normalizer {
     }
 }
 
+impl Normalizer {
+    /// The response completed: its usage, then its finish (from its incomplete reason, or
+    /// whether it called tools).
+    fn completed(&self, response: WireResponse, out: &mut Vec<StreamEvent>) {
+        if let Some(u) = &response.usage {
+            out.push(StreamEvent::Usage(Usage {
+                input: u.input_tokens,
+                output: u.output_tokens,
+                cache_read: u
+                    .input_tokens_details
+                    .as_ref()
+                    .and_then(|d| d.cached_tokens),
+                cache_write: None,
+                reasoning: u
+                    .output_tokens_details
+                    .as_ref()
+                    .and_then(|d| d.reasoning_tokens),
+            }));
+        }
+        let incomplete = response.status.as_deref() == Some("incomplete");
+        let reason = match response.incomplete_details.and_then(|d| d.reason) {
+            Some(r) if r == "max_output_tokens" => FinishReason::MaxTokens,
+            Some(r) => FinishReason::Other(r),
+            None if incomplete => FinishReason::MaxTokens,
+            None if self.calls > 0 => FinishReason::ToolUse,
+            None => FinishReason::EndTurn,
+        };
+        out.push(StreamEvent::Finish {
+            reason,
+            request_id: response.id.or_else(|| self.request_id.clone()),
+        });
+    }
+}
+
 impl crate::StreamNormalizer for Normalizer {
     fn push(&mut self, _event: Option<&str>, data: &str) -> Result<Normalized, FormatError> {
         if !self.full_only {
@@ -248,35 +282,7 @@ impl crate::StreamNormalizer for Normalizer {
                 index: output_index,
                 json: delta,
             }),
-            Wire::Completed { response } => {
-                if let Some(u) = &response.usage {
-                    out.push(StreamEvent::Usage(Usage {
-                        input: u.input_tokens,
-                        output: u.output_tokens,
-                        cache_read: u
-                            .input_tokens_details
-                            .as_ref()
-                            .and_then(|d| d.cached_tokens),
-                        cache_write: None,
-                        reasoning: u
-                            .output_tokens_details
-                            .as_ref()
-                            .and_then(|d| d.reasoning_tokens),
-                    }));
-                }
-                let incomplete = response.status.as_deref() == Some("incomplete");
-                let reason = match response.incomplete_details.and_then(|d| d.reason) {
-                    Some(r) if r == "max_output_tokens" => FinishReason::MaxTokens,
-                    Some(r) => FinishReason::Other(r),
-                    None if incomplete => FinishReason::MaxTokens,
-                    None if self.calls > 0 => FinishReason::ToolUse,
-                    None => FinishReason::EndTurn,
-                };
-                out.push(StreamEvent::Finish {
-                    reason,
-                    request_id: response.id.or_else(|| self.request_id.clone()),
-                });
-            }
+            Wire::Completed { response } => self.completed(response, &mut out),
             Wire::Failed { response } => {
                 let e = response.error.unwrap_or(crate::ErrorBody {
                     kind: None,

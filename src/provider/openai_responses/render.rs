@@ -17,78 +17,11 @@ pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
     }
     w.key("input").array();
     for m in &req.messages {
-        let (role, part) = match m.role {
-            Role::User => ("user", "input_text"),
-            Role::Assistant => ("assistant", "output_text"),
-        };
-        // Text runs become message items; calls and outputs are items of their own, in the
-        // transcript's order.
-        let mut open = false;
-        for b in &m.content {
-            match b {
-                Block::Text { text } if !text.is_empty() => {
-                    if !open {
-                        w.object()
-                            .field_str("type", "message")
-                            .field_str("role", role)
-                            .key("content")
-                            .array();
-                        open = true;
-                    }
-                    w.object()
-                        .field_str("type", part)
-                        .field_str("text", text)
-                        .end_object();
-                }
-                Block::ToolUse { id, name, input } => {
-                    if std::mem::take(&mut open) {
-                        w.end_array().end_object();
-                    }
-                    w.object()
-                        .field_str("type", "function_call")
-                        .field_str("call_id", id)
-                        .field_str("name", aliases.wire(name))
-                        .field_str("arguments", input.get())
-                        .end_object();
-                }
-                Block::ToolResult {
-                    tool_use_id,
-                    content,
-                    ..
-                } => {
-                    if std::mem::take(&mut open) {
-                        w.end_array().end_object();
-                    }
-                    w.object()
-                        .field_str("type", "function_call_output")
-                        .field_str("call_id", tool_use_id)
-                        .field_str("output", content)
-                        .end_object();
-                }
-                Block::Text { .. } | Block::Thinking { .. } => {}
-            }
-        }
-        if open {
-            w.end_array().end_object();
-        }
+        input_items(&mut w, m, aliases);
     }
     w.end_array();
     if !req.tools.is_empty() {
-        w.key("tools").array();
-        for t in req.tools.iter() {
-            w.object()
-                .field_str("type", "function")
-                .field_str("name", aliases.wire(&t.name));
-            if !t.description.is_empty() {
-                w.field_str("description", &t.description);
-            }
-            w.key("parameters")
-                .serde(&t.input_schema)
-                .key("strict")
-                .bool(false)
-                .end_object();
-        }
-        w.end_array();
+        tools(&mut w, req, aliases);
     }
     if let Some(n) = g.max_output_tokens {
         w.key("max_output_tokens").u64(n);
@@ -107,6 +40,82 @@ pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
         ],
         body: w.finish(),
     }
+}
+
+/// One message's input items: its text runs become message items; calls and outputs are
+/// items of their own, in the transcript's order.
+fn input_items(w: &mut JsonWriter, m: &broca_protocol::Message, aliases: &Aliases) {
+    let (role, part) = match m.role {
+        Role::User => ("user", "input_text"),
+        Role::Assistant => ("assistant", "output_text"),
+    };
+    let mut open = false;
+    for b in &m.content {
+        match b {
+            Block::Text { text } if !text.is_empty() => {
+                if !open {
+                    w.object()
+                        .field_str("type", "message")
+                        .field_str("role", role)
+                        .key("content")
+                        .array();
+                    open = true;
+                }
+                w.object()
+                    .field_str("type", part)
+                    .field_str("text", text)
+                    .end_object();
+            }
+            Block::ToolUse { id, name, input } => {
+                if std::mem::take(&mut open) {
+                    w.end_array().end_object();
+                }
+                w.object()
+                    .field_str("type", "function_call")
+                    .field_str("call_id", id)
+                    .field_str("name", aliases.wire(name))
+                    .field_str("arguments", input.get())
+                    .end_object();
+            }
+            Block::ToolResult {
+                tool_use_id,
+                content,
+                ..
+            } => {
+                if std::mem::take(&mut open) {
+                    w.end_array().end_object();
+                }
+                w.object()
+                    .field_str("type", "function_call_output")
+                    .field_str("call_id", tool_use_id)
+                    .field_str("output", content)
+                    .end_object();
+            }
+            Block::Text { .. } | Block::Thinking { .. } => {}
+        }
+    }
+    if open {
+        w.end_array().end_object();
+    }
+}
+
+/// The tools offered, each a strict-off function.
+fn tools(w: &mut JsonWriter, req: &Request, aliases: &Aliases) {
+    w.key("tools").array();
+    for t in req.tools.iter() {
+        w.object()
+            .field_str("type", "function")
+            .field_str("name", aliases.wire(&t.name));
+        if !t.description.is_empty() {
+            w.field_str("description", &t.description);
+        }
+        w.key("parameters")
+            .serde(&t.input_schema)
+            .key("strict")
+            .bool(false)
+            .end_object();
+    }
+    w.end_array();
 }
 
 /// The WebSocket mode's first message: the same request as a `response.create` event.

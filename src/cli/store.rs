@@ -57,7 +57,7 @@ pub(super) fn store(mut pargs: pico_args::Arguments, help: bool, state_dir: Opti
     let wal_dir = state.join("wal");
     match sub.as_deref() {
         Some("check") => {
-            let result = open(&state).and_then(|s| s.check(&wal_dir));
+            let result = open(&state).and_then(|s| Ok(s.check(&wal_dir)?));
             match result {
                 Ok(diffs) if diffs.is_empty() => {
                     broca_io::outln!("the store agrees with the WALs");
@@ -81,7 +81,7 @@ pub(super) fn store(mut pargs: pico_args::Arguments, help: bool, state_dir: Opti
         }
         Some("rebuild") => {
             let started = Instant::now();
-            match open(&state).and_then(|s| s.rebuild(&wal_dir)) {
+            match open(&state).and_then(|s| Ok(s.rebuild(&wal_dir)?)) {
                 Ok(pass) => {
                     let secs = started.elapsed().as_secs_f64().max(1e-9);
                     broca_io::outln!(
@@ -156,7 +156,7 @@ pub(super) fn export(
         for f in &pass.failed {
             broca_io::errln!("broca: {f}; its facts are not exported");
         }
-        s.facts(since_ms)
+        Ok(s.facts(since_ms)?)
     });
     let facts = match facts {
         Ok(f) => f,

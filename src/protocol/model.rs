@@ -54,6 +54,13 @@ impl From<String> for CredentialProblem {
     }
 }
 
+impl From<&str> for CredentialProblem {
+    /// A verdict on the credential.
+    fn from(message: &str) -> CredentialProblem {
+        CredentialProblem::from(message.to_string())
+    }
+}
+
 impl std::fmt::Display for CredentialProblem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.message)

@@ -9,6 +9,7 @@
 //! so the rendered bytes stay the same for any credential.
 
 use serde::Deserialize;
+use broca_protocol::model::CredentialProblem;
 
 use crate::gemini::{google_error, normalize::Normalizer as GeminiNormalizer, render};
 use crate::json::JsonWriter;
@@ -22,7 +23,7 @@ use broca_protocol::{ErrorClass, Request};
 pub struct Family;
 
 /// The project a credential bills, or why there is none.
-fn project(credential: &crate::credential::Credential) -> Result<String, String> {
+fn project(credential: &crate::credential::Credential) -> Result<String, CredentialProblem> {
     if let crate::credential::Credential::OAuth {
         project: Some(p), ..
     } = credential
@@ -35,7 +36,7 @@ fn project(credential: &crate::credential::Credential) -> Result<String, String>
         .ok_or_else(|| {
             "the code-assist family needs a Google Cloud project: give the credential a \
              `project` (credentials.json) or set GOOGLE_CLOUD_PROJECT"
-                .to_string()
+                .into()
         })
 }
 
@@ -79,12 +80,12 @@ impl WireFamily for Family {
         }
     }
 
-    fn takes(&self, credential: &crate::credential::Credential) -> Result<(), String> {
+    fn takes(&self, credential: &crate::credential::Credential) -> Result<(), CredentialProblem> {
         credential.bearer(self.id())?;
         project(credential).map(|_| ())
     }
 
-    fn authorize(&self, rendered: &mut Rendered, auth: &AuthContext<'_>) -> Result<(), String> {
+    fn authorize(&self, rendered: &mut Rendered, auth: &AuthContext<'_>) -> Result<(), CredentialProblem> {
         let token = auth.credential.bearer(self.id())?;
         let project = project(auth.credential)?;
         crate::openai_chat::bearer(rendered, token);
@@ -261,7 +262,7 @@ mod tests {
             session_token: None,
             region: None,
         });
-        assert!(Family.takes(&aws).unwrap_err().contains("OAuth"));
+        assert!(Family.takes(&aws).unwrap_err().message.contains("OAuth"));
     }
 
     #[test]

@@ -45,26 +45,26 @@ impl fmt::Debug for Credential {
 
 impl Credential {
     /// The API key, or `Err` naming what this family needs instead.
-    pub fn api_key(&self, family: &str) -> Result<&str, String> {
+    pub fn api_key(&self, family: &str) -> Result<&str, CredentialProblem> {
         match self {
             Credential::ApiKey(k) => Ok(k),
             Credential::Aws(_) => Err(format!(
                 "the {family} family takes an API key, not AWS keys"
-            )),
+            ).into()),
             Credential::OAuth { .. } => Err(format!(
                 "the {family} family takes an API key, not an OAuth access token"
-            )),
+            ).into()),
         }
     }
 
     /// A bearer token: an OAuth access token, or a key given where a token is taken.
-    pub fn bearer(&self, family: &str) -> Result<&str, String> {
+    pub fn bearer(&self, family: &str) -> Result<&str, CredentialProblem> {
         match self {
             Credential::ApiKey(k) => Ok(k),
             Credential::OAuth { access_token, .. } => Ok(access_token),
             Credential::Aws(_) => Err(format!(
                 "the {family} family takes an OAuth access token, not AWS keys"
-            )),
+            ).into()),
         }
     }
 
@@ -136,12 +136,12 @@ impl Secrets for EnvSecrets {
     }
 }
 
-fn env_credential(credential_id: &str) -> Result<Credential, String> {
+fn env_credential(credential_id: &str) -> Result<Credential, CredentialProblem> {
     {
         let Some(var) = credential_id.strip_prefix("env:") else {
             return Err(format!(
                 "credential `{credential_id}` is not an environment credential (env:NAME)"
-            ));
+            ).into());
         };
         let missing = |v: &str| format!("{v} is not set: export it with the provider's key");
         if var == "AWS_ACCESS_KEY_ID" {
@@ -153,7 +153,7 @@ fn env_credential(credential_id: &str) -> Result<Credential, String> {
                 region: env("AWS_REGION").or_else(|| env("AWS_DEFAULT_REGION")),
             }));
         }
-        env(var).map(Credential::ApiKey).ok_or_else(|| missing(var))
+        Ok(env(var).map(Credential::ApiKey).ok_or_else(|| missing(var))?)
     }
 }
 
@@ -225,7 +225,7 @@ impl StateSecrets {
             .filter(|h| !h.is_empty())
     }
 
-    fn file_credential(&self, name: &str) -> Result<Credential, String> {
+    fn file_credential(&self, name: &str) -> Result<Credential, CredentialProblem> {
         #[derive(serde::Deserialize)]
         #[serde(deny_unknown_fields)]
         struct Entry {
@@ -276,12 +276,12 @@ impl StateSecrets {
             _ if e.vault_handle.is_some() => Err(format!(
                 "{}: credential `{name}` is a vault handle: name it vault:{name}",
                 self.file.display()
-            )),
+            ).into()),
             _ => Err(format!(
                 "{}: credential `{name}` needs api_key, access_token (with project), or \
                  aws_access_key_id with aws_secret_access_key",
                 self.file.display()
-            )),
+            ).into()),
         }
     }
 }
@@ -295,13 +295,11 @@ impl Secrets for StateSecrets {
                 Some(v) => v.credential(name, self.vault_handle(name).as_deref()),
                 None => Err(format!(
                     "credential `{credential_id}` needs a vault, and none is configured"
-                )
-                .into()),
+                ).into()),
             },
             _ => Err(format!(
                 "credential `{credential_id}` is not env:NAME, file:NAME or vault:NAME"
-            )
-            .into()),
+            ).into()),
         }
     }
 
@@ -410,7 +408,7 @@ mod tests {
         assert!(a
             .api_key("anthropic-messages")
             .unwrap_err()
-            .contains("API key"));
+            .message.contains("API key"));
     }
 
     #[test]

@@ -26,6 +26,7 @@ pub mod transport;
 
 pub use alias::Aliases;
 
+use broca_protocol::model::CredentialProblem;
 use broca_protocol::{ClassifiedError, ErrorClass, Request, StreamEvent};
 
 /// What a normalizer makes of one wire event.
@@ -114,13 +115,13 @@ pub trait WireFamily: Sync {
         false
     }
     /// Whether the family can use `credential` (admission asks before a run is admitted).
-    fn takes(&self, credential: &credential::Credential) -> Result<(), String> {
+    fn takes(&self, credential: &credential::Credential) -> Result<(), CredentialProblem> {
         credential.api_key(self.id()).map(|_| ())
     }
     /// Adds the credential to a rendered request (a header; or a signature over the
     /// rendered bytes, for a family that signs). `Err` when the credential is of a kind the
     /// family cannot use.
-    fn authorize(&self, rendered: &mut Rendered, auth: &AuthContext<'_>) -> Result<(), String>;
+    fn authorize(&self, rendered: &mut Rendered, auth: &AuthContext<'_>) -> Result<(), CredentialProblem>;
     /// How the answer is framed when the base URL has `scheme`.
     fn framing(&self, scheme: broca_io::net::Scheme) -> Framing {
         let _ = scheme;

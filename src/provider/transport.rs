@@ -307,7 +307,7 @@ impl HttpModelClient {
         };
         family
             .authorize(&mut rendered, &auth)
-            .map_err(|e| failure(ErrorClass::AuthRequired, e, None))?;
+            .map_err(|e| failure(ErrorClass::AuthRequired, e.message, None))?;
         let normalizer = family.normalizer(aliases);
         let target = url.to_string();
         let framing = family.framing(url.scheme);

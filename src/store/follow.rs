@@ -16,7 +16,7 @@ use broca_core::Session;
 use broca_wal::reader::PagedReader;
 use broca_wal::Record;
 
-use super::{Checkpoint, Mark, Projection, RunRow, Store};
+use super::{Checkpoint, Mark, Projection, RunRow, Store, StoreError};
 
 /// Payload bytes decoded at once while following a WAL.
 const PAGE_BYTES: usize = 256 * 1024;
@@ -57,7 +57,7 @@ impl Followed {
     }
 
     /// Applies the record `seq`: its fact, if it yields one.
-    pub(crate) fn apply(&mut self, seq: u64, record: Record) -> Result<Option<SpendFact>, String> {
+    pub(crate) fn apply(&mut self, seq: u64, record: Record) -> Result<Option<SpendFact>, StoreError> {
         let fact = self.deriver.push(seq, &record);
         match &record {
             Record::RunStarted(s) => {
@@ -79,7 +79,10 @@ impl Followed {
         }
         self.session
             .apply(seq, record)
-            .map_err(|reason| format!("record {seq}: {reason}"))?;
+            .map_err(|reason| StoreError::Project {
+                path: None,
+                reason: format!("record {seq}: {reason}"),
+            })?;
         self.next_seq = seq + 1;
         Ok(fact)
     }
@@ -156,10 +159,13 @@ impl Followed {
 pub(crate) fn follow_scan(
     scan: &broca_wal::Scan,
     bytes: &[u8],
-) -> Result<(Projection, Followed), String> {
+) -> Result<(Projection, Followed), StoreError> {
     let decoded = scan
         .decode(bytes)
-        .map_err(|(offset, why)| format!("at offset {offset}: {why}"))?;
+        .map_err(|(offset, why)| StoreError::Project {
+            path: None,
+            reason: format!("at offset {offset}: {why}"),
+        })?;
     let mut f = Followed::new(&scan.header);
     f.session.transcript.reserve(decoded.records.len() / 2);
     let mut facts = Vec::new();
@@ -225,7 +231,7 @@ impl Follower {
         &mut self,
         store: &Store,
         paths: &[PathBuf],
-    ) -> Result<Vec<String>, String> {
+    ) -> Result<Vec<String>, StoreError> {
         let mut projections = Vec::new();
         let mut failed = Vec::new();
         for path in paths {
@@ -235,7 +241,7 @@ impl Follower {
                 Ok(None) => {}
                 Err(e) => {
                     self.followed.remove(path);
-                    failed.push(e);
+                    failed.push(e.to_string());
                 }
             }
         }
@@ -250,7 +256,7 @@ impl Follower {
         Ok(failed)
     }
 
-    fn behind(&mut self, store: &Store, path: &Path) -> Result<Option<Projection>, String> {
+    fn behind(&mut self, store: &Store, path: &Path) -> Result<Option<Projection>, StoreError> {
         if let Some(mut f) = self.followed.remove(path) {
             let found = since(store, path, &mut f)?;
             if !matches!(found, Since::Whole) {
@@ -272,7 +278,7 @@ impl Follower {
         }
         self.reads.whole += 1;
         let Some((bytes, scan)) =
-            broca_wal::verify::read_and_scan_if_any(path).map_err(|e| e.to_string())?
+            broca_wal::verify::read_and_scan_if_any(path)?
         else {
             return Ok(None);
         };
@@ -284,7 +290,7 @@ impl Follower {
             return Ok(None);
         }
         let (p, mut f) =
-            follow_scan(&scan, &bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+            follow_scan(&scan, &bytes).map_err(|e| crate::at_path(path, e))?;
         f.used = self.clock;
         if self.followed_max > 0 {
             self.followed.insert(path.to_path_buf(), f);
@@ -312,7 +318,7 @@ impl Follower {
 /// Reads the records `f`'s WAL gained since `f` ends, and applies them. The reader starts at
 /// the last record applied, which it checks is there (its seq, lineage and checksum at its
 /// offset), so that a WAL replaced or cut since is read whole instead.
-fn since(store: &Store, path: &Path, f: &mut Followed) -> Result<Since, String> {
+fn since(store: &Store, path: &Path, f: &mut Followed) -> Result<Since, StoreError> {
     // The store must hold what `f` projected: otherwise the facts before it are missing.
     let held = store.mark(&f.addr)?;
     let Some((last_seq, last_offset)) = f.last else {
@@ -343,7 +349,10 @@ fn since(store: &Store, path: &Path, f: &mut Followed) -> Result<Since, String> 
                     continue;
                 }
                 Ok(record) => f.apply(frame.seq, record),
-                Err(e) => Err(e),
+                Err(e) => Err(StoreError::Project {
+                    path: None,
+                    reason: e,
+                }),
             };
             match applied {
                 Ok(fact) => {

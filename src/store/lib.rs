@@ -118,8 +118,81 @@ pub struct Store {
     transcript: Database<Bytes, Bytes>,
 }
 
-fn err(what: &str) -> impl Fn(heed::Error) -> String + '_ {
-    move |e| format!("store: {what}: {e}")
+/// Why the store could not do what was asked. The WALs are authoritative: a caller that
+/// meets one of these serves from the WALs, and the store is rebuilt from them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreError {
+    /// LMDB failed an operation (`read`, `write`, `commit`, `clear`, `open`, ...).
+    Lmdb { op: &'static str, message: String },
+    /// A file or folder of the store, or of the state dir, could not be used.
+    Io { path: PathBuf, message: String },
+    /// A WAL could not be read (the error names the file).
+    Wal(broca_wal::WalError),
+    /// A WAL's records do not project (the WAL named once known).
+    Project {
+        path: Option<PathBuf>,
+        reason: String,
+    },
+    /// A value the store holds does not decode (`what` names the table).
+    Decode { what: &'static str, message: String },
+    /// The store is unusable and could not be moved aside.
+    Stuck { dir: PathBuf, why: String, message: String },
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::Lmdb { op, message } => write!(f, "store: {op}: {message}"),
+            StoreError::Io { path, message } => write!(f, "{}: {message}", path.display()),
+            StoreError::Wal(e) => write!(f, "{e}"),
+            StoreError::Project {
+                path: Some(path),
+                reason,
+            } => write!(f, "{}: {reason}", path.display()),
+            StoreError::Project { path: None, reason } => f.write_str(reason),
+            StoreError::Decode { what, message } => write!(f, "store: {what}: {message}"),
+            StoreError::Stuck { dir, why, message } => write!(
+                f,
+                "store {} is unusable ({why}) and cannot be moved aside: {message}",
+                dir.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+impl From<StoreError> for String {
+    fn from(e: StoreError) -> String {
+        e.to_string()
+    }
+}
+
+impl From<broca_wal::WalError> for StoreError {
+    fn from(e: broca_wal::WalError) -> StoreError {
+        StoreError::Wal(e)
+    }
+}
+
+fn err(what: &'static str) -> impl Fn(heed::Error) -> StoreError {
+    move |e| StoreError::Lmdb {
+        op: what,
+        message: e.to_string(),
+    }
+}
+
+fn io(path: &Path) -> impl Fn(std::io::Error) -> StoreError + '_ {
+    move |e| StoreError::Io {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    }
+}
+
+fn decode(what: &'static str) -> impl Fn(serde_json::Error) -> StoreError {
+    move |e| StoreError::Decode {
+        what,
+        message: e.to_string(),
+    }
 }
 
 impl Store {
@@ -127,7 +200,7 @@ impl Store {
     /// is moved aside and a new one created; a store of another state dir, or of another
     /// format, is cleared. Each such event is one line in the returned notes: the caller
     /// says so, and catches up from the WALs.
-    pub fn open(state_dir: &Path) -> Result<(Store, Vec<String>), String> {
+    pub fn open(state_dir: &Path) -> Result<(Store, Vec<String>), StoreError> {
         let id = state_id(state_dir)?;
         let dir = state_dir.join("store");
         let mut notes = Vec::new();
@@ -135,11 +208,10 @@ impl Store {
             Ok(s) => s,
             Err(why) => {
                 let aside = state_dir.join(format!("store.unusable-{}", now_unix_ms()));
-                std::fs::rename(&dir, &aside).map_err(|e| {
-                    format!(
-                        "store {} is unusable ({why}) and cannot be moved aside: {e}",
-                        dir.display()
-                    )
+                std::fs::rename(&dir, &aside).map_err(|e| StoreError::Stuck {
+                    dir: dir.clone(),
+                    why: why.to_string(),
+                    message: e.to_string(),
                 })?;
                 notes.push(format!(
                     "the store {} could not be used ({why}); moved to {} and rebuilt from the WALs",
@@ -188,8 +260,8 @@ impl Store {
         Ok((store, notes))
     }
 
-    fn open_dir(dir: &Path) -> Result<Store, String> {
-        broca_owner_only::create_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    fn open_dir(dir: &Path) -> Result<Store, StoreError> {
+        broca_owner_only::create_dir(dir).map_err(io(dir))?;
         let data = dir.join("data.mdb");
         let existed = data.exists();
         // SAFETY: the store's files are used by broca alone; LMDB's own lock file coordinates
@@ -200,22 +272,22 @@ impl Store {
                 .max_dbs(8)
                 .open(dir)
         }
-        .map_err(|e| e.to_string())?;
+        .map_err(err("open"))?;
         // A file cut shorter than its last page would fault when read: check before use.
         if existed {
             let need = (env.info().last_page_number as u64 + 1) * u64::from(env.stat().page_size);
             let len = std::fs::metadata(&data).map(|m| m.len()).unwrap_or(0);
             if len < need {
-                return Err(format!(
-                    "{} is {len} bytes, shorter than its {need} bytes of pages",
-                    data.display()
-                ));
+                return Err(StoreError::Io {
+                    path: data,
+                    message: format!("{len} bytes, shorter than its {need} bytes of pages"),
+                });
             }
         }
-        let mut w = env.write_txn().map_err(|e| e.to_string())?;
+        let mut w = env.write_txn().map_err(err("write"))?;
         let mut db = |name: &str| {
             env.create_database::<Bytes, Bytes>(&mut w, Some(name))
-                .map_err(|e| e.to_string())
+                .map_err(err("create a table"))
         };
         let (meta, marks, runs, admission, facts, transcript) = (
             db("meta")?,
@@ -225,7 +297,7 @@ impl Store {
             db("facts")?,
             db("transcript")?,
         );
-        w.commit().map_err(|e| e.to_string())?;
+        w.commit().map_err(err("commit"))?;
         for f in ["data.mdb", "lock.mdb"] {
             use std::os::unix::fs::PermissionsExt;
             let _ = std::fs::set_permissions(dir.join(f), std::fs::Permissions::from_mode(0o600));
@@ -247,12 +319,12 @@ impl Store {
         &self.dir
     }
 
-    fn clear(&self) -> Result<(), String> {
+    fn clear(&self) -> Result<(), StoreError> {
         self.clear_projections(true)
     }
 
     /// Clears every projection (and the store's own records with `meta`), in one transaction.
-    fn clear_projections(&self, meta: bool) -> Result<(), String> {
+    fn clear_projections(&self, meta: bool) -> Result<(), StoreError> {
         let mut w = self.env.write_txn().map_err(err("write"))?;
         if meta {
             self.meta.clear(&mut w).map_err(err("clear"))?;
@@ -270,17 +342,17 @@ impl Store {
     }
 
     /// The mark of session `addr`, if the store has projected it.
-    pub fn mark(&self, addr: &[u8; 16]) -> Result<Option<Mark>, String> {
+    pub fn mark(&self, addr: &[u8; 16]) -> Result<Option<Mark>, StoreError> {
         let r = self.env.read_txn().map_err(err("read"))?;
         let found = self.marks.get(&r, addr).map_err(err("read"))?;
         found
-            .map(|b| serde_json::from_slice(b).map_err(|e| format!("store: a mark: {e}")))
+            .map(|b| serde_json::from_slice(b).map_err(decode("a mark")))
             .transpose()
     }
 
     /// Brings the session of the WAL at `path` up to date. `Ok(true)` when it was projected
     /// again, `Ok(false)` when it was current.
-    pub fn catch_up(&self, path: &Path) -> Result<(bool, u64), String> {
+    pub fn catch_up(&self, path: &Path) -> Result<(bool, u64), StoreError> {
         let (projection, read) = self.behind(path)?;
         if let Some(p) = &projection {
             self.write(std::slice::from_ref(p))?;
@@ -290,14 +362,14 @@ impl Store {
 
     /// Brings the sessions of the WALs at `paths` up to date in one transaction (one sync);
     /// each WAL that cannot be projected is one line of the answer.
-    pub fn catch_up_batch(&self, paths: &[PathBuf]) -> Result<Vec<String>, String> {
+    pub fn catch_up_batch(&self, paths: &[PathBuf]) -> Result<Vec<String>, StoreError> {
         let mut projections = Vec::new();
         let mut failed = Vec::new();
         for path in paths {
             match self.behind(path) {
                 Ok((Some(p), _)) => projections.push(p),
                 Ok((None, _)) => {}
-                Err(e) => failed.push(e),
+                Err(e) => failed.push(e.to_string()),
             }
         }
         if !projections.is_empty() {
@@ -307,9 +379,9 @@ impl Store {
     }
 
     /// The session's fresh projection when the store is behind its WAL, and the bytes read.
-    fn behind(&self, path: &Path) -> Result<(Option<Projection>, u64), String> {
+    fn behind(&self, path: &Path) -> Result<(Option<Projection>, u64), StoreError> {
         let Some((bytes, scan)) =
-            broca_wal::verify::read_and_scan_if_any(path).map_err(|e| e.to_string())?
+            broca_wal::verify::read_and_scan_if_any(path)?
         else {
             return Ok((None, 0));
         };
@@ -321,12 +393,12 @@ impl Store {
                 return Ok((None, read));
             }
         }
-        let p = project(&scan, &bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+        let p = project(&scan, &bytes).map_err(|e| at_path(path, e))?;
         Ok((Some(p), read))
     }
 
     /// Catches up every WAL in `wal_dir`, a batch of sessions per transaction.
-    pub fn catch_up_all(&self, wal_dir: &Path) -> Result<Pass, String> {
+    pub fn catch_up_all(&self, wal_dir: &Path) -> Result<Pass, StoreError> {
         const BATCH: usize = 256;
         let mut pass = Pass::default();
         for chunk in wal_files(wal_dir)?.chunks(BATCH) {
@@ -338,7 +410,7 @@ impl Store {
                         pass.wal_bytes += bytes;
                         projections.extend(p);
                     }
-                    Err(e) => pass.failed.push(e),
+                    Err(e) => pass.failed.push(e.to_string()),
                 }
             }
             pass.projected += projections.len() as u64;
@@ -351,13 +423,13 @@ impl Store {
     }
 
     /// Clears every projection and rebuilds it from the WALs.
-    pub fn rebuild(&self, wal_dir: &Path) -> Result<Pass, String> {
+    pub fn rebuild(&self, wal_dir: &Path) -> Result<Pass, StoreError> {
         self.clear_projections(false)?;
         self.catch_up_all(wal_dir)
     }
 
     /// Replaces each session's projections with the given ones, in one transaction.
-    pub fn write(&self, projections: &[Projection]) -> Result<(), String> {
+    pub fn write(&self, projections: &[Projection]) -> Result<(), StoreError> {
         let mut w = self.env.write_txn().map_err(err("write"))?;
         for p in projections {
             self.write_one(&mut w, p)?;
@@ -370,7 +442,7 @@ impl Store {
     /// and only what changed is written (each run row and checkpoint that differs, the facts
     /// of the records since its mark, the transcript from its last message on). Anything
     /// else (new, another lineage) replaces the session's projections whole.
-    fn write_one(&self, w: &mut heed::RwTxn, p: &Projection) -> Result<(), String> {
+    fn write_one(&self, w: &mut heed::RwTxn, p: &Projection) -> Result<(), StoreError> {
         let held: Option<Mark> = self
             .marks
             .get(w, &p.addr)
@@ -395,7 +467,7 @@ impl Store {
         // Only a value that differs is put: an unchanged one dirties no page.
         let put = |db: &Database<Bytes, Bytes>, w: &mut heed::RwTxn, k: &[u8], v: Vec<u8>| {
             if grew.is_some() && db.get(w, k).map_err(err("read"))? == Some(&v[..]) {
-                return Ok::<(), String>(());
+                return Ok::<(), StoreError>(());
             }
             db.put(w, k, &v).map_err(err("write"))
         };
@@ -439,7 +511,7 @@ impl Store {
         for item in self.runs.iter(&r).map_err(err("read"))? {
             let (k, v) = item.map_err(err("read"))?;
             let row: RunRow =
-                serde_json::from_slice(v).map_err(|e| format!("store: a run: {e}"))?;
+                serde_json::from_slice(v).map_err(decode("a run"))?;
             let Some(addr) = k.get(..16).and_then(|a| <[u8; 16]>::try_from(a).ok()) else {
                 continue;
             };
@@ -451,7 +523,7 @@ impl Store {
         for item in self.marks.iter(&r).map_err(err("read"))? {
             let (k, v) = item.map_err(err("read"))?;
             let mark: Mark =
-                serde_json::from_slice(v).map_err(|e| format!("store: a mark: {e}"))?;
+                serde_json::from_slice(v).map_err(decode("a mark"))?;
             let Ok(addr) = <[u8; 16]>::try_from(k) else {
                 continue;
             };
@@ -463,13 +535,13 @@ impl Store {
     }
 
     /// Every usage fact at or after `since_unix_ms`, by session and log order.
-    pub fn facts(&self, since_unix_ms: Option<u64>) -> Result<Vec<SpendFact>, String> {
+    pub fn facts(&self, since_unix_ms: Option<u64>) -> Result<Vec<SpendFact>, StoreError> {
         let r = self.env.read_txn().map_err(err("read"))?;
         let mut out = Vec::new();
         for item in self.facts.iter(&r).map_err(err("read"))? {
             let (_, v) = item.map_err(err("read"))?;
             let f: SpendFact =
-                serde_json::from_slice(v).map_err(|e| format!("store: a fact: {e}"))?;
+                serde_json::from_slice(v).map_err(decode("a fact"))?;
             if since_unix_ms.is_none_or(|s| f.at_unix_ms >= s) {
                 out.push(f);
             }
@@ -477,7 +549,7 @@ impl Store {
         Ok(out)
     }
 
-    fn count_facts(&self) -> Result<u64, String> {
+    fn count_facts(&self) -> Result<u64, StoreError> {
         let r = self.env.read_txn().map_err(err("read"))?;
         self.facts.len(&r).map_err(err("read"))
     }
@@ -488,7 +560,7 @@ impl Store {
         addr: &[u8; 16],
         from: u64,
         limit: usize,
-    ) -> Result<Vec<Message>, String> {
+    ) -> Result<Vec<Message>, StoreError> {
         let r = self.env.read_txn().map_err(err("read"))?;
         let lo = key(addr, &from.to_be_bytes());
         let (_, hi) = session_range(addr);
@@ -501,19 +573,19 @@ impl Store {
             .take(limit)
         {
             let (_, v) = item.map_err(err("read"))?;
-            out.push(serde_json::from_slice(v).map_err(|e| format!("store: a message: {e}"))?);
+            out.push(serde_json::from_slice(v).map_err(decode("a message"))?);
         }
         Ok(out)
     }
 
     /// Compares every projection with what the WALs say. Each difference is one line; none
     /// means the store agrees with the WALs.
-    pub fn check(&self, wal_dir: &Path) -> Result<Vec<String>, String> {
+    pub fn check(&self, wal_dir: &Path) -> Result<Vec<String>, StoreError> {
         let mut diffs = Vec::new();
         let mut seen = std::collections::HashSet::new();
         for path in wal_files(wal_dir)? {
             let Some((bytes, scan)) =
-                broca_wal::verify::read_and_scan_if_any(&path).map_err(|e| e.to_string())?
+                broca_wal::verify::read_and_scan_if_any(&path)?
             else {
                 continue;
             };
@@ -559,7 +631,10 @@ impl Store {
             let (k, _) = item.map_err(err("read"))?;
             let addr: [u8; 16] = k
                 .try_into()
-                .map_err(|_| "store: a mark key is not an address".to_string())?;
+                .map_err(|_| StoreError::Decode {
+                    what: "a mark key",
+                    message: "not an address".into(),
+                })?;
             if !seen.contains(&addr) {
                 diffs.push(format!("{}: in the store, but its WAL is gone", hex(&addr)));
             }
@@ -567,7 +642,7 @@ impl Store {
         Ok(diffs)
     }
 
-    fn read_projection(&self, addr: &[u8; 16]) -> Result<Option<Projection>, String> {
+    fn read_projection(&self, addr: &[u8; 16]) -> Result<Option<Projection>, StoreError> {
         let Some(mark) = self.mark(addr)? else {
             return Ok(None);
         };
@@ -578,13 +653,13 @@ impl Store {
             db: &Database<Bytes, Bytes>,
             r: &heed::RoTxn,
             range: &(Bound<&[u8]>, Bound<&[u8]>),
-        ) -> Result<Vec<(Vec<u8>, T)>, String> {
+        ) -> Result<Vec<(Vec<u8>, T)>, StoreError> {
             let mut out = Vec::new();
             for item in db.range(r, range).map_err(err("read"))? {
                 let (k, v) = item.map_err(err("read"))?;
                 out.push((
                     k[16..].to_vec(),
-                    serde_json::from_slice(v).map_err(|e| format!("store: {e}"))?,
+                    serde_json::from_slice(v).map_err(decode("a row"))?,
                 ));
             }
             Ok(out)
@@ -618,28 +693,39 @@ impl Store {
 }
 
 /// Computes a session's projections from its scanned WAL.
-pub fn project(scan: &broca_wal::Scan, bytes: &[u8]) -> Result<Projection, String> {
+pub fn project(scan: &broca_wal::Scan, bytes: &[u8]) -> Result<Projection, StoreError> {
     follow::follow_scan(scan, bytes).map(|(p, _)| p)
+}
+
+/// A projection's failure, naming the WAL.
+fn at_path(path: &Path, e: StoreError) -> StoreError {
+    match e {
+        StoreError::Project { reason, .. } => StoreError::Project {
+            path: Some(path.to_path_buf()),
+            reason,
+        },
+        other => other,
+    }
 }
 
 /// The WALs of `wal_dir`, sorted: its `.wal` files, and the sessions only the archive holds
 /// (as the path their live WAL would have; reads resolve it in the archive).
-pub fn wal_files(wal_dir: &Path) -> Result<Vec<PathBuf>, String> {
+pub fn wal_files(wal_dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
     let mut out = Vec::new();
     let entries = match std::fs::read_dir(wal_dir) {
         Ok(e) => Some(e),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(format!("{}: {e}", wal_dir.display())),
+        Err(e) => return Err(io(wal_dir)(e)),
     };
     for e in entries.into_iter().flatten() {
-        let p = e.map_err(|e| format!("{}: {e}", wal_dir.display()))?.path();
+        let p = e.map_err(io(wal_dir))?.path();
         if p.extension().is_some_and(|x| x == "wal") {
             out.push(p);
         }
     }
     let archive = broca_wal::archive::dir_of(wal_dir);
     let archived = broca_wal::archive::archived_files(&archive)
-        .map_err(|e| format!("{}: {e}", archive.display()))?;
+        .map_err(io(&archive))?;
     out.extend(archived.into_iter().map(|f| wal_dir.join(f)));
     out.sort();
     out.dedup();
@@ -647,7 +733,7 @@ pub fn wal_files(wal_dir: &Path) -> Result<Vec<PathBuf>, String> {
 }
 
 /// This state dir's id (`<state-dir>/state.id`, made once, owner-only).
-fn state_id(state_dir: &Path) -> Result<String, String> {
+fn state_id(state_dir: &Path) -> Result<String, StoreError> {
     let path = state_dir.join("state.id");
     if let Ok(text) = std::fs::read_to_string(&path) {
         let t = text.trim();
@@ -658,11 +744,11 @@ fn state_id(state_dir: &Path) -> Result<String, String> {
     let mut raw = [0u8; 16];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut raw))
-        .map_err(|e| format!("/dev/urandom: {e}"))?;
+        .map_err(io(Path::new("/dev/urandom")))?;
     let id = hex(&raw);
-    broca_owner_only::create_dir(state_dir).map_err(|e| format!("{}: {e}", state_dir.display()))?;
+    broca_owner_only::create_dir(state_dir).map_err(io(state_dir))?;
     broca_owner_only::write_file(&path, id.as_bytes())
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        .map_err(io(&path))?;
     Ok(id)
 }
 

@@ -4,6 +4,7 @@ pub mod normalize;
 pub mod render;
 
 use crate::{Aliases, AuthContext, Rendered, StreamNormalizer, WireFamily};
+use broca_protocol::model::CredentialProblem;
 use broca_protocol::{ErrorClass, Request};
 
 /// The family.
@@ -22,7 +23,7 @@ impl WireFamily for Family {
         true
     }
 
-    fn authorize(&self, rendered: &mut Rendered, auth: &AuthContext<'_>) -> Result<(), String> {
+    fn authorize(&self, rendered: &mut Rendered, auth: &AuthContext<'_>) -> Result<(), CredentialProblem> {
         let key = auth.credential.api_key(self.id())?;
         rendered.headers.push(("x-api-key".into(), key.into()));
         Ok(())

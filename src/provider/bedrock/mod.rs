@@ -7,6 +7,7 @@ pub mod normalize;
 pub mod render;
 
 use crate::credential::Credential;
+use broca_protocol::model::CredentialProblem;
 use crate::{sigv4, Aliases, AuthContext, Framing, Rendered, StreamNormalizer, WireFamily};
 use broca_protocol::{ErrorClass, Request};
 
@@ -14,7 +15,7 @@ use broca_protocol::{ErrorClass, Request};
 pub struct Family;
 
 /// The region of a credential, else of a `bedrock-runtime.REGION.amazonaws.com` base URL.
-fn region(a: &crate::credential::AwsCredential, host: &str) -> Result<String, String> {
+fn region(a: &crate::credential::AwsCredential, host: &str) -> Result<String, CredentialProblem> {
     if let Some(r) = a.region.as_deref().filter(|r| !r.is_empty()) {
         return Ok(r.to_string());
     }
@@ -29,7 +30,7 @@ fn region(a: &crate::credential::AwsCredential, host: &str) -> Result<String, St
     }
 }
 
-fn aws(credential: &Credential) -> Result<&crate::credential::AwsCredential, String> {
+fn aws(credential: &Credential) -> Result<&crate::credential::AwsCredential, CredentialProblem> {
     match credential {
         Credential::Aws(a) => Ok(a),
         _ => Err(
@@ -57,11 +58,11 @@ impl WireFamily for Family {
         }
     }
 
-    fn takes(&self, credential: &Credential) -> Result<(), String> {
+    fn takes(&self, credential: &Credential) -> Result<(), CredentialProblem> {
         aws(credential).map(|_| ())
     }
 
-    fn authorize(&self, rendered: &mut Rendered, auth: &AuthContext<'_>) -> Result<(), String> {
+    fn authorize(&self, rendered: &mut Rendered, auth: &AuthContext<'_>) -> Result<(), CredentialProblem> {
         let a = aws(auth.credential)?;
         let region = region(a, &auth.url.host)?;
         let amz_date = sigv4::amz_date(auth.now_unix_secs);

@@ -7,6 +7,7 @@
 pub mod policy;
 
 use broca_io::net::Scheme;
+use broca_protocol::model::CredentialProblem;
 
 use crate::{
     openai_responses, Aliases, AuthContext, Framing, Rendered, StreamNormalizer, WireFamily,
@@ -27,11 +28,11 @@ impl WireFamily for Family {
         r
     }
 
-    fn takes(&self, credential: &crate::credential::Credential) -> Result<(), String> {
+    fn takes(&self, credential: &crate::credential::Credential) -> Result<(), CredentialProblem> {
         policy::account(credential, self.id()).map(|_| ())
     }
 
-    fn authorize(&self, rendered: &mut Rendered, auth: &AuthContext<'_>) -> Result<(), String> {
+    fn authorize(&self, rendered: &mut Rendered, auth: &AuthContext<'_>) -> Result<(), CredentialProblem> {
         let (token, account) = policy::account(auth.credential, self.id())?;
         rendered.headers.extend(policy::headers(token, &account));
         Ok(())

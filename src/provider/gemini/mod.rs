@@ -6,6 +6,7 @@ pub mod normalize;
 pub mod render;
 
 use serde::Deserialize;
+use broca_protocol::model::CredentialProblem;
 
 use crate::{Aliases, AuthContext, Rendered, StreamNormalizer, WireFamily};
 use broca_protocol::{ErrorClass, Request};
@@ -32,7 +33,7 @@ impl WireFamily for Family {
         }
     }
 
-    fn authorize(&self, rendered: &mut Rendered, auth: &AuthContext<'_>) -> Result<(), String> {
+    fn authorize(&self, rendered: &mut Rendered, auth: &AuthContext<'_>) -> Result<(), CredentialProblem> {
         let key = auth.credential.api_key(self.id())?;
         rendered.headers.push(("x-goog-api-key".into(), key.into()));
         Ok(())

@@ -5,6 +5,7 @@ pub mod normalize;
 pub mod render;
 
 use crate::{Aliases, AuthContext, Rendered, StreamNormalizer, WireFamily};
+use broca_protocol::model::CredentialProblem;
 use broca_protocol::{ErrorClass, Request};
 
 /// The family.
@@ -19,7 +20,7 @@ impl WireFamily for Family {
         render::render(req, aliases)
     }
 
-    fn authorize(&self, rendered: &mut Rendered, auth: &AuthContext<'_>) -> Result<(), String> {
+    fn authorize(&self, rendered: &mut Rendered, auth: &AuthContext<'_>) -> Result<(), CredentialProblem> {
         bearer(rendered, auth.credential.api_key(self.id())?);
         Ok(())
     }

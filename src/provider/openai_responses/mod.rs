@@ -6,6 +6,7 @@ pub mod normalize;
 pub mod render;
 
 use broca_io::net::Scheme;
+use broca_protocol::model::CredentialProblem;
 
 use crate::{Aliases, AuthContext, Framing, Rendered, StreamNormalizer, WireFamily};
 use broca_protocol::{ErrorClass, Request};
@@ -22,7 +23,7 @@ impl WireFamily for Family {
         render::render(req, aliases)
     }
 
-    fn authorize(&self, rendered: &mut Rendered, auth: &AuthContext<'_>) -> Result<(), String> {
+    fn authorize(&self, rendered: &mut Rendered, auth: &AuthContext<'_>) -> Result<(), CredentialProblem> {
         super::openai_chat::bearer(rendered, auth.credential.api_key(self.id())?);
         Ok(())
     }

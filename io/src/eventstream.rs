@@ -240,7 +240,10 @@ fn decode(b: &[u8], offset: u64) -> Result<Message<'_>, EventStreamError> {
         return Err(EventStreamError::MessageCrc { offset });
     }
     let headers = &b[PRELUDE..PRELUDE + headers_len];
-    let malformed = |why| EventStreamError::Malformed { offset, why };
+    let malformed = |fault: HeaderFault| EventStreamError::Malformed {
+        offset,
+        why: fault.to_string(),
+    };
     let mut h = headers;
     // Names and string values are UTF-8 when the whole block is ASCII (as it nearly always
     // is): then only the layout is checked header by header.
@@ -266,6 +269,30 @@ fn decode(b: &[u8], offset: u64) -> Result<Message<'_>, EventStreamError> {
     })
 }
 
+/// What is wrong with a message's header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum HeaderFault {
+    RunsPast,
+    NameNotUtf8,
+    ValueNotUtf8(String),
+    ShortUuid,
+    UnknownType { name: String, kind: u8 },
+}
+
+impl fmt::Display for HeaderFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HeaderFault::RunsPast => f.write_str("a header runs past the headers"),
+            HeaderFault::NameNotUtf8 => f.write_str("a header name is not UTF-8"),
+            HeaderFault::ValueNotUtf8(name) => write!(f, "header `{name}` is not UTF-8"),
+            HeaderFault::ShortUuid => f.write_str("a short uuid header"),
+            HeaderFault::UnknownType { name, kind } => {
+                write!(f, "header `{name}` has unknown type {kind}")
+            }
+        }
+    }
+}
+
 /// One header as it lies in the message: its name, type byte and value bytes.
 struct RawHeader<'a> {
     name: &'a [u8],
@@ -275,9 +302,8 @@ struct RawHeader<'a> {
 
 impl<'a> RawHeader<'a> {
     /// The header read: `Err` names what is wrong with it.
-    fn read(&self) -> Result<(&'a str, HeaderValue<'a>), String> {
-        let name =
-            std::str::from_utf8(self.name).map_err(|_| "a header name is not UTF-8".to_string())?;
+    fn read(&self) -> Result<(&'a str, HeaderValue<'a>), HeaderFault> {
+        let name = std::str::from_utf8(self.name).map_err(|_| HeaderFault::NameNotUtf8)?;
         let v = self.value;
         let fixed = || v.iter().fold(0i64, |a, &x| (a << 8) | x as i64);
         let value = match self.kind {
@@ -289,12 +315,11 @@ impl<'a> RawHeader<'a> {
             5 => HeaderValue::Long(fixed()),
             6 => HeaderValue::Bytes(v),
             7 => HeaderValue::String(
-                std::str::from_utf8(v).map_err(|_| format!("header `{name}` is not UTF-8"))?,
+                std::str::from_utf8(v).map_err(|_| HeaderFault::ValueNotUtf8(name.into()))?,
             ),
             8 => HeaderValue::Timestamp(fixed()),
             _ => HeaderValue::Uuid(
-                v.try_into()
-                    .map_err(|_| "a short uuid header".to_string())?,
+                v.try_into().map_err(|_| HeaderFault::ShortUuid)?,
             ),
         };
         Ok((name, value))
@@ -303,12 +328,12 @@ impl<'a> RawHeader<'a> {
 
 /// Takes the header at the front of `b` as it lies; `None` at the end.
 #[inline]
-fn next_raw<'a>(b: &mut &'a [u8]) -> Result<Option<RawHeader<'a>>, String> {
+fn next_raw<'a>(b: &mut &'a [u8]) -> Result<Option<RawHeader<'a>>, HeaderFault> {
     let Some(&name_len) = b.first() else {
         return Ok(None);
     };
     let name_len = name_len as usize;
-    let bad = || "a header runs past the headers".to_string();
+    let bad = || HeaderFault::RunsPast;
     let name = b.get(1..1 + name_len).ok_or_else(bad)?;
     let kind = *b.get(1 + name_len).ok_or_else(bad)?;
     let mut at = 2 + name_len;
@@ -325,10 +350,10 @@ fn next_raw<'a>(b: &mut &'a [u8]) -> Result<Option<RawHeader<'a>>, String> {
         }
         9 => 16,
         other => {
-            return Err(format!(
-                "header `{}` has unknown type {other}",
-                String::from_utf8_lossy(name)
-            ))
+            return Err(HeaderFault::UnknownType {
+                name: String::from_utf8_lossy(name).into_owned(),
+                kind: other,
+            })
         }
     };
     let value = b.get(at..at + len).ok_or_else(bad)?;
@@ -337,7 +362,9 @@ fn next_raw<'a>(b: &mut &'a [u8]) -> Result<Option<RawHeader<'a>>, String> {
 }
 
 /// Reads the header at the front of `b`; `None` at the end.
-fn next_header<'a>(b: &mut &'a [u8]) -> Result<Option<(&'a str, HeaderValue<'a>)>, String> {
+fn next_header<'a>(
+    b: &mut &'a [u8],
+) -> Result<Option<(&'a str, HeaderValue<'a>)>, HeaderFault> {
     match next_raw(b)? {
         Some(h) => h.read().map(Some),
         None => Ok(None),

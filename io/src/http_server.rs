@@ -143,65 +143,67 @@ impl RequestDecoder {
         self.buf.is_empty() && self.head.is_none()
     }
 
+    /// The request head at the start of the buffer, with its body's length and the bytes it
+    /// takes; `None` while it is incomplete.
+    fn parse_head(&self) -> Result<Option<(RequestHead, usize, usize)>, RequestError> {
+        let too_large = RequestError::HeadTooLarge {
+            limit: self.limits.head_bytes_max,
+        };
+        let mut headers = vec![httparse::EMPTY_HEADER; self.limits.headers_max];
+        let mut req = httparse::Request::new(&mut headers);
+        let used = match req.parse(&self.buf) {
+            Ok(httparse::Status::Complete(n)) => n,
+            Ok(httparse::Status::Partial) if self.buf.len() > self.limits.head_bytes_max => {
+                return Err(too_large)
+            }
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(httparse::Error::TooManyHeaders) => return Err(too_large),
+            Err(e) => return Err(RequestError::Malformed(e.to_string())),
+        };
+        if used > self.limits.head_bytes_max {
+            return Err(too_large);
+        }
+        let version = req.version.unwrap_or(1);
+        let headers: Vec<(String, Vec<u8>)> = req
+            .headers
+            .iter()
+            .map(|h| (h.name.to_string(), h.value.to_vec()))
+            .collect();
+        let find = |name: &str| {
+            headers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                .map(|(_, v)| String::from_utf8_lossy(v).trim().to_ascii_lowercase())
+        };
+        if find("transfer-encoding").is_some() {
+            return Err(RequestError::LengthRequired);
+        }
+        let length = content_length(&headers)?;
+        if length > self.limits.body_bytes_max {
+            return Err(RequestError::BodyTooLarge {
+                limit: self.limits.body_bytes_max,
+                length,
+            });
+        }
+        let connection = find("connection");
+        let keep_alive = match version {
+            0 => connection.as_deref() == Some("keep-alive"),
+            _ => connection.as_deref() != Some("close"),
+        };
+        let head = RequestHead {
+            method: req.method.unwrap_or("").to_string(),
+            target: req.path.unwrap_or("").to_string(),
+            headers,
+            keep_alive,
+        };
+        Ok(Some((head, length, used)))
+    }
+
     /// The next complete request, if the bytes so far hold one.
     pub fn next(&mut self) -> Result<Option<(RequestHead, Vec<u8>)>, RequestError> {
         if self.head.is_none() {
-            let mut headers = vec![httparse::EMPTY_HEADER; self.limits.headers_max];
-            let mut req = httparse::Request::new(&mut headers);
-            let used = match req.parse(&self.buf) {
-                Ok(httparse::Status::Complete(n)) => n,
-                Ok(httparse::Status::Partial) => {
-                    if self.buf.len() > self.limits.head_bytes_max {
-                        return Err(RequestError::HeadTooLarge {
-                            limit: self.limits.head_bytes_max,
-                        });
-                    }
-                    return Ok(None);
-                }
-                Err(httparse::Error::TooManyHeaders) => {
-                    return Err(RequestError::HeadTooLarge {
-                        limit: self.limits.head_bytes_max,
-                    })
-                }
-                Err(e) => return Err(RequestError::Malformed(e.to_string())),
-            };
-            if used > self.limits.head_bytes_max {
-                return Err(RequestError::HeadTooLarge {
-                    limit: self.limits.head_bytes_max,
-                });
-            }
-            let version = req.version.unwrap_or(1);
-            let headers: Vec<(String, Vec<u8>)> = req
-                .headers
-                .iter()
-                .map(|h| (h.name.to_string(), h.value.to_vec()))
-                .collect();
-            let find = |name: &str| {
-                headers
-                    .iter()
-                    .find(|(n, _)| n.eq_ignore_ascii_case(name))
-                    .map(|(_, v)| String::from_utf8_lossy(v).trim().to_ascii_lowercase())
-            };
-            if find("transfer-encoding").is_some() {
-                return Err(RequestError::LengthRequired);
-            }
-            let length = content_length(&headers)?;
-            if length > self.limits.body_bytes_max {
-                return Err(RequestError::BodyTooLarge {
-                    limit: self.limits.body_bytes_max,
-                    length,
-                });
-            }
-            let connection = find("connection");
-            let keep_alive = match version {
-                0 => connection.as_deref() == Some("keep-alive"),
-                _ => connection.as_deref() != Some("close"),
-            };
-            let head = RequestHead {
-                method: req.method.unwrap_or("").to_string(),
-                target: req.path.unwrap_or("").to_string(),
-                headers,
-                keep_alive,
+            let Some((head, length, used)) = self.parse_head()? else {
+                return Ok(None);
             };
             assert!(used <= self.buf.len(), "a parsed head lies in the buffer");
             self.buf.drain(..used);

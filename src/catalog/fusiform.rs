@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use fusiform_protocol::CatalogGetResponse;
 use serde_json::Value;
 
-use crate::{Catalog, ModelSpec, PriceTier, Prices};
+use crate::{Catalog, CatalogError, ModelSpec, PriceTier, Prices};
 
 /// broca's providers for one of fusiform's (models.dev's) provider ids.
 fn providers_of(fusiform: &str) -> &'static [&'static str] {
@@ -39,9 +39,10 @@ pub struct Read {
 }
 
 /// Reads a `catalog.get` answer.
-pub fn read(answer: &Value) -> Result<Read, String> {
-    let r: CatalogGetResponse = serde_json::from_value(answer.clone())
-        .map_err(|e| format!("a catalog.get answer that does not decode: {e}"))?;
+pub fn read(answer: &Value) -> Result<Read, CatalogError> {
+    let r: CatalogGetResponse = serde_json::from_value(answer.clone()).map_err(|e| {
+        CatalogError::Json(format!("a catalog.get answer that does not decode: {e}"))
+    })?;
     let mut models = Vec::new();
     let mut notes = Vec::new();
     for (id, facts) in &r.models {

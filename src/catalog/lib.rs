@@ -11,6 +11,7 @@
 pub mod fusiform;
 pub mod load;
 
+use std::fmt;
 use std::sync::{Arc, OnceLock, RwLock};
 
 use serde::{Deserialize, Serialize};
@@ -115,20 +116,21 @@ impl Catalog {
     }
 
     /// Parses a catalog (or overrides) from JSON, checking each entry.
-    pub fn parse(text: &str) -> Result<Catalog, String> {
-        let c: Catalog = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    pub fn parse(text: &str) -> Result<Catalog, CatalogError> {
+        let c: Catalog = serde_json::from_str(text).map_err(|e| CatalogError::Json(e.to_string()))?;
         for p in &c.providers {
             if p.id.is_empty() || p.id.contains('/') {
-                return Err(format!(
-                    "provider id `{}` must be non-empty, without `/`",
-                    p.id
+                return Err(CatalogError::entry(
+                    &p.id,
+                    "a provider id must be non-empty, without `/`",
                 ));
             }
-            check_base_url(&p.base_url).map_err(|e| format!("provider `{}`: {e}", p.id))?;
+            check_base_url(&p.base_url).map_err(|e| CatalogError::entry(&p.id, e))?;
         }
         for m in &c.models {
+            let id = format!("{}/{}", m.provider, m.model);
             if m.model.is_empty() {
-                return Err(format!("a model of `{}` has no name", m.provider));
+                return Err(CatalogError::entry(&id, "a model has no name"));
             }
             if let Some(p) = &m.prices {
                 let mut all = vec![p.input, p.output, p.cache_read, p.cache_write];
@@ -139,21 +141,18 @@ impl Catalog {
                     .windows(2)
                     .any(|w| w[0].above_input_tokens >= w[1].above_input_tokens)
                 {
-                    return Err(format!(
-                        "{}/{}: price tiers must be listed by rising above_input_tokens",
-                        m.provider, m.model
+                    return Err(CatalogError::entry(
+                        &id,
+                        "price tiers must be listed by rising above_input_tokens",
                     ));
                 }
                 if all.iter().flatten().any(|v| !v.is_finite() || *v < 0.0) {
-                    return Err(format!(
-                        "{}/{}: prices must be finite and >= 0",
-                        m.provider, m.model
-                    ));
+                    return Err(CatalogError::entry(&id, "prices must be finite and >= 0"));
                 }
                 if p.unit != "per_million_tokens" {
-                    return Err(format!(
-                        "{}/{}: price unit `{}` is not per_million_tokens",
-                        m.provider, m.model, p.unit
+                    return Err(CatalogError::entry(
+                        &id,
+                        format!("price unit `{}` is not per_million_tokens", p.unit),
                     ));
                 }
             }
@@ -184,12 +183,12 @@ impl Catalog {
     }
 
     /// Every model names a provider of the catalog.
-    pub fn check_consistent(&self) -> Result<(), String> {
+    pub fn check_consistent(&self) -> Result<(), CatalogError> {
         for m in &self.models {
             if !self.providers.iter().any(|p| p.id == m.provider) {
-                return Err(format!(
-                    "model {}/{} names an unknown provider",
-                    m.provider, m.model
+                return Err(CatalogError::entry(
+                    &format!("{}/{}", m.provider, m.model),
+                    "the model names an unknown provider",
                 ));
             }
         }
@@ -197,34 +196,25 @@ impl Catalog {
     }
 
     /// Resolves `provider/model`. `Err` names what is wrong.
-    pub fn resolve(&self, spec: &str) -> Result<ModelEntry, String> {
+    pub fn resolve(&self, spec: &str) -> Result<ModelEntry, ResolveError> {
         if spec.len() > MODEL_SPEC_BYTES_MAX {
-            return Err(format!(
-                "model has {} bytes; the limit is {MODEL_SPEC_BYTES_MAX}",
-                spec.len()
-            ));
+            return Err(ResolveError::TooLong { bytes: spec.len() });
         }
         if let Some(c) = spec.chars().find(|c| c.is_control() || c.is_whitespace()) {
-            return Err(format!(
-                "model `{}` holds {:?}: a model id has no spaces or control characters",
-                spec.escape_debug(),
-                c
-            ));
+            let spec = spec.escape_debug().to_string();
+            return Err(ResolveError::Character { spec, c });
         }
         let (provider, model) = spec
             .split_once('/')
             .filter(|(p, m)| !p.is_empty() && !m.is_empty())
-            .ok_or_else(|| format!("model `{spec}` is not PROVIDER/MODEL"))?;
+            .ok_or_else(|| ResolveError::NotProviderModel { spec: spec.into() })?;
         let entry = self
             .providers
             .iter()
             .find(|p| p.id == provider)
-            .ok_or_else(|| {
-                let known: Vec<&str> = self.providers.iter().map(|p| p.id.as_str()).collect();
-                format!(
-                    "unknown provider `{provider}` (known: {})",
-                    known.join(", ")
-                )
+            .ok_or_else(|| ResolveError::UnknownProvider {
+                provider: provider.into(),
+                known: self.providers.iter().map(|p| p.id.clone()).collect(),
             })?;
         let listed = self
             .models
@@ -310,8 +300,93 @@ pub fn provider(id: &str) -> Option<ProviderEntry> {
 }
 
 /// Resolves `provider/model` in the catalog in use.
-pub fn resolve(spec: &str) -> Result<ModelEntry, String> {
+pub fn resolve(spec: &str) -> Result<ModelEntry, ResolveError> {
     current().resolve(spec)
+}
+
+/// A catalog (or overrides) that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CatalogError {
+    /// The text is not a catalog's JSON.
+    Json(String),
+    /// One entry (a provider id, or PROVIDER/MODEL) breaks a rule.
+    Entry { id: String, problem: String },
+    /// The file could not be read or written.
+    File { path: std::path::PathBuf, message: String },
+    /// A kept copy that is not private to this user.
+    Private(broca_owner_only::OwnerOnlyError),
+    /// The catalog service gave no answer (how it failed).
+    Unavailable(String),
+}
+
+impl CatalogError {
+    fn entry(id: &str, problem: impl Into<String>) -> CatalogError {
+        CatalogError::Entry {
+            id: id.into(),
+            problem: problem.into(),
+        }
+    }
+}
+
+impl fmt::Display for CatalogError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CatalogError::Json(message) => f.write_str(message),
+            CatalogError::Entry { id, problem } => write!(f, "`{id}`: {problem}"),
+            CatalogError::File { path, message } => write!(f, "{}: {message}", path.display()),
+            CatalogError::Private(e) => write!(f, "{e}"),
+            CatalogError::Unavailable(message) => f.write_str(message),
+        }
+    }
+}
+
+impl std::error::Error for CatalogError {}
+
+/// Why a `PROVIDER/MODEL` does not resolve.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResolveError {
+    TooLong { bytes: usize },
+    /// A space or control character (the spec escaped).
+    Character { spec: String, c: char },
+    NotProviderModel { spec: String },
+    UnknownProvider { provider: String, known: Vec<String> },
+}
+
+impl fmt::Display for ResolveError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ResolveError::TooLong { bytes } => write!(
+                f,
+                "model has {bytes} bytes; the limit is {MODEL_SPEC_BYTES_MAX}"
+            ),
+            ResolveError::Character { spec, c } => write!(
+                f,
+                "model `{spec}` holds {c:?}: a model id has no spaces or control characters"
+            ),
+            ResolveError::NotProviderModel { spec } => {
+                write!(f, "model `{spec}` is not PROVIDER/MODEL")
+            }
+            ResolveError::UnknownProvider { provider, known } => write!(
+                f,
+                "unknown provider `{provider}` (known: {})",
+                known.join(", ")
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ResolveError {}
+
+impl From<ResolveError> for String {
+    fn from(e: ResolveError) -> String {
+        e.to_string()
+    }
+}
+
+impl From<CatalogError> for String {
+    fn from(e: CatalogError) -> String {
+        e.to_string()
+    }
 }
 
 #[cfg(test)]
@@ -331,22 +406,28 @@ mod tests {
             "anthropic/\u{0}",
         ] {
             let e = c.resolve(bad).unwrap_err();
+            assert!(matches!(e, ResolveError::Character { .. }), "{e}");
+            let e = e.to_string();
             assert!(e.contains("no spaces or control characters"), "{e}");
             assert!(!e.contains('\n') && !e.contains('\r'), "{e}");
         }
-        assert!(c
-            .resolve(&format!("anthropic/{}", "m".repeat(300)))
-            .is_err());
+        assert_eq!(
+            c.resolve(&format!("anthropic/{}", "m".repeat(300))),
+            Err(ResolveError::TooLong { bytes: 310 })
+        );
         let other = c.resolve("anthropic/some-new-model").unwrap();
         assert_eq!((other.context_window, other.prices), (None, None));
         assert!(c
             .resolve("nope/x")
             .unwrap_err()
+            .to_string()
             .contains("unknown provider `nope`"));
-        assert!(c
-            .resolve("anthropic")
-            .unwrap_err()
-            .contains("PROVIDER/MODEL"));
+        assert_eq!(
+            c.resolve("anthropic"),
+            Err(ResolveError::NotProviderModel {
+                spec: "anthropic".into()
+            })
+        );
     }
 
     #[test]
@@ -416,7 +497,7 @@ mod tests {
             ),
             (r#"{"modles": []}"#, "unknown field"),
         ] {
-            let err = Catalog::parse(text).unwrap_err();
+            let err = Catalog::parse(text).unwrap_err().to_string();
             assert!(err.contains(want), "{text}: {err}");
         }
     }

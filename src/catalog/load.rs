@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::Catalog;
+use super::{Catalog, CatalogError};
 
 /// Where to look.
 #[derive(Debug, Clone, Default)]
@@ -49,7 +49,10 @@ impl Sources {
 /// The catalog assembled from `src` with the catalog service's answer (`fetched`: its text,
 /// or why it could not be had; the caller asks the service), and what the operator should
 /// be told about it (one line each: a source that failed and what was used instead).
-pub fn load(src: &Sources, fetched: Option<Result<String, String>>) -> (Catalog, Vec<String>) {
+pub fn load(
+    src: &Sources,
+    fetched: Option<Result<String, CatalogError>>,
+) -> (Catalog, Vec<String>) {
     let parsed = fetched.map(|r| r.and_then(|text| Catalog::parse(&text).map(|c| (text, c))));
     assemble(src, parsed)
 }
@@ -62,7 +65,7 @@ pub fn load_local(src: &Sources) -> (Catalog, Vec<String>) {
 
 fn assemble(
     src: &Sources,
-    fetched: Option<Result<(String, Catalog), String>>,
+    fetched: Option<Result<(String, Catalog), CatalogError>>,
 ) -> (Catalog, Vec<String>) {
     let mut catalog = Catalog::builtin();
     let mut notes = Vec::new();
@@ -98,7 +101,7 @@ fn assemble(
 fn service_layer(
     src: &Sources,
     url: &str,
-    fetched: Option<Result<(String, Catalog), String>>,
+    fetched: Option<Result<(String, Catalog), CatalogError>>,
     notes: &mut Vec<String>,
 ) -> Option<Catalog> {
     let why = match fetched {
@@ -137,7 +140,10 @@ fn service_layer(
 
 /// What the override file adds (kept as its last good copy), else its last good copy.
 fn file_layer(src: &Sources, file: &Path, notes: &mut Vec<String>) -> Option<Catalog> {
-    let read = std::fs::read_to_string(file).map_err(|e| e.to_string());
+    let read = std::fs::read_to_string(file).map_err(|e| CatalogError::File {
+        path: file.to_path_buf(),
+        message: e.to_string(),
+    });
     match read.and_then(|t| Catalog::parse(&t).map(|c| (t, c))) {
         Ok((text, over)) => {
             if let Err(e) = save(src, &src.file_cache(), text.as_bytes()) {
@@ -164,20 +170,27 @@ fn file_layer(src: &Sources, file: &Path, notes: &mut Vec<String>) -> Option<Cat
     }
 }
 
-fn save(src: &Sources, path: &Path, bytes: &[u8]) -> Result<(), String> {
+fn save(src: &Sources, path: &Path, bytes: &[u8]) -> Result<(), CatalogError> {
     broca_owner_only::create_dir(&src.cache_dir)
         .and_then(|()| broca_owner_only::write_file(path, bytes))
-        .map_err(|e| format!("{}: {e}", path.display()))
+        .map_err(|e| CatalogError::File {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })
 }
 
 /// The kept copy at `path`: `None` when there is none.
-fn last_good(path: &Path) -> Option<Result<Catalog, String>> {
+fn last_good(path: &Path) -> Option<Result<Catalog, CatalogError>> {
     if !path.exists() {
         return None;
     }
     Some(
         broca_owner_only::read_private(path)
-            .and_then(|b| String::from_utf8(b).map_err(|_| "not UTF-8".into()))
+            .map_err(CatalogError::Private)
+            .and_then(|b| String::from_utf8(b).map_err(|_| CatalogError::File {
+                    path: path.to_path_buf(),
+                    message: "not UTF-8".into(),
+                }))
             .and_then(|t| Catalog::parse(&t)),
     )
 }

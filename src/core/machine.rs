@@ -457,51 +457,10 @@ impl RunMachine {
         let mut send = Vec::with_capacity(calls.len());
         let mut refused = Vec::new();
         for call in calls {
-            let spec = self.config.tools.iter().find(|t| t.name == call.name);
-            let Some(spec) = spec else {
-                refused.push(ResultBlock {
-                    call_id: call.id.clone(),
-                    content: format!(
-                        "unknown tool `{}`: it was not offered to this run",
-                        call.name
-                    ),
-                    is_error: true,
-                    reason: Some(result_reason::UNKNOWN_TOOL.into()),
-                    size: None,
-                });
-                continue;
-            };
-            if let Some(raw) = super::stream::invalid_arguments(&call.input) {
-                refused.push(ResultBlock {
-                    call_id: call.id.clone(),
-                    content: format!("the arguments are not valid JSON: {raw}"),
-                    is_error: true,
-                    reason: Some(result_reason::INVALID_ARGUMENTS.into()),
-                    size: None,
-                });
-                continue;
+            match self.refusal(&call) {
+                Some(result) => refused.push(result),
+                None => send.push(call),
             }
-            let schema_check = serde_json::from_str::<serde_json::Value>(call.input.get())
-                .map_err(|e| e.to_string())
-                .and_then(|args| {
-                    broca_protocol::schema::validate(&spec.input_schema, &args)
-                        .map_err(|m| m.to_string())
-                });
-            if let Err(why) = schema_check {
-                refused.push(ResultBlock {
-                    call_id: call.id.clone(),
-                    content: format!(
-                        "the arguments do not match the input schema of `{}`: {why}; the \
-                         tool was not called",
-                        call.name
-                    ),
-                    is_error: true,
-                    reason: Some(result_reason::INVALID_ARGUMENTS.into()),
-                    size: None,
-                });
-                continue;
-            }
-            send.push(call);
         }
         let waiting: Vec<String> = send.iter().map(|c| c.id.clone()).collect();
         assert_eq!(
@@ -524,6 +483,45 @@ impl RunMachine {
             self.record_result(result);
         }
         self.tools_maybe_done();
+    }
+
+    /// The error result a call gets instead of being sent: a tool this run was not offered,
+    /// arguments that are not JSON, or arguments its input schema refuses. `None` sends it.
+    fn refusal(&self, call: &ToolCall) -> Option<ResultBlock> {
+        let refuse = |content: String, reason: &str| ResultBlock {
+            call_id: call.id.clone(),
+            content,
+            is_error: true,
+            reason: Some(reason.into()),
+            size: None,
+        };
+        let Some(spec) = self.config.tools.iter().find(|t| t.name == call.name) else {
+            return Some(refuse(
+                format!("unknown tool `{}`: it was not offered to this run", call.name),
+                result_reason::UNKNOWN_TOOL,
+            ));
+        };
+        if let Some(raw) = super::stream::invalid_arguments(&call.input) {
+            return Some(refuse(
+                format!("the arguments are not valid JSON: {raw}"),
+                result_reason::INVALID_ARGUMENTS,
+            ));
+        }
+        let schema_check = serde_json::from_str::<serde_json::Value>(call.input.get())
+            .map_err(|e| e.to_string())
+            .and_then(|args| {
+                broca_protocol::schema::validate(&spec.input_schema, &args)
+                    .map_err(|m| m.to_string())
+            });
+        let why = schema_check.err()?;
+        Some(refuse(
+            format!(
+                "the arguments do not match the input schema of `{}`: {why}; the tool was \
+                 not called",
+                call.name
+            ),
+            result_reason::INVALID_ARGUMENTS,
+        ))
     }
 
     /// Records `result` of the batch in [`Phase::Tools`].

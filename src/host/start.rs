@@ -168,10 +168,15 @@ pub(crate) async fn load(
     modules: Option<&broca_tools::modules::ModuleTools>,
 ) -> (broca_catalog::Catalog, Vec<String>) {
     let fetched = match (&src.module, &src.url, modules) {
-        (Some(m), _, Some(modules)) => Some(modules.catalog_text(m).await),
-        (Some(_), _, None) => Some(Err(
+        (Some(m), _, Some(modules)) => Some(
+            modules
+                .catalog_text(m)
+                .await
+                .map_err(broca_catalog::CatalogError::Unavailable),
+        ),
+        (Some(_), _, None) => Some(Err(broca_catalog::CatalogError::Unavailable(
             "a catalog module is reached through the daemon, in module mode only".to_string(),
-        )),
+        ))),
         (None, Some(url), _) => Some(broca_provider::catalog_service::fetch(url, http).await),
         (None, None, _) => None,
     };

@@ -4,7 +4,8 @@
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::fmt;
+use std::path::{Path, PathBuf};
 
 /// Creates `dir` and its missing parents owner-only (0700).
 pub fn create_dir(dir: &Path) -> std::io::Result<()> {
@@ -30,56 +31,103 @@ pub fn create_dir(dir: &Path) -> std::io::Result<()> {
         })
 }
 
-/// Refuses `dir` when group or others may write it, or another user owns it. `Err` is one
-/// line naming the folder, the problem and the fix.
-pub fn check_dir(dir: &Path) -> Result<(), String> {
-    let meta = fs::metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    if !meta.is_dir() {
-        return Err(format!("{} is not a folder", dir.display()));
+/// Why a path is refused as private state. Its display is one line naming the path, the
+/// problem and the fix; it never includes a file's contents.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnerOnlyError {
+    pub path: PathBuf,
+    pub problem: Problem,
+}
+
+/// What is wrong with a path held as private state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Problem {
+    /// It could not be read (missing, unreadable): the system's words.
+    Io(String),
+    /// A state dir that is not a folder.
+    NotAFolder,
+    /// Another user owns it.
+    ForeignOwner { uid: u32, me: u32 },
+    /// A folder group or others may write.
+    FolderOpen { mode: u32 },
+    /// A file group or others may read or write.
+    FileOpen { mode: u32 },
+}
+
+impl fmt::Display for OwnerOnlyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let p = self.path.display();
+        match &self.problem {
+            Problem::Io(message) => write!(f, "{p}: {message}"),
+            Problem::NotAFolder => write!(f, "{p} is not a folder"),
+            Problem::ForeignOwner { uid, me } => write!(
+                f,
+                "{p} belongs to uid {uid}, not to this user (uid {me}); use a state dir of \
+                 your own"
+            ),
+            Problem::FolderOpen { mode } => write!(
+                f,
+                "{p} is writable by group or others (mode {mode:03o}); run `chmod 700 {p}`"
+            ),
+            Problem::FileOpen { mode } => write!(
+                f,
+                "{p} may be read or written by group or others (mode {mode:03o}); run \
+                 `chmod 600 {p}`"
+            ),
+        }
     }
+}
+
+impl std::error::Error for OwnerOnlyError {}
+
+impl From<OwnerOnlyError> for String {
+    fn from(e: OwnerOnlyError) -> String {
+        e.to_string()
+    }
+}
+
+fn refuse(path: &Path, problem: Problem) -> OwnerOnlyError {
+    OwnerOnlyError {
+        path: path.to_path_buf(),
+        problem,
+    }
+}
+
+/// The metadata of `path`, refused when another user owns it.
+fn own_metadata(path: &Path) -> Result<fs::Metadata, OwnerOnlyError> {
+    let meta = fs::metadata(path).map_err(|e| refuse(path, Problem::Io(e.to_string())))?;
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     if meta.uid() != me {
-        return Err(format!(
-            "{} belongs to uid {}, not to this user (uid {me}); use a state dir of your own",
-            dir.display(),
-            meta.uid()
-        ));
+        let uid = meta.uid();
+        return Err(refuse(path, Problem::ForeignOwner { uid, me }));
     }
+    Ok(meta)
+}
+
+/// Refuses `dir` when group or others may write it, or another user owns it.
+pub fn check_dir(dir: &Path) -> Result<(), OwnerOnlyError> {
+    let meta = fs::metadata(dir).map_err(|e| refuse(dir, Problem::Io(e.to_string())))?;
+    if !meta.is_dir() {
+        return Err(refuse(dir, Problem::NotAFolder));
+    }
+    let meta = own_metadata(dir)?;
     let mode = meta.permissions().mode() & 0o777;
     if mode & 0o022 != 0 {
-        return Err(format!(
-            "{} is writable by group or others (mode {mode:03o}); run `chmod 700 {}`",
-            dir.display(),
-            dir.display()
-        ));
+        return Err(refuse(dir, Problem::FolderOpen { mode }));
     }
     Ok(())
 }
 
 /// Reads a private file (credentials, caches): refused when group or others may read or
-/// write it, or another user owns it. `Err` is one line naming the file, the problem and the
-/// fix; it never includes the contents.
-pub fn read_private(path: &Path) -> Result<Vec<u8>, String> {
-    let meta = fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
-    if meta.uid() != me {
-        return Err(format!(
-            "{} belongs to uid {}, not to this user (uid {me})",
-            path.display(),
-            meta.uid()
-        ));
-    }
+/// write it, or another user owns it.
+pub fn read_private(path: &Path) -> Result<Vec<u8>, OwnerOnlyError> {
+    let meta = own_metadata(path)?;
     let mode = meta.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
-        return Err(format!(
-            "{} may be read or written by group or others (mode {mode:03o}); run `chmod 600 {}`",
-            path.display(),
-            path.display()
-        ));
+        return Err(refuse(path, Problem::FileOpen { mode }));
     }
-    fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
+    fs::read(path).map_err(|e| refuse(path, Problem::Io(e.to_string())))
 }
 
 /// Writes `bytes` to `path` owner-only (0600) through a temporary file and a rename, so a
@@ -112,7 +160,9 @@ mod tests {
         );
         check_dir(&state).unwrap();
         fs::set_permissions(&state, fs::Permissions::from_mode(0o770)).unwrap();
-        assert!(check_dir(&state).unwrap_err().contains("chmod 700"));
+        let err = check_dir(&state).unwrap_err();
+        assert_eq!(err.problem, Problem::FolderOpen { mode: 0o770 });
+        assert!(err.to_string().contains("chmod 700"), "{err}");
         fs::set_permissions(&state, fs::Permissions::from_mode(0o700)).unwrap();
         let f = state.join("x.json");
         write_file(&f, b"{}").unwrap();
@@ -125,6 +175,8 @@ mod tests {
         assert_eq!(read_private(&f).unwrap(), b"{\"a\":1}");
         fs::set_permissions(&f, fs::Permissions::from_mode(0o640)).unwrap();
         let err = read_private(&f).unwrap_err();
+        assert_eq!(err.problem, Problem::FileOpen { mode: 0o640 });
+        let err = err.to_string();
         assert!(err.contains("chmod 600") && !err.contains("\"a\""), "{err}");
     }
 }

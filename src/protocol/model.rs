@@ -18,12 +18,32 @@ pub struct Failure {
 /// takes. Nothing here writes or keeps a secret.
 pub trait ProviderCheck {
     /// How this build speaks `family`; `Err` says that it does not.
-    fn family(&self, family: &str) -> Result<FamilyTraits, String>;
+    fn family(&self, family: &str) -> Result<FamilyTraits, UnknownFamily>;
     /// Resolves `credential_id` for `family` (the secret fetched into memory, checked to be
     /// of a kind the family takes, and dropped); `Err` says what is missing or unusable,
     /// revealing no secret.
     fn credential(&self, family: &str, credential_id: &str) -> Result<(), CredentialProblem>;
 }
+
+/// A wire family this build does not speak, with the ones it does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownFamily {
+    pub family: String,
+    pub known: Vec<&'static str>,
+}
+
+impl std::fmt::Display for UnknownFamily {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "this build does not speak the {} wire family; the families it speaks are {}",
+            self.family,
+            self.known.join(", ")
+        )
+    }
+}
+
+impl std::error::Error for UnknownFamily {}
 
 /// Why a credential did not resolve: what is wrong (never the secret), and whether its
 /// source is out (the vault unreachable or answering "try later": asking again later may
@@ -81,7 +101,7 @@ pub struct FamilyTraits {
 pub struct AnyProvider;
 
 impl ProviderCheck for AnyProvider {
-    fn family(&self, _family: &str) -> Result<FamilyTraits, String> {
+    fn family(&self, _family: &str) -> Result<FamilyTraits, UnknownFamily> {
         Ok(FamilyTraits { marks_cache: false })
     }
 

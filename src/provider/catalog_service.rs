@@ -6,6 +6,7 @@
 use std::rc::Rc;
 use std::time::Duration;
 
+use broca_catalog::CatalogError;
 use broca_io::net::{with_timeout, HttpClient, Request, Url};
 
 /// How long the catalog service may take to answer.
@@ -15,8 +16,12 @@ const SERVICE_BYTES_MAX: usize = 16 * 1024 * 1024;
 
 /// The service's answer as text (a status other than 200, a body that is not UTF-8, or no
 /// answer in time is an error naming it).
-pub async fn fetch(url: &str, http: &Rc<HttpClient>) -> Result<String, String> {
-    let parsed = Url::parse(url)?;
+pub async fn fetch(url: &str, http: &Rc<HttpClient>) -> Result<String, CatalogError> {
+    fetch_text(url, http).await.map_err(CatalogError::Unavailable)
+}
+
+async fn fetch_text(url: &str, http: &Rc<HttpClient>) -> Result<String, String> {
+    let parsed = Url::parse(url).map_err(|e| e.to_string())?;
     if !parsed.scheme.is_tls() && !parsed.is_loopback() {
         return Err("plain http is accepted only for loopback hosts".into());
     }

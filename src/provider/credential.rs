@@ -240,7 +240,7 @@ impl StateSecrets {
             /// A vault handle, used by `vault:NAME` (not `file:NAME`).
             vault_handle: Option<String>,
         }
-        let bytes = broca_owner_only::read_private(&self.file)?;
+        let bytes = broca_owner_only::read_private(&self.file).map_err(|e| e.to_string())?;
         // A parse error could quote the file: say only where it is.
         let all: std::collections::BTreeMap<String, Entry> = serde_json::from_slice(&bytes)
             .map_err(|e| {

@@ -176,7 +176,10 @@ impl Checks {
 }
 
 impl broca_protocol::model::ProviderCheck for Checks {
-    fn family(&self, id: &str) -> Result<broca_protocol::model::FamilyTraits, String> {
+    fn family(
+        &self,
+        id: &str,
+    ) -> Result<broca_protocol::model::FamilyTraits, broca_protocol::model::UnknownFamily> {
         check_family(id)
     }
 
@@ -190,12 +193,12 @@ impl broca_protocol::model::ProviderCheck for Checks {
 }
 
 /// Whether this build speaks the family `id`.
-pub fn check_family(id: &str) -> Result<broca_protocol::model::FamilyTraits, String> {
-    let f = family(id).ok_or_else(|| {
-        format!(
-            "this build does not speak the {id} wire family; the families it speaks are {}",
-            FAMILIES.join(", ")
-        )
+pub fn check_family(
+    id: &str,
+) -> Result<broca_protocol::model::FamilyTraits, broca_protocol::model::UnknownFamily> {
+    let f = family(id).ok_or_else(|| broca_protocol::model::UnknownFamily {
+        family: id.to_string(),
+        known: FAMILIES.to_vec(),
     })?;
     Ok(broca_protocol::model::FamilyTraits {
         marks_cache: f.marks_cache(),

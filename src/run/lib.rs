@@ -74,8 +74,8 @@ impl Standalone {
         let wal_dir = self.state_dir.join("wal");
         broca_owner_only::create_dir(&wal_dir)
             .map_err(|e| format!("cannot create {}: {e}", wal_dir.display()))?;
-        let proxy = ProxyConfig::from_env()?;
-        let tls = tls::default_client_config()?;
+        let proxy = ProxyConfig::from_env().map_err(|e| e.to_string())?;
+        let tls = tls::default_client_config().map_err(|e| e.to_string())?;
         broca_shards::run_local(async move {
             let http = HttpClient::new(ClientConfig::new(tls.clone(), proxy.clone()));
             load_catalog(&self.catalog, &http).await;

@@ -268,7 +268,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         };
         let machine = match broca_core::admission::check_resumable(&run.config, &catalog) {
             // Never re-render an admitted run differently: seal it with the reason.
-            Err(why) => RunMachine::refuse_resume(from, why, now),
+            Err(why) => RunMachine::refuse_resume(from, why.to_string(), now),
             Ok(()) => RunMachine::resume(from, now),
         };
         let outcome = self.drive(machine).await?;

@@ -267,6 +267,48 @@ impl PagedReader {
         true
     }
 
+    /// The frame at the position, read into the buffer, with its place in the buffer; `None`
+    /// when no valid frame starts there.
+    fn frame_here(&mut self) -> Result<Option<(FrameHeader, usize)>, WalError> {
+        self.fill(FRAME_HEADER_BYTES)?;
+        assert!(
+            self.at >= self.buf_at,
+            "the buffer starts at or before the position"
+        );
+        let rel = (self.at - self.buf_at) as usize;
+        if self.buf.len() < rel + FRAME_HEADER_BYTES {
+            return Ok(None);
+        }
+        let h = FrameHeader::read(&self.buf[rel..rel + FRAME_HEADER_BYTES]);
+        if h.payload_len as usize <= super::frame::PAYLOAD_BYTES_MAX {
+            self.fill(h.frame_len() as usize)?;
+        }
+        let rel = (self.at - self.buf_at) as usize;
+        Ok(valid_frame_at(&self.buf, rel).map(|f| (f, rel)))
+    }
+
+    /// What the end of the valid frames at the position is: clean when the tail is not
+    /// judged, else the tail's verdict, unless the frame should be read from the file again.
+    fn end_here(&mut self, judge_tail: bool, tag: [u8; 8]) -> Result<End, WalError> {
+        if !judge_tail {
+            return Ok(End::Judged(Verdict::Clean));
+        }
+        // Beside a live writer the file may have grown since it was measured, or its tail
+        // sector been written again: read the frame from the file once more.
+        if self.reread_at(1) {
+            return Ok(End::ReadAgain);
+        }
+        let verdict =
+            tail_verdict(&self.file, self.at, tag).map_err(|e| self.io_error("read", e))?;
+        // A witness read after this frame says the frame was durable: a writer may have
+        // completed it after the bytes held here were read. Read it again, now durable,
+        // before calling it corruption.
+        if matches!(verdict, Verdict::Corrupt { .. }) && self.reread_at(2) {
+            return Ok(End::ReadAgain);
+        }
+        Ok(End::Judged(verdict))
+    }
+
     /// The next valid frames, their payloads adding up to about `payload_bytes_max` (at least
     /// one frame when any is left). Empty once the valid records end; then
     /// [`PagedReader::verdict`] says how (the tail is judged when `judge_tail` is set, which
@@ -280,42 +322,14 @@ impl PagedReader {
         let mut bytes = 0usize;
         let tag = self.header.lineage_tag();
         while self.verdict.is_none() && (page.is_empty() || bytes < payload_bytes_max) {
-            self.fill(FRAME_HEADER_BYTES)?;
-            assert!(
-                self.at >= self.buf_at,
-                "the buffer starts at or before the position"
-            );
-            let rel = (self.at - self.buf_at) as usize;
-            let frame = if self.buf.len() >= rel + FRAME_HEADER_BYTES {
-                let h = FrameHeader::read(&self.buf[rel..rel + FRAME_HEADER_BYTES]);
-                if h.payload_len as usize <= super::frame::PAYLOAD_BYTES_MAX {
-                    self.fill(h.frame_len() as usize)?;
+            let Some((frame, rel)) = self.frame_here()? else {
+                match self.end_here(judge_tail, tag)? {
+                    End::ReadAgain => continue,
+                    End::Judged(verdict) => {
+                        self.verdict = Some(verdict);
+                        break;
+                    }
                 }
-                let rel = (self.at - self.buf_at) as usize;
-                valid_frame_at(&self.buf, rel).map(|f| (f, rel))
-            } else {
-                None
-            };
-            let Some((frame, rel)) = frame else {
-                if !judge_tail {
-                    self.verdict = Some(Verdict::Clean);
-                    break;
-                }
-                // Beside a live writer the file may have grown since it was measured, or its
-                // tail sector been written again: read the frame from the file once more.
-                if self.reread_at(1) {
-                    continue;
-                }
-                let verdict =
-                    tail_verdict(&self.file, self.at, tag).map_err(|e| self.io_error("read", e))?;
-                // A witness read after this frame says the frame was durable: a writer may
-                // have completed it after the bytes held here were read. Read it again, now
-                // durable, before calling it corruption.
-                if matches!(verdict, Verdict::Corrupt { .. }) && self.reread_at(2) {
-                    continue;
-                }
-                self.verdict = Some(verdict);
-                break;
             };
             if let Err(reason) = check_frame(&frame, self.at, tag, self.next_seq, self.epoch_max) {
                 self.verdict = Some(Verdict::Corrupt { reason });
@@ -371,6 +385,14 @@ impl PagedReader {
         }
         Ok(out)
     }
+}
+
+/// How the valid frames end at a position (see `PagedReader::end_here`).
+enum End {
+    /// The frame may have been completed since it was read: read it again.
+    ReadAgain,
+    /// The frames end here, so.
+    Judged(Verdict),
 }
 
 #[cfg(test)]

@@ -48,55 +48,15 @@ async fn flush_loop(shared: Rc<Shared>) {
     loop {
         // Let every append that is ready in this tick join the batch.
         futures_lite::future::yield_now().await;
-        let (batch, base) = {
-            let mut st = shared.state.borrow_mut();
-            let pending_from = st.end - st.pending.len() as u64;
-            if st.pending.is_empty() || st.dead.is_some() || st.urgent_end <= pending_from {
-                st.flushing = false;
-                shared.committer.flush_ended();
-                if st.dead.is_none() {
-                    arm_defer(&shared, &mut st);
-                }
-                return;
-            }
-            assert_eq!(
-                pending_from, st.durable_end,
-                "one batch of a log is in flight at a time"
-            );
-            let spare = std::mem::take(&mut st.spare);
-            let batch = std::mem::replace(&mut st.pending, spare);
-            assert!(
-                batch.len() <= shared.cfg.batch_bytes_max,
-                "a batch is bounded"
-            );
-            for waker in st.room_waiters.drain(..) {
-                waker.wake();
-            }
-            (batch, st.durable_end)
+        let Some((batch, base)) = take_batch(&shared) else {
+            return;
         };
         let permit = shared.committer.admit_batch().await;
         let result = write_batch(&shared, &batch, base).await;
         drop(permit);
         let mut st = shared.state.borrow_mut();
         match result {
-            Ok(written) => {
-                assert!(
-                    written.durable_end > st.durable_end,
-                    "a batch makes bytes durable"
-                );
-                assert!(written.durable_end <= st.end);
-                st.durable_end = written.durable_end;
-                st.zeroed_end = written.zeroed_end;
-                st.tail_block = written.tail_block;
-                let durable = st.durable_end;
-                st.durable_waiters.retain(|(end, waker)| {
-                    let done = *end <= durable;
-                    if done {
-                        waker.wake_by_ref();
-                    }
-                    !done
-                });
-            }
+            Ok(written) => batch_durable(&mut st, written),
             Err(err) => {
                 tracing::error!(error = %err, "log write failed; the log is closed for writing");
                 st.dead = Some(LogError::Dead {
@@ -118,6 +78,55 @@ async fn flush_loop(shared: Rc<Shared>) {
         batch.clear();
         st.spare = batch;
     }
+}
+
+/// The pending bytes as the next batch, with the offset they start at; `None` ends the loop
+/// (nothing urgent is pending, or the log is dead), the deferred bytes left getting their timer.
+fn take_batch(shared: &Rc<Shared>) -> Option<(Vec<u8>, u64)> {
+    let mut st = shared.state.borrow_mut();
+    let pending_from = st.end - st.pending.len() as u64;
+    if st.pending.is_empty() || st.dead.is_some() || st.urgent_end <= pending_from {
+        st.flushing = false;
+        shared.committer.flush_ended();
+        if st.dead.is_none() {
+            arm_defer(shared, &mut st);
+        }
+        return None;
+    }
+    assert_eq!(
+        pending_from, st.durable_end,
+        "one batch of a log is in flight at a time"
+    );
+    let spare = std::mem::take(&mut st.spare);
+    let batch = std::mem::replace(&mut st.pending, spare);
+    assert!(
+        batch.len() <= shared.cfg.batch_bytes_max,
+        "a batch is bounded"
+    );
+    for waker in st.room_waiters.drain(..) {
+        waker.wake();
+    }
+    Some((batch, st.durable_end))
+}
+
+/// A written batch's bytes are durable: the durable end moves and its waiters wake.
+fn batch_durable(st: &mut State, written: Written) {
+    assert!(
+        written.durable_end > st.durable_end,
+        "a batch makes bytes durable"
+    );
+    assert!(written.durable_end <= st.end, "durable bytes were appended");
+    st.durable_end = written.durable_end;
+    st.zeroed_end = written.zeroed_end;
+    st.tail_block = written.tail_block;
+    let durable = st.durable_end;
+    st.durable_waiters.retain(|(end, waker)| {
+        let done = *end <= durable;
+        if done {
+            waker.wake_by_ref();
+        }
+        !done
+    });
 }
 
 struct Written {

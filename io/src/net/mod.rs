@@ -61,10 +61,34 @@ pub struct Url {
     pub prefix: String,
 }
 
+/// A base URL that does not parse: the URL as written and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UrlError {
+    pub url: String,
+    pub problem: String,
+}
+
+impl fmt::Display for UrlError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "URL `{}`: {}", self.url, self.problem)
+    }
+}
+
+impl std::error::Error for UrlError {}
+
+impl From<UrlError> for String {
+    fn from(e: UrlError) -> String {
+        e.to_string()
+    }
+}
+
 impl Url {
     /// Parses a base URL. `Err` says what is wrong with it.
-    pub fn parse(text: &str) -> Result<Url, String> {
-        let bad = |why: &str| format!("URL `{text}`: {why}");
+    pub fn parse(text: &str) -> Result<Url, UrlError> {
+        let bad = |why: &str| UrlError {
+            url: text.to_string(),
+            problem: why.to_string(),
+        };
         let (scheme, rest) = text
             .split_once("://")
             .ok_or_else(|| bad("it has no scheme (expected https://...)"))?;
@@ -315,7 +339,8 @@ mod tests {
             ("https://[::1", "`]`"),
         ] {
             let err = Url::parse(text).unwrap_err();
-            assert!(err.contains(says), "{text}: {err}");
+            assert_eq!(err.url, text);
+            assert!(err.problem.contains(says), "{text}: {err}");
         }
     }
 

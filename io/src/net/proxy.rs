@@ -2,6 +2,7 @@
 //! tunnel through with CONNECT; `NO_PROXY` (or `no_proxy`) lists hosts reached directly.
 //! Loopback hosts are never proxied, and plain-http targets (loopback only) neither.
 
+use std::fmt;
 use std::time::Duration;
 
 use super::conn::Conn;
@@ -28,9 +29,34 @@ impl std::fmt::Display for ProxyConfig {
     }
 }
 
+/// A proxy setting that cannot be used: the variable it came from (when read from the
+/// environment) and what is wrong, never the proxy's credentials.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyError {
+    pub variable: Option<&'static str>,
+    pub problem: String,
+}
+
+impl fmt::Display for ProxyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.variable {
+            Some(v) => write!(f, "{v}: {}", self.problem),
+            None => f.write_str(&self.problem),
+        }
+    }
+}
+
+impl std::error::Error for ProxyError {}
+
+impl From<ProxyError> for String {
+    fn from(e: ProxyError) -> String {
+        e.to_string()
+    }
+}
+
 impl ProxyConfig {
     /// From the environment. `Err` names the variable and what is wrong.
-    pub fn from_env() -> Result<ProxyConfig, String> {
+    pub fn from_env() -> Result<ProxyConfig, ProxyError> {
         let var = |names: [&str; 2]| {
             names
                 .iter()
@@ -40,11 +66,17 @@ impl ProxyConfig {
             var(["HTTPS_PROXY", "https_proxy"]).as_deref(),
             var(["NO_PROXY", "no_proxy"]).as_deref(),
         )
-        .map_err(|e| format!("HTTPS_PROXY: {e}"))
+        .map_err(|e| ProxyError {
+            variable: Some("HTTPS_PROXY"),
+            ..e
+        })
     }
 
     /// From the values of HTTPS_PROXY and NO_PROXY.
-    pub fn parse(https_proxy: Option<&str>, no_proxy: Option<&str>) -> Result<ProxyConfig, String> {
+    pub fn parse(
+        https_proxy: Option<&str>,
+        no_proxy: Option<&str>,
+    ) -> Result<ProxyConfig, ProxyError> {
         let no_proxy = no_proxy
             .unwrap_or("")
             .split(',')
@@ -73,13 +105,20 @@ impl ProxyConfig {
             Some((user, host)) => (Some(format!("Basic {}", base64(user.as_bytes()))), host),
             None => (None, rest),
         };
-        let url = Url::parse(&format!("{scheme}://{hostpart}"))
-            .map_err(|e| e.replace(hostpart, "<proxy>"))?;
+        // The proxy's address is not repeated: it may carry credentials.
+        let url = Url::parse(&format!("{scheme}://{hostpart}")).map_err(|e| ProxyError {
+            variable: None,
+            problem: e.to_string().replace(hostpart, "<proxy>"),
+        })?;
         if url.scheme != Scheme::Http {
-            return Err(format!(
-                "proxy scheme `{}` is not supported (use an http:// proxy; TLS runs inside its tunnel)",
-                url.scheme.as_str()
-            ));
+            return Err(ProxyError {
+                variable: None,
+                problem: format!(
+                    "proxy scheme `{}` is not supported (use an http:// proxy; TLS runs inside \
+                     its tunnel)",
+                    url.scheme.as_str()
+                ),
+            });
         }
         Ok(ProxyConfig {
             proxy: Some(url),
@@ -225,8 +264,10 @@ mod tests {
         assert_eq!(p.auth.as_deref(), Some("Basic YWxpY2U6czNjcmV0"));
         assert_eq!(p.to_string(), "http://p:8080");
         let err = ProxyConfig::parse(Some("http://alice:s3cret@p:notaport"), None).unwrap_err();
-        assert!(!err.contains("s3cret"), "{err}");
-        let err = ProxyConfig::parse(Some("https://p:1"), None).unwrap_err();
+        assert!(!err.problem.contains("s3cret"), "{err}");
+        let err = ProxyConfig::parse(Some("https://p:1"), None)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("not supported"), "{err}");
     }
 }

@@ -70,7 +70,7 @@ pub struct PackReport {
     /// The WALs packed (or, in a dry run, that would be).
     pub packed: Vec<Member>,
     /// WALs left live, each with why.
-    pub skipped: Vec<(String, String)>,
+    pub skipped: Vec<(String, Skip)>,
     /// The containers sealed.
     pub containers: Vec<PathBuf>,
     /// Bytes of WAL packed.
@@ -112,10 +112,10 @@ fn try_flock(file: &File, how: libc::c_int) -> std::io::Result<bool> {
     }
 }
 
-fn sync_dir(dir: &Path) -> Result<(), String> {
+fn sync_dir(dir: &Path) -> Result<(), Error> {
     File::open(dir)
         .and_then(|d| d.sync_all())
-        .map_err(|e| format!("{}: fsync directory: {e}", dir.display()))
+        .map_err(|e| Error::io(dir, "fsync directory", e))
 }
 
 /// The pack lock (`wal-archive/pack.lock`): one pack at a time; a writer that finds a WAL's
@@ -135,10 +135,13 @@ pub fn pack_running(wal_dir: &Path) -> bool {
 
 /// The first run of the scanned WAL without a terminal record, if any (a session with a run
 /// open is not packed).
-fn open_run(scan: &broca_wal::Scan, bytes: &[u8]) -> Result<Option<String>, String> {
+fn open_run(scan: &broca_wal::Scan, bytes: &[u8]) -> Result<Option<String>, Skip> {
     let records = scan
         .decode(bytes)
-        .map_err(|(seq, why)| format!("record seq {seq} does not decode: {why}"))?
+        .map_err(|(seq, why)| Skip::Undecodable {
+            seq,
+            why: why.to_string(),
+        })?
         .records;
     let mut open = std::collections::BTreeSet::new();
     for (_, r) in &records {
@@ -156,38 +159,33 @@ fn open_run(scan: &broca_wal::Scan, bytes: &[u8]) -> Result<Option<String>, Stri
 }
 
 /// Why the WAL at `path` may not be packed now, or its chosen state.
-fn choose(path: &Path, idle: Duration, now: SystemTime) -> Result<Chosen, String> {
+fn choose(path: &Path, idle: Duration, now: SystemTime) -> Result<Chosen, Skip> {
     let file_name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let meta = std::fs::metadata(path).map_err(|e| format!("cannot stat: {e}"))?;
-    let modified = meta
-        .modified()
-        .map_err(|e| format!("no modification time: {e}"))?;
+    let io = |op: &'static str| move |e: std::io::Error| Skip::Io {
+        op,
+        message: e.to_string(),
+    };
+    let meta = std::fs::metadata(path).map_err(io("stat"))?;
+    let modified = meta.modified().map_err(io("read the modification time"))?;
     let quiet = now.duration_since(modified).unwrap_or(Duration::ZERO);
     if quiet < idle {
-        return Err(format!(
-            "written {} s ago, not idle for {} s",
-            quiet.as_secs(),
-            idle.as_secs()
-        ));
+        return Err(Skip::Recent { quiet, idle });
     }
-    let file = OpenOptions::new()
-        .read(true)
-        .open(path)
-        .map_err(|e| format!("cannot open: {e}"))?;
-    if !try_flock(&file, libc::LOCK_EX).map_err(|e| format!("cannot lock: {e}"))? {
-        return Err("a writer holds its lease".into());
+    let file = OpenOptions::new().read(true).open(path).map_err(io("open"))?;
+    if !try_flock(&file, libc::LOCK_EX).map_err(io("lock"))? {
+        return Err(Skip::LeaseHeld);
     }
-    let mut bytes = std::fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
+    let mut bytes = std::fs::read(path).map_err(io("read"))?;
     let file_len = bytes.len() as u64;
-    let scan = broca_wal::scan(&bytes).map_err(|e| format!("not packed: {e}"))?;
+    let scan = broca_wal::scan(&bytes).map_err(|e| Skip::Unreadable(e.to_string()))?;
     if let Verdict::Corrupt { .. } = scan.verdict {
-        return Err("damaged; run `broca wal verify` on it".into());
+        return Err(Skip::Damaged);
     }
     if let Some(run) = open_run(&scan, &bytes)? {
-        return Err(format!("run {run} is open"));
+        return Err(Skip::OpenRun(run));
     }
     // Only the records are kept: the zeroed space a writer keeps ahead (and a torn tail,
     // which recovery would cut) is not the session's.
@@ -221,7 +219,7 @@ fn choose(path: &Path, idle: Duration, now: SystemTime) -> Result<Chosen, String
 }
 
 /// The lock one pack of the state dir holds while it runs; refused while another pack holds it.
-fn pack_lock(state_dir: &Path, archive_dir: &Path) -> Result<File, String> {
+fn pack_lock(state_dir: &Path, archive_dir: &Path) -> Result<File, Error> {
     let lock_path = pack_lock_path(archive_dir);
     let lock = OpenOptions::new()
         .read(true)
@@ -230,13 +228,12 @@ fn pack_lock(state_dir: &Path, archive_dir: &Path) -> Result<File, String> {
         .truncate(false)
         .mode(0o600)
         .open(&lock_path)
-        .map_err(|e| format!("{}: {e}", lock_path.display()))?;
-    if !try_flock(&lock, libc::LOCK_EX).map_err(|e| format!("{}: {e}", lock_path.display()))? {
-        return Err(format!(
-            "another pack is running on {} (it holds {})",
-            state_dir.display(),
-            lock_path.display()
-        ));
+        .map_err(|e| Error::io(&lock_path, "open", e))?;
+    if !try_flock(&lock, libc::LOCK_EX).map_err(|e| Error::io(&lock_path, "lock", e))? {
+        return Err(Error::Busy {
+            state_dir: state_dir.to_path_buf(),
+            lock: lock_path,
+        });
     }
     Ok(lock)
 }
@@ -247,11 +244,11 @@ pub fn pack(
     state_dir: &Path,
     opts: &PackOptions,
     progress: &mut dyn FnMut(Progress),
-) -> Result<PackReport, String> {
+) -> Result<PackReport, Error> {
     let wal_dir = state_dir.join("wal");
     let archive_dir = state_dir.join(format::DIR_NAME);
     broca_owner_only::create_dir(&archive_dir)
-        .map_err(|e| format!("{}: {e}", archive_dir.display()))?;
+        .map_err(|e| Error::io(&archive_dir, "create", e))?;
     let lock = pack_lock(state_dir, &archive_dir)?;
     let mut report = PackReport::default();
     if !opts.dry_run {
@@ -309,7 +306,7 @@ fn seal_and_remove(
     batch: Vec<Chosen>,
     report: &mut PackReport,
     progress: &mut dyn FnMut(Progress),
-) -> Result<(), String> {
+) -> Result<(), Error> {
     let (sealed, fresh): (Vec<Chosen>, Vec<Chosen>) =
         batch.into_iter().partition(|c| c.already_sealed);
     if !fresh.is_empty() {
@@ -333,10 +330,10 @@ fn seal_and_remove(
         if !same {
             report
                 .skipped
-                .push((c.member.file.clone(), "changed while it was packed".into()));
+                .push((c.member.file.clone(), Skip::Changed));
             continue;
         }
-        std::fs::remove_file(&c.path).map_err(|e| format!("{}: remove: {e}", c.path.display()))?;
+        std::fs::remove_file(&c.path).map_err(|e| Error::io(&c.path, "remove", e))?;
         removed += 1;
         if removed == 1 {
             crash_point("archive_removed_one");
@@ -357,7 +354,7 @@ pub fn write_container(
     archive_dir: &Path,
     members: &[Member],
     bytes: &[&[u8]],
-) -> Result<(PathBuf, String), String> {
+) -> Result<(PathBuf, String), Error> {
     let tmp = archive_dir.join(format!(
         ".pack-{}-{}.tmp",
         std::process::id(),
@@ -365,7 +362,7 @@ pub fn write_container(
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos())
     ));
-    let io = |what: &str, e: std::io::Error| format!("{}: {what}: {e}", tmp.display());
+    let io = |op: &'static str, e: std::io::Error| Error::io(&tmp, op, e);
     let file = OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -394,7 +391,7 @@ pub fn write_container(
         });
         at += b.len() as u64;
     }
-    let raw = serde_json::to_vec(&index).map_err(|e| format!("the index: {e}"))?;
+    let raw = serde_json::to_vec(&index).map_err(|e| Error::Index(e.to_string()))?;
     put(&mut out, &raw).map_err(|e| io("write", e))?;
     let sealed = digest.finalize();
     let trailer = format::encode_trailer(at, raw.len() as u64, sealed.as_bytes());
@@ -413,7 +410,7 @@ pub fn write_container(
 
 /// Removes what an interrupted pack or restore left: temporary containers (never sealed,
 /// never read) and temporary restores. Returns how many.
-fn clean_temporaries(archive_dir: &Path, wal_dir: &Path) -> Result<usize, String> {
+fn clean_temporaries(archive_dir: &Path, wal_dir: &Path) -> Result<usize, Error> {
     let mut n = 0;
     for (dir, prefix) in [(archive_dir, ".pack-"), (wal_dir, ".restore-")] {
         let Ok(entries) = std::fs::read_dir(dir) else {
@@ -432,7 +429,7 @@ fn clean_temporaries(archive_dir: &Path, wal_dir: &Path) -> Result<usize, String
                         .is_some_and(|d| d > Duration::from_secs(60));
                 if old {
                     std::fs::remove_file(e.path())
-                        .map_err(|err| format!("{}: remove: {err}", e.path().display()))?;
+                        .map_err(|err| Error::io(&e.path(), "remove", err))?;
                     n += 1;
                 }
             }
@@ -442,21 +439,126 @@ fn clean_temporaries(archive_dir: &Path, wal_dir: &Path) -> Result<usize, String
 }
 
 /// The `.wal` files of `wal_dir`, sorted.
-fn wal_files(wal_dir: &Path) -> Result<Vec<PathBuf>, String> {
+fn wal_files(wal_dir: &Path) -> Result<Vec<PathBuf>, Error> {
     let mut out = Vec::new();
     let entries = match std::fs::read_dir(wal_dir) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
-        Err(e) => return Err(format!("{}: {e}", wal_dir.display())),
+        Err(e) => return Err(Error::io(wal_dir, "list", e)),
     };
     for e in entries {
-        let p = e.map_err(|e| format!("{}: {e}", wal_dir.display()))?.path();
+        let p = e.map_err(|e| Error::io(wal_dir, "list", e))?.path();
         if p.extension().is_some_and(|x| x == "wal") {
             out.push(p);
         }
     }
     out.sort();
     Ok(out)
+}
+
+/// Why a pack or a restore failed.
+#[derive(Debug)]
+pub enum Error {
+    /// A call on `path` failed; `os_error` is its OS error number, where it had one (running
+    /// out of descriptors is told apart by it).
+    Io {
+        path: PathBuf,
+        op: &'static str,
+        message: String,
+        os_error: Option<i32>,
+    },
+    /// Another pack of the state dir holds the lock.
+    Busy { state_dir: PathBuf, lock: PathBuf },
+    /// A sealed container's member does not read back.
+    Container(format::ArchiveError),
+    /// A container's index could not be encoded.
+    Index(String),
+}
+
+impl Error {
+    fn io(path: &Path, op: &'static str, e: std::io::Error) -> Error {
+        Error::Io {
+            path: path.to_path_buf(),
+            op,
+            message: e.to_string(),
+            os_error: e.raw_os_error(),
+        }
+    }
+
+    /// The OS error number of the call that failed, where one did.
+    pub fn os_error(&self) -> Option<i32> {
+        match self {
+            Error::Io { os_error, .. } => *os_error,
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::Io {
+                path, op, message, ..
+            } => write!(f, "{}: {op}: {message}", path.display()),
+            Error::Busy { state_dir, lock } => write!(
+                f,
+                "another pack is running on {} (it holds {})",
+                state_dir.display(),
+                lock.display()
+            ),
+            Error::Container(e) => write!(f, "{e}"),
+            Error::Index(e) => write!(f, "the index: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<Error> for String {
+    fn from(e: Error) -> String {
+        e.to_string()
+    }
+}
+
+/// Why a WAL is left live by a pack.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Skip {
+    /// A call on it failed (`op`: stat, open, lock, read).
+    Io { op: &'static str, message: String },
+    /// Written too recently.
+    Recent { quiet: Duration, idle: Duration },
+    /// A writer holds its lease.
+    LeaseHeld,
+    /// It does not scan as a WAL.
+    Unreadable(String),
+    /// Its records end in damage.
+    Damaged,
+    /// A record does not decode.
+    Undecodable { seq: u64, why: String },
+    /// A run of it has no terminal record.
+    OpenRun(String),
+    /// It changed while it was packed (a writer that ignores the lease).
+    Changed,
+}
+
+impl std::fmt::Display for Skip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Skip::Io { op, message } => write!(f, "cannot {op}: {message}"),
+            Skip::Recent { quiet, idle } => write!(
+                f,
+                "written {} s ago, not idle for {} s",
+                quiet.as_secs(),
+                idle.as_secs()
+            ),
+            Skip::LeaseHeld => f.write_str("a writer holds its lease"),
+            Skip::Unreadable(e) => write!(f, "not packed: {e}"),
+            Skip::Damaged => f.write_str("damaged; run `broca wal verify` on it"),
+            Skip::Undecodable { seq, why } => write!(f, "record seq {seq} does not decode: {why}"),
+            Skip::OpenRun(run) => write!(f, "run {run} is open"),
+            Skip::Changed => f.write_str("changed while it was packed"),
+        }
+    }
 }
 
 /// What a restore did.
@@ -470,40 +572,11 @@ pub enum Restored {
     From(PathBuf),
 }
 
-/// Why a restore failed: the message names the file; `os_error` is the OS error number of
-/// the call that failed, where one did (running out of descriptors is told apart by it).
-#[derive(Debug)]
-pub struct RestoreError {
-    pub message: String,
-    pub os_error: Option<i32>,
-}
-
-impl From<String> for RestoreError {
-    fn from(message: String) -> RestoreError {
-        RestoreError {
-            message,
-            os_error: None,
-        }
-    }
-}
-
-/// An I/O error of a restore, named by `path`.
-fn restore_io(path: &Path, e: std::io::Error) -> RestoreError {
-    RestoreError {
-        message: format!("{}: {e}", path.display()),
-        os_error: e.raw_os_error(),
-    }
-}
 
 /// Restores the archived WAL of `wal_path` where no live WAL is: the member's bytes (digest
 /// checked) written to a temporary file, fsynced, linked in under the WAL's name (never over
 /// a live WAL), the folder fsynced; the restore is recorded in `wal-archive/restored.jsonl`.
-pub fn restore(wal_path: &Path) -> Result<Restored, String> {
-    restore_or_error(wal_path).map_err(|e| e.message)
-}
-
-/// [`restore`], with the OS error of a failed call kept.
-pub fn restore_or_error(wal_path: &Path) -> Result<Restored, RestoreError> {
+pub fn restore(wal_path: &Path) -> Result<Restored, Error> {
     if wal_path.exists() {
         return Ok(Restored::AlreadyLive);
     }
@@ -514,13 +587,13 @@ pub fn restore_or_error(wal_path: &Path) -> Result<Restored, RestoreError> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let Some((container, member)) =
-        format::find(&archive_dir, &file_name).map_err(|e| restore_io(&archive_dir, e))?
+        format::find(&archive_dir, &file_name).map_err(|e| Error::io(&archive_dir, "read", e))?
     else {
         return Ok(Restored::NotArchived);
     };
-    let src = File::open(&container.path).map_err(|e| restore_io(&container.path, e))?;
-    let bytes = format::member_bytes(&src, &container.path, &member).map_err(|e| e.to_string())?;
-    broca_owner_only::create_dir(wal_dir).map_err(|e| format!("{}: {e}", wal_dir.display()))?;
+    let src = File::open(&container.path).map_err(|e| Error::io(&container.path, "open", e))?;
+    let bytes = format::member_bytes(&src, &container.path, &member).map_err(Error::Container)?;
+    broca_owner_only::create_dir(wal_dir).map_err(|e| Error::io(wal_dir, "create", e))?;
     let tmp = wal_dir.join(format!(
         ".restore-{file_name}-{}-{}.tmp",
         std::process::id(),
@@ -528,10 +601,7 @@ pub fn restore_or_error(wal_path: &Path) -> Result<Restored, RestoreError> {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos())
     ));
-    let io = |what: &str, e: std::io::Error| RestoreError {
-        message: format!("{}: {what}: {e}", tmp.display()),
-        os_error: e.raw_os_error(),
-    };
+    let io = |op: &'static str, e: std::io::Error| Error::io(&tmp, op, e);
     {
         let mut f = OpenOptions::new()
             .write(true)
@@ -552,12 +622,7 @@ pub fn restore_or_error(wal_path: &Path) -> Result<Restored, RestoreError> {
             sync_dir(wal_dir)?;
             return Ok(Restored::AlreadyLive);
         }
-        Err(e) => {
-            return Err(RestoreError {
-                message: format!("{}: link: {e}", wal_path.display()),
-                os_error: e.raw_os_error(),
-            })
-        }
+        Err(e) => return Err(Error::io(wal_path, "link", e)),
     }
     crash_point("archive_restore_linked");
     sync_dir(wal_dir)?;

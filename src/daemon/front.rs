@@ -178,7 +178,7 @@ impl Closer {
 }
 
 impl Routes {
-    async fn send(&self, frame: Result<Vec<u8>, String>) {
+    async fn send(&self, frame: Result<Vec<u8>, broca_subc::LinkError>) {
         match frame {
             Ok(bytes) => {
                 let _ = self.out.send(bytes).await;

@@ -101,7 +101,7 @@ async fn import(
     let files = glommio::executor()
         .spawn_blocking(move || broca_session::log_files(&[root]))
         .await
-        .map_err(|e| RpcError::new(Code::ImportUnreadable, e))?;
+        .map_err(|e| broca_session::import_error(&e))?;
     let mut entries = Vec::new();
     for file in files {
         let answer = import_one(ctx, format, file.clone(), target.clone()).await;

@@ -172,7 +172,7 @@ pub(crate) async fn load(
             modules
                 .catalog_text(m)
                 .await
-                .map_err(broca_catalog::CatalogError::Unavailable),
+                .map_err(|e| broca_catalog::CatalogError::Unavailable(e.to_string())),
         ),
         (Some(_), _, None) => Some(Err(broca_catalog::CatalogError::Unavailable(
             "a catalog module is reached through the daemon, in module mode only".to_string(),

@@ -207,7 +207,9 @@ async fn start_tools(
                 .into(),
         ));
     }
-    let (servers, problems) = broca_tools::ToolServers::start(cfg, http).await?;
+    let (servers, problems) = broca_tools::ToolServers::start(cfg, http)
+        .await
+        .map_err(String::from)?;
     for p in problems {
         broca_io::errln!("broca: {p}; its tools are not offered");
     }

@@ -146,13 +146,21 @@ pub const IMPORT_BYTES_MAX: u64 = 1 << 30;
 
 /// The logs `paths` name, in order: each file named, and every `*.jsonl` file under each
 /// directory named (at any depth, sorted by path).
-pub fn log_files(paths: &[std::path::PathBuf]) -> Result<Vec<std::path::PathBuf>, String> {
-    fn walk(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) -> Result<(), String> {
-        let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+pub fn log_files(paths: &[std::path::PathBuf]) -> Result<Vec<std::path::PathBuf>, ImportError> {
+    use std::path::{Path, PathBuf};
+    fn unreadable(path: &Path, e: std::io::Error) -> ImportError {
+        ImportError {
+            code: broca_wire::Code::ImportUnreadable,
+            file: path.display().to_string(),
+            line: None,
+            message: e.to_string(),
+        }
+    }
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), ImportError> {
+        let entries = std::fs::read_dir(dir).map_err(|e| unreadable(dir, e))?;
         let mut paths = Vec::new();
         for entry in entries {
-            let entry = entry.map_err(|e| format!("{}: {e}", dir.display()))?;
-            paths.push(entry.path());
+            paths.push(entry.map_err(|e| unreadable(dir, e))?.path());
         }
         paths.sort();
         for p in paths {
@@ -166,7 +174,7 @@ pub fn log_files(paths: &[std::path::PathBuf]) -> Result<Vec<std::path::PathBuf>
     }
     let mut out = Vec::new();
     for p in paths {
-        let meta = std::fs::metadata(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let meta = std::fs::metadata(p).map_err(|e| unreadable(p, e))?;
         if meta.is_dir() {
             walk(p, &mut out)?;
         } else {

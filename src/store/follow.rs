@@ -351,7 +351,7 @@ fn since(store: &Store, path: &Path, f: &mut Followed) -> Result<Since, StoreErr
                 Ok(record) => f.apply(frame.seq, record),
                 Err(e) => Err(StoreError::Project {
                     path: None,
-                    reason: e,
+                    reason: e.to_string(),
                 }),
             };
             match applied {

@@ -62,9 +62,10 @@ impl std::error::Error for ConnectError {}
 /// then both variables are removed so no process broca starts inherits them. Call it before
 /// anything is spawned or any thread started. A named descriptor that does not hold the
 /// nonce is an error (never a fall back to the environment); the error never holds the nonce.
-pub fn launch_nonce() -> Result<Option<String>, String> {
-    let read = subc_os::launch_nonce::launch_nonce()
-        .map_err(|e| format!("the daemon's launch nonce cannot be read: {e}"))?;
+pub fn launch_nonce() -> Result<Option<String>, ConnectError> {
+    let read = subc_os::launch_nonce::launch_nonce().map_err(|e| {
+        ConnectError::Handshake(format!("the daemon's launch nonce cannot be read: {e}"))
+    })?;
     for var in [
         subc_os::launch_nonce::LAUNCH_NONCE_FD_ENV,
         subc_os::launch_nonce::LAUNCH_NONCE_ENV,
@@ -92,7 +93,7 @@ pub fn connect(file: &Path, hello: &ModuleHelloBody) -> Result<Registered, Conne
     let mut stream = authenticate(file)?;
     let body = serde_json::to_vec(hello).expect("a HELLO serializes");
     let frame = frames::encode(FrameType::Hello, frames::control(), 0, 0, 1, body)
-        .map_err(ConnectError::Refused)?;
+        .map_err(|e| ConnectError::Refused(e.to_string()))?;
     stream
         .write_all(&frame)
         .map_err(|e| ConnectError::Handshake(format!("sending HELLO: {e}")))?;
@@ -260,7 +261,7 @@ pub(crate) fn read_frame(
 ) -> Result<frames::FrameIn, ConnectError> {
     let mut buf = [0u8; 8192];
     loop {
-        if let Some(f) = decoder.next_frame().map_err(ConnectError::Refused)? {
+        if let Some(f) = decoder.next_frame().map_err(|e| ConnectError::Refused(e.to_string()))? {
             return Ok(f);
         }
         let n = match stream.read(&mut buf) {

@@ -3,6 +3,7 @@
 //! subc-protocol's (`decode_header`): an unknown version or type, reserved flag bits, a
 //! pure-header frame with a body, a non-zero epoch on channel 0 are errors.
 
+use crate::LinkError;
 use subc_protocol::{EnvelopeHeader, Flags, Frame, FrameType, Priority, HEADER_LEN};
 
 /// The largest body broca takes from the daemon (the wire's own cap is 64 MiB).
@@ -38,7 +39,7 @@ impl Decoder {
 
     /// The next whole frame, if the bytes hold one; an error for a frame the wire's rules
     /// refuse (the connection cannot go on after one).
-    pub fn next_frame(&mut self) -> Result<Option<FrameIn>, String> {
+    pub fn next_frame(&mut self) -> Result<Option<FrameIn>, LinkError> {
         assert!(
             self.at <= self.buf.len(),
             "the decoder's position is inside its buffer"
@@ -48,12 +49,12 @@ impl Decoder {
             return Ok(None);
         }
         let header = subc_protocol::decode_header(&rest[..HEADER_LEN])
-            .map_err(|e| format!("a frame the wire refuses: {e:?}"))?;
+            .map_err(|e| LinkError::Protocol(format!("a frame the wire refuses: {e:?}")))?;
         if header.len > BODY_MAX {
-            return Err(format!(
+            return Err(LinkError::Protocol(format!(
                 "a frame of {} bytes, more than the {BODY_MAX} broca takes",
                 header.len
-            ));
+            )));
         }
         let end = HEADER_LEN + header.len as usize;
         if rest.len() < end {
@@ -81,9 +82,9 @@ pub fn encode(
     epoch: u32,
     corr: u64,
     body: Vec<u8>,
-) -> Result<Vec<u8>, String> {
+) -> Result<Vec<u8>, LinkError> {
     let frame = Frame::build(ty, flags, channel, epoch, corr, body)
-        .map_err(|e| format!("cannot build a frame: {e:?}"))?;
+        .map_err(|e| LinkError::Protocol(format!("cannot build a frame: {e:?}")))?;
     let mut out = Vec::with_capacity(HEADER_LEN + frame.body.len());
     out.extend_from_slice(&frame.header.encode());
     out.extend_from_slice(&frame.body);
@@ -165,6 +166,6 @@ mod tests {
         huge[..4].copy_from_slice(&(BODY_MAX + 1).to_le_bytes());
         let mut d = Decoder::new();
         d.push(&huge);
-        assert!(d.next_frame().unwrap_err().contains("more than"));
+        assert!(d.next_frame().unwrap_err().to_string().contains("more than"));
     }
 }

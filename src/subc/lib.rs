@@ -18,3 +18,30 @@ pub mod vault;
 pub use cortexkit_claustrum_client as claustrum;
 pub use subc_protocol as protocol;
 pub use subc_transport as transport;
+
+/// Why a frame, a request or an answer on the daemon's wire failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkError {
+    /// The connection could not be made, or is down: how.
+    Down(String),
+    /// A frame the wire's rules refuse, or a body that does not decode: what.
+    Protocol(String),
+    /// The daemon or a module refused: what it said.
+    Refused(String),
+}
+
+impl std::fmt::Display for LinkError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LinkError::Down(e) | LinkError::Protocol(e) | LinkError::Refused(e) => f.write_str(e),
+        }
+    }
+}
+
+impl std::error::Error for LinkError {}
+
+impl From<LinkError> for String {
+    fn from(e: LinkError) -> String {
+        e.to_string()
+    }
+}

@@ -18,6 +18,7 @@ use serde::Deserialize;
 use subc_protocol::{Flags, FrameType};
 
 use crate::frames::{self, Decoder, FrameIn};
+use crate::LinkError;
 
 /// How a frame's write went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,7 +36,7 @@ pub enum Written {
 pub struct Sent {
     pub corr: u64,
     pub written: oneshot::Receiver<Written>,
-    pub reply: oneshot::Receiver<Result<FrameIn, String>>,
+    pub reply: oneshot::Receiver<Result<FrameIn, LinkError>>,
 }
 
 struct Out {
@@ -45,7 +46,7 @@ struct Out {
 
 struct Waiter {
     channel: u16,
-    tx: oneshot::Sender<Result<FrameIn, String>>,
+    tx: oneshot::Sender<Result<FrameIn, LinkError>>,
 }
 
 type Waiters = Arc<Mutex<HashMap<u64, Waiter>>>;
@@ -73,17 +74,13 @@ struct RouteClosed {
 impl Link {
     /// Connects with the connection file at `file` and authenticates (blocking: the
     /// handshake's own deadlines bound it), then starts the connection's two threads.
-    pub fn connect(file: &Path) -> Result<Arc<Link>, String> {
-        let stream = crate::connect::authenticate(file).map_err(|e| e.to_string())?;
-        stream
-            .set_read_timeout(None)
-            .map_err(|e| format!("the daemon's connection: {e}"))?;
-        let reading = stream
-            .try_clone()
-            .map_err(|e| format!("the daemon's connection: {e}"))?;
-        let writing = stream
-            .try_clone()
-            .map_err(|e| format!("the daemon's connection: {e}"))?;
+    pub fn connect(file: &Path) -> Result<Arc<Link>, LinkError> {
+        let stream =
+            crate::connect::authenticate(file).map_err(|e| LinkError::Down(e.to_string()))?;
+        let socket = |e: std::io::Error| LinkError::Down(format!("the daemon's connection: {e}"));
+        stream.set_read_timeout(None).map_err(socket)?;
+        let reading = stream.try_clone().map_err(socket)?;
+        let writing = stream.try_clone().map_err(socket)?;
         let (tx, rx) = mpsc::channel::<Out>();
         let link = Arc::new(Link {
             writer: Mutex::new(Some(tx.clone())),
@@ -97,7 +94,9 @@ impl Link {
         std::thread::Builder::new()
             .name("subc-link-writer".into())
             .spawn(move || write_loop(writing, rx, alive))
-            .map_err(|e| format!("cannot start the daemon connection's writer: {e}"))?;
+            .map_err(|e| {
+                LinkError::Down(format!("cannot start the daemon connection's writer: {e}"))
+            })?;
         let (waiters, alive, closed) = (
             link.waiters.clone(),
             link.alive.clone(),
@@ -106,7 +105,9 @@ impl Link {
         std::thread::Builder::new()
             .name("subc-link-reader".into())
             .spawn(move || read_loop(reading, tx, waiters, alive, closed))
-            .map_err(|e| format!("cannot start the daemon connection's reader: {e}"))?;
+            .map_err(|e| {
+                LinkError::Down(format!("cannot start the daemon connection's reader: {e}"))
+            })?;
         Ok(link)
     }
 
@@ -124,9 +125,9 @@ impl Link {
     }
 
     /// Sends a request on (channel, epoch). An error means nothing was handed to the socket.
-    pub fn request(&self, channel: u16, epoch: u32, body: Vec<u8>) -> Result<Sent, String> {
+    pub fn request(&self, channel: u16, epoch: u32, body: Vec<u8>) -> Result<Sent, LinkError> {
         if !self.is_alive() {
-            return Err("the connection to the daemon is down".into());
+            return Err(LinkError::Down("the connection to the daemon is down".into()));
         }
         let corr = self.next_corr.fetch_add(1, Ordering::Relaxed);
         let flags = if channel == 0 {
@@ -139,7 +140,7 @@ impl Link {
         let (written_tx, written) = oneshot::channel();
         self.waiters
             .lock()
-            .map_err(|_| "the daemon connection's lock is poisoned".to_string())?
+            .map_err(|_| LinkError::Down("the daemon connection's lock is poisoned".into()))?
             .insert(
                 corr,
                 Waiter {
@@ -158,7 +159,7 @@ impl Link {
         });
         if queued != Some(true) {
             self.forget(corr);
-            return Err("the connection to the daemon is down".into());
+            return Err(LinkError::Down("the connection to the daemon is down".into()));
         }
         Ok(Sent {
             corr,
@@ -270,7 +271,7 @@ fn read_loop(
             let frame = match decoder.next_frame() {
                 Ok(Some(f)) => f,
                 Ok(None) => break,
-                Err(e) => break 'conn e,
+                Err(e) => break 'conn e.to_string(),
             };
             let h = frame.header;
             match (h.channel, h.ty) {
@@ -317,7 +318,7 @@ fn read_loop(
     let _ = socket.shutdown(Shutdown::Both);
     if let Ok(mut w) = waiters.lock() {
         for (_, waiter) in w.drain() {
-            let _ = waiter.tx.send(Err(why.clone()));
+            let _ = waiter.tx.send(Err(LinkError::Down(why.clone())));
         }
     }
 }
@@ -334,7 +335,7 @@ fn route_gone(waiters: &Waiters, closed: &Mutex<HashSet<u16>>, channel: u16, why
             .collect();
         for corr in gone {
             if let Some(x) = w.remove(&corr) {
-                let _ = x.tx.send(Err(why.to_string()));
+                let _ = x.tx.send(Err(LinkError::Down(why.to_string())));
             }
         }
     }

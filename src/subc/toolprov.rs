@@ -20,6 +20,7 @@ use subc_protocol::{BindIdentity, ErrorBody, FrameType, RouteTarget};
 use broca_protocol::ToolSpec;
 
 use crate::frames::FrameIn;
+use crate::LinkError;
 
 /// The route prefix of tools that tool_provider modules serve.
 pub const ROUTE_PREFIX: &str = "subc:";
@@ -113,24 +114,29 @@ pub fn catalog_request() -> Vec<u8> {
 }
 
 /// The body of a RESPONSE, or the refusal an ERROR carries, as an error line.
-fn answer(what: &str, frame: &FrameIn) -> Result<Value, String> {
+fn answer(what: &str, frame: &FrameIn) -> Result<Value, LinkError> {
     match frame.header.ty {
         FrameType::Response => serde_json::from_slice(&frame.body)
-            .map_err(|e| format!("its {what} answer is not JSON: {e}")),
+            .map_err(|e| LinkError::Protocol(format!("its {what} answer is not JSON: {e}"))),
         FrameType::Error => {
             let e = error_body(&frame.body);
-            Err(format!("it refused {what}: {}: {}", e.code, e.message))
+            Err(LinkError::Refused(format!(
+                "it refused {what}: {}: {}",
+                e.code, e.message
+            )))
         }
-        other => Err(format!("a {other:?} frame answered {what}")),
+        other => Err(LinkError::Protocol(format!(
+            "a {other:?} frame answered {what}"
+        ))),
     }
 }
 
 /// Checks a `role.describe` answer: a `tool-provider/v1` major serving the required ops.
-pub fn read_describe(frame: &FrameIn) -> Result<(), String> {
+pub fn read_describe(frame: &FrameIn) -> Result<(), LinkError> {
     let v = answer("role.describe", frame)?;
-    check_describe(&v)
-        .map(|_| ())
-        .map_err(|problems| format!("its role.describe does not hold: {problems:?}"))
+    check_describe(&v).map(|_| ()).map_err(|problems| {
+        LinkError::Protocol(format!("its role.describe does not hold: {problems:?}"))
+    })
 }
 
 /// The tools of a `tool.catalog` answer as broca offers them, each routed to `module_id`
@@ -139,10 +145,11 @@ pub fn read_describe(frame: &FrameIn) -> Result<(), String> {
 pub fn read_catalog(
     module_id: &str,
     frame: &FrameIn,
-) -> Result<(Vec<ToolSpec>, Vec<String>), String> {
+) -> Result<(Vec<ToolSpec>, Vec<String>), LinkError> {
     let v = answer("tool.catalog", frame)?;
-    let catalog: CatalogAnswer = serde_json::from_value(v)
-        .map_err(|e| format!("its tool.catalog answer does not decode: {e}"))?;
+    let catalog: CatalogAnswer = serde_json::from_value(v).map_err(|e| {
+        LinkError::Protocol(format!("its tool.catalog answer does not decode: {e}"))
+    })?;
     let mut specs = Vec::with_capacity(catalog.tools.len());
     let mut notes = Vec::new();
     for tool in catalog.tools {

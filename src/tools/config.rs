@@ -117,25 +117,32 @@ struct FileServer {
 impl ToolsConfig {
     /// Reads and checks the config at `path`: TOML when the name ends in `.toml`, JSON
     /// otherwise. Errors name the file and what is wrong.
-    pub fn load(path: &Path) -> Result<ToolsConfig, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("tools config {}: {e}", path.display()))?;
+    pub fn load(path: &Path) -> Result<ToolsConfig, ConfigError> {
+        let in_file = |e: ConfigError| ConfigError {
+            file: Some(path.to_path_buf()),
+            ..e
+        };
+        let text =
+            std::fs::read_to_string(path).map_err(|e| in_file(ConfigError::new(e.to_string())))?;
         let toml = path.extension().is_some_and(|e| e == "toml");
-        ToolsConfig::parse(&text, toml).map_err(|e| format!("tools config {}: {e}", path.display()))
+        ToolsConfig::parse(&text, toml).map_err(in_file)
     }
 
     /// Parses a config's text.
-    pub fn parse(text: &str, toml: bool) -> Result<ToolsConfig, String> {
+    pub fn parse(text: &str, toml: bool) -> Result<ToolsConfig, ConfigError> {
         let file: FileConfig = if toml {
-            toml::from_str(text).map_err(|e| e.message().to_string())?
+            toml::from_str(text).map_err(|e| ConfigError::new(e.message()))?
         } else {
-            serde_json::from_str(text).map_err(|e| e.to_string())?
+            serde_json::from_str(text).map_err(|e| ConfigError::new(e.to_string()))?
         };
         let mut servers: Vec<ServerConfig> = Vec::with_capacity(file.mcp.len());
         for s in file.mcp {
             let server = server(s)?;
             if servers.iter().any(|o| o.name == server.name) {
-                return Err(format!("two servers are named `{}`", server.name));
+                return Err(ConfigError::new(format!(
+                    "two servers are named `{}`",
+                    server.name
+                )));
             }
             servers.push(server);
         }
@@ -147,13 +154,15 @@ impl ToolsConfig {
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
             {
-                return Err(format!(
+                return Err(ConfigError::new(format!(
                     "module `{}`: a module id is letters, digits, `-`, `_` and `.`",
                     m.module
-                ));
+                )));
             }
             if modules.iter().any(|o| o.module == module) {
-                return Err(format!("module `{module}` is listed twice"));
+                return Err(ConfigError::new(format!(
+                    "module `{module}` is listed twice"
+                )));
             }
             modules.push(ModuleConfig {
                 module,
@@ -162,7 +171,7 @@ impl ToolsConfig {
         }
         let result_bytes_max = file.result_bytes_max.unwrap_or(RESULT_BYTES_MAX_DEFAULT);
         if result_bytes_max < 64 {
-            return Err("result_bytes_max must be at least 64".into());
+            return Err(ConfigError::new("result_bytes_max must be at least 64"));
         }
         Ok(ToolsConfig {
             servers,
@@ -174,23 +183,25 @@ impl ToolsConfig {
 
 /// One MCP server of the file, checked: a name, and a command or a url with what applies to
 /// it.
-fn server(s: FileServer) -> Result<ServerConfig, String> {
+fn server(s: FileServer) -> Result<ServerConfig, ConfigError> {
     let name = s.name.trim().to_string();
     if name.is_empty() || name.contains(['/', '\n']) {
-        return Err(format!(
+        return Err(ConfigError::new(format!(
             "server name `{}` must be non-empty, without `/`",
             s.name
-        ));
+        )));
     }
     if s.command.is_some() && !s.headers.is_empty() {
-        return Err(format!(
+        return Err(ConfigError::new(format!(
             "server `{name}`: `headers` apply to a url, not a command"
-        ));
+        )));
     }
     let transport = match (s.command, s.url) {
         (Some(command), None) => {
             if command.first().is_none_or(|c| c.is_empty()) {
-                return Err(format!("server `{name}`: `command` is empty"));
+                return Err(ConfigError::new(format!(
+                    "server `{name}`: `command` is empty"
+                )));
             }
             Transport::Stdio {
                 command,
@@ -200,9 +211,9 @@ fn server(s: FileServer) -> Result<ServerConfig, String> {
         }
         (None, Some(url)) => {
             if !s.env.is_empty() || s.cwd.is_some() {
-                return Err(format!(
+                return Err(ConfigError::new(format!(
                     "server `{name}`: `env` and `cwd` apply to a command, not a url"
-                ));
+                )));
             }
             Transport::Http {
                 url,
@@ -210,17 +221,21 @@ fn server(s: FileServer) -> Result<ServerConfig, String> {
             }
         }
         (Some(_), Some(_)) => {
-            return Err(format!(
+            return Err(ConfigError::new(format!(
                 "server `{name}`: give `command` or `url`, not both"
-            ))
+            )))
         }
-        (None, None) => return Err(format!("server `{name}`: give `command` or `url`")),
+        (None, None) => {
+            return Err(ConfigError::new(format!(
+                "server `{name}`: give `command` or `url`"
+            )))
+        }
     };
     let max_concurrency = s.max_concurrency.unwrap_or(16);
     if max_concurrency == 0 {
-        return Err(format!(
+        return Err(ConfigError::new(format!(
             "server `{name}`: max_concurrency must be at least 1"
-        ));
+        )));
     }
     Ok(ServerConfig {
         name,
@@ -229,6 +244,39 @@ fn server(s: FileServer) -> Result<ServerConfig, String> {
         call_timeout: Duration::from_millis(s.call_timeout_ms.unwrap_or(300_000)),
         max_concurrency,
     })
+}
+
+/// A tools config that cannot be used: the file (when one was read) and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub file: Option<std::path::PathBuf>,
+    pub problem: String,
+}
+
+impl ConfigError {
+    fn new(problem: impl Into<String>) -> ConfigError {
+        ConfigError {
+            file: None,
+            problem: problem.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.file {
+            Some(path) => write!(f, "tools config {}: {}", path.display(), self.problem),
+            None => f.write_str(&self.problem),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl From<ConfigError> for String {
+    fn from(e: ConfigError) -> String {
+        e.to_string()
+    }
 }
 
 #[cfg(test)]
@@ -305,7 +353,8 @@ headers = { Authorization = "Bearer x" }
             ("{not json", "key must be a string"),
         ] {
             let err = ToolsConfig::parse(text, false).unwrap_err();
-            assert!(err.contains(want), "{text}: {err}");
+            assert_eq!(err.file, None, "parsed text names no file");
+            assert!(err.problem.contains(want), "{text}: {err}");
         }
     }
 }

@@ -26,6 +26,7 @@ use broca_protocol::{ToolCall, ToolSpec};
 use config::{ToolsConfig, Transport};
 use mcp::http::HttpServer;
 use mcp::stdio::StdioServer;
+pub use mcp::McpError;
 use mcp::{Answer, CallError};
 use result::ToolText;
 
@@ -85,7 +86,7 @@ impl ToolServers {
     pub async fn start(
         cfg: ToolsConfig,
         http: &Rc<HttpClient>,
-    ) -> Result<(Arc<ToolServers>, StartProblems), String> {
+    ) -> Result<(Arc<ToolServers>, StartProblems), McpError> {
         let mut servers = Vec::with_capacity(cfg.servers.len());
         for s in cfg.servers {
             servers.push(match &s.transport {
@@ -121,7 +122,7 @@ impl ToolServers {
                         route: format!("{MCP_ROUTE_PREFIX}{}", server.name()),
                     }));
                 }
-                Err(e) => problems.push(e),
+                Err(e) => problems.push(e.to_string()),
             }
         }
         Ok((

@@ -29,6 +29,7 @@ use crate::config::ModuleConfig;
 use broca_io::net::with_timeout;
 use broca_protocol::{ToolCall, ToolSpec};
 use broca_subc::frames::FrameIn;
+use broca_subc::LinkError;
 use broca_subc::link::{Link, Written};
 use broca_subc::toolprov::{self, Opened, Reply};
 
@@ -120,7 +121,7 @@ impl ModuleTools {
         (specs, problems)
     }
 
-    async fn catalog(&self, module: &str) -> Result<(Vec<ToolSpec>, Vec<String>), String> {
+    async fn catalog(&self, module: &str) -> Result<(Vec<ToolSpec>, Vec<String>), LinkError> {
         let session = "tool-catalog";
         let describe = self
             .ask(module, session, toolprov::describe_request())
@@ -136,21 +137,23 @@ impl ModuleTools {
 
     /// A request of broca's own (not a session's) to `module`, on the route broca keeps for
     /// `session`, and its terminal frame.
-    async fn ask(&self, module: &str, session: &str, body: Vec<u8>) -> Result<FrameIn, String> {
+    async fn ask(&self, module: &str, session: &str, body: Vec<u8>) -> Result<FrameIn, LinkError> {
         let route = self
             .route(module, &self.module_id, session)
             .await
             .map_err(|e| match e {
-                NotSent::Refused(e) | NotSent::Indeterminate(e) => e,
+                NotSent::Refused(e) | NotSent::Indeterminate(e) => LinkError::Down(e),
             })?;
         let sent = route.link.request(route.channel, route.epoch, body)?;
         match with_timeout(CONTROL_DEADLINE, sent.reply).await {
             Ok(Ok(Ok(frame))) => Ok(frame),
             Ok(Ok(Err(why))) => Err(why),
-            Ok(Err(_)) => Err("the connection to the daemon ended".to_string()),
+            Ok(Err(_)) => Err(LinkError::Down("the connection to the daemon ended".into())),
             Err(()) => {
                 route.link.cancel(route.channel, route.epoch, sent.corr);
-                Err(format!("no answer within {CONTROL_DEADLINE:?}"))
+                Err(LinkError::Down(format!(
+                    "no answer within {CONTROL_DEADLINE:?}"
+                )))
             }
         }
     }
@@ -158,22 +161,28 @@ impl ModuleTools {
     /// The fusiform catalog module's current catalog (`catalog.get`) as catalog text for
     /// broca-catalog; its `catalog_version` is the change mark: an answer of the version read
     /// last gives the text made then.
-    pub async fn catalog_text(&self, module: &str) -> Result<String, String> {
+    pub async fn catalog_text(&self, module: &str) -> Result<String, LinkError> {
         let body = toolprov::op_request(fusiform_protocol::TOOL_GET, serde_json::json!({}));
         let frame = self.ask(module, "catalog", body).await?;
         let answer: serde_json::Value = match frame.header.ty {
             broca_subc::protocol::FrameType::Response => serde_json::from_slice(&frame.body)
-                .map_err(|e| format!("its catalog.get answer is not JSON: {e}"))?,
+                .map_err(|e| {
+                    LinkError::Protocol(format!("its catalog.get answer is not JSON: {e}"))
+                })?,
             broca_subc::protocol::FrameType::Error => {
                 let e: broca_subc::protocol::ErrorBody = serde_json::from_slice(&frame.body)
-                    .map_err(|_| "an error that does not parse".to_string())?;
+                    .map_err(|_| LinkError::Protocol("an error that does not parse".into()))?;
                 let kind = fusiform_protocol::refusal::RefusalKind::of(&e.code);
-                return Err(format!(
+                return Err(LinkError::Refused(format!(
                     "it refused catalog.get ({}, {kind:?}): {}",
                     e.code, e.message
-                ));
+                )));
             }
-            other => return Err(format!("a {other:?} frame answered catalog.get")),
+            other => {
+                return Err(LinkError::Protocol(format!(
+                    "a {other:?} frame answered catalog.get"
+                )))
+            }
         };
         let version = answer
             .get("catalog_version")
@@ -185,7 +194,8 @@ impl ModuleTools {
                 }
             }
         }
-        let read = broca_catalog::fusiform::read(&answer)?;
+        let read = broca_catalog::fusiform::read(&answer)
+            .map_err(|e| LinkError::Protocol(e.to_string()))?;
         if !read.notes.is_empty() {
             tracing::info!(
                 module,
@@ -196,7 +206,8 @@ impl ModuleTools {
                 tracing::debug!(module, "{n}");
             }
         }
-        let text = serde_json::to_string(&read.catalog).map_err(|e| e.to_string())?;
+        let text = serde_json::to_string(&read.catalog)
+            .map_err(|e| LinkError::Protocol(e.to_string()))?;
         if let Ok(mut last) = self.last_catalog.lock() {
             *last = Some((read.catalog_version, text.clone()));
         }
@@ -204,7 +215,7 @@ impl ModuleTools {
     }
 
     /// The shared connection, connected (on the blocking pool) when there is none alive.
-    async fn link(&self) -> Result<Arc<Link>, String> {
+    async fn link(&self) -> Result<Arc<Link>, LinkError> {
         if let Some(l) = self.link.lock().ok().and_then(|l| l.clone()) {
             if l.is_alive() {
                 return Ok(l);
@@ -214,7 +225,7 @@ impl ModuleTools {
         let link = glommio::executor()
             .spawn_blocking(move || Link::connect(&file))
             .await
-            .map_err(|e| format!("cannot reach the daemon: {e}"))?;
+            .map_err(|e| LinkError::Down(format!("cannot reach the daemon: {e}")))?;
         if let Ok(mut slot) = self.link.lock() {
             match slot.as_ref() {
                 // Another shard connected meanwhile: use its connection.
@@ -289,13 +300,12 @@ impl ModuleTools {
     /// `route.open` the daemon did not answer in time is given up (nothing was sent on the
     /// route it may have opened after all, which is left to its own cleanup).
     async fn open_once(&self, module: &str, body: &[u8]) -> Result<(Arc<Link>, FrameIn), NotSent> {
-        let link = self.link().await.map_err(NotSent::Refused)?;
-        let sent = link
-            .request(0, 0, body.to_vec())
-            .map_err(NotSent::Refused)?;
+        let refused = |e: LinkError| NotSent::Refused(e.to_string());
+        let link = self.link().await.map_err(refused)?;
+        let sent = link.request(0, 0, body.to_vec()).map_err(refused)?;
         match with_timeout(CONTROL_DEADLINE, sent.reply).await {
             Ok(Ok(Ok(frame))) => Ok((link, frame)),
-            Ok(Ok(Err(why))) => Err(NotSent::Refused(why)),
+            Ok(Ok(Err(why))) => Err(NotSent::Refused(why.to_string())),
             Ok(Err(_)) => Err(NotSent::Refused("the daemon connection ended".into())),
             Err(()) => {
                 link.cancel(0, 0, sent.corr);
@@ -418,7 +428,7 @@ impl ModuleTools {
         let sent = r
             .link
             .request(r.channel, r.epoch, body)
-            .map_err(NotSent::Refused)?;
+            .map_err(|e| NotSent::Refused(e.to_string()))?;
         match sent.written.await {
             Ok(Written::Whole) => {}
             Ok(Written::Nothing) | Err(_) => {

@@ -197,20 +197,20 @@ static CREATING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 async fn restore_or_create(path: &Path) -> Result<bool, WalError> {
     let p = path.to_path_buf();
     let done = glommio::executor()
-        .spawn_blocking(move || match broca_archive::restore_or_error(&p) {
+        .spawn_blocking(move || match broca_archive::restore(&p) {
             Ok(broca_archive::Restored::From(container)) => Ok((false, Some(container))),
             Ok(_) => {
                 let _one = CREATING.lock().unwrap_or_else(|e| e.into_inner());
                 create_if_new(&p).map(|created| (created, None))
             }
-            Err(e) if out_of_descriptors(e.os_error) => Err(WalError::OutOfDescriptors {
+            Err(e) if out_of_descriptors(e.os_error()) => Err(WalError::OutOfDescriptors {
                 path: p.clone(),
                 op: "restore from the archive",
             }),
             Err(e) => Err(WalError::Io {
                 path: p.clone(),
                 op: "restore from the archive",
-                message: e.message,
+                message: e.to_string(),
             }),
         })
         .await?;

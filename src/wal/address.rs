@@ -18,27 +18,60 @@ pub struct SessionTriple {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SessionAddr(pub [u8; 16]);
 
+/// A component of a triple that is empty (`bytes` 0) or over
+/// [`TRIPLE_COMPONENT_BYTES_MAX`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TripleError {
+    /// `project_root`, `harness` or `session`.
+    pub component: &'static str,
+    pub bytes: usize,
+}
+
+impl std::fmt::Display for TripleError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.bytes {
+            0 => write!(f, "{} is empty", self.component),
+            n => write!(
+                f,
+                "{} has {n} bytes; the limit is {TRIPLE_COMPONENT_BYTES_MAX}",
+                self.component
+            ),
+        }
+    }
+}
+
+impl std::error::Error for TripleError {}
+
+impl From<TripleError> for String {
+    fn from(e: TripleError) -> String {
+        e.to_string()
+    }
+}
+
 impl SessionTriple {
     /// A triple, or the reason it is not one (an empty or oversized component).
     pub fn new(
         project_root: impl Into<String>,
         harness: impl Into<String>,
         session: impl Into<String>,
-    ) -> Result<SessionTriple, String> {
+    ) -> Result<SessionTriple, TripleError> {
         let triple = SessionTriple {
             project_root: project_root.into(),
             harness: harness.into(),
             session: session.into(),
         };
-        for (name, value) in triple.components() {
+        for (component, value) in triple.components() {
             if value.is_empty() {
-                return Err(format!("{name} is empty"));
+                return Err(TripleError {
+                    component,
+                    bytes: 0,
+                });
             }
             if value.len() > TRIPLE_COMPONENT_BYTES_MAX {
-                return Err(format!(
-                    "{name} has {} bytes; the limit is {TRIPLE_COMPONENT_BYTES_MAX}",
-                    value.len()
-                ));
+                return Err(TripleError {
+                    component,
+                    bytes: value.len(),
+                });
             }
         }
         Ok(triple)
@@ -127,12 +160,11 @@ mod tests {
 
     #[test]
     fn empty_and_oversized_components_are_refused() {
-        assert!(SessionTriple::new("", "h", "s")
-            .unwrap_err()
-            .contains("project_root"));
+        let empty = SessionTriple::new("", "h", "s").unwrap_err();
+        assert_eq!((empty.component, empty.bytes), ("project_root", 0));
+        assert_eq!(empty.to_string(), "project_root is empty");
         let long = "x".repeat(TRIPLE_COMPONENT_BYTES_MAX + 1);
-        assert!(SessionTriple::new("/p", "h", long)
-            .unwrap_err()
-            .contains("session"));
+        let e = SessionTriple::new("/p", "h", long).unwrap_err();
+        assert_eq!((e.component, e.bytes), ("session", TRIPLE_COMPONENT_BYTES_MAX + 1));
     }
 }

@@ -17,9 +17,9 @@ pub mod verify;
 use std::fmt;
 use std::path::PathBuf;
 
-pub use address::{SessionAddr, SessionTriple};
+pub use address::{SessionAddr, SessionTriple, TripleError};
 pub use header::{HeaderError, WalHeader};
-pub use record::Record;
+pub use record::{DecodeError, Record};
 pub use recovery::{scan, Corruption, FrameInfo, Scan, Verdict};
 
 /// What went wrong with a WAL. Every variant names the file; corruption names the offset.

@@ -153,17 +153,15 @@ impl Record {
 
     /// Reads a payload of kind `code`. Unknown kinds come back as [`Record::Unknown`]; a known
     /// kind whose JSON does not parse is an error naming the kind.
-    pub fn decode(code: u16, payload: &[u8]) -> Result<Record, String> {
-        let bad = |e: serde_json::Error| {
-            format!(
-                "{} payload does not parse: {e}",
-                Record::kind_name(code).unwrap_or("?")
-            )
+    pub fn decode(code: u16, payload: &[u8]) -> Result<Record, DecodeError> {
+        let bad = |e: serde_json::Error| DecodeError {
+            kind: Record::kind_name(code).unwrap_or("?"),
+            message: e.to_string(),
         };
         fn parse<'a, T: Deserialize<'a>>(
             payload: &'a [u8],
-            bad: impl Fn(serde_json::Error) -> String,
-        ) -> Result<T, String> {
+            bad: impl Fn(serde_json::Error) -> DecodeError,
+        ) -> Result<T, DecodeError> {
             serde_json::from_slice(payload).map_err(bad)
         }
         match code {
@@ -190,3 +188,19 @@ impl Record {
         }
     }
 }
+
+/// A payload of a known kind whose JSON does not parse: the kind's name and the parser's
+/// words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodeError {
+    pub kind: &'static str,
+    pub message: String,
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} payload does not parse: {}", self.kind, self.message)
+    }
+}
+
+impl std::error::Error for DecodeError {}

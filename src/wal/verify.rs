@@ -158,8 +158,16 @@ pub fn verify_file(path: &Path) -> FileReport {
 
 /// The WAL files a `verify` argument names: a file itself; a directory's `*.wal` files; a state
 /// directory's `wal/*.wal` files. Sorted by name.
-pub fn wal_files(arg: &Path) -> Result<Vec<PathBuf>, String> {
-    let meta = fs::metadata(arg).map_err(|e| format!("{}: {e}", arg.display()))?;
+pub fn wal_files(arg: &Path) -> Result<Vec<PathBuf>, WalError> {
+    let io = |path: &Path, op: &'static str| {
+        let path = path.to_path_buf();
+        move |e: std::io::Error| WalError::Io {
+            path,
+            op,
+            message: e.to_string(),
+        }
+    };
+    let meta = fs::metadata(arg).map_err(io(arg, "stat"))?;
     if !meta.is_dir() {
         return Ok(vec![arg.to_path_buf()]);
     }
@@ -169,8 +177,8 @@ pub fn wal_files(arg: &Path) -> Result<Vec<PathBuf>, String> {
         arg.to_path_buf()
     };
     let mut files = Vec::new();
-    for entry in fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))? {
-        let entry = entry.map_err(|e| format!("{}: {e}", dir.display()))?;
+    for entry in fs::read_dir(&dir).map_err(io(&dir, "list"))? {
+        let entry = entry.map_err(io(&dir, "list"))?;
         let path = entry.path();
         if path.extension().is_some_and(|ext| ext == "wal") {
             files.push(path);

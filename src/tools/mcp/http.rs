@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 use super::{
     classify, initialize_params, list_tools, notification, request, Answer, CallError, Incoming,
-    McpTool, Slots, PROTOCOL_VERSION,
+    McpError, McpTool, Slots, PROTOCOL_VERSION,
 };
 use crate::config::{ServerConfig, Transport};
 
@@ -61,16 +61,15 @@ enum PostError {
 impl HttpServer {
     /// A server of `cfg` (an HTTP transport). The URL must parse; plain http only on
     /// loopback, as for providers.
-    pub fn new(cfg: ServerConfig) -> Result<Arc<HttpServer>, String> {
+    pub fn new(cfg: ServerConfig) -> Result<Arc<HttpServer>, McpError> {
         let Transport::Http { url, headers } = cfg.transport.clone() else {
             unreachable!("an HTTP server is made from an HTTP config");
         };
-        let parsed = Url::parse(&url).map_err(|e| format!("tool server `{}`: {e}", cfg.name))?;
+        let parsed =
+            Url::parse(&url).map_err(|e| McpError::Unavailable(e.to_string()).of(&cfg.name))?;
         if parsed.scheme == broca_io::net::Scheme::Http && !parsed.is_loopback() {
-            return Err(format!(
-                "tool server `{}`: plain http is accepted only for loopback hosts",
-                cfg.name
-            ));
+            let plain = "plain http is accepted only for loopback hosts";
+            return Err(McpError::Unavailable(plain.into()).of(&cfg.name));
         }
         Ok(Arc::new(HttpServer {
             slots: Slots::new(cfg.max_concurrency),
@@ -87,7 +86,7 @@ impl HttpServer {
     }
 
     /// Initializes a session if there is none, and lists the tools.
-    pub async fn tools(&self, http: &Rc<HttpClient>) -> Result<Vec<McpTool>, String> {
+    pub async fn tools(&self, http: &Rc<HttpClient>) -> Result<Vec<McpTool>, McpError> {
         let work = async {
             let session = self.session(http).await?;
             let ask = |params| self.ask(http, &session, "tools/list", params);
@@ -96,11 +95,11 @@ impl HttpServer {
         with_timeout(self.cfg.startup_timeout, work)
             .await
             .unwrap_or_else(|()| {
-                Err(format!(
+                Err(McpError::Unavailable(format!(
                     "tool server `{}` did not list its tools within {} ms",
                     self.cfg.name,
                     self.cfg.startup_timeout.as_millis()
-                ))
+                )))
             })
     }
 
@@ -117,7 +116,7 @@ impl HttpServer {
         for _ in 0..2 {
             let session = with_timeout(self.cfg.startup_timeout, self.session(http))
                 .await
-                .unwrap_or_else(|()| Err("initialize timed out".into()))
+                .unwrap_or_else(|()| Err(McpError::Unavailable("initialize timed out".into())))
                 .map_err(|e| CallError::Refused(format!("tool server `{}`: {e}", self.cfg.name)))?;
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
             let body = request(id, "tools/call", &params);
@@ -158,7 +157,7 @@ impl HttpServer {
     }
 
     /// The current session, initialized first if there is none.
-    async fn session(&self, http: &Rc<HttpClient>) -> Result<Session, String> {
+    async fn session(&self, http: &Rc<HttpClient>) -> Result<Session, McpError> {
         if let Some(s) = self.session.lock().expect("the session lock").clone() {
             return Ok(s);
         }
@@ -172,13 +171,19 @@ impl HttpServer {
         let result = match answer {
             Answer::Result(v) => v,
             Answer::Error { code, message } => {
-                return Err(format!("initialize failed: {message} (code {code})"))
+                return Err(McpError::Rpc {
+                    method: "initialize".into(),
+                    code,
+                    message,
+                })
             }
         };
         let version = result
             .get("protocolVersion")
             .and_then(Value::as_str)
-            .ok_or("initialize answered without a protocolVersion")?
+            .ok_or_else(|| {
+                McpError::Protocol("initialize answered without a protocolVersion".into())
+            })?
             .to_string();
         let session = Session {
             id: session_id,
@@ -194,8 +199,12 @@ impl HttpServer {
             .await
         {
             Ok(_) => {}
-            Err(PostError::NotDelivered(e) | PostError::Lost(e)) => return Err(e),
-            Err(PostError::SessionGone) => return Err("the session ended at once".into()),
+            Err(PostError::NotDelivered(e) | PostError::Lost(e)) => {
+                return Err(McpError::Unavailable(e))
+            }
+            Err(PostError::SessionGone) => {
+                return Err(McpError::Unavailable("the session ended at once".into()))
+            }
         }
         *self.session.lock().expect("the session lock") = Some(session.clone());
         Ok(session)
@@ -215,22 +224,30 @@ impl HttpServer {
         session: &Session,
         method: &str,
         params: Value,
-    ) -> Result<Value, String> {
+    ) -> Result<Value, McpError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         match self
             .post(http, session, &request(id, method, &params), Some(id))
             .await
         {
             Ok(Posted::Answer(Answer::Result(v))) => Ok(v),
-            Ok(Posted::Answer(Answer::Error { code, message })) => {
-                Err(format!("{method} failed: {message} (code {code})"))
-            }
-            Ok(Posted::Accepted) => Err(format!("{method} was accepted without an answer")),
+            Ok(Posted::Answer(Answer::Error { code, message })) => Err(McpError::Rpc {
+                method: method.into(),
+                code,
+                message,
+            }),
+            Ok(Posted::Accepted) => Err(McpError::Protocol(format!(
+                "{method} was accepted without an answer"
+            ))),
             Err(PostError::SessionGone) => {
                 self.forget(session);
-                Err(format!("{method}: the server forgot the session"))
+                Err(McpError::Unavailable(format!(
+                    "{method}: the server forgot the session"
+                )))
             }
-            Err(PostError::NotDelivered(e) | PostError::Lost(e)) => Err(format!("{method}: {e}")),
+            Err(PostError::NotDelivered(e) | PostError::Lost(e)) => {
+                Err(McpError::Unavailable(format!("{method}: {e}")))
+            }
         }
     }
 
@@ -240,17 +257,19 @@ impl HttpServer {
         session: &Session,
         body: &[u8],
         id: u64,
-    ) -> Result<(Answer, Option<String>), String> {
-        let mut resp = self.send(http, session, body).await.map_err(|e| match e {
-            PostError::NotDelivered(e) | PostError::Lost(e) => e,
-            PostError::SessionGone => "initialize: 404".into(),
-        })?;
+    ) -> Result<(Answer, Option<String>), McpError> {
+        let unavailable = |e: PostError| match e {
+            PostError::NotDelivered(e) | PostError::Lost(e) => McpError::Unavailable(e),
+            PostError::SessionGone => McpError::Unavailable("initialize: 404".into()),
+        };
+        let mut resp = self.send(http, session, body).await.map_err(unavailable)?;
         let sid = resp.head.header("mcp-session-id").map(str::to_string);
         match read_answer(&mut resp, id).await {
             Ok(Posted::Answer(a)) => Ok((a, sid)),
-            Ok(Posted::Accepted) => Err("initialize was accepted without an answer".into()),
-            Err(PostError::NotDelivered(e) | PostError::Lost(e)) => Err(e),
-            Err(PostError::SessionGone) => Err("initialize: 404".into()),
+            Ok(Posted::Accepted) => Err(McpError::Protocol(
+                "initialize was accepted without an answer".into(),
+            )),
+            Err(e) => Err(unavailable(e)),
         }
     }
 

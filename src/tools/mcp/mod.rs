@@ -140,18 +140,19 @@ pub(crate) fn answer_server_request(id: &Value, method: &str) -> Vec<u8> {
 pub(crate) fn parse_tools_page(
     server: &str,
     result: &Value,
-) -> Result<(Vec<McpTool>, Option<String>), String> {
+) -> Result<(Vec<McpTool>, Option<String>), McpError> {
+    let protocol = |what: &str| McpError::Protocol(format!("server `{server}`: {what}"));
     let list = result
         .get("tools")
         .and_then(Value::as_array)
-        .ok_or_else(|| format!("server `{server}`: tools/list answered without a tools array"))?;
+        .ok_or_else(|| protocol("tools/list answered without a tools array"))?;
     let mut tools = Vec::with_capacity(list.len());
     for t in list {
         let name = t
             .get("name")
             .and_then(Value::as_str)
             .filter(|n| !n.is_empty())
-            .ok_or_else(|| format!("server `{server}`: tools/list lists a tool without a name"))?;
+            .ok_or_else(|| protocol("tools/list lists a tool without a name"))?;
         tools.push(McpTool {
             name: name.to_string(),
             description: t
@@ -176,10 +177,10 @@ pub(crate) fn parse_tools_page(
 const TOOL_PAGES_MAX: usize = 100;
 
 /// Every page of `tools/list`, each asked for with `ask(params)`.
-pub(crate) async fn list_tools<F, Fut>(server: &str, mut ask: F) -> Result<Vec<McpTool>, String>
+pub(crate) async fn list_tools<F, Fut>(server: &str, mut ask: F) -> Result<Vec<McpTool>, McpError>
 where
     F: FnMut(Value) -> Fut,
-    Fut: std::future::Future<Output = Result<Value, String>>,
+    Fut: std::future::Future<Output = Result<Value, McpError>>,
 {
     let mut tools = Vec::new();
     let mut cursor: Option<String> = None;
@@ -195,7 +196,61 @@ where
             None => return Ok(tools),
         }
     }
-    Err(format!("tools/list gave more than {TOOL_PAGES_MAX} pages"))
+    Err(McpError::Protocol(format!(
+        "tools/list gave more than {TOOL_PAGES_MAX} pages"
+    )))
+}
+
+/// Why a tool server could not be started, initialized or asked for its tools.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum McpError {
+    /// A JSON-RPC error answer to `method`.
+    Rpc {
+        method: String,
+        code: i64,
+        message: String,
+    },
+    /// The server answered against the protocol: what it did.
+    Protocol(String),
+    /// The server could not be started, reached or written to, or it stopped: how.
+    Unavailable(String),
+    /// `error`, of the server `server`.
+    Server {
+        server: String,
+        error: Box<McpError>,
+    },
+}
+
+impl McpError {
+    /// `self`, named by its server.
+    pub(crate) fn of(self, server: &str) -> McpError {
+        McpError::Server {
+            server: server.to_string(),
+            error: Box::new(self),
+        }
+    }
+}
+
+impl std::fmt::Display for McpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            McpError::Rpc {
+                method,
+                code,
+                message,
+            } => write!(f, "{method} failed: {message} (code {code})"),
+            McpError::Protocol(what) | McpError::Unavailable(what) => f.write_str(what),
+            McpError::Server { server, error } => write!(f, "tool server `{server}`: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for McpError {}
+
+impl From<McpError> for String {
+    fn from(e: McpError) -> String {
+        e.to_string()
+    }
 }
 
 /// A counting semaphore whose waiters may be on any thread (calls come from every shard).
@@ -312,9 +367,13 @@ mod tests {
         assert!(
             parse_tools_page("s", &json!({"tools": [{"description": "x"}]}))
                 .unwrap_err()
+                .to_string()
                 .contains("without a name")
         );
-        assert!(parse_tools_page("s", &json!({})).is_err());
+        assert!(matches!(
+            parse_tools_page("s", &json!({})),
+            Err(McpError::Protocol(_))
+        ));
     }
 
     #[test]

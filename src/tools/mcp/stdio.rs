@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 
 use super::{
     answer_server_request, classify, initialize_params, list_tools, notification, request, Answer,
-    CallError, Incoming, McpTool, Slots,
+    CallError, Incoming, McpError, McpTool, Slots,
 };
 use crate::config::{ServerConfig, Transport};
 
@@ -50,7 +50,7 @@ pub struct StdioServer {
 
 enum State {
     Down,
-    Starting(Vec<oneshot::Sender<Result<Arc<Proc>, String>>>),
+    Starting(Vec<oneshot::Sender<Result<Arc<Proc>, McpError>>>),
     Up(Arc<Proc>),
     Stopped,
 }
@@ -105,7 +105,7 @@ impl StdioServer {
     }
 
     /// Starts the server if it is not running and answers its tools.
-    pub async fn tools(self: &Arc<Self>) -> Result<Vec<McpTool>, String> {
+    pub async fn tools(self: &Arc<Self>) -> Result<Vec<McpTool>, McpError> {
         let proc = self.running().await?;
         let tools = proc.tools.lock().expect("the tools lock").clone();
         Ok(tools)
@@ -123,7 +123,7 @@ impl StdioServer {
             let proc = match self.running().await {
                 Ok(p) => p,
                 Err(e) => {
-                    last = e;
+                    last = e.to_string();
                     continue;
                 }
             };
@@ -172,13 +172,16 @@ impl StdioServer {
 
     /// The running process, started (or restarted after it died) if need be; callers that
     /// arrive while it starts wait for that start.
-    async fn running(self: &Arc<Self>) -> Result<Arc<Proc>, String> {
+    async fn running(self: &Arc<Self>) -> Result<Arc<Proc>, McpError> {
         let wait = {
             let mut state = self.state.lock().expect("the state lock");
             match &mut *state {
                 State::Up(p) if p.alive.load(Ordering::Acquire) => return Ok(p.clone()),
                 State::Stopped => {
-                    return Err(format!("tool server `{}` was stopped", self.cfg.name))
+                    return Err(McpError::Unavailable(format!(
+                        "tool server `{}` was stopped",
+                        self.cfg.name
+                    )))
                 }
                 State::Starting(waiters) => {
                     let (tx, rx) = oneshot::channel();
@@ -193,17 +196,17 @@ impl StdioServer {
         };
         if let Some(rx) = wait {
             return rx.await.unwrap_or_else(|_| {
-                Err(format!("tool server `{}`: start abandoned", self.cfg.name))
+                Err(McpError::Unavailable("start abandoned".into()).of(&self.cfg.name))
             });
         }
         let started = with_timeout(self.cfg.startup_timeout, self.start())
             .await
             .unwrap_or_else(|()| {
-                Err(format!(
+                Err(McpError::Unavailable(format!(
                     "tool server `{}` did not finish starting within {} ms",
                     self.cfg.name,
                     self.cfg.startup_timeout.as_millis()
-                ))
+                )))
             });
         let waiters = {
             let mut state = self.state.lock().expect("the state lock");
@@ -231,7 +234,7 @@ impl StdioServer {
     }
 
     /// Spawns the process, initializes it and lists its tools. A failure kills the process.
-    async fn start(&self) -> Result<Arc<Proc>, String> {
+    async fn start(&self) -> Result<Arc<Proc>, McpError> {
         let name = &self.cfg.name;
         let mut cmd = Command::new(&self.command[0]);
         cmd.args(&self.command[1..])
@@ -243,10 +246,7 @@ impl StdioServer {
             cmd.current_dir(dir);
         }
         let child = cmd.spawn().map_err(|e| {
-            format!(
-                "tool server `{name}`: cannot start `{}`: {e}",
-                self.command[0]
-            )
+            McpError::Unavailable(format!("cannot start `{}`: {e}", self.command[0])).of(name)
         })?;
         self.starts.fetch_add(1, Ordering::Relaxed);
         let proc = Arc::new(Proc::attach(name, child));
@@ -257,7 +257,7 @@ impl StdioServer {
             }
             Err(e) => {
                 proc.kill();
-                Err(format!("tool server `{name}`: {e}"))
+                Err(e.of(name))
             }
         }
     }
@@ -327,14 +327,16 @@ impl Proc {
     }
 
     /// `initialize`, `notifications/initialized`, then every page of `tools/list`.
-    async fn handshake(&self, server: &StdioServer) -> Result<Vec<McpTool>, String> {
+    async fn handshake(&self, server: &StdioServer) -> Result<Vec<McpTool>, McpError> {
         let init = self.ask(server, "initialize", initialize_params()).await?;
         if init
             .get("protocolVersion")
             .and_then(Value::as_str)
             .is_none()
         {
-            return Err("initialize answered without a protocolVersion".into());
+            return Err(McpError::Protocol(
+                "initialize answered without a protocolVersion".into(),
+            ));
         }
         self.notify(notification("notifications/initialized", None));
         list_tools(&server.cfg.name, |params| {
@@ -349,19 +351,25 @@ impl Proc {
         server: &StdioServer,
         method: &str,
         params: Value,
-    ) -> Result<Value, String> {
+    ) -> Result<Value, McpError> {
         let id = server.next_id.fetch_add(1, Ordering::Relaxed);
         let reply = match self.send(id, request(id, method, &params)).await {
             Sent::Delivered(r) => r,
-            Sent::NotWritten(why) | Sent::Partly(why) => return Err(why),
+            Sent::NotWritten(why) | Sent::Partly(why) => return Err(McpError::Unavailable(why)),
         };
         match reply.await {
             Ok(Reply::Answer(Answer::Result(v))) => Ok(v),
-            Ok(Reply::Answer(Answer::Error { code, message })) => {
-                Err(format!("{method} failed: {message} (code {code})"))
-            }
-            Ok(Reply::Died(why)) => Err(format!("the server {why} during {method}")),
-            Err(_) => Err(format!("the server stopped during {method}")),
+            Ok(Reply::Answer(Answer::Error { code, message })) => Err(McpError::Rpc {
+                method: method.into(),
+                code,
+                message,
+            }),
+            Ok(Reply::Died(why)) => Err(McpError::Unavailable(format!(
+                "the server {why} during {method}"
+            ))),
+            Err(_) => Err(McpError::Unavailable(format!(
+                "the server stopped during {method}"
+            ))),
         }
     }
 

@@ -320,6 +320,7 @@ fn seal_and_remove(
         report.containers.push(path);
     }
     // Every byte of every chosen WAL is now in a durable, sealed container.
+    let chosen = sealed.len() + fresh.len();
     let mut removed = 0;
     for c in sealed.into_iter().chain(fresh) {
         // The lease was held since the bytes were read: a WAL that changed anyway (a writer
@@ -343,6 +344,7 @@ fn seal_and_remove(
         report.packed.push(c.member);
         drop(c.file);
     }
+    assert!(removed <= chosen, "only chosen WALs are removed");
     sync_dir(wal_dir)?;
     crash_point("archive_packed");
     Ok(())
@@ -350,7 +352,7 @@ fn seal_and_remove(
 
 /// Writes and seals one container: a temporary file, fsynced, renamed to its digest, the
 /// folder fsynced. Returns its path and digest.
-pub fn write_container(
+fn write_container(
     archive_dir: &Path,
     members: &[Member],
     bytes: &[&[u8]],
@@ -382,7 +384,10 @@ pub fn write_container(
         created_unix_ms: now_ms(),
         members: Vec::with_capacity(members.len()),
     };
+    assert_eq!(members.len(), bytes.len(), "each member has its bytes");
+    assert!(!members.is_empty(), "a container holds a member");
     for (m, b) in members.iter().zip(bytes) {
+        assert_eq!(b.len() as u64, m.size, "a member's size is its bytes'");
         put(&mut out, b).map_err(|e| io("write", e))?;
         index.members.push(Member {
             offset: at,
@@ -391,6 +396,11 @@ pub fn write_container(
         });
         at += b.len() as u64;
     }
+    assert_eq!(
+        at,
+        format::MAGIC.len() as u64 + index.members.iter().map(|m| m.size).sum::<u64>(),
+        "the members lie end to end after the magic"
+    );
     let raw = serde_json::to_vec(&index).map_err(|e| Error::Index(e.to_string()))?;
     put(&mut out, &raw).map_err(|e| io("write", e))?;
     let sealed = digest.finalize();

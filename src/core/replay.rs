@@ -368,8 +368,14 @@ impl Session {
 
     /// Applies one record; the live actor calls this too, so replay and live agree.
     pub fn apply(&mut self, seq: u64, record: Record) -> Result<(), Misfit> {
+        let entries_before = self.entry_count;
         let Some(mut entries) = self.entries.take() else {
-            return self.apply_record(seq, record);
+            let applied = self.apply_record(seq, record);
+            assert!(
+                self.entry_count >= entries_before,
+                "the entry count never goes down"
+            );
+            return applied;
         };
         let note = super::entries::Note::of(
             &record,
@@ -386,6 +392,10 @@ impl Session {
             );
         }
         self.entries = Some(entries);
+        assert!(
+            self.entry_count >= entries_before,
+            "the entry count never goes down"
+        );
         applied
     }
 
@@ -422,7 +432,9 @@ impl Session {
             Record::ModelStepFinished(r) => self.apply_step_finished(seq, *r)?,
             Record::ToolDispatchIntent(r) => {
                 let (open, _) = self.open_mut(&r.run_id)?;
-                let missing = r.calls.iter().map(|c: &ToolCall| c.id.clone()).collect();
+                let missing: Vec<String> =
+                    r.calls.iter().map(|c: &ToolCall| c.id.clone()).collect();
+                assert_eq!(missing.len(), r.calls.len(), "each call is awaited");
                 open.point = ResumePoint::IntentOpen { missing };
             }
             Record::ToolResult(r) => self.apply_result(r)?,
@@ -510,6 +522,7 @@ impl Session {
         self.by_run_id.insert(r.run_id.clone(), index);
         self.runs.push(RunView::started(seq, r));
         assert_eq!(self.runs.len(), index + 1);
+        assert_eq!(self.by_run_id.len(), self.runs.len(), "every run is found by its id");
         self.open = Some(OpenRun {
             index,
             step: 0,
@@ -583,7 +596,9 @@ impl Session {
                     batch_id: r.batch_id,
                 });
             };
+            let waiting = missing.len();
             missing.remove(i);
+            assert_eq!(missing.len() + 1, waiting, "a result answers one call");
             if missing.is_empty() {
                 open.point = ResumePoint::ToolsDone;
             }
@@ -616,7 +631,10 @@ impl Session {
             });
         }
         self.entry_count += r.messages.len() as u64;
+        let before = self.transcript.len();
+        let added = r.messages.len();
         self.transcript.extend(r.messages.into_iter().map(Arc::new));
+        assert_eq!(self.transcript.len(), before + added, "every imported message joins");
         self.imported_pending = r.pending;
         let o = r.origin;
         let entry = ImportedSource {

@@ -107,6 +107,10 @@ impl Spend {
         };
         if let Some(missing) = missing {
             self.unmeasured += 1;
+            assert!(
+                self.unmeasured <= self.metered,
+                "only metered steps go unmeasured"
+            );
             self.first_unmeasured.get_or_insert(Unmeasured {
                 step,
                 attempt,
@@ -114,6 +118,11 @@ impl Spend {
             });
             return;
         }
+        assert_eq!(
+            self.unmeasured == 0,
+            self.first_unmeasured.is_none(),
+            "the first unmeasured step is named once there is one"
+        );
         if self.unpriced.is_some() {
             return;
         }
@@ -216,6 +225,7 @@ fn step_cost_e6(u: &Usage, prices: Option<&CatalogPrices>) -> Result<u128, &'sta
     };
     let read_rate = r.cache_read.map_or(input_rate, micros);
     let uncached = input.saturating_sub(read.saturating_add(write));
+    assert!(uncached <= input, "the uncached input is part of the input");
     Ok(uncached as u128 * input_rate
         + read as u128 * read_rate
         + write as u128 * write_rate
@@ -230,6 +240,7 @@ pub fn least_input_cost_micros(prices: Option<&CatalogPrices>, input: u64) -> Op
     let cheapest = r
         .cache_read
         .map_or(input_rate, |p| micros(p).min(input_rate));
+    assert!(cheapest <= input_rate, "the cheapest rate is no dearer than input's");
     Some(u64::try_from(input as u128 * cheapest / 1_000_000).unwrap_or(u64::MAX))
 }
 

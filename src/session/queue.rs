@@ -13,10 +13,17 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
     /// answers whether one started.
     pub async fn start_queued(&mut self) -> Result<bool, ActorError> {
         let run_id = self.next_id("run");
+        let queued = self.state.queued.len();
         match broca_core::admission::start_queued(&self.state, run_id, crate::now_unix_ms()) {
             Some(started) => {
+                assert!(queued > 0, "a queued send starts only from the queue");
                 self.append(Record::RunStarted(Box::new(started)), true)
                     .await?;
+                assert_eq!(
+                    self.state.queued.len() + 1,
+                    queued,
+                    "the started send leaves the queue"
+                );
                 Ok(true)
             }
             None => Ok(false),

@@ -58,6 +58,7 @@ impl Followed {
 
     /// Applies the record `seq`: its fact, if it yields one.
     pub(crate) fn apply(&mut self, seq: u64, record: Record) -> Result<Option<SpendFact>, StoreError> {
+        assert!(seq >= self.next_seq, "records are followed in seq order");
         let fact = self.deriver.push(seq, &record);
         match &record {
             Record::RunStarted(s) => {
@@ -89,6 +90,7 @@ impl Followed {
 
     /// Passes over the record `seq` at `offset`, of a kind this build does not know.
     fn skip(&mut self, seq: u64, offset: u64) {
+        assert!(seq >= self.next_seq, "records are followed in seq order");
         self.next_seq = seq + 1;
         self.last = Some((seq, offset));
     }
@@ -172,6 +174,10 @@ pub(crate) fn follow_scan(
     for (seq, record) in decoded.records {
         facts.extend(f.apply(seq, record)?);
     }
+    assert!(
+        scan.next_seq() >= f.next_seq,
+        "the scan ends after every record applied"
+    );
     f.next_seq = scan.next_seq();
     f.last = scan.frames.last().map(|fr| (fr.seq, fr.offset));
     Ok((f.projection(facts), f))

@@ -84,9 +84,10 @@ pub fn truncate(mut text: String, max: usize) -> String {
         return text;
     }
     let total = text.len();
-    // The marker's length depends on the number in it; reserve enough for any.
-    let room = max.saturating_sub(64);
-    let mut end = room;
+    // The marker names two numbers no longer than `total`: reserve room for both.
+    let digits = total.to_string().len();
+    let reserve = MARKER_FIXED_BYTES + 2 * digits;
+    let mut end = max.saturating_sub(reserve);
     while !text.is_char_boundary(end) {
         end -= 1;
     }
@@ -96,8 +97,15 @@ pub fn truncate(mut text: String, max: usize) -> String {
         "\n[broca: result truncated: {} of {total} bytes left out]",
         total - end
     ));
+    assert!(
+        max < reserve || text.len() <= max,
+        "a cut result fits its limit"
+    );
     text
 }
+
+/// The marker's bytes besides its two numbers.
+const MARKER_FIXED_BYTES: usize = "\n[broca: result truncated:  of  bytes left out]".len();
 
 #[cfg(test)]
 mod tests {

@@ -428,6 +428,10 @@ impl WalWriter {
             self.log.append_deferred_with(len, fill).await
         }
         .map_err(log_err)?;
+        assert!(
+            end >= self.header.data_offset + len as u64,
+            "a frame ends past the data's start by its own length at least"
+        );
         self.next_seq += 1;
         Ok(Appended { seq, end })
     }

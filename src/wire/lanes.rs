@@ -165,8 +165,11 @@ pub fn sse(item: &SubItem) -> Vec<u8> {
         Some(parts) => parts,
         None => return Vec::new(),
     };
+    // Compact JSON, so one `data:` line carries it whole.
+    assert!(!data.contains('\n'), "an event's data is one line");
     let mut out = String::with_capacity(data.len() + 32);
     if let Some(id) = id {
+        assert!(!id.contains('\n'), "an event's id is one line");
         out.push_str("id: ");
         out.push_str(&id);
         out.push('\n');

@@ -473,6 +473,7 @@ impl Response {
             }
             all.extend_from_slice(&b);
         }
+        assert!(all.len() <= limit, "a body read keeps its limit");
         Ok(all)
     }
 }

@@ -1,9 +1,10 @@
 //! OpenAI Chat Completions chunks -> canonical events. Usage in the canonical measures
 //! (docs/usage.md; asked for with `stream_options.include_usage`): `prompt_tokens` is already
 //! the total input (its cached part is `prompt_tokens_details.cached_tokens`, the
-//! cache_read), `completion_tokens` the output (reasoning included); the family reports no
-//! cache writes, so cache_write stays absent, as does any measure not reported. Tool calls
-//! are keyed by their index.
+//! cache_read; the part written to a cache is `prompt_tokens_details.cache_write_tokens`, the
+//! cache_write, where the server reports it, as OpenRouter does), `completion_tokens` the
+//! output (reasoning included); a measure not reported stays absent. Tool calls are keyed by
+//! their index.
 
 use serde::Deserialize;
 
@@ -71,6 +72,7 @@ struct WireUsage {
 #[derive(Deserialize)]
 struct PromptDetails {
     cached_tokens: Option<u64>,
+    cache_write_tokens: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -159,11 +161,12 @@ impl crate::StreamNormalizer for Normalizer {
             self.choice(choice, &mut out);
         }
         if let Some(u) = chunk.usage {
+            let details = u.prompt_tokens_details;
             out.push(StreamEvent::Usage(Usage {
                 input: u.prompt_tokens,
                 output: u.completion_tokens,
-                cache_read: u.prompt_tokens_details.and_then(|d| d.cached_tokens),
-                cache_write: None,
+                cache_read: details.as_ref().and_then(|d| d.cached_tokens),
+                cache_write: details.as_ref().and_then(|d| d.cache_write_tokens),
                 reasoning: u.completion_tokens_details.and_then(|d| d.reasoning_tokens),
             }));
         }
@@ -430,6 +433,27 @@ data: [DONE]\n\n";
                 request_id: Some("c".into())
             })
         );
+    }
+
+    #[test]
+    fn cache_writes_are_kept_where_the_server_reports_them() {
+        // OpenRouter's usage object: cache reads and writes both inside prompt_tokens.
+        let data = r#"{"id":"c","choices":[],"usage":{"prompt_tokens":194,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":0,"cache_write_tokens":100,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0},"cost":0.95}}"#;
+        for mut n in [Normalizer::default(), Normalizer::full_only()] {
+            let Normalized::Events(evs) = n.push(None, data).unwrap() else {
+                panic!("{data}")
+            };
+            assert_eq!(
+                evs,
+                [StreamEvent::Usage(Usage {
+                    input: Some(194),
+                    output: Some(2),
+                    cache_read: Some(0),
+                    cache_write: Some(100),
+                    reasoning: Some(0),
+                })]
+            );
+        }
     }
 
     #[test]

@@ -207,6 +207,19 @@ fn bad_input_gets_a_4xx_with_a_code_and_touches_no_wal() {
         s.handle
     );
     assert_eq!(http(&s.addr, big.as_bytes()).0, 413);
+    // The scheme's name is case-insensitive (RFC 9110, 11.1), the handle is not.
+    for scheme in ["bearer", "BEARER", "beaRer"] {
+        let req = format!(
+            "GET /healthz HTTP/1.1\r\nAuthorization: {scheme} {}\r\nConnection: close\r\n\r\n",
+            s.handle
+        );
+        assert_eq!(http(&s.addr, req.as_bytes()).0, 200, "{scheme}");
+    }
+    let upper = format!(
+        "GET /healthz HTTP/1.1\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n",
+        s.handle.to_ascii_uppercase()
+    );
+    assert_eq!(http(&s.addr, upper.as_bytes()).0, 401);
     let wrong = b"GET /healthz HTTP/1.1\r\nAuthorization: Bearer 00\r\nConnection: close\r\n\r\n";
     let (status, body) = http(&s.addr, wrong);
     assert_eq!(status, 401);
@@ -358,6 +371,79 @@ fn sigterm_stops_admission_seals_active_runs_interrupted_and_dies_of_the_signal(
         "{}",
         finished[0]
     );
+}
+
+/// The terminal records of `run_id` in the state dir's WALs.
+fn terminals(state: &Path, run_id: &str) -> Vec<Value> {
+    dump_all(state)
+        .into_iter()
+        .filter(|r| r["kind"] == "run_finished" && r["record"]["run_id"] == run_id)
+        .collect()
+}
+
+/// `/healthz`'s status on the TCP surface (503 once admission stopped).
+fn healthz(s: &Serve) -> u16 {
+    http(
+        &s.addr,
+        format!(
+            "GET /healthz HTTP/1.1\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n",
+            s.handle
+        )
+        .as_bytes(),
+    )
+    .0
+}
+
+#[test]
+fn sighup_stops_serve_as_sigterm_does() {
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let mut s = start(&state, &peer, &["--grace-secs", "1"]);
+    let (_, r) = rpc(
+        &s,
+        "session.send",
+        json!({"prompt": "slow please", "model": "anthropic/m"}),
+    );
+    let run_id = r["result"]["run_id"].as_str().unwrap().to_string();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(s.child.id() as i32, libc::SIGHUP) };
+    let status = s.child.wait().unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGHUP), "broca dies of the SIGHUP");
+    assert!(!state.join("serve.json").exists(), "serve.json is removed");
+    let finished = terminals(&state, &run_id);
+    assert_eq!(finished.len(), 1, "the run is sealed once: {finished:?}");
+    assert_eq!(finished[0]["record"]["reason"], "interrupted");
+}
+
+#[test]
+fn a_second_sigint_during_the_grace_period_exits_at_once_and_recovery_takes_the_run() {
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let mut s = start(&state, &peer, &["--grace-secs", "600"]);
+    let (_, r) = rpc(
+        &s,
+        "session.send",
+        json!({"prompt": "slow please", "model": "anthropic/m"}),
+    );
+    let run_id = r["result"]["run_id"].as_str().unwrap().to_string();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(s.child.id() as i32, libc::SIGINT) };
+    wait_for("admission to stop", || healthz(&s) == 503);
+    // SAFETY: as above.
+    unsafe { libc::kill(s.child.id() as i32, libc::SIGINT) };
+    let status = s.child.wait().unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGINT), "broca dies of the SIGINT");
+    assert!(
+        terminals(&state, &run_id).is_empty(),
+        "the second signal did not wait out the grace period to seal the run"
+    );
+    // The next start's recovery takes the open run: it ends exactly once.
+    let _again = start(&state, &peer, &[]);
+    wait_for("the resumed run to end", || {
+        terminals(&state, &run_id).len() == 1
+    });
 }
 
 fn is_finish(ev: &(Option<String>, Option<String>, String)) -> bool {

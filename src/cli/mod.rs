@@ -65,8 +65,9 @@ Runs the daemon: one shard per core, each owning its sessions, their WALs and th
 connections. Once ready it writes <state-dir>/serve.json = {pid, listen, socket, handle_file}
 and prints `broca listening on http://ADDR`. TCP requests carry `Authorization: Bearer
 <handle>` (the handle is in handle_file, owner-only); the Unix socket needs none.
-SIGTERM or SIGINT stops admission, gives active runs the grace period, seals the rest
-interrupted, and re-raises the signal.
+SIGTERM, SIGINT or SIGHUP stops admission, gives active runs the grace period, seals the
+rest interrupted, and re-raises the signal; a second one exits at once (the next start
+resumes the runs left open).
 
 Options:
   --listen ADDR        TCP address (default 127.0.0.1:7411; 127.0.0.1:0 picks a free port)

@@ -1,6 +1,8 @@
-//! SIGTERM and SIGINT: blocked in every thread (the shards inherit the mask) and waited for
-//! on a thread of their own, which stops the daemon; once everything is closed the caller
-//! dies of the signal ([`reraise`]) so a supervisor sees it.
+//! SIGTERM, SIGINT and SIGHUP (a closed terminal or SSH session): blocked in every thread (the
+//! shards inherit the mask) and waited for on a thread of their own, which stops the daemon;
+//! once everything is closed the caller dies of the signal ([`reraise`]) so a supervisor sees
+//! it. A second signal during the grace period exits at once: what is durable stays, and the
+//! runs left open are resumed (or sealed) by the next start's recovery.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -26,18 +28,23 @@ impl SignalSlot {
     }
 }
 
-/// Stops the daemon for `sig` (the first signal wins; later ones change nothing).
+/// Stops the daemon for `sig`; a second signal while it stops exits at once.
 pub(crate) fn stop_for_signal(host: &Host, sig: i32) {
     assert!(sig > 0, "a signal number is positive");
-    tracing::warn!("signal {sig}: stopping admission; active runs get the grace period");
     let first = host
         .signal
         .compare_exchange(0, sig, Ordering::AcqRel, Ordering::Acquire)
         .is_ok();
-    host.stopping.store(true, Ordering::Release);
-    if first {
-        let _ = host.mesh.send_blocking(0, ShardMsg::Signal);
+    if !first {
+        tracing::warn!(
+            "signal {sig} again while stopping: exiting now; the runs still open are picked up \
+             by the next start"
+        );
+        reraise(sig);
     }
+    tracing::warn!("signal {sig}: stopping admission; active runs get the grace period");
+    host.stopping.store(true, Ordering::Release);
+    let _ = host.mesh.send_blocking(0, ShardMsg::Signal);
 }
 
 /// Why signals could not be caught.
@@ -50,7 +57,8 @@ impl std::fmt::Display for SignalError {
     }
 }
 
-/// Blocks SIGTERM and SIGINT in this thread and waits for them on a thread of their own.
+/// Blocks SIGTERM, SIGINT and SIGHUP in this thread and waits for them on a thread of their
+/// own.
 pub(crate) fn catch_signals(slot: Arc<Mutex<SignalSlot>>) -> Result<(), SignalError> {
     // SAFETY: plain libc signal-set calls on a local set.
     unsafe {
@@ -58,8 +66,9 @@ pub(crate) fn catch_signals(slot: Arc<Mutex<SignalSlot>>) -> Result<(), SignalEr
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGTERM);
         libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGHUP);
         if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
-            return Err(SignalError("cannot block SIGTERM/SIGINT".into()));
+            return Err(SignalError("cannot block SIGTERM/SIGINT/SIGHUP".into()));
         }
         let set = set;
         std::thread::Builder::new()
@@ -73,7 +82,8 @@ pub(crate) fn catch_signals(slot: Arc<Mutex<SignalSlot>>) -> Result<(), SignalEr
                         // Still starting (in module mode the daemon may ask before broca is
                         // ready): the daemon stops as soon as it is.
                         None if slot.early == 0 => slot.early = sig,
-                        None => {}
+                        // A second signal before the daemon was ready: nothing runs yet.
+                        None => reraise(sig),
                     }
                 }
             })

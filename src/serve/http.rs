@@ -206,14 +206,20 @@ async fn refuse<S: AsyncWrite + Unpin>(stream: &mut S, err: &RpcError) {
 
 /// Whether the request carries the daemon's handle (compared in constant time).
 fn authorized(ctx: &Surface, head: &RequestHead) -> bool {
-    let Some(given) = head
-        .header("authorization")
-        .and_then(|v| v.strip_prefix("Bearer "))
-    else {
+    let Some(given) = head.header("authorization").and_then(bearer_credentials) else {
         return false;
     };
     let (a, b) = (given.trim().as_bytes(), ctx.host.handle.as_bytes());
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The credentials of an `Authorization` value of the Bearer scheme, whose name is
+/// case-insensitive (RFC 9110, 11.1) and followed by one or more spaces.
+fn bearer_credentials(value: &str) -> Option<&str> {
+    let (scheme, rest) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| rest.trim_start_matches(' '))
 }
 
 /// The code of a request the decoder refused.

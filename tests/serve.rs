@@ -277,6 +277,35 @@ fn serve_refuses_a_state_dir_others_can_write() {
 }
 
 #[test]
+fn serve_refuses_a_socket_in_a_folder_others_can_write() {
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    // A shared folder like /tmp: anyone may create, and with the sticky bit only rename
+    // their own files, yet a socket there can still be raced before it is bound.
+    for mode in [0o777, 0o1777, 0o770] {
+        let shared = dir.path().join(format!("shared-{mode:o}"));
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(mode)).unwrap();
+        let sock = shared.join("b.sock");
+        let o = broca(&state)
+            .env("BROCA_BASE_URL_ANTHROPIC", peer.url())
+            .args(["serve", "--listen", "127.0.0.1:0", "--socket"])
+            .arg(&sock)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(1), "mode {mode:o}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains(&shared.display().to_string()) && err.contains("writable by group or others"),
+            "{err}"
+        );
+        assert!(!sock.exists(), "no socket was made in {}", shared.display());
+        assert!(!state.join("serve.json").exists());
+    }
+}
+
+#[test]
 fn session_read_works_while_another_process_holds_the_wal() {
     let peer = Aimock::start(&fixture("aimock.json"));
     let dir = tempfile::tempdir().unwrap();

@@ -13,6 +13,19 @@ const SOCKET_SETTLE_TRIES: u32 = 20;
 /// on, that this state dir's default socket or its last daemon's serve.json names: removed.
 /// Anything else is refused, naming what is in the way.
 pub(crate) fn claim_socket(socket: &Path, state_dir: &Path) -> Result<(), String> {
+    // In a folder others may write, another user could rename the socket and bind their own
+    // in its place, and read what clients send.
+    let folder = match socket.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    broca_owner_only::check_dir(folder).map_err(|e| {
+        format!(
+            "cannot put the socket {} there: {e}; a socket in a folder others can write may be \
+             replaced by another user's (choose a --socket in a folder of your own)",
+            socket.display()
+        )
+    })?;
     let meta = match std::fs::symlink_metadata(socket) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(format!("{}: {e}", socket.display())),

@@ -297,7 +297,8 @@ fn serve_refuses_a_socket_in_a_folder_others_can_write() {
         assert_eq!(o.status.code(), Some(1), "mode {mode:o}");
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(
-            err.contains(&shared.display().to_string()) && err.contains("writable by group or others"),
+            err.contains(&shared.display().to_string())
+                && err.contains("writable by group or others"),
             "{err}"
         );
         assert!(!sock.exists(), "no socket was made in {}", shared.display());
@@ -438,7 +439,11 @@ fn sighup_stops_serve_as_sigterm_does() {
     // SAFETY: signalling our own child.
     unsafe { libc::kill(s.child.id() as i32, libc::SIGHUP) };
     let status = s.child.wait().unwrap();
-    assert_eq!(status.signal(), Some(libc::SIGHUP), "broca dies of the SIGHUP");
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGHUP),
+        "broca dies of the SIGHUP"
+    );
     assert!(!state.join("serve.json").exists(), "serve.json is removed");
     let finished = terminals(&state, &run_id);
     assert_eq!(finished.len(), 1, "the run is sealed once: {finished:?}");
@@ -463,7 +468,11 @@ fn a_second_sigint_during_the_grace_period_exits_at_once_and_recovery_takes_the_
     // SAFETY: as above.
     unsafe { libc::kill(s.child.id() as i32, libc::SIGINT) };
     let status = s.child.wait().unwrap();
-    assert_eq!(status.signal(), Some(libc::SIGINT), "broca dies of the SIGINT");
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGINT),
+        "broca dies of the SIGINT"
+    );
     assert!(
         terminals(&state, &run_id).is_empty(),
         "the second signal did not wait out the grace period to seal the run"

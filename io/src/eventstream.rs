@@ -318,9 +318,7 @@ impl<'a> RawHeader<'a> {
                 std::str::from_utf8(v).map_err(|_| HeaderFault::ValueNotUtf8(name.into()))?,
             ),
             8 => HeaderValue::Timestamp(fixed()),
-            _ => HeaderValue::Uuid(
-                v.try_into().map_err(|_| HeaderFault::ShortUuid)?,
-            ),
+            _ => HeaderValue::Uuid(v.try_into().map_err(|_| HeaderFault::ShortUuid)?),
         };
         Ok((name, value))
     }
@@ -362,9 +360,7 @@ fn next_raw<'a>(b: &mut &'a [u8]) -> Result<Option<RawHeader<'a>>, HeaderFault> 
 }
 
 /// Reads the header at the front of `b`; `None` at the end.
-fn next_header<'a>(
-    b: &mut &'a [u8],
-) -> Result<Option<(&'a str, HeaderValue<'a>)>, HeaderFault> {
+fn next_header<'a>(b: &mut &'a [u8]) -> Result<Option<(&'a str, HeaderValue<'a>)>, HeaderFault> {
     match next_raw(b)? {
         Some(h) => h.read().map(Some),
         None => Ok(None),

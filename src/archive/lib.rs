@@ -164,9 +164,11 @@ fn choose(path: &Path, idle: Duration, now: SystemTime) -> Result<Chosen, Skip> 
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let io = |op: &'static str| move |e: std::io::Error| Skip::Io {
-        op,
-        message: e.to_string(),
+    let io = |op: &'static str| {
+        move |e: std::io::Error| Skip::Io {
+            op,
+            message: e.to_string(),
+        }
     };
     let meta = std::fs::metadata(path).map_err(io("stat"))?;
     let modified = meta.modified().map_err(io("read the modification time"))?;
@@ -174,7 +176,10 @@ fn choose(path: &Path, idle: Duration, now: SystemTime) -> Result<Chosen, Skip> 
     if quiet < idle {
         return Err(Skip::Recent { quiet, idle });
     }
-    let file = OpenOptions::new().read(true).open(path).map_err(io("open"))?;
+    let file = OpenOptions::new()
+        .read(true)
+        .open(path)
+        .map_err(io("open"))?;
     if !try_flock(&file, libc::LOCK_EX).map_err(io("lock"))? {
         return Err(Skip::LeaseHeld);
     }
@@ -247,8 +252,7 @@ pub fn pack(
 ) -> Result<PackReport, Error> {
     let wal_dir = state_dir.join("wal");
     let archive_dir = state_dir.join(format::DIR_NAME);
-    broca_owner_only::create_dir(&archive_dir)
-        .map_err(|e| Error::io(&archive_dir, "create", e))?;
+    broca_owner_only::create_dir(&archive_dir).map_err(|e| Error::io(&archive_dir, "create", e))?;
     let lock = pack_lock(state_dir, &archive_dir)?;
     let mut report = PackReport::default();
     if !opts.dry_run {
@@ -329,9 +333,7 @@ fn seal_and_remove(
             m.size() == c.file_len && c.file.metadata().is_ok_and(|f| f.ino() == m.ino())
         });
         if !same {
-            report
-                .skipped
-                .push((c.member.file.clone(), Skip::Changed));
+            report.skipped.push((c.member.file.clone(), Skip::Changed));
             continue;
         }
         std::fs::remove_file(&c.path).map_err(|e| Error::io(&c.path, "remove", e))?;
@@ -581,7 +583,6 @@ pub enum Restored {
     /// Restored from this container.
     From(PathBuf),
 }
-
 
 /// Restores the archived WAL of `wal_path` where no live WAL is: the member's bytes (digest
 /// checked) written to a temporary file, fsynced, linked in under the WAL's name (never over

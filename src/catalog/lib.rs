@@ -117,7 +117,8 @@ impl Catalog {
 
     /// Parses a catalog (or overrides) from JSON, checking each entry.
     pub fn parse(text: &str) -> Result<Catalog, CatalogError> {
-        let c: Catalog = serde_json::from_str(text).map_err(|e| CatalogError::Json(e.to_string()))?;
+        let c: Catalog =
+            serde_json::from_str(text).map_err(|e| CatalogError::Json(e.to_string()))?;
         for p in &c.providers {
             if p.id.is_empty() || p.id.contains('/') {
                 return Err(CatalogError::entry(
@@ -312,7 +313,10 @@ pub enum CatalogError {
     /// One entry (a provider id, or PROVIDER/MODEL) breaks a rule.
     Entry { id: String, problem: String },
     /// The file could not be read or written.
-    File { path: std::path::PathBuf, message: String },
+    File {
+        path: std::path::PathBuf,
+        message: String,
+    },
     /// A kept copy that is not private to this user.
     Private(broca_owner_only::OwnerOnlyError),
     /// The catalog service gave no answer (how it failed).
@@ -345,11 +349,21 @@ impl std::error::Error for CatalogError {}
 /// Why a `PROVIDER/MODEL` does not resolve.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ResolveError {
-    TooLong { bytes: usize },
+    TooLong {
+        bytes: usize,
+    },
     /// A space or control character (the spec escaped).
-    Character { spec: String, c: char },
-    NotProviderModel { spec: String },
-    UnknownProvider { provider: String, known: Vec<String> },
+    Character {
+        spec: String,
+        c: char,
+    },
+    NotProviderModel {
+        spec: String,
+    },
+    UnknownProvider {
+        provider: String,
+        known: Vec<String>,
+    },
 }
 
 impl fmt::Display for ResolveError {

@@ -187,10 +187,12 @@ fn last_good(path: &Path) -> Option<Result<Catalog, CatalogError>> {
     Some(
         broca_owner_only::read_private(path)
             .map_err(CatalogError::Private)
-            .and_then(|b| String::from_utf8(b).map_err(|_| CatalogError::File {
+            .and_then(|b| {
+                String::from_utf8(b).map_err(|_| CatalogError::File {
                     path: path.to_path_buf(),
                     message: "not UTF-8".into(),
-                }))
+                })
+            })
             .and_then(|t| Catalog::parse(&t)),
     )
 }

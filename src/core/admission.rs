@@ -565,9 +565,18 @@ pub enum NotResumable {
     /// The run's model no longer resolves.
     Unresolved(catalog::ResolveError),
     /// The entry's wire family changed.
-    Family { spec: String, provider: String, then: String, now: String },
+    Family {
+        spec: String,
+        provider: String,
+        then: String,
+        now: String,
+    },
     /// An entry recorded before entries were frozen whole changed.
-    Digest { spec: String, then: String, now: String },
+    Digest {
+        spec: String,
+        then: String,
+        now: String,
+    },
 }
 
 impl std::fmt::Display for NotResumable {
@@ -580,7 +589,12 @@ impl std::fmt::Display for NotResumable {
                  version {now}"
             ),
             NotResumable::Unresolved(e) => write!(f, "{e}"),
-            NotResumable::Family { spec, provider, then, now } => write!(
+            NotResumable::Family {
+                spec,
+                provider,
+                then,
+                now,
+            } => write!(
                 f,
                 "the catalog entry of {spec} changed incompatibly: provider `{provider}` was \
                  the {then} family at admission and is {now} now"
@@ -610,12 +624,14 @@ pub fn check_resumable(
     let now = catalog.resolve(&spec).map_err(NotResumable::Unresolved)?;
     match &config.catalog {
         // The run keeps its frozen limits and prices; only another wire family is refused.
-        Some(frozen) if frozen.provider.family != now.provider.family => Err(NotResumable::Family {
-            spec,
-            provider: frozen.provider.id.clone(),
-            then: frozen.provider.family.clone(),
-            now: now.provider.family.clone(),
-        }),
+        Some(frozen) if frozen.provider.family != now.provider.family => {
+            Err(NotResumable::Family {
+                spec,
+                provider: frozen.provider.id.clone(),
+                then: frozen.provider.family.clone(),
+                now: now.provider.family.clone(),
+            })
+        }
         Some(_) => Ok(()),
         // A run recorded before entries were frozen whole: any change is refused.
         None if now.digest() != config.catalog_digest => Err(NotResumable::Digest {

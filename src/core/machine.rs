@@ -497,7 +497,10 @@ impl RunMachine {
         };
         let Some(spec) = self.config.tools.iter().find(|t| t.name == call.name) else {
             return Some(refuse(
-                format!("unknown tool `{}`: it was not offered to this run", call.name),
+                format!(
+                    "unknown tool `{}`: it was not offered to this run",
+                    call.name
+                ),
                 result_reason::UNKNOWN_TOOL,
             ));
         };

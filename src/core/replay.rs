@@ -522,7 +522,11 @@ impl Session {
         self.by_run_id.insert(r.run_id.clone(), index);
         self.runs.push(RunView::started(seq, r));
         assert_eq!(self.runs.len(), index + 1);
-        assert_eq!(self.by_run_id.len(), self.runs.len(), "every run is found by its id");
+        assert_eq!(
+            self.by_run_id.len(),
+            self.runs.len(),
+            "every run is found by its id"
+        );
         self.open = Some(OpenRun {
             index,
             step: 0,
@@ -634,7 +638,11 @@ impl Session {
         let before = self.transcript.len();
         let added = r.messages.len();
         self.transcript.extend(r.messages.into_iter().map(Arc::new));
-        assert_eq!(self.transcript.len(), before + added, "every imported message joins");
+        assert_eq!(
+            self.transcript.len(),
+            before + added,
+            "every imported message joins"
+        );
         self.imported_pending = r.pending;
         let o = r.origin;
         let entry = ImportedSource {

@@ -240,7 +240,10 @@ pub fn least_input_cost_micros(prices: Option<&CatalogPrices>, input: u64) -> Op
     let cheapest = r
         .cache_read
         .map_or(input_rate, |p| micros(p).min(input_rate));
-    assert!(cheapest <= input_rate, "the cheapest rate is no dearer than input's");
+    assert!(
+        cheapest <= input_rate,
+        "the cheapest rate is no dearer than input's"
+    );
     Some(u64::try_from(input as u128 * cheapest / 1_000_000).unwrap_or(u64::MAX))
 }
 

@@ -1,10 +1,10 @@
 //! Owner-only private state (the brief's broca-owner-only role): folders created 0700 and
 //! files 0600, and the check that refuses a state dir others could tamper with.
 
+use std::fmt;
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::fmt;
 use std::path::{Path, PathBuf};
 
 /// Creates `dir` and its missing parents owner-only (0700).

@@ -17,7 +17,9 @@ const SERVICE_BYTES_MAX: usize = 16 * 1024 * 1024;
 /// The service's answer as text (a status other than 200, a body that is not UTF-8, or no
 /// answer in time is an error naming it).
 pub async fn fetch(url: &str, http: &Rc<HttpClient>) -> Result<String, CatalogError> {
-    fetch_text(url, http).await.map_err(CatalogError::Unavailable)
+    fetch_text(url, http)
+        .await
+        .map_err(CatalogError::Unavailable)
 }
 
 async fn fetch_text(url: &str, http: &Rc<HttpClient>) -> Result<String, String> {

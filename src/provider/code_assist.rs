@@ -8,8 +8,8 @@
 //! else `GOOGLE_CLOUD_PROJECT`; it is put into the envelope when the request is authorized,
 //! so the rendered bytes stay the same for any credential.
 
-use serde::Deserialize;
 use broca_protocol::model::CredentialProblem;
+use serde::Deserialize;
 
 use crate::gemini::{google_error, normalize::Normalizer as GeminiNormalizer, render};
 use crate::json::JsonWriter;
@@ -85,7 +85,11 @@ impl WireFamily for Family {
         project(credential).map(|_| ())
     }
 
-    fn authorize(&self, rendered: &mut Rendered, auth: &AuthContext<'_>) -> Result<(), CredentialProblem> {
+    fn authorize(
+        &self,
+        rendered: &mut Rendered,
+        auth: &AuthContext<'_>,
+    ) -> Result<(), CredentialProblem> {
         let token = auth.credential.bearer(self.id())?;
         let project = project(auth.credential)?;
         crate::openai_chat::bearer(rendered, token);

@@ -48,12 +48,13 @@ impl Credential {
     pub fn api_key(&self, family: &str) -> Result<&str, CredentialProblem> {
         match self {
             Credential::ApiKey(k) => Ok(k),
-            Credential::Aws(_) => Err(format!(
-                "the {family} family takes an API key, not AWS keys"
-            ).into()),
+            Credential::Aws(_) => {
+                Err(format!("the {family} family takes an API key, not AWS keys").into())
+            }
             Credential::OAuth { .. } => Err(format!(
                 "the {family} family takes an API key, not an OAuth access token"
-            ).into()),
+            )
+            .into()),
         }
     }
 
@@ -62,9 +63,9 @@ impl Credential {
         match self {
             Credential::ApiKey(k) => Ok(k),
             Credential::OAuth { access_token, .. } => Ok(access_token),
-            Credential::Aws(_) => Err(format!(
-                "the {family} family takes an OAuth access token, not AWS keys"
-            ).into()),
+            Credential::Aws(_) => {
+                Err(format!("the {family} family takes an OAuth access token, not AWS keys").into())
+            }
         }
     }
 
@@ -141,7 +142,8 @@ fn env_credential(credential_id: &str) -> Result<Credential, CredentialProblem> 
         let Some(var) = credential_id.strip_prefix("env:") else {
             return Err(format!(
                 "credential `{credential_id}` is not an environment credential (env:NAME)"
-            ).into());
+            )
+            .into());
         };
         let missing = |v: &str| format!("{v} is not set: export it with the provider's key");
         if var == "AWS_ACCESS_KEY_ID" {
@@ -153,7 +155,9 @@ fn env_credential(credential_id: &str) -> Result<Credential, CredentialProblem> 
                 region: env("AWS_REGION").or_else(|| env("AWS_DEFAULT_REGION")),
             }));
         }
-        Ok(env(var).map(Credential::ApiKey).ok_or_else(|| missing(var))?)
+        Ok(env(var)
+            .map(Credential::ApiKey)
+            .ok_or_else(|| missing(var))?)
     }
 }
 
@@ -276,12 +280,14 @@ impl StateSecrets {
             _ if e.vault_handle.is_some() => Err(format!(
                 "{}: credential `{name}` is a vault handle: name it vault:{name}",
                 self.file.display()
-            ).into()),
+            )
+            .into()),
             _ => Err(format!(
                 "{}: credential `{name}` needs api_key, access_token (with project), or \
                  aws_access_key_id with aws_secret_access_key",
                 self.file.display()
-            ).into()),
+            )
+            .into()),
         }
     }
 }
@@ -295,11 +301,13 @@ impl Secrets for StateSecrets {
                 Some(v) => v.credential(name, self.vault_handle(name).as_deref()),
                 None => Err(format!(
                     "credential `{credential_id}` needs a vault, and none is configured"
-                ).into()),
+                )
+                .into()),
             },
             _ => Err(format!(
                 "credential `{credential_id}` is not env:NAME, file:NAME or vault:NAME"
-            ).into()),
+            )
+            .into()),
         }
     }
 
@@ -408,7 +416,8 @@ mod tests {
         assert!(a
             .api_key("anthropic-messages")
             .unwrap_err()
-            .message.contains("API key"));
+            .message
+            .contains("API key"));
     }
 
     #[test]

@@ -121,7 +121,11 @@ pub trait WireFamily: Sync {
     /// Adds the credential to a rendered request (a header; or a signature over the
     /// rendered bytes, for a family that signs). `Err` when the credential is of a kind the
     /// family cannot use.
-    fn authorize(&self, rendered: &mut Rendered, auth: &AuthContext<'_>) -> Result<(), CredentialProblem>;
+    fn authorize(
+        &self,
+        rendered: &mut Rendered,
+        auth: &AuthContext<'_>,
+    ) -> Result<(), CredentialProblem>;
     /// How the answer is framed when the base URL has `scheme`.
     fn framing(&self, scheme: broca_io::net::Scheme) -> Framing {
         let _ = scheme;

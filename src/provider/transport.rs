@@ -98,7 +98,10 @@ pub enum EndpointError {
     PlainRemote(Url),
     UnknownProvider(String),
     /// The override variable `var` holds a URL that cannot be used.
-    Variable { var: String, error: Box<EndpointError> },
+    Variable {
+        var: String,
+        error: Box<EndpointError>,
+    },
 }
 
 impl std::fmt::Display for EndpointError {

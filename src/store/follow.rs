@@ -57,7 +57,11 @@ impl Followed {
     }
 
     /// Applies the record `seq`: its fact, if it yields one.
-    pub(crate) fn apply(&mut self, seq: u64, record: Record) -> Result<Option<SpendFact>, StoreError> {
+    pub(crate) fn apply(
+        &mut self,
+        seq: u64,
+        record: Record,
+    ) -> Result<Option<SpendFact>, StoreError> {
         assert!(seq >= self.next_seq, "records are followed in seq order");
         let fact = self.deriver.push(seq, &record);
         match &record {
@@ -283,9 +287,7 @@ impl Follower {
             }
         }
         self.reads.whole += 1;
-        let Some((bytes, scan)) =
-            broca_wal::verify::read_and_scan_if_any(path)?
-        else {
+        let Some((bytes, scan)) = broca_wal::verify::read_and_scan_if_any(path)? else {
             return Ok(None);
         };
         let last_seq = scan.frames.last().map_or(0, |f| f.seq);
@@ -295,8 +297,7 @@ impl Follower {
         if current && self.followed_max == 0 {
             return Ok(None);
         }
-        let (p, mut f) =
-            follow_scan(&scan, &bytes).map_err(|e| crate::at_path(path, e))?;
+        let (p, mut f) = follow_scan(&scan, &bytes).map_err(|e| crate::at_path(path, e))?;
         f.used = self.clock;
         if self.followed_max > 0 {
             self.followed.insert(path.to_path_buf(), f);

@@ -136,7 +136,11 @@ pub enum StoreError {
     /// A value the store holds does not decode (`what` names the table).
     Decode { what: &'static str, message: String },
     /// The store is unusable and could not be moved aside.
-    Stuck { dir: PathBuf, why: String, message: String },
+    Stuck {
+        dir: PathBuf,
+        why: String,
+        message: String,
+    },
 }
 
 impl std::fmt::Display for StoreError {
@@ -380,9 +384,7 @@ impl Store {
 
     /// The session's fresh projection when the store is behind its WAL, and the bytes read.
     fn behind(&self, path: &Path) -> Result<(Option<Projection>, u64), StoreError> {
-        let Some((bytes, scan)) =
-            broca_wal::verify::read_and_scan_if_any(path)?
-        else {
+        let Some((bytes, scan)) = broca_wal::verify::read_and_scan_if_any(path)? else {
             return Ok((None, 0));
         };
         let read = bytes.len() as u64;
@@ -510,8 +512,7 @@ impl Store {
         let mut out: Vec<[u8; 16]> = Vec::new();
         for item in self.runs.iter(&r).map_err(err("read"))? {
             let (k, v) = item.map_err(err("read"))?;
-            let row: RunRow =
-                serde_json::from_slice(v).map_err(decode("a run"))?;
+            let row: RunRow = serde_json::from_slice(v).map_err(decode("a run"))?;
             let Some(addr) = k.get(..16).and_then(|a| <[u8; 16]>::try_from(a).ok()) else {
                 continue;
             };
@@ -522,8 +523,7 @@ impl Store {
         // Sessions whose queued sends wait for a run that already ended.
         for item in self.marks.iter(&r).map_err(err("read"))? {
             let (k, v) = item.map_err(err("read"))?;
-            let mark: Mark =
-                serde_json::from_slice(v).map_err(decode("a mark"))?;
+            let mark: Mark = serde_json::from_slice(v).map_err(decode("a mark"))?;
             let Ok(addr) = <[u8; 16]>::try_from(k) else {
                 continue;
             };
@@ -540,8 +540,7 @@ impl Store {
         let mut out = Vec::new();
         for item in self.facts.iter(&r).map_err(err("read"))? {
             let (_, v) = item.map_err(err("read"))?;
-            let f: SpendFact =
-                serde_json::from_slice(v).map_err(decode("a fact"))?;
+            let f: SpendFact = serde_json::from_slice(v).map_err(decode("a fact"))?;
             if since_unix_ms.is_none_or(|s| f.at_unix_ms >= s) {
                 out.push(f);
             }
@@ -584,9 +583,7 @@ impl Store {
         let mut diffs = Vec::new();
         let mut seen = std::collections::HashSet::new();
         for path in wal_files(wal_dir)? {
-            let Some((bytes, scan)) =
-                broca_wal::verify::read_and_scan_if_any(&path)?
-            else {
+            let Some((bytes, scan)) = broca_wal::verify::read_and_scan_if_any(&path)? else {
                 continue;
             };
             let want = match project(&scan, &bytes) {
@@ -629,12 +626,10 @@ impl Store {
         let r = self.env.read_txn().map_err(err("read"))?;
         for item in self.marks.iter(&r).map_err(err("read"))? {
             let (k, _) = item.map_err(err("read"))?;
-            let addr: [u8; 16] = k
-                .try_into()
-                .map_err(|_| StoreError::Decode {
-                    what: "a mark key",
-                    message: "not an address".into(),
-                })?;
+            let addr: [u8; 16] = k.try_into().map_err(|_| StoreError::Decode {
+                what: "a mark key",
+                message: "not an address".into(),
+            })?;
             if !seen.contains(&addr) {
                 diffs.push(format!("{}: in the store, but its WAL is gone", hex(&addr)));
             }
@@ -724,8 +719,7 @@ pub fn wal_files(wal_dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
         }
     }
     let archive = broca_wal::archive::dir_of(wal_dir);
-    let archived = broca_wal::archive::archived_files(&archive)
-        .map_err(io(&archive))?;
+    let archived = broca_wal::archive::archived_files(&archive).map_err(io(&archive))?;
     out.extend(archived.into_iter().map(|f| wal_dir.join(f)));
     out.sort();
     out.dedup();
@@ -747,8 +741,7 @@ fn state_id(state_dir: &Path) -> Result<String, StoreError> {
         .map_err(io(Path::new("/dev/urandom")))?;
     let id = hex(&raw);
     broca_owner_only::create_dir(state_dir).map_err(io(state_dir))?;
-    broca_owner_only::write_file(&path, id.as_bytes())
-        .map_err(io(&path))?;
+    broca_owner_only::write_file(&path, id.as_bytes()).map_err(io(&path))?;
     Ok(id)
 }
 

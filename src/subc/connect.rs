@@ -261,7 +261,10 @@ pub(crate) fn read_frame(
 ) -> Result<frames::FrameIn, ConnectError> {
     let mut buf = [0u8; 8192];
     loop {
-        if let Some(f) = decoder.next_frame().map_err(|e| ConnectError::Refused(e.to_string()))? {
+        if let Some(f) = decoder
+            .next_frame()
+            .map_err(|e| ConnectError::Refused(e.to_string()))?
+        {
             return Ok(f);
         }
         let n = match stream.read(&mut buf) {

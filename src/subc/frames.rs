@@ -166,6 +166,10 @@ mod tests {
         huge[..4].copy_from_slice(&(BODY_MAX + 1).to_le_bytes());
         let mut d = Decoder::new();
         d.push(&huge);
-        assert!(d.next_frame().unwrap_err().to_string().contains("more than"));
+        assert!(d
+            .next_frame()
+            .unwrap_err()
+            .to_string()
+            .contains("more than"));
     }
 }

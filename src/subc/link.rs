@@ -127,7 +127,9 @@ impl Link {
     /// Sends a request on (channel, epoch). An error means nothing was handed to the socket.
     pub fn request(&self, channel: u16, epoch: u32, body: Vec<u8>) -> Result<Sent, LinkError> {
         if !self.is_alive() {
-            return Err(LinkError::Down("the connection to the daemon is down".into()));
+            return Err(LinkError::Down(
+                "the connection to the daemon is down".into(),
+            ));
         }
         let corr = self.next_corr.fetch_add(1, Ordering::Relaxed);
         let flags = if channel == 0 {
@@ -159,7 +161,9 @@ impl Link {
         });
         if queued != Some(true) {
             self.forget(corr);
-            return Err(LinkError::Down("the connection to the daemon is down".into()));
+            return Err(LinkError::Down(
+                "the connection to the daemon is down".into(),
+            ));
         }
         Ok(Sent {
             corr,

@@ -29,9 +29,9 @@ use crate::config::ModuleConfig;
 use broca_io::net::with_timeout;
 use broca_protocol::{ToolCall, ToolSpec};
 use broca_subc::frames::FrameIn;
-use broca_subc::LinkError;
 use broca_subc::link::{Link, Written};
 use broca_subc::toolprov::{self, Opened, Reply};
+use broca_subc::LinkError;
 
 use crate::{ToolOrigin, ToolOutcome};
 
@@ -206,8 +206,8 @@ impl ModuleTools {
                 tracing::debug!(module, "{n}");
             }
         }
-        let text = serde_json::to_string(&read.catalog)
-            .map_err(|e| LinkError::Protocol(e.to_string()))?;
+        let text =
+            serde_json::to_string(&read.catalog).map_err(|e| LinkError::Protocol(e.to_string()))?;
         if let Ok(mut last) = self.last_catalog.lock() {
             *last = Some((read.catalog_version, text.clone()));
         }

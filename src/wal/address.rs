@@ -165,6 +165,9 @@ mod tests {
         assert_eq!(empty.to_string(), "project_root is empty");
         let long = "x".repeat(TRIPLE_COMPONENT_BYTES_MAX + 1);
         let e = SessionTriple::new("/p", "h", long).unwrap_err();
-        assert_eq!((e.component, e.bytes), ("session", TRIPLE_COMPONENT_BYTES_MAX + 1));
+        assert_eq!(
+            (e.component, e.bytes),
+            ("session", TRIPLE_COMPONENT_BYTES_MAX + 1)
+        );
     }
 }

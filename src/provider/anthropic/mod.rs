@@ -23,7 +23,11 @@ impl WireFamily for Family {
         true
     }
 
-    fn authorize(&self, rendered: &mut Rendered, auth: &AuthContext<'_>) -> Result<(), CredentialProblem> {
+    fn authorize(
+        &self,
+        rendered: &mut Rendered,
+        auth: &AuthContext<'_>,
+    ) -> Result<(), CredentialProblem> {
         let key = auth.credential.api_key(self.id())?;
         rendered.headers.push(("x-api-key".into(), key.into()));
         Ok(())

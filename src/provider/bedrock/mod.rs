@@ -7,8 +7,8 @@ pub mod normalize;
 pub mod render;
 
 use crate::credential::Credential;
-use broca_protocol::model::CredentialProblem;
 use crate::{sigv4, Aliases, AuthContext, Framing, Rendered, StreamNormalizer, WireFamily};
+use broca_protocol::model::CredentialProblem;
 use broca_protocol::{ErrorClass, Request};
 
 /// The family.
@@ -62,7 +62,11 @@ impl WireFamily for Family {
         aws(credential).map(|_| ())
     }
 
-    fn authorize(&self, rendered: &mut Rendered, auth: &AuthContext<'_>) -> Result<(), CredentialProblem> {
+    fn authorize(
+        &self,
+        rendered: &mut Rendered,
+        auth: &AuthContext<'_>,
+    ) -> Result<(), CredentialProblem> {
         let a = aws(auth.credential)?;
         let region = region(a, &auth.url.host)?;
         let amz_date = sigv4::amz_date(auth.now_unix_secs);

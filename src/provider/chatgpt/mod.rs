@@ -32,7 +32,11 @@ impl WireFamily for Family {
         policy::account(credential, self.id()).map(|_| ())
     }
 
-    fn authorize(&self, rendered: &mut Rendered, auth: &AuthContext<'_>) -> Result<(), CredentialProblem> {
+    fn authorize(
+        &self,
+        rendered: &mut Rendered,
+        auth: &AuthContext<'_>,
+    ) -> Result<(), CredentialProblem> {
         let (token, account) = policy::account(auth.credential, self.id())?;
         rendered.headers.extend(policy::headers(token, &account));
         Ok(())

@@ -14,15 +14,18 @@
 //!   reset-after-seconds}` headers of a 2xx answer become the step's quota (recorded with the
 //!   step in the WAL; `run.status` and `run.result` show the latest as `quota`).
 
-use serde::Deserialize;
 use broca_protocol::model::CredentialProblem;
+use serde::Deserialize;
 
 use crate::credential::Credential;
 use crate::{FormatError, Normalized, StreamNormalizer};
 use broca_protocol::{ClassifiedError, ErrorClass, FinishReason, Quota, QuotaWindow, StreamEvent};
 
 /// The bearer token and the account id a credential gives, or what is missing.
-pub fn account<'a>(credential: &'a Credential, family: &str) -> Result<(&'a str, String), CredentialProblem> {
+pub fn account<'a>(
+    credential: &'a Credential,
+    family: &str,
+) -> Result<(&'a str, String), CredentialProblem> {
     let token = credential.bearer(family)?;
     let from_credential = match credential {
         Credential::OAuth { account_id, .. } => account_id.clone(),

@@ -5,8 +5,8 @@
 pub mod normalize;
 pub mod render;
 
-use serde::Deserialize;
 use broca_protocol::model::CredentialProblem;
+use serde::Deserialize;
 
 use crate::{Aliases, AuthContext, Rendered, StreamNormalizer, WireFamily};
 use broca_protocol::{ErrorClass, Request};
@@ -33,7 +33,11 @@ impl WireFamily for Family {
         }
     }
 
-    fn authorize(&self, rendered: &mut Rendered, auth: &AuthContext<'_>) -> Result<(), CredentialProblem> {
+    fn authorize(
+        &self,
+        rendered: &mut Rendered,
+        auth: &AuthContext<'_>,
+    ) -> Result<(), CredentialProblem> {
         let key = auth.credential.api_key(self.id())?;
         rendered.headers.push(("x-goog-api-key".into(), key.into()));
         Ok(())

@@ -20,7 +20,11 @@ impl WireFamily for Family {
         render::render(req, aliases)
     }
 
-    fn authorize(&self, rendered: &mut Rendered, auth: &AuthContext<'_>) -> Result<(), CredentialProblem> {
+    fn authorize(
+        &self,
+        rendered: &mut Rendered,
+        auth: &AuthContext<'_>,
+    ) -> Result<(), CredentialProblem> {
         bearer(rendered, auth.credential.api_key(self.id())?);
         Ok(())
     }

@@ -23,7 +23,11 @@ impl WireFamily for Family {
         render::render(req, aliases)
     }
 
-    fn authorize(&self, rendered: &mut Rendered, auth: &AuthContext<'_>) -> Result<(), CredentialProblem> {
+    fn authorize(
+        &self,
+        rendered: &mut Rendered,
+        auth: &AuthContext<'_>,
+    ) -> Result<(), CredentialProblem> {
         super::openai_chat::bearer(rendered, auth.credential.api_key(self.id())?);
         Ok(())
     }

@@ -351,26 +351,10 @@ fn sigterm_stops_admission_seals_active_runs_interrupted_and_dies_of_the_signal(
     let peer = Aimock::start(&fixture("aimock.json"));
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    let mut s = start(&state, &peer, &["--grace-secs", "1"]);
-    let (_, r) = rpc(
-        &s,
-        "session.send",
-        json!({"prompt": "slow please", "model": "anthropic/m"}),
-    );
-    let run_id = r["result"]["run_id"].as_str().unwrap().to_string();
+    let (mut s, run_id) = slow_run(&state, &peer, "1");
     // SAFETY: signalling our own child.
     unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
-    wait_for("admission to stop", || {
-        http(
-            &s.addr,
-            format!(
-                "GET /healthz HTTP/1.1\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n",
-                s.handle
-            )
-            .as_bytes(),
-        )
-        .0 == 503
-    });
+    wait_for("admission to stop", || healthz(&s) == 503);
     let mut other = json!({"project_root": "/proj", "harness": "h", "session": "s2", "prompt": "hello", "model": "anthropic/m"});
     let (status, refused) = post(
         &s,
@@ -391,16 +375,25 @@ fn sigterm_stops_admission_seals_active_runs_interrupted_and_dies_of_the_signal(
         "broca dies of the signal it got"
     );
     assert!(!state.join("serve.json").exists());
-    let finished: Vec<Value> = dump_all(&state)
-        .into_iter()
-        .filter(|r| r["kind"] == "run_finished" && r["record"]["run_id"] == run_id.as_str())
-        .collect();
+    let finished = terminals(&state, &run_id);
     assert_eq!(finished.len(), 1, "exactly one terminal");
     assert_eq!(
         finished[0]["record"]["reason"], "interrupted",
         "{}",
         finished[0]
     );
+}
+
+/// A serve with `grace` seconds of grace, and a run in flight on it (the slow answer).
+fn slow_run(state: &Path, peer: &Aimock, grace: &str) -> (Serve, String) {
+    let s = start(state, peer, &["--grace-secs", grace]);
+    let (_, r) = rpc(
+        &s,
+        "session.send",
+        json!({"prompt": "slow please", "model": "anthropic/m"}),
+    );
+    let run_id = r["result"]["run_id"].as_str().unwrap().to_string();
+    (s, run_id)
 }
 
 /// The terminal records of `run_id` in the state dir's WALs.
@@ -429,13 +422,7 @@ fn sighup_stops_serve_as_sigterm_does() {
     let peer = Aimock::start(&fixture("aimock.json"));
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    let mut s = start(&state, &peer, &["--grace-secs", "1"]);
-    let (_, r) = rpc(
-        &s,
-        "session.send",
-        json!({"prompt": "slow please", "model": "anthropic/m"}),
-    );
-    let run_id = r["result"]["run_id"].as_str().unwrap().to_string();
+    let (mut s, run_id) = slow_run(&state, &peer, "1");
     // SAFETY: signalling our own child.
     unsafe { libc::kill(s.child.id() as i32, libc::SIGHUP) };
     let status = s.child.wait().unwrap();
@@ -455,13 +442,7 @@ fn a_second_sigint_during_the_grace_period_exits_at_once_and_recovery_takes_the_
     let peer = Aimock::start(&fixture("aimock.json"));
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    let mut s = start(&state, &peer, &["--grace-secs", "600"]);
-    let (_, r) = rpc(
-        &s,
-        "session.send",
-        json!({"prompt": "slow please", "model": "anthropic/m"}),
-    );
-    let run_id = r["result"]["run_id"].as_str().unwrap().to_string();
+    let (mut s, run_id) = slow_run(&state, &peer, "600");
     // SAFETY: signalling our own child.
     unsafe { libc::kill(s.child.id() as i32, libc::SIGINT) };
     wait_for("admission to stop", || healthz(&s) == 503);

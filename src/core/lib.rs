@@ -13,6 +13,7 @@ mod machine_tests;
 pub mod project;
 pub mod read;
 pub mod replay;
+pub mod resume;
 pub mod role;
 pub mod spend;
 pub mod stream;

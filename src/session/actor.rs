@@ -266,7 +266,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             cancel_requested: open.cancel_requested,
             input: self.state.input,
         };
-        let machine = match broca_core::admission::check_resumable(&run.config, &catalog) {
+        let machine = match broca_core::resume::check_resumable(&run.config, &catalog) {
             // Never re-render an admitted run differently: seal it with the reason.
             Err(why) => RunMachine::refuse_resume(from, why.to_string(), now),
             Ok(()) => RunMachine::resume(from, now),

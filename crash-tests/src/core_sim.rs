@@ -192,6 +192,7 @@ impl<'a> Life<'a> {
                     point: open.point,
                     cancel_requested: open.cancel_requested,
                     input: self.session.input,
+                    step_seq: open.step_seq,
                 },
                 self.now_ms,
             )
@@ -211,7 +212,12 @@ impl<'a> Life<'a> {
             while let Some(cmd) = m.poll_command() {
                 match cmd {
                     Command::Append { record, wait } => {
+                        let seq = self.log.records.last().map_or(1, |(s, _)| s + 1);
+                        let step = matches!(record, Record::StepStarted(_));
                         self.append(record, wait)?;
+                        if step {
+                            m.step_recorded(seq);
+                        }
                         if wait {
                             m.handle(Event::Durable, self.now_ms);
                         }

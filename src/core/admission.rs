@@ -17,6 +17,9 @@ use broca_wal::runrec::{
 
 use super::replay::{RunState, Session};
 
+mod repeated;
+use repeated::{repeated, Identity};
+
 /// max_steps when a send does not say.
 pub const MAX_STEPS_DEFAULT: u32 = 32;
 /// The largest max_steps a send may ask for.
@@ -66,6 +69,8 @@ pub struct Prepared {
     pub prompt_digest: String,
     pub prompt: String,
     pub config: FrozenConfig,
+    /// The caller's id for the message it creates.
+    pub client_message_id: Option<String>,
     /// Who sends it (set by the surface that took the request).
     pub caller: broca_wire::Caller,
 }
@@ -77,17 +82,9 @@ pub struct Unprepared {
     pub send_id: Option<String>,
     pub inputs_digest: String,
     pub prompt_digest: String,
+    pub client_message_id: Option<String>,
     pub caller: broca_wire::Caller,
     pub refusal: Refusal,
-}
-
-/// The refusal of a send whose send_id named `run` with other inputs: it names the prompt
-/// when that is what differs.
-fn reused(run: &crate::replay::RunView, prompt_digest: &str) -> Refusal {
-    Refusal::SendIdReuse {
-        run_id: run.run_id.clone(),
-        field: (run.prompt_digest != prompt_digest).then_some("prompt"),
-    }
 }
 
 /// The digest of a send's inputs (everything but the send_id).
@@ -116,12 +113,12 @@ pub fn admit_unprepared(u: &Unprepared, session: &Session) -> Result<Admitted, R
     if !u.caller.owns(&session.owners()) {
         return Err(Refusal::ScopeOwnerMismatch);
     }
-    if let Some(answer) = repeated(
-        session,
-        u.send_id.as_deref(),
-        &u.inputs_digest,
-        &u.prompt_digest,
-    ) {
+    let identity = Identity {
+        inputs_digest: &u.inputs_digest,
+        prompt_digest: &u.prompt_digest,
+        client_message_id: u.client_message_id.as_deref(),
+    };
+    if let Some(answer) = repeated(session, u.send_id.as_deref(), &identity) {
         return answer;
     }
     Err(u.refusal.clone())
@@ -142,12 +139,12 @@ pub fn admit_prepared(
     if !p.caller.owns(&session.owners()) {
         return Err(Refusal::ScopeOwnerMismatch);
     }
-    if let Some(answer) = repeated(
-        session,
-        p.send_id.as_deref(),
-        &p.inputs_digest,
-        &p.prompt_digest,
-    ) {
+    let identity = Identity {
+        inputs_digest: &p.inputs_digest,
+        prompt_digest: &p.prompt_digest,
+        client_message_id: p.client_message_id.as_deref(),
+    };
+    if let Some(answer) = repeated(session, p.send_id.as_deref(), &identity) {
         return answer;
     }
     let busy = session.open.is_some()
@@ -180,6 +177,7 @@ pub fn admit_prepared(
             at_unix_ms: now_unix_ms,
             principal: p.caller.principal,
             scope_owner: p.caller.scope_owner,
+            client_message_id: p.client_message_id,
         })));
     }
     config.stop.input_cap = input_cap(session, config.stop.input_cap);
@@ -189,11 +187,13 @@ pub fn admit_prepared(
         inputs_digest: p.inputs_digest,
         prompt: p.prompt,
         config,
+        resolved_mid: resolved_mid(session),
         resolved_calls: resolved_calls(session),
         at_unix_ms: now_unix_ms,
         principal: p.caller.principal,
         scope_owner: p.caller.scope_owner,
         submission_id: None,
+        client_message_id: p.client_message_id,
     })))
 }
 
@@ -228,51 +228,12 @@ fn input_cap(session: &Session, asked: Option<InputCap>) -> Option<InputCap> {
     })
 }
 
-/// The answer to a send whose send_id the session has seen: its run, its queued
-/// submission, its retraction, or a reuse with other inputs.
-fn repeated(
-    session: &Session,
-    send_id: Option<&str>,
-    inputs_digest: &str,
-    prompt_digest: &str,
-) -> Option<Result<Admitted, Refusal>> {
-    let send_id = send_id?;
-    if let Some(index) = session.by_send_id.get(send_id) {
-        let run = &session.runs[*index];
-        return Some(if run.inputs_digest == inputs_digest {
-            Ok(Admitted::Existing { run_index: *index })
-        } else {
-            Err(reused(run, prompt_digest))
-        });
+/// The id of the message whose calls [`resolved_calls`] answers, when there are any.
+fn resolved_mid(session: &Session) -> Option<String> {
+    if session.unresolved_calls.is_empty() {
+        return None;
     }
-    let same = |digest: &str, prompt: &str, submission: &str| {
-        if digest == inputs_digest {
-            None
-        } else {
-            Some(Refusal::SendIdReuse {
-                run_id: submission.to_string(),
-                field: (crate::replay::prompt_digest(prompt) != prompt_digest).then_some("prompt"),
-            })
-        }
-    };
-    if let Some(q) = session
-        .queued
-        .iter()
-        .find(|q| q.send_id.as_deref() == Some(send_id))
-    {
-        return Some(match same(&q.inputs_digest, &q.prompt, &q.submission_id) {
-            None => Ok(Admitted::Pending {
-                submission_id: q.submission_id.clone(),
-            }),
-            Some(refusal) => Err(refusal),
-        });
-    }
-    if let Some(q) = session.retracted.get(send_id) {
-        return Some(Err(
-            same(&q.inputs_digest, &q.prompt, &q.submission_id).unwrap_or(Refusal::SendRetracted)
-        ));
-    }
-    None
+    session.last_assistant_mid.clone()
 }
 
 /// Results for the tool calls an interrupted run left without one: outcome unknown.
@@ -286,8 +247,7 @@ fn resolved_calls(session: &Session) -> Vec<ResultBlock> {
                 "outcome unknown: the imported session stopped before this tool call's result \
                  was recorded; it may or may not have run, and broca did not run it"
             } else {
-                "outcome unknown: broca stopped while this tool call was in flight; it may or \
-                 may not have run, and it was not run again"
+                broca_wal::runrec::OUTCOME_UNKNOWN_TEXT
             }
             .into(),
             is_error: true,
@@ -317,11 +277,13 @@ pub fn start_queued(session: &Session, run_id: String, now_unix_ms: u64) -> Opti
         inputs_digest: q.inputs_digest.clone(),
         prompt: q.prompt.clone(),
         config,
+        resolved_mid: resolved_mid(session),
         resolved_calls: resolved_calls(session),
         at_unix_ms: now_unix_ms,
         principal: q.principal.clone(),
         scope_owner: q.scope_owner.clone(),
         submission_id: Some(q.submission_id.clone()),
+        client_message_id: q.client_message_id.clone(),
     })
 }
 
@@ -341,6 +303,7 @@ pub fn prepare(
             prompt_digest: prompt_digest(&req.prompt),
             prompt: req.prompt.clone(),
             config,
+            client_message_id: req.client_message_id.clone(),
             caller: broca_wire::Caller::operator(),
         }),
         Err(refusal) => Err(Unprepared {
@@ -351,6 +314,7 @@ pub fn prepare(
                 .filter(|id| !id.is_empty() && id.len() <= SEND_ID_BYTES_MAX),
             inputs_digest,
             prompt_digest: prompt_digest(&req.prompt),
+            client_message_id: req.client_message_id.clone(),
             caller: broca_wire::Caller::operator(),
             refusal,
         }),

@@ -1,19 +1,27 @@
 //! The session's entries as the llm-runner/v1 role reads them (`session.read`,
-//! `session.head`): one entry per durable record that adds to the conversation, so an entry's
-//! bytes never change once served. A send's RunStarted is a user entry (the results it
-//! resolves and its prompt), a ModelStepFinished an assistant entry, each ToolResult a tool
-//! entry of its own (the record's result: its reason and size too) (the transcript merges a step's results into one message; an entry per
-//! result keeps a read stable while the batch is still answering), an imported episode one
-//! entry per message. An entry's `mid` is its record's WAL sequence number (`<seq>.<i>` for
-//! the i-th message of an import after the first): fixed by the log, so the same across
-//! restarts and readers.
+//! `session.head`, `session.history`, `run.tool_calls`): one entry per durable record that
+//! adds to the conversation, so an entry's bytes never change once served. A send's RunStarted
+//! is a user entry (the results it resolves and its prompt), a ModelStepFinished an assistant
+//! entry, each ToolResult a tool entry of its own (the record's result: its reason and size
+//! too) (the transcript merges a step's results into one message; an entry per result keeps
+//! a read stable while the batch is still answering), an imported episode one entry per
+//! message.
+//!
+//! An entry's `mid` is fixed by the log, so the same across restarts and readers: a user or
+//! tool entry's is its record's seq, an assistant entry's its step's StepStarted seq (known
+//! before the step's first word streams; a step record of an older log, which does not name
+//! it, keeps its own seq), the i-th message of an import after the first `<seq>.<i>`.
+//!
+//! Beside each entry are the facts readers want without decoding bodies: for an assistant
+//! entry its model and each tool call's key, module, times and result ([`CallFacts`]); for
+//! a send's entry the caller's `client_message_id` and the attested sender.
 //!
 //! Kept only when asked for (`Session::with_entries`): the live actor does not need them.
 
 use std::sync::Arc;
 
-use broca_protocol::{Message, Role};
-use broca_wal::runrec::ResultBlock;
+use broca_protocol::{Block, Json, Message, Role};
+use broca_wal::runrec::{ResultBlock, ToolDispatchIntent};
 use broca_wal::Record;
 
 /// One entry.
@@ -27,6 +35,100 @@ pub struct Entry {
     /// When it was written, in Unix milliseconds, when its record says.
     pub written_at: Option<u64>,
     pub body: Body,
+    /// The tool calls an assistant entry carries, in the message's order.
+    pub calls: Vec<CallFacts>,
+    /// A send's entry: the caller's id for it.
+    pub client_message_id: Option<String>,
+    /// A send's entry: the attested principal that sent it (module routes).
+    pub sender: Option<String>,
+    /// An assistant entry a run wrote: `provider/model`.
+    pub model: Option<String>,
+}
+
+/// What is known of one tool call of an assistant entry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallFacts {
+    /// The model's id (display only: not unique).
+    pub id: String,
+    pub name: String,
+    /// The arguments as the model gave them (raw JSON text).
+    pub args: Json,
+    /// Minted in its dispatch intent.
+    pub call_key: Option<String>,
+    /// The module it was sent to (absent: never dispatched).
+    pub dispatched_to: Option<String>,
+    /// Its dispatch intent is durable.
+    pub intent: bool,
+    /// When it was handed to dispatch.
+    pub started_at: Option<u64>,
+    /// Its result, once recorded.
+    pub result: Option<CallResult>,
+}
+
+/// A call's recorded result.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallResult {
+    /// The index of the entry holding it.
+    pub entry: usize,
+    pub finished_at: Option<u64>,
+    pub is_error: bool,
+    /// Why broca wrote it itself (`outcome_unknown`, `not_dispatched`, ...).
+    pub reason: Option<String>,
+    /// The stored result's length in bytes.
+    pub bytes: u64,
+}
+
+impl CallFacts {
+    fn of(call: broca_protocol::ToolCall) -> CallFacts {
+        CallFacts {
+            id: call.id,
+            name: call.name,
+            args: call.input,
+            call_key: None,
+            dispatched_to: None,
+            intent: false,
+            started_at: None,
+            result: None,
+        }
+    }
+
+    /// A durable intent and no result: it may or may not have run.
+    pub fn indeterminate(&self) -> bool {
+        self.intent && self.result.is_none()
+    }
+
+    /// What happened to it, as `run.tool_calls` names it (`tool_calls::outcomes`), with
+    /// `pending` for a call whose step is recorded and whose intent is not yet.
+    pub fn outcome(&self) -> &'static str {
+        use broca_wal::runrec::result_reason as why;
+        let Some(r) = &self.result else {
+            return if self.intent {
+                "indeterminate"
+            } else {
+                "pending"
+            };
+        };
+        match r.reason.as_deref() {
+            None | Some(why::TOOL_RESULT_TOO_LARGE) if r.is_error => "failed",
+            None => "succeeded",
+            Some(why::OUTCOME_UNKNOWN) => "indeterminate",
+            Some(why::NOT_DISPATCHED | why::BUDGET_EXHAUSTED | why::CONTEXT_CEILING) => {
+                "not_executed"
+            }
+            Some(_) => "refused",
+        }
+    }
+
+    /// Why its provider never answered it (§4.7.1's `unanswered`), when it did not.
+    pub fn unanswered(&self) -> Option<&'static str> {
+        use broca_wal::runrec::result_reason as why;
+        let r = self.result.as_ref()?;
+        match r.reason.as_deref()? {
+            why::OUTCOME_UNKNOWN => Some("interrupted"),
+            why::TOOL_RESULT_TOO_LARGE => None,
+            _ => Some("not_executed"),
+        }
+    }
 }
 
 /// What an entry holds.
@@ -73,46 +175,73 @@ pub struct Entries {
     pub list: Vec<Entry>,
     /// The newest time a record stated.
     pub updated_at: Option<u64>,
+    /// The index of the last assistant entry (whose calls results answer).
+    last_assistant: Option<usize>,
 }
 
 /// What a record adds, read before the record is applied (its run's index then).
 pub(crate) enum Note {
-    /// A prompt: the message the record's application pushes.
-    Pushed {
-        run: Option<usize>,
-        role: &'static str,
-        at: Option<u64>,
+    /// A send's prompt: the message the record's application pushes, with the results it
+    /// resolves first.
+    Sent {
+        run: usize,
+        at: u64,
+        client_message_id: Option<String>,
+        sender: Option<String>,
+        resolved: Vec<ResultBlock>,
     },
+    /// A model step's message, `mid` its step's.
+    Step {
+        run: Option<usize>,
+        mid: u64,
+        at: Option<u64>,
+        model: Option<String>,
+    },
+    /// A step's calls handed to dispatch.
+    Intent(ToolDispatchIntent),
     /// One tool result.
     Result {
         run: Option<usize>,
         result: ResultBlock,
+        at: Option<u64>,
     },
-    /// An import: every message it pushes.
-    Imported,
+    /// An import (recorded at `at`): every message it pushes.
+    Imported { at: u64 },
     /// A record that adds no entry but states a time (a terminal, a resume).
     Time(Option<u64>),
 }
 
 impl Note {
-    /// The note for `record`; `next_run` is the index a RunStarted gets, `open` the open run's.
-    pub(crate) fn of(record: &Record, next_run: usize, open: Option<usize>) -> Note {
+    /// The note for `record` of `seq`; `next_run` is the index a RunStarted gets, `open` the
+    /// open run's index and its `provider/model`.
+    pub(crate) fn of(
+        seq: u64,
+        record: &Record,
+        next_run: usize,
+        open: Option<(usize, String)>,
+    ) -> Note {
+        let open_run = open.as_ref().map(|(i, _)| *i);
         match record {
-            Record::RunStarted(r) => Note::Pushed {
-                run: Some(next_run),
-                role: "user",
-                at: Some(r.at_unix_ms),
+            Record::RunStarted(r) => Note::Sent {
+                run: next_run,
+                at: r.at_unix_ms,
+                client_message_id: r.client_message_id.clone(),
+                sender: r.principal.clone(),
+                resolved: r.resolved_calls.clone(),
             },
-            Record::ModelStepFinished(r) => Note::Pushed {
-                run: open,
-                role: "assistant",
+            Record::ModelStepFinished(r) => Note::Step {
+                run: open_run,
+                mid: crate::replay::assistant_mid(seq, r),
+                at: r.at_unix_ms,
+                model: open.map(|(_, model)| model),
+            },
+            Record::ToolDispatchIntent(r) => Note::Intent(r.clone()),
+            Record::ToolResult(r) => Note::Result {
+                run: open_run,
+                result: r.result.clone(),
                 at: r.at_unix_ms,
             },
-            Record::ToolResult(r) => Note::Result {
-                run: open,
-                result: r.result.clone(),
-            },
-            Record::EpisodeImported(_) => Note::Imported,
+            Record::EpisodeImported(r) => Note::Imported { at: r.at_unix_ms },
             Record::RunFinished(r) => Note::Time(r.at_unix_ms),
             Record::RunPaused(r) => Note::Time(r.at_unix_ms),
             Record::RunResumed(r) => Note::Time(Some(r.at_unix_ms)),
@@ -124,48 +253,88 @@ impl Note {
     }
 }
 
+/// The id of the `i`-th message of the import recorded at `seq`.
+pub fn imported_mid(seq: u64, i: usize) -> String {
+    if i == 0 {
+        seq.to_string()
+    } else {
+        format!("{seq}.{i}")
+    }
+}
+
+/// The calls an assistant message carries, in order.
+fn calls_of(message: &Message) -> Vec<CallFacts> {
+    message.tool_calls().map(CallFacts::of).collect()
+}
+
 impl Entries {
     /// Adds what the record of `seq` added; `pushed` are the transcript's messages its
     /// application pushed.
     pub(crate) fn add(&mut self, seq: u64, note: Note, pushed: &[Arc<Message>]) {
-        let mut at = None;
+        let at: Option<u64>;
         match note {
-            Note::Pushed { run, role, at: t } => {
-                at = t;
+            Note::Sent {
+                run,
+                at: t,
+                client_message_id,
+                sender,
+                resolved,
+            } => {
+                at = Some(t);
                 if let Some(message) = pushed.last() {
+                    let index = self.list.len();
+                    for result in &resolved {
+                        self.answer(index, result, Some(t));
+                    }
                     self.list.push(Entry {
-                        mid: seq.to_string(),
-                        run,
-                        role,
-                        written_at: t,
-                        body: Body::Message(message.clone()),
+                        client_message_id,
+                        sender,
+                        ..Entry::new(seq.to_string(), Some(run), "user", Some(t), message)
                     });
                 }
             }
-            Note::Result { run, result } => self.list.push(Entry {
-                mid: seq.to_string(),
+            Note::Step {
                 run,
-                role: "tool",
-                written_at: None,
-                body: Body::Result(result),
-            }),
-            Note::Imported => {
-                for (i, message) in pushed.iter().enumerate() {
+                mid,
+                at: t,
+                model,
+            } => {
+                at = t;
+                // A step record of an older log states no time: the newest time before it.
+                let written = t.or(self.updated_at);
+                if let Some(message) = pushed.last() {
+                    self.last_assistant = Some(self.list.len());
                     self.list.push(Entry {
-                        mid: if i == 0 {
-                            seq.to_string()
-                        } else {
-                            format!("{seq}.{i}")
-                        },
-                        run: None,
-                        role: match message.role {
-                            Role::User => "user",
-                            Role::Assistant => "assistant",
-                        },
-                        written_at: None,
-                        body: Body::Message(message.clone()),
+                        calls: calls_of(message),
+                        model,
+                        ..Entry::new(mid.to_string(), run, "assistant", written, message)
                     });
                 }
+            }
+            Note::Intent(intent) => {
+                at = intent.at_unix_ms;
+                self.intent(&intent);
+            }
+            Note::Result { run, result, at: t } => {
+                at = t;
+                let index = self.list.len();
+                self.answer(index, &result, t);
+                self.list.push(Entry {
+                    mid: seq.to_string(),
+                    run,
+                    role: "tool",
+                    // A result of an older log states no time: the newest time before it.
+                    written_at: t.or(self.updated_at),
+                    body: Body::Result(result),
+                    calls: Vec::new(),
+                    client_message_id: None,
+                    sender: None,
+                    model: None,
+                });
+            }
+            Note::Imported { at: t } => {
+                at = Some(t);
+                self.imported(seq, t, pushed);
             }
             Note::Time(t) => at = t,
         }
@@ -174,8 +343,110 @@ impl Entries {
         }
     }
 
+    /// An import's messages: entries of no run; an imported result answers the call it
+    /// names.
+    fn imported(&mut self, seq: u64, at: u64, pushed: &[Arc<Message>]) {
+        for (i, message) in pushed.iter().enumerate() {
+            let index = self.list.len();
+            let role = match message.role {
+                Role::User => "user",
+                Role::Assistant => "assistant",
+            };
+            for block in &message.content {
+                if let Block::ToolResult {
+                    tool_use_id,
+                    content,
+                    is_error,
+                } = block
+                {
+                    let result = ResultBlock {
+                        call_id: tool_use_id.clone(),
+                        content: content.clone(),
+                        is_error: *is_error,
+                        reason: None,
+                        size: None,
+                    };
+                    self.answer(index, &result, None);
+                }
+            }
+            // Written when broca took it in (the first ingest of a message another harness
+            // stored).
+            let mut entry = Entry::new(imported_mid(seq, i), None, role, Some(at), message);
+            if message.role == Role::Assistant {
+                entry.calls = calls_of(message);
+                self.last_assistant = Some(index);
+            }
+            self.list.push(entry);
+        }
+    }
+
+    /// The last assistant entry's calls get what the intent recorded of them.
+    fn intent(&mut self, intent: &ToolDispatchIntent) {
+        let Some(entry) = self.last_assistant.and_then(|i| self.list.get_mut(i)) else {
+            return;
+        };
+        for (index, call) in intent.calls.iter().enumerate() {
+            let Some(facts) = entry
+                .calls
+                .iter_mut()
+                .find(|c| c.id == call.id && !c.intent && c.result.is_none())
+            else {
+                continue;
+            };
+            facts.intent = true;
+            facts.call_key = intent.call_key(index).map(str::to_string);
+            facts.dispatched_to = intent.dispatched_to.get(index).cloned().flatten();
+            facts.started_at = intent.at_unix_ms;
+        }
+    }
+
+    /// The call `result` answers (the last assistant entry's first unanswered call of its
+    /// id) gets it, held by the entry at `entry`.
+    fn answer(&mut self, entry: usize, result: &ResultBlock, at: Option<u64>) {
+        let Some(holder) = self.last_assistant.and_then(|i| self.list.get_mut(i)) else {
+            return;
+        };
+        let Some(facts) = holder
+            .calls
+            .iter_mut()
+            .find(|c| c.id == result.call_id && c.result.is_none())
+        else {
+            return;
+        };
+        facts.result = Some(CallResult {
+            entry,
+            finished_at: at,
+            is_error: result.is_error,
+            reason: result.reason.clone(),
+            bytes: result.content.len() as u64,
+        });
+    }
+
     /// The position of the entry `mid` (0-based).
     pub fn position(&self, mid: &str) -> Option<usize> {
         self.list.iter().position(|e| e.mid == mid)
+    }
+}
+
+impl Entry {
+    /// An entry of `message` with no facts beside it.
+    fn new(
+        mid: String,
+        run: Option<usize>,
+        role: &'static str,
+        written_at: Option<u64>,
+        message: &Arc<Message>,
+    ) -> Entry {
+        Entry {
+            mid,
+            run,
+            role,
+            written_at,
+            body: Body::Message(message.clone()),
+            calls: Vec::new(),
+            client_message_id: None,
+            sender: None,
+            model: None,
+        }
     }
 }

@@ -155,6 +155,7 @@ fn a_crash_after_the_crossing_step_seals_it_at_resume_without_dispatching() {
     // The step's record was durable (the session had spent 12 of 10 with it), its end not.
     let mut m = RunMachine::resume(
         ResumeFrom {
+            step_seq: None,
             run_id: "r".into(),
             config: capped(10, 3, false),
             transcript: vec![

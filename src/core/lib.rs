@@ -5,6 +5,7 @@
 
 pub mod admission;
 pub mod entries;
+pub mod history;
 #[cfg(test)]
 mod input_cap_tests;
 pub mod machine;
@@ -17,6 +18,7 @@ pub mod resume;
 pub mod role;
 pub mod spend;
 pub mod stream;
+pub mod tool_calls;
 pub mod usage;
 pub mod views;
 
@@ -26,3 +28,51 @@ pub use machine::{
 };
 pub use read::{read_session, Keep, ReadError, ReadSession};
 pub use replay::{Misfit, ReplayError, RunState, RunView, Session};
+
+/// The key of the call at `index` of the tool batch `batch_id` of session `triple` (the
+/// llm-runner/v1 role's `call_key`, which a tool provider deduplicates on): minted when the
+/// call's dispatch intent is written and recorded there, so it never changes after a
+/// restart. From the session, the run and step (the batch), the call's place in the batch
+/// and the model's id: sibling calls and a model id reused by a later step get keys of
+/// their own. `broca:` and 32 hex digits (printable ASCII, as tool-provider/v1 bounds it).
+pub fn call_key(
+    triple: &broca_wal::SessionTriple,
+    batch_id: &str,
+    index: usize,
+    call_id: &str,
+) -> String {
+    let mut h = blake3::Hasher::new();
+    let index = index.to_string();
+    for part in [
+        "broca-call-v2",
+        triple.project_root.as_str(),
+        triple.harness.as_str(),
+        triple.session.as_str(),
+        batch_id,
+        index.as_str(),
+        call_id,
+    ] {
+        h.update(&(part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
+    format!("broca:{}", &h.finalize().to_hex()[..32])
+}
+
+#[cfg(test)]
+mod call_key_tests {
+    #[test]
+    fn keys_differ_between_siblings_steps_and_sessions_and_never_change() {
+        let t = broca_wal::SessionTriple::new("/p", "h", "s").unwrap();
+        let other = broca_wal::SessionTriple::new("/p", "h", "s2").unwrap();
+        let a = super::call_key(&t, "run_1.1", 0, "call_0");
+        assert_eq!(a, super::call_key(&t, "run_1.1", 0, "call_0"), "stable");
+        for b in [
+            super::call_key(&t, "run_1.1", 1, "call_0"),
+            super::call_key(&t, "run_1.2", 0, "call_0"),
+            super::call_key(&other, "run_1.1", 0, "call_0"),
+        ] {
+            assert_ne!(a, b);
+        }
+        assert!(a.len() <= 256 && a.bytes().all(|b| (0x21..=0x7e).contains(&b)));
+    }
+}

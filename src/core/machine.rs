@@ -32,6 +32,7 @@ mod limits;
 pub use limits::LastStep;
 mod resume;
 mod step_end;
+mod stop;
 pub use resume::{ResumeFrom, ResumePoint};
 
 /// Model attempts per step, at most (the first try included).
@@ -81,8 +82,11 @@ pub enum Event {
     ToolResult(ResultBlock),
     /// A dispatched tool call whose outcome cannot be known (delivered, then lost).
     ToolIndeterminate { call_id: String },
-    /// The caller cancelled the run.
+    /// The caller cancelled the run: at once.
     Cancel,
+    /// The caller cancelled the run at its step boundary: the current model step and its
+    /// whole tool batch finish and are recorded, and no further step starts.
+    CancelAtStepBoundary,
     /// broca is shutting down: seal the run.
     Shutdown,
 }
@@ -119,7 +123,7 @@ pub struct Outcome {
     pub detail: Option<String>,
     pub error: Option<ClassifiedError>,
     pub indeterminate_tool_calls: Vec<String>,
-    /// The run's totals (a measure absent unless every metered step reported it).
+    /// The run's totals (each measure summed over the metered steps that reported it).
     pub usage: Usage,
     /// Metered steps that did not report input or output.
     pub unmeasured_steps: u32,
@@ -170,6 +174,8 @@ pub struct RunMachine {
     answered: bool,
     phase: Phase,
     cancel_requested: bool,
+    /// A cancel at the step boundary waits: the run ends cancelled before its next step.
+    cancel_at_boundary: bool,
     /// Why the run is being sealed interrupted (`interrupt_cause`), when it is.
     pub(crate) interrupt_cause: Option<&'static str>,
     acc: StepAccumulator,
@@ -180,6 +186,9 @@ pub struct RunMachine {
     backoff_until_ms: u64,
     /// When the stream in flight last produced anything (in [`Phase::Streaming`]).
     stream_active_ms: u64,
+    /// The seq of the current step's StepStarted record (the assistant message's id), once
+    /// the caller said it ([`RunMachine::step_recorded`]).
+    step_seq: Option<u64>,
 }
 
 impl RunMachine {
@@ -228,9 +237,11 @@ impl RunMachine {
             answered: false,
             phase: Phase::Backoff,
             cancel_requested: false,
+            cancel_at_boundary: false,
             interrupt_cause: None,
             acc: StepAccumulator::default(),
             out: VecDeque::new(),
+            step_seq: None,
         }
     }
 
@@ -244,7 +255,7 @@ impl RunMachine {
         &self.transcript
     }
 
-    /// The run's totals so far (a measure absent unless every metered step reported it).
+    /// The run's totals so far (each measure summed over the metered steps that reported it).
     pub fn usage(&self) -> Usage {
         self.spend.usage()
     }
@@ -323,8 +334,35 @@ impl RunMachine {
             Event::ToolResult(result) => self.on_tool_result(result),
             Event::ToolIndeterminate { call_id } => self.on_tool_indeterminate(call_id),
             Event::Cancel => self.on_cancel(),
+            Event::CancelAtStepBoundary => self.on_cancel_at_boundary(),
             Event::Shutdown => self.on_shutdown(),
         }
+    }
+
+    /// The StepStarted record of the current step took `seq` (the caller says so once it
+    /// performed its append): that seq names the step's assistant message, which the step's
+    /// later records carry.
+    pub fn step_recorded(&mut self, seq: u64) {
+        assert!(self.step >= 1, "a step was started");
+        self.step_seq = Some(seq);
+    }
+
+    /// The seq of the current step's StepStarted (the id of the message it streams), once
+    /// known.
+    pub fn step_seq(&self) -> Option<u64> {
+        self.step_seq
+    }
+
+    /// The module a tool `name`'s frozen route names (`mcp:<server>` for an MCP server's,
+    /// the module id for a daemon module's).
+    fn module_of(&self, name: &str) -> String {
+        let route = self
+            .config
+            .tools
+            .iter()
+            .find(|t| t.name == name)
+            .map_or("", |t| t.route.as_str());
+        broca_protocol::route::module(route).to_string()
     }
 
     fn push(&mut self, record: Record, wait: bool) {
@@ -337,7 +375,7 @@ impl RunMachine {
 
     /// Starts the next model step, unless a stop condition says otherwise.
     fn next_step_or_stop(&mut self) {
-        if self.cancel_requested {
+        if self.cancel_requested || self.cancel_at_boundary {
             return self.seal(FinishKind::Cancelled, None, None, Vec::new());
         }
         if self.step >= self.config.stop.max_steps {
@@ -358,6 +396,7 @@ impl RunMachine {
             run_id: self.run_id.clone(),
             step: self.step,
         };
+        self.step_seq = None;
         self.push(Record::StepStarted(record), false);
         self.call_model();
     }
@@ -427,6 +466,7 @@ impl RunMachine {
             request_id: step.request_id,
             quota: step.quota,
             at_unix_ms: Some(self.now_ms),
+            step_seq: self.step_seq,
         };
         self.push(Record::ModelStepFinished(Box::new(record)), false);
         let message = Message {
@@ -542,6 +582,8 @@ impl RunMachine {
             run_id: self.run_id.clone(),
             batch_id,
             result: result.clone(),
+            step_seq: self.step_seq,
+            at_unix_ms: Some(self.now_ms),
         };
         self.push(Record::ToolResult(record), false);
         push_result(&mut self.transcript, result);
@@ -646,130 +688,6 @@ impl RunMachine {
             }
             ErrorClass::Permanent => self.seal(FinishKind::Error, None, Some(error), Vec::new()),
         }
-    }
-
-    fn on_cancel(&mut self) {
-        if matches!(self.phase, Phase::Sealing(_) | Phase::Done) || self.cancel_requested {
-            return;
-        }
-        self.cancel_requested = true;
-        let record = CancelRequested {
-            run_id: self.run_id.clone(),
-            at_unix_ms: self.now_ms,
-        };
-        self.push(Record::CancelRequested(record), false);
-        match &self.phase {
-            Phase::Streaming | Phase::Backoff => {
-                if matches!(self.phase, Phase::Streaming) {
-                    self.out.push_back(Command::AbortModel);
-                }
-                self.seal(FinishKind::Cancelled, None, None, Vec::new());
-            }
-            // Tools in flight finish and are recorded; the run stops at the next boundary.
-            _ => {}
-        }
-    }
-
-    fn on_shutdown(&mut self) {
-        let detail = Some("broca shut down".to_string());
-        self.interrupt_cause = Some(interrupt_cause::RUNNER_SHUTDOWN);
-        match std::mem::replace(&mut self.phase, Phase::Done) {
-            Phase::Streaming | Phase::Backoff => {
-                self.out.push_back(Command::AbortModel);
-                self.seal(FinishKind::Interrupted, detail, None, Vec::new());
-            }
-            Phase::AwaitIntent { calls, .. } => {
-                // The intent may be durable, but nothing was dispatched: say so.
-                self.resolve_undispatched(&calls, "shutdown");
-                self.seal(FinishKind::Interrupted, detail, None, Vec::new());
-            }
-            Phase::Tools {
-                waiting,
-                mut indeterminate,
-                ..
-            } => {
-                indeterminate.extend(waiting);
-                self.seal(FinishKind::Interrupted, detail, None, indeterminate);
-            }
-            other => self.phase = other,
-        }
-    }
-
-    fn pause(&mut self, reason: &str, error: ClassifiedError) {
-        let record = RunPaused {
-            run_id: self.run_id.clone(),
-            reason: reason.to_string(),
-            error: Some(error.clone()),
-            usage: self.spend.usage(),
-            spend: self.spend_summary(),
-            at_unix_ms: Some(self.now_ms),
-        };
-        self.push(Record::RunPaused(record), true);
-        self.phase =
-            Phase::Sealing(self.outcome(None, Some(reason.to_string()), Some(error), Vec::new()));
-    }
-
-    fn spend_summary(&self) -> SpendSummary {
-        SpendSummary {
-            unmeasured_steps: self.spend.unmeasured_steps(),
-            cost_micros: self.spend.cost_micros().filter(|_| self.prices().is_some()),
-        }
-    }
-
-    fn outcome(
-        &self,
-        reason: Option<FinishKind>,
-        detail: Option<String>,
-        error: Option<ClassifiedError>,
-        indeterminate_tool_calls: Vec<String>,
-    ) -> Outcome {
-        let spend = self.spend_summary();
-        Outcome {
-            reason,
-            detail,
-            error,
-            indeterminate_tool_calls,
-            usage: self.spend.usage(),
-            unmeasured_steps: spend.unmeasured_steps,
-            cost_micros: spend.cost_micros,
-        }
-    }
-
-    fn seal(
-        &mut self,
-        reason: FinishKind,
-        detail: Option<String>,
-        error: Option<ClassifiedError>,
-        indeterminate: Vec<String>,
-    ) {
-        assert!(
-            reason == FinishKind::Interrupted || indeterminate.is_empty(),
-            "only an interrupted run names calls of unknown outcome"
-        );
-        let record = RunFinished {
-            run_id: self.run_id.clone(),
-            reason,
-            detail: detail.clone(),
-            error: error.clone(),
-            indeterminate_tool_calls: indeterminate.clone(),
-            usage: self.spend.usage(),
-            spend: self.spend_summary(),
-            at_unix_ms: Some(self.now_ms),
-            cause: (reason == FinishKind::Interrupted)
-                .then(|| self.interrupt_cause.map(str::to_string))
-                .flatten(),
-            budget: self.stop_budget.take(),
-        };
-        self.push(Record::RunFinished(record), true);
-        self.phase = Phase::Sealing(self.outcome(Some(reason), detail, error, indeterminate));
-    }
-}
-
-impl RunMachine {
-    /// Seals the run at a stop condition, with its budget's figures when a budget stopped it.
-    fn seal_stop(&mut self, stop: limits::Stop) {
-        self.stop_budget = stop.budget;
-        self.seal(stop.kind, Some(stop.detail), None, Vec::new());
     }
 }
 

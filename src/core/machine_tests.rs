@@ -305,6 +305,7 @@ fn a_run_refused_at_resume_is_sealed_interrupted_with_the_reason() {
     let mut m = RunMachine::refuse_resume(
         super::machine::ResumeFrom {
             input: Default::default(),
+            step_seq: None,
             run_id: "r".into(),
             config: config(),
             transcript: Vec::new(),
@@ -580,9 +581,12 @@ fn a_step_that_reports_no_usage_stops_a_token_budget_unmeasured_naming_it() {
         "{:?}",
         f.detail
     );
+    // The total sums the step that reported (a lower bound), and the budget still stopped
+    // the run: it counts the unmeasured step apart.
     assert_eq!(
-        f.usage.input, None,
-        "a total over an unmeasured step is absent"
+        f.usage.input,
+        Some(10),
+        "the measured step's input, never 0 added"
     );
     assert_eq!(f.spend.unmeasured_steps, 1);
     assert!(

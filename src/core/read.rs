@@ -84,3 +84,173 @@ pub fn read_session(path: &Path, keep: Keep) -> Result<Option<ReadSession>, Read
         last_seq: scan.frames.last().map(|f| f.seq),
     }))
 }
+
+/// Payload bytes decoded at once while catching a cached session up.
+const CATCH_UP_PAGE_BYTES: usize = 256 * 1024;
+
+/// Sessions read lately, kept replayed with their entries so that the next read of one
+/// applies only the records appended since (from the last record applied, which the reader
+/// checks is still there: its seq, lineage and checksum at its offset; a WAL made anew, cut
+/// or replaced since is read whole). What a read answers is a function of the WAL alone, as
+/// if it were read whole: the cache only saves the reading. Up to `sessions_max` sessions are
+/// kept, the least lately read dropped first. Meant for the blocking pool: it reads files.
+pub struct ReadCache {
+    sessions_max: usize,
+    slots: std::sync::Mutex<Slots>,
+}
+
+#[derive(Default)]
+struct Slots {
+    clock: u64,
+    map:
+        std::collections::HashMap<PathBuf, (u64, std::sync::Arc<std::sync::Mutex<Option<Cached>>>)>,
+}
+
+/// A session as far as its WAL has been read.
+struct Cached {
+    read: ReadSession,
+    /// The last record applied: its seq and offset.
+    last: (u64, u64),
+}
+
+/// How catching a cached session up went.
+enum CatchUp {
+    Done,
+    /// The seek point no longer holds: read it whole.
+    Whole,
+}
+
+impl ReadCache {
+    pub fn new(sessions_max: usize) -> ReadCache {
+        ReadCache {
+            sessions_max,
+            slots: Default::default(),
+        }
+    }
+
+    /// Calls `f` with the session of the WAL at `path` as it is now (replayed with its
+    /// entries), or `None` when no WAL holds one yet.
+    pub fn with<R>(
+        &self,
+        path: &Path,
+        f: impl FnOnce(Option<&ReadSession>) -> R,
+    ) -> Result<R, ReadError> {
+        let slot = self.slot(path);
+        let mut held = slot.lock().unwrap_or_else(|p| p.into_inner());
+        let current = match held.as_mut() {
+            Some(c) => matches!(catch_up(path, c), CatchUp::Done),
+            None => false,
+        };
+        if !current {
+            *held = None;
+            *held = read_whole(path)?;
+        }
+        if held.is_none() {
+            self.forget(path);
+        }
+        Ok(f(held.as_ref().map(|c| &c.read)))
+    }
+
+    /// Sessions kept now.
+    pub fn len(&self) -> usize {
+        self.slots.lock().map_or(0, |s| s.map.len())
+    }
+
+    /// Whether no session is kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The slot of `path`, made if new; the least lately read dropped past the bound.
+    fn slot(&self, path: &Path) -> std::sync::Arc<std::sync::Mutex<Option<Cached>>> {
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        slots.clock += 1;
+        let now = slots.clock;
+        let slot = {
+            let entry = slots
+                .map
+                .entry(path.to_path_buf())
+                .or_insert_with(|| (now, Default::default()));
+            entry.0 = now;
+            entry.1.clone()
+        };
+        while slots.map.len() > self.sessions_max.max(1) {
+            let oldest = slots
+                .map
+                .iter()
+                .min_by_key(|(_, (used, _))| *used)
+                .map(|(p, _)| p.clone())
+                .expect("a map over its bound holds a session");
+            slots.map.remove(&oldest);
+        }
+        assert!(slots.map.len() <= self.sessions_max.max(1));
+        slot
+    }
+
+    fn forget(&self, path: &Path) {
+        if let Ok(mut slots) = self.slots.lock() {
+            slots.map.remove(path);
+        }
+    }
+}
+
+/// Reads the WAL at `path` whole, as [`read_session`] does, keeping where it ended.
+fn read_whole(path: &Path) -> Result<Option<Cached>, ReadError> {
+    let Some((bytes, scan)) = broca_wal::verify::read_and_scan_if_any(path)? else {
+        return Ok(None);
+    };
+    let session = Session::with_entries()
+        .replay_scan_into(&scan, &bytes)
+        .map_err(|error| ReadError::Replay {
+            path: path.to_path_buf(),
+            error,
+        })?;
+    let last = scan.frames.last().map_or((0, 0), |f| (f.seq, f.offset));
+    Ok(Some(Cached {
+        read: ReadSession {
+            session,
+            triple: scan.header.triple.clone(),
+            lineage: scan.header.lineage_hex(),
+            last_seq: scan.frames.last().map(|f| f.seq),
+        },
+        last,
+    }))
+}
+
+/// Applies the records the WAL gained since `c` was read.
+fn catch_up(path: &Path, c: &mut Cached) -> CatchUp {
+    use broca_wal::reader::PagedReader;
+    let (last_seq, last_offset) = c.last;
+    if last_seq == 0 {
+        return CatchUp::Whole;
+    }
+    let Ok(Some(mut r)) = PagedReader::open_from(path, last_seq, last_offset) else {
+        return CatchUp::Whole;
+    };
+    let at_last = r.last_seq() + 1 == last_seq && r.end() == last_offset;
+    if !at_last || r.header().lineage_hex() != c.read.lineage {
+        return CatchUp::Whole;
+    }
+    loop {
+        let Ok(frames) = r.next_frames(CATCH_UP_PAGE_BYTES, false) else {
+            return CatchUp::Whole;
+        };
+        if frames.is_empty() {
+            c.read.session.refresh_unresolved();
+            return CatchUp::Done;
+        }
+        let applied = c.last.0;
+        for frame in frames.into_iter().filter(|f| f.seq > applied) {
+            match broca_wal::Record::decode(frame.kind, &frame.payload) {
+                Ok(record) => {
+                    if c.read.session.apply(frame.seq, record).is_err() {
+                        return CatchUp::Whole;
+                    }
+                }
+                Err(_) => return CatchUp::Whole,
+            }
+            c.last = (frame.seq, frame.offset);
+            c.read.last_seq = Some(frame.seq);
+        }
+    }
+}

@@ -20,6 +20,8 @@ pub struct RunView {
     pub inputs_digest: String,
     /// The digest of the run's prompt ([`prompt_digest`]).
     pub prompt_digest: String,
+    /// The caller's id for the run's prompt message (`client_message_id`).
+    pub client_message_id: Option<String>,
     /// Who sent it: the attested principal and its scope's owner (RunStarted's).
     pub principal: Option<String>,
     pub scope_owner: Option<String>,
@@ -63,6 +65,7 @@ impl RunView {
             inputs_digest: r.inputs_digest,
             principal: r.principal,
             scope_owner: r.scope_owner,
+            client_message_id: r.client_message_id,
             step_usage: Default::default(),
             last_assistant: None,
             last_finish: None,
@@ -112,6 +115,8 @@ pub struct OpenRun {
     pub cancel_requested: bool,
     /// The run's last completed model step.
     pub last_step: Option<LastStep>,
+    /// The seq of the current step's StepStarted record (its message's id).
+    pub step_seq: Option<u64>,
 }
 
 /// A session's state, rebuilt from its WAL.
@@ -139,11 +144,18 @@ pub struct Session {
     pub queued: Vec<broca_wal::runrec::SendQueued>,
     /// Queued sends withdrawn before they started, by send_id.
     pub retracted: HashMap<String, broca_wal::runrec::SendQueued>,
+    /// The id (`mid`) of the last assistant message: the calls an interrupted run left open
+    /// are this message's.
+    pub last_assistant_mid: Option<String>,
     /// The session's input-token cap: the lowest any accepted send asked for (a started run,
     /// or a queued send, even one later retracted: the cap is lower-only).
     pub input_cap: Option<u64>,
     /// The input the session's completed steps consumed (the cap's measure).
     pub input: super::spend::InputTally,
+    /// The session's spend (llm-runner/v1 `session_usage`): every completed step of every run
+    /// since the first, kept as each step record is applied (never by going over history
+    /// again); absent before the first run.
+    pub usage: Option<cortexkit_role_llm_runner::usage::SessionUsage>,
 }
 
 impl Session {
@@ -289,11 +301,11 @@ impl Session {
             );
             return applied;
         };
-        let note = super::entries::Note::of(
-            &record,
-            self.runs.len(),
-            self.open.as_ref().map(|o| o.index),
-        );
+        let open = self.open.as_ref().map(|o| {
+            let c = &self.runs[o.index].config;
+            (o.index, format!("{}/{}", c.provider, c.model))
+        });
+        let note = super::entries::Note::of(seq, &record, self.runs.len(), open);
         let before = self.transcript.len();
         let applied = self.apply_record(seq, record);
         if applied.is_ok() {
@@ -331,6 +343,7 @@ impl Session {
                 }
                 open.step = r.step;
                 open.point = ResumePoint::BeforeStep;
+                open.step_seq = Some(seq);
                 run.steps = run.steps.max(r.step);
             }
             Record::ModelAttemptFinished(r) => {
@@ -354,7 +367,7 @@ impl Session {
                 let (open, _) = self.open_mut(&r.run_id)?;
                 open.cancel_requested = true;
             }
-            Record::EpisodeImported(r) => self.apply_import(*r)?,
+            Record::EpisodeImported(r) => self.apply_import(seq, *r)?,
             Record::RunPaused(r) => {
                 let text = final_text(&self.transcript);
                 let (_, run) = self.open_mut(&r.run_id)?;
@@ -428,6 +441,11 @@ impl Session {
             content,
         }));
         let index = self.runs.len();
+        if self.usage.is_none() {
+            self.usage = Some(cortexkit_role_llm_runner::usage::SessionUsage::new(
+                r.run_id.clone(),
+            ));
+        }
         if let Some(send_id) = &r.send_id {
             self.by_send_id.insert(send_id.clone(), index);
         }
@@ -445,6 +463,7 @@ impl Session {
             point: ResumePoint::ToolsDone,
             cancel_requested: false,
             last_step: None,
+            step_seq: None,
         });
         Ok(())
     }
@@ -458,20 +477,31 @@ impl Session {
     ) -> Result<(), Misfit> {
         self.entry_count += 1;
         let ordinal = self.entry_count;
-        let (open, run) = self.open_mut(&r.run_id)?;
+        self.last_assistant_mid = Some(assistant_mid(seq, &r).to_string());
+        let total = self.usage.as_mut();
+        let open = self.open.as_mut().ok_or_else(|| Misfit::NoOpenRun {
+            run_id: r.run_id.clone(),
+        })?;
+        let run = &mut self.runs[open.index];
+        if run.run_id != r.run_id {
+            return Err(Misfit::NotTheOpenRun {
+                run_id: r.run_id.clone(),
+                open: run.run_id.clone(),
+            });
+        }
         let asked_tools = r.content.iter().any(|b| matches!(b, Block::ToolUse { .. }));
         run.last_finish = Some((r.finish_reason.clone(), asked_tools));
-        run.step_usage.record_step(
-            &run.config.provider,
-            &run.config.model,
-            None,
-            super::spend::step_usage(&r.usage),
-        );
+        let step = super::spend::step_usage(&r.usage);
+        if let Some(total) = total {
+            total.record_step(&run.config.provider, &run.config.model, None, step.clone());
+        }
+        run.step_usage
+            .record_step(&run.config.provider, &run.config.model, None, step);
         let has_text = r
             .content
             .iter()
             .any(|b| matches!(b, Block::Text { text } if !text.is_empty()));
-        run.last_assistant = Some((ordinal, seq, has_text));
+        run.last_assistant = Some((ordinal, assistant_mid(seq, &r), has_text));
         let prices = run.config.catalog.as_ref().and_then(|e| e.prices.as_ref());
         run.spend.add(r.step, r.attempt, Some(&r.usage), prices);
         if r.quota.is_some() {
@@ -539,7 +569,11 @@ impl Session {
     }
 
     /// An imported episode: its messages join the transcript; the source's import is noted.
-    fn apply_import(&mut self, r: broca_wal::importrec::EpisodeImported) -> Result<(), Misfit> {
+    fn apply_import(
+        &mut self,
+        seq: u64,
+        r: broca_wal::importrec::EpisodeImported,
+    ) -> Result<(), Misfit> {
         if let Some(open) = &self.open {
             return Err(Misfit::ImportWhileOpen {
                 import_id: r.import_id,
@@ -547,6 +581,9 @@ impl Session {
             });
         }
         self.entry_count += r.messages.len() as u64;
+        if let Some(i) = r.messages.iter().rposition(|m| m.role == Role::Assistant) {
+            self.last_assistant_mid = Some(super::entries::imported_mid(seq, i));
+        }
         let before = self.transcript.len();
         let added = r.messages.len();
         self.transcript.extend(r.messages.into_iter().map(Arc::new));
@@ -582,6 +619,12 @@ impl Session {
     pub fn refresh_unresolved(&mut self) {
         self.unresolved_calls = unresolved(&self.transcript);
     }
+}
+
+/// The id (`mid`) of the assistant message the step record `seq` holds: its step's
+/// StepStarted seq when the record names it, else (older logs) the record's own seq.
+pub fn assistant_mid(seq: u64, r: &broca_wal::runrec::ModelStepFinished) -> u64 {
+    r.step_seq.unwrap_or(seq)
 }
 
 /// The text of the last assistant message that has text.
@@ -651,6 +694,8 @@ mod tests {
             principal: None,
             scope_owner: None,
             submission_id: None,
+            client_message_id: None,
+            resolved_mid: None,
         }))
     }
 
@@ -688,6 +733,10 @@ mod tests {
                 name: "t".into(),
                 input: Json::from_text("{}".into()).unwrap(),
             }],
+            call_keys: Vec::new(),
+            dispatched_to: Vec::new(),
+            step_seq: None,
+            at_unix_ms: None,
         });
         let result = |id: &str| {
             Record::ToolResult(ToolResult {
@@ -700,6 +749,8 @@ mod tests {
                     reason: None,
                     size: None,
                 },
+                step_seq: None,
+                at_unix_ms: None,
             })
         };
         let stray = [

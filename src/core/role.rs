@@ -8,7 +8,7 @@
 
 use cortexkit_role_llm_runner::read::{
     HeadMeta, LastRunError, LastRunState, ReadMessage, ReadMode, ReadPage, ReadRequest,
-    RunAttribution,
+    RunAttribution, ToolCallAttribution, ToolTime,
 };
 
 use cortexkit_role_llm_runner::finish::Finish;
@@ -66,18 +66,25 @@ fn ended(run: &RunView) -> bool {
 }
 
 /// The session's entries (none for a session replayed without them).
-fn entries_of(s: &Session) -> &crate::entries::Entries {
-    static NONE: crate::entries::Entries = crate::entries::Entries {
-        list: Vec::new(),
-        updated_at: None,
-    };
-    s.entries.as_ref().unwrap_or(&NONE)
+pub(crate) fn entries_of(s: &Session) -> &[crate::entries::Entry] {
+    s.entries.as_ref().map_or(&[], |e| e.list.as_slice())
+}
+
+/// What a read entry carries beside the role's envelope.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Facts {
+    /// `include_display_facts`: the send's client id and each call's times.
+    pub display: bool,
 }
 
 /// The read entry at `index` (ordinal `index + 1`).
-fn entry(s: &Session, index: usize, last_of_run: &[Option<usize>]) -> ReadMessage {
-    let entries = entries_of(s);
-    let e = &entries.list[index];
+pub(crate) fn entry(
+    s: &Session,
+    index: usize,
+    last_of_run: &[Option<usize>],
+    facts: Facts,
+) -> ReadMessage {
+    let e = &entries_of(s)[index];
     let message = e.body.to_json();
     let mut m = ReadMessage::new(index as u64 + 1, e.mid.clone(), message).with_role(e.role);
     if let Some(at) = e.written_at {
@@ -91,11 +98,49 @@ fn entry(s: &Session, index: usize, last_of_run: &[Option<usize>]) -> ReadMessag
             is_final: ended(view) && last_of_run.get(r).copied().flatten() == Some(index),
         });
     }
+    if !e.calls.is_empty() {
+        m = m.with_tool_calls(e.calls.iter().map(attribution).collect());
+    }
+    if facts.display {
+        if let Some(id) = &e.client_message_id {
+            m = m.with_client_message_id(id.clone());
+        }
+        if !e.calls.is_empty() {
+            m = m.with_tool_times(e.calls.iter().map(tool_time).collect());
+        }
+    }
     m
 }
 
+/// A call's `dispatch_attribution`.
+fn attribution(c: &crate::entries::CallFacts) -> ToolCallAttribution {
+    let mut a = ToolCallAttribution::new(c.id.clone()).with_indeterminate(c.indeterminate());
+    if let Some(key) = &c.call_key {
+        a = a.with_call_key(key.clone());
+    }
+    if let Some(module) = &c.dispatched_to {
+        a = a.with_dispatched_to(module.clone());
+    }
+    a
+}
+
+/// A call's stored times and unanswered outcome (`include_display_facts`).
+fn tool_time(c: &crate::entries::CallFacts) -> ToolTime {
+    let mut t = ToolTime::new(c.id.clone());
+    if let Some(at) = c.started_at {
+        t = t.with_started_at(at);
+    }
+    if let Some(at) = c.result.as_ref().and_then(|r| r.finished_at) {
+        t = t.with_finished_at(at);
+    }
+    if let Some(why) = c.unanswered() {
+        t = t.with_unanswered(why);
+    }
+    t
+}
+
 /// The index of each run's last entry.
-fn last_entries(s: &Session) -> Vec<Option<usize>> {
+pub(crate) fn last_entries(s: &Session) -> Vec<Option<usize>> {
     let mut last = vec![None; s.runs.len()];
     if let Some(entries) = &s.entries {
         for (i, e) in entries.list.iter().enumerate() {
@@ -107,7 +152,7 @@ fn last_entries(s: &Session) -> Vec<Option<usize>> {
     last
 }
 
-fn size(m: &ReadMessage) -> u64 {
+pub(crate) fn size(m: &ReadMessage) -> u64 {
     serde_json::to_vec(m).map_or(0, |b| b.len() as u64)
 }
 
@@ -128,7 +173,13 @@ pub fn read_page(
     if let Some(v) = req.history_version.filter(|v| *v != HISTORY_VERSION) {
         return Err(ReadRefusal::HistoryChanged(v));
     }
-    let bounds = page_bounds(req)?;
+    let bounds = page_bounds(req.limit, req.max_bytes).map_err(|why| ReadRefusal::Invalid {
+        field: "limit",
+        why,
+    })?;
+    let facts = Facts {
+        display: req.include_display_facts,
+    };
     let total = s
         .and_then(|s| s.entries.as_ref())
         .map_or(0, |e| e.list.len());
@@ -144,13 +195,13 @@ pub fn read_page(
         }
         ReadMode::Tail => {
             return Ok(match s {
-                Some(s) => tail_page(s, incarnation, total, bounds),
+                Some(s) => tail_page(s, incarnation, total, bounds, facts),
                 None => ReadPage::empty(HISTORY_VERSION, incarnation),
             })
         }
     };
     Ok(match s {
-        Some(s) => forward_page(s, incarnation, start, total, bounds),
+        Some(s) => forward_page(s, incarnation, start, total, bounds, facts),
         None => ReadPage::empty(HISTORY_VERSION, incarnation),
     })
 }
@@ -158,32 +209,27 @@ pub fn read_page(
 /// A page's bounds: at most this many messages, and this many bytes (a page holds at least
 /// one message whatever its size).
 #[derive(Debug, Clone, Copy)]
-struct Bounds {
+pub(crate) struct Bounds {
     limit: usize,
     bytes_max: u64,
 }
 
 impl Bounds {
     /// Whether a page of `messages` and `bytes` has room for one more of `n` bytes.
-    fn room(&self, messages: usize, bytes: u64, n: u64) -> bool {
+    pub(crate) fn room(&self, messages: usize, bytes: u64, n: u64) -> bool {
         messages == 0 || (messages < self.limit && bytes + n <= self.bytes_max)
     }
 }
 
-/// The bounds a read asks for, within the role's limits.
-fn page_bounds(req: &ReadRequest) -> Result<Bounds, ReadRefusal> {
-    let limit = match req.limit {
-        Some(0) => {
-            return Err(ReadRefusal::Invalid {
-                field: "limit",
-                why: "`limit` must be at least 1".into(),
-            })
-        }
+/// The bounds a page asks for (`limit` messages, `max_bytes`), within the role's limits; the
+/// refusal of a `limit` of 0.
+pub(crate) fn page_bounds(limit: Option<u64>, max_bytes: Option<u64>) -> Result<Bounds, String> {
+    let limit = match limit {
+        Some(0) => return Err("`limit` must be at least 1".into()),
         Some(n) => n.min(READ_LIMIT_MAX),
         None => READ_LIMIT_DEFAULT,
     } as usize;
-    let bytes_max = req
-        .max_bytes
+    let bytes_max = max_bytes
         .unwrap_or(READ_MAX_BYTES_DEFAULT)
         .min(READ_MAX_BYTES_MAX);
     assert!(limit >= 1 && limit <= READ_LIMIT_MAX as usize);
@@ -191,12 +237,18 @@ fn page_bounds(req: &ReadRequest) -> Result<Bounds, ReadRefusal> {
 }
 
 /// The newest entries that fit, gathered backwards; the oldest of them first.
-fn tail_page(s: &Session, incarnation: &str, total: usize, bounds: Bounds) -> ReadPage {
+fn tail_page(
+    s: &Session,
+    incarnation: &str,
+    total: usize,
+    bounds: Bounds,
+    facts: Facts,
+) -> ReadPage {
     let last = last_entries(s);
     let mut messages = Vec::new();
     let mut bytes = 0;
     for i in (0..total).rev() {
-        let m = entry(s, i, &last);
+        let m = entry(s, i, &last, facts);
         let n = size(&m);
         if !bounds.room(messages.len(), bytes, n) {
             break;
@@ -215,13 +267,14 @@ fn forward_page(
     start: usize,
     total: usize,
     bounds: Bounds,
+    facts: Facts,
 ) -> ReadPage {
     let last = last_entries(s);
     let mut messages = Vec::new();
     let mut bytes = 0;
     let mut next = start;
     while next < total {
-        let m = entry(s, next, &last);
+        let m = entry(s, next, &last, facts);
         let n = size(&m);
         if !bounds.room(messages.len(), bytes, n) {
             break;
@@ -247,14 +300,15 @@ pub fn head(s: Option<&Session>, incarnation: &str) -> HeadMeta {
     let Some(s) = s else {
         return HeadMeta::empty(HISTORY_VERSION, incarnation);
     };
-    let entries = entries_of(s);
-    let Some(updated_at) = entries.updated_at else {
+    let Some(updated_at) = s.entries.as_ref().and_then(|e| e.updated_at) else {
         return HeadMeta::empty(HISTORY_VERSION, incarnation);
     };
     let mut head = HeadMeta::new(HISTORY_VERSION, incarnation, 1, updated_at);
-    if !entries.list.is_empty() {
-        head = head.with_last_ordinal(entries.list.len() as u64);
+    let entries = entries_of(s);
+    if !entries.is_empty() {
+        head = head.with_last_ordinal(entries.len() as u64);
     }
+    head.usage = s.usage.clone();
     if let Some(run) = s.runs.last() {
         let (state, reason) = run_state(run);
         head.last_run_state = Some(LastRunState {

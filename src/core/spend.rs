@@ -1,13 +1,14 @@
 //! What a run has spent, from the usage its steps reported: the canonical measures summed
-//! over the run (a sum is present only when every metered step reported that measure), the
-//! steps that left a measure unreported, and the cost at the run's frozen catalog prices, in
-//! exact integer arithmetic.
+//! over the run as llm-runner/v1 sums usage (each measure over the steps that reported it,
+//! absent until one does, a lower bound once a step left it out), the steps that left a
+//! measure unreported, and the cost at the run's frozen catalog prices, in exact integer
+//! arithmetic.
 //!
 //! A *metered step* is a completed model step, or a failed attempt the provider had begun to
 //! answer (it may have been billed). An attempt refused before any answer (an error status)
 //! was not billed and is not counted. A metered step that did not report its input or its
-//! output count is *unmeasured*: the run's totals of that measure are then absent, and a
-//! budget that needs it stops the run (`budget_unmeasured`) rather than run on unmetered.
+//! output count is *unmeasured*: the run's totals of that measure are then a lower bound, and
+//! a budget that needs it stops the run (`budget_unmeasured`) rather than run on unmetered.
 //!
 //! Cost: each price (per million tokens) is taken as an integer count of micro-units per
 //! million tokens (the price times 10^6, rounded); a step costs
@@ -66,10 +67,12 @@ pub struct Unpriced {
 /// A run's spend so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Spend {
-    /// Each measure summed over the metered steps; absent unless every one reported it.
+    /// Each measure summed over the metered steps that reported it; absent until one did.
     usage: Usage,
     /// Metered steps counted.
     metered: u32,
+    /// Metered steps that reported no measure at all.
+    unreported: u32,
     /// Metered steps that did not report input or output.
     unmeasured: u32,
     first_unmeasured: Option<Unmeasured>,
@@ -89,12 +92,11 @@ impl Spend {
         prices: Option<&CatalogPrices>,
     ) {
         let u = usage.copied().unwrap_or_default();
-        self.usage = if self.metered == 0 {
-            u
-        } else {
-            self.usage.add(&u)
-        };
+        self.usage = self.usage.add(&u);
         self.metered += 1;
+        if u == Usage::default() {
+            self.unreported += 1;
+        }
         assert!(
             self.unmeasured < self.metered,
             "a step is counted before it is judged"
@@ -132,9 +134,15 @@ impl Spend {
         }
     }
 
-    /// The run's totals: a measure is present only when every metered step reported it.
+    /// The run's totals: each measure summed over the metered steps that reported it (absent
+    /// until one did; a lower bound when some step left it out).
     pub fn usage(&self) -> Usage {
         self.usage
+    }
+
+    /// How many metered steps reported no measure at all.
+    pub fn unreported_steps(&self) -> u32 {
+        self.unreported
     }
 
     /// How many metered steps did not report input or output.
@@ -347,7 +355,7 @@ mod tests {
     }
 
     #[test]
-    fn an_unreported_measure_leaves_the_total_absent_and_is_named() {
+    fn an_unreported_measure_makes_the_total_a_lower_bound_and_is_named() {
         let p = prices();
         let mut s = Spend::default();
         s.add(1, 1, Some(&usage(10, 5)), Some(&p));
@@ -361,9 +369,17 @@ mod tests {
             }),
             Some(&p),
         );
-        assert_eq!(s.usage().input, None, "step 2 reported no input");
-        assert_eq!(s.usage().output, None);
+        // Each total sums the steps that reported it (step 2 reported nothing, step 3 no
+        // output); a measure no step reported stays absent, never 0.
+        assert_eq!(s.usage().input, Some(14));
+        assert_eq!(s.usage().output, Some(5));
+        assert_eq!(s.usage().cache_read, None);
         assert_eq!(s.unmeasured_steps(), 2);
+        assert_eq!(
+            s.unreported_steps(),
+            1,
+            "only step 2 reported nothing at all"
+        );
         assert_eq!(
             s.first_unmeasured(),
             Some(Unmeasured {

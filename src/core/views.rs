@@ -25,6 +25,7 @@ pub fn run_result(run: &RunView) -> RunResult {
             .filter(|t| !t.is_empty())
             .map(|text| FinalMessage { text }),
         usage: run.spend.usage(),
+        unreported_steps: run.spend.unreported_steps(),
         unmeasured_steps: run.spend.unmeasured_steps(),
         cost: cost(run),
         indeterminate_tool_calls: run.indeterminate_tool_calls.clone(),
@@ -62,6 +63,7 @@ pub fn run_status(run: &RunView) -> RunStatus {
         run_id: run.run_id.clone(),
         state: run.state.as_str(),
         usage: run.spend.usage(),
+        unreported_steps: run.spend.unreported_steps(),
         unmeasured_steps: run.spend.unmeasured_steps(),
         cost: cost(run),
         indeterminate_tool_calls: run.indeterminate_tool_calls.clone(),
@@ -72,15 +74,20 @@ pub fn run_status(run: &RunView) -> RunStatus {
 
 /// The members broca's answers carry beside the llm-runner/v1 role's (a runner's own members
 /// ride beside the role's): the run's spend over every metered attempt in the canonical
-/// measures (`metered_usage`, strict: a measure is absent unless every metered attempt
-/// reported it) with its cost, the calls left with an unknown outcome, the provider's quota,
-/// and the sentence saying why the run stopped (`stop_detail`).
+/// measures (`metered_usage`, each measure summed as the role's `usage` sums it: over the
+/// attempts that reported it, absent until one did; `metered_unreported_steps` counts the
+/// attempts that reported nothing, `unmeasured_steps` those that left out input or output)
+/// with its cost, the calls left with an unknown outcome, the provider's quota, and the
+/// sentence saying why the run stopped (`stop_detail`).
 fn broca_members(run: &RunView, v: &mut serde_json::Value) {
     let r = run_result(run);
     let obj = v.as_object_mut().expect("an answer is an object");
     let usage = serde_json::to_value(r.usage).expect("usage serializes");
     if usage.as_object().is_some_and(|u| !u.is_empty()) {
         obj.insert("metered_usage".into(), usage);
+    }
+    if r.unreported_steps > 0 {
+        obj.insert("metered_unreported_steps".into(), r.unreported_steps.into());
     }
     if r.unmeasured_steps > 0 {
         obj.insert("unmeasured_steps".into(), r.unmeasured_steps.into());

@@ -139,7 +139,13 @@ pub struct Host {
     pub(crate) checks: broca_provider::Checks,
     /// Module mode: the claustrum vault that `vault:` credentials resolve through.
     vault: Option<Arc<dyn Vault>>,
+    /// The sessions read lately, kept replayed so a read applies only what was appended
+    /// since (`session.read`, `.head`, `.history`, `run.tool_calls`, ...).
+    pub(crate) reads: Arc<broca_core::read::ReadCache>,
 }
+
+/// Sessions whose replayed state the readers keep (the least lately read go first).
+pub const READ_SESSIONS_MAX: usize = 256;
 
 impl Host {
     /// The credentials this daemon resolves: the state dir's, and the vault's in module mode.
@@ -322,6 +328,7 @@ impl Startup {
             store: opened.store,
             projector: opened.projector,
             vault: extras.vault,
+            reads: Arc::new(broca_core::read::ReadCache::new(READ_SESSIONS_MAX)),
         });
         signals::SignalSlot::install(&slot, &host);
         let serve_json = state::serve_json(&host.opts.state_dir);

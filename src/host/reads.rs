@@ -8,88 +8,103 @@ use serde_json::Value;
 use broca_core::role::ReadRefusal;
 use broca_wal::SessionTriple;
 use broca_wire::{Caller, Code, Cursor, RpcError};
+use cortexkit_role_llm_runner::history::HistoryRequest;
 use cortexkit_role_llm_runner::read::ReadRequest;
+use cortexkit_role_llm_runner::tool_calls::ToolCallsRequest;
 
 use crate::replies::{invalid, not_owner, send_reply};
 use crate::Host;
 
-/// session.baseline: read from the session's WAL (or its archived copy) without its actor:
-/// no lease taken, nothing written. `not_yet` when nothing has reached the session.
+/// Runs `f` on the blocking pool over the session of `t` as its WAL (or its archived copy)
+/// holds it now, read as a reader through the host's read cache: no lease taken, nothing
+/// written, the session's actor not even started. `f` gets `None` for a session never
+/// written.
+async fn with_session<R: Send + 'static>(
+    ctx: &Host,
+    t: &SessionTriple,
+    f: impl FnOnce(Option<&broca_core::ReadSession>) -> R + Send + 'static,
+) -> Result<R, RpcError> {
+    let path = broca_wal_writer::wal_path(&ctx.wal_dir, t);
+    let reads = ctx.reads.clone();
+    glommio::executor()
+        .spawn_blocking(move || reads.with(&path, f))
+        .await
+        .map_err(unreadable)
+}
+
+/// session.baseline: what the session froze. `not_yet` when nothing has reached the session.
 pub(crate) async fn baseline(
     ctx: &Host,
     t: SessionTriple,
     caller: &Caller,
 ) -> Result<Value, RpcError> {
-    let wal = broca_wal_writer::wal_path(&ctx.wal_dir, &t);
     let caller = caller.clone();
-    let names = glommio::executor()
-        .spawn_blocking(move || {
-            let Some(read) = broca_core::read_session(&wal, broca_core::Keep::State)? else {
-                return Ok(Ok(None));
-            };
-            let state = read.session;
-            if !caller.owns(&state.owners()) {
-                return Ok(Err(()));
-            }
-            let tools = state.runs.last().map(|r| {
-                r.config
-                    .tools
-                    .iter()
-                    .map(|t| t.name.clone())
-                    .collect::<Vec<_>>()
-            });
-            Ok::<_, broca_core::ReadError>(Ok(Some(tools.unwrap_or_default())))
-        })
-        .await
-        .map_err(unreadable)?
-        .map_err(|()| not_owner("session.baseline"))?;
+    let names = with_session(ctx, &t, move |read| {
+        let Some(read) = read else {
+            return Ok(None);
+        };
+        let state = &read.session;
+        if !caller.owns(&state.owners()) {
+            return Err(());
+        }
+        let tools = state.runs.last().map(|r| {
+            r.config
+                .tools
+                .iter()
+                .map(|t| t.name.clone())
+                .collect::<Vec<_>>()
+        });
+        Ok(Some(tools.unwrap_or_default()))
+    })
+    .await?
+    .map_err(|()| not_owner("session.baseline"))?;
     Ok(broca_wire::role::baseline(names))
 }
 
-/// session.send_status: what a re-send of `send_id` would answer, read from the WAL (or its
-/// archived copy) as a reader: nothing admitted, delivered or written.
+/// session.send_status: what a re-send of `send_id` would answer: nothing admitted,
+/// delivered or written.
 pub(crate) async fn send_status(
     ctx: &Host,
     t: SessionTriple,
     send_id: String,
     caller: &Caller,
 ) -> Result<Value, RpcError> {
-    let wal = broca_wal_writer::wal_path(&ctx.wal_dir, &t);
     let caller = caller.clone();
-    glommio::executor()
-        .spawn_blocking(move || {
-            let unknown = || {
-                RpcError::new(
-                    Code::UnknownSend,
-                    format!("this session has no send `{}`", send_id.escape_debug()),
-                )
-            };
-            let found = broca_core::read_session(&wal, broca_core::Keep::State);
-            let Some(read) = found.map_err(unreadable)? else {
-                return Err(unknown());
-            };
-            let s = read.session;
-            if !caller.owns(&s.owners()) {
-                return Err(not_owner("session.send_status"));
-            }
-            if let Some(&index) = s.by_send_id.get(&send_id) {
-                return Ok(send_reply(&s.runs[index]));
-            }
-            if let Some(q) = s
-                .queued
-                .iter()
-                .find(|q| q.send_id.as_deref() == Some(send_id.as_str()))
-            {
-                return Ok(
-                    serde_json::json!({"state": "pending", "submission_id": q.submission_id}),
-                );
-            }
-            if s.retracted.contains_key(&send_id) {
-                return Err(RpcError::refusal(&broca_wire::Refusal::SendRetracted));
-            }
-            Err(unknown())
-        })
-        .await
+    with_session(ctx, &t, move |read| {
+        let unknown = || {
+            RpcError::new(
+                Code::UnknownSend,
+                format!("this session has no send `{}`", send_id.escape_debug()),
+            )
+        };
+        let Some(read) = read else {
+            return Err(unknown());
+        };
+        let s = &read.session;
+        if !caller.owns(&s.owners()) {
+            return Err(not_owner("session.send_status"));
+        }
+        if let Some(&index) = s.by_send_id.get(&send_id) {
+            return Ok(send_reply(&s.runs[index]));
+        }
+        if let Some(q) = s
+            .queued
+            .iter()
+            .find(|q| q.send_id.as_deref() == Some(send_id.as_str()))
+        {
+            return Ok(serde_json::json!({"state": "pending", "submission_id": q.submission_id}));
+        }
+        if s.retracted.contains_key(&send_id) {
+            return Err(RpcError::refusal(&broca_wire::Refusal::SendRetracted));
+        }
+        Err(unknown())
+    })
+    .await?
+}
+
+/// The incarnation a page names: the WAL's lineage (`none` for a session never written).
+fn incarnation(read: Option<&broca_core::ReadSession>) -> String {
+    read.map_or_else(|| "none".to_string(), |r| r.lineage.clone())
 }
 
 pub(crate) async fn read(
@@ -103,20 +118,16 @@ pub(crate) async fn read(
     if let Err(field) = req.check_display_facts(broca_wire::role::GROUPS) {
         return Err(invalid("this runner serves no display facts").with_field(field));
     }
-    let path = broca_wal_writer::wal_path(&ctx.wal_dir, &t);
-    let page = glommio::executor()
-        .spawn_blocking(move || {
-            let (session, incarnation, last_seq) = entries_of(&path)?;
-            let page = broca_core::role::read_page(session.as_ref(), &incarnation, &req);
-            // The page's snapshot ends after the last record it read: a subscription from
-            // this head continues strictly after it.
-            Ok::<_, broca_core::ReadError>(page.map(|p| match last_seq {
-                Some(seq) => p.with_head(Cursor::head_position(seq)),
-                None => p,
-            }))
+    let page = with_session(ctx, &t, move |read| {
+        let page = broca_core::role::read_page(read.map(|r| &r.session), &incarnation(read), &req);
+        // The page's snapshot ends after the last record it read: a subscription from this
+        // head continues strictly after it.
+        page.map(|p| match read.and_then(|r| r.last_seq) {
+            Some(seq) => p.with_head(Cursor::head_position(seq)),
+            None => p,
         })
-        .await
-        .map_err(unreadable)?;
+    })
+    .await?;
     match page {
         Ok(page) => Ok(serde_json::to_value(page).expect("a page serializes")),
         Err(ReadRefusal::Invalid { field, why }) => Err(invalid(why).with_field(field)),
@@ -127,38 +138,73 @@ pub(crate) async fn read(
                 broca_core::role::HISTORY_VERSION
             ),
         )),
-        Err(ReadRefusal::UnknownMid(mid)) => Err(RpcError::new(
-            Code::UnknownMid,
-            format!("no message `{}` in this session", mid.escape_debug()),
-        )),
+        Err(ReadRefusal::UnknownMid(mid)) => Err(unknown_mid(&mid)),
     }
 }
 
-/// session.head: read from the WAL like a page, no lease taken.
+fn unknown_mid(mid: &str) -> RpcError {
+    RpcError::new(
+        Code::UnknownMid,
+        format!("no message `{}` in this session", mid.escape_debug()),
+    )
+}
+
+/// session.head: the session's metadata and spend, no bodies.
 pub(crate) async fn head(ctx: &Host, t: SessionTriple) -> Result<Value, RpcError> {
-    let path = broca_wal_writer::wal_path(&ctx.wal_dir, &t);
-    let head = glommio::executor()
-        .spawn_blocking(move || {
-            let (session, incarnation, _) = entries_of(&path)?;
-            Ok::<_, broca_core::ReadError>(broca_core::role::head(session.as_ref(), &incarnation))
-        })
-        .await
-        .map_err(unreadable)?;
+    let head = with_session(ctx, &t, move |read| {
+        broca_core::role::head(read.map(|r| &r.session), &incarnation(read))
+    })
+    .await?;
     Ok(serde_json::to_value(head).expect("a head serializes"))
 }
 
-/// The session of the WAL at `path` (or its archived copy) replayed with its entries, read
-/// as a reader (no lease), its incarnation (the WAL's lineage), and the seq of its last
-/// record. A session never written has no entries and the incarnation `none`.
-type Read = (Option<broca_core::Session>, String, Option<u64>);
+/// session.history: the whole history by opaque cursors, raw or as display rows.
+pub(crate) async fn history(
+    ctx: &Host,
+    t: SessionTriple,
+    req: Box<HistoryRequest>,
+) -> Result<Value, RpcError> {
+    use broca_core::history::HistoryRefusal;
+    let page = with_session(ctx, &t, move |read| {
+        broca_core::history::history_page(read.map(|r| &r.session), &incarnation(read), &req)
+    })
+    .await?;
+    page.map_err(|refusal| match refusal {
+        HistoryRefusal::Invalid { field, why } => invalid(why).with_field(field),
+        HistoryRefusal::UnknownMid(mid) => unknown_mid(&mid),
+        HistoryRefusal::UnknownOrdinal(n) => RpcError::new(
+            Code::UnknownOrdinal,
+            format!("this session has no entry of ordinal {n}"),
+        ),
+        HistoryRefusal::CursorExpired => RpcError::new(
+            Code::CursorExpired,
+            "the cursor is of another session's history; read a fresh page",
+        ),
+    })
+}
 
-fn entries_of(path: &std::path::Path) -> Result<Read, broca_core::ReadError> {
-    Ok(
-        match broca_core::read_session(path, broca_core::Keep::Entries)? {
-            Some(r) => (Some(r.session), r.lineage, r.last_seq),
-            None => (None, "none".to_string(), None),
-        },
-    )
+/// run.tool_calls: a run's calls in dispatch order, paged.
+pub(crate) async fn tool_calls(
+    ctx: &Host,
+    t: SessionTriple,
+    req: Box<ToolCallsRequest>,
+) -> Result<Value, RpcError> {
+    use broca_core::tool_calls::ToolCallsRefusal;
+    let page = with_session(ctx, &t, move |read| {
+        broca_core::tool_calls::tool_calls_page(read.map(|r| &r.session), &req)
+    })
+    .await?;
+    match page {
+        Ok(page) => Ok(serde_json::to_value(page).expect("a page serializes")),
+        Err(ToolCallsRefusal::UnknownRun(run_id)) => Err(RpcError::new(
+            Code::UnknownRun,
+            format!("no run `{}` in this session", run_id.escape_debug()),
+        )),
+        Err(ToolCallsRefusal::BadAfter) => Err(invalid(
+            "`after` is not a cursor this run's pages gave (pass back a page's `next`)",
+        )
+        .with_field("after")),
+    }
 }
 
 /// The refusal of a session whose WAL cannot be read (the error names the file).
@@ -219,11 +265,25 @@ mod tests {
             .to_string()
     }
 
-    fn page(path: &Path) -> serde_json::Value {
-        let (session, incarnation, _) = super::entries_of(path).unwrap();
+    /// The first page through `cache`, checked against a whole read of the WAL.
+    fn page_through(cache: &broca_core::read::ReadCache, path: &Path) -> serde_json::Value {
         let req = cortexkit_role_llm_runner::read::ReadRequest::range(1);
-        let page = broca_core::role::read_page(session.as_ref(), &incarnation, &req).unwrap();
-        serde_json::to_value(page).unwrap()
+        let cached = cache
+            .with(path, |r| {
+                let r = r.unwrap();
+                broca_core::role::read_page(Some(&r.session), &r.lineage, &req).unwrap()
+            })
+            .unwrap();
+        let whole = broca_core::read_session(path, broca_core::Keep::Entries)
+            .unwrap()
+            .unwrap();
+        let want = broca_core::role::read_page(Some(&whole.session), &whole.lineage, &req);
+        assert_eq!(
+            Ok(cached.clone()),
+            want,
+            "the cache answers what a whole read does"
+        );
+        serde_json::to_value(cached).unwrap()
     }
 
     #[test]
@@ -232,6 +292,8 @@ mod tests {
         let wal_dir = dir.path().join("wal");
         broca_owner_only::create_dir(&wal_dir).unwrap();
         let path = broca_wal_writer::wal_path(&wal_dir, &triple());
+        let cache = broca_core::read::ReadCache::new(4);
+        let page = |path: &Path| page_through(&cache, path);
         session_with(&wal_dir, "the first life");
         let first = page(&path);
         assert_eq!(first_text(&first), "the first life", "{first}");

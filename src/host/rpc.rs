@@ -12,7 +12,7 @@ use broca_session::{Cancelled, ImportTarget, SessionCommand};
 use broca_wal::SessionTriple;
 use broca_wire::{Caller, Code, Request, RpcError, SessionName};
 
-use crate::reads::{baseline, head, read, send_status};
+use crate::reads::{baseline, head, history, read, send_status, tool_calls};
 use crate::replies::{invalid, not_owner, send_reply, unavailable, unrouted};
 use crate::Host;
 
@@ -69,7 +69,9 @@ async fn call(ctx: &Host, request: Request, caller: &Caller) -> Result<Value, Rp
         Request::Send { send: req, .. } => self::send(ctx, t, *req, caller).await,
         Request::Status { run_id, .. } => status(ctx, t, run_id).await,
         Request::Result { run_id, .. } => result(ctx, t, run_id).await,
-        Request::Cancel { run_id, .. } => cancel(ctx, t, run_id, caller).await,
+        Request::Cancel { run_id, at, .. } => cancel(ctx, t, run_id, at, caller).await,
+        Request::ToolCalls { calls, .. } => tool_calls(ctx, t, calls).await,
+        Request::History { history: req, .. } => history(ctx, t, req).await,
         Request::Read { read: req, .. } => read(ctx, t, req).await,
         Request::Head { .. } => head(ctx, t).await,
         Request::Retract { submission_id, .. } => retract(ctx, t, submission_id, caller).await,
@@ -269,6 +271,7 @@ async fn cancel(
     ctx: &Host,
     t: SessionTriple,
     run_id: String,
+    at: broca_wire::CancelAt,
     caller: &Caller,
 ) -> Result<Value, RpcError> {
     view(ctx, &t, Some(run_id.clone()))
@@ -277,6 +280,7 @@ async fn cancel(
     let caller = caller.clone();
     let cancelled = ask(ctx, t, |reply| SessionCommand::Cancel {
         run_id,
+        at,
         caller,
         reply,
     })

@@ -154,6 +154,23 @@ pub struct ToolSpec {
     pub route: String,
 }
 
+/// The routes a [`ToolSpec`] names: which module provides the tool.
+pub mod route {
+    /// Tools a daemon module serves over its routes (`subc:<module>@<schema pin>`).
+    pub const SUBC_PREFIX: &str = "subc:";
+    /// Tools an MCP server of the tools config provides (`mcp:<server>`).
+    pub const MCP_PREFIX: &str = "mcp:";
+
+    /// The module a route names: a daemon module's id, else the route itself
+    /// (`mcp:<server>`); what llm-runner/v1 reads calls dispatched to.
+    pub fn module(route: &str) -> &str {
+        match route.strip_prefix(SUBC_PREFIX) {
+            Some(rest) => rest.split_once('@').map_or(rest, |(module, _)| module),
+            None => route,
+        }
+    }
+}
+
 /// Generation settings.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Generation {
@@ -226,10 +243,15 @@ pub struct Usage {
 }
 
 impl Usage {
-    /// Adds `other` measure by measure: a sum is present only when both sides reported the
-    /// measure (an unreported count is unknown, and unknown plus anything is unknown).
+    /// Adds `other` measure by measure, as llm-runner/v1 sums usage: each measure is the sum
+    /// over the sides that reported it, absent only when neither did (an unreported count is
+    /// never taken as 0). A sum over steps some of which did not report a measure is a lower
+    /// bound; whoever needs an exact total (a budget) counts those steps apart.
     pub fn add(&self, other: &Usage) -> Usage {
-        let sum = |a: Option<u64>, b: Option<u64>| Some(a?.saturating_add(b?));
+        let sum = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.saturating_add(b)),
+            (a, b) => a.or(b),
+        };
         Usage {
             input: sum(self.input, other.input),
             output: sum(self.output, other.output),
@@ -370,16 +392,23 @@ mod tests {
             cache_read: Some(5),
             ..Usage::default()
         };
-        // Only a measure both reported has a sum: an unreported count is not zero.
+        // Each measure is summed over the sides that reported it; one neither reported stays
+        // absent, never 0.
         let sum = a.add(&b);
         assert_eq!(
             sum,
             Usage {
                 input: Some(13),
+                output: Some(1),
+                cache_read: Some(5),
                 ..Usage::default()
             }
         );
-        assert_eq!(serde_json::to_string(&sum).unwrap(), r#"{"input":13}"#);
+        assert_eq!(
+            serde_json::to_string(&sum).unwrap(),
+            r#"{"input":13,"output":1,"cache_read":5}"#
+        );
+        assert_eq!(Usage::default().add(&Usage::default()), Usage::default());
         assert_eq!(serde_json::to_string(&Usage::default()).unwrap(), "{}");
     }
 

@@ -20,8 +20,8 @@ pub(crate) enum Hole {
 }
 
 /// The counts a normalizer reads through the holes (Gemini: prompt, candidates, cached
-/// content, thoughts).
-pub(crate) type Counts = [Option<u64>; 4];
+/// content, thoughts, tool-use prompt).
+pub(crate) type Counts = [Option<u64>; 5];
 
 #[derive(Debug, Default)]
 pub(crate) struct Template {
@@ -68,7 +68,7 @@ impl Template {
         }
         let b = data.as_bytes();
         let (mut at, mut from) = (0, 0);
-        let (mut text, mut counts) = (None, [None; 4]);
+        let (mut text, mut counts) = (None, [None; 5]);
         for &(end, hole) in &self.holes {
             let lit = &self.literal[from..end];
             if !b.get(at..)?.starts_with(lit) {
@@ -129,7 +129,7 @@ mod tests {
             .fill(r#"{"a": "y\"z","p": "padding","u": {"n": 130,"m": 0},"z": 7}"#)
             .unwrap();
         assert_eq!(text.string().unwrap(), "y\"z");
-        assert_eq!(counts, [None, Some(130), None, Some(0)]);
+        assert_eq!(counts, [None, Some(130), None, Some(0), None]);
         for other in [
             r#"{"a": "x","p": "pad","u": {"n": 12,"m": 3},"y": 2}"#,
             r#"{"a": "x","p": "pad","u": {"n": 12,"m": 3},"z": -2}"#,

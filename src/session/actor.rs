@@ -265,6 +265,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             point: open.point,
             cancel_requested: open.cancel_requested,
             input: self.state.input,
+            step_seq: open.step_seq,
         };
         let machine = match broca_core::resume::check_resumable(&run.config, &catalog) {
             // Never re-render an admitted run differently: seal it with the reason.

@@ -33,6 +33,8 @@ pub enum SessionCommand {
     /// Cancel the run if it is the active one and the caller owns the session.
     Cancel {
         run_id: String,
+        /// Where the run stops.
+        at: broca_wire::CancelAt,
         caller: broca_wire::Caller,
         reply: oneshot::Sender<Cancelled>,
     },

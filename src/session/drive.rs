@@ -14,7 +14,8 @@ use broca_protocol::model::{Failure, ModelClient, ModelStream};
 use broca_protocol::ToolCall;
 use broca_shards::registry::Msg;
 use broca_tools::{ToolOrigin, ToolOutcome, ToolRunner};
-use broca_wal::runrec::{result_reason, ResultBlock};
+use broca_wal::runrec::{result_reason, ResultBlock, ToolDispatchIntent};
+use broca_wal::Record;
 
 use crate::actor::{ActorError, SessionActor};
 use crate::command::{Cancelled, SessionCommand};
@@ -46,6 +47,9 @@ struct InFlight {
     call: Rc<Cell<u64>>,
     streaming: bool,
     tools: usize,
+    /// The keys the last dispatch intent recorded, each with its call's id, in the batch's
+    /// order: a dispatched call takes the first of its id.
+    keys: Vec<(String, String)>,
 }
 
 enum Next {
@@ -66,6 +70,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             call: Rc::new(Cell::new(0)),
             streaming: false,
             tools: 0,
+            keys: Vec::new(),
         };
         loop {
             while let Some(cmd) = m.poll_command() {
@@ -110,10 +115,18 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         calls: &mut InFlight,
     ) -> Result<Option<Outcome>, ActorError> {
         match cmd {
-            Command::Append { record, wait } => {
+            Command::Append { mut record, wait } => {
+                if let Record::ToolDispatchIntent(intent) = &mut record {
+                    calls.keys = self.stamp_keys(intent);
+                }
+                let seq = self.writer.next_seq();
+                let step = matches!(record, Record::StepStarted(_));
                 // Boxed: the append's state lives only while it runs, not in the future every
                 // active run keeps while it waits for its model.
                 Box::pin(self.append(record, wait)).await?;
+                if step {
+                    m.step_recorded(seq);
+                }
                 if wait {
                     m.handle(Event::Durable, crate::now_unix_ms());
                 }
@@ -137,7 +150,11 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                 calls.tools += batch.len();
                 for c in batch {
                     let route = self.route_of(&c.name);
-                    self.spawn_tool(c, route, calls.tx.clone());
+                    let key = match calls.keys.iter().position(|(id, _)| *id == c.id) {
+                        Some(i) => calls.keys.remove(i).1,
+                        None => unreachable!("a dispatched call is in its intent"),
+                    };
+                    self.spawn_tool(c, route, key, calls.tx.clone());
                 }
             }
             Command::Display(text) => {
@@ -190,6 +207,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             }
             SessionCommand::Cancel {
                 run_id,
+                at,
                 caller,
                 reply,
             } => {
@@ -199,7 +217,11 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                 } else if run_id != m.run_id() {
                     Cancelled::NotActive
                 } else {
-                    m.handle(Event::Cancel, crate::now_unix_ms());
+                    let event = match at {
+                        broca_wire::CancelAt::Now => Event::Cancel,
+                        broca_wire::CancelAt::StepBoundary => Event::CancelAtStepBoundary,
+                    };
+                    m.handle(event, crate::now_unix_ms());
                     Cancelled::Ack
                 };
                 let _ = reply.send(answer);
@@ -293,7 +315,34 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             .unwrap_or_default()
     }
 
-    fn spawn_tool(&self, call: ToolCall, route: String, tx: Rc<local_channel::LocalSender<Input>>) {
+    /// Mints the keys of `intent`'s calls into it (what only the session knows: its triple);
+    /// answers each with its call's id.
+    fn stamp_keys(&self, intent: &mut ToolDispatchIntent) -> Vec<(String, String)> {
+        assert!(
+            intent.call_keys.is_empty(),
+            "an intent's keys are minted once"
+        );
+        intent.call_keys = intent
+            .calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| broca_core::call_key(&self.triple, &intent.batch_id, i, &c.id))
+            .collect();
+        intent
+            .calls
+            .iter()
+            .zip(&intent.call_keys)
+            .map(|(c, k)| (c.id.clone(), k.clone()))
+            .collect()
+    }
+
+    fn spawn_tool(
+        &self,
+        call: ToolCall,
+        route: String,
+        call_key: String,
+        tx: Rc<local_channel::LocalSender<Input>>,
+    ) {
         let tools = self.tools.clone();
         let origin = ToolOrigin {
             triple: self.triple.clone(),
@@ -301,6 +350,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                 .open_run()
                 .map(|r| r.run_id.clone())
                 .unwrap_or_default(),
+            call_key,
         };
         glommio::spawn_local(async move {
             let call_id = call.id.clone();

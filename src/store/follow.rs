@@ -117,6 +117,7 @@ impl Followed {
                 credential_id: v.config.credential_id.clone(),
                 steps: v.steps,
                 usage: v.spend.usage(),
+                unreported_steps: u64::from(v.spend.unreported_steps()),
                 started_unix_ms: self.started.get(&v.run_id).copied().unwrap_or(0),
                 ended_unix_ms: match v.state {
                     broca_core::replay::RunState::Active => None,

@@ -66,7 +66,11 @@ pub struct RunRow {
     pub model: String,
     pub credential_id: String,
     pub steps: u32,
+    /// Each measure summed over the metered steps that reported it (absent until one did).
     pub usage: Usage,
+    /// Metered steps that reported no measure at all (the totals are lower bounds then).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unreported_steps: u64,
     pub started_unix_ms: u64,
     /// When the run ended or paused; absent while it runs (or for logs written before the
     /// time was recorded).

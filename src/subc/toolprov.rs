@@ -23,7 +23,7 @@ use crate::frames::FrameIn;
 use crate::LinkError;
 
 /// The route prefix of tools that tool_provider modules serve.
-pub const ROUTE_PREFIX: &str = "subc:";
+pub const ROUTE_PREFIX: &str = broca_protocol::route::SUBC_PREFIX;
 
 /// The `route.open` body for a route to tool provider `module_id` for one session.
 pub fn route_open(
@@ -192,31 +192,6 @@ pub fn parse_route(route: &str) -> Option<(&str, &str)> {
     let rest = route.strip_prefix(ROUTE_PREFIX)?;
     let (module, pin) = rest.split_once('@')?;
     (!module.is_empty()).then_some((module, pin))
-}
-
-/// The key a call carries so a provider can tell the same call arriving twice: from the
-/// session, the run and the model's call id, so it is the same for every send of one call
-/// and differs between calls (printable ASCII, as the role requires).
-pub fn call_key(
-    project_root: &str,
-    harness: &str,
-    session: &str,
-    run_id: &str,
-    call_id: &str,
-) -> String {
-    let mut h = blake3::Hasher::new();
-    for part in [
-        "broca-call-v1",
-        project_root,
-        harness,
-        session,
-        run_id,
-        call_id,
-    ] {
-        h.update(&(part.len() as u64).to_le_bytes());
-        h.update(part.as_bytes());
-    }
-    format!("broca:{}", &h.finalize().to_hex()[..32])
 }
 
 /// A call's REQUEST body. `arguments` were checked against the frozen schema.
@@ -517,12 +492,8 @@ mod tests {
     }
 
     #[test]
-    fn call_keys_are_printable_and_per_call() {
-        let a = call_key("/p", "h", "s", "run-1", "toolu_1");
-        let b = call_key("/p", "h", "s", "run-1", "toolu_2");
-        assert_ne!(a, b);
-        assert_eq!(a, call_key("/p", "h", "s", "run-1", "toolu_1"));
-        assert!(a.len() <= 256 && a.bytes().all(|c| (0x21..=0x7e).contains(&c)));
+    fn a_call_body_carries_its_recorded_key_id_and_pin() {
+        let a = "broca:0123456789abcdef0123456789abcdef".to_string();
         let body: Value = serde_json::from_slice(&call_body(
             "echo",
             json!({"text": "x"}),

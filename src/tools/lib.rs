@@ -43,7 +43,7 @@ pub fn tool_http_client(
 }
 
 /// The route prefix of tools that MCP servers provide.
-pub const MCP_ROUTE_PREFIX: &str = "mcp:";
+pub const MCP_ROUTE_PREFIX: &str = broca_protocol::route::MCP_PREFIX;
 
 #[derive(Clone)]
 enum Server {

@@ -372,13 +372,7 @@ impl ModuleTools {
             }
         };
         let t = &origin.triple;
-        let key = toolprov::call_key(
-            &t.project_root,
-            &t.harness,
-            &t.session,
-            &origin.run_id,
-            &call.id,
-        );
+        let key = origin.call_key.clone();
         let body = toolprov::call_body(&call.name, arguments, &call.id, key, pin);
         let rkey = (module.to_string(), t.harness.clone(), t.session.clone());
         let timeout = self.call_timeout(module);

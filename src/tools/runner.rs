@@ -26,12 +26,13 @@ pub enum ToolOutcome {
     Indeterminate,
 }
 
-/// Whose call it is: the session and the run (a tool module's route is the session's, and
-/// its call key is derived from both).
+/// Whose call it is: the session and the run (a tool module's route is the session's), and
+/// the call's key as its dispatch intent recorded it (a tool provider deduplicates on it).
 #[derive(Debug, Clone)]
 pub struct ToolOrigin {
     pub triple: Rc<broca_wal::SessionTriple>,
     pub run_id: String,
+    pub call_key: String,
 }
 
 /// Runs tool calls.

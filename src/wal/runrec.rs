@@ -162,6 +162,11 @@ pub mod result_reason {
     pub const TOOL_RESULT_TOO_LARGE: &str = "tool_result_too_large";
 }
 
+/// The text of the result that closes a tool call whose outcome is unknown (delivered, then
+/// broca stopped or the answer was lost): it may or may not have run, and is not run again.
+pub const OUTCOME_UNKNOWN_TEXT: &str = "outcome unknown: broca stopped while this tool call \
+     was in flight; it may or may not have run, and it was not run again";
+
 /// A tool result block, as frozen into a record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResultBlock {
@@ -208,6 +213,14 @@ pub struct RunStarted {
     /// The queued send (`SendQueued`) this run delivers, when it waited for its turn.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub submission_id: Option<String>,
+    /// The caller's own id for the prompt's message (llm-runner/v1 `client_message_id`): kept
+    /// beside the message, never sent to the model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_message_id: Option<String>,
+    /// The id (`mid`) of the message whose calls `resolved_calls` answer (absent in logs
+    /// written before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved_mid: Option<String>,
 }
 
 /// A send that came while a run was active: admitted, frozen as a RunStarted would freeze
@@ -226,6 +239,9 @@ pub struct SendQueued {
     pub principal: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope_owner: Option<String>,
+    /// As in [`RunStarted`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_message_id: Option<String>,
 }
 
 /// A queued send withdrawn before it started (`session.retract`).
@@ -277,6 +293,11 @@ pub struct ModelStepFinished {
     /// When the step ended (absent in logs written before it was recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at_unix_ms: Option<u64>,
+    /// The seq of the step's StepStarted record: the assistant message's id (`mid`), known
+    /// before its first word streams. Absent in logs written before it was recorded (their
+    /// messages are named by this record's own seq).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_seq: Option<u64>,
 }
 
 /// The tools of one step are about to be dispatched: durable before any of them leaves broca.
@@ -286,6 +307,28 @@ pub struct ToolDispatchIntent {
     pub step: u32,
     pub batch_id: String,
     pub calls: Vec<ToolCall>,
+    /// Each call's key (llm-runner/v1 `call_key`), in `calls`' order: minted here, the record
+    /// that first holds the call, so it is the same after any restart and differs between
+    /// sibling calls and between steps reusing a model id. Absent in older logs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub call_keys: Vec<String>,
+    /// Each call's module (its frozen route's), in `calls`' order: `None` for a call broca
+    /// refuses itself and never sends (an unknown tool, arguments its schema refuses).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dispatched_to: Vec<Option<String>>,
+    /// The step's StepStarted seq: the id of the message holding the calls.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_seq: Option<u64>,
+    /// When the calls were handed to dispatch (their start time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_unix_ms: Option<u64>,
+}
+
+impl ToolDispatchIntent {
+    /// The key of the call at `index` (absent in logs written before keys were recorded).
+    pub fn call_key(&self, index: usize) -> Option<&str> {
+        self.call_keys.get(index).map(String::as_str)
+    }
 }
 
 /// One tool call's result.
@@ -295,6 +338,12 @@ pub struct ToolResult {
     pub batch_id: String,
     #[serde(flatten)]
     pub result: ResultBlock,
+    /// The step's StepStarted seq: the id of the message holding the call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_seq: Option<u64>,
+    /// When the result was recorded (the call's finish time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_unix_ms: Option<u64>,
 }
 
 /// A run stopped and waits for the caller (credentials needed). Terminal for the run.
@@ -435,4 +484,8 @@ pub struct RunResumed {
 pub struct CancelRequested {
     pub run_id: String,
     pub at_unix_ms: u64,
+    /// `step_boundary` for a cancel that lets the current step and its tool batch finish
+    /// (absent: at once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<String>,
 }

@@ -60,6 +60,10 @@ codes! {
     UnknownMid = role::UNKNOWN_MID, 404, Permanent;
     /// A read cursor of another history version.
     HistoryChanged = role::HISTORY_CHANGED, 409, Permanent;
+    /// A `session.history` cursor of another session, or of history since rewritten.
+    CursorExpired = role::CURSOR_EXPIRED, 409, Permanent;
+    /// A `session.history` ordinal the session never assigned.
+    UnknownOrdinal = role::UNKNOWN_ORDINAL, 404, Permanent;
     // Admission's refusals (nothing was written).
     /// The send_id was used before with other inputs.
     SendIdReuse = role::SEND_ID_REUSE, 409, Permanent;

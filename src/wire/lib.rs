@@ -10,7 +10,7 @@ mod send;
 
 pub use code::Code;
 pub use lanes::{Cursor, SubFrom, SubItem};
-pub use request::{Method, Request, SessionName};
+pub use request::{CancelAt, Method, Request, SessionName};
 pub use send::{Budget, Refusal, SendRequest};
 
 use serde::Serialize;
@@ -91,9 +91,12 @@ pub struct RunResult {
     pub error: Option<ErrorReply>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub final_message: Option<FinalMessage>,
-    /// The run's totals in the canonical measures; a measure is absent unless every metered
-    /// step reported it.
+    /// The run's totals in the canonical measures: each summed over the metered steps that
+    /// reported it, absent until one did (a lower bound when some step left it out).
     pub usage: Usage,
+    /// Metered steps that reported no measure at all.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub unreported_steps: u32,
     /// Metered steps that did not report input or output.
     #[serde(skip_serializing_if = "is_zero")]
     pub unmeasured_steps: u32,
@@ -242,6 +245,8 @@ pub struct RunStatus {
     pub state: &'static str,
     /// As in [`RunResult`].
     pub usage: Usage,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub unreported_steps: u32,
     #[serde(skip_serializing_if = "is_zero")]
     pub unmeasured_steps: u32,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -6,7 +6,12 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::{Code, RpcError, SendRequest};
+
+mod send_params;
+use cortexkit_role_llm_runner::history::HistoryRequest;
 use cortexkit_role_llm_runner::read::ReadRequest;
+use cortexkit_role_llm_runner::tool_calls::ToolCallsRequest;
+use send_params::role_send_members;
 
 /// The management methods.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,17 +28,21 @@ pub enum Method {
     SessionImport,
     RoleDescribe,
     SessionBaseline,
+    SessionHistory,
+    RunToolCalls,
 }
 
 impl Method {
     /// Every method, in the order the docs list them.
-    pub const ALL: [Method; 12] = [
+    pub const ALL: [Method; 14] = [
         Method::SessionSend,
         Method::RunStatus,
         Method::RunResult,
         Method::RunCancel,
+        Method::RunToolCalls,
         Method::SessionRead,
         Method::SessionHead,
+        Method::SessionHistory,
         Method::SessionRetract,
         Method::SessionSendStatus,
         Method::SendStatus,
@@ -57,6 +66,8 @@ impl Method {
             Method::SessionImport => "session.import",
             Method::RoleDescribe => "role.describe",
             Method::SessionBaseline => "session.baseline",
+            Method::SessionHistory => "session.history",
+            Method::RunToolCalls => "run.tool_calls",
         }
     }
 
@@ -92,6 +103,19 @@ pub enum Request {
     Cancel {
         session: SessionName,
         run_id: String,
+        /// Where the run stops.
+        at: CancelAt,
+    },
+    /// llm-runner/v1's `run.tool_calls`: a run's tool calls, paged.
+    ToolCalls {
+        session: SessionName,
+        calls: Box<ToolCallsRequest>,
+    },
+    /// llm-runner/v1's `session.history`: the whole history, paged by opaque cursors, raw or
+    /// as display rows.
+    History {
+        session: SessionName,
+        history: Box<HistoryRequest>,
     },
     /// llm-runner/v1's `session.read`, its request as the role defines it.
     Read {
@@ -143,6 +167,8 @@ impl Request {
             Request::Import { .. } => Method::SessionImport,
             Request::Describe => Method::RoleDescribe,
             Request::Baseline { .. } => Method::SessionBaseline,
+            Request::ToolCalls { .. } => Method::RunToolCalls,
+            Request::History { .. } => Method::SessionHistory,
         }
     }
 
@@ -157,6 +183,8 @@ impl Request {
             | Request::Head { session }
             | Request::Retract { session, .. }
             | Request::SendStatus { session, .. }
+            | Request::ToolCalls { session, .. }
+            | Request::History { session, .. }
             | Request::Baseline { session } => Some(session),
             Request::Import { .. } | Request::Describe => None,
         }
@@ -250,11 +278,23 @@ fn parse_envelope(env: Envelope) -> Result<Request, RpcError> {
             session,
         },
         Method::RunCancel => {
-            cancel_at(params.remove("at"))?;
+            let at = cancel_at(params.remove("at"))?;
             Request::Cancel {
                 run_id: required_run_id(&mut params)?,
                 session,
+                at,
             }
+        }
+        Method::RunToolCalls => {
+            let calls: Box<ToolCallsRequest> = strict(params, method)?;
+            if let Err(field) = calls.check() {
+                return Err(invalid("`limit` must be at least 1").with_field(field));
+            }
+            return Ok(Request::ToolCalls { session, calls });
+        }
+        Method::SessionHistory => {
+            let history = strict(params, method)?;
+            return Ok(Request::History { session, history });
         }
         // Parsed above (they name no session of their own).
         Method::SessionImport => return import(params),
@@ -294,251 +334,31 @@ fn unknown_method(name: &str) -> RpcError {
     )
 }
 
-/// A cancel's `at`: `now` (what an absent one means): broca stops a run at once.
-fn cancel_at(at: Option<Value>) -> Result<(), RpcError> {
+/// Where `run.cancel` stops a run (llm-runner/v1 `run_cancel.at`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelAt {
+    /// At once: the step in flight is dropped, calls out are left as they are.
+    Now,
+    /// Once the current model step and its whole tool batch are recorded; no further step.
+    StepBoundary,
+}
+
+impl CancelAt {
+    /// The points broca serves, as `role.describe` lists them.
+    pub const ALL: [&'static str; 2] = ["now", "step_boundary"];
+}
+
+/// A cancel's `at`: `now` (what an absent one means) or `step_boundary`.
+fn cancel_at(at: Option<Value>) -> Result<CancelAt, RpcError> {
     match at {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::String(at)) if at == "now" => Ok(()),
+        None | Some(Value::Null) => Ok(CancelAt::Now),
+        Some(Value::String(at)) if at == "now" => Ok(CancelAt::Now),
+        Some(Value::String(at)) if at == "step_boundary" => Ok(CancelAt::StepBoundary),
         Some(other) => Err(invalid(format!(
-            "`at` must be now (the only cancellation point broca serves), not {other}"
+            "`at` must be now or step_boundary (the cancellation points broca serves), not \
+             {other}"
         ))
         .with_field("at")),
-    }
-}
-
-/// The llm-runner/v1 members of a send that broca takes or refuses by the role's rules,
-/// taken out of `params`: `delivery` (a string; `queue`, what an absent one means, is the
-/// mode broca serves; `steer` and `interrupt` are refused `delivery_unsupported`, an unknown
-/// mode or a list `invalid_params`), `stop_when.max_steps` (broca's `max_steps`),
-/// `generation.max_output_tokens` (checked here, so a refusal names it) and `plan` (broca
-/// admits no plans).
-fn role_send_members(params: &mut Map<String, Value>) -> Result<(), RpcError> {
-    delivery(params.remove("delivery"))?;
-    if params.contains_key("max_input_tokens") {
-        return Err(
-            invalid("the session's input cap is sent as `budget.max_input_tokens`")
-                .with_field("max_input_tokens"),
-        );
-    }
-    // The role's `budget` is closed: of its members broca keeps the session's input cap.
-    let input_cap = match params.remove("budget") {
-        None => None,
-        Some(budget) => role_budget(budget)?,
-    };
-    let run_budget = stop_when(params)?;
-    if !run_budget.is_empty() {
-        params.insert("budget".into(), Value::Object(run_budget));
-    }
-    if let Some(cap) = input_cap {
-        params.insert("max_input_tokens".into(), cap.into());
-    }
-    generation(params.get("generation"))?;
-    no_plan(params.get("plan"))
-}
-
-/// `delivery`: a string; `queue`, what an absent one means, is the mode broca serves.
-fn delivery(given: Option<Value>) -> Result<(), RpcError> {
-    match given {
-        None | Some(Value::Null) => {}
-        Some(Value::String(mode)) if mode == "queue" => {}
-        Some(Value::String(mode)) if mode == "steer" || mode == "interrupt" => {
-            return Err(RpcError::new(
-                Code::DeliveryUnsupported,
-                format!("this runner does not serve the `{mode}` delivery mode"),
-            )
-            .with_detail("delivery", Value::String(mode)));
-        }
-        Some(Value::Array(_)) => {
-            return Err(invalid(
-                "a list of delivery modes needs the delivery_order group, which this runner \
-                 does not declare",
-            )
-            .with_field("delivery"))
-        }
-        Some(other) => {
-            return Err(
-                invalid(format!("`delivery` must be queue, not {other}")).with_field("delivery")
-            )
-        }
-    }
-    Ok(())
-}
-
-/// `stop_when`: `max_steps` (broca's `max_steps`, moved into `params`), and the run's token
-/// and cost budgets, answered as broca's `budget`.
-fn stop_when(params: &mut Map<String, Value>) -> Result<Map<String, Value>, RpcError> {
-    // `stop_when.max_steps` is the role's spelling of broca's `max_steps`; the run's token
-    // and cost budgets are broca's own stop conditions beside it.
-    let mut run_budget = Map::new();
-    match params.remove("stop_when") {
-        None => {}
-        Some(Value::Object(mut stop)) => {
-            let steps = stop.remove("max_steps");
-            for name in ["max_total_tokens", "max_cost_micros"] {
-                match stop.remove(name) {
-                    None => {}
-                    Some(Value::Number(n)) if n.as_u64().is_some_and(|n| n > 0) => {
-                        run_budget.insert(name.into(), Value::Number(n));
-                    }
-                    Some(other) => {
-                        return Err(invalid(format!(
-                            "`stop_when.{name}` must be a positive integer, not {other}"
-                        ))
-                        .with_field(format!("stop_when.{name}")))
-                    }
-                }
-            }
-            if let Some(other) = stop.keys().next() {
-                return Err(invalid(format!(
-                    "`stop_when.{other}` is not a stop condition broca takes"
-                ))
-                .with_field(format!("stop_when.{other}")));
-            }
-            match steps {
-                None => {}
-                Some(Value::Number(n))
-                    if n.as_u64().is_some_and(|n| n > 0 && n <= u32::MAX as u64) =>
-                {
-                    if params.contains_key("max_steps") {
-                        return Err(invalid(
-                            "`max_steps` and `stop_when.max_steps` name the same limit: send one",
-                        )
-                        .with_field("stop_when.max_steps"));
-                    }
-                    params.insert("max_steps".into(), Value::Number(n));
-                }
-                Some(other) => {
-                    return Err(invalid(format!(
-                        "`stop_when.max_steps` must be a positive integer, not {other}"
-                    ))
-                    .with_field("stop_when.max_steps"))
-                }
-            }
-        }
-        Some(other) => {
-            return Err(
-                invalid(format!("`stop_when` must be an object, not {other}"))
-                    .with_field("stop_when"),
-            )
-        }
-    }
-    Ok(run_budget)
-}
-
-/// `generation.max_output_tokens`, checked here so that a refusal names it.
-fn generation(given: Option<&Value>) -> Result<(), RpcError> {
-    match given {
-        None => {}
-        Some(Value::Object(g)) => match g.get("max_output_tokens") {
-            None => {}
-            Some(Value::Number(n)) if n.as_u64().is_some_and(|n| n > 0) => {}
-            Some(other) => {
-                return Err(invalid(format!(
-                    "`generation.max_output_tokens` must be a positive integer, not {other}"
-                ))
-                .with_field("generation.max_output_tokens"))
-            }
-        },
-        Some(other) => {
-            return Err(
-                invalid(format!("`generation` must be an object, not {other}"))
-                    .with_field("generation"),
-            )
-        }
-    }
-    Ok(())
-}
-
-/// A `plan`: broca admits none.
-fn no_plan(given: Option<&Value>) -> Result<(), RpcError> {
-    if let Some(plan) = given {
-        let output_refs = plan
-            .get("tool_items")
-            .and_then(Value::as_array)
-            .is_some_and(|items| items.iter().any(|i| i.get("output_refs").is_some()));
-        let field = if output_refs {
-            "plan.tool_items[].output_refs"
-        } else {
-            "plan"
-        };
-        return Err(invalid(format!(
-            "this runner admits no fetch plan (`{field}`); a send names its tools in `tools`"
-        ))
-        .with_field(field));
-    }
-    Ok(())
-}
-
-/// The role's `budget` of a send: a closed object whose members are `nudges`,
-/// `finalize_at_tool_calls`, `finalize_text` and `max_input_tokens` (each `nudges[]` element
-/// `at_tool_calls` and `text`); an unknown member is refused by its full path. broca keeps
-/// the session's input cap (a u64 of at least 1, answered here); it nudges and finalizes
-/// nothing, so those members are refused by name rather than ignored. broca's own run
-/// budgets moved to `stop_when`, and a refusal says so.
-fn role_budget(budget: Value) -> Result<Option<u64>, RpcError> {
-    let Value::Object(budget) = budget else {
-        return Err(
-            invalid(format!("`budget` must be an object, not {budget}")).with_field("budget")
-        );
-    };
-    const MEMBERS: [&str; 4] = [
-        "nudges",
-        "finalize_at_tool_calls",
-        "finalize_text",
-        "max_input_tokens",
-    ];
-    for key in budget.keys() {
-        if !MEMBERS.contains(&key.as_str()) {
-            let why = match key.as_str() {
-                "max_total_tokens" | "max_cost_micros" => {
-                    format!("a run's `{key}` is a stop condition: send it as `stop_when.{key}`")
-                }
-                _ => format!(
-                    "`budget.{}` is not a budget member (known: {})",
-                    key.escape_debug(),
-                    MEMBERS.join(", ")
-                ),
-            };
-            return Err(invalid(why).with_field(format!("budget.{key}")));
-        }
-    }
-    if let Some(nudges) = budget.get("nudges") {
-        let Value::Array(list) = nudges else {
-            return Err(invalid("`budget.nudges` must be a list").with_field("budget.nudges"));
-        };
-        for (i, nudge) in list.iter().enumerate() {
-            let Value::Object(nudge) = nudge else {
-                return Err(invalid(format!("`budget.nudges[{i}]` must be an object"))
-                    .with_field(format!("budget.nudges[{i}]")));
-            };
-            if let Some(k) = nudge
-                .keys()
-                .find(|k| !["at_tool_calls", "text"].contains(&k.as_str()))
-            {
-                return Err(invalid(format!(
-                    "`budget.nudges[{i}].{}` is not a nudge member (known: at_tool_calls, text)",
-                    k.escape_debug()
-                ))
-                .with_field(format!("budget.nudges[{i}].{k}")));
-            }
-        }
-    }
-    for member in ["nudges", "finalize_at_tool_calls", "finalize_text"] {
-        if budget.contains_key(member) {
-            return Err(invalid(format!(
-                "this runner does not serve `budget.{member}`; a send's budget here is its \
-                 `max_input_tokens`"
-            ))
-            .with_field(format!("budget.{member}")));
-        }
-    }
-    match budget.get("max_input_tokens") {
-        None => Ok(None),
-        Some(Value::Number(n)) if n.as_u64().is_some_and(|n| n > 0) => Ok(n.as_u64()),
-        Some(other) => Err(invalid(format!(
-            "`budget.max_input_tokens` must be an integer of at least 1, not {other}"
-        ))
-        .with_field("budget.max_input_tokens")),
     }
 }
 

@@ -31,6 +31,13 @@ pub const GROUPS: &[&str] = &[
     groups::SEND_STATUS,
     groups::STREAMING,
     groups::INPUT_TOKEN_CAP,
+    groups::DISPATCH_ATTRIBUTION,
+    groups::RUN_TOOL_CALLS,
+    groups::SESSION_USAGE,
+    groups::HOST_HISTORY,
+    groups::HISTORY_DISPLAY,
+    groups::CLIENT_MESSAGE_ID,
+    groups::READ_DISPLAY_FACTS,
 ];
 
 /// `session.read`'s byte cap: the default, and the largest honoured.
@@ -64,6 +71,12 @@ pub fn describe() -> Value {
     if GROUPS.contains(&groups::TRANSCRIPT_READS) {
         answer = answer.with_max_bytes(READ_MAX_BYTES.0, READ_MAX_BYTES.1);
     }
+    answer = answer.with_run_cancel(
+        crate::CancelAt::ALL
+            .iter()
+            .map(|at| at.to_string())
+            .collect(),
+    );
     serde_json::to_value(answer).expect("a describe answer serializes")
 }
 

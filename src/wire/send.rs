@@ -33,6 +33,11 @@ pub struct SendRequest {
     pub credential_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_policy: Option<broca_protocol::CachePolicy>,
+    /// The caller's own id for the message the send creates (llm-runner/v1
+    /// `client_message_id`, 1 to 64 of `[A-Za-z0-9_-]`): kept beside the message, shown on
+    /// its display row, never sent to the model; part of the send's identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_message_id: Option<String>,
 }
 
 /// A run's budget.

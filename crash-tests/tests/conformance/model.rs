@@ -1,9 +1,14 @@
 //! The scripted model: a loopback HTTP/1.1 server speaking Anthropic's Messages API (SSE),
-//! outside broca's process. A request's `model` names its session (the adapter's sends use
-//! `anthropic/<session>`); it is answered with the session's scripted turn, the turn picked
-//! by how many assistant messages the request carries (so a step redone after a crash gets
-//! the same turn, and the next step the next one). Every request is recorded as it arrived:
-//! the suite observes model requests here, never from broca's replies.
+//! and OpenAI's Chat Completions (SSE, with the usage members OpenAI-compatible servers such
+//! as OpenRouter report), outside broca's process. A script is served on the wire that can
+//! carry what it reports: Anthropic's, unless a turn reports reasoning tokens, which
+//! Anthropic's usage has no member for (then the chat wire, whose usage carries cache
+//! reads, cache writes and reasoning together). A request's `model` names its session (the
+//! adapter's sends use `<provider>/<session>`); it is answered with the session's scripted
+//! turn, the turn picked by how many assistant messages the request carries (so a step
+//! redone after a crash gets the same turn, and the next step the next one). Every request
+//! is recorded as it arrived: the suite observes model requests here, never from broca's
+//! replies.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -18,6 +23,9 @@ struct Session {
     script: Script,
     /// Every request body received for the session, in order.
     requests: Vec<Value>,
+    /// The hold the session's next answer takes, and the one its answer in flight is under.
+    armed: Option<Arc<Hold>>,
+    held: Option<Arc<Hold>>,
 }
 
 /// The server and what it saw.
@@ -47,6 +55,23 @@ impl Model {
         model
     }
 
+    /// The catalog provider whose wire the session's script is served on.
+    pub fn provider(&self, session: &str) -> &'static str {
+        let sessions = self.sessions.lock().unwrap();
+        let reasoning = sessions.get(session).is_some_and(|s| {
+            s.script.turns.iter().any(|t| {
+                t.usage
+                    .as_ref()
+                    .is_some_and(|u| u.reasoning_tokens.is_some())
+            })
+        });
+        if reasoning {
+            "openai"
+        } else {
+            "anthropic"
+        }
+    }
+
     pub fn install(&self, session: &str, script: Script) {
         self.sessions
             .lock()
@@ -69,7 +94,7 @@ impl Model {
     async fn serve(&self, mut stream: TcpStream) {
         let mut buf = Vec::new();
         loop {
-            let Some((head_len, body_len)) = read_head(&mut stream, &mut buf).await else {
+            let Some((head_len, body_len, path)) = read_head(&mut stream, &mut buf).await else {
                 return;
             };
             while buf.len() < head_len + body_len {
@@ -82,20 +107,15 @@ impl Model {
             let body: Value =
                 serde_json::from_slice(&buf[head_len..head_len + body_len]).unwrap_or(Value::Null);
             buf.drain(..head_len + body_len);
-            let (status, content_type, answer) = self.answer(body);
-            let head = format!(
-                "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\r\n",
-                answer.len()
-            );
-            if stream.write_all(head.as_bytes()).await.is_err()
-                || stream.write_all(answer.as_bytes()).await.is_err()
-            {
+            let chat = path.ends_with("/chat/completions");
+            let answer = self.answer(body, chat);
+            if write_answer(&mut stream, answer).await.is_err() {
                 return;
             }
         }
     }
 
-    fn answer(&self, body: Value) -> (&'static str, &'static str, String) {
+    fn answer(&self, body: Value, chat: bool) -> Answer {
         let session = body["model"].as_str().unwrap_or_default().to_string();
         let turn = body["messages"]
             .as_array()
@@ -106,20 +126,164 @@ impl Model {
         let Some(t) = s.script.turns.get(turn) else {
             let e = json!({"type": "error", "error": {"type": "invalid_request_error",
                 "message": format!("the script of {session} has no turn {turn}")}});
-            return ("400 Bad Request", "application/json", e.to_string());
+            return Answer {
+                status: "400 Bad Request",
+                content_type: "application/json",
+                pieces: vec![e.to_string()],
+                hold: None,
+            };
         };
-        let max = body["max_tokens"].as_u64();
-        (
-            "200 OK",
-            "text/event-stream",
-            render(&session, turn, t, max),
-        )
+        let max = body["max_tokens"]
+            .as_u64()
+            .or(body["max_completion_tokens"].as_u64());
+        let t = cut(t, max);
+        let pieces = if chat {
+            render_chat(&session, turn, &t)
+        } else {
+            render(&session, turn, &t)
+        };
+        // An armed hold takes this answer: it is in flight now, for the case to await and
+        // release.
+        let hold = s.armed.take();
+        s.held = hold.clone();
+        Answer {
+            status: "200 OK",
+            content_type: "text/event-stream",
+            pieces,
+            hold,
+        }
+    }
+
+    /// Holds `session`'s next answer after its first `parts` parts (0: before any) until
+    /// [`Model::release`].
+    pub fn hold(&self, session: &str, parts: usize) {
+        let mut sessions = self.sessions.lock().unwrap();
+        let s = sessions.entry(session.to_string()).or_default();
+        s.armed = Some(Arc::new(Hold {
+            parts,
+            reached: Default::default(),
+            released: Default::default(),
+            changed: Default::default(),
+        }));
+    }
+
+    /// Waits (up to 30 s) until the session's held answer has streamed what it holds after.
+    pub async fn await_held(&self, session: &str) -> Result<(), String> {
+        let until = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let hold = self
+                .sessions
+                .lock()
+                .unwrap()
+                .get(session)
+                .and_then(|s| s.held.clone().or_else(|| s.armed.clone()));
+            let Some(hold) = hold else {
+                return Err(format!("no answer of {session} is held"));
+            };
+            let changed = hold.changed.notified();
+            if hold.reached.load(std::sync::atomic::Ordering::SeqCst) {
+                return Ok(());
+            }
+            // The hold may be reached before this waiter registered: look again shortly.
+            let wait = tokio::time::sleep(std::time::Duration::from_millis(20));
+            tokio::select! {
+                () = changed => {}
+                () = wait => {}
+            }
+            if tokio::time::Instant::now() > until {
+                return Err(format!(
+                    "the held answer of {session} was not asked for within 30 s"
+                ));
+            }
+        }
+    }
+
+    /// Lets the session's held answer go on (the armed one too, if not taken yet).
+    pub fn release(&self, session: &str) {
+        let sessions = self.sessions.lock().unwrap();
+        if let Some(s) = sessions.get(session) {
+            for hold in s.held.iter().chain(s.armed.iter()) {
+                hold.released
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                hold.changed.notify_waiters();
+            }
+        }
     }
 }
 
-/// Reads until a whole request head is buffered; answers its length and the body's
-/// (Content-Length). `None` when the connection ended.
-async fn read_head(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(usize, usize)> {
+/// An answer held after its first parts until the case releases it.
+struct Hold {
+    /// Parts streamed before the hold.
+    parts: usize,
+    reached: std::sync::atomic::AtomicBool,
+    released: std::sync::atomic::AtomicBool,
+    changed: tokio::sync::Notify,
+}
+
+/// One answer: its status, its body in pieces (a prefix, one piece per part, a suffix), and
+/// the hold it is under.
+struct Answer {
+    status: &'static str,
+    content_type: &'static str,
+    pieces: Vec<String>,
+    hold: Option<Arc<Hold>>,
+}
+
+/// Writes an answer: whole with its length, or, under a hold, chunked: the prefix and the
+/// held parts, then (once released) the rest.
+async fn write_answer(stream: &mut TcpStream, a: Answer) -> std::io::Result<()> {
+    let Some(hold) = a.hold else {
+        let body = a.pieces.concat();
+        let head = format!(
+            "HTTP/1.1 {}\r\ncontent-type: {}\r\ncontent-length: {}\r\n\r\n",
+            a.status,
+            a.content_type,
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).await?;
+        return stream.write_all(body.as_bytes()).await;
+    };
+    let head = format!(
+        "HTTP/1.1 {}\r\ncontent-type: {}\r\ntransfer-encoding: chunked\r\n\r\n",
+        a.status, a.content_type
+    );
+    stream.write_all(head.as_bytes()).await?;
+    let split = (1 + hold.parts).min(a.pieces.len());
+    for piece in &a.pieces[..split] {
+        write_chunk(stream, piece).await?;
+    }
+    stream.flush().await?;
+    hold.reached
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    hold.changed.notify_waiters();
+    loop {
+        let changed = hold.changed.notified();
+        if hold.released.load(std::sync::atomic::Ordering::SeqCst) {
+            break;
+        }
+        tokio::select! {
+            () = changed => {}
+            () = tokio::time::sleep(std::time::Duration::from_millis(20)) => {}
+        }
+    }
+    for piece in &a.pieces[split..] {
+        write_chunk(stream, piece).await?;
+    }
+    stream.write_all(b"0\r\n\r\n").await
+}
+
+async fn write_chunk(stream: &mut TcpStream, piece: &str) -> std::io::Result<()> {
+    if piece.is_empty() {
+        return Ok(());
+    }
+    stream
+        .write_all(format!("{:x}\r\n{piece}\r\n", piece.len()).as_bytes())
+        .await
+}
+
+/// Reads until a whole request head is buffered; answers its length, the body's
+/// (Content-Length) and the request's path. `None` when the connection ended.
+async fn read_head(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(usize, usize, String)> {
     loop {
         if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
             let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
@@ -128,7 +292,13 @@ async fn read_head(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(usize, 
                 .find_map(|l| l.strip_prefix("content-length:"))
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(0);
-            return Some((end + 4, len));
+            let path = head
+                .lines()
+                .next()
+                .and_then(|l| l.split_whitespace().nth(1))
+                .unwrap_or_default()
+                .to_string();
+            return Some((end + 4, len, path));
         }
         let mut chunk = [0u8; 16384];
         match stream.read(&mut chunk).await {
@@ -145,11 +315,10 @@ fn event(out: &mut String, data: Value) {
     ));
 }
 
-/// One turn as Anthropic's stream: a block per part, the turn's usage at face value (absent
-/// when the script has none), its finish reason as `stop_reason`. A request whose `max_tokens`
-/// is below the turn's output is answered as a model would: cut at that many tokens (a token
-/// is a word here), the output usage what was produced, and `stop_reason: max_tokens`.
-fn render(session: &str, turn: usize, t: &ScriptedTurn, max_tokens: Option<u64>) -> String {
+/// The turn as a model answers a request whose output cap is `max_tokens`: when the cap is
+/// below the turn's output, cut at that many tokens (a token is a word here), the output
+/// usage what was produced, and finished by the length limit.
+fn cut(t: &ScriptedTurn, max_tokens: Option<u64>) -> ScriptedTurn {
     let scripted = t.usage.as_ref().map(|u| u.output_tokens);
     let cut = match (max_tokens, scripted) {
         (Some(max), Some(out)) if max < out => Some(max),
@@ -170,7 +339,13 @@ fn render(session: &str, turn: usize, t: &ScriptedTurn, max_tokens: Option<u64>)
         }
         t.finish_reason = Some("max_tokens".into());
     }
-    let t = &t;
+    t
+}
+
+/// One turn as Anthropic's stream: a block per part, the turn's usage at face value (absent
+/// when the script has none), its finish reason as `stop_reason`.
+fn render(session: &str, turn: usize, t: &ScriptedTurn) -> Vec<String> {
+    let mut pieces = Vec::new();
     let mut out = String::new();
     let mut message = json!({"id": format!("msg_{session}_{turn}"), "type": "message",
         "role": "assistant", "model": session, "content": [], "stop_reason": null,
@@ -184,6 +359,7 @@ fn render(session: &str, turn: usize, t: &ScriptedTurn, max_tokens: Option<u64>)
         &mut out,
         json!({"type": "message_start", "message": message}),
     );
+    pieces.push(std::mem::take(&mut out));
     for (index, part) in t.parts.iter().enumerate() {
         let (start, deltas) = match part {
             ScriptedPart::Text(text) => (
@@ -218,6 +394,7 @@ fn render(session: &str, turn: usize, t: &ScriptedTurn, max_tokens: Option<u64>)
             &mut out,
             json!({"type": "content_block_stop", "index": index}),
         );
+        pieces.push(std::mem::take(&mut out));
     }
     // Anthropic's stream always states a reason: a turn whose script names none stops the way
     // the wire says a turn with (or without) tool calls stops.
@@ -238,5 +415,65 @@ fn render(session: &str, turn: usize, t: &ScriptedTurn, max_tokens: Option<u64>)
     }
     event(&mut out, delta);
     event(&mut out, json!({"type": "message_stop"}));
-    out
+    pieces.push(out);
+    pieces
+}
+
+/// One turn as OpenAI's Chat Completions stream: a chunk per part (reasoning as
+/// `reasoning_content`), then the finish reason, then the usage chunk. The usage at face
+/// value in the wire's own terms: `prompt_tokens` the whole input, its cached and written
+/// parts in `prompt_tokens_details`, `completion_tokens` the whole output with its
+/// reasoning part in `completion_tokens_details` (absent when the script reports none).
+fn render_chat(session: &str, turn: usize, t: &ScriptedTurn) -> Vec<String> {
+    let id = format!("chatcmpl_{session}_{turn}");
+    let chunk = |delta: Value, finish: Value| {
+        json!({"id": id, "object": "chat.completion.chunk", "model": session,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    };
+    let mut chunks = vec![chunk(
+        json!({"role": "assistant", "content": ""}),
+        Value::Null,
+    )];
+    let mut calls = 0;
+    for part in &t.parts {
+        chunks.push(match part {
+            ScriptedPart::Text(text) => chunk(json!({"content": text}), Value::Null),
+            ScriptedPart::Reasoning(text) => chunk(json!({"reasoning_content": text}), Value::Null),
+            ScriptedPart::ToolCall(call) => {
+                calls += 1;
+                chunk(
+                    json!({"tool_calls": [{"index": calls - 1, "id": call.tool_call_id,
+                        "type": "function", "function": {"name": call.tool,
+                        "arguments": call.arguments.to_string()}}]}),
+                    Value::Null,
+                )
+            }
+        });
+    }
+    let natural = if calls > 0 { "tool_calls" } else { "stop" };
+    let reason = match t.finish_reason.as_deref() {
+        Some("max_tokens") => "length",
+        Some(other) => other,
+        None => natural,
+    };
+    chunks.push(chunk(json!({}), json!(reason)));
+    if let Some(u) = &t.usage {
+        let mut usage = json!({
+            "prompt_tokens": u.input_tokens + u.cache_read_tokens + u.cache_write_tokens,
+            "completion_tokens": u.output_tokens,
+            "total_tokens": u.input_tokens + u.cache_read_tokens + u.cache_write_tokens + u.output_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cache_read_tokens,
+                "cache_write_tokens": u.cache_write_tokens},
+        });
+        if let Some(r) = u.reasoning_tokens {
+            usage["completion_tokens_details"] = json!({"reasoning_tokens": r});
+        }
+        chunks.push(
+            json!({"id": id, "object": "chat.completion.chunk", "model": session,
+            "choices": [], "usage": usage}),
+        );
+    }
+    let mut pieces: Vec<String> = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
+    pieces.push("data: [DONE]\n\n".into());
+    pieces
 }

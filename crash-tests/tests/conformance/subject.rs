@@ -67,6 +67,14 @@ const POINTS: &[(&str, &str, &str)] = &[
     ),
 ];
 
+/// Each declared kill point and the boundary of broca's it is, for docs/conformance.md.
+pub fn points() -> Vec<(String, String)> {
+    POINTS
+        .iter()
+        .map(|(point, hook, note)| (point.to_string(), format!("`{hook}`: {note}")))
+        .collect()
+}
+
 pub struct Subject {
     model: Model,
     tools: ToolModule,
@@ -144,6 +152,8 @@ impl Subject {
         let mut cmd = crate::support::broca(&root.join("state"));
         cmd.env("ANTHROPIC_API_KEY", "sk-conformance-0123456789abcdef")
             .env("BROCA_BASE_URL_ANTHROPIC", &self.model.url)
+            .env("OPENAI_API_KEY", "sk-conformance-0123456789abcdef")
+            .env("BROCA_BASE_URL_OPENAI", &self.model.url)
             .env("BROCA_CRASH_ARM", arm_file(root))
             .env("BROCA_LOG", "info")
             .args(["module", "--subc"])
@@ -259,6 +269,8 @@ impl LlmRunnerSubject for Subject {
             .filter_map(|g| Capability::from_group(g))
             .collect();
         declared.insert(Capability::HoldToolCalls);
+        // The scripted model records the texts each request carried (`rendered_texts`).
+        declared.insert(Capability::RenderedModelInput);
         declared
     }
 
@@ -293,13 +305,20 @@ impl LlmRunnerSubject for Subject {
         })
     }
 
+    fn session_usage_fixtures(&self) -> bool {
+        // The scripted model reports each turn's usage at face value; broca keeps no host
+        // of its own that could rewind a session (that case stays not applicable).
+        true
+    }
+
     fn model_finish_reason_source(&self) -> Option<&'static str> {
         Some("anthropic.messages")
     }
 
     fn send_fields(&self, session: &str, _first: bool) -> Map<String, Value> {
         let mut fields = Map::new();
-        fields.insert("model".into(), json!(format!("anthropic/{session}")));
+        let provider = self.model.provider(session);
+        fields.insert("model".into(), json!(format!("{provider}/{session}")));
         fields
     }
 
@@ -382,21 +401,56 @@ impl LlmRunnerSubject for Subject {
             .requests(session)
             .iter()
             .map(|body| {
+                // Anthropic's tools name themselves; the chat wire's are functions.
                 let tools = body["tools"]
                     .as_array()
                     .map(|t| {
                         t.iter()
-                            .filter_map(|t| t["name"].as_str().map(str::to_string))
+                            .filter_map(|t| {
+                                t["name"]
+                                    .as_str()
+                                    .or(t["function"]["name"].as_str())
+                                    .map(str::to_string)
+                            })
                             .collect()
                     })
                     .unwrap_or_default();
                 let mut seen = ModelRequestObservation::new(tools);
-                if let Some(max) = body["max_tokens"].as_u64() {
+                let max = body["max_tokens"]
+                    .as_u64()
+                    .or(body["max_completion_tokens"].as_u64());
+                if let Some(max) = max {
                     seen = seen.with_max_output_tokens(max);
                 }
-                seen
+                seen.with_rendered(rendered_texts(body))
             })
             .collect())
+    }
+
+    async fn hold_next_model_step(&self, session: &str) -> Result<(), HarnessError> {
+        self.model.hold(session, 0);
+        Ok(())
+    }
+
+    async fn hold_next_model_stream(
+        &self,
+        session: &str,
+        parts: usize,
+    ) -> Result<(), HarnessError> {
+        self.model.hold(session, parts);
+        Ok(())
+    }
+
+    async fn await_model_step(&self, session: &str) -> Result<(), HarnessError> {
+        self.model
+            .await_held(session)
+            .await
+            .map_err(HarnessError::new)
+    }
+
+    async fn release_model_step(&self, session: &str) -> Result<(), HarnessError> {
+        self.model.release(session);
+        Ok(())
     }
 
     async fn model_invocations(&self, session: &str) -> Result<usize, HarnessError> {
@@ -556,4 +610,37 @@ impl RunnerRoute for Route {
         self.link.cancel(self.channel, 1, corr).await;
         Ok(SubscribeOutcome::Events(events))
     }
+}
+
+/// Every text a request carried, in request order, as the model received it: each text
+/// part of each message (a string content whole), each tool result's text.
+fn rendered_texts(body: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(system) = body["system"].as_str() {
+        out.push(system.to_string());
+    }
+    for m in body["messages"].as_array().into_iter().flatten() {
+        match &m["content"] {
+            Value::String(text) => out.push(text.clone()),
+            Value::Array(blocks) => {
+                for b in blocks {
+                    match b["type"].as_str() {
+                        Some("text") => out.extend(b["text"].as_str().map(str::to_string)),
+                        Some("tool_result") => match &b["content"] {
+                            Value::String(text) => out.push(text.clone()),
+                            Value::Array(parts) => out.extend(
+                                parts
+                                    .iter()
+                                    .filter_map(|p| p["text"].as_str().map(str::to_string)),
+                            ),
+                            _ => {}
+                        },
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    out
 }

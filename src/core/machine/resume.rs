@@ -57,10 +57,12 @@ impl RunMachine {
             point,
             cancel_requested,
             input,
+            step_seq,
         } = from;
         let mut m = RunMachine::new(run_id, config, transcript, step, spend, now_ms);
         m.last_step = last_step;
         m.input = input;
+        m.step_seq = step_seq;
         let record = RunResumed {
             run_id: m.run_id.clone(),
             from_step: step,
@@ -101,4 +103,6 @@ pub struct ResumeFrom {
     pub cancel_requested: bool,
     /// The session's consumed input, its steps before the crash included.
     pub input: crate::spend::InputTally,
+    /// The seq of the last step's StepStarted record (the id of its message).
+    pub step_seq: Option<u64>,
 }

@@ -63,11 +63,24 @@ impl RunMachine {
 
     pub(super) fn write_intent(&mut self, calls: Vec<ToolCall>) {
         let batch_id = format!("{}.{}", self.run_id, self.step);
+        // Where each call goes: its frozen route's module, or nowhere for a call broca refuses
+        // itself (decided the same way when the intent is durable).
+        let dispatched_to = calls
+            .iter()
+            .map(|c| match self.refusal(c) {
+                Some(_) => None,
+                None => Some(self.module_of(&c.name)),
+            })
+            .collect();
         let record = ToolDispatchIntent {
             run_id: self.run_id.clone(),
             step: self.step,
             batch_id: batch_id.clone(),
             calls: calls.clone(),
+            call_keys: Vec::new(),
+            dispatched_to,
+            step_seq: self.step_seq,
+            at_unix_ms: Some(self.now_ms),
         };
         self.push(Record::ToolDispatchIntent(record), true);
         self.phase = Phase::AwaitIntent { batch_id, calls };

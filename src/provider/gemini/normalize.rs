@@ -7,8 +7,10 @@
 //! right before that part (`StreamEvent::PartSignature`), so the renderer puts it back where
 //! it came from.
 //!
-//! Usage in the canonical measures (docs/usage.md): `promptTokenCount` is the total input
-//! (its cached part is `cachedContentTokenCount`, the cache_read); output is
+//! Usage in the canonical measures (docs/usage.md): `promptTokenCount` plus
+//! `toolUsePromptTokenCount` (the results of the API's own tools, such as search grounding or
+//! code execution, fed back as input) is the total input (its cached part is
+//! `cachedContentTokenCount`, the cache_read); output is
 //! `candidatesTokenCount` plus `thoughtsTokenCount` (what is billed as output), reasoning the
 //! thoughts alone; the API reports no cache writes. Finish reasons: STOP (a tool use when the
 //! answer called a function), MAX_TOKENS; any other (SAFETY, RECITATION, ...) is kept as the
@@ -93,6 +95,8 @@ struct WireUsage {
     cached_content_token_count: Option<u64>,
     #[serde(default)]
     thoughts_token_count: Option<u64>,
+    #[serde(default)]
+    tool_use_prompt_token_count: Option<u64>,
 }
 
 impl WireUsage {
@@ -102,15 +106,20 @@ impl WireUsage {
             candidates_token_count: c[1],
             cached_content_token_count: c[2],
             thoughts_token_count: c[3],
+            tool_use_prompt_token_count: c[4],
         }
     }
 
     fn canonical(self) -> Usage {
+        // A count of the two that was not reported adds nothing; with neither reported the
+        // measure is absent.
+        let sum = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0).saturating_add(b.unwrap_or(0))),
+        };
         Usage {
-            input: self.prompt_token_count,
-            output: self
-                .candidates_token_count
-                .map(|c| c.saturating_add(self.thoughts_token_count.unwrap_or(0))),
+            input: sum(self.prompt_token_count, self.tool_use_prompt_token_count),
+            output: sum(self.candidates_token_count, self.thoughts_token_count),
             cache_read: self.cached_content_token_count,
             cache_write: None,
             reasoning: self.thoughts_token_count,
@@ -472,7 +481,7 @@ fn read_parts<'a>(c: &mut Cursor<'a>, parts: &mut Vec<FastPart<'a>>) -> Option<(
 /// that is not a plain integer. Each top-level integer is noted in `holes` with where it stands
 /// (the template's holes: Gemini sends running totals).
 fn read_usage<'a>(c: &mut Cursor<'a>, holes: &mut Vec<(&'a str, Hole)>) -> Option<WireUsage> {
-    let mut counts = [None; 4];
+    let mut counts = [None; 5];
     c.object()?;
     while let Some(key) = c.key()? {
         let v = c.value()?;
@@ -481,6 +490,7 @@ fn read_usage<'a>(c: &mut Cursor<'a>, holes: &mut Vec<(&'a str, Hole)>) -> Optio
             "candidatesTokenCount" => Some(1),
             "cachedContentTokenCount" => Some(2),
             "thoughtsTokenCount" => Some(3),
+            "toolUsePromptTokenCount" => Some(4),
             _ => None,
         };
         match (k, v) {
@@ -564,6 +574,46 @@ mod tests {
                     request_id: Some("resp-1".into())
                 },
             ]
+        );
+    }
+
+    #[test]
+    fn canonical_usage_counts_the_tool_use_prompt_as_input() {
+        // A grounded answer: the search results the API fed back are billed input, reported
+        // apart from the prompt (totalTokenCount = prompt + toolUse + candidates + thoughts).
+        // The second event repeats the first's shape, so it takes the fast path (the
+        // template's holes) and must read the counts the same way.
+        let mut n = Normalizer::new(Aliases::default());
+        let event = |text: &str, counts: [u64; 4], finish: &str| {
+            let [p, t, c, r] = counts;
+            format!(
+                r#"{{"candidates":[{{"content":{{"parts":[{{"text":"{text}"}}]}}{finish}}}],"usageMetadata":{{"promptTokenCount":{p},"toolUsePromptTokenCount":{t},"candidatesTokenCount":{c},"thoughtsTokenCount":{r},"totalTokenCount":{}}}}}"#,
+                p + t + c + r
+            )
+        };
+        let mut all = events(&mut n, &event("Hi", [7, 120, 1, 5], ""));
+        all.extend(events(&mut n, &event("you", [7, 120, 2, 5], "")));
+        all.extend(events(
+            &mut n,
+            &event("there", [7, 120, 4, 5], r#","finishReason":"STOP""#),
+        ));
+        let usage: Vec<&Usage> = all
+            .iter()
+            .filter_map(|e| match e {
+                StreamEvent::Usage(u) => Some(u),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            usage.last().copied(),
+            Some(&Usage {
+                input: Some(127),
+                output: Some(9),
+                cache_read: None,
+                cache_write: None,
+                reasoning: Some(5),
+            }),
+            "{all:?}"
         );
     }
 
@@ -718,7 +768,7 @@ mod tests {
             .template
             .fill(&next.replace("\"promptTokenCount\": 4", "\"promptTokenCount\": 47"))
             .unwrap();
-        assert_eq!(counts, [Some(47), None, None, None]);
+        assert_eq!(counts, [Some(47), None, None, None, None]);
         let call =
             r#"{"candidates": [{"content": {"parts": [{"functionCall": {"name": "ls"}}]}}]}"#;
         assert_eq!(n.fast_path(call), None);

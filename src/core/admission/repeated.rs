@@ -1,0 +1,89 @@
+//! A send whose send_id the session has seen (a child of `admission`): answered with what
+//! the first send under it started, or refused naming the field that differs.
+
+use super::{prompt_digest, Admitted, Refusal, Session};
+
+/// What a repeated send_id is compared on: the digest of all its inputs, and the two the
+/// refusal of a reuse names when they differ.
+pub(super) struct Identity<'a> {
+    pub(super) inputs_digest: &'a str,
+    pub(super) prompt_digest: &'a str,
+    pub(super) client_message_id: Option<&'a str>,
+}
+
+impl Identity<'_> {
+    /// The field a send reusing a send_id differs in from the send first admitted under it
+    /// (of `prompt` and `client_message_id`, in that order), when one of those is it.
+    fn differs(
+        &self,
+        prompt_digest: &str,
+        client_message_id: Option<&str>,
+    ) -> Option<&'static str> {
+        if prompt_digest != self.prompt_digest {
+            Some("prompt")
+        } else if client_message_id != self.client_message_id {
+            Some("client_message_id")
+        } else {
+            None
+        }
+    }
+}
+
+/// The answer to a send whose send_id the session has seen: its run, its queued
+/// submission, its retraction, or a reuse with other inputs.
+pub(super) fn repeated(
+    session: &Session,
+    send_id: Option<&str>,
+    asked: &Identity<'_>,
+) -> Option<Result<Admitted, Refusal>> {
+    let send_id = send_id?;
+    // The refusal of a send whose send_id was admitted under other inputs, or none.
+    let same = |digest: &str, prompt_digest: &str, client_id: Option<&str>, admitted_as: &str| {
+        (digest != asked.inputs_digest).then(|| Refusal::SendIdReuse {
+            run_id: admitted_as.to_string(),
+            field: asked.differs(prompt_digest, client_id),
+        })
+    };
+    if let Some(index) = session.by_send_id.get(send_id) {
+        let run = &session.runs[*index];
+        let client_id = run.client_message_id.as_deref();
+        return Some(
+            match same(
+                &run.inputs_digest,
+                &run.prompt_digest,
+                client_id,
+                &run.run_id,
+            ) {
+                None => Ok(Admitted::Existing { run_index: *index }),
+                Some(refusal) => Err(refusal),
+            },
+        );
+    }
+    if let Some(q) = session
+        .queued
+        .iter()
+        .find(|q| q.send_id.as_deref() == Some(send_id))
+    {
+        let client_id = q.client_message_id.as_deref();
+        let prompt = prompt_digest(&q.prompt);
+        return Some(
+            match same(&q.inputs_digest, &prompt, client_id, &q.submission_id) {
+                None => Ok(Admitted::Pending {
+                    submission_id: q.submission_id.clone(),
+                }),
+                Some(refusal) => Err(refusal),
+            },
+        );
+    }
+    if let Some(q) = session.retracted.get(send_id) {
+        let client_id = q.client_message_id.as_deref();
+        return Some(Err(same(
+            &q.inputs_digest,
+            &prompt_digest(&q.prompt),
+            client_id,
+            &q.submission_id,
+        )
+        .unwrap_or(Refusal::SendRetracted)));
+    }
+    None
+}

@@ -49,7 +49,7 @@ fn replay(path: &std::path::Path, start: Option<(u64, u64)>, cursor_seq: u64) ->
         }
         for (seq, record) in &page {
             if *seq > cursor_seq {
-                n += units(record).len();
+                n += units(*seq, record).len();
             }
         }
     }

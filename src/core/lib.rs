@@ -24,7 +24,8 @@ pub mod views;
 
 pub use admission::{admit, Admitted, Refusal, SendRequest};
 pub use machine::{
-    Command, Event, Outcome, ResumeFrom, ResumePoint, RunMachine, Timeout, TimeoutKind,
+    Command, DeltaKind, DisplayDelta, Event, Outcome, ResumeFrom, ResumePoint, RunMachine, Timeout,
+    TimeoutKind,
 };
 pub use read::{read_session, Keep, ReadError, ReadSession};
 pub use replay::{Misfit, ReplayError, RunState, RunView, Session};

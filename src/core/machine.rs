@@ -109,10 +109,36 @@ pub enum Command {
         batch_id: String,
         calls: Vec<ToolCall>,
     },
-    /// A display-lane text delta (lossy, never replayed).
-    Display(String),
+    /// A display-lane delta (lossy, never replayed).
+    Display(DisplayDelta),
     /// The run is over; its terminal record is durable.
     Finish(Outcome),
+}
+
+/// A display-lane delta of the step in flight: a chunk of one part of the message it
+/// streams, named by that message's id (its StepStarted seq; `None` before the caller said
+/// it) and the part's index in the message as it will be stored; or a reset (the attempt
+/// failed and a new one starts: drop what streamed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DisplayDelta {
+    Chunk {
+        mid: Option<u64>,
+        part: u32,
+        kind: DeltaKind,
+        text: String,
+    },
+    Reset {
+        mid: Option<u64>,
+    },
+}
+
+/// What a display chunk is part of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeltaKind {
+    Text,
+    Reasoning,
+    /// A tool call's arguments (its model id).
+    ToolInput(String),
 }
 
 /// How a run ended.
@@ -408,6 +434,11 @@ impl RunMachine {
             "the attempts are bounded"
         );
         self.attempt += 1;
+        if self.attempt > 1 {
+            // What the failed attempt streamed is dropped: the display starts the step over.
+            self.out
+                .push_back(Command::Display(DisplayDelta::Reset { mid: self.step_seq }));
+        }
         self.acc = StepAccumulator::default();
         self.answered = false;
         self.phase = Phase::Streaming;
@@ -440,10 +471,32 @@ impl RunMachine {
         }
         self.stream_active_ms = self.now_ms;
         self.answered = true;
-        if let StreamEvent::TextDelta(text) = &ev {
-            self.out.push_back(Command::Display(text.clone()));
-        }
+        let chunk = match &ev {
+            StreamEvent::TextDelta(t) => Some((DeltaKind::Text, t.clone(), None)),
+            StreamEvent::ThinkingDelta(t) => Some((DeltaKind::Reasoning, t.clone(), None)),
+            StreamEvent::ToolCallArgsDelta { index, json } => {
+                Some((DeltaKind::Text, json.clone(), Some(*index)))
+            }
+            _ => None,
+        };
         self.acc.push(ev);
+        if let Some((kind, text, tool)) = chunk.filter(|c| !c.1.is_empty()) {
+            let located = match tool {
+                None => self.acc.last_part().map(|p| (p, kind)),
+                Some(index) => self
+                    .acc
+                    .tool_part(index)
+                    .map(|(p, id)| (p, DeltaKind::ToolInput(id))),
+            };
+            if let Some((part, kind)) = located {
+                self.out.push_back(Command::Display(DisplayDelta::Chunk {
+                    mid: self.step_seq,
+                    part,
+                    kind,
+                    text,
+                }));
+            }
+        }
     }
 
     fn on_step_ended(&mut self) {

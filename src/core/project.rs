@@ -2,12 +2,55 @@
 //! by the cursor (wal_seq, sub_index): the record's seq and the unit's index within the
 //! record's projection. Pure: the same record always projects the same units, so a cursor
 //! names the same unit before and after a restart.
+//!
+//! A unit may carry a typed event of llm-runner/v1 `live_events` (§7.1), which the daemon's
+//! route puts beside the unit on its frame: `message_started` then `message_finished` for
+//! each stored message (the latter on the unit that holds the message), `tool_started` and
+//! `tool_finished` for each call, `run_started` (naming its send), `run_finished` and
+//! `run_paused`. Each maps onto a record, so a replay from a cursor serves the same events.
 
 use serde_json::{json, Value};
 
+use broca_wal::runrec::ResultBlock;
 use broca_wal::Record;
+use cortexkit_role_llm_runner::live::{
+    LiveEvent, MessageEvent, RunEnded, RunStarted, ToolFinished, ToolStarted,
+};
 
 pub use broca_wire::Cursor;
+
+/// One unit of the control lane, and the typed event it carries, if any.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unit {
+    pub body: Value,
+    pub event: Option<Value>,
+}
+
+impl Unit {
+    fn plain(body: Value) -> Unit {
+        Unit { body, event: None }
+    }
+
+    fn with(body: Value, event: LiveEvent) -> Unit {
+        Unit {
+            body,
+            event: Some(serde_json::to_value(event).expect("events serialize")),
+        }
+    }
+
+    /// A unit saying that message `mid` starts: the event's own unit.
+    fn message_started(mid: &str) -> Unit {
+        Unit::with(
+            json!({"type": "message_started", "mid": mid}),
+            LiveEvent::MessageStarted(MessageEvent::new(mid)),
+        )
+    }
+
+    /// The unit holding message `mid`, carrying `message_finished`.
+    fn message(mid: &str, body: Value) -> Unit {
+        Unit::with(body, LiveEvent::MessageFinished(MessageEvent::new(mid)))
+    }
+}
 
 fn with_type(kind: &str, value: Value) -> Value {
     let mut v = value;
@@ -21,53 +64,106 @@ fn val<T: serde::Serialize>(t: &T) -> Value {
     serde_json::to_value(t).expect("records serialize")
 }
 
-/// The units of `record`, in sub_index order.
-pub fn units(record: &Record) -> Vec<Value> {
+/// How a call ended, as `tool_finished` names it (`live::tool_outcomes`, open): `ok` or
+/// `error` for an answer, `interrupted` for a call closed with its outcome unknown, and
+/// `not_executed` for one a stop never sent.
+pub fn live_outcome(r: &ResultBlock) -> &'static str {
+    use broca_wal::runrec::result_reason as why;
+    match r.reason.as_deref() {
+        Some(why::OUTCOME_UNKNOWN) => "interrupted",
+        Some(why::NOT_DISPATCHED | why::BUDGET_EXHAUSTED | why::CONTEXT_CEILING) => "not_executed",
+        _ if r.is_error => "error",
+        _ => "ok",
+    }
+}
+
+/// `tool_finished` of `r`, a call of message `mid`.
+fn tool_finished(mid: &str, r: &ResultBlock, at: Option<u64>) -> Unit {
+    let event = ToolFinished::new(
+        mid,
+        r.call_id.clone(),
+        live_outcome(r),
+        r.content.len() as u64,
+        at,
+    );
+    Unit::with(
+        json!({"type": "tool_finished", "mid": mid, "call_id": r.call_id}),
+        LiveEvent::ToolFinished(event),
+    )
+}
+
+/// The units of `record`, the record of `seq`, in sub_index order.
+pub fn units(seq: u64, record: &Record) -> Vec<Unit> {
     match record {
         Record::LeaseAcquired(_) | Record::Unknown { .. } => Vec::new(),
-        Record::RunStarted(r) => {
-            let mut out = vec![json!({
-                "type": "run_started",
+        Record::RunStarted(r) => run_started(seq, r),
+        Record::StepStarted(r) => vec![Unit::plain(with_type("step_started", val(r)))],
+        Record::ModelAttemptFinished(r) => vec![Unit::plain(with_type("attempt_failed", val(r)))],
+        Record::ModelStepFinished(r) => {
+            let mid = crate::replay::assistant_mid(seq, r).to_string();
+            let body = json!({
+                "type": "message",
                 "run_id": r.run_id,
-                "send_id": r.send_id,
-                "prompt": r.prompt,
-                "model": format!("{}/{}", r.config.provider, r.config.model),
-            })];
-            for res in &r.resolved_calls {
-                out.push(json!({"type": "tool_result", "run_id": r.run_id, "result": val(res)}));
-            }
-            out
+                "step": r.step,
+                "message": {"role": "assistant", "content": val(&r.content)},
+                "usage": val(&r.usage),
+                "finish_reason": val(&r.finish_reason),
+            });
+            vec![Unit::message_started(&mid), Unit::message(&mid, body)]
         }
-        Record::StepStarted(r) => vec![with_type("step_started", val(r))],
-        Record::ModelAttemptFinished(r) => vec![with_type("attempt_failed", val(r))],
-        Record::ModelStepFinished(r) => vec![json!({
-            "type": "message",
-            "run_id": r.run_id,
-            "step": r.step,
-            "message": {"role": "assistant", "content": val(&r.content)},
-            "usage": val(&r.usage),
-            "finish_reason": val(&r.finish_reason),
-        })],
         Record::ToolDispatchIntent(r) => r
             .calls
             .iter()
-            .map(|c| json!({"type": "tool_call", "run_id": r.run_id, "step": r.step, "call": val(c)}))
+            .enumerate()
+            .map(|(i, c)| {
+                let body = json!({"type": "tool_call", "run_id": r.run_id, "step": r.step, "call": val(c)});
+                // A log that does not name the message holding the calls (older ones) has no
+                // event for them.
+                let Some(mid) = r.step_seq.map(|s| s.to_string()) else {
+                    return Unit::plain(body);
+                };
+                let args: Value = serde_json::from_str(c.input.get()).unwrap_or(Value::Null);
+                let mut event =
+                    ToolStarted::new(mid, c.id.clone(), c.name.clone(), &args, None, r.at_unix_ms);
+                if let Some(key) = r.call_key(i) {
+                    event = event.with_call_key(key);
+                }
+                Unit::with(body, LiveEvent::ToolStarted(event))
+            })
             .collect(),
-        Record::ToolResult(r) => vec![json!({"type": "tool_result", "run_id": r.run_id, "result": val(&r.result)})],
-        Record::RunPaused(r) => vec![with_type("run_paused", val(r))],
-        Record::RunFinished(r) => vec![with_type("run_finished", val(r))],
-        Record::RunResumed(r) => vec![with_type("run_resumed", val(r))],
-        Record::CancelRequested(r) => vec![with_type("cancel_requested", val(r))],
-        Record::SendQueued(r) => vec![json!({
+        Record::ToolResult(r) => {
+            let mid = seq.to_string();
+            let body = json!({"type": "tool_result", "run_id": r.run_id, "result": val(&r.result)});
+            let mut out = vec![Unit::message_started(&mid)];
+            if let Some(holder) = r.step_seq {
+                out.push(tool_finished(&holder.to_string(), &r.result, r.at_unix_ms));
+            }
+            out.push(Unit::message(&mid, body));
+            out
+        }
+        Record::RunPaused(r) => vec![Unit::with(
+            with_type("run_paused", val(r)),
+            LiveEvent::RunPaused(RunEnded::new(r.run_id.clone(), r.reason.clone())),
+        )],
+        Record::RunFinished(r) => vec![Unit::with(
+            with_type("run_finished", val(r)),
+            LiveEvent::RunFinished(RunEnded::new(
+                r.run_id.clone(),
+                crate::role::finish_state(r.reason),
+            )),
+        )],
+        Record::RunResumed(r) => vec![Unit::plain(with_type("run_resumed", val(r)))],
+        Record::CancelRequested(r) => vec![Unit::plain(with_type("cancel_requested", val(r)))],
+        Record::SendQueued(r) => vec![Unit::plain(json!({
             "type": "send_queued",
             "submission_id": r.submission_id,
             "send_id": r.send_id,
             "prompt": r.prompt,
             "model": format!("{}/{}", r.config.provider, r.config.model),
-        })],
-        Record::SendRetracted(r) => vec![with_type("send_retracted", val(r))],
+        }))],
+        Record::SendRetracted(r) => vec![Unit::plain(with_type("send_retracted", val(r)))],
         Record::EpisodeImported(r) => {
-            let mut out = vec![json!({
+            let mut out = vec![Unit::plain(json!({
                 "type": "episode_imported",
                 "import_id": r.import_id,
                 "origin": val(&r.origin),
@@ -75,13 +171,98 @@ pub fn units(record: &Record) -> Vec<Value> {
                 "outcome_unknown": r.outcome_unknown,
                 "pending": r.pending,
                 "notes": val(&r.notes),
-            })];
-            for m in &r.messages {
-                out.push(json!({"type": "message", "import_id": r.import_id, "message": val(m)}));
+            }))];
+            let mut holder: Option<String> = None;
+            for (i, m) in r.messages.iter().enumerate() {
+                let mid = crate::entries::imported_mid(seq, i);
+                let body = json!({"type": "message", "import_id": r.import_id, "message": val(m)});
+                out.push(Unit::message_started(&mid));
+                out.extend(imported_calls(&mid, m, &mut holder));
+                out.push(Unit::message(&mid, body));
             }
             out
         }
     }
+}
+
+/// The tool events of an imported message `mid`: `tool_started` for each call it makes,
+/// `tool_finished` for each result it holds (of a call of the import's last assistant
+/// message, `holder`). Another harness recorded no times broca could copy: none are given.
+fn imported_calls(
+    mid: &str,
+    m: &broca_protocol::Message,
+    holder: &mut Option<String>,
+) -> Vec<Unit> {
+    use broca_protocol::Block;
+    let mut out = Vec::new();
+    for b in &m.content {
+        match b {
+            Block::ToolUse { id, name, input } => {
+                let args: Value = serde_json::from_str(input.get()).unwrap_or(Value::Null);
+                let event = ToolStarted::new(mid, id.clone(), name.clone(), &args, None, None);
+                out.push(Unit::with(
+                    json!({"type": "tool_call", "mid": mid, "call_id": id}),
+                    LiveEvent::ToolStarted(event),
+                ));
+            }
+            Block::ToolResult {
+                tool_use_id,
+                content,
+                is_error,
+            } => {
+                let Some(holder) = holder.as_deref() else {
+                    continue;
+                };
+                let result = ResultBlock {
+                    call_id: tool_use_id.clone(),
+                    content: content.clone(),
+                    is_error: *is_error,
+                    reason: None,
+                    size: None,
+                };
+                out.push(tool_finished(holder, &result, None));
+            }
+            _ => {}
+        }
+    }
+    if m.role == broca_protocol::Role::Assistant {
+        *holder = Some(mid.to_string());
+    }
+    out
+}
+
+/// A run's start: `run_started` naming its send, then its prompt's message (the results it
+/// resolves first, each closing its call).
+fn run_started(seq: u64, r: &broca_wal::runrec::RunStarted) -> Vec<Unit> {
+    let mut started = RunStarted::new(r.run_id.clone());
+    if let Some(send_id) = &r.send_id {
+        started = started.with_send_id(send_id.clone());
+    }
+    let mut out = vec![Unit::with(
+        json!({
+            "type": "run_started",
+            "run_id": r.run_id,
+            "send_id": r.send_id,
+            "prompt": r.prompt,
+            "model": format!("{}/{}", r.config.provider, r.config.model),
+        }),
+        LiveEvent::RunStarted(started),
+    )];
+    let mid = seq.to_string();
+    out.push(Unit::message_started(&mid));
+    for res in &r.resolved_calls {
+        let body = json!({"type": "tool_result", "run_id": r.run_id, "result": val(res)});
+        match &r.resolved_mid {
+            Some(holder) => {
+                out.push(Unit::plain(body));
+                out.push(tool_finished(holder, res, Some(r.at_unix_ms)));
+            }
+            None => out.push(Unit::plain(body)),
+        }
+    }
+    let body = json!({"type": "message", "run_id": r.run_id, "message": {"role": "user", "text": r.prompt}});
+    out.push(Unit::message(&mid, body));
+    out
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@
 
 use cortexkit_role_llm_runner::read::{
     HeadMeta, LastRunError, LastRunState, ReadMessage, ReadMode, ReadPage, ReadRequest,
-    RunAttribution, ToolCallAttribution, ToolTime,
+    RetryAfterSecs, RunAttribution, ToolCallAttribution, ToolTime,
 };
 
 use cortexkit_role_llm_runner::finish::Finish;
@@ -41,22 +41,24 @@ pub enum ReadRefusal {
     UnknownMid(String),
 }
 
+/// The role's name for the terminal state a run that ended `kind` is in.
+pub fn finish_state(kind: FinishKind) -> &'static str {
+    match kind {
+        // broca's total-token or cost budget: a budget the run exhausted, or one it could
+        // not measure.
+        FinishKind::BudgetExhausted | FinishKind::BudgetUnmeasured => "budget_exhausted",
+        FinishKind::ContextLimit => "context_ceiling",
+        other => other.as_str(),
+    }
+}
+
 /// A run's state as the role names it, and its reason when it has one.
 pub fn run_state(run: &RunView) -> (&'static str, Option<String>) {
     match run.state {
         RunState::Active => ("active", None),
         RunState::Paused => ("paused", run.detail.clone()),
         RunState::Finished(FinishKind::Interrupted) => ("interrupted", run.interrupt_cause.clone()),
-        RunState::Finished(kind) => (
-            match kind {
-                // broca's total-token or cost budget: a budget the run exhausted, or one it
-                // could not measure.
-                FinishKind::BudgetExhausted | FinishKind::BudgetUnmeasured => "budget_exhausted",
-                FinishKind::ContextLimit => "context_ceiling",
-                other => other.as_str(),
-            },
-            None,
-        ),
+        RunState::Finished(kind) => (finish_state(kind), None),
     }
 }
 
@@ -317,10 +319,17 @@ pub fn head(s: Option<&Session>, incarnation: &str) -> HeadMeta {
             reason,
         });
         if state == "error" {
-            head.last_run_error = run
-                .error
-                .as_ref()
-                .map(|e| LastRunError::new(e.class.as_str()));
+            // The same figures as the run's `run.status` error, from the same record.
+            head.last_run_error = run.error.as_ref().map(|e| {
+                let error = LastRunError::new(e.class.as_str());
+                match e
+                    .retry_after_ms
+                    .and_then(|ms| RetryAfterSecs::new(ms as f64 / 1000.0))
+                {
+                    Some(secs) => error.with_retry_after_secs(secs),
+                    None => error,
+                }
+            });
         }
     }
     head

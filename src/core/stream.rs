@@ -96,6 +96,24 @@ impl StepAccumulator {
         }
     }
 
+    /// The index the part the last event added to has in the step's content.
+    pub fn last_part(&self) -> Option<u32> {
+        self.parts.len().checked_sub(1).map(|i| i as u32)
+    }
+
+    /// The index in the step's content of the tool call the stream numbers `index`, and the
+    /// call's id.
+    pub fn tool_part(&self, index: u32) -> Option<(u32, String)> {
+        self.parts
+            .iter()
+            .enumerate()
+            .rev()
+            .find_map(|(i, p)| match p {
+                Part::Tool { index: t, id, .. } if *t == index => Some((i as u32, id.clone())),
+                _ => None,
+            })
+    }
+
     /// The step. Tool arguments that are not a JSON object are kept as a JSON string of the
     /// raw text (see [`invalid_arguments`]): recorded as produced, never dispatched.
     pub fn finish(self) -> Step {

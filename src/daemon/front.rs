@@ -24,7 +24,7 @@ use broca_subc::frames::{self, Decoder, FrameIn};
 use broca_subc::protocol::session::{HealthStatus, ModuleControlCommand, ModuleControlRequest};
 use broca_subc::protocol::{AdmissionClass, ErrorBody, FrameType, MAX_DELIVERED_FRAME_LEN};
 use broca_wal::SessionTriple;
-use broca_wire::lanes::{self, SubFrom};
+use broca_wire::lanes::{self, SubItem};
 use broca_wire::{Code, RpcError, SessionName};
 
 /// Frames waiting for the socket; past it, the tasks that answer wait (the reader does not).
@@ -436,10 +436,11 @@ impl Routes {
     /// then STREAM_END. A subscriber that falls behind is ended by the hub, naming the cursor
     /// to resume from; the run it follows never waits for it.
     async fn subscribe(&self, t: SessionTriple, channel: u16, epoch: u32, corr: u64, body: &[u8]) {
-        let accepted = match SubFrom::from_route_request(body) {
-            Ok(from) => self.host.subscribe(t, from).await,
-            Err(e) => Err(e),
+        let (accepted, limits) = match lanes::route_subscription(body) {
+            Ok((from, limits)) => (self.host.subscribe(t, from).await, limits),
+            Err(e) => (Err(e), None),
         };
+        let mut encoder = lanes::StreamEncoder::new(limits);
         let (mut items, alive) = match accepted {
             Ok(sub) => sub.into_parts(),
             Err(e) => return self.error(channel, epoch, corr, &e).await,
@@ -450,18 +451,19 @@ impl Routes {
             if !self.subs.borrow().contains_key(&(channel, corr)) {
                 break; // cancelled, or the route is gone
             }
-            let Some((body, sheddable)) = lanes::stream_data(&item) else {
-                continue;
-            };
-            if dropped > 0 && !sheddable {
-                self.stream_data(channel, epoch, corr, lanes::display_gap(dropped), false)
-                    .await;
-                dropped = 0;
-            }
+            let sheddable = matches!(item, SubItem::Display(_));
             if sheddable && self.out.is_full() {
                 dropped += 1;
                 continue;
             }
+            if dropped > 0 && !sheddable {
+                let gap = encoder.display_gap(dropped);
+                self.stream_data(channel, epoch, corr, gap, false).await;
+                dropped = 0;
+            }
+            let Some((body, sheddable)) = encoder.encode(&item) else {
+                continue;
+            };
             self.stream_data(channel, epoch, corr, body, sheddable)
                 .await;
             if item.is_last() {

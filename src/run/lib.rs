@@ -110,9 +110,18 @@ impl Standalone {
                     .log(broca_crash_points::log_config())
                     .committer(Committer::default())
                     .hooks(Rc::new(broca_crash_points::KillPoints))
-                    .display(Box::new(move |text| {
-                        if gate.get() {
-                            display(text)
+                    .display(Box::new(move |delta| {
+                        // The answer's text: its reasoning and a call's arguments are not
+                        // printed, and a retried attempt's text stays printed as it came.
+                        if let broca_core::DisplayDelta::Chunk {
+                            kind: broca_core::DeltaKind::Text,
+                            text,
+                            ..
+                        } = delta
+                        {
+                            if gate.get() {
+                                display(text)
+                            }
                         }
                     }))
                     .open()

@@ -76,8 +76,8 @@ impl From<WalError> for ActorError {
 
 /// Told of every record appended: its seq, the log end after it, the record.
 pub type OnAppend = Box<dyn FnMut(u64, u64, &Record)>;
-/// Receives the display lane's text deltas.
-pub type Display = Box<dyn FnMut(&str)>;
+/// Receives the display lane's deltas.
+pub type Display = Box<dyn FnMut(&broca_core::DisplayDelta)>;
 
 /// Opens a [`SessionActor`]: the session, its model and tools, and what else it is wired to.
 pub struct Opener<P, T> {

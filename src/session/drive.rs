@@ -157,9 +157,9 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                     self.spawn_tool(c, route, key, calls.tx.clone());
                 }
             }
-            Command::Display(text) => {
+            Command::Display(delta) => {
                 if let Some(sink) = &mut self.display {
-                    sink(&text);
+                    sink(&delta);
                 }
             }
             Command::Finish(outcome) => {

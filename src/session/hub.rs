@@ -18,7 +18,10 @@ use broca_core::project::units;
 use broca_wal::Record;
 use broca_wire::Cursor;
 
-pub use broca_wire::{SubFrom, SubItem};
+pub use broca_wire::{Delta, SubFrom, SubItem};
+
+use broca_core::{DeltaKind, DisplayDelta};
+use cortexkit_role_llm_runner::live::{LiveEvent, TextDelta, ToolInputDelta};
 
 /// Control units a subscriber may have queued before it is told to reconnect.
 pub const CONTROL_QUEUE_MAX: usize = 4096;
@@ -27,8 +30,8 @@ pub const DISPLAY_QUEUE_MAX: usize = 256;
 
 /// One subscriber's queues, filled by the hub and drained by its connection's task.
 pub(crate) struct Sub {
-    pub(crate) control: RefCell<VecDeque<(Cursor, String)>>,
-    pub(crate) display: RefCell<VecDeque<String>>,
+    pub(crate) control: RefCell<VecDeque<Queued>>,
+    pub(crate) display: RefCell<VecDeque<Delta>>,
     pub(crate) dropped: Cell<u64>,
     pub(crate) overflow: Cell<bool>,
     wake: LocalSender<()>,
@@ -40,6 +43,9 @@ impl Sub {
     }
 }
 
+/// A control unit waiting for a subscriber: its cursor, its JSON text and its typed event's.
+pub(crate) type Queued = (Cursor, String, Option<String>);
+
 /// The subscribers of one session and the records waiting to become durable for them.
 #[derive(Default)]
 pub struct Hub {
@@ -48,6 +54,40 @@ pub struct Hub {
     pumping: Cell<bool>,
     watch: RefCell<Option<DurableWatch>>,
     seeks: RefCell<SeekPoints>,
+    /// The step in flight as it has streamed so far, for a subscriber that attaches now.
+    step: RefCell<LiveStep>,
+}
+
+/// The message a step in flight streams: its id and each part so far, coalesced.
+#[derive(Default)]
+struct LiveStep {
+    mid: Option<u64>,
+    /// Each part's index, what kind of part it is, and its text so far.
+    parts: Vec<(u32, DeltaKind, String)>,
+}
+
+/// The display item of `text` of part `part` (of `kind`) of message `mid`.
+fn delta(mid: u64, part: u32, kind: &DeltaKind, text: &str) -> Delta {
+    let (mid, part) = (mid.to_string(), part.to_string());
+    let event = match kind {
+        DeltaKind::Text => LiveEvent::TextDelta(TextDelta::new("", text, mid, part)),
+        DeltaKind::Reasoning => LiveEvent::ReasoningDelta(TextDelta::new("", text, mid, part)),
+        DeltaKind::ToolInput(id) => {
+            LiveEvent::ToolInputDelta(ToolInputDelta::new(id.clone(), text, mid, part))
+        }
+    };
+    Delta {
+        event: serde_json::to_string(&event).expect("events serialize"),
+        text: matches!(kind, DeltaKind::Text).then(|| text.to_string()),
+    }
+}
+
+/// The display item that drops the live state of the step in flight.
+fn reset() -> Delta {
+    Delta {
+        event: serde_json::to_string(&LiveEvent::DisplayReset).expect("events serialize"),
+        text: None,
+    }
 }
 
 /// A record is kept as a seek point once this many records followed the last one.
@@ -180,23 +220,33 @@ impl Hub {
     }
 
     fn publish(&self, seq: u64, record: &Record) {
-        let units: Vec<String> = units(record).iter().map(|u| u.to_string()).collect();
+        // The step's message is stored: it is no longer in flight.
+        if matches!(
+            record,
+            Record::ModelStepFinished(_) | Record::RunFinished(_) | Record::RunPaused(_)
+        ) {
+            *self.step.borrow_mut() = LiveStep::default();
+        }
+        let units: Vec<(String, Option<String>)> = units(seq, record)
+            .into_iter()
+            .map(|u| (u.body.to_string(), u.event.map(|e| e.to_string())))
+            .collect();
         if units.is_empty() {
             return;
         }
         for s in self.subs.borrow().iter() {
             let mut q = s.control.borrow_mut();
-            for (i, u) in units.iter().enumerate() {
+            for (i, (u, event)) in units.iter().enumerate() {
                 if q.len() >= CONTROL_QUEUE_MAX {
                     s.overflow.set(true);
                     break;
                 }
                 let cursor = Cursor { seq, sub: i as u32 };
                 assert!(
-                    q.back().is_none_or(|(last, _)| *last < cursor),
+                    q.back().is_none_or(|(last, _, _)| *last < cursor),
                     "units queue in order"
                 );
-                q.push_back((cursor, u.clone()));
+                q.push_back((cursor, u.clone(), event.clone()));
             }
             assert!(
                 q.len() <= CONTROL_QUEUE_MAX,
@@ -207,14 +257,50 @@ impl Hub {
         }
     }
 
-    /// A display delta (token text) for every subscriber.
-    pub fn display(&self, text: &str) {
+    /// A display delta of the step in flight, for every subscriber; kept, coalesced by part,
+    /// for one that attaches while the step streams.
+    pub fn display(&self, d: &DisplayDelta) {
+        let item = match d {
+            DisplayDelta::Reset { mid } => {
+                *self.step.borrow_mut() = LiveStep {
+                    mid: *mid,
+                    parts: Vec::new(),
+                };
+                reset()
+            }
+            DisplayDelta::Chunk {
+                mid,
+                part,
+                kind,
+                text,
+            } => {
+                // A step whose message has no id yet shows nothing: a delta names its message.
+                let Some(mid) = *mid else { return };
+                let mut step = self.step.borrow_mut();
+                if step.mid != Some(mid) {
+                    *step = LiveStep {
+                        mid: Some(mid),
+                        parts: Vec::new(),
+                    };
+                }
+                match step.parts.iter_mut().find(|p| p.0 == *part) {
+                    Some(p) => p.2.push_str(text),
+                    None => step.parts.push((*part, kind.clone(), text.clone())),
+                }
+                delta(mid, *part, kind, text)
+            }
+        };
+        self.fan_out(item);
+    }
+
+    /// Queues a display item for every subscriber (dropped, and counted, past its bound).
+    fn fan_out(&self, item: Delta) {
         for s in self.subs.borrow().iter() {
             let mut q = s.display.borrow_mut();
             if q.len() >= DISPLAY_QUEUE_MAX {
                 s.dropped.set(s.dropped.get() + 1);
             } else {
-                q.push_back(text.to_string());
+                q.push_back(item.clone());
             }
             assert!(
                 q.len() <= DISPLAY_QUEUE_MAX,
@@ -236,6 +322,26 @@ impl Hub {
         });
         self.subs.borrow_mut().push(sub.clone());
         (sub, woken)
+    }
+
+    /// A subscriber attaches to the live lanes: its display queue becomes the step in flight
+    /// as it stands (`display_reset`, then one coalesced delta per part so far), which covers
+    /// every delta queued for it before.
+    pub(crate) fn attach(&self, sub: &Sub) {
+        let step = self.step.borrow();
+        let mut q = sub.display.borrow_mut();
+        q.clear();
+        sub.dropped.set(0);
+        let Some(mid) = step.mid else {
+            return;
+        };
+        q.push_back(reset());
+        for (part, kind, text) in &step.parts {
+            if q.len() >= DISPLAY_QUEUE_MAX {
+                break;
+            }
+            q.push_back(delta(mid, *part, kind, text));
+        }
     }
 
     pub(crate) fn remove(&self, sub: &Rc<Sub>) {

@@ -91,6 +91,7 @@ pub async fn subscribe(
             return;
         }
     };
+    hub.attach(&sub);
     live(&sub, woken, tx, gone, last).await;
     hub.remove(&sub);
 }
@@ -156,7 +157,7 @@ async fn send_page(
     tx: &mut mpsc::Sender<SubItem>,
 ) -> bool {
     for (seq, record) in page {
-        for (i, u) in units(record).iter().enumerate() {
+        for (i, u) in units(*seq, record).into_iter().enumerate() {
             let cursor = Cursor {
                 seq: *seq,
                 sub: i as u32,
@@ -170,8 +171,18 @@ async fn send_page(
                     return false;
                 }
             }
-            let unit = u.to_string();
-            if !send(tx, SubItem::Control { cursor, unit }).await {
+            let unit = u.body.to_string();
+            let event = u.event.map(|e| e.to_string());
+            if !send(
+                tx,
+                SubItem::Control {
+                    cursor,
+                    unit,
+                    event,
+                },
+            )
+            .await
+            {
                 return false;
             }
             *last = cursor;
@@ -205,20 +216,29 @@ fn beyond_head(c: Cursor, head: u64) -> String {
 fn forward_queued(sub: &Sub, tx: &mut mpsc::Sender<SubItem>, last: &mut Cursor) -> Option<bool> {
     // A unit that does not fit waits for room.
     loop {
-        let Some((cursor, unit)) = sub.control.borrow_mut().pop_front() else {
+        let Some((cursor, unit, event)) = sub.control.borrow_mut().pop_front() else {
             break;
         };
         if cursor <= *last {
             continue;
         }
-        match tx.try_send(SubItem::Control { cursor, unit }) {
+        match tx.try_send(SubItem::Control {
+            cursor,
+            unit,
+            event,
+        }) {
             Ok(()) => *last = cursor,
             Err(e) if e.is_disconnected() => return None,
             Err(e) => {
-                let SubItem::Control { cursor, unit } = e.into_inner() else {
+                let SubItem::Control {
+                    cursor,
+                    unit,
+                    event,
+                } = e.into_inner()
+                else {
                     unreachable!("the item sent comes back")
                 };
-                sub.control.borrow_mut().push_front((cursor, unit));
+                sub.control.borrow_mut().push_front((cursor, unit, event));
                 return Some(true);
             }
         }

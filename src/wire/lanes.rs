@@ -89,12 +89,36 @@ impl SubFrom {
     /// (the cursor's text alone is taken too). A route names its session, so `from` is the
     /// only parameter.
     pub fn from_route_request(body: &[u8]) -> Result<SubFrom, RpcError> {
-        let v: Value = serde_json::from_slice(body).map_err(|e| invalid(e.to_string()))?;
-        let params = v.get("params").cloned().unwrap_or_else(|| json!({}));
-        let Some(params) = params.as_object() else {
-            return Err(invalid("`params` is not an object"));
-        };
-        if let Some(k) = params.keys().find(|k| *k != "from") {
+        Ok(route_subscription(body)?.0)
+    }
+}
+
+/// A route's `session.subscribe` request: where it starts ([`SubFrom::from_route_request`])
+/// and the display `limits` it asks `tool_started.arguments` to be cut to (llm-runner/v1
+/// `live_events`).
+pub fn route_subscription(
+    body: &[u8],
+) -> Result<(SubFrom, Option<cortexkit_role_llm_runner::display::Limits>), RpcError> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| invalid(e.to_string()))?;
+    let params = v.get("params").cloned().unwrap_or_else(|| json!({}));
+    let Some(params) = params.as_object() else {
+        return Err(invalid("`params` is not an object"));
+    };
+    let limits = match params.get("limits") {
+        None => None,
+        Some(l) => Some(serde_json::from_value(l.clone()).map_err(|e| {
+            invalid(format!(
+                "`limits` is not {{arguments_bytes, result_bytes, error_result_bytes}}: {e}"
+            ))
+            .with_field("limits")
+        })?),
+    };
+    Ok((SubFrom::from_params(params)?, limits))
+}
+
+impl SubFrom {
+    fn from_params(params: &serde_json::Map<String, Value>) -> Result<SubFrom, RpcError> {
+        if let Some(k) = params.keys().find(|k| *k != "from" && *k != "limits") {
             return Err(invalid(format!(
                 "unknown parameter `{}` for session.subscribe (a route names its session)",
                 k.escape_debug()
@@ -141,10 +165,15 @@ pub enum SubItem {
     Ready,
     /// The subscription is refused (the only item): a cursor beyond the session's head.
     Refused(String),
-    /// A control unit (its JSON text) and its cursor.
-    Control { cursor: Cursor, unit: String },
-    /// A display delta (token text).
-    Display(String),
+    /// A control unit (its JSON text), its cursor, and the typed event it carries (llm-runner/v1
+    /// `live_events`, JSON text), if any.
+    Control {
+        cursor: Cursor,
+        unit: String,
+        event: Option<String>,
+    },
+    /// A display delta.
+    Display(Delta),
     /// Display deltas were dropped (this many since the last report).
     Gap(u64),
     /// The subscription ends (the reason says what the client should do).
@@ -158,8 +187,18 @@ impl SubItem {
     }
 }
 
+/// A display-lane item: its typed event (llm-runner/v1 §7.1: `text_delta`, `reasoning_delta`,
+/// `tool_input_delta` with the message's `mid` and the part's key, or `display_reset`, as
+/// JSON text), and for an answer's text delta the text alone (what the HTTP surface shows).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delta {
+    pub event: String,
+    pub text: Option<String>,
+}
+
 /// An item as a server-sent event: a control unit with `id: <cursor>`, the others named by
-/// `event:` (`display`, `display_gap`, `end`) with no id. [`SubItem::Ready`] is nothing.
+/// `event:` (`display`, `display_gap`, `end`) with no id. [`SubItem::Ready`] is nothing, and
+/// so is a display item that is not an answer's text.
 pub fn sse(item: &SubItem) -> Vec<u8> {
     let (id, event, data) = match http_parts(item) {
         Some(parts) => parts,
@@ -199,8 +238,11 @@ pub fn websocket(item: &SubItem) -> Option<String> {
 /// The id, event name and data of an item on the HTTP surface.
 fn http_parts(item: &SubItem) -> Option<(Option<String>, Option<&'static str>, String)> {
     Some(match item {
-        SubItem::Control { cursor, unit } => (Some(cursor.to_string()), None, unit.clone()),
-        SubItem::Display(text) => (None, Some("display"), json!({ "text": text }).to_string()),
+        SubItem::Control { cursor, unit, .. } => (Some(cursor.to_string()), None, unit.clone()),
+        SubItem::Display(Delta { text: None, .. }) => return None,
+        SubItem::Display(Delta {
+            text: Some(text), ..
+        }) => (None, Some("display"), json!({ "text": text }).to_string()),
         SubItem::Gap(n) => (
             None,
             Some("display_gap"),
@@ -213,32 +255,110 @@ fn http_parts(item: &SubItem) -> Option<(Option<String>, Option<&'static str>, S
     })
 }
 
-/// An item as the body of a daemon STREAM_DATA frame (the role's event shapes: `kind` and
-/// `type`, a control unit's cursor as `{"after"}`), and whether the frame may be shed (a
-/// display delta). [`SubItem::Ready`] is none.
-pub fn stream_data(item: &SubItem) -> Option<(String, bool)> {
-    Some(match item {
-        SubItem::Control { cursor, unit } => (
-            format!(
-                "{{\"kind\":\"control\",\"type\":\"control\",\"cursor\":{{\"after\":\"{cursor}\"}},\"unit\":{unit}}}"
-            ),
-            false,
-        ),
-        SubItem::Display(text) => (
-            json!({"kind": "display", "type": "display", "text": text}).to_string(),
-            true,
-        ),
-        SubItem::Gap(n) => (display_gap(*n), false),
-        SubItem::End(why) | SubItem::Refused(why) => {
-            (json!({"type": "end", "reason": why}).to_string(), false)
-        }
-        SubItem::Ready => return None,
-    })
+/// How a route's subscription encodes its items: each frame numbered (`seq`, from
+/// [`cortexkit_role_llm_runner::live::FIRST_SEQ`], one more per frame across both lanes), and
+/// the subscriber's `limits` applied to `tool_started.arguments`.
+#[derive(Debug, Clone)]
+pub struct StreamEncoder {
+    next_seq: u64,
+    limits: Option<cortexkit_role_llm_runner::display::Limits>,
 }
 
-/// The STREAM_DATA body saying that `dropped` display deltas were shed.
-pub fn display_gap(dropped: u64) -> String {
-    json!({"kind": "display_gap", "type": "display_gap", "dropped": dropped}).to_string()
+impl StreamEncoder {
+    pub fn new(limits: Option<cortexkit_role_llm_runner::display::Limits>) -> StreamEncoder {
+        StreamEncoder {
+            next_seq: cortexkit_role_llm_runner::live::FIRST_SEQ,
+            limits,
+        }
+    }
+
+    /// An item as the body of a daemon STREAM_DATA frame (the role's event shapes: `kind`,
+    /// `seq`, a control unit's cursor as `{"after"}` and its typed `event`), and whether the
+    /// frame may be shed (a display delta). [`SubItem::Ready`] is none.
+    pub fn encode(&mut self, item: &SubItem) -> Option<(String, bool)> {
+        let (mut body, sheddable): (serde_json::Map<String, Value>, bool) = match item {
+            SubItem::Control {
+                cursor,
+                unit,
+                event,
+            } => {
+                let mut m = serde_json::Map::new();
+                m.insert("kind".into(), "control".into());
+                m.insert("type".into(), "control".into());
+                m.insert("cursor".into(), json!({ "after": cursor.to_string() }));
+                m.insert("unit".into(), raw(unit));
+                if let Some(e) = event {
+                    m.insert("event".into(), self.cut(raw(e)));
+                }
+                (m, false)
+            }
+            SubItem::Display(d) => {
+                let mut m = serde_json::Map::new();
+                m.insert("kind".into(), "display".into());
+                m.insert("type".into(), "display".into());
+                m.insert("event".into(), raw(&d.event));
+                if let Some(text) = &d.text {
+                    m.insert("text".into(), text.clone().into());
+                }
+                (m, true)
+            }
+            SubItem::Gap(n) => (gap_body(*n), false),
+            SubItem::End(why) | SubItem::Refused(why) => {
+                let mut m = serde_json::Map::new();
+                m.insert("type".into(), "end".into());
+                m.insert("reason".into(), why.clone().into());
+                (m, false)
+            }
+            SubItem::Ready => return None,
+        };
+        body.insert("seq".into(), self.next_seq.into());
+        self.next_seq += 1;
+        Some((Value::Object(body).to_string(), sheddable))
+    }
+
+    /// The STREAM_DATA body saying that `dropped` display deltas were shed.
+    pub fn display_gap(&mut self, dropped: u64) -> String {
+        let mut body = gap_body(dropped);
+        body.insert("seq".into(), self.next_seq.into());
+        self.next_seq += 1;
+        Value::Object(body).to_string()
+    }
+
+    /// `event` with a `tool_started`'s arguments cut to the subscriber's limits.
+    fn cut(&self, mut event: Value) -> Value {
+        let Some(limits) = &self.limits else {
+            return event;
+        };
+        if event["type"] != "tool_started" {
+            return event;
+        }
+        if let Some(args) = event["arguments"].as_str() {
+            let (text, cut) = cortexkit_role_llm_runner::display::cut(args, limits.arguments_bytes);
+            event["arguments"] = text.into();
+            if cut {
+                event["arguments_truncated"] = true.into();
+            }
+        }
+        event
+    }
+}
+
+/// JSON text made earlier by serializing a value.
+fn raw(text: &str) -> Value {
+    serde_json::from_str(text).expect("a unit or event is JSON it was serialized from")
+}
+
+/// A display gap's frame: the display lane's `display_gap` event.
+fn gap_body(dropped: u64) -> serde_json::Map<String, Value> {
+    let mut m = serde_json::Map::new();
+    m.insert("kind".into(), "display".into());
+    m.insert("type".into(), "display_gap".into());
+    m.insert("dropped".into(), dropped.into());
+    m.insert(
+        "event".into(),
+        json!({"type": "display_gap", "dropped": dropped}),
+    );
+    m
 }
 
 #[cfg(test)]
@@ -250,6 +370,10 @@ mod tests {
         let unit = SubItem::Control {
             cursor: Cursor { seq: 7, sub: 1 },
             unit: r#"{"type":"step_started"}"#.into(),
+            event: Some(
+                r#"{"type":"tool_started","mid":"6","tool_call_id":"c","name":"t","arguments":"{\"a\":\"bbbb\"}"}"#
+                    .into(),
+            ),
         };
         assert_eq!(
             String::from_utf8(sse(&unit)).unwrap(),
@@ -258,23 +382,50 @@ mod tests {
         let ws: Value = serde_json::from_str(&websocket(&unit).unwrap()).unwrap();
         assert_eq!(ws["id"], "7.1");
         assert_eq!(ws["unit"]["type"], "step_started");
-        let (body, shed) = stream_data(&unit).unwrap();
+        // A route's frames: numbered from 1 across both lanes, the event beside the unit, the
+        // subscriber's limits cutting a call's arguments.
+        let limits = cortexkit_role_llm_runner::display::Limits::new(4, 8, 8);
+        let mut enc = StreamEncoder::new(Some(limits));
+        let (body, shed) = enc.encode(&unit).unwrap();
         let body: Value = serde_json::from_str(&body).unwrap();
         assert_eq!(
-            (body["cursor"]["after"].as_str(), shed),
-            (Some("7.1"), false)
+            (body["cursor"]["after"].as_str(), shed, body["seq"].as_u64()),
+            (Some("7.1"), false, Some(1))
         );
-        let display = SubItem::Display("hi".into());
+        assert_eq!(body["event"]["arguments"], "{\"a\"");
+        assert_eq!(body["event"]["arguments_truncated"], true);
+        let display = SubItem::Display(Delta {
+            event: r#"{"type":"text_delta","message_id":"","delta":"hi","mid":"6","part":"0"}"#
+                .into(),
+            text: Some("hi".into()),
+        });
         assert_eq!(
             String::from_utf8(sse(&display)).unwrap(),
             "event: display\ndata: {\"text\":\"hi\"}\n\n"
         );
+        let (body, shed) = enc.encode(&display).unwrap();
+        let body: Value = serde_json::from_str(&body).unwrap();
+        assert!(shed, "a display delta may be shed");
+        assert_eq!(
+            (body["kind"].as_str(), body["seq"].as_u64()),
+            (Some("display"), Some(2))
+        );
+        assert_eq!(body["event"]["type"], "text_delta");
+        let gap: Value = serde_json::from_str(&enc.display_gap(3)).unwrap();
+        assert_eq!(
+            (gap["event"]["dropped"].as_u64(), gap["seq"].as_u64()),
+            (Some(3), Some(3))
+        );
+        let reset = SubItem::Display(Delta {
+            event: r#"{"type":"display_reset"}"#.into(),
+            text: None,
+        });
         assert!(
-            stream_data(&display).unwrap().1,
-            "a display delta may be shed"
+            sse(&reset).is_empty(),
+            "the HTTP lanes show the answer's text alone"
         );
         assert!(sse(&SubItem::Ready).is_empty());
-        assert!(websocket(&SubItem::Ready).is_none() && stream_data(&SubItem::Ready).is_none());
+        assert!(websocket(&SubItem::Ready).is_none() && enc.encode(&SubItem::Ready).is_none());
         assert!(SubItem::End("x".into()).is_last() && !unit.is_last());
     }
 

@@ -9,7 +9,7 @@ pub mod role;
 mod send;
 
 pub use code::Code;
-pub use lanes::{Cursor, SubFrom, SubItem};
+pub use lanes::{Cursor, Delta, StreamEncoder, SubFrom, SubItem};
 pub use request::{CancelAt, Method, Request, SessionName};
 pub use send::{Budget, Refusal, SendRequest};
 

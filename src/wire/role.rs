@@ -38,6 +38,8 @@ pub const GROUPS: &[&str] = &[
     groups::HISTORY_DISPLAY,
     groups::CLIENT_MESSAGE_ID,
     groups::READ_DISPLAY_FACTS,
+    groups::LIVE_EVENTS,
+    groups::RUN_CAUSE,
 ];
 
 /// `session.read`'s byte cap: the default, and the largest honoured.

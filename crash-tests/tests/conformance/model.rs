@@ -26,6 +26,10 @@ struct Session {
     /// The hold the session's next answer takes, and the one its answer in flight is under.
     armed: Option<Arc<Hold>>,
     held: Option<Arc<Hold>>,
+    /// The conversations (each request's messages) a failing turn answered.
+    failed: Vec<String>,
+    /// Assistant messages the session holds from elsewhere than the script (imported).
+    seeded: usize,
 }
 
 /// The server and what it saw.
@@ -70,6 +74,16 @@ impl Model {
         } else {
             "anthropic"
         }
+    }
+
+    /// The session holds `n` assistant messages that are not the script's answers.
+    pub fn seeded(&self, session: &str, n: usize) {
+        self.sessions
+            .lock()
+            .unwrap()
+            .entry(session.to_string())
+            .or_default()
+            .seeded += n;
     }
 
     pub fn install(&self, session: &str, script: Script) {
@@ -117,12 +131,25 @@ impl Model {
 
     fn answer(&self, body: Value, chat: bool) -> Answer {
         let session = body["model"].as_str().unwrap_or_default().to_string();
-        let turn = body["messages"]
+        let assistant = body["messages"]
             .as_array()
             .map_or(0, |m| m.iter().filter(|m| m["role"] == "assistant").count());
         let mut sessions = self.sessions.lock().unwrap();
         let s = sessions.entry(session.clone()).or_default();
         s.requests.push(body.clone());
+        // A failing turn leaves no assistant message: it answers every request of the step it
+        // failed (broca's retries), and a request of another conversation takes the next turn.
+        let key = body["messages"].to_string();
+        let failed_before = s.failed.iter().filter(|k| **k != key).count();
+        let turn = (assistant + failed_before).saturating_sub(s.seeded);
+        if s.script
+            .turns
+            .get(turn)
+            .is_some_and(|t| t.model_failure.is_some())
+            && !s.failed.contains(&key)
+        {
+            s.failed.push(key);
+        }
         let Some(t) = s.script.turns.get(turn) else {
             let e = json!({"type": "error", "error": {"type": "invalid_request_error",
                 "message": format!("the script of {session} has no turn {turn}")}});
@@ -131,8 +158,12 @@ impl Model {
                 content_type: "application/json",
                 pieces: vec![e.to_string()],
                 hold: None,
+                headers: String::new(),
             };
         };
+        if let Some(failure) = &t.model_failure {
+            return failed(failure, chat);
+        }
         let max = body["max_tokens"]
             .as_u64()
             .or(body["max_completion_tokens"].as_u64());
@@ -151,6 +182,7 @@ impl Model {
             content_type: "text/event-stream",
             pieces,
             hold,
+            headers: String::new(),
         }
     }
 
@@ -211,6 +243,37 @@ impl Model {
     }
 }
 
+/// A failed model request as the wire says it: an overloaded server for a transient error
+/// (429, with the delay in `retry-after-ms`), an invalid request for any other, the
+/// provider's own error body; broca's transport classifies it, as it would a real one.
+fn failed(error: &cortexkit_role_llm_runner::run::RunError, chat: bool) -> Answer {
+    let transient = error.class == "transient";
+    let status = if transient {
+        "429 Too Many Requests"
+    } else {
+        "400 Bad Request"
+    };
+    let body = if chat {
+        json!({"error": {"message": error.message, "type": if transient { "rate_limit_error" } else { "invalid_request_error" }, "code": error.provider_code}})
+    } else {
+        json!({"type": "error", "error": {"type": if transient { "rate_limit_error" } else { "invalid_request_error" }, "message": error.message}})
+    };
+    let mut headers = String::new();
+    if let Some(secs) = error.retry_after_secs {
+        headers.push_str(&format!(
+            "retry-after-ms: {}\r\n",
+            (secs * 1000.0).round() as u64
+        ));
+    }
+    Answer {
+        status,
+        content_type: "application/json",
+        pieces: vec![body.to_string()],
+        hold: None,
+        headers,
+    }
+}
+
 /// An answer held after its first parts until the case releases it.
 struct Hold {
     /// Parts streamed before the hold.
@@ -227,6 +290,8 @@ struct Answer {
     content_type: &'static str,
     pieces: Vec<String>,
     hold: Option<Arc<Hold>>,
+    /// Header lines of its own (each ending in CRLF).
+    headers: String,
 }
 
 /// Writes an answer: whole with its length, or, under a hold, chunked: the prefix and the
@@ -235,10 +300,11 @@ async fn write_answer(stream: &mut TcpStream, a: Answer) -> std::io::Result<()> 
     let Some(hold) = a.hold else {
         let body = a.pieces.concat();
         let head = format!(
-            "HTTP/1.1 {}\r\ncontent-type: {}\r\ncontent-length: {}\r\n\r\n",
+            "HTTP/1.1 {}\r\ncontent-type: {}\r\ncontent-length: {}\r\n{}\r\n",
             a.status,
             a.content_type,
-            body.len()
+            body.len(),
+            a.headers
         );
         stream.write_all(head.as_bytes()).await?;
         return stream.write_all(body.as_bytes()).await;

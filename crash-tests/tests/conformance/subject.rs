@@ -179,6 +179,50 @@ impl Subject {
     }
 }
 
+impl Subject {
+    /// Takes `messages` into `session` as a Claude Code log would bring them
+    /// (`session.import` over the owner's route, broca's own write path).
+    async fn import(
+        &self,
+        handle: &Module,
+        session: &str,
+        label: &str,
+        messages: Vec<Value>,
+    ) -> Result<(), HarnessError> {
+        let route = self
+            .session_route(handle, session, &self.owner_stamp())
+            .await?;
+        let fail = |what: &str, e: String| HarnessError::new(format!("{what}: {e}"));
+        let log = handle.root.join(format!("{session}-{label}.jsonl"));
+        let text: String = messages
+            .into_iter()
+            .enumerate()
+            .map(|(n, message)| {
+                let kind = message["role"].as_str().unwrap_or("user").to_string();
+                json!({"type": kind, "uuid": format!("{label}-{n}"),
+                    "sessionId": format!("{session}-{label}-log"),
+                    "timestamp": "2026-12-01T00:00:00.000Z", "cwd": "/", "message": message})
+                .to_string()
+                    + "\n"
+            })
+            .collect();
+        std::fs::write(&log, text).map_err(|e| fail("the log", e.to_string()))?;
+        let imported = route
+            .request(
+                "session.import",
+                json!({"format": "claude-code", "path": log.to_string_lossy()}),
+            )
+            .await
+            .map_err(|e| fail("session.import", e.message))?;
+        match imported {
+            Reply::Response(_) => Ok(()),
+            refused => Err(HarnessError::new(format!(
+                "session.import refused: {refused:?}"
+            ))),
+        }
+    }
+}
+
 fn arm_file(root: &Path) -> PathBuf {
     root.join("crash-arm")
 }
@@ -305,6 +349,12 @@ impl LlmRunnerSubject for Subject {
         })
     }
 
+    fn supports_model_failure_fixture(&self) -> bool {
+        // The scripted model answers a failing turn with its wire's error status and body
+        // (and `retry-after-ms`); broca's transport classifies it as a real one.
+        true
+    }
+
     fn session_usage_fixtures(&self) -> bool {
         // The scripted model reports each turn's usage at face value; broca keeps no host
         // of its own that could rewind a session (that case stays not applicable).
@@ -347,49 +397,70 @@ impl LlmRunnerSubject for Subject {
         let route = self
             .session_route(handle, session, &self.owner_stamp())
             .await?;
-        let fail = |what: &str, e: String| HarnessError::new(format!("{what}: {e}"));
         let head = route
             .request("session.head", json!({}))
             .await
-            .map_err(|e| fail("session.head", e.message))?;
+            .map_err(|e| HarnessError::new(format!("session.head: {}", e.message)))?;
         let Reply::Response(head) = head else {
             return Err(HarnessError::new(format!("session.head refused: {head:?}")));
         };
         let last = head["last_ordinal"].as_u64().unwrap_or(0);
         let marker = format!("{session}-imported-marker");
-        let log = handle.root.join(format!("{session}.jsonl"));
-        let line = |kind: &str, uuid: &str, message: Value| {
-            json!({"type": kind, "uuid": uuid, "sessionId": format!("{session}-log"),
-                   "timestamp": "2026-12-01T00:00:00.000Z", "cwd": "/", "message": message})
-            .to_string()
-        };
-        let text = [
-            line("user", "u1", json!({"role": "user", "content": marker})),
-            line(
-                "assistant",
-                "a1",
-                json!({"role": "assistant", "model": "m", "content": [{"type": "text", "text": "noted"}]}),
-            ),
-        ]
-        .join("\n")
-            + "\n";
-        std::fs::write(&log, text).map_err(|e| fail("the log", e.to_string()))?;
-        let imported = route
-            .request(
-                "session.import",
-                json!({"format": "claude-code", "path": log.to_string_lossy()}),
-            )
-            .await
-            .map_err(|e| fail("session.import", e.message))?;
-        if !matches!(imported, Reply::Response(_)) {
-            return Err(HarnessError::new(format!(
-                "session.import refused: {imported:?}"
-            )));
-        }
+        let lines = vec![
+            json!({"role": "user", "content": marker}),
+            json!({"role": "assistant", "model": "m", "content": [{"type": "text", "text": "noted"}]}),
+        ];
+        self.import(handle, session, "attribution", lines).await?;
         Ok(AttributionFixture::Installed {
             ordinal: last + 1,
             marker,
         })
+    }
+
+    async fn seed_host_history(
+        &self,
+        handle: &Module,
+        session: &str,
+        count: u64,
+        cut: bool,
+    ) -> Result<(), HarnessError> {
+        if cut {
+            return Err(HarnessError::new(
+                "broca keeps no native marker that hides entries from the model",
+            ));
+        }
+        // Entries broca took in before the session's first send: another harness's log,
+        // imported (`session.import`), user and assistant in turn (a log's consecutive lines
+        // of one role are one message). The scripted model is told how many assistant
+        // messages they hold, so its turns still start at the script's first.
+        let lines: Vec<Value> = (0..count)
+            .map(|n| {
+                let text = format!("{session}-host-entry-{n}");
+                if n % 2 == 0 {
+                    json!({"role": "user", "content": text})
+                } else {
+                    json!({"role": "assistant", "model": "m", "content": [{"type": "text", "text": text}]})
+                }
+            })
+            .collect();
+        self.model.seeded(session, count as usize / 2);
+        self.import(handle, session, "host", lines).await
+    }
+
+    async fn seed_untimed_tool_call(
+        &self,
+        handle: &Module,
+        session: &str,
+        call: &cortexkit_role_llm_runner_conformance::ScriptedToolCall,
+    ) -> Result<(), HarnessError> {
+        // A finished call from another harness's log: it recorded no times broca could keep.
+        let lines = vec![
+            json!({"role": "assistant", "model": "m", "content": [{"type": "tool_use",
+                "id": call.tool_call_id, "name": call.tool, "input": call.arguments}]}),
+            json!({"role": "user", "content": [{"type": "tool_result",
+                "tool_use_id": call.tool_call_id, "content": "seeded result"}]}),
+        ];
+        self.import(handle, session, "untimed", lines).await
     }
 
     async fn model_requests(

@@ -57,6 +57,9 @@ pub struct CallFacts {
     pub call_key: Option<String>,
     /// The module it was sent to (absent: never dispatched).
     pub dispatched_to: Option<String>,
+    /// The tool-provider/v1 pin of the definition it was sent against (absent: never sent,
+    /// or not a provider's tool).
+    pub schema_pin: Option<String>,
     /// Its dispatch intent is durable.
     pub intent: bool,
     /// When it was handed to dispatch.
@@ -86,6 +89,7 @@ impl CallFacts {
             args: call.input,
             call_key: None,
             dispatched_to: None,
+            schema_pin: None,
             intent: false,
             started_at: None,
             result: None,
@@ -396,6 +400,7 @@ impl Entries {
             facts.intent = true;
             facts.call_key = intent.call_key(index).map(str::to_string);
             facts.dispatched_to = intent.dispatched_to.get(index).cloned().flatten();
+            facts.schema_pin = intent.schema_pin(index).map(str::to_string);
             facts.started_at = intent.at_unix_ms;
         }
     }

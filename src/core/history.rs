@@ -262,6 +262,12 @@ fn part<'a>(
                 if let Some(why) = facts.unanswered() {
                     p = p.with_unanswered(why);
                 }
+                if let Some(key) = &facts.call_key {
+                    p = p.with_call_key(key.clone());
+                }
+                if let Some(pin) = &facts.schema_pin {
+                    p = p.with_schema_pin(pin.clone());
+                }
             }
             DisplayPart::ToolCall(p)
         }

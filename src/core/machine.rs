@@ -379,16 +379,13 @@ impl RunMachine {
         self.step_seq
     }
 
-    /// The module a tool `name`'s frozen route names (`mcp:<server>` for an MCP server's,
-    /// the module id for a daemon module's).
-    fn module_of(&self, name: &str) -> String {
-        let route = self
-            .config
+    /// The route frozen for tool `name` (empty for a tool the run was not offered).
+    fn route_of(&self, name: &str) -> &str {
+        self.config
             .tools
             .iter()
             .find(|t| t.name == name)
-            .map_or("", |t| t.route.as_str());
-        broca_protocol::route::module(route).to_string()
+            .map_or("", |t| t.route.as_str())
     }
 
     fn push(&mut self, record: Record, wait: bool) {
@@ -636,6 +633,8 @@ impl RunMachine {
             batch_id,
             result: result.clone(),
             step_seq: self.step_seq,
+            call_key: None,
+            schema_pin: None,
             at_unix_ms: Some(self.now_ms),
         };
         self.push(Record::ToolResult(record), false);

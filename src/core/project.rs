@@ -77,15 +77,27 @@ pub fn live_outcome(r: &ResultBlock) -> &'static str {
     }
 }
 
-/// `tool_finished` of `r`, a call of message `mid`.
-fn tool_finished(mid: &str, r: &ResultBlock, at: Option<u64>) -> Unit {
-    let event = ToolFinished::new(
+/// `tool_finished` of `r`, a call of message `mid`, with the key and pin its intent
+/// recorded, when it has them.
+fn tool_finished(
+    mid: &str,
+    r: &ResultBlock,
+    at: Option<u64>,
+    identity: (Option<&str>, Option<&str>),
+) -> Unit {
+    let mut event = ToolFinished::new(
         mid,
         r.call_id.clone(),
         live_outcome(r),
         r.content.len() as u64,
         at,
     );
+    if let Some(key) = identity.0 {
+        event = event.with_call_key(key);
+    }
+    if let Some(pin) = identity.1 {
+        event = event.with_schema_pin(pin);
+    }
     Unit::with(
         json!({"type": "tool_finished", "mid": mid, "call_id": r.call_id}),
         LiveEvent::ToolFinished(event),
@@ -128,6 +140,9 @@ pub fn units(seq: u64, record: &Record) -> Vec<Unit> {
                 if let Some(key) = r.call_key(i) {
                     event = event.with_call_key(key);
                 }
+                if let Some(pin) = r.schema_pin(i) {
+                    event = event.with_schema_pin(pin);
+                }
                 Unit::with(body, LiveEvent::ToolStarted(event))
             })
             .collect(),
@@ -136,7 +151,13 @@ pub fn units(seq: u64, record: &Record) -> Vec<Unit> {
             let body = json!({"type": "tool_result", "run_id": r.run_id, "result": val(&r.result)});
             let mut out = vec![Unit::message_started(&mid)];
             if let Some(holder) = r.step_seq {
-                out.push(tool_finished(&holder.to_string(), &r.result, r.at_unix_ms));
+                let identity = (r.call_key.as_deref(), r.schema_pin.as_deref());
+                out.push(tool_finished(
+                    &holder.to_string(),
+                    &r.result,
+                    r.at_unix_ms,
+                    identity,
+                ));
             }
             out.push(Unit::message(&mid, body));
             out
@@ -220,7 +241,7 @@ fn imported_calls(
                     reason: None,
                     size: None,
                 };
-                out.push(tool_finished(holder, &result, None));
+                out.push(tool_finished(holder, &result, None, (None, None)));
             }
             _ => {}
         }
@@ -255,7 +276,7 @@ fn run_started(seq: u64, r: &broca_wal::runrec::RunStarted) -> Vec<Unit> {
         match &r.resolved_mid {
             Some(holder) => {
                 out.push(Unit::plain(body));
-                out.push(tool_finished(holder, res, Some(r.at_unix_ms)));
+                out.push(tool_finished(holder, res, Some(r.at_unix_ms), (None, None)));
             }
             None => out.push(Unit::plain(body)),
         }

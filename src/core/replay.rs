@@ -735,6 +735,7 @@ mod tests {
             }],
             call_keys: Vec::new(),
             dispatched_to: Vec::new(),
+            schema_pins: Vec::new(),
             step_seq: None,
             at_unix_ms: None,
         });
@@ -750,6 +751,8 @@ mod tests {
                     size: None,
                 },
                 step_seq: None,
+                call_key: None,
+                schema_pin: None,
                 at_unix_ms: None,
             })
         };

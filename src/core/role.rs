@@ -138,6 +138,12 @@ fn tool_time(c: &crate::entries::CallFacts) -> ToolTime {
     if let Some(why) = c.unanswered() {
         t = t.with_unanswered(why);
     }
+    if let Some(key) = &c.call_key {
+        t = t.with_call_key(key.clone());
+    }
+    if let Some(pin) = &c.schema_pin {
+        t = t.with_schema_pin(pin.clone());
+    }
     t
 }
 

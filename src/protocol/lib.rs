@@ -161,6 +161,14 @@ pub mod route {
     /// Tools an MCP server of the tools config provides (`mcp:<server>`).
     pub const MCP_PREFIX: &str = "mcp:";
 
+    /// The tool-provider/v1 schema pin a daemon module's route names (none for another).
+    pub fn schema_pin(route: &str) -> Option<&str> {
+        let rest = route.strip_prefix(SUBC_PREFIX)?;
+        rest.split_once('@')
+            .map(|(_, pin)| pin)
+            .filter(|p| !p.is_empty())
+    }
+
     /// The module a route names: a daemon module's id, else the route itself
     /// (`mcp:<server>`); what llm-runner/v1 reads calls dispatched to.
     pub fn module(route: &str) -> &str {

@@ -47,9 +47,19 @@ struct InFlight {
     call: Rc<Cell<u64>>,
     streaming: bool,
     tools: usize,
-    /// The keys the last dispatch intent recorded, each with its call's id, in the batch's
-    /// order: a dispatched call takes the first of its id.
-    keys: Vec<(String, String)>,
+    /// The calls of the last dispatch intent, in its order: a dispatched call takes the key
+    /// of the first of its id not yet sent, a result the facts of the first not yet answered.
+    batch: Vec<Intended>,
+}
+
+/// A call of the last dispatch intent: its model id, key and schema pin as the intent
+/// recorded them, and whether it was sent and answered.
+struct Intended {
+    id: String,
+    key: String,
+    pin: Option<String>,
+    sent: bool,
+    answered: bool,
 }
 
 enum Next {
@@ -70,7 +80,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             call: Rc::new(Cell::new(0)),
             streaming: false,
             tools: 0,
-            keys: Vec::new(),
+            batch: Vec::new(),
         };
         loop {
             while let Some(cmd) = m.poll_command() {
@@ -116,8 +126,11 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
     ) -> Result<Option<Outcome>, ActorError> {
         match cmd {
             Command::Append { mut record, wait } => {
-                if let Record::ToolDispatchIntent(intent) = &mut record {
-                    calls.keys = self.stamp_keys(intent);
+                match &mut record {
+                    Record::ToolDispatchIntent(intent) => calls.batch = self.stamp_keys(intent),
+                    Record::ToolResult(r) => stamp_result(&mut calls.batch, r),
+                    Record::StepStarted(_) => calls.batch.clear(),
+                    _ => {}
                 }
                 let seq = self.writer.next_seq();
                 let step = matches!(record, Record::StepStarted(_));
@@ -150,10 +163,12 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                 calls.tools += batch.len();
                 for c in batch {
                     let route = self.route_of(&c.name);
-                    let key = match calls.keys.iter().position(|(id, _)| *id == c.id) {
-                        Some(i) => calls.keys.remove(i).1,
-                        None => unreachable!("a dispatched call is in its intent"),
+                    let Some(intended) = calls.batch.iter_mut().find(|i| i.id == c.id && !i.sent)
+                    else {
+                        unreachable!("a dispatched call is in its intent")
                     };
+                    intended.sent = true;
+                    let key = intended.key.clone();
                     self.spawn_tool(c, route, key, calls.tx.clone());
                 }
             }
@@ -316,8 +331,8 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
     }
 
     /// Mints the keys of `intent`'s calls into it (what only the session knows: its triple);
-    /// answers each with its call's id.
-    fn stamp_keys(&self, intent: &mut ToolDispatchIntent) -> Vec<(String, String)> {
+    /// answers the batch's calls as the intent records them.
+    fn stamp_keys(&self, intent: &mut ToolDispatchIntent) -> Vec<Intended> {
         assert!(
             intent.call_keys.is_empty(),
             "an intent's keys are minted once"
@@ -331,8 +346,14 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         intent
             .calls
             .iter()
-            .zip(&intent.call_keys)
-            .map(|(c, k)| (c.id.clone(), k.clone()))
+            .enumerate()
+            .map(|(i, c)| Intended {
+                id: c.id.clone(),
+                key: intent.call_keys[i].clone(),
+                pin: intent.schema_pin(i).map(str::to_string),
+                sent: false,
+                answered: false,
+            })
             .collect()
     }
 
@@ -359,6 +380,19 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             let _ = tx.send(Input::Tool { call_id, outcome }).await;
         })
         .detach();
+    }
+}
+
+/// Puts on a result the key and pin its call's intent recorded (a result of a call the
+/// intent does not hold, one a stop never sent, gets none).
+fn stamp_result(batch: &mut [Intended], r: &mut broca_wal::runrec::ToolResult) {
+    if let Some(i) = batch
+        .iter_mut()
+        .find(|i| i.id == r.result.call_id && !i.answered)
+    {
+        i.answered = true;
+        r.call_key = Some(i.key.clone());
+        r.schema_pin = i.pin.clone();
     }
 }
 

@@ -316,6 +316,11 @@ pub struct ToolDispatchIntent {
     /// refuses itself and never sends (an unknown tool, arguments its schema refuses).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dispatched_to: Vec<Option<String>>,
+    /// Each call's `schema_pin`, in `calls`' order: the tool-provider/v1 pin of the definition
+    /// its frozen route names (absent for a call never sent, and for an MCP server's tool,
+    /// which has no provider definition).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub schema_pins: Vec<Option<String>>,
     /// The step's StepStarted seq: the id of the message holding the calls.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step_seq: Option<u64>,
@@ -329,6 +334,11 @@ impl ToolDispatchIntent {
     pub fn call_key(&self, index: usize) -> Option<&str> {
         self.call_keys.get(index).map(String::as_str)
     }
+
+    /// The schema pin of the call at `index`, when it has one.
+    pub fn schema_pin(&self, index: usize) -> Option<&str> {
+        self.schema_pins.get(index).and_then(|p| p.as_deref())
+    }
 }
 
 /// One tool call's result.
@@ -341,6 +351,11 @@ pub struct ToolResult {
     /// The step's StepStarted seq: the id of the message holding the call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step_seq: Option<u64>,
+    /// The call's key and schema pin, as its dispatch intent recorded them (for a call sent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_pin: Option<String>,
     /// When the result was recorded (the call's finish time).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at_unix_ms: Option<u64>,

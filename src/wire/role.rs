@@ -40,6 +40,7 @@ pub const GROUPS: &[&str] = &[
     groups::READ_DISPLAY_FACTS,
     groups::LIVE_EVENTS,
     groups::RUN_CAUSE,
+    groups::CALL_IDENTITY,
 ];
 
 /// `session.read`'s byte cap: the default, and the largest honoured.

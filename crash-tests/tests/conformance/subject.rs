@@ -569,6 +569,13 @@ impl LlmRunnerSubject for Subject {
         Some(ToolResultObservation::new(executed, reason))
     }
 
+    async fn dispatched_schema_pin(
+        &self,
+        arguments: &Value,
+    ) -> Result<Option<String>, HarnessError> {
+        self.tools.pin(arguments).map_err(HarnessError::new)
+    }
+
     async fn tool_invocations(&self, arguments: &Value) -> usize {
         self.tools.invocations(arguments)
     }

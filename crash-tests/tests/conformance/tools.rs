@@ -26,6 +26,8 @@ struct State {
     results: HashMap<String, (Value, bool)>,
     /// Calls received, by arguments.
     calls: HashMap<String, usize>,
+    /// The `schema_pin` each call arrived with, by arguments (the last one received).
+    pins: HashMap<String, Option<String>>,
     /// Held calls released by the case.
     released: std::collections::HashSet<String>,
 }
@@ -78,6 +80,17 @@ impl ToolModule {
         }
     }
 
+    /// The `schema_pin` the call with `arguments` arrived with, as the module received it.
+    pub fn pin(&self, arguments: &Value) -> Result<Option<String>, String> {
+        self.state
+            .lock()
+            .unwrap()
+            .pins
+            .get(&key(arguments))
+            .cloned()
+            .ok_or_else(|| format!("no call with {arguments} reached the tool"))
+    }
+
     /// Lets a held call with `arguments` answer.
     pub fn release(&self, arguments: &Value) {
         self.state.lock().unwrap().released.insert(key(arguments));
@@ -109,6 +122,8 @@ impl ToolModule {
         let scripted = {
             let mut s = self.state.lock().unwrap();
             *s.calls.entry(k.clone()).or_default() += 1;
+            s.pins
+                .insert(k.clone(), body["schema_pin"].as_str().map(str::to_string));
             s.results.get(&k).cloned()
         };
         self.changed.notify_waiters();

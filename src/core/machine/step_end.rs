@@ -65,11 +65,22 @@ impl RunMachine {
         let batch_id = format!("{}.{}", self.run_id, self.step);
         // Where each call goes: its frozen route's module, or nowhere for a call broca refuses
         // itself (decided the same way when the intent is durable).
-        let dispatched_to = calls
+        let sent: Vec<Option<&str>> = calls
             .iter()
             .map(|c| match self.refusal(c) {
                 Some(_) => None,
-                None => Some(self.module_of(&c.name)),
+                None => Some(self.route_of(&c.name)),
+            })
+            .collect();
+        let dispatched_to = sent
+            .iter()
+            .map(|r| r.map(|r| broca_protocol::route::module(r).to_string()))
+            .collect();
+        let schema_pins = sent
+            .iter()
+            .map(|r| {
+                r.and_then(broca_protocol::route::schema_pin)
+                    .map(str::to_string)
             })
             .collect();
         let record = ToolDispatchIntent {
@@ -79,6 +90,7 @@ impl RunMachine {
             calls: calls.clone(),
             call_keys: Vec::new(),
             dispatched_to,
+            schema_pins,
             step_seq: self.step_seq,
             at_unix_ms: Some(self.now_ms),
         };

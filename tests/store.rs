@@ -460,3 +460,143 @@ fn wal_names(state: &Path) -> Vec<std::ffi::OsString> {
     names.sort();
     names
 }
+
+/// A measure some steps reported and others did not: summed over the steps that reported it,
+/// never 0 for the rest, everywhere usage is shown (run.result, run.status, the session's
+/// spend on session.head, the store's run rows, the usage export), with the steps that
+/// reported nothing counted.
+#[test]
+fn a_measure_reported_by_some_steps_is_summed_over_them_everywhere_usage_is_shown() {
+    let peer =
+        Peer::start(Command::new("python3").arg(peers_dir().join("partial_usage_provider.py")));
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path();
+    let aimock = Aimock::start(&fixture("aimock.json"));
+    let s = support::serve::start_env(
+        state,
+        &aimock,
+        &[],
+        &[
+            ("OPENAI_API_KEY", "sk-usage-test-0123456789"),
+            ("BROCA_BASE_URL_OPENAI", &peer.url()),
+        ],
+    );
+    let send = |prompt: &str| {
+        let (status, r) = rpc(
+            &s,
+            "session.send",
+            json!({"session": "u", "prompt": prompt, "model": "openai/m"}),
+        );
+        assert_eq!(status, 200, "{r}");
+        let run_id = r["result"]["run_id"].as_str().unwrap().to_string();
+        let result = support::serve::result_when_ended(&s, "u", &run_id);
+        assert_eq!(result["state"], "completed", "{result}");
+        let (_, status) = rpc(&s, "run.status", json!({"session": "u", "run_id": run_id}));
+        assert_eq!(
+            status["result"]["usage"], result["usage"],
+            "run.status and run.result say the same usage"
+        );
+        (run_id, result)
+    };
+    let (first, full) = send("usage:full");
+    let (_, plain) = send("usage:plain");
+    let (_, none) = send("usage:none");
+    // Each run as its one step reported it: the role's input is the uncached part.
+    let u = &full["usage"];
+    assert_eq!(
+        (
+            u["input_tokens"].as_u64(),
+            u["cached_input_tokens"].as_u64()
+        ),
+        (Some(30), Some(60))
+    );
+    assert_eq!(
+        (
+            u["cache_write_tokens"].as_u64(),
+            u["reasoning_tokens"].as_u64()
+        ),
+        (Some(10), Some(5)),
+        "OpenAI-compatible chat's cache writes and reasoning both kept: {u}"
+    );
+    let u = &plain["usage"];
+    assert_eq!(
+        (u["input_tokens"].as_u64(), u["output_tokens"].as_u64()),
+        (Some(50), Some(10))
+    );
+    for absent in [
+        "cached_input_tokens",
+        "cache_write_tokens",
+        "reasoning_tokens",
+    ] {
+        assert!(
+            u.get(absent).is_none(),
+            "{absent} was not reported, so it is absent: {u}"
+        );
+    }
+    assert_eq!(plain["metered_usage"], json!({"input": 50, "output": 10}));
+    let u = &none["usage"];
+    assert_eq!(
+        (u["steps"].as_u64(), u["unreported_steps"].as_u64()),
+        (Some(1), Some(1))
+    );
+    assert!(
+        u.get("input_tokens").is_none() && u.get("output_tokens").is_none(),
+        "{u}"
+    );
+    assert!(none.get("metered_usage").is_none(), "{none}");
+    assert_eq!(none["metered_unreported_steps"], 1);
+
+    // The session's spend: every step of every run since the first, each measure summed over
+    // the steps that reported it (a lower bound where some did not), never 0 for the rest.
+    let (_, head) = rpc(&s, "session.head", json!({"session": "u"}));
+    let spend = &head["result"]["usage"];
+    assert_eq!(spend["since"], first.as_str(), "{spend}");
+    assert_eq!(
+        (spend["steps"].as_u64(), spend["unreported_steps"].as_u64()),
+        (Some(3), Some(1))
+    );
+    assert_eq!(
+        (
+            spend["input_tokens"].as_u64(),
+            spend["cached_input_tokens"].as_u64(),
+            spend["cache_write_tokens"].as_u64(),
+            spend["output_tokens"].as_u64(),
+            spend["reasoning_tokens"].as_u64()
+        ),
+        (Some(80), Some(60), Some(10), Some(30), Some(5)),
+        "{spend}"
+    );
+    let by_model = spend["by_model"].as_array().unwrap();
+    assert_eq!(by_model.len(), 1);
+    assert_eq!(by_model[0]["steps"], 3);
+
+    // The usage export: a fact per step, each with exactly what its step reported.
+    let facts = facts(state);
+    let usages: Vec<&Value> = facts.iter().map(|f| &f["usage"]).collect();
+    assert_eq!(
+        usages,
+        [
+            &json!({"input": 100, "output": 20, "cache_read": 60, "cache_write": 10, "reasoning": 5}),
+            &json!({"input": 50, "output": 10}),
+            &json!({}),
+        ]
+    );
+
+    // The store's run rows, once serve has projected them: the same sums, the unreported
+    // step counted.
+    let triple = broca::wal::SessionTriple::new("/proj", "h", "u").unwrap();
+    let addr = triple.address().0;
+    drop(s);
+    let (store, _) = broca::store::Store::open(state).unwrap();
+    store.catch_up_all(&state.join("wal")).unwrap();
+    let rows = store.runs(&addr).unwrap();
+    assert_eq!(rows.len(), 3);
+    assert_eq!(rows[0].usage.reasoning, Some(5));
+    assert_eq!(
+        rows[1].usage.reasoning, None,
+        "never 0 for a measure not reported"
+    );
+    assert_eq!(rows[1].usage.input, Some(50));
+    assert_eq!(rows[2].usage, broca::protocol::Usage::default());
+    assert_eq!(rows[2].unreported_steps, 1);
+}

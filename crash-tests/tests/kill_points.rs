@@ -282,6 +282,8 @@ impl Cut<'_> {
             );
         }
         counts.invariants += 2;
+        check_attribution(&s, &run_id, &status, what);
+        counts.invariants += 1;
         let read_before = try_rpc(&s, "session.read", json!({})).unwrap().1;
         stop(s);
         self.check_files(what, counts);
@@ -299,6 +301,55 @@ impl Cut<'_> {
 }
 
 /// Stops serve with SIGTERM and waits for it.
+/// The ended run's calls as the role reads them (`dispatch_attribution`, `run.tool_calls`):
+/// none left indeterminate, each with its key; a call the run names as of unknown outcome is
+/// closed with an `outcome_unknown` result (in the commit that ended the run) and listed
+/// `indeterminate`, never as having run or not; a call sent names its module.
+fn check_attribution(s: &Serve, run_id: &str, status: &Value, what: &str) {
+    let page = try_rpc(s, "session.read", json!({})).unwrap().1;
+    let messages = page["result"]["messages"].as_array().unwrap();
+    let attributions: Vec<&Value> = messages
+        .iter()
+        .flat_map(|m| m["tool_calls"].as_array().into_iter().flatten())
+        .collect();
+    for a in &attributions {
+        assert_eq!(
+            a["indeterminate"], false,
+            "{what}: {a} is left open after its run ended"
+        );
+        assert!(a["call_key"].is_string(), "{what}: {a} has no key");
+    }
+    let listed = try_rpc(s, "run.tool_calls", json!({"run_id": run_id}))
+        .unwrap()
+        .1;
+    let calls = listed["result"]["calls"].as_array().unwrap();
+    let unknown: Vec<&Value> = status["indeterminate_tool_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .collect();
+    for c in calls {
+        let id = &c["tool_call_id"];
+        let outcome = c["outcome"].as_str().unwrap();
+        if unknown.contains(&id) {
+            assert_eq!(outcome, "indeterminate", "{what}: {c}");
+            let closed = messages.iter().any(|m| {
+                m["message"]["tool_use_id"] == *id && m["message"]["reason"] == "outcome_unknown"
+            });
+            assert!(closed, "{what}: {id} is not closed with outcome_unknown");
+        } else {
+            assert!(
+                ["succeeded", "failed", "not_executed", "refused"].contains(&outcome),
+                "{what}: {c}"
+            );
+        }
+        if outcome == "succeeded" || outcome == "failed" {
+            assert_eq!(c["dispatched_to"], "mcp:counting", "{what}: {c}");
+            assert!(c["result_ordinal"].is_u64(), "{what}: {c}");
+        }
+    }
+}
+
 fn stop(mut s: Serve) {
     // SAFETY: signalling a child this test started.
     unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };

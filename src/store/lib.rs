@@ -641,6 +641,15 @@ impl Store {
         Ok(diffs)
     }
 
+    /// The run rows the store holds for the session `addr`, in the order the runs started
+    /// (none for a session it does not hold).
+    pub fn runs(&self, addr: &[u8; 16]) -> Result<Vec<RunRow>, StoreError> {
+        Ok(self
+            .read_projection(addr)?
+            .map(|p| p.runs)
+            .unwrap_or_default())
+    }
+
     fn read_projection(&self, addr: &[u8; 16]) -> Result<Option<Projection>, StoreError> {
         let Some(mark) = self.mark(addr)? else {
             return Ok(None);

@@ -95,9 +95,18 @@ fn every_family_streams_stops_on_its_budget_and_reports_usage_the_same() {
         let events = read_events(sub, |e| e.2.contains("\"type\":\"run_finished\""));
         let (kinds, display) = lanes(&events);
         assert_eq!(display, "Hello there.", "{family}: the display lane");
+        // The prompt's message and the answer's, each announced before it is stored.
         assert_eq!(
             kinds,
-            ["run_started", "step_started", "message", "run_finished"],
+            [
+                "run_started",
+                "message_started",
+                "message",
+                "step_started",
+                "message_started",
+                "message",
+                "run_finished"
+            ],
             "{family}: the control lane"
         );
         let hello = result_when_ended(&s, &session, &run_id);

@@ -514,7 +514,15 @@ fn subscribers_get_the_control_lane_with_cursors_and_resume_without_gap_or_dupli
             .collect();
         assert_eq!(
             kinds,
-            ["run_started", "step_started", "message", "run_finished"],
+            [
+                "run_started",
+                "message_started",
+                "message",
+                "step_started",
+                "message_started",
+                "message",
+                "run_finished"
+            ],
             "{control:?}"
         );
         assert!(control.iter().all(|e| e.2.contains(&run_id)));

@@ -44,6 +44,7 @@ fn config() -> FrozenConfig {
         },
         context_limit: None,
         cache_policy: CachePolicy::Auto,
+        directives: Vec::new(),
     }
 }
 

@@ -371,6 +371,17 @@ fn resolve(
         stop,
         context_limit,
         cache_policy,
+        directives: req
+            .directives
+            .iter()
+            .flatten()
+            .map(|d| {
+                serde_json::to_value(d)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .expect("a directive name serializes as a string")
+            })
+            .collect(),
     })
 }
 

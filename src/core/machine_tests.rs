@@ -33,6 +33,7 @@ pub(crate) fn config() -> FrozenConfig {
         },
         context_limit: None,
         cache_policy: CachePolicy::Auto,
+        directives: Vec::new(),
     }
 }
 
@@ -51,8 +52,11 @@ pub(crate) fn drain(m: &mut RunMachine) -> Vec<Command> {
     std::iter::from_fn(|| m.poll_command()).collect()
 }
 
+/// The commands' kinds, display deltas left out (they are lossy and never ordered against
+/// records; [`display_deltas_name_their_message_and_part`] checks them).
 pub(crate) fn kinds(cmds: &[Command]) -> Vec<String> {
     cmds.iter()
+        .filter(|c| !matches!(c, Command::Display(_)))
         .map(|c| match c {
             Command::Append { record, wait } => {
                 format!(
@@ -134,7 +138,7 @@ fn cancel_while_streaming_aborts_and_finishes_cancelled() {
     m.feed(Event::Cancel);
     assert_eq!(
         kinds(&drain(&mut m)),
-        ["display", "cancel_requested", "abort", "run_finished!"]
+        ["cancel_requested", "abort", "run_finished!"]
     );
     m.feed(Event::StepEnded); // a late end of the abandoned stream changes nothing
     assert!(drain(&mut m).is_empty());
@@ -204,7 +208,7 @@ fn shutdown_while_streaming_aborts_and_is_interrupted_without_the_partial_step()
     m.feed(Event::Shutdown);
     let cmds = drain(&mut m);
     // The partial output is displayed, never recorded as a step; the stream is abandoned.
-    assert_eq!(kinds(&cmds), ["display", "abort", "run_finished!"]);
+    assert_eq!(kinds(&cmds), ["abort", "run_finished!"]);
     let Some(Command::Append {
         record: Record::RunFinished(f),
         ..
@@ -705,4 +709,74 @@ fn the_context_limit_is_checked_before_each_request_from_an_estimate() {
     let cmds = drain(&mut big);
     assert_eq!(kinds(&cmds), ["run_finished!"]);
     assert_eq!(finished(&cmds).reason, FinishKind::ContextLimit);
+}
+
+#[test]
+fn display_deltas_name_their_message_and_part() {
+    use super::machine::{DeltaKind, DisplayDelta};
+    let mut m = RunMachine::start(
+        "r".into(),
+        config(),
+        vec![Message::user_text("go").into()],
+        0,
+    );
+    drain(&mut m);
+    // The caller performed the StepStarted append: it took seq 7, the message's id.
+    m.step_recorded(7);
+    m.feed(Event::Stream(StreamEvent::ThinkingDelta("hm".into())));
+    m.feed(Event::Stream(StreamEvent::TextDelta("Hel".into())));
+    m.feed(Event::Stream(StreamEvent::TextDelta("lo".into())));
+    m.feed(Event::Stream(StreamEvent::ToolCallStart {
+        index: 0,
+        id: "c1".into(),
+        name: "echo".into(),
+    }));
+    m.feed(Event::Stream(StreamEvent::ToolCallArgsDelta {
+        index: 0,
+        json: "{}".into(),
+    }));
+    let deltas: Vec<DisplayDelta> = drain(&mut m)
+        .into_iter()
+        .filter_map(|c| match c {
+            Command::Display(d) => Some(d),
+            _ => None,
+        })
+        .collect();
+    let chunk = |part, kind, text: &str| DisplayDelta::Chunk {
+        mid: Some(7),
+        part,
+        kind,
+        text: text.into(),
+    };
+    // Each chunk names the index its part has in the stored message: the text's two
+    // deltas one part, the call's arguments another.
+    assert_eq!(
+        deltas,
+        [
+            chunk(0, DeltaKind::Reasoning, "hm"),
+            chunk(1, DeltaKind::Text, "Hel"),
+            chunk(1, DeltaKind::Text, "lo"),
+            chunk(2, DeltaKind::ToolInput("c1".into()), "{}"),
+        ]
+    );
+    // A failed attempt's words are dropped: the retry starts with a reset.
+    m.feed(Event::AttemptFailed {
+        error: ClassifiedError {
+            class: ErrorClass::Transient,
+            message: "overloaded".into(),
+            retry_after_ms: None,
+        },
+        usage: None,
+    });
+    drain(&mut m);
+    let retry = m.poll_timeout().expect("a backoff").at_ms;
+    m.handle_timeout(retry);
+    let cmds = drain(&mut m);
+    assert!(
+        matches!(
+            cmds.first(),
+            Some(Command::Display(DisplayDelta::Reset { mid: Some(7) }))
+        ),
+        "{cmds:?}"
+    );
 }

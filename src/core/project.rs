@@ -38,12 +38,12 @@ impl Unit {
         }
     }
 
-    /// A unit saying that message `mid` starts: the event's own unit.
-    fn message_started(mid: &str) -> Unit {
-        Unit::with(
-            json!({"type": "message_started", "mid": mid}),
-            LiveEvent::MessageStarted(MessageEvent::new(mid)),
-        )
+    /// A unit saying that message `mid` starts: the event's own unit, naming the run (or
+    /// the import) the message is of, as `(member, id)`.
+    fn message_started(mid: &str, of: (&str, &str)) -> Unit {
+        let mut body = json!({"type": "message_started", "mid": mid});
+        body[of.0] = of.1.into();
+        Unit::with(body, LiveEvent::MessageStarted(MessageEvent::new(mid)))
     }
 
     /// The unit holding message `mid`, carrying `message_finished`.
@@ -77,10 +77,11 @@ pub fn live_outcome(r: &ResultBlock) -> &'static str {
     }
 }
 
-/// `tool_finished` of `r`, a call of message `mid`, with the key and pin its intent
-/// recorded, when it has them.
+/// `tool_finished` of `r`, a call of message `mid` of `of` (as [`Unit::message_started`]
+/// names it), with the key and pin its intent recorded, when it has them.
 fn tool_finished(
     mid: &str,
+    of: (&str, &str),
     r: &ResultBlock,
     at: Option<u64>,
     identity: (Option<&str>, Option<&str>),
@@ -98,10 +99,9 @@ fn tool_finished(
     if let Some(pin) = identity.1 {
         event = event.with_schema_pin(pin);
     }
-    Unit::with(
-        json!({"type": "tool_finished", "mid": mid, "call_id": r.call_id}),
-        LiveEvent::ToolFinished(event),
-    )
+    let mut body = json!({"type": "tool_finished", "mid": mid, "call_id": r.call_id});
+    body[of.0] = of.1.into();
+    Unit::with(body, LiveEvent::ToolFinished(event))
 }
 
 /// The units of `record`, the record of `seq`, in sub_index order.
@@ -121,7 +121,10 @@ pub fn units(seq: u64, record: &Record) -> Vec<Unit> {
                 "usage": val(&r.usage),
                 "finish_reason": val(&r.finish_reason),
             });
-            vec![Unit::message_started(&mid), Unit::message(&mid, body)]
+            vec![
+                Unit::message_started(&mid, ("run_id", &r.run_id)),
+                Unit::message(&mid, body),
+            ]
         }
         Record::ToolDispatchIntent(r) => r
             .calls
@@ -149,11 +152,13 @@ pub fn units(seq: u64, record: &Record) -> Vec<Unit> {
         Record::ToolResult(r) => {
             let mid = seq.to_string();
             let body = json!({"type": "tool_result", "run_id": r.run_id, "result": val(&r.result)});
-            let mut out = vec![Unit::message_started(&mid)];
+            let of = ("run_id", r.run_id.as_str());
+            let mut out = vec![Unit::message_started(&mid, of)];
             if let Some(holder) = r.step_seq {
                 let identity = (r.call_key.as_deref(), r.schema_pin.as_deref());
                 out.push(tool_finished(
                     &holder.to_string(),
+                    of,
                     &r.result,
                     r.at_unix_ms,
                     identity,
@@ -197,8 +202,9 @@ pub fn units(seq: u64, record: &Record) -> Vec<Unit> {
             for (i, m) in r.messages.iter().enumerate() {
                 let mid = crate::entries::imported_mid(seq, i);
                 let body = json!({"type": "message", "import_id": r.import_id, "message": val(m)});
-                out.push(Unit::message_started(&mid));
-                out.extend(imported_calls(&mid, m, &mut holder));
+                let of = ("import_id", r.import_id.as_str());
+                out.push(Unit::message_started(&mid, of));
+                out.extend(imported_calls(&mid, of, m, &mut holder));
                 out.push(Unit::message(&mid, body));
             }
             out
@@ -211,6 +217,7 @@ pub fn units(seq: u64, record: &Record) -> Vec<Unit> {
 /// message, `holder`). Another harness recorded no times broca could copy: none are given.
 fn imported_calls(
     mid: &str,
+    of: (&str, &str),
     m: &broca_protocol::Message,
     holder: &mut Option<String>,
 ) -> Vec<Unit> {
@@ -221,10 +228,9 @@ fn imported_calls(
             Block::ToolUse { id, name, input } => {
                 let args: Value = serde_json::from_str(input.get()).unwrap_or(Value::Null);
                 let event = ToolStarted::new(mid, id.clone(), name.clone(), &args, None, None);
-                out.push(Unit::with(
-                    json!({"type": "tool_call", "mid": mid, "call_id": id}),
-                    LiveEvent::ToolStarted(event),
-                ));
+                let mut body = json!({"type": "tool_call", "mid": mid, "call_id": id});
+                body[of.0] = of.1.into();
+                out.push(Unit::with(body, LiveEvent::ToolStarted(event)));
             }
             Block::ToolResult {
                 tool_use_id,
@@ -241,7 +247,7 @@ fn imported_calls(
                     reason: None,
                     size: None,
                 };
-                out.push(tool_finished(holder, &result, None, (None, None)));
+                out.push(tool_finished(holder, of, &result, None, (None, None)));
             }
             _ => {}
         }
@@ -270,13 +276,20 @@ fn run_started(seq: u64, r: &broca_wal::runrec::RunStarted) -> Vec<Unit> {
         LiveEvent::RunStarted(started),
     )];
     let mid = seq.to_string();
-    out.push(Unit::message_started(&mid));
+    let of = ("run_id", r.run_id.as_str());
+    out.push(Unit::message_started(&mid, of));
     for res in &r.resolved_calls {
         let body = json!({"type": "tool_result", "run_id": r.run_id, "result": val(res)});
         match &r.resolved_mid {
             Some(holder) => {
                 out.push(Unit::plain(body));
-                out.push(tool_finished(holder, res, Some(r.at_unix_ms), (None, None)));
+                out.push(tool_finished(
+                    holder,
+                    of,
+                    res,
+                    Some(r.at_unix_ms),
+                    (None, None),
+                ));
             }
             None => out.push(Unit::plain(body)),
         }

@@ -393,6 +393,7 @@ pub fn run_result(run: &RunView) -> RunResult {
                 },
             });
         r.finish = finish(run);
+        r.directives = directives(run, r.final_message.as_ref());
     }
     // A budget's stop: its limit, what was measured as spent, and why; the budget it was
     // (the session's input cap, or the run's token or cost budget) is the reason.
@@ -408,6 +409,22 @@ pub fn run_result(run: &RunView) -> RunResult {
     r
 }
 
+/// The directives a completed run's final reply ends with, when the run was admitted asking
+/// for them (llm-runner/v1 `turn_directives`): read from the final text exactly as
+/// `run.result` states it, never edited; absent when none is found.
+fn directives(
+    run: &RunView,
+    final_message: Option<&FinalMessage>,
+) -> Option<Vec<cortexkit_role_llm_runner::directives::Directive>> {
+    if run.state != RunState::Finished(FinishKind::Completed)
+        || !run.config.directives.iter().any(|d| d == "wake")
+    {
+        return None;
+    }
+    let wake = cortexkit_role_llm_runner::directives::parse_trailing(&final_message?.text)?;
+    Some(vec![wake.into()])
+}
+
 /// `run.status` of `run`.
 pub fn run_status(run: &RunView) -> RunStatus {
     let result = run_result(run);
@@ -417,5 +434,6 @@ pub fn run_status(run: &RunView) -> RunStatus {
     s.finish = result.finish;
     s.usage = result.usage;
     s.detail = result.detail;
+    s.directives = result.directives;
     s
 }

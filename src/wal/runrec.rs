@@ -34,6 +34,10 @@ pub struct FrozenConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_limit: Option<u64>,
     pub cache_policy: CachePolicy,
+    /// The trailing directives the run's final reply is read for (`wake`), as the send
+    /// asked (llm-runner/v1 `turn_directives`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub directives: Vec<String>,
 }
 
 /// The catalog entry a run was admitted with, as the WAL keeps it: a copy of the catalog's

@@ -41,6 +41,7 @@ pub const GROUPS: &[&str] = &[
     groups::LIVE_EVENTS,
     groups::RUN_CAUSE,
     groups::CALL_IDENTITY,
+    groups::TURN_DIRECTIVES,
 ];
 
 /// `session.read`'s byte cap: the default, and the largest honoured.

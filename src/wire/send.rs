@@ -38,6 +38,10 @@ pub struct SendRequest {
     /// its display row, never sent to the model; part of the send's identity.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_message_id: Option<String>,
+    /// The trailing directives the run's final reply is read for (llm-runner/v1
+    /// `turn_directives`: `wake`), frozen with the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub directives: Option<Vec<cortexkit_role_llm_runner::directives::DirectiveName>>,
 }
 
 /// A run's budget.

@@ -37,7 +37,6 @@ pub const NOT_DECLARED: &[(&str, &str)] = &[
     ("steer", "a message joining a running run is not built (same issue)"),
     ("interrupt", "a send that interrupts the running run is not built (same issue)"),
     ("structured_output", "schema-shaped output is not built (same issue)"),
-    ("turn_directives", "trailing wake tags are not built (same issue)"),
     ("delivery_order", "lists of delivery modes and plan-named senders need plans, not built (the plans issue)"),
     ("plans", "broca admits no fetch plan yet (the plans issue)"),
     ("session_change", "mid-session plan changes need plans (the plans issue)"),

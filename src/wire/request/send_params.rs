@@ -34,7 +34,31 @@ pub(super) fn role_send_members(params: &mut Map<String, Value>) -> Result<(), R
     }
     generation(params.get("generation"))?;
     client_message_id(params.get("client_message_id"))?;
+    directives(params.get("directives"))?;
     no_plan(params.get("plan"))
+}
+
+/// `directives`: a list of distinct directive names the role defines (`wake`).
+fn directives(given: Option<&Value>) -> Result<(), RpcError> {
+    let Some(given) = given else {
+        return Ok(());
+    };
+    let names: Option<Vec<cortexkit_role_llm_runner::directives::DirectiveName>> =
+        serde_json::from_value(given.clone()).ok();
+    match names {
+        Some(names)
+            if !names
+                .iter()
+                .enumerate()
+                .any(|(i, n)| names[..i].contains(n)) =>
+        {
+            Ok(())
+        }
+        _ => Err(invalid(format!(
+            "`directives` must be a list of distinct directive names (known: wake), not {given}"
+        ))
+        .with_field("directives")),
+    }
 }
 
 /// `client_message_id`: 1 to 64 of `[A-Za-z0-9_-]` (llm-runner/v1 §9.11).

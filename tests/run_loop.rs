@@ -530,6 +530,7 @@ fn requests_render_byte_for_byte_the_same_from_the_live_session_and_from_its_rep
         generation: config.generation.clone(),
         prompt_cache: true,
         route: None,
+        shape: None,
     };
     let (live, replayed) = (request(live), request(replayed));
     let aliases = broca::provider::Aliases::for_tools(&live.tools);

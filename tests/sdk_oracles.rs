@@ -143,6 +143,7 @@ fn request(provider: &str, model: &str) -> Request {
         generation: Default::default(),
         prompt_cache: false,
         route: None,
+        shape: None,
     }
 }
 

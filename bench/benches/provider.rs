@@ -375,6 +375,7 @@ fn transcript() -> Request {
         generation: Generation::default(),
         prompt_cache: true,
         route: None,
+        shape: None,
     }
 }
 

@@ -45,6 +45,7 @@ fn config() -> FrozenConfig {
         context_limit: None,
         cache_policy: CachePolicy::Auto,
         directives: Vec::new(),
+        structured_output: None,
     }
 }
 

@@ -4,7 +4,7 @@
 //! (fusiform cannot tell "free" from "not published") or borrowed from another provider's
 //! row (`inherited_from`: not the route's own price) stays unknown, never defaulted.
 //!
-//! Facts used: `limit.context`, `limit.output`, and the `rate.input|output|cache_read|
+//! Facts used: `limit.context`, `limit.output`, `capability.structured_output` (when served), and the `rate.input|output|cache_read|
 //! cache_write` rates (per million tokens, `units × 10^-exponent` of the currency; only USD
 //! is taken, as broca's budgets are in USD), with their `.above_context.<n>` tiers.
 //! fusiform's provider ids are models.dev's; each maps onto broca's providers of the same
@@ -66,6 +66,11 @@ pub fn read(answer: &Value) -> Result<Read, CatalogError> {
             context_window: limit(facts.get("limit.context")),
             max_output: limit(facts.get("limit.output")),
             prices: prices(facts, &mut Vec::new()),
+            capability: crate::Capability {
+                structured_output: facts
+                    .get("capability.structured_output")
+                    .and_then(Value::as_bool),
+            },
         };
         let mut unknown = Vec::new();
         let _ = prices(facts, &mut unknown);

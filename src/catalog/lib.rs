@@ -80,7 +80,30 @@ pub struct ModelSpec {
     pub max_output: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prices: Option<Prices>,
+    /// What the model can do, where the catalog states it (absent: unknown).
+    #[serde(default, skip_serializing_if = "Capability::is_unstated")]
+    pub capability: Capability,
 }
+
+/// What a model can do, as a catalog row states it; a capability not stated is unknown,
+/// never `false`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Capability {
+    /// Whether the route constrains output to a JSON Schema (final text and tool input).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structured_output: Option<bool>,
+}
+
+impl Capability {
+    pub fn is_unstated(&self) -> bool {
+        self.structured_output.is_none()
+    }
+}
+
+/// The model name of a provider-wide row: its facts hold for every model of the provider
+/// that has no row of its own (a self-hosted server whose models all share them).
+pub const ANY_MODEL: &str = "*";
 
 /// A model's catalog entry, as resolved at admission and frozen into the run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -93,6 +116,8 @@ pub struct ModelEntry {
     pub max_output: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prices: Option<Prices>,
+    #[serde(default, skip_serializing_if = "Capability::is_unstated")]
+    pub capability: Capability,
 }
 
 /// A whole catalog.
@@ -217,16 +242,19 @@ impl Catalog {
                 provider: provider.into(),
                 known: self.providers.iter().map(|p| p.id.clone()).collect(),
             })?;
-        let listed = self
-            .models
-            .iter()
-            .find(|m| m.provider == provider && m.model == model);
+        let row = |name: &str| {
+            self.models
+                .iter()
+                .find(|m| m.provider == provider && m.model == name)
+        };
+        let listed = row(model).or_else(|| row(ANY_MODEL));
         Ok(ModelEntry {
             provider: entry.clone(),
             model: model.to_string(),
             context_window: listed.and_then(|m| m.context_window),
             max_output: listed.and_then(|m| m.max_output),
             prices: listed.and_then(|m| m.prices.clone()),
+            capability: listed.map(|m| m.capability.clone()).unwrap_or_default(),
         })
     }
 }

@@ -352,7 +352,35 @@ fn resolve(
         (Some(mine), Some(window)) => Some(mine.min(window)),
         (mine, window) => mine.or(window),
     };
-    let tools = select_tools(tools, req.tools.as_deref())?;
+    // Checked before the tools are looked up: a send naming the reserved `submit_result` is
+    // refused for that, whether or not a tool of that name is configured.
+    let structured_output = match &req.structured_output {
+        None => None,
+        Some(raw) => {
+            let names: Vec<&str> = match &req.tools {
+                Some(wanted) => wanted.iter().map(String::as_str).collect(),
+                None => tools.iter().map(|t| t.name.as_str()).collect(),
+            };
+            let family = entry.provider.family.as_str();
+            let support = entry.capability.structured_output;
+            Some(
+                crate::structured::admit(raw, &names, family, support).map_err(|r| {
+                    Refusal::InvalidField {
+                        field: r.field,
+                        why: r.why,
+                    }
+                })?,
+            )
+        }
+    };
+    let mut tools = select_tools(tools, req.tools.as_deref())?;
+    // The run's own `submit_result` is in its tool list from the first request.
+    if let Some(submit) = structured_output
+        .as_ref()
+        .and_then(|so| crate::structured::rendering(so).submit_tool)
+    {
+        tools.push(submit);
+    }
     let tools_digest = {
         let bytes = serde_json::to_vec(&tools).expect("tool specs serialize");
         blake3::hash(&bytes).to_hex()[..32].to_string()
@@ -382,6 +410,7 @@ fn resolve(
                     .expect("a directive name serializes as a string")
             })
             .collect(),
+        structured_output,
     })
 }
 
@@ -563,6 +592,11 @@ pub fn freeze(entry: &catalog::ModelEntry) -> broca_wal::runrec::CatalogEntry {
                     cache_write: t.cache_write,
                 })
                 .collect(),
+        }),
+        capability: (!entry.capability.is_unstated()).then(|| {
+            broca_wal::runrec::CatalogCapability {
+                structured_output: entry.capability.structured_output,
+            }
         }),
     }
 }

@@ -116,9 +116,12 @@ impl CallFacts {
             None | Some(why::TOOL_RESULT_TOO_LARGE) if r.is_error => "failed",
             None => "succeeded",
             Some(why::OUTCOME_UNKNOWN) => "indeterminate",
-            Some(why::NOT_DISPATCHED | why::BUDGET_EXHAUSTED | why::CONTEXT_CEILING) => {
-                "not_executed"
-            }
+            Some(
+                why::NOT_DISPATCHED
+                | why::BUDGET_EXHAUSTED
+                | why::CONTEXT_CEILING
+                | why::SKIPPED_AFTER_SUBMIT,
+            ) => "not_executed",
             Some(_) => "refused",
         }
     }

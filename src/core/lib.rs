@@ -18,6 +18,7 @@ pub mod resume;
 pub mod role;
 pub mod spend;
 pub mod stream;
+pub mod structured;
 pub mod tool_calls;
 pub mod usage;
 pub mod views;

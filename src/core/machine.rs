@@ -33,6 +33,7 @@ pub use limits::LastStep;
 mod resume;
 mod step_end;
 mod stop;
+mod submit;
 pub use resume::{ResumeFrom, ResumePoint};
 
 /// Model attempts per step, at most (the first try included).
@@ -215,6 +216,12 @@ pub struct RunMachine {
     /// The seq of the current step's StepStarted record (the assistant message's id), once
     /// the caller said it ([`RunMachine::step_recorded`]).
     step_seq: Option<u64>,
+    /// What the run's requests carry for its `structured_output`: the shape the provider
+    /// enforces, and the system text with the schema's instruction where nothing enforces it.
+    shape: Option<Arc<broca_protocol::OutputShape>>,
+    system: Option<String>,
+    /// The value a `submit_result` call submitted, validated, once its step ends the run.
+    submitted: Option<cortexkit_role_llm_runner::structured_output::StructuredOutputResult>,
 }
 
 impl RunMachine {
@@ -246,7 +253,22 @@ impl RunMachine {
                 spent: c.spent,
                 unmeasured: c.unmeasured,
             });
+        let rendering = config
+            .structured_output
+            .as_ref()
+            .map(crate::structured::rendering);
+        let shape = rendering.as_ref().and_then(|r| r.shape.clone());
+        let system = match rendering.and_then(|r| r.instruction) {
+            Some(i) => Some(match config.system.as_deref().filter(|s| !s.is_empty()) {
+                Some(own) => format!("{own}\n\n{i}"),
+                None => i,
+            }),
+            None => config.system.clone(),
+        };
         RunMachine {
+            shape,
+            system,
+            submitted: None,
             input,
             now_ms,
             backoff_until_ms: now_ms,
@@ -444,7 +466,7 @@ impl RunMachine {
             provider: self.config.provider.clone(),
             model: self.config.model.clone(),
             credential_id: self.config.credential_id.clone(),
-            system: self.config.system.clone(),
+            system: self.system.clone(),
             messages: self.transcript.clone(),
             tools: self.config.tools.clone(),
             generation: self.config.generation.clone(),
@@ -454,6 +476,7 @@ impl RunMachine {
                 family: e.provider.family.clone(),
                 base_url: e.provider.base_url.clone(),
             }),
+            shape: self.shape.clone(),
         };
         self.out.push_back(Command::CallModel {
             step: self.step,

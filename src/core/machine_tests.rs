@@ -34,6 +34,7 @@ pub(crate) fn config() -> FrozenConfig {
         context_limit: None,
         cache_policy: CachePolicy::Auto,
         directives: Vec::new(),
+        structured_output: None,
     }
 }
 
@@ -414,6 +415,7 @@ fn priced(stop: StopConditions, context_limit: Option<u64>) -> FrozenConfig {
                 cache_write: Some(3.75),
                 tiers: Vec::new(),
             }),
+            capability: None,
         }),
         stop,
         context_limit,

@@ -53,6 +53,8 @@ pub struct RunView {
     pub quota: Option<broca_protocol::Quota>,
     /// For a run a budget stopped: which budget, its limit, what was spent, and why.
     pub budget: Option<broca_wal::runrec::BudgetStop>,
+    /// The structured output its terminal record carries (`StructuredOutputResult`).
+    pub structured_output: Option<serde_json::Value>,
 }
 
 impl RunView {
@@ -82,6 +84,7 @@ impl RunView {
             started_seq: seq,
             quota: None,
             budget: None,
+            structured_output: None,
         }
     }
 }
@@ -564,6 +567,7 @@ impl Session {
         run.indeterminate_tool_calls = r.indeterminate_tool_calls;
         run.interrupt_cause = r.cause;
         run.budget = r.budget;
+        run.structured_output = r.structured_output;
         self.open = None;
         Ok(())
     }

@@ -394,6 +394,10 @@ pub fn run_result(run: &RunView) -> RunResult {
             });
         r.finish = finish(run);
         r.directives = directives(run, r.final_message.as_ref());
+        r.structured_output = run
+            .structured_output
+            .as_ref()
+            .and_then(|v| serde_json::from_value(v.clone()).ok());
     }
     // A budget's stop: its limit, what was measured as spent, and why; the budget it was
     // (the session's input cap, or the run's token or cost budget) is the reason.
@@ -435,5 +439,6 @@ pub fn run_status(run: &RunView) -> RunStatus {
     s.usage = result.usage;
     s.detail = result.detail;
     s.directives = result.directives;
+    s.structured_output = result.structured_output;
     s
 }

@@ -218,6 +218,24 @@ pub struct Request {
     /// admitted before entries were frozen: the catalog in use says then).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub route: Option<ProviderRoute>,
+    /// The output shape the provider is asked to enforce (a run's enforced
+    /// `structured_output`); shared with the run's frozen config.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shape: Option<Arc<OutputShape>>,
+}
+
+/// What a provider is asked to constrain: the final text to a schema, or one tool's input
+/// to its own schema (the tool rendered in the family's strict form).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutputShape {
+    /// The name a provider takes for a schema.
+    pub name: String,
+    /// The schema the final text must match, in the route's strict form.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_text: Option<serde_json::Value>,
+    /// The tool whose input the provider enforces (its spec holds the strict-form schema).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict_tool: Option<String>,
 }
 
 /// A provider's wire family and base URL, as frozen into a run at admission.

@@ -173,8 +173,10 @@ pub(crate) fn camel_generation(
     g: &broca_protocol::Generation,
     object_key: &'static str,
     max_key: &'static str,
+    json_schema: Option<&serde_json::Value>,
 ) {
-    let any = g.max_output_tokens.is_some()
+    let any = json_schema.is_some()
+        || g.max_output_tokens.is_some()
         || g.temperature.is_some()
         || g.top_p.is_some()
         || !g.stop_sequences.is_empty();
@@ -193,6 +195,12 @@ pub(crate) fn camel_generation(
     }
     if !g.stop_sequences.is_empty() {
         w.key("stopSequences").serde(&g.stop_sequences);
+    }
+    // An enforced final-text shape (Gemini's `responseJsonSchema`, JSON output).
+    if let Some(schema) = json_schema {
+        w.field_str("responseMimeType", "application/json")
+            .key("responseJsonSchema")
+            .serde(schema);
     }
     w.end_object();
 }

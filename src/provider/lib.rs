@@ -20,6 +20,8 @@ pub(crate) mod json;
 pub mod openai_chat;
 pub mod openai_responses;
 pub(crate) mod scan;
+#[cfg(test)]
+mod shape_tests;
 pub mod sigv4;
 pub(crate) mod template;
 pub mod transport;
@@ -489,5 +491,6 @@ pub(crate) fn sample_request() -> Request {
         },
         prompt_cache: true,
         route: None,
+        shape: None,
     }
 }

@@ -38,6 +38,31 @@ pub struct FrozenConfig {
     /// asked (llm-runner/v1 `turn_directives`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub directives: Vec<String>,
+    /// The shape the run's output is asked for (llm-runner/v1 `structured_output`), frozen
+    /// at admission: every request of the run is rendered from these bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structured_output: Option<FrozenStructuredOutput>,
+}
+
+/// A run's `structured_output`, as admission froze it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FrozenStructuredOutput {
+    /// `final_text` or `submit_tool`.
+    pub mode: String,
+    /// The name a provider is given (`result` when the send named none).
+    pub name: String,
+    /// The caller's schema, its RFC 8785 (JCS) text: what the output is validated against.
+    pub schema: String,
+    /// `enforced` or `best_effort`.
+    pub enforcement: String,
+    /// Why not enforced (`best_effort` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The schema as a provider's strict mode takes it (enforced only): the caller's, its
+    /// objects closed to other members where the route asks for that (every output it
+    /// allows is one the caller's schema allows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict_schema: Option<String>,
 }
 
 /// The catalog entry a run was admitted with, as the WAL keeps it: a copy of the catalog's
@@ -54,6 +79,16 @@ pub struct CatalogEntry {
     pub max_output: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prices: Option<CatalogPrices>,
+    /// What the catalog said the model can do (unknown when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capability: Option<CatalogCapability>,
+}
+
+/// A frozen entry's capabilities: each unknown when absent.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CatalogCapability {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structured_output: Option<bool>,
 }
 
 /// A frozen entry's provider.
@@ -156,6 +191,9 @@ pub mod result_reason {
     pub const REFUSED_BEFORE_DELIVERY: &str = "refused_before_delivery";
     /// The run stopped before the call was dispatched: it never ran.
     pub const NOT_DISPATCHED: &str = "not_dispatched";
+    /// Never dispatched: the model called `submit_result` in the same step, which ended the
+    /// run (llm-runner/v1 `structured_output`).
+    pub const SKIPPED_AFTER_SUBMIT: &str = "skipped_after_submit";
     /// A budget (the session's input cap, or the run's token or cost budget) stopped the run
     /// before the call was dispatched: it never ran.
     pub const BUDGET_EXHAUSTED: &str = "budget_exhausted";
@@ -436,6 +474,10 @@ pub struct RunFinished {
     /// For a budget's stop: which budget, its limit, what was spent, and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<BudgetStop>,
+    /// The run's structured output (llm-runner/v1 `StructuredOutputResult`), on a run
+    /// admitted with `structured_output`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structured_output: Option<serde_json::Value>,
 }
 
 /// The budget that stopped a run (`budget_exhausted` or `budget_unmeasured`).

@@ -42,6 +42,7 @@ pub const GROUPS: &[&str] = &[
     groups::RUN_CAUSE,
     groups::CALL_IDENTITY,
     groups::TURN_DIRECTIVES,
+    groups::STRUCTURED_OUTPUT,
 ];
 
 /// `session.read`'s byte cap: the default, and the largest honoured.

@@ -42,6 +42,11 @@ pub struct SendRequest {
     /// `turn_directives`: `wake`), frozen with the run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub directives: Option<Vec<cortexkit_role_llm_runner::directives::DirectiveName>>,
+    /// The shape the run's output is asked for (llm-runner/v1 `structured_output`: `{mode,
+    /// schema, name?}`), as the caller sent it; checked by `session.send`'s parsing and by
+    /// admission.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structured_output: Option<serde_json::Value>,
 }
 
 /// A run's budget.

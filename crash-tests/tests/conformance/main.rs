@@ -15,6 +15,7 @@ mod support;
 mod daemon;
 mod model;
 mod report;
+mod structured;
 mod subject;
 mod tools;
 

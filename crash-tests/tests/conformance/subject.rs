@@ -78,6 +78,7 @@ pub fn points() -> Vec<(String, String)> {
 pub struct Subject {
     model: Model,
     tools: ToolModule,
+    support: crate::structured::Support,
 }
 
 /// A live broca module: its process, the daemon it is connected to, and the connection.
@@ -126,6 +127,7 @@ impl Subject {
         Subject {
             model: Model::start().await,
             tools: ToolModule::default(),
+            support: Default::default(),
         }
     }
 
@@ -144,6 +146,12 @@ impl Subject {
             json!({"modules": [{"module": MODULE, "call_timeout_ms": 60000}]}).to_string(),
         )
         .map_err(|e| fail("the tools config", &e))?;
+        let catalog = root.join("catalog.json");
+        std::fs::write(
+            &catalog,
+            crate::structured::catalog(&self.model.url).to_string(),
+        )
+        .map_err(|e| fail("the catalog overrides", &e))?;
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -154,6 +162,7 @@ impl Subject {
             .env("BROCA_BASE_URL_ANTHROPIC", &self.model.url)
             .env("OPENAI_API_KEY", "sk-conformance-0123456789abcdef")
             .env("BROCA_BASE_URL_OPENAI", &self.model.url)
+            .env("BROCA_CATALOG_FILE", &catalog)
             .env("BROCA_CRASH_ARM", arm_file(root))
             .env("BROCA_LOG", "info")
             .args(["module", "--subc"])
@@ -367,9 +376,32 @@ impl LlmRunnerSubject for Subject {
 
     fn send_fields(&self, session: &str, _first: bool) -> Map<String, Value> {
         let mut fields = Map::new();
-        let provider = self.model.provider(session);
+        let provider = self.support.provider(session, self.model.provider(session));
         fields.insert("model".into(), json!(format!("{provider}/{session}")));
         fields
+    }
+
+    fn send_fields_with_tools(
+        &self,
+        session: &str,
+        first: bool,
+        tools: &[&str],
+    ) -> Option<Map<String, Value>> {
+        // broca admits the tools a send names, of those its tool modules serve.
+        let mut fields = self.send_fields(session, first);
+        fields.insert("tools".into(), json!(tools));
+        Some(fields)
+    }
+
+    async fn set_structured_output_support(
+        &self,
+        session: &str,
+        supported: Option<bool>,
+    ) -> Result<(), HarnessError> {
+        // The session's sends name a provider whose catalog row says so (broca is its own
+        // host: it can always send a schema in a constrained form).
+        self.support.set(session, supported);
+        Ok(())
     }
 
     fn tool_provider_module(&self) -> String {
@@ -493,7 +525,7 @@ impl LlmRunnerSubject for Subject {
                 if let Some(max) = max {
                     seen = seen.with_max_output_tokens(max);
                 }
-                seen.with_rendered(rendered_texts(body))
+                crate::structured::observe(body, seen.with_rendered(rendered_texts(body)))
             })
             .collect())
     }
@@ -565,6 +597,7 @@ impl LlmRunnerSubject for Subject {
                 | "unknown_tool"
                 | "invalid_arguments"
                 | "refused_before_delivery"
+                | "skipped_after_submit"
         );
         Some(ToolResultObservation::new(executed, reason))
     }

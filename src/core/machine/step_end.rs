@@ -22,6 +22,11 @@ impl RunMachine {
             self.resolve_undispatched(&calls, "cancelled");
             return self.seal(FinishKind::Cancelled, None, None, Vec::new());
         }
+        // A step calling `submit_result` ends the run completed, whatever else it asked for
+        // and whatever limit it reached: its value is the run's output.
+        if self.submits(&calls) {
+            return self.end_with_submit(&calls);
+        }
         // The step that brings the session's input to its cap ends the run, whatever it
         // asked for; its calls are never dispatched.
         if let Some(stop) = self.input_cap_stop() {

@@ -154,6 +154,7 @@ impl RunMachine {
                 .then(|| self.interrupt_cause.map(str::to_string))
                 .flatten(),
             budget: self.stop_budget.take(),
+            structured_output: self.structured_output(reason),
         };
         self.push(Record::RunFinished(record), true);
         self.phase = Phase::Sealing(self.outcome(Some(reason), detail, error, indeterminate));

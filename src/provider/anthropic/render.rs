@@ -145,6 +145,11 @@ fn write_block(w: &mut JsonWriter, b: &WBlock<'_>, cache: bool) {
     w.end_object();
 }
 
+/// The tool whose input the provider enforces (rendered `strict`), if any.
+fn strict_tool(req: &Request) -> Option<&str> {
+    req.shape.as_ref().and_then(|s| s.strict_tool.as_deref())
+}
+
 /// Renders the request.
 pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
     // Messages with nothing the API takes are left out; the last one kept carries the
@@ -185,12 +190,27 @@ pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
                 w.field_str("description", &t.description);
             }
             w.key("input_schema").serde(&t.input_schema);
+            if strict_tool(req) == Some(t.name.as_str()) {
+                w.key("strict").bool(true);
+            }
             if req.prompt_cache && i + 1 == req.tools.len() {
                 ephemeral(&mut w);
             }
             w.end_object();
         }
         w.end_array();
+    }
+    // An enforced final-text shape: Anthropic's structured outputs (`output_config.format`).
+    if let Some(schema) = req.shape.as_ref().and_then(|s| s.final_text.as_ref()) {
+        w.key("output_config")
+            .object()
+            .key("format")
+            .object()
+            .field_str("type", "json_schema")
+            .key("schema")
+            .serde(schema)
+            .end_object()
+            .end_object();
     }
     crate::json::sampling(&mut w, g, Some("stop_sequences"));
     w.key("stream").bool(true).end_object();

@@ -99,7 +99,14 @@ pub fn body(req: &Request, aliases: &Aliases) -> Vec<u8> {
             .end_object()
             .end_array();
     }
-    crate::json::camel_generation(&mut w, &req.generation, "inferenceConfig", "maxTokens");
+    // Bedrock's route takes no schema-constrained form (admission never asks it to).
+    crate::json::camel_generation(
+        &mut w,
+        &req.generation,
+        "inferenceConfig",
+        "maxTokens",
+        None,
+    );
     if !req.tools.is_empty() {
         w.key("toolConfig").object().key("tools").array();
         for t in req.tools.iter() {

@@ -177,7 +177,14 @@ pub(crate) fn write_request(w: &mut JsonWriter, req: &Request, aliases: &Aliases
         }
         w.end_array().end_object().end_array();
     }
-    crate::json::camel_generation(w, &req.generation, "generationConfig", "maxOutputTokens");
+    let schema = req.shape.as_ref().and_then(|s| s.final_text.as_ref());
+    crate::json::camel_generation(
+        w,
+        &req.generation,
+        "generationConfig",
+        "maxOutputTokens",
+        schema,
+    );
 }
 
 #[cfg(test)]

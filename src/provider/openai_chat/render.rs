@@ -111,6 +111,7 @@ pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
     let mut w = JsonWriter::with_capacity(size_hint(req));
     w.object().field_str("model", &req.model);
     messages(&mut w, req, aliases);
+    let strict = req.shape.as_ref().and_then(|s| s.strict_tool.as_deref());
     if !req.tools.is_empty() {
         w.key("tools").array();
         for t in req.tools.iter() {
@@ -122,12 +123,30 @@ pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
             if !t.description.is_empty() {
                 w.field_str("description", &t.description);
             }
-            w.key("parameters")
-                .serde(&t.input_schema)
+            w.key("parameters").serde(&t.input_schema);
+            if strict == Some(t.name.as_str()) {
+                w.key("strict").bool(true);
+            }
+            w.end_object().end_object();
+        }
+        w.end_array();
+    }
+    // An enforced final-text shape: `response_format` json_schema, strict.
+    if let Some(shape) = req.shape.as_ref() {
+        if let Some(schema) = &shape.final_text {
+            w.key("response_format")
+                .object()
+                .field_str("type", "json_schema")
+                .key("json_schema")
+                .object()
+                .field_str("name", &shape.name)
+                .key("schema")
+                .serde(schema)
+                .key("strict")
+                .bool(true)
                 .end_object()
                 .end_object();
         }
-        w.end_array();
     }
     if let Some(n) = g.max_output_tokens {
         w.key("max_completion_tokens").u64(n);

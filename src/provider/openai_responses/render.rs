@@ -26,6 +26,23 @@ pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
     if let Some(n) = g.max_output_tokens {
         w.key("max_output_tokens").u64(n);
     }
+    // An enforced final-text shape: `text.format` json_schema, strict.
+    if let Some(shape) = req.shape.as_ref() {
+        if let Some(schema) = &shape.final_text {
+            w.key("text")
+                .object()
+                .key("format")
+                .object()
+                .field_str("type", "json_schema")
+                .field_str("name", &shape.name)
+                .key("schema")
+                .serde(schema)
+                .key("strict")
+                .bool(true)
+                .end_object()
+                .end_object();
+        }
+    }
     crate::json::sampling(&mut w, g, None);
     w.key("store")
         .bool(false)
@@ -109,10 +126,11 @@ fn tools(w: &mut JsonWriter, req: &Request, aliases: &Aliases) {
         if !t.description.is_empty() {
             w.field_str("description", &t.description);
         }
+        let strict = req.shape.as_ref().and_then(|s| s.strict_tool.as_deref());
         w.key("parameters")
             .serde(&t.input_schema)
             .key("strict")
-            .bool(false)
+            .bool(strict == Some(t.name.as_str()))
             .end_object();
     }
     w.end_array();

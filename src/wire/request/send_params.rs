@@ -35,7 +35,81 @@ pub(super) fn role_send_members(params: &mut Map<String, Value>) -> Result<(), R
     generation(params.get("generation"))?;
     client_message_id(params.get("client_message_id"))?;
     directives(params.get("directives"))?;
+    structured_output(params.get("structured_output"))?;
     no_plan(params.get("plan"))
+}
+
+/// `structured_output`: `{mode, schema, name?}`, strict; each refusal names the member's
+/// path as llm-runner/v1 §9.4 spells it. What depends on the run (its tools, whether the
+/// schema compiles) is admission's.
+fn structured_output(given: Option<&Value>) -> Result<(), RpcError> {
+    use cortexkit_role_llm_runner::structured_output::{
+        check_schema, name_well_formed, StructuredOutput, MAX_SCHEMA_JCS_BYTES,
+    };
+    let Some(given) = given else {
+        return Ok(());
+    };
+    let refuse = |field: String, why: String| Err(invalid(why).with_field(field));
+    let Some(members) = given.as_object() else {
+        return refuse(
+            "structured_output".into(),
+            format!("`structured_output` must be an object {{mode, schema, name?}}, not {given}"),
+        );
+    };
+    if let Some(unknown) = members
+        .keys()
+        .find(|k| !matches!(k.as_str(), "mode" | "schema" | "name"))
+    {
+        return refuse(
+            format!("structured_output.{unknown}"),
+            format!("`structured_output` has no member `{unknown}` (it takes mode, schema, name)"),
+        );
+    }
+    if !matches!(
+        members.get("mode").and_then(Value::as_str),
+        Some("final_text" | "submit_tool")
+    ) {
+        return refuse(
+            "structured_output.mode".into(),
+            "`structured_output.mode` must be `final_text` or `submit_tool`".into(),
+        );
+    }
+    if let Some(name) = members.get("name") {
+        if !name.as_str().is_some_and(name_well_formed) {
+            return refuse(
+                "structured_output.name".into(),
+                "`structured_output.name` must be 1 to 48 of [a-z0-9_]".into(),
+            );
+        }
+    }
+    let schema_refused = |why: String| refuse("structured_output.schema".into(), why);
+    let Some(schema) = members.get("schema").filter(|s| s.is_object()) else {
+        return schema_refused("`structured_output.schema` must be a JSON Schema object".into());
+    };
+    if let Err(problem) = check_schema(schema) {
+        return schema_refused(format!(
+            "`structured_output.schema` is refused: {problem:?} (no reference outside the \
+             document, and `$schema`, when given, is draft 2020-12)"
+        ));
+    }
+    let so: StructuredOutput = match serde_json::from_value(given.clone()) {
+        Ok(so) => so,
+        Err(e) => {
+            return refuse(
+                "structured_output".into(),
+                format!("structured_output: {e}"),
+            )
+        }
+    };
+    match so.schema_jcs() {
+        Ok(jcs) if jcs.len() <= MAX_SCHEMA_JCS_BYTES => Ok(()),
+        Ok(jcs) => schema_refused(format!(
+            "`structured_output.schema` has {} bytes in canonical form; the limit is \
+             {MAX_SCHEMA_JCS_BYTES}",
+            jcs.len()
+        )),
+        Err(_) => schema_refused("`structured_output.schema` has no canonical form".into()),
+    }
 }
 
 /// `directives`: a list of distinct directive names the role defines (`wake`).

@@ -83,8 +83,36 @@ pub struct Unprepared {
     pub inputs_digest: String,
     pub prompt_digest: String,
     pub client_message_id: Option<String>,
+    /// Its `structured_output` as a repeated send_id compares it (`so_key`).
+    pub structured_output: Option<String>,
     pub caller: broca_wire::Caller,
     pub refusal: Refusal,
+}
+
+/// A send's `structured_output` as a repeated send_id compares it: mode, name and the
+/// schema's canonical text (an unreadable one as sent).
+fn so_key(raw: Option<&serde_json::Value>) -> Option<String> {
+    use cortexkit_role_llm_runner::structured_output::StructuredOutput;
+    let raw = raw?;
+    Some(
+        match serde_json::from_value::<StructuredOutput>(raw.clone()) {
+            Ok(so) => match so.schema_jcs() {
+                Ok(jcs) => format!(
+                    "{}\n{}\n{}",
+                    so.mode.as_str(),
+                    so.effective_name(),
+                    String::from_utf8_lossy(&jcs)
+                ),
+                Err(_) => raw.to_string(),
+            },
+            Err(_) => raw.to_string(),
+        },
+    )
+}
+
+/// [`so_key`] of what a run froze.
+fn frozen_so_key(f: Option<&broca_wal::runrec::FrozenStructuredOutput>) -> Option<String> {
+    f.map(|f| format!("{}\n{}\n{}", f.mode, f.name, f.schema))
 }
 
 /// The digest of a send's inputs (everything but the send_id).
@@ -117,6 +145,7 @@ pub fn admit_unprepared(u: &Unprepared, session: &Session) -> Result<Admitted, R
         inputs_digest: &u.inputs_digest,
         prompt_digest: &u.prompt_digest,
         client_message_id: u.client_message_id.as_deref(),
+        structured_output: u.structured_output.clone(),
     };
     if let Some(answer) = repeated(session, u.send_id.as_deref(), &identity) {
         return answer;
@@ -143,6 +172,7 @@ pub fn admit_prepared(
         inputs_digest: &p.inputs_digest,
         prompt_digest: &p.prompt_digest,
         client_message_id: p.client_message_id.as_deref(),
+        structured_output: frozen_so_key(p.config.structured_output.as_ref()),
     };
     if let Some(answer) = repeated(session, p.send_id.as_deref(), &identity) {
         return answer;
@@ -315,6 +345,7 @@ pub fn prepare(
             inputs_digest,
             prompt_digest: prompt_digest(&req.prompt),
             client_message_id: req.client_message_id.clone(),
+            structured_output: so_key(req.structured_output.as_ref()),
             caller: broca_wire::Caller::operator(),
             refusal,
         }),
@@ -667,6 +698,51 @@ mod tests {
                 .as_str(),
             "invalid_params"
         );
+    }
+
+    #[test]
+    fn a_send_id_reused_with_another_structured_output_is_refused_naming_it() {
+        let catalog = catalog::Catalog::builtin();
+        let shaped = |schema: serde_json::Value| {
+            let mut r = req("same prompt", Some(Vec::new()));
+            r.structured_output = Some(serde_json::json!({"mode": "final_text", "schema": schema}));
+            r
+        };
+        let first = shaped(serde_json::json!({"type": "object"}));
+        let p = prepare(&first, &[], &catalog, &AnyProvider).unwrap();
+        assert_eq!(
+            p.config
+                .structured_output
+                .as_ref()
+                .map(|so| so.reason.clone()),
+            Some(Some("catalog_unknown".into())),
+            "the built-in catalog does not say whether the model takes schemas"
+        );
+        let Admitted::New(started) =
+            admit_prepared(p, &Session::default(), "r1".into(), 1).unwrap()
+        else {
+            panic!()
+        };
+        let mut session = Session::default();
+        session
+            .apply(1, broca_wal::Record::RunStarted(started))
+            .unwrap();
+        let again = prepare(&first, &[], &catalog, &AnyProvider).unwrap();
+        assert_eq!(
+            admit_prepared(again, &session, "r2".into(), 2),
+            Ok(Admitted::Existing { run_index: 0 })
+        );
+        for other in [
+            shaped(serde_json::json!({"type": "array"})),
+            req("same prompt", Some(Vec::new())),
+        ] {
+            let p = prepare(&other, &[], &catalog, &AnyProvider).unwrap();
+            let refusal = admit_prepared(p, &session, "r3".into(), 3).unwrap_err();
+            assert_eq!(
+                (refusal.code().as_str(), refusal.field()),
+                ("send_id_reuse", Some("structured_output"))
+            );
+        }
     }
 
     #[test]

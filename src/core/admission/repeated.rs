@@ -9,20 +9,26 @@ pub(super) struct Identity<'a> {
     pub(super) inputs_digest: &'a str,
     pub(super) prompt_digest: &'a str,
     pub(super) client_message_id: Option<&'a str>,
+    /// The send's `structured_output` as compared (`so_key`).
+    pub(super) structured_output: Option<String>,
 }
 
 impl Identity<'_> {
     /// The field a send reusing a send_id differs in from the send first admitted under it
-    /// (of `prompt` and `client_message_id`, in that order), when one of those is it.
+    /// (of `prompt`, `client_message_id` and `structured_output`, in that order), when one of
+    /// those is it.
     fn differs(
         &self,
         prompt_digest: &str,
         client_message_id: Option<&str>,
+        structured_output: Option<String>,
     ) -> Option<&'static str> {
         if prompt_digest != self.prompt_digest {
             Some("prompt")
         } else if client_message_id != self.client_message_id {
             Some("client_message_id")
+        } else if structured_output != self.structured_output {
+            Some("structured_output")
         } else {
             None
         }
@@ -38,10 +44,18 @@ pub(super) fn repeated(
 ) -> Option<Result<Admitted, Refusal>> {
     let send_id = send_id?;
     // The refusal of a send whose send_id was admitted under other inputs, or none.
-    let same = |digest: &str, prompt_digest: &str, client_id: Option<&str>, admitted_as: &str| {
+    let same = |digest: &str,
+                prompt_digest: &str,
+                client_id: Option<&str>,
+                config: &broca_wal::runrec::FrozenConfig,
+                admitted_as: &str| {
         (digest != asked.inputs_digest).then(|| Refusal::SendIdReuse {
             run_id: admitted_as.to_string(),
-            field: asked.differs(prompt_digest, client_id),
+            field: asked.differs(
+                prompt_digest,
+                client_id,
+                super::frozen_so_key(config.structured_output.as_ref()),
+            ),
         })
     };
     if let Some(index) = session.by_send_id.get(send_id) {
@@ -52,6 +66,7 @@ pub(super) fn repeated(
                 &run.inputs_digest,
                 &run.prompt_digest,
                 client_id,
+                &run.config,
                 &run.run_id,
             ) {
                 None => Ok(Admitted::Existing { run_index: *index }),
@@ -67,7 +82,13 @@ pub(super) fn repeated(
         let client_id = q.client_message_id.as_deref();
         let prompt = prompt_digest(&q.prompt);
         return Some(
-            match same(&q.inputs_digest, &prompt, client_id, &q.submission_id) {
+            match same(
+                &q.inputs_digest,
+                &prompt,
+                client_id,
+                &q.config,
+                &q.submission_id,
+            ) {
                 None => Ok(Admitted::Pending {
                     submission_id: q.submission_id.clone(),
                 }),
@@ -81,6 +102,7 @@ pub(super) fn repeated(
             &q.inputs_digest,
             &prompt_digest(&q.prompt),
             client_id,
+            &q.config,
             &q.submission_id,
         )
         .unwrap_or(Refusal::SendRetracted)));

@@ -168,7 +168,7 @@ fn server_everything_over_stdio_runs_tools_and_schema_mismatches_are_never_sent(
     assert_eq!(sum["reason"], "invalid_arguments");
     let text = sum["content"].as_str().unwrap();
     assert!(
-        text.contains("`/a`: expected a number") && text.contains("not called"),
+        text.contains("`/a`: \"one\" is not of type \"number\"") && text.contains("not called"),
         "{text}"
     );
 }
@@ -252,7 +252,7 @@ fn unknown_tools_and_mismatched_arguments_are_answered_without_dispatch() {
     assert!(mismatch["content"]
         .as_str()
         .unwrap()
-        .contains("`/note`: expected a string, found 7"));
+        .contains("`/note`: 7 is not of type \"string\""));
     assert!(
         env.calls().is_empty(),
         "nothing dispatched: {:?}",

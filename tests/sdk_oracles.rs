@@ -5,7 +5,9 @@
 //! chunks: the two must agree on every part in order (text, thoughts and their signatures,
 //! calls with their ids, names and arguments), on the usage (mapped onto the canonical
 //! measures as docs/usage.md says), on the finish and on the request path the SDK used; and
-//! broca's SigV4 signs boto3's own request to the signature boto3 gave it.
+//! broca's SigV4 signs boto3's own request to the signature boto3 gave it. google-genai's
+//! request types (tests/peers/sdk_request_oracle.py) read a Gemini request broca rendered with
+//! a response schema.
 
 mod support;
 
@@ -176,6 +178,54 @@ fn google_genai_decodes_a_recorded_gemini_stream_as_broca_does() {
     assert_eq!(requests.len(), 1);
     let asked = requests[0]["path"].as_str().unwrap();
     assert_eq!(asked.split_once("/models/").unwrap().1, ours);
+}
+
+/// google-genai's own request types read the Gemini request broca renders for an enforced
+/// final-text shape (llm-runner/v1 `structured_output`): JSON output under the schema.
+#[test]
+fn google_genai_reads_a_gemini_request_with_a_response_schema() {
+    use std::io::Write;
+    let schema = json!({"type": "object", "properties": {"answer": {"type": "string"}},
+        "required": ["answer"], "additionalProperties": false});
+    let mut req = request("gemini", "gemini-2.5-flash");
+    req.generation.max_output_tokens = Some(64);
+    req.shape = Some(Arc::new(broca_protocol::OutputShape {
+        name: "result".into(),
+        final_text: Some(schema.clone()),
+        strict_tool: None,
+    }));
+    let body = broca_provider::gemini::render::body(&req, &Aliases::default());
+    let mut child = Command::new(python_sdks())
+        .arg(peers_dir().join("sdk_request_oracle.py"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("the request oracle runs");
+    child.stdin.take().unwrap().write_all(&body).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let read: Value = serde_json::from_slice(&out.stdout).expect("the oracle's answer");
+    assert_eq!(read["ok"], true, "{read}");
+    let config = &read["generation_config"];
+    assert_eq!(config["response_mime_type"], "application/json", "{config}");
+    assert_eq!(config["response_json_schema"], schema, "{config}");
+    assert_eq!(config["max_output_tokens"], 64, "{config}");
+    // The oracle refuses what the API does not take.
+    let mut wrong: Value = serde_json::from_slice(&body).unwrap();
+    wrong["generationConfig"]["responseSchemaJson"] = json!({});
+    let mut child = Command::new(python_sdks())
+        .arg(peers_dir().join("sdk_request_oracle.py"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(wrong.to_string().as_bytes())
+        .unwrap();
+    let refused: Value = serde_json::from_slice(&child.wait_with_output().unwrap().stdout).unwrap();
+    assert_eq!(refused["ok"], false, "{refused}");
 }
 
 #[test]

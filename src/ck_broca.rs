@@ -7,7 +7,10 @@ use std::process::ExitCode;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    broca::cli::init_process();
-    let args: Vec<_> = std::env::args_os().skip(1).collect();
+    let mut args: Vec<_> = std::env::args_os().skip(1).collect();
+    if let Err(e) = broca::cli::init_process(&mut args) {
+        broca_io::errln!("ck-broca: {e}");
+        return ExitCode::from(2);
+    }
     ExitCode::from(broca::cli::run_as(Some("ck-broca".into()), args))
 }

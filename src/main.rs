@@ -8,8 +8,11 @@ use std::process::ExitCode;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    broca::cli::init_process();
-    let mut args = std::env::args_os();
-    let program = args.next();
-    ExitCode::from(broca::cli::run_as(program, args.collect()))
+    let mut args: Vec<_> = std::env::args_os().collect();
+    let program = (!args.is_empty()).then(|| args.remove(0));
+    if let Err(e) = broca::cli::init_process(&mut args) {
+        broca_io::errln!("broca: {e}");
+        return ExitCode::from(2);
+    }
+    ExitCode::from(broca::cli::run_as(program, args))
 }

@@ -440,6 +440,11 @@ fn a_damaged_or_truncated_container_is_named_and_nothing_is_deleted() {
     let t = text(&o);
     assert!(t.contains(c.file_name().unwrap().to_str().unwrap()), "{t}");
     assert!(t.contains("do not match"), "{t}");
+    // Named by its member and where that member starts.
+    assert!(
+        t.contains(&format!("member {damaged}: at offset {}", 16 + sizes[0])),
+        "{t}"
+    );
     let o = cmd(&state, &["wal", "verify"]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     // The damaged member cannot be read (named), the others can; nothing was deleted.

@@ -210,3 +210,65 @@ fn every_command_has_help_and_bad_usage_exits_2() {
         );
     }
 }
+
+/// A WAL verified with a FIFO beside it: the listing's warning is a log line to look at.
+fn log_lines(env: &[(&str, &str)], args: &[&str]) -> Output {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join(format!("{}.wal", "f".repeat(32)));
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_broca"));
+    cmd.env_remove("BROCA_STATE_DIR")
+        .env_remove("BROCA_LOG")
+        .env_remove("RUST_LOG");
+    cmd.envs(env.iter().copied())
+        .args(args)
+        .args(["wal", "verify"])
+        .arg(dir.path())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn logs_take_a_level_and_a_format_and_refuse_a_filter_that_does_not_parse() {
+    // Default: warnings, as text.
+    let o = log_lines(&[], &[]);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    let e = text(&o.stderr);
+    assert!(e.contains("WARN") && e.contains("a FIFO"), "{e}");
+    // As JSON lines: each one an object with its level and fields.
+    let o = log_lines(&[], &["--log-format", "json"]);
+    let line = text(&o.stderr)
+        .lines()
+        .find(|l| l.contains("a FIFO"))
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("{}", text(&o.stderr)));
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(v["level"], "WARN", "{v}");
+    assert!(v["path"].as_str().unwrap().ends_with(".wal"), "{v}");
+    // A level that leaves warnings out, from the flag, from BROCA_LOG, from RUST_LOG.
+    for (env, args) in [
+        (&[][..], &["--log-level", "error"][..]),
+        (&[("BROCA_LOG", "error")][..], &[][..]),
+        (&[("RUST_LOG", "error")][..], &[][..]),
+        (&[("BROCA_LOG", "error"), ("RUST_LOG", "warn")][..], &[][..]),
+    ] {
+        let o = log_lines(env, args);
+        assert!(o.status.success());
+        assert!(!text(&o.stderr).contains("a FIFO"), "{env:?} {args:?}");
+    }
+    // A filter that does not parse, or a format broca does not write: exit 2, named.
+    for (env, args, named) in [
+        (&[][..], &["--log-level", "broca=loud"][..], "--log-level"),
+        (&[("BROCA_LOG", "broca=loud")][..], &[][..], "BROCA_LOG"),
+        (&[("RUST_LOG", "[{")][..], &[][..], "RUST_LOG"),
+        (&[][..], &["--log-format", "xml"][..], "--log-format"),
+    ] {
+        let o = log_lines(env, args);
+        assert_eq!(o.status.code(), Some(2), "{env:?} {args:?}");
+        assert!(text(&o.stderr).contains(named), "{}", text(&o.stderr));
+    }
+}

@@ -547,7 +547,13 @@ fn session_import_on_a_running_serve_has_the_same_semantics() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path();
     let peer = Aimock::start(&fixture("aimock.json"));
-    let s = support::serve::start(state, &peer, &[]);
+    let fixtures = fixture("import");
+    let (fixtures, temp) = (fixtures.to_str().unwrap(), state.to_str().unwrap());
+    let s = support::serve::start(
+        state,
+        &peer,
+        &["--import-root", fixtures, "--import-root", temp],
+    );
     let call = |params: Value| {
         support::serve::post(
             &s,

@@ -222,21 +222,30 @@ fn a_deleted_truncated_or_garbled_store_is_noticed_and_rebuilt_from_the_wals() {
             }
             _ => std::fs::write(&data, vec![0x5a; 64 * 1024]).unwrap(),
         }
-        // check says the store is not the WALs' (and exits 1) rather than trusting it.
+        // check says the store is not the WALs' (and exits 1) rather than trusting it, and
+        // leaves it as it is: only a rebuild (or a writer's catch-up) changes it.
+        let listing = || {
+            let mut l: Vec<_> = std::fs::read_dir(state)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            l.sort();
+            l
+        };
+        let (files, data_len) = (listing(), std::fs::metadata(&data).map(|m| m.len()).ok());
         let o = cmd(state, &["store", "check"]);
         assert_eq!(o.status.code(), Some(1), "{damage}: {}", text(&o.stdout));
-        if damage != "delete" {
-            assert!(
-                text(&o.stderr).contains("could not be used")
-                    && text(&o.stderr).contains("rebuilt"),
-                "{damage}: {}",
-                text(&o.stderr)
-            );
-        }
         assert!(
-            text(&o.stdout).contains("not in the store"),
+            text(&o.stderr).contains("cannot be compared with the WALs")
+                && text(&o.stderr).contains("`broca store rebuild`"),
             "{damage}: {}",
-            text(&o.stdout)
+            text(&o.stderr)
+        );
+        assert_eq!(listing(), files, "{damage}: check moved nothing");
+        assert_eq!(
+            std::fs::metadata(&data).map(|m| m.len()).ok(),
+            data_len,
+            "{damage}: check wrote nothing"
         );
         // Export catches up from the WALs: the same facts as before.
         assert_eq!(facts(state), want, "{damage}");
@@ -285,6 +294,51 @@ fn a_store_from_another_state_dir_or_one_left_behind_is_never_taken_as_truth() {
     );
     assert_eq!(facts(state).len(), 3, "export catches the store up first");
     assert!(cmd(state, &["store", "check"]).status.success());
+}
+
+#[test]
+fn store_check_only_reads_and_works_on_a_read_only_state_dir() {
+    let peer = Aimock::start(&fixture("store.json"));
+    let dir = tempfile::tempdir().unwrap();
+    two_runs(dir.path(), &peer);
+    // The state dir copied onto its own file system, made read-only.
+    let mount = support::Mount::tmpfs(64 << 20);
+    let state = mount.dir.join("state");
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(dir.path())
+        .arg(&state)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    mount.read_only();
+    let o = cmd(&state, &["store", "check"]);
+    assert!(
+        o.status.success(),
+        "{} {}",
+        text(&o.stdout),
+        text(&o.stderr)
+    );
+    assert!(text(&o.stdout).contains("the store agrees with the WALs"));
+    // A store of another state dir on it: named, and nothing cleared (nothing could be).
+    drop(mount);
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    two_runs(a.path(), &peer);
+    two_runs(b.path(), &peer);
+    std::fs::copy(a.path().join("state.id"), b.path().join("state.id")).unwrap();
+    let before = std::fs::read(b.path().join("store/data.mdb")).unwrap();
+    let o = cmd(b.path(), &["store", "check"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        text(&o.stderr).contains("belongs to another state dir"),
+        "{}",
+        text(&o.stderr)
+    );
+    assert_eq!(
+        std::fs::read(b.path().join("store/data.mdb")).unwrap(),
+        before,
+        "check cleared nothing"
+    );
 }
 
 fn copy_dir(from: &Path, to: &Path) {

@@ -452,20 +452,7 @@ fn clean_temporaries(archive_dir: &Path, wal_dir: &Path) -> Result<usize, Error>
 
 /// The `.wal` files of `wal_dir`, sorted.
 fn wal_files(wal_dir: &Path) -> Result<Vec<PathBuf>, Error> {
-    let mut out = Vec::new();
-    let entries = match std::fs::read_dir(wal_dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
-        Err(e) => return Err(Error::io(wal_dir, "list", e)),
-    };
-    for e in entries {
-        let p = e.map_err(|e| Error::io(wal_dir, "list", e))?.path();
-        if p.extension().is_some_and(|x| x == "wal") {
-            out.push(p);
-        }
-    }
-    out.sort();
-    Ok(out)
+    broca_wal::listing::wal_dir_files(wal_dir).map_err(|e| Error::io(wal_dir, "list", e))
 }
 
 /// Why a pack or a restore failed.

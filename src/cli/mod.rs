@@ -54,8 +54,14 @@ Global options:
   -h, --help        this help (also after any command)
   -V, --version     the version
 
+  --log-level FILTER
+                    log filter for stderr (default: $BROCA_LOG, else $RUST_LOG, else warn),
+                    e.g. info or broca=debug,warn; a filter that does not parse is an error
+  --log-format text|json
+                    log lines as text (default) or as one JSON object per line
+
 Environment:
-  BROCA_LOG         log filter for stderr (default: warn), e.g. BROCA_LOG=broca=debug
+  BROCA_LOG         log filter for stderr (else RUST_LOG), e.g. BROCA_LOG=broca=debug
 ";
 
 const SERVE_HELP: &str = "\
@@ -86,9 +92,17 @@ Options:
                        the background; default off), \"archive_every_secs\"
                        (how often; default 3600),
                        \"request_timeout_ms\" (default 15000),
-                       \"base_urls\": {PROVIDER: URL}};
+                       \"base_urls\": {PROVIDER: URL},
+                       \"import_roots\": [DIR...]};
                        flags win over the file
   --tools-config FILE  MCP tool servers, JSON or TOML (see `broca run --help`)
+  --plain-http         allow a --listen address other hosts can reach (refused without it:
+                       the handle and the prompts would cross the network in clear; put a
+                       TLS-terminating proxy in front); also \"plain_http\": true
+  --import-root DIR    a folder session.import may read logs from (repeatable; default
+                       ~/.claude/projects and ~/.codex/sessions, after CLAUDE_CONFIG_DIR
+                       and CODEX_HOME): a path outside them, or a link out of them, is
+                       refused import_forbidden
 
 Routes: POST /v1/rpc (session.send, run.status, run.result, run.cancel, session.read,
 session.import, role.describe, session.baseline),
@@ -167,19 +181,69 @@ after printing the records before it.
 /// What every broca process does first: no transparent huge pages (mimalloc asks for them on
 /// its arena, and khugepaged then fills whole 2 MiB pages around the few small pages a
 /// daemon's sessions touch, so an idle daemon's resident memory kept growing for minutes
-/// after its load ended: the soak in BENCHMARKS.md), and logs on stderr filtered by
-/// `BROCA_LOG` (default `warn`), lines that cannot be written dropped (a subscriber that
-/// reported them on stderr again would panic).
-pub fn init_process() {
+/// after its load ended: the soak in BENCHMARKS.md), and logs on stderr (lines that cannot
+/// be written dropped: a subscriber that reported them on stderr again would panic). The
+/// global `--log-level FILTER` and `--log-format text|json` are taken out of `args` here; the
+/// filter is `--log-level`, else `BROCA_LOG`, else `RUST_LOG`, else `warn`, and one that does
+/// not parse is an error naming where it came from.
+pub fn init_process(args: &mut Vec<OsString>) -> Result<(), String> {
     // SAFETY: prctl on this process with plain integer arguments.
     unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
-    let filter = tracing_subscriber::EnvFilter::try_from_env("BROCA_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
+    let level = take_global(args, "--log-level")?;
+    let format = take_global(args, "--log-format")?;
+    let (source, text) = match level {
+        Some(l) => ("--log-level".to_string(), l),
+        None => ["BROCA_LOG", "RUST_LOG"]
+            .into_iter()
+            .find_map(|var| std::env::var(var).ok().map(|v| (var.to_string(), v)))
+            .unwrap_or_else(|| ("the default".into(), "warn".into())),
+    };
+    let filter = tracing_subscriber::EnvFilter::builder()
+        .parse(&text)
+        .map_err(|e| format!("{source} `{}`: not a log filter: {e}", text.escape_debug()))?;
+    let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(filter)
-        .log_internal_errors(false)
-        .init();
+        .log_internal_errors(false);
+    match format.as_deref() {
+        None | Some("text") => builder.init(),
+        Some("json") => builder.json().flatten_event(true).init(),
+        Some(other) => {
+            return Err(format!(
+                "--log-format `{}`: use text or json",
+                other.escape_debug()
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// Takes `--name VALUE` or `--name=VALUE` out of `args` (before a `--`), if given.
+fn take_global(args: &mut Vec<OsString>, name: &str) -> Result<Option<String>, String> {
+    let end = args.iter().position(|a| a == "--").unwrap_or(args.len());
+    let prefix = format!("{name}=");
+    for i in 0..end {
+        let Some(arg) = args[i].to_str() else {
+            continue;
+        };
+        if let Some(v) = arg.strip_prefix(&prefix) {
+            let v = v.to_string();
+            args.remove(i);
+            return Ok(Some(v));
+        }
+        if arg == name {
+            if i + 1 >= end {
+                return Err(format!("{name} needs a value"));
+            }
+            let v = args.remove(i + 1);
+            args.remove(i);
+            return v
+                .into_string()
+                .map(Some)
+                .map_err(|_| format!("{name}: the value is not UTF-8"));
+        }
+    }
+    Ok(None)
 }
 
 /// Runs the command line `args` (without the program name) and returns the exit code.
@@ -567,6 +631,8 @@ struct ServeConfig {
     request_timeout_ms: Option<u64>,
     #[serde(default)]
     base_urls: std::collections::BTreeMap<String, String>,
+    import_roots: Option<Vec<PathBuf>>,
+    plain_http: Option<bool>,
 }
 
 /// The flags `broca serve` and `broca module` share, as given.
@@ -577,6 +643,7 @@ struct ServeFlags {
     grace: Option<u64>,
     config: Option<PathBuf>,
     tools: Option<String>,
+    import_roots: Vec<PathBuf>,
 }
 
 fn serve_flags(pargs: &mut pico_args::Arguments) -> Result<ServeFlags, String> {
@@ -598,6 +665,9 @@ fn serve_flags(pargs: &mut pico_args::Arguments) -> Result<ServeFlags, String> {
     let tools: Option<String> = pargs
         .opt_value_from_str("--tools-config")
         .map_err(|e| format!("--tools-config: {e}"))?;
+    let import_roots: Vec<PathBuf> = pargs
+        .values_from_str("--import-root")
+        .map_err(|e| format!("--import-root: {e}"))?;
     Ok(ServeFlags {
         listen,
         socket,
@@ -605,7 +675,22 @@ fn serve_flags(pargs: &mut pico_args::Arguments) -> Result<ServeFlags, String> {
         grace,
         config,
         tools,
+        import_roots,
     })
+}
+
+/// Refuses a `--listen` address other hosts can reach unless `--plain-http` says that is
+/// meant: serve speaks plain HTTP, and every request carries the bearer handle in clear.
+fn plain_off_host(listen: std::net::SocketAddr, plain_http: bool) -> Result<(), String> {
+    if listen.ip().is_loopback() || plain_http {
+        return Ok(());
+    }
+    Err(format!(
+        "--listen {listen} is reachable from other hosts, and serve speaks plain HTTP: every \
+         request would carry the bearer handle (and every prompt and answer) across the network \
+         in clear. Listen on 127.0.0.1 (or the Unix socket), or put a TLS-terminating proxy in \
+         front and give --plain-http to say so"
+    ))
 }
 
 /// The `--config` file, or the defaults.
@@ -624,12 +709,14 @@ fn parse_serve(
     pargs: &mut pico_args::Arguments,
     state_dir: Option<PathBuf>,
 ) -> Result<ServeOptions, String> {
+    let plain_http = pargs.contains("--plain-http");
     let f = serve_flags(pargs)?;
     rest(std::mem::replace(
         pargs,
         pico_args::Arguments::from_vec(Vec::new()),
     ))?;
     let file = serve_config(f.config.as_ref())?;
+    let plain_http = plain_http || file.plain_http.unwrap_or(false);
     let listen_text = f
         .listen
         .clone()
@@ -638,6 +725,7 @@ fn parse_serve(
     let listen = listen_text.parse().map_err(|_| {
         format!("--listen `{listen_text}` is not an address such as 127.0.0.1:7411")
     })?;
+    plain_off_host(listen, plain_http)?;
     let mut limits = broca_io::http_server::ServerLimits::default();
     if let Some(n) = file.body_limit_bytes {
         limits.body_bytes_max = n;
@@ -680,7 +768,23 @@ fn host_options(
     }
     let grace = f.grace;
     let tools = f.tools.clone();
+    let import_roots = if !f.import_roots.is_empty() {
+        f.import_roots.clone()
+    } else if let Some(roots) = file.import_roots.clone() {
+        roots
+    } else {
+        default_import_roots()
+    };
+    for root in &import_roots {
+        if !root.is_absolute() {
+            return Err(format!(
+                "--import-root {}: give an absolute folder",
+                root.display()
+            ));
+        }
+    }
     Ok(broca_host::HostOptions {
+        import_roots,
         state_dir,
         shards,
         grace: std::time::Duration::from_secs(grace.or(file.grace_secs).unwrap_or(5)),
@@ -712,6 +816,24 @@ fn host_options(
         },
         endpoints,
     })
+}
+
+/// Where Claude Code and Codex keep their logs: the folders `session.import` reads from
+/// unless told otherwise.
+fn default_import_roots() -> Vec<PathBuf> {
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    let under = |var: &str, dot: &str| {
+        std::env::var_os(var)
+            .map(PathBuf::from)
+            .or_else(|| home.as_ref().map(|h| h.join(dot)))
+    };
+    [
+        under("CLAUDE_CONFIG_DIR", ".claude").map(|d| d.join("projects")),
+        under("CODEX_HOME", ".codex").map(|d| d.join("sessions")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
 }
 
 const MODULE_HELP: &str = "\

@@ -14,8 +14,10 @@ Usage: broca store check|rebuild
 The store (<state-dir>/store) holds projections of the WALs: the run index, admission
 checkpoints, usage facts and transcripts. The WALs are authoritative.
 
-  check     compare every projection with the WALs; exit 1 naming each difference
-  rebuild   clear every projection and rebuild it from the WALs
+  check     compare every projection with the WALs; exit 1 naming each difference (reads
+            only: works on a read-only state dir, and never changes the store)
+  rebuild   clear every projection and rebuild it from the WALs (the one command that
+            changes the store by hand)
 ";
 
 pub(super) const EXPORT_HELP: &str = "\
@@ -57,7 +59,8 @@ pub(super) fn store(mut pargs: pico_args::Arguments, help: bool, state_dir: Opti
     let wal_dir = state.join("wal");
     match sub.as_deref() {
         Some("check") => {
-            let result = open(&state).and_then(|s| Ok(s.check(&wal_dir)?));
+            // Only reads: nothing in the state dir is created, moved or cleared.
+            let result = Store::open_read_only(&state).and_then(|s| s.check(&wal_dir));
             match result {
                 Ok(diffs) if diffs.is_empty() => {
                     broca_io::outln!("the store agrees with the WALs");

@@ -72,6 +72,9 @@ pub struct HostOptions {
     /// The MCP tool servers to start (`--tools-config`).
     pub tools: Option<broca_tools::config::ToolsConfig>,
     pub endpoints: Endpoints,
+    /// The folders `session.import` reads logs from (a log elsewhere, or a link out of
+    /// them, is refused `import_forbidden`); empty: none.
+    pub import_roots: Vec<PathBuf>,
 }
 
 /// A message between shards.

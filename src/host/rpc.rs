@@ -99,9 +99,12 @@ async fn import(
     let format = broca_import::Format::parse(format)
         .ok_or_else(|| invalid(format!("unknown log format `{format}`")))?;
     let root = std::path::PathBuf::from(&path);
-    let folder = root.is_dir();
-    let files = glommio::executor()
-        .spawn_blocking(move || broca_session::log_files(&[root]))
+    let roots = ctx.opts.import_roots.clone();
+    let (folder, files) = glommio::executor()
+        .spawn_blocking(move || {
+            broca_session::confine(&roots, &root)?;
+            Ok((root.is_dir(), broca_session::log_files(&[root])?))
+        })
         .await
         .map_err(|e| broca_session::import_error(&e))?;
     let mut entries = Vec::new();
@@ -126,8 +129,13 @@ async fn import_one(
     file: std::path::PathBuf,
     target: ImportTarget,
 ) -> Result<Value, RpcError> {
+    let roots = ctx.opts.import_roots.clone();
     let (t, input) = glommio::executor()
-        .spawn_blocking(move || broca_session::read_source(format, &file, &target))
+        .spawn_blocking(move || {
+            // Each log too: a link in an allowed folder may lead out of it.
+            broca_session::confine(&roots, &file)?;
+            broca_session::read_source(format, &file, &target)
+        })
         .await
         .map_err(|e| broca_session::import_error(&e))?;
     let name = input.file.clone();

@@ -36,6 +36,10 @@ impl Format {
     }
 }
 
+/// The most bytes one line of a log may have (an episode is one WAL record, and one record
+/// holds at most [`broca_wal::frame::PAYLOAD_BYTES_MAX`]).
+pub const LINE_BYTES_MAX: usize = 8 << 20;
+
 /// Why a log cannot be imported. Nothing was written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ImportError {
@@ -156,7 +160,7 @@ pub fn plan(
         ));
     }
     let built = episode.finish();
-    Ok(Plan::Episode(Box::new(EpisodeImported {
+    let episode = EpisodeImported {
         import_id: String::new(),
         origin: ImportOrigin {
             format: format.name().to_string(),
@@ -174,7 +178,48 @@ pub fn plan(
         pending: built.pending,
         notes: built.notes,
         at_unix_ms: 0,
-    })))
+    };
+    fits(file, &episode)?;
+    Ok(Plan::Episode(Box::new(episode)))
+}
+
+/// Room a record's encoding keeps for what the writer fills in (the import id, the time).
+const EPISODE_SLACK_BYTES: usize = 256;
+
+/// Refuses an episode whose record would be larger than one WAL record may be, naming the
+/// log and the lines it covers.
+fn fits(file: &str, episode: &EpisodeImported) -> Result<(), ImportError> {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    serde_json::to_writer(&mut count, episode).map_err(|e| ImportError {
+        code: Code::ImportMalformed,
+        file: file.to_string(),
+        line: None,
+        message: format!("the episode cannot be encoded: {e}"),
+    })?;
+    let limit = broca_wal::frame::PAYLOAD_BYTES_MAX - EPISODE_SLACK_BYTES;
+    if count.0 <= limit {
+        return Ok(());
+    }
+    Err(ImportError {
+        code: Code::ImportTooLarge,
+        file: file.to_string(),
+        line: None,
+        message: format!(
+            "lines {} to {} come to an episode of {} bytes, more than the {limit} one import \
+             may write: import the log while it is shorter, or in parts as it grows",
+            episode.origin.first_line, episode.origin.last_line, count.0
+        ),
+    })
 }
 
 /// Where a log that was imported before (`prior`) goes on: the byte and the line its new part
@@ -303,6 +348,17 @@ impl<'a> Lines<'a> {
             self.last = line;
             if let Some(p) = &mut self.progress {
                 p.at(self.at as u64);
+            }
+            if text.len() > LINE_BYTES_MAX {
+                return Some(Err(ImportError {
+                    code: Code::ImportTooLarge,
+                    file: self.file.to_string(),
+                    line: Some(line),
+                    message: format!(
+                        "the line has {} bytes, more than the {LINE_BYTES_MAX} a line may have",
+                        text.len()
+                    ),
+                }));
             }
             if text.iter().all(u8::is_ascii_whitespace) {
                 continue;

@@ -141,8 +141,9 @@ pub fn check_read_only(
     })
 }
 
-/// The most bytes one log may have: a larger file is refused before it is read.
-pub const IMPORT_BYTES_MAX: u64 = 1 << 30;
+/// The most bytes one log may have: a larger file is refused before it is read, and one that
+/// grows past it while it is read is refused then.
+pub const IMPORT_BYTES_MAX: u64 = 256 << 20;
 
 /// The logs `paths` name, in order: each file named, and every `*.jsonl` file under each
 /// directory named (at any depth, sorted by path).
@@ -164,7 +165,10 @@ pub fn log_files(paths: &[std::path::PathBuf]) -> Result<Vec<std::path::PathBuf>
         }
         paths.sort();
         for p in paths {
-            if p.is_dir() {
+            // A link is not followed into a folder (a link to a folder above would loop);
+            // a `*.jsonl` entry of any kind is listed, and its read says what it is.
+            let kind = std::fs::symlink_metadata(&p).map_err(|e| unreadable(&p, e))?;
+            if kind.is_dir() {
                 walk(&p, out)?;
             } else if p.extension().is_some_and(|e| e == "jsonl") {
                 out.push(p);
@@ -182,6 +186,40 @@ pub fn log_files(paths: &[std::path::PathBuf]) -> Result<Vec<std::path::PathBuf>
         }
     }
     Ok(out)
+}
+
+/// Refuses `path` unless, with its links followed, it lies in one of `roots` (the folders a
+/// management caller may import from; a root that does not exist holds nothing).
+pub fn confine(roots: &[std::path::PathBuf], path: &std::path::Path) -> Result<(), ImportError> {
+    let shown = path.display().to_string();
+    let real = std::fs::canonicalize(path).map_err(|e| ImportError {
+        code: broca_wire::Code::ImportUnreadable,
+        file: shown.clone(),
+        line: None,
+        message: e.to_string(),
+    })?;
+    let inside = roots
+        .iter()
+        .filter_map(|r| std::fs::canonicalize(r).ok())
+        .any(|r| real.starts_with(&r));
+    if inside {
+        return Ok(());
+    }
+    let listed: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
+    Err(ImportError {
+        code: broca_wire::Code::ImportForbidden,
+        file: shown,
+        line: None,
+        message: if listed.is_empty() {
+            "this daemon imports from no folder (its import_roots are empty)".into()
+        } else {
+            format!(
+                "outside the folders this daemon imports from ({}): set --import-root to \
+                 import from elsewhere",
+                listed.join(", ")
+            )
+        },
+    })
 }
 
 /// The session parts given for an import; a part not given comes from the log (the
@@ -221,17 +259,7 @@ pub fn read_source(
             )
         })?
         .to_string();
-    let unreadable =
-        |e: std::io::Error| fail(broca_wire::Code::ImportUnreadable, &file, e.to_string());
-    let len = std::fs::metadata(&path).map_err(unreadable)?.len();
-    if len > IMPORT_BYTES_MAX {
-        return Err(fail(
-            broca_wire::Code::ImportTooLarge,
-            &file,
-            format!("{len} bytes, more than the {IMPORT_BYTES_MAX} a log may have"),
-        ));
-    }
-    let bytes = std::fs::read(&path).map_err(unreadable)?;
+    let bytes = read_log(&path, &file)?;
     let identity = broca_import::identify(format, &file, &bytes)?;
     let root = match (&target.project_root, &identity.cwd) {
         (Some(root), _) | (None, Some(root)) => root.clone(),
@@ -256,6 +284,68 @@ pub fn read_source(
             identity,
         },
     ))
+}
+
+/// The bytes of the log at `path` (shown as `file`): a regular file only (a FIFO, a device,
+/// a socket or a folder, or a link to one, is refused before a byte is read: the file is
+/// opened without blocking and its kind taken from the open file, so nothing can be swapped
+/// in between), and at most [`IMPORT_BYTES_MAX`] bytes.
+fn read_log(path: &std::path::Path, file: &str) -> Result<Vec<u8>, ImportError> {
+    use std::io::Read;
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let fail = |code, message: String| ImportError {
+        code,
+        file: file.to_string(),
+        line: None,
+        message,
+    };
+    let unreadable = |e: std::io::Error| fail(broca_wire::Code::ImportUnreadable, e.to_string());
+    let log = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(unreadable)?;
+    let meta = log.metadata().map_err(unreadable)?;
+    let kind = meta.file_type();
+    let what = if kind.is_file() {
+        None
+    } else if kind.is_fifo() {
+        Some("a FIFO")
+    } else if kind.is_char_device() {
+        Some("a character device")
+    } else if kind.is_block_device() {
+        Some("a block device")
+    } else if kind.is_socket() {
+        Some("a socket")
+    } else if kind.is_dir() {
+        Some("a folder")
+    } else {
+        Some("not a regular file")
+    };
+    if let Some(what) = what {
+        return Err(fail(
+            broca_wire::Code::ImportUnreadable,
+            format!("{what}: a log is read from a regular file only"),
+        ));
+    }
+    let too_large = |len: u64| {
+        fail(
+            broca_wire::Code::ImportTooLarge,
+            format!("{len} bytes, more than the {IMPORT_BYTES_MAX} a log may have"),
+        )
+    };
+    if meta.len() > IMPORT_BYTES_MAX {
+        return Err(too_large(meta.len()));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    (&log)
+        .take(IMPORT_BYTES_MAX + 1)
+        .read_to_end(&mut bytes)
+        .map_err(unreadable)?;
+    if bytes.len() as u64 > IMPORT_BYTES_MAX {
+        return Err(too_large(bytes.len() as u64));
+    }
+    Ok(bytes)
 }
 
 impl ImportReply {

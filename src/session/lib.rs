@@ -19,7 +19,7 @@ pub use actor::{ActorError, Display, OnAppend, Opener, SessionActor};
 pub use command::{Cancelled, ImportInput, ImportReply, Retracted, SendReply, SessionCommand};
 pub use hooks::{Abort, CrashPlan, Hooks, NoHooks};
 pub use import::{
-    check_read_only, import_error, log_files, read_source, ImportTarget, IMPORT_BYTES_MAX,
+    check_read_only, confine, import_error, log_files, read_source, ImportTarget, IMPORT_BYTES_MAX,
 };
 pub use subscription::{subscribe, REPLAY_PAGE_BYTES, SUB_CHANNEL_ITEMS};
 

@@ -145,6 +145,9 @@ pub enum StoreError {
         why: String,
         message: String,
     },
+    /// A read-only open found a store it cannot compare with the WALs (missing, damaged, of
+    /// another state dir or format); only `broca store rebuild` changes that.
+    Incomparable { dir: PathBuf, why: String },
 }
 
 impl std::fmt::Display for StoreError {
@@ -162,6 +165,12 @@ impl std::fmt::Display for StoreError {
             StoreError::Stuck { dir, why, message } => write!(
                 f,
                 "store {} is unusable ({why}) and cannot be moved aside: {message}",
+                dir.display()
+            ),
+            StoreError::Incomparable { dir, why } => write!(
+                f,
+                "the store {} cannot be compared with the WALs: {why}; `broca store rebuild` \
+                 rebuilds it from them",
                 dir.display()
             ),
         }
@@ -266,6 +275,86 @@ impl Store {
             w.commit().map_err(err("commit"))?;
         }
         Ok((store, notes))
+    }
+
+    /// Opens the store of `state_dir` to read it only: nothing is created, moved aside or
+    /// cleared, so a read-only state dir works. A store that is missing, damaged, of another
+    /// state dir (its `state.id`) or of another format is [`StoreError::Incomparable`].
+    pub fn open_read_only(state_dir: &Path) -> Result<Store, StoreError> {
+        let dir = state_dir.join("store");
+        let incomparable = |why: String| StoreError::Incomparable {
+            dir: dir.clone(),
+            why,
+        };
+        let data = dir.join("data.mdb");
+        let len = match std::fs::metadata(&data) {
+            Ok(m) => m.len(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(incomparable("there is none".into()))
+            }
+            Err(e) => return Err(io(&data)(e)),
+        };
+        // SAFETY: as in `open_dir`; read-only, and LMDB's lock file (or, on a read-only
+        // file system, none) coordinates with a writer.
+        let env = unsafe {
+            let mut o = EnvOpenOptions::new();
+            o.map_size(MAP_BYTES)
+                .max_dbs(8)
+                .flags(heed::EnvFlags::READ_ONLY);
+            o.open(&dir)
+        }
+        .map_err(|e| incomparable(format!("it does not open: {e}")))?;
+        let need = (env.info().last_page_number as u64 + 1) * u64::from(env.stat().page_size);
+        if len < need {
+            return Err(incomparable(format!(
+                "{} has {len} bytes, shorter than its {need} bytes of pages",
+                data.display()
+            )));
+        }
+        let r = env.read_txn().map_err(err("read"))?;
+        let db = |name: &str| match env.open_database::<Bytes, Bytes>(&r, Some(name)) {
+            Ok(Some(db)) => Ok(db),
+            Ok(None) => Err(incomparable(format!("it has no {name} table"))),
+            Err(e) => Err(incomparable(format!("its {name} table: {e}"))),
+        };
+        let (meta, marks, runs, admission, facts, transcript) = (
+            db("meta")?,
+            db("marks")?,
+            db("runs")?,
+            db("admission")?,
+            db("facts")?,
+            db("transcript")?,
+        );
+        let owner = meta
+            .get(&r, b"state_id")
+            .map_err(err("read"))?
+            .map(<[u8]>::to_vec);
+        let format = meta
+            .get(&r, b"format")
+            .map_err(err("read"))?
+            .map(<[u8]>::to_vec);
+        // The transaction that opened the tables is committed, not dropped: LMDB keeps the
+        // handles it opened only then, and a later read on them would fail EINVAL.
+        r.commit().map_err(err("read"))?;
+        let id = std::fs::read_to_string(state_dir.join("state.id")).unwrap_or_default();
+        if owner.as_deref() != Some(id.trim().as_bytes()) {
+            return Err(incomparable(
+                "it belongs to another state dir (its state.id is not this one's)".into(),
+            ));
+        }
+        if format.as_deref() != Some(FORMAT.as_bytes()) {
+            return Err(incomparable("it has another format".into()));
+        }
+        Ok(Store {
+            env,
+            dir,
+            meta,
+            marks,
+            runs,
+            admission,
+            facts,
+            transcript,
+        })
     }
 
     fn open_dir(dir: &Path) -> Result<Store, StoreError> {
@@ -719,18 +808,7 @@ fn at_path(path: &Path, e: StoreError) -> StoreError {
 /// The WALs of `wal_dir`, sorted: its `.wal` files, and the sessions only the archive holds
 /// (as the path their live WAL would have; reads resolve it in the archive).
 pub fn wal_files(wal_dir: &Path) -> Result<Vec<PathBuf>, StoreError> {
-    let mut out = Vec::new();
-    let entries = match std::fs::read_dir(wal_dir) {
-        Ok(e) => Some(e),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(io(wal_dir)(e)),
-    };
-    for e in entries.into_iter().flatten() {
-        let p = e.map_err(io(wal_dir))?.path();
-        if p.extension().is_some_and(|x| x == "wal") {
-            out.push(p);
-        }
-    }
+    let mut out = broca_wal::listing::wal_dir_files(wal_dir).map_err(io(wal_dir))?;
     let archive = broca_wal::archive::dir_of(wal_dir);
     let archived = broca_wal::archive::archived_files(&archive).map_err(io(&archive))?;
     out.extend(archived.into_iter().map(|f| wal_dir.join(f)));

@@ -18,23 +18,42 @@ pub struct SessionTriple {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SessionAddr(pub [u8; 16]);
 
-/// A component of a triple that is empty (`bytes` 0) or over
-/// [`TRIPLE_COMPONENT_BYTES_MAX`].
+/// Why a triple is refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TripleError {
-    /// `project_root`, `harness` or `session`.
-    pub component: &'static str,
-    pub bytes: usize,
+pub enum TripleError {
+    /// A component is empty.
+    Empty { component: &'static str },
+    /// A component is over [`TRIPLE_COMPONENT_BYTES_MAX`].
+    TooLong {
+        component: &'static str,
+        bytes: usize,
+    },
+    /// A component holds a control character (`at`: its byte offset): a name printed by a
+    /// listing would carry it raw to the terminal.
+    Control {
+        component: &'static str,
+        at: usize,
+        c: char,
+    },
+    /// The project root is not an absolute path (one folder has one spelling: `/` first).
+    Relative,
 }
 
 impl std::fmt::Display for TripleError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.bytes {
-            0 => write!(f, "{} is empty", self.component),
-            n => write!(
+        match self {
+            TripleError::Empty { component } => write!(f, "{component} is empty"),
+            TripleError::TooLong { component, bytes } => write!(
                 f,
-                "{} has {n} bytes; the limit is {TRIPLE_COMPONENT_BYTES_MAX}",
-                self.component
+                "{component} has {bytes} bytes; the limit is {TRIPLE_COMPONENT_BYTES_MAX}"
+            ),
+            TripleError::Control { component, at, c } => write!(
+                f,
+                "{component} holds the control character {c:?} at byte {at}; names take none"
+            ),
+            TripleError::Relative => write!(
+                f,
+                "project_root is not an absolute path (it must start with `/`)"
             ),
         }
     }
@@ -49,29 +68,39 @@ impl From<TripleError> for String {
 }
 
 impl SessionTriple {
-    /// A triple, or the reason it is not one (an empty or oversized component).
+    /// A triple, or the reason it is not one: an empty or oversized component, a control
+    /// character in any, a project root that is not absolute. The project root is taken in
+    /// its one spelling: `.` and empty components dropped, `..` applied (never above `/`), no
+    /// trailing `/` ([`normal_root`]); symbolic links are not followed (the folder need not
+    /// exist on this machine).
     pub fn new(
         project_root: impl Into<String>,
         harness: impl Into<String>,
         session: impl Into<String>,
     ) -> Result<SessionTriple, TripleError> {
+        let root: String = project_root.into();
+        if root.is_empty() {
+            return Err(TripleError::Empty {
+                component: "project_root",
+            });
+        }
         let triple = SessionTriple {
-            project_root: project_root.into(),
+            project_root: normal_root(&root).ok_or(TripleError::Relative)?,
             harness: harness.into(),
             session: session.into(),
         };
         for (component, value) in triple.components() {
             if value.is_empty() {
-                return Err(TripleError {
-                    component,
-                    bytes: 0,
-                });
+                return Err(TripleError::Empty { component });
             }
             if value.len() > TRIPLE_COMPONENT_BYTES_MAX {
-                return Err(TripleError {
+                return Err(TripleError::TooLong {
                     component,
                     bytes: value.len(),
                 });
+            }
+            if let Some((at, c)) = value.char_indices().find(|(_, c)| c.is_control()) {
+                return Err(TripleError::Control { component, at, c });
             }
         }
         Ok(triple)
@@ -105,6 +134,33 @@ impl SessionTriple {
         addr.copy_from_slice(&digest.as_bytes()[..16]);
         SessionAddr(addr)
     }
+}
+
+/// `root` in its one spelling (see [`SessionTriple::new`]), or `None` when it is not
+/// absolute.
+pub fn normal_root(root: &str) -> Option<String> {
+    if !root.starts_with('/') {
+        return None;
+    }
+    let mut parts: Vec<&str> = Vec::new();
+    for part in root.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            p => parts.push(p),
+        }
+    }
+    let mut out = String::with_capacity(root.len());
+    for p in &parts {
+        out.push('/');
+        out.push_str(p);
+    }
+    if out.is_empty() {
+        out.push('/');
+    }
+    Some(out)
 }
 
 impl SessionAddr {
@@ -141,12 +197,12 @@ mod tests {
 
     #[test]
     fn length_prefixes_keep_shifted_components_apart() {
-        let a = SessionTriple::new("ab", "c", "s").unwrap();
-        let b = SessionTriple::new("a", "bc", "s").unwrap();
+        let a = SessionTriple::new("/p", "ab", "c").unwrap();
+        let b = SessionTriple::new("/p", "a", "bc").unwrap();
         assert_ne!(a.address(), b.address());
         assert_eq!(
             a.address(),
-            SessionTriple::new("ab", "c", "s").unwrap().address()
+            SessionTriple::new("/p", "ab", "c").unwrap().address()
         );
     }
 
@@ -161,13 +217,70 @@ mod tests {
     #[test]
     fn empty_and_oversized_components_are_refused() {
         let empty = SessionTriple::new("", "h", "s").unwrap_err();
-        assert_eq!((empty.component, empty.bytes), ("project_root", 0));
+        assert_eq!(
+            empty,
+            TripleError::Empty {
+                component: "project_root"
+            }
+        );
         assert_eq!(empty.to_string(), "project_root is empty");
         let long = "x".repeat(TRIPLE_COMPONENT_BYTES_MAX + 1);
         let e = SessionTriple::new("/p", "h", long).unwrap_err();
         assert_eq!(
-            (e.component, e.bytes),
-            ("session", TRIPLE_COMPONENT_BYTES_MAX + 1)
+            e,
+            TripleError::TooLong {
+                component: "session",
+                bytes: TRIPLE_COMPONENT_BYTES_MAX + 1
+            }
         );
+    }
+
+    #[test]
+    fn control_characters_are_refused_in_every_component() {
+        for (root, harness, session, component) in [
+            ("/p\0q", "h", "s", "project_root"),
+            ("/p", "h\x1b[2J", "s", "harness"),
+            ("/p", "h", "s\n", "session"),
+            ("/p", "h", "s\u{85}", "session"),
+        ] {
+            match SessionTriple::new(root, harness, session) {
+                Err(TripleError::Control { component: c, .. }) => assert_eq!(c, component),
+                other => panic!("{root:?} {harness:?} {session:?}: {other:?}"),
+            }
+        }
+        let e = SessionTriple::new("/p", "h", "a\tb").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "session holds the control character '\\t' at byte 1; names take none"
+        );
+        // Other characters are names like any.
+        SessionTriple::new("/päth/ü", "h ü", "s-✓").unwrap();
+    }
+
+    #[test]
+    fn a_project_root_is_absolute_and_has_one_spelling() {
+        assert_eq!(
+            SessionTriple::new("proj", "h", "s").unwrap_err(),
+            TripleError::Relative
+        );
+        assert_eq!(
+            SessionTriple::new("./proj", "h", "s").unwrap_err(),
+            TripleError::Relative
+        );
+        let one = SessionTriple::new("/home/u/proj", "h", "s").unwrap();
+        for spelling in [
+            "/home/u/proj/",
+            "/home/u/./proj",
+            "//home//u/proj//",
+            "/home/u/x/../proj",
+            "/home/u/proj/.",
+        ] {
+            let t = SessionTriple::new(spelling, "h", "s").unwrap();
+            assert_eq!(t.project_root, "/home/u/proj", "{spelling}");
+            assert_eq!(t.address(), one.address(), "{spelling}");
+        }
+        assert_eq!(normal_root("/").as_deref(), Some("/"));
+        assert_eq!(normal_root("/..").as_deref(), Some("/"));
+        assert_eq!(normal_root("/../a/..").as_deref(), Some("/"));
     }
 }

@@ -289,6 +289,10 @@ pub fn verify(path: &Path) -> Result<Container, ArchiveError> {
         reason,
     };
     let file = File::open(path).map_err(|e| err(None, 0, format!("cannot open: {e}")))?;
+    // Each member first: damage inside one is named by the member and its offset.
+    for m in &c.index.members {
+        member_bytes(&file, path, m)?;
+    }
     let sealed = file.len_bytes() - TRAILER_BYTES;
     let mut whole = blake3::Hasher::new();
     let mut buf = vec![0u8; 1 << 20];
@@ -301,16 +305,40 @@ pub fn verify(path: &Path) -> Result<Container, ArchiveError> {
         at += n as u64;
     }
     if hex(whole.finalize().as_bytes()) != c.digest {
+        let gaps = uncovered(&c.index.members, sealed);
+        let first = gaps.first().map_or(0, |g| g.0);
+        let shown: Vec<String> = gaps.iter().map(|(a, b)| format!("{a}..{b}")).collect();
         return Err(err(
             None,
-            0,
-            "its bytes do not match the digest that seals it".into(),
+            first,
+            format!(
+                "its bytes do not match the digest that seals it, though every member's do: \
+                 the damage is outside the members, in bytes {} (the magic, or the index)",
+                shown.join(", ")
+            ),
         ));
     }
-    for m in &c.index.members {
-        member_bytes(&file, path, m)?;
-    }
     Ok(c)
+}
+
+/// The byte ranges below `end` that no member covers, in order.
+fn uncovered(members: &[Member], end: u64) -> Vec<(u64, u64)> {
+    let mut spans: Vec<(u64, u64)> = members
+        .iter()
+        .map(|m| (m.offset, m.offset.saturating_add(m.size)))
+        .collect();
+    spans.sort_unstable();
+    let (mut gaps, mut at) = (Vec::new(), 0);
+    for (start, stop) in spans {
+        if start > at {
+            gaps.push((at, start.min(end)));
+        }
+        at = at.max(stop);
+    }
+    if at < end {
+        gaps.push((at, end));
+    }
+    gaps
 }
 
 /// A member's bytes, its digest checked.

@@ -8,6 +8,7 @@ pub mod archive;
 pub mod frame;
 pub mod header;
 pub mod importrec;
+pub mod listing;
 pub mod reader;
 pub mod record;
 pub mod recovery;
@@ -17,7 +18,7 @@ pub mod verify;
 use std::fmt;
 use std::path::PathBuf;
 
-pub use address::{SessionAddr, SessionTriple, TripleError};
+pub use address::{normal_root, SessionAddr, SessionTriple, TripleError};
 pub use header::{HeaderError, WalHeader};
 pub use record::{DecodeError, Record};
 pub use recovery::{scan, Corruption, FrameInfo, Scan, Verdict};

@@ -169,6 +169,14 @@ pub fn wal_files(arg: &Path) -> Result<Vec<PathBuf>, WalError> {
     };
     let meta = fs::metadata(arg).map_err(io(arg, "stat"))?;
     if !meta.is_dir() {
+        // A file named is verified only when it is a regular file: a FIFO would hang the read.
+        if let Some(what) = crate::listing::not_regular(&meta.file_type()) {
+            return Err(WalError::Io {
+                path: arg.to_path_buf(),
+                op: "open",
+                message: format!("{what}, not a WAL (a WAL is a regular file)"),
+            });
+        }
         return Ok(vec![arg.to_path_buf()]);
     }
     let dir = if arg.join("wal").is_dir() {
@@ -176,16 +184,7 @@ pub fn wal_files(arg: &Path) -> Result<Vec<PathBuf>, WalError> {
     } else {
         arg.to_path_buf()
     };
-    let mut files = Vec::new();
-    for entry in fs::read_dir(&dir).map_err(io(&dir, "list"))? {
-        let entry = entry.map_err(io(&dir, "list"))?;
-        let path = entry.path();
-        if path.extension().is_some_and(|ext| ext == "wal") {
-            files.push(path);
-        }
-    }
-    files.sort();
-    Ok(files)
+    crate::listing::wal_dir_files(&dir).map_err(io(&dir, "list"))
 }
 
 /// Writes one JSON line per record of `path` to `out`: seq, offset, len, kind, epoch and the

@@ -111,6 +111,8 @@ codes! {
     ImportConflict = "import_conflict", 409, Permanent;
     /// The session went on after the import: a longer log can no longer be appended.
     ImportDiverged = "import_diverged", 409, Permanent;
+    /// The log is outside the folders this daemon imports from (`import_roots`).
+    ImportForbidden = "import_forbidden", 403, Permanent;
     // HTTP.
     /// No or a wrong bearer handle.
     Unauthorized = "unauthorized", 401, AuthRequired;

@@ -358,3 +358,62 @@ pub fn assert_no_file_holds(dir: &Path, secret: &str) {
         );
     }
 }
+
+/// A small tmpfs mounted at a fresh folder for the test (unmounted on drop): the real file
+/// system a test fills up or makes read-only. The tests run as root (CI does); a mount that
+/// fails fails the test.
+#[allow(dead_code)]
+pub struct Mount {
+    pub dir: PathBuf,
+    _parent: tempfile::TempDir,
+}
+
+#[allow(dead_code)]
+impl Mount {
+    pub fn tmpfs(bytes: u64) -> Mount {
+        let parent = tempfile::tempdir().unwrap();
+        let dir = parent.path().join("mnt");
+        std::fs::create_dir(&dir).unwrap();
+        let out = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={bytes},mode=0700"),
+                "tmpfs",
+            ])
+            .arg(&dir)
+            .output()
+            .expect("mount runs");
+        assert!(
+            out.status.success(),
+            "mounting a tmpfs at {} (the test needs root): {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Mount {
+            dir,
+            _parent: parent,
+        }
+    }
+
+    /// Remounts the file system read-only.
+    pub fn read_only(&self) {
+        let out = Command::new("mount")
+            .args(["-o", "remount,ro"])
+            .arg(&self.dir)
+            .output()
+            .expect("mount runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+    }
+}

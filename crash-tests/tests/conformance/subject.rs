@@ -169,6 +169,9 @@ impl Subject {
             .arg(&daemon.file)
             .args(["--shards", "2", "--grace-secs", "2", "--tools-config"])
             .arg(&tools)
+            // The logs `import` writes for session.import are in this folder.
+            .arg("--import-root")
+            .arg(root)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(log);

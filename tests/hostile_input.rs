@@ -353,3 +353,109 @@ fn a_fifo_named_like_a_wal_is_skipped_by_every_command_that_lists_wal() {
     assert!(fifo.exists());
     assert_eq!(wal_files(&state), vec![format!("{}.wal", "0".repeat(32))]);
 }
+
+/// A raw request's whole answer (status line, headers, body) as text.
+fn raw_answer(s: &support::serve::Serve, request: &str) -> String {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(&s.addr).unwrap();
+    c.set_read_timeout(Some(PROMPT)).unwrap();
+    c.write_all(request.as_bytes()).unwrap();
+    let mut out = String::new();
+    c.read_to_string(&mut out).unwrap();
+    out
+}
+
+#[test]
+fn a_full_disk_refuses_writes_by_name_keeps_reads_and_recovers_without_a_restart() {
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let mount = support::Mount::tmpfs(48 << 20);
+    let state = mount.dir.join("state");
+    let s = start(&state, &peer, &[]);
+    let send = |session: &str| {
+        post(
+            &s,
+            &json!({"method": "session.send", "params": {"project_root": "/proj",
+                "harness": "h", "session": session, "prompt": "hello there",
+                "model": "anthropic/m"}})
+            .to_string(),
+        )
+    };
+    let (status, r) = send("s1");
+    assert_eq!(status, 200, "{r}");
+    let first = r["result"]["run_id"].as_str().unwrap().to_string();
+    support::serve::result_when_ended(&s, "s1", &first);
+
+    // Fill the file system.
+    let filler = mount.dir.join("filler");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&filler).unwrap();
+        let chunk = vec![0x5au8; 1 << 20];
+        while f.write_all(&chunk).is_ok() {}
+        let _ = f.sync_all();
+    }
+    // A new session's send: refused storage_full, 503 with Retry-After.
+    let body = json!({"method": "session.send", "params": {"project_root": "/proj",
+        "harness": "h", "session": "s2", "prompt": "hello there", "model": "anthropic/m"}})
+    .to_string();
+    let answer = raw_answer(
+        &s,
+        &format!(
+            "POST /v1/rpc HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            s.handle,
+            body.len()
+        ),
+    );
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("\r\nretry-after: "),
+        "{answer}"
+    );
+    assert!(answer.contains("\"storage_full\""), "{answer}");
+    assert!(answer.contains("full"), "{answer}");
+    // Reads go on; health says degraded, with the reason; the failures are counted.
+    let (status, read) = rpc(&s, "session.read", json!({}));
+    assert_eq!(status, 200, "{read}");
+    assert!(!read["result"]["messages"].as_array().unwrap().is_empty());
+    let (status, health) = support::serve::get(&s, "/healthz");
+    let health: serde_json::Value = serde_json::from_slice(&health).unwrap();
+    assert_eq!(
+        (status, &health["status"]),
+        (200, &json!("degraded")),
+        "{health}"
+    );
+    assert_eq!(health["reasons"][0]["code"], "storage_full", "{health}");
+    let (_, metrics) = support::serve::get(&s, "/metrics");
+    let metrics = String::from_utf8_lossy(&metrics).into_owned();
+    let count = |line: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(line))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("{line}: {metrics}"))
+    };
+    assert!(count("broca_wal_write_errors_total{kind=\"storage_full\"}") >= 1);
+    assert!(count("broca_storage_full_total") >= 1);
+    assert_eq!(count("broca_storage_degraded"), 1);
+
+    // Space comes back: the same send goes through, health is ok, no restart.
+    std::fs::remove_file(&filler).unwrap();
+    let (status, r) = send("s2");
+    assert_eq!(status, 200, "{r}");
+    let run = r["result"]["run_id"].as_str().unwrap().to_string();
+    let done = support::serve::result_when_ended(&s, "s2", &run);
+    assert_eq!(done["state"], "completed", "{done}");
+    let (_, health) = support::serve::get(&s, "/healthz");
+    let health: serde_json::Value = serde_json::from_slice(&health).unwrap();
+    assert_eq!(health["status"], "ok", "{health}");
+    // The store catches up on its own: check (read-only) agrees with the WALs.
+    wait_for("the store to agree with the WALs", || {
+        broca(&state)
+            .args(["store", "check"])
+            .output()
+            .unwrap()
+            .status
+            .success()
+    });
+}

@@ -60,9 +60,43 @@ pub fn out_of_descriptors(os_error: Option<i32>) -> bool {
     matches!(os_error, Some(libc::EMFILE | libc::ENFILE))
 }
 
-/// fsyncs the directory `dir`, so that a file just created in it survives a crash.
+/// Whether an OS error number says the file system is full (no space, or the user's quota).
+pub fn storage_full(os_error: Option<i32>) -> bool {
+    matches!(os_error, Some(libc::ENOSPC | libc::EDQUOT))
+}
+
+/// fsyncs the directory `dir`, so that a file just created in it survives a crash (and, in
+/// the power-loss mode, says so to its ledger).
 pub fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
+    File::open(dir)?.sync_all()?;
+    crate::power_loss::note_dir_synced(dir)
+}
+
+/// Creates `path` if nothing is there (mode `mode`), open for reading and writing: its
+/// directory entry is durable only after [`sync_dir`] of its folder.
+pub fn create_new(path: &Path, mode: u32) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(path)?;
+    crate::power_loss::note_created(path)?;
+    Ok(f)
+}
+
+/// Renames `from` to `to`: the new entry is durable only after [`sync_dir`] of `to`'s folder.
+pub fn rename(from: &Path, to: &Path) -> io::Result<()> {
+    std::fs::rename(from, to)?;
+    crate::power_loss::note_created(to)
+}
+
+/// Links `to` to the file `from`: the new entry is durable only after [`sync_dir`] of `to`'s
+/// folder.
+pub fn hard_link(from: &Path, to: &Path) -> io::Result<()> {
+    std::fs::hard_link(from, to)?;
+    crate::power_loss::note_created(to)
 }
 
 /// Takes an exclusive advisory lock (`flock`) on `fd` without waiting; `Ok(false)` means

@@ -285,17 +285,33 @@ pub fn reason(status: u16) -> &'static str {
 
 /// A complete response with a Content-Length body.
 pub fn response(status: u16, content_type: &str, body: &[u8], keep_alive: bool) -> Vec<u8> {
-    let mut out = format!(
-        "HTTP/1.1 {status} {}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n{}\r\n",
+    response_with(status, content_type, body, keep_alive, &[])
+}
+
+/// [`response`] with `extra` header lines (name, value) after the content headers.
+pub fn response_with(
+    status: u16,
+    content_type: &str,
+    body: &[u8],
+    keep_alive: bool,
+    extra: &[(&str, &str)],
+) -> Vec<u8> {
+    let mut head = format!(
+        "HTTP/1.1 {status} {}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n",
         reason(status),
         body.len(),
-        if keep_alive {
-            ""
-        } else {
-            "connection: close\r\n"
-        }
-    )
-    .into_bytes();
+    );
+    for (name, value) in extra {
+        head.push_str(name);
+        head.push_str(": ");
+        head.push_str(value);
+        head.push_str("\r\n");
+    }
+    if !keep_alive {
+        head.push_str("connection: close\r\n");
+    }
+    head.push_str("\r\n");
+    let mut out = head.into_bytes();
     out.extend_from_slice(body);
     out
 }

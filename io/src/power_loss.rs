@@ -27,6 +27,47 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// The power-loss mode of this process, when `BROCA_POWER_LOSS=<ledger file>` asks for it
+/// (`BROCA_POWER_LOSS_SYNC_MS` holds each fdatasync that long, default 0). Read once. The
+/// directory-entry ledger is kept here, by this crate's own wrappers ([`crate::fs`]): every
+/// writer that creates, renames, links or syncs through them is seen as it is, with nothing
+/// for a caller to report (or to forget).
+pub fn mode() -> Option<&'static PowerLoss> {
+    static MODE: std::sync::OnceLock<Option<PowerLoss>> = std::sync::OnceLock::new();
+    MODE.get_or_init(|| {
+        let ledger = std::env::var_os("BROCA_POWER_LOSS")?;
+        let sync_ms = std::env::var("BROCA_POWER_LOSS_SYNC_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        tracing::warn!(
+            "BROCA_POWER_LOSS: writes stay in memory until their fdatasync ({sync_ms} ms late)"
+        );
+        Some(PowerLoss {
+            sync_delay: Duration::from_millis(sync_ms),
+            ledger: Arc::new(Ledger::new(ledger)),
+        })
+    })
+    .as_ref()
+}
+
+/// In the power-loss mode, notes that `file`'s directory entry was just made (created,
+/// renamed or linked there) and is not durable until its directory is synced.
+pub(crate) fn note_created(file: &Path) -> io::Result<()> {
+    match mode() {
+        Some(p) => p.ledger.created(file),
+        None => Ok(()),
+    }
+}
+
+/// In the power-loss mode, notes that `dir` was synced.
+pub(crate) fn note_dir_synced(dir: &Path) -> io::Result<()> {
+    match mode() {
+        Some(p) => p.ledger.dir_synced(dir),
+        None => Ok(()),
+    }
+}
+
 /// How the power-loss mode runs.
 #[derive(Debug, Clone)]
 pub struct PowerLoss {

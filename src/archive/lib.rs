@@ -113,9 +113,7 @@ fn try_flock(file: &File, how: libc::c_int) -> std::io::Result<bool> {
 }
 
 fn sync_dir(dir: &Path) -> Result<(), Error> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| Error::io(dir, "fsync directory", e))
+    broca_io::fs::sync_dir(dir).map_err(|e| Error::io(dir, "fsync directory", e))
 }
 
 /// The pack lock (`wal-archive/pack.lock`): one pack at a time; a writer that finds a WAL's
@@ -414,7 +412,7 @@ fn write_container(
     drop(file);
     let name = hex(sealed.as_bytes());
     let path = archive_dir.join(format!("{name}.{}", format::EXTENSION));
-    std::fs::rename(&tmp, &path).map_err(|e| io("rename", e))?;
+    broca_io::fs::rename(&tmp, &path).map_err(|e| io("rename", e))?;
     sync_dir(archive_dir)?;
     crash_point("archive_sealed");
     Ok((path, name))
@@ -611,7 +609,7 @@ pub fn restore(wal_path: &Path) -> Result<Restored, Error> {
         f.sync_all().map_err(|e| io("fsync", e))?;
     }
     crash_point("archive_restore_written");
-    let linked = std::fs::hard_link(&tmp, wal_path);
+    let linked = broca_io::fs::hard_link(&tmp, wal_path);
     let _ = std::fs::remove_file(&tmp);
     match linked {
         Ok(()) => {}

@@ -229,24 +229,9 @@ pub fn tool_answered() {
 
 /// The power-loss mode of this process, when `BROCA_POWER_LOSS=<ledger file>` asks for it
 /// (`BROCA_POWER_LOSS_SYNC_MS` holds each fdatasync that long, default 0). See
-/// `broca_io::power_loss`.
+/// `broca_io::power_loss`, which keeps it.
 pub fn power_loss() -> Option<&'static broca_io::power_loss::PowerLoss> {
-    static MODE: OnceLock<Option<broca_io::power_loss::PowerLoss>> = OnceLock::new();
-    MODE.get_or_init(|| {
-        let ledger = std::env::var_os("BROCA_POWER_LOSS")?;
-        let sync_ms = std::env::var("BROCA_POWER_LOSS_SYNC_MS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        tracing::warn!(
-            "BROCA_POWER_LOSS: writes stay in memory until their fdatasync ({sync_ms} ms late)"
-        );
-        Some(broca_io::power_loss::PowerLoss {
-            sync_delay: std::time::Duration::from_millis(sync_ms),
-            ledger: std::sync::Arc::new(broca_io::power_loss::Ledger::new(ledger)),
-        })
-    })
-    .as_ref()
+    broca_io::power_loss::mode()
 }
 
 /// Aborts the process, saying where (on stderr, unbuffered).

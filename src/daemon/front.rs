@@ -518,6 +518,11 @@ impl Routes {
             )
         } else if stats.len() < self.host.shards() {
             (HealthStatus::Degraded, Some("a shard did not answer"))
+        } else if self.host.storage.full_since().is_some() {
+            (
+                HealthStatus::Degraded,
+                Some("storage_full: the file system holding the WALs is full; writes are refused, reads go on"),
+            )
         } else {
             (HealthStatus::Ok, None)
         };

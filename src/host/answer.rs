@@ -88,6 +88,9 @@ impl Shard {
             } => {
                 let answer = actor.retract_for(&caller, &submission_id).await;
                 let failed = matches!(&answer, Err(e) if !matches!(e, ActorError::Refused(_)));
+                if let Err(e) = &answer {
+                    self.host.storage.failed(e);
+                }
                 let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
                 if failed {
                     return false;
@@ -120,10 +123,14 @@ impl Shard {
         match actor.send_prepared(admission).await {
             Ok(r) => {
                 let new = !r.existing && r.pending.is_none();
+                if new {
+                    self.host.storage.wrote();
+                }
                 let _ = reply.send(Ok(r));
                 if new {
                     let done = self.running(inbox, triple, actor.run_admitted()).await;
                     if let Err(e) = done {
+                        self.host.storage.failed(&e);
                         tracing::error!("session {}: {e}", triple.address());
                         return false;
                     }
@@ -135,6 +142,7 @@ impl Shard {
                 true
             }
             Err(e) => {
+                self.host.storage.failed(&e);
                 tracing::error!("session {}: {e}", triple.address());
                 let _ = reply.send(Err(e.to_rpc_error()));
                 false
@@ -153,6 +161,7 @@ impl Shard {
         match actor.import(input, Box::new(|_| {})).await {
             Ok(r) => {
                 if !r.existing {
+                    self.host.storage.wrote();
                     self.dirty.borrow_mut().insert(triple.clone());
                 }
                 let _ = reply.send(Ok(r));
@@ -163,6 +172,7 @@ impl Shard {
                 true
             }
             Err(e) => {
+                self.host.storage.failed(&e);
                 tracing::error!("session {}: {e}", triple.address());
                 let _ = reply.send(Err(e.to_rpc_error()));
                 false

@@ -22,6 +22,7 @@ mod shard;
 mod signals;
 mod start;
 mod state;
+pub mod storage;
 mod subscribe;
 mod unopened;
 
@@ -145,6 +146,8 @@ pub struct Host {
     /// The sessions read lately, kept replayed so a read applies only what was appended
     /// since (`session.read`, `.head`, `.history`, `run.tool_calls`, ...).
     pub(crate) reads: Arc<broca_core::read::ReadCache>,
+    /// Failed WAL writes and whether the file system was last seen full.
+    pub storage: storage::StorageHealth,
 }
 
 /// Sessions whose replayed state the readers keep (the least lately read go first).
@@ -332,6 +335,7 @@ impl Startup {
             projector: opened.projector,
             vault: extras.vault,
             reads: Arc::new(broca_core::read::ReadCache::new(READ_SESSIONS_MAX)),
+            storage: storage::StorageHealth::default(),
         });
         signals::SignalSlot::install(&slot, &host);
         let serve_json = state::serve_json(&host.opts.state_dir);

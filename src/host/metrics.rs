@@ -199,6 +199,17 @@ pub async fn render(ctx: &Host) -> String {
         broca_archive::PACKED.load(std::sync::atomic::Ordering::Relaxed),
         broca_archive::RESTORED.load(std::sync::atomic::Ordering::Relaxed),
     ));
+    out.push_str("# HELP broca_wal_write_errors_total WAL writes (and opens for writing) that failed, by kind.\n# TYPE broca_wal_write_errors_total counter\n");
+    for (kind, n) in ctx.storage.write_errors() {
+        out.push_str(&format!(
+            "broca_wal_write_errors_total{{kind=\"{kind}\"}} {n}\n"
+        ));
+    }
+    out.push_str(&format!(
+        "# HELP broca_storage_full_total Commands and runs that found the WALs' file system full (answered storage_full).\n# TYPE broca_storage_full_total counter\nbroca_storage_full_total {}\n# HELP broca_storage_degraded Whether writes last found the file system full (1) or not (0).\n# TYPE broca_storage_degraded gauge\nbroca_storage_degraded {}\n",
+        ctx.storage.full_refusals(),
+        u8::from(ctx.storage.full_since().is_some()),
+    ));
     out.push_str("# HELP broca_model_errors_total Failed model attempts by error class.\n# TYPE broca_model_errors_total counter\n");
     for s in &stats {
         for (class, n) in &s.model_errors {

@@ -208,6 +208,8 @@ impl Shard {
         .await;
         let e = match opened {
             Ok(actor) => {
+                // An open writes its lease record: the file system takes writes.
+                self.host.storage.wrote();
                 hub.set_watch(actor.writer().watch());
                 hub.set_start(actor.writer().next_seq(), actor.writer().log().end());
                 return Some(actor);
@@ -219,10 +221,14 @@ impl Shard {
         } else {
             tracing::error!("session {}: {e}", triple.address());
         }
-        let err = RpcError::new(
-            Code::SessionUnavailable,
-            format!("the session cannot be opened: {e}"),
-        );
+        let err = if self.host.storage.failed(&e) {
+            e.to_rpc_error()
+        } else {
+            RpcError::new(
+                Code::SessionUnavailable,
+                format!("the session cannot be opened: {e}"),
+            )
+        };
         while let Some(msg) = inbox.queued().await {
             if let Msg::Command(cmd) = msg {
                 cmd.fail(&err);

@@ -43,18 +43,59 @@ fn project_on_this_thread(
         Err(e) => tracing::error!("{e}"),
     }
     let mut follower = broca_store::Follower::new(FOLLOWED_MAX);
-    while let Ok(mut batch) = rx.recv() {
+    // WALs whose projection failed (a full disk, say) are tried again, at growing intervals,
+    // until they project: the store catches up on its own once the cause is gone. With none
+    // pending the thread sleeps until the shards hand it more.
+    let (mut pending, mut wait) = (Vec::<PathBuf>::new(), RETRY_FIRST);
+    loop {
+        let retrying = !pending.is_empty();
+        let mut batch = if pending.is_empty() {
+            match rx.recv() {
+                Ok(b) => b,
+                Err(_) => return,
+            }
+        } else {
+            match rx.recv_timeout(wait) {
+                Ok(b) => b,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Vec::new(),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+        };
         while let Ok(more) = rx.try_recv() {
             batch.extend(more);
         }
+        batch.append(&mut pending);
         batch.sort();
         batch.dedup();
-        match follower.catch_up_batch(store, &batch) {
-            Ok(failed) => failed.iter().for_each(|e| tracing::error!("store: {e}")),
-            Err(e) => tracing::error!("{e}"),
+        let failed = match follower.catch_up_batch(store, &batch) {
+            Ok(failed) => {
+                failed.iter().for_each(|e| tracing::error!("store: {e}"));
+                !failed.is_empty()
+            }
+            Err(e) => {
+                tracing::error!("{e}");
+                true
+            }
+        };
+        if failed {
+            wait = if retrying {
+                (wait * 2).min(RETRY_MAX)
+            } else {
+                RETRY_FIRST
+            };
+            tracing::warn!(
+                wals = batch.len(),
+                retry_in_secs = wait.as_secs(),
+                "store: projection failed; trying again"
+            );
+            pending = batch;
         }
     }
 }
+
+/// How soon a failed projection is tried again, first and at most.
+const RETRY_FIRST: std::time::Duration = std::time::Duration::from_secs(1);
+const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Assembles the catalog (asking its service, if any) and installs it for this process.
 pub(crate) fn load_catalog(

@@ -9,7 +9,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use broca_io::http_server::{response, RequestDecoder, RequestHead};
+use broca_io::http_server::{response, response_with, RequestDecoder, RequestHead};
 use futures_lite::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use broca_shards::timer::StopSignal;
@@ -188,7 +188,15 @@ async fn answer<S: AsyncWrite + Unpin>(
 ) -> bool {
     let (status, kind, out) = handle(ctx, head, body, tcp).await;
     let keep = head.keep_alive;
-    let written = stream.write_all(&response(status, kind, &out, keep)).await;
+    // Every 503 is a wait (busy, stopping, storage full): say how long to wait.
+    let retry: &[(&str, &str)] = if status == 503 {
+        &[("retry-after", RETRY_AFTER_SECS)]
+    } else {
+        &[]
+    };
+    let written = stream
+        .write_all(&response_with(status, kind, &out, keep, retry))
+        .await;
     if written.is_ok() && broca_crash_points::armed() {
         // A crash test's `admitted` cut in the power-loss mode: once answered.
         let _ = stream.flush().await;
@@ -196,6 +204,9 @@ async fn answer<S: AsyncWrite + Unpin>(
     }
     written.is_ok() && keep
 }
+
+/// The `Retry-After` of a 503 answer, in seconds.
+const RETRY_AFTER_SECS: &str = "2";
 
 /// Writes `err` as the connection's last answer.
 async fn refuse<S: AsyncWrite + Unpin>(stream: &mut S, err: &RpcError) {
@@ -272,7 +283,9 @@ async fn handle(
             if ctx.host.is_stopping() {
                 (503, JSON, br#"{"status":"stopping"}"#.to_vec())
             } else {
-                (200, JSON, br#"{"status":"ok"}"#.to_vec())
+                // Degraded (reads go on, writes are refused) is still an answer: 200.
+                let health = ctx.host.storage.health_json();
+                (200, JSON, health.to_string().into_bytes())
             }
         }
         ("GET", "/metrics") => (

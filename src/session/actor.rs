@@ -63,6 +63,9 @@ impl ActorError {
         match self {
             ActorError::Refused(r) => broca_wire::RpcError::refusal(r),
             ActorError::Import(e) => broca_wire::RpcError::new(e.code, e.to_string()),
+            ActorError::Wal(e @ WalError::StorageFull { .. }) => {
+                broca_wire::RpcError::new(broca_wire::Code::StorageFull, e.to_string())
+            }
             other => broca_wire::RpcError::new(broca_wire::Code::Internal, other.to_string()),
         }
     }

@@ -3,12 +3,10 @@
 //! `lease_acquired` record opens each epoch) and a fence that refuses to write through a path
 //! that another writer has replaced.
 
-use std::fs::OpenOptions;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use broca_io::fs::{out_of_descriptors, sync_dir};
+use broca_io::fs::{out_of_descriptors, storage_full, sync_dir};
 use broca_io::log::OpenedLog;
 use broca_io::{Committer, LogConfig, LogFile};
 
@@ -27,9 +25,15 @@ fn log_err(e: LogError) -> WalError {
             path, op, os_error, ..
         } if out_of_descriptors(os_error) => WalError::OutOfDescriptors { path, op },
         LogError::Io {
+            path, op, os_error, ..
+        } if storage_full(os_error) => WalError::StorageFull { path, op },
+        LogError::Io {
             path, op, message, ..
         } => WalError::Io { path, op, message },
-        LogError::Dead { path, cause } => WalError::Closed { path, cause },
+        LogError::Dead { path, os_error, .. } if storage_full(os_error) => {
+            WalError::StorageFull { path, op: "write" }
+        }
+        LogError::Dead { path, cause, .. } => WalError::Closed { path, cause },
         LogError::TooLarge { path, len, .. } => WalError::TooLarge { path, bytes: len },
     }
 }
@@ -79,6 +83,9 @@ fn io_err(path: &Path, op: &'static str) -> impl FnOnce(std::io::Error) -> WalEr
         if out_of_descriptors(e.raw_os_error()) {
             return WalError::OutOfDescriptors { path, op };
         }
+        if storage_full(e.raw_os_error()) {
+            return WalError::StorageFull { path, op };
+        }
         WalError::Io {
             path,
             op,
@@ -90,13 +97,7 @@ fn io_err(path: &Path, op: &'static str) -> impl FnOnce(std::io::Error) -> WalEr
 /// Creates the file if it is new (owner-only), answering whether it was: the log opens its
 /// own descriptor, and the lease is a flock on that one, so an open WAL costs one descriptor.
 fn create_if_new(path: &Path) -> Result<bool, WalError> {
-    match OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-    {
+    match broca_io::fs::create_new(path, 0o600) {
         Ok(_) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
         Err(e) => Err(io_err(path, "open")(e)),
@@ -146,7 +147,6 @@ async fn recover(
     dir: &Path,
     path: &Path,
     triple: &SessionTriple,
-    cfg: &LogConfig,
     opened: OpenedLog,
     bytes: &[u8],
 ) -> Result<(LogFile, WalHeader, Option<Scan>, Option<TailCut>), WalError> {
@@ -159,11 +159,6 @@ async fn recover(
                 .await
                 .map_err(log_err)?;
             sync_dir(dir).map_err(io_err(path, "fsync directory"))?;
-            if let Some(p) = &cfg.power_loss {
-                p.ledger
-                    .dir_synced(dir)
-                    .map_err(io_err(path, "note in the power-loss ledger"))?;
-            }
             Ok((log, header, None, None))
         }
         Err(error) => Err(WalError::Header {
@@ -266,12 +261,9 @@ async fn try_open(
     committer: &Committer,
     attempts: &mut Attempts,
 ) -> Result<Try, WalError> {
+    // A new or restored file's directory entry is noted by broca-io's wrappers for the
+    // power-loss mode; `sync_dir` after its header makes it durable.
     let created = !path.exists() && restore_or_create(path).await?;
-    if let (true, Some(p)) = (created, &cfg.power_loss) {
-        p.ledger
-            .created(path)
-            .map_err(io_err(path, "note in the power-loss ledger"))?;
-    }
     let opened = match OpenedLog::open(path, cfg.clone(), committer.clone()).await {
         Ok(opened) => opened,
         Err(LogError::Io {
@@ -339,7 +331,7 @@ impl WalWriter {
                 Try::Wait => glommio::timer::sleep(PACK_POLL).await,
             }
         };
-        let (log, header, scan, cut) = recover(dir, &path, triple, &cfg, opened, &bytes).await?;
+        let (log, header, scan, cut) = recover(dir, &path, triple, opened, &bytes).await?;
         let epoch_max = scan.as_ref().map_or(0, |s| s.epoch_max);
         // A value read from disk: at its maximum, the file is refused rather than wrapped.
         let Some(epoch) = epoch_max.checked_add(1) else {

@@ -53,6 +53,9 @@ pub enum WalError {
     Closed { path: PathBuf, cause: String },
     /// A record too large to frame.
     TooLarge { path: PathBuf, bytes: usize },
+    /// The file system holding the WAL is full (no space left, or the quota spent): `op`
+    /// failed. What was durable before stays; nothing after it was written.
+    StorageFull { path: PathBuf, op: &'static str },
 }
 
 impl fmt::Display for WalError {
@@ -101,6 +104,13 @@ impl fmt::Display for WalError {
                 f,
                 "{}: the log is closed for writing after an earlier failure ({cause}); reopen \
                  it to recover from what is durable",
+                path.display()
+            ),
+            WalError::StorageFull { path, op } => write!(
+                f,
+                "{}: {op} failed: the file system is full (no space left on the device, or the \
+                 quota is spent); what was durable before is kept, and writes go on once space \
+                 is freed",
                 path.display()
             ),
             WalError::TooLarge { path, bytes } => {

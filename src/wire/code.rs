@@ -98,6 +98,9 @@ codes! {
     Internal = "internal", 500, Transient;
     /// The process is out of file descriptors.
     TooManyOpenFiles = "too_many_open_files", 503, Transient;
+    /// The file system holding the WALs is full: nothing was written; retry once space is
+    /// freed (reads keep working).
+    StorageFull = "storage_full", 503, Transient;
     // Imports.
     /// The log cannot be read (missing, not a file, not UTF-8 named).
     ImportUnreadable = "import_unreadable", 404, Permanent;

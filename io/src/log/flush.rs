@@ -62,6 +62,10 @@ async fn flush_loop(shared: Rc<Shared>) {
                 st.dead = Some(LogError::Dead {
                     path: shared.path.clone(),
                     cause: err.to_string(),
+                    os_error: match &err {
+                        LogError::Io { os_error, .. } => *os_error,
+                        _ => None,
+                    },
                 });
                 for (_, waker) in st.durable_waiters.drain(..) {
                     waker.wake();

@@ -126,8 +126,13 @@ pub enum LogError {
         os_error: Option<i32>,
         message: String,
     },
-    /// The log died earlier (a failed write or fsync) and takes no more appends.
-    Dead { path: PathBuf, cause: String },
+    /// The log died earlier (a failed write or fsync) and takes no more appends; `os_error`
+    /// is the OS error number of the failure that killed it, where it had one.
+    Dead {
+        path: PathBuf,
+        cause: String,
+        os_error: Option<i32>,
+    },
     /// The path no longer names the file this writer holds: another writer replaced it.
     Stale { path: PathBuf },
     /// One append larger than a batch may carry.
@@ -146,7 +151,7 @@ impl fmt::Display for LogError {
             } => {
                 write!(f, "{}: {op} failed: {message}", path.display())
             }
-            LogError::Dead { path, cause } => write!(
+            LogError::Dead { path, cause, .. } => write!(
                 f,
                 "{}: the log is closed for writing after an earlier failure ({cause}); reopen it \
                  to recover from what is durable",
@@ -202,6 +207,7 @@ impl DurableWatch {
                     _ => Err(LogError::Dead {
                         path: self.path.clone(),
                         cause: "the log was dropped before this end was durable".into(),
+                        os_error: None,
                     }),
                 });
             };

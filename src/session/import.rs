@@ -292,7 +292,7 @@ pub fn read_source(
 /// in between), and at most [`IMPORT_BYTES_MAX`] bytes.
 fn read_log(path: &std::path::Path, file: &str) -> Result<Vec<u8>, ImportError> {
     use std::io::Read;
-    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    use std::os::unix::fs::OpenOptionsExt;
     let fail = |code, message: String| ImportError {
         code,
         file: file.to_string(),
@@ -306,22 +306,7 @@ fn read_log(path: &std::path::Path, file: &str) -> Result<Vec<u8>, ImportError> 
         .open(path)
         .map_err(unreadable)?;
     let meta = log.metadata().map_err(unreadable)?;
-    let kind = meta.file_type();
-    let what = if kind.is_file() {
-        None
-    } else if kind.is_fifo() {
-        Some("a FIFO")
-    } else if kind.is_char_device() {
-        Some("a character device")
-    } else if kind.is_block_device() {
-        Some("a block device")
-    } else if kind.is_socket() {
-        Some("a socket")
-    } else if kind.is_dir() {
-        Some("a folder")
-    } else {
-        Some("not a regular file")
-    };
+    let what = broca_wal::listing::not_regular(&meta.file_type());
     if let Some(what) = what {
         return Err(fail(
             broca_wire::Code::ImportUnreadable,

@@ -73,6 +73,30 @@ fn exit_within(s: &mut Serve, within: Duration) -> std::process::ExitStatus {
     }
 }
 
+/// docs/metrics.md lists every family /metrics serves, so an operator can look each one up.
+#[test]
+fn every_metric_family_is_documented() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = command(&dir.path().join("state"), DOWN, &[]);
+    let s = spawn(cmd.stderr(Stdio::inherit()), &dir.path().join("state"));
+    let (status, text) = get(&s, "/metrics");
+    assert_eq!(status, 200);
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/metrics.md"))
+            .unwrap();
+    let families: Vec<String> = String::from_utf8_lossy(&text)
+        .lines()
+        .filter_map(|l| l.strip_prefix("# HELP "))
+        .map(|l| l.split(' ').next().unwrap().to_string())
+        .collect();
+    assert!(families.len() > 20, "{families:?}");
+    let missing: Vec<&String> = families
+        .iter()
+        .filter(|f| !doc.contains(&format!("`{f}`")))
+        .collect();
+    assert!(missing.is_empty(), "docs/metrics.md lacks {missing:?}");
+}
+
 #[test]
 fn an_idle_daemon_never_wakes_its_accept_loops() {
     let dir = tempfile::tempdir().unwrap();

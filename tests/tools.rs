@@ -10,7 +10,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::serve::{rpc, start, wait_for};
+use support::serve::{metric_with, rpc, start, wait_for};
 use support::{
     broca, dump_all, ensure_peers, fixture, last_json, peers_dir, Aimock, EVERYTHING_JS,
 };
@@ -490,6 +490,67 @@ fn under_serve_one_server_process_is_shared_and_restarted_after_it_dies() {
         env.starts(),
         2,
         "one process for all sessions, started again after it died"
+    );
+    // What an operator reads: runs by how they ended, calls by what came of them.
+    let runs = |reason: &str| {
+        metric_with(
+            &s,
+            "broca_runs_finished_total",
+            &format!("reason=\"{reason}\""),
+        )
+    };
+    let calls = |outcome: &str| {
+        metric_with(
+            &s,
+            "broca_tool_calls_total",
+            &format!("outcome=\"{outcome}\""),
+        )
+    };
+    assert_eq!((runs("completed"), runs("interrupted")), (2, 1));
+    assert_eq!((calls("succeeded"), calls("indeterminate")), (3, 1));
+}
+
+/// A stopping serve closes its servers' input and lets them exit on their own: a well-behaved
+/// server is never killed (it may have state to flush), and serve does not wait out the kill's
+/// grace for it.
+#[test]
+fn a_stopping_serve_lets_its_servers_end_on_their_own() {
+    let env = Env::new();
+    let ends = env.root.join("ends.txt");
+    let config = env.counting_config(
+        json!({"env": {"COUNT_FILE": env.count, "STARTS_FILE": env.starts, "ENDS_FILE": ends}}),
+        json!({}),
+    );
+    let mut s = start(
+        &env.state,
+        &env.peer,
+        &["--tools-config", config.to_str().unwrap()],
+    );
+    let (status, r) = rpc(
+        &s,
+        "session.send",
+        json!({"session": "a", "prompt": "record two", "model": "anthropic/m", "max_steps": 3}),
+    );
+    assert_eq!(status, 200, "{r}");
+    let run_id = r["result"]["run_id"].as_str().unwrap().to_string();
+    wait_for("the run", || {
+        rpc(&s, "run.status", json!({"session": "a", "run_id": run_id})).1["result"]["state"]
+            == "completed"
+    });
+    assert_eq!(env.starts(), 1);
+    // SAFETY: kill(2) on a child this test started.
+    unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
+    let status = s.child.wait().unwrap();
+    // A stopped serve dies of the signal it was stopped with, once everything is closed.
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(libc::SIGTERM)
+    );
+    let ended = std::fs::read_to_string(&ends).unwrap_or_default();
+    assert_eq!(
+        ended.lines().count(),
+        1,
+        "the server saw its input close and ended by itself, not by a kill"
     );
 }
 

@@ -22,8 +22,10 @@
 //!
 //! The suite fails when any planned cut was not reached (its process did not die at that
 //! point) or the time budget cut the plan short. `BROCA_CRASH_KILLS=N` sets the random kills
-//! (default 4), `BROCA_CRASH_SECS` bounds each mode's run (default 300 s): the soak mode. The
-//! output ends with the counts and each cut's outcome.
+//! per pass (default 4), `BROCA_CRASH_SECS` bounds each mode's run (default 300 s).
+//! `BROCA_CRASH_CUTS=N` is the soak mode: N cuts per mode, cycling through the plan (each pass
+//! with new random seeds), with no time bound unless `BROCA_CRASH_SECS` is given and a progress
+//! line every 100 cuts. The output ends with the counts and each cut point's outcomes.
 
 #[path = "../../tests/support/mod.rs"]
 mod support;
@@ -396,143 +398,211 @@ fn power_losses_at_every_boundary_and_at_random_keep_every_invariant() {
     kill_everywhere(Mode::PowerLoss);
 }
 
+/// One planned cut: a named boundary of `broca serve`, a named boundary of `broca run`, or a
+/// SIGKILL after a seeded delay.
+#[derive(Clone, Copy, Debug)]
+enum Plan {
+    Serve(&'static str, u32),
+    Run(&'static str, u32),
+    Random(u64),
+}
+
+/// Named boundaries: the send's run passes each of these once or twice.
+const SERVE_CUTS: [(&str, u32); 11] = [
+    ("admitted", 1),
+    ("step_started", 1),
+    ("step", 1),
+    ("intent", 1),
+    ("tool_result", 1),
+    ("tool_result", 2),
+    ("step_started", 2),
+    ("step", 2),
+    ("terminal", 1),
+    // Batch writes: the lease record's, RunStarted's, then the run's own. Records the run
+    // does not wait for ride on the next one it waits for (or get a write of their own
+    // after 50 ms), so the run writes at least two batches of its own: the tool intent's
+    // and RunFinished's. The cuts tear the third and the fourth.
+    ("mid_write", 3),
+    ("mid_write", 4),
+];
+
+/// `broca run` cut at a boundary, then run again with the same send_id.
+const RUN_CUTS: [(&str, u32); 3] = [("intent", 1), ("tool_result", 1), ("step", 2)];
+
+/// The cuts of one mode's run. Without `BROCA_CRASH_CUTS`, every named boundary once and
+/// `random_kills` random kills. With it (the soak mode), `total` cuts cycling through the
+/// same plan, each pass with random kills of fresh seeds.
+fn plan(total: Option<u64>, random_kills: u64) -> Vec<Plan> {
+    let one_pass = |pass: u64| {
+        let mut cuts: Vec<Plan> = SERVE_CUTS.iter().map(|&(p, n)| Plan::Serve(p, n)).collect();
+        cuts.extend(RUN_CUTS.iter().map(|&(p, n)| Plan::Run(p, n)));
+        cuts.extend((0..random_kills).map(|k| Plan::Random(pass * random_kills + k)));
+        cuts
+    };
+    match total {
+        None => one_pass(0),
+        Some(total) => (0..)
+            .flat_map(one_pass)
+            .take(usize::try_from(total).unwrap_or(usize::MAX))
+            .collect(),
+    }
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().map(|v| {
+        v.parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a whole number"))
+    })
+}
+
 fn kill_everywhere(mode: Mode) {
     let started = Instant::now();
-    let budget = Duration::from_secs(
-        std::env::var("BROCA_CRASH_SECS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(300),
-    );
-    let random_kills: u64 = std::env::var("BROCA_CRASH_KILLS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(4);
+    let total = env_u64("BROCA_CRASH_CUTS");
+    // The soak mode runs until its cuts are done unless a budget is given.
+    let budget = Duration::from_secs(env_u64("BROCA_CRASH_SECS").unwrap_or(if total.is_some() {
+        u64::MAX / 4
+    } else {
+        300
+    }));
+    let random_kills = env_u64("BROCA_CRASH_KILLS").unwrap_or(4);
+    let plan = plan(total, random_kills);
+    let planned = plan.len();
     let peer = Aimock::start(&fixture("tools.json"));
     let root = tempfile::tempdir().unwrap();
     let mut counts = Counts::default();
-    let mut per_point: Vec<(String, bool)> = Vec::new();
-
-    // Named boundaries: the send's run passes each of these once or twice.
-    let cuts = [
-        ("admitted", 1),
-        ("step_started", 1),
-        ("step", 1),
-        ("intent", 1),
-        ("tool_result", 1),
-        ("tool_result", 2),
-        ("step_started", 2),
-        ("step", 2),
-        ("terminal", 1),
-        // Batch writes: the lease record's, RunStarted's, then the run's own. Records the run
-        // does not wait for ride on the next one it waits for (or get a write of their own
-        // after 50 ms), so the run writes at least two batches of its own: the tool intent's
-        // and RunFinished's. The cuts tear the third and the fourth.
-        ("mid_write", 3),
-        ("mid_write", 4),
-    ];
-    let run_cuts = [("intent", 1), ("tool_result", 1), ("step", 2)];
-    let planned = cuts.len() + run_cuts.len() + random_kills as usize;
-    for (point, nth) in cuts {
-        if started.elapsed() > budget {
-            break;
-        }
-        let what = format!("{point}:{nth}");
-        let cut = Cut::new(root.path(), &what.replace(':', "-"), &peer, mode);
-        let mut s = cut.serve(&cut.kill_env(Some(&what)));
-        let acked = send(&s)
-            .filter(|(status, _)| *status == 200)
-            .and_then(|(_, r)| r["result"]["run_id"].as_str().map(str::to_string));
-        counts.cuts += 1;
-        let killed = wait_abort(&mut s);
+    // Per cut point: (killed, missed).
+    let mut per_point: Vec<(String, u64, u64)> = Vec::new();
+    let mut tally = |what: String, killed: bool| {
+        let at = match per_point.iter().position(|(w, _, _)| *w == what) {
+            Some(at) => at,
+            None => {
+                per_point.push((what, 0, 0));
+                per_point.len() - 1
+            }
+        };
         if killed {
-            counts.killed += 1;
-            counts.torn_writes += u64::from(point == "mid_write");
+            per_point[at].1 += 1;
         } else {
-            counts.not_reached += 1;
+            per_point[at].2 += 1;
         }
-        per_point.push((what.clone(), killed));
-        drop(s);
-        counts.files_lost += cut.cut_power() as u64;
-        cut.check(acked, &what, &mut counts);
-    }
+    };
 
-    // `broca run` cut at a boundary, then run again with the same send_id: the run a crash
-    // left open is resumed first, the send answers that run, and no call ran twice.
-    for (point, nth) in run_cuts {
+    for (i, cut_plan) in plan.iter().enumerate() {
         if started.elapsed() > budget {
             break;
         }
-        let what = format!("run-{point}-{nth}");
-        let cut = Cut::new(root.path(), &what, &peer, mode);
-        let plan = format!("{point}:{nth}");
-        let first = cut.run(&cut.kill_env(Some(&plan)));
-        counts.cuts += 1;
-        let killed = first.status.signal() == Some(libc::SIGABRT);
-        if killed {
-            counts.killed += 1;
-        } else {
-            counts.not_reached += 1;
+        if total.is_some() && i > 0 && i % 100 == 0 {
+            eprintln!(
+                "{mode:?}: {i} of {planned} cuts in {:.0} s, {} killed, {} not reached",
+                started.elapsed().as_secs_f64(),
+                counts.killed,
+                counts.not_reached
+            );
         }
-        per_point.push((what.clone(), killed));
-        counts.files_lost += cut.cut_power() as u64;
-        // The same send_id again: the open run is resumed (interrupted when its calls' outcome
-        // is unknown) and answered; nothing new is admitted.
-        let again = cut.run(&[]);
-        let stdout = String::from_utf8_lossy(&again.stdout);
-        let last: Value =
-            serde_json::from_str(stdout.lines().last().unwrap_or("")).unwrap_or_else(|_| {
-                panic!(
-                    "{what}: no run.result line: {}",
-                    String::from_utf8_lossy(&again.stderr)
-                )
-            });
-        let started: Vec<Value> = dump_all(&cut.state)
-            .into_iter()
-            .filter(|r| r["kind"] == "run_started")
-            .collect();
-        assert_eq!(started.len(), 1, "{what}: the send_id admitted one run");
-        assert_eq!(last["run_id"], started[0]["record"]["run_id"], "{what}");
-        assert_ne!(last["state"], "cancelled", "{what}");
-        counts.invariants += 2;
-        cut.check_files(&what, &mut counts);
-    }
-
-    // SIGKILL after a seeded delay, wherever the run is.
-    for seed in 0..random_kills {
-        if started.elapsed() > budget {
-            break;
+        // Each cut keeps its own folder until its checks pass.
+        let dir = root.path().join(format!("cut-{i}"));
+        match *cut_plan {
+            Plan::Serve(point, nth) => {
+                let what = format!("{point}:{nth}");
+                let cut = Cut::new(&dir, &what.replace(':', "-"), &peer, mode);
+                let mut s = cut.serve(&cut.kill_env(Some(&what)));
+                let acked = send(&s)
+                    .filter(|(status, _)| *status == 200)
+                    .and_then(|(_, r)| r["result"]["run_id"].as_str().map(str::to_string));
+                counts.cuts += 1;
+                let killed = wait_abort(&mut s);
+                if killed {
+                    counts.killed += 1;
+                    counts.torn_writes += u64::from(point == "mid_write");
+                } else {
+                    counts.not_reached += 1;
+                }
+                tally(what.clone(), killed);
+                drop(s);
+                counts.files_lost += cut.cut_power() as u64;
+                cut.check(acked, &what, &mut counts);
+            }
+            // `broca run` cut at a boundary, then run again with the same send_id: the run a
+            // crash left open is resumed first, the send answers that run, and no call ran
+            // twice.
+            Plan::Run(point, nth) => {
+                let what = format!("run-{point}-{nth}");
+                let cut = Cut::new(&dir, &what, &peer, mode);
+                let plan = format!("{point}:{nth}");
+                let first = cut.run(&cut.kill_env(Some(&plan)));
+                counts.cuts += 1;
+                let killed = first.status.signal() == Some(libc::SIGABRT);
+                if killed {
+                    counts.killed += 1;
+                } else {
+                    counts.not_reached += 1;
+                }
+                tally(what.clone(), killed);
+                counts.files_lost += cut.cut_power() as u64;
+                // The same send_id again: the open run is resumed (interrupted when its calls'
+                // outcome is unknown) and answered; nothing new is admitted.
+                let again = cut.run(&[]);
+                let stdout = String::from_utf8_lossy(&again.stdout);
+                let last: Value = serde_json::from_str(stdout.lines().last().unwrap_or(""))
+                    .unwrap_or_else(|_| {
+                        panic!(
+                            "{what}: no run.result line: {}",
+                            String::from_utf8_lossy(&again.stderr)
+                        )
+                    });
+                let started: Vec<Value> = dump_all(&cut.state)
+                    .into_iter()
+                    .filter(|r| r["kind"] == "run_started")
+                    .collect();
+                assert_eq!(started.len(), 1, "{what}: the send_id admitted one run");
+                assert_eq!(last["run_id"], started[0]["record"]["run_id"], "{what}");
+                assert_ne!(last["state"], "cancelled", "{what}");
+                counts.invariants += 2;
+                cut.check_files(&what, &mut counts);
+            }
+            // SIGKILL after a seeded delay, wherever the run is.
+            Plan::Random(seed) => {
+                let what = format!("sigkill-{seed}");
+                let cut = Cut::new(&dir, &what, &peer, mode);
+                let mut s = cut.serve(&cut.kill_env(None));
+                let delay = Duration::from_millis(mix(seed) % 150);
+                let t = Instant::now();
+                let acked = send(&s)
+                    .filter(|(status, _)| *status == 200)
+                    .and_then(|(_, r)| r["result"]["run_id"].as_str().map(str::to_string));
+                std::thread::sleep(delay.saturating_sub(t.elapsed()));
+                counts.cuts += 1;
+                let alive = s.child.try_wait().unwrap().is_none();
+                let _ = s.child.kill(); // SIGKILL
+                let status = s.child.wait().unwrap();
+                let killed = alive && status.signal() == Some(libc::SIGKILL);
+                // A serve that died before the kill died of something else: a failure.
+                if killed {
+                    counts.killed += 1;
+                } else {
+                    counts.not_reached += 1;
+                }
+                // Random kills are tallied together: each has its own seed.
+                tally("sigkill".into(), killed);
+                drop(s);
+                counts.files_lost += cut.cut_power() as u64;
+                cut.check(acked, &what, &mut counts);
+            }
         }
-        let what = format!("sigkill-{seed}");
-        let cut = Cut::new(root.path(), &what, &peer, mode);
-        let mut s = cut.serve(&cut.kill_env(None));
-        let delay = Duration::from_millis(mix(seed) % 150);
-        let t = Instant::now();
-        let acked = send(&s)
-            .filter(|(status, _)| *status == 200)
-            .and_then(|(_, r)| r["result"]["run_id"].as_str().map(str::to_string));
-        std::thread::sleep(delay.saturating_sub(t.elapsed()));
-        counts.cuts += 1;
-        let alive = s.child.try_wait().unwrap().is_none();
-        let _ = s.child.kill(); // SIGKILL
-        let status = s.child.wait().unwrap();
-        let killed = alive && status.signal() == Some(libc::SIGKILL);
-        if killed {
-            counts.killed += 1;
-        }
-        per_point.push((what.clone(), killed));
-        drop(s);
-        counts.files_lost += cut.cut_power() as u64;
-        cut.check(acked, &what, &mut counts);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     let summary: Vec<String> = per_point
         .iter()
-        .map(|(what, killed)| format!("{what}={}", if *killed { "killed" } else { "MISSED" }))
+        .map(|(what, killed, missed)| match missed {
+            0 => format!("{what}={killed} killed"),
+            _ => format!("{what}={killed} killed, {missed} MISSED"),
+        })
         .collect();
     println!(
-        "{mode:?}: crash cuts tried: {} of {planned} planned; kills that ended a real process: {}; boundaries not reached: {}; invariants checked: {}; faults injected (writes torn in a real process): {}; files lost to the power cut: {}\n  {}",
-        counts.cuts, counts.killed, counts.not_reached, counts.invariants, counts.torn_writes,
+        "{mode:?}: crash cuts tried: {} of {planned} planned in {:.0} s; kills that ended a real process: {}; boundaries not reached: {}; invariants checked: {}; faults injected (writes torn in a real process): {}; files lost to the power cut: {}\n  {}",
+        counts.cuts, started.elapsed().as_secs_f64(), counts.killed, counts.not_reached,
+        counts.invariants, counts.torn_writes,
         counts.files_lost, summary.join(" ")
     );
     assert_eq!(

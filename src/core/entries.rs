@@ -104,25 +104,10 @@ impl CallFacts {
     /// What happened to it, as `run.tool_calls` names it (`tool_calls::outcomes`), with
     /// `pending` for a call whose step is recorded and whose intent is not yet.
     pub fn outcome(&self) -> &'static str {
-        use broca_wal::runrec::result_reason as why;
-        let Some(r) = &self.result else {
-            return if self.intent {
-                "indeterminate"
-            } else {
-                "pending"
-            };
-        };
-        match r.reason.as_deref() {
-            None | Some(why::TOOL_RESULT_TOO_LARGE) if r.is_error => "failed",
-            None => "succeeded",
-            Some(why::OUTCOME_UNKNOWN) => "indeterminate",
-            Some(
-                why::NOT_DISPATCHED
-                | why::BUDGET_EXHAUSTED
-                | why::CONTEXT_CEILING
-                | why::SKIPPED_AFTER_SUBMIT,
-            ) => "not_executed",
-            Some(_) => "refused",
+        match &self.result {
+            Some(r) => result_outcome(r.is_error, r.reason.as_deref()),
+            None if self.intent => "indeterminate",
+            None => "pending",
         }
     }
 
@@ -135,6 +120,26 @@ impl CallFacts {
             why::TOOL_RESULT_TOO_LARGE => None,
             _ => Some("not_executed"),
         }
+    }
+}
+
+/// What a call's recorded result says happened to it, as `run.tool_calls` names it
+/// (`tool_calls::outcomes`): `succeeded`, `failed`, `indeterminate` (closed with its outcome
+/// unknown), `not_executed` (a stop never sent it) or `refused`.
+/// `reason` is why broca wrote the result itself, when it did.
+pub fn result_outcome(is_error: bool, reason: Option<&str>) -> &'static str {
+    use broca_wal::runrec::result_reason as why;
+    match reason {
+        None | Some(why::TOOL_RESULT_TOO_LARGE) if is_error => "failed",
+        None => "succeeded",
+        Some(why::OUTCOME_UNKNOWN) => "indeterminate",
+        Some(
+            why::NOT_DISPATCHED
+            | why::BUDGET_EXHAUSTED
+            | why::CONTEXT_CEILING
+            | why::SKIPPED_AFTER_SUBMIT,
+        ) => "not_executed",
+        Some(_) => "refused",
     }
 }
 

@@ -3,9 +3,63 @@
 //! label on each sample), then the ones with labels of their own (errors by class, the fsync
 //! latency histogram) and the daemon-wide mesh counter.
 
+use std::cell::RefCell;
+
 use broca_io::CommitStats;
+use broca_wal::Record;
 
 use crate::{Host, ShardMsg};
+
+/// What one shard's runs ended with and its tool calls came to, counted as their records
+/// are appended: runs by their finish reason (`paused` for a run waiting for its caller),
+/// calls by the outcome `run.tool_calls` names.
+#[derive(Debug, Default)]
+pub struct Outcomes {
+    runs: RefCell<Vec<(&'static str, u64)>>,
+    calls: RefCell<Vec<(&'static str, u64)>>,
+}
+
+fn bump(counts: &RefCell<Vec<(&'static str, u64)>>, name: &'static str) {
+    let mut counts = counts.borrow_mut();
+    match counts.iter_mut().find(|(n, _)| *n == name) {
+        Some((_, count)) => *count += 1,
+        None => counts.push((name, 1)),
+    }
+}
+
+impl Outcomes {
+    /// Counts `record` when it ends a run or answers a call.
+    pub fn record(&self, record: &Record) {
+        match record {
+            Record::RunFinished(f) => {
+                bump(&self.runs, f.reason.as_str());
+                tracing::info!(
+                    run_id = %f.run_id,
+                    reason = f.reason.as_str(),
+                    indeterminate_tool_calls = f.indeterminate_tool_calls.len(),
+                    "run finished"
+                );
+            }
+            Record::RunPaused(p) => {
+                bump(&self.runs, "paused");
+                tracing::info!(run_id = %p.run_id, reason = %p.reason, "run paused");
+            }
+            Record::ToolResult(r) => bump(
+                &self.calls,
+                broca_core::entries::result_outcome(r.result.is_error, r.result.reason.as_deref()),
+            ),
+            _ => {}
+        }
+    }
+
+    fn runs(&self) -> Vec<(&'static str, u64)> {
+        self.runs.borrow().clone()
+    }
+
+    fn calls(&self) -> Vec<(&'static str, u64)> {
+        self.calls.borrow().clone()
+    }
+}
 
 /// One shard's counters, for /metrics.
 #[derive(Debug, Clone, Default)]
@@ -35,6 +89,19 @@ pub struct ShardStats {
     pub projector_full: u64,
     /// Sessions that could not open their WAL for want of a file descriptor.
     pub out_of_descriptors: u64,
+    /// Runs ended, by finish reason.
+    pub runs_finished: Vec<(&'static str, u64)>,
+    /// Tool calls answered, by outcome.
+    pub tool_calls: Vec<(&'static str, u64)>,
+}
+
+impl ShardStats {
+    /// Counts `outcomes` holds, taken into these stats.
+    pub(crate) fn with_outcomes(mut self, outcomes: &Outcomes) -> ShardStats {
+        self.runs_finished = outcomes.runs();
+        self.tool_calls = outcomes.calls();
+        self
+    }
 }
 
 /// A metric family read from each shard's stats.
@@ -220,6 +287,26 @@ pub async fn render(ctx: &Host) -> String {
             ));
         }
     }
+    labelled(
+        &mut out,
+        &stats,
+        (
+            "broca_runs_finished_total",
+            "Runs ended, by finish reason (paused: waiting for the caller).",
+            "reason",
+        ),
+        |s| &s.runs_finished,
+    );
+    labelled(
+        &mut out,
+        &stats,
+        (
+            "broca_tool_calls_total",
+            "Tool calls answered, by outcome (as run.tool_calls names it).",
+            "outcome",
+        ),
+        |s| &s.tool_calls,
+    );
     out.push_str("# HELP broca_wal_fsync_seconds fdatasync latency.\n# TYPE broca_wal_fsync_seconds histogram\n");
     for s in &stats {
         let mut cumulative = 0u64;
@@ -243,4 +330,22 @@ pub async fn render(ctx: &Host) -> String {
         ));
     }
     out
+}
+
+/// A counter family with a label of its own besides the shard's.
+fn labelled(
+    out: &mut String,
+    stats: &[ShardStats],
+    (name, help, label): (&str, &str, &str),
+    counts: fn(&ShardStats) -> &Vec<(&'static str, u64)>,
+) {
+    out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n"));
+    for s in stats {
+        for (value, n) in counts(s) {
+            out.push_str(&format!(
+                "{name}{{shard=\"{}\",{label}=\"{value}\"}} {n}\n",
+                s.shard
+            ));
+        }
+    }
 }

@@ -189,6 +189,7 @@ impl Shard {
         let addr = triple.address().0;
         let hub = self.hub(addr);
         let (on_append, on_display) = (hub.clone(), hub.clone());
+        let outcomes = self.outcomes.clone();
         let opened = SessionActor::opener(
             &self.host.wal_dir,
             triple,
@@ -201,6 +202,7 @@ impl Shard {
         .hooks(Rc::new(broca_crash_points::KillPoints))
         .inbox(inbox.clone())
         .on_append(Box::new(move |seq, end, record| {
+            outcomes.record(record);
             on_append.on_append(seq, end, record)
         }))
         .display(Box::new(move |text| on_display.display(text)))

@@ -44,6 +44,8 @@ pub(crate) struct Shard {
     pub(crate) model: Rc<HttpModelClient>,
     pub(crate) tools: Rc<Tools>,
     pub(crate) runs_active: Cell<usize>,
+    /// Runs ended and calls answered, by how.
+    pub(crate) outcomes: Rc<crate::metrics::Outcomes>,
     hubs: RefCell<HashMap<Key, Rc<Hub>>>,
     /// Seek points of sessions whose hub is gone (see [`Hub::take_seeks`]).
     seeks: RefCell<HashMap<Key, SeekPoints>>,
@@ -91,6 +93,7 @@ impl Shard {
             model,
             tools,
             runs_active: Cell::new(0),
+            outcomes: Rc::default(),
             hubs: RefCell::new(HashMap::new()),
             seeks: RefCell::new(HashMap::new()),
             dirty: RefCell::new(HashSet::new()),
@@ -191,7 +194,9 @@ impl Shard {
             inbox_full: sessions.inbox_full,
             projector_full: self.projector_full.get(),
             out_of_descriptors: self.out_of_descriptors.get(),
+            ..ShardStats::default()
         }
+        .with_outcomes(&self.outcomes)
     }
 
     /// Answers one mesh message; `false` once the shard's loop is to end.

@@ -12,6 +12,9 @@ big (`bytes` bytes of text), pair (answers with structured content only).
 MCP_MODE changes the whole server: garbage (prints non-JSON lines around every answer),
 hang_init (never answers initialize), exit_at_once (exits before reading anything),
 first_start_only (exits at once when STARTS_FILE shows an earlier start: a restart fails).
+
+ENDS_FILE, when set, gets this process's pid appended when it ends on its own: its input
+closed (a kill leaves no line).
 """
 
 import json
@@ -22,6 +25,7 @@ import time
 MODE = os.environ.get("MCP_MODE", "")
 COUNT_FILE = os.environ.get("COUNT_FILE", "")
 STARTS_FILE = os.environ.get("STARTS_FILE", "")
+ENDS_FILE = os.environ.get("ENDS_FILE", "")
 
 TOOLS = [
     {"name": "record", "description": "Records a note.",
@@ -131,6 +135,9 @@ def main():
             out({"jsonrpc": "2.0", "id": msg_id,
                  "error": {"code": -32601, "message": f"no method {method}"}})
         # notifications (initialized, cancelled) need no answer
+    if ENDS_FILE:
+        with open(ENDS_FILE, "a") as f:
+            f.write(f"{os.getpid()}\n")
 
 
 if __name__ == "__main__":

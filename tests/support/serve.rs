@@ -143,6 +143,11 @@ pub fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
 
 /// The sum over shards of a metric.
 pub fn metric(s: &Serve, name: &str) -> u64 {
+    metric_with(s, name, "")
+}
+
+/// The sum over shards of a metric's samples whose labels hold `label` (`reason="completed"`).
+pub fn metric_with(s: &Serve, name: &str, label: &str) -> u64 {
     let req = format!(
         "GET /metrics HTTP/1.1\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n",
         s.handle
@@ -152,7 +157,7 @@ pub fn metric(s: &Serve, name: &str) -> u64 {
     String::from_utf8(m)
         .unwrap()
         .lines()
-        .filter(|l| l.starts_with(&prefix))
+        .filter(|l| l.starts_with(&prefix) && l.contains(label))
         .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
         .sum()
 }

@@ -59,7 +59,9 @@ enum State {
 struct Proc {
     pid: u32,
     child: Mutex<Child>,
-    writer: Mutex<Option<mpsc::Sender<Outgoing>>>,
+    /// The one sender to the writer thread (the reader answers the server's requests through
+    /// it too): taking it closes the child's stdin.
+    writer: Arc<Mutex<Option<mpsc::Sender<Outgoing>>>>,
     pending: Arc<Mutex<HashMap<u64, oneshot::Sender<Reply>>>>,
     alive: Arc<AtomicBool>,
     tools: Mutex<Vec<McpTool>>,
@@ -295,12 +297,18 @@ impl Proc {
         let pending: Arc<Mutex<HashMap<u64, oneshot::Sender<Reply>>>> = Arc::default();
         let alive = Arc::new(AtomicBool::new(true));
         let (tx, rx) = mpsc::channel::<Outgoing>();
+        let writer_slot = Arc::new(Mutex::new(Some(tx)));
         let stdin = child.stdin.take().expect("stdin is piped");
         let stdout = child.stdout.take().expect("stdout is piped");
         let stderr = child.stderr.take().expect("stderr is piped");
         let server = name.to_string();
         spawn_named(&format!("mcp-w-{name}"), move || writer(stdin, rx));
-        let (p, a, answers, s) = (pending.clone(), alive.clone(), tx.clone(), server.clone());
+        let (p, a, answers, s) = (
+            pending.clone(),
+            alive.clone(),
+            writer_slot.clone(),
+            server.clone(),
+        );
         spawn_named(&format!("mcp-r-{name}"), move || {
             reader(&s, BufReader::new(stdout), &p, &answers);
             a.store(false, Ordering::Release);
@@ -319,7 +327,7 @@ impl Proc {
         Proc {
             pid: child.id(),
             child: Mutex::new(child),
-            writer: Mutex::new(Some(tx)),
+            writer: writer_slot,
             pending,
             alive,
             tools: Mutex::new(Vec::new()),
@@ -501,7 +509,7 @@ fn reader(
     server: &str,
     mut out: BufReader<std::process::ChildStdout>,
     pending: &Mutex<HashMap<u64, oneshot::Sender<Reply>>>,
-    answers: &mpsc::Sender<Outgoing>,
+    answers: &Mutex<Option<mpsc::Sender<Outgoing>>>,
 ) {
     let mut line = Vec::new();
     let mut garbage = 0u64;
@@ -538,10 +546,13 @@ fn reader(
                 }
             }
             Incoming::Request { id, method } => {
-                let _ = answers.send(Outgoing {
-                    line: answer_server_request(&id, &method),
-                    written: None,
-                });
+                // Not once the server is being stopped: its input is closed then.
+                if let Some(w) = answers.lock().expect("the writer lock").as_ref() {
+                    let _ = w.send(Outgoing {
+                        line: answer_server_request(&id, &method),
+                        written: None,
+                    });
+                }
             }
             Incoming::Notification { method } => tracing::debug!(server, method, "notification"),
             Incoming::Garbage => {

@@ -92,6 +92,24 @@ pub fn rename(from: &Path, to: &Path) -> io::Result<()> {
     crate::power_loss::note_created(to)
 }
 
+/// Replaces `path` with `bytes` (mode `mode`) through a temporary file beside it, synced,
+/// renamed over it, and the folder synced: a reader, and a restart after a crash or a power
+/// cut, sees the old contents or the new, never a part.
+pub fn replace_file(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = create_new(&tmp, mode)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    rename(&tmp, path)?;
+    sync_dir(
+        path.parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new(".")),
+    )
+}
+
 /// Links `to` to the file `from`: the new entry is durable only after [`sync_dir`] of `to`'s
 /// folder.
 pub fn hard_link(from: &Path, to: &Path) -> io::Result<()> {

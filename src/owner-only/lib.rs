@@ -3,8 +3,7 @@
 
 use std::fmt;
 use std::fs;
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// Creates `dir` and its missing parents owner-only (0700).
@@ -130,19 +129,11 @@ pub fn read_private(path: &Path) -> Result<Vec<u8>, OwnerOnlyError> {
     fs::read(path).map_err(|e| refuse(path, Problem::Io(e.to_string())))
 }
 
-/// Writes `bytes` to `path` owner-only (0600) through a temporary file and a rename, so a
-/// reader sees the old contents or the new, never a part.
+/// Writes `bytes` to `path` owner-only (0600) through a temporary file, a rename and a sync
+/// of the folder (broca-io's `replace_file`, which the power-loss mode's ledger sees), so a
+/// reader, and a restart after a power cut, sees the old contents or the new, never a part.
 pub fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    let _ = fs::remove_file(&tmp);
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    fs::rename(&tmp, path)
+    broca_io::fs::replace_file(path, bytes, 0o600)
 }
 
 #[cfg(test)]

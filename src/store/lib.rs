@@ -225,11 +225,13 @@ impl Store {
             Ok(s) => s,
             Err(why) => {
                 let aside = state_dir.join(format!("store.unusable-{}", now_unix_ms()));
-                std::fs::rename(&dir, &aside).map_err(|e| StoreError::Stuck {
-                    dir: dir.clone(),
-                    why: why.to_string(),
-                    message: e.to_string(),
-                })?;
+                broca_io::fs::rename(&dir, &aside)
+                    .and_then(|()| broca_io::fs::sync_dir(state_dir))
+                    .map_err(|e| StoreError::Stuck {
+                        dir: dir.clone(),
+                        why: why.to_string(),
+                        message: e.to_string(),
+                    })?;
                 notes.push(format!(
                     "the store {} could not be used ({why}); moved to {} and rebuilt from the WALs",
                     dir.display(),

@@ -3,7 +3,8 @@
 
 use std::fmt;
 use std::fs;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// Creates `dir` and its missing parents owner-only (0700).
@@ -129,11 +130,23 @@ pub fn read_private(path: &Path) -> Result<Vec<u8>, OwnerOnlyError> {
     fs::read(path).map_err(|e| refuse(path, Problem::Io(e.to_string())))
 }
 
-/// Writes `bytes` to `path` owner-only (0600) through a temporary file, a rename and a sync
-/// of the folder (broca-io's `replace_file`, which the power-loss mode's ledger sees), so a
-/// reader, and a restart after a power cut, sees the old contents or the new, never a part.
+/// Writes `bytes` to `path` owner-only (0600) through a temporary file, synced, renamed over
+/// it, and the folder synced, so a reader, and a restart after a crash or a power cut, sees
+/// the old contents or the new, never a part. (This floor is below broca-io: the power-loss
+/// mode's ledger does not see these files; the store's own go through broca-io.)
 pub fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    broca_io::fs::replace_file(path, bytes, 0o600)
+    let tmp = path.with_extension("tmp");
+    let _ = fs::remove_file(&tmp);
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    fs::rename(&tmp, path)?;
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty());
+    fs::File::open(dir.unwrap_or(Path::new(".")))?.sync_all()
 }
 
 #[cfg(test)]

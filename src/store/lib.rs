@@ -834,7 +834,7 @@ fn state_id(state_dir: &Path) -> Result<String, StoreError> {
         .map_err(io(Path::new("/dev/urandom")))?;
     let id = hex(&raw);
     broca_owner_only::create_dir(state_dir).map_err(io(state_dir))?;
-    broca_owner_only::write_file(&path, id.as_bytes()).map_err(io(&path))?;
+    broca_io::fs::replace_file(&path, id.as_bytes(), 0o600).map_err(io(&path))?;
     Ok(id)
 }
 

@@ -802,6 +802,7 @@ fn with_these_tools(
         vault: None,
         tools: Some(tools.clone()),
         catalog: None,
+        bus: None,
     });
     child
 }
@@ -1080,6 +1081,7 @@ fn the_catalog_comes_from_fusiform_and_its_last_good_answer_outlives_an_outage()
             vault: None,
             tools: None,
             catalog: Some(catalog.clone()),
+            bus: None,
         });
         assert_eq!(d.bind(1, 1, "/cat", "h", "s").0, FrameType::Response);
         let entry = frozen_entry(round, &mut d);

@@ -17,6 +17,7 @@ pub mod replay;
 pub mod resume;
 pub mod role;
 pub mod spend;
+pub mod step_events;
 pub mod stream;
 pub mod structured;
 pub mod tool_calls;

@@ -440,6 +440,7 @@ impl RunMachine {
         let record = StepStarted {
             run_id: self.run_id.clone(),
             step: self.step,
+            at_unix_ms: Some(self.now_ms),
         };
         self.step_seq = None;
         self.push(Record::StepStarted(record), false);

@@ -120,6 +120,8 @@ pub struct OpenRun {
     pub last_step: Option<LastStep>,
     /// The seq of the current step's StepStarted record (its message's id).
     pub step_seq: Option<u64>,
+    /// When the current step began, as its StepStarted record says.
+    pub step_started_at: Option<u64>,
 }
 
 /// A session's state, rebuilt from its WAL.
@@ -347,6 +349,7 @@ impl Session {
                 open.step = r.step;
                 open.point = ResumePoint::BeforeStep;
                 open.step_seq = Some(seq);
+                open.step_started_at = r.at_unix_ms;
                 run.steps = run.steps.max(r.step);
             }
             Record::ModelAttemptFinished(r) => {
@@ -467,6 +470,7 @@ impl Session {
             cancel_requested: false,
             last_step: None,
             step_seq: None,
+            step_started_at: None,
         });
         Ok(())
     }
@@ -669,12 +673,13 @@ pub(crate) fn unanswered_calls(transcript: &[Arc<Message>]) -> Vec<ToolCall> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use broca_protocol::{Json, ToolCall};
     use broca_wal::runrec::{ResultBlock, RunStarted, StepStarted, ToolDispatchIntent, ToolResult};
 
-    fn started() -> Record {
+    /// Run `r`'s RunStarted, for `anthropic/m`.
+    pub(crate) fn started() -> Record {
         let config = crate::admission::prepare(
             &crate::admission::SendRequest {
                 prompt: "go".into(),
@@ -703,10 +708,12 @@ mod tests {
         }))
     }
 
-    fn step(n: u32) -> Record {
+    /// Run `r`'s StepStarted of step `n`.
+    pub(crate) fn step(n: u32) -> Record {
         Record::StepStarted(StepStarted {
             run_id: "r".into(),
             step: n,
+            at_unix_ms: None,
         })
     }
 

@@ -23,7 +23,8 @@
 //! (`broca_io::power_loss`: writes held until their fdatasync, new files listed until their
 //! directory's fsync), and a kill point aborts without waiting for durability: at once, or
 //! for `admitted` and `intent` right after the action the record guards (the send answered,
-//! a dispatched call run). A kill then loses what a power cut would.
+//! a dispatched call run). A kill then loses what a power cut would. With
+//! `BROCA_POWER_LOSS_KILLS=durable` too, kill points wait for durability as without the mode.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -191,7 +192,7 @@ pub fn due(record: &Record) -> Option<Abort> {
     {
         return None;
     }
-    if power_loss().is_none() {
+    if power_loss().is_none() || kills_at_durable() {
         return Some(Abort::WhenDurable);
     }
     match plan.point {
@@ -232,6 +233,15 @@ pub fn tool_answered() {
 /// `broca_io::power_loss`, which keeps it.
 pub fn power_loss() -> Option<&'static broca_io::power_loss::PowerLoss> {
     broca_io::power_loss::mode()
+}
+
+/// `BROCA_POWER_LOSS_KILLS=durable`: in the power-loss mode, a kill point still waits until
+/// its record is durable, as without it. The mode then only keeps unsynced bytes out of the
+/// files, so a reader of a WAL sees exactly what is durable (the conformance suite's bus
+/// reads it when a step hint arrives).
+fn kills_at_durable() -> bool {
+    static DURABLE: OnceLock<bool> = OnceLock::new();
+    *DURABLE.get_or_init(|| std::env::var("BROCA_POWER_LOSS_KILLS").is_ok_and(|v| v == "durable"))
 }
 
 /// Aborts the process, saying where (on stderr, unbuffered).

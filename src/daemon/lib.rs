@@ -4,7 +4,8 @@
 //! blocking socket: a daemon that cannot be reached or refuses is one line and exit 1, never a
 //! fall back to listening); the registered connection is then served on shard 0
 //! ([`front`]), its routes' requests executed by the host. The daemon's other services are
-//! reached over connections of their own: the claustrum vault ([`vault`]) and, shared by
+//! reached over connections of their own: the claustrum vault ([`vault`]), the bus's ckbus
+//! for the `step.finished.v1` hints (`broca_subc::bus`, a thread of its own) and, shared by
 //! every shard, tool modules and the fusiform catalog (`broca_tools::modules`).
 
 mod front;
@@ -34,7 +35,10 @@ pub struct DaemonOptions {
 /// Registers with the daemon (HELLO, naming what broca consumes: the vault, the catalog
 /// module, the tool modules).
 fn register(opts: &DaemonOptions) -> Result<front::SubcConn, String> {
-    let mut services = vec![broca_subc::vault::CLAUSTRUM.to_string()];
+    let mut services = vec![
+        broca_subc::vault::CLAUSTRUM.to_string(),
+        broca_subc::bus::CKBUS.to_string(),
+    ];
     services.extend(opts.host.catalog.module.clone());
     let tool_modules = opts
         .host
@@ -60,8 +64,9 @@ fn register(opts: &DaemonOptions) -> Result<front::SubcConn, String> {
     })
 }
 
-/// What module mode hands the host: the tool modules and the vault, over routes of their own.
-fn extras(opts: &DaemonOptions) -> Extras {
+/// What module mode hands the host: the tool modules, the vault and the bus, over routes of
+/// their own.
+fn extras(opts: &DaemonOptions) -> Result<Extras, String> {
     let cfg = opts.host.tools.clone().unwrap_or_default();
     let module_tools = ModuleTools::new(
         opts.connection_file.clone(),
@@ -77,10 +82,21 @@ fn extras(opts: &DaemonOptions) -> Extras {
     );
     let vault: Arc<dyn broca_provider::credential::Vault> =
         Arc::new(vault::ClaustrumVault::new(client));
-    Extras {
+    let ckbus = broca_subc::bus::Ckbus::new(
+        opts.connection_file.clone(),
+        opts.module_id.clone(),
+        opts.launch_nonce.clone(),
+    );
+    let publisher = broca_subc::bus::Publisher::start(Arc::new(ckbus))?;
+    let step_hints = broca_host::StepHints {
+        runner: opts.module_id.clone(),
+        publish: Arc::new(move |tail, body| publisher.publish(tail, body)),
+    };
+    Ok(Extras {
         module_tools: Some(module_tools),
         vault: Some(vault),
-    }
+        step_hints: Some(step_hints),
+    })
 }
 
 /// The registered connection, served on shard 0.
@@ -120,7 +136,7 @@ pub fn run(opts: DaemonOptions) -> Result<i32, String> {
         ready: format!("broca registered with the daemon as {}", opts.module_id),
         shards: vec![Some(shard0)],
     };
-    let sig = startup.run(front, extras(&opts))?;
+    let sig = startup.run(front, extras(&opts)?)?;
     if lost.load(Ordering::Acquire) {
         return Err(
             "the daemon connection ended unannounced: admission stopped, active runs got the \

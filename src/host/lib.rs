@@ -113,6 +113,18 @@ pub struct Extras {
     pub module_tools: Option<Arc<ModuleTools>>,
     /// The vault that `vault:` credentials resolve through.
     pub vault: Option<Arc<dyn Vault>>,
+    /// Where llm-runner/v1 `step_events` hints go (module mode: the daemon's bus).
+    pub step_hints: Option<StepHints>,
+}
+
+/// The publisher of `step.finished.v1` hints: each is handed over once its record is durable
+/// and never waited for (a hint that cannot be sent is dropped by the publisher).
+#[derive(Clone)]
+pub struct StepHints {
+    /// The publishing module's id (the subject's and the hint's `runner`).
+    pub runner: String,
+    /// Queues a body for the subject tail given; never blocks.
+    pub publish: Arc<dyn Fn(String, Vec<u8>) -> bool + Send + Sync>,
 }
 
 /// What every shard shares.
@@ -148,6 +160,8 @@ pub struct Host {
     pub(crate) reads: Arc<broca_core::read::ReadCache>,
     /// Failed WAL writes and whether the file system was last seen full.
     pub storage: storage::StorageHealth,
+    /// Module mode: where step hints are published (`role.describe` declares `step_events`).
+    pub(crate) step_hints: Option<StepHints>,
 }
 
 /// Sessions whose replayed state the readers keep (the least lately read go first).
@@ -336,6 +350,7 @@ impl Startup {
             vault: extras.vault,
             reads: Arc::new(broca_core::read::ReadCache::new(READ_SESSIONS_MAX)),
             storage: storage::StorageHealth::default(),
+            step_hints: extras.step_hints,
         });
         signals::SignalSlot::install(&slot, &host);
         let serve_json = state::serve_json(&host.opts.state_dir);

@@ -60,7 +60,7 @@ async fn call(ctx: &Host, request: Request, caller: &Caller) -> Result<Value, Rp
                 };
                 import(ctx, &format, path, target).await
             }
-            Request::Describe => Ok(broca_wire::role::describe()),
+            Request::Describe => Ok(broca_wire::role::describe(ctx.step_hints.is_some())),
             _ => Err(invalid("the request names no session")),
         };
     };

@@ -190,7 +190,7 @@ impl Shard {
         let hub = self.hub(addr);
         let (on_append, on_display) = (hub.clone(), hub.clone());
         let outcomes = self.outcomes.clone();
-        let opened = SessionActor::opener(
+        let mut opener = SessionActor::opener(
             &self.host.wal_dir,
             triple,
             self.model.clone(),
@@ -205,9 +205,23 @@ impl Shard {
             outcomes.record(record);
             on_append.on_append(seq, end, record)
         }))
-        .display(Box::new(move |text| on_display.display(text)))
-        .open()
-        .await;
+        .display(Box::new(move |text| on_display.display(text)));
+        if let Some(hints) = &self.host.step_hints {
+            // Each model attempt's hint goes to the bus once its record is durable.
+            let (hub, hints) = (hub.clone(), hints.clone());
+            let tail = broca_core::step_events::subject_tail(&hints.runner);
+            opener = opener.on_step(
+                hints.runner.clone(),
+                Box::new(move |end, event| {
+                    let body = serde_json::to_vec(&event).expect("a step hint serializes");
+                    let (publish, tail) = (hints.publish.clone(), tail.clone());
+                    hub.when_durable(end, move || {
+                        publish(tail, body);
+                    });
+                }),
+            );
+        }
+        let opened = opener.open().await;
         let e = match opened {
             Ok(actor) => {
                 // An open writes its lease record: the file system takes writes.

@@ -79,6 +79,9 @@ impl From<WalError> for ActorError {
 
 /// Told of every record appended: its seq, the log end after it, the record.
 pub type OnAppend = Box<dyn FnMut(u64, u64, &Record)>;
+/// Told of each model attempt's record appended (llm-runner/v1 `step_events`): the log end
+/// after it, and its hint, to be published once the log is durable up to that end.
+pub type OnStep = Box<dyn FnMut(u64, cortexkit_role_llm_runner::step_events::StepFinished)>;
 /// Receives the display lane's deltas.
 pub type Display = Box<dyn FnMut(&broca_core::DisplayDelta)>;
 
@@ -96,6 +99,7 @@ pub struct Opener<P, T> {
     timer_permille: u64,
     inbox: Option<Rc<Inbox<SessionCommand>>>,
     on_append: Option<OnAppend>,
+    on_step: Option<(String, OnStep)>,
     display: Option<Display>,
 }
 
@@ -148,6 +152,12 @@ impl<P: ModelClient, T: ToolRunner> Opener<P, T> {
         self
     }
 
+    /// Told of each model attempt's hint, published by module `runner`.
+    pub fn on_step(mut self, runner: String, hook: OnStep) -> Self {
+        self.on_step = Some((runner, hook));
+        self
+    }
+
     /// Receives the display lane's text deltas.
     pub fn display(mut self, sink: Display) -> Self {
         self.display = Some(sink);
@@ -182,6 +192,7 @@ impl<P: ModelClient, T: ToolRunner> Opener<P, T> {
             timer_permille: self.timer_permille,
             inbox: self.inbox,
             on_append: self.on_append,
+            on_step: self.on_step,
         })
     }
 }
@@ -212,6 +223,7 @@ pub struct SessionActor<P: ModelClient, T: ToolRunner> {
     /// Commands answered while a run is active (serve).
     pub(crate) inbox: Option<Rc<Inbox<SessionCommand>>>,
     on_append: Option<OnAppend>,
+    on_step: Option<(String, OnStep)>,
 }
 
 impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
@@ -235,6 +247,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             timer_permille: 1000,
             inbox: None,
             on_append: None,
+            on_step: None,
             display: None,
         }
     }
@@ -385,6 +398,20 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         }
         if let Some(hook) = &mut self.on_append {
             hook(appended.seq, appended.end, &record);
+        }
+        if let Some((runner, hook)) = &mut self.on_step {
+            let lineage = self.writer.header().lineage_hex();
+            let place = broca_core::step_events::Place {
+                runner,
+                harness: &self.triple.harness,
+                session: &self.triple.session,
+                lineage: &lineage,
+            };
+            if let Some(event) =
+                broca_core::step_events::step_finished(&self.state, &place, appended.seq, &record)
+            {
+                hook(appended.end, event);
+            }
         }
         let path = self.writer.path();
         self.state.apply(appended.seq, record).map_err(|reason| {

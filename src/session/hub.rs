@@ -132,6 +132,20 @@ impl Hub {
         *self.watch.borrow_mut() = Some(watch);
     }
 
+    /// Runs `then` once the session's log is durable up to `end`; never, when the log fails
+    /// first (or no log is watched yet). Nothing waits for it.
+    pub fn when_durable(&self, end: u64, then: impl FnOnce() + 'static) {
+        let Some(watch) = self.watch.borrow().clone() else {
+            return;
+        };
+        glommio::spawn_local(async move {
+            if watch.wait_durable(end).await.is_ok() {
+                then();
+            }
+        })
+        .detach();
+    }
+
     /// The seek points, taken (the hub is going; the registry keeps them for the next one).
     pub fn take_seeks(&self) -> SeekPoints {
         let mut seeks = std::mem::take(&mut *self.seeks.borrow_mut());

@@ -8,10 +8,12 @@
 //! Tools of the daemon's tool_provider modules go over a shared consumer connection (`link`,
 //! two threads of its own) with the role's bodies (`toolprov`).
 
+pub mod bus;
 pub mod connect;
 pub mod frames;
 pub mod link;
 pub mod manifest;
+pub mod surface;
 pub mod toolprov;
 pub mod vault;
 

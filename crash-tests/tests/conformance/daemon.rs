@@ -25,6 +25,7 @@ use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
+use crate::bus::Bus;
 use crate::tools::ToolModule;
 
 /// A listening daemon: its connection file and the module connection once broca made it.
@@ -42,8 +43,8 @@ impl Drop for Daemon {
 
 impl Daemon {
     /// Listens on loopback and writes the connection file into `dir`. Tool routes go to
-    /// `tools`.
-    pub async fn start(dir: &Path, tools: ToolModule) -> Result<Daemon, String> {
+    /// `tools`, routes to ckbus to `bus`.
+    pub async fn start(dir: &Path, tools: ToolModule, bus: Bus) -> Result<Daemon, String> {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .map_err(|e| format!("the daemon's listener: {e}"))?;
@@ -67,8 +68,10 @@ impl Daemon {
         let (tx, rx) = mpsc::channel(1);
         let accept = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
-                let (key, tx, tools) = (key.clone(), tx.clone(), tools.clone());
-                tokio::spawn(async move { connection(stream, key, daemon_id, tx, tools).await });
+                let (key, tx, tools, bus) = (key.clone(), tx.clone(), tools.clone(), bus.clone());
+                tokio::spawn(
+                    async move { connection(stream, key, daemon_id, tx, tools, bus).await },
+                );
             }
         });
         Ok(Daemon {
@@ -95,6 +98,7 @@ async fn connection(
     daemon_id: [u8; 16],
     module: mpsc::Sender<Arc<Link>>,
     tools: ToolModule,
+    bus: Bus,
 ) {
     let auth = subc_transport::authenticate_server(
         &mut stream,
@@ -137,7 +141,7 @@ async fn connection(
         let _ = module.send(link.clone()).await;
         link.read(reader).await;
     } else {
-        crate::tools::consumer(first, reader, writer, tools).await;
+        crate::tools::consumer(first, reader, writer, tools, bus).await;
     }
 }
 

@@ -12,6 +12,7 @@
 #[allow(dead_code, unused_imports)]
 mod support;
 
+mod bus;
 mod daemon;
 mod model;
 mod report;

@@ -44,7 +44,6 @@ pub const NOT_DECLARED: &[(&str, &str)] = &[
     ("retention", "whole-session retention is not built (the plans issue)"),
     ("session_retention", "per-session retention and release are not built (the plans issue)"),
     ("advance_retention_clock", "no retention clock to move without retention"),
-    ("step_events", "a hint is published on the daemon's NATS message plane, whose per-module credentials come from its bus module; broca has no client of that plane yet"),
     ("host_metadata_change", "broca is its own host: nothing outside the role changes a session's metadata"),
     ("kill_at:UserCommandForwarded", "broca forwards no person commands"),
     ("kill_at:ReleasePending", "broca has no deferred release"),

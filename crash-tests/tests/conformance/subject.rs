@@ -78,6 +78,7 @@ pub fn points() -> Vec<(String, String)> {
 pub struct Subject {
     model: Model,
     tools: ToolModule,
+    bus: crate::bus::Bus,
     support: crate::structured::Support,
 }
 
@@ -127,6 +128,7 @@ impl Subject {
         Subject {
             model: Model::start().await,
             tools: ToolModule::default(),
+            bus: crate::bus::Bus::start().await,
             support: Default::default(),
         }
     }
@@ -137,7 +139,8 @@ impl Subject {
         let daemon_dir = root.join("daemon");
         std::fs::create_dir_all(&daemon_dir).map_err(|e| fail("the daemon's folder", &e))?;
         let _ = std::fs::remove_file(arm_file(root));
-        let daemon = Daemon::start(&daemon_dir, self.tools.clone())
+        self.bus.watch_wal_dir(root.join("state").join("wal"));
+        let daemon = Daemon::start(&daemon_dir, self.tools.clone(), self.bus.clone())
             .await
             .map_err(|e| fail("the daemon", &e))?;
         let tools = root.join("tools.json");
@@ -164,6 +167,12 @@ impl Subject {
             .env("BROCA_BASE_URL_OPENAI", &self.model.url)
             .env("BROCA_CATALOG_FILE", &catalog)
             .env("BROCA_CRASH_ARM", arm_file(root))
+            // The power-loss mode: a WAL's bytes reach its file only with their fdatasync, each
+            // held 5 ms, so what the file shows is what is durable (the bus's publish-time
+            // check of step hints reads it). Kill points keep waiting for durability.
+            .env("BROCA_POWER_LOSS", root.join("power-ledger"))
+            .env("BROCA_POWER_LOSS_SYNC_MS", "5")
+            .env("BROCA_POWER_LOSS_KILLS", "durable")
             .env("BROCA_LOG", "info")
             .args(["module", "--subc"])
             .arg(&daemon.file)
@@ -325,6 +334,8 @@ impl LlmRunnerSubject for Subject {
             .filter_map(|g| Capability::from_group(g))
             .collect();
         declared.insert(Capability::HoldToolCalls);
+        // Module mode publishes step hints on the daemon's bus (`role.describe` says so).
+        declared.extend(Capability::from_group("step_events"));
         // The scripted model records the texts each request carried (`rendered_texts`).
         declared.insert(Capability::RenderedModelInput);
         declared
@@ -603,6 +614,20 @@ impl LlmRunnerSubject for Subject {
                 | "skipped_after_submit"
         );
         Some(ToolResultObservation::new(executed, reason))
+    }
+
+    async fn step_event_observation(
+        &self,
+        handle: &Module,
+        session: &str,
+    ) -> Result<
+        cortexkit_role_llm_runner_conformance::step_events::StepEventObservation,
+        HarnessError,
+    > {
+        let wal_dir = handle.root.join("state").join("wal");
+        crate::bus::observation(&self.bus, &wal_dir, self.runner_id(), HARNESS, session)
+            .await
+            .map_err(HarnessError::new)
     }
 
     async fn dispatched_schema_pin(

@@ -2,7 +2,7 @@
 //! `conformance_echo`, outside broca's process. It answers each call with the result the
 //! script gave for its arguments, counts every call that reaches it by those arguments (the
 //! counts survive broca's restarts: they live here), and holds a call the script marks held
-//! until the case releases it.
+//! until the case releases it. The same consumer connections reach ckbus (`crate::bus`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -151,8 +151,11 @@ pub async fn consumer<R: AsyncRead + Unpin>(
     mut reader: R,
     writer: Writer,
     tools: ToolModule,
+    bus: crate::bus::Bus,
 ) {
     let mut routes = std::collections::HashSet::new();
+    // Routes to ckbus's management surface (the bus's credential and nonce signatures).
+    let mut ckbus_routes = std::collections::HashSet::new();
     let mut next_channel = 10u16;
     let mut frame = Some(first);
     loop {
@@ -173,6 +176,14 @@ pub async fn consumer<R: AsyncRead + Unpin>(
                 {
                     next_channel += 1;
                     routes.insert(next_channel);
+                    (
+                        FrameType::Response,
+                        json!({"op": "route.open", "route_channel": next_channel, "route_epoch": 1}),
+                        false,
+                    )
+                } else if target["kind"] == "management_surface" && target["module_id"] == "ckbus" {
+                    next_channel += 1;
+                    ckbus_routes.insert(next_channel);
                     (
                         FrameType::Response,
                         json!({"op": "route.open", "route_channel": next_channel, "route_epoch": 1}),
@@ -211,6 +222,18 @@ pub async fn consumer<R: AsyncRead + Unpin>(
                     let _ = send(&writer, ty, ch, h.epoch, h.corr, &answer, false).await;
                 });
             }
+            (ch, FrameType::Request) if ckbus_routes.contains(&ch) => {
+                let (ty, answer) = match bus.ckbus(&body) {
+                    Ok(answer) => (FrameType::Response, answer),
+                    Err(error) => (FrameType::Error, error),
+                };
+                if send(&writer, ty, ch, h.epoch, h.corr, &answer, false)
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
             (ch, FrameType::Request) => {
                 let e = json!({"code": "unknown_channel", "message": "no such route"});
                 if send(&writer, FrameType::Error, ch, h.epoch, h.corr, &e, true)
@@ -222,6 +245,7 @@ pub async fn consumer<R: AsyncRead + Unpin>(
             }
             (ch, FrameType::Goodbye) => {
                 routes.remove(&ch);
+                ckbus_routes.remove(&ch);
             }
             _ => {}
         }

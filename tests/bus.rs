@@ -195,6 +195,17 @@ fn each_model_step_is_one_hint_on_the_daemons_bus_under_ckbus_credentials() {
             Some(format!("{}-{}", hint.log_incarnation, hint.seq))
         );
     }
+    // health.check counts them: both handed to the bus, none dropped.
+    let (ty, h) = d.control(&json!({"op": "health.check"}));
+    assert_eq!(ty, FrameType::Response, "{h}");
+    assert_eq!(
+        (
+            &h["metrics"]["step_hints_published"],
+            &h["metrics"]["step_hints_dropped"]
+        ),
+        (&json!(2), &json!(0)),
+        "{h}"
+    );
     // One credential per connection: the hints shared one.
     let credentials = bus
         .calls

@@ -16,10 +16,12 @@ use broca_wal::SessionTriple;
 use broca_wal::verify::{dump, verify_file, wal_files, FileReport};
 
 mod archive;
+mod client;
 mod import;
 mod log;
 mod serve;
 use serve::parse_serve;
+mod remote;
 mod store;
 
 pub use log::init_process;
@@ -38,6 +40,7 @@ Usage: broca [--state-dir DIR] <command> [args]
 
 Commands:
   serve [--listen ADDR] [--socket PATH] [--shards N] [--grace-secs N] [--config FILE]
+        [--tools-config FILE] [--plain-http] [--import-root DIR]...
                          the daemon: the management surface over HTTP (see `broca serve --help`)
   module --subc FILE     broca as a module of the subconscious daemon (see `broca module --help`)
   run --model PROVIDER/MODEL PROMPT
@@ -52,6 +55,21 @@ Commands:
                          (see `broca import --help`)
   export usage [--since TIME] [--format jsonl|csv]
                          print the usage facts (one per model step and failed attempt)
+
+Commands for a running serve (found through <state-dir>/serve.json, or --connect URL|SOCKET):
+  send --session S [--model M] PROMPT
+                         send a prompt and stream the answer; the outcome and usage at the end
+  attach --session S [--from start|live|CURSOR]
+                         follow a session's events (Ctrl-C leaves its run going)
+  status --session S [RUN]
+                         a run's state and usage (default: the session's latest)
+  cancel --session S RUN cancel a run
+  ls [--state S] [--since TIME]
+                         the sessions, most recently active first, with their latest run
+  read --session S [--from N]
+                         a session's transcript
+  (each takes --project-root P, default the current directory, --harness H, default cli,
+  and --json; see `broca COMMAND --help`)
 
 Global options:
   --state-dir DIR   state directory (default: $BROCA_STATE_DIR, else $XDG_DATA_HOME/broca,
@@ -109,9 +127,17 @@ Options:
                        and CODEX_HOME): a path outside them, or a link out of them, is
                        refused import_forbidden
 
-Routes: POST /v1/rpc (session.send, run.status, run.result, run.cancel, session.read,
-session.import, role.describe, session.baseline),
-GET /healthz, GET /metrics.
+Routes (README.md's management surface and the llm-runner/v1 role give each method's
+params and answer):
+  POST /v1/rpc {\"method\", \"params\"}   session.send, run.status, run.result, run.cancel,
+                    run.tool_calls, session.read, session.head, session.history,
+                    session.retract, session.send_status (also send.status), session.import,
+                    role.describe, session.baseline, sessions.list, runs.list
+  GET /v1/subscribe?project_root=P&harness=H&session=S&from=start|live|CURSOR
+                    the session's events as server-sent events, or a WebSocket on upgrade;
+                    Last-Event-ID resumes after a cursor
+  GET /healthz      ok, or degraded with its reasons
+  GET /metrics      Prometheus text (docs/metrics.md)
 ";
 
 const RUN_HELP: &str = "\
@@ -235,6 +261,9 @@ pub fn run(args: Vec<OsString>) -> u8 {
         Some("store") => store::store(pargs, help, state_dir),
         Some("export") => store::export(pargs, help, state_dir),
         Some("archive") => archive::archive(pargs, help, state_dir),
+        Some(c @ ("send" | "attach" | "status" | "cancel" | "ls" | "read")) => {
+            remote::command(c, pargs, help, state_dir)
+        }
         Some("import") => import::import(pargs, help, state_dir),
         Some(other) => usage(&format!("unknown command `{other}`; see `broca --help`")),
     }
@@ -259,7 +288,8 @@ fn rest(pargs: pico_args::Arguments) -> Result<Vec<OsString>, String> {
 }
 
 /// The state dir: `--state-dir`, else `$BROCA_STATE_DIR`, else `$XDG_DATA_HOME/broca`, else
-/// `~/.local/share/broca`.
+/// `~/.local/share/broca`; made absolute (serve.json and every message then name it
+/// unambiguously).
 pub fn resolve_state_dir(flag: Option<PathBuf>) -> Option<PathBuf> {
     let env = |name: &str| {
         std::env::var_os(name)
@@ -269,6 +299,7 @@ pub fn resolve_state_dir(flag: Option<PathBuf>) -> Option<PathBuf> {
     flag.or_else(|| env("BROCA_STATE_DIR"))
         .or_else(|| env("XDG_DATA_HOME").map(|d| d.join("broca")))
         .or_else(|| env("HOME").map(|h| h.join(".local/share/broca")))
+        .map(|d| std::path::absolute(&d).unwrap_or(d))
 }
 
 fn wal(mut pargs: pico_args::Arguments, help: bool, state_dir: Option<PathBuf>) -> u8 {
@@ -629,4 +660,26 @@ fn serve_command(mut pargs: pico_args::Arguments, state_dir: Option<PathBuf>) ->
         Err(e) => return usage(&e),
     };
     daemon_exit(broca_serve::serve(opts))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn serve_help_names_every_method_and_route() {
+        for m in broca_wire::request::Method::ALL {
+            assert!(
+                super::SERVE_HELP.contains(m.as_str()),
+                "`broca serve --help` leaves out {}",
+                m.as_str()
+            );
+        }
+        for route in [
+            "POST /v1/rpc",
+            "GET /v1/subscribe",
+            "GET /healthz",
+            "GET /metrics",
+        ] {
+            assert!(super::SERVE_HELP.contains(route), "{route}");
+        }
+    }
 }

@@ -188,7 +188,7 @@ pub(super) fn export(
 }
 
 /// `2026-11-30`, `2026-11-30T12:00:00Z` (UTC; seconds optional) or Unix milliseconds.
-pub(super) fn parse_time(text: &str) -> Result<u64, String> {
+pub(crate) fn parse_time(text: &str) -> Result<u64, String> {
     let t = text.trim();
     if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
         return t.parse().map_err(|_| format!("`{t}` is too large"));

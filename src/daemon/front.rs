@@ -538,6 +538,10 @@ impl Routes {
                 "requests_in_flight": self.in_flight.get(),
             },
         });
+        if let Some((published, dropped, _)) = self.host.step_hint_counts() {
+            report["metrics"]["step_hints_published"] = json!(published);
+            report["metrics"]["step_hints_dropped"] = json!(dropped);
+        }
         if let Some(d) = detail {
             report["detail"] = json!(d);
         }

@@ -87,10 +87,9 @@ fn extras(opts: &DaemonOptions) -> Result<Extras, String> {
         opts.module_id.clone(),
         opts.launch_nonce.clone(),
     );
-    let publisher = broca_subc::bus::Publisher::start(Arc::new(ckbus))?;
     let step_hints = broca_host::StepHints {
         runner: opts.module_id.clone(),
-        publish: Arc::new(move |tail, body| publisher.publish(tail, body)),
+        publisher: Arc::new(broca_subc::bus::Publisher::start(Arc::new(ckbus))?),
     };
     Ok(Extras {
         module_tools: Some(module_tools),

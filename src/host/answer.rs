@@ -19,6 +19,8 @@ impl Shard {
         run: impl std::future::Future<Output = T>,
     ) -> T {
         self.runs_active.set(self.runs_active.get() + 1);
+        // The store hears of the run at its start too (sessions.list shows it active).
+        self.dirty.borrow_mut().insert(triple.clone());
         let done = inbox.busy(run).await;
         let active = self.runs_active.get();
         assert!(active > 0, "a run that ends was counted when it began");

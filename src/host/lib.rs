@@ -12,6 +12,7 @@
 
 mod answer;
 mod limits;
+mod lists;
 pub mod metrics;
 mod reads;
 mod replies;
@@ -123,8 +124,8 @@ pub struct Extras {
 pub struct StepHints {
     /// The publishing module's id (the subject's and the hint's `runner`).
     pub runner: String,
-    /// Queues a body for the subject tail given; never blocks.
-    pub publish: Arc<dyn Fn(String, Vec<u8>) -> bool + Send + Sync>,
+    /// The bus thread's queue (`publish` never blocks) and its counts.
+    pub publisher: Arc<broca_subc::bus::Publisher>,
 }
 
 /// What every shard shares.
@@ -168,6 +169,17 @@ pub struct Host {
 pub const READ_SESSIONS_MAX: usize = 256;
 
 impl Host {
+    /// Module mode: the step hints published and dropped so far, and the bus's connects.
+    pub fn step_hint_counts(&self) -> Option<(u64, u64, u64)> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let c = self.step_hints.as_ref()?.publisher.counts();
+        Some((
+            c.published.load(Relaxed),
+            c.dropped.load(Relaxed),
+            c.connects.load(Relaxed),
+        ))
+    }
+
     /// The credentials this daemon resolves: the state dir's, and the vault's in module mode.
     pub fn secrets(&self) -> broca_provider::credential::StateSecrets {
         secrets(&self.opts.state_dir, self.vault.as_ref())
@@ -356,17 +368,26 @@ impl Startup {
         let serve_json = state::serve_json(&host.opts.state_dir);
         let mut info = front.info;
         info.insert("pid".into(), std::process::id().into());
-        broca_owner_only::write_file(
-            &serve_json,
-            serde_json::Value::Object(info).to_string().as_bytes(),
-        )
-        .map_err(|e| format!("cannot write {}: {e}", serve_json.display()))?;
         resume::resume_open_runs(host.clone(), opened.caught_up)?;
         resume::start_archive_scheduler(&host)?;
-        broca_io::outln!("{}", front.ready);
-        use std::io::Write as _;
-        let _ = std::io::stdout().flush();
-        let result = run_shards(&host, receivers, front.shards);
+        // serve.json and the ready line only once every shard has started its part of the
+        // front: a client that acts on either finds every listener accepting.
+        let (path, ready) = (serve_json.clone(), front.ready);
+        let gate = Arc::new(shard::StartGate::new(
+            host.opts.shards,
+            Box::new(move || {
+                broca_owner_only::write_file(
+                    &path,
+                    serde_json::Value::Object(info).to_string().as_bytes(),
+                )
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+                broca_io::outln!("{ready}");
+                use std::io::Write as _;
+                let _ = std::io::stdout().flush();
+                Ok(())
+            }),
+        ));
+        let result = run_shards(&host, receivers, front.shards, gate);
         // This daemon still holds the state dir's lock: serve.json is its own.
         let _ = std::fs::remove_file(&serve_json);
         drop(state.lock);
@@ -384,6 +405,7 @@ fn run_shards(
     host: &Arc<Host>,
     receivers: Vec<broca_shards::mesh::Inbound<ShardMsg>>,
     fronts: Vec<Option<Box<dyn ShardFront>>>,
+    gate: Arc<shard::StartGate>,
 ) -> Result<(), String> {
     let shards = host.opts.shards;
     assert_eq!(receivers.len(), shards, "one queue per shard");
@@ -401,7 +423,7 @@ fn run_shards(
             let (rx, front) = std::mem::replace(&mut parts[shard], (None, None));
             (rx.expect("each shard takes its queue once"), front)
         };
-        shard::shard_main(shard, host, rx, front)
+        shard::shard_main(shard, host, rx, front, gate.clone())
     });
     for r in result.map_err(|e| format!("a shard failed to start: {e}"))? {
         r?;

@@ -257,6 +257,12 @@ pub async fn render(ctx: &Host) -> String {
             ));
         }
     }
+    if let Some((published, dropped, connects)) = ctx.step_hint_counts() {
+        out.push_str(&format!(
+            "# HELP broca_step_hints_total Step hints (step.finished.v1) handed to the daemon's bus, or dropped (queue full, bus unreachable).\n# TYPE broca_step_hints_total counter\nbroca_step_hints_total{{outcome=\"published\"}} {}\nbroca_step_hints_total{{outcome=\"dropped\"}} {}\n# HELP broca_bus_connects_total Connections made to the daemon's bus.\n# TYPE broca_bus_connects_total counter\nbroca_bus_connects_total {}\n",
+            published, dropped, connects,
+        ));
+    }
     out.push_str(&format!(
         "# HELP broca_mesh_full_total Commands refused 503 shard_busy: their shard's queue was full.\n# TYPE broca_mesh_full_total counter\nbroca_mesh_full_total {}\n",
         ctx.mesh.full_count()

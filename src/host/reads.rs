@@ -19,7 +19,7 @@ use crate::Host;
 /// holds it now, read as a reader through the host's read cache: no lease taken, nothing
 /// written, the session's actor not even started. `f` gets `None` for a session never
 /// written.
-async fn with_session<R: Send + 'static>(
+pub(crate) async fn with_session<R: Send + 'static>(
     ctx: &Host,
     t: &SessionTriple,
     f: impl FnOnce(Option<&broca_core::ReadSession>) -> R + Send + 'static,

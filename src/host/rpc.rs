@@ -61,6 +61,7 @@ async fn call(ctx: &Host, request: Request, caller: &Caller) -> Result<Value, Rp
                 import(ctx, &format, path, target).await
             }
             Request::Describe => Ok(broca_wire::role::describe(ctx.step_hints.is_some())),
+            Request::SessionsList { list } => crate::lists::sessions(ctx, list).await,
             _ => Err(invalid("the request names no session")),
         };
     };
@@ -68,7 +69,9 @@ async fn call(ctx: &Host, request: Request, caller: &Caller) -> Result<Value, Rp
     match request {
         Request::Send { send: req, .. } => self::send(ctx, t, *req, caller).await,
         Request::Status { run_id, .. } => status(ctx, t, run_id).await,
-        Request::Result { run_id, .. } => result(ctx, t, run_id).await,
+        Request::Result {
+            run_id, wait_ms, ..
+        } => result(ctx, t, run_id, wait_ms).await,
         Request::Cancel { run_id, at, .. } => cancel(ctx, t, run_id, at, caller).await,
         Request::ToolCalls { calls, .. } => tool_calls(ctx, t, calls).await,
         Request::History { history: req, .. } => history(ctx, t, req).await,
@@ -77,7 +80,10 @@ async fn call(ctx: &Host, request: Request, caller: &Caller) -> Result<Value, Rp
         Request::Retract { submission_id, .. } => retract(ctx, t, submission_id, caller).await,
         Request::SendStatus { send_id, .. } => send_status(ctx, t, send_id, caller).await,
         Request::Baseline { .. } => baseline(ctx, t, caller).await,
-        Request::Import { .. } | Request::Describe => Err(invalid("the request names no session")),
+        Request::RunsList { list, .. } => crate::lists::runs(ctx, t, list).await,
+        Request::Import { .. } | Request::Describe | Request::SessionsList { .. } => {
+            Err(invalid("the request names no session"))
+        }
     }
 }
 
@@ -268,11 +274,27 @@ async fn status(ctx: &Host, t: SessionTriple, run_id: Option<String>) -> Result<
     }
 }
 
-async fn result(ctx: &Host, t: SessionTriple, run_id: String) -> Result<Value, RpcError> {
-    let run = view(ctx, &t, Some(run_id.clone()))
-        .await?
-        .ok_or_else(|| unknown_run(&run_id))?;
-    Ok(broca_core::views::result_answer(&run))
+/// run.result; with `wait_ms`, a long poll: an active run is looked at again every 50 ms
+/// until it ends, the wait is over, or broca begins to stop, and answered as it then is.
+async fn result(
+    ctx: &Host,
+    t: SessionTriple,
+    run_id: String,
+    wait_ms: Option<u64>,
+) -> Result<Value, RpcError> {
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(wait_ms.unwrap_or(0));
+    loop {
+        let run = view(ctx, &t, Some(run_id.clone()))
+            .await?
+            .ok_or_else(|| unknown_run(&run_id))?;
+        let waiting = run.state == broca_core::RunState::Active
+            && std::time::Instant::now() < until
+            && !ctx.is_stopping();
+        if !waiting {
+            return Ok(broca_core::views::result_answer(&run));
+        }
+        glommio::timer::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
 
 async fn cancel(

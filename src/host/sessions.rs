@@ -214,9 +214,9 @@ impl Shard {
                 hints.runner.clone(),
                 Box::new(move |end, event| {
                     let body = serde_json::to_vec(&event).expect("a step hint serializes");
-                    let (publish, tail) = (hints.publish.clone(), tail.clone());
+                    let (publisher, tail) = (hints.publisher.clone(), tail.clone());
                     hub.when_durable(end, move || {
-                        publish(tail, body);
+                        publisher.publish(tail, body);
                     });
                 }),
             );

@@ -303,6 +303,35 @@ impl Shard {
     }
 }
 
+/// What runs once every shard has started its part of the front (serve.json and the ready
+/// line): run by the last shard to arrive. A failure stops the daemon.
+pub(crate) struct StartGate {
+    left: std::sync::atomic::AtomicUsize,
+    then: std::sync::Mutex<Option<Box<dyn FnOnce() -> Result<(), String> + Send>>>,
+}
+
+impl StartGate {
+    pub(crate) fn new(
+        shards: usize,
+        then: Box<dyn FnOnce() -> Result<(), String> + Send>,
+    ) -> StartGate {
+        StartGate {
+            left: std::sync::atomic::AtomicUsize::new(shards),
+            then: std::sync::Mutex::new(Some(then)),
+        }
+    }
+
+    /// A shard has started; the last one runs what waited for them all.
+    fn arrived(&self) -> Result<(), String> {
+        use std::sync::atomic::Ordering;
+        if self.left.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return Ok(());
+        }
+        let then = self.then.lock().unwrap_or_else(|e| e.into_inner()).take();
+        then.map_or(Ok(()), |f| f())
+    }
+}
+
 /// A shard's life: start its front's part and its background, serve the mesh, stop when
 /// told.
 pub(crate) async fn shard_main(
@@ -310,12 +339,22 @@ pub(crate) async fn shard_main(
     host: Arc<Host>,
     mut rx: broca_shards::mesh::Inbound<ShardMsg>,
     front: Option<Box<dyn ShardFront>>,
+    gate: Arc<StartGate>,
 ) -> Result<(), String> {
     let me = Rc::new(Shard::new(shard, host.clone()));
     me.start_background().await;
     if let Some(front) = front {
         let running = front.start(host.clone()).await?;
         *me.front.borrow_mut() = Some(running);
+    }
+    if let Err(e) = gate.arrived() {
+        tracing::error!("{e}; stopping");
+        broca_io::errln!("broca: {e}");
+        let host = host.clone();
+        glommio::spawn_local(async move {
+            host.stop(&e).await;
+        })
+        .detach();
     }
     while let Some(msg) = rx.next().await {
         if !me.on_message(msg) {

@@ -295,7 +295,17 @@ impl StateSecrets {
 impl Secrets for StateSecrets {
     fn credential(&self, credential_id: &str) -> Result<Credential, CredentialProblem> {
         match credential_id.split_once(':') {
-            Some(("env", _)) => EnvSecrets.credential(credential_id),
+            Some(("env", _)) => EnvSecrets.credential(credential_id).map_err(|mut p| {
+                // A running daemon's environment cannot change: say how to give it a key.
+                p.message = format!(
+                    "{}; a running broca takes a key without a restart from {} (owner-only, \
+                     read at each use: {{\"NAME\": {{\"api_key\": \"...\"}}}}) with \
+                     credential_id \"file:NAME\" (docs/credentials.md)",
+                    p.message,
+                    self.file.display()
+                );
+                p
+            }),
             Some(("file", name)) => Ok(self.file_credential(name)?),
             Some(("vault", name)) => match &self.vault {
                 Some(v) => v.credential(name, self.vault_handle(name).as_deref()),

@@ -99,7 +99,7 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
 }
 
 /// Writes the response head: `101 Switching Protocols` for a WebSocket (answering its framer),
-/// else the event stream's `200`.
+/// else the event stream's `200` and a first comment line.
 async fn handshake<S: AsyncWrite + Unpin>(
     stream: &mut S,
     websocket_key: Option<&str>,
@@ -113,9 +113,11 @@ async fn handshake<S: AsyncWrite + Unpin>(
             ),
             Some(ServerFramer::default()),
         ),
+        // The event stream's first bytes are a comment, with the head: a client (curl, a
+        // browser) shows the subscription open at once, even on a session with nothing to say.
         None => (
             "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n\
-             connection: close\r\n\r\n"
+             connection: close\r\n\r\n: subscribed\n\n"
                 .to_string(),
             None,
         ),

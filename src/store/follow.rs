@@ -24,6 +24,8 @@ const PAGE_BYTES: usize = 256 * 1024;
 /// A session's replayed state, as far as its WAL has been projected.
 pub(crate) struct Followed {
     addr: [u8; 16],
+    triple: broca_wal::SessionTriple,
+    created_unix_ms: u64,
     lineage_id: String,
     session_hex: String,
     /// The seq of the next record.
@@ -44,6 +46,8 @@ impl Followed {
         let session_hex = header.address.to_string();
         Followed {
             addr: header.address.0,
+            triple: header.triple.clone(),
+            created_unix_ms: header.created_unix_ms,
             lineage_id: header.lineage_hex(),
             deriver: FactDeriver::new(&session_hex),
             session_hex,
@@ -118,11 +122,8 @@ impl Followed {
                 steps: v.steps,
                 usage: v.spend.usage(),
                 unreported_steps: u64::from(v.spend.unreported_steps()),
-                started_unix_ms: self.started.get(&v.run_id).copied().unwrap_or(0),
-                ended_unix_ms: match v.state {
-                    broca_core::replay::RunState::Active => None,
-                    _ => self.ended.get(&v.run_id).copied(),
-                },
+                started_unix_ms: self.started_at(v),
+                ended_unix_ms: self.ended_at(v),
                 started_seq: v.started_seq,
             })
             .collect();
@@ -158,6 +159,31 @@ impl Followed {
             last_seq: self.next_seq - 1,
             messages: self.session.transcript.len() as u64,
             queued: self.session.queued.len() as u64,
+            project_root: self.triple.project_root.clone(),
+            harness: self.triple.harness.clone(),
+            session: self.triple.session.clone(),
+            created_unix_ms: self.created_unix_ms,
+            runs: self.session.runs.len() as u64,
+            last_run: self.session.runs.last().map(|v| crate::LastRun {
+                run_id: v.run_id.clone(),
+                state: v.state.as_str().to_string(),
+                model: v.config.model.clone(),
+                started_unix_ms: self.started_at(v),
+                ended_unix_ms: self.ended_at(v),
+            }),
+        }
+    }
+
+    /// When the run started (0 when its log did not say).
+    fn started_at(&self, v: &broca_core::RunView) -> u64 {
+        self.started.get(&v.run_id).copied().unwrap_or(0)
+    }
+
+    /// When the run ended or paused; `None` while it runs.
+    fn ended_at(&self, v: &broca_core::RunView) -> Option<u64> {
+        match v.state {
+            broca_core::replay::RunState::Active => None,
+            _ => self.ended.get(&v.run_id).copied(),
         }
     }
 }

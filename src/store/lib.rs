@@ -31,7 +31,7 @@ mod follow;
 pub use follow::{Follower, Reads};
 
 /// The store's format; another one is rebuilt.
-const FORMAT: &str = "broca-store-1";
+const FORMAT: &str = "broca-store-2";
 /// The largest the store's memory map may grow (address space, not memory).
 const MAP_BYTES: usize = 64 << 30;
 
@@ -46,6 +46,40 @@ pub struct Mark {
     /// Sends queued behind a run and not started yet (a session serve starts at boot).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub queued: u64,
+    /// The session, as its WAL's header names it.
+    pub project_root: String,
+    pub harness: String,
+    pub session: String,
+    /// When its WAL was made (Unix ms).
+    pub created_unix_ms: u64,
+    /// Runs started in it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub runs: u64,
+    /// Its latest run, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_run: Option<LastRun>,
+}
+
+/// A session's latest run, as its mark keeps it (`sessions.list`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastRun {
+    pub run_id: String,
+    pub state: String,
+    pub model: String,
+    pub started_unix_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_unix_ms: Option<u64>,
+}
+
+impl Mark {
+    /// When the session was last active: its latest run's end or start, else its WAL's
+    /// making.
+    pub fn active_unix_ms(&self) -> u64 {
+        self.last_run
+            .as_ref()
+            .map(|r| r.ended_unix_ms.unwrap_or(r.started_unix_ms))
+            .unwrap_or(self.created_unix_ms)
+    }
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -597,6 +631,20 @@ impl Store {
             .put(w, &p.addr, &json(&p.mark))
             .map_err(err("write"))?;
         Ok(())
+    }
+
+    /// Every session the store holds: its address and its mark (what `sessions.list` pages).
+    pub fn sessions(&self) -> Result<Vec<([u8; 16], Mark)>, StoreError> {
+        let r = self.env.read_txn().map_err(err("read"))?;
+        let mut out = Vec::new();
+        for item in self.marks.iter(&r).map_err(err("read"))? {
+            let (k, v) = item.map_err(err("read"))?;
+            let Ok(addr) = <[u8; 16]>::try_from(k) else {
+                continue;
+            };
+            out.push((addr, serde_json::from_slice(v).map_err(decode("a mark"))?));
+        }
+        Ok(out)
     }
 
     /// The sessions (by address) whose index holds a run without a terminal record, or a

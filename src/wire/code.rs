@@ -94,6 +94,9 @@ codes! {
     SessionQueueFull = "session_queue_full", 503, Transient;
     /// The session could not be opened or read, or its shard did not answer.
     SessionUnavailable = "session_unavailable", 503, Transient;
+    /// The store (the WALs' projections) could not be opened or read: what is answered
+    /// from it alone (`sessions.list`) is not; everything else is.
+    StoreUnavailable = "store_unavailable", 503, Transient;
     /// broca failed in a way the request did not cause (the message names what).
     Internal = "internal", 500, Transient;
     /// The process is out of file descriptors.

@@ -7,6 +7,7 @@ use serde_json::{Map, Value};
 
 use crate::{Code, RpcError, SendRequest};
 
+pub mod lists;
 mod send_params;
 use cortexkit_role_llm_runner::history::HistoryRequest;
 use cortexkit_role_llm_runner::read::ReadRequest;
@@ -30,11 +31,13 @@ pub enum Method {
     SessionBaseline,
     SessionHistory,
     RunToolCalls,
+    SessionsList,
+    RunsList,
 }
 
 impl Method {
     /// Every method, in the order the docs list them.
-    pub const ALL: [Method; 14] = [
+    pub const ALL: [Method; 16] = [
         Method::SessionSend,
         Method::RunStatus,
         Method::RunResult,
@@ -49,6 +52,8 @@ impl Method {
         Method::SessionImport,
         Method::RoleDescribe,
         Method::SessionBaseline,
+        Method::SessionsList,
+        Method::RunsList,
     ];
 
     /// The method's wire name.
@@ -68,6 +73,8 @@ impl Method {
             Method::SessionBaseline => "session.baseline",
             Method::SessionHistory => "session.history",
             Method::RunToolCalls => "run.tool_calls",
+            Method::SessionsList => "sessions.list",
+            Method::RunsList => "runs.list",
         }
     }
 
@@ -99,6 +106,9 @@ pub enum Request {
     Result {
         session: SessionName,
         run_id: String,
+        /// broca's long poll: wait up to this long (at most [`RESULT_WAIT_MAX_MS`]) for an
+        /// active run to end before answering.
+        wait_ms: Option<u64>,
     },
     Cancel {
         session: SessionName,
@@ -140,6 +150,13 @@ pub enum Request {
     Describe,
     /// What the session froze (llm-runner/v1's `session.baseline`).
     Baseline { session: SessionName },
+    /// Every session the daemon holds, filtered and paged (broca's own; not on a route).
+    SessionsList { list: Box<lists::SessionsList> },
+    /// One session's runs, newest first, paged (broca's own).
+    RunsList {
+        session: SessionName,
+        list: Box<lists::RunsList>,
+    },
     /// Import a log (or every log under a folder): each part of the session not given
     /// comes from the log.
     Import {
@@ -169,6 +186,8 @@ impl Request {
             Request::Baseline { .. } => Method::SessionBaseline,
             Request::ToolCalls { .. } => Method::RunToolCalls,
             Request::History { .. } => Method::SessionHistory,
+            Request::SessionsList { .. } => Method::SessionsList,
+            Request::RunsList { .. } => Method::RunsList,
         }
     }
 
@@ -185,8 +204,9 @@ impl Request {
             | Request::SendStatus { session, .. }
             | Request::ToolCalls { session, .. }
             | Request::History { session, .. }
+            | Request::RunsList { session, .. }
             | Request::Baseline { session } => Some(session),
-            Request::Import { .. } | Request::Describe => None,
+            Request::Import { .. } | Request::Describe | Request::SessionsList { .. } => None,
         }
     }
 }
@@ -262,6 +282,20 @@ fn parse_envelope(env: Envelope) -> Result<Request, RpcError> {
         no_more(&params, method)?;
         return Ok(Request::Describe);
     }
+    if method == Method::SessionsList {
+        // Filters, not a session: a route (which names one) cannot list the others.
+        if params.contains_key("session") {
+            return Err(invalid(
+                "sessions.list names no session: it lists them (filters: project_root, \
+                 harness, state, since_ms), and is not served on a session's route",
+            )
+            .with_field("session"));
+        }
+        let list: Box<lists::SessionsList> = strict(params, method)?;
+        list.check()
+            .map_err(|(field, why)| invalid(why).with_field(field))?;
+        return Ok(Request::SessionsList { list });
+    }
     let session = session_name(&mut params)?;
     let request = match method {
         Method::SessionSend => {
@@ -275,6 +309,7 @@ fn parse_envelope(env: Envelope) -> Result<Request, RpcError> {
         },
         Method::RunResult => Request::Result {
             run_id: required_run_id(&mut params)?,
+            wait_ms: wait_ms(&mut params)?,
             session,
         },
         Method::RunCancel => {
@@ -296,6 +331,13 @@ fn parse_envelope(env: Envelope) -> Result<Request, RpcError> {
             let history = strict(params, method)?;
             return Ok(Request::History { session, history });
         }
+        Method::RunsList => {
+            let list: Box<lists::RunsList> = strict(params, method)?;
+            list.check()
+                .map_err(|(field, why)| invalid(why).with_field(field))?;
+            return Ok(Request::RunsList { session, list });
+        }
+        Method::SessionsList => unreachable!("parsed above"),
         // Parsed above (they name no session of their own).
         Method::SessionImport => return import(params),
         Method::RoleDescribe => Request::Describe,
@@ -438,6 +480,23 @@ fn take_str(params: &mut Map<String, Value>, key: &str) -> Result<Option<String>
     }
 }
 
+/// The longest `run.result` long poll (`wait_ms`).
+pub const RESULT_WAIT_MAX_MS: u64 = 60_000;
+
+fn wait_ms(params: &mut Map<String, Value>) -> Result<Option<u64>, RpcError> {
+    match params.remove("wait_ms") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) if n.as_u64().is_some_and(|n| n <= RESULT_WAIT_MAX_MS) => {
+            Ok(n.as_u64())
+        }
+        Some(other) => Err(invalid(format!(
+            "`wait_ms` must be a whole number of milliseconds from 0 to {RESULT_WAIT_MAX_MS}, \
+             not {other}"
+        ))
+        .with_field("wait_ms")),
+    }
+}
+
 fn required_run_id(params: &mut Map<String, Value>) -> Result<String, RpcError> {
     take_str(params, "run_id")?.ok_or_else(|| invalid("`run_id` is required"))
 }
@@ -536,6 +595,40 @@ mod tests {
         for m in Method::ALL {
             assert_eq!(Method::parse(m.as_str()), Some(m));
         }
+    }
+
+    #[test]
+    fn the_lists_parse_strictly_and_sessions_list_is_not_served_on_a_route() {
+        let Ok(Request::SessionsList { list }) = parse(
+            br#"{"method":"sessions.list","params":{"project_root":"/p","state":"active","limit":2}}"#,
+        ) else {
+            panic!()
+        };
+        assert_eq!(
+            (
+                list.project_root.as_deref(),
+                list.state.as_deref(),
+                list.limit
+            ),
+            (Some("/p"), Some("active"), 2)
+        );
+        let route = SessionName {
+            project_root: "/p".into(),
+            harness: "h".into(),
+            session: "s".into(),
+        };
+        let e = parse_on_route(br#"{"method":"sessions.list","params":{}}"#, &route).unwrap_err();
+        assert_eq!(e.detail["field"], "session", "{e:?}");
+        let Ok(Request::RunsList { session, list }) =
+            parse_on_route(br#"{"method":"runs.list","params":{"limit":3}}"#, &route)
+        else {
+            panic!()
+        };
+        assert_eq!((session, list.limit), (route, 3));
+        let e = parse(br#"{"method":"sessions.list","params":{"cursor":"nope"}}"#).unwrap_err();
+        assert_eq!(e.detail["field"], "cursor");
+        let e = parse(br#"{"method":"runs.list","params":{"project_root":"/p","harness":"h","session":"s","limit":0}}"#).unwrap_err();
+        assert_eq!(e.detail["field"], "limit");
     }
 
     #[test]

@@ -1,0 +1,744 @@
+//! The commands that talk to a running `broca serve` (`client.rs` finds and asks it): `send`
+//! streams a run's answer and ends with its outcome, `attach` follows a session's events,
+//! `status`, `cancel`, `ls` and `read`. Text for a person by default; `--json` prints the
+//! daemon's answers as JSON, one per line, for scripts. Exit 0 on success (for `send`: the
+//! run completed), 1 for a refusal or any other end, 2 for bad usage.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use serde_json::{json, Value};
+
+use super::client::{ClientError, Daemon, Event};
+use super::{print_help, usage, EXIT_FAILURE, EXIT_OK};
+
+pub(super) const SEND_HELP: &str = "\
+Usage: broca send --session S [options] PROMPT
+
+Sends PROMPT to a session of the running broca serve (found through <state-dir>/serve.json,
+or --connect) and streams the answer's text to stdout as it comes; then the run's outcome and
+usage on stderr. Exit 0 when the run completed, 1 otherwise. Ctrl-C stops following the run,
+not the run: `broca attach` or `broca status` find it again.
+
+Options:
+  --session S            the session (required)
+  --project-root P       the session's project (default: the current directory)
+  --harness H            the session's harness (default: cli)
+  --model PROVIDER/MODEL the model (default: the one of the session's latest run)
+  --send-id ID           idempotency key (default: a new one); the same again answers the
+                         same run
+  --system TEXT          system text
+  --max-steps N          model steps at most
+  --json                 print run.result's answer as the last stdout line, no text
+  --connect URL|SOCKET   the daemon: http://HOST:PORT (handle from BROCA_HANDLE or the state
+                         dir) or a Unix socket's path
+";
+
+pub(super) const ATTACH_HELP: &str = "\
+Usage: broca attach --session S [--project-root P] [--harness H] [--from start|live|CURSOR]
+
+Follows a session's events until the daemon ends the subscription or Ctrl-C (which leaves any
+run going): the answer's text as it streams, one line per run, message and tool call. --from
+start replays the session from its beginning; CURSOR (an event's id, printed with --json)
+resumes right after that event, with no gap and no duplicate. --json prints each event as a
+JSON line ({\"id\", \"unit\"}, {\"display\"}, {\"gap\"}, {\"end\"}).
+";
+
+pub(super) const STATUS_HELP: &str = "\
+Usage: broca status --session S [--project-root P] [--harness H] [RUN] [--json]
+
+The state of run RUN of the session (default: its latest run), with its usage.
+";
+
+pub(super) const CANCEL_HELP: &str = "\
+Usage: broca cancel --session S [--project-root P] [--harness H] RUN [--at now|step_boundary]
+
+Cancels run RUN: at once (the default), or once its current step and tool calls are
+recorded. Says `ack`, or `not_active` when the run had already ended.
+";
+
+pub(super) const LS_HELP: &str = "\
+Usage: broca ls [--project-root P] [--harness H] [--state S] [--since TIME] [--limit N] [--all]
+
+Lists the daemon's sessions, most recently active first, with their latest run. --state is a
+run state (active, paused, completed, max_steps, cancelled, interrupted, error) or none;
+--since TIME (2026-11-30, 2026-11-30T12:00:00Z or Unix ms) keeps the sessions active since.
+One page (--limit, default 50) unless --all; --cursor C goes on from a page's end.
+";
+
+pub(super) const READ_HELP: &str = "\
+Usage: broca read --session S [--project-root P] [--harness H] [--from N] [--limit N] [--json]
+
+Prints the session's transcript from ordinal N (default: the first), a page at a time (--limit,
+default 200, at most 500), each message with its ordinal and role; tool calls and results by
+name.
+";
+
+/// Marks an error finding the daemon (exit 1, not 2).
+const NOT_FOUND: &str = "\u{0}not found: ";
+
+/// The options every remote command shares.
+struct Common {
+    daemon: Daemon,
+    json: bool,
+    project_root: String,
+    /// Whether --project-root was given (else the current directory is the project root).
+    project_root_given: bool,
+    harness: String,
+    /// Whether --harness was given (else `cli`).
+    harness_given: bool,
+    session: Option<String>,
+}
+
+impl Common {
+    fn params(&self) -> Result<Value, String> {
+        let session = self
+            .session
+            .clone()
+            .ok_or("this command needs --session S")?;
+        Ok(json!({"project_root": self.project_root, "harness": self.harness, "session": session}))
+    }
+}
+
+fn opt(pargs: &mut pico_args::Arguments, name: &'static str) -> Result<Option<String>, String> {
+    pargs
+        .opt_value_from_str::<_, String>(name)
+        .map_err(|e| format!("{name}: {e}"))
+}
+
+fn common(pargs: &mut pico_args::Arguments, state_dir: Option<PathBuf>) -> Result<Common, String> {
+    let connect = opt(pargs, "--connect")?;
+    let json = pargs.contains("--json");
+    let given_root = opt(pargs, "--project-root")?;
+    let project_root_given = given_root.is_some();
+    let project_root = match given_root {
+        Some(p) => std::path::absolute(&p).map_err(|e| format!("--project-root: {e}"))?,
+        None => std::env::current_dir().map_err(|e| format!("the current directory: {e}"))?,
+    };
+    let given_harness = opt(pargs, "--harness")?;
+    let harness_given = given_harness.is_some();
+    let harness = given_harness.unwrap_or_else(|| "cli".into());
+    let session = opt(pargs, "--session")?;
+    let state_dir = super::resolve_state_dir(state_dir)
+        .ok_or("no state dir: give --state-dir, or set BROCA_STATE_DIR or HOME")?;
+    let daemon =
+        Daemon::find(&state_dir, connect.as_deref()).map_err(|e| format!("{NOT_FOUND}{e}"))?;
+    Ok(Common {
+        daemon,
+        json,
+        project_root: project_root.display().to_string(),
+        project_root_given,
+        harness,
+        harness_given,
+        session,
+    })
+}
+
+/// The positional arguments left, none of them an option.
+fn positional(pargs: pico_args::Arguments) -> Result<Vec<String>, String> {
+    super::rest(pargs).map(|r| {
+        r.into_iter()
+            .map(|a: OsString| a.to_string_lossy().into_owned())
+            .collect()
+    })
+}
+
+/// A refusal or an unreachable daemon, said on stderr: exit 1.
+fn failed(e: ClientError) -> u8 {
+    broca_io::errln!("broca: {e}");
+    EXIT_FAILURE
+}
+
+/// Runs a remote command (`name`) with its arguments.
+pub(super) fn command(
+    name: &str,
+    mut pargs: pico_args::Arguments,
+    help: bool,
+    state_dir: Option<PathBuf>,
+) -> u8 {
+    let text = match name {
+        "send" => SEND_HELP,
+        "attach" => ATTACH_HELP,
+        "status" => STATUS_HELP,
+        "cancel" => CANCEL_HELP,
+        "ls" => LS_HELP,
+        _ => READ_HELP,
+    };
+    if help {
+        return print_help(text);
+    }
+    let outcome = common(&mut pargs, state_dir).and_then(|c| match name {
+        "send" => send(c, pargs),
+        "attach" => attach(c, pargs),
+        "status" => status(c, pargs),
+        "cancel" => cancel(c, pargs),
+        "ls" => ls(c, pargs),
+        _ => read(c, pargs),
+    });
+    match outcome {
+        Ok(code) => code,
+        // No daemon to ask is a failure, not a usage error.
+        Err(e) if e.starts_with(NOT_FOUND) => {
+            broca_io::errln!("broca: {}", &e[NOT_FOUND.len()..]);
+            EXIT_FAILURE
+        }
+        Err(e) => usage(&e),
+    }
+}
+
+fn send(c: Common, mut pargs: pico_args::Arguments) -> Result<u8, String> {
+    let model = opt(&mut pargs, "--model")?;
+    let send_id = opt(&mut pargs, "--send-id")?.unwrap_or_else(new_send_id);
+    let system = opt(&mut pargs, "--system")?;
+    let max_steps = pargs
+        .opt_value_from_str::<_, u32>("--max-steps")
+        .map_err(|e| format!("--max-steps: {e}"))?;
+    let prompt = match positional(pargs)?.as_slice() {
+        [p] if p == "-" => {
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)
+                .map_err(|e| format!("reading the prompt from stdin: {e}"))?;
+            s
+        }
+        [p] => p.clone(),
+        [] => return Err("`broca send` needs a PROMPT (or - for stdin)".into()),
+        _ => return Err("`broca send` takes one PROMPT; quote it".into()),
+    };
+    let mut params = c.params()?;
+    let model = match model {
+        Some(m) => m,
+        None => match latest_model(&c) {
+            Ok(Some(m)) => m,
+            Ok(None) => {
+                return Err(
+                    "`broca send` needs --model PROVIDER/MODEL for a session's first run".into(),
+                )
+            }
+            Err(e) => return Ok(failed(e)),
+        },
+    };
+    params["prompt"] = prompt.into();
+    params["model"] = model.into();
+    params["send_id"] = send_id.clone().into();
+    if let Some(s) = system {
+        params["system"] = s.into();
+    }
+    if let Some(n) = max_steps {
+        params["max_steps"] = n.into();
+    }
+    // Subscribed first: the answer's text is live only, so the stream must be open before
+    // the run can say anything.
+    let mut events = match c.daemon.subscribe(&query(&c, "live")?) {
+        Ok(e) => Some(e),
+        Err(e) => {
+            broca_io::errln!("broca: the answer will not stream ({e}); waiting for the outcome");
+            None
+        }
+    };
+    let sent = match c.daemon.rpc("session.send", params) {
+        Ok(v) => v,
+        Err(e) => return Ok(failed(e)),
+    };
+    let mut run_id = sent["run_id"].as_str().map(str::to_string);
+    if sent["state"] == "pending" && !c.json {
+        broca_io::errln!("broca: queued behind the session's active run");
+    }
+    if sent["state"] != "finished" {
+        if let Some(events) = events.as_mut() {
+            follow(events, &send_id, &mut run_id, c.json);
+        }
+    }
+    let Some(run_id) = run_id else {
+        broca_io::errln!("broca: the subscription ended before the run started");
+        return Ok(EXIT_FAILURE);
+    };
+    let params = with(&c, json!({"run_id": run_id, "wait_ms": 60000}))?;
+    let result = loop {
+        match c.daemon.rpc("run.result", params.clone()) {
+            Ok(r) if r["state"] == "active" => continue,
+            Ok(r) => break r,
+            Err(e) => return Ok(failed(e)),
+        }
+    };
+    if c.json {
+        broca_io::outln!("{result}");
+    } else {
+        broca_io::outln!("");
+        broca_io::errln!("{}", outcome_line(&result));
+    }
+    Ok(if result["state"] == "completed" {
+        EXIT_OK
+    } else {
+        EXIT_FAILURE
+    })
+}
+
+/// Prints the run's text as it streams, until the run (ours: `run_id`, or the one started
+/// for `send_id`) ends or the stream does.
+fn follow(
+    events: &mut super::client::Events,
+    send_id: &str,
+    run_id: &mut Option<String>,
+    json: bool,
+) {
+    let mut ours = false;
+    while let Some(event) = events.next_event() {
+        match event {
+            Event::Control { unit, .. } => {
+                let of_run = unit["run_id"].as_str();
+                if unit["type"] == "run_started"
+                    && (unit["send_id"] == send_id || of_run == run_id.as_deref())
+                {
+                    *run_id = of_run.map(str::to_string);
+                    ours = true;
+                }
+                if ours
+                    && matches!(unit["type"].as_str(), Some("run_finished" | "run_paused"))
+                    && of_run == run_id.as_deref()
+                {
+                    return;
+                }
+            }
+            Event::Display(text) if !json => broca_io::out!("{text}"),
+            Event::Gap(n) if !json => broca_io::errln!("\n[{n} display deltas dropped]"),
+            Event::End(why) => {
+                if !json {
+                    broca_io::errln!("\nbroca: the daemon ended the subscription: {why}");
+                }
+                return;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// One line for a person: the run, how it ended and what it used.
+fn outcome_line(result: &Value) -> String {
+    let mut line = format!(
+        "run {}: {}",
+        result["run_id"].as_str().unwrap_or("?"),
+        result["state"].as_str().unwrap_or("?")
+    );
+    if let Some(reason) = result["reason"].as_str().filter(|r| *r != result["state"]) {
+        line.push_str(&format!(" ({reason})"));
+    }
+    if let Some(detail) = result["stop_detail"].as_str() {
+        line.push_str(&format!(": {detail}"));
+    }
+    if let Some(e) = result["error"]["message"].as_str() {
+        line.push_str(&format!(": {e}"));
+    }
+    line.push_str(&usage_text(&result["usage"]));
+    if let Some(calls) = result["indeterminate_tool_calls"]
+        .as_array()
+        .filter(|c| !c.is_empty())
+    {
+        line.push_str(&format!(
+            "; {} tool call(s) with an unknown outcome, never sent again",
+            calls.len()
+        ));
+    }
+    line
+}
+
+/// ` · N steps · X in, Y out tokens`, as far as the usage says.
+fn usage_text(usage: &Value) -> String {
+    let mut out = String::new();
+    if let Some(n) = usage["steps"].as_u64() {
+        out.push_str(&format!(" · {n} step{}", if n == 1 { "" } else { "s" }));
+    }
+    let field = |k: &str| usage[k].as_u64();
+    let input = [
+        field("input_tokens"),
+        field("cached_input_tokens"),
+        field("cache_write_tokens"),
+    ];
+    if input.iter().any(Option::is_some) || field("output_tokens").is_some() {
+        let total_in: u64 = input.iter().flatten().sum();
+        out.push_str(&format!(
+            " · {total_in} in, {} out tokens",
+            field("output_tokens").map_or("?".into(), |n| n.to_string())
+        ));
+    }
+    out
+}
+
+fn new_send_id() -> String {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    format!("cli-{ms}-{}", std::process::id())
+}
+
+/// The model of the session's latest run, if it has one.
+fn latest_model(c: &Common) -> Result<Option<String>, ClientError> {
+    let params = with(c, json!({"limit": 1})).map_err(ClientError::Unreachable)?;
+    let page = c.daemon.rpc("runs.list", params)?;
+    Ok(page["runs"][0]["provider"].as_str().and_then(|p| {
+        page["runs"][0]["model"]
+            .as_str()
+            .map(|m| format!("{p}/{m}"))
+    }))
+}
+
+/// The session's params with `extra`'s members.
+fn with(c: &Common, extra: Value) -> Result<Value, String> {
+    let mut p = c.params()?;
+    for (k, v) in extra.as_object().into_iter().flatten() {
+        p[k.as_str()] = v.clone();
+    }
+    Ok(p)
+}
+
+/// The subscribe route's query for the session, from `from`.
+fn query(c: &Common, from: &str) -> Result<String, String> {
+    let session = c
+        .session
+        .as_deref()
+        .ok_or("this command needs --session S")?;
+    Ok(format!(
+        "project_root={}&harness={}&session={}&from={}",
+        encode(&c.project_root),
+        encode(&c.harness),
+        encode(session),
+        encode(from)
+    ))
+}
+
+/// Percent-encodes a query value.
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn attach(c: Common, mut pargs: pico_args::Arguments) -> Result<u8, String> {
+    let from = opt(&mut pargs, "--from")?.unwrap_or_else(|| "live".into());
+    positional(pargs)?
+        .is_empty()
+        .then_some(())
+        .ok_or("`broca attach` takes no positional argument")?;
+    let mut events = match c.daemon.subscribe(&query(&c, &from)?) {
+        Ok(e) => e,
+        Err(e) => return Ok(failed(e)),
+    };
+    if !c.json {
+        broca_io::errln!("broca: attached (Ctrl-C to leave; any run goes on)");
+    }
+    while let Some(event) = events.next_event() {
+        if c.json {
+            let line = match &event {
+                Event::Control { id, unit } => json!({"id": id, "unit": unit}),
+                Event::Display(t) => json!({"display": t}),
+                Event::Gap(n) => json!({"gap": n}),
+                Event::End(why) => json!({"end": why}),
+            };
+            broca_io::outln!("{line}");
+            continue;
+        }
+        match event {
+            Event::Display(t) => broca_io::out!("{t}"),
+            Event::Gap(n) => broca_io::errln!("\n[{n} display deltas dropped]"),
+            Event::End(why) => broca_io::errln!("\nbroca: the subscription ended: {why}"),
+            Event::Control { unit, .. } => {
+                if let Some(line) = unit_line(&unit) {
+                    broca_io::outln!("{line}");
+                }
+            }
+        }
+    }
+    Ok(EXIT_OK)
+}
+
+/// A control unit as a person reads it, when it says something a person follows.
+fn unit_line(unit: &Value) -> Option<String> {
+    let run = unit["run_id"].as_str().unwrap_or("");
+    Some(match unit["type"].as_str()? {
+        "run_started" => format!(
+            "\n== run {run} started ({}): {}",
+            unit["model"].as_str().unwrap_or("?"),
+            unit["prompt"].as_str().unwrap_or("")
+        ),
+        "run_finished" => format!(
+            "\n== run {run} ended: {}",
+            unit["finish"]["kind"]
+                .as_str()
+                .or(unit["reason"].as_str())
+                .unwrap_or("finished")
+        ),
+        "run_paused" => format!("\n== run {run} paused"),
+        "tool_call" => format!("\n-> tool {}", unit["call"]["name"].as_str().unwrap_or("?")),
+        "tool_result" => format!(
+            "<- tool result{}",
+            if unit["result"]["is_error"] == true {
+                " (error)"
+            } else {
+                ""
+            }
+        ),
+        _ => return None,
+    })
+}
+
+fn status(c: Common, pargs: pico_args::Arguments) -> Result<u8, String> {
+    let mut params = c.params()?;
+    match positional(pargs)?.as_slice() {
+        [] => {}
+        [run] => params["run_id"] = run.clone().into(),
+        _ => return Err("`broca status` takes at most one RUN".into()),
+    }
+    let st = match c.daemon.rpc("run.status", params) {
+        Ok(v) => v,
+        Err(e) => return Ok(failed(e)),
+    };
+    if c.json {
+        broca_io::outln!("{st}");
+    } else {
+        broca_io::outln!("{}", outcome_line(&st));
+    }
+    Ok(EXIT_OK)
+}
+
+fn cancel(c: Common, mut pargs: pico_args::Arguments) -> Result<u8, String> {
+    let at = opt(&mut pargs, "--at")?;
+    let [run] = positional(pargs)?
+        .try_into()
+        .map_err(|_| "`broca cancel` needs one RUN")?;
+    let mut params = with(&c, json!({ "run_id": run }))?;
+    if let Some(at) = at {
+        params["at"] = at.into();
+    }
+    match c.daemon.rpc("run.cancel", params) {
+        Ok(v) => {
+            broca_io::outln!(
+                "{}",
+                if c.json {
+                    v.to_string()
+                } else {
+                    v.as_str().unwrap_or("").to_string()
+                }
+            );
+            Ok(EXIT_OK)
+        }
+        Err(e) => Ok(failed(e)),
+    }
+}
+
+fn ls(c: Common, mut pargs: pico_args::Arguments) -> Result<u8, String> {
+    let mut params = json!({});
+    // The project root and harness filter only when given (no default filters).
+    if c.project_root_given {
+        params["project_root"] = c.project_root.clone().into();
+    }
+    if c.harness_given {
+        params["harness"] = c.harness.clone().into();
+    }
+    if let Some(s) = opt(&mut pargs, "--state")? {
+        params["state"] = s.into();
+    }
+    if let Some(t) = opt(&mut pargs, "--since")? {
+        params["since_ms"] = super::store::parse_time(&t)?.into();
+    }
+    if let Some(n) = pargs
+        .opt_value_from_str::<_, u32>("--limit")
+        .map_err(|e| format!("--limit: {e}"))?
+    {
+        params["limit"] = n.into();
+    }
+    if let Some(cur) = opt(&mut pargs, "--cursor")? {
+        params["cursor"] = cur.into();
+    }
+    let all = pargs.contains("--all");
+    positional(pargs)?
+        .is_empty()
+        .then_some(())
+        .ok_or("`broca ls` takes no positional argument")?;
+    let mut first = true;
+    loop {
+        let page = match c.daemon.rpc("sessions.list", params.clone()) {
+            Ok(v) => v,
+            Err(e) => return Ok(failed(e)),
+        };
+        if c.json {
+            broca_io::outln!("{page}");
+        } else {
+            if first {
+                broca_io::outln!(
+                    "{:<24} {:<10} {:<12} {:<20} PROJECT",
+                    "SESSION",
+                    "HARNESS",
+                    "STATE",
+                    "ACTIVE"
+                );
+                first = false;
+            }
+            for s in page["sessions"].as_array().into_iter().flatten() {
+                broca_io::outln!(
+                    "{:<24} {:<10} {:<12} {:<20} {}",
+                    s["session"].as_str().unwrap_or(""),
+                    s["harness"].as_str().unwrap_or(""),
+                    s["last_run"]["state"].as_str().unwrap_or("-"),
+                    when(s["active_at_ms"].as_u64().unwrap_or(0)),
+                    s["project_root"].as_str().unwrap_or("")
+                );
+            }
+        }
+        match page["next_cursor"].as_str() {
+            Some(next) if all => params["cursor"] = next.into(),
+            Some(next) => {
+                if !c.json {
+                    broca_io::errln!("(more: --cursor {next}, or --all)");
+                }
+                return Ok(EXIT_OK);
+            }
+            None => return Ok(EXIT_OK),
+        }
+    }
+}
+
+/// A Unix-ms time as `YYYY-MM-DD HH:MM:SS` (UTC).
+fn when(ms: u64) -> String {
+    // SigV4's date (`YYYYMMDDTHHMMSSZ`), spelled for a person.
+    let d = broca_provider::sigv4::amz_date(ms / 1000);
+    let n = d.len();
+    match (d.get(..n - 12), d.get(n - 12..n - 10), d.get(n - 10..n - 8)) {
+        (Some(y), Some(m), Some(day)) => format!(
+            "{y}-{m}-{day} {}:{}:{}",
+            &d[n - 7..n - 5],
+            &d[n - 5..n - 3],
+            &d[n - 3..n - 1]
+        ),
+        _ => d,
+    }
+}
+
+fn read(c: Common, mut pargs: pico_args::Arguments) -> Result<u8, String> {
+    let mut params = c.params()?;
+    let from = pargs
+        .opt_value_from_str::<_, u64>("--from")
+        .map_err(|e| format!("--from: {e}"))?;
+    let limit = pargs
+        .opt_value_from_str::<_, u64>("--limit")
+        .map_err(|e| format!("--limit: {e}"))?;
+    positional(pargs)?
+        .is_empty()
+        .then_some(())
+        .ok_or("`broca read` takes no positional argument")?;
+    params["from_ordinal"] = from.unwrap_or(0).into();
+    let limit = limit.unwrap_or(200);
+    params["limit"] = limit.into();
+    let page = match c.daemon.rpc("session.read", params) {
+        Ok(v) => v,
+        Err(e) => return Ok(failed(e)),
+    };
+    if c.json {
+        broca_io::outln!("{page}");
+        return Ok(EXIT_OK);
+    }
+    let messages = page["messages"].as_array().cloned().unwrap_or_default();
+    for m in &messages {
+        broca_io::outln!("{}", message_text(m));
+    }
+    // A full page may have more after it.
+    if messages.len() as u64 >= limit {
+        if let Some(last) = messages.last().and_then(|m| m["ordinal"].as_u64()) {
+            broca_io::errln!("(more: --from {})", last + 1);
+        }
+    }
+    Ok(EXIT_OK)
+}
+
+/// A transcript entry as a person reads it: `#ordinal role: text`, tool calls and results by
+/// name. A content block is `{"type": T, ...}` or the role's `{T: {...}}`.
+fn message_text(entry: &Value) -> String {
+    let ordinal = entry["ordinal"].as_u64().unwrap_or(0);
+    let m = if entry["message"].is_object() {
+        &entry["message"]
+    } else {
+        entry
+    };
+    let role = m["role"].as_str().unwrap_or("?");
+    let mut parts = Vec::new();
+    let blocks = match &m["content"] {
+        Value::String(t) => {
+            parts.push(t.clone());
+            Vec::new()
+        }
+        Value::Array(blocks) => blocks.clone(),
+        _ => Vec::new(),
+    };
+    for b in &blocks {
+        let (kind, body) = match (b["type"].as_str(), b.as_object()) {
+            (Some(t), _) => (t.to_string(), b),
+            (None, Some(o)) if o.len() == 1 => {
+                let (k, v) = o.iter().next().expect("one member");
+                (k.clone(), v)
+            }
+            _ => continue,
+        };
+        let text = |v: &Value| match v {
+            Value::String(s) => s.clone(),
+            Value::Null => String::new(),
+            other => other.to_string(),
+        };
+        match kind.as_str() {
+            "text" => parts.push(text(&body["text"])),
+            "tool_use" | "tool_call" => parts.push(format!(
+                "[tool call {} {}]",
+                body["name"].as_str().unwrap_or("?"),
+                cut(&text(&body["input"]).replace('\n', " "))
+            )),
+            "tool_result" => parts.push(format!(
+                "[tool result{}: {}]",
+                if body["is_error"] == true {
+                    ", error"
+                } else {
+                    ""
+                },
+                cut(&text(&body["content"]))
+            )),
+            "thinking" | "reasoning" => parts.push("[thinking]".into()),
+            other => parts.push(format!("[{other}]")),
+        }
+    }
+    format!("#{ordinal} {role}: {}", parts.join(" "))
+}
+
+fn cut(s: &str) -> String {
+    const MAX: usize = 200;
+    if s.len() <= MAX {
+        return s.to_string();
+    }
+    let mut end = MAX;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_and_outcomes_read_as_a_person_reads_them() {
+        assert_eq!(when(0), "1970-01-01 00:00:00");
+        assert_eq!(when(1_764_547_200_000 + 3_723_000), "2025-12-01 01:02:03");
+        let line = outcome_line(&json!({
+            "run_id": "r1", "state": "interrupted",
+            "usage": {"steps": 2, "input_tokens": 10, "cached_input_tokens": 5, "output_tokens": 7},
+            "indeterminate_tool_calls": ["c1"],
+        }));
+        assert_eq!(
+            line,
+            "run r1: interrupted · 2 steps · 15 in, 7 out tokens; 1 tool call(s) with an \
+             unknown outcome, never sent again"
+        );
+        assert_eq!(encode("/a b&c"), "/a%20b%26c");
+    }
+}

@@ -1,0 +1,152 @@
+//! broca's listing methods: `sessions.list` from the store's marks (each session's triple and
+//! latest run, kept by the store's follower; a session is handed to the store when a run
+//! starts and when it ends, so a list is at most one hand-off behind its WALs), and
+//! `runs.list` from the session's WAL as a reader (the host's `ReadCache`), exact.
+
+use broca_wal::SessionTriple;
+use broca_wire::request::lists::{
+    run_cursor, run_cursor_after, RunsList, SessionCursor, SessionsList,
+};
+use broca_wire::{Code, RpcError};
+use serde_json::{json, Value};
+
+use crate::reads::with_session;
+use crate::Host;
+
+/// sessions.list: the store's sessions, filtered, newest activity first, one page.
+pub(crate) async fn sessions(ctx: &Host, list: Box<SessionsList>) -> Result<Value, RpcError> {
+    let Some(store) = ctx.store.clone() else {
+        return Err(RpcError::new(
+            Code::StoreUnavailable,
+            "sessions.list reads the store, which this daemon could not open (its log says \
+             why); `broca store rebuild` makes it again",
+        ));
+    };
+    let marks = glommio::executor()
+        .spawn_blocking(move || store.sessions())
+        .await
+        .map_err(|e| RpcError::new(Code::StoreUnavailable, format!("the store: {e}")))?;
+    Ok(page_of_sessions(marks, &list))
+}
+
+/// One page of `marks` as `list` asks.
+fn page_of_sessions(marks: Vec<([u8; 16], broca_store::Mark)>, list: &SessionsList) -> Value {
+    let after = list.cursor.as_deref().and_then(SessionCursor::decode);
+    let mut kept: Vec<(SessionCursor, broca_store::Mark)> = marks
+        .into_iter()
+        .filter(|(_, m)| {
+            list.project_root
+                .as_ref()
+                .is_none_or(|p| *p == m.project_root)
+                && list.harness.as_ref().is_none_or(|h| *h == m.harness)
+                && list.since_ms.is_none_or(|t| m.active_unix_ms() >= t)
+                && list.state.as_ref().is_none_or(|s| match &m.last_run {
+                    Some(r) => r.state == *s,
+                    None => s == "none",
+                })
+        })
+        .map(|(address, m)| {
+            let at = SessionCursor {
+                active_ms: m.active_unix_ms(),
+                address,
+            };
+            (at, m)
+        })
+        // Newest activity first; the address orders sessions active at the same time.
+        .filter(|(at, _)| after.is_none_or(|a| newer_first(at) > newer_first(&a)))
+        .collect();
+    kept.sort_by_key(|(at, _)| newer_first(at));
+    let more = kept.len() > list.limit as usize;
+    kept.truncate(list.limit as usize);
+    let next = more
+        .then(|| kept.last().map(|(at, _)| at.encode()))
+        .flatten();
+    let sessions: Vec<Value> = kept
+        .into_iter()
+        .map(|(at, m)| {
+            let mut s = json!({
+                "project_root": m.project_root,
+                "harness": m.harness,
+                "session": m.session,
+                "created_at_ms": m.created_unix_ms,
+                "active_at_ms": at.active_ms,
+                "runs": m.runs,
+                "messages": m.messages,
+            });
+            if let Some(r) = m.last_run {
+                let mut last = json!({
+                    "run_id": r.run_id,
+                    "state": r.state,
+                    "model": r.model,
+                    "started_at_ms": r.started_unix_ms,
+                });
+                if let Some(t) = r.ended_unix_ms {
+                    last["ended_at_ms"] = t.into();
+                }
+                s["last_run"] = last;
+            }
+            if m.queued > 0 {
+                s["queued"] = m.queued.into();
+            }
+            s
+        })
+        .collect();
+    let mut page = json!({ "sessions": sessions });
+    if let Some(next) = next {
+        page["next_cursor"] = next.into();
+    }
+    page
+}
+
+/// The sort key of "newest activity first, then by address".
+fn newer_first(at: &SessionCursor) -> (std::cmp::Reverse<u64>, [u8; 16]) {
+    (std::cmp::Reverse(at.active_ms), at.address)
+}
+
+/// runs.list: the session's runs, newest first, as `run.status` answers each (with the
+/// provider, model and send_id beside it), one page.
+pub(crate) async fn runs(
+    ctx: &Host,
+    t: SessionTriple,
+    list: Box<RunsList>,
+) -> Result<Value, RpcError> {
+    let page = with_session(ctx, &t, move |read| {
+        let Some(read) = read else {
+            return json!({ "runs": [] });
+        };
+        let before = list.cursor.as_deref().and_then(run_cursor);
+        let mut runs: Vec<&broca_core::RunView> = read
+            .session
+            .runs
+            .iter()
+            .rev()
+            .filter(|r| before.is_none_or(|b| r.started_seq < b))
+            .filter(|r| list.state.as_ref().is_none_or(|s| r.state.as_str() == s))
+            .collect();
+        let more = runs.len() > list.limit as usize;
+        runs.truncate(list.limit as usize);
+        let next = more
+            .then(|| runs.last().map(|r| run_cursor_after(r.started_seq)))
+            .flatten();
+        let runs: Vec<Value> = runs
+            .into_iter()
+            .map(|r| {
+                let mut v = broca_core::views::status_answer(r);
+                v["provider"] = r.config.provider.clone().into();
+                v["model"] = r.config.model.clone().into();
+                v["steps"] = r.steps.into();
+                if let Some(id) = &r.send_id {
+                    v["send_id"] = id.clone().into();
+                }
+                v
+            })
+            .collect();
+        let mut page = json!({ "runs": runs });
+        if let Some(next) = next {
+            page["next_cursor"] = next.into();
+        }
+        page
+    })
+    .await?;
+    Ok(page)
+}

@@ -272,3 +272,64 @@ fn logs_take_a_level_and_a_format_and_refuse_a_filter_that_does_not_parse() {
         assert!(text(&o.stderr).contains(named), "{}", text(&o.stderr));
     }
 }
+
+/// Runs `broca args...` on a pseudo-terminal (stdout and stderr both): everything it wrote.
+fn on_a_terminal(state: &Path, args: &[&str]) -> String {
+    const PTY: &str = r#"
+import os, pty, sys
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(sys.argv[1], sys.argv[1:])
+out = b""
+while True:
+    try:
+        chunk = os.read(fd, 65536)
+    except OSError:
+        break
+    if not chunk:
+        break
+    out += chunk
+os.waitpid(pid, 0)
+sys.stdout.buffer.write(out)
+"#;
+    let mut cmd = std::process::Command::new("python3");
+    cmd.args(["-c", PTY])
+        .arg(env!("CARGO_BIN_EXE_broca"))
+        .arg("--state-dir")
+        .arg(state)
+        .args(args);
+    String::from_utf8_lossy(&cmd.output().expect("python3 runs").stdout).into_owned()
+}
+
+#[test]
+fn long_commands_draw_a_bar_on_a_terminal_and_stay_quiet_otherwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    // Two sessions, from logs (no provider needed).
+    let logs = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/import");
+    let state_arg = state.display().to_string();
+    for (format, log) in [
+        ("claude-code", "claude_tool.jsonl"),
+        ("codex", "codex_tool.jsonl"),
+    ] {
+        let log = logs.join(log).display().to_string();
+        let o = broca(&["--state-dir", &state_arg, "import", format, &log]);
+        assert!(o.status.success(), "{}", text(&o.stderr));
+    }
+    for (args, what) in [
+        (&["wal", "verify"][..], "2/2 WALs verified"),
+        (&["store", "rebuild"][..], "2/2 WALs projected"),
+    ] {
+        let shown = on_a_terminal(&state, args);
+        assert!(shown.contains(what), "{args:?}: {shown:?}");
+        // Cleared before the command's own lines and at the end.
+        assert!(shown.contains("\r\u{1b}[2K"), "{args:?}: {shown:?}");
+        let piped = broca(&[&["--state-dir", state_arg.as_str()][..], args].concat());
+        assert!(piped.status.success(), "{args:?}");
+        let err = text(&piped.stderr);
+        assert!(
+            !err.contains("WALs"),
+            "{args:?}: quiet when not a terminal: {err:?}"
+        );
+    }
+}

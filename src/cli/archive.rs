@@ -1,7 +1,6 @@
 //! `broca archive pack|list|verify|restore`: sealed WAL containers under
 //! `<state-dir>/wal-archive/` (docs/wal-archive.md).
 
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -73,32 +72,23 @@ fn pack(mut pargs: pico_args::Arguments, state: &Path) -> Result<bool, String> {
         idle: Duration::from_secs(days.saturating_mul(86_400)),
         dry_run,
     };
-    let tty = std::io::stderr().is_terminal();
+    let mut bar: Option<super::progress::Count> = None;
     let mut progress = |p: Progress| match p {
-        Progress::Looked { done, total } if tty => {
-            let width = 30;
-            let filled = done * width / total.max(1);
-            eprint!(
-                "\r[{}{}] {done}/{total} WALs looked at",
-                "#".repeat(filled),
-                " ".repeat(width - filled)
-            );
-            if done == total {
-                eprintln!();
-            }
-        }
-        Progress::Looked { done, total } => {
-            broca_io::errln!("broca: {done} of {total} WALs looked at")
-        }
+        Progress::Looked { done, total } => bar
+            .get_or_insert_with(|| super::progress::Count::new("WALs looked at", total as u64))
+            .set(done as u64),
         Progress::Sealed { path, members } => {
-            if tty {
-                eprint!("\r");
+            if let Some(b) = bar.as_mut() {
+                b.clear();
             }
             broca_io::errln!("broca: sealed {} ({members} sessions)", path.display())
         }
     };
     let started = std::time::Instant::now();
-    let r = broca_archive::pack(state, &opts, &mut progress)?;
+    let packed = broca_archive::pack(state, &opts, &mut progress);
+    drop(progress);
+    drop(bar); // cleared before the summary
+    let r = packed?;
     if r.cleaned > 0 {
         broca_io::errln!(
             "broca: removed {} temporary file(s) an interrupted pack or restore left",

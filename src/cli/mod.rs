@@ -19,6 +19,7 @@ mod archive;
 mod client;
 mod import;
 mod log;
+mod progress;
 mod serve;
 use serve::parse_serve;
 mod remote;
@@ -340,6 +341,7 @@ fn wal_verify(paths: Vec<OsString>, state_dir: Option<PathBuf>) -> u8 {
     let mut failed = 0usize;
     let mut checked = 0usize;
     let args_for_containers = args.clone();
+    let mut listed = Vec::new();
     for arg in args {
         if arg
             .extension()
@@ -347,18 +349,23 @@ fn wal_verify(paths: Vec<OsString>, state_dir: Option<PathBuf>) -> u8 {
         {
             continue;
         }
-        let files = match wal_files(&arg) {
-            Ok(files) => files,
+        match wal_files(&arg) {
+            Ok(files) => listed.push(files),
             Err(e) => {
                 broca_io::errln!("FAIL {e}");
                 failed += 1;
-                continue;
             }
-        };
+        }
+    }
+    let total = listed.iter().map(|f| f.len() as u64).sum();
+    let mut bar = progress::Count::new("WALs verified", total);
+    for files in listed {
         for file in files {
             checked += 1;
             let shown = file.display();
-            match verify_file(&file) {
+            let report = verify_file(&file);
+            bar.clear();
+            match report {
                 FileReport::Intact { records, end } => {
                     broca_io::outln!(
                         "ok    {shown}: {records} records, intact (ends at offset {end})"
@@ -384,8 +391,10 @@ fn wal_verify(paths: Vec<OsString>, state_dir: Option<PathBuf>) -> u8 {
                     }
                 }
             }
+            bar.tick();
         }
     }
+    drop(bar);
     // The sealed containers of a state dir named (or the default one), and containers named.
     let containers: Vec<PathBuf> = args_for_containers
         .iter()

@@ -84,7 +84,14 @@ pub(super) fn store(mut pargs: pico_args::Arguments, help: bool, state_dir: Opti
         }
         Some("rebuild") => {
             let started = Instant::now();
-            match open(&state).and_then(|s| Ok(s.rebuild(&wal_dir)?)) {
+            let mut bar: Option<super::progress::Count> = None;
+            let mut progress = |done: u64, total: u64| {
+                bar.get_or_insert_with(|| super::progress::Count::new("WALs projected", total))
+                    .set(done)
+            };
+            let rebuilt = open(&state).and_then(|s| Ok(s.rebuild_with(&wal_dir, &mut progress)?));
+            drop(bar);
+            match rebuilt {
                 Ok(pass) => {
                     let secs = started.elapsed().as_secs_f64().max(1e-9);
                     broca_io::outln!(

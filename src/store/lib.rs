@@ -530,9 +530,20 @@ impl Store {
 
     /// Catches up every WAL in `wal_dir`, a batch of sessions per transaction.
     pub fn catch_up_all(&self, wal_dir: &Path) -> Result<Pass, StoreError> {
+        self.catch_up_all_with(wal_dir, &mut |_, _| {})
+    }
+
+    /// [`Store::catch_up_all`], telling `progress` (WALs done, of how many) as it goes.
+    pub fn catch_up_all_with(
+        &self,
+        wal_dir: &Path,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Pass, StoreError> {
         const BATCH: usize = 256;
         let mut pass = Pass::default();
-        for chunk in wal_files(wal_dir)?.chunks(BATCH) {
+        let files = wal_files(wal_dir)?;
+        let total = files.len() as u64;
+        for chunk in files.chunks(BATCH) {
             let mut projections = Vec::new();
             for path in chunk {
                 pass.sessions += 1;
@@ -543,6 +554,7 @@ impl Store {
                     }
                     Err(e) => pass.failed.push(e.to_string()),
                 }
+                progress(pass.sessions, total);
             }
             pass.projected += projections.len() as u64;
             if !projections.is_empty() {
@@ -555,8 +567,17 @@ impl Store {
 
     /// Clears every projection and rebuilds it from the WALs.
     pub fn rebuild(&self, wal_dir: &Path) -> Result<Pass, StoreError> {
+        self.rebuild_with(wal_dir, &mut |_, _| {})
+    }
+
+    /// [`Store::rebuild`], telling `progress` (WALs done, of how many) as it goes.
+    pub fn rebuild_with(
+        &self,
+        wal_dir: &Path,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Pass, StoreError> {
         self.clear_projections(false)?;
-        self.catch_up_all(wal_dir)
+        self.catch_up_all_with(wal_dir, progress)
     }
 
     /// Replaces each session's projections with the given ones, in one transaction.

@@ -57,6 +57,11 @@ Commands:
   export usage [--since TIME] [--format jsonl|csv]
                          print the usage facts (one per model step and failed attempt)
 
+Try it with no key and no network: `broca run --model demo/tour \"hello\"` (or `broca send
+--session s1 --model demo/tour \"hello\"` against a running serve). demo/tour is a demo, not a
+model: broca's own deterministic script, which streams a greeting, calls a built-in tool that
+counts the words of the prompt (1.5 s: time to try kill -9), and answers; priced at zero.
+
 Commands for a running serve (found through <state-dir>/serve.json, or --connect URL|SOCKET):
   send --session S [--model M] PROMPT
                          send a prompt and stream the answer; the outcome and usage at the end
@@ -151,7 +156,7 @@ for any other end (the reason on stderr, and in the JSON with --json), 2 for bad
 
 Options:
   --model PROVIDER/MODEL  e.g. anthropic/claude-sonnet-4-5, openai/gpt-4o,
-                          openai-responses/gpt-4o
+                          openai-responses/gpt-4o; demo/tour for a keyless, offline demo
   --base-url URL          the provider's base URL (scheme://host[:port][/prefix]); plain http
                           only for loopback hosts; ws:// or wss:// selects the WebSocket mode
                           of openai-responses

@@ -405,6 +405,15 @@ fn resolve(
         }
     };
     let mut tools = select_tools(tools, req.tools.as_deref())?;
+    // The demo model's built-in tool, unless the send chose its tools.
+    if entry.provider.family == broca_protocol::demo::FAMILY
+        && req.tools.is_none()
+        && !tools
+            .iter()
+            .any(|t| t.name == broca_protocol::demo::WORD_COUNT)
+    {
+        tools.push(broca_protocol::demo::word_count_spec());
+    }
     // The run's own `submit_result` is in its tool list from the first request.
     if let Some(submit) = structured_output
         .as_ref()
@@ -533,6 +542,10 @@ fn check_provider(
     let traits = providers.family(family).map_err(|why| {
         Refusal::UnsupportedProvider(format!("{spec}: provider `{}`: {why}", entry.provider.id))
     })?;
+    // A keyless provider (the demo model) names no credential variable: nothing to resolve.
+    if entry.provider.credential_env.is_empty() && req.credential_id.is_none() {
+        return Ok((traits, "none".to_string()));
+    }
     let credential_id = req
         .credential_id
         .clone()

@@ -2,6 +2,7 @@
 //! stream events, usage and error classes. Providers render from these and normalize into
 //! them; the WAL stores them; nothing here knows a wire format.
 
+pub mod demo;
 pub mod model;
 pub mod schema;
 
@@ -160,6 +161,8 @@ pub mod route {
     pub const SUBC_PREFIX: &str = "subc:";
     /// Tools an MCP server of the tools config provides (`mcp:<server>`).
     pub const MCP_PREFIX: &str = "mcp:";
+    /// Tools broca itself provides (the demo model's, `crate::demo`).
+    pub const BUILTIN_PREFIX: &str = "builtin:";
 
     /// The tool-provider/v1 schema pin a daemon module's route names (none for another).
     pub fn schema_pin(route: &str) -> Option<&str> {

@@ -15,6 +15,7 @@ pub mod catalog_service;
 pub mod chatgpt;
 pub mod code_assist;
 pub mod credential;
+pub mod demo;
 pub mod gemini;
 pub(crate) mod json;
 pub mod openai_chat;
@@ -166,6 +167,7 @@ pub fn family(id: &str) -> Option<&'static dyn WireFamily> {
         "code-assist" => Some(&code_assist::Family),
         "bedrock-converse" => Some(&bedrock::Family),
         "chatgpt" => Some(&chatgpt::Family),
+        broca_protocol::demo::FAMILY => Some(&demo::Family),
         _ => None,
     }
 }
@@ -224,7 +226,7 @@ pub fn check_credential(
     }
 }
 
-/// The families this build speaks, by id.
+/// The wire families this build speaks, by id (the demo model, `demo`, has no wire).
 pub const FAMILIES: &[&str] = &[
     "anthropic-messages",
     "openai-chat",

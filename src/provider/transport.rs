@@ -215,6 +215,15 @@ impl HttpModelClient {
                 None,
             )
         })?;
+        if route.family == broca_protocol::demo::FAMILY {
+            let script = broca_protocol::demo::answer(request).into();
+            return Ok(HttpModelStream::new(
+                Source::Scripted(script),
+                family.normalizer(Aliases::default()),
+                Redactor::default(),
+                format!("{}/{}", request.provider, request.model),
+            ));
+        }
         let url = self
             .endpoints
             .base_url_for(&request.provider, &route.base_url)
@@ -429,6 +438,8 @@ enum Source {
     Ws(Box<WebSocket>),
     /// A WebSocket handed over to be closed, once its answer was complete.
     Closed,
+    /// The demo model's script: each event with the pause before it (ms).
+    Scripted(VecDeque<(u64, StreamEvent)>),
 }
 
 /// How long a WebSocket's close waits for the server's close frame.
@@ -612,7 +623,7 @@ impl HttpModelStream {
                     feed(name, data)
                 })
                 .map_err(|e| e.to_string()),
-            Source::Ws(_) | Source::Closed => Ok(()),
+            Source::Ws(_) | Source::Closed | Source::Scripted(_) => Ok(()),
         };
         if let Err(e) = decoded {
             let msg = format!("{}: {e}", self.target);
@@ -627,6 +638,21 @@ impl HttpModelStream {
     /// Reads and normalizes the next piece of the answer.
     async fn read_more(&mut self) -> Result<(), Failure> {
         match &mut self.source {
+            Source::Scripted(script) => {
+                match script.pop_front() {
+                    Some((pause_ms, event)) => {
+                        if pause_ms > 0 {
+                            broca_io::net::sleep(std::time::Duration::from_millis(pause_ms)).await;
+                        }
+                        if let StreamEvent::Usage(u) = &event {
+                            self.usage = Some(u.clone());
+                        }
+                        self.pending.push_back(event);
+                    }
+                    None => self.ended = true,
+                }
+                Ok(())
+            }
             Source::Sse { resp, .. } | Source::EventStream { resp, .. } => {
                 match resp.chunk().await {
                     Ok(Some(bytes)) => self.decode(&bytes),

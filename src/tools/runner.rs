@@ -50,6 +50,9 @@ pub trait ToolRunner: 'static {
 /// Tools from the configured MCP servers.
 impl ToolRunner for Router {
     async fn call(&self, call: ToolCall, route: String, _origin: ToolOrigin) -> ToolOutcome {
+        if route == broca_protocol::demo::WORD_COUNT_ROUTE {
+            return demo_word_count(&call).await;
+        }
         match Router::call(self, &call, &route).await {
             Ok(text) => ToolOutcome::Done {
                 content: text.content,
@@ -61,6 +64,27 @@ impl ToolRunner for Router {
                 ToolOutcome::Indeterminate
             }
         }
+    }
+}
+
+/// The demo model's built-in tool: counts the words of its input, taking its time (a window
+/// to kill broca in the middle of a call).
+async fn demo_word_count(call: &ToolCall) -> ToolOutcome {
+    glommio::timer::sleep(std::time::Duration::from_millis(
+        broca_protocol::demo::WORD_COUNT_MS,
+    ))
+    .await;
+    let input: serde_json::Value =
+        serde_json::from_str(call.input.get()).unwrap_or(serde_json::Value::Null);
+    match broca_protocol::demo::count_words(&input) {
+        Ok(content) => ToolOutcome::Done {
+            content,
+            is_error: false,
+        },
+        Err(content) => ToolOutcome::Done {
+            content,
+            is_error: true,
+        },
     }
 }
 

@@ -291,6 +291,11 @@ pub fn base64(bytes: &[u8]) -> String {
     out
 }
 
+/// Waits `after` on this executor's timer.
+pub async fn sleep(after: Duration) {
+    glommio::timer::sleep(after).await;
+}
+
 /// Runs `fut` with a deadline; `Err(())` when it passed.
 pub async fn with_timeout<T>(
     after: Duration,

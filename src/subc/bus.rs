@@ -366,6 +366,11 @@ fn connect(signer: &dyn Signer) -> Result<Nats, String> {
         .set_read_timeout(Some(CONNECT_DEADLINE))
         .map_err(|e| e.to_string())?;
     let _ = stream.set_nodelay(true);
+    // A server that stops reading fails the write (and the connection) instead of holding
+    // the bus thread: hints queued meanwhile are dropped and counted, never a shard's wait.
+    stream
+        .set_write_timeout(Some(CONNECT_DEADLINE))
+        .map_err(|e| e.to_string())?;
     let mut reader = BufReader::new(stream.try_clone().map_err(|e| e.to_string())?);
     let (nonce, tls) = info(&line(&mut reader)?)?;
     if tls {

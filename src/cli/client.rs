@@ -102,8 +102,14 @@ impl Daemon {
     /// One management request: its `result`, or the daemon's refusal.
     pub fn rpc(&self, method: &str, params: Value) -> Result<Value, ClientError> {
         let body = json!({"method": method, "params": params}).to_string();
+        self.post("/v1/rpc", &body)
+    }
+
+    /// A POST of `body` to `path` whose answer is `{"result"}` or `{"error"}`: the result, or
+    /// the daemon's refusal.
+    pub fn post(&self, path: &str, body: &str) -> Result<Value, ClientError> {
         let head = format!(
-            "POST /v1/rpc HTTP/1.1\r\nHost: broca\r\n{}Content-Type: application/json\r\n\
+            "POST {path} HTTP/1.1\r\nHost: broca\r\n{}Content-Type: application/json\r\n\
              Content-Length: {}\r\nConnection: close\r\n\r\n",
             self.auth(),
             body.len()

@@ -24,6 +24,7 @@ mod serve;
 use serve::parse_serve;
 mod remote;
 mod store;
+mod ui;
 
 pub use log::init_process;
 
@@ -74,6 +75,7 @@ Commands for a running serve (found through <state-dir>/serve.json, or --connect
                          the sessions, most recently active first, with their latest run
   read --session S [--from N]
                          a session's transcript
+  ui                     print a one-time sign-in link to serve's read-only web view (/ui)
   (each takes --project-root P, default the current directory, --harness H, default cli,
   and --json; see `broca COMMAND --help`)
 
@@ -144,6 +146,8 @@ params and answer):
                     Last-Event-ID resumes after a cursor
   GET /healthz      ok, or degraded with its reasons
   GET /metrics      Prometheus text (docs/metrics.md)
+  GET /ui           a read-only web view in a browser, signed in through the one-time link
+                    `broca ui` prints (POST /ui/link); the sign-in reads, never sends
 ";
 
 const RUN_HELP: &str = "\
@@ -267,7 +271,7 @@ pub fn run(args: Vec<OsString>) -> u8 {
         Some("store") => store::store(pargs, help, state_dir),
         Some("export") => store::export(pargs, help, state_dir),
         Some("archive") => archive::archive(pargs, help, state_dir),
-        Some(c @ ("send" | "attach" | "status" | "cancel" | "ls" | "read")) => {
+        Some(c @ ("send" | "attach" | "status" | "cancel" | "ls" | "read" | "ui")) => {
             remote::command(c, pargs, help, state_dir)
         }
         Some("import") => import::import(pargs, help, state_dir),
@@ -691,6 +695,7 @@ mod tests {
             "POST /v1/rpc",
             "GET /v1/subscribe",
             "GET /healthz",
+            "GET /ui",
             "GET /metrics",
         ] {
             assert!(super::SERVE_HELP.contains(route), "{route}");

@@ -162,6 +162,7 @@ pub(super) fn command(
         "status" => STATUS_HELP,
         "cancel" => CANCEL_HELP,
         "ls" => LS_HELP,
+        "ui" => super::ui::UI_HELP,
         _ => READ_HELP,
     };
     if help {
@@ -173,6 +174,7 @@ pub(super) fn command(
         "status" => status(c, pargs),
         "cancel" => cancel(c, pargs),
         "ls" => ls(c, pargs),
+        "ui" => super::ui::ui(&c.daemon, c.json, pargs),
         _ => read(c, pargs),
     });
     match outcome {

@@ -30,7 +30,7 @@ mod unopened;
 pub use metrics::ShardStats;
 pub use rpc::check_request;
 pub use signals::reraise;
-pub use state::{previous_serve, serve_json, PreviousServe};
+pub use state::{previous_serve, random_hex, serve_json, PreviousServe};
 pub use subscribe::Subscription;
 
 use std::future::Future;

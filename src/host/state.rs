@@ -104,6 +104,13 @@ pub(crate) fn prepare_state(dir: &Path) -> Result<PreparedState, String> {
     })
 }
 
+/// `bytes` random bytes from the kernel, as lower-case hex.
+pub fn random_hex(bytes: usize) -> Result<String, String> {
+    let mut raw = vec![0u8; bytes];
+    random_bytes(&mut raw)?;
+    Ok(raw.iter().map(|b| format!("{b:02x}")).collect())
+}
+
 fn random_bytes(buf: &mut [u8]) -> Result<(), String> {
     let mut f = std::fs::File::open("/dev/urandom").map_err(|e| format!("/dev/urandom: {e}"))?;
     std::io::Read::read_exact(&mut f, buf).map_err(|e| format!("/dev/urandom: {e}"))

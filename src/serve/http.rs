@@ -1,6 +1,7 @@
 //! The management surface over HTTP/1.1, on the loopback TCP listener and the Unix socket:
-//! keep-alive connections, limits on head and body, bearer-handle auth on TCP, and the
-//! routes `POST /v1/rpc`, `GET /healthz`, `GET /metrics`. Every failure is a 4xx or 5xx with
+//! keep-alive connections, limits on head and body, bearer-handle auth on TCP (or the web
+//! view's sign-in, which reads only), and the routes `POST /v1/rpc`, `GET /healthz`,
+//! `GET /metrics` and the web view's `/ui` (ui.rs). Every failure is a 4xx or 5xx with
 //! a JSON error body; the server keeps serving.
 
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
@@ -16,6 +17,7 @@ use broca_shards::timer::StopSignal;
 use broca_wire::{Code, RpcError};
 
 use crate::accept::{self, AcceptStats};
+use crate::ui::Access;
 use crate::{Surface, JSON};
 
 /// How long a connection may sit idle between requests.
@@ -129,7 +131,7 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
         loop {
             match dec.next() {
                 Ok(Some((head, _))) if head.method == "GET" && head.path() == "/v1/subscribe" => {
-                    if tcp && !authorized(&ctx, &head) {
+                    if access(&ctx, &head, tcp) == Access::Nobody {
                         refuse(&mut stream, &unauthorized()).await;
                     } else {
                         // A subscription lives long: the request's buffers go first.
@@ -186,16 +188,20 @@ async fn answer<S: AsyncWrite + Unpin>(
     tcp: bool,
     stream: &mut S,
 ) -> bool {
-    let (status, kind, out) = handle(ctx, head, body, tcp).await;
+    let Reply {
+        status,
+        kind,
+        body: out,
+        mut headers,
+    } = handle(ctx, head, body, tcp).await;
     let keep = head.keep_alive;
     // Every 503 is a wait (busy, stopping, storage full): say how long to wait.
-    let retry: &[(&str, &str)] = if status == 503 {
-        &[("retry-after", RETRY_AFTER_SECS)]
-    } else {
-        &[]
-    };
+    if status == 503 {
+        headers.push(("retry-after", RETRY_AFTER_SECS.to_string()));
+    }
+    let extra: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
     let written = stream
-        .write_all(&response_with(status, kind, &out, keep, retry))
+        .write_all(&response_with(status, kind, &out, keep, &extra))
         .await;
     if written.is_ok() && broca_crash_points::armed() {
         // A crash test's `admitted` cut in the power-loss mode: once answered.
@@ -213,6 +219,18 @@ async fn refuse<S: AsyncWrite + Unpin>(stream: &mut S, err: &RpcError) {
     let _ = stream
         .write_all(&response(err.status(), JSON, &err.body(), false))
         .await;
+}
+
+/// Who the request comes from: the handle's holder (on the owner-only Unix socket, or with
+/// the bearer handle), a browser signed in to the web view, or nobody.
+fn access(ctx: &Surface, head: &RequestHead, tcp: bool) -> Access {
+    if !tcp || authorized(ctx, head) {
+        Access::Holder
+    } else if ctx.ui.viewer(head) {
+        Access::Viewer
+    } else {
+        Access::Nobody
+    }
 }
 
 /// Whether the request carries the daemon's handle (compared in constant time).
@@ -252,54 +270,104 @@ fn unauthorized() -> RpcError {
     )
 }
 
-async fn handle(
-    ctx: &Arc<Surface>,
-    head: &RequestHead,
+/// One answer: its status, content type, body and any header lines beyond the content's.
+struct Reply {
+    status: u16,
+    kind: &'static str,
     body: Vec<u8>,
-    tcp: bool,
-) -> (u16, &'static str, Vec<u8>) {
-    let error = |e: RpcError| (e.status(), JSON, e.body());
-    if tcp && !authorized(ctx, head) {
-        return error(unauthorized());
+    headers: Vec<(&'static str, String)>,
+}
+
+impl Reply {
+    fn new(status: u16, kind: &'static str, body: Vec<u8>) -> Reply {
+        Reply {
+            status,
+            kind,
+            body,
+            headers: Vec::new(),
+        }
     }
-    match (head.method.as_str(), head.path()) {
+
+    fn error(e: RpcError) -> Reply {
+        Reply::new(e.status(), JSON, e.body())
+    }
+
+    /// A page of the web view, with its headers and any cookie.
+    fn page(page: crate::ui::Page) -> Reply {
+        let mut headers: Vec<(&'static str, String)> = crate::ui::PAGE_HEADERS
+            .iter()
+            .map(|(n, v)| (*n, v.to_string()))
+            .collect();
+        if let Some(cookie) = page.cookie {
+            headers.push(("set-cookie", cookie));
+        }
+        Reply {
+            status: page.status,
+            kind: page.kind,
+            body: page.body,
+            headers,
+        }
+    }
+}
+
+/// The refusal of a change asked by the web view's sign-in.
+fn read_only(what: &str) -> RpcError {
+    RpcError::new(
+        Code::Forbidden,
+        format!("the web view's sign-in reads only; {what} needs the handle"),
+    )
+}
+
+async fn handle(ctx: &Arc<Surface>, head: &RequestHead, body: Vec<u8>, tcp: bool) -> Reply {
+    let access = access(ctx, head, tcp);
+    let path = head.path();
+    if path == "/ui" || path.starts_with("/ui/") {
+        return Reply::page(ctx.ui.route(head, access));
+    }
+    if access == Access::Nobody {
+        return Reply::error(unauthorized());
+    }
+    match (head.method.as_str(), path) {
         ("POST", "/v1/rpc") => {
+            if access == Access::Viewer && !ctx.ui.same_origin(head) {
+                return Reply::error(read_only("a request from another origin"));
+            }
             let caller = broca_wire::Caller::operator();
             let answer = match broca_wire::request::parse(&body) {
+                Ok(request) if access == Access::Viewer && request.method().writes() => {
+                    Err(read_only(request.method().as_str()))
+                }
                 Ok(request) => ctx.host.call(request, &caller).await,
                 Err(e) => Err(e),
             };
             match answer {
-                Ok(result) => (
+                Ok(result) => Reply::new(
                     200,
                     JSON,
                     serde_json::to_vec(&serde_json::json!({ "result": result }))
                         .expect("a reply serializes"),
                 ),
-                Err(e) => error(e),
+                Err(e) => Reply::error(e),
             }
         }
         ("GET", "/healthz") => {
             if ctx.host.is_stopping() {
-                (503, JSON, br#"{"status":"stopping"}"#.to_vec())
+                Reply::new(503, JSON, br#"{"status":"stopping"}"#.to_vec())
             } else {
                 // Degraded (reads go on, writes are refused) is still an answer: 200.
                 let health = ctx.host.storage.health_json();
-                (200, JSON, health.to_string().into_bytes())
+                Reply::new(200, JSON, health.to_string().into_bytes())
             }
         }
-        ("GET", "/metrics") => (
+        ("GET", "/metrics") => Reply::new(
             200,
             "text/plain; version=0.0.4",
             broca_host::metrics::render(&ctx.host).await.into_bytes(),
         ),
-        (_, "/v1/rpc" | "/healthz" | "/metrics" | "/v1/subscribe") => error(RpcError::new(
+        (_, "/v1/rpc" | "/healthz" | "/metrics" | "/v1/subscribe") => Reply::error(RpcError::new(
             Code::MethodNotAllowed,
-            format!("{} {} is not served", head.method, head.path()),
+            format!("{} {} is not served", head.method, path),
         )),
-        _ => error(RpcError::new(
-            Code::NotFound,
-            format!("no route {}", head.path()),
-        )),
+        _ => Reply::error(RpcError::new(Code::NotFound, format!("no route {path}"))),
     }
 }

@@ -3,12 +3,15 @@
 //! the TCP listener and serves the connections it accepted; shard 0 also serves the Unix
 //! socket. `POST /v1/rpc` parses the request with the management core (broca-wire) and hands
 //! it to the host; `GET /v1/subscribe` is the host's subscription written as server-sent
-//! events or WebSocket messages; `GET /healthz` and `GET /metrics` read the host's state.
+//! events or WebSocket messages; `GET /healthz` and `GET /metrics` read the host's state;
+//! `/ui` is a read-only web view over the same requests (ui.rs), signed into through a
+//! one-time link.
 
 mod accept;
 mod http;
 mod socket;
 mod subscribe;
+mod ui;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -38,6 +41,8 @@ pub(crate) struct Surface {
     pub(crate) host: Arc<Host>,
     pub(crate) limits: ServerLimits,
     pub(crate) request_timeout: Duration,
+    /// The web view's sign-ins, shared by every shard.
+    pub(crate) ui: Arc<ui::UiAuth>,
 }
 
 /// The TCP listener and the Unix socket, bound before the shards start (so a port in use is
@@ -97,6 +102,10 @@ impl Listeners {
         }
         copies.insert(0, self.tcp);
         let mut unix = Some(self.unix);
+        let ui = Arc::new(ui::UiAuth::new(
+            self.listen,
+            Some(opts.host.state_dir.join("ui-sign-ins")),
+        ));
         let parts: Vec<Option<Box<dyn ShardFront>>> = copies
             .into_iter()
             .map(|tcp| {
@@ -105,6 +114,7 @@ impl Listeners {
                     unix: unix.take(), // shard 0's
                     limits: opts.limits,
                     request_timeout: opts.request_timeout,
+                    ui: ui.clone(),
                 };
                 Some(Box::new(part) as Box<dyn ShardFront>)
             })
@@ -132,6 +142,7 @@ struct HttpShard {
     unix: Option<std::os::unix::net::UnixListener>,
     limits: ServerLimits,
     request_timeout: Duration,
+    ui: Arc<ui::UiAuth>,
 }
 
 impl ShardFront for HttpShard {
@@ -144,6 +155,7 @@ impl ShardFront for HttpShard {
                 host,
                 limits: self.limits,
                 request_timeout: self.request_timeout,
+                ui: self.ui,
             });
             let acceptor = http::start(surface, self.tcp, self.unix)?;
             Ok(Box::new(acceptor) as Box<dyn Running>)

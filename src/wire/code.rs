@@ -122,6 +122,9 @@ codes! {
     // HTTP.
     /// No or a wrong bearer handle.
     Unauthorized = "unauthorized", 401, AuthRequired;
+    /// The caller may read, not change (the web view's sign-in: no send, cancel, retraction
+    /// or import).
+    Forbidden = "forbidden", 403, Permanent;
     /// No route of that path.
     NotFound = "not_found", 404, Permanent;
     /// The path is served, not with that method.

@@ -78,6 +78,18 @@ impl Method {
         }
     }
 
+    /// Whether the method changes anything (a send, a cancel, a retraction, an import):
+    /// the web view's sign-in, which only reads, is refused these.
+    pub fn writes(self) -> bool {
+        matches!(
+            self,
+            Method::SessionSend
+                | Method::SessionRetract
+                | Method::RunCancel
+                | Method::SessionImport
+        )
+    }
+
     /// The method named `name`.
     pub fn parse(name: &str) -> Option<Method> {
         Method::ALL.into_iter().find(|m| m.as_str() == name)

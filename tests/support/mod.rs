@@ -55,9 +55,13 @@ pub fn ensure_peers() {
         let lock = std::fs::File::create(dir.join(".install.lock")).expect("the peers lock file");
         // SAFETY: flock on a descriptor this function owns.
         assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
-        let installed = ["node_modules/.bin/llmock", EVERYTHING_JS]
-            .iter()
-            .all(|p| dir.join(p).exists());
+        let installed = [
+            "node_modules/.bin/llmock",
+            EVERYTHING_JS,
+            "node_modules/playwright-core/package.json",
+        ]
+        .iter()
+        .all(|p| dir.join(p).exists());
         if !installed {
             let out = Command::new("npm")
                 .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])

@@ -20,6 +20,7 @@ const FLOORS: &[(&str, u32)] = &[
     ("broca-tools", 2),
     ("broca-provider", 2),
     ("broca-archive", 2),
+    ("broca-otel", 2),
     ("broca-core", 2),
     ("broca-import", 2),
     ("broca-wal-writer", 3),

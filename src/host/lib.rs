@@ -163,6 +163,8 @@ pub struct Host {
     pub storage: storage::StorageHealth,
     /// Module mode: where step hints are published (`role.describe` declares `step_events`).
     pub(crate) step_hints: Option<StepHints>,
+    /// The OpenTelemetry trace exporter, when the environment turns it on.
+    pub(crate) traces: Option<Arc<broca_otel::Traces>>,
 }
 
 /// Sessions whose replayed state the readers keep (the least lately read go first).
@@ -342,6 +344,7 @@ impl Startup {
         let opened = start::open_store(&opts.state_dir, &state.wal_dir)?;
         let tools = start::start_tools(&opts, &tls, &proxy, extras.module_tools.clone())?;
         let (mesh, receivers) = Mesh::new(opts.shards);
+        let traces = broca_otel::Traces::from_env(&tls);
         let host = Arc::new(Host {
             checks: broca_provider::Checks::new(Box::new(secrets(
                 &opts.state_dir,
@@ -363,6 +366,7 @@ impl Startup {
             reads: Arc::new(broca_core::read::ReadCache::new(READ_SESSIONS_MAX)),
             storage: storage::StorageHealth::default(),
             step_hints: extras.step_hints,
+            traces,
         });
         signals::SignalSlot::install(&slot, &host);
         let serve_json = state::serve_json(&host.opts.state_dir);
@@ -394,6 +398,9 @@ impl Startup {
         host.tools.stop();
         if let Some(m) = &host.module_tools {
             m.stop();
+        }
+        if let Some(t) = &host.traces {
+            t.shutdown(); // the runs' last spans, sealed as the shards stopped
         }
         result?;
         Ok(host.signal.load(Ordering::Acquire))

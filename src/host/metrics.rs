@@ -263,6 +263,15 @@ pub async fn render(ctx: &Host) -> String {
             published, dropped, connects,
         ));
     }
+    if let Some(t) = &ctx.traces {
+        use std::sync::atomic::Ordering::Relaxed;
+        out.push_str(&format!(
+            "# HELP broca_trace_spans_total Trace spans exported over OTLP, dropped (queue full, or left at shutdown) or failed (the collector refused them or could not be reached).\n# TYPE broca_trace_spans_total counter\nbroca_trace_spans_total{{outcome=\"exported\"}} {}\nbroca_trace_spans_total{{outcome=\"dropped\"}} {}\nbroca_trace_spans_total{{outcome=\"failed\"}} {}\n",
+            t.counts.exported.load(Relaxed),
+            t.counts.dropped.load(Relaxed),
+            t.counts.failed.load(Relaxed),
+        ));
+    }
     out.push_str(&format!(
         "# HELP broca_mesh_full_total Commands refused 503 shard_busy: their shard's queue was full.\n# TYPE broca_mesh_full_total counter\nbroca_mesh_full_total {}\n",
         ctx.mesh.full_count()

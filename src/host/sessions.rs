@@ -190,6 +190,13 @@ impl Shard {
         let hub = self.hub(addr);
         let (on_append, on_display) = (hub.clone(), hub.clone());
         let outcomes = self.outcomes.clone();
+        // The session's spans, built from its records as they are appended.
+        let mut spans = self.host.traces.clone().map(|t| {
+            (
+                t,
+                broca_otel::SessionSpans::new(triple.address().to_string()),
+            )
+        });
         let mut opener = SessionActor::opener(
             &self.host.wal_dir,
             triple,
@@ -203,6 +210,12 @@ impl Shard {
         .inbox(inbox.clone())
         .on_append(Box::new(move |seq, end, record| {
             outcomes.record(record);
+            if let Some((traces, spans)) = &mut spans {
+                let done = spans.observe(record);
+                if !done.is_empty() {
+                    traces.offer(done);
+                }
+            }
             on_append.on_append(seq, end, record)
         }))
         .display(Box::new(move |text| on_display.display(text)));

@@ -76,7 +76,9 @@ impl Standalone {
             .map_err(|e| format!("cannot create {}: {e}", wal_dir.display()))?;
         let proxy = ProxyConfig::from_env().map_err(|e| e.to_string())?;
         let tls = tls::default_client_config().map_err(|e| e.to_string())?;
-        broca_shards::run_local(async move {
+        let traces = broca_otel::Traces::from_env(&tls);
+        let flush = traces.clone();
+        let ran = broca_shards::run_local(async move {
             let http = HttpClient::new(ClientConfig::new(tls.clone(), proxy.clone()));
             load_catalog(&self.catalog, &http).await;
             let model = HttpModelClient::new(
@@ -104,8 +106,21 @@ impl Standalone {
             // A run a crash left open is resumed first; its text is not the answer asked for.
             let shown = Rc::new(Cell::new(false));
             let gate = shown.clone();
+            // The session's spans, built from its records as they are appended.
+            let mut spans = traces.map(|t| {
+                let conversation = self.triple.address().to_string();
+                (t, broca_otel::SessionSpans::new(conversation))
+            });
             let opened =
                 SessionActor::opener(&wal_dir, &self.triple, Rc::new(model), Rc::new(router))
+                    .on_append(Box::new(move |_, _, record| {
+                        if let Some((traces, spans)) = &mut spans {
+                            let done = spans.observe(record);
+                            if !done.is_empty() {
+                                traces.offer(done);
+                            }
+                        }
+                    }))
                     .tool_specs(servers.specs())
                     .log(broca_crash_points::log_config())
                     .committer(Committer::default())
@@ -143,7 +158,11 @@ impl Standalone {
             closed?;
             Ok(report)
         })
-        .map_err(|e| Failure::Failed(format!("cannot start the executor: {e}")))?
+        .map_err(|e| Failure::Failed(format!("cannot start the executor: {e}")))?;
+        if let Some(t) = flush {
+            t.shutdown(); // the run's spans leave before the process does
+        }
+        ran
     }
 
     async fn drive<P: ModelClient, T: ToolRunner>(

@@ -89,7 +89,10 @@ pub fn python_sdks() -> PathBuf {
         // SAFETY: flock on a descriptor this function owns.
         assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
         let ready = Command::new(&python)
-            .args(["-c", "import google.genai, boto3"])
+            .args([
+                "-c",
+                "import google.genai, boto3, opentelemetry.proto.collector.trace.v1.trace_service_pb2",
+            ])
             .stderr(Stdio::null())
             .status()
             .is_ok_and(|s| s.success())

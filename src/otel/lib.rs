@@ -37,6 +37,21 @@ pub struct Config {
     pub resource: Vec<(String, spans::Value)>,
 }
 
+/// Names the headers, never their values (they are secrets).
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let headers: Vec<&str> = self.headers.iter().map(|(k, _)| k.as_str()).collect();
+        f.debug_struct("Config")
+            .field("endpoint", &self.endpoint.to_string())
+            .field("headers", &headers)
+            .field("timeout", &self.timeout)
+            .field("delay", &self.delay)
+            .field("queue", &self.queue)
+            .field("batch", &self.batch)
+            .finish_non_exhaustive()
+    }
+}
+
 /// An OTLP/HTTP endpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
@@ -463,7 +478,7 @@ fn exchange(mut s: impl Read + Write, head: &str, body: &[u8]) -> Result<u16, St
 mod tests {
     use super::*;
 
-    fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + '_ {
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
         move |name| {
             vars.iter()
                 .find(|(k, _)| *k == name)

@@ -351,7 +351,19 @@ fn a_send_admission_refuses_writes_nothing_in_serve_or_run() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
     let peer = Aimock::start(&fixture("aimock.json"));
-    let mut s = start_env(&state, &peer, &[], &[]);
+    // A provider the catalog knows whose wire family this build does not speak.
+    let catalog = dir.path().join("catalog.json");
+    std::fs::write(
+        &catalog,
+        r#"{"providers": [{"id": "future", "family": "future-wire",
+            "base_url": "https://future.example", "credential_env": "FUTURE_KEY"}]}"#,
+    )
+    .unwrap();
+    let catalog_env = [
+        ("BROCA_CATALOG_FILE", catalog.to_str().unwrap()),
+        ("FUTURE_KEY", "k-0123456789"),
+    ];
+    let mut s = start_env(&state, &peer, &[], &catalog_env);
     let (status, r) = rpc(
         &s,
         "session.send",
@@ -385,9 +397,9 @@ fn a_send_admission_refuses_writes_nothing_in_serve_or_run() {
             "AWS_ACCESS_KEY_ID",
         ),
         (
-            json!({"model": "scripted/m"}),
+            json!({"model": "future/m"}),
             "unsupported_provider",
-            "scripted",
+            "future-wire",
         ),
         (
             json!({"stop_when": {"max_cost_micros": 1000}}),
@@ -433,7 +445,7 @@ fn a_send_admission_refuses_writes_nothing_in_serve_or_run() {
     // `broca run` refuses the same way, before the session's WAL is touched.
     let before = tree(&state);
     for (args, code) in [
-        (vec!["--model", "scripted/m"], "unsupported_provider"),
+        (vec!["--model", "future/m"], "unsupported_provider"),
         (
             vec!["--model", "anthropic/m", "--base-url", peer.url().as_str()],
             "auth_required",
@@ -441,6 +453,7 @@ fn a_send_admission_refuses_writes_nothing_in_serve_or_run() {
     ] {
         let o = broca(&state)
             .env_remove("ANTHROPIC_API_KEY")
+            .envs(catalog_env)
             .args([
                 "run",
                 "--project-root",

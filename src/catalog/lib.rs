@@ -477,11 +477,7 @@ mod tests {
         let c = Catalog::builtin();
         // Billed by subscription: no per-token prices to list.
         let unpriced = ["code-assist", "chatgpt"];
-        for p in c
-            .providers
-            .iter()
-            .filter(|p| !["scripted", "demo"].contains(&p.id.as_str()))
-        {
+        for p in c.providers.iter().filter(|p| p.id != "demo") {
             let models: Vec<&ModelSpec> = c.models.iter().filter(|m| m.provider == p.id).collect();
             assert!(models.len() >= 4, "{}: {} models", p.id, models.len());
             for m in models {

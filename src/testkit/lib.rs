@@ -57,8 +57,31 @@ pub struct ScriptedModel {
     pub calls: RefCell<u64>,
 }
 
+/// The test-only provider the scripted model answers for (`scripted/<any model>`): it is not
+/// in the built-in catalog users see, so a process that drives a scripted model adds it to
+/// its own catalog ([`ScriptedModel::new`] does).
+pub const SCRIPTED_PROVIDER: &str = "scripted";
+
+/// Adds the provider [`SCRIPTED_PROVIDER`] to this process's catalog, unless it is there.
+pub fn install_scripted_provider() {
+    let current = broca_catalog::current();
+    if current.providers.iter().any(|p| p.id == SCRIPTED_PROVIDER) {
+        return;
+    }
+    let mut catalog = (*current).clone();
+    catalog.providers.push(broca_catalog::ProviderEntry {
+        id: SCRIPTED_PROVIDER.into(),
+        family: "scripted".into(),
+        base_url: "http://127.0.0.1".into(),
+        credential_env: "BROCA_SCRIPTED_KEY".into(),
+    });
+    broca_catalog::install(catalog);
+}
+
 impl ScriptedModel {
+    /// The scripted model; the process's catalog learns the provider `scripted`.
     pub fn new(script: Script) -> ScriptedModel {
+        install_scripted_provider();
         ScriptedModel {
             script,
             calls: RefCell::new(0),

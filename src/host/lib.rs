@@ -88,6 +88,12 @@ pub(crate) enum ShardMsg {
     },
     /// The shard's counters.
     Stats(futures_channel::oneshot::Sender<ShardStats>),
+    /// The last seq this process appended to each of these sessions' WALs, for those the
+    /// shard knows (`sessions.list` checks the store's marks with it).
+    Heads(
+        Vec<[u8; 16]>,
+        futures_channel::oneshot::Sender<Vec<([u8; 16], u64)>>,
+    ),
     /// A signal asked the daemon to stop (sent to shard 0, which stops every shard).
     Signal,
     /// Stop: wait for active runs up to the grace, seal the rest, close every session.

@@ -1,7 +1,9 @@
 //! broca's listing methods: `sessions.list` from the store's marks (each session's triple and
 //! latest run, kept by the store's follower; a session is handed to the store when a run
-//! starts and when it ends, so a list is at most one hand-off behind its WALs), and
-//! `runs.list` from the session's WAL as a reader (the host's `ReadCache`), exact.
+//! starts and when it ends), checked against the WALs: a listed session whose WAL this
+//! process appended to past its mark is brought up to date from its WAL before the page is
+//! answered; and `runs.list` from the session's WAL as a reader (the host's `ReadCache`),
+//! exact.
 
 use broca_wal::SessionTriple;
 use broca_wire::request::lists::{
@@ -9,6 +11,8 @@ use broca_wire::request::lists::{
 };
 use broca_wire::{Code, RpcError};
 use serde_json::{json, Value};
+
+use std::sync::Arc;
 
 use crate::reads::with_session;
 use crate::Host;
@@ -22,15 +26,74 @@ pub(crate) async fn sessions(ctx: &Host, list: Box<SessionsList>) -> Result<Valu
              why); `broca store rebuild` makes it again",
         ));
     };
-    let marks = glommio::executor()
-        .spawn_blocking(move || store.sessions())
+    let read_marks = |store: Arc<broca_store::Store>| async move {
+        glommio::executor()
+            .spawn_blocking(move || store.sessions())
+            .await
+            .map_err(|e| RpcError::new(Code::StoreUnavailable, format!("the store: {e}")))
+    };
+    let marks = read_marks(store.clone()).await?;
+    let (page, more) = select(marks, &list);
+    // The page's sessions whose WAL moved on since their mark: caught up from the WAL, then
+    // the page is chosen again.
+    let behind = behind_marks(ctx, &page).await;
+    if behind.is_empty() {
+        return Ok(render(page, more));
+    }
+    let wal_dir = ctx.wal_dir.clone();
+    let caught = store.clone();
+    let failed = glommio::executor()
+        .spawn_blocking(move || {
+            let paths: Vec<_> = behind
+                .iter()
+                .filter_map(|m| SessionTriple::new(&m.project_root, &m.harness, &m.session).ok())
+                .map(|t| broca_wal_writer::wal_path(&wal_dir, &t))
+                .collect();
+            caught.catch_up_batch(&paths)
+        })
         .await
         .map_err(|e| RpcError::new(Code::StoreUnavailable, format!("the store: {e}")))?;
-    Ok(page_of_sessions(marks, &list))
+    for f in failed {
+        tracing::warn!("sessions.list: a session could not be caught up: {f}");
+    }
+    let marks = read_marks(store).await?;
+    let (page, more) = select(marks, &list);
+    Ok(render(page, more))
 }
 
-/// One page of `marks` as `list` asks.
-fn page_of_sessions(marks: Vec<([u8; 16], broca_store::Mark)>, list: &SessionsList) -> Value {
+/// The marks of `page` that are behind what this process appended to their WALs.
+async fn behind_marks(
+    ctx: &Host,
+    page: &[(SessionCursor, broca_store::Mark)],
+) -> Vec<broca_store::Mark> {
+    let addrs: Vec<[u8; 16]> = page.iter().map(|(at, _)| at.address).collect();
+    let mut heads = Vec::new();
+    for shard in 0..ctx.mesh.shards() {
+        let (reply, wait) = futures_channel::oneshot::channel();
+        // A shard too busy to take the question is not asked: its sessions keep their marks.
+        if ctx
+            .mesh
+            .try_send(shard, crate::ShardMsg::Heads(addrs.clone(), reply))
+            .is_ok()
+        {
+            heads.extend(wait.await.unwrap_or_default());
+        }
+    }
+    page.iter()
+        .filter(|(at, m)| {
+            heads
+                .iter()
+                .any(|(a, seq)| *a == at.address && *seq > m.last_seq)
+        })
+        .map(|(_, m)| m.clone())
+        .collect()
+}
+
+/// A page of sessions: the marks `list` keeps, newest activity first, and whether more follow.
+fn select(
+    marks: Vec<([u8; 16], broca_store::Mark)>,
+    list: &SessionsList,
+) -> (Vec<(SessionCursor, broca_store::Mark)>, bool) {
     let after = list.cursor.as_deref().and_then(SessionCursor::decode);
     let mut kept: Vec<(SessionCursor, broca_store::Mark)> = marks
         .into_iter()
@@ -58,6 +121,11 @@ fn page_of_sessions(marks: Vec<([u8; 16], broca_store::Mark)>, list: &SessionsLi
     kept.sort_by_key(|(at, _)| newer_first(at));
     let more = kept.len() > list.limit as usize;
     kept.truncate(list.limit as usize);
+    (kept, more)
+}
+
+/// The answer of a page of sessions.
+fn render(kept: Vec<(SessionCursor, broca_store::Mark)>, more: bool) -> Value {
     let next = more
         .then(|| kept.last().map(|(at, _)| at.encode()))
         .flatten();

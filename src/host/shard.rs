@@ -199,11 +199,28 @@ impl Shard {
         .with_outcomes(&self.outcomes)
     }
 
+    /// The last seq appended in this process to each of `addrs` this shard has a hub or
+    /// kept seek points for.
+    fn heads(&self, addrs: &[Key]) -> Vec<(Key, u64)> {
+        let (hubs, seeks) = (self.hubs.borrow(), self.seeks.borrow());
+        addrs
+            .iter()
+            .filter_map(|a| {
+                let last = match hubs.get(a) {
+                    Some(hub) => hub.last_seq(),
+                    None => seeks.get(a).and_then(|s| s.last_seq()),
+                };
+                last.map(|seq| (*a, seq))
+            })
+            .collect()
+    }
+
     /// Answers one mesh message; `false` once the shard's loop is to end.
     fn on_message(self: &Rc<Self>, msg: ShardMsg) -> bool {
         match msg {
             ShardMsg::Session { triple, cmd } => self.dispatch(triple, cmd),
             ShardMsg::Stats(reply) => drop(reply.send(self.stats())),
+            ShardMsg::Heads(addrs, reply) => drop(reply.send(self.heads(&addrs))),
             ShardMsg::Subscribe {
                 triple,
                 from,

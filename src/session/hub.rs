@@ -107,6 +107,11 @@ pub struct SeekPoints {
 }
 
 impl SeekPoints {
+    /// The seq of the last record appended in this process, if any.
+    pub fn last_seq(&self) -> Option<u64> {
+        self.next.map(|(next, _)| next.saturating_sub(1))
+    }
+
     fn keep(&mut self, seq: u64, offset: u64) {
         assert!(self.points.len() <= SEEK_POINTS);
         if self
@@ -123,6 +128,11 @@ impl SeekPoints {
 }
 
 impl Hub {
+    /// The seq of the session's last record appended in this process, if any.
+    pub fn last_seq(&self) -> Option<u64> {
+        self.seeks.borrow().last_seq()
+    }
+
     pub fn is_idle(&self) -> bool {
         self.subs.borrow().is_empty() && self.pending.borrow().is_empty()
     }

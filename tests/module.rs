@@ -893,6 +893,25 @@ fn tools_of_a_tool_module_go_over_the_sessions_own_route_and_run_at_most_once() 
         "the module's answer is the result: {results:?}"
     );
 
+    // A session that differs only in its project root gets a route of its own.
+    assert_eq!(d.bind(5, 1, "/u", "h", "s").0, FrameType::Response);
+    let opened_before = tools.log.opens.lock().unwrap().len();
+    let (_, status) = run_on(&mut d, 5, "record two", "u1");
+    assert_eq!(status["state"], "completed", "{status}");
+    let opens = tools.log.opens.lock().unwrap().clone();
+    assert!(
+        opens.len() > opened_before,
+        "a route opened for the other project's session: {opens:?}"
+    );
+    let first_channels: Vec<u16> = calls.iter().map(|(_, c)| *c).collect();
+    let now = tools.log.calls.lock().unwrap().clone();
+    assert!(
+        now[calls.len()..]
+            .iter()
+            .all(|(_, c)| !first_channels.contains(c)),
+        "two sessions that differ only in their project root shared a tool route: {now:?}"
+    );
+
     // The daemon says the route went stale before delivery: reopened, sent once more, run once.
     tools
         .stale_next

@@ -1,7 +1,9 @@
 //! Tools of the daemon's tool_provider modules (module mode), beside the MCP servers': their
 //! catalogs are read once at startup (`role.describe` checked, then `tool.catalog`), and
 //! each call goes over a route of its session's own (`route.open` with the session's harness
-//! and session as the bind identity), on one consumer connection shared by every shard
+//! and session as the bind identity; kept per module and whole session triple, so two
+//! sessions that differ only in their project root never share one), on one consumer
+//! connection shared by every shard
 //! (broca_subc::link). A call is sent at most once:
 //!
 //! - not sent (no connection, the route refused, the frame never handed to the socket):
@@ -44,7 +46,9 @@ const CALL_TIMEOUT_DEFAULT: Duration = Duration::from_secs(300);
 /// Routes kept open at most; past it the least recently used is closed.
 const ROUTES_MAX: usize = 4096;
 
-type RouteKey = (String, String, String);
+/// A kept route's key: the module and the whole session triple (project root, harness,
+/// session).
+type RouteKey = (String, String, String, String);
 
 #[derive(Clone)]
 struct Route {
@@ -139,7 +143,7 @@ impl ModuleTools {
     /// `session`, and its terminal frame.
     async fn ask(&self, module: &str, session: &str, body: Vec<u8>) -> Result<FrameIn, LinkError> {
         let route = self
-            .route(module, &self.module_id, session)
+            .route(module, "", &self.module_id, session)
             .await
             .map_err(|e| match e {
                 NotSent::Refused(e) | NotSent::Indeterminate(e) => LinkError::Down(e),
@@ -236,9 +240,21 @@ impl ModuleTools {
         Ok(link)
     }
 
-    /// The route to `module` for (harness, session): the one open, or a new one.
-    async fn route(&self, module: &str, harness: &str, session: &str) -> Result<Route, NotSent> {
-        let key = (module.to_string(), harness.to_string(), session.to_string());
+    /// The route to `module` for the session (project root, harness, session): the one open,
+    /// or a new one. (broca's own requests use an empty project root.)
+    async fn route(
+        &self,
+        module: &str,
+        project_root: &str,
+        harness: &str,
+        session: &str,
+    ) -> Result<Route, NotSent> {
+        let key = (
+            module.to_string(),
+            project_root.to_string(),
+            harness.to_string(),
+            session.to_string(),
+        );
         let used = self.next_use();
         let kept = self.routes.lock().ok().and_then(|mut r| {
             let route = r.get_mut(&key)?;
@@ -268,8 +284,7 @@ impl ModuleTools {
                         epoch,
                         used: self.next_use(),
                     };
-                    self.keep(key, route.clone());
-                    return Ok(route);
+                    return Ok(self.keep(key, route));
                 }
                 Opened::Retry(code) => {
                     tracing::info!(
@@ -316,10 +331,19 @@ impl ModuleTools {
         }
     }
 
-    fn keep(&self, key: RouteKey, route: Route) {
+    /// Keeps `route` for `key` and answers the route to use: when a call of the same session
+    /// opened one meanwhile (two calls of a step, say), that one, and `route` is closed.
+    fn keep(&self, key: RouteKey, route: Route) -> Route {
         let Ok(mut routes) = self.routes.lock() else {
-            return;
+            return route;
         };
+        if let Some(kept) = routes.get(&key) {
+            if kept.link.is_alive() {
+                let kept = kept.clone();
+                route.link.close_route(route.channel, route.epoch);
+                return kept;
+            }
+        }
         if routes.len() >= ROUTES_MAX {
             if let Some(oldest) = routes
                 .iter()
@@ -331,7 +355,8 @@ impl ModuleTools {
                 }
             }
         }
-        routes.insert(key, route);
+        routes.insert(key, route.clone());
+        route
     }
 
     /// Forgets a route that is dead (its link gone, the daemon closed it, or it answered that
@@ -374,11 +399,19 @@ impl ModuleTools {
         let t = &origin.triple;
         let key = origin.call_key.clone();
         let body = toolprov::call_body(&call.name, arguments, &call.id, key, pin);
-        let rkey = (module.to_string(), t.harness.clone(), t.session.clone());
+        let rkey = (
+            module.to_string(),
+            t.project_root.clone(),
+            t.harness.clone(),
+            t.session.clone(),
+        );
         let timeout = self.call_timeout(module);
         let mut not_delivered = String::new();
         for _ in 0..2 {
-            let r = match self.route(module, &t.harness, &t.session).await {
+            let r = match self
+                .route(module, &t.project_root, &t.harness, &t.session)
+                .await
+            {
                 Ok(r) => r,
                 Err(NotSent::Refused(reason)) => return ToolOutcome::Refused { reason },
                 Err(NotSent::Indeterminate(why)) => return indeterminate(call, &why),

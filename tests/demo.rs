@@ -5,9 +5,6 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
-use std::process::Stdio;
-
 use serde_json::Value;
 use support::{broca, dump_all, last_json};
 
@@ -85,37 +82,7 @@ fn a_kill_in_the_middle_of_the_demo_tool_seals_the_run_and_never_runs_the_call_a
     };
     let mut s = serve();
     let base = ["--project-root", "/demo", "--session", "s1"];
-    let mut attach = broca(&state)
-        .arg("attach")
-        .args(base)
-        .args(["--json"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let sent = broca(&state)
-        .arg("send")
-        .args(base)
-        .args(["--model", "demo/tour", "one two three"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    // The call's dispatch intent is durable (its `tool_call` event): the tool is running.
-    let mut lines = BufReader::new(attach.stdout.take().unwrap()).lines();
-    loop {
-        let line = lines.next().expect("attach saw the tool call").unwrap();
-        let v: Value = serde_json::from_str(&line).unwrap();
-        if v["unit"]["type"] == "tool_call" {
-            break;
-        }
-    }
-    // SAFETY: a signal to the serve this test started and has not reaped.
-    unsafe { libc::kill(s.child.id() as i32, libc::SIGKILL) };
-    let _ = s.child.wait();
-    let _ = attach.kill();
-    let _ = attach.wait();
-    let _ = sent.wait_with_output();
+    support::serve::kill_mid_demo_tool(&state, &mut s, &base, "one two three");
     drop(s);
 
     let _s = serve();

@@ -231,32 +231,13 @@ fn a_session_whose_wal_moved_past_the_stores_mark_is_listed_from_its_wal() {
     cmd.env_remove("ANTHROPIC_API_KEY")
         .args(["serve", "--listen", "127.0.0.1:0", "--shards", "2"]);
     let s = support::serve::spawn(&mut cmd, &state);
-    let mut attach = support::broca(&state)
-        .args([
-            "attach",
-            "--project-root",
-            "/lag",
-            "--session",
-            "s1",
-            "--json",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut attach =
+        support::serve::attach_json(&state, &["--project-root", "/lag", "--session", "s1"]);
     let p = json!({"project_root": "/lag", "harness": "cli", "session": "s1",
                    "prompt": "one two", "model": "demo/tour"});
     let (status, r) = call(&s, "session.send", p);
     assert_eq!(status, 200, "{r}");
-    use std::io::BufRead;
-    let mut lines = std::io::BufReader::new(attach.stdout.take().unwrap()).lines();
-    loop {
-        let line = lines.next().expect("attach saw the tool call").unwrap();
-        let v: Value = serde_json::from_str(&line).unwrap();
-        if v["unit"]["type"] == "tool_call" {
-            break;
-        }
-    }
+    support::serve::until_unit(&mut attach, "tool_call");
     // The tool runs for 1.5 s: the run's end (and its hand-off) is still ahead.
     let page = list(&s, json!({"project_root": "/lag"}));
     let row = &page["sessions"][0];

@@ -28,6 +28,15 @@ fn received(file: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// The OTLP receiver, writing what it decodes to `requests`.
+fn receiver(requests: &Path) -> Peer {
+    Peer::start(
+        Command::new(python_sdks())
+            .arg(peers_dir().join("otlp_receiver.py"))
+            .env("REQUESTS_FILE", requests),
+    )
+}
+
 fn wait_for_spans(file: &Path, n: usize) -> Vec<Value> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -43,11 +52,7 @@ fn wait_for_spans(file: &Path, n: usize) -> Vec<Value> {
 fn a_run_is_a_trace_of_its_steps_and_tool_calls_flushed_when_serve_stops() {
     let dir = tempfile::tempdir().unwrap();
     let requests = dir.path().join("spans.jsonl");
-    let receiver = Peer::start(
-        Command::new(python_sdks())
-            .arg(peers_dir().join("otlp_receiver.py"))
-            .env("REQUESTS_FILE", &requests),
-    );
+    let receiver = receiver(&requests);
     let state = dir.path().join("state");
     let secret = "otel-secret-0123456789";
     let mut cmd = broca(&state);
@@ -196,11 +201,7 @@ impl WaitOutput for std::process::Child {
 fn broca_run_exports_its_trace_before_it_exits() {
     let dir = tempfile::tempdir().unwrap();
     let requests = dir.path().join("spans.jsonl");
-    let receiver = Peer::start(
-        Command::new(python_sdks())
-            .arg(peers_dir().join("otlp_receiver.py"))
-            .env("REQUESTS_FILE", &requests),
-    );
+    let receiver = receiver(&requests);
     let o = broca(&dir.path().join("state"))
         .env_remove("ANTHROPIC_API_KEY")
         .env(

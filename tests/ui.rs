@@ -36,41 +36,6 @@ fn send(state: &Path, session: &str, prompt: &str) {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
-/// A run of session `crashed` killed (-9) while its tool runs.
-fn crash_mid_tool(state: &Path, s: &mut Serve) {
-    let base = ["--project-root", PROJECT, "--session", "crashed"];
-    let mut attach = broca(state)
-        .arg("attach")
-        .args(base)
-        .arg("--json")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let sent = broca(state)
-        .arg("send")
-        .args(base)
-        .args(["--model", "demo/tour", "what happened here"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(attach.stdout.take().unwrap()).lines();
-    loop {
-        let line = lines.next().expect("attach saw the tool call").unwrap();
-        let v: Value = serde_json::from_str(&line).unwrap();
-        if v["unit"]["type"] == "tool_call" {
-            break;
-        }
-    }
-    // SAFETY: a signal to the serve this test started and has not reaped.
-    unsafe { libc::kill(s.child.id() as i32, libc::SIGKILL) };
-    let _ = s.child.wait();
-    let _ = attach.kill();
-    let _ = attach.wait();
-    let _ = sent.wait_with_output();
-}
-
 /// Stops serve with SIGTERM and waits for it.
 fn stop(s: &mut Serve) {
     // SAFETY: a signal to the serve this test started and has not reaped.
@@ -92,7 +57,12 @@ fn the_web_view_in_a_real_browser() {
     let mut s = serve(&state, "127.0.0.1:0");
     let listen = s.addr.clone();
     send(&state, "done", "alpha beta gamma");
-    crash_mid_tool(&state, &mut s);
+    support::serve::kill_mid_demo_tool(
+        &state,
+        &mut s,
+        &["--project-root", PROJECT, "--session", "crashed"],
+        "what happened here",
+    );
     drop(s);
     let mut s = serve(&state, &listen);
 

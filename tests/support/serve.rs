@@ -269,3 +269,49 @@ pub fn result_when_ended(s: &Serve, session: &str, run_id: &str) -> Value {
     assert_eq!(status, 200, "{r}");
     r["result"].clone()
 }
+
+/// `broca attach --json` on the session `base` names (its stderr dropped).
+pub fn attach_json(state: &Path, base: &[&str]) -> Child {
+    broca(state)
+        .arg("attach")
+        .args(base)
+        .arg("--json")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// Reads `attach`'s JSON lines until a control unit of type `kind` arrives (its stdout is
+/// taken).
+pub fn until_unit(attach: &mut Child, kind: &str) {
+    let mut lines = BufReader::new(attach.stdout.take().unwrap()).lines();
+    loop {
+        let line = lines.next().expect("attach saw the unit").unwrap();
+        let v: Value = serde_json::from_str(&line).unwrap();
+        if v["unit"]["type"] == kind {
+            return;
+        }
+    }
+}
+
+/// Sends `prompt` to the demo model in the session `base` names and kills serve (-9) once the
+/// call's dispatch intent is durable (its `tool_call` event): while the tool runs.
+pub fn kill_mid_demo_tool(state: &Path, s: &mut Serve, base: &[&str], prompt: &str) {
+    let mut attach = attach_json(state, base);
+    let sent = broca(state)
+        .arg("send")
+        .args(base)
+        .args(["--model", "demo/tour", prompt])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    until_unit(&mut attach, "tool_call");
+    // SAFETY: a signal to the serve this test started and has not reaped.
+    unsafe { libc::kill(s.child.id() as i32, libc::SIGKILL) };
+    let _ = s.child.wait();
+    let _ = attach.kill();
+    let _ = attach.wait();
+    let _ = sent.wait_with_output();
+}

@@ -83,20 +83,41 @@ pub fn get(s: &Serve, path: &str) -> (u16, Vec<u8>) {
 }
 
 /// One HTTP exchange on a new connection: status and body.
+/// (A send that meets a session a pack holds waits up to 10 s for the pack and then restores
+/// the session: on a loaded machine an answer may take that long and more.)
 pub fn http(addr: &str, raw: &[u8]) -> (u16, Vec<u8>) {
     let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     s.write_all(raw).unwrap();
-    read_response(&mut s)
+    let began = Instant::now();
+    try_read_response(&mut s).unwrap_or_else(|why| {
+        let first_line = raw.split(|b| *b == b'\r').next().unwrap_or(raw);
+        panic!(
+            "{} (after {:?}): {why}",
+            String::from_utf8_lossy(first_line),
+            began.elapsed()
+        )
+    })
 }
 
 pub fn read_response(s: &mut impl Read) -> (u16, Vec<u8>) {
+    try_read_response(s).unwrap_or_else(|why| panic!("{why}"))
+}
+
+/// Reads one response; the error names whether the peer closed early or went silent.
+fn try_read_response(s: &mut impl Read) -> Result<(u16, Vec<u8>), String> {
     let mut all = Vec::new();
     let mut buf = [0u8; 4096];
+    let so_far = |all: &[u8]| format!("{:?}", String::from_utf8_lossy(all));
     loop {
-        let n = s.read(&mut buf).unwrap_or(0);
+        let n = s
+            .read(&mut buf)
+            .map_err(|e| format!("no complete response ({e}): {}", so_far(&all)))?;
         if n == 0 {
-            break;
+            return Err(format!(
+                "no complete response (the peer closed): {}",
+                so_far(&all)
+            ));
         }
         all.extend_from_slice(&buf[..n]);
         if let Some(end) = all.windows(4).position(|w| w == b"\r\n\r\n") {
@@ -108,11 +129,10 @@ pub fn read_response(s: &mut impl Read) -> (u16, Vec<u8>) {
                 .unwrap_or(0);
             if all.len() >= end + 4 + len {
                 let status = head[9..12].parse().unwrap();
-                return (status, all[end + 4..end + 4 + len].to_vec());
+                return Ok((status, all[end + 4..end + 4 + len].to_vec()));
             }
         }
     }
-    panic!("no complete response: {:?}", String::from_utf8_lossy(&all));
 }
 
 pub fn post(s: &Serve, body: &str) -> (u16, Value) {

@@ -46,6 +46,7 @@ fn config() -> FrozenConfig {
         cache_policy: CachePolicy::Auto,
         directives: Vec::new(),
         structured_output: None,
+        route_decision_id: None,
     }
 }
 

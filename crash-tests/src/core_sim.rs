@@ -169,8 +169,11 @@ impl<'a> Life<'a> {
                 self.seen.acked.push((send_id, run_id.clone()));
                 Ok(None)
             }
-            Admitted::Queued(_) | Admitted::Pending { .. } => {
-                panic!("the scenario sends only to a session with no run active")
+            Admitted::Queued(_)
+            | Admitted::Pending { .. }
+            | Admitted::Steered(_)
+            | Admitted::SteerExisting { .. } => {
+                panic!("the scenario sends only to a session with no run active, never a steer")
             }
         }
     }
@@ -193,6 +196,7 @@ impl<'a> Life<'a> {
                     cancel_requested: open.cancel_requested,
                     input: self.session.input,
                     step_seq: open.step_seq,
+                    steers: Vec::new(),
                 },
                 self.now_ms,
             )

@@ -17,6 +17,8 @@ use broca_wal::runrec::{
 
 use super::replay::{RunState, Session};
 
+mod joining;
+pub use joining::{inherit, PENDING_STEERS_MAX};
 mod repeated;
 use repeated::{repeated, Identity};
 
@@ -40,6 +42,11 @@ pub enum Admitted {
     Queued(Box<SendQueued>),
     /// The send_id names a queued send with the same inputs: nothing to write.
     Pending { submission_id: String },
+    /// A steer joins the active run: append this (durably) before answering; its prompt joins
+    /// the conversation at the run's next step boundary.
+    Steered(Box<broca_wal::runrec::SendSteered>),
+    /// The send_id names a steered send with the same inputs: nothing to write.
+    SteerExisting { seq: u64 },
 }
 
 /// What admission needs besides the request and the session.
@@ -73,6 +80,10 @@ pub struct Prepared {
     pub client_message_id: Option<String>,
     /// Who sends it (set by the surface that took the request).
     pub caller: broca_wire::Caller,
+    /// Its delivery mode when not `queue` (`steer`, `interrupt`).
+    pub delivery: Option<String>,
+    /// The settings the send named (a steer's are checked against the run it joins).
+    pub named: Vec<&'static str>,
 }
 
 /// A send that did not pass [`prepare`]: its refusal, kept with what a repeated send_id
@@ -87,6 +98,8 @@ pub struct Unprepared {
     pub structured_output: Option<String>,
     pub caller: broca_wire::Caller,
     pub refusal: Refusal,
+    /// As in [`Prepared`].
+    pub delivery: Option<String>,
 }
 
 /// A send's `structured_output` as a repeated send_id compares it: mode, name and the
@@ -146,6 +159,7 @@ pub fn admit_unprepared(u: &Unprepared, session: &Session) -> Result<Admitted, R
         prompt_digest: &u.prompt_digest,
         client_message_id: u.client_message_id.as_deref(),
         structured_output: u.structured_output.clone(),
+        delivery: u.delivery.as_deref(),
     };
     if let Some(answer) = repeated(session, u.send_id.as_deref(), &identity) {
         return answer;
@@ -173,9 +187,16 @@ pub fn admit_prepared(
         prompt_digest: &p.prompt_digest,
         client_message_id: p.client_message_id.as_deref(),
         structured_output: frozen_so_key(p.config.structured_output.as_ref()),
+        delivery: p.delivery.as_deref(),
     };
     if let Some(answer) = repeated(session, p.send_id.as_deref(), &identity) {
         return answer;
+    }
+    // A steer joins the run being driven, under its settings.
+    if p.delivery.as_deref() == Some(broca_wire::delivery::STEER) {
+        if let Some(open) = &session.open {
+            return joining::steer(p, session, open.index, now_unix_ms);
+        }
     }
     let busy = session.open.is_some()
         || session
@@ -208,6 +229,7 @@ pub fn admit_prepared(
             principal: p.caller.principal,
             scope_owner: p.caller.scope_owner,
             client_message_id: p.client_message_id,
+            delivery: p.delivery,
         })));
     }
     config.stop.input_cap = input_cap(session, config.stop.input_cap);
@@ -224,6 +246,8 @@ pub fn admit_prepared(
         scope_owner: p.caller.scope_owner,
         submission_id: None,
         client_message_id: p.client_message_id,
+        delivery: p.delivery,
+        steer_seq: None,
     })))
 }
 
@@ -287,8 +311,10 @@ fn resolved_calls(session: &Session) -> Vec<ResultBlock> {
         .collect()
 }
 
-/// The RunStarted of the session's next queued send, once no run is active: its frozen
-/// admission, the results an interrupted run left open, and the submission it delivers.
+/// The RunStarted of the session's next waiting send, once no run is active: an interrupting
+/// send first, then a steer its run ended before rendering (delivered as this turn, under
+/// that run's settings), then the queue in order. Each keeps its frozen admission, takes the
+/// results an interrupted run left open, and names what it delivers.
 pub fn start_queued(session: &Session, run_id: String, now_unix_ms: u64) -> Option<RunStarted> {
     if session.open.is_some()
         || session
@@ -298,7 +324,16 @@ pub fn start_queued(session: &Session, run_id: String, now_unix_ms: u64) -> Opti
     {
         return None;
     }
-    let q = session.queued.first()?;
+    let interrupt = session
+        .queued
+        .iter()
+        .find(|q| q.delivery.as_deref() == Some(broca_wire::delivery::INTERRUPT));
+    if interrupt.is_none() {
+        if let Some(started) = joining::steer_turn(session, &run_id, now_unix_ms) {
+            return Some(started);
+        }
+    }
+    let q = interrupt.or_else(|| session.queued.first())?;
     let mut config = q.config.clone();
     config.stop.input_cap = input_cap(session, config.stop.input_cap);
     Some(RunStarted {
@@ -314,6 +349,8 @@ pub fn start_queued(session: &Session, run_id: String, now_unix_ms: u64) -> Opti
         scope_owner: q.scope_owner.clone(),
         submission_id: Some(q.submission_id.clone()),
         client_message_id: q.client_message_id.clone(),
+        delivery: q.delivery.clone(),
+        steer_seq: None,
     })
 }
 
@@ -335,6 +372,8 @@ pub fn prepare(
             config,
             client_message_id: req.client_message_id.clone(),
             caller: broca_wire::Caller::operator(),
+            delivery: req.delivery.clone(),
+            named: req.named_settings(),
         }),
         Err(refusal) => Err(Unprepared {
             // A send_id that is itself invalid names no run.
@@ -348,6 +387,7 @@ pub fn prepare(
             structured_output: so_key(req.structured_output.as_ref()),
             caller: broca_wire::Caller::operator(),
             refusal,
+            delivery: req.delivery.clone(),
         }),
     }
 }
@@ -363,6 +403,14 @@ fn resolve(
     providers: &dyn ProviderCheck,
 ) -> Result<FrozenConfig, Refusal> {
     check_request(req)?;
+    if req.model.is_empty() {
+        return Err(Refusal::InvalidField {
+            field: "model",
+            why: "`model` is required (a steer or an interrupt takes the session's latest \
+                  run's when it has one)"
+                .into(),
+        });
+    }
     let entry = catalog
         .resolve(&req.model)
         .map_err(|e| Refusal::InvalidParams(e.to_string()))?;
@@ -451,6 +499,7 @@ fn resolve(
             })
             .collect(),
         structured_output,
+        route_decision_id: req.route_decision_id.clone(),
     })
 }
 

@@ -219,8 +219,23 @@ pub(crate) enum Note {
     },
     /// An import (recorded at `at`): every message it pushes.
     Imported { at: u64 },
+    /// A step (started at `at`) that renders steered sends: one user entry each.
+    Steered {
+        run: Option<usize>,
+        steers: Vec<SteerNote>,
+        at: Option<u64>,
+    },
     /// A record that adds no entry but states a time (a terminal, a resume).
     Time(Option<u64>),
+}
+
+/// A steered send a step renders: its entry's facts.
+pub(crate) struct SteerNote {
+    pub(crate) mid: u64,
+    pub(crate) at: u64,
+    pub(crate) client_message_id: Option<String>,
+    pub(crate) sender: Option<String>,
+    pub(crate) prompt: String,
 }
 
 impl Note {
@@ -260,6 +275,7 @@ impl Note {
             Record::CancelRequested(r) => Note::Time(Some(r.at_unix_ms)),
             Record::SendQueued(r) => Note::Time(Some(r.at_unix_ms)),
             Record::SendRetracted(r) => Note::Time(Some(r.at_unix_ms)),
+            Record::SendSteered(r) => Note::Time(Some(r.at_unix_ms)),
             _ => Note::Time(None),
         }
     }
@@ -347,6 +363,20 @@ impl Entries {
             Note::Imported { at: t } => {
                 at = Some(t);
                 self.imported(seq, t, pushed);
+            }
+            Note::Steered { run, steers, at: t } => {
+                at = t;
+                for s in steers {
+                    let message = Arc::new(Message {
+                        role: Role::User,
+                        content: vec![Block::Text { text: s.prompt }],
+                    });
+                    self.list.push(Entry {
+                        client_message_id: s.client_message_id,
+                        sender: s.sender,
+                        ..Entry::new(s.mid.to_string(), run, "user", Some(s.at), &message)
+                    });
+                }
             }
             Note::Time(t) => at = t,
         }

@@ -17,6 +17,8 @@ pub mod replay;
 pub mod resume;
 pub mod role;
 pub mod spend;
+#[cfg(test)]
+mod steer_tests;
 pub mod step_events;
 pub mod stream;
 pub mod structured;

@@ -90,6 +90,10 @@ pub enum Event {
     CancelAtStepBoundary,
     /// broca is shutting down: seal the run.
     Shutdown,
+    /// A steered send (its `SendSteered` record `seq`, durable) joins the run: its prompt is
+    /// rendered at the next step boundary, and a run that would complete takes another step
+    /// for it.
+    Steer { seq: u64, prompt: String },
 }
 
 /// What the caller must do.
@@ -222,6 +226,8 @@ pub struct RunMachine {
     system: Option<String>,
     /// The value a `submit_result` call submitted, validated, once its step ends the run.
     submitted: Option<cortexkit_role_llm_runner::structured_output::StructuredOutputResult>,
+    /// Steered sends waiting for the next step boundary: their record's seq and prompt.
+    steers: Vec<(u64, String)>,
 }
 
 impl RunMachine {
@@ -233,7 +239,20 @@ impl RunMachine {
         transcript: Vec<Arc<Message>>,
         now_ms: u64,
     ) -> RunMachine {
+        RunMachine::start_with_steers(run_id, config, transcript, Vec::new(), now_ms)
+    }
+
+    /// [`RunMachine::start`] for a session whose steered sends (their record's seq and
+    /// prompt) wait: the first step renders them after the run's prompt.
+    pub fn start_with_steers(
+        run_id: String,
+        config: FrozenConfig,
+        transcript: Vec<Arc<Message>>,
+        steers: Vec<(u64, String)>,
+        now_ms: u64,
+    ) -> RunMachine {
         let mut m = RunMachine::new(run_id, config, transcript, 0, Spend::default(), now_ms);
+        m.steers = steers;
         m.next_step_or_stop();
         m
     }
@@ -290,6 +309,7 @@ impl RunMachine {
             acc: StepAccumulator::default(),
             out: VecDeque::new(),
             step_seq: None,
+            steers: Vec::new(),
         }
     }
 
@@ -384,7 +404,21 @@ impl RunMachine {
             Event::Cancel => self.on_cancel(),
             Event::CancelAtStepBoundary => self.on_cancel_at_boundary(),
             Event::Shutdown => self.on_shutdown(),
+            Event::Steer { seq, prompt } => self.on_steer(seq, prompt),
         }
+    }
+
+    /// A steer waits for the next step boundary (a run already sealing leaves it to the next
+    /// turn).
+    fn on_steer(&mut self, seq: u64, prompt: String) {
+        if !matches!(self.phase, Phase::Sealing(_) | Phase::Done) {
+            self.steers.push((seq, prompt));
+        }
+    }
+
+    /// Whether steered sends wait for the next step.
+    pub(crate) fn steers_waiting(&self) -> bool {
+        !self.steers.is_empty()
     }
 
     /// The StepStarted record of the current step took `seq` (the caller says so once it
@@ -437,10 +471,17 @@ impl RunMachine {
         self.step += 1;
         self.attempt = 0;
         self.backoff_spent_ms = 0;
+        // The steers join the conversation here: after every result of the step before.
+        let mut steers = Vec::with_capacity(self.steers.len());
+        for (seq, prompt) in std::mem::take(&mut self.steers) {
+            crate::replay::push_steer(&mut self.transcript, &prompt);
+            steers.push(seq);
+        }
         let record = StepStarted {
             run_id: self.run_id.clone(),
             step: self.step,
             at_unix_ms: Some(self.now_ms),
+            steers,
         };
         self.step_seq = None;
         self.push(Record::StepStarted(record), false);

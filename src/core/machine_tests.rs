@@ -35,6 +35,7 @@ pub(crate) fn config() -> FrozenConfig {
         cache_policy: CachePolicy::Auto,
         directives: Vec::new(),
         structured_output: None,
+        route_decision_id: None,
     }
 }
 
@@ -311,6 +312,7 @@ fn a_run_refused_at_resume_is_sealed_interrupted_with_the_reason() {
         super::machine::ResumeFrom {
             input: Default::default(),
             step_seq: None,
+            steers: Vec::new(),
             run_id: "r".into(),
             config: config(),
             transcript: Vec::new(),

@@ -188,6 +188,14 @@ pub fn units(seq: u64, record: &Record) -> Vec<Unit> {
             "model": format!("{}/{}", r.config.provider, r.config.model),
         }))],
         Record::SendRetracted(r) => vec![Unit::plain(with_type("send_retracted", val(r)))],
+        // Its message's id is this seq; the step that renders it names it in `steers`.
+        Record::SendSteered(r) => vec![Unit::plain(json!({
+            "type": "send_steered",
+            "run_id": r.run_id,
+            "send_id": r.send_id,
+            "mid": seq.to_string(),
+            "prompt": r.prompt,
+        }))],
         Record::EpisodeImported(r) => {
             let mut out = vec![Unit::plain(json!({
                 "type": "episode_imported",

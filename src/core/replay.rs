@@ -55,6 +55,10 @@ pub struct RunView {
     pub budget: Option<broca_wal::runrec::BudgetStop>,
     /// The structured output its terminal record carries (`StructuredOutputResult`).
     pub structured_output: Option<serde_json::Value>,
+    /// Its send's delivery mode when not `queue` (`steer`, `interrupt`).
+    pub delivery: Option<String>,
+    /// The steered sends it accepted, in order, and whether it rendered each.
+    pub steers: Vec<RunSteer>,
 }
 
 impl RunView {
@@ -85,6 +89,8 @@ impl RunView {
             quota: None,
             budget: None,
             structured_output: None,
+            delivery: r.delivery,
+            steers: Vec::new(),
         }
     }
 }
@@ -161,6 +167,10 @@ pub struct Session {
     /// since the first, kept as each step record is applied (never by going over history
     /// again); absent before the first run.
     pub usage: Option<cortexkit_role_llm_runner::usage::SessionUsage>,
+    /// Steered sends accepted and not yet rendered, in the order accepted.
+    pub pending_steers: Vec<PendingSteer>,
+    /// Every keyed steered send by its send_id: what a re-send of it answers.
+    pub steer_sends: HashMap<String, SteerSend>,
 }
 
 impl Session {
@@ -204,6 +214,8 @@ pub fn prompt_digest(prompt: &str) -> String {
 
 mod misfit;
 pub use misfit::{Misfit, ReplayError};
+mod steer;
+pub use steer::{push_steer, PendingSteer, RunSteer, SteerDelivered, SteerSend};
 
 impl Session {
     /// Replays `records` (seq and record, in log order).
@@ -310,7 +322,10 @@ impl Session {
             let c = &self.runs[o.index].config;
             (o.index, format!("{}/{}", c.provider, c.model))
         });
-        let note = super::entries::Note::of(seq, &record, self.runs.len(), open);
+        let note = match &record {
+            Record::StepStarted(r) if !r.steers.is_empty() => self.steered_note(r),
+            _ => super::entries::Note::of(seq, &record, self.runs.len(), open),
+        };
         let before = self.transcript.len();
         let applied = self.apply_record(seq, record);
         if applied.is_ok() {
@@ -333,8 +348,10 @@ impl Session {
             Record::LeaseAcquired(_) | Record::Unknown { .. } | Record::RunResumed(_) => {}
             Record::SendQueued(q) => {
                 self.note_input_cap(&q.config);
+                self.note_interrupt(&q);
                 self.queued.push(*q);
             }
+            Record::SendSteered(r) => self.apply_steered(seq, r)?,
             Record::SendRetracted(r) => self.apply_retracted(r)?,
             Record::RunStarted(r) => self.apply_started(seq, *r)?,
             Record::StepStarted(r) => {
@@ -351,6 +368,7 @@ impl Session {
                 open.step_seq = Some(seq);
                 open.step_started_at = r.at_unix_ms;
                 run.steps = run.steps.max(r.step);
+                self.apply_step_steers(&r)?;
             }
             Record::ModelAttemptFinished(r) => {
                 let (_, run) = self.open_mut(&r.run_id)?;
@@ -427,6 +445,7 @@ impl Session {
             };
             self.queued.remove(i);
         }
+        self.apply_steer_turn(&r, self.runs.len())?;
         self.imported_pending.clear();
         self.entry_count += 1;
         self.note_input_cap(&r.config);
@@ -705,6 +724,8 @@ pub(crate) mod tests {
             submission_id: None,
             client_message_id: None,
             resolved_mid: None,
+            delivery: None,
+            steer_seq: None,
         }))
     }
 
@@ -714,6 +735,7 @@ pub(crate) mod tests {
             run_id: "r".into(),
             step: n,
             at_unix_ms: None,
+            steers: Vec::new(),
         })
     }
 

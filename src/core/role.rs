@@ -440,5 +440,16 @@ pub fn run_status(run: &RunView) -> RunStatus {
     s.detail = result.detail;
     s.directives = result.directives;
     s.structured_output = result.structured_output;
+    // broca tracks every steer a run accepts: an ended run always lists those it did not
+    // render (none: an empty list).
+    if ended(run) {
+        s = s.with_undelivered_steers(
+            run.steers
+                .iter()
+                .filter(|st| !st.rendered)
+                .filter_map(|st| st.send_id.clone())
+                .collect(),
+        );
+    }
     s
 }

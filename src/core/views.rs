@@ -133,3 +133,41 @@ pub fn status_answer(run: &RunView) -> serde_json::Value {
     }
     v
 }
+
+/// The `session.send` answer for the steered send of `seq` (its `SendSteered` record): the
+/// state of the run that carries it and that run's id, with how it was delivered once it was
+/// (`step` with its message's id, or `turn` with the run it started); before that, the run
+/// that accepted it and no receipt (a durably accepted steer is always delivered).
+pub fn steer_answer(session: &crate::Session, seq: u64) -> Option<serde_json::Value> {
+    use crate::replay::SteerDelivered;
+    let accepted_by = session
+        .runs
+        .iter()
+        .position(|r| r.steers.iter().any(|s| s.seq == seq))?;
+    let delivered = session.runs[accepted_by]
+        .steers
+        .iter()
+        .find(|s| s.seq == seq)
+        .and_then(|s| s.send_id.as_ref())
+        .and_then(|id| session.steer_sends.get(id))
+        .and_then(|s| s.delivered);
+    let (run, receipt) = match delivered {
+        None => (&session.runs[accepted_by], None),
+        Some(SteerDelivered::Step { run }) => (
+            &session.runs[run],
+            Some(serde_json::json!({"as": "step", "ref": seq.to_string()})),
+        ),
+        Some(SteerDelivered::Turn { run }) => {
+            let run = &session.runs[run];
+            (
+                run,
+                Some(serde_json::json!({"as": "turn", "ref": run.run_id})),
+            )
+        }
+    };
+    let mut answer = serde_json::json!({"state": send_answer(run).state, "run_id": run.run_id});
+    if let Some(receipt) = receipt {
+        answer["delivered"] = receipt;
+    }
+    Some(answer)
+}

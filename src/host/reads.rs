@@ -84,6 +84,11 @@ pub(crate) async fn send_status(
         if !caller.owns(&s.owners()) {
             return Err(not_owner("session.send_status"));
         }
+        if let Some(steer) = s.steer_sends.get(&send_id) {
+            if let Some(answer) = broca_core::views::steer_answer(s, steer.seq) {
+                return Ok(answer);
+            }
+        }
         if let Some(&index) = s.by_send_id.get(&send_id) {
             return Ok(send_reply(&s.runs[index]));
         }

@@ -212,6 +212,21 @@ async fn send(
             "broca is stopping; retry later",
         ));
     }
+    // A steer or an interrupt takes the settings it leaves out from the session's latest
+    // run; its identity (a re-send's comparison) and the settings it named stay as sent.
+    let joining = req.delivery.is_some();
+    let asked = joining.then(|| {
+        (
+            broca_core::admission::inputs_digest(&req),
+            req.named_settings(),
+        )
+    });
+    let mut req = req;
+    if joining {
+        if let Some(latest) = view(ctx, &t, None).await? {
+            broca_core::admission::inherit(&mut req, &latest.config);
+        }
+    }
     // Admission's part that needs no session runs here, once: a send it refuses opens no
     // session (nothing is written, not even a new WAL) unless its send_id may name a run the
     // session already has; the session's actor does the rest with what was resolved here.
@@ -221,6 +236,12 @@ async fn send(
     match &mut admission {
         Ok(p) => p.caller = caller.clone(),
         Err(u) => u.caller = caller.clone(),
+    }
+    if let Some((digest, named)) = asked {
+        match &mut admission {
+            Ok(p) => (p.inputs_digest, p.named) = (digest, named),
+            Err(u) => u.inputs_digest = digest,
+        }
     }
     if let Err(u) = &admission {
         if u.send_id.is_none() {
@@ -232,11 +253,19 @@ async fn send(
     ctx.route(t.clone(), SessionCommand::Send { admission, reply })
         .map_err(unrouted)?;
     let sent = wait.await.map_err(|_| unavailable())??;
+    if let Some(answer) = sent.steer {
+        return Ok(answer);
+    }
     if let Some(submission_id) = sent.pending {
         return Ok(serde_json::json!({"state": "pending", "submission_id": submission_id}));
     }
     if !sent.existing {
-        return Ok(serde_json::json!({"state": "active", "run_id": sent.run_id}));
+        let mut answer = serde_json::json!({"state": "active", "run_id": sent.run_id});
+        // A steer or an interrupt on an idle session is a plain send: delivered as this turn.
+        if joining {
+            answer["delivered"] = serde_json::json!({"as": "turn", "ref": sent.run_id});
+        }
+        return Ok(answer);
     }
     let run = view(ctx, &t, Some(sent.run_id.clone()))
         .await?

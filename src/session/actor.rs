@@ -20,7 +20,7 @@ use broca_tools::ToolRunner;
 use broca_wal::{Record, SessionTriple, WalError};
 use broca_wal_writer::WalWriter;
 
-use crate::command::{SendReply, SessionCommand};
+use crate::command::{Joins, SendReply, SessionCommand};
 use crate::hooks::{Abort, CrashPlan, Hooks, NoHooks};
 
 /// Why an actor operation failed.
@@ -282,6 +282,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             cancel_requested: open.cancel_requested,
             input: self.state.input,
             step_seq: open.step_seq,
+            steers: self.pending_steers(),
         };
         let machine = match broca_core::resume::check_resumable(&run.config, &catalog) {
             // Never re-render an admitted run differently: seal it with the reason.
@@ -299,6 +300,15 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         let admission =
             broca_core::admission::prepare(req, &self.tool_specs, &catalog, self.provider.check());
         self.send_prepared(admission).await
+    }
+
+    /// The steered sends waiting for a step boundary: their record's seq and prompt.
+    fn pending_steers(&self) -> Vec<(u64, String)> {
+        self.state
+            .pending_steers
+            .iter()
+            .map(|p| (p.seq, p.record.prompt.clone()))
+            .collect()
     }
 
     /// The id of what the next record starts (`run`, `imp`): the prefix, the lineage's
@@ -321,37 +331,49 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             Ok(p) => admit_prepared(p, &self.state, self.next_id("run"), crate::now_unix_ms()),
             Err(u) => admit_unprepared(&u, &self.state),
         };
+        let reply = |run_id: String, existing: bool, pending: Option<String>| SendReply {
+            run_id,
+            existing,
+            pending,
+            steer: None,
+            joins: None,
+        };
         let (record, reply) = match admitted.map_err(ActorError::Refused)? {
             Admitted::Existing { run_index } => {
                 let run_id = self.state.runs[run_index].run_id.clone();
-                return Ok(SendReply {
-                    run_id,
-                    existing: true,
-                    pending: None,
-                });
+                return Ok(reply(run_id, true, None));
             }
             Admitted::Pending { submission_id } => {
+                return Ok(reply(String::new(), true, Some(submission_id)))
+            }
+            Admitted::SteerExisting { seq } => {
                 return Ok(SendReply {
-                    run_id: String::new(),
-                    existing: true,
-                    pending: Some(submission_id),
-                })
+                    steer: broca_core::views::steer_answer(&self.state, seq),
+                    ..reply(String::new(), true, None)
+                });
             }
             Admitted::New(started) => {
-                let reply = SendReply {
-                    run_id: started.run_id.clone(),
-                    existing: false,
-                    pending: None,
-                };
-                (Record::RunStarted(started), reply)
+                let run_id = started.run_id.clone();
+                (Record::RunStarted(started), reply(run_id, false, None))
             }
             Admitted::Queued(queued) => {
-                let reply = SendReply {
-                    run_id: String::new(),
-                    existing: false,
-                    pending: Some(queued.submission_id.clone()),
+                let interrupts =
+                    queued.delivery.as_deref() == Some(broca_wire::delivery::INTERRUPT);
+                let answer = SendReply {
+                    joins: interrupts.then_some(Joins::Interrupt),
+                    ..reply(String::new(), false, Some(queued.submission_id.clone()))
                 };
-                (Record::SendQueued(queued), reply)
+                (Record::SendQueued(queued), answer)
+            }
+            Admitted::Steered(steered) => {
+                let seq = self.writer.next_seq();
+                let prompt = steered.prompt.clone();
+                self.append(Record::SendSteered(steered), true).await?;
+                return Ok(SendReply {
+                    steer: broca_core::views::steer_answer(&self.state, seq),
+                    joins: Some(Joins::Steer { seq, prompt }),
+                    ..reply(String::new(), false, None)
+                });
             }
         };
         self.append(record, true).await?;
@@ -366,10 +388,11 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             });
         };
         let run = &self.state.runs[open.index];
-        let machine = RunMachine::start(
+        let machine = RunMachine::start_with_steers(
             run.run_id.clone(),
             run.config.clone(),
             self.state.transcript.clone(),
+            self.pending_steers(),
             crate::now_unix_ms(),
         );
         self.drive(machine).await

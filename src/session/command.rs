@@ -97,7 +97,7 @@ pub enum Cancelled {
 }
 
 /// The answer to a send.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SendReply {
     /// The run the send started or named (empty for a queued send).
     pub run_id: String,
@@ -105,6 +105,19 @@ pub struct SendReply {
     pub existing: bool,
     /// The queued send's submission, when the send waits for the active run to end.
     pub pending: Option<String>,
+    /// A steered send's whole answer (`views::steer_answer`).
+    pub steer: Option<serde_json::Value>,
+    /// What the run being driven must hear of this send.
+    pub joins: Option<Joins>,
+}
+
+/// How an admitted send bears on the run being driven.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Joins {
+    /// A steer (its record's seq and prompt) for the next step boundary.
+    Steer { seq: u64, prompt: String },
+    /// An interrupt: the run is cancelled, and the send starts next.
+    Interrupt,
 }
 
 /// A log to import, read whole.

@@ -18,7 +18,7 @@ use broca_wal::runrec::{result_reason, ResultBlock, ToolDispatchIntent};
 use broca_wal::Record;
 
 use crate::actor::{ActorError, SessionActor};
-use crate::command::{Cancelled, SessionCommand};
+use crate::command::{Cancelled, Joins, SessionCommand};
 
 /// Inputs queued for the drive loop at most (the model stream's task waits beyond it). A
 /// bounded channel preallocates its queue, so this stays small: it is per active run.
@@ -212,9 +212,20 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
     async fn command_during_run(&mut self, cmd: SessionCommand, m: &mut RunMachine) {
         match cmd {
             SessionCommand::Send { admission, reply } => {
-                // Admission answers a repeated send_id or refuses (the session is busy);
-                // it never starts a second run beside this one.
+                // Admission answers a repeated send_id, queues, steers or refuses; it never
+                // starts a second run beside this one. A steer's or an interrupt's record is
+                // durable before the run hears of it.
                 let answer = self.send_prepared(*admission).await;
+                if let Ok(joins) = answer.as_ref().map(|a| a.joins.clone()) {
+                    let now = crate::now_unix_ms();
+                    match joins {
+                        Some(Joins::Steer { seq, prompt }) => {
+                            m.handle(Event::Steer { seq, prompt }, now)
+                        }
+                        Some(Joins::Interrupt) => m.handle(Event::Cancel, now),
+                        None => {}
+                    }
+                }
                 let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
             }
             SessionCommand::Status { run_id, reply } => {

@@ -16,7 +16,9 @@ mod queue;
 mod subscription;
 
 pub use actor::{ActorError, Display, OnAppend, Opener, SessionActor};
-pub use command::{Cancelled, ImportInput, ImportReply, Retracted, SendReply, SessionCommand};
+pub use command::{
+    Cancelled, ImportInput, ImportReply, Joins, Retracted, SendReply, SessionCommand,
+};
 pub use hooks::{Abort, CrashPlan, Hooks, NoHooks};
 pub use import::{
     check_read_only, confine, import_error, log_files, read_source, ImportTarget, IMPORT_BYTES_MAX,

@@ -9,20 +9,21 @@ use crate::actor::{ActorError, SessionActor};
 use crate::command::Retracted;
 
 impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
-    /// Starts the next queued send's run once no run is active (its RunStarted durable);
-    /// answers whether one started.
+    /// Starts the next waiting send's run once no run is active (its RunStarted durable): an
+    /// interrupt, a steer its run left unrendered, or the next queued send; answers whether
+    /// one started.
     pub async fn start_queued(&mut self) -> Result<bool, ActorError> {
         let run_id = self.next_id("run");
-        let queued = self.state.queued.len();
+        let waiting = self.state.queued.len() + self.state.pending_steers.len();
         match broca_core::admission::start_queued(&self.state, run_id, crate::now_unix_ms()) {
             Some(started) => {
-                assert!(queued > 0, "a queued send starts only from the queue");
+                assert!(waiting > 0, "a run starts only from a waiting send");
                 self.append(Record::RunStarted(Box::new(started)), true)
                     .await?;
-                assert_eq!(
-                    self.state.queued.len() + 1,
-                    queued,
-                    "the started send leaves the queue"
+                // A steer rendered at the new run's first step waits on: only one send left.
+                assert!(
+                    self.state.queued.len() + self.state.pending_steers.len() < waiting,
+                    "the started send stops waiting"
                 );
                 Ok(true)
             }

@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 use super::importrec::EpisodeImported;
 use super::runrec::{
     CancelRequested, ModelAttemptFinished, ModelStepFinished, RunFinished, RunPaused, RunResumed,
-    RunStarted, SendQueued, SendRetracted, StepStarted, ToolDispatchIntent, ToolResult,
+    RunStarted, SendQueued, SendRetracted, SendSteered, StepStarted, ToolDispatchIntent,
+    ToolResult,
 };
 
 /// Kind codes. Codes are never reused for another meaning.
@@ -30,6 +31,8 @@ pub mod kind {
     pub const SEND_QUEUED: u16 = 21;
     /// [`crate::runrec::SendRetracted`].
     pub const SEND_RETRACTED: u16 = 22;
+    /// [`crate::runrec::SendSteered`].
+    pub const SEND_STEERED: u16 = 23;
 }
 
 /// A record of the WAL.
@@ -53,6 +56,8 @@ pub enum Record {
     SendQueued(Box<SendQueued>),
     /// A queued send withdrawn before it started.
     SendRetracted(SendRetracted),
+    /// A send steered into the running run, waiting for its next step boundary.
+    SendSteered(Box<SendSteered>),
     /// A kind this build does not know; its payload is kept as it is.
     Unknown {
         kind: u16,
@@ -99,6 +104,7 @@ impl Record {
             Record::EpisodeImported(_) => kind::EPISODE_IMPORTED,
             Record::SendQueued(_) => kind::SEND_QUEUED,
             Record::SendRetracted(_) => kind::SEND_RETRACTED,
+            Record::SendSteered(_) => kind::SEND_STEERED,
             Record::Unknown { kind, .. } => *kind,
         }
     }
@@ -120,6 +126,7 @@ impl Record {
             kind::EPISODE_IMPORTED => Some("episode_imported"),
             kind::SEND_QUEUED => Some("send_queued"),
             kind::SEND_RETRACTED => Some("send_retracted"),
+            kind::SEND_STEERED => Some("send_steered"),
             _ => None,
         }
     }
@@ -143,6 +150,7 @@ impl Record {
             Record::EpisodeImported(r) => serde_json::to_writer(w, r),
             Record::SendQueued(r) => serde_json::to_writer(w, r),
             Record::SendRetracted(r) => serde_json::to_writer(w, r),
+            Record::SendSteered(r) => serde_json::to_writer(w, r),
             Record::Unknown { payload, .. } => {
                 out.extend_from_slice(payload);
                 Ok(())
@@ -181,6 +189,7 @@ impl Record {
             kind::EPISODE_IMPORTED => Ok(Record::EpisodeImported(Box::new(parse(payload, bad)?))),
             kind::SEND_QUEUED => Ok(Record::SendQueued(Box::new(parse(payload, bad)?))),
             kind::SEND_RETRACTED => Ok(Record::SendRetracted(parse(payload, bad)?)),
+            kind::SEND_STEERED => Ok(Record::SendSteered(Box::new(parse(payload, bad)?))),
             _ => Ok(Record::Unknown {
                 kind: code,
                 payload: payload.to_vec(),

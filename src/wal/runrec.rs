@@ -42,6 +42,10 @@ pub struct FrozenConfig {
     /// at admission: every request of the run is rendered from these bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub structured_output: Option<FrozenStructuredOutput>,
+    /// The caller's routing decision (llm-runner/v1 `route_decision_id`), fixed for the run:
+    /// broca takes no routing accounts, so it is kept and compared, never forwarded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route_decision_id: Option<String>,
 }
 
 /// A run's `structured_output`, as admission froze it.
@@ -263,6 +267,14 @@ pub struct RunStarted {
     /// written before it was recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resolved_mid: Option<String>,
+    /// The send's delivery mode when it was not `queue` (`steer` or `interrupt`): part of the
+    /// send's identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<String>,
+    /// The steered send (its `SendSteered` seq) this run delivers as its turn: a steer its run
+    /// ended before rendering.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steer_seq: Option<u64>,
 }
 
 /// A send that came while a run was active: admitted, frozen as a RunStarted would freeze
@@ -284,6 +296,31 @@ pub struct SendQueued {
     /// As in [`RunStarted`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_message_id: Option<String>,
+    /// `interrupt` for an interrupting send: the active run is cancelled once this record is
+    /// durable, and this send starts next, before any other queued one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<String>,
+}
+
+/// A send steered into the active run `run_id` (llm-runner/v1 `delivery: steer`): admitted
+/// under that run's frozen settings and durable before its reply; its prompt joins the
+/// conversation at the run's next step boundary (the StepStarted naming this record's seq),
+/// never between a call and its result. A run that ends before rendering it leaves it to start
+/// the next turn (a RunStarted naming this seq).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SendSteered {
+    pub run_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send_id: Option<String>,
+    pub inputs_digest: String,
+    pub prompt: String,
+    pub at_unix_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope_owner: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_message_id: Option<String>,
 }
 
 /// A queued send withdrawn before it started (`session.retract`).
@@ -301,6 +338,10 @@ pub struct StepStarted {
     /// When the step began (absent in logs written before it was recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at_unix_ms: Option<u64>,
+    /// The steered sends (their `SendSteered` seqs, in the order accepted) whose prompts join
+    /// the conversation at this step, before its request.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steers: Vec<u64>,
 }
 
 /// A model attempt failed; its partial output is never committed as a step.

@@ -11,7 +11,7 @@ mod send;
 pub use code::Code;
 pub use lanes::{Cursor, Delta, StreamEncoder, SubFrom, SubItem};
 pub use request::{CancelAt, Method, Request, SessionName};
-pub use send::{Budget, Refusal, SendRequest};
+pub use send::{delivery, Budget, Refusal, SendRequest};
 
 use serde::Serialize;
 

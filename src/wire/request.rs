@@ -573,9 +573,14 @@ mod tests {
             ),
             (
                 format!(
-                    r#"{{"method":"session.send","params":{{{triple},"prompt":"p","model":"a/m","delivery":"steer"}}}}"#
+                    r#"{{"method":"session.send","params":{{{triple},"prompt":"p","model":"a/m","delivery":"broadcast"}}}}"#
                 ),
-                "delivery_unsupported",
+                "invalid_params",
+            ),
+            // Only a steer or an interrupt may leave out the model.
+            (
+                format!(r#"{{"method":"session.send","params":{{{triple},"prompt":"p"}}}}"#),
+                "invalid_params",
             ),
         ] {
             assert_eq!(
@@ -586,6 +591,33 @@ mod tests {
         }
         // A refusal names the field at fault: an unknown one, or one of the wrong type.
         let field = |body: String| parse(body.as_bytes()).unwrap_err().detail["field"].clone();
+        assert_eq!(
+            field(format!(
+                r#"{{"method":"session.send","params":{{{triple},"prompt":"p","delivery":"later"}}}}"#
+            )),
+            "delivery"
+        );
+        assert_eq!(
+            field(format!(
+                r#"{{"method":"session.send","params":{{{triple},"prompt":"p","model":"a/m","route_decision_id":7}}}}"#
+            )),
+            "route_decision_id"
+        );
+        // A steer and an interrupt parse without a model, and keep their mode.
+        for mode in ["steer", "interrupt"] {
+            let body = format!(
+                r#"{{"method":"session.send","params":{{{triple},"prompt":"p","delivery":"{mode}"}}}}"#
+            );
+            match parse(body.as_bytes()).unwrap() {
+                Request::Send { send, .. } => {
+                    assert_eq!(
+                        (send.model.as_str(), send.delivery.as_deref()),
+                        ("", Some(mode))
+                    )
+                }
+                other => panic!("{other:?}"),
+            }
+        }
         assert_eq!(
             field(format!(
                 r#"{{"method":"session.read","params":{{{triple},"from_ordnal":1}}}}"#

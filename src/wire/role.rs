@@ -43,6 +43,8 @@ pub const GROUPS: &[&str] = &[
     groups::CALL_IDENTITY,
     groups::TURN_DIRECTIVES,
     groups::STRUCTURED_OUTPUT,
+    groups::STEER,
+    groups::INTERRUPT,
 ];
 
 /// `session.read`'s byte cap: the default, and the largest honoured.

@@ -9,6 +9,9 @@ use crate::Code;
 #[serde(deny_unknown_fields)]
 pub struct SendRequest {
     pub prompt: String,
+    /// `provider/model`; a steer or an interrupt may leave it out (empty here) to take the
+    /// session's latest run's settings.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub model: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub send_id: Option<String>,
@@ -47,6 +50,47 @@ pub struct SendRequest {
     /// admission.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub structured_output: Option<serde_json::Value>,
+    /// The delivery mode when it is not `queue`: `steer` (joins the running run at its next
+    /// step boundary) or `interrupt` (cancels the running run, then starts); part of the send's
+    /// identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<String>,
+    /// The caller's routing decision (llm-runner/v1 `route_decision_id`): fixed per run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route_decision_id: Option<String>,
+}
+
+/// The delivery modes besides `queue`.
+pub mod delivery {
+    pub const STEER: &str = "steer";
+    pub const INTERRUPT: &str = "interrupt";
+}
+
+impl SendRequest {
+    /// The members a steer or an interrupt may leave out to take the frozen value, that this
+    /// send names (in the order a refusal of a differing one names them).
+    pub fn named_settings(&self) -> Vec<&'static str> {
+        let named = [
+            ("model", !self.model.is_empty()),
+            ("system", self.system.is_some()),
+            ("tools", self.tools.is_some()),
+            ("max_steps", self.max_steps.is_some()),
+            ("budget", self.budget.is_some()),
+            ("max_input_tokens", self.max_input_tokens.is_some()),
+            ("context_limit", self.context_limit.is_some()),
+            ("generation", self.generation.is_some()),
+            ("credential_id", self.credential_id.is_some()),
+            ("cache_policy", self.cache_policy.is_some()),
+            ("directives", self.directives.is_some()),
+            ("structured_output", self.structured_output.is_some()),
+            ("route_decision_id", self.route_decision_id.is_some()),
+        ];
+        named
+            .into_iter()
+            .filter(|(_, n)| *n)
+            .map(|(f, _)| f)
+            .collect()
+    }
 }
 
 /// A run's budget.

@@ -11,20 +11,25 @@ pub(super) struct Identity<'a> {
     pub(super) client_message_id: Option<&'a str>,
     /// The send's `structured_output` as compared (`so_key`).
     pub(super) structured_output: Option<String>,
+    /// Its delivery mode when not `queue`.
+    pub(super) delivery: Option<&'a str>,
 }
 
 impl Identity<'_> {
     /// The field a send reusing a send_id differs in from the send first admitted under it
-    /// (of `prompt`, `client_message_id` and `structured_output`, in that order), when one of
-    /// those is it.
+    /// (of `prompt`, `delivery`, `client_message_id` and `structured_output`, in that order),
+    /// when one of those is it.
     fn differs(
         &self,
         prompt_digest: &str,
+        delivery: Option<&str>,
         client_message_id: Option<&str>,
         structured_output: Option<String>,
     ) -> Option<&'static str> {
         if prompt_digest != self.prompt_digest {
             Some("prompt")
+        } else if delivery != self.delivery {
+            Some("delivery")
         } else if client_message_id != self.client_message_id {
             Some("client_message_id")
         } else if structured_output != self.structured_output {
@@ -46,6 +51,7 @@ pub(super) fn repeated(
     // The refusal of a send whose send_id was admitted under other inputs, or none.
     let same = |digest: &str,
                 prompt_digest: &str,
+                delivery: Option<&str>,
                 client_id: Option<&str>,
                 config: &broca_wal::runrec::FrozenConfig,
                 admitted_as: &str| {
@@ -53,11 +59,29 @@ pub(super) fn repeated(
             run_id: admitted_as.to_string(),
             field: asked.differs(
                 prompt_digest,
+                delivery,
                 client_id,
                 super::frozen_so_key(config.structured_output.as_ref()),
             ),
         })
     };
+    // A steer (its answer names the run that carried it, however it was delivered).
+    if let Some(steer) = session.steer_sends.get(send_id) {
+        let joined = &session.runs[steer.accepted_by];
+        return Some(
+            match same(
+                &steer.inputs_digest,
+                &steer.prompt_digest,
+                Some(broca_wire::delivery::STEER),
+                steer.client_message_id.as_deref(),
+                &joined.config,
+                &joined.run_id,
+            ) {
+                None => Ok(Admitted::SteerExisting { seq: steer.seq }),
+                Some(refusal) => Err(refusal),
+            },
+        );
+    }
     if let Some(index) = session.by_send_id.get(send_id) {
         let run = &session.runs[*index];
         let client_id = run.client_message_id.as_deref();
@@ -65,6 +89,7 @@ pub(super) fn repeated(
             match same(
                 &run.inputs_digest,
                 &run.prompt_digest,
+                run.delivery.as_deref(),
                 client_id,
                 &run.config,
                 &run.run_id,
@@ -85,6 +110,7 @@ pub(super) fn repeated(
             match same(
                 &q.inputs_digest,
                 &prompt,
+                q.delivery.as_deref(),
                 client_id,
                 &q.config,
                 &q.submission_id,
@@ -101,6 +127,7 @@ pub(super) fn repeated(
         return Some(Err(same(
             &q.inputs_digest,
             &prompt_digest(&q.prompt),
+            q.delivery.as_deref(),
             client_id,
             &q.config,
             &q.submission_id,

@@ -58,8 +58,10 @@ impl RunMachine {
             cancel_requested,
             input,
             step_seq,
+            steers,
         } = from;
         let mut m = RunMachine::new(run_id, config, transcript, step, spend, now_ms);
+        m.steers = steers;
         m.last_step = last_step;
         m.input = input;
         m.step_seq = step_seq;
@@ -105,4 +107,6 @@ pub struct ResumeFrom {
     pub input: crate::spend::InputTally,
     /// The seq of the last step's StepStarted record (the id of its message).
     pub step_seq: Option<u64>,
+    /// The steered sends accepted and not yet rendered: their record's seq and prompt.
+    pub steers: Vec<(u64, String)>,
 }

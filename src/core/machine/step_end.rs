@@ -44,6 +44,10 @@ impl RunMachine {
             let detail = format!("the run reached max_steps ({})", self.config.stop.max_steps);
             return self.seal(FinishKind::MaxSteps, Some(detail), None, Vec::new());
         }
+        // A steer that came while the step streamed is answered by another step.
+        if calls.is_empty() && self.steers_waiting() && self.step < self.config.stop.max_steps {
+            return self.next_step_or_stop();
+        }
         if calls.is_empty() {
             let detail = match finish_reason {
                 FinishReason::MaxTokens => Some("the model hit its output token limit".into()),

@@ -27,6 +27,9 @@ pub enum Misfit {
     StartedWhileOpen { run_id: String, open: String },
     /// A run id used twice.
     RunIdReused { run_id: String },
+    /// A steered send, or a step or run delivering one, that does not fit: no open run to
+    /// join, or no steer waiting at that seq.
+    SteerMisfit { seq: u64, why: &'static str },
     /// A run that delivers a submission not queued.
     SubmissionNotQueued {
         run_id: String,
@@ -62,6 +65,7 @@ impl std::fmt::Display for Misfit {
                 "run {run_id} started while run {open} has no terminal record"
             ),
             Misfit::RunIdReused { run_id } => write!(f, "run id {run_id} is reused"),
+            Misfit::SteerMisfit { seq, why } => write!(f, "steered send {seq}: {why}"),
             Misfit::SubmissionNotQueued {
                 run_id,
                 submission_id,

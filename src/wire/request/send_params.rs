@@ -4,16 +4,21 @@
 use serde_json::{Map, Value};
 
 use super::invalid;
-use crate::{Code, RpcError};
+use crate::RpcError;
 
 /// The llm-runner/v1 members of a send that broca takes or refuses by the role's rules,
-/// taken out of `params`: `delivery` (a string; `queue`, what an absent one means, is the
-/// mode broca serves; `steer` and `interrupt` are refused `delivery_unsupported`, an unknown
-/// mode or a list `invalid_params`), `stop_when.max_steps` (broca's `max_steps`),
+/// taken out of `params`: `delivery` (a string: `queue`, what an absent one means, `steer`
+/// or `interrupt`, kept as broca's `delivery` when not `queue`; an unknown mode or a list is
+/// refused `invalid_params`; only a steer or an interrupt may leave out `model`), `stop_when.max_steps` (broca's `max_steps`),
 /// `generation.max_output_tokens` (checked here, so a refusal names it) and `plan` (broca
 /// admits no plans).
 pub(super) fn role_send_members(params: &mut Map<String, Value>) -> Result<(), RpcError> {
-    delivery(params.remove("delivery"))?;
+    if let Some(mode) = delivery(params.remove("delivery"))? {
+        params.insert("delivery".into(), Value::String(mode.into()));
+    } else if !params.contains_key("model") {
+        return Err(invalid("session.send: missing field `model`").with_field("model"));
+    }
+    route_decision_id(params.get("route_decision_id"))?;
     if params.contains_key("max_input_tokens") {
         return Err(
             invalid("the session's input cap is sent as `budget.max_input_tokens`")
@@ -151,32 +156,44 @@ fn client_message_id(given: Option<&Value>) -> Result<(), RpcError> {
     }
 }
 
-/// `delivery`: a string; `queue`, what an absent one means, is the mode broca serves.
-fn delivery(given: Option<Value>) -> Result<(), RpcError> {
+/// `delivery`: a string: `queue` (what an absent one means: `None`), `steer` or
+/// `interrupt`; an unknown mode, or a list (the `delivery_order` group, not declared), is
+/// refused naming `delivery`.
+fn delivery(given: Option<Value>) -> Result<Option<&'static str>, RpcError> {
+    use crate::send::delivery::{INTERRUPT, STEER};
     match given {
-        None | Some(Value::Null) => {}
-        Some(Value::String(mode)) if mode == "queue" => {}
-        Some(Value::String(mode)) if mode == "steer" || mode == "interrupt" => {
-            return Err(RpcError::new(
-                Code::DeliveryUnsupported,
-                format!("this runner does not serve the `{mode}` delivery mode"),
-            )
-            .with_detail("delivery", Value::String(mode)));
-        }
-        Some(Value::Array(_)) => {
-            return Err(invalid(
-                "a list of delivery modes needs the delivery_order group, which this runner \
-                 does not declare",
-            )
-            .with_field("delivery"))
-        }
-        Some(other) => {
-            return Err(
-                invalid(format!("`delivery` must be queue, not {other}")).with_field("delivery")
-            )
-        }
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(mode)) => match mode.as_str() {
+            "queue" => Ok(None),
+            STEER => Ok(Some(STEER)),
+            INTERRUPT => Ok(Some(INTERRUPT)),
+            _ => Err(invalid(format!(
+                "`delivery` must be queue, steer or interrupt, not {mode:?}"
+            ))
+            .with_field("delivery")),
+        },
+        Some(Value::Array(_)) => Err(invalid(
+            "a list of delivery modes needs the delivery_order group, which this runner \
+             does not declare",
+        )
+        .with_field("delivery")),
+        Some(other) => Err(invalid(format!(
+            "`delivery` must be queue, steer or interrupt, not {other}"
+        ))
+        .with_field("delivery")),
     }
-    Ok(())
+}
+
+/// `route_decision_id`: a non-empty string of at most 256 bytes when present.
+fn route_decision_id(given: Option<&Value>) -> Result<(), RpcError> {
+    match given {
+        None => Ok(()),
+        Some(Value::String(id)) if !id.is_empty() && id.len() <= 256 => Ok(()),
+        Some(other) => Err(invalid(format!(
+            "`route_decision_id` must be a string of 1 to 256 bytes, not {other}"
+        ))
+        .with_field("route_decision_id")),
+    }
 }
 
 /// `stop_when`: `max_steps` (broca's `max_steps`, moved into `params`), and the run's token

@@ -1,0 +1,202 @@
+//! Steered sends as replay keeps them (a child of `replay`): accepted into the active run
+//! (`SendSteered`), waiting for its next step boundary, rendered there (the StepStarted that
+//! names them) or, when the run ended first, delivered as the next turn (a RunStarted naming
+//! one). An interrupting send (`SendQueued` with `delivery: interrupt`) asks the open run to
+//! stop, so a crash before its cancel is recorded still ends that run cancelled.
+
+use std::sync::Arc;
+
+use broca_protocol::{Block, Message, Role};
+use broca_wal::runrec::{RunStarted, SendQueued, SendSteered, StepStarted};
+
+use super::{prompt_digest, Misfit, Session};
+
+/// A steered send accepted and not yet rendered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingSteer {
+    /// The seq of its `SendSteered` record: its message's id once rendered.
+    pub seq: u64,
+    /// The index of the run that accepted it.
+    pub run: usize,
+    pub record: Box<SendSteered>,
+}
+
+/// A keyed steered send, as a re-send of its send_id is answered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SteerSend {
+    pub seq: u64,
+    /// The index of the run that accepted it.
+    pub accepted_by: usize,
+    pub inputs_digest: String,
+    pub prompt_digest: String,
+    pub client_message_id: Option<String>,
+    pub delivered: Option<SteerDelivered>,
+}
+
+/// How a steered send was delivered (final once set).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SteerDelivered {
+    /// Rendered at a step boundary of the run of this index.
+    Step { run: usize },
+    /// It started the run of this index (its own run ended before rendering it).
+    Turn { run: usize },
+}
+
+/// A steer a run accepted, and whether that run rendered it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunSteer {
+    pub seq: u64,
+    pub send_id: Option<String>,
+    pub rendered: bool,
+}
+
+/// Puts a steered prompt into the conversation: into the user message that ends it (the
+/// results of the step before, or the run's own prompt), so every family takes it; else as a
+/// message of its own.
+pub fn push_steer(transcript: &mut Vec<Arc<Message>>, prompt: &str) {
+    let block = Block::Text {
+        text: prompt.to_string(),
+    };
+    match transcript.last_mut() {
+        // Copied first if a request in flight still shares it.
+        Some(m) if m.role == Role::User => Arc::make_mut(m).content.push(block),
+        _ => transcript.push(Arc::new(Message {
+            role: Role::User,
+            content: vec![block],
+        })),
+    }
+}
+
+impl Session {
+    /// A send steered into the open run.
+    pub(super) fn apply_steered(&mut self, seq: u64, r: Box<SendSteered>) -> Result<(), Misfit> {
+        let misfit = |why| Misfit::SteerMisfit { seq, why };
+        let Some(open) = &self.open else {
+            return Err(misfit("no run is open to join"));
+        };
+        let index = open.index;
+        let run = &mut self.runs[index];
+        if run.run_id != r.run_id {
+            return Err(misfit("it names a run that is not the open one"));
+        }
+        run.steers.push(RunSteer {
+            seq,
+            send_id: r.send_id.clone(),
+            rendered: false,
+        });
+        if let Some(send_id) = &r.send_id {
+            let send = SteerSend {
+                seq,
+                accepted_by: index,
+                inputs_digest: r.inputs_digest.clone(),
+                prompt_digest: prompt_digest(&r.prompt),
+                client_message_id: r.client_message_id.clone(),
+                delivered: None,
+            };
+            self.steer_sends.insert(send_id.clone(), send);
+        }
+        self.pending_steers.push(PendingSteer {
+            seq,
+            run: index,
+            record: r,
+        });
+        Ok(())
+    }
+
+    /// The steers a step renders join the conversation before its request, in its order.
+    pub(super) fn apply_step_steers(&mut self, r: &StepStarted) -> Result<(), Misfit> {
+        let Some(open) = self.open.as_ref().map(|o| o.index) else {
+            return Ok(()); // the step itself was refused already
+        };
+        for &seq in &r.steers {
+            let Some(i) = self.pending_steers.iter().position(|p| p.seq == seq) else {
+                return Err(Misfit::SteerMisfit {
+                    seq,
+                    why: "a step renders it, but no steered send waits at that seq",
+                });
+            };
+            let p = self.pending_steers.remove(i);
+            push_steer(&mut self.transcript, &p.record.prompt);
+            self.entry_count += 1;
+            if p.run == open {
+                if let Some(s) = self.runs[p.run].steers.iter_mut().find(|s| s.seq == seq) {
+                    s.rendered = true;
+                }
+            }
+            if let Some(send) = p
+                .record
+                .send_id
+                .as_ref()
+                .and_then(|id| self.steer_sends.get_mut(id))
+            {
+                send.delivered = Some(SteerDelivered::Step { run: open });
+            }
+        }
+        Ok(())
+    }
+
+    /// A run that delivers a steer as its turn takes it off the pending ones.
+    pub(super) fn apply_steer_turn(&mut self, r: &RunStarted, index: usize) -> Result<(), Misfit> {
+        let Some(seq) = r.steer_seq else {
+            return Ok(());
+        };
+        let Some(i) = self.pending_steers.iter().position(|p| p.seq == seq) else {
+            return Err(Misfit::SteerMisfit {
+                seq,
+                why: "a run delivers it as its turn, but no steered send waits at that seq",
+            });
+        };
+        let p = self.pending_steers.remove(i);
+        if let Some(send) = p
+            .record
+            .send_id
+            .as_ref()
+            .and_then(|id| self.steer_sends.get_mut(id))
+        {
+            send.delivered = Some(SteerDelivered::Turn { run: index });
+        }
+        Ok(())
+    }
+
+    /// The entries a step's steers add: one user entry each, its mid its `SendSteered` seq.
+    pub(super) fn steered_note(&self, r: &StepStarted) -> crate::entries::Note {
+        let run = self.open.as_ref().map(|o| o.index);
+        let steers = r
+            .steers
+            .iter()
+            .filter_map(|seq| self.pending_steers.iter().find(|p| p.seq == *seq))
+            .map(|p| crate::entries::SteerNote {
+                mid: p.seq,
+                at: p.record.at_unix_ms,
+                client_message_id: p.record.client_message_id.clone(),
+                sender: p.record.principal.clone(),
+                prompt: p.record.prompt.clone(),
+            })
+            .collect();
+        crate::entries::Note::Steered {
+            run,
+            steers,
+            at: r.at_unix_ms,
+        }
+    }
+
+    /// An interrupting send queued behind the open run asks that run to stop.
+    pub(super) fn note_interrupt(&mut self, q: &SendQueued) {
+        if q.delivery.as_deref() == Some(broca_wire::delivery::INTERRUPT) {
+            if let Some(open) = self.open.as_mut() {
+                open.cancel_requested = true;
+            }
+        }
+    }
+
+    /// The send_ids of the steers run `index` accepted and did not render (absent before it
+    /// ended).
+    pub fn undelivered_steers(&self, index: usize) -> Vec<String> {
+        self.runs[index]
+            .steers
+            .iter()
+            .filter(|s| !s.rendered)
+            .filter_map(|s| s.send_id.clone())
+            .collect()
+    }
+}

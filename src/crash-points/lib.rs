@@ -9,6 +9,9 @@
 //! - `tool_result`: a ToolResult is durable;
 //! - `terminal`: a RunFinished or RunPaused is durable;
 //! - `imported`: an imported episode is durable (before the import is answered);
+//! - `steered`: a steer's SendSteered is durable (before it is answered or rendered);
+//! - `queued`: a queued or interrupting send's SendQueued is durable (before it is answered,
+//!   and for an interrupt before the run hears of it);
 //! - `mid_write`: the nth batch write of the process reached the file only in part (the
 //!   sectors of its first half; the rest of the batch zero, as never written), before its
 //!   fdatasync.
@@ -61,6 +64,8 @@ pub const POINTS: &[&str] = &[
     "tool_result",
     "terminal",
     "imported",
+    "steered",
+    "queued",
     "mid_write",
 ];
 
@@ -135,6 +140,8 @@ fn point_of(record: &Record) -> Option<&'static str> {
         Record::ToolResult(_) => "tool_result",
         Record::RunFinished(_) | Record::RunPaused(_) => "terminal",
         Record::EpisodeImported(_) => "imported",
+        Record::SendSteered(_) => "steered",
+        Record::SendQueued(_) => "queued",
         _ => return None,
     })
 }

@@ -34,8 +34,6 @@ pub const CONTRADICTIONS: &[Contradiction] = &[Contradiction {
 /// by it).
 pub const NOT_DECLARED: &[(&str, &str)] = &[
     ("attachments", "uploads and media reads are not built (their issue: how a host talks to a running session)"),
-    ("steer", "a message joining a running run is not built (same issue)"),
-    ("interrupt", "a send that interrupts the running run is not built (same issue)"),
     ("delivery_order", "lists of delivery modes and plan-named senders need plans, not built (the plans issue)"),
     ("plans", "broca admits no fetch plan yet (the plans issue)"),
     ("session_change", "mid-session plan changes need plans (the plans issue)"),

@@ -149,10 +149,13 @@ pub fn inherit(req: &mut broca_wire::SendRequest, frozen: &FrozenConfig) {
         .generation
         .take()
         .or_else(|| Some(frozen.generation.clone()));
-    req.credential_id = req
-        .credential_id
-        .take()
-        .or_else(|| Some(frozen.credential_id.clone()));
+    // A keyless model's credential (`none`) is the model's own, not one a send names.
+    let named_credential = ["env:", "file:", "vault:"]
+        .iter()
+        .any(|p| frozen.credential_id.starts_with(p));
+    if req.credential_id.is_none() && named_credential {
+        req.credential_id = Some(frozen.credential_id.clone());
+    }
     req.cache_policy = req.cache_policy.or(Some(frozen.cache_policy));
     if req.directives.is_none() && !frozen.directives.is_empty() {
         req.directives = serde_json::from_value(serde_json::json!(frozen.directives)).ok();

@@ -78,13 +78,15 @@ fn wait_ended(d: &mut Daemon, channel: u16, epoch: u32, run_id: &str) -> Value {
     }
 }
 
-/// Drains broca as the daemon does; it says GOODBYE, closes, and exits 0.
+/// Drains broca as the daemon does (by a deadline 10 s ahead); it says GOODBYE, closes, and
+/// exits 0.
 fn drain(d: &mut Daemon, child: &mut Child) {
+    let deadline_ms = unix_ms() + 10_000;
     d.send(
         FrameType::Push,
         0,
         0,
-        &json!({"op": "module.draining", "reason": "restart", "deadline_ms": 0}),
+        &json!({"op": "module.draining", "reason": "restart", "deadline_ms": deadline_ms}),
     );
     let frames = d.until_closed();
     assert!(
@@ -99,6 +101,13 @@ fn drain(d: &mut Daemon, child: &mut Child) {
         "{}",
         stderr_of(child)
     );
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
 }
 
 /// broca aborted at its crash point (BROCA_CRASH_AT) within 20 s.
@@ -1127,4 +1136,97 @@ fn the_catalog_comes_from_fusiform_and_its_last_good_answer_outlives_an_outage()
         *catalog.answer.lock().unwrap() = None;
     }
     assert!(catalog.asked.load(std::sync::atomic::Ordering::SeqCst) >= 2);
+}
+
+/// A provider that takes connections and never answers: a run on it stays in its model step.
+fn silent_provider() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming().flatten() {
+            held.push(conn);
+        }
+    });
+    url
+}
+
+#[test]
+fn a_drain_ends_by_its_deadline_with_goodbye_on_each_route_and_subscriptions_ended_last() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let mut d = Daemon::start(dir.path());
+    // A grace period far longer than the drain's deadline: the deadline must win.
+    let mut child = broca(&state)
+        .env("ANTHROPIC_API_KEY", KEY)
+        .env("BROCA_BASE_URL_ANTHROPIC", silent_provider())
+        .args(["module", "--subc"])
+        .arg(&d.file)
+        .args(["--shards", "2", "--grace-secs", "60"])
+        .spawn_quiet();
+    d.accept(Answer::Accept).expect("broca's HELLO");
+    d.bind(3, 1, "/proj/drain", "h", "s1");
+    d.bind(5, 2, "/proj/drain", "h", "s2");
+    let (_, sent) = d.request(
+        3,
+        1,
+        "session.send",
+        json!({"prompt": "hello", "model": "anthropic/m", "send_id": "d-1"}),
+    );
+    let run_id = result_of(&mut d, &sent)["run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let sub = d.send(
+        FrameType::Request,
+        3,
+        1,
+        &json!({"method": "session.subscribe", "params": {"from": "start"}}),
+    );
+    d.frames_for(3, sub, |f| {
+        serde_json::from_slice::<Value>(&f.body).is_ok_and(|v| v["unit"]["type"] == "step_started")
+    });
+
+    let now_ms = unix_ms();
+    let began = Instant::now();
+    d.send(
+        FrameType::Push,
+        0,
+        0,
+        &json!({"op": "module.draining", "reason": "restart", "deadline_ms": now_ms + 2_000}),
+    );
+    let frames = d.until_closed();
+    let status = wait_exit(&mut child, Duration::from_secs(30));
+    let took = began.elapsed();
+    assert_eq!(status.code(), Some(0), "{}", stderr_of(&mut child));
+    // Within the deadline, not the 60 s grace (a second of slack for a loaded machine).
+    assert!(took < Duration::from_secs(3), "the drain took {took:?}");
+    // GOODBYE on each bound route, then on channel 0, last.
+    let byes: Vec<(u16, u32)> = frames
+        .iter()
+        .filter(|f| f.header.ty == FrameType::Goodbye)
+        .map(|f| (f.header.channel, f.header.epoch))
+        .collect();
+    assert_eq!(byes, [(3, 1), (5, 2), (0, 0)], "{byes:?}");
+    // The subscription ended with its STREAM_END, marked LAST.
+    let end = frames
+        .iter()
+        .find(|f| f.header.ty == FrameType::StreamEnd && f.header.corr == sub)
+        .unwrap_or_else(|| {
+            let seen: Vec<_> = frames
+                .iter()
+                .map(|f| (f.header.ty, f.header.channel, f.header.corr))
+                .collect();
+            panic!("no STREAM_END for the subscription {sub}: {seen:?}")
+        });
+    assert!(end.header.flags.is_last(), "{:?}", end.header.flags);
+    // The run that could not finish in time is sealed interrupted by the shutdown.
+    let started = run_started(&state, &run_id);
+    assert_eq!(started["send_id"], "d-1");
+    let finished = support::dump_all(&state)
+        .into_iter()
+        .find(|r| r["kind"] == "run_finished" && r["record"]["run_id"] == run_id.as_str())
+        .expect("the run is sealed");
+    assert_eq!(finished["record"]["reason"], "interrupted", "{finished}");
+    assert_eq!(finished["record"]["cause"], "runner_shutdown", "{finished}");
 }

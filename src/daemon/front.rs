@@ -5,8 +5,9 @@
 //! session and executed by the host as serve's `/v1/rpc` requests are, each in a task of its
 //! own, answered `{"result": ...}` or an ERROR frame
 //! `{code, message, detail: {class, status}}`. `module.draining`, a GOODBYE on channel 0 or
-//! the connection's end stop broca as a signal does (admission closed, the grace period,
-//! the rest sealed interrupted); at the end broca says GOODBYE.
+//! the connection's end stop broca as a signal does (admission closed, the grace period, cut
+//! short by a drain's deadline, the rest sealed interrupted); at the end broca says GOODBYE
+//! on each bound route, then on channel 0. A subscription's STREAM_END carries LAST.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -62,6 +63,8 @@ struct Routes {
     /// Held-open `session.subscribe` requests by (channel, corr): dropping the sender ends
     /// the subscription.
     subs: RefCell<HashMap<(u16, u64), futures_channel::oneshot::Sender<()>>>,
+    /// The connection is saying GOODBYE: it has ended every held subscription itself.
+    closing: Cell<bool>,
 }
 
 /// Serves the daemon connection until it ends or broca stops; answers the GOODBYE's end
@@ -102,6 +105,7 @@ pub(crate) async fn run(
         out: Rc::new(tx),
         in_flight: Cell::new(0),
         subs: RefCell::new(HashMap::new()),
+        closing: Cell::new(false),
     });
     let mut decoder = conn.decoder;
     let f = front.clone();
@@ -112,7 +116,7 @@ pub(crate) async fn run(
         let end = loop {
             match decoder.next_frame() {
                 Ok(Some(frame)) => match f.dispatch(frame).await {
-                    Some(End::Drain(why)) => f.stop(End::Drain(why)).await,
+                    Some(End::Drain(why, by)) => f.stop(End::Drain(why, by)).await,
                     Some(end) => break end,
                     None => {}
                 },
@@ -130,13 +134,15 @@ pub(crate) async fn run(
     Ok(Closer {
         writer,
         out: front.out.clone(),
+        routes: front.clone(),
     })
 }
 
 /// Why broca stops.
 enum End {
-    /// The daemon is draining broca (`module.draining`): the connection stays.
-    Drain(String),
+    /// The daemon is draining broca (`module.draining`) by the wall-clock deadline (Unix
+    /// ms): the connection stays.
+    Drain(String, u64),
     /// The daemon said GOODBYE.
     Asked(String),
     /// The connection broke or the daemon went away unannounced.
@@ -147,6 +153,7 @@ enum End {
 pub(crate) struct Closer {
     writer: Rc<RefCell<Option<futures_lite::io::WriteHalf<glommio::net::TcpStream>>>>,
     out: Rc<local_channel::LocalSender<Vec<u8>>>,
+    routes: Rc<Routes>,
 }
 
 impl broca_host::Running for Closer {
@@ -157,6 +164,50 @@ impl broca_host::Running for Closer {
 
 impl Closer {
     async fn goodbye(self) {
+        // Each held subscription ends with its STREAM_END (the sessions it follows are
+        // closed; a subscription still waiting for its hub's end is ended here), then each
+        // route says GOODBYE, then the connection.
+        self.routes.closing.set(true);
+        let held: Vec<(u16, u64)> = self
+            .routes
+            .subs
+            .borrow_mut()
+            .drain()
+            .map(|(k, _)| k)
+            .collect();
+        let bound: Vec<(u16, u32)> = {
+            let mut routes = self.routes.routes.borrow_mut();
+            let mut bound: Vec<(u16, u32)> = routes.iter().map(|(c, r)| (*c, r.epoch)).collect();
+            routes.clear();
+            bound.sort_unstable();
+            bound
+        };
+        let epoch_of = |channel: u16| bound.iter().find(|b| b.0 == channel).map_or(0, |b| b.1);
+        let mut frames_out = Vec::new();
+        for (channel, corr) in held {
+            let epoch = epoch_of(channel);
+            frames_out.push(frames::encode(
+                FrameType::StreamEnd,
+                frames::last(),
+                channel,
+                epoch,
+                corr,
+                Vec::new(),
+            ));
+        }
+        for &(channel, epoch) in &bound {
+            frames_out.push(frames::encode(
+                FrameType::Goodbye,
+                frames::data(),
+                channel,
+                epoch,
+                0,
+                Vec::new(),
+            ));
+        }
+        for frame in frames_out.into_iter().flatten() {
+            let _ = self.out.send(frame).await;
+        }
         if let Ok(bye) = frames::encode(FrameType::Goodbye, frames::control(), 0, 0, 0, Vec::new())
         {
             let _ = self.out.send(bye).await;
@@ -288,9 +339,10 @@ impl Routes {
                     deadline_ms,
                 }) = serde_json::from_slice(&f.body)
                 {
-                    return Some(End::Drain(format!(
-                        "the daemon is draining broca ({reason:?}, by {deadline_ms} ms)"
-                    )));
+                    return Some(End::Drain(
+                        format!("the daemon is draining broca ({reason:?}, by {deadline_ms} ms)"),
+                        deadline_ms,
+                    ));
                 }
             }
             FrameType::Request => self.control_request(h.corr, &f.body).await,
@@ -471,9 +523,12 @@ impl Routes {
             }
         }
         self.subs.borrow_mut().remove(&(channel, corr));
+        if self.closing.get() {
+            return; // ended by the connection's GOODBYE, which said its STREAM_END
+        }
         self.send(frames::encode(
             FrameType::StreamEnd,
-            frames::data(),
+            frames::last(),
             channel,
             epoch,
             corr,
@@ -552,7 +607,11 @@ impl Routes {
     /// own GOODBYE answered by a close) is no loss.
     async fn stop(&self, end: End) {
         let why = match end {
-            End::Drain(why) | End::Asked(why) => why,
+            End::Drain(why, by) => {
+                self.host.stop_by(&why, by).await;
+                return;
+            }
+            End::Asked(why) => why,
             End::Lost(_) if self.host.is_stopping() => return,
             End::Lost(why) => {
                 self.lost.store(true, Ordering::Release);

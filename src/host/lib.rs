@@ -143,6 +143,9 @@ pub struct Host {
     pub(crate) mesh: Mesh<ShardMsg>,
     /// Admission is closed.
     stopping: AtomicBool,
+    /// The wall-clock time (Unix ms) the stop must be over by, when the front was given one
+    /// (a daemon's drain); 0: none.
+    stop_by_unix_ms: std::sync::atomic::AtomicU64,
     /// The signal that asked for the stop (0: none yet).
     signal: AtomicI32,
     pub(crate) tls: Arc<broca_io::net::rustls::ClientConfig>,
@@ -231,6 +234,42 @@ impl Host {
         first
     }
 
+    /// [`Host::stop`], to be over by `deadline_unix_ms` (a daemon's drain deadline, a wall
+    /// clock time read as "no later than"): active runs get the grace period or what is left
+    /// before the deadline, whichever ends first, keeping time to seal the rest.
+    pub async fn stop_by(&self, why: &str, deadline_unix_ms: u64) -> bool {
+        let earlier = |now: u64| {
+            if now == 0 {
+                deadline_unix_ms
+            } else {
+                now.min(deadline_unix_ms)
+            }
+        };
+        let _ = self
+            .stop_by_unix_ms
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+                Some(earlier(now))
+            });
+        self.stop(why).await
+    }
+
+    /// How much longer a shard that began to stop at `began` waits for its active runs
+    /// (zero: no longer): the grace period from then, cut short by a deadline the front was
+    /// given (looked at each time, so a drain during the grace period shortens it), less
+    /// [`STOP_SEAL_MS`] kept to seal the rest.
+    pub fn runs_wait_left(&self, began: std::time::Instant) -> std::time::Duration {
+        let grace_left = self.opts.grace.saturating_sub(began.elapsed());
+        let by = self.stop_by_unix_ms.load(Ordering::Acquire);
+        if by == 0 {
+            return grace_left;
+        }
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let left_ms = by.saturating_sub(now_ms).saturating_sub(STOP_SEAL_MS);
+        grace_left.min(std::time::Duration::from_millis(left_ms))
+    }
+
     /// Every shard's counters (a shard whose queue is full is left out rather than waited
     /// for).
     pub async fn stats(&self) -> Vec<ShardStats> {
@@ -248,6 +287,10 @@ fn secrets(
         None => s,
     }
 }
+
+/// What a stop with a deadline keeps for sealing the runs still active and closing every
+/// session, after it stops waiting for them.
+pub const STOP_SEAL_MS: u64 = 500;
 
 /// A future a front runs on its shard.
 pub type LocalBoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
@@ -361,6 +404,7 @@ impl Startup {
             handle: state.handle.clone(),
             mesh,
             stopping: AtomicBool::new(false),
+            stop_by_unix_ms: std::sync::atomic::AtomicU64::new(0),
             signal: AtomicI32::new(0),
             tls,
             proxy,

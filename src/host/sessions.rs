@@ -302,12 +302,13 @@ impl Shard {
         .detach();
     }
 
-    /// Stops the shard: no new runs; active runs get the grace period; then every session is
+    /// Stops the shard: no new runs; active runs get the grace period (cut short by a drain's
+    /// deadline, `Host::runs_wait_left`); then every session is
     /// told to stop (sealing its run Interrupted) and closed, and what moved on is handed to
     /// the store.
     pub(crate) async fn stop(&self) {
-        let deadline = std::time::Instant::now() + self.host.opts.grace;
-        while self.runs_active.get() > 0 && std::time::Instant::now() < deadline {
+        let began = std::time::Instant::now();
+        while self.runs_active.get() > 0 && !self.host.runs_wait_left(began).is_zero() {
             glommio::timer::sleep(GRACE_POLL).await;
         }
         self.sessions.shutdown_all();

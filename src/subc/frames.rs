@@ -101,6 +101,11 @@ pub fn data() -> Flags {
     Flags::new(false, Priority::Interactive, false)
 }
 
+/// Flags of the last frame of a stream (STREAM_END): interactive, LAST set.
+pub fn last() -> Flags {
+    Flags::new(false, Priority::Interactive, true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

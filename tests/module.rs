@@ -164,6 +164,15 @@ fn a_module_registers_and_serves_the_management_methods_on_its_routes() {
     assert_eq!(m["module_id"], "ck-broca");
     assert_eq!(hello["launch_nonce"], "nonce-for-this-launch");
     assert_eq!(hello["control_ops"], json!(["health.check"]));
+    // Registered warming; ready (for route binds) once the store, the catalog, the tools and
+    // every shard are up, said with a `catalog.update` on channel 0 that keeps the roles.
+    assert_eq!(m["ready"], false, "{m}");
+    let update = d.answer(0, 1 << 62);
+    assert_eq!(update.header.ty, FrameType::Request);
+    let update: Value = serde_json::from_slice(&update.body).unwrap();
+    assert_eq!(update["op"], "catalog.update", "{update}");
+    assert_eq!(update["ready"], true, "{update}");
+    assert_eq!(update["provides"], m["provides"], "{update}");
     let surface = &m["provides"][0];
     assert_eq!(surface["role"], "management_surface");
     let ops = each(&surface["operations"], "name");
@@ -620,6 +629,21 @@ fn a_daemon_that_is_not_there_or_not_the_files_is_a_loud_exit_within_seconds() {
     assert_eq!(status.code(), Some(1), "{err}");
     assert!(
         err.contains("does not match the connection file's key"),
+        "{err}"
+    );
+
+    // A daemon that settles on a wire version broca does not speak: one line, exit 1.
+    let mut other = Daemon::start(&dir.path().join("version"));
+    let mut child = module(&dir.path().join("s6"), &other, &peer, &[])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    other.accept(Answer::Version(3)).unwrap();
+    let status = wait_exit(&mut child, Duration::from_secs(10));
+    let err = stderr_of(&mut child);
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("negotiated wire protocol version 3; broca speaks version 2"),
         "{err}"
     );
 

@@ -31,6 +31,11 @@ use broca_wire::{Code, RpcError, SessionName};
 /// Frames waiting for the socket; past it, the tasks that answer wait (the reader does not).
 const EGRESS_FRAMES: usize = 256;
 
+/// How often the front looks whether the host has started, to say it is ready.
+const READY_POLL: Duration = Duration::from_millis(10);
+/// The correlation id of broca's own `catalog.update` on channel 0.
+const READY_CORR: u64 = 1 << 62;
+
 /// The project root of a session whose bind names no folder.
 pub const NO_WORKDIR_ROOT: &str = "/";
 
@@ -107,6 +112,8 @@ pub(crate) async fn run(
         subs: RefCell::new(HashMap::new()),
         closing: Cell::new(false),
     });
+    let f = front.clone();
+    glommio::spawn_local(async move { f.say_ready().await }).detach();
     let mut decoder = conn.decoder;
     let f = front.clone();
     glommio::spawn_local(async move {
@@ -346,6 +353,12 @@ impl Routes {
                 }
             }
             FrameType::Request => self.control_request(h.corr, &f.body).await,
+            // The daemon's answer to broca's own `catalog.update`.
+            FrameType::Response if h.corr == READY_CORR => {}
+            FrameType::Error if h.corr == READY_CORR => tracing::warn!(
+                "the daemon refused broca's readiness: {}",
+                String::from_utf8_lossy(&f.body)
+            ),
             _ => {}
         }
         None
@@ -561,6 +574,22 @@ impl Routes {
         .await;
     }
 
+    /// Says the module is ready for route binds (`catalog.update` with `ready: true`) once
+    /// the host has started; it registered warming. The daemon's answer is only logged.
+    async fn say_ready(&self) {
+        while !self.host.is_ready() {
+            if self.host.is_stopping() {
+                return;
+            }
+            glommio::timer::sleep(READY_POLL).await;
+        }
+        let body = serde_json::to_value(broca_subc::manifest::ready_update())
+            .expect("a catalog.update serializes");
+        self.reply(FrameType::Request, 0, 0, READY_CORR, &body)
+            .await;
+        tracing::info!("told the daemon broca is ready");
+    }
+
     /// health.check, answered from the shards' own counters.
     async fn health(&self) -> Value {
         let stats = self.host.stats().await;
@@ -570,6 +599,11 @@ impl Routes {
             (
                 HealthStatus::Degraded,
                 Some("stopping: admission is closed"),
+            )
+        } else if !self.host.is_ready() {
+            (
+                HealthStatus::Degraded,
+                Some("warming: the store, the catalog, the tools and the shards are starting"),
             )
         } else if stats.len() < self.host.shards() {
             (HealthStatus::Degraded, Some("a shard did not answer"))

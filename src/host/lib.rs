@@ -146,6 +146,9 @@ pub struct Host {
     /// The wall-clock time (Unix ms) the stop must be over by, when the front was given one
     /// (a daemon's drain); 0: none.
     stop_by_unix_ms: std::sync::atomic::AtomicU64,
+    /// Every shard has started its part of the front (serve.json and the ready line are out):
+    /// the store, the catalog, the tools and the shards are up.
+    ready: Arc<AtomicBool>,
     /// The signal that asked for the stop (0: none yet).
     signal: AtomicI32,
     pub(crate) tls: Arc<broca_io::net::rustls::ClientConfig>,
@@ -268,6 +271,12 @@ impl Host {
             .map_or(0, |d| d.as_millis() as u64);
         let left_ms = by.saturating_sub(now_ms).saturating_sub(STOP_SEAL_MS);
         grace_left.min(std::time::Duration::from_millis(left_ms))
+    }
+
+    /// Whether the daemon has started: every shard has started its part of the front, after
+    /// the store, the catalog and the tools (a front says it is warming before).
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
     }
 
     /// Every shard's counters (a shard whose queue is full is left out rather than waited
@@ -405,6 +414,7 @@ impl Startup {
             mesh,
             stopping: AtomicBool::new(false),
             stop_by_unix_ms: std::sync::atomic::AtomicU64::new(0),
+            ready: Arc::new(AtomicBool::new(false)),
             signal: AtomicI32::new(0),
             tls,
             proxy,
@@ -427,6 +437,7 @@ impl Startup {
         // serve.json and the ready line only once every shard has started its part of the
         // front: a client that acts on either finds every listener accepting.
         let (path, ready) = (serve_json.clone(), front.ready);
+        let is_ready = host.ready.clone();
         let gate = Arc::new(shard::StartGate::new(
             host.opts.shards,
             Box::new(move || {
@@ -438,6 +449,7 @@ impl Startup {
                 broca_io::outln!("{ready}");
                 use std::io::Write as _;
                 let _ = std::io::stdout().flush();
+                is_ready.store(true, Ordering::Release);
                 Ok(())
             }),
         ));

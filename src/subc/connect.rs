@@ -114,6 +114,21 @@ pub fn connect(file: &Path, hello: &ModuleHelloBody) -> Result<Registered, Conne
             )))
         }
     };
+    // broca speaks one version of the wire: a daemon that settles on another is refused here,
+    // before any frame of it is read as this one's.
+    if ack.negotiated_ver != hello.protocol_ver {
+        return Err(ConnectError::Refused(format!(
+            "the daemon negotiated wire protocol version {}; broca speaks version {}",
+            ack.negotiated_ver, hello.protocol_ver
+        )));
+    }
+    match ack.machine_id.as_deref() {
+        Some(id) => tracing::info!(machine = id, "registered with the daemon"),
+        None => tracing::info!("registered with the daemon (it names no machine)"),
+    }
+    if ack.storage.is_some() {
+        tracing::info!("the daemon offers managed storage; broca keeps its own state dir");
+    }
     let clear = |e: std::io::Error| ConnectError::Handshake(e.to_string());
     stream.set_read_timeout(None).map_err(clear)?;
     stream.set_write_timeout(None).map_err(clear)?;

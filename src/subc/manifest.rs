@@ -76,27 +76,12 @@ pub fn hello(
             need: CapabilityNeed::Optional,
         }]
     };
-    let operations = OPERATIONS
-        .iter()
-        .map(|&(name, mutates)| ManagementOperation {
-            name: name.to_string(),
-            kind: if mutates {
-                ManagementOperationKind::Mutate
-            } else {
-                ManagementOperationKind::Query
-            },
-            description: None,
-        })
-        .collect();
-    let surface = ProviderRole::ManagementSurface {
-        operations,
-        config_schema: serde_json::json!({"type": "object"}),
-        observability: Vec::new(),
-        identity_scope: vec![IdentityScope::Session],
-        concurrency: Concurrency::ModuleManaged,
-    };
+    let surface = surface();
+    // Warming until the host has started (its store, catalog, tools and every shard): the
+    // front says ready with `catalog.update` then ([`ready_update`]).
     let manifest: ModuleManifest = ModuleManifest::builder(module_id, version)
         .trust_tier(Some(TrustTier::FirstParty))
+        .ready(false)
         .provides(vec![surface])
         .consumes(roles)
         .self_signals(Some(vec![SelfSignalDeclaration {
@@ -121,6 +106,39 @@ pub fn hello(
         protocol_ver: PROTOCOL_VERSION,
         control_ops: Some(vec![MODULE_CONTROL_OP_HEALTH_CHECK.to_string()]),
         launch_nonce,
+    }
+}
+
+/// The management surface broca provides: every operation, by whether it changes anything.
+fn surface() -> ProviderRole {
+    let operations = OPERATIONS
+        .iter()
+        .map(|&(name, mutates)| ManagementOperation {
+            name: name.to_string(),
+            kind: if mutates {
+                ManagementOperationKind::Mutate
+            } else {
+                ManagementOperationKind::Query
+            },
+            description: None,
+        })
+        .collect();
+    ProviderRole::ManagementSurface {
+        operations,
+        config_schema: serde_json::json!({"type": "object"}),
+        observability: Vec::new(),
+        identity_scope: vec![IdentityScope::Session],
+        concurrency: Concurrency::ModuleManaged,
+    }
+}
+
+/// The channel-0 request that says broca is ready for route binds, once the host has started:
+/// `catalog.update` with the same roles and `ready: true`.
+pub fn ready_update() -> subc_protocol::session::ModuleControlRequestFromModule {
+    subc_protocol::session::ModuleControlRequestFromModule::CatalogUpdate {
+        provides: vec![surface()],
+        capabilities: None,
+        ready: Some(true),
     }
 }
 

@@ -36,6 +36,8 @@ pub enum Answer {
     Accept,
     /// Prove itself with another key (a daemon that is not the file's).
     WrongKey,
+    /// Take the HELLO and settle on another wire version than broca's.
+    Version(u8),
 }
 
 impl Daemon {
@@ -79,9 +81,10 @@ impl Daemon {
     /// and answers HELLO_ACK. Answers the HELLO body, or how the handshake failed (the
     /// daemon side's `AuthError`).
     pub fn accept(&mut self, answer: Answer) -> Result<Value, String> {
-        let key = match answer {
-            Answer::Accept => self.key.clone(),
-            Answer::WrongKey => vec![7u8; 32],
+        let (key, version) = match answer {
+            Answer::Accept => (self.key.clone(), 2),
+            Answer::WrongKey => (vec![7u8; 32], 2),
+            Answer::Version(v) => (self.key.clone(), v),
         };
         let mut stream = self.accept_stream();
         let auth = self.rt.block_on(subc_transport::authenticate_server(
@@ -97,7 +100,7 @@ impl Daemon {
         let hello = self.read_on(&mut stream).expect("a HELLO");
         assert_eq!(hello.header.ty, FrameType::Hello);
         let ack = serde_json::json!({
-            "negotiated_ver": 2,
+            "negotiated_ver": version,
             "subc_ops": ["route.open", "catalog.update"],
             "subc_capabilities": [],
         });

@@ -1254,3 +1254,72 @@ fn a_drain_ends_by_its_deadline_with_goodbye_on_each_route_and_subscriptions_end
     assert_eq!(finished["record"]["reason"], "interrupted", "{finished}");
     assert_eq!(finished["record"]["cause"], "runner_shutdown", "{finished}");
 }
+
+#[test]
+fn a_vault_read_never_holds_up_the_shard_it_was_asked_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let mut d = Daemon::start(dir.path());
+    // One shard: the daemon's connection, both sessions and the vault's caller share it.
+    let mut child = broca(&state)
+        .env("ANTHROPIC_API_KEY", KEY)
+        .env("BROCA_BASE_URL_ANTHROPIC", peer.url())
+        .args(["module", "--subc"])
+        .arg(&d.file)
+        .args(["--shards", "1", "--grace-secs", "2"])
+        .spawn_quiet();
+    d.accept(Answer::Accept).unwrap();
+    let vault = d.serve_vault(vec![(
+        "team-key".into(),
+        "sk-ant-from-the-vault-0123456789abcdef".into(),
+    )]);
+    d.bind(1, 1, "/vault-slow", "h", "a");
+    d.bind(2, 1, "/vault-slow", "h", "b");
+    // The vault takes its time with session a's credential...
+    vault.hold.store(true, std::sync::atomic::Ordering::SeqCst);
+    let held = d.send(
+        FrameType::Request,
+        1,
+        1,
+        &json!({"method": "session.send", "params": {"prompt": "hello", "model": "anthropic/m",
+            "credential_id": "vault:team-key", "send_id": "a-1"}}),
+    );
+    let until = Instant::now() + Duration::from_secs(10);
+    while vault.calls.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < until, "the vault was never asked");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // ...while session b's whole run goes through on the same shard.
+    let (_, sent) = d.request(
+        2,
+        1,
+        "session.send",
+        json!({"prompt": "hello", "model": "anthropic/m", "send_id": "b-1"}),
+    );
+    let b_run = result_of(&mut d, &sent)["run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(wait_ended(&mut d, 2, 1, &b_run)["state"], "completed");
+    if let Some(early) = d
+        .seen
+        .iter()
+        .find(|f| f.header.channel == 1 && f.header.corr == held)
+    {
+        panic!(
+            "session a's send was answered before its credential came from the vault: {}",
+            String::from_utf8_lossy(&early.body)
+        );
+    }
+    // Once the vault answers, session a's send is admitted and its run completes.
+    vault.hold.store(false, std::sync::atomic::Ordering::SeqCst);
+    let answer = d.answer(1, held);
+    let answer: Value = serde_json::from_slice(&answer.body).unwrap();
+    let a_run = result_of(&mut d, &answer)["run_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(wait_ended(&mut d, 1, 1, &a_run)["state"], "completed");
+    drain(&mut d, &mut child);
+}

@@ -19,7 +19,7 @@ const MARGIN_MS: i64 = 60_000;
 
 /// The vault, shared by every shard (as an `Arc`).
 pub struct ClaustrumVault {
-    client: VaultClient,
+    client: std::sync::Arc<VaultClient>,
     /// Each secret, until when it is used, and the vault's record version of it.
     kept: Mutex<HashMap<String, (Credential, Instant, String)>>,
 }
@@ -27,7 +27,7 @@ pub struct ClaustrumVault {
 impl ClaustrumVault {
     pub fn new(client: VaultClient) -> ClaustrumVault {
         ClaustrumVault {
-            client,
+            client: std::sync::Arc::new(client),
             kept: Mutex::new(HashMap::new()),
         }
     }
@@ -95,6 +95,14 @@ impl Vault for ClaustrumVault {
         Ok(c)
     }
 
+    fn kept(&self, name: &str) -> bool {
+        self.kept
+            .lock()
+            .ok()
+            .and_then(|k| k.get(name).map(|(_, until, _)| Instant::now() < *until))
+            .unwrap_or(false)
+    }
+
     /// Forgets the secret (the next use asks the vault again) and reports the refusal, with
     /// the record version the secret came with (`credential.report_auth_failure`).
     fn auth_failed(&self, name: &str, status: u16) {
@@ -102,16 +110,32 @@ impl Vault for ClaustrumVault {
         let Some(version) = kept.and_then(|(_, _, v)| v.parse::<u64>().ok()) else {
             return;
         };
-        match self.client.report_auth_failure(name, status, version) {
-            Ok(accepted) => {
-                tracing::info!(credential = name, status, accepted, "reported to the vault")
-            }
-            Err(e) => tracing::warn!(
+        // Reported from a thread of its own: the provider's refusal is answered on a shard,
+        // which never waits on the vault.
+        let (client, credential) = (self.client.clone(), name.to_string());
+        let reported = std::thread::Builder::new()
+            .name("vault-report".into())
+            .spawn(
+                move || match client.report_auth_failure(&credential, status, version) {
+                    Ok(accepted) => tracing::info!(
+                        credential = credential,
+                        status,
+                        accepted,
+                        "reported to the vault"
+                    ),
+                    Err(e) => tracing::warn!(
+                        credential = credential,
+                        status,
+                        "the vault took no report: {}",
+                        e.code()
+                    ),
+                },
+            );
+        if let Err(e) = reported {
+            tracing::warn!(
                 credential = name,
-                status,
-                "the vault took no report: {}",
-                e.code()
-            ),
+                "the vault took no report: no thread for it: {e}"
+            );
         }
     }
 }

@@ -230,6 +230,11 @@ async fn send(
     // Admission's part that needs no session runs here, once: a send it refuses opens no
     // session (nothing is written, not even a new WAL) unless its send_id may name a run the
     // session already has; the session's actor does the rest with what was resolved here.
+    // A credential read from the vault is read off this shard's thread first, so admission's
+    // check of it does not wait on the vault here.
+    if let Some(id) = &req.credential_id {
+        ctx.checks.prefetch(id).await;
+    }
     let specs = ctx.tools.specs();
     let catalog = broca_catalog::current();
     let mut admission = broca_core::admission::prepare(&req, &specs, &catalog, &ctx.checks);

@@ -117,6 +117,38 @@ pub trait Secrets {
     /// The provider refused the credential `credential_id` resolved to (`status`: 401 or
     /// 403). A source that can do something about it (a vault) hears of it.
     fn auth_failed(&self, _credential_id: &str, _status: u16) {}
+
+    /// For a credential whose resolution waits on another process (a vault it does not
+    /// keep yet), the lookup to run off the calling thread, so a shard never waits on it;
+    /// `None` when [`Secrets::credential`] answers at once.
+    fn lookup_off_thread(&self, _credential_id: &str) -> Option<Lookup> {
+        None
+    }
+}
+
+/// A credential lookup that may block, to run off the shard's thread ([`off_thread`]).
+pub type Lookup = Box<dyn FnOnce() -> Result<Credential, CredentialProblem> + Send>;
+
+/// Runs `lookup` on a thread of its own and answers what it found: the shard awaiting it goes
+/// on with its other work, and the executor's blocking pool (which opens and replays WALs)
+/// never waits on another process either.
+pub async fn off_thread(lookup: Lookup) -> Result<Credential, CredentialProblem> {
+    let (tx, rx) = futures_channel::oneshot::channel();
+    let spawned = std::thread::Builder::new()
+        .name("credential-read".into())
+        .spawn(move || {
+            let _ = tx.send(lookup());
+        });
+    if let Err(e) = spawned {
+        return Err(CredentialProblem::outage(format!(
+            "no thread to read the credential on: {e}"
+        )));
+    }
+    rx.await.unwrap_or_else(|_| {
+        Err(CredentialProblem::outage(
+            "the credential read ended without an answer",
+        ))
+    })
 }
 
 /// Credentials from the conventional environment variables: `env:NAME` is the API key in
@@ -173,6 +205,12 @@ pub trait Vault: Send + Sync {
 
     /// A provider refused the credential `name` resolved to (`status`: 401 or 403).
     fn auth_failed(&self, _name: &str, _status: u16) {}
+
+    /// Whether the credential `name` is kept in memory and still good: then
+    /// [`Vault::credential`] answers without asking the vault.
+    fn kept(&self, _name: &str) -> bool {
+        false
+    }
 }
 
 /// A shared vault is a vault (every shard's credentials resolve through the one vault).
@@ -188,6 +226,10 @@ impl<V: Vault + ?Sized> Vault for std::sync::Arc<V> {
     fn auth_failed(&self, name: &str, status: u16) {
         (**self).auth_failed(name, status)
     }
+
+    fn kept(&self, name: &str) -> bool {
+        (**self).kept(name)
+    }
 }
 
 /// The credentials a state dir offers: `env:NAME` from the environment, `file:NAME` from the
@@ -200,7 +242,7 @@ impl<V: Vault + ?Sized> Vault for std::sync::Arc<V> {
 /// ```
 pub struct StateSecrets {
     file: std::path::PathBuf,
-    vault: Option<Box<dyn Vault>>,
+    vault: Option<std::sync::Arc<dyn Vault>>,
 }
 
 impl StateSecrets {
@@ -213,7 +255,7 @@ impl StateSecrets {
 
     /// Resolves `vault:` ids through `vault`.
     pub fn with_vault(mut self, vault: Box<dyn Vault>) -> StateSecrets {
-        self.vault = Some(vault);
+        self.vault = Some(std::sync::Arc::from(vault));
         self
     }
 
@@ -325,6 +367,20 @@ impl Secrets for StateSecrets {
         if let (Some(("vault", name)), Some(v)) = (credential_id.split_once(':'), &self.vault) {
             v.auth_failed(name, status);
         }
+    }
+
+    /// A `vault:` credential the vault does not keep: its read (up to the vault's deadline)
+    /// runs off the caller's thread.
+    fn lookup_off_thread(&self, credential_id: &str) -> Option<Lookup> {
+        let (Some(("vault", name)), Some(v)) = (credential_id.split_once(':'), &self.vault) else {
+            return None;
+        };
+        if v.kept(name) {
+            return None;
+        }
+        let (vault, name) = (v.clone(), name.to_string());
+        let handle = self.vault_handle(&name);
+        Some(Box::new(move || vault.credential(&name, handle.as_deref())))
     }
 }
 

@@ -175,11 +175,48 @@ pub fn family(id: &str) -> Option<&'static dyn WireFamily> {
 /// Admission's checks against this build's families and a credential source.
 pub struct Checks {
     secrets: Box<dyn credential::Secrets + Send + Sync>,
+    /// What a lookup run off the thread ([`Checks::prefetch`]) just answered for a credential
+    /// it could not resolve, so the admission right after it does not ask again on its own
+    /// thread.
+    refused: std::sync::Mutex<Vec<(String, credential::CredentialProblem, std::time::Instant)>>,
 }
+
+/// How long a prefetched refusal answers admission.
+const PREFETCH_KEPT: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Checks {
     pub fn new(secrets: Box<dyn credential::Secrets + Send + Sync>) -> Checks {
-        Checks { secrets }
+        Checks {
+            secrets,
+            refused: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Resolves `credential_id` on a thread of its own when its resolution waits on another
+    /// process (a vault read): the check admission makes next on its shard then answers at
+    /// once, from the vault's memory or from the refusal kept here.
+    pub async fn prefetch(&self, credential_id: &str) {
+        let Some(lookup) = self.secrets.lookup_off_thread(credential_id) else {
+            return;
+        };
+        let answer = credential::off_thread(lookup).await;
+        if let (Err(problem), Ok(mut refused)) = (answer, self.refused.lock()) {
+            refused.retain(|(_, _, at)| at.elapsed() < PREFETCH_KEPT);
+            refused.push((
+                credential_id.to_string(),
+                problem,
+                std::time::Instant::now(),
+            ));
+        }
+    }
+
+    /// The refusal a prefetch kept for `credential_id`, if still fresh (taken: used once).
+    fn prefetched_refusal(&self, credential_id: &str) -> Option<credential::CredentialProblem> {
+        let mut refused = self.refused.lock().ok()?;
+        let i = refused
+            .iter()
+            .position(|(id, _, at)| id == credential_id && at.elapsed() < PREFETCH_KEPT)?;
+        Some(refused.swap_remove(i).1)
     }
 }
 
@@ -196,6 +233,9 @@ impl broca_protocol::model::ProviderCheck for Checks {
         family: &str,
         credential_id: &str,
     ) -> Result<(), credential::CredentialProblem> {
+        if let Some(problem) = self.prefetched_refusal(credential_id) {
+            return Err(problem);
+        }
         check_credential(&*self.secrets, family, credential_id)
     }
 }

@@ -228,18 +228,21 @@ impl HttpModelClient {
             .endpoints
             .base_url_for(&request.provider, &route.base_url)
             .map_err(|e| failure(ErrorClass::Permanent, e.to_string(), None))?;
-        let credential = self
-            .secrets
-            .credential(&request.credential_id)
-            .map_err(|e| {
-                // A vault that is out fails the attempt for now; a refused credential pauses.
-                let class = if e.outage {
-                    ErrorClass::Transient
-                } else {
-                    ErrorClass::AuthRequired
-                };
-                failure(class, e.message, None)
-            })?;
+        // A credential that waits on another process (a vault read) is looked up on a
+        // thread of its own: the shard goes on with its other sessions meanwhile.
+        let resolved = match self.secrets.lookup_off_thread(&request.credential_id) {
+            Some(lookup) => crate::credential::off_thread(lookup).await,
+            None => self.secrets.credential(&request.credential_id),
+        };
+        let credential = resolved.map_err(|e| {
+            // A vault that is out fails the attempt for now; a refused credential pauses.
+            let class = if e.outage {
+                ErrorClass::Transient
+            } else {
+                ErrorClass::AuthRequired
+            };
+            failure(class, e.message, None)
+        })?;
         self.open_with(request, family, &url, &credential).await
     }
 

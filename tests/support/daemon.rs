@@ -373,6 +373,8 @@ pub struct VaultLog {
     /// While set the vault is out: its requests are answered with the daemon's relay
     /// refusal `module_reloading` and new routes to it with `unknown_module`.
     pub down: Arc<std::sync::atomic::AtomicBool>,
+    /// While set, a credential read waits (at most 20 s) before it is answered.
+    pub hold: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What the daemon's stand-in serves to broca's consumer connections.
@@ -686,6 +688,10 @@ fn vault_answer(services: &Services, body: &Value) -> Reply {
         serde_json::json!({"result": {"accepted": true}})
     } else {
         l.calls.fetch_add(1, Ordering::SeqCst);
+        let held_since = std::time::Instant::now();
+        while l.hold.load(Ordering::SeqCst) && held_since.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         // A scoped read names the credential; a handle read presents the handle.
         let id = match body["params"]["handle"].as_str() {
             Some(h) if body["method"] == "credential.get" => {

@@ -439,6 +439,25 @@ fn a_module_registers_and_serves_the_management_methods_on_its_routes() {
     );
     assert_eq!(h["metrics"]["shards"], 2);
     assert_eq!(h["metrics"]["routes"], 1);
+    // Where time and bytes went: the sessions' WALs replayed on the blocking pool, the
+    // provider's origin with the bytes sent to it, the queues.
+    let diag = &h["metrics"]["diagnostics"];
+    assert!(
+        diag["blocking"]["wal_replay"]["jobs"].as_u64() >= Some(1),
+        "{diag}"
+    );
+    let to_peer = diag["egress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["origin"] == peer.url().as_str())
+        .unwrap_or_else(|| panic!("no egress to {}: {diag}", peer.url()));
+    assert!(to_peer["bytes_out"].as_u64() > Some(0), "{diag}");
+    assert_eq!(
+        diag["queues"]["mesh"].as_array().map(Vec::len),
+        Some(2),
+        "{diag}"
+    );
     // PING is answered PONG with its corr.
     let corr = d.send(FrameType::Ping, 0, 0, &Value::Null);
     assert_eq!(d.answer(0, corr).header.ty, FrameType::Pong);

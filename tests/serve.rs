@@ -864,3 +864,49 @@ fn a_send_behind_an_active_run_is_queued_durably_runs_next_and_can_be_retracted(
         (404, Some("unknown_send"))
     );
 }
+
+/// The diagnostics an operator reads when broca is slow: the blocking pool's jobs by kind, the
+/// queues' depths, and each shard's traffic by origin, in /metrics.
+#[test]
+fn diagnostics_count_the_blocking_pool_the_queues_and_the_traffic_by_origin() {
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let s = start(&state, &peer, &[]);
+    let (status, r) = rpc(
+        &s,
+        "session.send",
+        json!({"prompt": "hello there", "model": "anthropic/m"}),
+    );
+    assert_eq!(status, 200, "{r}");
+    let run_id = r["result"]["run_id"].as_str().unwrap().to_string();
+    wait_for("the run to complete", || {
+        rpc(&s, "run.status", json!({"run_id": run_id})).1["result"]["state"] == "completed"
+    });
+    assert_eq!(rpc(&s, "session.read", json!({})).0, 200);
+    let jobs = |kind: &str| {
+        support::serve::metric_with(&s, "broca_blocking_jobs_total", &format!("kind=\"{kind}\""))
+    };
+    // The session's WAL was replayed as it opened, and read whole by the read.
+    assert!(jobs("wal_replay") >= 1);
+    assert!(jobs("wal_read") >= 1);
+    // The provider's origin, as the run's model call reached it.
+    let origin = format!("origin=\"{}\"", peer.url().trim_end_matches('/'));
+    let at =
+        |name: &str, more: &str| support::serve::metric_with(&s, name, &format!("{origin}{more}"));
+    assert!(at("broca_egress_bytes_total", ",direction=\"out\"") > 0);
+    assert!(at("broca_egress_bytes_total", ",direction=\"in\"") > 0);
+    assert!(at("broca_egress_connects_total", "") >= 1);
+    // The queues, idle now.
+    let (_, text) = support::serve::get(&s, "/metrics");
+    let text = String::from_utf8(text).unwrap();
+    for family in [
+        "broca_mesh_queue_depth{shard=\"0\"} 0",
+        "broca_mesh_queue_depth{shard=\"1\"} 0",
+        "broca_session_commands_waiting{shard=\"0\"} 0",
+        "broca_store_queue_depth ",
+        "broca_blocking_jobs_under_way{kind=\"wal_replay\"} 0",
+    ] {
+        assert!(text.contains(family), "{family} in {text}");
+    }
+}

@@ -15,6 +15,7 @@
 //!   a ledger of directory entries not yet durable).
 //! - [`outln!`], [`out!`], [`errln!`]: stdout and stderr writes that never panic.
 
+pub mod blocking;
 pub mod commit;
 pub mod eventstream;
 pub mod fence;

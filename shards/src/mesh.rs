@@ -62,6 +62,14 @@ impl<M> Inbound<M> {
 }
 
 impl<M> Mesh<M> {
+    /// Messages waiting in each shard's queue, in shard order.
+    pub fn depths(&self) -> Vec<usize> {
+        self.lanes
+            .iter()
+            .map(|l| l.queued.load(Ordering::Acquire))
+            .collect()
+    }
+
     /// A mesh of `shards` queues, and the receiving end of each, in shard order.
     pub fn new(shards: usize) -> (Mesh<M>, Vec<Inbound<M>>) {
         assert!(shards > 0, "a mesh has at least one shard");

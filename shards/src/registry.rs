@@ -115,6 +115,8 @@ pub struct RegistryStats {
     pub refused_at_limit: u64,
     /// Commands refused [`Refused::InboxFull`].
     pub inbox_full: u64,
+    /// Commands waiting in the live actors' inboxes now.
+    pub waiting: usize,
 }
 
 /// One shard's actors of one kind, by key.
@@ -165,6 +167,7 @@ impl<K: Eq + Hash + Clone, C> Registry<K, C> {
             evicted: self.evicted.get(),
             refused_at_limit: self.refused_at_limit.get(),
             inbox_full: self.inbox_full.get(),
+            waiting: self.slots.borrow().values().map(|slot| slot.tx.len()).sum(),
         }
     }
 

@@ -627,6 +627,8 @@ impl Routes {
                 "requests_in_flight": self.in_flight.get(),
             },
         });
+        report["metrics"]["diagnostics"] =
+            broca_host::metrics::diagnostics_json(&self.host, &stats);
         if let Some((published, dropped, _)) = self.host.step_hint_counts() {
             report["metrics"]["step_hints_published"] = json!(published);
             report["metrics"]["step_hints_dropped"] = json!(dropped);

@@ -27,10 +27,11 @@ pub(crate) async fn sessions(ctx: &Host, list: Box<SessionsList>) -> Result<Valu
         ));
     };
     let read_marks = |store: Arc<broca_store::Store>| async move {
-        glommio::executor()
-            .spawn_blocking(move || store.sessions())
-            .await
-            .map_err(|e| RpcError::new(Code::StoreUnavailable, format!("the store: {e}")))
+        broca_io::blocking::run(broca_io::blocking::Kind::StoreRead, move || {
+            store.sessions()
+        })
+        .await
+        .map_err(|e| RpcError::new(Code::StoreUnavailable, format!("the store: {e}")))
     };
     let marks = read_marks(store.clone()).await?;
     let (page, more) = select(marks, &list);
@@ -42,17 +43,16 @@ pub(crate) async fn sessions(ctx: &Host, list: Box<SessionsList>) -> Result<Valu
     }
     let wal_dir = ctx.wal_dir.clone();
     let caught = store.clone();
-    let failed = glommio::executor()
-        .spawn_blocking(move || {
-            let paths: Vec<_> = behind
-                .iter()
-                .filter_map(|m| SessionTriple::new(&m.project_root, &m.harness, &m.session).ok())
-                .map(|t| broca_wal_writer::wal_path(&wal_dir, &t))
-                .collect();
-            caught.catch_up_batch(&paths)
-        })
-        .await
-        .map_err(|e| RpcError::new(Code::StoreUnavailable, format!("the store: {e}")))?;
+    let failed = broca_io::blocking::run(broca_io::blocking::Kind::StoreWrite, move || {
+        let paths: Vec<_> = behind
+            .iter()
+            .filter_map(|m| SessionTriple::new(&m.project_root, &m.harness, &m.session).ok())
+            .map(|t| broca_wal_writer::wal_path(&wal_dir, &t))
+            .collect();
+        caught.catch_up_batch(&paths)
+    })
+    .await
+    .map_err(|e| RpcError::new(Code::StoreUnavailable, format!("the store: {e}")))?;
     for f in failed {
         tracing::warn!("sessions.list: a session could not be caught up: {f}");
     }

@@ -93,6 +93,10 @@ pub struct ShardStats {
     pub runs_finished: Vec<(&'static str, u64)>,
     /// Tool calls answered, by outcome.
     pub tool_calls: Vec<(&'static str, u64)>,
+    /// Commands waiting in the shard's session inboxes.
+    pub commands_waiting: usize,
+    /// The shard's HTTP client by origin: its counters and the connections it keeps idle.
+    pub egress: Vec<(String, broca_io::net::ClientStats, usize)>,
 }
 
 impl ShardStats {
@@ -322,6 +326,7 @@ pub async fn render(ctx: &Host) -> String {
         ),
         |s| &s.tool_calls,
     );
+    diagnostics(&mut out, ctx, &stats);
     out.push_str("# HELP broca_wal_fsync_seconds fdatasync latency.\n# TYPE broca_wal_fsync_seconds histogram\n");
     for s in &stats {
         let mut cumulative = 0u64;
@@ -345,6 +350,175 @@ pub async fn render(ctx: &Host) -> String {
         ));
     }
     out
+}
+
+/// Where time and bytes go: the blocking pool's jobs by kind, the queues' depths, and each
+/// shard's traffic by origin.
+fn diagnostics(out: &mut String, ctx: &Host, stats: &[ShardStats]) {
+    use std::fmt::Write as _;
+    let head = |out: &mut String, name: &str, kind: &str, help: &str| {
+        let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n");
+    };
+    let blocking = broca_io::blocking::stats();
+    head(
+        out,
+        "broca_blocking_jobs_total",
+        "counter",
+        "Jobs the shards handed to their blocking pool, by kind.",
+    );
+    for b in &blocking {
+        let _ = writeln!(
+            out,
+            "broca_blocking_jobs_total{{kind=\"{}\"}} {}",
+            b.kind.as_str(),
+            b.jobs
+        );
+    }
+    head(
+        out,
+        "broca_blocking_seconds_total",
+        "counter",
+        "Time those jobs took, from hand-off to answer (waiting for a thread included), by kind.",
+    );
+    for b in &blocking {
+        let _ = writeln!(
+            out,
+            "broca_blocking_seconds_total{{kind=\"{}\"}} {}",
+            b.kind.as_str(),
+            b.micros as f64 / 1e6
+        );
+    }
+    head(
+        out,
+        "broca_blocking_jobs_under_way",
+        "gauge",
+        "Blocking jobs handed off and not yet answered, by kind.",
+    );
+    for b in &blocking {
+        let _ = writeln!(
+            out,
+            "broca_blocking_jobs_under_way{{kind=\"{}\"}} {}",
+            b.kind.as_str(),
+            b.under_way
+        );
+    }
+    head(
+        out,
+        "broca_mesh_queue_depth",
+        "gauge",
+        "Messages waiting in each shard's queue from the others.",
+    );
+    for (shard, depth) in ctx.mesh.depths().iter().enumerate() {
+        let _ = writeln!(out, "broca_mesh_queue_depth{{shard=\"{shard}\"}} {depth}");
+    }
+    head(
+        out,
+        "broca_session_commands_waiting",
+        "gauge",
+        "Commands waiting in the shard's session inboxes.",
+    );
+    for s in stats {
+        let _ = writeln!(
+            out,
+            "broca_session_commands_waiting{{shard=\"{}\"}} {}",
+            s.shard, s.commands_waiting
+        );
+    }
+    head(
+        out,
+        "broca_store_queue_depth",
+        "gauge",
+        "Batches of WALs handed to the store's thread and not yet taken.",
+    );
+    let _ = writeln!(
+        out,
+        "broca_store_queue_depth {}",
+        crate::start::STORE_QUEUE.load(std::sync::atomic::Ordering::Acquire)
+    );
+    head(out, "broca_egress_bytes_total", "counter",
+        "Bytes the shard's HTTP client sent (out) and received (in), by origin (`other`: origins past the first 64).");
+    for s in stats {
+        for (origin, c, _) in &s.egress {
+            for (direction, n) in [("out", c.bytes_out), ("in", c.bytes_in)] {
+                let _ = writeln!(out, "broca_egress_bytes_total{{shard=\"{}\",origin=\"{origin}\",direction=\"{direction}\"}} {n}", s.shard);
+            }
+        }
+    }
+    type Of = fn(&broca_io::net::ClientStats, usize) -> u64;
+    let per_origin: [(&str, &str, &str, Of); 3] = [
+        (
+            "broca_egress_connects_total",
+            "counter",
+            "Connections the shard's HTTP client opened, by origin.",
+            |c, _| c.connects,
+        ),
+        (
+            "broca_egress_reuses_total",
+            "counter",
+            "Requests sent on a kept-alive connection, by origin.",
+            |c, _| c.reuses,
+        ),
+        (
+            "broca_egress_idle_connections",
+            "gauge",
+            "Connections the shard's HTTP client keeps idle for reuse, by origin.",
+            |_, idle| idle as u64,
+        ),
+    ];
+    for (name, kind, help, of) in per_origin {
+        head(out, name, kind, help);
+        for s in stats {
+            for (origin, c, idle) in &s.egress {
+                let _ = writeln!(
+                    out,
+                    "{name}{{shard=\"{}\",origin=\"{origin}\"}} {}",
+                    s.shard,
+                    of(c, *idle)
+                );
+            }
+        }
+    }
+}
+
+/// The same diagnostics as JSON, for `health.check`'s metrics: the blocking pool's jobs by
+/// kind, the queues' depths, and the traffic by origin (summed over the shards).
+pub fn diagnostics_json(ctx: &Host, stats: &[ShardStats]) -> serde_json::Value {
+    let blocking: serde_json::Map<String, serde_json::Value> = broca_io::blocking::stats()
+        .iter()
+        .map(|b| {
+            let v = serde_json::json!({"jobs": b.jobs, "seconds": b.micros as f64 / 1e6,
+                "under_way": b.under_way});
+            (b.kind.as_str().to_string(), v)
+        })
+        .collect();
+    let mut egress: Vec<(String, broca_io::net::ClientStats)> = Vec::new();
+    for (origin, c, _) in stats.iter().flat_map(|s| &s.egress) {
+        match egress.iter_mut().find(|(o, _)| o == origin) {
+            Some((_, sum)) => {
+                sum.bytes_in += c.bytes_in;
+                sum.bytes_out += c.bytes_out;
+                sum.connects += c.connects;
+                sum.reuses += c.reuses;
+            }
+            None => egress.push((origin.clone(), *c)),
+        }
+    }
+    let egress: Vec<serde_json::Value> = egress
+        .iter()
+        .map(|(origin, c)| {
+            serde_json::json!({"origin": origin, "bytes_in": c.bytes_in, "bytes_out": c.bytes_out,
+                "connects": c.connects, "reuses": c.reuses})
+        })
+        .collect();
+    serde_json::json!({
+        "blocking": blocking,
+        "queues": {
+            "mesh": ctx.mesh.depths(),
+            "session_commands": stats.iter().map(|s| s.commands_waiting).sum::<usize>(),
+            "store": crate::start::STORE_QUEUE.load(std::sync::atomic::Ordering::Acquire),
+        },
+        "egress": egress,
+    })
 }
 
 /// A counter family with a label of its own besides the shard's.

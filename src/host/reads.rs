@@ -26,10 +26,11 @@ pub(crate) async fn with_session<R: Send + 'static>(
 ) -> Result<R, RpcError> {
     let path = broca_wal_writer::wal_path(&ctx.wal_dir, t);
     let reads = ctx.reads.clone();
-    glommio::executor()
-        .spawn_blocking(move || reads.with(&path, f))
-        .await
-        .map_err(unreadable)
+    broca_io::blocking::run(broca_io::blocking::Kind::WalRead, move || {
+        reads.with(&path, f)
+    })
+    .await
+    .map_err(unreadable)
 }
 
 /// session.baseline: what the session froze. `not_yet` when nothing has reached the session.

@@ -106,13 +106,12 @@ async fn import(
         .ok_or_else(|| invalid(format!("unknown log format `{format}`")))?;
     let root = std::path::PathBuf::from(&path);
     let roots = ctx.opts.import_roots.clone();
-    let (folder, files) = glommio::executor()
-        .spawn_blocking(move || {
-            broca_session::confine(&roots, &root)?;
-            Ok((root.is_dir(), broca_session::log_files(&[root])?))
-        })
-        .await
-        .map_err(|e| broca_session::import_error(&e))?;
+    let (folder, files) = broca_io::blocking::run(broca_io::blocking::Kind::Import, move || {
+        broca_session::confine(&roots, &root)?;
+        Ok((root.is_dir(), broca_session::log_files(&[root])?))
+    })
+    .await
+    .map_err(|e| broca_session::import_error(&e))?;
     let mut entries = Vec::new();
     for file in files {
         let answer = import_one(ctx, format, file.clone(), target.clone()).await;
@@ -136,23 +135,23 @@ async fn import_one(
     target: ImportTarget,
 ) -> Result<Value, RpcError> {
     let roots = ctx.opts.import_roots.clone();
-    let (t, input) = glommio::executor()
-        .spawn_blocking(move || {
-            // Each log too: a link in an allowed folder may lead out of it.
-            broca_session::confine(&roots, &file)?;
-            broca_session::read_source(format, &file, &target)
-        })
-        .await
-        .map_err(|e| broca_session::import_error(&e))?;
+    let (t, input) = broca_io::blocking::run(broca_io::blocking::Kind::Import, move || {
+        // Each log too: a link in an allowed folder may lead out of it.
+        broca_session::confine(&roots, &file)?;
+        broca_session::read_source(format, &file, &target)
+    })
+    .await
+    .map_err(|e| broca_session::import_error(&e))?;
     let name = input.file.clone();
     // A log the session holds as it is, or one refused: answered from a read of its WAL (no
     // lease, nothing written, the session's actor not even started).
     let wal = broca_wal_writer::wal_path(&ctx.wal_dir, &t);
     let checked = {
         let input = input.clone();
-        glommio::executor()
-            .spawn_blocking(move || broca_session::check_read_only(&wal, &input))
-            .await
+        broca_io::blocking::run(broca_io::blocking::Kind::Import, move || {
+            broca_session::check_read_only(&wal, &input)
+        })
+        .await
     };
     if let Some(done) = checked.map_err(|e| broca_session::import_error(&e))? {
         return Ok(done.to_json(&name, &t));

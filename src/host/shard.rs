@@ -194,6 +194,8 @@ impl Shard {
             inbox_full: sessions.inbox_full,
             projector_full: self.projector_full.get(),
             out_of_descriptors: self.out_of_descriptors.get(),
+            commands_waiting: sessions.waiting,
+            egress: self.services.http.origin_stats(),
             ..ShardStats::default()
         }
         .with_outcomes(&self.outcomes)
@@ -311,7 +313,12 @@ impl Shard {
             .iter()
             .map(|t| broca_wal_writer::wal_path(wal_dir, t))
             .collect();
+        // Counted before the send: the store's thread counts it off when it takes it.
+        crate::start::STORE_QUEUE.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         let sent = tx.lock().unwrap_or_else(|e| e.into_inner()).try_send(paths);
+        if sent.is_err() {
+            crate::start::STORE_QUEUE.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+        }
         if let Err(std::sync::mpsc::TrySendError::Full(_)) = sent {
             // The store is behind: these sessions go with the next batch.
             self.projector_full.set(self.projector_full.get() + 1);

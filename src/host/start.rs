@@ -49,19 +49,27 @@ fn project_on_this_thread(
     let (mut pending, mut wait) = (Vec::<PathBuf>::new(), RETRY_FIRST);
     loop {
         let retrying = !pending.is_empty();
+        let taken = || STORE_QUEUE.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
         let mut batch = if pending.is_empty() {
             match rx.recv() {
-                Ok(b) => b,
+                Ok(b) => {
+                    taken();
+                    b
+                }
                 Err(_) => return,
             }
         } else {
             match rx.recv_timeout(wait) {
-                Ok(b) => b,
+                Ok(b) => {
+                    taken();
+                    b
+                }
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Vec::new(),
                 Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
             }
         };
         while let Ok(more) = rx.try_recv() {
+            taken();
             batch.extend(more);
         }
         batch.append(&mut pending);
@@ -223,3 +231,7 @@ pub(crate) async fn load(
     };
     broca_catalog::load::load(src, fetched)
 }
+
+/// Batches handed to the store's thread and not yet taken (for `/metrics`).
+pub(crate) static STORE_QUEUE: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);

@@ -10,18 +10,17 @@ pub(crate) async fn view_from_wal(
     run_id: Option<String>,
     reply: oneshot::Sender<Option<broca_core::RunView>>,
 ) {
-    let view = glommio::executor()
-        .spawn_blocking(move || {
-            let Some(read) = broca_core::read_session(&path, broca_core::Keep::State)? else {
-                return Ok(None);
-            };
-            let session = read.session;
-            Ok::<_, broca_core::ReadError>(match run_id {
-                Some(id) => session.run(&id).cloned(),
-                None => session.runs.last().cloned(),
-            })
+    let view = broca_io::blocking::run(broca_io::blocking::Kind::WalRead, move || {
+        let Some(read) = broca_core::read_session(&path, broca_core::Keep::State)? else {
+            return Ok(None);
+        };
+        let session = read.session;
+        Ok::<_, broca_core::ReadError>(match run_id {
+            Some(id) => session.run(&id).cloned(),
+            None => session.runs.last().cloned(),
         })
-        .await;
+    })
+    .await;
     match view {
         Ok(v) => {
             let _ = reply.send(v);

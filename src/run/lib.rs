@@ -248,15 +248,14 @@ async fn start_tools(
 /// failure loses nothing (the WAL is authoritative and the store catches up later): it is
 /// said on stderr.
 async fn project(state_dir: PathBuf, wals: Vec<PathBuf>) {
-    let projected = glommio::executor()
-        .spawn_blocking(move || {
-            let (store, notes) = broca_store::Store::open(&state_dir)?;
-            for wal in wals {
-                store.catch_up(&wal)?;
-            }
-            Ok::<_, String>(notes)
-        })
-        .await;
+    let projected = broca_io::blocking::run(broca_io::blocking::Kind::StoreWrite, move || {
+        let (store, notes) = broca_store::Store::open(&state_dir)?;
+        for wal in wals {
+            store.catch_up(&wal)?;
+        }
+        Ok::<_, String>(notes)
+    })
+    .await;
     match projected {
         Ok(notes) => notes
             .into_iter()
@@ -316,9 +315,10 @@ async fn import_one(
     let wal = broca_wal_writer::wal_path(wal_dir, &triple);
     let checked = {
         let input = input.clone();
-        glommio::executor()
-            .spawn_blocking(move || broca_session::check_read_only(&wal, &input))
-            .await
+        broca_io::blocking::run(broca_io::blocking::Kind::Import, move || {
+            broca_session::check_read_only(&wal, &input)
+        })
+        .await
     };
     if let Some(reply) = checked.map_err(|e| e.to_string())? {
         return Ok((triple, reply));

@@ -171,11 +171,14 @@ impl<P: ModelClient, T: ToolRunner> Opener<P, T> {
             WalWriter::open(&self.wal_dir, &self.triple, self.log, self.committer).await?;
         // Replay decodes on the blocking pool (with threads of its own for long logs), never
         // on this shard's executor; the file's bytes are freed once it is done.
-        let replayed = glommio::executor()
-            .spawn_blocking(move || match &recovered.scan {
-                None => Ok(Session::default()),
-                Some(scan) => Session::replay_scan(scan, &recovered.bytes),
-            })
+        let replayed =
+            broca_io::blocking::run(
+                broca_io::blocking::Kind::WalReplay,
+                move || match &recovered.scan {
+                    None => Ok(Session::default()),
+                    Some(scan) => Session::replay_scan(scan, &recovered.bytes),
+                },
+            )
             .await;
         let state = replayed.map_err(|error| replay_error(writer.path(), error))?;
         Ok(SessionActor {

@@ -28,21 +28,20 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         }
         let prior = prior_of(&self.state, &input);
         let open_calls = self.state.unresolved_calls.clone();
-        let planned = glommio::executor()
-            .spawn_blocking(move || {
-                let mut progress = progress;
-                broca_import::plan(
-                    input.format,
-                    &input.file,
-                    &input.bytes,
-                    &input.identity,
-                    prior.as_ref(),
-                    &open_calls,
-                    &mut *progress,
-                )
-            })
-            .await
-            .map_err(ActorError::Import)?;
+        let planned = broca_io::blocking::run(broca_io::blocking::Kind::Import, move || {
+            let mut progress = progress;
+            broca_import::plan(
+                input.format,
+                &input.file,
+                &input.bytes,
+                &input.identity,
+                prior.as_ref(),
+                &open_calls,
+                &mut *progress,
+            )
+        })
+        .await
+        .map_err(ActorError::Import)?;
         let mut episode = match planned {
             Plan::Nothing { import_id } => return Ok(existing(&self.state, import_id)),
             Plan::Episode(e) => e,

@@ -36,12 +36,11 @@ pub const REPLAY_PAGE_BYTES: usize = 64 * 1024;
 async fn next_page(
     mut reader: PagedReader,
 ) -> (PagedReader, Result<Vec<(u64, Record)>, broca_wal::WalError>) {
-    glommio::executor()
-        .spawn_blocking(move || {
-            let page = reader.next_records(REPLAY_PAGE_BYTES);
-            (reader, page)
-        })
-        .await
+    broca_io::blocking::run(broca_io::blocking::Kind::SubscriptionRead, move || {
+        let page = reader.next_records(REPLAY_PAGE_BYTES);
+        (reader, page)
+    })
+    .await
 }
 
 /// Runs one subscription on the session's shard. `barrier` makes everything the session's
@@ -107,11 +106,14 @@ async fn replay(
     tx: &mut mpsc::Sender<SubItem>,
 ) -> Result<Option<Cursor>, broca_wal::WalError> {
     let path = wal.to_path_buf();
-    let opened = glommio::executor()
-        .spawn_blocking(move || match start {
-            Some((seq, offset)) => PagedReader::open_from(&path, seq, offset),
-            None => PagedReader::open_if_any(&path),
-        })
+    let opened =
+        broca_io::blocking::run(
+            broca_io::blocking::Kind::SubscriptionRead,
+            move || match start {
+                Some((seq, offset)) => PagedReader::open_from(&path, seq, offset),
+                None => PagedReader::open_if_any(&path),
+            },
+        )
         .await?;
     let mut last = match from {
         SubFrom::Start | SubFrom::Live => Cursor::START,

@@ -226,10 +226,11 @@ impl ModuleTools {
             }
         }
         let file = self.file.clone();
-        let link = glommio::executor()
-            .spawn_blocking(move || Link::connect(&file))
-            .await
-            .map_err(|e| LinkError::Down(format!("cannot reach the daemon: {e}")))?;
+        let link = broca_io::blocking::run(broca_io::blocking::Kind::ToolRoute, move || {
+            Link::connect(&file)
+        })
+        .await
+        .map_err(|e| LinkError::Down(format!("cannot reach the daemon: {e}")))?;
         if let Ok(mut slot) = self.link.lock() {
             match slot.as_ref() {
                 // Another shard connected meanwhile: use its connection.

@@ -191,8 +191,8 @@ static CREATING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// (owner-only). Answers whether it created it.
 async fn restore_or_create(path: &Path) -> Result<bool, WalError> {
     let p = path.to_path_buf();
-    let done = glommio::executor()
-        .spawn_blocking(move || match broca_archive::restore(&p) {
+    let done = broca_io::blocking::run(broca_io::blocking::Kind::ArchiveRestore, move || {
+        match broca_archive::restore(&p) {
             Ok(broca_archive::Restored::From(container)) => Ok((false, Some(container))),
             Ok(_) => {
                 let _one = CREATING.lock().unwrap_or_else(|e| e.into_inner());
@@ -207,8 +207,9 @@ async fn restore_or_create(path: &Path) -> Result<bool, WalError> {
                 op: "restore from the archive",
                 message: e.to_string(),
             }),
-        })
-        .await?;
+        }
+    })
+    .await?;
     if let (_, Some(container)) = &done {
         tracing::info!(
             wal = %path.display(),

@@ -169,9 +169,7 @@ impl Backend {
     /// reads each file once, and O_DIRECT reads gain nothing there).
     pub(crate) async fn read_all(path: &Path) -> io::Result<Vec<u8>> {
         let path = path.to_path_buf();
-        glommio::executor()
-            .spawn_blocking(move || std::fs::read(path))
-            .await
+        crate::blocking::run(crate::blocking::Kind::LogRead, move || std::fs::read(path)).await
     }
 
     pub(crate) fn raw_fd(&self) -> RawFd {

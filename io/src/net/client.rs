@@ -75,12 +75,19 @@ pub struct ClientStats {
     pub bytes_out: u64,
 }
 
+/// Origins counted apart, at most; the traffic of others is counted under [`OTHER_ORIGINS`].
+pub const ORIGINS_COUNTED: usize = 64;
+/// Where the traffic of origins past [`ORIGINS_COUNTED`] is counted.
+pub const OTHER_ORIGINS: &str = "other";
+
 /// A shard's HTTP client.
 pub struct HttpClient {
     config: ClientConfig,
     pool: RefCell<HashMap<String, Vec<(Conn, Instant)>>>,
     slots: RefCell<HashMap<String, Rc<glommio::sync::Semaphore>>>,
     stats: Cell<ClientStats>,
+    /// The counters by origin (`scheme://host:port`), in the order first seen.
+    by_origin: RefCell<Vec<(String, ClientStats)>>,
 }
 
 impl HttpClient {
@@ -91,6 +98,7 @@ impl HttpClient {
             pool: RefCell::new(HashMap::new()),
             slots: RefCell::new(HashMap::new()),
             stats: Cell::new(ClientStats::default()),
+            by_origin: RefCell::new(Vec::new()),
         })
     }
 
@@ -104,10 +112,38 @@ impl HttpClient {
         self.stats.get()
     }
 
-    fn count(&self, f: impl FnOnce(&mut ClientStats)) {
+    /// The counters by origin, with the connections each keeps idle.
+    pub fn origin_stats(&self) -> Vec<(String, ClientStats, usize)> {
+        let pool = self.pool.borrow();
+        self.by_origin
+            .borrow()
+            .iter()
+            .map(|(origin, s)| (origin.clone(), *s, pool.get(origin).map_or(0, Vec::len)))
+            .collect()
+    }
+
+    fn count(&self, origin: &str, f: impl Fn(&mut ClientStats)) {
         let mut s = self.stats.get();
         f(&mut s);
         self.stats.set(s);
+        let mut by = self.by_origin.borrow_mut();
+        let at = match by.iter().position(|(o, _)| o == origin) {
+            Some(i) => i,
+            None if by.len() < ORIGINS_COUNTED => {
+                by.push((origin.to_string(), ClientStats::default()));
+                by.len() - 1
+            }
+            None => match by.iter().position(|(o, _)| o == OTHER_ORIGINS) {
+                Some(i) => i,
+                None => {
+                    // The last counted origin's place is taken by the rest, its counts kept.
+                    let last = by.len() - 1;
+                    by[last].0 = OTHER_ORIGINS.to_string();
+                    last
+                }
+            },
+        };
+        f(&mut by[at].1);
     }
 
     /// Opens a new connection to `url`'s origin: direct or through the proxy, TLS when the
@@ -129,7 +165,7 @@ impl HttpClient {
             Some(proxy) => self.config.proxy.tunnel(proxy, url, t).await?,
             None => Conn::connect(&url.host, url.port, t).await?,
         };
-        self.count(|s| s.connects += 1);
+        self.count(&url.origin(), |s| s.connects += 1);
         if url.scheme.is_tls() {
             conn.start_tls(self.config.tls.clone(), &url.host, t).await
         } else {
@@ -213,7 +249,7 @@ impl HttpClient {
         bytes.extend_from_slice(b"\r\n");
         bytes.extend_from_slice(req.body);
         if let Some(conn) = self.pooled(&origin) {
-            self.count(|s| s.reuses += 1);
+            self.count(&origin, |s| s.reuses += 1);
             match self
                 .exchange(conn, &bytes, origin.clone(), head_request)
                 .await
@@ -245,12 +281,12 @@ impl HttpClient {
         if conn.write_all(request).await.is_err() {
             return Err(Exchange::Stale);
         }
-        self.count(|s| s.bytes_out += request.len() as u64);
+        self.count(&origin, |s| s.bytes_out += request.len() as u64);
         let mut decoder = ResponseDecoder::new(self.config.limits, head_request);
         let mut parts = Vec::new();
         let mut buf = vec![0u8; READ_CHUNK];
         let head = self
-            .read_head(&mut conn, &mut decoder, &mut parts, &mut buf)
+            .read_head(&mut conn, &origin, &mut decoder, &mut parts, &mut buf)
             .await?;
         let keep_alive = !head
             .header("connection")
@@ -291,6 +327,7 @@ impl HttpClient {
     async fn read_head(
         &self,
         conn: &mut Conn,
+        origin: &str,
         decoder: &mut ResponseDecoder,
         parts: &mut Vec<Part>,
         buf: &mut [u8],
@@ -322,7 +359,7 @@ impl HttpClient {
             } else {
                 assert!(n <= buf.len(), "a read fills at most its buffer");
                 got_any = true;
-                self.count(|s| s.bytes_in += n as u64);
+                self.count(origin, |s| s.bytes_in += n as u64);
                 decoder
                     .push(&buf[..n], parts)
                     .map_err(|e| http(&target, e))?;
@@ -443,7 +480,7 @@ impl Response {
                 self.keep_alive = false;
                 self.decoder.finish(&mut parts)
             } else {
-                self.client.count(|s| s.bytes_in += n as u64);
+                self.client.count(&self.origin, |s| s.bytes_in += n as u64);
                 self.decoder.push(&self.buf[..n], &mut parts)
             };
             if let Err(e) = r {

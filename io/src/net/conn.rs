@@ -189,13 +189,12 @@ async fn resolve(host: &str, port: u16) -> Result<Vec<SocketAddr>, NetError> {
         return Ok(vec![SocketAddr::new(ip, port)]);
     }
     let name = host.to_string();
-    let found = glommio::executor()
-        .spawn_blocking(move || {
-            (name.as_str(), port)
-                .to_socket_addrs()
-                .map(|a| a.collect::<Vec<_>>())
-        })
-        .await;
+    let found = crate::blocking::run(crate::blocking::Kind::Dns, move || {
+        (name.as_str(), port)
+            .to_socket_addrs()
+            .map(|a| a.collect::<Vec<_>>())
+    })
+    .await;
     match found {
         Ok(addrs) if !addrs.is_empty() => Ok(addrs),
         Ok(_) => Err(NetError::Resolve {

@@ -12,7 +12,7 @@ use std::fmt;
 use std::net::IpAddr;
 use std::time::Duration;
 
-pub use client::{ClientConfig, HttpClient, Request, Response};
+pub use client::{ClientConfig, ClientStats, HttpClient, Request, Response};
 pub use conn::Conn;
 pub use rustls;
 

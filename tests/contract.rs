@@ -24,16 +24,10 @@ fn a_thousand_status_reads_of_an_idle_session_write_nothing() {
     std::fs::write(&config, r#"{"idle_secs": 1}"#).unwrap();
     let peer = Aimock::start(&fixture("aimock.json"));
     let mut s = start_env(&state, &peer, &["--config", config.to_str().unwrap()], &[]);
-    let (status, r) = rpc(
+    let run_id = support::serve::send_until_completed(
         &s,
-        "session.send",
         json!({"prompt": "hello there", "model": "anthropic/m"}),
     );
-    assert_eq!(status, 200, "{r}");
-    let run_id = r["result"]["run_id"].as_str().unwrap().to_string();
-    wait_for("the run to complete", || {
-        rpc(&s, "run.status", json!({"run_id": run_id})).1["result"]["state"] == "completed"
-    });
     wait_for("the idle actor to close", || {
         metric(&s, "broca_sessions_live") == 0
     });

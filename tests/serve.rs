@@ -873,16 +873,10 @@ fn diagnostics_count_the_blocking_pool_the_queues_and_the_traffic_by_origin() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
     let s = start(&state, &peer, &[]);
-    let (status, r) = rpc(
+    support::serve::send_until_completed(
         &s,
-        "session.send",
         json!({"prompt": "hello there", "model": "anthropic/m"}),
     );
-    assert_eq!(status, 200, "{r}");
-    let run_id = r["result"]["run_id"].as_str().unwrap().to_string();
-    wait_for("the run to complete", || {
-        rpc(&s, "run.status", json!({"run_id": run_id})).1["result"]["state"] == "completed"
-    });
     assert_eq!(rpc(&s, "session.read", json!({})).0, 200);
     let jobs = |kind: &str| {
         support::serve::metric_with(&s, "broca_blocking_jobs_total", &format!("kind=\"{kind}\""))

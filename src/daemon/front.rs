@@ -193,14 +193,7 @@ impl Closer {
         let mut frames_out = Vec::new();
         for (channel, corr) in held {
             let epoch = epoch_of(channel);
-            frames_out.push(frames::encode(
-                FrameType::StreamEnd,
-                frames::last(),
-                channel,
-                epoch,
-                corr,
-                Vec::new(),
-            ));
+            frames_out.push(stream_end(channel, epoch, corr));
         }
         for &(channel, epoch) in &bound {
             frames_out.push(frames::encode(
@@ -539,15 +532,7 @@ impl Routes {
         if self.closing.get() {
             return; // ended by the connection's GOODBYE, which said its STREAM_END
         }
-        self.send(frames::encode(
-            FrameType::StreamEnd,
-            frames::last(),
-            channel,
-            epoch,
-            corr,
-            Vec::new(),
-        ))
-        .await;
+        self.send(stream_end(channel, epoch, corr)).await;
     }
 
     async fn stream_data(
@@ -656,6 +641,18 @@ impl Routes {
         };
         self.host.stop(&why).await;
     }
+}
+
+/// A subscription's last frame: STREAM_END, flagged LAST.
+fn stream_end(channel: u16, epoch: u32, corr: u64) -> Result<Vec<u8>, broca_subc::LinkError> {
+    frames::encode(
+        FrameType::StreamEnd,
+        frames::last(),
+        channel,
+        epoch,
+        corr,
+        Vec::new(),
+    )
 }
 
 /// A principal the daemon attested (`reserved:<module>`): a direct or unverified caller is

@@ -153,6 +153,17 @@ pub fn rpc(s: &Serve, method: &str, params: Value) -> (u16, Value) {
     post(s, &json!({"method": method, "params": p}).to_string())
 }
 
+/// Sends `params` (with the default session) and waits until the run completes: its id.
+pub fn send_until_completed(s: &Serve, params: Value) -> String {
+    let (status, r) = rpc(s, "session.send", params);
+    assert_eq!(status, 200, "{r}");
+    let run_id = r["result"]["run_id"].as_str().unwrap().to_string();
+    wait_for("the run to complete", || {
+        rpc(s, "run.status", json!({"run_id": run_id})).1["result"]["state"] == "completed"
+    });
+    run_id
+}
+
 pub fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
     let until = Instant::now() + Duration::from_secs(20);
     while !f() {

@@ -1143,10 +1143,14 @@ fn the_catalog_comes_from_fusiform_and_its_last_good_answer_outlives_an_outage()
         assert_eq!(wait_ended(d, 1, 1, &run_id)["state"], "completed");
         run_started(&state, &run_id).to_string()
     };
+    // The catalog is asked again every second while broca serves.
+    let config = dir.path().join("serve.json");
+    std::fs::write(&config, r#"{"catalog_refresh_secs": 1}"#).unwrap();
     for round in ["up", "down"] {
         let mut d = Daemon::start(&dir.path().join(round));
-        let mut child =
-            module(&state, &d, &peer, &[("BROCA_CATALOG_MODULE", "fusiform")]).spawn_quiet();
+        let mut child = module(&state, &d, &peer, &[("BROCA_CATALOG_MODULE", "fusiform")])
+            .args(["--config", config.to_str().unwrap()])
+            .spawn_quiet();
         d.accept(Answer::Accept).unwrap();
         d.serve(Services {
             vault: None,
@@ -1167,6 +1171,44 @@ fn the_catalog_comes_from_fusiform_and_its_last_good_answer_outlives_an_outage()
             "{round}: {entry}"
         );
         assert!(!entry.contains("\"max_output\""), "{round}: {entry}");
+        if round == "up" {
+            // Only the facts broca reads are asked for.
+            let asked = catalog.arguments.lock().unwrap().clone();
+            assert!(
+                asked.iter().all(|a| a["fact_prefixes"]
+                    .as_array()
+                    .is_some_and(|p| p.contains(&json!("rate.")) && p.contains(&json!("limit.")))),
+                "{asked:?}"
+            );
+            // A new catalog_version while serving: the next admission resolves in it.
+            let mut next = catalog.answer.lock().unwrap().clone().unwrap();
+            next["catalog_version"] = json!(8);
+            next["models"]["anthropic/claude-sonnet-4-5"]["limit.context"] = json!(222_222);
+            *catalog.answer.lock().unwrap() = Some(next);
+            let mut n = 0;
+            let mut until_frozen = |context: &str, d: &mut Daemon| {
+                let until = Instant::now() + Duration::from_secs(20);
+                loop {
+                    n += 1;
+                    let entry = frozen_entry(&format!("refreshed-{n}"), d);
+                    if entry.contains(&format!("\"context_window\":{context}")) {
+                        return;
+                    }
+                    assert!(
+                        Instant::now() < until,
+                        "the new catalog was never taken: {entry}"
+                    );
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            };
+            until_frozen("222222", &mut d);
+            // Back as it was, as version 9: the last good copy the next round starts from.
+            if let Some(a) = catalog.answer.lock().unwrap().as_mut() {
+                a["catalog_version"] = json!(9);
+                a["models"]["anthropic/claude-sonnet-4-5"]["limit.context"] = json!(123_456);
+            }
+            until_frozen("123456", &mut d);
+        }
         drain(&mut d, &mut child);
         let err = stderr_of(&mut child);
         if round == "down" {

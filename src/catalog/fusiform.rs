@@ -18,6 +18,15 @@ use serde_json::Value;
 
 use crate::{Catalog, CatalogError, ModelSpec, PriceTier, Prices};
 
+/// The facts broca reads of each model, by key prefix (what a `catalog.get` asks for:
+/// fusiform answers only those, a fraction of the whole catalog).
+pub const FACT_PREFIXES: &[&str] = &[
+    "existence",
+    "limit.",
+    "rate.",
+    "capability.structured_output",
+];
+
 /// broca's providers for one of fusiform's (models.dev's) provider ids.
 fn providers_of(fusiform: &str) -> &'static [&'static str] {
     match fusiform {

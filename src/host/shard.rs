@@ -272,7 +272,9 @@ impl Shard {
         }
         let catalog = &host.opts.catalog;
         let refresh = host.opts.catalog_refresh;
-        let refreshed = catalog.url.is_some() || catalog.file.is_some();
+        // A catalog service, a file or the daemon's catalog module: each can change while
+        // broca serves (a module's answer of the version read last is not read again).
+        let refreshed = catalog.url.is_some() || catalog.file.is_some() || catalog.module.is_some();
         if self.services.shard == 0 && !refresh.is_zero() && refreshed {
             let me = self.clone();
             every(refresh, self.stopped.clone(), move || {

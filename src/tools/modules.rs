@@ -166,7 +166,11 @@ impl ModuleTools {
     /// broca-catalog; its `catalog_version` is the change mark: an answer of the version read
     /// last gives the text made then.
     pub async fn catalog_text(&self, module: &str) -> Result<String, LinkError> {
-        let body = toolprov::op_request(fusiform_protocol::TOOL_GET, serde_json::json!({}));
+        // Only the facts broca reads (about a third of the whole catalog, well under the
+        // daemon's frame limit).
+        let arguments =
+            serde_json::json!({"fact_prefixes": broca_catalog::fusiform::FACT_PREFIXES});
+        let body = toolprov::op_request(fusiform_protocol::TOOL_GET, arguments);
         let frame = self.ask(module, "catalog", body).await?;
         let answer: serde_json::Value = match frame.header.ty {
             broca_subc::protocol::FrameType::Response => serde_json::from_slice(&frame.body)

@@ -402,6 +402,8 @@ pub struct BusModule {
 pub struct CatalogModule {
     pub answer: Arc<Mutex<Option<Value>>>,
     pub asked: Arc<AtomicUsize>,
+    /// The arguments of each `catalog.get`.
+    pub arguments: Arc<Mutex<Vec<Value>>>,
 }
 
 /// A tool_provider module behind the daemon: `echo` (answers its message), `record` (answers
@@ -657,6 +659,7 @@ fn bus_answer(b: &BusModule, body: &Value) -> Reply {
 
 fn catalog_answer(c: &CatalogModule, body: &Value) -> Reply {
     c.asked.fetch_add(1, Ordering::SeqCst);
+    c.arguments.lock().unwrap().push(body["arguments"].clone());
     if body["name"] != "catalog.get" {
         return Reply::Frame(
             FrameType::Error,

@@ -265,3 +265,53 @@ fn an_interrupt_during_a_tool_call_waits_for_the_call_then_starts_its_own_run() 
         started[1]
     );
 }
+
+#[test]
+fn broca_send_steers_into_the_running_run_and_follows_it_to_its_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let _s = serve(&state);
+    let mut attach = attach_json(&state, &BASE);
+    let first = broca(&state)
+        .arg("send")
+        .args(BASE)
+        .args(["--model", "demo/tour", "count these four words"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    until_unit(&mut attach, "tool_call");
+    let _ = attach.kill();
+    let _ = attach.wait();
+    // No model: the steer takes the running run's; it follows that run to its end.
+    let o = broca(&state)
+        .arg("send")
+        .args(BASE)
+        .args(["--delivery", "steer", "and say thanks"])
+        .output()
+        .unwrap();
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("steered into the running run"), "{err}");
+    assert!(err.contains(": completed"), "{err}");
+    assert!(out.contains("The tool says"), "{out}");
+    let _ = first.wait_with_output();
+    assert_eq!(records(&state, "send_steered").len(), 1);
+    assert_eq!(records(&state, "run_started").len(), 1);
+    // A mode the CLI does not know is a usage error.
+    let o = broca(&state)
+        .arg("send")
+        .args(BASE)
+        .args(["--delivery", "later", "x"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

@@ -29,6 +29,10 @@ Options:
                          same run
   --system TEXT          system text
   --max-steps N          model steps at most
+  --delivery MODE        queue (the default: after the session's running run), steer (joins
+                         the running run at its next step boundary; this then follows that
+                         run) or interrupt (cancels the running run, then starts); a steer or
+                         an interrupt takes the running run's model and settings
   --json                 print run.result's answer as the last stdout line, no text
   --connect URL|SOCKET   the daemon: http://HOST:PORT (handle from BROCA_HANDLE or the state
                          dir) or a Unix socket's path
@@ -195,6 +199,15 @@ fn send(c: Common, mut pargs: pico_args::Arguments) -> Result<u8, String> {
     let max_steps = pargs
         .opt_value_from_str::<_, u32>("--max-steps")
         .map_err(|e| format!("--max-steps: {e}"))?;
+    let delivery = match opt(&mut pargs, "--delivery")?.as_deref() {
+        None | Some("queue") => None,
+        Some(mode @ ("steer" | "interrupt")) => Some(mode.to_string()),
+        Some(other) => {
+            return Err(format!(
+                "--delivery: `{other}` is not one of queue, steer, interrupt"
+            ))
+        }
+    };
     let prompt = match positional(pargs)?.as_slice() {
         [p] if p == "-" => {
             let mut s = String::new();
@@ -209,6 +222,8 @@ fn send(c: Common, mut pargs: pico_args::Arguments) -> Result<u8, String> {
     let mut params = c.params()?;
     let model = match model {
         Some(m) => m,
+        // A steer or an interrupt takes the running run's model (and settings).
+        None if delivery.is_some() => String::new(),
         None => match latest_model(&c) {
             Ok(Some(m)) => m,
             Ok(None) => {
@@ -220,7 +235,12 @@ fn send(c: Common, mut pargs: pico_args::Arguments) -> Result<u8, String> {
         },
     };
     params["prompt"] = prompt.into();
-    params["model"] = model.into();
+    if !model.is_empty() {
+        params["model"] = model.into();
+    }
+    if let Some(mode) = &delivery {
+        params["delivery"] = mode.clone().into();
+    }
     params["send_id"] = send_id.clone().into();
     if let Some(s) = system {
         params["system"] = s.into();
@@ -245,9 +265,14 @@ fn send(c: Common, mut pargs: pico_args::Arguments) -> Result<u8, String> {
     if sent["state"] == "pending" && !c.json {
         broca_io::errln!("broca: queued behind the session's active run");
     }
+    // A steer joined a run already under way: that run is followed from here.
+    let joined = delivery.as_deref() == Some("steer") && sent.get("delivered").is_none();
+    if joined && !c.json {
+        broca_io::errln!("broca: steered into the running run; following it");
+    }
     if sent["state"] != "finished" {
         if let Some(events) = events.as_mut() {
-            follow(events, &send_id, &mut run_id, c.json);
+            follow(events, &send_id, &mut run_id, joined, c.json);
         }
     }
     let Some(run_id) = run_id else {
@@ -277,13 +302,16 @@ fn send(c: Common, mut pargs: pico_args::Arguments) -> Result<u8, String> {
 
 /// Prints the run's text as it streams, until the run (ours: `run_id`, or the one started
 /// for `send_id`) ends or the stream does.
+/// Follows the run the send started (its `run_started` names the send) or, when `joined`, the
+/// run `run_id` already under way, until it ends.
 fn follow(
     events: &mut super::client::Events,
     send_id: &str,
     run_id: &mut Option<String>,
+    joined: bool,
     json: bool,
 ) {
-    let mut ours = false;
+    let mut ours = joined;
     while let Some(event) = events.next_event() {
         match event {
             Event::Control { unit, .. } => {
@@ -474,6 +502,10 @@ fn unit_line(unit: &Value) -> Option<String> {
                 .unwrap_or("finished")
         ),
         "run_paused" => format!("\n== run {run} paused"),
+        "send_steered" => format!(
+            "\n>> steered into run {run} (at its next step): {}",
+            unit["prompt"].as_str().unwrap_or("")
+        ),
         "tool_call" => format!("\n-> tool {}", unit["call"]["name"].as_str().unwrap_or("?")),
         "tool_result" => format!(
             "<- tool result{}",

@@ -297,6 +297,9 @@ function onUnit(u) {
     case "step_started":
       line(`step ${u.step}`);
       break;
+    case "send_steered":
+      line(`steered into run ${u.run_id}: ${u.prompt}`);
+      break;
     case "tool_call":
       line(`tool call ${u.call && u.call.name} [${u.call && u.call.id}]`);
       break;

@@ -115,11 +115,17 @@ fn the_codex_mode_speaks_to_a_websocket_server_of_its_own() {
         peer.url().replace("http://", "ws://")
     );
 
-    // Text, one event split over two frames, after a ping.
+    // Text, one event split over two frames, after a ping; the quota from the upgrade's
+    // reply, surfaced and recorded as over HTTP.
     let o = run_at(&state, &base, "quota please");
     let r = last_json(&o);
     assert!(o.status.success(), "{r}");
     assert_eq!(r["final_message"]["text"], "Within quota.");
+    let want = json!({"windows": [
+        {"name": "primary", "used_basis_points": 4250, "window_minutes": 300, "resets_in_seconds": 1200},
+        {"name": "secondary", "used_basis_points": 700}
+    ]});
+    assert_eq!(r["quota"], want, "{r}");
     assert_eq!(
         r["usage"],
         json!({"input": 11, "output": 3, "cache_read": 0, "reasoning": 0})

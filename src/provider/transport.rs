@@ -285,7 +285,12 @@ impl HttpModelClient {
                 quota = family.quota(&|name| resp.head.header(name).map(str::to_string));
                 Source::http(resp, framing)
             }),
-            Framing::WebSocket => open_ws(&out).await,
+            // Over a WebSocket the quota comes with the upgrade's reply.
+            Framing::WebSocket => open_ws(&out).await.inspect(|source| {
+                if let Source::Ws(ws) = source {
+                    quota = family.quota(&|name| ws.header(name).map(str::to_string));
+                }
+            }),
         };
         let source = match opened {
             Ok(source) => source,

@@ -7,7 +7,8 @@ frames, one of them split into a fragment and its continuation, after a ping tha
 must answer with a pong echoing its payload; a usage limit is an `error` event; the server
 closes with a close frame. Prints its port first. The last user text picks the answer:
 
-- "quota please": text, with x-codex-* quota headers on the answer;
+- "quota please": text, with x-codex-* quota headers on the answer (over a WebSocket, every
+  upgrade's reply carries them);
 - "limit please": first a 429 usage_limit_reached (resets_in_seconds 1), then text;
 - "refuse please": a refusal (response.refusal.delta), then completed.
 
@@ -68,6 +69,14 @@ def answer_for(prompt):
         return None, event_list("response.output_text.delta", "Within quota.")
     return None, event_list("response.output_text.delta", "After the reset.")
 
+
+
+# The quota headers of an answer (on every WebSocket upgrade, and on the HTTP answer to
+# "quota please").
+QUOTA_HEADERS = {"x-codex-primary-used-percent": "42.5",
+                 "x-codex-primary-window-minutes": "300",
+                 "x-codex-primary-reset-after-seconds": "1200",
+                 "x-codex-secondary-used-percent": "7"}
 
 class Frames:
     """RFC 6455 frames over a connection's file objects (server side)."""
@@ -146,10 +155,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return
         data = "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in evs).encode()
         if prompt == "quota please":
-            extra = {"x-codex-primary-used-percent": "42.5",
-                     "x-codex-primary-window-minutes": "300",
-                     "x-codex-primary-reset-after-seconds": "1200",
-                     "x-codex-secondary-used-percent": "7"}
+            extra = QUOTA_HEADERS
         self.send_response(200)
         self.send_header("content-type", "text/event-stream")
         for k, v in extra.items():
@@ -169,6 +175,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("upgrade", "websocket")
         self.send_header("connection", "Upgrade")
         self.send_header("sec-websocket-accept", accept)
+        # Over a socket the quota comes with the upgrade (the prompt is not known yet).
+        for k, v in QUOTA_HEADERS.items():
+            self.send_header(k, v)
         self.end_headers()
         self.wfile.flush()
         frames = Frames(self.rfile, self.wfile)

@@ -70,6 +70,9 @@ pub struct WebSocket {
     buf: Vec<u8>,
     /// The server sent its close frame (the TCP close that follows is the clean end).
     closed_by_peer: bool,
+    /// The upgrade reply's headers (names in lower case): what the server said of the
+    /// connection (a provider's quota, say).
+    headers: Vec<(String, String)>,
 }
 
 /// The upgrade request's bytes; a header value holding a line break is refused.
@@ -192,6 +195,14 @@ impl WebSocket {
                 "the server's Sec-WebSocket-Accept does not match the key".into(),
             ));
         }
+        let kept = resp
+            .headers
+            .iter()
+            .filter_map(|h| {
+                let value = std::str::from_utf8(h.value).ok()?;
+                Some((h.name.to_ascii_lowercase(), value.to_string()))
+            })
+            .collect();
         let bridge = Bridge {
             rx: got[head_end..].to_vec(),
             ..Bridge::default()
@@ -203,7 +214,17 @@ impl WebSocket {
             idle: client.config().timeouts.idle,
             buf,
             closed_by_peer: false,
+            headers: kept,
         }))
+    }
+
+    /// A header of the upgrade reply, by name (any case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
     }
 
     async fn flush(&mut self) -> Result<(), NetError> {

@@ -11,8 +11,9 @@
 //! - **Refusals**: `response.refusal.delta` text is kept as the answer's text, and a turn that
 //!   refused ends with the finish reason `refusal` rather than `end_turn`.
 //! - **Quota**: the `x-codex-{primary,secondary}-{used-percent,window-minutes,
-//!   reset-after-seconds}` headers of a 2xx answer become the step's quota (recorded with the
-//!   step in the WAL; `run.status` and `run.result` show the latest as `quota`).
+//!   reset-after-seconds}` headers of a 2xx answer (over a WebSocket, of the upgrade's 101
+//!   reply) become the step's quota (recorded with the step in the WAL; `run.status` and
+//!   `run.result` show the latest as `quota`).
 
 use broca_protocol::model::CredentialProblem;
 use serde::Deserialize;

@@ -128,6 +128,17 @@ impl Live {
     }
 }
 
+/// A tool's plain answer to call `id`.
+fn ok(id: &str) -> ResultBlock {
+    ResultBlock {
+        call_id: id.into(),
+        content: "ok".into(),
+        is_error: false,
+        reason: None,
+        size: None,
+    }
+}
+
 fn started(run_id: &str, prompt: &str, delivery: Option<&str>) -> RunStarted {
     RunStarted {
         run_id: run_id.into(),
@@ -180,13 +191,7 @@ fn a_steer_during_a_tool_call_joins_after_its_result_and_replay_agrees() {
     // Nothing renders it while the call is out: the next request is not made yet.
     assert_eq!(live.calls.len(), 1);
     assert_eq!(live.session.pending_steers.len(), 1);
-    live.feed(Event::ToolResult(ResultBlock {
-        call_id: "c1".into(),
-        content: "ok".into(),
-        is_error: false,
-        reason: None,
-        size: None,
-    }));
+    live.feed(Event::ToolResult(ok("c1")));
     // The second request ends with the result, then the steer, in one user message.
     let second = live.calls.last().unwrap();
     assert_eq!(live.calls.len(), 2);
@@ -262,13 +267,7 @@ fn a_steer_its_run_never_renders_starts_the_next_turn_once() {
     let seq = live.steer("st-3", "then summarize");
     // The run is cancelled at once: the steer waits on.
     live.feed(Event::Cancel);
-    live.feed(Event::ToolResult(ResultBlock {
-        call_id: "c1".into(),
-        content: "ok".into(),
-        is_error: false,
-        reason: None,
-        size: None,
-    }));
+    live.feed(Event::ToolResult(ok("c1")));
     assert_eq!(
         live.session.runs[0].state,
         crate::RunState::Finished(FinishKind::Cancelled)

@@ -15,8 +15,8 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use broca_protocol::{
-    Block, ClassifiedError, ErrorClass, FinishReason, Message, ProviderRoute, Request, Role,
-    StreamEvent, ToolCall, Usage,
+    ClassifiedError, ErrorClass, FinishReason, Message, ProviderRoute, Request, Role, StreamEvent,
+    ToolCall, Usage,
 };
 use broca_wal::runrec::{
     interrupt_cause, result_reason, CachePolicy, CancelRequested, FinishKind, FrozenConfig,
@@ -31,7 +31,9 @@ use super::stream::StepAccumulator;
 mod limits;
 pub use limits::LastStep;
 mod resume;
+mod steer;
 mod step_end;
+pub use step_end::push_result;
 mod stop;
 mod submit;
 pub use resume::{ResumeFrom, ResumePoint};
@@ -242,21 +244,6 @@ impl RunMachine {
         RunMachine::start_with_steers(run_id, config, transcript, Vec::new(), now_ms)
     }
 
-    /// [`RunMachine::start`] for a session whose steered sends (their record's seq and
-    /// prompt) wait: the first step renders them after the run's prompt.
-    pub fn start_with_steers(
-        run_id: String,
-        config: FrozenConfig,
-        transcript: Vec<Arc<Message>>,
-        steers: Vec<(u64, String)>,
-        now_ms: u64,
-    ) -> RunMachine {
-        let mut m = RunMachine::new(run_id, config, transcript, 0, Spend::default(), now_ms);
-        m.steers = steers;
-        m.next_step_or_stop();
-        m
-    }
-
     fn new(
         run_id: String,
         config: FrozenConfig,
@@ -406,19 +393,6 @@ impl RunMachine {
             Event::Shutdown => self.on_shutdown(),
             Event::Steer { seq, prompt } => self.on_steer(seq, prompt),
         }
-    }
-
-    /// A steer waits for the next step boundary (a run already sealing leaves it to the next
-    /// turn).
-    fn on_steer(&mut self, seq: u64, prompt: String) {
-        if !matches!(self.phase, Phase::Sealing(_) | Phase::Done) {
-            self.steers.push((seq, prompt));
-        }
-    }
-
-    /// Whether steered sends wait for the next step.
-    pub(crate) fn steers_waiting(&self) -> bool {
-        !self.steers.is_empty()
     }
 
     /// The StepStarted record of the current step took `seq` (the caller says so once it
@@ -805,30 +779,5 @@ impl RunMachine {
             }
             ErrorClass::Permanent => self.seal(FinishKind::Error, None, Some(error), Vec::new()),
         }
-    }
-}
-
-/// Appends a tool result block to the transcript: into the user message of results that
-/// follows the assistant's tool calls, or a new one.
-pub fn push_result(transcript: &mut Vec<Arc<Message>>, result: ResultBlock) {
-    let block = Block::ToolResult {
-        tool_use_id: result.call_id,
-        content: result.content,
-        is_error: result.is_error,
-    };
-    match transcript.last_mut() {
-        Some(m)
-            if m.role == Role::User
-                && m.content
-                    .iter()
-                    .all(|b| matches!(b, Block::ToolResult { .. })) =>
-        {
-            // Copied first if a request in flight still shares it.
-            Arc::make_mut(m).content.push(block)
-        }
-        _ => transcript.push(Arc::new(Message {
-            role: Role::User,
-            content: vec![block],
-        })),
     }
 }

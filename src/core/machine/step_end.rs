@@ -2,7 +2,9 @@
 //! or a stop (a cancel, `max_steps`, a budget or the context limit) that gives each call its
 //! not-run result in the commit that ends the run, so no call is left without one.
 
-use broca_protocol::{FinishReason, Role, ToolCall};
+use std::sync::Arc;
+
+use broca_protocol::{Block, FinishReason, Message, Role, ToolCall};
 use broca_wal::runrec::{result_reason, FinishKind, ResultBlock, ToolDispatchIntent};
 use broca_wal::Record;
 
@@ -134,5 +136,30 @@ fn not_run_reason(why: &str) -> &'static str {
         "budget_exhausted" | "budget_unmeasured" => result_reason::BUDGET_EXHAUSTED,
         "context_limit" => result_reason::CONTEXT_CEILING,
         _ => result_reason::NOT_DISPATCHED,
+    }
+}
+
+/// Appends a tool result block to the transcript: into the user message of results that
+/// follows the assistant's tool calls, or a new one.
+pub fn push_result(transcript: &mut Vec<Arc<Message>>, result: ResultBlock) {
+    let block = Block::ToolResult {
+        tool_use_id: result.call_id,
+        content: result.content,
+        is_error: result.is_error,
+    };
+    match transcript.last_mut() {
+        Some(m)
+            if m.role == Role::User
+                && m.content
+                    .iter()
+                    .all(|b| matches!(b, Block::ToolResult { .. })) =>
+        {
+            // Copied first if a request in flight still shares it.
+            Arc::make_mut(m).content.push(block)
+        }
+        _ => transcript.push(Arc::new(Message {
+            role: Role::User,
+            content: vec![block],
+        })),
     }
 }

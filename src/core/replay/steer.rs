@@ -109,13 +109,8 @@ impl Session {
             return Ok(()); // the step itself was refused already
         };
         for &seq in &r.steers {
-            let Some(i) = self.pending_steers.iter().position(|p| p.seq == seq) else {
-                return Err(Misfit::SteerMisfit {
-                    seq,
-                    why: "a step renders it, but no steered send waits at that seq",
-                });
-            };
-            let p = self.pending_steers.remove(i);
+            let why = "a step renders it, but no steered send waits at that seq";
+            let p = self.take_pending(seq, why)?;
             push_steer(&mut self.transcript, &p.record.prompt);
             self.entry_count += 1;
             if p.run == open {
@@ -123,14 +118,7 @@ impl Session {
                     s.rendered = true;
                 }
             }
-            if let Some(send) = p
-                .record
-                .send_id
-                .as_ref()
-                .and_then(|id| self.steer_sends.get_mut(id))
-            {
-                send.delivered = Some(SteerDelivered::Step { run: open });
-            }
+            self.note_delivered(&p, SteerDelivered::Step { run: open });
         }
         Ok(())
     }
@@ -140,22 +128,30 @@ impl Session {
         let Some(seq) = r.steer_seq else {
             return Ok(());
         };
+        let why = "a run delivers it as its turn, but no steered send waits at that seq";
+        let p = self.take_pending(seq, why)?;
+        self.note_delivered(&p, SteerDelivered::Turn { run: index });
+        Ok(())
+    }
+
+    /// Takes the steer waiting at `seq` off the pending ones (`why` names the misfit of none).
+    fn take_pending(&mut self, seq: u64, why: &'static str) -> Result<PendingSteer, Misfit> {
         let Some(i) = self.pending_steers.iter().position(|p| p.seq == seq) else {
-            return Err(Misfit::SteerMisfit {
-                seq,
-                why: "a run delivers it as its turn, but no steered send waits at that seq",
-            });
+            return Err(Misfit::SteerMisfit { seq, why });
         };
-        let p = self.pending_steers.remove(i);
+        Ok(self.pending_steers.remove(i))
+    }
+
+    /// A keyed steer's receipt: how it was delivered (final).
+    fn note_delivered(&mut self, p: &PendingSteer, how: SteerDelivered) {
         if let Some(send) = p
             .record
             .send_id
             .as_ref()
             .and_then(|id| self.steer_sends.get_mut(id))
         {
-            send.delivered = Some(SteerDelivered::Turn { run: index });
+            send.delivered = Some(how);
         }
-        Ok(())
     }
 
     /// The entries a step's steers add: one user entry each, its mid its `SendSteered` seq.

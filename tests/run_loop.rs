@@ -531,6 +531,7 @@ fn requests_render_byte_for_byte_the_same_from_the_live_session_and_from_its_rep
         prompt_cache: true,
         route: None,
         shape: None,
+        media: Default::default(),
     };
     let (live, replayed) = (request(live), request(replayed));
     let aliases = broca::provider::Aliases::for_tools(&live.tools);

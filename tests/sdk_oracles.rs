@@ -146,6 +146,7 @@ fn request(provider: &str, model: &str) -> Request {
         prompt_cache: false,
         route: None,
         shape: None,
+        media: Default::default(),
     }
 }
 

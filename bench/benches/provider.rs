@@ -376,6 +376,7 @@ fn transcript() -> Request {
         prompt_cache: true,
         route: None,
         shape: None,
+        media: Default::default(),
     }
 }
 

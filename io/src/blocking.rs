@@ -30,11 +30,13 @@ pub enum Kind {
     LogRead,
     /// A host name looked up.
     Dns,
+    /// A session's content store (uploads taken, checked, read).
+    Media,
 }
 
 impl Kind {
     /// Every kind, in the order metrics list them.
-    pub const ALL: [Kind; 10] = [
+    pub const ALL: [Kind; 11] = [
         Kind::WalReplay,
         Kind::WalRead,
         Kind::SubscriptionRead,
@@ -45,6 +47,7 @@ impl Kind {
         Kind::ToolRoute,
         Kind::LogRead,
         Kind::Dns,
+        Kind::Media,
     ];
 
     /// The kind's label.
@@ -60,6 +63,7 @@ impl Kind {
             Kind::ToolRoute => "tool_route",
             Kind::LogRead => "log_read",
             Kind::Dns => "dns",
+            Kind::Media => "media",
         }
     }
 

@@ -25,6 +25,7 @@ pub const FACT_PREFIXES: &[&str] = &[
     "limit.",
     "rate.",
     "capability.structured_output",
+    "capability.input_modalities",
 ];
 
 /// broca's providers for one of fusiform's (models.dev's) provider ids.
@@ -79,6 +80,8 @@ pub fn read(answer: &Value) -> Result<Read, CatalogError> {
                 structured_output: facts
                     .get("capability.structured_output")
                     .and_then(Value::as_bool),
+                input_modalities: facts.get("capability.input_modalities").and_then(strings),
+                input_mime_types: None,
             },
         };
         let mut unknown = Vec::new();
@@ -278,4 +281,12 @@ mod tests {
     fn a_broken_answer_is_an_error() {
         assert!(read(&json!({"models": 3})).is_err());
     }
+}
+
+/// A fact that is a list of strings (anything else is not stated).
+fn strings(v: &Value) -> Option<Vec<String>> {
+    v.as_array()?
+        .iter()
+        .map(|s| s.as_str().map(str::to_string))
+        .collect()
 }

@@ -93,11 +93,19 @@ pub struct Capability {
     /// Whether the route constrains output to a JSON Schema (final text and tool input).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub structured_output: Option<bool>,
+    /// The input modalities the model takes (`text`, `image`, `pdf`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_modalities: Option<Vec<String>>,
+    /// The media types the model takes, where narrower than what its family renders.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_mime_types: Option<Vec<String>>,
 }
 
 impl Capability {
     pub fn is_unstated(&self) -> bool {
         self.structured_output.is_none()
+            && self.input_modalities.is_none()
+            && self.input_mime_types.is_none()
     }
 }
 

@@ -84,6 +84,8 @@ pub struct Prepared {
     pub delivery: Option<String>,
     /// The settings the send named (a steer's are checked against the run it joins).
     pub named: Vec<&'static str>,
+    /// The uploads its `content` attaches, in order (checked against the session's).
+    pub content: Vec<String>,
 }
 
 /// A send that did not pass [`prepare`]: its refusal, kept with what a repeated send_id
@@ -192,12 +194,15 @@ pub fn admit_prepared(
     if let Some(answer) = repeated(session, p.send_id.as_deref(), &identity) {
         return answer;
     }
-    // A steer joins the run being driven, under its settings.
+    // A steer joins the run being driven, under its settings; its media are checked against
+    // that run's model, any other send's against the model it would freeze.
     if p.delivery.as_deref() == Some(broca_wire::delivery::STEER) {
         if let Some(open) = &session.open {
-            return joining::steer(p, session, open.index, now_unix_ms);
+            let media = attach(session, &p.content, &session.runs[open.index].config)?;
+            return joining::steer(p, media, session, open.index, now_unix_ms);
         }
     }
+    let media = attach(session, &p.content, &p.config)?;
     let busy = session.open.is_some()
         || session
             .runs
@@ -230,6 +235,7 @@ pub fn admit_prepared(
             scope_owner: p.caller.scope_owner,
             client_message_id: p.client_message_id,
             delivery: p.delivery,
+            media,
         })));
     }
     config.stop.input_cap = input_cap(session, config.stop.input_cap);
@@ -248,7 +254,35 @@ pub fn admit_prepared(
         client_message_id: p.client_message_id,
         delivery: p.delivery,
         steer_seq: None,
+        media,
     })))
+}
+
+/// The media a send's uploads attach, checked against the model of `config`.
+fn attach(
+    session: &Session,
+    ids: &[String],
+    config: &FrozenConfig,
+) -> Result<Vec<broca_protocol::media::Media>, Refusal> {
+    use crate::replay::uploads::ContentRefusal;
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let family = config.family();
+    session
+        .attach(ids, family, &config.input_facts())
+        .map_err(|r| match r {
+            ContentRefusal::UnknownUpload(id) => Refusal::UnknownUpload(id),
+            ContentRefusal::UploadGone(id) => Refusal::UploadGone(id),
+            ContentRefusal::NotCommitted(id) => Refusal::UploadNotCommitted(id),
+            ContentRefusal::Unsupported { upload_id, mime } => Refusal::MediaUnsupported {
+                upload_id,
+                why: format!(
+                    "{}/{} does not take {mime} (what its catalog entry and its wire family                      say); send it to a model that does",
+                    config.provider, config.model
+                ),
+            },
+        })
 }
 
 /// The session's input cap only goes down: a send asking a higher one is refused.
@@ -351,6 +385,7 @@ pub fn start_queued(session: &Session, run_id: String, now_unix_ms: u64) -> Opti
         client_message_id: q.client_message_id.clone(),
         delivery: q.delivery.clone(),
         steer_seq: None,
+        media: q.media.clone(),
     })
 }
 
@@ -374,6 +409,12 @@ pub fn prepare(
             caller: broca_wire::Caller::operator(),
             delivery: req.delivery.clone(),
             named: req.named_settings(),
+            content: req
+                .content
+                .iter()
+                .flatten()
+                .map(|c| c.upload_id().to_string())
+                .collect(),
         }),
         Err(refusal) => Err(Unprepared {
             // A send_id that is itself invalid names no run.
@@ -689,6 +730,8 @@ pub fn freeze(entry: &catalog::ModelEntry) -> broca_wal::runrec::CatalogEntry {
         capability: (!entry.capability.is_unstated()).then(|| {
             broca_wal::runrec::CatalogCapability {
                 structured_output: entry.capability.structured_output,
+                input_modalities: entry.capability.input_modalities.clone(),
+                input_mime_types: entry.capability.input_mime_types.clone(),
             }
         }),
     }

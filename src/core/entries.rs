@@ -235,7 +235,7 @@ pub(crate) struct SteerNote {
     pub(crate) at: u64,
     pub(crate) client_message_id: Option<String>,
     pub(crate) sender: Option<String>,
-    pub(crate) prompt: String,
+    pub(crate) blocks: Vec<Block>,
 }
 
 impl Note {
@@ -369,7 +369,7 @@ impl Entries {
                 for s in steers {
                     let message = Arc::new(Message {
                         role: Role::User,
-                        content: vec![Block::Text { text: s.prompt }],
+                        content: s.blocks,
                     });
                     self.list.push(Entry {
                         client_message_id: s.client_message_id,

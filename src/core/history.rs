@@ -9,7 +9,7 @@
 //! (`o`, exclusive) or newer from it (`n`, inclusive).
 
 use cortexkit_role_llm_runner::display::{
-    DisplayPage, DisplayPart, DisplayRow, Limits, TextPart, ToolCallPart, ToolResultPart,
+    DisplayPage, DisplayPart, DisplayRow, FilePart, Limits, TextPart, ToolCallPart, ToolResultPart,
 };
 use cortexkit_role_llm_runner::history::HistoryRequest;
 use cortexkit_role_llm_runner::history::{HistoryEntry, HistoryForm, HistoryMode, HistoryPage};
@@ -283,5 +283,8 @@ fn part<'a>(
             Vec::new(),
             limits,
         )),
+        Block::Media(m) => {
+            DisplayPart::File(FilePart::media(key, crate::media::media_ref(m, None)))
+        }
     }
 }

@@ -11,6 +11,7 @@ mod input_cap_tests;
 pub mod machine;
 #[cfg(test)]
 mod machine_tests;
+pub mod media;
 pub mod project;
 pub mod read;
 pub mod replay;

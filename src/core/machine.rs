@@ -15,8 +15,8 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use broca_protocol::{
-    ClassifiedError, ErrorClass, FinishReason, Message, ProviderRoute, Request, Role, StreamEvent,
-    ToolCall, Usage,
+    Block, ClassifiedError, ErrorClass, FinishReason, Message, ProviderRoute, Request, Role,
+    StreamEvent, ToolCall, Usage,
 };
 use broca_wal::runrec::{
     interrupt_cause, result_reason, CachePolicy, CancelRequested, FinishKind, FrozenConfig,
@@ -95,7 +95,7 @@ pub enum Event {
     /// A steered send (its `SendSteered` record `seq`, durable) joins the run: its prompt is
     /// rendered at the next step boundary, and a run that would complete takes another step
     /// for it.
-    Steer { seq: u64, prompt: String },
+    Steer { seq: u64, blocks: Vec<Block> },
 }
 
 /// What the caller must do.
@@ -229,7 +229,7 @@ pub struct RunMachine {
     /// The value a `submit_result` call submitted, validated, once its step ends the run.
     submitted: Option<cortexkit_role_llm_runner::structured_output::StructuredOutputResult>,
     /// Steered sends waiting for the next step boundary: their record's seq and prompt.
-    steers: Vec<(u64, String)>,
+    steers: Vec<(u64, Vec<Block>)>,
 }
 
 impl RunMachine {
@@ -391,7 +391,7 @@ impl RunMachine {
             Event::Cancel => self.on_cancel(),
             Event::CancelAtStepBoundary => self.on_cancel_at_boundary(),
             Event::Shutdown => self.on_shutdown(),
-            Event::Steer { seq, prompt } => self.on_steer(seq, prompt),
+            Event::Steer { seq, blocks } => self.on_steer(seq, blocks),
         }
     }
 
@@ -447,8 +447,8 @@ impl RunMachine {
         self.backoff_spent_ms = 0;
         // The steers join the conversation here: after every result of the step before.
         let mut steers = Vec::with_capacity(self.steers.len());
-        for (seq, prompt) in std::mem::take(&mut self.steers) {
-            crate::replay::push_steer(&mut self.transcript, &prompt);
+        for (seq, blocks) in std::mem::take(&mut self.steers) {
+            crate::replay::push_steer(&mut self.transcript, blocks);
             steers.push(seq);
         }
         let record = StepStarted {
@@ -493,6 +493,8 @@ impl RunMachine {
                 base_url: e.provider.base_url.clone(),
             }),
             shape: self.shape.clone(),
+            // Loaded by the session just before the call.
+            media: Default::default(),
         };
         self.out.push_back(Command::CallModel {
             step: self.step,

@@ -107,7 +107,10 @@ fn tool_finished(
 /// The units of `record`, the record of `seq`, in sub_index order.
 pub fn units(seq: u64, record: &Record) -> Vec<Unit> {
     match record {
-        Record::LeaseAcquired(_) | Record::Unknown { .. } => Vec::new(),
+        Record::LeaseAcquired(_)
+        | Record::Unknown { .. }
+        | Record::UploadBegun(_)
+        | Record::UploadCommitted(_) => Vec::new(),
         Record::RunStarted(r) => run_started(seq, r),
         Record::StepStarted(r) => vec![Unit::plain(with_type("step_started", val(r)))],
         Record::ModelAttemptFinished(r) => vec![Unit::plain(with_type("attempt_failed", val(r)))],

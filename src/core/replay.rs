@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use broca_protocol::{Block, ClassifiedError, Message, Role, ToolCall};
+use broca_protocol::{user_blocks, Block, ClassifiedError, Message, Role, ToolCall};
 use broca_wal::runrec::{FinishKind, FrozenConfig};
 use broca_wal::Record;
 
@@ -171,6 +171,11 @@ pub struct Session {
     pub pending_steers: Vec<PendingSteer>,
     /// Every keyed steered send by its send_id: what a re-send of it answers.
     pub steer_sends: HashMap<String, SteerSend>,
+    /// The session's uploads by id (`attachments`).
+    pub uploads: uploads::Uploads,
+    /// The process the session lives in (its start time, set by the actor): an upload begun
+    /// by another and never committed is gone.
+    pub boot: u64,
 }
 
 impl Session {
@@ -215,7 +220,8 @@ pub fn prompt_digest(prompt: &str) -> String {
 mod misfit;
 pub use misfit::{Misfit, ReplayError};
 mod steer;
-pub use steer::{push_steer, PendingSteer, RunSteer, SteerDelivered, SteerSend};
+pub mod uploads;
+pub use steer::{push_steer, steer_blocks, PendingSteer, RunSteer, SteerDelivered, SteerSend};
 
 impl Session {
     /// Replays `records` (seq and record, in log order).
@@ -402,6 +408,8 @@ impl Session {
                 self.open = None;
             }
             Record::RunFinished(r) => self.apply_finished(r)?,
+            Record::UploadBegun(r) => self.apply_upload_begun(r)?,
+            Record::UploadCommitted(r) => self.apply_upload_committed(r)?,
         }
         Ok(())
     }
@@ -458,9 +466,7 @@ impl Session {
                 is_error: b.is_error,
             })
             .collect();
-        content.push(Block::Text {
-            text: r.prompt.clone(),
-        });
+        content.extend(user_blocks(&r.prompt, &r.media));
         self.transcript.push(Arc::new(Message {
             role: Role::User,
             content,

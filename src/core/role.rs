@@ -77,7 +77,13 @@ pub(crate) fn entries_of(s: &Session) -> &[crate::entries::Entry] {
 pub(crate) struct Facts {
     /// `include_display_facts`: the send's client id and each call's times.
     pub display: bool,
+    /// How media and large payloads are served (`media`).
+    pub media: cortexkit_role_llm_runner::read::MediaMode,
 }
+
+/// What a descriptors read leaves for the entry around its message (its envelope): fixed, so
+/// the same message is always described the same way.
+const ENVELOPE_ALLOWANCE: usize = 64 * 1024;
 
 /// The read entry at `index` (ordinal `index + 1`).
 pub(crate) fn entry(
@@ -87,8 +93,14 @@ pub(crate) fn entry(
     facts: Facts,
 ) -> ReadMessage {
     let e = &entries_of(s)[index];
-    let message = e.body.to_json();
+    let stored = e.body.to_json();
+    let (message, digests) = crate::media::render(stored.clone(), facts.media, ENVELOPE_ALLOWANCE)
+        .unwrap_or_else(|_| (crate::media::with_markers(stored, "not_requested"), None));
     let mut m = ReadMessage::new(index as u64 + 1, e.mid.clone(), message).with_role(e.role);
+    if let Some((digest, rows)) = digests {
+        m.digest = Some(digest);
+        m.part_digests = Some(rows);
+    }
     if let Some(at) = e.written_at {
         m = m.with_written_at(at);
     }
@@ -187,6 +199,7 @@ pub fn read_page(
     })?;
     let facts = Facts {
         display: req.include_display_facts,
+        media: req.media.unwrap_or_default(),
     };
     let total = s
         .and_then(|s| s.entries.as_ref())
@@ -337,8 +350,32 @@ pub fn head(s: Option<&Session>, incarnation: &str) -> HeadMeta {
                 }
             });
         }
+        head.input = Some(head_input(&run.config));
     }
     head
+}
+
+/// What a send naming no model can carry (`session.head.input`): the latest run's model, as
+/// its frozen catalog entry and its wire family say. A family that renders no media says
+/// `no`; so does a catalog that states modalities without any media broca carries.
+pub fn head_input(
+    config: &broca_wal::runrec::FrozenConfig,
+) -> cortexkit_role_llm_runner::read::HeadInput {
+    use cortexkit_role_llm_runner::read::{attachments, HeadInput};
+    let facts = config.input_facts();
+    let mimes = facts.mimes(config.family());
+    let mut input = HeadInput::new(if mimes.is_empty() {
+        attachments::NO
+    } else {
+        attachments::YES
+    });
+    if let Some(m) = facts.modalities {
+        input = input.with_modalities(m);
+    }
+    if !mimes.is_empty() {
+        input = input.with_mime_types(mimes);
+    }
+    input
 }
 
 /// The normalized finish of the run's last model step (absent when no step ran).

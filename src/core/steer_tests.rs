@@ -92,7 +92,7 @@ impl Live {
         let seq = self.apply(Record::SendSteered(record));
         self.feed(Event::Steer {
             seq,
-            prompt: prompt.into(),
+            blocks: broca_protocol::user_blocks(prompt, &[]),
         });
         seq
     }
@@ -155,6 +155,7 @@ fn started(run_id: &str, prompt: &str, delivery: Option<&str>) -> RunStarted {
         resolved_mid: None,
         delivery: delivery.map(str::to_string),
         steer_seq: None,
+        media: Vec::new(),
     }
 }
 
@@ -169,6 +170,7 @@ fn prepared(send_id: &str, prompt: &str, delivery: &str) -> Prepared {
         caller: broca_wire::Caller::operator(),
         delivery: Some(delivery.into()),
         named: vec!["model"],
+        content: Vec::new(),
     }
 }
 

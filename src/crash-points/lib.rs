@@ -66,6 +66,8 @@ pub const POINTS: &[&str] = &[
     "imported",
     "steered",
     "queued",
+    "upload_begun",
+    "upload_committed",
     "mid_write",
 ];
 
@@ -142,6 +144,8 @@ fn point_of(record: &Record) -> Option<&'static str> {
         Record::EpisodeImported(_) => "imported",
         Record::SendSteered(_) => "steered",
         Record::SendQueued(_) => "queued",
+        Record::UploadBegun(_) => "upload_begun",
+        Record::UploadCommitted(_) => "upload_committed",
         _ => return None,
     })
 }

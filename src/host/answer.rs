@@ -104,6 +104,14 @@ impl Shard {
             SessionCommand::Import { input, reply } => {
                 return self.answer_import(actor, triple, *input, reply).await;
             }
+            SessionCommand::Upload { op, caller, reply } => {
+                let answer = actor.upload(op, &caller).await;
+                let failed = matches!(&answer, Err(e) if e.code == broca_wire::Code::Internal);
+                let _ = reply.send(answer);
+                if failed {
+                    return false;
+                }
+            }
         }
         true
     }

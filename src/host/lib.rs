@@ -13,6 +13,7 @@
 mod answer;
 mod limits;
 mod lists;
+mod media;
 pub mod metrics;
 mod reads;
 mod replies;

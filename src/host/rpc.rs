@@ -81,6 +81,19 @@ async fn call(ctx: &Host, request: Request, caller: &Caller) -> Result<Value, Rp
         Request::SendStatus { send_id, .. } => send_status(ctx, t, send_id, caller).await,
         Request::Baseline { .. } => baseline(ctx, t, caller).await,
         Request::RunsList { list, .. } => crate::lists::runs(ctx, t, list).await,
+        Request::Upload { op, .. } => {
+            if ctx.is_stopping()
+                && !matches!(op, broca_wire::request::uploads::UploadOp::Status { .. })
+            {
+                return Err(RpcError::new(
+                    Code::ShuttingDown,
+                    "broca is stopping; retry later",
+                ));
+            }
+            let caller = caller.clone();
+            ask(ctx, t, |reply| SessionCommand::Upload { op, caller, reply }).await?
+        }
+        Request::MediaRead { read, .. } => crate::media::media_read(ctx, t, read).await,
         Request::Import { .. } | Request::Describe | Request::SessionsList { .. } => {
             Err(invalid("the request names no session"))
         }

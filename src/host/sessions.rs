@@ -78,6 +78,8 @@ impl Shard {
                     drop(reply.send(Err(RpcError::refusal(&u.refusal))));
                 }
             }
+            // There are no uploads into a session never written (llm-runner/v1 §9.12).
+            SessionCommand::Upload { op, reply, .. } => drop(reply.send(no_session_upload(&op))),
             SessionCommand::Status { .. } | SessionCommand::Import { .. } => {
                 unreachable!("answered above")
             }
@@ -329,4 +331,26 @@ fn inbox_full() -> RpcError {
         Code::SessionQueueFull,
         format!("the session has {INBOX_MAX} commands waiting; retry shortly"),
     )
+}
+
+/// What an upload operation on a session never written answers: its status `gone`, a begin
+/// `unknown_session`, anything else `unknown_upload`.
+fn no_session_upload(
+    op: &broca_wire::request::uploads::UploadOp,
+) -> Result<serde_json::Value, RpcError> {
+    use broca_wire::request::uploads::UploadOp;
+    match op {
+        UploadOp::Status { .. } => Ok(serde_json::json!({"state": "gone", "received": 0})),
+        UploadOp::Begin { .. } => Err(RpcError::new(
+            Code::UnknownSession,
+            "this session was never written; an upload goes into an existing session",
+        )),
+        other => Err(RpcError::new(
+            Code::UnknownUpload,
+            format!(
+                "no upload `{}` in this session",
+                other.upload_id().unwrap_or_default().escape_debug()
+            ),
+        )),
+    }
 }

@@ -65,6 +65,7 @@ fn shape(e: &EpisodeImported) -> Vec<String> {
                         if *is_error { ":error" } else { "" }
                     ),
                     Block::Thinking { .. } => "thinking".into(),
+                    Block::Media(m) => format!("M:{}", m.mime),
                 })
                 .collect();
             let role = if m.role == Role::User {

@@ -176,6 +176,7 @@ mod tests {
             prompt_cache: false,
             route: None,
             shape: None,
+            media: Default::default(),
         }
     }
 

@@ -3,6 +3,7 @@
 //! them; the WAL stores them; nothing here knows a wire format.
 
 pub mod demo;
+pub mod media;
 pub mod model;
 pub mod schema;
 
@@ -100,6 +101,17 @@ pub enum Block {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         signature: Option<String>,
     },
+    /// An attachment (image or document), its bytes in the session's content store.
+    Media(media::Media),
+}
+
+/// The blocks a send's user message holds: its prompt's text, then the media it attached.
+pub fn user_blocks(prompt: &str, media: &[media::Media]) -> Vec<Block> {
+    std::iter::once(Block::Text {
+        text: prompt.to_string(),
+    })
+    .chain(media.iter().cloned().map(Block::Media))
+    .collect()
 }
 
 impl Message {
@@ -225,6 +237,10 @@ pub struct Request {
     /// `structured_output`); shared with the run's frozen config.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shape: Option<Arc<OutputShape>>,
+    /// The bytes of the media blocks this request's model takes, loaded by the session
+    /// before the call (never serialized: a request's record holds the references).
+    #[serde(skip)]
+    pub media: media::MediaBytes,
 }
 
 /// What a provider is asked to constrain: the final text to a schema, or one tool's input

@@ -141,6 +141,18 @@ impl JsonWriter {
         self
     }
 
+    /// A string value of `prefix` (a data URL's head: `data:<mime>;base64,`, or nothing) and
+    /// the standard base64 of `bytes` (neither needs an escape).
+    pub(crate) fn base64(&mut self, prefix: &str, bytes: &[u8]) -> &mut Self {
+        self.comma();
+        escape_into(&mut self.out, prefix);
+        self.out.pop(); // the prefix's closing quote: the string goes on
+        self.out
+            .extend_from_slice(broca_protocol::media::base64(bytes).as_bytes());
+        self.out.push(b'"');
+        self
+    }
+
     /// `"key": "value"`.
     pub(crate) fn field_str(&mut self, key: &'static str, value: &str) -> &mut Self {
         self.key(key).str(value)

@@ -307,6 +307,40 @@ pub(crate) fn error_body(body: &[u8]) -> Option<ErrorBody> {
     serde_json::from_slice::<Outer>(body).ok().map(|o| o.error)
 }
 
+/// A media block as a family renders it: its bytes, when the request carries them (its model
+/// takes them), else the role's marker text in its place (reason `unsupported`).
+pub(crate) enum MediaPart<'a> {
+    Bytes {
+        kind: &'a str,
+        mime: &'a str,
+        data: &'a [u8],
+    },
+    Marker(String),
+}
+
+impl<'a> MediaPart<'a> {
+    pub(crate) fn of(m: &'a broca_protocol::media::Media, req: &'a Request) -> MediaPart<'a> {
+        match req.media.get(&m.sha256) {
+            Some(data) => MediaPart::Bytes {
+                kind: &m.kind,
+                mime: &m.mime,
+                data,
+            },
+            None => MediaPart::Marker(broca_protocol::media::marker(m, "unsupported")),
+        }
+    }
+}
+
+/// A file name for a document (the families that ask for one): its digest's head.
+pub(crate) fn file_name(m: &broca_protocol::media::Media) -> String {
+    let ext = if m.mime == "application/pdf" {
+        "pdf"
+    } else {
+        "bin"
+    };
+    format!("{}.{ext}", &m.sha256[..m.sha256.len().min(12)])
+}
+
 /// About how many bytes `req` renders to (a little more, for escapes and field names).
 pub(crate) fn size_hint(req: &Request) -> usize {
     use broca_protocol::Block;
@@ -326,6 +360,7 @@ pub(crate) fn size_hint(req: &Request) -> usize {
                 Block::Thinking { text, signature } => {
                     text.len() + signature.as_ref().map_or(0, String::len)
                 }
+                Block::Media(m) => usize::try_from(m.bytes).unwrap_or(0) / 3 * 4 + 64,
             }
         })
         .sum();
@@ -534,5 +569,6 @@ pub(crate) fn sample_request() -> Request {
         prompt_cache: true,
         route: None,
         shape: None,
+        media: Default::default(),
     }
 }

@@ -180,10 +180,32 @@ impl<P: ModelClient, T: ToolRunner> Opener<P, T> {
                 },
             )
             .await;
-        let state = replayed.map_err(|error| replay_error(writer.path(), error))?;
+        let mut state = replayed.map_err(|error| replay_error(writer.path(), error))?;
+        state.boot = crate::uploads::process_boot();
+        // The parts of uploads no longer open (lost with the process that took them).
+        if !state.uploads.is_empty() {
+            let store =
+                crate::content::ContentStore::new(self.triple.address().media_dir(&self.wal_dir));
+            let open: std::collections::HashSet<String> = state
+                .uploads
+                .iter()
+                .filter(|(id, _)| {
+                    matches!(
+                        state.upload(id),
+                        broca_core::replay::uploads::UploadState::Open(_)
+                    )
+                })
+                .map(|(id, _)| id.clone())
+                .collect();
+            broca_io::blocking::run(broca_io::blocking::Kind::Media, move || {
+                store.sweep_parts(|id| open.contains(id))
+            })
+            .await;
+        }
         Ok(SessionActor {
             writer,
             state,
+            wal_dir: self.wal_dir,
             provider: self.model,
             tools: self.tools,
             tool_specs: self.tool_specs,
@@ -211,6 +233,8 @@ fn replay_error(path: &Path, error: ReplayError) -> ActorError {
 /// One live session.
 pub struct SessionActor<P: ModelClient, T: ToolRunner> {
     pub(crate) writer: WalWriter,
+    /// The WAL folder (the content store is beside it).
+    pub(crate) wal_dir: PathBuf,
     pub(crate) state: Session,
     pub(crate) provider: Rc<P>,
     pub(crate) tools: Rc<T>,
@@ -306,11 +330,11 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
     }
 
     /// The steered sends waiting for a step boundary: their record's seq and prompt.
-    fn pending_steers(&self) -> Vec<(u64, String)> {
+    fn pending_steers(&self) -> Vec<(u64, Vec<broca_protocol::Block>)> {
         self.state
             .pending_steers
             .iter()
-            .map(|p| (p.seq, p.record.prompt.clone()))
+            .map(|p| (p.seq, broca_core::replay::steer_blocks(&p.record)))
             .collect()
     }
 
@@ -370,11 +394,11 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             }
             Admitted::Steered(steered) => {
                 let seq = self.writer.next_seq();
-                let prompt = steered.prompt.clone();
+                let blocks = broca_core::replay::steer_blocks(&steered);
                 self.append(Record::SendSteered(steered), true).await?;
                 return Ok(SendReply {
                     steer: broca_core::views::steer_answer(&self.state, seq),
-                    joins: Some(Joins::Steer { seq, prompt }),
+                    joins: Some(Joins::Steer { seq, blocks }),
                     ..reply(String::new(), false, None)
                 });
             }

@@ -41,6 +41,12 @@ pub enum SessionCommand {
     /// Wait until everything appended is durable; answer the last seq (`None` if the log
     /// failed).
     Barrier { reply: oneshot::Sender<Option<u64>> },
+    /// An upload operation (`attachments`), of `caller`.
+    Upload {
+        op: broca_wire::request::uploads::UploadOp,
+        caller: broca_wire::Caller,
+        reply: oneshot::Sender<Result<serde_json::Value, broca_wire::RpcError>>,
+    },
     /// Import another harness's log (refused while a run is active).
     Import {
         input: Box<ImportInput>,
@@ -56,6 +62,7 @@ impl SessionCommand {
             SessionCommand::Send { reply, .. } => drop(reply.send(Err(err.clone()))),
             SessionCommand::Retract { reply, .. } => drop(reply.send(Err(err.clone()))),
             SessionCommand::Import { reply, .. } => drop(reply.send(Err(err.clone()))),
+            SessionCommand::Upload { reply, .. } => drop(reply.send(Err(err.clone()))),
             SessionCommand::Status { reply, .. } => drop(reply),
             SessionCommand::Cancel { reply, .. } => drop(reply),
             SessionCommand::Barrier { reply } => drop(reply),
@@ -112,10 +119,13 @@ pub struct SendReply {
 }
 
 /// How an admitted send bears on the run being driven.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Joins {
     /// A steer (its record's seq and prompt) for the next step boundary.
-    Steer { seq: u64, prompt: String },
+    Steer {
+        seq: u64,
+        blocks: Vec<broca_protocol::Block>,
+    },
     /// An interrupt: the run is cancelled, and the send starts next.
     Interrupt,
 }

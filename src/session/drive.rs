@@ -219,8 +219,8 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                 if let Ok(joins) = answer.as_ref().map(|a| a.joins.clone()) {
                     let now = crate::now_unix_ms();
                     match joins {
-                        Some(Joins::Steer { seq, prompt }) => {
-                            m.handle(Event::Steer { seq, prompt }, now)
+                        Some(Joins::Steer { seq, blocks }) => {
+                            m.handle(Event::Steer { seq, blocks }, now)
                         }
                         Some(Joins::Interrupt) => m.handle(Event::Cancel, now),
                         None => {}
@@ -267,6 +267,9 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                 let busy = crate::import::busy(input.file, m.run_id());
                 let _ = reply.send(Err(busy.to_rpc_error()));
             }
+            SessionCommand::Upload { op, caller, reply } => {
+                let _ = reply.send(self.upload(op, &caller).await);
+            }
         }
     }
 
@@ -302,7 +305,28 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
     ) {
         let provider = self.provider.clone();
         let me = call.get();
+        let store = self.content();
+        let (family, facts) = self
+            .open_run()
+            .map(|r| (r.config.family().to_string(), r.config.input_facts()))
+            .unwrap_or_default();
         glommio::spawn_local(async move {
+            let mut request = request;
+            // The attachments' bytes, read just before the call (a request of text alone
+            // reads nothing).
+            match crate::uploads::load_media(store, &family, &facts, &request).await {
+                Ok(media) => request.media = media,
+                Err(why) => {
+                    let error = broca_protocol::ClassifiedError {
+                        class: broca_protocol::ErrorClass::Permanent,
+                        message: format!("an attachment cannot be read: {why}"),
+                        retry_after_ms: None,
+                    };
+                    let item = Some(Err(broca_protocol::model::Failure { error, usage: None }));
+                    let _ = tx.send(Input::Model { call: me, item }).await;
+                    return;
+                }
+            }
             // Boxed: opening (render, connect, send) needs more state than streaming does, and
             // the task keeps the larger of the two for its whole life otherwise.
             let opened = Box::pin(provider.open(&request)).await;

@@ -8,12 +8,15 @@
 
 mod actor;
 mod command;
+pub mod content;
 mod drive;
 pub mod hooks;
 pub mod hub;
 mod import;
 mod queue;
 mod subscription;
+mod uploads;
+pub use uploads::process_boot;
 
 pub use actor::{ActorError, Display, OnAppend, Opener, SessionActor};
 pub use command::{

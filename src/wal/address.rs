@@ -176,6 +176,17 @@ impl SessionAddr {
         format!("{self}.wal")
     }
 
+    /// The session's content store (its attachments, named by SHA-256): a folder of its own
+    /// under `media/` beside the WAL folder `wal_dir`.
+    pub fn media_dir(&self, wal_dir: &std::path::Path) -> std::path::PathBuf {
+        wal_dir
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(std::path::Path::new("."))
+            .join("media")
+            .join(self.to_string())
+    }
+
     /// A stable 64-bit value of the address, for picking a shard.
     pub fn route_key(&self) -> u64 {
         u64::from_le_bytes(self.0[..8].try_into().expect("8 bytes"))

@@ -8,7 +8,7 @@ use super::importrec::EpisodeImported;
 use super::runrec::{
     CancelRequested, ModelAttemptFinished, ModelStepFinished, RunFinished, RunPaused, RunResumed,
     RunStarted, SendQueued, SendRetracted, SendSteered, StepStarted, ToolDispatchIntent,
-    ToolResult,
+    ToolResult, UploadBegun, UploadCommitted,
 };
 
 /// Kind codes. Codes are never reused for another meaning.
@@ -33,6 +33,10 @@ pub mod kind {
     pub const SEND_RETRACTED: u16 = 22;
     /// [`crate::runrec::SendSteered`].
     pub const SEND_STEERED: u16 = 23;
+    /// [`crate::runrec::UploadBegun`].
+    pub const UPLOAD_BEGUN: u16 = 24;
+    /// [`crate::runrec::UploadCommitted`].
+    pub const UPLOAD_COMMITTED: u16 = 25;
 }
 
 /// A record of the WAL.
@@ -58,6 +62,10 @@ pub enum Record {
     SendRetracted(SendRetracted),
     /// A send steered into the running run, waiting for its next step boundary.
     SendSteered(Box<SendSteered>),
+    /// An upload into the session's content store began.
+    UploadBegun(UploadBegun),
+    /// An upload's bytes are in the content store, checked and durable.
+    UploadCommitted(UploadCommitted),
     /// A kind this build does not know; its payload is kept as it is.
     Unknown {
         kind: u16,
@@ -105,6 +113,8 @@ impl Record {
             Record::SendQueued(_) => kind::SEND_QUEUED,
             Record::SendRetracted(_) => kind::SEND_RETRACTED,
             Record::SendSteered(_) => kind::SEND_STEERED,
+            Record::UploadBegun(_) => kind::UPLOAD_BEGUN,
+            Record::UploadCommitted(_) => kind::UPLOAD_COMMITTED,
             Record::Unknown { kind, .. } => *kind,
         }
     }
@@ -127,6 +137,8 @@ impl Record {
             kind::SEND_QUEUED => Some("send_queued"),
             kind::SEND_RETRACTED => Some("send_retracted"),
             kind::SEND_STEERED => Some("send_steered"),
+            kind::UPLOAD_BEGUN => Some("upload_begun"),
+            kind::UPLOAD_COMMITTED => Some("upload_committed"),
             _ => None,
         }
     }
@@ -151,6 +163,8 @@ impl Record {
             Record::SendQueued(r) => serde_json::to_writer(w, r),
             Record::SendRetracted(r) => serde_json::to_writer(w, r),
             Record::SendSteered(r) => serde_json::to_writer(w, r),
+            Record::UploadBegun(r) => serde_json::to_writer(w, r),
+            Record::UploadCommitted(r) => serde_json::to_writer(w, r),
             Record::Unknown { payload, .. } => {
                 out.extend_from_slice(payload);
                 Ok(())
@@ -190,6 +204,8 @@ impl Record {
             kind::SEND_QUEUED => Ok(Record::SendQueued(Box::new(parse(payload, bad)?))),
             kind::SEND_RETRACTED => Ok(Record::SendRetracted(parse(payload, bad)?)),
             kind::SEND_STEERED => Ok(Record::SendSteered(Box::new(parse(payload, bad)?))),
+            kind::UPLOAD_BEGUN => Ok(Record::UploadBegun(parse(payload, bad)?)),
+            kind::UPLOAD_COMMITTED => Ok(Record::UploadCommitted(parse(payload, bad)?)),
             _ => Ok(Record::Unknown {
                 kind: code,
                 payload: payload.to_vec(),

@@ -93,6 +93,31 @@ pub struct CatalogEntry {
 pub struct CatalogCapability {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub structured_output: Option<bool>,
+    /// The input modalities the model takes (`text`, `image`, `pdf`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_modalities: Option<Vec<String>>,
+    /// The media types the model takes, where narrower than its family renders.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_mime_types: Option<Vec<String>>,
+}
+
+impl FrozenConfig {
+    /// What the run's frozen catalog entry says of the media its model takes.
+    pub fn input_facts(&self) -> broca_protocol::media::InputFacts {
+        let c = self.catalog.as_ref().and_then(|c| c.capability.as_ref());
+        broca_protocol::media::InputFacts {
+            modalities: c.and_then(|c| c.input_modalities.clone()),
+            mime_types: c.and_then(|c| c.input_mime_types.clone()),
+        }
+    }
+
+    /// The wire family the run's model speaks (from its frozen entry; empty for runs
+    /// admitted before entries were frozen).
+    pub fn family(&self) -> &str {
+        self.catalog
+            .as_ref()
+            .map_or("", |c| c.provider.family.as_str())
+    }
 }
 
 /// A frozen entry's provider.
@@ -275,6 +300,10 @@ pub struct RunStarted {
     /// ended before rendering.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub steer_seq: Option<u64>,
+    /// The media the send attached (llm-runner/v1 `attachments`), after its prompt, each
+    /// committed in the session's content store before this record.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub media: Vec<broca_protocol::media::Media>,
 }
 
 /// A send that came while a run was active: admitted, frozen as a RunStarted would freeze
@@ -300,6 +329,9 @@ pub struct SendQueued {
     /// durable, and this send starts next, before any other queued one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delivery: Option<String>,
+    /// As in [`RunStarted`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub media: Vec<broca_protocol::media::Media>,
 }
 
 /// A send steered into the active run `run_id` (llm-runner/v1 `delivery: steer`): admitted
@@ -321,6 +353,34 @@ pub struct SendSteered {
     pub scope_owner: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_message_id: Option<String>,
+    /// The media the send attached (llm-runner/v1 `attachments`), after its prompt, each
+    /// committed in the session's content store before this record.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub media: Vec<broca_protocol::media::Media>,
+}
+
+/// An upload into the session's content store began (llm-runner/v1
+/// `session.upload_begin`): its id and what the uploader declared. Its bytes are not durable
+/// until an [`UploadCommitted`] names it; an upload never committed is lost at restart.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UploadBegun {
+    pub upload_id: String,
+    pub mime: String,
+    pub bytes: u64,
+    pub sha256: String,
+    /// The process that took the bytes (its start time): an upload begun by another is gone.
+    pub boot: u64,
+    pub at_unix_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
+}
+
+/// An upload's bytes are in the session's content store under their SHA-256, checked against
+/// what its begin declared and synced, before this record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UploadCommitted {
+    pub upload_id: String,
+    pub at_unix_ms: u64,
 }
 
 /// A queued send withdrawn before it started (`session.retract`).

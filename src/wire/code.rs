@@ -148,6 +148,27 @@ codes! {
     RouteRejected = "route_rejected", 400, Permanent;
     /// An answer larger than a frame carries.
     ReplyTooLarge = role::REPLY_TOO_LARGE, 413, Permanent;
+    // Attachments (llm-runner/v1 §9.12); each refusal leaves the upload as it was.
+    /// An upload into a session that was never written.
+    UnknownSession = role::UNKNOWN_SESSION, 404, Permanent;
+    /// No upload of that id in this session.
+    UnknownUpload = role::UNKNOWN_UPLOAD, 404, Permanent;
+    /// A send names an upload not yet committed.
+    UploadNotCommitted = role::UPLOAD_NOT_COMMITTED, 409, Permanent;
+    /// The upload was lost (begun in a process that stopped before its commit).
+    UploadGone = role::UPLOAD_GONE, 410, Permanent;
+    /// An append of more than 2 MiB of decoded bytes.
+    UploadChunkTooLarge = role::UPLOAD_CHUNK_TOO_LARGE, 413, Permanent;
+    /// An append at another offset than what was received (`detail.received`).
+    UploadOffsetMismatch = role::UPLOAD_OFFSET_MISMATCH, 409, Permanent;
+    /// An append past the declared size, or a commit of another size.
+    UploadSizeMismatch = role::UPLOAD_SIZE_MISMATCH, 409, Permanent;
+    /// A commit whose bytes have another SHA-256 than declared.
+    UploadSha256Mismatch = role::UPLOAD_SHA256_MISMATCH, 409, Permanent;
+    /// A send's media the model it would run on cannot take.
+    MediaUnsupported = role::MEDIA_UNSUPPORTED, 400, Permanent;
+    /// A digest this session's history does not reference.
+    UnknownMedia = role::UNKNOWN_MEDIA, 404, Permanent;
 }
 
 #[cfg(test)]
@@ -161,7 +182,10 @@ mod tests {
             let text = code.as_str();
             assert!(seen.insert(text), "{text} is in the table twice");
             assert!(
-                !text.is_empty() && text.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
+                !text.is_empty()
+                    && text
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
                 "{text} is not snake_case"
             );
             assert!(

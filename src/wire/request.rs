@@ -9,6 +9,7 @@ use crate::{Code, RpcError, SendRequest};
 
 pub mod lists;
 mod send_params;
+pub mod uploads;
 use cortexkit_role_llm_runner::history::HistoryRequest;
 use cortexkit_role_llm_runner::read::ReadRequest;
 use cortexkit_role_llm_runner::tool_calls::ToolCallsRequest;
@@ -33,11 +34,16 @@ pub enum Method {
     RunToolCalls,
     SessionsList,
     RunsList,
+    UploadBegin,
+    UploadAppend,
+    UploadStatus,
+    UploadCommit,
+    MediaRead,
 }
 
 impl Method {
     /// Every method, in the order the docs list them.
-    pub const ALL: [Method; 16] = [
+    pub const ALL: [Method; 21] = [
         Method::SessionSend,
         Method::RunStatus,
         Method::RunResult,
@@ -54,6 +60,11 @@ impl Method {
         Method::SessionBaseline,
         Method::SessionsList,
         Method::RunsList,
+        Method::UploadBegin,
+        Method::UploadAppend,
+        Method::UploadStatus,
+        Method::UploadCommit,
+        Method::MediaRead,
     ];
 
     /// The method's wire name.
@@ -75,6 +86,11 @@ impl Method {
             Method::RunToolCalls => "run.tool_calls",
             Method::SessionsList => "sessions.list",
             Method::RunsList => "runs.list",
+            Method::UploadBegin => "session.upload_begin",
+            Method::UploadAppend => "session.upload_append",
+            Method::UploadStatus => "session.upload_status",
+            Method::UploadCommit => "session.upload_commit",
+            Method::MediaRead => "session.media_read",
         }
     }
 
@@ -87,6 +103,9 @@ impl Method {
                 | Method::SessionRetract
                 | Method::RunCancel
                 | Method::SessionImport
+                | Method::UploadBegin
+                | Method::UploadAppend
+                | Method::UploadCommit
         )
     }
 
@@ -164,6 +183,16 @@ pub enum Request {
     Baseline { session: SessionName },
     /// Every session the daemon holds, filtered and paged (broca's own; not on a route).
     SessionsList { list: Box<lists::SessionsList> },
+    /// llm-runner/v1's uploads into the session's content store.
+    Upload {
+        session: SessionName,
+        op: uploads::UploadOp,
+    },
+    /// llm-runner/v1's `session.media_read`: media the session's history references.
+    MediaRead {
+        session: SessionName,
+        read: cortexkit_role_llm_runner::attachments::MediaReadRequest,
+    },
     /// One session's runs, newest first, paged (broca's own).
     RunsList {
         session: SessionName,
@@ -200,6 +229,13 @@ impl Request {
             Request::History { .. } => Method::SessionHistory,
             Request::SessionsList { .. } => Method::SessionsList,
             Request::RunsList { .. } => Method::RunsList,
+            Request::Upload { op, .. } => match op {
+                uploads::UploadOp::Begin { .. } => Method::UploadBegin,
+                uploads::UploadOp::Append { .. } => Method::UploadAppend,
+                uploads::UploadOp::Status { .. } => Method::UploadStatus,
+                uploads::UploadOp::Commit { .. } => Method::UploadCommit,
+            },
+            Request::MediaRead { .. } => Method::MediaRead,
         }
     }
 
@@ -217,6 +253,8 @@ impl Request {
             | Request::ToolCalls { session, .. }
             | Request::History { session, .. }
             | Request::RunsList { session, .. }
+            | Request::Upload { session, .. }
+            | Request::MediaRead { session, .. }
             | Request::Baseline { session } => Some(session),
             Request::Import { .. } | Request::Describe | Request::SessionsList { .. } => None,
         }
@@ -348,6 +386,17 @@ fn parse_envelope(env: Envelope) -> Result<Request, RpcError> {
             list.check()
                 .map_err(|(field, why)| invalid(why).with_field(field))?;
             return Ok(Request::RunsList { session, list });
+        }
+        Method::UploadBegin
+        | Method::UploadAppend
+        | Method::UploadStatus
+        | Method::UploadCommit => {
+            let op = uploads::upload(method, params)?;
+            return Ok(Request::Upload { session, op });
+        }
+        Method::MediaRead => {
+            let read = uploads::media_read(params)?;
+            return Ok(Request::MediaRead { session, read });
         }
         Method::SessionsList => unreachable!("parsed above"),
         // Parsed above (they name no session of their own).

@@ -45,6 +45,7 @@ pub const GROUPS: &[&str] = &[
     groups::STRUCTURED_OUTPUT,
     groups::STEER,
     groups::INTERRUPT,
+    groups::ATTACHMENTS,
 ];
 
 /// `session.read`'s byte cap: the default, and the largest honoured.

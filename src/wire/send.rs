@@ -58,6 +58,10 @@ pub struct SendRequest {
     /// The caller's routing decision (llm-runner/v1 `route_decision_id`): fixed per run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub route_decision_id: Option<String>,
+    /// Committed uploads of this session, attached after the prompt in order (llm-runner/v1
+    /// `attachments`); part of the send's identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<Vec<cortexkit_role_llm_runner::attachments::ContentPart>>,
 }
 
 /// The delivery modes besides `queue`.
@@ -134,6 +138,14 @@ pub enum Refusal {
     UnsupportedProvider(String),
     /// A budget needs a measure the model's catalog entry cannot price.
     BudgetUnpriced(String),
+    /// A send's `content` names an upload this session does not hold (or another's).
+    UnknownUpload(String),
+    /// A send's `content` names an upload that was lost before its commit.
+    UploadGone(String),
+    /// A send's `content` names an upload still open.
+    UploadNotCommitted(String),
+    /// A send's media the model it runs on cannot take (the upload, its media type).
+    MediaUnsupported { upload_id: String, why: String },
 }
 
 impl Refusal {
@@ -151,6 +163,10 @@ impl Refusal {
             Refusal::CredentialUnavailable(_) => Code::CredentialUnavailable,
             Refusal::UnsupportedProvider(_) => Code::UnsupportedProvider,
             Refusal::BudgetUnpriced(_) => Code::BudgetUnpriced,
+            Refusal::UnknownUpload(_) => Code::UnknownUpload,
+            Refusal::UploadGone(_) => Code::UploadGone,
+            Refusal::UploadNotCommitted(_) => Code::UploadNotCommitted,
+            Refusal::MediaUnsupported { .. } => Code::MediaUnsupported,
         }
     }
 
@@ -188,6 +204,21 @@ impl Refusal {
             Refusal::ScopeOwnerMismatch => {
                 "only the session's owner sends into it (the principal of its first send)"
                     .to_string()
+            }
+            Refusal::UnknownUpload(id) => format!(
+                "`content` names upload `{}`, which this session does not hold",
+                id.escape_debug()
+            ),
+            Refusal::UploadGone(id) => format!(
+                "upload `{}` was lost before its commit (broca restarted); upload it again",
+                id.escape_debug()
+            ),
+            Refusal::UploadNotCommitted(id) => format!(
+                "upload `{}` is still open; commit it before sending it",
+                id.escape_debug()
+            ),
+            Refusal::MediaUnsupported { upload_id, why } => {
+                format!("upload `{}`: {why}", upload_id.escape_debug())
             }
         }
     }

@@ -13,6 +13,7 @@ pub const PENDING_STEERS_MAX: usize = 64;
 /// A steer into the open run (the run of index `open`).
 pub(super) fn steer(
     p: Prepared,
+    media: Vec<broca_protocol::media::Media>,
     session: &Session,
     open: usize,
     now_unix_ms: u64,
@@ -47,6 +48,7 @@ pub(super) fn steer(
         principal: p.caller.principal,
         scope_owner: p.caller.scope_owner,
         client_message_id: p.client_message_id,
+        media,
     })))
 }
 
@@ -109,6 +111,7 @@ pub(super) fn steer_turn(session: &Session, run_id: &str, now_unix_ms: u64) -> O
         client_message_id: r.client_message_id.clone(),
         delivery: Some(broca_wire::delivery::STEER.into()),
         steer_seq: Some(p.seq),
+        media: r.media.clone(),
     })
 }
 

@@ -306,6 +306,7 @@ fn message_bytes(m: &Message) -> usize {
                 content,
                 ..
             } => tool_use_id.len() + content.len(),
+            Block::Media(m) => crate::media::approx_bytes(m),
         })
         .sum()
 }

@@ -108,5 +108,5 @@ pub struct ResumeFrom {
     /// The seq of the last step's StepStarted record (the id of its message).
     pub step_seq: Option<u64>,
     /// The steered sends accepted and not yet rendered: their record's seq and prompt.
-    pub steers: Vec<(u64, String)>,
+    pub steers: Vec<(u64, Vec<broca_protocol::Block>)>,
 }

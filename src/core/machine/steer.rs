@@ -3,6 +3,7 @@
 //! `next_step_or_stop` renders them, and a run that would complete takes another step).
 
 use super::*;
+use broca_protocol::Block;
 
 impl RunMachine {
     /// [`RunMachine::start`] for a session whose steered sends (their record's seq and
@@ -11,7 +12,7 @@ impl RunMachine {
         run_id: String,
         config: FrozenConfig,
         transcript: Vec<Arc<Message>>,
-        steers: Vec<(u64, String)>,
+        steers: Vec<(u64, Vec<Block>)>,
         now_ms: u64,
     ) -> RunMachine {
         let mut m = RunMachine::new(run_id, config, transcript, 0, Spend::default(), now_ms);
@@ -22,9 +23,9 @@ impl RunMachine {
 
     /// A steer waits for the next step boundary (a run already sealing leaves it to the next
     /// turn).
-    pub(super) fn on_steer(&mut self, seq: u64, prompt: String) {
+    pub(super) fn on_steer(&mut self, seq: u64, blocks: Vec<Block>) {
         if !matches!(self.phase, Phase::Sealing(_) | Phase::Done) {
-            self.steers.push((seq, prompt));
+            self.steers.push((seq, blocks));
         }
     }
 

@@ -30,6 +30,11 @@ pub enum Misfit {
     /// A steered send, or a step or run delivering one, that does not fit: no open run to
     /// join, or no steer waiting at that seq.
     SteerMisfit { seq: u64, why: &'static str },
+    /// An upload record that does not fit the uploads before it.
+    UploadMisfit {
+        upload_id: String,
+        why: &'static str,
+    },
     /// A run that delivers a submission not queued.
     SubmissionNotQueued {
         run_id: String,
@@ -66,6 +71,7 @@ impl std::fmt::Display for Misfit {
             ),
             Misfit::RunIdReused { run_id } => write!(f, "run id {run_id} is reused"),
             Misfit::SteerMisfit { seq, why } => write!(f, "steered send {seq}: {why}"),
+            Misfit::UploadMisfit { upload_id, why } => write!(f, "upload {upload_id}: {why}"),
             Misfit::SubmissionNotQueued {
                 run_id,
                 submission_id,

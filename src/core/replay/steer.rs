@@ -50,21 +50,23 @@ pub struct RunSteer {
     pub rendered: bool,
 }
 
-/// Puts a steered prompt into the conversation: into the user message that ends it (the
-/// results of the step before, or the run's own prompt), so every family takes it; else as a
-/// message of its own.
-pub fn push_steer(transcript: &mut Vec<Arc<Message>>, prompt: &str) {
-    let block = Block::Text {
-        text: prompt.to_string(),
-    };
+/// Puts a steered send's blocks (its prompt, then its media) into the conversation: into
+/// the user message that ends it (the results of the step before, or the run's own prompt),
+/// so every family takes them; else as a message of its own.
+pub fn push_steer(transcript: &mut Vec<Arc<Message>>, blocks: Vec<Block>) {
     match transcript.last_mut() {
         // Copied first if a request in flight still shares it.
-        Some(m) if m.role == Role::User => Arc::make_mut(m).content.push(block),
+        Some(m) if m.role == Role::User => Arc::make_mut(m).content.extend(blocks),
         _ => transcript.push(Arc::new(Message {
             role: Role::User,
-            content: vec![block],
+            content: blocks,
         })),
     }
+}
+
+/// A steered send's blocks: its prompt's text, then its media.
+pub fn steer_blocks(r: &SendSteered) -> Vec<Block> {
+    broca_protocol::user_blocks(&r.prompt, &r.media)
 }
 
 impl Session {
@@ -111,7 +113,7 @@ impl Session {
         for &seq in &r.steers {
             let why = "a step renders it, but no steered send waits at that seq";
             let p = self.take_pending(seq, why)?;
-            push_steer(&mut self.transcript, &p.record.prompt);
+            push_steer(&mut self.transcript, steer_blocks(&p.record));
             self.entry_count += 1;
             if p.run == open {
                 if let Some(s) = self.runs[p.run].steers.iter_mut().find(|s| s.seq == seq) {
@@ -166,7 +168,7 @@ impl Session {
                 at: p.record.at_unix_ms,
                 client_message_id: p.record.client_message_id.clone(),
                 sender: p.record.principal.clone(),
-                prompt: p.record.prompt.clone(),
+                blocks: steer_blocks(&p.record),
             })
             .collect();
         crate::entries::Note::Steered {

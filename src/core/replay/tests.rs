@@ -33,6 +33,7 @@ pub(crate) fn started() -> Record {
         resolved_mid: None,
         delivery: None,
         steer_seq: None,
+        media: Vec::new(),
     }))
 }
 

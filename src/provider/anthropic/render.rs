@@ -9,7 +9,7 @@
 use std::borrow::Cow;
 
 use crate::json::JsonWriter;
-use crate::{size_hint, Aliases, Rendered};
+use crate::{size_hint, Aliases, MediaPart, Rendered};
 use broca_protocol::{Block, Request, Role};
 
 /// The output cap sent when the run sets none: the API requires one, and every current
@@ -36,6 +36,8 @@ enum WBlock<'a> {
         content: &'a str,
         is_error: bool,
     },
+    /// An image or a document block (or, for media its model does not take, its marker).
+    Media(MediaPart<'a>),
 }
 
 /// A tool-use id the API accepts (`[A-Za-z0-9_-]+`): ids from other families may carry
@@ -68,6 +70,7 @@ fn safe_id(id: &str) -> Cow<'_, str> {
 fn blocks<'a>(
     m: &'a broca_protocol::Message,
     aliases: &'a Aliases,
+    req: &'a Request,
 ) -> impl Iterator<Item = WBlock<'a>> + 'a {
     m.content.iter().filter_map(move |b| match b {
         Block::Text { text } if !text.is_empty() => Some(WBlock::Text(text)),
@@ -94,6 +97,7 @@ fn blocks<'a>(
             content,
             is_error: *is_error,
         }),
+        Block::Media(x) => Some(WBlock::Media(MediaPart::of(x, req))),
     })
 }
 
@@ -137,6 +141,24 @@ fn write_block(w: &mut JsonWriter, b: &WBlock<'_>, cache: bool) {
                 w.key("is_error").bool(true);
             }
         }
+        WBlock::Media(MediaPart::Bytes { kind, mime, data }) => {
+            let kind = if *kind == broca_protocol::media::kind::IMAGE {
+                "image"
+            } else {
+                "document"
+            };
+            w.field_str("type", kind)
+                .key("source")
+                .object()
+                .field_str("type", "base64")
+                .field_str("media_type", mime)
+                .key("data")
+                .base64("", data)
+                .end_object();
+        }
+        WBlock::Media(MediaPart::Marker(text)) => {
+            w.field_str("type", "text").field_str("text", text);
+        }
     }
     // Thinking blocks take no cache breakpoint.
     if cache && !matches!(b, WBlock::Thinking { .. }) {
@@ -154,7 +176,8 @@ fn strict_tool(req: &Request) -> Option<&str> {
 pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
     // Messages with nothing the API takes are left out; the last one kept carries the
     // cache breakpoint on its last block.
-    let kept = |m: &&std::sync::Arc<broca_protocol::Message>| blocks(m, aliases).next().is_some();
+    let kept =
+        |m: &&std::sync::Arc<broca_protocol::Message>| blocks(m, aliases, req).next().is_some();
     let last = req.messages.iter().rposition(|m| kept(&m));
     let g = &req.generation;
     let mut w = JsonWriter::with_capacity(size_hint(req));
@@ -174,7 +197,7 @@ pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
             Role::Assistant => "assistant",
         };
         w.object().field_str("role", role).key("content").array();
-        let mut content = blocks(m, aliases).peekable();
+        let mut content = blocks(m, aliases, req).peekable();
         while let Some(b) = content.next() {
             let cache = req.prompt_cache && Some(i) == last && content.peek().is_none();
             write_block(&mut w, &b, cache);

@@ -4,7 +4,7 @@
 //! with its signature, byte for byte; tool schemas go as `inputSchema.json`.
 
 use crate::json::JsonWriter;
-use crate::{size_hint, Aliases};
+use crate::{size_hint, Aliases, MediaPart};
 use broca_protocol::{Block, Request, Role};
 
 fn messages(w: &mut JsonWriter, req: &Request, aliases: &Aliases) {
@@ -29,7 +29,7 @@ fn messages(w: &mut JsonWriter, req: &Request, aliases: &Aliases) {
         };
         w.object().field_str("role", role).key("content").array();
         for b in blocks {
-            block(w, b, aliases);
+            block(w, b, aliases, req);
         }
         w.end_array().end_object();
     }
@@ -37,7 +37,7 @@ fn messages(w: &mut JsonWriter, req: &Request, aliases: &Aliases) {
 }
 
 /// One content block.
-fn block(w: &mut JsonWriter, b: &Block, aliases: &Aliases) {
+fn block(w: &mut JsonWriter, b: &Block, aliases: &Aliases, req: &Request) {
     w.object();
     match b {
         Block::Text { text } => {
@@ -82,6 +82,31 @@ fn block(w: &mut JsonWriter, b: &Block, aliases: &Aliases) {
             }
             w.end_object();
         }
+        Block::Media(m) => match MediaPart::of(m, req) {
+            // Converse names the format by its subtype (`png`, `jpeg`, `pdf`); a document
+            // also takes a name (letters, digits, hyphens: no dot).
+            MediaPart::Bytes { kind, mime, data } => {
+                let format = mime.rsplit('/').next().unwrap_or(mime);
+                if kind == broca_protocol::media::kind::IMAGE {
+                    w.key("image").object().field_str("format", format);
+                } else {
+                    let name = format!("document-{}", &m.sha256[..m.sha256.len().min(12)]);
+                    w.key("document")
+                        .object()
+                        .field_str("format", format)
+                        .field_str("name", &name);
+                }
+                w.key("source")
+                    .object()
+                    .key("bytes")
+                    .base64("", data)
+                    .end_object()
+                    .end_object();
+            }
+            MediaPart::Marker(text) => {
+                w.field_str("text", &text);
+            }
+        },
     }
     w.end_object();
 }

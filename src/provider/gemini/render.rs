@@ -86,6 +86,22 @@ fn contents(w: &mut JsonWriter, req: &Request, aliases: &Aliases) {
                     let name = aliases.wire(call_name(req, at, tool_use_id).unwrap_or(""));
                     function_response(w, tool_use_id, name, content, *is_error);
                 }
+                // Media goes inline: its type and its bytes in base64.
+                Block::Media(x) => match crate::MediaPart::of(x, req) {
+                    crate::MediaPart::Bytes { mime, data, .. } => {
+                        w.object()
+                            .key("inlineData")
+                            .object()
+                            .field_str("mimeType", mime)
+                            .key("data")
+                            .base64("", data)
+                            .end_object()
+                            .end_object();
+                    }
+                    crate::MediaPart::Marker(text) => {
+                        w.object().field_str("text", &text).end_object();
+                    }
+                },
             }
         }
         if let Some(s) = pending {

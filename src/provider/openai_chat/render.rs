@@ -75,12 +75,61 @@ fn messages(w: &mut JsonWriter, req: &Request, aliases: &Aliases) {
                             .end_object();
                     }
                 }
-                if !texts.is_empty() {
+                if m.content.iter().any(|b| matches!(b, Block::Media(_))) {
+                    w.object().field_str("role", "user").key("content");
+                    media_content(w, m, req);
+                    w.end_object();
+                } else if !texts.is_empty() {
                     w.object().field_str("role", "user").key("content");
                     content(w, &texts);
                     w.end_object();
                 }
             }
+        }
+    }
+    w.end_array();
+}
+
+/// A user message with media, as content parts in order: its text, its images as data
+/// URLs, its documents as files with their data URLs.
+fn media_content(w: &mut JsonWriter, m: &broca_protocol::Message, req: &Request) {
+    w.array();
+    for b in &m.content {
+        let text = |w: &mut JsonWriter, text: &str| {
+            w.object()
+                .field_str("type", "text")
+                .field_str("text", text)
+                .end_object();
+        };
+        match b {
+            Block::Text { text: t } if !t.is_empty() => text(w, t),
+            Block::Media(x) => match crate::MediaPart::of(x, req) {
+                crate::MediaPart::Bytes { kind, mime, data } => {
+                    let url = format!("data:{mime};base64,");
+                    if kind == broca_protocol::media::kind::IMAGE {
+                        w.object()
+                            .field_str("type", "image_url")
+                            .key("image_url")
+                            .object()
+                            .key("url")
+                            .base64(&url, data)
+                            .end_object()
+                            .end_object();
+                    } else {
+                        w.object()
+                            .field_str("type", "file")
+                            .key("file")
+                            .object()
+                            .field_str("filename", &crate::file_name(x))
+                            .key("file_data")
+                            .base64(&url, data)
+                            .end_object()
+                            .end_object();
+                    }
+                }
+                crate::MediaPart::Marker(t) => text(w, &t),
+            },
+            _ => {}
         }
     }
     w.end_array();

@@ -17,7 +17,7 @@ pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
     }
     w.key("input").array();
     for m in &req.messages {
-        input_items(&mut w, m, aliases);
+        input_items(&mut w, m, aliases, req);
     }
     w.end_array();
     if !req.tools.is_empty() {
@@ -61,27 +61,59 @@ pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
 
 /// One message's input items: its text runs become message items; calls and outputs are
 /// items of their own, in the transcript's order.
-fn input_items(w: &mut JsonWriter, m: &broca_protocol::Message, aliases: &Aliases) {
+fn input_items(w: &mut JsonWriter, m: &broca_protocol::Message, aliases: &Aliases, req: &Request) {
     let (role, part) = match m.role {
         Role::User => ("user", "input_text"),
         Role::Assistant => ("assistant", "output_text"),
     };
     let mut open = false;
+    let open_message = |w: &mut JsonWriter, open: &mut bool| {
+        if !*open {
+            w.object()
+                .field_str("type", "message")
+                .field_str("role", role)
+                .key("content")
+                .array();
+            *open = true;
+        }
+    };
     for b in &m.content {
         match b {
             Block::Text { text } if !text.is_empty() => {
-                if !open {
-                    w.object()
-                        .field_str("type", "message")
-                        .field_str("role", role)
-                        .key("content")
-                        .array();
-                    open = true;
-                }
+                open_message(w, &mut open);
                 w.object()
                     .field_str("type", part)
                     .field_str("text", text)
                     .end_object();
+            }
+            // An image as a data URL; a document as a file with its data URL.
+            Block::Media(x) => {
+                open_message(w, &mut open);
+                match crate::MediaPart::of(x, req) {
+                    crate::MediaPart::Bytes { kind, mime, data } => {
+                        let url = format!("data:{mime};base64,");
+                        if kind == broca_protocol::media::kind::IMAGE {
+                            w.object()
+                                .field_str("type", "input_image")
+                                .key("image_url")
+                                .base64(&url, data)
+                                .end_object();
+                        } else {
+                            w.object()
+                                .field_str("type", "input_file")
+                                .field_str("filename", &crate::file_name(x))
+                                .key("file_data")
+                                .base64(&url, data)
+                                .end_object();
+                        }
+                    }
+                    crate::MediaPart::Marker(text) => {
+                        w.object()
+                            .field_str("type", part)
+                            .field_str("text", &text)
+                            .end_object();
+                    }
+                }
             }
             Block::ToolUse { id, name, input } => {
                 if std::mem::take(&mut open) {

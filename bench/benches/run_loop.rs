@@ -115,6 +115,7 @@ fn one_run() -> u64 {
                 is_error: false,
                 reason: None,
                 size: None,
+                parts: Vec::new(),
             }),
         );
     }

@@ -262,6 +262,7 @@ impl<'a> Life<'a> {
                             is_error: false,
                             reason: None,
                             size: None,
+                            parts: Vec::new(),
                         }),
                         self.now_ms,
                     ),

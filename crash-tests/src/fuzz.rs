@@ -120,7 +120,8 @@ pub fn subc_frames(data: &[u8]) {
                 Ok(Some(f)) => {
                     let _ = toolprov::read_describe(&f);
                     let _ = toolprov::read_catalog("m", &f);
-                    let _ = toolprov::read_reply("m", &f);
+                    let _ = toolprov::read_reply("m", &f, false);
+                    let _ = toolprov::read_reply("m", &f, true);
                     if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&f.body) {
                         let _ = broca::catalog::fusiform::read(&v);
                     }

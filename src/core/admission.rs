@@ -198,11 +198,12 @@ pub fn admit_prepared(
     // that run's model, any other send's against the model it would freeze.
     if p.delivery.as_deref() == Some(broca_wire::delivery::STEER) {
         if let Some(open) = &session.open {
-            let media = attach(session, &p.content, &session.runs[open.index].config)?;
+            let config = &session.runs[open.index].config;
+            let media = attach(session, &p.content, config, session.boot)?;
             return joining::steer(p, media, session, open.index, now_unix_ms);
         }
     }
-    let media = attach(session, &p.content, &p.config)?;
+    let media = attach(session, &p.content, &p.config, session.boot)?;
     let busy = session.open.is_some()
         || session
             .runs
@@ -258,11 +259,13 @@ pub fn admit_prepared(
     })))
 }
 
-/// The media a send's uploads attach, checked against the model of `config`.
-fn attach(
+/// The media a send's uploads attach (as the process started at `boot` holds them), checked
+/// against the model of `config`.
+pub fn attach(
     session: &Session,
     ids: &[String],
     config: &FrozenConfig,
+    boot: u64,
 ) -> Result<Vec<broca_protocol::media::Media>, Refusal> {
     use crate::replay::uploads::ContentRefusal;
     if ids.is_empty() {
@@ -270,7 +273,7 @@ fn attach(
     }
     let family = config.family();
     session
-        .attach(ids, family, &config.input_facts())
+        .attach(ids, boot, family, &config.input_facts())
         .map_err(|r| match r {
             ContentRefusal::UnknownUpload(id) => Refusal::UnknownUpload(id),
             ContentRefusal::UploadGone(id) => Refusal::UploadGone(id),
@@ -341,6 +344,7 @@ fn resolved_calls(session: &Session) -> Vec<ResultBlock> {
             is_error: true,
             reason: Some(result_reason::OUTCOME_UNKNOWN.into()),
             size: None,
+            parts: Vec::new(),
         })
         .collect()
 }

@@ -160,10 +160,16 @@ impl Body {
         match self {
             Body::Message(m) => serde_json::to_value(&**m).expect("a message serializes"),
             Body::Result(r) => {
+                // A result in parts is stored as its parts (llm-runner/v1's multi-part shape).
+                let content = if r.parts.is_empty() {
+                    serde_json::Value::String(r.content.clone())
+                } else {
+                    serde_json::to_value(&r.parts).expect("parts serialize")
+                };
                 let mut v = serde_json::json!({
                     "role": "tool",
                     "tool_use_id": r.call_id,
-                    "content": r.content,
+                    "content": content,
                 });
                 if r.is_error {
                     v["is_error"] = true.into();
@@ -407,6 +413,7 @@ impl Entries {
                         is_error: *is_error,
                         reason: None,
                         size: None,
+                        parts: Vec::new(),
                     };
                     self.answer(index, &result, None);
                 }

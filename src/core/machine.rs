@@ -625,6 +625,7 @@ impl RunMachine {
             is_error: true,
             reason: Some(reason.into()),
             size: None,
+            parts: Vec::new(),
         };
         let Some(spec) = self.config.tools.iter().find(|t| t.name == call.name) else {
             return Some(refuse(

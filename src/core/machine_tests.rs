@@ -118,6 +118,7 @@ fn dispatch_waits_for_the_durable_intent() {
         is_error: false,
         reason: None,
         size: None,
+        parts: Vec::new(),
     }));
     assert!(
         drain(&mut m).is_empty(),
@@ -168,6 +169,7 @@ fn cancel_while_tools_run_records_their_results_then_finishes_cancelled() {
         is_error: false,
         reason: None,
         size: None,
+        parts: Vec::new(),
     }));
     assert_eq!(kinds(&drain(&mut m)), ["tool_result", "run_finished!"]);
 }
@@ -464,6 +466,7 @@ pub(crate) fn answer(m: &mut RunMachine, id: &str, content: &str) -> Vec<Command
         is_error: false,
         reason: None,
         size: None,
+        parts: Vec::new(),
     }));
     drain(m)
 }

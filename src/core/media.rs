@@ -63,8 +63,36 @@ fn media_of(block: &Value) -> Option<Media> {
     serde_json::from_value(block.get("media")?.clone()).ok()
 }
 
-/// `message` (as stored) with each media block turned into its marker (`reason`).
+/// The medium a part of a stored tool result in parts is (`{"type": "media", ...}`).
+fn result_media_of(part: &Value) -> Option<Media> {
+    if part.get("type").and_then(Value::as_str) != Some("media") {
+        return None;
+    }
+    serde_json::from_value(part.clone()).ok()
+}
+
+/// Whether `message` is a stored tool result in parts.
+fn result_in_parts(message: &Value) -> bool {
+    message.get("role").and_then(Value::as_str) == Some("tool")
+        && message.get("content").is_some_and(Value::is_array)
+}
+
+/// `message` (as stored) with each media block turned into its marker (`reason`); a tool
+/// result in parts becomes the text it always had: its parts in order, each medium as its
+/// marker, joined by newlines.
 pub fn with_markers(mut message: Value, reason: &str) -> Value {
+    if result_in_parts(&message) {
+        let parts = message["content"].as_array().cloned().unwrap_or_default();
+        let texts: Vec<String> = parts
+            .iter()
+            .map(|p| match result_media_of(p) {
+                Some(m) => broca_protocol::media::marker(&m, reason),
+                None => p.get("text").and_then(Value::as_str).unwrap_or("").to_string(),
+            })
+            .collect();
+        message["content"] = cortexkit_role_llm_runner::attachments::join_tool_result(&texts).into();
+        return message;
+    }
     if let Some(blocks) = message.get_mut("content").and_then(Value::as_array_mut) {
         for b in blocks.iter_mut() {
             if let Some(m) = media_of(b) {
@@ -80,6 +108,25 @@ pub fn with_markers(mut message: Value, reason: &str) -> Value {
 /// the message would not fit its budget, the largest first).
 fn payloads(message: &Value) -> Vec<Payload> {
     let mut out = Vec::new();
+    if result_in_parts(message) {
+        // A tool result's media are nested in it: described without a part key of their own.
+        for (i, p) in message["content"].as_array().into_iter().flatten().enumerate() {
+            if let Some(m) = result_media_of(p) {
+                out.push(Payload {
+                    pointer: format!("/content/{i}"),
+                    reference: media_ref(&m, None),
+                    required: true,
+                });
+            } else if let Some(text) = p.get("text").and_then(Value::as_str) {
+                out.push(Payload {
+                    pointer: format!("/content/{i}/text"),
+                    reference: Reference::text(None, text),
+                    required: false,
+                });
+            }
+        }
+        return out;
+    }
     let Some(blocks) = message.get("content").and_then(Value::as_array) else {
         if let Some(text) = message.get("content").and_then(Value::as_str) {
             out.push(Payload {
@@ -195,6 +242,26 @@ mod tests {
         assert_eq!(described["content"][1]["sha256"], image().sha256.as_str());
         assert_eq!(described["content"][0], stored()["content"][0]);
         assert_eq!(d2.unwrap().0, digest);
+    }
+
+    #[test]
+    fn a_tool_result_in_parts_reads_as_the_roles_vector_says() {
+        let v: Value = serde_json::from_str(
+            cortexkit_role_llm_runner::vectors::file("attachments.json").unwrap(),
+        )
+        .unwrap();
+        let case = &v["multipart_tool_result"];
+        // The vector's stored result, as broca stores one (its `role` for the entry).
+        let mut stored = case["stored"].clone();
+        stored["role"] = "tool".into();
+        let parts: Vec<broca_wal::runrec::ResultPart> =
+            serde_json::from_value(stored["content"].clone()).unwrap();
+        assert_eq!(serde_json::to_value(&parts).unwrap(), stored["content"]);
+        let (inline, _) = render(stored.clone(), MediaMode::Inline, 100).unwrap();
+        assert_eq!(inline["content"], case["inline"]["content"]);
+        let (described, _) = render(stored, MediaMode::Descriptors, 100).unwrap();
+        assert_eq!(described["content"][1]["type"], "media_ref");
+        assert!(described["content"][1].get("part").is_none(), "nested: no key");
     }
 
     #[test]

@@ -257,6 +257,7 @@ fn imported_calls(
                     is_error: *is_error,
                     reason: None,
                     size: None,
+                    parts: Vec::new(),
                 };
                 out.push(tool_finished(holder, of, &result, None, (None, None)));
             }

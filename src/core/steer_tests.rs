@@ -136,6 +136,7 @@ fn ok(id: &str) -> ResultBlock {
         is_error: false,
         reason: None,
         size: None,
+        parts: Vec::new(),
     }
 }
 

@@ -265,6 +265,9 @@ async fn send(
             return Err(RpcError::refusal(&u.refusal));
         }
     }
+    if let Ok(p) = &admission {
+        refuse_content(ctx, &t, p).await?;
+    }
     let (reply, wait) = oneshot::channel();
     let admission = Box::new(admission);
     ctx.route(t.clone(), SessionCommand::Send { admission, reply })
@@ -288,6 +291,44 @@ async fn send(
         .await?
         .ok_or_else(|| unknown_run(&sent.run_id))?;
     Ok(send_reply(&run))
+}
+
+/// A send whose `content` the session's uploads refuse (an unknown, lost or open upload, or
+/// media its model does not take), as its WAL read as a reader says: refused here, before
+/// its session's actor is even started (a refusal writes nothing, not even the lease record
+/// an actor's opening appends). The actor checks the same again as it admits the send.
+async fn refuse_content(
+    ctx: &Host,
+    t: &SessionTriple,
+    p: &broca_core::admission::Prepared,
+) -> Result<(), RpcError> {
+    if p.content.is_empty() {
+        return Ok(());
+    }
+    let (ids, caller, config, steer) = (
+        p.content.clone(),
+        p.caller.clone(),
+        p.config.clone(),
+        p.delivery.as_deref() == Some(broca_wire::delivery::STEER),
+    );
+    let boot = broca_session::process_boot();
+    let checked = crate::reads::with_session(ctx, t, move |read| {
+        let Some(read) = read else {
+            return Ok(());
+        };
+        let s = &read.session;
+        if !caller.owns(&s.owners()) {
+            return Ok(()); // the actor refuses it as not the owner's
+        }
+        // A steer's media go to the run it joins.
+        let config = match s.runs.last().filter(|r| steer && r.state == broca_core::RunState::Active) {
+            Some(run) => &run.config,
+            None => &config,
+        };
+        broca_core::admission::attach(s, &ids, config, boot).map(drop)
+    })
+    .await?;
+    checked.map_err(|r| RpcError::refusal(&r))
 }
 
 /// session.retract: withdraws a queued send before it starts (owner-only).

@@ -341,10 +341,15 @@ fn no_session_upload(
     use broca_wire::request::uploads::UploadOp;
     match op {
         UploadOp::Status { .. } => Ok(serde_json::json!({"state": "gone", "received": 0})),
-        UploadOp::Begin { .. } => Err(RpcError::new(
+        UploadOp::Begin { .. }
+        | UploadOp::Refused {
+            method: broca_wire::Method::UploadBegin,
+            ..
+        } => Err(RpcError::new(
             Code::UnknownSession,
             "this session was never written; an upload goes into an existing session",
         )),
+        UploadOp::Refused { error, .. } => Err(error.clone()),
         other => Err(RpcError::new(
             Code::UnknownUpload,
             format!(

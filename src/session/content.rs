@@ -115,6 +115,26 @@ impl ContentStore {
         Ok(Ok(()))
     }
 
+    /// Keeps `data` (a tool's image) under its SHA-256, synced with its folder before this
+    /// answers; answers its digest.
+    pub fn put(&self, data: &[u8]) -> std::io::Result<String> {
+        let sha = cortexkit_role_llm_runner::content_digest::sha256_hex(data);
+        let target = self.dir.join(&sha);
+        if target.exists() {
+            return Ok(sha);
+        }
+        broca_owner_only::create_dir(&self.dir)?;
+        let tmp = self.dir.join(format!("{sha}.tmp"));
+        let _ = std::fs::remove_file(&tmp);
+        let mut f = broca_io::fs::create_new(&tmp, 0o600)?;
+        f.write_all(data)?;
+        f.sync_all()?;
+        drop(f);
+        broca_io::fs::rename(&tmp, &target)?;
+        broca_io::fs::sync_dir(&self.dir)?;
+        Ok(sha)
+    }
+
     /// Bytes `offset..offset + length` of the media of digest `sha256` (short at its end), and
     /// its whole size.
     pub fn read(&self, sha256: &str, offset: u64, length: u64) -> std::io::Result<(Vec<u8>, u64)> {

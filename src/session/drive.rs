@@ -37,6 +37,8 @@ enum Input {
     Tool {
         call_id: String,
         outcome: ToolOutcome,
+        /// The parts of an answer in parts (its images kept).
+        parts: Vec<broca_wal::runrec::ResultPart>,
     },
 }
 
@@ -408,11 +410,36 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                 .unwrap_or_default(),
             call_key,
         };
+        let store = self.content();
         glommio::spawn_local(async move {
             let call_id = call.id.clone();
             let outcome = tools.call(call, route, origin).await;
+            // An answer in parts: its images kept (durable) before its result is recorded.
+            let (outcome, parts) = match outcome {
+                ToolOutcome::Parts { parts, is_error } => {
+                    match crate::uploads::keep_tool_parts(store, parts).await {
+                        Ok((content, parts)) => (ToolOutcome::Done { content, is_error }, parts),
+                        Err(why) => (
+                            ToolOutcome::Done {
+                                content: format!(
+                                    "the tool answered with images that could not be kept: {why}"
+                                ),
+                                is_error: true,
+                            },
+                            Vec::new(),
+                        ),
+                    }
+                }
+                other => (other, Vec::new()),
+            };
             // The run may have ended (crash injected): then nobody listens, and that is fine.
-            let _ = tx.send(Input::Tool { call_id, outcome }).await;
+            let _ = tx
+                .send(Input::Tool {
+                    call_id,
+                    outcome,
+                    parts,
+                })
+                .await;
         })
         .detach();
     }
@@ -462,17 +489,25 @@ fn feed(m: &mut RunMachine, input: Input, calls: &mut InFlight, hooks: &dyn crat
             }
         },
         Input::Model { .. } => {} // an abandoned call
-        Input::Tool { call_id, outcome } => {
+        Input::Tool {
+            call_id,
+            outcome,
+            parts,
+        } => {
             hooks.tool_answered();
             assert!(calls.tools > 0, "an answer comes for a call dispatched");
             calls.tools -= 1;
-            m.handle(tool_event(call_id, outcome), now);
+            m.handle(tool_event(call_id, outcome, parts), now);
         }
     }
 }
 
 /// The machine's event for a tool call's outcome.
-fn tool_event(call_id: String, outcome: ToolOutcome) -> Event {
+fn tool_event(
+    call_id: String,
+    outcome: ToolOutcome,
+    parts: Vec<broca_wal::runrec::ResultPart>,
+) -> Event {
     let refused = |content: String, reason: &str, size| {
         Event::ToolResult(ResultBlock {
             call_id: call_id.clone(),
@@ -480,6 +515,7 @@ fn tool_event(call_id: String, outcome: ToolOutcome) -> Event {
             is_error: true,
             reason: Some(reason.into()),
             size,
+            parts: Vec::new(),
         })
     };
     match outcome {
@@ -489,6 +525,16 @@ fn tool_event(call_id: String, outcome: ToolOutcome) -> Event {
             is_error,
             reason: None,
             size: None,
+            parts,
+        }),
+        // Kept by the call's task (`keep_tool_parts`) before it reached here.
+        ToolOutcome::Parts { is_error, .. } => Event::ToolResult(ResultBlock {
+            call_id,
+            content: "the tool's answer in parts was not kept".into(),
+            is_error,
+            reason: None,
+            size: None,
+            parts: Vec::new(),
         }),
         ToolOutcome::TooLarge { bytes } => refused(
             format!(

@@ -71,6 +71,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             } => self.append_upload(upload_id, offset, data).await,
             UploadOp::Status { upload_id } => Ok(self.upload_status(&upload_id).await),
             UploadOp::Commit { upload_id } => self.commit(upload_id).await,
+            UploadOp::Refused { error, .. } => Err(error),
         }
     }
 
@@ -270,6 +271,47 @@ pub(crate) async fn load_media(
             map.insert(sha, Arc::<[u8]>::from(data));
         }
         Ok(MediaBytes(Arc::new(map)))
+    })
+    .await
+}
+
+/// A tool's answer in parts, kept: each image in `store` (synced) and named by its digest,
+/// and the text the model reads in its place (the text parts in order, each image as a note
+/// that it follows the results). `Err` names what could not be kept.
+pub(crate) async fn keep_tool_parts(
+    store: ContentStore,
+    parts: Vec<broca_tools::ToolPart>,
+) -> Result<(String, Vec<broca_wal::runrec::ResultPart>), String> {
+    use broca_tools::ToolPart;
+    use broca_wal::runrec::ResultPart;
+    run(Kind::Media, move || {
+        let mut texts = Vec::with_capacity(parts.len());
+        let mut kept = Vec::with_capacity(parts.len());
+        for p in parts {
+            match p {
+                ToolPart::Text(text) => {
+                    texts.push(text.clone());
+                    kept.push(ResultPart::Text { text });
+                }
+                ToolPart::Image { mime, data } => {
+                    let sha256 = store.put(&data).map_err(|e| e.to_string())?;
+                    let m = broca_protocol::media::Media {
+                        kind: broca_protocol::media::kind::IMAGE.into(),
+                        mime,
+                        bytes: data.len() as u64,
+                        sha256,
+                    };
+                    texts.push(format!(
+                        "[image {} of {} bytes (sha256 {}): it follows the tool results]",
+                        m.mime,
+                        m.bytes,
+                        &m.sha256[..12]
+                    ));
+                    kept.push(ResultPart::Media(m));
+                }
+            }
+        }
+        Ok((texts.join("\n"), kept))
     })
     .await
 }

@@ -41,7 +41,8 @@ pub fn route_open(
             module_id: module_id.into(),
             launch_nonce: nonce.into(),
         }),
-        consumer_capabilities: None,
+        // broca decodes `tool-result/v1` bodies of the tools whose catalog entry opts in.
+        consumer_capabilities: Some(vec![TOOL_RESULT_V1.to_string()]),
         role_versions: None,
         admission_facts: None,
         scope: None,
@@ -142,17 +143,22 @@ pub fn read_describe(frame: &FrameIn) -> Result<(), LinkError> {
 /// The tools of a `tool.catalog` answer as broca offers them, each routed to `module_id`
 /// with its schema pin. A tool whose schema is not a flat object schema, or whose name or
 /// pin does not encode, is left out with a note.
-pub fn read_catalog(
-    module_id: &str,
-    frame: &FrameIn,
-) -> Result<(Vec<ToolSpec>, Vec<String>), LinkError> {
+pub fn read_catalog(module_id: &str, frame: &FrameIn) -> Result<Catalog, LinkError> {
     let v = answer("tool.catalog", frame)?;
     let catalog: CatalogAnswer = serde_json::from_value(v).map_err(|e| {
         LinkError::Protocol(format!("its tool.catalog answer does not decode: {e}"))
     })?;
     let mut specs = Vec::with_capacity(catalog.tools.len());
     let mut notes = Vec::new();
+    let mut result_v1 = std::collections::HashSet::new();
     for tool in catalog.tools {
+        if tool
+            .result_format
+            .as_ref()
+            .is_some_and(|f| f.as_str() == TOOL_RESULT_V1)
+        {
+            result_v1.insert(tool.name.clone());
+        }
         if let Err(p) = check_flat_schema(&tool.input_schema) {
             notes.push(format!(
                 "tool `{}` left out: its schema is not flat ({p:?})",
@@ -184,7 +190,64 @@ pub fn read_catalog(
             route: format!("{ROUTE_PREFIX}{module_id}@{pin}"),
         });
     }
-    Ok((specs, notes))
+    Ok(Catalog {
+        specs,
+        notes,
+        result_v1,
+    })
+}
+
+/// The result format broca decodes besides the legacy body (tool-provider/v1 §4.1).
+pub const TOOL_RESULT_V1: &str = "tool-result/v1";
+
+/// A module's tools as broca offers them, the notes of those left out, and the names of the
+/// tools whose answers come as `tool-result/v1` bodies (their catalog entry opts in; broca's
+/// routes declare the format).
+#[derive(Debug, Clone, Default)]
+pub struct Catalog {
+    pub specs: Vec<ToolSpec>,
+    pub notes: Vec<String>,
+    pub result_v1: std::collections::HashSet<String>,
+}
+
+/// A part of a `tool-result/v1` answer, decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Part {
+    Text(String),
+    Image { mime: String, data: Vec<u8> },
+}
+
+/// A `tool-result/v1` body read: checked as the role's `validate` checks it, each image
+/// decoded, a part of a type broca does not know kept as a one-line note. `Err` says what is
+/// wrong with it.
+fn read_result_v1(body: &[u8]) -> Result<(Vec<Part>, bool, usize), String> {
+    use base64::Engine;
+    use cortexkit_role_tool_provider::result::{model_visible_bytes, validate, ContentPart};
+    let result: cortexkit_role_tool_provider::result::ToolResult =
+        serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    validate(&result).map_err(|p| p.to_string())?;
+    let mut parts = Vec::with_capacity(result.content.len());
+    for p in &result.content {
+        parts.push(match p {
+            ContentPart::Text { text } => Part::Text(text.clone()),
+            ContentPart::Image(image) => Part::Image {
+                mime: image.mime_type.clone(),
+                data: base64::engine::general_purpose::STANDARD
+                    .decode(image.data.as_bytes())
+                    .map_err(|e| format!("an image's data: {e}"))?,
+            },
+            ContentPart::Unknown(v) => Part::Text(format!(
+                "[unsupported content: a part of type {}]",
+                v.get("type").and_then(Value::as_str).unwrap_or("?")
+            )),
+            _ => Part::Text("[unsupported content]".into()),
+        });
+    }
+    Ok((
+        parts,
+        result.is_error == Some(true),
+        model_visible_bytes(&result),
+    ))
 }
 
 /// A module tool's route read back: the module and the schema pin.
@@ -221,6 +284,8 @@ pub fn call_body(
 pub enum Reply {
     /// The provider answered (an error result when it refused the call itself).
     Answer { text: String, is_error: bool },
+    /// The provider answered a `tool-result/v1` body in parts (text and images).
+    Parts { parts: Vec<Part>, is_error: bool },
     /// The provider answered with more than the model-visible limit (64 KiB, measured as
     /// tool-provider/v1 measures a legacy result): the answer is discarded whole.
     TooLarge { bytes: u64 },
@@ -241,12 +306,27 @@ const DAEMON_AFTER_DELIVERY: &[&str] = &[
     error_codes::TARGET_UNAVAILABLE,
 ];
 
-/// Reads a call's terminal frame.
-pub fn read_reply(module_id: &str, frame: &FrameIn) -> Reply {
+/// Reads a call's terminal frame; `result_v1` when the tool's answers are `tool-result/v1`
+/// bodies (its catalog entry opts in, and broca's route declared the format).
+pub fn read_reply(module_id: &str, frame: &FrameIn, result_v1: bool) -> Reply {
     use cortexkit_role_tool_provider::result::{
         legacy_model_visible_bytes, MAX_MODEL_VISIBLE_BYTES,
     };
     match frame.header.ty {
+        FrameType::Response if result_v1 => match read_result_v1(&frame.body) {
+            Ok((_, _, bytes)) if bytes > MAX_MODEL_VISIBLE_BYTES => Reply::TooLarge {
+                bytes: bytes as u64,
+            },
+            Ok((parts, is_error, _)) => Reply::Parts { parts, is_error },
+            // It ran and answered what cannot be read: an error result saying so.
+            Err(why) => Reply::Answer {
+                text: format!(
+                    "tool module `{module_id}` answered a tool-result/v1 body that does not \
+                     hold: {why}"
+                ),
+                is_error: true,
+            },
+        },
         FrameType::Response => match serde_json::from_slice::<Value>(&frame.body) {
             Ok(body) if legacy_model_visible_bytes(&body) > MAX_MODEL_VISIBLE_BYTES => {
                 Reply::TooLarge {
@@ -336,7 +416,7 @@ mod tests {
                  "input_schema": {"anyOf": [{"type": "object"}, {"type": "string"}]}}
             ]
         });
-        let (specs, notes) =
+        let Catalog { specs, notes, .. } =
             read_catalog("ck-echo", &frame(FrameType::Response, plain(), &answer)).unwrap();
         assert_eq!(specs.len(), 1, "{notes:?}");
         assert_eq!(specs[0].name, "echo");
@@ -353,8 +433,38 @@ mod tests {
     }
 
     #[test]
+    fn a_tool_result_v1_body_is_read_in_parts_only_where_the_tool_opts_in() {
+        let png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAQAAAC1HAwCAAAAC0lEQVR42mP8/x8AAwMCAO+ip1sAAAAASUVORK5CYII=";
+        let body = json!({"content": [{"type": "text", "text": "before"},
+            {"type": "image", "mimeType": "image/png", "data": png, "width": 1, "height": 1},
+            {"type": "text", "text": "after"}]});
+        let f = frame(FrameType::Response, plain(), &body);
+        let Reply::Parts { parts, is_error } = read_reply("m", &f, true) else {
+            panic!("parts")
+        };
+        assert!(!is_error);
+        assert_eq!(parts.len(), 3);
+        assert!(matches!(&parts[1], Part::Image { mime, data } if mime == "image/png" && data.starts_with(b"\x89PNG")));
+        // Without the opt-in the same body is the legacy body: its JSON text.
+        assert!(matches!(read_reply("m", &f, false), Reply::Answer { is_error: false, .. }));
+        // A body that does not hold is an error result naming why.
+        let bad = json!({"content": [{"type": "image", "mimeType": "image/png", "data": "data:x", "width": 1, "height": 1}]});
+        let Reply::Answer { text, is_error } =
+            read_reply("m", &frame(FrameType::Response, plain(), &bad), true)
+        else {
+            panic!("an error answer")
+        };
+        assert!(is_error && text.contains("does not hold"), "{text}");
+        let big = json!({"content": [{"type": "text", "text": "x".repeat(70_000)}]});
+        assert_eq!(
+            read_reply("m", &frame(FrameType::Response, plain(), &big), true),
+            Reply::TooLarge { bytes: 70_000 }
+        );
+    }
+
+    #[test]
     fn replies_are_classified_by_who_ended_the_call() {
-        let r = read_reply("m", &frame(FrameType::Response, plain(), &json!("hi")));
+        let r = read_reply("m", &frame(FrameType::Response, plain(), &json!("hi")), false);
         assert_eq!(
             r,
             Reply::Answer {
@@ -362,7 +472,7 @@ mod tests {
                 is_error: false
             }
         );
-        let r = read_reply("m", &frame(FrameType::Response, plain(), &json!({"n": 1})));
+        let r = read_reply("m", &frame(FrameType::Response, plain(), &json!({"n": 1})), false);
         assert_eq!(
             r,
             Reply::Answer {
@@ -371,7 +481,7 @@ mod tests {
             }
         );
         let refused = json!({"code": "tool_schema_changed", "message": "schema moved"});
-        match read_reply("m", &frame(FrameType::Error, plain(), &refused)) {
+        match read_reply("m", &frame(FrameType::Error, plain(), &refused), false) {
             Reply::Answer {
                 text,
                 is_error: true,
@@ -380,26 +490,23 @@ mod tests {
         }
         let dead = json!({"code": "stale_route_epoch", "message": ""});
         assert_eq!(
-            read_reply("m", &frame(FrameType::Error, plain(), &dead)),
+            read_reply("m", &frame(FrameType::Error, plain(), &dead), false),
             Reply::NotDelivered("stale_route_epoch".into())
         );
         let reloading = json!({"code": "module_reloading", "message": ""});
         assert!(matches!(
-            read_reply("m", &frame(FrameType::Error, plain(), &reloading)),
+            read_reply("m", &frame(FrameType::Error, plain(), &reloading), false),
             Reply::NotDelivered(_)
         ));
         // The daemon's own error after delivery: the outcome is unknown.
         let odd = json!({"code": "something_new", "message": "x"});
         assert!(matches!(
-            read_reply(
-                "m",
-                &frame(FrameType::Error, plain().with_daemon_origin(), &odd)
-            ),
+            read_reply("m", &frame(FrameType::Error, plain().with_daemon_origin(), &odd), false),
             Reply::Indeterminate(_)
         ));
         let timeout = json!({"code": "module_timeout", "message": "x"});
         assert!(matches!(
-            read_reply("m", &frame(FrameType::Error, plain(), &timeout)),
+            read_reply("m", &frame(FrameType::Error, plain(), &timeout), false),
             Reply::Indeterminate(_)
         ));
     }
@@ -483,7 +590,7 @@ mod tests {
             (FrameType::Response, 11, 1, 2)
         );
         assert_eq!(
-            read_reply("ck-tools", &f),
+            read_reply("ck-tools", &f, false),
             Reply::Answer {
                 text: "echo: hi".into(),
                 is_error: false

@@ -14,7 +14,7 @@ pub mod result;
 pub mod runner;
 
 pub use broca_protocol::schema;
-pub use runner::{NoTools, ToolOrigin, ToolOutcome, ToolRunner, Tools};
+pub use runner::{NoTools, ToolOrigin, ToolOutcome, ToolPart, ToolRunner, Tools};
 
 use std::rc::Rc;
 use std::sync::Arc;

@@ -71,6 +71,9 @@ pub struct ModuleTools {
     uses: std::sync::atomic::AtomicU64,
     /// The catalog module's last answer: its version and the catalog text made of it.
     last_catalog: Mutex<Option<(i64, String)>>,
+    /// Per module, the tools whose answers are `tool-result/v1` bodies (their catalog entry
+    /// opts in), as its catalog said last.
+    result_v1: Mutex<HashMap<String, std::collections::HashSet<String>>>,
 }
 
 /// Why a call did not go.
@@ -101,6 +104,7 @@ impl ModuleTools {
             routes: Mutex::new(HashMap::new()),
             uses: std::sync::atomic::AtomicU64::new(0),
             last_catalog: Mutex::new(None),
+            result_v1: Mutex::new(HashMap::new()),
         })
     }
 
@@ -131,12 +135,23 @@ impl ModuleTools {
             .ask(module, session, toolprov::describe_request())
             .await?;
         toolprov::read_describe(&describe)?;
-        toolprov::read_catalog(
+        let catalog = toolprov::read_catalog(
             module,
             &self
                 .ask(module, session, toolprov::catalog_request())
                 .await?,
-        )
+        )?;
+        if let Ok(mut v1) = self.result_v1.lock() {
+            v1.insert(module.to_string(), catalog.result_v1);
+        }
+        Ok((catalog.specs, catalog.notes))
+    }
+
+    /// Whether `tool` of `module` answers in `tool-result/v1` bodies.
+    fn answers_v1(&self, module: &str, tool: &str) -> bool {
+        self.result_v1
+            .lock()
+            .is_ok_and(|v1| v1.get(module).is_some_and(|tools| tools.contains(tool)))
     }
 
     /// A request of broca's own (not a session's) to `module`, on the route broca keeps for
@@ -432,12 +447,24 @@ impl ModuleTools {
                     return indeterminate(call, &why);
                 }
             };
-            match toolprov::read_reply(module, &frame) {
+            match toolprov::read_reply(module, &frame, self.answers_v1(module, &call.name)) {
                 Reply::Answer { text, is_error } => {
                     return ToolOutcome::Done {
                         content: crate::result::truncate(text, self.result_bytes_max),
                         is_error,
                     }
+                }
+                Reply::Parts { parts, is_error } => {
+                    let parts = parts
+                        .into_iter()
+                        .map(|p| match p {
+                            toolprov::Part::Text(t) => crate::ToolPart::Text(t),
+                            toolprov::Part::Image { mime, data } => {
+                                crate::ToolPart::Image { mime, data }
+                            }
+                        })
+                        .collect();
+                    return ToolOutcome::Parts { parts, is_error };
                 }
                 Reply::TooLarge { bytes } => return ToolOutcome::TooLarge { bytes },
                 Reply::NotDelivered(code) => {

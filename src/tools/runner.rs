@@ -17,6 +17,9 @@ use crate::Router;
 pub enum ToolOutcome {
     /// The tool answered.
     Done { content: String, is_error: bool },
+    /// The tool answered in parts, in order: text, and images it returned (decoded). The
+    /// session keeps each image in its content store before the result is recorded.
+    Parts { parts: Vec<ToolPart>, is_error: bool },
     /// The tool ran and answered more than the model may see (`bytes`, over the 64 KiB
     /// limit): the answer is discarded whole, and the call is not run again.
     TooLarge { bytes: u64 },
@@ -24,6 +27,13 @@ pub enum ToolOutcome {
     Refused { reason: String },
     /// Delivered, then the answer was lost: it may or may not have run.
     Indeterminate,
+}
+
+/// A part of a tool's answer in parts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolPart {
+    Text(String),
+    Image { mime: String, data: Vec<u8> },
 }
 
 /// Whose call it is: the session and the run (a tool module's route is the session's), and

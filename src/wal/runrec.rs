@@ -251,6 +251,19 @@ pub struct ResultBlock {
     /// For `tool_result_too_large`: how large the discarded output was, and the limit.
     #[serde(default, flatten, skip_serializing_if = "Option::is_none")]
     pub size: Option<ResultSize>,
+    /// A result in parts (text and media, in the tool's order), each medium in the session's
+    /// content store before this record; `content` is its text for the model then.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parts: Vec<ResultPart>,
+}
+
+/// A part of a tool's result in parts, as llm-runner/v1's stored shape has it:
+/// `{"type": "text", "text"}` or `{"type": "media", "kind", "mime", "bytes", "sha256"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResultPart {
+    Text { text: String },
+    Media(broca_protocol::media::Media),
 }
 
 /// The measured size of a tool's output that broca discarded, and the limit it passed.

@@ -234,6 +234,7 @@ impl Request {
                 uploads::UploadOp::Append { .. } => Method::UploadAppend,
                 uploads::UploadOp::Status { .. } => Method::UploadStatus,
                 uploads::UploadOp::Commit { .. } => Method::UploadCommit,
+                uploads::UploadOp::Refused { method, .. } => *method,
             },
             Request::MediaRead { .. } => Method::MediaRead,
         }
@@ -391,7 +392,7 @@ fn parse_envelope(env: Envelope) -> Result<Request, RpcError> {
         | Method::UploadAppend
         | Method::UploadStatus
         | Method::UploadCommit => {
-            let op = uploads::upload(method, params)?;
+            let op = uploads::upload(method, params);
             return Ok(Request::Upload { session, op });
         }
         Method::MediaRead => {

@@ -10,9 +10,13 @@ use cortexkit_role_llm_runner::structured_output::SUBMIT_RESULT_TOOL;
 use cortexkit_role_llm_runner_conformance::ModelRequestObservation;
 use serde_json::{json, Value};
 
-/// Each session's stated support (`None`: the catalog does not say).
+/// Each session's stated support (`None`: the catalog does not say), and the sessions whose
+/// model takes media (an image and a PDF, PNG alone of the images) or only text.
 #[derive(Clone, Default)]
-pub struct Support(Arc<Mutex<HashMap<String, Option<bool>>>>);
+pub struct Support(
+    Arc<Mutex<HashMap<String, Option<bool>>>>,
+    Arc<Mutex<HashMap<String, bool>>>,
+);
 
 impl Support {
     pub fn set(&self, session: &str, supported: Option<bool>) {
@@ -24,7 +28,17 @@ impl Support {
 
     /// The catalog provider the session's sends name: the wire's own provider (whose rows
     /// state nothing), or its variant whose `*` row states `supported`.
+    /// The session's sends name a provider whose models take media, or only text.
+    pub fn set_media(&self, session: &str, accepts: bool) {
+        self.1.lock().unwrap().insert(session.to_string(), accepts);
+    }
+
     pub fn provider(&self, session: &str, wire: &str) -> String {
+        match self.1.lock().unwrap().get(session) {
+            Some(true) => return format!("{wire}-vision"),
+            Some(false) => return format!("{wire}-text-only"),
+            None => {}
+        }
         match self.0.lock().unwrap().get(session).copied().flatten() {
             None => wire.to_string(),
             Some(true) => format!("{wire}-schemas"),
@@ -48,6 +62,16 @@ pub fn catalog(model_url: &str) -> Value {
                 "credential_env": env}));
             models.push(json!({"provider": id, "model": "*",
                 "capability": {"structured_output": supported}}));
+        }
+        for (suffix, capability) in [
+            ("vision", json!({"input_modalities": ["text", "image", "pdf"],
+                "input_mime_types": ["image/png", "application/pdf"]})),
+            ("text-only", json!({"input_modalities": ["text"]})),
+        ] {
+            let id = format!("{wire}-{suffix}");
+            providers.push(json!({"id": id, "family": family, "base_url": model_url,
+                "credential_env": env}));
+            models.push(json!({"provider": id, "model": "*", "capability": capability}));
         }
     }
     json!({"sources": ["the conformance adapter's routes"], "providers": providers,

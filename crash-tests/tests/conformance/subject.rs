@@ -86,8 +86,10 @@ pub struct Subject {
 pub struct Module {
     root: PathBuf,
     child: Mutex<Option<tokio::process::Child>>,
-    _daemon: Daemon,
-    link: Arc<Link>,
+    /// The daemon, the process and its connection: replaced by a restart in place
+    /// (`restart_attachments`).
+    daemon: Mutex<Option<Daemon>>,
+    link: Mutex<Arc<Link>>,
 }
 
 /// Dropping a module stops it as its supervisor would: SIGTERM (admission closes, active runs
@@ -96,6 +98,12 @@ pub struct Module {
 /// 15 s is killed.
 impl Drop for Module {
     fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl Module {
+    fn stop(&self) {
         let Some(mut child) = self.child.lock().unwrap().take() else {
             return;
         };
@@ -194,8 +202,8 @@ impl Subject {
         Ok(Module {
             root: root.to_path_buf(),
             child: Mutex::new(Some(child)),
-            _daemon: daemon,
-            link,
+            daemon: Mutex::new(Some(daemon)),
+            link: Mutex::new(link),
         })
     }
 }
@@ -361,13 +369,13 @@ impl LlmRunnerSubject for Subject {
         session: &str,
         stamp: &RouteStamp,
     ) -> Result<Route, HarnessError> {
-        let channel = handle
-            .link
+        let link = handle.link.lock().unwrap().clone();
+        let channel = link
             .bind(HARNESS, session, stamp)
             .await
             .map_err(HarnessError::new)?;
         Ok(Route {
-            link: handle.link.clone(),
+            link,
             channel,
         })
     }
@@ -405,6 +413,41 @@ impl LlmRunnerSubject for Subject {
         let mut fields = self.send_fields(session, first);
         fields.insert("tools".into(), json!(tools));
         Some(fields)
+    }
+
+    fn attachment_model_fields(&self, session: &str, accepts: bool) -> Option<Map<String, Value>> {
+        // The session's sends (this one and every later one) name a provider whose catalog
+        // row says its models take PNG images and PDFs, or text alone.
+        self.support.set_media(session, accepts);
+        Some(self.send_fields(session, true))
+    }
+
+    fn attachment_tool_result(&self, png: &[u8]) -> Option<Value> {
+        // The scripted tool's answer as a tool-result/v1 body (its catalog entry opts in and
+        // broca's routes declare the format): text, the image, text.
+        use base64::Engine;
+        let data = base64::engine::general_purpose::STANDARD.encode(png);
+        Some(json!({"content": [
+            {"type": "text", "text": "before-media"},
+            {"type": "image", "mimeType": "image/png", "data": data, "width": 1, "height": 1},
+            {"type": "text", "text": "after-media"},
+        ]}))
+    }
+
+    async fn restart_attachments(
+        &self,
+        handle: &Module,
+        session: &str,
+    ) -> Result<Route, HarnessError> {
+        // Stopped as its supervisor would stop it, then started again on the same root; the
+        // new process lives as long as the suite's handle.
+        handle.stop();
+        let next = self.start(&handle.root).await?;
+        *handle.child.lock().unwrap() = next.child.lock().unwrap().take();
+        *handle.daemon.lock().unwrap() = next.daemon.lock().unwrap().take();
+        *handle.link.lock().unwrap() = next.link.lock().unwrap().clone();
+        self.session_route(handle, session, &self.owner_stamp())
+            .await
     }
 
     async fn set_structured_output_support(

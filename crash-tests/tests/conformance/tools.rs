@@ -112,6 +112,8 @@ impl ToolModule {
             "capabilities": [],
             "description": "answers each call with its scripted result",
             "input_schema": schema,
+            // Its answers are tool-result/v1 bodies on a route that declared the format.
+            "result_format": "tool-result/v1",
         }]})
     }
 
@@ -153,7 +155,8 @@ pub async fn consumer<R: AsyncRead + Unpin>(
     tools: ToolModule,
     bus: crate::bus::Bus,
 ) {
-    let mut routes = std::collections::HashSet::new();
+    // Each route, and whether its opener declared `tool-result/v1`.
+    let mut routes = std::collections::HashMap::new();
     // Routes to ckbus's management surface (the bus's credential and nonce signatures).
     let mut ckbus_routes = std::collections::HashSet::new();
     let mut next_channel = 10u16;
@@ -175,7 +178,10 @@ pub async fn consumer<R: AsyncRead + Unpin>(
                     && target["module_id"] == MODULE
                 {
                     next_channel += 1;
-                    routes.insert(next_channel);
+                    let v1 = body["consumer_capabilities"]
+                        .as_array()
+                        .is_some_and(|c| c.iter().any(|c| c == "tool-result/v1"));
+                    routes.insert(next_channel, v1);
                     (
                         FrameType::Response,
                         json!({"op": "route.open", "route_channel": next_channel, "route_epoch": 1}),
@@ -203,8 +209,9 @@ pub async fn consumer<R: AsyncRead + Unpin>(
                     return;
                 }
             }
-            (ch, FrameType::Request) if routes.contains(&ch) => {
+            (ch, FrameType::Request) if routes.contains_key(&ch) => {
                 let (tools, writer) = (tools.clone(), writer.clone());
+                let v1 = routes[&ch];
                 tokio::spawn(async move {
                     let (ty, answer) = match body["name"].as_str() {
                         Some("role.describe") => (
@@ -213,7 +220,12 @@ pub async fn consumer<R: AsyncRead + Unpin>(
                                    "implementation_version": "conformance"}),
                         ),
                         Some("tool.catalog") => (FrameType::Response, ToolModule::catalog()),
-                        Some(SCRIPTED_TOOL) => tools.call(&body).await,
+                        Some(SCRIPTED_TOOL) => match tools.call(&body).await {
+                            (FrameType::Response, result) if v1 => {
+                                (FrameType::Response, result_v1(result))
+                            }
+                            other => other,
+                        },
                         other => (
                             FrameType::Error,
                             json!({"code": "unknown_tool", "message": format!("no tool {other:?}")}),
@@ -249,5 +261,15 @@ pub async fn consumer<R: AsyncRead + Unpin>(
             }
             _ => {}
         }
+    }
+}
+
+/// A scripted result as the tool answers on a route that declared `tool-result/v1`: a body of
+/// that format as it is (one with `content`), else the legacy body's text as its one part.
+fn result_v1(result: Value) -> Value {
+    match result {
+        Value::Object(ref o) if o.contains_key("content") => result,
+        Value::String(text) => json!({"content": [{"type": "text", "text": text}]}),
+        other => json!({"content": [{"type": "text", "text": other.to_string()}]}),
     }
 }

@@ -123,6 +123,7 @@ impl RunMachine {
                     is_error: true,
                     reason: Some(not_run_reason(why).into()),
                     size: None,
+                    parts: Vec::new(),
                 },
             );
         }
@@ -142,6 +143,16 @@ fn not_run_reason(why: &str) -> &'static str {
 /// Appends a tool result block to the transcript: into the user message of results that
 /// follows the assistant's tool calls, or a new one.
 pub fn push_result(transcript: &mut Vec<Arc<Message>>, result: ResultBlock) {
+    // The media of a result in parts follow the step's results (every family takes a user
+    // message of results first, then other blocks).
+    let media: Vec<Block> = result
+        .parts
+        .iter()
+        .filter_map(|p| match p {
+            broca_wal::runrec::ResultPart::Media(m) => Some(Block::Media(m.clone())),
+            broca_wal::runrec::ResultPart::Text { .. } => None,
+        })
+        .collect();
     let block = Block::ToolResult {
         tool_use_id: result.call_id,
         content: result.content,
@@ -152,14 +163,23 @@ pub fn push_result(transcript: &mut Vec<Arc<Message>>, result: ResultBlock) {
             if m.role == Role::User
                 && m.content
                     .iter()
-                    .all(|b| matches!(b, Block::ToolResult { .. })) =>
+                    .all(|b| matches!(b, Block::ToolResult { .. } | Block::Media(_)))
+                && m.content
+                    .iter()
+                    .any(|b| matches!(b, Block::ToolResult { .. })) =>
         {
             // Copied first if a request in flight still shares it.
-            Arc::make_mut(m).content.push(block)
+            let content = &mut Arc::make_mut(m).content;
+            let at = content
+                .iter()
+                .position(|b| matches!(b, Block::Media(_)))
+                .unwrap_or(content.len());
+            content.insert(at, block);
+            content.extend(media);
         }
         _ => transcript.push(Arc::new(Message {
             role: Role::User,
-            content: vec![block],
+            content: std::iter::once(block).chain(media).collect(),
         })),
     }
 }

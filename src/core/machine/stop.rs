@@ -138,6 +138,7 @@ impl RunMachine {
                     is_error: true,
                     reason: Some(result_reason::OUTCOME_UNKNOWN.into()),
                     size: None,
+                    parts: Vec::new(),
                 },
             );
         }

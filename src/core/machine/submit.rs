@@ -47,6 +47,7 @@ impl RunMachine {
                     is_error: false,
                     reason: None,
                     size: None,
+                    parts: Vec::new(),
                 }
             } else {
                 skipped.push(SkippedSibling::new(&call.id, &call.name));
@@ -56,6 +57,7 @@ impl RunMachine {
                     is_error: true,
                     reason: Some(result_reason::SKIPPED_AFTER_SUBMIT.into()),
                     size: None,
+                    parts: Vec::new(),
                 }
             };
             self.push_result(batch_id.clone(), result);

@@ -90,6 +90,7 @@ fn steps_out_of_order_and_results_no_intent_waits_for_are_corruption_with_their_
                 is_error: false,
                 reason: None,
                 size: None,
+                parts: Vec::new(),
             },
             step_seq: None,
             call_key: None,

@@ -66,10 +66,16 @@ pub const OPEN_UPLOADS_MAX: usize = 64;
 impl Session {
     /// Where upload `id` stands, for the process the session lives in (`boot`).
     pub fn upload(&self, id: &str) -> UploadState<'_> {
+        self.upload_in(id, self.boot)
+    }
+
+    /// Where upload `id` stands for the process started at `boot` (a reader's replay has no
+    /// process of its own).
+    pub fn upload_in(&self, id: &str, boot: u64) -> UploadState<'_> {
         match self.uploads.get(id) {
             None => UploadState::Unknown,
             Some(u) if u.committed_at.is_some() => UploadState::Committed(u),
-            Some(u) if u.begun.boot != self.boot => UploadState::Gone,
+            Some(u) if u.begun.boot != boot => UploadState::Gone,
             Some(u) => UploadState::Open(u),
         }
     }
@@ -87,12 +93,13 @@ impl Session {
     pub fn attach(
         &self,
         ids: &[String],
+        boot: u64,
         family: &str,
         facts: &broca_protocol::media::InputFacts,
     ) -> Result<Vec<Media>, ContentRefusal> {
         let mut media = Vec::with_capacity(ids.len());
         for id in ids {
-            let u = match self.upload(id) {
+            let u = match self.upload_in(id, boot) {
                 UploadState::Unknown => return Err(ContentRefusal::UnknownUpload(id.clone())),
                 UploadState::Gone => return Err(ContentRefusal::UploadGone(id.clone())),
                 UploadState::Open(_) => return Err(ContentRefusal::NotCommitted(id.clone())),

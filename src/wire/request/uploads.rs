@@ -33,13 +33,16 @@ pub enum UploadOp {
     Commit {
         upload_id: String,
     },
+    /// An operation whose parameters are refused (`error`): answered once its caller is
+    /// admitted, so a caller who may not upload learns only that (llm-runner/v1 §9.12).
+    Refused { method: Method, error: RpcError },
 }
 
 impl UploadOp {
     /// The upload the operation names (none for a begin).
     pub fn upload_id(&self) -> Option<&str> {
         match self {
-            UploadOp::Begin { .. } => None,
+            UploadOp::Begin { .. } | UploadOp::Refused { .. } => None,
             UploadOp::Append { upload_id, .. }
             | UploadOp::Status { upload_id }
             | UploadOp::Commit { upload_id } => Some(upload_id),
@@ -47,8 +50,13 @@ impl UploadOp {
     }
 }
 
-/// The parameters of an upload method (the session taken out already).
-pub(super) fn upload(method: Method, params: Map<String, Value>) -> Result<UploadOp, RpcError> {
+/// The parameters of an upload method (the session taken out already); parameters it refuses
+/// are kept as [`UploadOp::Refused`].
+pub(super) fn upload(method: Method, params: Map<String, Value>) -> UploadOp {
+    parse_upload(method, params).unwrap_or_else(|error| UploadOp::Refused { method, error })
+}
+
+fn parse_upload(method: Method, params: Map<String, Value>) -> Result<UploadOp, RpcError> {
     Ok(match method {
         Method::UploadBegin => {
             let r: Box<UploadBeginRequest> = strict(params, method)?;
@@ -117,7 +125,21 @@ pub(super) fn media_read(params: Map<String, Value>) -> Result<MediaReadRequest,
 
 #[cfg(test)]
 mod tests {
+    use super::UploadOp;
     use crate::request::{parse, Request};
+    use crate::RpcError;
+
+    /// The refusal an upload request's parameters get (once its caller is admitted).
+    fn refused(body: &[u8]) -> RpcError {
+        match parse(body) {
+            Ok(Request::Upload {
+                op: UploadOp::Refused { error, .. },
+                ..
+            }) => error,
+            Err(e) => e,
+            other => panic!("not refused: {other:?}"),
+        }
+    }
 
     fn body(method: &str, params: &str) -> Vec<u8> {
         format!(
@@ -135,17 +157,15 @@ mod tests {
         ))
         .unwrap();
         assert!(matches!(r, Request::Upload { .. }));
-        let e = parse(&body(
+        let e = refused(&body(
             "session.upload_begin",
             r#""mime":"image/png","bytes":3,"sha256":"ABC""#,
-        ))
-        .unwrap_err();
+        ));
         assert_eq!(e.detail["field"], "sha256");
-        let e = parse(&body(
+        let e = refused(&body(
             "session.upload_append",
             r#""upload_id":"u","offset":0,"data":"%%%""#,
-        ))
-        .unwrap_err();
+        ));
         assert_eq!(e.detail["field"], "data");
         let Request::Upload { op, .. } = parse(&body(
             "session.upload_append",
@@ -159,11 +179,10 @@ mod tests {
             &base64::engine::general_purpose::STANDARD,
             vec![0u8; cortexkit_role_llm_runner::attachments::CHUNK_MAX + 1],
         );
-        let e = parse(&body(
+        let e = refused(&body(
             "session.upload_append",
             &format!(r#""upload_id":"u","offset":0,"data":"{big}""#),
-        ))
-        .unwrap_err();
+        ));
         assert_eq!(e.code.as_str(), "upload_chunk_too_large");
         let e = parse(&body(
             "session.media_read",
@@ -171,7 +190,7 @@ mod tests {
         ))
         .unwrap_err();
         assert_eq!(e.detail["field"], "length");
-        let e = parse(&body("session.upload_status", r#""upload_id":"u","x":1"#)).unwrap_err();
+        let e = refused(&body("session.upload_status", r#""upload_id":"u","x":1"#));
         assert_eq!(e.detail["field"], "x");
     }
 }

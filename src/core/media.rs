@@ -87,10 +87,15 @@ pub fn with_markers(mut message: Value, reason: &str) -> Value {
             .iter()
             .map(|p| match result_media_of(p) {
                 Some(m) => broca_protocol::media::marker(&m, reason),
-                None => p.get("text").and_then(Value::as_str).unwrap_or("").to_string(),
+                None => p
+                    .get("text")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
             })
             .collect();
-        message["content"] = cortexkit_role_llm_runner::attachments::join_tool_result(&texts).into();
+        message["content"] =
+            cortexkit_role_llm_runner::attachments::join_tool_result(&texts).into();
         return message;
     }
     if let Some(blocks) = message.get_mut("content").and_then(Value::as_array_mut) {
@@ -110,7 +115,12 @@ fn payloads(message: &Value) -> Vec<Payload> {
     let mut out = Vec::new();
     if result_in_parts(message) {
         // A tool result's media are nested in it: described without a part key of their own.
-        for (i, p) in message["content"].as_array().into_iter().flatten().enumerate() {
+        for (i, p) in message["content"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
             if let Some(m) = result_media_of(p) {
                 out.push(Payload {
                     pointer: format!("/content/{i}"),
@@ -261,7 +271,10 @@ mod tests {
         assert_eq!(inline["content"], case["inline"]["content"]);
         let (described, _) = render(stored, MediaMode::Descriptors, 100).unwrap();
         assert_eq!(described["content"][1]["type"], "media_ref");
-        assert!(described["content"][1].get("part").is_none(), "nested: no key");
+        assert!(
+            described["content"][1].get("part").is_none(),
+            "nested: no key"
+        );
     }
 
     #[test]

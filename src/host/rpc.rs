@@ -321,7 +321,11 @@ async fn refuse_content(
             return Ok(()); // the actor refuses it as not the owner's
         }
         // A steer's media go to the run it joins.
-        let config = match s.runs.last().filter(|r| steer && r.state == broca_core::RunState::Active) {
+        let config = match s
+            .runs
+            .last()
+            .filter(|r| steer && r.state == broca_core::RunState::Active)
+        {
             Some(run) => &run.config,
             None => &config,
         };

@@ -444,9 +444,17 @@ mod tests {
         };
         assert!(!is_error);
         assert_eq!(parts.len(), 3);
-        assert!(matches!(&parts[1], Part::Image { mime, data } if mime == "image/png" && data.starts_with(b"\x89PNG")));
+        assert!(
+            matches!(&parts[1], Part::Image { mime, data } if mime == "image/png" && data.starts_with(b"\x89PNG"))
+        );
         // Without the opt-in the same body is the legacy body: its JSON text.
-        assert!(matches!(read_reply("m", &f, false), Reply::Answer { is_error: false, .. }));
+        assert!(matches!(
+            read_reply("m", &f, false),
+            Reply::Answer {
+                is_error: false,
+                ..
+            }
+        ));
         // A body that does not hold is an error result naming why.
         let bad = json!({"content": [{"type": "image", "mimeType": "image/png", "data": "data:x", "width": 1, "height": 1}]});
         let Reply::Answer { text, is_error } =
@@ -464,7 +472,11 @@ mod tests {
 
     #[test]
     fn replies_are_classified_by_who_ended_the_call() {
-        let r = read_reply("m", &frame(FrameType::Response, plain(), &json!("hi")), false);
+        let r = read_reply(
+            "m",
+            &frame(FrameType::Response, plain(), &json!("hi")),
+            false,
+        );
         assert_eq!(
             r,
             Reply::Answer {
@@ -472,7 +484,11 @@ mod tests {
                 is_error: false
             }
         );
-        let r = read_reply("m", &frame(FrameType::Response, plain(), &json!({"n": 1})), false);
+        let r = read_reply(
+            "m",
+            &frame(FrameType::Response, plain(), &json!({"n": 1})),
+            false,
+        );
         assert_eq!(
             r,
             Reply::Answer {
@@ -501,7 +517,11 @@ mod tests {
         // The daemon's own error after delivery: the outcome is unknown.
         let odd = json!({"code": "something_new", "message": "x"});
         assert!(matches!(
-            read_reply("m", &frame(FrameType::Error, plain().with_daemon_origin(), &odd), false),
+            read_reply(
+                "m",
+                &frame(FrameType::Error, plain().with_daemon_origin(), &odd),
+                false
+            ),
             Reply::Indeterminate(_)
         ));
         let timeout = json!({"code": "module_timeout", "message": "x"});

@@ -19,7 +19,10 @@ pub enum ToolOutcome {
     Done { content: String, is_error: bool },
     /// The tool answered in parts, in order: text, and images it returned (decoded). The
     /// session keeps each image in its content store before the result is recorded.
-    Parts { parts: Vec<ToolPart>, is_error: bool },
+    Parts {
+        parts: Vec<ToolPart>,
+        is_error: bool,
+    },
     /// The tool ran and answered more than the model may see (`bytes`, over the 64 KiB
     /// limit): the answer is discarded whole, and the call is not run again.
     TooLarge { bytes: u64 },

@@ -64,8 +64,11 @@ pub fn catalog(model_url: &str) -> Value {
                 "capability": {"structured_output": supported}}));
         }
         for (suffix, capability) in [
-            ("vision", json!({"input_modalities": ["text", "image", "pdf"],
-                "input_mime_types": ["image/png", "application/pdf"]})),
+            (
+                "vision",
+                json!({"input_modalities": ["text", "image", "pdf"],
+                "input_mime_types": ["image/png", "application/pdf"]}),
+            ),
             ("text-only", json!({"input_modalities": ["text"]})),
         ] {
             let id = format!("{wire}-{suffix}");

@@ -374,10 +374,7 @@ impl LlmRunnerSubject for Subject {
             .bind(HARNESS, session, stamp)
             .await
             .map_err(HarnessError::new)?;
-        Ok(Route {
-            link,
-            channel,
-        })
+        Ok(Route { link, channel })
     }
 
     fn supports_model_failure_fixture(&self) -> bool {
@@ -432,6 +429,26 @@ impl LlmRunnerSubject for Subject {
             {"type": "image", "mimeType": "image/png", "data": data, "width": 1, "height": 1},
             {"type": "text", "text": "after-media"},
         ]}))
+    }
+
+    fn media_tool_result(&self, bytes: &[u8], nested: bool, scenario: &str) -> Option<Value> {
+        // A tool-result/v1 body: the image alone, or in a result with text around it. A
+        // scenario whose result must also hold megabytes of text cannot be answered: broca
+        // keeps tool-provider/v1's 64 KiB model-visible limit (a larger answer is discarded as
+        // `tool_result_too_large`), so no tool of broca's returns one; nor a multipart result
+        // of mixed large texts (`multipart_tool_result` is not offered, for the same reason).
+        if scenario == "media_descriptors_stable_across_pages" {
+            return None;
+        }
+        use base64::Engine;
+        let image = json!({"type": "image", "mimeType": "image/png",
+            "data": base64::engine::general_purpose::STANDARD.encode(bytes),
+            "width": 1, "height": 1});
+        Some(if nested {
+            json!({"content": [{"type": "text", "text": "the tool's image"}, image]})
+        } else {
+            json!({"content": [image]})
+        })
     }
 
     async fn restart_attachments(

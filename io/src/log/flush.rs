@@ -104,8 +104,8 @@ fn take_batch(shared: &Rc<Shared>) -> Option<(Vec<u8>, u64)> {
     let spare = std::mem::take(&mut st.spare);
     let batch = std::mem::replace(&mut st.pending, spare);
     assert!(
-        batch.len() <= shared.cfg.batch_bytes_max,
-        "a batch is bounded"
+        batch.len() <= shared.cfg.batch_bytes_max.max(super::APPEND_BYTES_MAX),
+        "a batch is bounded (one append larger than a batch goes alone)"
     );
     for waker in st.room_waiters.drain(..) {
         waker.wake();

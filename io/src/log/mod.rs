@@ -55,6 +55,10 @@ pub enum DirectIo {
 /// Batches of at least this many bytes extend the file without zeroing ahead.
 pub const ZERO_AHEAD_BATCH_BYTES_MAX: usize = 64 * 1024;
 
+/// The largest single append. One larger than [`LogConfig::batch_bytes_max`] waits for the
+/// bytes pending before it and is written as a batch of its own.
+pub const APPEND_BYTES_MAX: usize = 32 * 1024 * 1024;
+
 /// A point in a batch where a fault can be injected (for crash and fault tests).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultPoint {
@@ -534,17 +538,20 @@ impl LogFile {
         urgent: bool,
     ) -> Result<u64, LogError> {
         let max = self.shared.cfg.batch_bytes_max;
-        if len > max {
+        if len > APPEND_BYTES_MAX {
             return Err(LogError::TooLarge {
                 path: self.shared.path.clone(),
                 len,
-                max,
+                max: APPEND_BYTES_MAX,
             });
         }
         self.wait_for_room(len).await?;
         let mut st = self.shared.state.borrow_mut();
         let start = st.pending.len();
-        assert!(start + len <= max, "an append waits for room in the batch");
+        assert!(
+            start + len <= max || start == 0,
+            "an append waits for room in the batch (one larger than a batch, for an empty one)"
+        );
         st.pending.resize(start + len, 0);
         let durable_end = st.durable_end;
         fill(&mut st.pending[start..], durable_end);
@@ -633,7 +640,8 @@ impl LogFile {
             if let Some(dead) = &st.dead {
                 return Poll::Ready(Err(dead.clone()));
             }
-            if st.pending.len() + len <= max {
+            // One larger than a batch goes alone, once the bytes before it are taken.
+            if st.pending.len() + len <= max || st.pending.is_empty() {
                 return Poll::Ready(Ok(()));
             }
             st.room_waiters.push(cx.waker().clone());

@@ -324,19 +324,24 @@ fn a_payload_at_the_frame_limit_is_taken_and_one_byte_more_is_refused() {
     use broca_wal::frame::{FRAME_HEADER_BYTES, PAYLOAD_BYTES_MAX};
     let dir = tempfile::tempdir().unwrap();
     let t = triple("big");
-    let cfg = LogConfig {
-        batch_bytes_max: PAYLOAD_BYTES_MAX + FRAME_HEADER_BYTES + 4096,
-        ..LogConfig::default()
-    };
+    // The default batch: a record larger than a batch is written as a batch of its own.
+    let cfg = LogConfig::default();
+    assert!(cfg.batch_bytes_max < PAYLOAD_BYTES_MAX + FRAME_HEADER_BYTES);
     run_local(async {
         let (mut w, _) = WalWriter::open(dir.path(), &t, cfg, Committer::default())
             .await
             .unwrap();
+        let small = Record::Unknown {
+            kind: 900,
+            payload: vec![b's'; 100],
+        };
+        w.append_deferred(&small).await.unwrap();
         let at_limit = Record::Unknown {
             kind: 900,
             payload: vec![b'x'; PAYLOAD_BYTES_MAX],
         };
         w.append(&at_limit).await.unwrap();
+        w.append(&small).await.unwrap();
         let over = Record::Unknown {
             kind: 900,
             payload: vec![b'x'; PAYLOAD_BYTES_MAX + 1],
@@ -350,9 +355,10 @@ fn a_payload_at_the_frame_limit_is_taken_and_one_byte_more_is_refused() {
     })
     .unwrap();
     let (_, scan) = read_and_scan(&wal_path(dir.path(), &t)).unwrap();
+    assert_eq!(scan.verdict, Verdict::Clean);
     assert_eq!(
         scan.frames.len(),
-        2,
-        "the lease and the record at the limit"
+        4,
+        "the lease, a small record, the record at the limit, a small record"
     );
 }

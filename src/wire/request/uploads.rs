@@ -35,7 +35,10 @@ pub enum UploadOp {
     },
     /// An operation whose parameters are refused (`error`): answered once its caller is
     /// admitted, so a caller who may not upload learns only that (llm-runner/v1 §9.12).
-    Refused { method: Method, error: RpcError },
+    Refused {
+        method: Method,
+        error: RpcError,
+    },
 }
 
 impl UploadOp {

@@ -7,7 +7,8 @@
 //! measures as docs/usage.md says), on the finish and on the request path the SDK used; and
 //! broca's SigV4 signs boto3's own request to the signature boto3 gave it. google-genai's
 //! request types (tests/peers/sdk_request_oracle.py) read a Gemini request broca rendered with
-//! a response schema.
+//! a response schema, and one with an image and a PDF; botocore's model of ConverseStream
+//! (tests/peers/converse_request_oracle.py) reads a Bedrock request with an image and a PDF.
 
 mod support;
 
@@ -185,7 +186,6 @@ fn google_genai_decodes_a_recorded_gemini_stream_as_broca_does() {
 /// final-text shape (llm-runner/v1 `structured_output`): JSON output under the schema.
 #[test]
 fn google_genai_reads_a_gemini_request_with_a_response_schema() {
-    use std::io::Write;
     let schema = json!({"type": "object", "properties": {"answer": {"type": "string"}},
         "required": ["answer"], "additionalProperties": false});
     let mut req = request("gemini", "gemini-2.5-flash");
@@ -196,15 +196,7 @@ fn google_genai_reads_a_gemini_request_with_a_response_schema() {
         strict_tool: None,
     }));
     let body = broca_provider::gemini::render::body(&req, &Aliases::default());
-    let mut child = Command::new(python_sdks())
-        .arg(peers_dir().join("sdk_request_oracle.py"))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("the request oracle runs");
-    child.stdin.take().unwrap().write_all(&body).unwrap();
-    let out = child.wait_with_output().unwrap();
-    let read: Value = serde_json::from_slice(&out.stdout).expect("the oracle's answer");
+    let read = request_oracle("sdk_request_oracle.py", &body);
     assert_eq!(read["ok"], true, "{read}");
     let config = &read["generation_config"];
     assert_eq!(config["response_mime_type"], "application/json", "{config}");
@@ -213,19 +205,91 @@ fn google_genai_reads_a_gemini_request_with_a_response_schema() {
     // The oracle refuses what the API does not take.
     let mut wrong: Value = serde_json::from_slice(&body).unwrap();
     wrong["generationConfig"]["responseSchemaJson"] = json!({});
+    let refused = request_oracle("sdk_request_oracle.py", wrong.to_string().as_bytes());
+    assert_eq!(refused["ok"], false, "{refused}");
+}
+
+/// Runs the oracle `script` on `body`; answers what it printed.
+fn request_oracle(script: &str, body: &[u8]) -> Value {
+    use std::io::Write;
     let mut child = Command::new(python_sdks())
-        .arg(peers_dir().join("sdk_request_oracle.py"))
+        .arg(peers_dir().join(script))
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
+        .expect("the request oracle runs");
+    child.stdin.take().unwrap().write_all(body).unwrap();
+    let out = child.wait_with_output().unwrap();
+    serde_json::from_slice(&out.stdout).expect("the oracle's answer")
+}
+
+/// A request whose prompt carries a PNG image and a PDF, their bytes carried with it.
+fn with_attachments(provider: &str, model: &str) -> (Request, Vec<u8>, Vec<u8>) {
+    use broca_protocol::media::{Media, MediaBytes};
+    let png = b"\x89PNG\r\n\x1a\n-not-a-real-image".to_vec();
+    let pdf = b"%PDF-1.7 not a real document".to_vec();
+    let medium = |kind: &str, mime: &str, data: &[u8], digest: char| Media {
+        kind: kind.into(),
+        mime: mime.into(),
+        bytes: data.len() as u64,
+        sha256: digest.to_string().repeat(64),
+    };
+    let (image, document) = (
+        medium("image", "image/png", &png, 'a'),
+        medium("document", "application/pdf", &pdf, 'b'),
+    );
+    let mut req = request(provider, model);
+    req.messages = vec![Arc::new(Message {
+        role: broca_protocol::Role::User,
+        content: broca_protocol::user_blocks("What is in these?", &[image, document]),
+    })];
+    let mut bytes = std::collections::BTreeMap::new();
+    bytes.insert("a".repeat(64), Arc::<[u8]>::from(png.clone()));
+    bytes.insert("b".repeat(64), Arc::<[u8]>::from(pdf.clone()));
+    req.media = MediaBytes(Arc::new(bytes));
+    (req, png, pdf)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// google-genai's request types read the Gemini request broca renders for a prompt with an
+/// image and a PDF (llm-runner/v1 `attachments`): each inline part's type, and its bytes as
+/// the SDK decodes them.
+#[test]
+fn google_genai_reads_a_gemini_request_with_an_image_and_a_document() {
+    let (req, png, pdf) = with_attachments("gemini", "gemini-2.5-flash");
+    let body = broca_provider::gemini::render::body(&req, &Aliases::default());
+    let read = request_oracle("sdk_request_oracle.py", &body);
+    assert_eq!(read["ok"], true, "{read}");
+    assert_eq!(
+        read["inline"],
+        json!([{"mime_type": "image/png", "hex": hex(&png)},
+            {"mime_type": "application/pdf", "hex": hex(&pdf)}]),
+        "{read}"
+    );
+}
+
+/// botocore's model of ConverseStream reads the Bedrock request broca renders for a prompt
+/// with an image and a PDF: the shape holds, the formats are the API's, the blobs decode to
+/// the bytes attached; and it refuses a format the API does not take.
+#[test]
+fn botocore_reads_a_converse_request_with_an_image_and_a_document() {
+    let (req, png, pdf) = with_attachments("bedrock", "anthropic.claude-sonnet-4");
+    let body = broca_provider::bedrock::render::body(&req, &Aliases::default());
+    let read = request_oracle("converse_request_oracle.py", &body);
+    assert_eq!(read["ok"], true, "{read}");
+    let blobs: Vec<&str> = read["blobs"]
+        .as_array()
         .unwrap()
-        .write_all(wrong.to_string().as_bytes())
-        .unwrap();
-    let refused: Value = serde_json::from_slice(&child.wait_with_output().unwrap().stdout).unwrap();
+        .iter()
+        .map(|b| b["hex"].as_str().unwrap())
+        .collect();
+    assert_eq!(blobs, [hex(&png), hex(&pdf)], "{read}");
+    let mut wrong: Value = serde_json::from_slice(&body).unwrap();
+    wrong["messages"][0]["content"][1]["image"]["format"] = json!("tiff");
+    let refused = request_oracle("converse_request_oracle.py", wrong.to_string().as_bytes());
     assert_eq!(refused["ok"], false, "{refused}");
 }
 

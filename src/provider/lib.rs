@@ -23,6 +23,8 @@ pub mod openai_responses;
 pub(crate) mod scan;
 #[cfg(test)]
 mod shape_tests;
+#[cfg(test)]
+mod media_tests;
 pub mod sigv4;
 pub(crate) mod template;
 pub mod transport;

@@ -18,13 +18,13 @@ pub mod credential;
 pub mod demo;
 pub mod gemini;
 pub(crate) mod json;
+#[cfg(test)]
+mod media_tests;
 pub mod openai_chat;
 pub mod openai_responses;
 pub(crate) mod scan;
 #[cfg(test)]
 mod shape_tests;
-#[cfg(test)]
-mod media_tests;
 pub mod sigv4;
 pub(crate) mod template;
 pub mod transport;

@@ -128,22 +128,31 @@ fn openai_responses_takes_input_image_and_input_file() {
 #[test]
 fn gemini_takes_inline_data() {
     let req = with_media(true);
-    let body = text(crate::gemini::render::body(&req, &Aliases::for_tools(&req.tools)));
-    assert!(body.contains(&format!(
-        concat!(
-            r#"{{"role":"user","parts":[{{"text":"What is this?"}},"#,
-            r#"{{"inlineData":{{"mimeType":"image/png","data":"{png}"}}}},"#,
-            r#"{{"inlineData":{{"mimeType":"application/pdf","data":"{pdf}"}}}}]}}"#
-        ),
-        png = PNG64,
-        pdf = PDF64
-    )), "{body}");
+    let body = text(crate::gemini::render::body(
+        &req,
+        &Aliases::for_tools(&req.tools),
+    ));
+    assert!(
+        body.contains(&format!(
+            concat!(
+                r#"{{"role":"user","parts":[{{"text":"What is this?"}},"#,
+                r#"{{"inlineData":{{"mimeType":"image/png","data":"{png}"}}}},"#,
+                r#"{{"inlineData":{{"mimeType":"application/pdf","data":"{pdf}"}}}}]}}"#
+            ),
+            png = PNG64,
+            pdf = PDF64
+        )),
+        "{body}"
+    );
 }
 
 #[test]
 fn bedrock_takes_image_and_document_blocks() {
     let req = with_media(true);
-    let body = text(crate::bedrock::render::body(&req, &Aliases::for_tools(&req.tools)));
+    let body = text(crate::bedrock::render::body(
+        &req,
+        &Aliases::for_tools(&req.tools),
+    ));
     assert!(body.contains(&format!(
         concat!(
             r#"{{"role":"user","content":[{{"text":"What is this?"}},"#,
@@ -163,8 +172,14 @@ fn media_a_request_does_not_carry_is_the_roles_marker() {
     for body in [
         text(crate::anthropic::render::render(&req, &Aliases::for_tools(&req.tools)).body),
         text(crate::openai_chat::render::render(&req, &Aliases::for_tools(&req.tools)).body),
-        text(crate::gemini::render::body(&req, &Aliases::for_tools(&req.tools))),
-        text(crate::bedrock::render::body(&req, &Aliases::for_tools(&req.tools))),
+        text(crate::gemini::render::body(
+            &req,
+            &Aliases::for_tools(&req.tools),
+        )),
+        text(crate::bedrock::render::body(
+            &req,
+            &Aliases::for_tools(&req.tools),
+        )),
     ] {
         assert!(body.contains(&marker), "{body}");
         assert!(!body.contains(PNG64), "{body}");

@@ -1,0 +1,335 @@
+//! llm-runner/v1 `attachments` through `broca serve`: an upload taken in chunks into the
+//! session's content store, cut mid-chunk by a client that went away and resumed at what was
+//! received, committed, sent, and its bytes reaching the model (aimock, behind a proxy that
+//! keeps each request as broca sent it) and read back by `session.media_read`, also after a
+//! restart; an upload over the limit, or of a type the model does not take, refused with
+//! nothing written; an open upload gone after a restart.
+
+mod support;
+
+use std::io::Write;
+use std::path::Path;
+
+use base64::Engine;
+use serde_json::{json, Value};
+use support::serve::{rpc, Serve};
+use support::{fixture, Aimock, Peer};
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+/// `broca serve` on `state` whose Anthropic models take PNG images and PDFs (a provider-wide
+/// row of the catalog overrides), reaching aimock through `proxy`.
+fn serve(state: &Path, aimock: &Aimock, proxy: &Peer) -> Serve {
+    let catalog = state.join("catalog.json");
+    std::fs::write(
+        &catalog,
+        json!({"models": [{"provider": "anthropic", "model": "*",
+            "capability": {"input_modalities": ["text", "image", "pdf"],
+                "input_mime_types": ["image/png", "application/pdf"]}}]})
+        .to_string(),
+    )
+    .unwrap();
+    support::serve::start_env(
+        state,
+        aimock,
+        &[],
+        &[
+            ("BROCA_CATALOG_FILE", catalog.to_str().unwrap()),
+            ("BROCA_BASE_URL_ANTHROPIC", &proxy.url()),
+        ],
+    )
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    cortexkit_role_llm_runner::content_digest::sha256_hex(bytes)
+}
+
+/// A PNG's signature and header, then `n` bytes of padding: what the model is sent is what
+/// was uploaded, byte for byte, whatever it holds.
+fn image(n: usize) -> Vec<u8> {
+    let mut b = B64
+        .decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAQAAAC1HAwCAAAAC0lEQVR42mP8/x8AAwMCAO+ip1sAAAAASUVORK5CYII=")
+        .unwrap();
+    b.extend((0..n).map(|i| (i * 7 % 251) as u8));
+    b
+}
+
+fn ok(s: &Serve, method: &str, params: Value) -> Value {
+    let (status, r) = rpc(s, method, params);
+    assert_eq!(status, 200, "{method}: {r}");
+    r["result"].clone()
+}
+
+fn refused(s: &Serve, method: &str, params: Value) -> Value {
+    let (status, r) = rpc(s, method, params);
+    assert_ne!(status, 200, "{method} was answered: {r}");
+    r["error"].clone()
+}
+
+fn append(s: &Serve, id: &str, offset: usize, chunk: &[u8]) -> Value {
+    ok(
+        s,
+        "session.upload_append",
+        json!({"upload_id": id, "offset": offset, "data": B64.encode(chunk)}),
+    )
+}
+
+/// The request bodies the proxy passed on, in order.
+fn requests(file: &Path) -> Vec<Value> {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .map(|r| serde_json::from_str(r["body"].as_str().unwrap()).unwrap())
+        .collect()
+}
+
+/// The whole media of digest `sha`, read back in chunks.
+fn media_read(s: &Serve, sha: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let r = ok(
+            s,
+            "session.media_read",
+            json!({"sha256": sha, "offset": out.len(), "length": 1_000_000}),
+        );
+        let data = B64.decode(r["data"].as_str().unwrap()).unwrap();
+        if data.is_empty() {
+            return out;
+        }
+        out.extend(data);
+    }
+}
+
+#[test]
+fn an_upload_cut_mid_chunk_resumes_at_what_was_received_and_reaches_the_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path();
+    let aimock = Aimock::start(&fixture("attachments.json"));
+    let log = state.join("requests.jsonl");
+    let proxy = Peer::start(
+        std::process::Command::new("python3")
+            .arg(support::peers_dir().join("recording_proxy.py"))
+            .env("REQUESTS_FILE", &log)
+            .env("UPSTREAM", aimock.url()),
+    );
+    let s = serve(state, &aimock, &proxy);
+    // No uploads into a session never written.
+    let e = refused(
+        &s,
+        "session.upload_begin",
+        json!({"mime": "image/png", "bytes": 3, "sha256": sha256(b"abc")}),
+    );
+    assert_eq!(e["code"], "unknown_session", "{e}");
+    support::serve::send_until_completed(
+        &s,
+        json!({"prompt": "first", "model": "anthropic/m", "tools": []}),
+    );
+    let bytes = image(3_000_000);
+    let sha = sha256(&bytes);
+    let id = ok(
+        &s,
+        "session.upload_begin",
+        json!({"mime": "image/png", "bytes": bytes.len(), "sha256": sha}),
+    )["upload_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    const CHUNK: usize = 2 * 1024 * 1024;
+    assert_eq!(append(&s, &id, 0, &bytes[..CHUNK])["received"], CHUNK);
+    // The next chunk's request cut halfway through its body: the client went away.
+    let rest = json!({"method": "session.upload_append", "params": {"project_root": "/proj",
+        "harness": "h", "session": "s1", "upload_id": id, "offset": CHUNK,
+        "data": B64.encode(&bytes[CHUNK..])}})
+    .to_string();
+    let mut tcp = std::net::TcpStream::connect(&s.addr).unwrap();
+    write!(
+        tcp,
+        "POST /v1/rpc HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Type: \
+         application/json\r\nContent-Length: {}\r\n\r\n",
+        s.handle,
+        rest.len()
+    )
+    .unwrap();
+    tcp.write_all(&rest.as_bytes()[..rest.len() / 2]).unwrap();
+    drop(tcp);
+    // Nothing of the cut chunk was taken: the upload resumes at the first chunk's end.
+    let status = ok(&s, "session.upload_status", json!({"upload_id": id}));
+    assert_eq!(status, json!({"state": "open", "received": CHUNK}));
+    // A sender that lost an append's reply learns where to resume.
+    let e = refused(
+        &s,
+        "session.upload_append",
+        json!({"upload_id": id, "offset": 0, "data": B64.encode(&bytes[..10])}),
+    );
+    assert_eq!(
+        (&e["code"], &e["detail"]["received"]),
+        (&json!("upload_offset_mismatch"), &json!(CHUNK)),
+        "{e}"
+    );
+    let e = refused(&s, "session.upload_commit", json!({"upload_id": id}));
+    assert_eq!(e["code"], "upload_size_mismatch", "{e}");
+    assert_eq!(
+        append(&s, &id, CHUNK, &bytes[CHUNK..])["received"],
+        bytes.len()
+    );
+    // Not in any send yet: its bytes are nobody's to read.
+    let e = refused(
+        &s,
+        "session.media_read",
+        json!({"sha256": sha, "offset": 0, "length": 1}),
+    );
+    assert_eq!(e["code"], "unknown_media", "{e}");
+    let committed = ok(&s, "session.upload_commit", json!({"upload_id": id}));
+    assert_eq!(
+        committed,
+        json!({"state": "committed", "sha256": sha, "mime": "image/png", "bytes": bytes.len()})
+    );
+    let stored = state.join("media");
+    let file = std::fs::read_dir(&stored)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path()
+        .join(&sha);
+    assert_eq!(std::fs::read(&file).unwrap(), bytes, "named by its digest");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    support::serve::send_until_completed(
+        &s,
+        json!({"prompt": "look", "model": "anthropic/m", "tools": [],
+            "content": [{"type": "upload", "upload_id": id}]}),
+    );
+    // The model got the image's own bytes, after the prompt.
+    let sent = requests(&log);
+    let last = sent.last().unwrap();
+    let user = last["messages"].as_array().unwrap().last().unwrap();
+    assert_eq!(user["content"][0]["text"], "look", "{user}");
+    let source = &user["content"][1]["source"];
+    assert_eq!(source["media_type"], "image/png");
+    assert_eq!(B64.decode(source["data"].as_str().unwrap()).unwrap(), bytes);
+    // A default read shows the marker; blocks the stored block; media_read the bytes.
+    let page = ok(&s, "session.read", json!({}));
+    let marker = format!(
+        "[media not shown: kind=image mime=image/png bytes={} sha256={} reason=not_requested]",
+        bytes.len(),
+        &sha[..12]
+    );
+    assert!(page.to_string().contains(&marker), "{page}");
+    assert!(!page.to_string().contains(&sha));
+    let blocks = ok(&s, "session.read", json!({"media": "blocks"}));
+    assert!(blocks.to_string().contains(&sha));
+    assert_eq!(media_read(&s, &sha), bytes);
+    // After a restart the send's media are still read back; an open upload is gone.
+    let open = ok(
+        &s,
+        "session.upload_begin",
+        json!({"mime": "image/png", "bytes": 3, "sha256": sha256(b"abc")}),
+    )["upload_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    append(&s, &open, 0, b"ab");
+    drop(s); // killed
+    let s = serve(state, &aimock, &proxy);
+    assert_eq!(media_read(&s, &sha), bytes);
+    assert_eq!(
+        ok(&s, "session.upload_status", json!({"upload_id": open})),
+        json!({"state": "gone", "received": 0})
+    );
+    let e = refused(
+        &s,
+        "session.send",
+        json!({"prompt": "look", "model": "anthropic/m", "tools": [],
+            "content": [{"type": "upload", "upload_id": open}]}),
+    );
+    assert_eq!(e["code"], "upload_gone", "{e}");
+}
+
+#[test]
+fn uploads_past_a_limit_or_of_a_type_the_model_does_not_take_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path();
+    let aimock = Aimock::start(&fixture("attachments.json"));
+    let log = state.join("requests.jsonl");
+    let proxy = Peer::start(
+        std::process::Command::new("python3")
+            .arg(support::peers_dir().join("recording_proxy.py"))
+            .env("REQUESTS_FILE", &log)
+            .env("UPSTREAM", aimock.url()),
+    );
+    let s = serve(state, &aimock, &proxy);
+    support::serve::send_until_completed(
+        &s,
+        json!({"prompt": "first", "model": "anthropic/m", "tools": []}),
+    );
+    let wal = std::fs::read_dir(state.join("wal"))
+        .unwrap()
+        .find_map(|e| {
+            let p = e.unwrap().path();
+            (p.extension().is_some_and(|x| x == "wal")).then_some(p)
+        })
+        .unwrap();
+    let before = std::fs::read(&wal).unwrap();
+    // Past the 64 MiB of one upload: refused by name, nothing written.
+    let e = refused(
+        &s,
+        "session.upload_begin",
+        json!({"mime": "image/png", "bytes": 64 * 1024 * 1024 + 1, "sha256": sha256(b"x")}),
+    );
+    assert_eq!(
+        (&e["code"], &e["detail"]["field"]),
+        (&json!("invalid_params"), &json!("bytes")),
+        "{e}"
+    );
+    // A chunk over 2 MiB decoded.
+    let id = ok(
+        &s,
+        "session.upload_begin",
+        json!({"mime": "image/gif", "bytes": 6, "sha256": sha256(b"GIF89a")}),
+    )["upload_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let e = refused(
+        &s,
+        "session.upload_append",
+        json!({"upload_id": id, "offset": 0, "data": B64.encode(vec![0u8; 2 * 1024 * 1024 + 1])}),
+    );
+    assert_eq!(e["code"], "upload_chunk_too_large", "{e}");
+    assert_eq!(
+        ok(&s, "session.upload_status", json!({"upload_id": id})),
+        json!({"state": "open", "received": 0})
+    );
+    append(&s, &id, 0, b"GIF89a");
+    ok(&s, "session.upload_commit", json!({"upload_id": id}));
+    let after_uploads = std::fs::read(&wal).unwrap();
+    // A GIF to a model whose catalog row takes PNG alone: refused, naming the upload.
+    let e = refused(
+        &s,
+        "session.send",
+        json!({"prompt": "look", "model": "anthropic/m", "tools": [], "send_id": "gif-1",
+            "content": [{"type": "upload", "upload_id": id}]}),
+    );
+    assert_eq!(e["code"], "media_unsupported", "{e}");
+    assert!(e["message"].as_str().unwrap().contains("image/gif"), "{e}");
+    let e = refused(
+        &s,
+        "session.send",
+        json!({"prompt": "look", "model": "anthropic/m", "tools": [],
+            "content": [{"type": "upload", "upload_id": "upl_never"}]}),
+    );
+    assert_eq!(e["code"], "unknown_upload", "{e}");
+    assert_eq!(
+        std::fs::read(&wal).unwrap(),
+        after_uploads,
+        "a refused send writes nothing"
+    );
+    assert!(after_uploads.len() >= before.len());
+    let (_, r) = rpc(&s, "session.send_status", json!({"send_id": "gif-1"}));
+    assert_eq!(r["error"]["code"], "unknown_send", "{r}");
+}

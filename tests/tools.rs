@@ -160,6 +160,35 @@ fn server_everything_over_stdio_runs_tools_and_schema_mismatches_are_never_sent(
     let w = env.result("call_weather_1");
     assert!(w["content"].as_str().unwrap().contains("36"), "{w}");
 
+    // An image the tool returns is kept in the session's content store, named by its digest,
+    // and its result is recorded in parts: its text and the image, in the tool's order.
+    let o = env.run(&config, "image", "tiny image");
+    let r = last_json(&o);
+    assert!(o.status.success(), "{r} {}", stderr(&o));
+    assert_eq!(r["final_message"]["text"], "A small logo.");
+    let img = env.result("call_img_1");
+    let parts = img["parts"].as_array().expect("a result in parts");
+    assert_eq!(parts[0]["type"], "text", "{img}");
+    let media = parts
+        .iter()
+        .find(|p| p["type"] == "media")
+        .expect("its image");
+    assert_eq!(media["mime"], "image/png");
+    let sha = media["sha256"].as_str().unwrap();
+    let kept: Vec<std::path::PathBuf> = std::fs::read_dir(env.state.join("media"))
+        .unwrap()
+        .map(|d| d.unwrap().path().join(sha))
+        .filter(|p| p.exists())
+        .collect();
+    assert_eq!(kept.len(), 1, "the image is in one session's store");
+    let bytes = std::fs::read(&kept[0]).unwrap();
+    assert_eq!(bytes.len() as u64, media["bytes"].as_u64().unwrap());
+    assert_eq!(
+        cortexkit_role_llm_runner::content_digest::sha256_hex(&bytes),
+        sha
+    );
+    assert!(bytes.starts_with(b"\x89PNG"));
+
     // Arguments that do not match the schema: an error result, and the tool never called.
     let o = env.run(&config, "sum", "sum badly");
     assert!(o.status.success(), "{}", stderr(&o));

@@ -219,6 +219,7 @@ impl Router {
                     max,
                 ),
                 is_error: true,
+                parts: None,
             },
         })
     }

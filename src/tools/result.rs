@@ -7,6 +7,30 @@ use serde_json::Value;
 pub struct ToolText {
     pub content: String,
     pub is_error: bool,
+    /// The answer in parts, when it holds images broca keeps (a PNG, JPEG, GIF or WebP whose
+    /// data decodes, within [`IMAGE_BYTES_MAX`] together) and its text fits the limit.
+    pub parts: Option<Vec<crate::ToolPart>>,
+}
+
+/// The most image bytes a result keeps (decoded, all its images together); past it, its
+/// images are notes in its text as before.
+pub const IMAGE_BYTES_MAX: usize = 8 * 1024 * 1024;
+
+/// An image block's bytes when broca keeps it: a type every family of broca's that takes
+/// images renders, and data that decodes.
+fn image_of(block: &Value) -> Option<(String, Vec<u8>)> {
+    use base64::Engine;
+    let mime = block.get("mimeType").and_then(Value::as_str)?;
+    if !matches!(
+        mime,
+        "image/png" | "image/jpeg" | "image/gif" | "image/webp"
+    ) {
+        return None;
+    }
+    let data = base64::engine::general_purpose::STANDARD
+        .decode(block.get("data").and_then(Value::as_str)?)
+        .ok()?;
+    Some((mime.to_string(), data))
 }
 
 /// The text of a `tools/call` result: text blocks in order (an embedded text resource as its
@@ -16,6 +40,8 @@ pub struct ToolText {
 pub fn from_call_result(result: &Value, max: usize) -> ToolText {
     let mut parts: Vec<String> = Vec::new();
     let mut has_text = false;
+    let mut kept: Vec<crate::ToolPart> = Vec::new();
+    let mut image_bytes = 0usize;
     for block in result
         .get("content")
         .and_then(Value::as_array)
@@ -31,6 +57,17 @@ pub fn from_call_result(result: &Value, max: usize) -> ToolText {
                     .and_then(Value::as_str)
                     .unwrap_or("")
                     .to_string()
+            }
+            "image"
+                if image_of(block)
+                    .is_some_and(|(_, d)| image_bytes + d.len() <= IMAGE_BYTES_MAX) =>
+            {
+                let (mime, data) = image_of(block).expect("checked above");
+                image_bytes += data.len();
+                let note = format!("[image {mime}, {} bytes]", data.len());
+                kept.push(crate::ToolPart::Image { mime, data });
+                parts.push(note);
+                continue;
             }
             "image" | "audio" => {
                 let mime = block
@@ -60,6 +97,7 @@ pub fn from_call_result(result: &Value, max: usize) -> ToolText {
             }
             other => format!("[{other} content, not included]"),
         };
+        kept.push(crate::ToolPart::Text(text.clone()));
         parts.push(text);
     }
     if !has_text {
@@ -71,9 +109,18 @@ pub fn from_call_result(result: &Value, max: usize) -> ToolText {
         .get("isError")
         .and_then(Value::as_bool)
         .unwrap_or(false);
+    let text = parts.join("\n");
+    // In parts only when it kept an image and its text needs no cut.
+    let in_parts = image_bytes > 0 && text.len() <= max;
+    if in_parts && !has_text {
+        if let Some(structured) = result.get("structuredContent") {
+            kept.push(crate::ToolPart::Text(structured.to_string()));
+        }
+    }
     ToolText {
-        content: truncate(parts.join("\n"), max),
+        content: truncate(text, max),
         is_error,
+        parts: in_parts.then_some(kept),
     }
 }
 
@@ -116,16 +163,43 @@ mod tests {
     fn blocks_become_text_in_order() {
         let r = json!({"content": [
             {"type": "text", "text": "one"},
-            {"type": "image", "mimeType": "image/png", "data": "AAAA"},
+            {"type": "image", "mimeType": "image/tiff", "data": "AAAA"},
             {"type": "resource", "resource": {"uri": "file:///a", "text": "body"}},
             {"type": "resource_link", "uri": "file:///b"}
         ]});
         let t = from_call_result(&r, 1000);
         assert_eq!(
             t.content,
-            "one\n[image image/png, about 3 bytes, not included]\n[resource file:///a]\nbody\n[resource link: file:///b]"
+            "one\n[image image/tiff, about 3 bytes, not included]\n[resource file:///a]\nbody\n[resource link: file:///b]"
         );
         assert!(!t.is_error);
+        assert_eq!(t.parts, None, "no image broca keeps");
+    }
+
+    #[test]
+    fn an_image_broca_renders_is_kept_in_parts_in_order() {
+        let r = json!({"content": [
+            {"type": "text", "text": "before"},
+            {"type": "image", "mimeType": "image/png", "data": "iVBORw=="},
+            {"type": "text", "text": "after"}
+        ]});
+        let t = from_call_result(&r, 1000);
+        assert_eq!(
+            t.parts,
+            Some(vec![
+                crate::ToolPart::Text("before".into()),
+                crate::ToolPart::Image {
+                    mime: "image/png".into(),
+                    data: b"\x89PNG".to_vec()
+                },
+                crate::ToolPart::Text("after".into()),
+            ])
+        );
+        // Data that does not decode is a note, as before.
+        let bad = json!({"content": [{"type": "image", "mimeType": "image/png", "data": "%%"}]});
+        assert_eq!(from_call_result(&bad, 1000).parts, None);
+        // A text over the limit is cut, and the images are notes in it.
+        assert_eq!(from_call_result(&r, 8).parts, None);
     }
 
     #[test]

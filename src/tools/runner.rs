@@ -67,9 +67,15 @@ impl ToolRunner for Router {
             return demo_word_count(&call).await;
         }
         match Router::call(self, &call, &route).await {
-            Ok(text) => ToolOutcome::Done {
-                content: text.content,
-                is_error: text.is_error,
+            Ok(text) => match text.parts {
+                Some(parts) => ToolOutcome::Parts {
+                    parts,
+                    is_error: text.is_error,
+                },
+                None => ToolOutcome::Done {
+                    content: text.content,
+                    is_error: text.is_error,
+                },
             },
             Err(CallError::Refused(reason)) => ToolOutcome::Refused { reason },
             Err(CallError::Indeterminate(why)) => {

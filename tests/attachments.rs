@@ -333,3 +333,82 @@ fn uploads_past_a_limit_or_of_a_type_the_model_does_not_take_write_nothing() {
     let (_, r) = rpc(&s, "session.send_status", json!({"send_id": "gif-1"}));
     assert_eq!(r["error"]["code"], "unknown_send", "{r}");
 }
+
+#[test]
+fn broca_send_attach_uploads_each_file_then_sends_them_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path();
+    let aimock = Aimock::start(&fixture("attachments.json"));
+    let log = state.join("requests.jsonl");
+    let proxy = Peer::start(
+        std::process::Command::new("python3")
+            .arg(support::peers_dir().join("recording_proxy.py"))
+            .env("REQUESTS_FILE", &log)
+            .env("UPSTREAM", aimock.url()),
+    );
+    let s = serve(state, &aimock, &proxy);
+    support::serve::send_until_completed(
+        &s,
+        json!({"prompt": "first", "model": "anthropic/m", "tools": []}),
+    );
+    let png = state.join("shot.png");
+    let pdf = state.join("notes.pdf");
+    std::fs::write(&png, image(100)).unwrap();
+    std::fs::write(&pdf, b"%PDF-1.7 notes").unwrap();
+    let base = [
+        "--project-root",
+        "/proj",
+        "--harness",
+        "h",
+        "--session",
+        "s1",
+    ];
+    let o = support::broca(state)
+        .arg("send")
+        .args(base)
+        .arg("--attach")
+        .arg(&png)
+        .arg("--attach")
+        .arg(&pdf)
+        .arg("look")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    let sent = requests(&log);
+    let user = sent.last().unwrap()["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    let content = user["content"].as_array().unwrap();
+    assert_eq!(
+        content
+            .iter()
+            .map(|b| b["type"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        ["text", "image", "document"],
+        "{user}"
+    );
+    assert_eq!(
+        B64.decode(content[2]["source"]["data"].as_str().unwrap())
+            .unwrap(),
+        b"%PDF-1.7 notes"
+    );
+    // A file of a type broca does not carry is refused before anything is sent.
+    let txt = state.join("notes.txt");
+    std::fs::write(&txt, "x").unwrap();
+    let o = support::broca(state)
+        .arg("send")
+        .args(base)
+        .arg("--attach")
+        .arg(&txt)
+        .arg("look")
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("notes.txt") && err.contains(".pdf"), "{err}");
+    assert_eq!(requests(&log).len(), sent.len(), "nothing was sent");
+}

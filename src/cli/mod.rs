@@ -25,6 +25,7 @@ use serve::parse_serve;
 mod remote;
 mod store;
 mod ui;
+mod uploads;
 
 pub use log::init_process;
 

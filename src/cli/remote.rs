@@ -33,6 +33,8 @@ Options:
                          the running run at its next step boundary; this then follows that
                          run) or interrupt (cancels the running run, then starts); a steer or
                          an interrupt takes the running run's model and settings
+  --attach FILE          attach an image (.png, .jpg, .gif, .webp) or a PDF, uploaded into the
+                         session first (repeatable, in order; not on a session's first send)
   --json                 print run.result's answer as the last stdout line, no text
   --connect URL|SOCKET   the daemon: http://HOST:PORT (handle from BROCA_HANDLE or the state
                          dir) or a Unix socket's path
@@ -199,6 +201,9 @@ fn send(c: Common, mut pargs: pico_args::Arguments) -> Result<u8, String> {
     let max_steps = pargs
         .opt_value_from_str::<_, u32>("--max-steps")
         .map_err(|e| format!("--max-steps: {e}"))?;
+    let attach: Vec<std::path::PathBuf> = pargs
+        .values_from_str("--attach")
+        .map_err(|e| format!("--attach: {e}"))?;
     let delivery = match opt(&mut pargs, "--delivery")?.as_deref() {
         None | Some("queue") => None,
         Some(mode @ ("steer" | "interrupt")) => Some(mode.to_string()),
@@ -247,6 +252,19 @@ fn send(c: Common, mut pargs: pico_args::Arguments) -> Result<u8, String> {
     }
     if let Some(n) = max_steps {
         params["max_steps"] = n.into();
+    }
+    if !attach.is_empty() {
+        let ids = match super::uploads::upload_files(&c.daemon, &c.params()?, &attach) {
+            Ok(ids) => ids,
+            Err(e) => {
+                broca_io::errln!("broca: {e}");
+                return Ok(EXIT_FAILURE);
+            }
+        };
+        params["content"] = ids
+            .iter()
+            .map(|id| json!({"type": "upload", "upload_id": id}))
+            .collect();
     }
     // Subscribed first: the answer's text is live only, so the stream must be open before
     // the run can say anything.

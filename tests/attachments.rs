@@ -248,6 +248,26 @@ fn an_upload_cut_mid_chunk_resumes_at_what_was_received_and_reaches_the_model() 
             "content": [{"type": "upload", "upload_id": open}]}),
     );
     assert_eq!(e["code"], "upload_gone", "{e}");
+    // `broca wal verify` checks the content store against the records: intact, then a
+    // damaged medium named.
+    let verify = || {
+        support::broca(state)
+            .args(["wal", "verify"])
+            .output()
+            .unwrap()
+    };
+    let o = verify();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains("1 media in its content store"), "{out}");
+    std::fs::write(&file, b"damaged").unwrap();
+    let o = verify();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains(&sha) && err.contains("no longer match"),
+        "{err}"
+    );
 }
 
 #[test]

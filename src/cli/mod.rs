@@ -26,6 +26,7 @@ mod remote;
 mod store;
 mod ui;
 mod uploads;
+mod verify_media;
 
 pub use log::init_process;
 
@@ -375,6 +376,19 @@ fn wal_verify(paths: Vec<OsString>, state_dir: Option<PathBuf>) -> u8 {
             let shown = file.display();
             let report = verify_file(&file);
             bar.clear();
+            // The content store of a WAL that reads: each medium it references.
+            if !report.is_failure() && !matches!(report, FileReport::Empty { .. }) {
+                match verify_media::check(&file) {
+                    Ok(0) => {}
+                    Ok(n) => broca_io::outln!(
+                        "ok    {shown}: {n} media in its content store, each as its records state"
+                    ),
+                    Err(e) => {
+                        failed += 1;
+                        broca_io::errln!("FAIL  {e}");
+                    }
+                }
+            }
             match report {
                 FileReport::Intact { records, end } => {
                     broca_io::outln!(

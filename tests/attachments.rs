@@ -20,6 +20,11 @@ const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STA
 /// `broca serve` on `state` whose Anthropic models take PNG images and PDFs (a provider-wide
 /// row of the catalog overrides), reaching aimock through `proxy`.
 fn serve(state: &Path, aimock: &Aimock, proxy: &Peer) -> Serve {
+    serve_env(state, aimock, proxy, &[])
+}
+
+/// [`serve`] with more environment (a crash point).
+fn serve_env(state: &Path, aimock: &Aimock, proxy: &Peer, more: &[(&str, &str)]) -> Serve {
     let catalog = state.join("catalog.json");
     std::fs::write(
         &catalog,
@@ -29,15 +34,13 @@ fn serve(state: &Path, aimock: &Aimock, proxy: &Peer) -> Serve {
         .to_string(),
     )
     .unwrap();
-    support::serve::start_env(
-        state,
-        aimock,
-        &[],
-        &[
-            ("BROCA_CATALOG_FILE", catalog.to_str().unwrap()),
-            ("BROCA_BASE_URL_ANTHROPIC", &proxy.url()),
-        ],
-    )
+    let url = proxy.url();
+    let mut env = vec![
+        ("BROCA_CATALOG_FILE", catalog.to_str().unwrap()),
+        ("BROCA_BASE_URL_ANTHROPIC", url.as_str()),
+    ];
+    env.extend_from_slice(more);
+    support::serve::start_env(state, aimock, &[], &env)
 }
 
 fn sha256(bytes: &[u8]) -> String {
@@ -431,4 +434,69 @@ fn broca_send_attach_uploads_each_file_then_sends_them_in_order() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("notes.txt") && err.contains(".pdf"), "{err}");
     assert_eq!(requests(&log).len(), sent.len(), "nothing was sent");
+}
+
+#[test]
+fn a_kill_right_after_a_commit_is_durable_keeps_the_upload_committed() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path();
+    let aimock = Aimock::start(&fixture("attachments.json"));
+    let log = state.join("requests.jsonl");
+    let proxy = Peer::start(
+        std::process::Command::new("python3")
+            .arg(support::peers_dir().join("recording_proxy.py"))
+            .env("REQUESTS_FILE", &log)
+            .env("UPSTREAM", aimock.url()),
+    );
+    // broca aborts right after the commit's record is durable, before its answer.
+    let mut s = serve_env(
+        state,
+        &aimock,
+        &proxy,
+        &[("BROCA_CRASH_AT", "upload_committed:1")],
+    );
+    support::serve::send_until_completed(
+        &s,
+        json!({"prompt": "first", "model": "anthropic/m", "tools": []}),
+    );
+    let bytes = image(5_000);
+    let sha = sha256(&bytes);
+    let id = ok(
+        &s,
+        "session.upload_begin",
+        json!({"mime": "image/png", "bytes": bytes.len(), "sha256": sha}),
+    )["upload_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    append(&s, &id, 0, &bytes);
+    let body = json!({"method": "session.upload_commit", "params": {"project_root": "/proj",
+        "harness": "h", "session": "s1", "upload_id": id}})
+    .to_string();
+    let mut c = std::net::TcpStream::connect(&s.addr).unwrap();
+    write!(
+        c,
+        "POST /v1/rpc HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Length: \
+         {}\r\nConnection: close\r\n\r\n{body}",
+        s.handle,
+        body.len()
+    )
+    .unwrap();
+    let mut answer = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut c, &mut answer);
+    assert!(answer.is_empty(), "answered before the crash: {answer:?}");
+    let died = s.child.wait().unwrap();
+    assert!(!died.success(), "broca aborted at its crash point");
+    drop(s);
+    let s = serve(state, &aimock, &proxy);
+    assert_eq!(
+        ok(&s, "session.upload_status", json!({"upload_id": id})),
+        json!({"state": "committed", "received": bytes.len()})
+    );
+    support::serve::send_until_completed(
+        &s,
+        json!({"prompt": "look", "model": "anthropic/m", "tools": [],
+            "content": [{"type": "upload", "upload_id": id}]}),
+    );
+    assert_eq!(media_read(&s, &sha), bytes);
 }

@@ -500,3 +500,75 @@ fn a_kill_right_after_a_commit_is_durable_keeps_the_upload_committed() {
     );
     assert_eq!(media_read(&s, &sha), bytes);
 }
+
+#[test]
+fn a_packed_sessions_media_are_read_and_sent_again_after_its_restore() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path();
+    let aimock = Aimock::start(&fixture("attachments.json"));
+    let log = state.join("requests.jsonl");
+    let proxy = Peer::start(
+        std::process::Command::new("python3")
+            .arg(support::peers_dir().join("recording_proxy.py"))
+            .env("REQUESTS_FILE", &log)
+            .env("UPSTREAM", aimock.url()),
+    );
+    let s = serve(state, &aimock, &proxy);
+    support::serve::send_until_completed(
+        &s,
+        json!({"prompt": "first", "model": "anthropic/m", "tools": []}),
+    );
+    let bytes = image(10_000);
+    let sha = sha256(&bytes);
+    let id = ok(
+        &s,
+        "session.upload_begin",
+        json!({"mime": "image/png", "bytes": bytes.len(), "sha256": sha}),
+    )["upload_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    append(&s, &id, 0, &bytes);
+    ok(&s, "session.upload_commit", json!({"upload_id": id}));
+    support::serve::send_until_completed(
+        &s,
+        json!({"prompt": "look", "model": "anthropic/m", "tools": [],
+            "content": [{"type": "upload", "upload_id": id}]}),
+    );
+    drop(s);
+    // The WAL packed into a container; its media stay in the session's content store.
+    let o = support::broca(state)
+        .args(["archive", "pack", "--idle-days", "0"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let live = std::fs::read_dir(state.join("wal"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "wal")
+        })
+        .count();
+    assert_eq!(live, 0, "the WAL was packed");
+    let s = serve(state, &aimock, &proxy);
+    assert_eq!(media_read(&s, &sha), bytes, "read while packed");
+    // A send restores the session; the model gets the earlier image again with the history.
+    let before = requests(&log).len();
+    support::serve::send_until_completed(
+        &s,
+        json!({"prompt": "look", "model": "anthropic/m", "tools": []}),
+    );
+    let sent = requests(&log);
+    assert_eq!(sent.len(), before + 1);
+    let images = sent.last().unwrap()["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
+        .filter(|b| b["type"] == "image")
+        .count();
+    assert_eq!(images, 1, "the restored session's image reached the model");
+}

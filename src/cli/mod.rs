@@ -142,7 +142,9 @@ params and answer):
   POST /v1/rpc {\"method\", \"params\"}   session.send, run.status, run.result, run.cancel,
                     run.tool_calls, session.read, session.head, session.history,
                     session.retract, session.send_status (also send.status), session.import,
-                    role.describe, session.baseline, sessions.list, runs.list
+                    role.describe, session.baseline, sessions.list, runs.list,
+                    session.upload_begin, session.upload_append, session.upload_status,
+                    session.upload_commit, session.media_read (docs/attachments.md)
   GET /v1/subscribe?project_root=P&harness=H&session=S&from=start|live|CURSOR
                     the session's events as server-sent events, or a WebSocket on upgrade;
                     Last-Event-ID resumes after a cursor

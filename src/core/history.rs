@@ -124,7 +124,7 @@ pub fn history_page(
         }
     })?;
     let (page, range) = match s {
-        Some(s) => gather(s, start, total, bounds),
+        Some(s) => gather(s, start, total, bounds, req.media.unwrap_or_default()),
         None => (Vec::new(), 0..0),
     };
     let mut out = HistoryPage::new(HISTORY_VERSION, incarnation, page);
@@ -152,12 +152,17 @@ fn gather(
     start: Walk,
     total: usize,
     bounds: crate::role::Bounds,
+    media: cortexkit_role_llm_runner::read::MediaMode,
 ) -> (Vec<HistoryEntry>, std::ops::Range<usize>) {
     let last = last_entries(s);
     let mut messages = Vec::new();
     let mut bytes = 0;
+    let facts = Facts {
+        media,
+        ..Facts::default()
+    };
     let one = |i: usize| {
-        let read = entry(s, i, &last, Facts::default());
+        let read = entry(s, i, &last, facts);
         let n = crate::role::size(&read);
         let entry = HistoryEntry::from_read(read).expect("every entry states when it was written");
         (entry, n)

@@ -35,6 +35,69 @@ impl FileReport {
     }
 }
 
+/// The media the WAL at `path` references (a send's attachments, a tool's images, a committed
+/// upload), each once, read page by page (bounded memory, as `wal verify` reads). A record
+/// of a media-bearing kind that does not decode is skipped: `verify_file` names it.
+pub fn referenced_media(path: &Path) -> Result<Vec<broca_protocol::media::Media>, WalError> {
+    use super::record::kind;
+    use std::collections::BTreeMap;
+    let Some(mut reader) = PagedReader::open_if_any(path)? else {
+        return Ok(Vec::new());
+    };
+    let mut media: BTreeMap<String, broca_protocol::media::Media> = BTreeMap::new();
+    let mut begun: BTreeMap<String, broca_protocol::media::Media> = BTreeMap::new();
+    loop {
+        let page = reader.next_frames(PAGE_BYTES, true)?;
+        if page.is_empty() {
+            break;
+        }
+        for f in page {
+            if !matches!(
+                f.kind,
+                kind::RUN_STARTED
+                    | kind::SEND_QUEUED
+                    | kind::SEND_STEERED
+                    | kind::TOOL_RESULT
+                    | kind::UPLOAD_BEGUN
+                    | kind::UPLOAD_COMMITTED
+            ) {
+                continue;
+            }
+            let mut add = |m: &broca_protocol::media::Media| {
+                media.insert(m.sha256.clone(), m.clone());
+            };
+            match Record::decode(f.kind, &f.payload) {
+                Ok(Record::RunStarted(r)) => r.media.iter().for_each(&mut add),
+                Ok(Record::SendQueued(r)) => r.media.iter().for_each(&mut add),
+                Ok(Record::SendSteered(r)) => r.media.iter().for_each(&mut add),
+                Ok(Record::ToolResult(r)) => r.result.parts.iter().for_each(|p| {
+                    if let crate::runrec::ResultPart::Media(m) = p {
+                        add(m)
+                    }
+                }),
+                Ok(Record::UploadBegun(u)) => {
+                    let m = broca_protocol::media::Media {
+                        kind: broca_protocol::media::kind_of(&u.mime)
+                            .unwrap_or(broca_protocol::media::kind::DOCUMENT)
+                            .into(),
+                        mime: u.mime,
+                        bytes: u.bytes,
+                        sha256: u.sha256,
+                    };
+                    begun.insert(u.upload_id, m);
+                }
+                Ok(Record::UploadCommitted(u)) => {
+                    if let Some(m) = begun.remove(&u.upload_id) {
+                        add(&m);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(media.into_values().collect())
+}
+
 /// Reads the file at `path` and scans it.
 pub fn read_and_scan(path: &Path) -> Result<(Vec<u8>, Scan), WalError> {
     let bytes = fs::read(path).map_err(|e| WalError::Io {

@@ -30,22 +30,58 @@ pub const CONTRADICTIONS: &[Contradiction] = &[Contradiction {
           text it stored",
 }];
 
+/// Cases the adapter declines, and why in broca's words (the suite's own reason names only the
+/// hook the adapter leaves unanswered).
+pub const DECLINED: &[(&str, &str)] = &[
+    ("media_descriptors_stable_across_pages", "its tool result is 3.5 MB of text; broca keeps tool-provider/v1's 64 KiB model-visible limit (a larger answer is discarded as `tool_result_too_large`), so no tool of broca's returns one, and the adapter offers no such result"),
+    ("media_descriptors_frame_budget", "its mixed-size multipart tool result is megabytes of text, over the same 64 KiB limit; the adapter offers no multipart result"),
+];
+
 /// Why broca does not declare a capability yet, one line each (the skipped cases are grouped
 /// by it).
 pub const NOT_DECLARED: &[(&str, &str)] = &[
-    ("attachments", "uploads and media reads are not built (their issue: how a host talks to a running session)"),
-    ("delivery_order", "lists of delivery modes and plan-named senders need plans, not built (the plans issue)"),
+    (
+        "delivery_order",
+        "lists of delivery modes and plan-named senders need plans, not built (the plans issue)",
+    ),
     ("plans", "broca admits no fetch plan yet (the plans issue)"),
-    ("session_change", "mid-session plan changes need plans (the plans issue)"),
-    ("adopt", "adopting a host-started session needs plans (the plans issue)"),
-    ("user_commands", "person-only commands need a host menu and plans (the plans issue)"),
-    ("retention", "whole-session retention is not built (the plans issue)"),
-    ("session_retention", "per-session retention and release are not built (the plans issue)"),
-    ("advance_retention_clock", "no retention clock to move without retention"),
-    ("host_metadata_change", "broca is its own host: nothing outside the role changes a session's metadata"),
-    ("kill_at:UserCommandForwarded", "broca forwards no person commands"),
+    (
+        "session_change",
+        "mid-session plan changes need plans (the plans issue)",
+    ),
+    (
+        "adopt",
+        "adopting a host-started session needs plans (the plans issue)",
+    ),
+    (
+        "user_commands",
+        "person-only commands need a host menu and plans (the plans issue)",
+    ),
+    (
+        "retention",
+        "whole-session retention is not built (the plans issue)",
+    ),
+    (
+        "session_retention",
+        "per-session retention and release are not built (the plans issue)",
+    ),
+    (
+        "advance_retention_clock",
+        "no retention clock to move without retention",
+    ),
+    (
+        "host_metadata_change",
+        "broca is its own host: nothing outside the role changes a session's metadata",
+    ),
+    (
+        "kill_at:UserCommandForwarded",
+        "broca forwards no person commands",
+    ),
     ("kill_at:ReleasePending", "broca has no deferred release"),
-    ("kill_at:RetentionTombstoned", "broca writes no retention tombstones"),
+    (
+        "kill_at:RetentionTombstoned",
+        "broca writes no retention tombstones",
+    ),
 ];
 
 /// One word for an outcome, for the progress lines.
@@ -135,8 +171,13 @@ fn lines(report: &SuiteReport) -> Lines {
                     .push(format!("- `{}`: {}", case.case, flat(reason)))
             }
             CaseOutcome::Inapplicable { reason } => {
+                let ours = DECLINED
+                    .iter()
+                    .find(|(c, _)| *c == case.case)
+                    .map(|(_, why)| format!(" (broca: {why})"))
+                    .unwrap_or_default();
                 l.inapplicable
-                    .push(format!("- `{}`: {}", case.case, flat(reason)))
+                    .push(format!("- `{}`: {}{ours}", case.case, flat(reason)))
             }
             CaseOutcome::Skipped { missing } | CaseOutcome::SkippedWithReason { missing, .. } => {
                 l.skipped_count += 1;

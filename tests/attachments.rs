@@ -79,12 +79,32 @@ fn append(s: &Serve, id: &str, offset: usize, chunk: &[u8]) -> Value {
 
 /// The request bodies the proxy passed on, in order.
 fn requests(file: &Path) -> Vec<Value> {
-    std::fs::read_to_string(file)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .map(|r| serde_json::from_str(r["body"].as_str().unwrap()).unwrap())
-        .collect()
+    support::recorded_bodies(file)
+}
+
+/// aimock on the attachments fixture, behind a proxy that keeps each request in the file.
+fn peers(state: &Path) -> (Aimock, std::path::PathBuf, Peer) {
+    let aimock = Aimock::start(&fixture("attachments.json"));
+    let log = state.join("requests.jsonl");
+    let proxy = Peer::recording_proxy(&log, &aimock.url());
+    (aimock, log, proxy)
+}
+
+/// Begins, appends whole and commits an upload of `bytes`: its id.
+fn upload(s: &Serve, bytes: &[u8]) -> String {
+    let id = ok(
+        s,
+        "session.upload_begin",
+        json!({"mime": "image/png", "bytes": bytes.len(), "sha256": sha256(bytes)}),
+    )["upload_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for (i, chunk) in bytes.chunks(2 * 1024 * 1024).enumerate() {
+        append(s, &id, i * 2 * 1024 * 1024, chunk);
+    }
+    ok(s, "session.upload_commit", json!({"upload_id": id}));
+    id
 }
 
 /// The whole media of digest `sha`, read back in chunks.
@@ -108,14 +128,7 @@ fn media_read(s: &Serve, sha: &str) -> Vec<u8> {
 fn an_upload_cut_mid_chunk_resumes_at_what_was_received_and_reaches_the_model() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path();
-    let aimock = Aimock::start(&fixture("attachments.json"));
-    let log = state.join("requests.jsonl");
-    let proxy = Peer::start(
-        std::process::Command::new("python3")
-            .arg(support::peers_dir().join("recording_proxy.py"))
-            .env("REQUESTS_FILE", &log)
-            .env("UPSTREAM", aimock.url()),
-    );
+    let (aimock, log, proxy) = peers(state);
     let s = serve(state, &aimock, &proxy);
     // No uploads into a session never written.
     let e = refused(
@@ -277,14 +290,7 @@ fn an_upload_cut_mid_chunk_resumes_at_what_was_received_and_reaches_the_model() 
 fn uploads_past_a_limit_or_of_a_type_the_model_does_not_take_write_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path();
-    let aimock = Aimock::start(&fixture("attachments.json"));
-    let log = state.join("requests.jsonl");
-    let proxy = Peer::start(
-        std::process::Command::new("python3")
-            .arg(support::peers_dir().join("recording_proxy.py"))
-            .env("REQUESTS_FILE", &log)
-            .env("UPSTREAM", aimock.url()),
-    );
+    let (aimock, _log, proxy) = peers(state);
     let s = serve(state, &aimock, &proxy);
     support::serve::send_until_completed(
         &s,
@@ -361,14 +367,7 @@ fn uploads_past_a_limit_or_of_a_type_the_model_does_not_take_write_nothing() {
 fn broca_send_attach_uploads_each_file_then_sends_them_in_order() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path();
-    let aimock = Aimock::start(&fixture("attachments.json"));
-    let log = state.join("requests.jsonl");
-    let proxy = Peer::start(
-        std::process::Command::new("python3")
-            .arg(support::peers_dir().join("recording_proxy.py"))
-            .env("REQUESTS_FILE", &log)
-            .env("UPSTREAM", aimock.url()),
-    );
+    let (aimock, log, proxy) = peers(state);
     let s = serve(state, &aimock, &proxy);
     support::serve::send_until_completed(
         &s,
@@ -378,14 +377,7 @@ fn broca_send_attach_uploads_each_file_then_sends_them_in_order() {
     let pdf = state.join("notes.pdf");
     std::fs::write(&png, image(100)).unwrap();
     std::fs::write(&pdf, b"%PDF-1.7 notes").unwrap();
-    let base = [
-        "--project-root",
-        "/proj",
-        "--harness",
-        "h",
-        "--session",
-        "s1",
-    ];
+    let base = support::serve::CLI_SESSION;
     let o = support::broca(state)
         .arg("send")
         .args(base)
@@ -440,14 +432,7 @@ fn broca_send_attach_uploads_each_file_then_sends_them_in_order() {
 fn a_kill_right_after_a_commit_is_durable_keeps_the_upload_committed() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path();
-    let aimock = Aimock::start(&fixture("attachments.json"));
-    let log = state.join("requests.jsonl");
-    let proxy = Peer::start(
-        std::process::Command::new("python3")
-            .arg(support::peers_dir().join("recording_proxy.py"))
-            .env("REQUESTS_FILE", &log)
-            .env("UPSTREAM", aimock.url()),
-    );
+    let (aimock, _log, proxy) = peers(state);
     // broca aborts right after the commit's record is durable, before its answer.
     let mut s = serve_env(
         state,
@@ -505,14 +490,7 @@ fn a_kill_right_after_a_commit_is_durable_keeps_the_upload_committed() {
 fn a_packed_sessions_media_are_read_and_sent_again_after_its_restore() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path();
-    let aimock = Aimock::start(&fixture("attachments.json"));
-    let log = state.join("requests.jsonl");
-    let proxy = Peer::start(
-        std::process::Command::new("python3")
-            .arg(support::peers_dir().join("recording_proxy.py"))
-            .env("REQUESTS_FILE", &log)
-            .env("UPSTREAM", aimock.url()),
-    );
+    let (aimock, log, proxy) = peers(state);
     let s = serve(state, &aimock, &proxy);
     support::serve::send_until_completed(
         &s,
@@ -520,16 +498,7 @@ fn a_packed_sessions_media_are_read_and_sent_again_after_its_restore() {
     );
     let bytes = image(10_000);
     let sha = sha256(&bytes);
-    let id = ok(
-        &s,
-        "session.upload_begin",
-        json!({"mime": "image/png", "bytes": bytes.len(), "sha256": sha}),
-    )["upload_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    append(&s, &id, 0, &bytes);
-    ok(&s, "session.upload_commit", json!({"upload_id": id}));
+    let id = upload(&s, &bytes);
     support::serve::send_until_completed(
         &s,
         json!({"prompt": "look", "model": "anthropic/m", "tools": [],

@@ -11,14 +11,7 @@ use support::serve::{attach_json, rpc, until_unit, wait_for, Serve};
 use support::{broca, dump_all};
 
 /// The session `rpc` talks to, as the CLI names it.
-const BASE: [&str; 6] = [
-    "--project-root",
-    "/proj",
-    "--harness",
-    "h",
-    "--session",
-    "s1",
-];
+const BASE: [&str; 6] = support::serve::CLI_SESSION;
 
 fn serve(state: &std::path::Path) -> Serve {
     let mut cmd = broca(state);

@@ -316,15 +316,8 @@ fn session_read_works_while_another_process_holds_the_wal() {
     let mut run = broca(&state)
         .env("ANTHROPIC_API_KEY", "sk-serve-test-0123456789")
         .args(["run", "--model", "anthropic/m", "--base-url", &peer.url()])
-        .args([
-            "--project-root",
-            "/proj",
-            "--harness",
-            "h",
-            "--session",
-            "s1",
-            "slow please",
-        ])
+        .args(support::serve::CLI_SESSION)
+        .arg("slow please")
         .stdout(Stdio::null())
         .spawn()
         .unwrap();

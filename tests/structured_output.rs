@@ -62,12 +62,7 @@ fn run(s: &Serve, session: &str, prompt: &str, so: Value) -> Value {
 
 /// The request bodies the proxy passed on, in order.
 fn requests(file: &Path) -> Vec<Value> {
-    std::fs::read_to_string(file)
-        .unwrap_or_default()
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .map(|r| serde_json::from_str(r["body"].as_str().unwrap()).unwrap())
-        .collect()
+    support::recorded_bodies(file)
 }
 
 #[test]
@@ -76,12 +71,7 @@ fn a_shaped_run_reports_its_value_validated_and_keeps_it_across_a_restart() {
     let state = dir.path();
     let aimock = Aimock::start(&fixture("structured.json"));
     let log = state.join("requests.jsonl");
-    let proxy = Peer::start(
-        std::process::Command::new("python3")
-            .arg(support::peers_dir().join("recording_proxy.py"))
-            .env("REQUESTS_FILE", &log)
-            .env("UPSTREAM", aimock.url()),
-    );
+    let proxy = Peer::recording_proxy(&log, &aimock.url());
     let s = serve(state, &aimock, &proxy);
     let final_text = json!({"mode": "final_text", "name": "verdict", "schema": schema()});
 

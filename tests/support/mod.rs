@@ -330,6 +330,17 @@ impl Peer {
         format!("http://127.0.0.1:{}", self.1)
     }
 
+    /// tests/peers/recording_proxy.py in front of `upstream`: each request it passes on is
+    /// logged to `requests_file` (read back by [`recorded_bodies`]).
+    pub fn recording_proxy(requests_file: &Path, upstream: &str) -> Peer {
+        Peer::start(
+            Command::new("python3")
+                .arg(peers_dir().join("recording_proxy.py"))
+                .env("REQUESTS_FILE", requests_file)
+                .env("UPSTREAM", upstream),
+        )
+    }
+
     /// A Python peer of tests/peers that logs each request it gets to `requests_file`.
     pub fn python(script: &str, requests_file: &Path) -> Peer {
         Peer::start(
@@ -345,6 +356,17 @@ impl Drop for Peer {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// The request bodies a [`Peer::recording_proxy`] passed on, in order, as JSON.
+#[allow(dead_code)]
+pub fn recorded_bodies(requests_file: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(requests_file)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .map(|r| serde_json::from_str(r["body"].as_str().unwrap()).unwrap())
+        .collect()
 }
 
 /// Every file under `dir`, at any depth.

@@ -145,6 +145,17 @@ pub fn post(s: &Serve, body: &str) -> (u16, Value) {
     (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
 }
 
+/// The session [`rpc`] talks to, as the command line names it.
+#[allow(dead_code)]
+pub const CLI_SESSION: [&str; 6] = [
+    "--project-root",
+    "/proj",
+    "--harness",
+    "h",
+    "--session",
+    "s1",
+];
+
 pub fn rpc(s: &Serve, method: &str, params: Value) -> (u16, Value) {
     let mut p = json!({"project_root": "/proj", "harness": "h", "session": "s1"});
     p.as_object_mut()

@@ -90,16 +90,29 @@ fn peers(state: &Path) -> (Aimock, std::path::PathBuf, Peer) {
     (aimock, log, proxy)
 }
 
-/// Begins, appends whole and commits an upload of `bytes`: its id.
-fn upload(s: &Serve, bytes: &[u8]) -> String {
-    let id = ok(
+/// Begins an upload of `bytes` (a PNG): its id.
+fn begin(s: &Serve, bytes: &[u8]) -> String {
+    ok(
         s,
         "session.upload_begin",
         json!({"mime": "image/png", "bytes": bytes.len(), "sha256": sha256(bytes)}),
     )["upload_id"]
         .as_str()
         .unwrap()
-        .to_string();
+        .to_string()
+}
+
+/// The session's first send (there are no uploads into a session never written).
+fn first(s: &Serve) {
+    support::serve::send_until_completed(
+        s,
+        json!({"prompt": "first", "model": "anthropic/m", "tools": []}),
+    );
+}
+
+/// Begins, appends whole and commits an upload of `bytes`: its id.
+fn upload(s: &Serve, bytes: &[u8]) -> String {
+    let id = begin(s, bytes);
     for (i, chunk) in bytes.chunks(2 * 1024 * 1024).enumerate() {
         append(s, &id, i * 2 * 1024 * 1024, chunk);
     }
@@ -137,20 +150,10 @@ fn an_upload_cut_mid_chunk_resumes_at_what_was_received_and_reaches_the_model() 
         json!({"mime": "image/png", "bytes": 3, "sha256": sha256(b"abc")}),
     );
     assert_eq!(e["code"], "unknown_session", "{e}");
-    support::serve::send_until_completed(
-        &s,
-        json!({"prompt": "first", "model": "anthropic/m", "tools": []}),
-    );
+    first(&s);
     let bytes = image(3_000_000);
     let sha = sha256(&bytes);
-    let id = ok(
-        &s,
-        "session.upload_begin",
-        json!({"mime": "image/png", "bytes": bytes.len(), "sha256": sha}),
-    )["upload_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = begin(&s, &bytes);
     const CHUNK: usize = 2 * 1024 * 1024;
     assert_eq!(append(&s, &id, 0, &bytes[..CHUNK])["received"], CHUNK);
     // The next chunk's request cut halfway through its body: the client went away.
@@ -292,10 +295,7 @@ fn uploads_past_a_limit_or_of_a_type_the_model_does_not_take_write_nothing() {
     let state = dir.path();
     let (aimock, _log, proxy) = peers(state);
     let s = serve(state, &aimock, &proxy);
-    support::serve::send_until_completed(
-        &s,
-        json!({"prompt": "first", "model": "anthropic/m", "tools": []}),
-    );
+    first(&s);
     let wal = std::fs::read_dir(state.join("wal"))
         .unwrap()
         .find_map(|e| {
@@ -369,10 +369,7 @@ fn broca_send_attach_uploads_each_file_then_sends_them_in_order() {
     let state = dir.path();
     let (aimock, log, proxy) = peers(state);
     let s = serve(state, &aimock, &proxy);
-    support::serve::send_until_completed(
-        &s,
-        json!({"prompt": "first", "model": "anthropic/m", "tools": []}),
-    );
+    first(&s);
     let png = state.join("shot.png");
     let pdf = state.join("notes.pdf");
     std::fs::write(&png, image(100)).unwrap();
@@ -440,20 +437,10 @@ fn a_kill_right_after_a_commit_is_durable_keeps_the_upload_committed() {
         &proxy,
         &[("BROCA_CRASH_AT", "upload_committed:1")],
     );
-    support::serve::send_until_completed(
-        &s,
-        json!({"prompt": "first", "model": "anthropic/m", "tools": []}),
-    );
+    first(&s);
     let bytes = image(5_000);
     let sha = sha256(&bytes);
-    let id = ok(
-        &s,
-        "session.upload_begin",
-        json!({"mime": "image/png", "bytes": bytes.len(), "sha256": sha}),
-    )["upload_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let id = begin(&s, &bytes);
     append(&s, &id, 0, &bytes);
     let body = json!({"method": "session.upload_commit", "params": {"project_root": "/proj",
         "harness": "h", "session": "s1", "upload_id": id}})
@@ -492,10 +479,7 @@ fn a_packed_sessions_media_are_read_and_sent_again_after_its_restore() {
     let state = dir.path();
     let (aimock, log, proxy) = peers(state);
     let s = serve(state, &aimock, &proxy);
-    support::serve::send_until_completed(
-        &s,
-        json!({"prompt": "first", "model": "anthropic/m", "tools": []}),
-    );
+    first(&s);
     let bytes = image(10_000);
     let sha = sha256(&bytes);
     let id = upload(&s, &bytes);

@@ -474,7 +474,7 @@ fn a_kill_right_after_a_commit_is_durable_keeps_the_upload_committed() {
 }
 
 #[test]
-fn a_packed_sessions_media_are_read_and_sent_again_after_its_restore() {
+fn a_packed_sessions_media_go_into_its_container_and_come_back_with_its_restore() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path();
     let (aimock, log, proxy) = peers(state);
@@ -489,7 +489,7 @@ fn a_packed_sessions_media_are_read_and_sent_again_after_its_restore() {
             "content": [{"type": "upload", "upload_id": id}]}),
     );
     drop(s);
-    // The WAL packed into a container; its media stay in the session's content store.
+    // The WAL packed into a container, and the session's media with it.
     let o = support::broca(state)
         .args(["archive", "pack", "--idle-days", "0"])
         .output()
@@ -506,8 +506,21 @@ fn a_packed_sessions_media_are_read_and_sent_again_after_its_restore() {
         })
         .count();
     assert_eq!(live, 0, "the WAL was packed");
+    let store = std::fs::read_dir(state.join("media"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect::<Vec<_>>();
+    assert!(
+        store.is_empty(),
+        "its media went into the container: {store:?}"
+    );
+    let o = support::broca(state)
+        .args(["archive", "verify"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let s = serve(state, &aimock, &proxy);
-    assert_eq!(media_read(&s, &sha), bytes, "read while packed");
+    assert_eq!(media_read(&s, &sha), bytes, "read from the container");
     // A send restores the session; the model gets the earlier image again with the history.
     let before = requests(&log).len();
     support::serve::send_until_completed(
@@ -524,4 +537,14 @@ fn a_packed_sessions_media_are_read_and_sent_again_after_its_restore() {
         .filter(|b| b["type"] == "image")
         .count();
     assert_eq!(images, 1, "the restored session's image reached the model");
+    let back: Vec<_> = std::fs::read_dir(state.join("media"))
+        .unwrap()
+        .map(|e| e.unwrap().path().join(&sha))
+        .collect();
+    assert_eq!(back.len(), 1);
+    assert_eq!(
+        std::fs::read(&back[0]).unwrap(),
+        bytes,
+        "restored with its WAL"
+    );
 }

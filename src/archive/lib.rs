@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use broca_wal::archive::{self as format, hex, Index, Member};
+use broca_wal::archive::{self as format, hex, Index, MediaMember, Member};
 use broca_wal::{Record, Verdict};
 
 /// Sessions packed and restored by this process (for `/metrics`).
@@ -88,8 +88,46 @@ struct Chosen {
     file_len: u64,
     bytes: Vec<u8>,
     member: Member,
-    /// The newest container already holds these exact bytes.
+    /// The session's media (its content store's files named by digest): digest and bytes.
+    media: Vec<(String, Vec<u8>)>,
+    /// The newest container already holds these exact bytes (and every medium).
     already_sealed: bool,
+}
+
+/// A session's content store: `media/<address>/` beside the WAL folder of `wal_path`.
+fn media_dir(wal_path: &Path) -> PathBuf {
+    let stem = wal_path.file_stem().unwrap_or_default();
+    wal_path
+        .parent()
+        .and_then(Path::parent)
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+        .join("media")
+        .join(stem)
+}
+
+/// The media of the session of `wal_path` (files named by a lowercase SHA-256), read.
+fn read_media(wal_path: &Path) -> std::io::Result<Vec<(String, Vec<u8>)>> {
+    let dir = media_dir(wal_path);
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut media = Vec::new();
+    for e in entries {
+        let e = e?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        let digest = name.len() == 64
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        if digest && e.file_type()?.is_file() {
+            media.push((name, std::fs::read(e.path())?));
+        }
+    }
+    media.sort();
+    Ok(media)
 }
 
 fn now_ms() -> u64 {
@@ -195,10 +233,16 @@ fn choose(path: &Path, idle: Duration, now: SystemTime) -> Result<Chosen, Skip> 
     bytes.truncate(scan.end as usize);
     let digest = hex(blake3::hash(&bytes).as_bytes());
     let archive_dir = format::dir_of(path.parent().unwrap_or(Path::new(".")));
+    let media = read_media(path).map_err(io("read the session's media"))?;
     let already_sealed = format::find(&archive_dir, &file_name)
         .ok()
         .flatten()
-        .is_some_and(|(_, m)| m.blake3 == digest);
+        .is_some_and(|(c, m)| {
+            m.blake3 == digest
+                && media
+                    .iter()
+                    .all(|(sha, _)| c.media_of(&file_name).any(|x| &x.sha256 == sha))
+        });
     let h = &scan.header;
     let member = Member {
         file: file_name,
@@ -217,6 +261,7 @@ fn choose(path: &Path, idle: Duration, now: SystemTime) -> Result<Chosen, Skip> 
         file_len,
         bytes,
         member,
+        media,
         already_sealed,
     })
 }
@@ -273,9 +318,10 @@ pub fn pack(
                 report.packed.push(c.member);
             }
             Ok(c) => {
+                let size = c.member.size + c.media.iter().map(|m| m.1.len() as u64).sum::<u64>();
                 if !batch.is_empty()
                     && (batch.len() >= MEMBERS_PER_CONTAINER
-                        || batch_bytes + c.member.size > CONTAINER_BYTES_MAX)
+                        || batch_bytes + size > CONTAINER_BYTES_MAX)
                 {
                     seal_and_remove(
                         &archive_dir,
@@ -286,7 +332,7 @@ pub fn pack(
                     )?;
                     batch_bytes = 0;
                 }
-                batch_bytes += c.member.size;
+                batch_bytes += size;
                 batch.push(c);
             }
         }
@@ -314,7 +360,15 @@ fn seal_and_remove(
     if !fresh.is_empty() {
         let members: Vec<Member> = fresh.iter().map(|c| c.member.clone()).collect();
         let bytes: Vec<&[u8]> = fresh.iter().map(|c| c.bytes.as_slice()).collect();
-        let (path, _) = write_container(archive_dir, &members, &bytes)?;
+        let media: Vec<(&str, &str, &[u8])> = fresh
+            .iter()
+            .flat_map(|c| {
+                c.media
+                    .iter()
+                    .map(|(sha, b)| (c.member.file.as_str(), sha.as_str(), b.as_slice()))
+            })
+            .collect();
+        let (path, _) = write_container(archive_dir, &members, &bytes, &media)?;
         progress(Progress::Sealed {
             path: path.clone(),
             members: members.len(),
@@ -324,6 +378,7 @@ fn seal_and_remove(
     // Every byte of every chosen WAL is now in a durable, sealed container.
     let chosen = sealed.len() + fresh.len();
     let mut removed = 0;
+    let mut media_removed = false;
     for c in sealed.into_iter().chain(fresh) {
         // The lease was held since the bytes were read: a WAL that changed anyway (a writer
         // that ignores the lease) stays live.
@@ -335,6 +390,13 @@ fn seal_and_remove(
             continue;
         }
         std::fs::remove_file(&c.path).map_err(|e| Error::io(&c.path, "remove", e))?;
+        // Its media are in the container too: the content store goes with the WAL (an open
+        // upload's part, lost with the process that took it, with them).
+        let media = media_dir(&c.path);
+        if media.exists() {
+            std::fs::remove_dir_all(&media).map_err(|e| Error::io(&media, "remove", e))?;
+            media_removed = true;
+        }
         removed += 1;
         if removed == 1 {
             crash_point("archive_removed_one");
@@ -346,6 +408,14 @@ fn seal_and_remove(
     }
     assert!(removed <= chosen, "only chosen WALs are removed");
     sync_dir(wal_dir)?;
+    if media_removed {
+        let root = wal_dir
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+            .join("media");
+        sync_dir(&root)?;
+    }
     crash_point("archive_packed");
     Ok(())
 }
@@ -356,6 +426,7 @@ fn write_container(
     archive_dir: &Path,
     members: &[Member],
     bytes: &[&[u8]],
+    media: &[(&str, &str, &[u8])],
 ) -> Result<(PathBuf, String), Error> {
     let tmp = archive_dir.join(format!(
         ".pack-{}-{}.tmp",
@@ -383,6 +454,7 @@ fn write_container(
         format: 1,
         created_unix_ms: now_ms(),
         members: Vec::with_capacity(members.len()),
+        media: Vec::with_capacity(media.len()),
     };
     assert_eq!(members.len(), bytes.len(), "each member has its bytes");
     assert!(!members.is_empty(), "a container holds a member");
@@ -401,6 +473,18 @@ fn write_container(
         format::MAGIC.len() as u64 + index.members.iter().map(|m| m.size).sum::<u64>(),
         "the members lie end to end after the magic"
     );
+    // The sessions' media after them, each with its digest.
+    for (file, sha256, b) in media {
+        put(&mut out, b).map_err(|e| io("write", e))?;
+        index.media.push(MediaMember {
+            file: file.to_string(),
+            sha256: sha256.to_string(),
+            offset: at,
+            size: b.len() as u64,
+            blake3: hex(blake3::hash(b).as_bytes()),
+        });
+        at += b.len() as u64;
+    }
     let raw = serde_json::to_vec(&index).map_err(|e| Error::Index(e.to_string()))?;
     put(&mut out, &raw).map_err(|e| io("write", e))?;
     let sealed = digest.finalize();
@@ -589,6 +673,9 @@ pub fn restore(wal_path: &Path) -> Result<Restored, Error> {
     };
     let src = File::open(&container.path).map_err(|e| Error::io(&container.path, "open", e))?;
     let bytes = format::member_bytes(&src, &container.path, &member).map_err(Error::Container)?;
+    // Its media first, each checked and synced with its folder: once the WAL is live again,
+    // everything it references is in place.
+    restore_media(wal_path, &container, &src)?;
     broca_owner_only::create_dir(wal_dir).map_err(|e| Error::io(wal_dir, "create", e))?;
     let tmp = wal_dir.join(format!(
         ".restore-{file_name}-{}-{}.tmp",
@@ -625,6 +712,43 @@ pub fn restore(wal_path: &Path) -> Result<Restored, Error> {
     RESTORED.fetch_add(1, Ordering::Relaxed);
     record_restore(&archive_dir, &member, &container.path);
     Ok(Restored::From(container.path.clone()))
+}
+
+/// Writes the media the container holds for the session of `wal_path` back into its content
+/// store, those not there already; the folder synced once.
+fn restore_media(wal_path: &Path, c: &format::Container, src: &File) -> Result<(), Error> {
+    let file = wal_path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let dir = media_dir(wal_path);
+    let mut wrote = false;
+    for m in c.media_of(&file) {
+        let target = dir.join(&m.sha256);
+        if target.exists() {
+            continue;
+        }
+        let bytes = format::media_bytes(src, &c.path, m).map_err(Error::Container)?;
+        broca_owner_only::create_dir(&dir).map_err(|e| Error::io(&dir, "create", e))?;
+        let tmp = dir.join(format!("{}.tmp", m.sha256));
+        let io = |op: &'static str, e: std::io::Error| Error::io(&tmp, op, e);
+        let _ = std::fs::remove_file(&tmp);
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|e| io("create", e))?;
+        f.write_all(&bytes).map_err(|e| io("write", e))?;
+        f.sync_all().map_err(|e| io("fsync", e))?;
+        drop(f);
+        broca_io::fs::rename(&tmp, &target).map_err(|e| io("rename", e))?;
+        wrote = true;
+    }
+    if wrote {
+        sync_dir(&dir)?;
+    }
+    Ok(())
 }
 
 /// Appends the restore to `wal-archive/restored.jsonl` (what `archive list` shows). The WAL

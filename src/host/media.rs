@@ -39,9 +39,22 @@ pub(crate) async fn media_read(
         .with_field("offset"));
     }
     let store = broca_session::content::ContentStore::new(t.address().media_dir(&ctx.wal_dir));
+    let wal = broca_wal_writer::wal_path(&ctx.wal_dir, &t);
     let (sha, offset, length) = (req.sha256.clone(), req.offset, req.length);
     let (data, size) = broca_io::blocking::run(broca_io::blocking::Kind::Media, move || {
-        store.read(&sha, offset, length)
+        match store.read(&sha, offset, length) {
+            // A packed session's media are in its container.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let bytes = broca_wal::archive::archived_media(&wal, &sha)
+                    .map_err(|e| std::io::Error::other(e.to_string()))?
+                    .ok_or(e)?;
+                let size = bytes.len() as u64;
+                let start = offset.min(size) as usize;
+                let end = offset.saturating_add(length).min(size) as usize;
+                Ok((bytes[start..end].to_vec(), size))
+            }
+            other => other,
+        }
     })
     .await
     .map_err(|e| {

@@ -49,6 +49,19 @@ pub struct Member {
     pub last_seq: u64,
 }
 
+/// A medium of a packed session's content store (`media/<address>/<sha256>`), after the
+/// members' WAL bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MediaMember {
+    /// The WAL member (its file name) whose session holds it.
+    pub file: String,
+    pub sha256: String,
+    pub offset: u64,
+    pub size: u64,
+    /// blake3 of its bytes (hex).
+    pub blake3: String,
+}
+
 /// A container's index.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Index {
@@ -56,6 +69,9 @@ pub struct Index {
     /// When the pack sealed it: the newer of two containers holding a session wins.
     pub created_unix_ms: u64,
     pub members: Vec<Member>,
+    /// The packed sessions' media (absent in containers without any).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub media: Vec<MediaMember>,
 }
 
 /// A container that checked: its path, digest and index.
@@ -70,6 +86,11 @@ pub struct Container {
 impl Container {
     pub fn member(&self, file: &str) -> Option<&Member> {
         self.by_file.get(file).map(|i| &self.index.members[*i])
+    }
+
+    /// The media of the session whose WAL member is `file`.
+    pub fn media_of<'a>(&'a self, file: &'a str) -> impl Iterator<Item = &'a MediaMember> + 'a {
+        self.index.media.iter().filter(move |m| m.file == file)
     }
 }
 
@@ -186,6 +207,21 @@ pub fn open(path: &Path) -> Result<Container, ArchiveError> {
         }
         by_file.insert(m.file.clone(), i);
     }
+    for m in &index.media {
+        let fits = m.offset >= MAGIC.len() as u64
+            && m.offset
+                .checked_add(m.size)
+                .is_some_and(|end| end <= trailer.index_offset);
+        if !fits {
+            return Err(ArchiveError {
+                member: Some(format!("{} medium {}", m.file, m.sha256)),
+                ..err(
+                    m.offset,
+                    format!("its range ({} bytes) is outside the members", m.size),
+                )
+            });
+        }
+    }
     assert_eq!(
         by_file.len(),
         index.members.len(),
@@ -293,6 +329,9 @@ pub fn verify(path: &Path) -> Result<Container, ArchiveError> {
     for m in &c.index.members {
         member_bytes(&file, path, m)?;
     }
+    for m in &c.index.media {
+        media_bytes(&file, path, m)?;
+    }
     let sealed = file.len_bytes() - TRAILER_BYTES;
     let mut whole = blake3::Hasher::new();
     let mut buf = vec![0u8; 1 << 20];
@@ -305,7 +344,13 @@ pub fn verify(path: &Path) -> Result<Container, ArchiveError> {
         at += n as u64;
     }
     if hex(whole.finalize().as_bytes()) != c.digest {
-        let gaps = uncovered(&c.index.members, sealed);
+        let spans = c
+            .index
+            .members
+            .iter()
+            .map(|m| (m.offset, m.size))
+            .chain(c.index.media.iter().map(|m| (m.offset, m.size)));
+        let gaps = uncovered(spans, sealed);
         let first = gaps.first().map_or(0, |g| g.0);
         let shown: Vec<String> = gaps.iter().map(|(a, b)| format!("{a}..{b}")).collect();
         return Err(err(
@@ -321,11 +366,10 @@ pub fn verify(path: &Path) -> Result<Container, ArchiveError> {
     Ok(c)
 }
 
-/// The byte ranges below `end` that no member covers, in order.
-fn uncovered(members: &[Member], end: u64) -> Vec<(u64, u64)> {
+/// The byte ranges below `end` that no member (`(offset, size)`) covers, in order.
+fn uncovered(members: impl Iterator<Item = (u64, u64)>, end: u64) -> Vec<(u64, u64)> {
     let mut spans: Vec<(u64, u64)> = members
-        .iter()
-        .map(|m| (m.offset, m.offset.saturating_add(m.size)))
+        .map(|(offset, size)| (offset, offset.saturating_add(size)))
         .collect();
     spans.sort_unstable();
     let (mut gaps, mut at) = (Vec::new(), 0);
@@ -359,6 +403,52 @@ pub fn member_bytes(file: &File, path: &Path, m: &Member) -> Result<Vec<u8>, Arc
         });
     }
     Ok(bytes)
+}
+
+/// A packed medium's bytes, its digest checked.
+pub fn media_bytes(file: &File, path: &Path, m: &MediaMember) -> Result<Vec<u8>, ArchiveError> {
+    let bytes = member_bytes(
+        file,
+        path,
+        &Member {
+            file: format!("{} medium {}", m.file, m.sha256),
+            project_root: String::new(),
+            harness: String::new(),
+            session: String::new(),
+            lineage_id: String::new(),
+            offset: m.offset,
+            size: m.size,
+            blake3: m.blake3.clone(),
+            last_seq: 0,
+        },
+    )?;
+    Ok(bytes)
+}
+
+/// The bytes of medium `sha256` of the session of `wal_path`, from the newest sealed container
+/// holding it (digest checked); `None` when none does.
+pub fn archived_media(wal_path: &Path, sha256: &str) -> Result<Option<Vec<u8>>, ArchiveError> {
+    let (dir, file) = split(wal_path);
+    let listed = containers(&dir).map_err(|e| ArchiveError {
+        path: dir.clone(),
+        member: None,
+        offset: 0,
+        reason: format!("cannot list: {e}"),
+    })?;
+    let found = listed.into_iter().rev().find_map(|c| {
+        let m = c.media_of(&file).find(|m| m.sha256 == sha256).cloned();
+        m.map(|m| (c, m))
+    });
+    let Some((c, m)) = found else {
+        return Ok(None);
+    };
+    let f = File::open(&c.path).map_err(|e| ArchiveError {
+        path: c.path.clone(),
+        member: Some(m.file.clone()),
+        offset: 0,
+        reason: format!("cannot open: {e}"),
+    })?;
+    media_bytes(&f, &c.path, &m).map(Some)
 }
 
 /// Containers already opened, by path (a sealed container never changes).

@@ -15,13 +15,13 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use broca_protocol::{
-    Block, ClassifiedError, ErrorClass, FinishReason, Message, ProviderRoute, Request, Role,
-    StreamEvent, ToolCall, Usage,
+    Block, ClassifiedError, ErrorClass, FinishReason, Message, ProviderRoute, Request, StreamEvent,
+    ToolCall, Usage,
 };
 use broca_wal::runrec::{
     interrupt_cause, result_reason, CachePolicy, CancelRequested, FinishKind, FrozenConfig,
-    ModelAttemptFinished, ModelStepFinished, ResultBlock, RunFinished, RunPaused, RunResumed,
-    SpendSummary, StepStarted, ToolResult,
+    ModelAttemptFinished, ResultBlock, RunFinished, RunPaused, RunResumed, SpendSummary,
+    StepStarted, ToolResult,
 };
 use broca_wal::Record;
 
@@ -535,41 +535,6 @@ impl RunMachine {
                 }));
             }
         }
-    }
-
-    fn on_step_ended(&mut self) {
-        if !matches!(self.phase, Phase::Streaming) {
-            return;
-        }
-        let step = std::mem::take(&mut self.acc).finish();
-        let step_usage = step.usage;
-        let prices = self.prices().cloned();
-        self.spend
-            .add(self.step, self.attempt, Some(&step_usage), prices.as_ref());
-        self.input.add(&step_usage);
-        let record = ModelStepFinished {
-            run_id: self.run_id.clone(),
-            step: self.step,
-            attempt: self.attempt,
-            content: step.content.clone(),
-            usage: step_usage,
-            finish_reason: step.finish_reason.clone(),
-            request_id: step.request_id,
-            quota: step.quota,
-            at_unix_ms: Some(self.now_ms),
-            step_seq: self.step_seq,
-        };
-        self.push(Record::ModelStepFinished(Box::new(record)), false);
-        let message = Message {
-            role: Role::Assistant,
-            content: step.content,
-        };
-        self.transcript.push(Arc::new(message));
-        self.last_step = Some(LastStep {
-            usage: step_usage,
-            transcript_len: self.transcript.len(),
-        });
-        self.after_model_step(step.finish_reason);
     }
 
     /// The record appended with `wait` is durable: only an intent or a terminal record is

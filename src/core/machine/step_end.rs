@@ -4,13 +4,67 @@
 
 use std::sync::Arc;
 
-use broca_protocol::{Block, FinishReason, Message, Role, ToolCall};
-use broca_wal::runrec::{result_reason, FinishKind, ResultBlock, ToolDispatchIntent};
+use broca_protocol::{Block, ClassifiedError, ErrorClass, FinishReason, Message, Role, ToolCall};
+use broca_wal::runrec::{
+    result_reason, FinishKind, ModelStepFinished, ResultBlock, ToolDispatchIntent,
+};
 use broca_wal::Record;
 
-use super::{Phase, RunMachine};
+use super::{LastStep, Phase, RunMachine};
 
 impl RunMachine {
+    /// The model stream ended normally: the step's record (or, for an answer no record can
+    /// hold, a failed attempt), its message, then what follows it.
+    pub(super) fn on_step_ended(&mut self) {
+        if !matches!(self.phase, Phase::Streaming) {
+            return;
+        }
+        let step = std::mem::take(&mut self.acc).finish();
+        let step_usage = step.usage;
+        // An answer no record can hold fails its attempt, for good: recorded, it would stop
+        // the session's log; retried, it would come back as large.
+        if let Some(bytes) = step_over_record_limit(&step.content) {
+            let error = ClassifiedError {
+                class: ErrorClass::Permanent,
+                message: format!(
+                    "the model's answer is {bytes} bytes, larger than a WAL record may hold ({} \
+                     bytes); it was not recorded",
+                    broca_wal::frame::PAYLOAD_BYTES_MAX
+                ),
+                retry_after_ms: None,
+            };
+            self.on_attempt_failed(error, Some(step_usage));
+            return;
+        }
+        let prices = self.prices().cloned();
+        self.spend
+            .add(self.step, self.attempt, Some(&step_usage), prices.as_ref());
+        self.input.add(&step_usage);
+        let record = ModelStepFinished {
+            run_id: self.run_id.clone(),
+            step: self.step,
+            attempt: self.attempt,
+            content: step.content.clone(),
+            usage: step_usage,
+            finish_reason: step.finish_reason.clone(),
+            request_id: step.request_id,
+            quota: step.quota,
+            at_unix_ms: Some(self.now_ms),
+            step_seq: self.step_seq,
+        };
+        self.push(Record::ModelStepFinished(Box::new(record)), false);
+        let message = Message {
+            role: Role::Assistant,
+            content: step.content,
+        };
+        self.transcript.push(Arc::new(message));
+        self.last_step = Some(LastStep {
+            usage: step_usage,
+            transcript_len: self.transcript.len(),
+        });
+        self.after_model_step(step.finish_reason);
+    }
+
     /// Decides what follows a durable-or-pending model step: tools, or the end of the run.
     /// Also the resume path of a step whose record is durable. A step that asks for tools is
     /// followed by another request, so its tools run only if that request could be made: a
@@ -142,6 +196,31 @@ fn not_run_reason(why: &str) -> &'static str {
 
 /// Appends a tool result block to the transcript: into the user message of results that
 /// follows the assistant's tool calls, or a new one.
+/// The size of a step's content when its record could not be appended (over the WAL's frame
+/// limit, with room for the record's other fields); `None` for every answer that fits. Counted
+/// cheaply first, encoded only when it comes near.
+fn step_over_record_limit(content: &[Block]) -> Option<usize> {
+    const ROOM: usize = 64 * 1024;
+    let limit = broca_wal::frame::PAYLOAD_BYTES_MAX - ROOM;
+    let rough: usize = content
+        .iter()
+        .map(|b| match b {
+            Block::Text { text } => text.len(),
+            Block::Thinking { text, signature } => {
+                text.len() + signature.as_ref().map_or(0, String::len)
+            }
+            Block::ToolUse { id, name, input } => id.len() + name.len() + input.get().len(),
+            Block::ToolResult { content, .. } => content.len(),
+            Block::Media(m) => m.sha256.len(),
+        })
+        .sum();
+    if rough < limit / 2 {
+        return None;
+    }
+    let bytes = serde_json::to_vec(content).map_or(usize::MAX, |v| v.len());
+    (bytes > limit).then_some(bytes)
+}
+
 pub fn push_result(transcript: &mut Vec<Arc<Message>>, result: ResultBlock) {
     // The media of a result in parts follow the step's results (every family takes a user
     // message of results first, then other blocks).

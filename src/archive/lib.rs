@@ -684,17 +684,7 @@ pub fn restore(wal_path: &Path) -> Result<Restored, Error> {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos())
     ));
-    let io = |op: &'static str, e: std::io::Error| Error::io(&tmp, op, e);
-    {
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(|e| io("create", e))?;
-        f.write_all(&bytes).map_err(|e| io("write", e))?;
-        f.sync_all().map_err(|e| io("fsync", e))?;
-    }
+    write_synced(&tmp, &bytes)?;
     crash_point("archive_restore_written");
     let linked = broca_io::fs::hard_link(&tmp, wal_path);
     let _ = std::fs::remove_file(&tmp);
@@ -731,24 +721,28 @@ fn restore_media(wal_path: &Path, c: &format::Container, src: &File) -> Result<(
         let bytes = format::media_bytes(src, &c.path, m).map_err(Error::Container)?;
         broca_owner_only::create_dir(&dir).map_err(|e| Error::io(&dir, "create", e))?;
         let tmp = dir.join(format!("{}.tmp", m.sha256));
-        let io = |op: &'static str, e: std::io::Error| Error::io(&tmp, op, e);
         let _ = std::fs::remove_file(&tmp);
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(|e| io("create", e))?;
-        f.write_all(&bytes).map_err(|e| io("write", e))?;
-        f.sync_all().map_err(|e| io("fsync", e))?;
-        drop(f);
-        broca_io::fs::rename(&tmp, &target).map_err(|e| io("rename", e))?;
+        write_synced(&tmp, &bytes)?;
+        broca_io::fs::rename(&tmp, &target).map_err(|e| Error::io(&tmp, "rename", e))?;
         wrote = true;
     }
     if wrote {
         sync_dir(&dir)?;
     }
     Ok(())
+}
+
+/// Writes `bytes` to the new owner-only file `path` and syncs it.
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), Error> {
+    let io = |op: &'static str, e: std::io::Error| Error::io(path, op, e);
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| io("create", e))?;
+    f.write_all(bytes).map_err(|e| io("write", e))?;
+    f.sync_all().map_err(|e| io("fsync", e))
 }
 
 /// Appends the restore to `wal-archive/restored.jsonl` (what `archive list` shows). The WAL

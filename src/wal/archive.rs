@@ -62,6 +62,23 @@ pub struct MediaMember {
     pub blake3: String,
 }
 
+impl MediaMember {
+    /// The medium as a member its bytes are read and checked as (named for errors).
+    fn as_member(&self) -> Member {
+        Member {
+            file: format!("{} medium {}", self.file, self.sha256),
+            project_root: String::new(),
+            harness: String::new(),
+            session: String::new(),
+            lineage_id: String::new(),
+            offset: self.offset,
+            size: self.size,
+            blake3: self.blake3.clone(),
+            last_seq: 0,
+        }
+    }
+}
+
 /// A container's index.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Index {
@@ -190,8 +207,9 @@ pub fn open(path: &Path) -> Result<Container, ArchiveError> {
     }
     let trailer = read_trailer(&file, path, len)?;
     let index = read_index(&file, &trailer).map_err(|(offset, why)| err(offset, why))?;
-    let mut by_file = HashMap::with_capacity(index.members.len());
-    for (i, m) in index.members.iter().enumerate() {
+    // Every member's and medium's bytes lie between the magic and the index.
+    let media = index.media.iter().map(MediaMember::as_member);
+    for m in index.members.iter().cloned().chain(media) {
         let fits = m.offset >= MAGIC.len() as u64
             && m.offset
                 .checked_add(m.size)
@@ -205,22 +223,10 @@ pub fn open(path: &Path) -> Result<Container, ArchiveError> {
                 )
             });
         }
-        by_file.insert(m.file.clone(), i);
     }
-    for m in &index.media {
-        let fits = m.offset >= MAGIC.len() as u64
-            && m.offset
-                .checked_add(m.size)
-                .is_some_and(|end| end <= trailer.index_offset);
-        if !fits {
-            return Err(ArchiveError {
-                member: Some(format!("{} medium {}", m.file, m.sha256)),
-                ..err(
-                    m.offset,
-                    format!("its range ({} bytes) is outside the members", m.size),
-                )
-            });
-        }
+    let mut by_file = HashMap::with_capacity(index.members.len());
+    for (i, m) in index.members.iter().enumerate() {
+        by_file.insert(m.file.clone(), i);
     }
     assert_eq!(
         by_file.len(),
@@ -407,27 +413,25 @@ pub fn member_bytes(file: &File, path: &Path, m: &Member) -> Result<Vec<u8>, Arc
 
 /// A packed medium's bytes, its digest checked.
 pub fn media_bytes(file: &File, path: &Path, m: &MediaMember) -> Result<Vec<u8>, ArchiveError> {
-    let bytes = member_bytes(
-        file,
-        path,
-        &Member {
-            file: format!("{} medium {}", m.file, m.sha256),
-            project_root: String::new(),
-            harness: String::new(),
-            session: String::new(),
-            lineage_id: String::new(),
-            offset: m.offset,
-            size: m.size,
-            blake3: m.blake3.clone(),
-            last_seq: 0,
-        },
-    )?;
-    Ok(bytes)
+    member_bytes(file, path, &m.as_member())
 }
 
 /// The bytes of medium `sha256` of the session of `wal_path`, from the newest sealed container
 /// holding it (digest checked); `None` when none does.
 pub fn archived_media(wal_path: &Path, sha256: &str) -> Result<Option<Vec<u8>>, ArchiveError> {
+    newest_bytes(wal_path, |c, file| {
+        c.media_of(file)
+            .find(|m| m.sha256 == sha256)
+            .map(MediaMember::as_member)
+    })
+}
+
+/// The bytes of what `pick` finds for the session of `wal_path` in the newest sealed container
+/// holding it (digest checked); `None` when none does.
+fn newest_bytes(
+    wal_path: &Path,
+    pick: impl Fn(&Container, &str) -> Option<Member>,
+) -> Result<Option<Vec<u8>>, ArchiveError> {
     let (dir, file) = split(wal_path);
     let listed = containers(&dir).map_err(|e| ArchiveError {
         path: dir.clone(),
@@ -435,11 +439,11 @@ pub fn archived_media(wal_path: &Path, sha256: &str) -> Result<Option<Vec<u8>>, 
         offset: 0,
         reason: format!("cannot list: {e}"),
     })?;
-    let found = listed.into_iter().rev().find_map(|c| {
-        let m = c.media_of(&file).find(|m| m.sha256 == sha256).cloned();
-        m.map(|m| (c, m))
-    });
-    let Some((c, m)) = found else {
+    let Some((c, m)) = listed
+        .into_iter()
+        .rev()
+        .find_map(|c| pick(&c, &file).map(|m| (c, m)))
+    else {
         return Ok(None);
     };
     let f = File::open(&c.path).map_err(|e| ArchiveError {
@@ -448,7 +452,7 @@ pub fn archived_media(wal_path: &Path, sha256: &str) -> Result<Option<Vec<u8>>, 
         offset: 0,
         reason: format!("cannot open: {e}"),
     })?;
-    media_bytes(&f, &c.path, &m).map(Some)
+    member_bytes(&f, &c.path, &m).map(Some)
 }
 
 /// Containers already opened, by path (a sealed container never changes).
@@ -497,23 +501,7 @@ pub fn find(archive_dir: &Path, file: &str) -> std::io::Result<Option<(Arc<Conta
 /// The archived bytes of the WAL at `wal_path` (`<state-dir>/wal/<address>.wal`), from the
 /// newest sealed container holding it, digest checked; `None` when none holds it.
 pub fn archived_bytes(wal_path: &Path) -> Result<Option<Vec<u8>>, ArchiveError> {
-    let (dir, file) = split(wal_path);
-    let found = find(&dir, &file).map_err(|e| ArchiveError {
-        path: dir.clone(),
-        member: None,
-        offset: 0,
-        reason: format!("cannot list: {e}"),
-    })?;
-    let Some((c, m)) = found else {
-        return Ok(None);
-    };
-    let f = File::open(&c.path).map_err(|e| ArchiveError {
-        path: c.path.clone(),
-        member: Some(m.file.clone()),
-        offset: 0,
-        reason: format!("cannot open: {e}"),
-    })?;
-    member_bytes(&f, &c.path, &m).map(Some)
+    newest_bytes(wal_path, |c, file| c.member(file).cloned())
 }
 
 /// Whether the session of `wal_path` has a live WAL or an archived one.

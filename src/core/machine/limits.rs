@@ -291,22 +291,25 @@ fn approx_tokens(bytes: impl IntoIterator<Item = usize>) -> u64 {
     (bytes.into_iter().sum::<usize>() as u64).div_ceil(4)
 }
 
+/// The bytes of a block's text, tool name, arguments or result (a medium's as it counts
+/// against a context limit).
+pub(super) fn block_bytes(b: &Block) -> usize {
+    match b {
+        Block::Text { text } => text.len(),
+        Block::Thinking { text, signature } => {
+            text.len() + signature.as_ref().map_or(0, String::len)
+        }
+        Block::ToolUse { id, name, input } => id.len() + name.len() + input.get().len(),
+        Block::ToolResult {
+            tool_use_id,
+            content,
+            ..
+        } => tool_use_id.len() + content.len(),
+        Block::Media(m) => crate::media::approx_bytes(m),
+    }
+}
+
 /// The bytes of a message's text, tool names, arguments and results.
 fn message_bytes(m: &Message) -> usize {
-    m.content
-        .iter()
-        .map(|b| match b {
-            Block::Text { text } => text.len(),
-            Block::Thinking { text, signature } => {
-                text.len() + signature.as_ref().map_or(0, String::len)
-            }
-            Block::ToolUse { id, name, input } => id.len() + name.len() + input.get().len(),
-            Block::ToolResult {
-                tool_use_id,
-                content,
-                ..
-            } => tool_use_id.len() + content.len(),
-            Block::Media(m) => crate::media::approx_bytes(m),
-        })
-        .sum()
+    m.content.iter().map(block_bytes).sum()
 }

@@ -202,18 +202,7 @@ fn not_run_reason(why: &str) -> &'static str {
 fn step_over_record_limit(content: &[Block]) -> Option<usize> {
     const ROOM: usize = 64 * 1024;
     let limit = broca_wal::frame::PAYLOAD_BYTES_MAX - ROOM;
-    let rough: usize = content
-        .iter()
-        .map(|b| match b {
-            Block::Text { text } => text.len(),
-            Block::Thinking { text, signature } => {
-                text.len() + signature.as_ref().map_or(0, String::len)
-            }
-            Block::ToolUse { id, name, input } => id.len() + name.len() + input.get().len(),
-            Block::ToolResult { content, .. } => content.len(),
-            Block::Media(m) => m.sha256.len(),
-        })
-        .sum();
+    let rough: usize = content.iter().map(super::limits::block_bytes).sum();
     if rough < limit / 2 {
         return None;
     }

@@ -282,48 +282,6 @@ fn auth_required_pauses_the_run() {
 }
 
 #[test]
-fn an_answer_no_record_can_hold_fails_its_run_instead_of_its_log() {
-    let mut m = RunMachine::start(
-        "r".into(),
-        config(),
-        vec![Message::user_text("go").into()],
-        0,
-    );
-    drain(&mut m);
-    m.feed(Event::Stream(StreamEvent::TextDelta(
-        "x".repeat(broca_wal::frame::PAYLOAD_BYTES_MAX),
-    )));
-    m.feed(Event::Stream(StreamEvent::Finish {
-        reason: FinishReason::EndTurn,
-        request_id: None,
-    }));
-    m.feed(Event::StepEnded);
-    let cmds = drain(&mut m);
-    assert_eq!(
-        kinds(&cmds),
-        ["model_attempt_finished", "run_finished!"],
-        "never a model_step_finished"
-    );
-    let Some(Command::Append {
-        record: Record::ModelAttemptFinished(failed),
-        ..
-    }) = cmds.iter().find(|c| !matches!(c, Command::Display(_)))
-    else {
-        panic!("the failed attempt first")
-    };
-    assert!(
-        failed
-            .error
-            .message
-            .contains("larger than a WAL record may hold"),
-        "{}",
-        failed.error.message
-    );
-    m.feed(Event::Durable);
-    assert_eq!(kinds(&drain(&mut m)), ["finish:error"]);
-}
-
-#[test]
 fn context_overflow_from_the_provider_ends_at_the_context_limit() {
     let mut m = RunMachine::start(
         "r".into(),

@@ -14,6 +14,8 @@ mod support;
 
 mod bus;
 mod daemon;
+mod import;
+mod media;
 mod model;
 mod report;
 mod structured;

@@ -84,7 +84,7 @@ pub struct Subject {
 
 /// A live broca module: its process, the daemon it is connected to, and the connection.
 pub struct Module {
-    root: PathBuf,
+    pub(crate) root: PathBuf,
     child: Mutex<Option<tokio::process::Child>>,
     /// The daemon, the process and its connection: replaced by a restart in place
     /// (`restart_attachments`).
@@ -205,50 +205,6 @@ impl Subject {
             daemon: Mutex::new(Some(daemon)),
             link: Mutex::new(link),
         })
-    }
-}
-
-impl Subject {
-    /// Takes `messages` into `session` as a Claude Code log would bring them
-    /// (`session.import` over the owner's route, broca's own write path).
-    async fn import(
-        &self,
-        handle: &Module,
-        session: &str,
-        label: &str,
-        messages: Vec<Value>,
-    ) -> Result<(), HarnessError> {
-        let route = self
-            .session_route(handle, session, &self.owner_stamp())
-            .await?;
-        let fail = |what: &str, e: String| HarnessError::new(format!("{what}: {e}"));
-        let log = handle.root.join(format!("{session}-{label}.jsonl"));
-        let text: String = messages
-            .into_iter()
-            .enumerate()
-            .map(|(n, message)| {
-                let kind = message["role"].as_str().unwrap_or("user").to_string();
-                json!({"type": kind, "uuid": format!("{label}-{n}"),
-                    "sessionId": format!("{session}-{label}-log"),
-                    "timestamp": "2026-12-01T00:00:00.000Z", "cwd": "/", "message": message})
-                .to_string()
-                    + "\n"
-            })
-            .collect();
-        std::fs::write(&log, text).map_err(|e| fail("the log", e.to_string()))?;
-        let imported = route
-            .request(
-                "session.import",
-                json!({"format": "claude-code", "path": log.to_string_lossy()}),
-            )
-            .await
-            .map_err(|e| fail("session.import", e.message))?;
-        match imported {
-            Reply::Response(_) => Ok(()),
-            refused => Err(HarnessError::new(format!(
-                "session.import refused: {refused:?}"
-            ))),
-        }
     }
 }
 
@@ -420,35 +376,11 @@ impl LlmRunnerSubject for Subject {
     }
 
     fn attachment_tool_result(&self, png: &[u8]) -> Option<Value> {
-        // The scripted tool's answer as a tool-result/v1 body (its catalog entry opts in and
-        // broca's routes declare the format): text, the image, text.
-        use base64::Engine;
-        let data = base64::engine::general_purpose::STANDARD.encode(png);
-        Some(json!({"content": [
-            {"type": "text", "text": "before-media"},
-            {"type": "image", "mimeType": "image/png", "data": data, "width": 1, "height": 1},
-            {"type": "text", "text": "after-media"},
-        ]}))
+        Some(crate::media::attachment_tool_result(png))
     }
 
     fn media_tool_result(&self, bytes: &[u8], nested: bool, scenario: &str) -> Option<Value> {
-        // A tool-result/v1 body: the image alone, or in a result with text around it. A
-        // scenario whose result must also hold megabytes of text cannot be answered: broca
-        // keeps tool-provider/v1's 64 KiB model-visible limit (a larger answer is discarded as
-        // `tool_result_too_large`), so no tool of broca's returns one; nor a multipart result
-        // of mixed large texts (`multipart_tool_result` is not offered, for the same reason).
-        if scenario == "media_descriptors_stable_across_pages" {
-            return None;
-        }
-        use base64::Engine;
-        let image = json!({"type": "image", "mimeType": "image/png",
-            "data": base64::engine::general_purpose::STANDARD.encode(bytes),
-            "width": 1, "height": 1});
-        Some(if nested {
-            json!({"content": [{"type": "text", "text": "the tool's image"}, image]})
-        } else {
-            json!({"content": [image]})
-        })
+        crate::media::media_tool_result(bytes, nested, scenario)
     }
 
     async fn restart_attachments(

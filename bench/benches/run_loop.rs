@@ -47,6 +47,7 @@ fn config() -> FrozenConfig {
         directives: Vec::new(),
         structured_output: None,
         route_decision_id: None,
+        compaction: None,
     }
 }
 

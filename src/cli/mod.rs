@@ -174,6 +174,9 @@ Options:
   --send-id ID            idempotency key: the same ID again answers the same run, runs nothing
   --system TEXT           system text
   --max-steps N           model steps at most (default 32)
+  --context-limit N       the context limit in tokens (default: the model's window)
+  --compact               summarize older turns as the context limit comes near, instead of
+                          ending the run there (docs/compaction.md); stays on for the session
   --tools-config FILE     MCP tool servers, JSON or TOML (.toml):
                           {\"mcp\": [{\"name\", \"command\": [...], \"env\"?, \"cwd\"?} |
                                    {\"name\", \"url\", \"headers\"?}],
@@ -493,6 +496,10 @@ fn parse_run(
     let max_steps = pargs
         .opt_value_from_str::<_, u32>("--max-steps")
         .map_err(|e| format!("--max-steps: {e}"))?;
+    let context_limit = pargs
+        .opt_value_from_str::<_, u64>("--context-limit")
+        .map_err(|e| format!("--context-limit: {e}"))?;
+    let compact = pargs.contains("--compact");
     let json = pargs.contains("--json");
     let rest = rest(std::mem::replace(
         pargs,
@@ -541,6 +548,8 @@ fn parse_run(
         send_id,
         system,
         max_steps,
+        context_limit,
+        compaction: compact.then(broca_protocol::compaction::Compaction::summarize),
         ..SendRequest::default()
     };
     Ok((

@@ -29,6 +29,11 @@ Options:
                          same run
   --system TEXT          system text
   --max-steps N          model steps at most
+  --context-limit N      the context limit in tokens (default: the model's window)
+  --compact              summarize older turns as the context limit comes near, instead of
+                         ending the run there (docs/compaction.md); stays on for the session
+                         until a send says --no-compact
+  --no-compact           turn that off for this send and the session's later ones
   --delivery MODE        queue (the default: after the session's running run), steer (joins
                          the running run at its next step boundary; this then follows that
                          run) or interrupt (cancels the running run, then starts); a steer or
@@ -201,6 +206,15 @@ fn send(c: Common, mut pargs: pico_args::Arguments) -> Result<u8, String> {
     let max_steps = pargs
         .opt_value_from_str::<_, u32>("--max-steps")
         .map_err(|e| format!("--max-steps: {e}"))?;
+    let context_limit = pargs
+        .opt_value_from_str::<_, u64>("--context-limit")
+        .map_err(|e| format!("--context-limit: {e}"))?;
+    let compaction = match (pargs.contains("--compact"), pargs.contains("--no-compact")) {
+        (true, true) => return Err("--compact and --no-compact: choose one".into()),
+        (true, false) => Some("summarize"),
+        (false, true) => Some("off"),
+        (false, false) => None,
+    };
     let attach: Vec<std::path::PathBuf> = pargs
         .values_from_str("--attach")
         .map_err(|e| format!("--attach: {e}"))?;
@@ -252,6 +266,12 @@ fn send(c: Common, mut pargs: pico_args::Arguments) -> Result<u8, String> {
     }
     if let Some(n) = max_steps {
         params["max_steps"] = n.into();
+    }
+    if let Some(n) = context_limit {
+        params["context_limit"] = n.into();
+    }
+    if let Some(mode) = compaction {
+        params["compaction"] = json!({ "mode": mode });
     }
     if !attach.is_empty() {
         let ids = match super::uploads::upload_files(&c.daemon, &c.params()?, &attach) {

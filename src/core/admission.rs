@@ -222,6 +222,10 @@ pub fn admit_prepared(
         });
     }
     let mut config = p.config;
+    // Compaction, once a send of the session turned it on, stays on until one says `off`.
+    if config.compaction.is_none() && !p.named.contains(&"compaction") {
+        config.compaction = session.runs.last().and_then(|r| r.config.compaction);
+    }
     check_cap_lowers(session, &config)?;
     if busy {
         // The cap it asked for; the session's state joins it when it starts.
@@ -545,7 +549,26 @@ fn resolve(
             .collect(),
         structured_output,
         route_decision_id: req.route_decision_id.clone(),
+        compaction: compaction(req)?,
     })
+}
+
+/// The run's compaction as the send asked for it: `off` or none is none.
+fn compaction(
+    req: &SendRequest,
+) -> Result<Option<broca_protocol::compaction::Compaction>, Refusal> {
+    use broca_protocol::compaction::Mode;
+    let Some(c) = req.compaction else {
+        return Ok(None);
+    };
+    if c.mode == Mode::Off {
+        return Ok(None);
+    }
+    c.check().map_err(|why| Refusal::InvalidField {
+        field: "compaction",
+        why,
+    })?;
+    Ok(Some(c))
 }
 
 /// What a send must be whatever its model: a send_id and a prompt within their limits.

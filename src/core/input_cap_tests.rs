@@ -157,6 +157,7 @@ fn a_crash_after_the_crossing_step_seals_it_at_resume_without_dispatching() {
         ResumeFrom {
             step_seq: None,
             steers: Vec::new(),
+            compacted: None,
             run_id: "r".into(),
             config: capped(10, 3, false),
             transcript: vec![

@@ -4,6 +4,9 @@
 //! file, a socket or a clock: time, the catalog and randomness come in from the caller.
 
 pub mod admission;
+pub mod compaction;
+#[cfg(test)]
+mod compaction_tests;
 pub mod entries;
 pub mod history;
 #[cfg(test)]

@@ -28,6 +28,7 @@ use broca_wal::Record;
 use super::spend::{InputTally, Spend};
 use super::stream::StepAccumulator;
 
+mod compact;
 mod limits;
 pub use limits::LastStep;
 mod resume;
@@ -170,6 +171,9 @@ enum Phase {
     Streaming,
     /// Waiting for the retry timer.
     Backoff,
+    /// A summary's record was appended; waiting for it to be durable before the requests
+    /// carry it.
+    AwaitCompaction(crate::compaction::Compacted),
     /// The intent was appended; waiting for it to be durable before dispatching `calls`.
     AwaitIntent {
         batch_id: String,
@@ -230,6 +234,12 @@ pub struct RunMachine {
     submitted: Option<cortexkit_role_llm_runner::structured_output::StructuredOutputResult>,
     /// Steered sends waiting for the next step boundary: their record's seq and prompt.
     steers: Vec<(u64, Vec<Block>)>,
+    /// The summary standing in for the older turns, when one does.
+    compacted: Option<crate::compaction::Compacted>,
+    /// The summary being asked for: where it cuts, and the estimate that made it due.
+    compacting: Option<(usize, u64)>,
+    /// Why this run stopped summarizing (a summary failed): the context limit then ends it.
+    compaction_gave_up: Option<String>,
 }
 
 impl RunMachine {
@@ -241,7 +251,7 @@ impl RunMachine {
         transcript: Vec<Arc<Message>>,
         now_ms: u64,
     ) -> RunMachine {
-        RunMachine::start_with_steers(run_id, config, transcript, Vec::new(), now_ms)
+        RunMachine::start_with_steers(run_id, config, transcript, None, Vec::new(), now_ms)
     }
 
     fn new(
@@ -297,6 +307,9 @@ impl RunMachine {
             out: VecDeque::new(),
             step_seq: None,
             steers: Vec::new(),
+            compacted: None,
+            compacting: None,
+            compaction_gave_up: None,
         }
     }
 
@@ -357,6 +370,7 @@ impl RunMachine {
             return;
         }
         match t.kind {
+            TimeoutKind::Backoff if self.compacting.is_some() => self.call_compaction(),
             TimeoutKind::Backoff => self.call_model(),
             TimeoutKind::StreamStall => {
                 self.out.push_back(Command::AbortModel);
@@ -438,6 +452,12 @@ impl RunMachine {
         if let Some(stop) = self.limit_before_request() {
             return self.seal_stop(stop);
         }
+        if let Some((cut, estimate)) = self.compaction_due() {
+            return self.start_compaction(cut, estimate);
+        }
+        if let Some(stop) = self.context_limit_stop() {
+            return self.seal_stop(stop);
+        }
         assert!(
             self.step < self.config.stop.max_steps,
             "max_steps was checked"
@@ -483,7 +503,7 @@ impl RunMachine {
             model: self.config.model.clone(),
             credential_id: self.config.credential_id.clone(),
             system: self.system.clone(),
-            messages: self.transcript.clone(),
+            messages: self.view(),
             tools: self.config.tools.clone(),
             generation: self.config.generation.clone(),
             prompt_cache: self.config.cache_policy == CachePolicy::Auto,
@@ -509,6 +529,11 @@ impl RunMachine {
         }
         self.stream_active_ms = self.now_ms;
         self.answered = true;
+        if self.compacting.is_some() {
+            // A summary's answer is recorded whole, never shown as it streams.
+            self.acc.push(ev);
+            return;
+        }
         let chunk = match &ev {
             StreamEvent::TextDelta(t) => Some((DeltaKind::Text, t.clone(), None)),
             StreamEvent::ThinkingDelta(t) => Some((DeltaKind::Reasoning, t.clone(), None)),
@@ -542,6 +567,7 @@ impl RunMachine {
     fn on_durable(&mut self) {
         match std::mem::replace(&mut self.phase, Phase::Done) {
             Phase::AwaitIntent { batch_id, calls } => self.dispatch(batch_id, calls),
+            Phase::AwaitCompaction(c) => self.on_compaction_durable(c),
             Phase::Sealing(outcome) => self.out.push_back(Command::Finish(outcome)),
             other => unreachable!("Durable fed in phase {other:?}: no record waited for it"),
         }
@@ -700,6 +726,9 @@ impl RunMachine {
     fn on_attempt_failed(&mut self, error: ClassifiedError, usage: Option<Usage>) {
         if !matches!(self.phase, Phase::Streaming) {
             return;
+        }
+        if self.compacting.is_some() {
+            return self.on_compaction_attempt_failed(error);
         }
         // Metered when it reported usage or had begun to answer (it may have been billed);
         // an attempt refused before any answer was not.

@@ -36,6 +36,7 @@ pub(crate) fn config() -> FrozenConfig {
         directives: Vec::new(),
         structured_output: None,
         route_decision_id: None,
+        compaction: None,
     }
 }
 
@@ -315,6 +316,7 @@ fn a_run_refused_at_resume_is_sealed_interrupted_with_the_reason() {
             input: Default::default(),
             step_seq: None,
             steers: Vec::new(),
+            compacted: None,
             run_id: "r".into(),
             config: config(),
             transcript: Vec::new(),

@@ -110,7 +110,8 @@ pub fn units(seq: u64, record: &Record) -> Vec<Unit> {
         Record::LeaseAcquired(_)
         | Record::Unknown { .. }
         | Record::UploadBegun(_)
-        | Record::UploadCommitted(_) => Vec::new(),
+        | Record::UploadCommitted(_)
+        | Record::ContextCompacted(_) => Vec::new(),
         Record::RunStarted(r) => run_started(seq, r),
         Record::StepStarted(r) => vec![Unit::plain(with_type("step_started", val(r)))],
         Record::ModelAttemptFinished(r) => vec![Unit::plain(with_type("attempt_failed", val(r)))],

@@ -176,6 +176,9 @@ pub struct Session {
     /// The process the session lives in (its start time, set by the actor): an upload begun
     /// by another and never committed is gone.
     pub boot: u64,
+    /// The latest summary standing in for the conversation's older turns (`ContextCompacted`):
+    /// what the model's requests carry in their place.
+    pub compacted: Option<super::compaction::Compacted>,
 }
 
 impl Session {
@@ -410,7 +413,42 @@ impl Session {
             Record::RunFinished(r) => self.apply_finished(r)?,
             Record::UploadBegun(r) => self.apply_upload_begun(r)?,
             Record::UploadCommitted(r) => self.apply_upload_committed(r)?,
+            Record::ContextCompacted(r) => self.apply_compacted(*r)?,
         }
+        Ok(())
+    }
+
+    /// A summary stands in for older turns from here on: it covers more than the one before
+    /// and ends where an assistant message starts, as the machine cuts.
+    fn apply_compacted(&mut self, r: broca_wal::runrec::ContextCompacted) -> Result<(), Misfit> {
+        let before = self.compacted.as_ref().map_or(0, |c| c.replaced);
+        let len = self.transcript.len();
+        let misfit = |why: &'static str| Misfit::CompactionMisfit {
+            run_id: r.run_id.clone(),
+            replaced: r.replaced,
+            why,
+        };
+        let replaced = usize::try_from(r.replaced).unwrap_or(usize::MAX);
+        if replaced <= before {
+            return Err(misfit("it covers no more than the summary before it"));
+        }
+        if replaced >= len {
+            return Err(misfit("it covers the whole conversation"));
+        }
+        if self.transcript[replaced].role != Role::Assistant {
+            return Err(misfit(
+                "the turns it keeps do not start at an assistant message",
+            ));
+        }
+        let (open, run) = self.open_mut(&r.run_id)?;
+        // The next request is estimated afresh, as the machine does once a summary is in.
+        open.last_step = None;
+        let prices = run.config.catalog.as_ref().and_then(|e| e.prices.as_ref());
+        run.spend.add(r.step, 0, r.usage.as_ref(), prices);
+        self.compacted = Some(super::compaction::Compacted {
+            replaced,
+            summary: Arc::new(super::compaction::summary_message(&r.summary)),
+        });
         Ok(())
     }
 

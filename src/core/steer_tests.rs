@@ -15,37 +15,75 @@ use crate::replay::{Session, SteerDelivered};
 
 /// A session and the machine of its one run, each record the machine appends applied to the
 /// session (as the actor does), with its seq.
-struct Live {
-    session: Session,
-    machine: Option<RunMachine>,
+pub(crate) struct Live {
+    pub session: Session,
+    pub machine: Option<RunMachine>,
     seq: u64,
-    calls: Vec<Vec<Arc<Message>>>,
+    /// The messages of each model request, in order.
+    pub calls: Vec<Vec<Arc<Message>>>,
+    /// The system text of each model request, in order.
+    pub systems: Vec<Option<String>>,
+    /// Every record applied, with its seq: what a replay after a crash reads.
+    pub records: Vec<(u64, Record)>,
 }
 
 impl Live {
     fn new() -> Live {
+        Live::start(config(), "go")
+    }
+
+    /// A session whose first run `r` starts with `prompt` under `config`.
+    pub(crate) fn start(config: broca_wal::runrec::FrozenConfig, prompt: &str) -> Live {
         let mut live = Live {
             session: Session::with_entries(),
             machine: None,
             seq: 0,
             calls: Vec::new(),
+            systems: Vec::new(),
+            records: Vec::new(),
         };
-        live.apply(Record::RunStarted(Box::new(started("r", "go", None))));
-        let m = RunMachine::start("r".into(), config(), live.session.transcript.clone(), 0);
-        live.machine = Some(m);
-        live.pump();
+        live.next_run("r", prompt, config);
         live
+    }
+
+    /// Starts run `run_id` with `prompt` under `config` in the session, as the actor does.
+    pub(crate) fn next_run(
+        &mut self,
+        run_id: &str,
+        prompt: &str,
+        config: broca_wal::runrec::FrozenConfig,
+    ) {
+        let mut r = started(run_id, prompt, None);
+        r.config = config.clone();
+        self.apply(Record::RunStarted(Box::new(r)));
+        let m = RunMachine::start_with_steers(
+            run_id.into(),
+            config,
+            self.session.transcript.clone(),
+            self.session.compacted.clone(),
+            Vec::new(),
+            0,
+        );
+        self.machine = Some(m);
+        self.pump();
+    }
+
+    /// Takes `machine` as the session's (a resumed run) and performs what it asks.
+    pub(crate) fn drive(&mut self, machine: RunMachine) {
+        self.machine = Some(machine);
+        self.pump();
     }
 
     fn apply(&mut self, record: Record) -> u64 {
         self.seq += 1;
+        self.records.push((self.seq, record.clone()));
         self.session.apply(self.seq, record).unwrap();
         self.seq
     }
 
     /// Performs the machine's commands: appends applied (a waited one made durable at once),
     /// model requests kept.
-    fn pump(&mut self) {
+    pub(crate) fn pump(&mut self) {
         loop {
             let cmds = drain(self.machine.as_mut().unwrap());
             if cmds.is_empty() {
@@ -64,14 +102,17 @@ impl Live {
                             m.feed(Event::Durable);
                         }
                     }
-                    Command::CallModel { request, .. } => self.calls.push(request.messages),
+                    Command::CallModel { request, .. } => {
+                        self.calls.push(request.messages);
+                        self.systems.push(request.system);
+                    }
                     _ => {}
                 }
             }
         }
     }
 
-    fn feed(&mut self, event: Event) {
+    pub(crate) fn feed(&mut self, event: Event) {
         self.machine.as_mut().unwrap().feed(event);
         self.pump();
     }
@@ -97,7 +138,7 @@ impl Live {
         seq
     }
 
-    fn text_step(&mut self, text: &str) {
+    pub(crate) fn text_step(&mut self, text: &str) {
         self.feed(Event::Stream(StreamEvent::TextDelta(text.into())));
         self.feed(Event::Stream(StreamEvent::Finish {
             reason: FinishReason::EndTurn,
@@ -106,7 +147,7 @@ impl Live {
         self.feed(Event::StepEnded);
     }
 
-    fn tool_step(&mut self, id: &str) {
+    pub(crate) fn tool_step(&mut self, id: &str) {
         for ev in [
             StreamEvent::ToolCallStart {
                 index: 0,

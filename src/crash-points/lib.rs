@@ -68,6 +68,7 @@ pub const POINTS: &[&str] = &[
     "queued",
     "upload_begun",
     "upload_committed",
+    "context_compacted",
     "mid_write",
 ];
 
@@ -146,6 +147,7 @@ fn point_of(record: &Record) -> Option<&'static str> {
         Record::SendQueued(_) => "queued",
         Record::UploadBegun(_) => "upload_begun",
         Record::UploadCommitted(_) => "upload_committed",
+        Record::ContextCompacted(_) => "context_compacted",
         _ => return None,
     })
 }

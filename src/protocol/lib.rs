@@ -2,6 +2,7 @@
 //! stream events, usage and error classes. Providers render from these and normalize into
 //! them; the WAL stores them; nothing here knows a wire format.
 
+pub mod compaction;
 pub mod demo;
 pub mod media;
 pub mod model;

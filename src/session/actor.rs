@@ -310,6 +310,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             input: self.state.input,
             step_seq: open.step_seq,
             steers: self.pending_steers(),
+            compacted: self.state.compacted.clone(),
         };
         let machine = match broca_core::resume::check_resumable(&run.config, &catalog) {
             // Never re-render an admitted run differently: seal it with the reason.
@@ -419,6 +420,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             run.run_id.clone(),
             run.config.clone(),
             self.state.transcript.clone(),
+            self.state.compacted.clone(),
             self.pending_steers(),
             crate::now_unix_ms(),
         );

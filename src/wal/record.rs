@@ -6,9 +6,9 @@ use serde::{Deserialize, Serialize};
 
 use super::importrec::EpisodeImported;
 use super::runrec::{
-    CancelRequested, ModelAttemptFinished, ModelStepFinished, RunFinished, RunPaused, RunResumed,
-    RunStarted, SendQueued, SendRetracted, SendSteered, StepStarted, ToolDispatchIntent,
-    ToolResult, UploadBegun, UploadCommitted,
+    CancelRequested, ContextCompacted, ModelAttemptFinished, ModelStepFinished, RunFinished,
+    RunPaused, RunResumed, RunStarted, SendQueued, SendRetracted, SendSteered, StepStarted,
+    ToolDispatchIntent, ToolResult, UploadBegun, UploadCommitted,
 };
 
 /// Kind codes. Codes are never reused for another meaning.
@@ -37,6 +37,8 @@ pub mod kind {
     pub const UPLOAD_BEGUN: u16 = 24;
     /// [`crate::runrec::UploadCommitted`].
     pub const UPLOAD_COMMITTED: u16 = 25;
+    /// [`crate::runrec::ContextCompacted`].
+    pub const CONTEXT_COMPACTED: u16 = 26;
 }
 
 /// A record of the WAL.
@@ -66,6 +68,8 @@ pub enum Record {
     UploadBegun(UploadBegun),
     /// An upload's bytes are in the content store, checked and durable.
     UploadCommitted(UploadCommitted),
+    /// Older turns summarized: the summary stands in for them in the model's requests.
+    ContextCompacted(Box<ContextCompacted>),
     /// A kind this build does not know; its payload is kept as it is.
     Unknown {
         kind: u16,
@@ -115,6 +119,7 @@ impl Record {
             Record::SendSteered(_) => kind::SEND_STEERED,
             Record::UploadBegun(_) => kind::UPLOAD_BEGUN,
             Record::UploadCommitted(_) => kind::UPLOAD_COMMITTED,
+            Record::ContextCompacted(_) => kind::CONTEXT_COMPACTED,
             Record::Unknown { kind, .. } => *kind,
         }
     }
@@ -139,6 +144,7 @@ impl Record {
             kind::SEND_STEERED => Some("send_steered"),
             kind::UPLOAD_BEGUN => Some("upload_begun"),
             kind::UPLOAD_COMMITTED => Some("upload_committed"),
+            kind::CONTEXT_COMPACTED => Some("context_compacted"),
             _ => None,
         }
     }
@@ -165,6 +171,7 @@ impl Record {
             Record::SendSteered(r) => serde_json::to_writer(w, r),
             Record::UploadBegun(r) => serde_json::to_writer(w, r),
             Record::UploadCommitted(r) => serde_json::to_writer(w, r),
+            Record::ContextCompacted(r) => serde_json::to_writer(w, r),
             Record::Unknown { payload, .. } => {
                 out.extend_from_slice(payload);
                 Ok(())
@@ -206,6 +213,7 @@ impl Record {
             kind::SEND_STEERED => Ok(Record::SendSteered(Box::new(parse(payload, bad)?))),
             kind::UPLOAD_BEGUN => Ok(Record::UploadBegun(parse(payload, bad)?)),
             kind::UPLOAD_COMMITTED => Ok(Record::UploadCommitted(parse(payload, bad)?)),
+            kind::CONTEXT_COMPACTED => Ok(Record::ContextCompacted(Box::new(parse(payload, bad)?))),
             _ => Ok(Record::Unknown {
                 kind: code,
                 payload: payload.to_vec(),

@@ -46,6 +46,9 @@ pub struct FrozenConfig {
     /// broca takes no routing accounts, so it is kept and compared, never forwarded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub route_decision_id: Option<String>,
+    /// The run's built-in compaction (docs/compaction.md), when the send turned it on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction: Option<broca_protocol::compaction::Compaction>,
 }
 
 /// A run's `structured_output`, as admission froze it.
@@ -393,6 +396,29 @@ pub struct UploadBegun {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UploadCommitted {
     pub upload_id: String,
+    pub at_unix_ms: u64,
+}
+
+/// Older turns summarized by the run's model (docs/compaction.md): from this record on, the
+/// model's requests carry `summary` in place of the conversation's first `replaced`
+/// messages (the session's whole conversation, counted from its start). Durable before the
+/// request that uses it; replay puts the same summary in, so a summary is never asked for
+/// twice. The messages it stands in for stay in the log and in every read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContextCompacted {
+    pub run_id: String,
+    /// The step whose request is the first to carry it (it comes before its StepStarted).
+    pub step: u32,
+    /// How many messages of the conversation, from its start, the summary stands in for
+    /// (the one after them is an assistant message).
+    pub replaced: u64,
+    /// The summary's text: the first user message of the model's requests from now on.
+    pub summary: String,
+    /// What the summary's request cost, as its provider reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<broca_protocol::Usage>,
+    /// The estimate (tokens) of the request that would have been sent without it.
+    pub estimate_before: u64,
     pub at_unix_ms: u64,
 }
 

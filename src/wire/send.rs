@@ -62,6 +62,11 @@ pub struct SendRequest {
     /// `attachments`); part of the send's identity.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<Vec<cortexkit_role_llm_runner::attachments::ContentPart>>,
+    /// The run's built-in compaction (`{mode: summarize|off, at_percent?, keep_percent?}`;
+    /// docs/compaction.md): older turns summarized by the run's model as the context limit
+    /// comes near, instead of the run ending at it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compaction: Option<broca_protocol::compaction::Compaction>,
 }
 
 /// The delivery modes besides `queue`.
@@ -88,6 +93,7 @@ impl SendRequest {
             ("directives", self.directives.is_some()),
             ("structured_output", self.structured_output.is_some()),
             ("route_decision_id", self.route_decision_id.is_some()),
+            ("compaction", self.compaction.is_some()),
         ];
         named
             .into_iter()

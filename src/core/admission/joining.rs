@@ -84,6 +84,7 @@ fn differs(name: &str, mine: &FrozenConfig, run: &FrozenConfig) -> bool {
                 != super::frozen_so_key(run.structured_output.as_ref())
         }
         "route_decision_id" => mine.route_decision_id != run.route_decision_id,
+        "compaction" => mine.compaction != run.compaction,
         _ => false,
     }
 }

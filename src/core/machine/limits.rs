@@ -63,11 +63,31 @@ impl RunMachine {
     /// step); a context limit stops it when the next request's estimated size reaches the
     /// limit.
     pub(super) fn limit_before_request(&self) -> Option<Stop> {
+        self.budget_stop().or_else(|| {
+            // A run that summarizes checks its context limit where the next step would
+            // start, once a summary was considered (`next_step_or_stop`).
+            if self.summarizes() {
+                None
+            } else {
+                self.context_limit_stop()
+            }
+        })
+    }
+
+    /// The stop a budget or the session's input cap says the next request would break.
+    fn budget_stop(&self) -> Option<Stop> {
         self.input_cap_stop()
             .or_else(|| self.unmeasured_budget_stop())
             .or_else(|| self.token_budget_stop())
             .or_else(|| self.cost_budget_stop())
-            .or_else(|| self.context_limit_stop())
+    }
+
+    /// Whether the run summarizes older turns as its context limit comes near (it has a
+    /// compaction and a limit, and no summary of it failed).
+    fn summarizes(&self) -> bool {
+        self.config.compaction.is_some()
+            && self.config.context_limit.is_some()
+            && self.compaction_gave_up.is_none()
     }
 
     /// A run budget is not kept on a step that was not metered: the first such step stops
@@ -195,18 +215,23 @@ impl RunMachine {
     }
 
     /// The next request's estimated size reaches the context limit.
-    fn context_limit_stop(&self) -> Option<Stop> {
+    pub(super) fn context_limit_stop(&self) -> Option<Stop> {
         let limit = self.config.context_limit?;
         let (estimate, how) = self.next_request_estimate();
         if estimate < limit {
             return None;
         }
+        let mut detail = format!(
+            "the next request would carry about {estimate} tokens ({how}); the context limit \
+             is {limit}"
+        );
+        if let Some(why) = &self.compaction_gave_up {
+            detail.push_str("; ");
+            detail.push_str(why);
+        }
         Some(Stop {
             kind: FinishKind::ContextLimit,
-            detail: format!(
-                "the next request would carry about {estimate} tokens ({how}); the context \
-                 limit is {limit}"
-            ),
+            detail,
             budget: None,
         })
     }
@@ -252,7 +277,7 @@ impl RunMachine {
     /// reported input, plus its output (its message is sent back) and what was added since
     /// at about 4 bytes a token; without a reported input, the whole request at 4 bytes a
     /// token. An estimate, not a count: the provider's tokenizer decides.
-    fn next_request_estimate(&self) -> (u64, &'static str) {
+    pub(super) fn next_request_estimate(&self) -> (u64, &'static str) {
         if let Some(LastStep {
             usage:
                 Usage {
@@ -277,7 +302,7 @@ impl RunMachine {
         let fixed = self.config.system.as_ref().map_or(0, String::len)
             + serde_json::to_vec(&self.config.tools).map_or(0, |v| v.len());
         let all = approx_tokens(
-            std::iter::once(fixed).chain(self.transcript.iter().map(|m| message_bytes(m))),
+            std::iter::once(fixed).chain(self.view().iter().map(|m| message_bytes(m))),
         );
         (
             all,
@@ -310,6 +335,6 @@ pub(super) fn block_bytes(b: &Block) -> usize {
 }
 
 /// The bytes of a message's text, tool names, arguments and results.
-fn message_bytes(m: &Message) -> usize {
+pub(super) fn message_bytes(m: &Message) -> usize {
     m.content.iter().map(block_bytes).sum()
 }

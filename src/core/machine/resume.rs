@@ -59,9 +59,11 @@ impl RunMachine {
             input,
             step_seq,
             steers,
+            compacted,
         } = from;
         let mut m = RunMachine::new(run_id, config, transcript, step, spend, now_ms);
         m.steers = steers;
+        m.compacted = compacted;
         m.last_step = last_step;
         m.input = input;
         m.step_seq = step_seq;
@@ -109,4 +111,6 @@ pub struct ResumeFrom {
     pub step_seq: Option<u64>,
     /// The steered sends accepted and not yet rendered: their record's seq and prompt.
     pub steers: Vec<(u64, Vec<broca_protocol::Block>)>,
+    /// The summary standing in for the older turns, as the log recorded it.
+    pub compacted: Option<crate::compaction::Compacted>,
 }

@@ -7,16 +7,19 @@ use broca_protocol::Block;
 
 impl RunMachine {
     /// [`RunMachine::start`] for a session whose steered sends (their record's seq and
-    /// prompt) wait: the first step renders them after the run's prompt.
+    /// prompt) wait: the first step renders them after the run's prompt; and whose older
+    /// turns a summary stands in for, when one does.
     pub fn start_with_steers(
         run_id: String,
         config: FrozenConfig,
         transcript: Vec<Arc<Message>>,
+        compacted: Option<crate::compaction::Compacted>,
         steers: Vec<(u64, Vec<Block>)>,
         now_ms: u64,
     ) -> RunMachine {
         let mut m = RunMachine::new(run_id, config, transcript, 0, Spend::default(), now_ms);
         m.steers = steers;
+        m.compacted = compacted;
         m.next_step_or_stop();
         m
     }

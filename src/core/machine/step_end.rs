@@ -19,6 +19,9 @@ impl RunMachine {
         if !matches!(self.phase, Phase::Streaming) {
             return;
         }
+        if self.compacting.is_some() {
+            return self.on_compaction_ended();
+        }
         let step = std::mem::take(&mut self.acc).finish();
         let step_usage = step.usage;
         // An answer no record can hold fails its attempt, for good: recorded, it would stop

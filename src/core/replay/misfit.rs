@@ -50,6 +50,12 @@ pub enum Misfit {
     StrayResult { call_id: String, batch_id: String },
     /// An imported episode while a run has no terminal record.
     ImportWhileOpen { import_id: String, open: String },
+    /// A summary that does not fit the conversation it stands in for.
+    CompactionMisfit {
+        run_id: String,
+        replaced: u64,
+        why: &'static str,
+    },
     /// A frame that does not decode (at its offset in the file).
     Undecodable { offset: u64, reason: String },
 }
@@ -95,6 +101,14 @@ impl std::fmt::Display for Misfit {
             Misfit::ImportWhileOpen { import_id, open } => write!(
                 f,
                 "import {import_id} while run {open} has no terminal record"
+            ),
+            Misfit::CompactionMisfit {
+                run_id,
+                replaced,
+                why,
+            } => write!(
+                f,
+                "run {run_id}'s summary of the first {replaced} messages does not fit: {why}"
             ),
             Misfit::Undecodable { offset, reason } => write!(f, "at offset {offset}: {reason}"),
         }

@@ -249,3 +249,72 @@ fn a_summary_that_does_not_fit_the_conversation_is_a_misfit() {
         "{err}"
     );
 }
+
+#[test]
+fn a_step_the_provider_refuses_as_too_long_is_tried_again_after_a_summary() {
+    // Two steps: under the threshold by the estimate, but the provider counts more.
+    let mut live = Live::start(compacting(), "go");
+    for id in ["c1", "c2"] {
+        big_tool_step(&mut live, id);
+    }
+    assert_eq!(live.calls.len(), 3, "no summary was due by the estimate");
+    live.feed(Event::AttemptFailed {
+        error: ClassifiedError {
+            class: ErrorClass::ContextOverflow,
+            message: "prompt is too long".into(),
+            retry_after_ms: None,
+        },
+        usage: None,
+    });
+    assert_eq!(live.systems[3].as_deref(), Some(SUMMARY_SYSTEM));
+    summary_answer(&mut live, "the gist");
+    let recorded = compacted_records(&live);
+    assert_eq!(recorded.len(), 1);
+    assert_eq!(
+        recorded[0].step, 3,
+        "the refused step's next attempt carries it"
+    );
+    assert_eq!(recorded[0].replaced, 3);
+    // Step 3 is tried again (no new step started), carrying the summary.
+    let kinds: Vec<&str> = live
+        .records
+        .iter()
+        .map(|(_, r)| Record::kind_name(r.kind()).unwrap())
+        .collect();
+    assert_eq!(
+        kinds[kinds.len() - 2..],
+        ["model_attempt_finished", "context_compacted"]
+    );
+    let retried = live.calls.last().unwrap();
+    assert!(text_of(&retried[0].content[0]).ends_with("the gist"));
+    assert_eq!(retried.len(), 3);
+    live.text_step("done");
+    assert_eq!(
+        live.session.runs[0].state,
+        RunState::Finished(FinishKind::Completed)
+    );
+    let replayed = Session::replay(live.records.clone()).unwrap();
+    assert_eq!(replayed.compacted, live.session.compacted);
+}
+
+#[test]
+fn a_refused_step_with_nothing_left_to_cut_ends_at_the_context_limit() {
+    let mut live = Live::start(compacting(), "go");
+    live.feed(Event::AttemptFailed {
+        error: ClassifiedError {
+            class: ErrorClass::ContextOverflow,
+            message: "prompt is too long".into(),
+            retry_after_ms: None,
+        },
+        usage: None,
+    });
+    assert_eq!(
+        live.calls.len(),
+        1,
+        "no summary: nothing before the prompt to cut"
+    );
+    assert_eq!(
+        live.session.runs[0].state,
+        RunState::Finished(FinishKind::ContextLimit)
+    );
+}

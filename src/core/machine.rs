@@ -236,8 +236,8 @@ pub struct RunMachine {
     steers: Vec<(u64, Vec<Block>)>,
     /// The summary standing in for the older turns, when one does.
     compacted: Option<crate::compaction::Compacted>,
-    /// The summary being asked for: where it cuts, and the estimate that made it due.
-    compacting: Option<(usize, u64)>,
+    /// The summary being asked for.
+    compacting: Option<compact::Compacting>,
     /// Why this run stopped summarizing (a summary failed): the context limit then ends it.
     compaction_gave_up: Option<String>,
 }
@@ -766,6 +766,10 @@ impl RunMachine {
             }
             ErrorClass::AuthRequired => self.pause("auth_required", error),
             ErrorClass::ContextOverflow => {
+                // A run that summarizes makes room and tries the step again.
+                if self.compact_within_step() {
+                    return;
+                }
                 let detail = "the provider refused the request as too long".to_string();
                 self.seal(
                     FinishKind::ContextLimit,

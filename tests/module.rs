@@ -1384,3 +1384,99 @@ fn a_vault_read_never_holds_up_the_shard_it_was_asked_on() {
     assert_eq!(wait_ended(&mut d, 1, 1, &a_run)["state"], "completed");
     drain(&mut d, &mut child);
 }
+
+#[test]
+fn a_tool_module_up_after_broca_started_is_offered_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let peer = Aimock::start(&fixture("tools.json"));
+    let mut d = Daemon::start(&dir.path().join("d"));
+    // The module is not up at start: its catalog's route is refused for good, once.
+    let tools = ToolModule::new("ck-tools");
+    tools
+        .refuse_opens
+        .lock()
+        .unwrap()
+        .push("capability_forbidden".into());
+    let cfg = dir.path().join("tools.json");
+    std::fs::write(
+        &cfg,
+        json!({"modules": [{"module": "ck-tools", "call_timeout_ms": 1500}],
+               "module_retry_ms": 1500})
+        .to_string(),
+    )
+    .unwrap();
+    let mut child = module(&state, &d, &peer, &[("BROCA_LOG", "info")])
+        .arg("--tools-config")
+        .arg(&cfg)
+        .spawn_quiet();
+    d.accept(Answer::Accept).unwrap();
+    d.serve(Services {
+        vault: None,
+        tools: Some(tools.clone()),
+        catalog: None,
+        bus: None,
+    });
+    assert_eq!(d.bind(1, 1, "/t", "h", "s").0, FrameType::Response);
+    let catalog_opens = || {
+        tools
+            .log
+            .opens
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|o| o["identity"]["session"] == "tool-catalog")
+            .count()
+    };
+
+    let offered = |run_id: &str| -> Vec<String> {
+        run_started(&state, run_id)["config"]["tools"]
+            .as_array()
+            .map(|tools| {
+                tools
+                    .iter()
+                    .filter_map(|t| t["name"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+
+    // Before it answers, a run is offered none of its tools.
+    let (early, _) = run_on_route(&mut d, "record two", "a");
+    if catalog_opens() < 2 {
+        let early = offered(&early);
+        assert!(!early.iter().any(|t| t == "record"), "{early:?}");
+    }
+
+    // It is asked again while broca serves; from its answer on, its tools are offered.
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    while catalog_opens() < 2 {
+        assert!(
+            std::time::Instant::now() < until,
+            "the module was never asked again"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut run = String::new();
+    for attempt in 0..40 {
+        let (run_id, status) = run_on_route(&mut d, "record two", &format!("b{attempt}"));
+        assert_eq!(status["state"], "completed", "{status}");
+        if offered(&run_id).iter().any(|t| t == "record") {
+            run = run_id;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(!run.is_empty(), "the module's tools were never offered");
+    assert_eq!(
+        (tools.times("call_rec_1"), tools.times("call_rec_2")),
+        (1, 1),
+        "its tools run over its route"
+    );
+    drain(&mut d, &mut child);
+    let err = stderr_of(&mut child);
+    assert!(
+        err.contains("tool module up after broca started"),
+        "the pickup is logged: {err}"
+    );
+}

@@ -197,6 +197,7 @@ impl<'a> Life<'a> {
                     input: self.session.input,
                     step_seq: open.step_seq,
                     steers: Vec::new(),
+                    compacted: self.session.compacted.clone(),
                 },
                 self.now_ms,
             )

@@ -158,6 +158,8 @@ pub struct Host {
     pub(crate) tools: Arc<broca_tools::ToolServers>,
     /// Module mode: the daemon's tool_provider modules (their tools are in `tools`' specs).
     pub(crate) module_tools: Option<Arc<ModuleTools>>,
+    /// The tool modules that have not answered yet: asked again every `module_retry`.
+    pub(crate) tool_modules_missing: Mutex<Vec<String>>,
     /// The projections of the WALs (`None` when the store cannot be opened: then nothing is
     /// read from it, and the WALs serve everything).
     pub(crate) store: Option<Arc<broca_store::Store>>,
@@ -401,7 +403,8 @@ impl Startup {
         );
         start::load_catalog(&opts, &tls, &proxy, extras.module_tools.clone())?;
         let opened = start::open_store(&opts.state_dir, &state.wal_dir)?;
-        let tools = start::start_tools(&opts, &tls, &proxy, extras.module_tools.clone())?;
+        let (tools, missing) =
+            start::start_tools(&opts, &tls, &proxy, extras.module_tools.clone())?;
         let (mesh, receivers) = Mesh::new(opts.shards);
         let traces = broca_otel::Traces::from_env(&tls);
         let host = Arc::new(Host {
@@ -421,6 +424,7 @@ impl Startup {
             proxy,
             tools,
             module_tools: extras.module_tools,
+            tool_modules_missing: Mutex::new(missing),
             store: opened.store,
             projector: opened.projector,
             vault: extras.vault,

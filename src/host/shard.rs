@@ -275,6 +275,7 @@ impl Shard {
         // A catalog service, a file or the daemon's catalog module: each can change while
         // broca serves (a module's answer of the version read last is not read again).
         let refreshed = catalog.url.is_some() || catalog.file.is_some() || catalog.module.is_some();
+        self.pick_up_tool_modules();
         if self.services.shard == 0 && !refresh.is_zero() && refreshed {
             let me = self.clone();
             every(refresh, self.stopped.clone(), move || {
@@ -285,6 +286,55 @@ impl Shard {
                 }
             });
         }
+    }
+
+    /// Module mode, shard 0: the tool modules that did not answer at start are asked again
+    /// every `module_retry` until each has; a module's tools are offered from its answer on,
+    /// to every send admitted after it (a run already admitted keeps the tools it froze).
+    fn pick_up_tool_modules(&self) {
+        let host = &self.host;
+        let (Some(modules), Some(cfg)) = (host.module_tools.clone(), host.opts.tools.as_ref())
+        else {
+            return;
+        };
+        let missing = || {
+            host.tool_modules_missing
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+        };
+        if self.services.shard != 0 || missing().is_empty() {
+            return;
+        }
+        let host = host.clone();
+        every(cfg.module_retry, self.stopped.clone(), move || {
+            let (host, modules) = (host.clone(), modules.clone());
+            async move {
+                let waiting = host
+                    .tool_modules_missing
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone();
+                for module in waiting {
+                    let Ok(specs) = modules.catalog_of(&module).await else {
+                        continue;
+                    };
+                    for p in host.tools.add(specs) {
+                        tracing::error!("{p}; its tools are not offered");
+                    }
+                    tracing::info!(module = %module, "tool module up after broca started: its tools are offered");
+                    host.tool_modules_missing
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .retain(|m| *m != module);
+                }
+                !host
+                    .tool_modules_missing
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .is_empty()
+            }
+        });
     }
 
     /// Assembles the catalog again (shard 0): its service asked, its file read, the last good

@@ -167,15 +167,16 @@ pub(crate) fn open_store(state_dir: &Path, wal_dir: &Path) -> Result<OpenedStore
 }
 
 /// The configured MCP tool servers, started once for every shard, and in module mode the
-/// tool modules' catalogs (their tools offered beside the servers').
+/// tool modules' catalogs (their tools offered beside the servers'), with the modules that
+/// did not answer (asked again while broca serves: `Shard::pick_up_tool_modules`).
 pub(crate) fn start_tools(
     opts: &HostOptions,
     tls: &Arc<broca_io::net::rustls::ClientConfig>,
     proxy: &ProxyConfig,
     modules: Option<Arc<broca_tools::modules::ModuleTools>>,
-) -> Result<Arc<broca_tools::ToolServers>, String> {
+) -> Result<(Arc<broca_tools::ToolServers>, Vec<String>), String> {
     let Some(cfg) = opts.tools.clone() else {
-        return Ok(broca_tools::ToolServers::none());
+        return Ok((broca_tools::ToolServers::none(), Vec::new()));
     };
     if !cfg.modules.is_empty() && modules.is_none() {
         return Err(format!(
@@ -189,23 +190,22 @@ pub(crate) fn start_tools(
         ));
     }
     let (tls, proxy) = (tls.clone(), proxy.clone());
-    let (servers, problems) = broca_shards::run_local(async move {
+    let (servers, problems, missing) = broca_shards::run_local(async move {
         let http = broca_tools::tool_http_client(tls, proxy);
         let (servers, mut problems) = broca_tools::ToolServers::start(cfg, &http).await?;
         let Some(modules) = modules else {
-            return Ok::<_, String>((servers, problems));
+            return Ok::<_, String>((servers, problems, Vec::new()));
         };
-        let (specs, more) = modules.catalogs().await;
-        problems.extend(more);
-        let (servers, clashes) = servers.with_more(specs);
-        problems.extend(clashes);
-        Ok((servers, problems))
+        let catalogs = modules.catalogs().await;
+        problems.extend(catalogs.problems);
+        problems.extend(servers.add(catalogs.specs));
+        Ok((servers, problems, catalogs.missing))
     })
     .map_err(|e| format!("cannot start the tool servers: {e}"))??;
     for p in problems {
         tracing::error!("{p}; its tools are not offered");
     }
-    Ok(servers)
+    Ok((servers, missing))
 }
 
 /// The catalog assembled from `src`, asking its service (when it has one) first, and the

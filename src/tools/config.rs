@@ -6,11 +6,14 @@
 //!           "env": {"KEY": "VALUE"}},
 //!          {"name": "search", "url": "http://127.0.0.1:3001/mcp"}],
 //!  "modules": [{"module": "ck-shell", "call_timeout_ms": 60000}],
+//!  "module_retry_ms": 10000,
 //!  "result_bytes_max": 102400}
 //! ```
 //!
 //! `modules` names the daemon's tool_provider modules whose tools broca offers beside the MCP
-//! servers' (module mode only: they are reached over daemon routes).
+//! servers' (module mode only: they are reached over daemon routes). A module that is not up
+//! when broca starts is asked again every `module_retry_ms` (10 s by default) while broca
+//! serves, and its tools are offered from the first answer on.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -20,6 +23,10 @@ use serde::Deserialize;
 
 /// Tool results longer than this are cut, with a marker saying so (by default).
 pub const RESULT_BYTES_MAX_DEFAULT: usize = 100 * 1024;
+/// How often a tool module that was not up is asked again for its catalog (by default).
+pub const MODULE_RETRY_DEFAULT: Duration = Duration::from_secs(10);
+/// The shortest `module_retry_ms` taken.
+const MODULE_RETRY_MIN_MS: u64 = 100;
 
 /// The whole tools config.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +34,8 @@ pub struct ToolsConfig {
     pub servers: Vec<ServerConfig>,
     /// The daemon's tool_provider modules whose tools are offered (module mode).
     pub modules: Vec<ModuleConfig>,
+    /// How often a tool module that was not up is asked again for its catalog.
+    pub module_retry: Duration,
     /// Tool results longer than this many bytes are truncated with an explicit marker.
     pub result_bytes_max: usize,
 }
@@ -36,6 +45,7 @@ impl Default for ToolsConfig {
         ToolsConfig {
             servers: Vec::new(),
             modules: Vec::new(),
+            module_retry: MODULE_RETRY_DEFAULT,
             result_bytes_max: RESULT_BYTES_MAX_DEFAULT,
         }
     }
@@ -88,6 +98,7 @@ struct FileConfig {
     mcp: Vec<FileServer>,
     #[serde(default)]
     modules: Vec<FileModule>,
+    module_retry_ms: Option<u64>,
     result_bytes_max: Option<usize>,
 }
 
@@ -173,9 +184,18 @@ impl ToolsConfig {
         if result_bytes_max < 64 {
             return Err(ConfigError::new("result_bytes_max must be at least 64"));
         }
+        let module_retry_ms = file
+            .module_retry_ms
+            .unwrap_or(MODULE_RETRY_DEFAULT.as_millis() as u64);
+        if module_retry_ms < MODULE_RETRY_MIN_MS {
+            return Err(ConfigError::new(format!(
+                "module_retry_ms must be at least {MODULE_RETRY_MIN_MS}"
+            )));
+        }
         Ok(ToolsConfig {
             servers,
             modules,
+            module_retry: Duration::from_millis(module_retry_ms),
             result_bytes_max,
         })
     }
@@ -318,6 +338,9 @@ headers = { Authorization = "Bearer x" }
         assert_eq!(a.result_bytes_max, 4096);
         assert_eq!(a.modules[0].module, "ck-shell");
         assert_eq!(a.modules[0].call_timeout, Duration::from_secs(60));
+        assert_eq!(a.module_retry, MODULE_RETRY_DEFAULT);
+        let quick = ToolsConfig::parse(r#"{"module_retry_ms": 250}"#, false).unwrap();
+        assert_eq!(quick.module_retry, Duration::from_millis(250));
     }
 
     #[test]
@@ -340,6 +363,7 @@ headers = { Authorization = "Bearer x" }
                 r#"{"mcp": [{"name": "a", "command": ["x"], "bogus": 1}]}"#,
                 "bogus",
             ),
+            (r#"{"module_retry_ms": 5}"#, "module_retry_ms must be at least 100"),
             (
                 r#"{"mcp": [{"name": "a", "url": "http://h", "env": {"K": "V"}}]}"#,
                 "apply to a command",

@@ -60,10 +60,11 @@ impl Server {
     }
 }
 
-/// Every configured server, and the tools they offered when broca started.
+/// Every configured server, and the tools offered: the servers' as they answered at start,
+/// and the tool modules' as each answered (a module up later adds its own then).
 pub struct ToolServers {
     servers: Vec<Server>,
-    specs: Arc<[ToolSpec]>,
+    specs: std::sync::RwLock<Arc<[ToolSpec]>>,
     result_bytes_max: usize,
 }
 
@@ -76,7 +77,7 @@ impl ToolServers {
     pub fn none() -> Arc<ToolServers> {
         Arc::new(ToolServers {
             servers: Vec::new(),
-            specs: Vec::new().into(),
+            specs: std::sync::RwLock::new(Vec::new().into()),
             result_bytes_max: config::RESULT_BYTES_MAX_DEFAULT,
         })
     }
@@ -128,17 +129,18 @@ impl ToolServers {
         Ok((
             Arc::new(ToolServers {
                 servers,
-                specs: specs.into(),
+                specs: std::sync::RwLock::new(specs.into()),
                 result_bytes_max: cfg.result_bytes_max,
             }),
             problems,
         ))
     }
 
-    /// These servers with more tools offered (a tool module's, routed elsewhere); a tool
-    /// whose name is taken already is left out, with a line saying so.
-    pub fn with_more(&self, more: Vec<ToolSpec>) -> (Arc<ToolServers>, StartProblems) {
-        let mut specs = self.specs.to_vec();
+    /// Offers more tools (a tool module's, routed elsewhere), from the next admission on; a
+    /// tool whose name is taken already is left out, with a line saying so.
+    pub fn add(&self, more: Vec<ToolSpec>) -> StartProblems {
+        let mut offered = self.specs.write().unwrap_or_else(|e| e.into_inner());
+        let mut specs = offered.to_vec();
         let mut problems = Vec::new();
         for spec in more {
             if let Some(other) = specs.iter().find(|s| s.name == spec.name) {
@@ -150,17 +152,13 @@ impl ToolServers {
             }
             specs.push(spec);
         }
-        let servers = Arc::new(ToolServers {
-            servers: self.servers.clone(),
-            specs: specs.into(),
-            result_bytes_max: self.result_bytes_max,
-        });
-        (servers, problems)
+        *offered = specs.into();
+        problems
     }
 
-    /// The tools offered, each with its route.
+    /// The tools offered now, each with its route.
     pub fn specs(&self) -> Arc<[ToolSpec]> {
-        self.specs.clone()
+        self.specs.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Stops every server process (stdin closed, then killed after a grace period).

@@ -1,5 +1,6 @@
 //! Tools of the daemon's tool_provider modules (module mode), beside the MCP servers': their
-//! catalogs are read once at startup (`role.describe` checked, then `tool.catalog`), and
+//! catalogs are read at startup (`role.describe` checked, then `tool.catalog`; a module not
+//! up then is asked again while broca serves, see broca-host), and
 //! each call goes over a route of its session's own (`route.open` with the session's harness
 //! and session as the bind identity; kept per module and whole session triple, so two
 //! sessions that differ only in their project root never share one), on one consumer
@@ -76,6 +77,16 @@ pub struct ModuleTools {
     result_v1: Mutex<HashMap<String, std::collections::HashSet<String>>>,
 }
 
+/// What the tool modules' catalogs gave.
+#[derive(Debug, Default)]
+pub struct Catalogs {
+    pub specs: Vec<ToolSpec>,
+    /// One line per module that did not answer.
+    pub problems: Vec<String>,
+    /// The modules that did not answer, to ask again.
+    pub missing: Vec<String>,
+}
+
 /// Why a call did not go.
 enum NotSent {
     /// Nothing reached the module.
@@ -109,24 +120,31 @@ impl ModuleTools {
     }
 
     /// Every module's tools, each with its pinned route; a module that cannot be reached or
-    /// whose answers do not hold is reported (its tools are not offered). Runs on a glommio
-    /// executor.
-    pub async fn catalogs(&self) -> (Vec<ToolSpec>, Vec<String>) {
-        let mut specs = Vec::new();
-        let mut problems = Vec::new();
+    /// whose answers do not hold is reported and listed as missing (its tools are not offered
+    /// until it answers). Runs on a glommio executor.
+    pub async fn catalogs(&self) -> Catalogs {
+        let mut all = Catalogs::default();
         for m in &self.modules {
-            match self.catalog(&m.module).await {
-                Ok((tools, notes)) => {
-                    for n in notes {
-                        tracing::warn!(module = %m.module, "{n}");
-                    }
-                    tracing::info!(module = %m.module, tools = tools.len(), "tool module ready");
-                    specs.extend(tools);
+            match self.catalog_of(&m.module).await {
+                Ok(tools) => all.specs.extend(tools),
+                Err(e) => {
+                    all.problems
+                        .push(format!("tool module `{}`: {e}", m.module));
+                    all.missing.push(m.module.clone());
                 }
-                Err(e) => problems.push(format!("tool module `{}`: {e}", m.module)),
             }
         }
-        (specs, problems)
+        all
+    }
+
+    /// `module`'s tools, each with its pinned route, its catalog's notes logged.
+    pub async fn catalog_of(&self, module: &str) -> Result<Vec<ToolSpec>, LinkError> {
+        let (tools, notes) = self.catalog(module).await?;
+        for n in notes {
+            tracing::warn!(module = %module, "{n}");
+        }
+        tracing::info!(module = %module, tools = tools.len(), "tool module ready");
+        Ok(tools)
     }
 
     async fn catalog(&self, module: &str) -> Result<(Vec<ToolSpec>, Vec<String>), LinkError> {

@@ -125,6 +125,11 @@ fn a_500_turn_session_on_a_32k_context_goes_on_and_its_replay_asks_nothing_again
     }
 
     let recorded = compactions(&state);
+    assert_eq!(
+        support::serve::metric(&s, "broca_context_compactions_total"),
+        recorded.len() as u64,
+        "each summary is counted"
+    );
     let asked = requests(&file);
     let summaries = asked.iter().filter(|(summary, _)| *summary).count();
     assert!(

@@ -17,6 +17,8 @@ use crate::{Host, ShardMsg};
 pub struct Outcomes {
     runs: RefCell<Vec<(&'static str, u64)>>,
     calls: RefCell<Vec<(&'static str, u64)>>,
+    /// Summaries of older turns recorded (the built-in compaction).
+    compactions: std::cell::Cell<u64>,
 }
 
 fn bump(counts: &RefCell<Vec<(&'static str, u64)>>, name: &'static str) {
@@ -48,6 +50,16 @@ impl Outcomes {
                 &self.calls,
                 broca_core::entries::result_outcome(r.result.is_error, r.result.reason.as_deref()),
             ),
+            Record::ContextCompacted(c) => {
+                self.compactions.set(self.compactions.get() + 1);
+                tracing::info!(
+                    run_id = %c.run_id,
+                    step = c.step,
+                    replaced = c.replaced,
+                    estimate_before = c.estimate_before,
+                    "older turns summarized"
+                );
+            }
             _ => {}
         }
     }
@@ -93,6 +105,8 @@ pub struct ShardStats {
     pub runs_finished: Vec<(&'static str, u64)>,
     /// Tool calls answered, by outcome.
     pub tool_calls: Vec<(&'static str, u64)>,
+    /// Summaries of older turns recorded (the built-in compaction).
+    pub compactions: u64,
     /// Commands waiting in the shard's session inboxes.
     pub commands_waiting: usize,
     /// The shard's HTTP client by origin: its counters and the connections it keeps idle.
@@ -104,6 +118,7 @@ impl ShardStats {
     pub(crate) fn with_outcomes(mut self, outcomes: &Outcomes) -> ShardStats {
         self.runs_finished = outcomes.runs();
         self.tool_calls = outcomes.calls();
+        self.compactions = outcomes.compactions.get();
         self
     }
 }
@@ -140,6 +155,12 @@ const FAMILIES: &[Family] = &[
         kind: "gauge",
         help: "Runs being driven.",
         value: |s| s.runs_active as u64,
+    },
+    Family {
+        name: "broca_context_compactions_total",
+        kind: "counter",
+        help: "Summaries of older turns recorded by runs that summarize near their context limit.",
+        value: |s| s.compactions,
     },
     Family {
         name: "broca_wal_appends_total",

@@ -363,7 +363,10 @@ headers = { Authorization = "Bearer x" }
                 r#"{"mcp": [{"name": "a", "command": ["x"], "bogus": 1}]}"#,
                 "bogus",
             ),
-            (r#"{"module_retry_ms": 5}"#, "module_retry_ms must be at least 100"),
+            (
+                r#"{"module_retry_ms": 5}"#,
+                "module_retry_ms must be at least 100",
+            ),
             (
                 r#"{"mcp": [{"name": "a", "url": "http://h", "env": {"K": "V"}}]}"#,
                 "apply to a command",

@@ -1480,3 +1480,40 @@ fn a_tool_module_up_after_broca_started_is_offered_without_a_restart() {
         "the pickup is logged: {err}"
     );
 }
+
+#[test]
+fn a_tool_declaring_a_reply_deadline_is_waited_for_past_the_modules_call_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let peer = Aimock::start(&fixture("tools.json"));
+    let mut d = Daemon::start(&dir.path().join("d"));
+    // The module's call timeout is 1.5 s; `wait` declares its hold (2.5 s here) plus 1 s.
+    let (mut child, tools) = with_tools(dir.path(), &mut d, &peer, &[]);
+    assert_eq!(d.bind(1, 1, "/t", "h", "s").0, FrameType::Response);
+
+    let (run_id, status) = run_on_route(&mut d, "wait call", "w");
+    assert_eq!(status["state"], "completed", "{status}");
+    assert_eq!(tools.times("call_wait_1"), 1);
+    assert!(
+        tools.log.cancels.lock().unwrap().is_empty(),
+        "the call was given up at the module's call timeout"
+    );
+    // The deadline is the one frozen with the tool.
+    let frozen = run_started(&state, &run_id)["config"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "wait")
+        .cloned()
+        .unwrap();
+    assert_eq!(frozen["reply"]["max_ms"], 10_000, "{frozen}");
+    let result = support::dump_all(&state)
+        .into_iter()
+        .find(|r| r["kind"] == "tool_result" && r["record"]["run_id"] == run_id.as_str())
+        .unwrap();
+    assert!(
+        result.to_string().contains("waited_ms") && result["record"]["result"]["is_error"] != true,
+        "{result}"
+    );
+    drain(&mut d, &mut child);
+}

@@ -42,6 +42,7 @@ fn config() -> FrozenConfig {
             description: "Echoes its input.".into(),
             input_schema: serde_json::json!({"type": "object"}),
             route: String::new(),
+            reply: None,
         }]
         .into(),
         tools_digest: "t".into(),

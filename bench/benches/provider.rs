@@ -363,6 +363,7 @@ fn transcript() -> Request {
             description: "Reads a file of the project and returns its text.".into(),
             input_schema: serde_json::json!({"type":"object","properties":{"path":{"type":"string"},"limit":{"type":"integer"}},"required":["path"]}),
             route: String::new(),
+            reply: None,
         })
         .collect();
     Request {

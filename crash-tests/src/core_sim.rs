@@ -81,6 +81,7 @@ fn tools() -> Vec<ToolSpec> {
         description: "echo".into(),
         input_schema: serde_json::json!({"type": "object"}),
         route: String::new(),
+        reply: None,
     }]
 }
 

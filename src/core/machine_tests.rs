@@ -21,6 +21,7 @@ pub(crate) fn config() -> FrozenConfig {
             description: String::new(),
             input_schema: serde_json::json!({}),
             route: String::new(),
+            reply: None,
         }]
         .into(),
         tools_digest: "t".into(),

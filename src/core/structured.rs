@@ -257,6 +257,7 @@ pub fn rendering(so: &FrozenStructuredOutput) -> Rendering {
                 description: SUBMIT_DESCRIPTION.to_string(),
                 input_schema: strict.unwrap_or(caller),
                 route: String::new(),
+                reply: None,
             }),
             shape: enforced.then(|| {
                 Arc::new(OutputShape {

@@ -30,6 +30,7 @@ pub fn word_count_spec() -> ToolSpec {
             "additionalProperties": false,
         }),
         route: WORD_COUNT_ROUTE.into(),
+        reply: None,
     }
 }
 

@@ -166,6 +166,11 @@ pub struct ToolSpec {
     /// Which module provides the tool (`mcp:<server>`); never rendered to a provider.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub route: String,
+    /// A tool module's reply deadline metadata as its catalog declared it (tool-provider/v1
+    /// `reply`: `{max_ms, hold_argument?}`), checked when the catalog was read and frozen
+    /// with the tool: how long a call of it is waited for. Never rendered to a provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply: Option<serde_json::Value>,
 }
 
 /// The routes a [`ToolSpec`] names: which module provides the tool.

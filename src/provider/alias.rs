@@ -97,6 +97,7 @@ mod tests {
             description: String::new(),
             input_schema: serde_json::json!({"type": "object"}),
             route: String::new(),
+            reply: None,
         }
     }
 

@@ -554,12 +554,14 @@ pub(crate) fn sample_request() -> Request {
                 description: "Current weather".into(),
                 input_schema: serde_json::json!({"type":"object","properties":{"city":{"type":"string"}}}),
                 route: String::new(),
+                reply: None,
             },
             ToolSpec {
                 name: "clock".into(),
                 description: String::new(),
                 input_schema: serde_json::json!({"type":"object"}),
                 route: String::new(),
+                reply: None,
             },
         ]
         .into(),

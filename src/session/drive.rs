@@ -367,6 +367,13 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             .unwrap_or_default()
     }
 
+    /// The reply deadline metadata the run froze with tool `name`, if it has any.
+    fn reply_of(&self, name: &str) -> Option<serde_json::Value> {
+        self.open_run()
+            .and_then(|run| run.config.tools.iter().find(|t| t.name == name))
+            .and_then(|t| t.reply.clone())
+    }
+
     /// Mints the keys of `intent`'s calls into it (what only the session knows: its triple);
     /// answers the batch's calls as the intent records them.
     fn stamp_keys(&self, intent: &mut ToolDispatchIntent) -> Vec<Intended> {
@@ -409,6 +416,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                 .map(|r| r.run_id.clone())
                 .unwrap_or_default(),
             call_key,
+            reply: self.reply_of(&call.name),
         };
         let store = self.content();
         glommio::spawn_local(async move {

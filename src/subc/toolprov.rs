@@ -9,7 +9,9 @@
 //! refuses the call rather than running it against arguments built for another schema.
 
 use cortexkit_role_tool_provider::call::SchemaPin;
-use cortexkit_role_tool_provider::catalog::{check_flat_schema, schema_digest, CatalogAnswer};
+use cortexkit_role_tool_provider::catalog::{
+    check_flat_schema, check_reply, schema_digest, CatalogAnswer,
+};
 use cortexkit_role_tool_provider::describe::check_describe;
 use serde_json::{json, Value};
 use subc_control::{ClientControlRequest, ClientControlResponse, ConsumerIdentity};
@@ -152,6 +154,18 @@ pub fn read_catalog(module_id: &str, frame: &FrameIn) -> Result<Catalog, LinkErr
     let mut notes = Vec::new();
     let mut result_v1 = std::collections::HashSet::new();
     for tool in catalog.tools {
+        // A reply deadline that breaks the role's rules makes the whole answer invalid.
+        check_reply(&tool).map_err(|p| {
+            LinkError::Protocol(format!(
+                "invalid_answer: its tool.catalog answer's {}: {}",
+                format!("`{}` {}", p.tool, p.member),
+                p.reason
+            ))
+        })?;
+        let reply = tool
+            .reply
+            .as_ref()
+            .and_then(|r| serde_json::to_value(r).ok());
         if tool
             .result_format
             .as_ref()
@@ -188,6 +202,7 @@ pub fn read_catalog(module_id: &str, frame: &FrameIn) -> Result<Catalog, LinkErr
             description: tool.description.unwrap_or_default(),
             input_schema: tool.input_schema,
             route: format!("{ROUTE_PREFIX}{module_id}@{pin}"),
+            reply,
         });
     }
     Ok(Catalog {
@@ -195,6 +210,25 @@ pub fn read_catalog(module_id: &str, frame: &FrameIn) -> Result<Catalog, LinkErr
         notes,
         result_v1,
     })
+}
+
+/// How long a call is waited for (tool-provider/v1 §3 rule 1, by the role crate's
+/// `reply_deadline_ms`): the tool's frozen `reply` metadata applied to the call's
+/// arguments, never below `fallback` (the module's `call_timeout_ms`); `fallback` for a tool
+/// without one.
+pub fn reply_deadline(
+    reply: Option<&serde_json::Value>,
+    arguments: &serde_json::Value,
+    fallback: std::time::Duration,
+) -> std::time::Duration {
+    let reply: Option<cortexkit_role_tool_provider::catalog::Reply> =
+        reply.and_then(|r| serde_json::from_value(r.clone()).ok());
+    let fallback_ms = u64::try_from(fallback.as_millis()).unwrap_or(u64::MAX);
+    std::time::Duration::from_millis(cortexkit_role_tool_provider::catalog::reply_deadline_ms(
+        reply.as_ref(),
+        arguments,
+        fallback_ms,
+    ))
 }
 
 /// The result format broca decodes besides the legacy body (tool-provider/v1 §4.1).
@@ -430,6 +464,85 @@ mod tests {
             "the pin names the schema broca froze"
         );
         assert!(notes.iter().any(|n| n.contains("`deep`")), "{notes:?}");
+    }
+
+    /// The role's reply-deadline vectors: `vectors` of one kind.
+    fn reply_vectors(kind: &str) -> (Value, Vec<Value>) {
+        let all: Value =
+            serde_json::from_str(cortexkit_role_tool_provider::vectors::REPLY_DEADLINE_JSON)
+                .unwrap();
+        let cases = all[kind].as_array().unwrap().clone();
+        assert!(!cases.is_empty(), "{kind}");
+        (all, cases)
+    }
+
+    #[test]
+    fn reply_deadlines_follow_the_roles_vectors() {
+        let (all, cases) = reply_vectors("deadlines");
+        for case in cases {
+            // A case may run under a fallback of its own.
+            let fallback_ms = case
+                .get("runner_fallback_ms")
+                .unwrap_or(&all["runner_fallback_ms"])
+                .as_u64()
+                .unwrap();
+            let fallback = std::time::Duration::from_millis(fallback_ms);
+            let reply = Some(&case["reply"]).filter(|r| !r.is_null());
+            let got = reply_deadline(reply, &case["arguments"], fallback);
+            assert_eq!(
+                got.as_millis() as u64,
+                case["expected_ms"].as_u64().unwrap(),
+                "{}",
+                case["name"]
+            );
+        }
+    }
+
+    /// A catalog of one tool `t` declaring `reply` (with the vectors' schema, or the case's).
+    fn catalog_with_reply(all: &Value, case: &Value) -> Result<Catalog, LinkError> {
+        let schema = case
+            .get("input_schema")
+            .cloned()
+            .unwrap_or_else(|| all["input_schema"].clone());
+        let mut tool = json!({"name": "t", "schema_digest": "x", "semantics": 1,
+            "capabilities": [], "input_schema": schema});
+        if !case["reply"].is_null() {
+            tool["reply"] = case["reply"].clone();
+        }
+        let answer = json!({"generation": "g1", "catalog_digest": "d", "tools": [tool]});
+        read_catalog("ck-t", &frame(FrameType::Response, plain(), &answer))
+    }
+
+    #[test]
+    fn a_catalog_declaring_a_reply_freezes_it_and_a_bad_one_is_an_invalid_answer() {
+        let (all, valid) = reply_vectors("valid");
+        for case in valid {
+            let catalog =
+                catalog_with_reply(&all, &case).unwrap_or_else(|e| panic!("{}: {e}", case["name"]));
+            let want = Some(case["reply"].clone()).filter(|r| !r.is_null());
+            assert_eq!(catalog.specs[0].reply, want, "{}", case["name"]);
+        }
+        let (_, invalid) = reply_vectors("invalid");
+        for case in invalid {
+            let e = catalog_with_reply(&all, &case)
+                .err()
+                .unwrap_or_else(|| panic!("{} was taken", case["name"]))
+                .to_string();
+            let member = case["member"].as_str().unwrap();
+            assert!(
+                e.contains("invalid_answer") && e.contains("`t`") && e.contains(member),
+                "{}: {e}",
+                case["name"]
+            );
+        }
+        let (_, malformed) = reply_vectors("malformed");
+        for case in malformed {
+            assert!(
+                catalog_with_reply(&all, &case).is_err(),
+                "{} was taken",
+                case["name"]
+            );
+        }
     }
 
     #[test]

@@ -246,6 +246,7 @@ impl CountingTools {
                 description: format!("test tool {n}"),
                 input_schema: serde_json::json!({"type": "object"}),
                 route: String::new(),
+                reply: None,
             })
             .collect()
     }

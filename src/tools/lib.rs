@@ -121,6 +121,7 @@ impl ToolServers {
                         description: t.description,
                         input_schema: t.input_schema,
                         route: format!("{MCP_ROUTE_PREFIX}{}", server.name()),
+                        reply: None,
                     }));
                 }
                 Err(e) => problems.push(e.to_string()),

@@ -436,6 +436,9 @@ impl ModuleTools {
         };
         let t = &origin.triple;
         let key = origin.call_key.clone();
+        // The tool's own reply deadline, as the run froze it, never below the module's.
+        let timeout =
+            toolprov::reply_deadline(origin.reply.as_ref(), &arguments, self.call_timeout(module));
         let body = toolprov::call_body(&call.name, arguments, &call.id, key, pin);
         let rkey = (
             module.to_string(),
@@ -443,7 +446,6 @@ impl ModuleTools {
             t.harness.clone(),
             t.session.clone(),
         );
-        let timeout = self.call_timeout(module);
         let mut not_delivered = String::new();
         for _ in 0..2 {
             let r = match self

@@ -46,6 +46,8 @@ pub struct ToolOrigin {
     pub triple: Rc<broca_wal::SessionTriple>,
     pub run_id: String,
     pub call_key: String,
+    /// The tool's reply deadline metadata as the run froze it (a tool module's `reply`).
+    pub reply: Option<serde_json::Value>,
 }
 
 /// Runs tool calls.

@@ -408,7 +408,8 @@ pub struct CatalogModule {
 
 /// A tool_provider module behind the daemon: `echo` (answers its message), `record` (answers
 /// what it recorded), `hang` (never answers), `die` (the module dies with the call: the
-/// connection ends). It counts every call that reaches it, by call key.
+/// connection ends), `wait` (answers after its `ms` argument, and declares a reply deadline
+/// of that hold plus 1 s, up to 10 s). It counts every call that reaches it, by call key.
 #[derive(Clone)]
 pub struct ToolModule {
     pub module_id: String,
@@ -464,6 +465,10 @@ impl ToolModule {
                 "die",
                 serde_json::json!({"type": "object", "properties": {}}),
             ),
+            (
+                "wait",
+                serde_json::json!({"type": "object", "properties": {"ms": {"type": "integer"}}}),
+            ),
         ]
     }
 
@@ -472,11 +477,16 @@ impl ToolModule {
         let tools: Vec<Value> = Self::tools()
             .into_iter()
             .map(|(name, schema)| {
-                serde_json::json!({
+                let mut tool = serde_json::json!({
                     "name": name, "schema_digest": schema_digest(&schema).unwrap(),
                     "semantics": 1, "capabilities": [], "description": format!("the {name} tool"),
                     "input_schema": schema,
-                })
+                });
+                if name == "wait" {
+                    tool["reply"] = serde_json::json!({"max_ms": 10_000,
+                        "hold_argument": {"name": "ms", "default_ms": 2_500, "grace_ms": 1_000}});
+                }
+                tool
             })
             .collect();
         serde_json::json!({"generation": "g1", "catalog_digest": "c1", "tools": tools})
@@ -494,6 +504,8 @@ impl ToolModule {
 
 enum Reply {
     Frame(FrameType, Value, bool),
+    /// A frame written after this long (nothing else is read meanwhile).
+    Later(Duration, FrameType, Value),
     Silence,
     Die,
 }
@@ -557,6 +569,10 @@ fn consumer(s: std::net::TcpStream, key: &[u8], daemon_id: &[u8; 16], services: 
             };
             let (ty, body, daemon) = match reply {
                 Reply::Frame(ty, body, daemon) => (ty, body, daemon),
+                Reply::Later(after, ty, body) => {
+                    tokio::time::sleep(after).await;
+                    (ty, body, false)
+                }
                 Reply::Silence => continue,
                 Reply::Die => return,
             };
@@ -761,6 +777,11 @@ fn tool_answer(t: &ToolModule, body: &Value, channel: u16) -> Reply {
         ),
         "hang" => Reply::Silence,
         "die" => Reply::Die,
+        "wait" => Reply::Later(
+            Duration::from_millis(args["ms"].as_u64().unwrap_or(0)),
+            FrameType::Response,
+            serde_json::json!({"waited_ms": args["ms"]}),
+        ),
         other => Reply::Frame(
             FrameType::Error,
             serde_json::json!({"code": "unknown_tool", "message": format!("no tool {other}"), "detail": {"tool": other}}),

@@ -20,6 +20,7 @@ fn a_send_id_admitted_before_answers_its_run_even_if_its_inputs_no_longer_pass()
         description: String::new(),
         input_schema: serde_json::json!({}),
         route: String::new(),
+        reply: None,
     };
     let first = req("hi", Some(vec!["t".into()]));
     let p = prepare(&first, std::slice::from_ref(&tool), &catalog, &AnyProvider).unwrap();

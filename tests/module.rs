@@ -1517,3 +1517,66 @@ fn a_tool_declaring_a_reply_deadline_is_waited_for_past_the_modules_call_timeout
     );
     drain(&mut d, &mut child);
 }
+
+#[test]
+fn a_call_kept_alive_outlasts_the_call_timeout_and_a_silent_one_is_given_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let peer = Aimock::start(&fixture("tools.json"));
+    let mut d = Daemon::start(&dir.path().join("d"));
+    // The module provides call-keepalive/v1; its call timeout is 1.5 s, and (a debug build's
+    // knob for tests) a call may go 1 s without a keepalive.
+    let tools = ToolModule::new("ck-tools");
+    tools
+        .keepalive
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut child = with_these_tools(
+        dir.path(),
+        &mut d,
+        &peer,
+        &[("BROCA_TEST_KEEPALIVE_SILENCE_MS", "1000")],
+        &tools,
+    );
+    assert_eq!(d.bind(1, 1, "/t", "h", "s").0, FrameType::Response);
+    assert_eq!(d.bind(2, 1, "/t", "h", "s2").0, FrameType::Response);
+
+    // 3 s of work with a keepalive every 200 ms: twice the call timeout, and it completes.
+    let (_, status) = run_on_route(&mut d, "long call", "a");
+    assert_eq!(status["state"], "completed", "{status}");
+    assert_eq!(tools.times("call_long_1"), 1);
+    assert!(tools.log.cancels.lock().unwrap().is_empty());
+    let opens = tools.log.opens.lock().unwrap().clone();
+    assert!(
+        opens.iter().all(|o| o["consumer_capabilities"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c == "call-keepalive/v1"))),
+        "every route declares call-keepalive/v1: {opens:?}"
+    );
+
+    // The same work gone silent: given up once no keepalive came for 1 s, cancelled, never
+    // sent again.
+    tools
+        .keepalive
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let (_, status) = run_on(&mut d, 2, "long call", "b");
+    assert_eq!(status["state"], "interrupted", "{status}");
+    assert!(status.to_string().contains("call_long_1"), "{status}");
+    assert_eq!(
+        tools.times("call_long_1"),
+        2,
+        "one call per session, each sent once"
+    );
+    // (The stand-in reads the CANCEL once its 3 s of work are over.)
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while tools.log.cancels.lock().unwrap().is_empty() && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(
+        tools.log.cancels.lock().unwrap().len(),
+        1,
+        "the silent call is cancelled"
+    );
+    drain(&mut d, &mut child);
+    let err = stderr_of(&mut child);
+    assert!(err.contains("no keepalive for"), "{err}");
+}

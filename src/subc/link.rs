@@ -37,6 +37,9 @@ pub struct Sent {
     pub corr: u64,
     pub written: oneshot::Receiver<Written>,
     pub reply: oneshot::Receiver<Result<FrameIn, LinkError>>,
+    /// PUSH frames seen for this request so far (keepalives and progress): a call that
+    /// declares keepalives is alive while this moves.
+    pub pushes: Arc<AtomicU64>,
 }
 
 struct Out {
@@ -47,6 +50,7 @@ struct Out {
 struct Waiter {
     channel: u16,
     tx: oneshot::Sender<Result<FrameIn, LinkError>>,
+    pushes: Arc<AtomicU64>,
 }
 
 type Waiters = Arc<Mutex<HashMap<u64, Waiter>>>;
@@ -140,6 +144,7 @@ impl Link {
         let bytes = frames::encode(FrameType::Request, flags, channel, epoch, corr, body)?;
         let (reply_tx, reply) = oneshot::channel();
         let (written_tx, written) = oneshot::channel();
+        let pushes = Arc::new(AtomicU64::new(0));
         self.waiters
             .lock()
             .map_err(|_| LinkError::Down("the daemon connection's lock is poisoned".into()))?
@@ -148,6 +153,7 @@ impl Link {
                 Waiter {
                     channel,
                     tx: reply_tx,
+                    pushes: pushes.clone(),
                 },
             );
         let queued = self.writer.lock().ok().and_then(|w| {
@@ -169,6 +175,7 @@ impl Link {
             corr,
             written,
             reply,
+            pushes,
         })
     }
 
@@ -313,7 +320,16 @@ fn read_loop(
                         let _ = w.tx.send(Ok(frame));
                     }
                 }
-                // Keepalives and progress (PUSH), stream data: nothing waits on them.
+                // Keepalives and progress (PUSH) on a request's correlation: counted for it
+                // (never shown, never passed on).
+                (ch, FrameType::Push) => {
+                    if let Ok(w) = waiters.lock() {
+                        if let Some(found) = w.get(&h.corr).filter(|f| f.channel == ch) {
+                            found.pushes.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                // Stream data: nothing waits on it.
                 _ => {}
             }
         }

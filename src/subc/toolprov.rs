@@ -43,13 +43,48 @@ pub fn route_open(
             module_id: module_id.into(),
             launch_nonce: nonce.into(),
         }),
-        // broca decodes `tool-result/v1` bodies of the tools whose catalog entry opts in.
-        consumer_capabilities: Some(vec![TOOL_RESULT_V1.to_string()]),
+        // broca decodes `tool-result/v1` bodies of the tools whose catalog entry opts in, and
+        // keeps a call alive while its provider's keepalives come (tool-provider/v1 §4.4).
+        consumer_capabilities: Some(vec![
+            TOOL_RESULT_V1.to_string(),
+            cortexkit_role_tool_provider::CALL_KEEPALIVE_CAPABILITY.to_string(),
+        ]),
         role_versions: None,
         admission_facts: None,
         scope: None,
     };
     serde_json::to_vec(&open).expect("a route.open serializes")
+}
+
+/// The daemon's `catalog.list` request for `module_id` (channel 0): its manifest's
+/// capabilities, which say whether it sends call keepalives.
+pub fn catalog_list_request(module_id: &str) -> Vec<u8> {
+    let list = ClientControlRequest::CatalogList {
+        module_id: Some(module_id.to_string()),
+    };
+    serde_json::to_vec(&list).expect("a catalog.list serializes")
+}
+
+/// Whether the daemon's `catalog.list` answer says `module_id` provides
+/// `call-keepalive/v1` (its manifest's `capabilities.provides`); false for any other answer.
+pub fn provides_keepalive(module_id: &str, frame: &FrameIn) -> bool {
+    if frame.header.ty != FrameType::Response {
+        return false;
+    }
+    let Ok(ClientControlResponse::CatalogList { modules, .. }) =
+        serde_json::from_slice(&frame.body)
+    else {
+        return false;
+    };
+    modules
+        .iter()
+        .filter(|m| m.module_id == module_id)
+        .filter_map(|m| m.capabilities.as_ref())
+        .any(|c| {
+            c.provides
+                .iter()
+                .any(|p| p == cortexkit_role_tool_provider::CALL_KEEPALIVE_CAPABILITY)
+        })
 }
 
 /// How a `route.open` went.
@@ -221,14 +256,33 @@ pub fn reply_deadline(
     arguments: &serde_json::Value,
     fallback: std::time::Duration,
 ) -> std::time::Duration {
+    reply_deadline_with_keepalive(reply, arguments, fallback, false)
+}
+
+/// How long a call of a module that sends keepalives may go without any (tool-provider/v1
+/// §4.4: three missed 30 s intervals).
+pub const KEEPALIVE_SILENCE_MS: u64 = cortexkit_role_tool_provider::KEEPALIVE_SILENCE_MS;
+
+/// [`reply_deadline`] for a module that may send keepalives (tool-provider/v1 §4.4): when
+/// it does, a tool without `reply` is waited for up to the role's ceiling (24 h), its
+/// keepalives' silence window ending it sooner.
+pub fn reply_deadline_with_keepalive(
+    reply: Option<&serde_json::Value>,
+    arguments: &serde_json::Value,
+    fallback: std::time::Duration,
+    keepalive: bool,
+) -> std::time::Duration {
     let reply: Option<cortexkit_role_tool_provider::catalog::Reply> =
         reply.and_then(|r| serde_json::from_value(r.clone()).ok());
     let fallback_ms = u64::try_from(fallback.as_millis()).unwrap_or(u64::MAX);
-    std::time::Duration::from_millis(cortexkit_role_tool_provider::catalog::reply_deadline_ms(
-        reply.as_ref(),
-        arguments,
-        fallback_ms,
-    ))
+    std::time::Duration::from_millis(
+        cortexkit_role_tool_provider::catalog::reply_deadline_ms_with_keepalive(
+            reply.as_ref(),
+            arguments,
+            fallback_ms,
+            keepalive,
+        ),
+    )
 }
 
 /// The result format broca decodes besides the legacy body (tool-provider/v1 §4.1).
@@ -543,6 +597,44 @@ mod tests {
                 case["name"]
             );
         }
+    }
+
+    #[test]
+    fn keepalives_are_taken_only_from_a_module_whose_manifest_provides_them() {
+        let listed = |provides: Value| {
+            json!({"op": "catalog.list", "generation": 3, "subc_ops": [],
+                "modules": [{"module_id": "ck-t", "roles": [], "control_ops": [],
+                    "capabilities": {"provides": provides}}]})
+        };
+        let keepalive = cortexkit_role_tool_provider::CALL_KEEPALIVE_CAPABILITY;
+        let yes = frame(FrameType::Response, plain(), &listed(json!([keepalive])));
+        assert!(provides_keepalive("ck-t", &yes));
+        assert!(
+            !provides_keepalive("ck-other", &yes),
+            "another module's manifest"
+        );
+        let no = frame(
+            FrameType::Response,
+            plain(),
+            &listed(json!(["tool-result/v1"])),
+        );
+        assert!(!provides_keepalive("ck-t", &no));
+        let refused = frame(FrameType::Error, plain(), &json!({"code": "forbidden"}));
+        assert!(!provides_keepalive("ck-t", &refused));
+        // broca declares it on every route it opens, beside tool-result/v1.
+        let open: Value = serde_json::from_slice(&route_open("ck-t", "h", "s", None)).unwrap();
+        assert_eq!(
+            open["consumer_capabilities"],
+            json!([TOOL_RESULT_V1, keepalive]),
+            "{open}"
+        );
+        // A keepalive pair waits up to the role's ceiling for a tool without `reply`.
+        let fallback = std::time::Duration::from_secs(300);
+        assert_eq!(
+            reply_deadline_with_keepalive(None, &json!({}), fallback, true).as_millis(),
+            86_400_000
+        );
+        assert_eq!(reply_deadline(None, &json!({}), fallback), fallback);
     }
 
     #[test]

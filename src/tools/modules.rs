@@ -75,6 +75,23 @@ pub struct ModuleTools {
     /// Per module, the tools whose answers are `tool-result/v1` bodies (their catalog entry
     /// opts in), as its catalog said last.
     result_v1: Mutex<HashMap<String, std::collections::HashSet<String>>>,
+    /// The modules whose manifest provides `call-keepalive/v1` (the daemon's `catalog.list`,
+    /// read with their catalog): their calls are kept while keepalives come.
+    keepalive: Mutex<std::collections::HashSet<String>>,
+}
+
+/// How long a call of a module that sends keepalives may go without any (tool-provider/v1
+/// §4.4: three missed 30 s intervals). Debug builds take `BROCA_TEST_KEEPALIVE_SILENCE_MS`
+/// instead, for tests; release builds have no such knob.
+fn keepalive_silence() -> Duration {
+    #[cfg(debug_assertions)]
+    if let Some(ms) = std::env::var("BROCA_TEST_KEEPALIVE_SILENCE_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        return Duration::from_millis(ms);
+    }
+    Duration::from_millis(toolprov::KEEPALIVE_SILENCE_MS)
 }
 
 /// What the tool modules' catalogs gave.
@@ -116,6 +133,7 @@ impl ModuleTools {
             uses: std::sync::atomic::AtomicU64::new(0),
             last_catalog: Mutex::new(None),
             result_v1: Mutex::new(HashMap::new()),
+            keepalive: Mutex::new(Default::default()),
         })
     }
 
@@ -162,7 +180,39 @@ impl ModuleTools {
         if let Ok(mut v1) = self.result_v1.lock() {
             v1.insert(module.to_string(), catalog.result_v1);
         }
+        // Whether it sends keepalives: its manifest, as the daemon lists it (no answer: no).
+        let keepalive = self.provides_keepalive(module).await;
+        if let Ok(mut k) = self.keepalive.lock() {
+            if keepalive {
+                k.insert(module.to_string());
+            } else {
+                k.remove(module);
+            }
+        }
         Ok((catalog.specs, catalog.notes))
+    }
+
+    /// Whether the daemon lists `module` as providing `call-keepalive/v1`.
+    async fn provides_keepalive(&self, module: &str) -> bool {
+        let Ok(link) = self.link().await else {
+            return false;
+        };
+        let Ok(sent) = link.request(0, 0, toolprov::catalog_list_request(module)) else {
+            return false;
+        };
+        match with_timeout(CONTROL_DEADLINE, sent.reply).await {
+            Ok(Ok(Ok(frame))) => toolprov::provides_keepalive(module, &frame),
+            Ok(_) => false,
+            Err(()) => {
+                link.cancel(0, 0, sent.corr);
+                false
+            }
+        }
+    }
+
+    /// Whether calls of `module` are kept alive by its keepalives.
+    fn sends_keepalives(&self, module: &str) -> bool {
+        self.keepalive.lock().is_ok_and(|k| k.contains(module))
     }
 
     /// Whether `tool` of `module` answers in `tool-result/v1` bodies.
@@ -436,9 +486,17 @@ impl ModuleTools {
         };
         let t = &origin.triple;
         let key = origin.call_key.clone();
-        // The tool's own reply deadline, as the run froze it, never below the module's.
-        let timeout =
-            toolprov::reply_deadline(origin.reply.as_ref(), &arguments, self.call_timeout(module));
+        // The tool's own reply deadline, as the run froze it, never below the module's; a
+        // module that sends keepalives may take up to the role's ceiling for a tool without
+        // one, while its keepalives come.
+        let keepalive = self.sends_keepalives(module);
+        let timeout = toolprov::reply_deadline_with_keepalive(
+            origin.reply.as_ref(),
+            &arguments,
+            self.call_timeout(module),
+            keepalive,
+        );
+        let silence = keepalive.then(keepalive_silence);
         let body = toolprov::call_body(&call.name, arguments, &call.id, key, pin);
         let rkey = (
             module.to_string(),
@@ -456,7 +514,7 @@ impl ModuleTools {
                 Err(NotSent::Refused(reason)) => return ToolOutcome::Refused { reason },
                 Err(NotSent::Indeterminate(why)) => return indeterminate(call, &why),
             };
-            let frame = match self.send(&r, body.clone(), timeout).await {
+            let frame = match self.send(&r, body.clone(), timeout, silence).await {
                 Ok(f) => f,
                 Err(NotSent::Refused(reason)) => {
                     self.evict(&rkey);
@@ -502,8 +560,15 @@ impl ModuleTools {
         }
     }
 
-    /// Writes the request and waits for its terminal frame.
-    async fn send(&self, r: &Route, body: Vec<u8>, timeout: Duration) -> Result<FrameIn, NotSent> {
+    /// Writes the request and waits for its terminal frame: until `timeout`, and, for a
+    /// module that sends keepalives, while no `silence` passes without a PUSH for the call.
+    async fn send(
+        &self,
+        r: &Route,
+        body: Vec<u8>,
+        timeout: Duration,
+        silence: Option<Duration>,
+    ) -> Result<FrameIn, NotSent> {
         let sent = r
             .link
             .request(r.channel, r.epoch, body)
@@ -521,20 +586,39 @@ impl ModuleTools {
                 ))
             }
         }
-        match with_timeout(timeout, sent.reply).await {
-            Ok(Ok(Ok(frame))) => Ok(frame),
-            Ok(Ok(Err(why))) => Err(NotSent::Indeterminate(format!(
-                "{why} after the call was sent"
-            ))),
-            Ok(Err(_)) => Err(NotSent::Indeterminate(
-                "the daemon connection ended after the call was sent".into(),
-            )),
-            Err(()) => {
-                r.link.cancel(r.channel, r.epoch, sent.corr);
-                Err(NotSent::Indeterminate(format!(
-                    "no answer within {timeout:?} (cancelled)"
-                )))
+        let started = std::time::Instant::now();
+        let mut reply = sent.reply;
+        let mut pushes_seen = 0;
+        loop {
+            let left = timeout.saturating_sub(started.elapsed());
+            let wait = silence.map_or(left, |s| s.min(left));
+            match with_timeout(wait, &mut reply).await {
+                Ok(Ok(Ok(frame))) => return Ok(frame),
+                Ok(Ok(Err(why))) => {
+                    return Err(NotSent::Indeterminate(format!(
+                        "{why} after the call was sent"
+                    )))
+                }
+                Ok(Err(_)) => {
+                    return Err(NotSent::Indeterminate(
+                        "the daemon connection ended after the call was sent".into(),
+                    ))
+                }
+                Err(()) => {}
             }
+            let pushes = sent.pushes.load(std::sync::atomic::Ordering::Relaxed);
+            let why = if started.elapsed() >= timeout {
+                format!("no answer within {timeout:?} (cancelled)")
+            } else if pushes == pushes_seen {
+                let s = silence.unwrap_or_default();
+                format!("no answer and no keepalive for {s:?} (cancelled)")
+            } else {
+                // A keepalive came within the window: the call is alive.
+                pushes_seen = pushes;
+                continue;
+            };
+            r.link.cancel(r.channel, r.epoch, sent.corr);
+            return Err(NotSent::Indeterminate(why));
         }
     }
 

@@ -417,6 +417,9 @@ pub struct ToolModule {
     pub refuse_opens: Arc<Mutex<Vec<String>>>,
     /// When set, the next call is answered `stale_route_epoch` by the daemon (never delivered).
     pub stale_next: Arc<std::sync::atomic::AtomicBool>,
+    /// When set, the daemon's `catalog.list` says the module provides `call-keepalive/v1`,
+    /// and `long` sends keepalives while it works.
+    pub keepalive: Arc<std::sync::atomic::AtomicBool>,
     pub log: ToolLog,
 }
 
@@ -437,6 +440,7 @@ impl ToolModule {
             module_id: module_id.into(),
             refuse_opens: Arc::default(),
             stale_next: Arc::default(),
+            keepalive: Arc::default(),
             log: ToolLog::default(),
         }
     }
@@ -467,6 +471,10 @@ impl ToolModule {
             ),
             (
                 "wait",
+                serde_json::json!({"type": "object", "properties": {"ms": {"type": "integer"}}}),
+            ),
+            (
+                "long",
                 serde_json::json!({"type": "object", "properties": {"ms": {"type": "integer"}}}),
             ),
         ]
@@ -506,6 +514,8 @@ enum Reply {
     Frame(FrameType, Value, bool),
     /// A frame written after this long (nothing else is read meanwhile).
     Later(Duration, FrameType, Value),
+    /// Keepalive PUSHes every `.0` (when `.1`) until `.2` has passed, then the frame.
+    Working(Duration, bool, Duration, FrameType, Value),
     Silence,
     Die,
 }
@@ -573,6 +583,28 @@ fn consumer(s: std::net::TcpStream, key: &[u8], daemon_id: &[u8; 16], services: 
                     tokio::time::sleep(after).await;
                     (ty, body, false)
                 }
+                Reply::Working(every, pushes, total, ty, body) => {
+                    let began = std::time::Instant::now();
+                    while began.elapsed() < total {
+                        tokio::time::sleep(every.min(total - began.elapsed())).await;
+                        if !pushes {
+                            continue;
+                        }
+                        let push = Frame::build(
+                            FrameType::Push,
+                            Flags::new(false, Priority::Interactive, false),
+                            h.channel,
+                            h.epoch,
+                            h.corr,
+                            cortexkit_role_tool_provider::keepalive_body().to_vec(),
+                        )
+                        .unwrap();
+                        if write_frame(&mut stream, &push).await.is_err() {
+                            return;
+                        }
+                    }
+                    (ty, body, false)
+                }
                 Reply::Silence => continue,
                 Reply::Die => return,
             };
@@ -609,6 +641,27 @@ fn open_route(
             true,
         )
     };
+    if body["op"] == "catalog.list" {
+        let module = body["module_id"].as_str().unwrap_or("");
+        let provides: Vec<&str> = match &services.tools {
+            Some(t) if t.module_id == module && t.keepalive.load(Ordering::SeqCst) => {
+                vec![cortexkit_role_tool_provider::CALL_KEEPALIVE_CAPABILITY]
+            }
+            _ => Vec::new(),
+        };
+        let modules = match &services.tools {
+            Some(t) if t.module_id == module => vec![serde_json::json!({
+                "module_id": module, "ready": true, "roles": [], "control_ops": [],
+                "capabilities": {"provides": provides, "requires": [], "must_never_reach": []},
+            })],
+            _ => Vec::new(),
+        };
+        return Reply::Frame(
+            FrameType::Response,
+            serde_json::json!({"op": "catalog.list", "generation": 1, "modules": modules, "subc_ops": []}),
+            false,
+        );
+    }
     let target = &body["target"];
     let kind = if target["module_id"] == "fusiform" && services.catalog.is_some() {
         "catalog"
@@ -781,6 +834,13 @@ fn tool_answer(t: &ToolModule, body: &Value, channel: u16) -> Reply {
             Duration::from_millis(args["ms"].as_u64().unwrap_or(0)),
             FrameType::Response,
             serde_json::json!({"waited_ms": args["ms"]}),
+        ),
+        "long" => Reply::Working(
+            Duration::from_millis(200),
+            t.keepalive.load(Ordering::SeqCst),
+            Duration::from_millis(args["ms"].as_u64().unwrap_or(0)),
+            FrameType::Response,
+            serde_json::json!({"worked_ms": args["ms"]}),
         ),
         other => Reply::Frame(
             FrameType::Error,

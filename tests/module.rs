@@ -541,6 +541,11 @@ fn vault_credentials_resolve_through_claustrum_under_the_modules_identity() {
         json!({"prompt": "err-401", "model": "anthropic/m", "credential_id": "vault:anthropic-team", "send_id": "third"}),
     );
     assert_eq!(status["state"], "paused", "{status}");
+    // The report goes off the shard's thread: it may land just after the run paused.
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while vault.reports.lock().unwrap().is_empty() && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let reports = vault.reports.lock().unwrap().clone();
     assert_eq!(
         reports,

@@ -20,12 +20,12 @@ impl Shard {
     ) -> T {
         self.runs_active.set(self.runs_active.get() + 1);
         // The store hears of the run at its start too (sessions.list shows it active).
-        self.dirty.borrow_mut().insert(triple.clone());
+        self.mark_dirty(triple);
         let done = inbox.busy(run).await;
         let active = self.runs_active.get();
         assert!(active > 0, "a run that ends was counted when it began");
         self.runs_active.set(active - 1);
-        self.dirty.borrow_mut().insert(triple.clone());
+        self.mark_dirty(triple);
         done
     }
 
@@ -172,7 +172,7 @@ impl Shard {
             Ok(r) => {
                 if !r.existing {
                     self.host.storage.wrote();
-                    self.dirty.borrow_mut().insert(triple.clone());
+                    self.mark_dirty(triple);
                 }
                 let _ = reply.send(Ok(r));
                 true

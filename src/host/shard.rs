@@ -50,7 +50,13 @@ pub(crate) struct Shard {
     /// Seek points of sessions whose hub is gone (see [`Hub::take_seeks`]).
     seeks: RefCell<HashMap<Key, SeekPoints>>,
     /// Sessions whose WAL moved on since the store last projected them.
-    pub(crate) dirty: RefCell<HashSet<SessionTriple>>,
+    dirty: RefCell<HashSet<SessionTriple>>,
+    /// A hand-off to the store is due ([`PROJECT_EVERY`] after the first session marked
+    /// since the last one): an idle shard has none, and no timer wakes it.
+    project_armed: Cell<bool>,
+    /// Tells the shard's hand-off task that a hand-off is due.
+    project_wake: glommio::channels::local_channel::LocalSender<()>,
+    project_woken: RefCell<Option<glommio::channels::local_channel::LocalReceiver<()>>>,
     /// This shard's part of the front, once started.
     front: RefCell<Option<Box<dyn Running>>>,
     projector_full: Cell<u64>,
@@ -80,6 +86,7 @@ impl Shard {
             inbox_max: INBOX_MAX,
             idle: host.opts.idle,
         };
+        let (project_wake, project_woken) = glommio::channels::local_channel::new_bounded(1);
         let tools = Rc::new(Tools {
             mcp: Router::new(
                 host.tools.clone(),
@@ -97,6 +104,9 @@ impl Shard {
             hubs: RefCell::new(HashMap::new()),
             seeks: RefCell::new(HashMap::new()),
             dirty: RefCell::new(HashSet::new()),
+            project_armed: Cell::new(false),
+            project_wake,
+            project_woken: RefCell::new(Some(project_woken)),
             front: RefCell::new(None),
             projector_full: Cell::new(0),
             out_of_descriptors: Cell::new(0),
@@ -260,15 +270,26 @@ impl Shard {
             let dir = host.wal_dir.display();
             tracing::warn!("{dir}: opening a probe file with O_DIRECT: {e}");
         }
-        if host.projector.is_some() {
+        if let (Some(_), Some(woken)) = (&host.projector, self.project_woken.take()) {
+            // Woken by the first session marked since the last hand-off, it hands the batch
+            // over PROJECT_EVERY later: sessions marked meanwhile ride along, and an idle
+            // shard sleeps.
             let me = self.clone();
-            every(PROJECT_EVERY, self.stopped.clone(), move || {
-                let me = me.clone();
-                async move {
+            let stop = self.stopped.clone();
+            glommio::spawn_local(async move {
+                while stop.or_stop(woken.recv()).await.flatten().is_some() {
+                    if stop
+                        .or_stop(glommio::timer::sleep(PROJECT_EVERY))
+                        .await
+                        .is_none()
+                    {
+                        return;
+                    }
+                    me.project_armed.set(false);
                     me.project_dirty();
-                    true
                 }
-            });
+            })
+            .detach();
         }
         let catalog = &host.opts.catalog;
         let refresh = host.opts.catalog_refresh;
@@ -351,6 +372,16 @@ impl Shard {
         broca_catalog::install(catalog);
     }
 
+    /// Marks the session as moved on: the store's thread gets it with the next hand-off,
+    /// which this arms when none is due.
+    pub(crate) fn mark_dirty(&self, triple: &SessionTriple) {
+        self.dirty.borrow_mut().insert(triple.clone());
+        if self.host.projector.is_some() && !self.project_armed.replace(true) {
+            // Bounded by one: a wake already waiting says the same.
+            let _ = self.project_wake.try_send(());
+        }
+    }
+
     /// Hands this shard's sessions that moved on to the store's thread, one batch.
     pub(crate) fn project_dirty(&self) {
         let batch: Vec<SessionTriple> = self.dirty.borrow_mut().drain().collect();
@@ -374,7 +405,9 @@ impl Shard {
         if let Err(std::sync::mpsc::TrySendError::Full(_)) = sent {
             // The store is behind: these sessions go with the next batch.
             self.projector_full.set(self.projector_full.get() + 1);
-            self.dirty.borrow_mut().extend(batch);
+            for t in &batch {
+                self.mark_dirty(t);
+            }
         }
     }
 }

@@ -1,0 +1,178 @@
+//! The daemon stand-in's tool_provider module (tests/support/daemon.rs): its catalog, what
+//! each of its tools answers, and what it saw.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use subc_protocol::FrameType;
+
+use super::Reply;
+
+/// A tool_provider module behind the daemon: `echo` (answers its message), `record` (answers
+/// what it recorded), `hang` (never answers), `die` (the module dies with the call: the
+/// connection ends), `wait` (answers after its `ms` argument, and declares a reply deadline
+/// of that hold plus 1 s, up to 10 s). It counts every call that reaches it, by call key.
+#[derive(Clone)]
+pub struct ToolModule {
+    pub module_id: String,
+    /// Codes to refuse the next route.opens with, in order.
+    pub refuse_opens: Arc<Mutex<Vec<String>>>,
+    /// When set, the next call is answered `stale_route_epoch` by the daemon (never delivered).
+    pub stale_next: Arc<std::sync::atomic::AtomicBool>,
+    /// When set, the daemon's `catalog.list` says the module provides `call-keepalive/v1`,
+    /// and `long` sends keepalives while it works.
+    pub keepalive: Arc<std::sync::atomic::AtomicBool>,
+    pub log: ToolLog,
+}
+
+/// What the tool module saw.
+#[derive(Clone, Default)]
+pub struct ToolLog {
+    /// Every route.open body (tool routes only).
+    pub opens: Arc<Mutex<Vec<Value>>>,
+    /// Every call delivered to the module: (call body, channel).
+    pub calls: Arc<Mutex<Vec<(Value, u16)>>>,
+    /// CANCELs received: (channel, corr).
+    pub cancels: Arc<Mutex<Vec<(u16, u64)>>>,
+}
+
+impl ToolModule {
+    pub fn new(module_id: &str) -> ToolModule {
+        ToolModule {
+            module_id: module_id.into(),
+            refuse_opens: Arc::default(),
+            stale_next: Arc::default(),
+            keepalive: Arc::default(),
+            log: ToolLog::default(),
+        }
+    }
+
+    /// How many times the call with this model call id reached the module.
+    pub fn times(&self, call_id: &str) -> usize {
+        self.log
+            .calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(c, _)| c["tool_call_id"] == call_id)
+            .count()
+    }
+
+    fn tools() -> Vec<(&'static str, Value)> {
+        let text = |field: &str| serde_json::json!({"type": "object", "properties": {field: {"type": "string"}}, "required": [field]});
+        vec![
+            ("echo", text("message")),
+            ("record", text("note")),
+            (
+                "hang",
+                serde_json::json!({"type": "object", "properties": {}}),
+            ),
+            (
+                "die",
+                serde_json::json!({"type": "object", "properties": {}}),
+            ),
+            (
+                "wait",
+                serde_json::json!({"type": "object", "properties": {"ms": {"type": "integer"}}}),
+            ),
+            (
+                "long",
+                serde_json::json!({"type": "object", "properties": {"ms": {"type": "integer"}}}),
+            ),
+        ]
+    }
+
+    fn catalog() -> Value {
+        use cortexkit_role_tool_provider::catalog::schema_digest;
+        let tools: Vec<Value> = Self::tools()
+            .into_iter()
+            .map(|(name, schema)| {
+                let mut tool = serde_json::json!({
+                    "name": name, "schema_digest": schema_digest(&schema).unwrap(),
+                    "semantics": 1, "capabilities": [], "description": format!("the {name} tool"),
+                    "input_schema": schema,
+                });
+                if name == "wait" {
+                    tool["reply"] = serde_json::json!({"max_ms": 10_000,
+                        "hold_argument": {"name": "ms", "default_ms": 2_500, "grace_ms": 1_000}});
+                }
+                tool
+            })
+            .collect();
+        serde_json::json!({"generation": "g1", "catalog_digest": "c1", "tools": tools})
+    }
+
+    fn pin_of(name: &str) -> Option<String> {
+        use cortexkit_role_tool_provider::call::SchemaPin;
+        use cortexkit_role_tool_provider::catalog::schema_digest;
+        let (_, schema) = Self::tools().into_iter().find(|(n, _)| *n == name)?;
+        SchemaPin::new(name, schema_digest(&schema).unwrap(), 1)
+            .encode()
+            .ok()
+    }
+}
+
+pub(super) fn tool_answer(t: &ToolModule, body: &Value, channel: u16) -> Reply {
+    let name = body["name"].as_str().unwrap_or("");
+    match name {
+        "role.describe" => {
+            return Reply::Frame(
+                FrameType::Response,
+                serde_json::json!({"majors": [{"version": "tool-provider/v1", "ops": ["role.describe", "tool.catalog"], "stability": "alpha"}],
+                                   "implementation_version": "test"}),
+                false,
+            )
+        }
+        "tool.catalog" => return Reply::Frame(FrameType::Response, ToolModule::catalog(), false),
+        _ => {}
+    }
+    if t.stale_next.swap(false, Ordering::SeqCst) {
+        return Reply::Frame(
+            FrameType::Error,
+            serde_json::json!({"code": "stale_route_epoch", "message": "the route moved"}),
+            true,
+        );
+    }
+    t.log.calls.lock().unwrap().push((body.clone(), channel));
+    if body["schema_pin"].as_str() != ToolModule::pin_of(name).as_deref() {
+        return Reply::Frame(
+            FrameType::Error,
+            serde_json::json!({"code": "tool_schema_changed", "message": "pinned against another schema"}),
+            false,
+        );
+    }
+    let args = &body["arguments"];
+    match name {
+        "echo" => Reply::Frame(
+            FrameType::Response,
+            Value::String(format!("echo: {}", args["message"].as_str().unwrap_or(""))),
+            false,
+        ),
+        "record" => Reply::Frame(
+            FrameType::Response,
+            serde_json::json!({"recorded": args["note"]}),
+            false,
+        ),
+        "hang" => Reply::Silence,
+        "die" => Reply::Die,
+        "wait" => Reply::Later(
+            Duration::from_millis(args["ms"].as_u64().unwrap_or(0)),
+            FrameType::Response,
+            serde_json::json!({"waited_ms": args["ms"]}),
+        ),
+        "long" => Reply::Working(
+            Duration::from_millis(200),
+            t.keepalive.load(Ordering::SeqCst),
+            Duration::from_millis(args["ms"].as_u64().unwrap_or(0)),
+            FrameType::Response,
+            serde_json::json!({"worked_ms": args["ms"]}),
+        ),
+        other => Reply::Frame(
+            FrameType::Error,
+            serde_json::json!({"code": "unknown_tool", "message": format!("no tool {other}"), "detail": {"tool": other}}),
+            false,
+        ),
+    }
+}

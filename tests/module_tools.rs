@@ -12,7 +12,7 @@ mod support;
 
 use std::time::Duration;
 
-use daemon::{Answer, Daemon, Services, ToolModule};
+use daemon::{Daemon, ToolModule};
 use module_support::*;
 use serde_json::{json, Value};
 use subc_protocol::FrameType;
@@ -267,25 +267,16 @@ fn a_tool_module_up_after_broca_started_is_offered_without_a_restart() {
         .lock()
         .unwrap()
         .push("capability_forbidden".into());
-    let cfg = dir.path().join("tools.json");
-    std::fs::write(
-        &cfg,
-        json!({"modules": [{"module": "ck-tools", "call_timeout_ms": 1500}],
-               "module_retry_ms": 1500})
-        .to_string(),
-    )
-    .unwrap();
-    let mut child = module(&state, &d, &peer, &[("BROCA_LOG", "info")])
-        .arg("--tools-config")
-        .arg(&cfg)
-        .spawn_quiet();
-    d.accept(Answer::Accept).unwrap();
-    d.serve(Services {
-        vault: None,
-        tools: Some(tools.clone()),
-        catalog: None,
-        bus: None,
-    });
+    let config = json!({"modules": [{"module": "ck-tools", "call_timeout_ms": 1500}],
+           "module_retry_ms": 1500});
+    let mut child = with_tools_config(
+        dir.path(),
+        &mut d,
+        &peer,
+        &[("BROCA_LOG", "info")],
+        &tools,
+        &config,
+    );
     assert_eq!(d.bind(1, 1, "/t", "h", "s").0, FrameType::Response);
     let catalog_opens = || {
         tools

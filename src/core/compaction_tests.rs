@@ -46,6 +46,18 @@ fn summary_answer(live: &mut Live, text: &str) {
     live.feed(Event::StepEnded);
 }
 
+/// The attempt in flight fails with `class`, saying `message`.
+fn attempt_fails(live: &mut Live, class: ErrorClass, message: &str) {
+    live.feed(Event::AttemptFailed {
+        error: ClassifiedError {
+            class,
+            message: message.into(),
+            retry_after_ms: None,
+        },
+        usage: None,
+    });
+}
+
 fn compacted_records(live: &Live) -> Vec<&broca_wal::runrec::ContextCompacted> {
     live.records
         .iter()
@@ -194,14 +206,7 @@ fn a_later_run_of_the_session_starts_from_the_summary() {
 #[test]
 fn a_failed_summary_lets_the_context_limit_end_the_run_naming_why() {
     let mut live = up_to_the_summary();
-    live.feed(Event::AttemptFailed {
-        error: ClassifiedError {
-            class: ErrorClass::Permanent,
-            message: "model refused".into(),
-            retry_after_ms: None,
-        },
-        usage: None,
-    });
+    attempt_fails(&mut live, ErrorClass::Permanent, "model refused");
     assert!(compacted_records(&live).is_empty());
     let run = &live.session.runs[0];
     assert_eq!(run.state, RunState::Finished(FinishKind::ContextLimit));
@@ -215,14 +220,7 @@ fn a_failed_summary_lets_the_context_limit_end_the_run_naming_why() {
 #[test]
 fn a_transient_summary_failure_is_retried_after_its_backoff() {
     let mut live = up_to_the_summary();
-    live.feed(Event::AttemptFailed {
-        error: ClassifiedError {
-            class: ErrorClass::Transient,
-            message: "overloaded".into(),
-            retry_after_ms: None,
-        },
-        usage: None,
-    });
+    attempt_fails(&mut live, ErrorClass::Transient, "overloaded");
     assert_eq!(live.calls.len(), 4, "waiting for the backoff");
     live.machine.as_mut().unwrap().handle_timeout(60_000);
     live.pump();
@@ -258,14 +256,7 @@ fn a_step_the_provider_refuses_as_too_long_is_tried_again_after_a_summary() {
         big_tool_step(&mut live, id);
     }
     assert_eq!(live.calls.len(), 3, "no summary was due by the estimate");
-    live.feed(Event::AttemptFailed {
-        error: ClassifiedError {
-            class: ErrorClass::ContextOverflow,
-            message: "prompt is too long".into(),
-            retry_after_ms: None,
-        },
-        usage: None,
-    });
+    attempt_fails(&mut live, ErrorClass::ContextOverflow, "prompt is too long");
     assert_eq!(live.systems[3].as_deref(), Some(SUMMARY_SYSTEM));
     summary_answer(&mut live, "the gist");
     let recorded = compacted_records(&live);
@@ -300,14 +291,7 @@ fn a_step_the_provider_refuses_as_too_long_is_tried_again_after_a_summary() {
 #[test]
 fn a_refused_step_with_nothing_left_to_cut_ends_at_the_context_limit() {
     let mut live = Live::start(compacting(), "go");
-    live.feed(Event::AttemptFailed {
-        error: ClassifiedError {
-            class: ErrorClass::ContextOverflow,
-            message: "prompt is too long".into(),
-            retry_after_ms: None,
-        },
-        usage: None,
-    });
+    attempt_fails(&mut live, ErrorClass::ContextOverflow, "prompt is too long");
     assert_eq!(
         live.calls.len(),
         1,

@@ -162,13 +162,23 @@ pub(crate) fn with_these_tools(
     extra: &[(&str, &str)],
     tools: &ToolModule,
 ) -> Child {
+    let config = json!({"modules": [{"module": "ck-tools", "call_timeout_ms": 1500},
+        {"module": "ck-missing"}]});
+    with_tools_config(dir, d, peer, extra, tools, &config)
+}
+
+/// `broca module` with the tools config `config` (written to `dir/tools.json`), registered
+/// with `d`, which serves `tools` as its one tool module.
+pub(crate) fn with_tools_config(
+    dir: &Path,
+    d: &mut Daemon,
+    peer: &Aimock,
+    extra: &[(&str, &str)],
+    tools: &ToolModule,
+    config: &Value,
+) -> Child {
     let cfg = dir.join("tools.json");
-    std::fs::write(
-        &cfg,
-        json!({"modules": [{"module": "ck-tools", "call_timeout_ms": 1500}, {"module": "ck-missing"}]})
-            .to_string(),
-    )
-    .unwrap();
+    std::fs::write(&cfg, config.to_string()).unwrap();
     let child = module(&dir.join("state"), d, peer, extra)
         .arg("--tools-config")
         .arg(&cfg)

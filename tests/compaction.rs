@@ -252,3 +252,45 @@ fn a_kill_right_after_a_summary_is_recorded_resumes_from_it_without_asking_again
     let (_, last) = asked.last().unwrap();
     assert!(text_of(&last[0]).ends_with(recorded[0]["summary"].as_str().unwrap()));
 }
+
+#[test]
+fn broca_run_turns_compaction_on_for_the_session_and_later_runs_keep_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let aimock = Aimock::start(&fixture("compaction.json"));
+    let run = |i: usize, more: &[&str]| {
+        let out = support::broca(&state)
+            .env("OPENAI_API_KEY", "sk-compaction-0123456789")
+            .args(["run", "--model", MODEL, "--base-url", &aimock.url()])
+            .args(["--session", "long", "--context-limit", "1500", "--json"])
+            .args(more)
+            .arg(prompt(i))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "turn {i}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    // Only the first run says --compact; each turn adds about 300 tokens to a 1,500 limit.
+    run(1, &["--compact"]);
+    for i in 2..=8 {
+        run(i, &[]);
+    }
+    let recorded = compactions(&state);
+    assert!(
+        recorded.len() >= 2,
+        "eight turns of about 300 tokens pass 80% of 1,500 more than once: {recorded:?}"
+    );
+    let frozen: Vec<Value> = dump_all(&state)
+        .into_iter()
+        .filter(|r| r["kind"] == "run_started")
+        .map(|r| r["record"]["config"]["compaction"].clone())
+        .collect();
+    assert_eq!(frozen.len(), 8);
+    assert!(
+        frozen.iter().all(|c| c["mode"] == "summarize"),
+        "every run keeps the session's compaction: {frozen:?}"
+    );
+}

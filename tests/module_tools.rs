@@ -1,7 +1,8 @@
 //! Module mode's tools of tool_provider modules: `broca module` against the daemon stand-in
 //! (tests/support/daemon.rs, its tool module in tests/support/tool_module.rs) with aimock as
 //! the provider: calls over the session's own route at most once, a kill around a call, a
-//! module up after broca started, per-tool reply deadlines and call keepalives.
+//! module up after broca started, per-tool reply deadlines, call keepalives and the sessions'
+//! scopes their routes open under.
 
 #[path = "support/daemon.rs"]
 #[allow(dead_code)]
@@ -438,4 +439,119 @@ fn a_call_kept_alive_outlasts_the_call_timeout_and_a_silent_one_is_given_up() {
     drain(&mut d, &mut child);
     let err = stderr_of(&mut child);
     assert!(err.contains("no keepalive for"), "{err}");
+}
+
+/// The scope stamps of the calls delivered to the tool module, in order (each call's route's
+/// bind stamp).
+fn call_stamps(tools: &ToolModule) -> Vec<Value> {
+    let stamps = tools.log.stamps.lock().unwrap().clone();
+    let calls = tools.log.calls.lock().unwrap().clone();
+    calls
+        .iter()
+        .map(|(_, ch)| stamps.get(ch).cloned().unwrap_or(Value::Null))
+        .collect()
+}
+
+#[test]
+fn two_sessions_in_two_projects_call_tools_over_two_routes_under_two_scopes() {
+    let dir = tempfile::tempdir().unwrap();
+    let peer = Aimock::start(&fixture("tools.json"));
+    let tools = ToolModule::new("ck-tools");
+    let nonce = [("SUBC_LAUNCH_NONCE", "nonce-scopes")];
+    let began = unix_ms();
+    let mut d = Daemon::start(&dir.path().join("d1"));
+    let mut child = with_these_tools(dir.path(), &mut d, &peer, &nonce, &tools);
+    // Two sessions that differ only in their project root.
+    assert_eq!(d.bind(1, 1, "/proj/a", "h", "s").0, FrameType::Response);
+    assert_eq!(d.bind(2, 1, "/proj/b", "h", "s").0, FrameType::Response);
+    let (_, a) = run_on(&mut d, 1, "record two", "a");
+    let (_, b) = run_on(&mut d, 2, "record two", "b");
+    assert_eq!(
+        (a["state"].as_str(), b["state"].as_str()),
+        (Some("completed"), Some("completed"))
+    );
+
+    // Each session's calls went over its own route, whose bind carries its own scope: the
+    // module learns each session's folder from the daemon's stamp.
+    let stamps = call_stamps(&tools);
+    assert_eq!(stamps.len(), 4, "{stamps:?}");
+    let channels: Vec<u16> = tools
+        .log
+        .calls
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, c)| *c)
+        .collect();
+    assert_eq!(channels[0], channels[1]);
+    assert_eq!(channels[2], channels[3]);
+    assert_ne!(channels[0], channels[2], "two routes: {channels:?}");
+    for (i, want) in [
+        (0, "/proj/a"),
+        (1, "/proj/a"),
+        (2, "/proj/b"),
+        (3, "/proj/b"),
+    ] {
+        assert_eq!(
+            stamps[i]["workdir"], want,
+            "a tool route opened without its session's scope: call {i}: {stamps:?}"
+        );
+        assert_eq!(
+            stamps[i]["owner"],
+            json!({"kind": "reserved", "module_id": "ck-broca"})
+        );
+        assert_eq!(stamps[i]["kind"], "head");
+    }
+    assert_ne!(stamps[0]["ref"], stamps[2]["ref"], "two scopes");
+    // broca took the owner's sync authority with one full (empty) sync, then registered each
+    // session's scope once; its epoch is the session's creation.
+    let ops = d.scope_ops.lock().unwrap().clone();
+    assert_eq!(ops[0]["op"], "scope.sync", "{ops:?}");
+    assert_eq!(ops[0]["scopes"], json!([]));
+    let applied: Vec<&Value> = ops[1..]
+        .iter()
+        .flat_map(|o| o["upsert"].as_array().unwrap())
+        .collect();
+    assert_eq!(applied.len(), 2, "each scope registered once: {ops:?}");
+    let gens: Vec<u64> = ops
+        .iter()
+        .map(|o| o["generation"].as_u64().unwrap())
+        .collect();
+    assert!(
+        gens.windows(2).all(|w| w[0] < w[1]),
+        "generations rise: {gens:?}"
+    );
+    let epoch_a = stamps[0]["scope_epoch"].as_u64().unwrap();
+    assert!(
+        (began..=unix_ms()).contains(&epoch_a),
+        "{epoch_a} from {began}"
+    );
+    drain(&mut d, &mut child);
+
+    // After a restart (a new daemon too) the same session's scope comes back at the same
+    // epoch: the same session, not a new one under a reused ref.
+    let mut d = Daemon::start(&dir.path().join("d2"));
+    let mut child = with_these_tools(dir.path(), &mut d, &peer, &nonce, &tools);
+    assert_eq!(d.bind(1, 1, "/proj/a", "h", "s").0, FrameType::Response);
+    let (_, again) = run_on(&mut d, 1, "record two", "a2");
+    assert_eq!(again["state"], "completed", "{again}");
+    let stamps = call_stamps(&tools);
+    assert_eq!(stamps[4]["workdir"], "/proj/a");
+    assert_eq!(stamps[4]["scope_epoch"].as_u64(), Some(epoch_a));
+    assert_eq!(stamps[4]["ref"], stamps[0]["ref"]);
+    drain(&mut d, &mut child);
+
+    // A daemon that does not admit scoped routes: the route opens unscoped, and broca says
+    // the module learns no folder.
+    let mut d = Daemon::start(&dir.path().join("d3"));
+    d.advertise_scopes = false;
+    let mut child = with_these_tools(dir.path(), &mut d, &peer, &nonce, &tools);
+    assert_eq!(d.bind(1, 1, "/proj/a", "h", "s").0, FrameType::Response);
+    let (_, old) = run_on(&mut d, 1, "record two", "a3");
+    assert_eq!(old["state"], "completed", "{old}");
+    assert_eq!(call_stamps(&tools)[6], Value::Null);
+    assert!(d.scope_ops.lock().unwrap().is_empty());
+    drain(&mut d, &mut child);
+    let err = stderr_of(&mut child);
+    assert!(err.contains("does not advertise scopes/v1"), "{err}");
 }

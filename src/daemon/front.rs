@@ -9,6 +9,8 @@
 //! short by a drain's deadline, the rest sealed interrupted); at the end broca says GOODBYE
 //! on each bound route, then on channel 0. A subscription's STREAM_END carries LAST.
 
+mod scopes;
+
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -35,6 +37,8 @@ const EGRESS_FRAMES: usize = 256;
 const READY_POLL: Duration = Duration::from_millis(10);
 /// The correlation id of broca's own `catalog.update` on channel 0.
 const READY_CORR: u64 = 1 << 62;
+/// The first correlation id of broca's other own requests on channel 0 (its scopes).
+const OWN_CORR: u64 = (1 << 62) + 1;
 
 /// The project root of a session whose bind names no folder.
 pub const NO_WORKDIR_ROOT: &str = "/";
@@ -43,6 +47,8 @@ pub const NO_WORKDIR_ROOT: &str = "/";
 pub struct SubcConn {
     pub stream: std::net::TcpStream,
     pub decoder: Decoder,
+    /// The sessions' scopes asked by tool routes, when broca owns them (front::scopes).
+    pub scopes: Option<futures_channel::mpsc::UnboundedReceiver<broca_subc::scope::Ask>>,
 }
 
 /// A route the daemon bound.
@@ -70,6 +76,9 @@ struct Routes {
     subs: RefCell<HashMap<(u16, u64), futures_channel::oneshot::Sender<()>>>,
     /// The connection is saying GOODBYE: it has ended every held subscription itself.
     closing: Cell<bool>,
+    /// broca's own channel-0 requests waiting for the daemon's answer, by corr.
+    own: RefCell<HashMap<u64, futures_channel::oneshot::Sender<FrameIn>>>,
+    next_own: Cell<u64>,
 }
 
 /// Serves the daemon connection until it ends or broca stops; answers the GOODBYE's end
@@ -111,9 +120,14 @@ pub(crate) async fn run(
         in_flight: Cell::new(0),
         subs: RefCell::new(HashMap::new()),
         closing: Cell::new(false),
+        own: RefCell::new(HashMap::new()),
+        next_own: Cell::new(OWN_CORR),
     });
     let f = front.clone();
     glommio::spawn_local(async move { f.say_ready().await }).detach();
+    if let Some(asks) = conn.scopes {
+        glommio::spawn_local(scopes::own(front.clone(), asks)).detach();
+    }
     let mut decoder = conn.decoder;
     let f = front.clone();
     glommio::spawn_local(async move {
@@ -229,6 +243,27 @@ impl Closer {
 }
 
 impl Routes {
+    /// One request of broca's own on channel 0 and the daemon's answer (`Err`: the
+    /// connection ended first).
+    async fn ask_daemon(&self, body: Vec<u8>) -> Result<FrameIn, String> {
+        let corr = self.next_own.get();
+        self.next_own.set(corr + 1);
+        let (tx, rx) = futures_channel::oneshot::channel();
+        self.own.borrow_mut().insert(corr, tx);
+        self.send(frames::encode(
+            FrameType::Request,
+            frames::control(),
+            0,
+            0,
+            corr,
+            body,
+        ))
+        .await;
+        let answer = rx.await;
+        self.own.borrow_mut().remove(&corr);
+        answer.map_err(|_| "the daemon connection ended".to_string())
+    }
+
     async fn send(&self, frame: Result<Vec<u8>, broca_subc::LinkError>) {
         match frame {
             Ok(bytes) => {
@@ -348,6 +383,11 @@ impl Routes {
             FrameType::Request => self.control_request(h.corr, &f.body).await,
             // The daemon's answer to broca's own `catalog.update`.
             FrameType::Response if h.corr == READY_CORR => {}
+            FrameType::Response | FrameType::Error if h.corr >= OWN_CORR => {
+                if let Some(waiting) = self.own.borrow_mut().remove(&h.corr) {
+                    let _ = waiting.send(f);
+                }
+            }
             FrameType::Error if h.corr == READY_CORR => tracing::warn!(
                 "the daemon refused broca's readiness: {}",
                 String::from_utf8_lossy(&f.body)
@@ -627,6 +667,8 @@ impl Routes {
     /// Stops broca as a signal would. The connection's end after broca began to stop (its
     /// own GOODBYE answered by a close) is no loss.
     async fn stop(&self, end: End) {
+        // broca's own requests get no answer now.
+        self.own.borrow_mut().clear();
         let why = match end {
             End::Drain(why, by) => {
                 self.host.stop_by(&why, by).await;

@@ -33,8 +33,9 @@ pub struct DaemonOptions {
 }
 
 /// Registers with the daemon (HELLO, naming what broca consumes: the vault, the catalog
-/// module, the tool modules).
-fn register(opts: &DaemonOptions) -> Result<front::SubcConn, String> {
+/// module, the tool modules). Answers the connection and the capabilities the daemon's
+/// HELLO_ACK advertises.
+fn register(opts: &DaemonOptions) -> Result<(front::SubcConn, Vec<String>), String> {
     let mut services = vec![
         broca_subc::vault::CLAUSTRUM.to_string(),
         broca_subc::bus::CKBUS.to_string(),
@@ -58,15 +59,54 @@ fn register(opts: &DaemonOptions) -> Result<front::SubcConn, String> {
     );
     let r =
         broca_subc::connect::connect(&opts.connection_file, &hello).map_err(|e| e.to_string())?;
-    Ok(front::SubcConn {
+    let conn = front::SubcConn {
         stream: r.stream,
         decoder: r.decoder,
-    })
+        scopes: None,
+    };
+    Ok((conn, r.ack.subc_capabilities))
+}
+
+/// Whether broca owns its sessions' scopes and opens their tool routes under them: the
+/// daemon admits scoped routes (`scopes/v1` in its HELLO_ACK) and broca is a supervised
+/// launch (its launch nonce makes the routes' opener the scopes' owner). Else the routes
+/// open unscoped, and a tool module learns no session folder; said once, when broca has
+/// tool modules.
+fn owns_scopes(opts: &DaemonOptions, capabilities: &[String]) -> bool {
+    let has_tools = opts
+        .host
+        .tools
+        .as_ref()
+        .is_some_and(|t| !t.modules.is_empty());
+    let advertised = capabilities
+        .iter()
+        .any(|c| c == broca_subc::scope::CAPABILITY);
+    match (advertised, opts.launch_nonce.is_some()) {
+        (true, true) => true,
+        (false, _) if has_tools => {
+            tracing::warn!(
+                "the daemon does not advertise scopes/v1: tool modules' routes open unscoped \
+                 (a tool module learns no session folder)"
+            );
+            false
+        }
+        (true, false) if has_tools => {
+            tracing::warn!(
+                "broca has no launch nonce, so it cannot own scopes: tool modules' routes \
+                 open unscoped (a tool module learns no session folder)"
+            );
+            false
+        }
+        _ => false,
+    }
 }
 
 /// What module mode hands the host: the tool modules, the vault and the bus, over routes of
 /// their own.
-fn extras(opts: &DaemonOptions) -> Result<Extras, String> {
+fn extras(
+    opts: &DaemonOptions,
+    scopes: Option<broca_subc::scope::Scopes>,
+) -> Result<Extras, String> {
     let cfg = opts.host.tools.clone().unwrap_or_default();
     let module_tools = ModuleTools::new(
         opts.connection_file.clone(),
@@ -74,6 +114,7 @@ fn extras(opts: &DaemonOptions) -> Result<Extras, String> {
         opts.launch_nonce.clone(),
         cfg.modules,
         cfg.result_bytes_max,
+        scopes,
     );
     let client = broca_subc::vault::VaultClient::new(
         opts.connection_file.clone(),
@@ -122,7 +163,12 @@ impl ShardFront for SubcShard {
 pub fn run(opts: DaemonOptions) -> Result<i32, String> {
     let startup = Startup::begin(opts.host.clone())?;
     // Registered first: a daemon that cannot be reached or refuses is an error at once.
-    let conn = register(&opts)?;
+    let (mut conn, capabilities) = register(&opts)?;
+    let scopes = owns_scopes(&opts, &capabilities).then(|| {
+        let (scopes, asks) = broca_subc::scope::Scopes::new(&opts.module_id);
+        conn.scopes = Some(asks);
+        scopes
+    });
     let lost = Arc::new(AtomicBool::new(false));
     let mut info = serde_json::Map::new();
     info.insert("module".into(), true.into());
@@ -135,7 +181,7 @@ pub fn run(opts: DaemonOptions) -> Result<i32, String> {
         ready: format!("broca registered with the daemon as {}", opts.module_id),
         shards: vec![Some(shard0)],
     };
-    let sig = startup.run(front, extras(&opts)?)?;
+    let sig = startup.run(front, extras(&opts, scopes)?)?;
     if lost.load(Ordering::Acquire) {
         return Err(
             "the daemon connection ended unannounced: admission stopped, active runs got the \

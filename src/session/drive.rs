@@ -416,6 +416,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                 .map(|r| r.run_id.clone())
                 .unwrap_or_default(),
             call_key,
+            scope_epoch: self.writer.header().created_unix_ms,
             reply: self.reply_of(&call.name),
         };
         let store = self.content();

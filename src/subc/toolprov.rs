@@ -27,12 +27,14 @@ use crate::LinkError;
 /// The route prefix of tools that tool_provider modules serve.
 pub const ROUTE_PREFIX: &str = broca_protocol::route::SUBC_PREFIX;
 
-/// The `route.open` body for a route to tool provider `module_id` for one session.
+/// The `route.open` body for a route to tool provider `module_id` for one session, under the
+/// session's scope when there is one (crate::scope).
 pub fn route_open(
     module_id: &str,
     harness: &str,
     session: &str,
     consumer: Option<(&str, &str)>,
+    scope: Option<subc_protocol::scope::ScopeSelector>,
 ) -> Vec<u8> {
     let open = ClientControlRequest::RouteOpen {
         target: RouteTarget::ToolProvider {
@@ -51,7 +53,7 @@ pub fn route_open(
         ]),
         role_versions: None,
         admission_facts: None,
-        scope: None,
+        scope,
     };
     serde_json::to_vec(&open).expect("a route.open serializes")
 }

@@ -78,6 +78,9 @@ pub struct ModuleTools {
     /// The modules whose manifest provides `call-keepalive/v1` (the daemon's `catalog.list`,
     /// read with their catalog): their calls are kept while keepalives come.
     keepalive: Mutex<std::collections::HashSet<String>>,
+    /// The sessions' scopes, when the daemon admits scoped routes and broca is a supervised
+    /// launch (its launch nonce makes it the scopes' owner when it opens routes).
+    scopes: Option<broca_subc::scope::Scopes>,
 }
 
 /// How long a call of a module that sends keepalives may go without any (tool-provider/v1
@@ -104,6 +107,12 @@ pub struct Catalogs {
     pub missing: Vec<String>,
 }
 
+/// Whether a `route.open` refusal says the scope it named is not held by the daemon.
+fn scope_gone(why: &str) -> bool {
+    use broca_subc::protocol::error_codes::{SCOPE_ENDED, SCOPE_NOT_LIVE};
+    why.starts_with(SCOPE_NOT_LIVE) || why.starts_with(SCOPE_ENDED)
+}
+
 /// Why a call did not go.
 enum NotSent {
     /// Nothing reached the module.
@@ -114,13 +123,15 @@ enum NotSent {
 
 impl ModuleTools {
     /// The tool modules `modules`, reached through the daemon of connection file `file` as
-    /// module `module_id` (with its launch nonce, when the daemon handed one).
+    /// module `module_id` (with its launch nonce, when the daemon handed one); with `scopes`,
+    /// each session's routes are opened under its scope.
     pub fn new(
         file: PathBuf,
         module_id: String,
         launch_nonce: Option<String>,
         modules: Vec<ModuleConfig>,
         result_bytes_max: usize,
+        scopes: Option<broca_subc::scope::Scopes>,
     ) -> Arc<ModuleTools> {
         Arc::new(ModuleTools {
             file,
@@ -134,6 +145,7 @@ impl ModuleTools {
             last_catalog: Mutex::new(None),
             result_v1: Mutex::new(HashMap::new()),
             keepalive: Mutex::new(Default::default()),
+            scopes,
         })
     }
 
@@ -226,7 +238,7 @@ impl ModuleTools {
     /// `session`, and its terminal frame.
     async fn ask(&self, module: &str, session: &str, body: Vec<u8>) -> Result<FrameIn, LinkError> {
         let route = self
-            .route(module, "", &self.module_id, session)
+            .route(module, "", &self.module_id, session, None)
             .await
             .map_err(|e| match e {
                 NotSent::Refused(e) | NotSent::Indeterminate(e) => LinkError::Down(e),
@@ -329,13 +341,15 @@ impl ModuleTools {
     }
 
     /// The route to `module` for the session (project root, harness, session): the one open,
-    /// or a new one. (broca's own requests use an empty project root.)
+    /// or a new one, under the session's scope (of epoch `epoch`, the session's creation)
+    /// when broca owns scopes. (broca's own requests use an empty project root and no scope.)
     async fn route(
         &self,
         module: &str,
         project_root: &str,
         harness: &str,
         session: &str,
+        epoch: Option<u64>,
     ) -> Result<Route, NotSent> {
         let key = (
             module.to_string(),
@@ -359,9 +373,19 @@ impl ModuleTools {
             .launch_nonce
             .as_deref()
             .map(|n| (self.module_id.as_str(), n));
-        let body = toolprov::route_open(module, harness, session, consumer);
+        let record =
+            match (&self.scopes, epoch) {
+                (Some(_), Some(epoch)) if !project_root.is_empty() => Some(
+                    broca_subc::scope::record(project_root, harness, session, epoch),
+                ),
+                _ => None,
+            };
+        let mut body = self
+            .open_body(module, harness, session, consumer, &record, false)
+            .await?;
         let mut delay = Duration::from_millis(100);
         let mut last = String::new();
+        let mut scope_renewed = false;
         for attempt in 1..=OPEN_ATTEMPTS {
             let (link, frame) = self.open_once(module, &body).await?;
             match toolprov::read_open(&frame) {
@@ -387,6 +411,14 @@ impl ModuleTools {
                         delay = (delay * 2).min(Duration::from_secs(2));
                     }
                 }
+                // The daemon no longer holds the session's scope (ended past broca's cap, or
+                // expired): it is registered again, once, and the open tried again.
+                Opened::Refused(why) if record.is_some() && !scope_renewed && scope_gone(&why) => {
+                    scope_renewed = true;
+                    body = self
+                        .open_body(module, harness, session, consumer, &record, true)
+                        .await?;
+                }
                 Opened::Refused(why) => {
                     return Err(NotSent::Refused(format!(
                         "the daemon refused a route to tool module `{module}`: {why}"
@@ -397,6 +429,32 @@ impl ModuleTools {
         Err(NotSent::Refused(format!(
             "the daemon kept refusing a route to tool module `{module}` ({last}, {OPEN_ATTEMPTS} tries)"
         )))
+    }
+
+    /// The `route.open` body of a session's route, under its scope when `record` is one (made
+    /// live first; `fresh`: registered again even if broca thinks it live).
+    async fn open_body(
+        &self,
+        module: &str,
+        harness: &str,
+        session: &str,
+        consumer: Option<(&str, &str)>,
+        record: &Option<broca_subc::scope::ScopeRecord>,
+        fresh: bool,
+    ) -> Result<Vec<u8>, NotSent> {
+        let selector = match (&self.scopes, record) {
+            (Some(scopes), Some(record)) => {
+                Some(scopes.ensure(record.clone(), fresh).await.map_err(|why| {
+                    NotSent::Refused(format!(
+                        "no route to tool module `{module}` under the session's scope: {why}"
+                    ))
+                })?)
+            }
+            _ => None,
+        };
+        Ok(toolprov::route_open(
+            module, harness, session, consumer, selector,
+        ))
     }
 
     /// One `route.open` to `module` over the shared connection, and the daemon's answer; a
@@ -507,7 +565,13 @@ impl ModuleTools {
         let mut not_delivered = String::new();
         for _ in 0..2 {
             let r = match self
-                .route(module, &t.project_root, &t.harness, &t.session)
+                .route(
+                    module,
+                    &t.project_root,
+                    &t.harness,
+                    &t.session,
+                    Some(origin.scope_epoch),
+                )
                 .await
             {
                 Ok(r) => r,

@@ -46,6 +46,9 @@ pub struct ToolOrigin {
     pub triple: Rc<broca_wal::SessionTriple>,
     pub run_id: String,
     pub call_key: String,
+    /// The session's creation (its WAL header's Unix ms): the epoch of its scope, which a
+    /// tool module's route is opened under (broca_subc::scope).
+    pub scope_epoch: u64,
     /// The tool's reply deadline metadata as the run froze it (a tool module's `reply`).
     pub reply: Option<serde_json::Value>,
 }

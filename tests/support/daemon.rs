@@ -33,7 +33,19 @@ pub struct Daemon {
     /// Frames read while waiting for another.
     pub seen: Vec<Frame>,
     next_corr: u64,
+    /// Whether its HELLO_ACK advertises `scopes/v1` (a daemon that admits scoped routes).
+    pub advertise_scopes: bool,
+    /// The scopes registered on the registered connection (`scope.sync`, `scope.apply`), by
+    /// ref: the owner's record. Scoped route.opens are admitted against it.
+    pub scopes: ScopeTable,
+    /// Every scope op broca sent, in order.
+    pub scope_ops: Arc<Mutex<Vec<Value>>>,
+    /// The registered module's id (its HELLO's), the owner of the scopes it registers.
+    owner: String,
 }
+
+/// The daemon's scope records by ref, with their owner (the registered module).
+pub type ScopeTable = Arc<Mutex<std::collections::HashMap<String, (String, Value)>>>;
 
 /// What the daemon does with broca's handshake.
 pub enum Answer {
@@ -79,6 +91,10 @@ impl Daemon {
             stream: None,
             seen: Vec::new(),
             next_corr: 100,
+            advertise_scopes: true,
+            scopes: ScopeTable::default(),
+            scope_ops: Arc::default(),
+            owner: String::new(),
         }
     }
 
@@ -104,11 +120,22 @@ impl Daemon {
         }
         let hello = self.read_on(&mut stream).expect("a HELLO");
         assert_eq!(hello.header.ty, FrameType::Hello);
+        let caps: Vec<&str> = if self.advertise_scopes {
+            vec![subc_protocol::scope::CAP_SCOPES_V1]
+        } else {
+            Vec::new()
+        };
         let ack = serde_json::json!({
             "negotiated_ver": version,
-            "subc_ops": ["route.open", "catalog.update"],
-            "subc_capabilities": [],
+            "subc_ops": ["route.open", "catalog.update", "scope.sync", "scope.apply"],
+            "subc_capabilities": caps,
         });
+        let said: Value = serde_json::from_slice(&hello.body).unwrap_or(Value::Null);
+        self.owner = said["manifest"]["module_id"]
+            .as_str()
+            .or(said["module_id"].as_str())
+            .unwrap_or("")
+            .to_string();
         self.write_on(
             &mut stream,
             FrameType::HelloAck,
@@ -167,13 +194,14 @@ impl Daemon {
         let key = self.key.clone();
         let daemon_id = self.daemon_id;
         let services = Arc::new(services);
+        let scopes = self.scopes.clone();
         std::thread::spawn(move || loop {
             listener.set_nonblocking(false).unwrap();
             let Ok((s, _)) = listener.accept() else {
                 return;
             };
-            let (key, services) = (key.clone(), services.clone());
-            std::thread::spawn(move || consumer(s, &key, &daemon_id, &services));
+            let (key, services, scopes) = (key.clone(), services.clone(), scopes.clone());
+            std::thread::spawn(move || consumer(s, &key, &daemon_id, &services, &scopes));
         });
     }
 
@@ -246,10 +274,82 @@ impl Daemon {
         if !self.seen.is_empty() {
             return Some(self.seen.remove(0));
         }
+        loop {
+            let mut stream = self.stream.take().expect("connected");
+            let f = self.read_on(&mut stream);
+            self.stream = Some(stream);
+            match f {
+                Some(f) if self.owner_op(&f) => continue,
+                f => return f,
+            }
+        }
+    }
+
+    /// Answers broca's `scope.sync` and `scope.apply` (true), as the daemon does: the
+    /// owner is the registered module; a sync replaces its set, an apply upserts and ends.
+    fn owner_op(&mut self, f: &Frame) -> bool {
+        if f.header.channel != 0 || f.header.ty != FrameType::Request {
+            return false;
+        }
+        let body: Value = serde_json::from_slice(&f.body).unwrap_or(Value::Null);
+        let op = body["op"].as_str().unwrap_or("");
+        if op != "scope.sync" && op != "scope.apply" {
+            return false;
+        }
+        self.scope_ops.lock().unwrap().push(body.clone());
+        let mut table = self.scopes.lock().unwrap();
+        let mut results = Vec::new();
+        let mut end_results = Vec::new();
+        let upserts = if op == "scope.sync" {
+            table.retain(|_, (owner, _)| owner != &self.owner);
+            &body["scopes"]
+        } else {
+            for e in body["end"].as_array().into_iter().flatten() {
+                let r = e["ref"].as_str().unwrap_or("").to_string();
+                let live = table
+                    .get(&r)
+                    .is_some_and(|(_, rec)| rec["scope_epoch"] == e["scope_epoch"]);
+                if live {
+                    table.remove(&r);
+                }
+                end_results.push(
+                    serde_json::json!({"ref": r, "scope_epoch": e["scope_epoch"],
+                    "outcome": if live { "ended" } else { "not_live" }}),
+                );
+            }
+            &body["upsert"]
+        };
+        for rec in upserts.as_array().into_iter().flatten() {
+            let r = rec["ref"].as_str().unwrap_or("").to_string();
+            let before = table.insert(r.clone(), (self.owner.clone(), rec.clone()));
+            let outcome = match before {
+                None => "created",
+                Some((_, old)) if old["scope_epoch"] != rec["scope_epoch"] => "replaced",
+                Some((_, old)) if &old == rec => "unchanged",
+                Some(_) => "updated",
+            };
+            results.push(
+                serde_json::json!({"ref": r, "scope_epoch": rec["scope_epoch"],
+                "outcome": outcome, "version": 1}),
+            );
+        }
+        drop(table);
+        let mut answer =
+            serde_json::json!({"op": op, "generation": body["generation"], "results": results});
+        if op == "scope.apply" {
+            answer["end_results"] = Value::Array(end_results);
+        }
         let mut stream = self.stream.take().expect("connected");
-        let f = self.read_on(&mut stream);
+        self.write_on(
+            &mut stream,
+            FrameType::Response,
+            0,
+            0,
+            f.header.corr,
+            &answer,
+        );
         self.stream = Some(stream);
-        f
+        true
     }
 
     /// broca's terminal frame for (channel, corr), keeping the others it sends meanwhile.
@@ -269,6 +369,9 @@ impl Daemon {
             self.stream = Some(stream);
             if f.header.channel == channel && f.header.corr == corr {
                 return f;
+            }
+            if self.owner_op(&f) {
+                continue;
             }
             self.seen.push(f);
         }
@@ -421,7 +524,13 @@ enum Reply {
     Die,
 }
 
-fn consumer(s: std::net::TcpStream, key: &[u8], daemon_id: &[u8; 16], services: &Services) {
+fn consumer(
+    s: std::net::TcpStream,
+    key: &[u8],
+    daemon_id: &[u8; 16],
+    services: &Services,
+    scopes: &ScopeTable,
+) {
     use subc_transport::frame_io::{read_frame, write_frame};
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -463,7 +572,7 @@ fn consumer(s: std::net::TcpStream, key: &[u8], daemon_id: &[u8; 16], services: 
                     Reply::Silence
                 }
                 (0, FrameType::Request) => {
-                    open_route(services, &body, &mut routes, &mut next_channel)
+                    open_route(services, scopes, &body, &mut routes, &mut next_channel)
                 }
                 (ch, FrameType::Request) => match routes.get(&ch).copied() {
                     Some("vault") => vault_answer(services, &body),
@@ -531,6 +640,7 @@ fn consumer(s: std::net::TcpStream, key: &[u8], daemon_id: &[u8; 16], services: 
 
 fn open_route(
     services: &Services,
+    scopes: &ScopeTable,
     body: &Value,
     routes: &mut std::collections::HashMap<u16, &'static str>,
     next_channel: &mut u16,
@@ -590,6 +700,15 @@ fn open_route(
                     let code = queue.remove(0);
                     return refuse(&code);
                 }
+                let stamp = match admit_scope(scopes, body) {
+                    Ok(stamp) => stamp,
+                    Err(code) => return refuse(code),
+                };
+                t.log
+                    .stamps
+                    .lock()
+                    .unwrap()
+                    .insert(*next_channel + 1, stamp);
                 "tools"
             }
             _ => return refuse("unknown_module"),
@@ -602,6 +721,37 @@ fn open_route(
         serde_json::json!({"op": "route.open", "route_channel": *next_channel, "route_epoch": 1}),
         false,
     )
+}
+
+/// A route.open's scope as the daemon admits it: only its owner (the opener's consumer
+/// identity, a reserved module) opens under it, and only at its live epoch. Answers the stamp
+/// the module's bind carries (`Null` for an unscoped open).
+fn admit_scope(scopes: &ScopeTable, body: &Value) -> Result<Value, &'static str> {
+    let sel = &body["scope"];
+    if sel.is_null() {
+        return Ok(Value::Null);
+    }
+    if sel["scope_epoch"].is_null() {
+        return Err("scope_epoch_required");
+    }
+    let table = scopes.lock().unwrap();
+    let Some((owner, rec)) = table.get(sel["ref"].as_str().unwrap_or("")) else {
+        return Err("scope_not_live");
+    };
+    if rec["scope_epoch"] != sel["scope_epoch"] {
+        return Err("scope_not_live");
+    }
+    let opener = body["consumer_identity"]["module_id"].as_str();
+    if sel["owner"]["kind"] != "reserved"
+        || sel["owner"]["module_id"].as_str() != Some(owner)
+        || opener != Some(owner)
+    {
+        return Err("scope_not_carrier");
+    }
+    Ok(serde_json::json!({
+        "owner": sel["owner"], "ref": sel["ref"], "scope_epoch": rec["scope_epoch"],
+        "kind": rec["kind"], "workdir": rec["workdir"], "owner_authorized": false,
+    }))
 }
 
 fn bus_answer(b: &BusModule, body: &Value) -> Reply {

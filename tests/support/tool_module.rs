@@ -36,6 +36,8 @@ pub struct ToolLog {
     pub calls: Arc<Mutex<Vec<(Value, u16)>>>,
     /// CANCELs received: (channel, corr).
     pub cancels: Arc<Mutex<Vec<(u16, u64)>>>,
+    /// The scope stamp each tool route's bind carries, by channel (`Null`: unscoped).
+    pub stamps: Arc<Mutex<std::collections::HashMap<u16, Value>>>,
 }
 
 impl ToolModule {

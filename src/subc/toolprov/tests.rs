@@ -152,7 +152,7 @@ fn keepalives_are_taken_only_from_a_module_whose_manifest_provides_them() {
     let refused = frame(FrameType::Error, plain(), &json!({"code": "forbidden"}));
     assert!(!provides_keepalive("ck-t", &refused));
     // broca declares it on every route it opens, beside tool-result/v1.
-    let open: Value = serde_json::from_slice(&route_open("ck-t", "h", "s", None)).unwrap();
+    let open: Value = serde_json::from_slice(&route_open("ck-t", "h", "s", None, None)).unwrap();
     assert_eq!(
         open["consumer_capabilities"],
         json!([TOOL_RESULT_V1, keepalive]),
@@ -299,7 +299,7 @@ fn hex(b: &[u8]) -> String {
 fn golden_frames_of_a_route_open_a_call_and_its_answer() {
     use crate::frames::{self, Decoder};
     let golden: Value = serde_json::from_str(include_str!("../golden/tool_route.json")).unwrap();
-    let open = route_open("ck-tools", "h", "s", Some(("ck-broca", "nonce-1")));
+    let open = route_open("ck-tools", "h", "s", Some(("ck-broca", "nonce-1")), None);
     let frame =
         frames::encode(FrameType::Request, frames::control(), 0, 0, 1, open.clone()).unwrap();
     assert_eq!(

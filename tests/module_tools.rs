@@ -555,3 +555,55 @@ fn two_sessions_in_two_projects_call_tools_over_two_routes_under_two_scopes() {
     let err = stderr_of(&mut child);
     assert!(err.contains("does not advertise scopes/v1"), "{err}");
 }
+
+#[test]
+fn a_held_call_is_answered_by_its_late_result_and_acked() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let peer = Aimock::start(&fixture("tools.json"));
+    let mut d = Daemon::start(&dir.path().join("d"));
+    let (mut child, tools) = with_tools(
+        dir.path(),
+        &mut d,
+        &peer,
+        &[("SUBC_LAUNCH_NONCE", "nonce-late")],
+    );
+    assert_eq!(d.bind(1, 1, "/late", "h", "s").0, FrameType::Response);
+    // `consent` answers a held first reply at once; its result comes 1.5 s later, after a
+    // `held` update, as late results.
+    let (run_id, status) = run_on_route(&mut d, "consent call", "c1");
+    assert_eq!(status["state"], "completed", "{status}");
+    assert_eq!(tools.times("call_consent_1"), 1, "sent once");
+    let result = support::dump_all(&state)
+        .into_iter()
+        .find(|r| r["kind"] == "tool_result" && r["record"]["run_id"] == run_id)
+        .unwrap_or_else(|| panic!("a tool result for {run_id}"));
+    let text = result["record"].to_string();
+    assert!(
+        text.contains("approved: deploy"),
+        "the held call's answer is its late result, not the interim content: {text}"
+    );
+    assert!(!text.contains("Please approve"), "{text}");
+    // broca read the module's late results (from the start, then from its cursor) and acked
+    // through the entry that settled the call.
+    let reads = tools.log.late_reads.lock().unwrap().clone();
+    assert!(reads.len() >= 2, "{reads:?}");
+    assert_eq!(reads[0]["since"], Value::Null);
+    assert!(!reads.last().unwrap()["since"].is_null(), "{reads:?}");
+    let acks = tools.log.acks.lock().unwrap().clone();
+    assert_eq!(
+        acks.last().map(|a| a["seq"].as_u64()),
+        Some(Some(2)),
+        "acked through the result: {acks:?}"
+    );
+    // The route that carried it declared held replies.
+    let opens = tools.log.opens.lock().unwrap().clone();
+    assert!(opens
+        .iter()
+        .filter(|o| o["identity"]["session"] == "s")
+        .all(|o| o["consumer_capabilities"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("held-reply/v1"))));
+    drain(&mut d, &mut child);
+}

@@ -47,8 +47,10 @@ pub fn route_open(
         }),
         // broca decodes `tool-result/v1` bodies of the tools whose catalog entry opts in, and
         // keeps a call alive while its provider's keepalives come (tool-provider/v1 §4.4).
+        // A held first reply's answer comes later, in `late_results` (toolprov::late).
         consumer_capabilities: Some(vec![
             TOOL_RESULT_V1.to_string(),
+            cortexkit_role_tool_provider::HELD_REPLY_V1.to_string(),
             cortexkit_role_tool_provider::CALL_KEEPALIVE_CAPABILITY.to_string(),
         ]),
         role_versions: None,
@@ -190,6 +192,8 @@ pub fn read_catalog(module_id: &str, frame: &FrameIn) -> Result<Catalog, LinkErr
     let mut specs = Vec::with_capacity(catalog.tools.len());
     let mut notes = Vec::new();
     let mut result_v1 = std::collections::HashSet::new();
+    let late_results =
+        catalog.declares(cortexkit_role_tool_provider::catalog::session_capabilities::LATE_RESULTS);
     for tool in catalog.tools {
         // A reply deadline that breaks the role's rules makes the whole answer invalid.
         check_reply(&tool).map_err(|p| {
@@ -246,6 +250,7 @@ pub fn read_catalog(module_id: &str, frame: &FrameIn) -> Result<Catalog, LinkErr
         specs,
         notes,
         result_v1,
+        late_results,
     })
 }
 
@@ -298,6 +303,8 @@ pub struct Catalog {
     pub specs: Vec<ToolSpec>,
     pub notes: Vec<String>,
     pub result_v1: std::collections::HashSet<String>,
+    /// The module settles calls later and serves `late_results` (a session capability).
+    pub late_results: bool,
 }
 
 /// A part of a `tool-result/v1` answer, decoded.
@@ -310,7 +317,7 @@ pub enum Part {
 /// A `tool-result/v1` body read: checked as the role's `validate` checks it, each image
 /// decoded, a part of a type broca does not know kept as a one-line note. `Err` says what is
 /// wrong with it.
-fn read_result_v1(body: &[u8]) -> Result<(Vec<Part>, bool, usize), String> {
+pub(crate) fn read_result_v1(body: &[u8]) -> Result<ResultV1, String> {
     use base64::Engine;
     use cortexkit_role_tool_provider::result::{model_visible_bytes, validate, ContentPart};
     let result: cortexkit_role_tool_provider::result::ToolResult =
@@ -333,11 +340,22 @@ fn read_result_v1(body: &[u8]) -> Result<(Vec<Part>, bool, usize), String> {
             _ => Part::Text("[unsupported content]".into()),
         });
     }
-    Ok((
+    Ok(ResultV1 {
         parts,
-        result.is_error == Some(true),
-        model_visible_bytes(&result),
-    ))
+        is_error: result.is_error == Some(true),
+        bytes: model_visible_bytes(&result),
+        held: result.held().map(|h| h.reason.clone()),
+    })
+}
+
+/// A `tool-result/v1` body, read.
+pub(crate) struct ResultV1 {
+    pub parts: Vec<Part>,
+    pub is_error: bool,
+    /// Its model-visible size, as the role measures it.
+    pub bytes: usize,
+    /// A held first reply's reason: the call's answer comes later (`late_results`).
+    pub held: Option<String>,
 }
 
 /// A module tool's route read back: the module and the schema pin.
@@ -376,6 +394,9 @@ pub enum Reply {
     Answer { text: String, is_error: bool },
     /// The provider answered a `tool-result/v1` body in parts (text and images).
     Parts { parts: Vec<Part>, is_error: bool },
+    /// A held first reply (`held-reply/v1`): interim content, not the answer, which comes
+    /// later as the call's `late_results` entry.
+    Held { parts: Vec<Part>, reason: String },
     /// The provider answered with more than the model-visible limit (64 KiB, measured as
     /// tool-provider/v1 measures a legacy result): the answer is discarded whole.
     TooLarge { bytes: u64 },
@@ -404,10 +425,18 @@ pub fn read_reply(module_id: &str, frame: &FrameIn, result_v1: bool) -> Reply {
     };
     match frame.header.ty {
         FrameType::Response if result_v1 => match read_result_v1(&frame.body) {
-            Ok((_, _, bytes)) if bytes > MAX_MODEL_VISIBLE_BYTES => Reply::TooLarge {
-                bytes: bytes as u64,
+            Ok(r) if r.bytes > MAX_MODEL_VISIBLE_BYTES => Reply::TooLarge {
+                bytes: r.bytes as u64,
             },
-            Ok((parts, is_error, _)) => Reply::Parts { parts, is_error },
+            Ok(ResultV1 {
+                parts,
+                held: Some(reason),
+                ..
+            }) => Reply::Held { parts, reason },
+            Ok(r) => Reply::Parts {
+                parts: r.parts,
+                is_error: r.is_error,
+            },
             // It ran and answered what cannot be read: an error result saying so.
             Err(why) => Reply::Answer {
                 text: format!(
@@ -468,6 +497,8 @@ pub fn read_reply(module_id: &str, frame: &FrameIn, result_v1: bool) -> Reply {
         other => Reply::Indeterminate(format!("a {other:?} frame ended the call")),
     }
 }
+
+pub mod late;
 
 #[cfg(test)]
 mod tests;

@@ -38,6 +38,8 @@ use broca_subc::LinkError;
 
 use crate::{ToolOrigin, ToolOutcome};
 
+mod late;
+
 /// `route.open` tries for a refusal the daemon marks retryable.
 const OPEN_ATTEMPTS: u32 = 6;
 /// How long the daemon gets to answer a `route.open` or a role op.
@@ -81,6 +83,10 @@ pub struct ModuleTools {
     /// The sessions' scopes, when the daemon admits scoped routes and broca is a supervised
     /// launch (its launch nonce makes it the scopes' owner when it opens routes).
     scopes: Option<broca_subc::scope::Scopes>,
+    /// The modules that declare `late_results` (their catalog's session capability): a held
+    /// first reply of theirs is waited on (late.rs).
+    late_results: Mutex<std::collections::HashSet<String>>,
+    late: late::LateBook,
 }
 
 /// How long a call of a module that sends keepalives may go without any (tool-provider/v1
@@ -146,6 +152,8 @@ impl ModuleTools {
             result_v1: Mutex::new(HashMap::new()),
             keepalive: Mutex::new(Default::default()),
             scopes,
+            late_results: Mutex::new(Default::default()),
+            late: late::LateBook::default(),
         })
     }
 
@@ -191,6 +199,13 @@ impl ModuleTools {
         )?;
         if let Ok(mut v1) = self.result_v1.lock() {
             v1.insert(module.to_string(), catalog.result_v1);
+        }
+        if let Ok(mut late) = self.late_results.lock() {
+            if catalog.late_results {
+                late.insert(module.to_string());
+            } else {
+                late.remove(module);
+            }
         }
         // Whether it sends keepalives: its manifest, as the daemon lists it (no answer: no).
         let keepalive = self.provides_keepalive(module).await;
@@ -590,37 +605,90 @@ impl ModuleTools {
                 }
             };
             match toolprov::read_reply(module, &frame, self.answers_v1(module, &call.name)) {
-                Reply::Answer { text, is_error } => {
-                    return ToolOutcome::Done {
-                        content: crate::result::truncate(text, self.result_bytes_max),
-                        is_error,
-                    }
+                Reply::Held { parts, reason } => {
+                    return self
+                        .held(module, call, &origin.call_key, &reason, &parts)
+                        .await
                 }
-                Reply::Parts { parts, is_error } => {
-                    let parts = parts
-                        .into_iter()
-                        .map(|p| match p {
-                            toolprov::Part::Text(t) => crate::ToolPart::Text(t),
-                            toolprov::Part::Image { mime, data } => {
-                                crate::ToolPart::Image { mime, data }
-                            }
-                        })
-                        .collect();
-                    return ToolOutcome::Parts { parts, is_error };
-                }
-                Reply::TooLarge { bytes } => return ToolOutcome::TooLarge { bytes },
                 Reply::NotDelivered(code) => {
                     tracing::info!(module, code, tool = %call.name, "the route was dead before delivery; opening it again");
                     self.evict(&rkey);
                     not_delivered = code;
                 }
-                Reply::Indeterminate(why) => return indeterminate(call, &why),
+                reply => return self.outcome(call, reply),
             }
         }
         ToolOutcome::Refused {
             reason: format!(
                 "tool module `{module}`'s route stayed dead ({not_delivered}); the call was never delivered"
             ),
+        }
+    }
+
+    /// A call's answer as its outcome.
+    fn outcome(&self, call: &ToolCall, reply: Reply) -> ToolOutcome {
+        match reply {
+            Reply::Answer { text, is_error } => ToolOutcome::Done {
+                content: crate::result::truncate(text, self.result_bytes_max),
+                is_error,
+            },
+            Reply::Parts { parts, is_error } => {
+                let parts = parts
+                    .into_iter()
+                    .map(|p| match p {
+                        toolprov::Part::Text(t) => crate::ToolPart::Text(t),
+                        toolprov::Part::Image { mime, data } => {
+                            crate::ToolPart::Image { mime, data }
+                        }
+                    })
+                    .collect();
+                ToolOutcome::Parts { parts, is_error }
+            }
+            Reply::TooLarge { bytes } => ToolOutcome::TooLarge { bytes },
+            Reply::Indeterminate(why) => indeterminate(call, &why),
+            Reply::Held { .. } | Reply::NotDelivered(_) => {
+                indeterminate(call, "a late result that is not an answer")
+            }
+        }
+    }
+
+    /// A held first reply: its interim content is logged, and the call waits for its late
+    /// result (a module that does not serve `late_results` cannot settle it: outcome unknown).
+    async fn held(
+        &self,
+        module: &str,
+        call: &ToolCall,
+        call_key: &str,
+        reason: &str,
+        interim: &[toolprov::Part],
+    ) -> ToolOutcome {
+        if !self.late_results.lock().is_ok_and(|l| l.contains(module)) {
+            return indeterminate(
+                call,
+                &format!("tool module `{module}` held the call but serves no late_results"),
+            );
+        }
+        tracing::info!(
+            module,
+            tool = %call.name,
+            call_id = %call.id,
+            reason,
+            person_wait = toolprov::late::is_person_wait(reason),
+            interim = %toolprov::late::text_of(interim),
+            "tool call held; its answer comes as a late result"
+        );
+        match self.wait_late(module, call_key).await {
+            Some(toolprov::late::Settled::Answer(reply)) => self.outcome(call, reply),
+            Some(toolprov::late::Settled::NotStarted(why)) => ToolOutcome::Refused {
+                reason: format!("tool module `{module}` says the call never ran: {why}"),
+            },
+            Some(toolprov::late::Settled::Expired) => indeterminate(
+                call,
+                &format!("tool module `{module}` let the held call's result expire"),
+            ),
+            Some(toolprov::late::Settled::Note(_)) | None => {
+                indeterminate(call, &format!("no late result within {:?}", late::HELD_MAX))
+            }
         }
     }
 

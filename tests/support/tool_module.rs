@@ -13,7 +13,9 @@ use super::Reply;
 /// A tool_provider module behind the daemon: `echo` (answers its message), `record` (answers
 /// what it recorded), `hang` (never answers), `die` (the module dies with the call: the
 /// connection ends), `wait` (answers after its `ms` argument, and declares a reply deadline
-/// of that hold plus 1 s, up to 10 s). It counts every call that reaches it, by call key.
+/// of that hold plus 1 s, up to 10 s), `consent` (a held first reply: a person must consent;
+/// a `held` update, then its result `approved: NOTE` after `ms`, come as late results). It
+/// counts every call that reaches it, by call key.
 #[derive(Clone)]
 pub struct ToolModule {
     pub module_id: String,
@@ -38,7 +40,16 @@ pub struct ToolLog {
     pub cancels: Arc<Mutex<Vec<(u16, u64)>>>,
     /// The scope stamp each tool route's bind carries, by channel (`Null`: unscoped).
     pub stamps: Arc<Mutex<std::collections::HashMap<u16, Value>>>,
+    /// Its late results (`late_results`, tool-provider/v1 §7): each entry with its seq and
+    /// when it becomes visible.
+    pub late: Arc<Mutex<Vec<(u64, std::time::Instant, Value)>>>,
+    /// The `late_results` reads (their arguments) and acks (their `through` cursors).
+    pub late_reads: Arc<Mutex<Vec<Value>>>,
+    pub acks: Arc<Mutex<Vec<Value>>>,
 }
+
+/// The stand-in module's provider incarnation (its late results' cursors carry it).
+const INCARNATION: &str = "tools-inc-1";
 
 impl ToolModule {
     pub fn new(module_id: &str) -> ToolModule {
@@ -83,6 +94,10 @@ impl ToolModule {
                 "long",
                 serde_json::json!({"type": "object", "properties": {"ms": {"type": "integer"}}}),
             ),
+            (
+                "consent",
+                serde_json::json!({"type": "object", "properties": {"note": {"type": "string"}, "ms": {"type": "integer"}}}),
+            ),
         ]
     }
 
@@ -96,6 +111,9 @@ impl ToolModule {
                     "semantics": 1, "capabilities": [], "description": format!("the {name} tool"),
                     "input_schema": schema,
                 });
+                if name == "consent" {
+                    tool["result_format"] = serde_json::json!("tool-result/v1");
+                }
                 if name == "wait" {
                     tool["reply"] = serde_json::json!({"max_ms": 10_000,
                         "hold_argument": {"name": "ms", "default_ms": 2_500, "grace_ms": 1_000}});
@@ -103,7 +121,8 @@ impl ToolModule {
                 tool
             })
             .collect();
-        serde_json::json!({"generation": "g1", "catalog_digest": "c1", "tools": tools})
+        serde_json::json!({"generation": "g1", "catalog_digest": "c1", "tools": tools,
+            "capabilities": {"late_results": true}})
     }
 
     fn pin_of(name: &str) -> Option<String> {
@@ -128,6 +147,15 @@ pub(super) fn tool_answer(t: &ToolModule, body: &Value, channel: u16) -> Reply {
             )
         }
         "tool.catalog" => return Reply::Frame(FrameType::Response, ToolModule::catalog(), false),
+        "late_results" => return late_read(t, &body["arguments"]),
+        "late_results.ack" => {
+            t.log
+                .acks
+                .lock()
+                .unwrap()
+                .push(body["arguments"]["through"].clone());
+            return Reply::Frame(FrameType::Response, serde_json::json!({}), false);
+        }
         _ => {}
     }
     if t.stale_next.swap(false, Ordering::SeqCst) {
@@ -157,6 +185,49 @@ pub(super) fn tool_answer(t: &ToolModule, body: &Value, channel: u16) -> Reply {
             serde_json::json!({"recorded": args["note"]}),
             false,
         ),
+        "consent" => {
+            let stamp = t.log.stamps.lock().unwrap().get(&channel).cloned();
+            let stamp = stamp.unwrap_or(Value::Null);
+            let common = serde_json::json!({"owner": "reserved:ck-broca",
+                "ref": stamp["ref"].as_str().unwrap_or("unscoped"),
+                "scope_epoch": stamp["scope_epoch"].as_u64().unwrap_or(0),
+                "custodian": "reserved:ck-broca", "call_key": body["call_key"], "settled_at": 1});
+            let entry = |kind: &str, extra: Value| {
+                let mut e = common.clone();
+                e["kind"] = kind.into();
+                e["event_id"] =
+                    format!("{}:{kind}", body["call_key"].as_str().unwrap_or("")).into();
+                e.as_object_mut()
+                    .unwrap()
+                    .extend(extra.as_object().unwrap().clone());
+                e
+            };
+            let now = std::time::Instant::now();
+            let later = now + Duration::from_millis(args["ms"].as_u64().unwrap_or(0));
+            let mut late = t.log.late.lock().unwrap();
+            let seq = late.len() as u64;
+            late.push((
+                seq + 1,
+                now,
+                entry("held", serde_json::json!({"held": {"reason": "running"}})),
+            ));
+            let text = format!("approved: {}", args["note"].as_str().unwrap_or(""));
+            late.push((
+                seq + 2,
+                later,
+                entry(
+                    "result",
+                    serde_json::json!({"result":
+                {"content": [{"type": "text", "text": text}]}}),
+                ),
+            ));
+            Reply::Frame(
+                FrameType::Response,
+                serde_json::json!({"content": [{"type": "text", "text": "Please approve the consent card."}],
+                    "held": {"reason": "consent"}}),
+                false,
+            )
+        }
         "hang" => Reply::Silence,
         "die" => Reply::Die,
         "wait" => Reply::Later(
@@ -177,4 +248,39 @@ pub(super) fn tool_answer(t: &ToolModule, body: &Value, channel: u16) -> Reply {
             false,
         ),
     }
+}
+
+/// A `late_results` read: the visible entries after `since` (a cursor of another incarnation
+/// is refused as the role says).
+fn late_read(t: &ToolModule, args: &Value) -> Reply {
+    t.log.late_reads.lock().unwrap().push(args.clone());
+    let since = &args["since"];
+    if !since.is_null() && since["provider_incarnation"] != INCARNATION {
+        return Reply::Frame(
+            FrameType::Error,
+            serde_json::json!({"code": "cursor_incarnation_changed", "message": "re-read from null"}),
+            false,
+        );
+    }
+    let after = since["seq"].as_u64().unwrap_or(0);
+    let now = std::time::Instant::now();
+    let late = t.log.late.lock().unwrap();
+    let mut seq = after;
+    let mut entries = Vec::new();
+    for (s, visible, e) in late.iter() {
+        if *s <= after {
+            continue;
+        }
+        if *visible > now {
+            break;
+        }
+        seq = *s;
+        entries.push(e.clone());
+    }
+    Reply::Frame(
+        FrameType::Response,
+        serde_json::json!({"entries": entries, "more": false,
+            "cursor": {"provider_incarnation": INCARNATION, "seq": seq}}),
+        false,
+    )
 }

@@ -151,11 +151,15 @@ fn keepalives_are_taken_only_from_a_module_whose_manifest_provides_them() {
     assert!(!provides_keepalive("ck-t", &no));
     let refused = frame(FrameType::Error, plain(), &json!({"code": "forbidden"}));
     assert!(!provides_keepalive("ck-t", &refused));
-    // broca declares it on every route it opens, beside tool-result/v1.
+    // broca declares it on every route it opens, beside tool-result/v1 and held-reply/v1.
     let open: Value = serde_json::from_slice(&route_open("ck-t", "h", "s", None, None)).unwrap();
     assert_eq!(
         open["consumer_capabilities"],
-        json!([TOOL_RESULT_V1, keepalive]),
+        json!([
+            TOOL_RESULT_V1,
+            cortexkit_role_tool_provider::HELD_REPLY_V1,
+            keepalive
+        ]),
         "{open}"
     );
     // A keepalive pair waits up to the role's ceiling for a tool without `reply`.

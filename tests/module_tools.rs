@@ -607,3 +607,92 @@ fn a_held_call_is_answered_by_its_late_result_and_acked() {
             .contains(&json!("held-reply/v1"))));
     drain(&mut d, &mut child);
 }
+
+/// The `tool_result_late` records in the WALs under `state`.
+fn late_records(state: &std::path::Path) -> Vec<Value> {
+    support::dump_all(state)
+        .into_iter()
+        .filter(|r| r["kind"] == "tool_result_late")
+        .map(|r| r["record"].clone())
+        .collect()
+}
+
+/// Polls `what` every 50 ms until it holds, for at most 20 s.
+fn until(what: &str, mut holds: impl FnMut() -> bool) {
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    while !holds() {
+        assert!(std::time::Instant::now() < end, "{what} within 20 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_late_result_after_a_kill_is_recorded_once_and_the_call_never_sent_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let peer = Aimock::start(&fixture("tools.json"));
+    let tools = ToolModule::new("ck-tools");
+    let config = json!({"modules": [{"module": "ck-tools", "call_timeout_ms": 1500}],
+        "late_poll_ms": 200});
+    let nonce = [("SUBC_LAUNCH_NONCE", "nonce-late-kill")];
+    let mut d = Daemon::start(&dir.path().join("d1"));
+    let mut child = with_tools_config(dir.path(), &mut d, &peer, &nonce, &tools, &config);
+    assert_eq!(d.bind(1, 1, "/late-kill", "h", "s").0, FrameType::Response);
+    let send = json!({"prompt": "consent call", "model": "anthropic/m", "send_id": "k1"});
+    let (_, sent) = d.request(1, 1, "session.send", send);
+    let run_id = sent["result"]["run_id"].as_str().unwrap().to_string();
+    // Killed while the module holds the call (its result comes 1.5 s after the call). The
+    // status reads keep the daemon's side of broca's connection answering (its scopes).
+    until("the module has the call", || {
+        d.request(1, 1, "run.status", json!({"run_id": run_id}));
+        tools.times("call_consent_1") == 1
+    });
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(late_records(&state).is_empty());
+
+    // Restarted: the run is sealed without the call's outcome, and the module's late result
+    // for it is recorded in the session once it comes; killed again right after that record
+    // is durable, before the ack.
+    let mut d = Daemon::start(&dir.path().join("d2"));
+    let crash = [nonce[0], ("BROCA_CRASH_AT", "tool_result_late:1")];
+    let mut child = with_tools_config(dir.path(), &mut d, &peer, &crash, &tools, &config);
+    assert_eq!(d.bind(1, 1, "/late-kill", "h", "s").0, FrameType::Response);
+    d.until_closed();
+    assert_aborted(&mut child, "tool_result_late");
+    assert_eq!(late_records(&state).len(), 1);
+    assert!(
+        !tools.log.acks.lock().unwrap().iter().any(|a| a["seq"] == 2),
+        "not acked before its record is durable"
+    );
+
+    // Once more: the same result, read again, is not recorded again; now it is acked.
+    let mut d = Daemon::start(&dir.path().join("d3"));
+    let mut child = with_tools_config(dir.path(), &mut d, &peer, &nonce, &tools, &config);
+    assert_eq!(d.bind(1, 1, "/late-kill", "h", "s").0, FrameType::Response);
+    let status = wait_ended(&mut d, 1, 1, &run_id);
+    assert_eq!(status["state"], "interrupted", "{status}");
+    until("the late result acked", || {
+        tools.log.acks.lock().unwrap().iter().any(|a| a["seq"] == 2)
+    });
+    let late = late_records(&state);
+    assert_eq!(late.len(), 1, "recorded once: {late:?}");
+    assert_eq!(late[0]["run_id"], run_id.as_str());
+    assert_eq!(late[0]["call_id"], "call_consent_1");
+    assert_eq!(late[0]["outcome"], "result");
+    assert_eq!(late[0]["content"], "approved: deploy");
+    assert_eq!(late[0]["module"], "ck-tools");
+    drain(&mut d, &mut child);
+
+    // Another restart reads the module's late results from the start again: the same entry
+    // is not recorded twice, and the call was never sent again.
+    let acks_before = tools.log.acks.lock().unwrap().len();
+    let mut d = Daemon::start(&dir.path().join("d4"));
+    let mut child = with_tools_config(dir.path(), &mut d, &peer, &nonce, &tools, &config);
+    until("the late results read and acked again", || {
+        tools.log.acks.lock().unwrap().len() > acks_before
+    });
+    drain(&mut d, &mut child);
+    assert_eq!(late_records(&state).len(), 1, "still recorded once");
+    assert_eq!(tools.times("call_consent_1"), 1, "never sent again");
+}

@@ -11,6 +11,7 @@ pub mod entries;
 pub mod history;
 #[cfg(test)]
 mod input_cap_tests;
+pub mod late;
 pub mod machine;
 #[cfg(test)]
 mod machine_tests;

@@ -179,6 +179,8 @@ pub struct Session {
     /// The latest summary standing in for the conversation's older turns (`ContextCompacted`):
     /// what the model's requests carry in their place.
     pub compacted: Option<super::compaction::Compacted>,
+    /// The calls a late result may still settle, and the late results recorded.
+    pub late: super::late::LateCalls,
 }
 
 impl Session {
@@ -394,6 +396,7 @@ impl Session {
                     r.calls.iter().map(|c: &ToolCall| c.id.clone()).collect();
                 assert_eq!(missing.len(), r.calls.len(), "each call is awaited");
                 open.point = ResumePoint::IntentOpen { missing };
+                self.late.intent(&r);
             }
             Record::ToolResult(r) => self.apply_result(r)?,
             Record::CancelRequested(r) => {
@@ -414,6 +417,8 @@ impl Session {
             Record::UploadBegun(r) => self.apply_upload_begun(r)?,
             Record::UploadCommitted(r) => self.apply_upload_committed(r)?,
             Record::ContextCompacted(r) => self.apply_compacted(*r)?,
+            // About a run already over: the session's conversation is as the run left it.
+            Record::ToolResultLate(r) => self.late.recorded(&r),
         }
         Ok(())
     }
@@ -492,6 +497,7 @@ impl Session {
             self.queued.remove(i);
         }
         self.apply_steer_turn(&r, self.runs.len())?;
+        self.late.started();
         self.imported_pending.clear();
         self.entry_count += 1;
         self.note_input_cap(&r.config);
@@ -631,10 +637,11 @@ impl Session {
         run.final_text = text;
         run.detail = r.detail;
         run.error = r.error;
-        run.indeterminate_tool_calls = r.indeterminate_tool_calls;
+        run.indeterminate_tool_calls = r.indeterminate_tool_calls.clone();
         run.interrupt_cause = r.cause;
         run.budget = r.budget;
         run.structured_output = r.structured_output;
+        self.late.finished(&r.run_id, &r.indeterminate_tool_calls);
         self.open = None;
         Ok(())
     }

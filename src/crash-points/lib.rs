@@ -69,6 +69,7 @@ pub const POINTS: &[&str] = &[
     "upload_begun",
     "upload_committed",
     "context_compacted",
+    "tool_result_late",
     "mid_write",
 ];
 
@@ -148,6 +149,7 @@ fn point_of(record: &Record) -> Option<&'static str> {
         Record::UploadBegun(_) => "upload_begun",
         Record::UploadCommitted(_) => "upload_committed",
         Record::ContextCompacted(_) => "context_compacted",
+        Record::ToolResultLate(_) => "tool_result_late",
         _ => return None,
     })
 }

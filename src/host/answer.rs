@@ -104,6 +104,17 @@ impl Shard {
             SessionCommand::Import { input, reply } => {
                 return self.answer_import(actor, triple, *input, reply).await;
             }
+            SessionCommand::LateResult { late, reply } => {
+                let answer = actor.record_late(late).await;
+                if let Err(e) = &answer {
+                    self.host.storage.failed(e);
+                }
+                let failed = answer.is_err();
+                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
+                if failed {
+                    return false;
+                }
+            }
             SessionCommand::Upload { op, caller, reply } => {
                 let answer = actor.upload(op, &caller).await;
                 let failed = matches!(&answer, Err(e) if e.code == broca_wire::Code::Internal);

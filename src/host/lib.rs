@@ -11,6 +11,7 @@
 //! every WAL and removes serve.json; the caller re-raises the signal ([`reraise`]).
 
 mod answer;
+mod late;
 mod limits;
 mod lists;
 mod media;
@@ -434,6 +435,11 @@ impl Startup {
             traces,
         });
         signals::SignalSlot::install(&slot, &host);
+        if let Some(m) = &host.module_tools {
+            m.set_late_sink(Arc::new(late::HostLate {
+                host: Arc::downgrade(&host),
+            }));
+        }
         let serve_json = state::serve_json(&host.opts.state_dir);
         let mut info = front.info;
         info.insert("pid".into(), std::process::id().into());

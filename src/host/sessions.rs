@@ -80,6 +80,10 @@ impl Shard {
             }
             // There are no uploads into a session never written (llm-runner/v1 §9.12).
             SessionCommand::Upload { op, reply, .. } => drop(reply.send(no_session_upload(&op))),
+            // Nor calls a late result could settle.
+            SessionCommand::LateResult { reply, .. } => {
+                drop(reply.send(Ok(broca_tools::late::LateRecorded::NotAwaited)))
+            }
             SessionCommand::Status { .. } | SessionCommand::Import { .. } => {
                 unreachable!("answered above")
             }

@@ -297,6 +297,7 @@ impl Shard {
         // broca serves (a module's answer of the version read last is not read again).
         let refreshed = catalog.url.is_some() || catalog.file.is_some() || catalog.module.is_some();
         self.pick_up_tool_modules();
+        self.sweep_late_results();
         if self.services.shard == 0 && !refresh.is_zero() && refreshed {
             let me = self.clone();
             every(refresh, self.stopped.clone(), move || {
@@ -354,6 +355,28 @@ impl Shard {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .is_empty()
+            }
+        });
+    }
+
+    /// Module mode, shard 0: the late results of the tool modules that serve them are read at
+    /// start and every `late_poll` (those no call waits for are recorded in their sessions).
+    fn sweep_late_results(&self) {
+        let host = &self.host;
+        let (Some(modules), Some(cfg)) = (host.module_tools.clone(), host.opts.tools.as_ref())
+        else {
+            return;
+        };
+        if self.services.shard != 0 || cfg.modules.is_empty() {
+            return;
+        }
+        let first = modules.clone();
+        glommio::spawn_local(async move { first.sweep_late().await }).detach();
+        every(cfg.late_poll, self.stopped.clone(), move || {
+            let modules = modules.clone();
+            async move {
+                modules.sweep_late().await;
+                true
             }
         });
     }

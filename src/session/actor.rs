@@ -492,6 +492,37 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         }
     }
 
+    /// Records a tool module's late result for a call the session sealed without an
+    /// outcome, durably and once (by its event id); any other is not the session's.
+    pub async fn record_late(
+        &mut self,
+        late: broca_tools::late::LateResult,
+    ) -> Result<broca_tools::late::LateRecorded, ActorError> {
+        use broca_core::late::LateFate;
+        use broca_tools::late::LateRecorded;
+        let (run_id, call_id) = match self.state.late.fate(&late.call_key, &late.event_id) {
+            LateFate::Recorded => return Ok(LateRecorded::AlreadyRecorded),
+            LateFate::NotAwaited => return Ok(LateRecorded::NotAwaited),
+            LateFate::Open => return Ok(LateRecorded::NotYet),
+            LateFate::Record { run_id, call_id } => (run_id, call_id),
+        };
+        let record = broca_wal::runrec::ToolResultLate {
+            run_id,
+            call_id,
+            call_key: late.call_key,
+            module: late.module,
+            event_id: late.event_id,
+            outcome: late.outcome,
+            content: late.content,
+            is_error: late.is_error,
+            settled_at_unix_ms: late.settled_at_unix_ms,
+            at_unix_ms: crate::now_unix_ms(),
+        };
+        self.append(Record::ToolResultLate(Box::new(record)), true)
+            .await?;
+        Ok(LateRecorded::Recorded)
+    }
+
     /// Waits until everything appended so far is durable; returns the last seq.
     pub async fn barrier(&self) -> Result<u64, ActorError> {
         self.writer.wait_durable(self.writer.log().end()).await?;

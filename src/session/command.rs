@@ -47,6 +47,11 @@ pub enum SessionCommand {
         caller: broca_wire::Caller,
         reply: oneshot::Sender<Result<serde_json::Value, broca_wire::RpcError>>,
     },
+    /// Record a tool module's late result, for a call the session sealed without an outcome.
+    LateResult {
+        late: broca_tools::late::LateResult,
+        reply: oneshot::Sender<Result<broca_tools::late::LateRecorded, broca_wire::RpcError>>,
+    },
     /// Import another harness's log (refused while a run is active).
     Import {
         input: Box<ImportInput>,
@@ -63,6 +68,7 @@ impl SessionCommand {
             SessionCommand::Retract { reply, .. } => drop(reply.send(Err(err.clone()))),
             SessionCommand::Import { reply, .. } => drop(reply.send(Err(err.clone()))),
             SessionCommand::Upload { reply, .. } => drop(reply.send(Err(err.clone()))),
+            SessionCommand::LateResult { reply, .. } => drop(reply.send(Err(err.clone()))),
             SessionCommand::Status { reply, .. } => drop(reply),
             SessionCommand::Cancel { reply, .. } => drop(reply),
             SessionCommand::Barrier { reply } => drop(reply),

@@ -272,6 +272,9 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             SessionCommand::Upload { op, caller, reply } => {
                 let _ = reply.send(self.upload(op, &caller).await);
             }
+            SessionCommand::LateResult { late, reply } => {
+                let _ = reply.send(self.record_late(late).await.map_err(|e| e.to_rpc_error()));
+            }
         }
     }
 

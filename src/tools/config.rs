@@ -7,13 +7,16 @@
 //!          {"name": "search", "url": "http://127.0.0.1:3001/mcp"}],
 //!  "modules": [{"module": "ck-shell", "call_timeout_ms": 60000}],
 //!  "module_retry_ms": 10000,
+//!  "late_poll_ms": 30000,
 //!  "result_bytes_max": 102400}
 //! ```
 //!
 //! `modules` names the daemon's tool_provider modules whose tools broca offers beside the MCP
 //! servers' (module mode only: they are reached over daemon routes). A module that is not up
 //! when broca starts is asked again every `module_retry_ms` (10 s by default) while broca
-//! serves, and its tools are offered from the first answer on.
+//! serves, and its tools are offered from the first answer on. The late results of modules
+//! that serve them (calls a restart sealed without an outcome, settled since) are read every
+//! `late_poll_ms` (30 s by default).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -27,6 +30,8 @@ pub const RESULT_BYTES_MAX_DEFAULT: usize = 100 * 1024;
 pub const MODULE_RETRY_DEFAULT: Duration = Duration::from_secs(10);
 /// The shortest `module_retry_ms` taken.
 const MODULE_RETRY_MIN_MS: u64 = 100;
+/// How often the late results of tool modules that serve them are read (by default).
+pub const LATE_POLL_DEFAULT: Duration = Duration::from_secs(30);
 
 /// The whole tools config.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,6 +41,8 @@ pub struct ToolsConfig {
     pub modules: Vec<ModuleConfig>,
     /// How often a tool module that was not up is asked again for its catalog.
     pub module_retry: Duration,
+    /// How often the late results of tool modules that serve them are read.
+    pub late_poll: Duration,
     /// Tool results longer than this many bytes are truncated with an explicit marker.
     pub result_bytes_max: usize,
 }
@@ -46,6 +53,7 @@ impl Default for ToolsConfig {
             servers: Vec::new(),
             modules: Vec::new(),
             module_retry: MODULE_RETRY_DEFAULT,
+            late_poll: LATE_POLL_DEFAULT,
             result_bytes_max: RESULT_BYTES_MAX_DEFAULT,
         }
     }
@@ -99,6 +107,7 @@ struct FileConfig {
     #[serde(default)]
     modules: Vec<FileModule>,
     module_retry_ms: Option<u64>,
+    late_poll_ms: Option<u64>,
     result_bytes_max: Option<usize>,
 }
 
@@ -192,10 +201,19 @@ impl ToolsConfig {
                 "module_retry_ms must be at least {MODULE_RETRY_MIN_MS}"
             )));
         }
+        let late_poll_ms = file
+            .late_poll_ms
+            .unwrap_or(LATE_POLL_DEFAULT.as_millis() as u64);
+        if late_poll_ms < MODULE_RETRY_MIN_MS {
+            return Err(ConfigError::new(format!(
+                "late_poll_ms must be at least {MODULE_RETRY_MIN_MS}"
+            )));
+        }
         Ok(ToolsConfig {
             servers,
             modules,
             module_retry: Duration::from_millis(module_retry_ms),
+            late_poll: Duration::from_millis(late_poll_ms),
             result_bytes_max,
         })
     }
@@ -341,6 +359,9 @@ headers = { Authorization = "Bearer x" }
         assert_eq!(a.module_retry, MODULE_RETRY_DEFAULT);
         let quick = ToolsConfig::parse(r#"{"module_retry_ms": 250}"#, false).unwrap();
         assert_eq!(quick.module_retry, Duration::from_millis(250));
+        assert_eq!(a.late_poll, LATE_POLL_DEFAULT);
+        let late = ToolsConfig::parse(r#"{"late_poll_ms": 300}"#, false).unwrap();
+        assert_eq!(late.late_poll, Duration::from_millis(300));
     }
 
     #[test]
@@ -366,6 +387,10 @@ headers = { Authorization = "Bearer x" }
             (
                 r#"{"module_retry_ms": 5}"#,
                 "module_retry_ms must be at least 100",
+            ),
+            (
+                r#"{"late_poll_ms": 0}"#,
+                "late_poll_ms must be at least 100",
             ),
             (
                 r#"{"mcp": [{"name": "a", "url": "http://h", "env": {"K": "V"}}]}"#,

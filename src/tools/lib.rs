@@ -8,6 +8,7 @@
 //! one [`ToolRunner`] ([`runner`]).
 
 pub mod config;
+pub mod late;
 pub mod mcp;
 pub mod modules;
 pub mod result;

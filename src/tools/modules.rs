@@ -87,6 +87,8 @@ pub struct ModuleTools {
     /// first reply of theirs is waited on (late.rs).
     late_results: Mutex<std::collections::HashSet<String>>,
     late: late::LateBook,
+    /// Where late results no call waits for go (the host's sessions).
+    late_sink: std::sync::OnceLock<Arc<dyn crate::late::LateSink>>,
 }
 
 /// How long a call of a module that sends keepalives may go without any (tool-provider/v1
@@ -154,6 +156,7 @@ impl ModuleTools {
             scopes,
             late_results: Mutex::new(Default::default()),
             late: late::LateBook::default(),
+            late_sink: std::sync::OnceLock::new(),
         })
     }
 
@@ -540,7 +543,23 @@ impl ModuleTools {
     }
 
     /// Sends `call` once (twice only when the daemon says the first never reached the module).
+    /// A call of a module that serves late results waits for one from before it is sent,
+    /// so its answer is never taken for another's.
     pub async fn call(&self, call: &ToolCall, route: &str, origin: &ToolOrigin) -> ToolOutcome {
+        let late = toolprov::parse_route(route)
+            .map(|(module, _)| module)
+            .filter(|m| self.late_results.lock().is_ok_and(|l| l.contains(*m)));
+        if let Some(module) = late {
+            self.late.wait_for(module, &origin.call_key);
+        }
+        let outcome = self.call_once(call, route, origin).await;
+        if let Some(module) = late {
+            self.late.give_up(module, &origin.call_key);
+        }
+        outcome
+    }
+
+    async fn call_once(&self, call: &ToolCall, route: &str, origin: &ToolOrigin) -> ToolOutcome {
         let Some((module, pin)) = toolprov::parse_route(route) else {
             return ToolOutcome::Refused {
                 reason: format!(

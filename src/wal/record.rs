@@ -8,7 +8,7 @@ use super::importrec::EpisodeImported;
 use super::runrec::{
     CancelRequested, ContextCompacted, ModelAttemptFinished, ModelStepFinished, RunFinished,
     RunPaused, RunResumed, RunStarted, SendQueued, SendRetracted, SendSteered, StepStarted,
-    ToolDispatchIntent, ToolResult, UploadBegun, UploadCommitted,
+    ToolDispatchIntent, ToolResult, ToolResultLate, UploadBegun, UploadCommitted,
 };
 
 /// Kind codes. Codes are never reused for another meaning.
@@ -39,6 +39,8 @@ pub mod kind {
     pub const UPLOAD_COMMITTED: u16 = 25;
     /// [`crate::runrec::ContextCompacted`].
     pub const CONTEXT_COMPACTED: u16 = 26;
+    /// [`crate::runrec::ToolResultLate`].
+    pub const TOOL_RESULT_LATE: u16 = 27;
 }
 
 /// A record of the WAL.
@@ -70,6 +72,8 @@ pub enum Record {
     UploadCommitted(UploadCommitted),
     /// Older turns summarized: the summary stands in for them in the model's requests.
     ContextCompacted(Box<ContextCompacted>),
+    /// A tool call's answer that came after its run sealed it without an outcome.
+    ToolResultLate(Box<ToolResultLate>),
     /// A kind this build does not know; its payload is kept as it is.
     Unknown {
         kind: u16,
@@ -120,6 +124,7 @@ impl Record {
             Record::UploadBegun(_) => kind::UPLOAD_BEGUN,
             Record::UploadCommitted(_) => kind::UPLOAD_COMMITTED,
             Record::ContextCompacted(_) => kind::CONTEXT_COMPACTED,
+            Record::ToolResultLate(_) => kind::TOOL_RESULT_LATE,
             Record::Unknown { kind, .. } => *kind,
         }
     }
@@ -145,6 +150,7 @@ impl Record {
             kind::UPLOAD_BEGUN => Some("upload_begun"),
             kind::UPLOAD_COMMITTED => Some("upload_committed"),
             kind::CONTEXT_COMPACTED => Some("context_compacted"),
+            kind::TOOL_RESULT_LATE => Some("tool_result_late"),
             _ => None,
         }
     }
@@ -172,6 +178,7 @@ impl Record {
             Record::UploadBegun(r) => serde_json::to_writer(w, r),
             Record::UploadCommitted(r) => serde_json::to_writer(w, r),
             Record::ContextCompacted(r) => serde_json::to_writer(w, r),
+            Record::ToolResultLate(r) => serde_json::to_writer(w, r),
             Record::Unknown { payload, .. } => {
                 out.extend_from_slice(payload);
                 Ok(())
@@ -214,6 +221,7 @@ impl Record {
             kind::UPLOAD_BEGUN => Ok(Record::UploadBegun(parse(payload, bad)?)),
             kind::UPLOAD_COMMITTED => Ok(Record::UploadCommitted(parse(payload, bad)?)),
             kind::CONTEXT_COMPACTED => Ok(Record::ContextCompacted(Box::new(parse(payload, bad)?))),
+            kind::TOOL_RESULT_LATE => Ok(Record::ToolResultLate(Box::new(parse(payload, bad)?))),
             _ => Ok(Record::Unknown {
                 kind: code,
                 payload: payload.to_vec(),

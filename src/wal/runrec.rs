@@ -422,6 +422,31 @@ pub struct ContextCompacted {
     pub at_unix_ms: u64,
 }
 
+/// A tool call's answer that came after its run sealed the call without an outcome (a
+/// restart cut it while its module held it): a tool module's terminal `late_results` entry
+/// (tool-provider/v1 §7), recorded once (by its `event_id`) and never sent again. The run's
+/// own record of the call stays as it was; this says what the call came to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolResultLate {
+    /// The run that sealed the call, and the call (the model's id).
+    pub run_id: String,
+    pub call_id: String,
+    pub call_key: String,
+    /// The module that settled it, and its entry's deterministic id.
+    pub module: String,
+    pub event_id: String,
+    /// `result`, `not_started` (it never ran) or `expired` (the module let it go).
+    pub outcome: String,
+    /// The answer's text (for `not_started`, the module's reason).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub content: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub is_error: bool,
+    /// When the module settled it, and when broca recorded it.
+    pub settled_at_unix_ms: u64,
+    pub at_unix_ms: u64,
+}
+
 /// A queued send withdrawn before it started (`session.retract`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SendRetracted {

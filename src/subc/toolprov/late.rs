@@ -6,8 +6,7 @@
 //! always carries the same one, across a provider's restarts and lost acks.
 
 use cortexkit_role_tool_provider::late_results::{
-    AckRequest, Cursor, EntryKind, LateEntry, LateResultsReply, LateResultsRequest,
-    CURSOR_INCARNATION_CHANGED,
+    AckRequest, Cursor, EntryKind, LateResultsReply, LateResultsRequest, CURSOR_INCARNATION_CHANGED,
 };
 use cortexkit_role_tool_provider::ops;
 use serde_json::Value;
@@ -17,7 +16,7 @@ use super::{error_body, op_request, read_result_v1, Part, Reply};
 use crate::frames::FrameIn;
 
 pub use cortexkit_role_tool_provider::late_results::{
-    Cursor as LateCursor, LateResultsReply as LateRead,
+    Cursor as LateCursor, LateEntry, LateResultsReply as LateRead,
 };
 pub use cortexkit_role_tool_provider::result::is_person_wait;
 

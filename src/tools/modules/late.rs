@@ -5,17 +5,23 @@
 //! broca pulls on its own route to the module while any call of it waits (every
 //! [`LATE_POLL`]), at most [`HELD_MAX`] (the role's retention of an unacked result).
 //!
-//! One waiting call polls at a time for the whole module; each terminal entry is handed to
-//! the call that waits for it. Entries are taken once (deduplicated on their event id). The
-//! read is acked through its cursor once every terminal entry in it went to a waiting call;
-//! an entry nobody waits for (its call was sealed indeterminate by a restart) is kept
-//! unacked in the module, which keeps it 24 h, and counted.
+//! One poller at a time for the whole module (a waiting call, or shard 0's sweep every
+//! `late_poll` of the tools config); each terminal entry is handed to the call that waits
+//! for it (a call of a module that serves late results waits from before it is sent, so an
+//! answer that comes before the held reply is kept for it). An entry no call waits for (its
+//! call was sealed without an outcome by a restart) goes to the host's [`LateSink`], which
+//! records it in its session durably. Entries are taken once (deduplicated on their event
+//! id). A read is acked through its cursor once each of its entries went to a call or was
+//! recorded; when one could not be recorded, the cursor stays and the read comes again.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use broca_subc::toolprov::late::{self, LateCursor, Read, Settled};
+use broca_subc::toolprov::Reply;
+
+use crate::late::{LateResult, LateSink};
 
 /// How often a waiting call's module is asked for late results.
 pub const LATE_POLL: Duration = Duration::from_millis(500);
@@ -40,8 +46,6 @@ struct Book {
     cursor: Option<LateCursor>,
     seen: HashSet<String>,
     polling: bool,
-    /// Terminal entries for calls nobody waits for (unacked).
-    unclaimed: usize,
 }
 
 impl LateBook {
@@ -87,11 +91,11 @@ impl LateBook {
         self.with(module, |b| b.cursor.clone()).flatten()
     }
 
-    /// Takes one read's entries: each new terminal one to its waiting call. Answers whether
-    /// the read may be acked (every terminal entry in it went to a waiting call).
-    pub(super) fn take_read(&self, module: &str, reply: &late::LateRead) -> bool {
+    /// Takes one read's new entries: each terminal one to its waiting call; answers those
+    /// no call waits for.
+    pub(super) fn take_read(&self, module: &str, reply: &late::LateRead) -> Vec<LateResult> {
         self.with(module, |b| {
-            let mut ackable = b.unclaimed == 0;
+            let mut unclaimed = Vec::new();
             for e in &reply.entries {
                 if b.seen.len() >= SEEN_MAX {
                     b.seen.clear();
@@ -106,21 +110,26 @@ impl LateBook {
                     settled if b.waiting.contains(&e.call_key) => {
                         b.answers.insert(e.call_key.clone(), settled);
                     }
-                    _ => {
-                        b.unclaimed += 1;
-                        ackable = false;
-                        tracing::warn!(
-                            module,
-                            call_key = %e.call_key,
-                            "a late result for a call broca no longer waits for; left unacked"
-                        );
-                    }
+                    settled => unclaimed.push(late_result(module, e, settled)),
                 }
             }
-            b.cursor = Some(reply.cursor.clone());
-            ackable
+            unclaimed
         })
-        .unwrap_or(false)
+        .unwrap_or_default()
+    }
+
+    /// The read went through: the next starts after it.
+    pub(super) fn advance(&self, module: &str, cursor: &LateCursor) {
+        self.with(module, |b| b.cursor = Some(cursor.clone()));
+    }
+
+    /// These entries were not recorded: taken again when they come again.
+    pub(super) fn unsee(&self, module: &str, event_ids: &[String]) {
+        self.with(module, |b| {
+            for id in event_ids {
+                b.seen.remove(id);
+            }
+        });
     }
 
     /// The cursor was refused: read from the start (the event ids deduplicate).
@@ -148,8 +157,15 @@ impl super::ModuleTools {
             };
             match late::read_answer(module, &frame) {
                 Read::Entries(reply) => {
-                    let ackable = self.late.take_read(module, &reply);
-                    if ackable && !reply.entries.is_empty() {
+                    let unclaimed = self.late.take_read(module, &reply);
+                    let failed = self.record_unclaimed(unclaimed).await;
+                    if !failed.is_empty() {
+                        // The cursor stays: the read comes again, and these with it.
+                        self.late.unsee(module, &failed);
+                        return;
+                    }
+                    self.late.advance(module, &reply.cursor);
+                    if !reply.entries.is_empty() {
                         let ack = late::ack_request(&reply.cursor);
                         if let Err(e) = self.ask(module, "late-results", ack).await {
                             tracing::warn!(module, "late_results.ack: {e}");
@@ -170,6 +186,55 @@ impl super::ModuleTools {
                 }
             }
         }
+    }
+
+    /// Has each late result no call waits for recorded in its session; answers the event ids
+    /// of those that could not be.
+    async fn record_unclaimed(&self, unclaimed: Vec<LateResult>) -> Vec<String> {
+        let mut failed = Vec::new();
+        for late in unclaimed {
+            let event_id = late.event_id.clone();
+            let Some(sink) = self.late_sink.get() else {
+                failed.push(event_id);
+                continue;
+            };
+            let call_key = late.call_key.clone();
+            match sink.record(late).await {
+                Ok(crate::late::LateRecorded::NotYet) => failed.push(event_id),
+                Ok(fate) => tracing::info!(
+                    call_key = %call_key,
+                    event_id = %event_id,
+                    ?fate,
+                    "a late result no call waited for"
+                ),
+                Err(why) => {
+                    tracing::warn!(call_key = %call_key, "a late result could not be recorded: {why}");
+                    failed.push(event_id);
+                }
+            }
+        }
+        failed
+    }
+
+    /// Reads the late results of every module that serves them (shard 0, every `late_poll`),
+    /// unless a call of the module polls it already.
+    pub async fn sweep_late(&self) {
+        let modules: Vec<String> = self
+            .late_results
+            .lock()
+            .map(|l| l.iter().cloned().collect())
+            .unwrap_or_default();
+        for module in modules {
+            if self.late.try_poll(&module) {
+                self.poll_late(&module).await;
+                self.late.polled(&module);
+            }
+        }
+    }
+
+    /// Sets where late results no call waits for go (the host, once it runs).
+    pub fn set_late_sink(&self, sink: std::sync::Arc<dyn LateSink>) {
+        let _ = self.late_sink.set(sink);
     }
 
     /// Waits for the late result of a call answered with a held first reply.
@@ -193,5 +258,29 @@ impl super::ModuleTools {
             }
             glommio::timer::sleep(LATE_POLL).await;
         }
+    }
+}
+
+/// A terminal entry no call waits for, as the sink records it.
+fn late_result(module: &str, e: &late::LateEntry, settled: Settled) -> LateResult {
+    let (outcome, content, is_error) = match settled {
+        Settled::Answer(Reply::Answer { text, is_error }) => ("result", text, is_error),
+        Settled::Answer(Reply::Parts { parts, is_error }) => {
+            ("result", late::text_of(&parts), is_error)
+        }
+        Settled::Answer(other) => ("result", format!("{other:?}"), true),
+        Settled::NotStarted(reason) => ("not_started", reason, true),
+        Settled::Expired => ("expired", String::new(), true),
+        Settled::Note(note) => ("note", note, false),
+    };
+    LateResult {
+        module: module.to_string(),
+        scope_ref: e.scope_ref.clone(),
+        call_key: e.call_key.clone(),
+        event_id: e.event_id.clone(),
+        outcome: outcome.to_string(),
+        content,
+        is_error,
+        settled_at_unix_ms: e.settled_at,
     }
 }

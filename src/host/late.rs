@@ -1,0 +1,61 @@
+//! Late results no call waits for (a restart sealed their calls without an outcome), as the
+//! host takes them from the tool modules (`broca_tools::late`): the session is found by the
+//! entry's scope ref among the store's sessions (the ref is a digest of the session triple,
+//! `broca_subc::scope`), and its actor records the result durably and once. Shard 0 reads
+//! the late results of the modules that serve them at start and every `late_poll`.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Weak};
+
+use broca_session::SessionCommand;
+use broca_tools::late::{LateRecorded, LateResult, LateSink};
+use broca_wal::SessionTriple;
+
+use crate::Host;
+
+/// The host as the tool modules' late-result sink.
+pub(crate) struct HostLate {
+    pub(crate) host: Weak<Host>,
+}
+
+impl LateSink for HostLate {
+    fn record(
+        &self,
+        late: LateResult,
+    ) -> Pin<Box<dyn Future<Output = Result<LateRecorded, String>> + 'static>> {
+        let host = self.host.upgrade();
+        Box::pin(async move {
+            let host = host.ok_or("broca is stopping")?;
+            let Some(triple) = session_of(&host, &late.scope_ref).await? else {
+                return Ok(LateRecorded::NotAwaited);
+            };
+            let (reply, wait) = futures_channel::oneshot::channel();
+            host.route(triple, SessionCommand::LateResult { late, reply })
+                .map_err(|e| format!("the session's shard: {e:?}"))?;
+            wait.await
+                .map_err(|_| "the session did not answer".to_string())?
+                .map_err(|e| e.message)
+        })
+    }
+}
+
+/// The session whose scope ref is `scope_ref`, among the store's sessions (`None`: no
+/// session of this broca has it).
+async fn session_of(host: &Arc<Host>, scope_ref: &str) -> Result<Option<SessionTriple>, String> {
+    let Some(store) = host.store.clone() else {
+        return Err("the store is not open, so the late result's session cannot be found".into());
+    };
+    let scope_ref = scope_ref.to_string();
+    broca_io::blocking::run(broca_io::blocking::Kind::StoreRead, move || {
+        let marks = store.sessions().map_err(|e| format!("the store: {e}"))?;
+        Ok(marks
+            .into_iter()
+            .map(|(_, m)| m)
+            .find(|m| {
+                broca_subc::scope::scope_ref(&m.project_root, &m.harness, &m.session) == scope_ref
+            })
+            .and_then(|m| SessionTriple::new(&m.project_root, &m.harness, &m.session).ok()))
+    })
+    .await
+}

@@ -1,0 +1,45 @@
+//! Late results that no call waits for any more (tool-provider/v1 §7): a tool module settled
+//! a call after a restart sealed it without an outcome. broca-tools reads them
+//! (`modules::ModuleTools`) and hands each to a [`LateSink`], which the host implements:
+//! it finds the session by the entry's scope ref and has the session record it durably
+//! (`ToolResultLate` in its WAL) before the entry is acked.
+
+use std::future::Future;
+use std::pin::Pin;
+
+/// A late result for a call no call waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LateResult {
+    pub module: String,
+    /// The session's scope (its ref, as broca registered it) and the call's key.
+    pub scope_ref: String,
+    pub call_key: String,
+    pub event_id: String,
+    /// `result`, `not_started` or `expired`.
+    pub outcome: String,
+    pub content: String,
+    pub is_error: bool,
+    pub settled_at_unix_ms: u64,
+}
+
+/// What became of a late result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LateRecorded {
+    /// Recorded in its session, durably.
+    Recorded,
+    /// Its session had recorded it already.
+    AlreadyRecorded,
+    /// No session of this broca waits for it (the call was answered, or is not broca's).
+    NotAwaited,
+    /// Its call's run is still open (a restart's run not sealed yet): read it again later.
+    NotYet,
+}
+
+/// Where late results go (the host's sessions).
+pub trait LateSink: Send + Sync {
+    /// Records `late` in its session; `Err` says why it could not be (it is read again).
+    fn record(
+        &self,
+        late: LateResult,
+    ) -> Pin<Box<dyn Future<Output = Result<LateRecorded, String>> + 'static>>;
+}

@@ -313,6 +313,8 @@ fn a_module_registers_and_serves_the_management_methods_on_its_routes() {
     );
     assert_eq!(h["metrics"]["shards"], 2);
     assert_eq!(h["metrics"]["routes"], 1);
+    // The machine id the daemon's HELLO_ACK named.
+    assert_eq!(h["metrics"]["machine_id"], daemon::MACHINE_ID, "{h}");
     // Where time and bytes went: the sessions' WALs replayed on the blocking pool, the
     // provider's origin with the bytes sent to it, the queues.
     let diag = &h["metrics"]["diagnostics"];

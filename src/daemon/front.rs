@@ -49,6 +49,8 @@ pub struct SubcConn {
     pub decoder: Decoder,
     /// The sessions' scopes asked by tool routes, when broca owns them (front::scopes).
     pub scopes: Option<futures_channel::mpsc::UnboundedReceiver<broca_subc::scope::Ask>>,
+    /// What the daemon's HELLO_ACK settled.
+    pub negotiated: broca_subc::negotiated::Negotiated,
 }
 
 /// A route the daemon bound.
@@ -79,6 +81,7 @@ struct Routes {
     /// broca's own channel-0 requests waiting for the daemon's answer, by corr.
     own: RefCell<HashMap<u64, futures_channel::oneshot::Sender<FrameIn>>>,
     next_own: Cell<u64>,
+    negotiated: broca_subc::negotiated::Negotiated,
 }
 
 /// Serves the daemon connection until it ends or broca stops; answers the GOODBYE's end
@@ -122,6 +125,7 @@ pub(crate) async fn run(
         closing: Cell::new(false),
         own: RefCell::new(HashMap::new()),
         next_own: Cell::new(OWN_CORR),
+        negotiated: conn.negotiated,
     });
     let f = front.clone();
     glommio::spawn_local(async move { f.say_ready().await }).detach();
@@ -608,6 +612,12 @@ impl Routes {
             }
             glommio::timer::sleep(READY_POLL).await;
         }
+        if !self.negotiated.serves("catalog.update") {
+            tracing::warn!(
+                "the daemon does not list catalog.update among its ops; broca says it is \
+                 ready anyway"
+            );
+        }
         let body = serde_json::to_value(broca_subc::manifest::ready_update())
             .expect("a catalog.update serializes");
         self.reply(FrameType::Request, 0, 0, READY_CORR, &body)
@@ -654,6 +664,11 @@ impl Routes {
         });
         report["metrics"]["diagnostics"] =
             broca_host::metrics::diagnostics_json(&self.host, &stats);
+        // The daemon's name for this machine, as its HELLO_ACK gave it (a name, never an
+        // authority).
+        if let Some(id) = &self.negotiated.machine_id {
+            report["metrics"]["machine_id"] = json!(id);
+        }
         if let Some((published, dropped, _)) = self.host.step_hint_counts() {
             report["metrics"]["step_hints_published"] = json!(published);
             report["metrics"]["step_hints_dropped"] = json!(dropped);

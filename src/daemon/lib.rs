@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use broca_host::{Extras, Front, Host, HostOptions, Running, ShardFront, Startup};
+use broca_subc::negotiated::Negotiated;
 use broca_tools::modules::ModuleTools;
 
 pub use front::NO_WORKDIR_ROOT;
@@ -33,9 +34,9 @@ pub struct DaemonOptions {
 }
 
 /// Registers with the daemon (HELLO, naming what broca consumes: the vault, the catalog
-/// module, the tool modules). Answers the connection and the capabilities the daemon's
-/// HELLO_ACK advertises.
-fn register(opts: &DaemonOptions) -> Result<(front::SubcConn, Vec<String>), String> {
+/// module, the tool modules). Answers the connection and the values the daemon's HELLO_ACK
+/// settled.
+fn register(opts: &DaemonOptions) -> Result<(front::SubcConn, Negotiated), String> {
     let mut services = vec![
         broca_subc::vault::CLAUSTRUM.to_string(),
         broca_subc::bus::CKBUS.to_string(),
@@ -59,29 +60,31 @@ fn register(opts: &DaemonOptions) -> Result<(front::SubcConn, Vec<String>), Stri
     );
     let r =
         broca_subc::connect::connect(&opts.connection_file, &hello).map_err(|e| e.to_string())?;
+    let (negotiated, notes) = Negotiated::of(&r.ack);
+    for n in notes {
+        tracing::warn!("{n}");
+    }
     let conn = front::SubcConn {
         stream: r.stream,
         decoder: r.decoder,
         scopes: None,
+        negotiated: negotiated.clone(),
     };
-    Ok((conn, r.ack.subc_capabilities))
+    Ok((conn, negotiated))
 }
 
 /// Whether broca owns its sessions' scopes and opens their tool routes under them: the
-/// daemon admits scoped routes (`scopes/v1` in its HELLO_ACK) and broca is a supervised
+/// daemon admits scoped routes (`scopes/v1` in its HELLO_ACK, and the owner's scope ops) and broca is a supervised
 /// launch (its launch nonce makes the routes' opener the scopes' owner). Else the routes
 /// open unscoped, and a tool module learns no session folder; said once, when broca has
 /// tool modules.
-fn owns_scopes(opts: &DaemonOptions, capabilities: &[String]) -> bool {
+fn owns_scopes(opts: &DaemonOptions, negotiated: &Negotiated) -> bool {
     let has_tools = opts
         .host
         .tools
         .as_ref()
         .is_some_and(|t| !t.modules.is_empty());
-    let advertised = capabilities
-        .iter()
-        .any(|c| c == broca_subc::scope::CAPABILITY);
-    match (advertised, opts.launch_nonce.is_some()) {
+    match (negotiated.admits_scopes(), opts.launch_nonce.is_some()) {
         (true, true) => true,
         (false, _) if has_tools => {
             tracing::warn!(
@@ -163,8 +166,8 @@ impl ShardFront for SubcShard {
 pub fn run(opts: DaemonOptions) -> Result<i32, String> {
     let startup = Startup::begin(opts.host.clone())?;
     // Registered first: a daemon that cannot be reached or refuses is an error at once.
-    let (mut conn, capabilities) = register(&opts)?;
-    let scopes = owns_scopes(&opts, &capabilities).then(|| {
+    let (mut conn, negotiated) = register(&opts)?;
+    let scopes = owns_scopes(&opts, &negotiated).then(|| {
         let (scopes, asks) = broca_subc::scope::Scopes::new(&opts.module_id);
         conn.scopes = Some(asks);
         scopes

@@ -13,6 +13,7 @@ pub mod connect;
 pub mod frames;
 pub mod link;
 pub mod manifest;
+pub mod negotiated;
 pub mod scope;
 pub mod surface;
 pub mod toolprov;

@@ -44,6 +44,9 @@ pub struct Daemon {
     owner: String,
 }
 
+/// The machine id the stand-in's HELLO_ACK names.
+pub const MACHINE_ID: &str = "00112233445566778899aabbccddeeff";
+
 /// The daemon's scope records by ref, with their owner (the registered module).
 pub type ScopeTable = Arc<Mutex<std::collections::HashMap<String, (String, Value)>>>;
 
@@ -129,6 +132,7 @@ impl Daemon {
             "negotiated_ver": version,
             "subc_ops": ["route.open", "catalog.update", "scope.sync", "scope.apply"],
             "subc_capabilities": caps,
+            "machine_id": MACHINE_ID,
         });
         let said: Value = serde_json::from_slice(&hello.body).unwrap_or(Value::Null);
         self.owner = said["manifest"]["module_id"]

@@ -35,6 +35,8 @@ fn vault_credentials_resolve_through_claustrum_under_the_modules_identity() {
         &[
             ("SUBC_LAUNCH_NONCE", "not-this-one"),
             ("ANTHROPIC_API_KEY", ""),
+            ("BROCA_BASE_URL_BEDROCK", &peer.url()),
+            ("AWS_ACCESS_KEY_ID", ""),
         ],
     );
     cmd.env(
@@ -46,9 +48,13 @@ fn vault_credentials_resolve_through_claustrum_under_the_modules_identity() {
     d.accept(Answer::Accept).unwrap();
     let handle = "ckh_dev_handle_0123456789";
     let handle_secret = "sk-ant-behind-a-handle-0123456789";
+    // An AWS key pair, as a typed secret (a JSON object).
+    let aws = json!({"access_key_id": "AKIDFROMTHEVAULT", "secret_access_key": "aws-vault-secret-0123456789",
+        "session_token": "aws-vault-session-0123", "region": "us-east-1"});
     let vault = d.serve_vault(vec![
         ("anthropic-team".into(), secret.into()),
         (handle.into(), handle_secret.into()),
+        ("aws-team".into(), aws.to_string()),
     ]);
     assert_eq!(d.bind(1, 1, "/vault", "h", "s").0, FrameType::Response);
     let (_, status) = run_with(
@@ -98,6 +104,17 @@ fn vault_credentials_resolve_through_claustrum_under_the_modules_identity() {
         reports,
         [json!({"credential_id": "anthropic-team", "provider_status": 401, "record_version": 3})],
         "the vault is told of the refused key"
+    );
+    // A typed secret: the vault's AWS key pair signs a Bedrock request (an API key would be
+    // refused by the family before anything is sent).
+    let (_, status) = run_with(
+        &mut d,
+        1,
+        json!({"prompt": "hello", "model": "bedrock/anthropic.claude", "credential_id": "vault:aws-team", "send_id": "aws"}),
+    );
+    assert_eq!(
+        status["state"], "completed",
+        "the vault's key pair: {status}"
     );
     // A credential the vault does not hold is refused before anything is written.
     let (ty, e) = d.request(
@@ -154,6 +171,7 @@ fn vault_credentials_resolve_through_claustrum_under_the_modules_identity() {
     );
     support::assert_no_file_holds(&state, secret);
     support::assert_no_file_holds(&state, handle_secret);
+    support::assert_no_file_holds(&state, "aws-vault-secret-0123456789");
     support::assert_no_file_holds(&state.join("wal"), handle);
     support::assert_no_file_holds(&state.join("store"), handle);
 }
@@ -271,6 +289,7 @@ fn a_vault_read_never_holds_up_the_shard_it_was_asked_on() {
     let mut child = broca(&state)
         .env("ANTHROPIC_API_KEY", KEY)
         .env("BROCA_BASE_URL_ANTHROPIC", peer.url())
+        .env("SUBC_LAUNCH_NONCE", "nonce-shard")
         .args(["module", "--subc"])
         .arg(&d.file)
         .args(["--shards", "1", "--grace-secs", "2"])
@@ -328,4 +347,91 @@ fn a_vault_read_never_holds_up_the_shard_it_was_asked_on() {
         .to_string();
     assert_eq!(wait_ended(&mut d, 1, 1, &a_run)["state"], "completed");
     drain(&mut d, &mut child);
+}
+
+#[test]
+fn without_a_launch_nonce_the_vault_is_read_by_bearer_handle_only_in_module_mode_and_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let mut d = Daemon::start(&dir.path().join("d"));
+    let handle = "ckh_dev_handle_nonce_less_0123";
+    let mut child = module(&state, &d, &peer, &[("ANTHROPIC_API_KEY", "")]).spawn_quiet();
+    d.accept(Answer::Accept).unwrap();
+    let vault = d.serve_vault(vec![
+        ("anthropic-team".into(), "sk-ant-granted-0123456789".into()),
+        (handle.into(), "sk-ant-by-handle-0123456789".into()),
+    ]);
+    assert_eq!(d.bind(1, 1, "/nonce", "h", "s").0, FrameType::Response);
+    // Under the module's grant: refused before any route to the vault opens, as claustrum's
+    // own client refuses (the route would open unscoped).
+    let (ty, e) = d.request(
+        1,
+        1,
+        "session.send",
+        json!({"prompt": "x", "model": "anthropic/m", "credential_id": "vault:anthropic-team"}),
+    );
+    assert_eq!(ty, FrameType::Error, "{e}");
+    assert!(
+        e["message"].as_str().unwrap().contains("launch nonce"),
+        "{e}"
+    );
+    assert!(vault.opens.lock().unwrap().is_empty(), "no route opened");
+    // A bearer handle needs no grant.
+    broca::owner_only::write_file(
+        &state.join("credentials.json"),
+        json!({"dev": {"vault_handle": handle}})
+            .to_string()
+            .as_bytes(),
+    )
+    .unwrap();
+    let (_, status) = run_with(
+        &mut d,
+        1,
+        json!({"prompt": "hello", "model": "anthropic/m", "credential_id": "vault:dev", "send_id": "h1"}),
+    );
+    assert_eq!(status["state"], "completed", "{status}");
+    let opens = vault.opens.lock().unwrap().clone();
+    assert!(
+        opens.iter().all(|o| o.get("consumer_identity").is_none()),
+        "{opens:?}"
+    );
+    drain(&mut d, &mut child);
+
+    // `broca serve` (no daemon module, no nonce) finds the daemon by its connection file and
+    // reads the handle through it; a name without a handle is refused naming what to do.
+    let serve_state = dir.path().join("serve-state");
+    std::fs::create_dir_all(&serve_state).unwrap();
+    broca::owner_only::write_file(
+        &serve_state.join("credentials.json"),
+        json!({"dev": {"vault_handle": handle}})
+            .to_string()
+            .as_bytes(),
+    )
+    .unwrap();
+    let before = vault.handles.lock().unwrap().len();
+    let file = d.file.to_str().unwrap().to_string();
+    let s = support::serve::start_env(
+        &serve_state,
+        &peer,
+        &[],
+        &[("SUBC_CONNECTION_FILE", &file), ("ANTHROPIC_API_KEY", "")],
+    );
+    let run = support::serve::send_until_completed(
+        &s,
+        json!({"prompt": "hello", "model": "anthropic/m", "credential_id": "vault:dev"}),
+    );
+    assert!(!run.is_empty());
+    assert_eq!(
+        vault.handles.lock().unwrap().len(),
+        before + 1,
+        "read by its handle"
+    );
+    let (_, e) = support::serve::rpc(
+        &s,
+        "session.send",
+        json!({"session": "s2", "prompt": "x", "model": "anthropic/m",
+               "credential_id": "vault:team"}),
+    );
+    assert!(e.to_string().contains("vault_handle"), "{e}");
 }

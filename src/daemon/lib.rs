@@ -9,7 +9,6 @@
 //! every shard, tool modules and the fusiform catalog (`broca_tools::modules`).
 
 mod front;
-pub mod vault;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -125,7 +124,7 @@ fn extras(
         opts.launch_nonce.clone(),
     );
     let vault: Arc<dyn broca_provider::credential::Vault> =
-        Arc::new(vault::ClaustrumVault::new(client));
+        Arc::new(broca_provider::vault::ClaustrumVault::new(client));
     let ckbus = broca_subc::bus::Ckbus::new(
         opts.connection_file.clone(),
         opts.module_id.clone(),

@@ -408,11 +408,13 @@ impl Startup {
             start::start_tools(&opts, &tls, &proxy, extras.module_tools.clone())?;
         let (mesh, receivers) = Mesh::new(opts.shards);
         let traces = broca_otel::Traces::from_env(&tls);
+        // Outside module mode, bearer handles read through the daemon's connection file; one
+        // vault for every shard and for admission, so a secret read once is kept for all.
+        let vault = extras.vault.or_else(|| {
+            Some(Arc::new(broca_provider::vault::HandleVault::new()) as Arc<dyn Vault>)
+        });
         let host = Arc::new(Host {
-            checks: broca_provider::Checks::new(Box::new(secrets(
-                &opts.state_dir,
-                extras.vault.as_ref(),
-            ))),
+            checks: broca_provider::Checks::new(Box::new(secrets(&opts.state_dir, vault.as_ref()))),
             opts,
             wal_dir: state.wal_dir.clone(),
             handle: state.handle.clone(),
@@ -428,7 +430,7 @@ impl Startup {
             tool_modules_missing: Mutex::new(missing),
             store: opened.store,
             projector: opened.projector,
-            vault: extras.vault,
+            vault,
             reads: Arc::new(broca_core::read::ReadCache::new(READ_SESSIONS_MAX)),
             storage: storage::StorageHealth::default(),
             step_hints: extras.step_hints,

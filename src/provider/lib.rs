@@ -28,6 +28,7 @@ mod shape_tests;
 pub mod sigv4;
 pub(crate) mod template;
 pub mod transport;
+pub mod vault;
 
 pub use alias::Aliases;
 

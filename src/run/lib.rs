@@ -84,7 +84,10 @@ impl Standalone {
             let model = HttpModelClient::new(
                 http,
                 self.endpoints,
-                Box::new(StateSecrets::new(&self.state_dir)),
+                Box::new(
+                    StateSecrets::new(&self.state_dir)
+                        .with_vault(Box::new(broca_provider::vault::HandleVault::new())),
+                ),
             );
             let tool_http = broca_tools::tool_http_client(tls, proxy);
             let servers = start_tools(self.tools, &tool_http).await?;

@@ -27,6 +27,8 @@ pub const READ_DEADLINE: Duration = Duration::from_secs(3);
 /// A client of the vault for one module.
 pub struct VaultClient {
     surface: SurfaceClient,
+    /// Whether broca has the launch nonce that makes its route the module's grant.
+    has_nonce: bool,
 }
 
 fn transport(why: impl Into<String>) -> CredentialResolverError {
@@ -37,7 +39,11 @@ impl VaultClient {
     /// A client that reaches the vault through the daemon of the connection file `file`, as
     /// module `module_id` (with its launch nonce, when the daemon handed one).
     pub fn new(file: PathBuf, module_id: String, launch_nonce: Option<String>) -> VaultClient {
+        let has_nonce = launch_nonce
+            .as_deref()
+            .is_some_and(|n| !n.trim().is_empty());
         VaultClient {
+            has_nonce,
             surface: SurfaceClient::new(
                 file,
                 CLAUSTRUM,
@@ -49,11 +55,20 @@ impl VaultClient {
         }
     }
 
-    /// The secret the vault holds as `credential_id`, under the module's grant.
+    /// The secret the vault holds as `credential_id`, under the module's grant. Without a
+    /// launch nonce it is refused before anything is sent, as claustrum's own client refuses:
+    /// the route would open unscoped, and the vault would answer an ambiguous `not_found`.
     pub fn get_scoped(
         &self,
         credential_id: &str,
     ) -> Result<ResolvedCredential, CredentialResolverError> {
+        if !self.has_nonce {
+            return Err(CredentialResolverError::new(
+                CredentialErrorClass::AuthRequired,
+                "reading the vault under the module's grant needs the launch nonce of a \
+                 supervised launch, and broca has none (a bearer handle reads without one)",
+            ));
+        }
         let params = json!({ "credential_id": credential_id });
         decode_credential_reply(self.call("credential.get_scoped", params)?)
     }

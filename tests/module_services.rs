@@ -105,6 +105,26 @@ fn vault_credentials_resolve_through_claustrum_under_the_modules_identity() {
         [json!({"credential_id": "anthropic-team", "provider_status": 401, "record_version": 3})],
         "the vault is told of the refused key"
     );
+    // The vault rotates the key (a new record version): the refused key is not kept, so the
+    // next use reads the rotated one, and a refusal of it is reported with its own version.
+    vault.version.store(4, std::sync::atomic::Ordering::SeqCst);
+    let (_, status) = run_with(
+        &mut d,
+        1,
+        json!({"prompt": "err-401", "model": "anthropic/m", "credential_id": "vault:anthropic-team", "send_id": "rotated"}),
+    );
+    assert_eq!(status["state"], "paused", "{status}");
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while vault.reports.lock().unwrap().len() < 2 && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        vault.reports.lock().unwrap().get(1).cloned(),
+        Some(
+            json!({"credential_id": "anthropic-team", "provider_status": 401, "record_version": 4})
+        ),
+        "the rotated key was read and used"
+    );
     // A typed secret: the vault's AWS key pair signs a Bedrock request (an API key would be
     // refused by the family before anything is sent).
     let (_, status) = run_with(

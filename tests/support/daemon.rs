@@ -487,6 +487,8 @@ pub struct VaultLog {
     pub down: Arc<std::sync::atomic::AtomicBool>,
     /// While set, a credential read waits (at most 20 s) before it is answered.
     pub hold: Arc<std::sync::atomic::AtomicBool>,
+    /// The record version every secret is answered with (0: 3); a rotation moves it.
+    pub version: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// What the daemon's stand-in serves to broca's consumer connections.
@@ -832,7 +834,11 @@ fn vault_answer(services: &Services, body: &Value) -> Reply {
         };
         match secrets.iter().find(|(k, _)| *k == id) {
             Some((_, secret)) => {
-                serde_json::json!({"result": {"payload": secret, "record_version": "3"}})
+                let version = match l.version.load(Ordering::SeqCst) {
+                    0 => 3,
+                    v => v,
+                };
+                serde_json::json!({"result": {"payload": secret, "record_version": version.to_string()}})
             }
             None => {
                 serde_json::json!({"result": {"error": {"code": "not_found", "class": "permanent"}}})

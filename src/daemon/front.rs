@@ -9,6 +9,7 @@
 //! short by a drain's deadline, the rest sealed interrupted); at the end broca says GOODBYE
 //! on each bound route, then on channel 0. A subscription's STREAM_END carries LAST.
 
+mod egress;
 mod scopes;
 
 use std::cell::{Cell, RefCell};
@@ -30,8 +31,7 @@ use broca_wal::SessionTriple;
 use broca_wire::lanes::{self, SubItem};
 use broca_wire::{Code, RpcError, SessionName};
 
-/// Frames waiting for the socket; past it, the tasks that answer wait (the reader does not).
-const EGRESS_FRAMES: usize = 256;
+use egress::{Egress, Kind, Pushed};
 
 /// How often the front looks whether the host has started, to say it is ready.
 const READY_POLL: Duration = Duration::from_millis(10);
@@ -70,7 +70,10 @@ struct Routes {
     /// Set when the connection ended unannounced (broca stops, and exits non-zero).
     lost: Arc<std::sync::atomic::AtomicBool>,
     routes: RefCell<HashMap<u16, Route>>,
-    out: Rc<local_channel::LocalSender<Vec<u8>>>,
+    /// What is queued for the socket, per route and bounded (egress.rs); a push never waits.
+    egress: Rc<RefCell<Egress>>,
+    /// Rung when a frame is queued: the writer takes every queued frame in turn.
+    bell: Rc<local_channel::LocalSender<()>>,
     /// Requests being answered.
     in_flight: Cell<usize>,
     /// Held-open `session.subscribe` requests by (channel, corr): dropping the sender ends
@@ -98,19 +101,25 @@ pub(crate) async fn run(
     // SAFETY: the descriptor comes from a connected std socket whose ownership moves here.
     let stream = unsafe { glommio::net::TcpStream::from_raw_fd(conn.stream.into_raw_fd()) };
     let (mut reader, writer) = futures_lite::io::split(stream);
-    let (tx, rx) = local_channel::new_bounded::<Vec<u8>>(EGRESS_FRAMES);
+    let (bell, rung) = local_channel::new_bounded::<()>(1);
+    let egress = Rc::new(RefCell::new(Egress::new()));
     let writer = Rc::new(RefCell::new(Some(writer)));
-    let w = writer.clone();
+    let (w, queued) = (writer.clone(), egress.clone());
     glommio::spawn_local(async move {
-        while let Some(frame) = rx.recv().await {
-            let Some(mut out) = w.borrow_mut().take() else {
-                return;
-            };
-            let sent = out.write_all(&frame).await;
-            *w.borrow_mut() = Some(out);
-            if let Err(e) = sent {
-                tracing::error!("the daemon connection: {e}");
-                return;
+        while rung.recv().await.is_some() {
+            loop {
+                let Some(frame) = queued.borrow_mut().pop() else {
+                    break;
+                };
+                let Some(mut out) = w.borrow_mut().take() else {
+                    return;
+                };
+                let sent = out.write_all(&frame).await;
+                *w.borrow_mut() = Some(out);
+                if let Err(e) = sent {
+                    tracing::error!("the daemon connection: {e}");
+                    return;
+                }
             }
         }
     })
@@ -119,7 +128,8 @@ pub(crate) async fn run(
         host,
         lost,
         routes: RefCell::new(HashMap::new()),
-        out: Rc::new(tx),
+        egress,
+        bell: Rc::new(bell),
         in_flight: Cell::new(0),
         subs: RefCell::new(HashMap::new()),
         closing: Cell::new(false),
@@ -158,7 +168,6 @@ pub(crate) async fn run(
     .detach();
     Ok(Closer {
         writer,
-        out: front.out.clone(),
         routes: front.clone(),
     })
 }
@@ -177,7 +186,6 @@ enum End {
 /// Says GOODBYE and closes the connection, at the shard's end.
 pub(crate) struct Closer {
     writer: Rc<RefCell<Option<futures_lite::io::WriteHalf<glommio::net::TcpStream>>>>,
-    out: Rc<local_channel::LocalSender<Vec<u8>>>,
     routes: Rc<Routes>,
 }
 
@@ -223,17 +231,31 @@ impl Closer {
                 Vec::new(),
             ));
         }
-        for frame in frames_out.into_iter().flatten() {
-            let _ = self.out.send(frame).await;
+        for frame in frames_out {
+            self.routes.send(frame).await;
         }
-        if let Ok(bye) = frames::encode(FrameType::Goodbye, frames::control(), 0, 0, 0, Vec::new())
-        {
-            let _ = self.out.send(bye).await;
+        // Channel 0's GOODBYE last: after the routes' frames are out (channel 0's queue
+        // goes first).
+        for _ in 0..200 {
+            if self.routes.egress.borrow().is_empty() && self.writer.borrow().is_some() {
+                break;
+            }
+            glommio::timer::sleep(Duration::from_millis(10)).await;
         }
+        self.routes
+            .send(frames::encode(
+                FrameType::Goodbye,
+                frames::control(),
+                0,
+                0,
+                0,
+                Vec::new(),
+            ))
+            .await;
         // Let the writer drain what is queued (it holds the write side while it writes),
         // then close the write side.
         for _ in 0..200 {
-            if self.out.len() == 0 && self.writer.borrow().is_some() {
+            if self.routes.egress.borrow().is_empty() && self.writer.borrow().is_some() {
                 break;
             }
             glommio::timer::sleep(Duration::from_millis(10)).await;
@@ -269,12 +291,57 @@ impl Routes {
     }
 
     async fn send(&self, frame: Result<Vec<u8>, broca_subc::LinkError>) {
-        match frame {
-            Ok(bytes) => {
-                let _ = self.out.send(bytes).await;
+        self.queue(frame, Kind::Frame);
+    }
+
+    /// Queues a frame under the egress policy (egress.rs), never waiting; a route the policy
+    /// closes is forgotten here too (its subscriptions end).
+    fn queue(&self, frame: Result<Vec<u8>, broca_subc::LinkError>, kind: Kind) {
+        let bytes = match frame {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                tracing::error!("a frame for the daemon: {e}");
+                return;
             }
-            Err(e) => tracing::error!("a frame for the daemon: {e}"),
+        };
+        let (channel, epoch) = header_route(&bytes);
+        let goodbye = |channel: u16, epoch: u32| {
+            frames::encode(
+                FrameType::Goodbye,
+                frames::data(),
+                channel,
+                epoch,
+                0,
+                Vec::new(),
+            )
+            .unwrap_or_default()
+        };
+        let mut closed = Vec::new();
+        {
+            let mut egress = self.egress.borrow_mut();
+            if channel == 0 {
+                egress.push_control(bytes);
+            } else if let Pushed::Closed { now: true } =
+                egress.push(channel, bytes, kind, goodbye(channel, epoch))
+            {
+                closed.push(channel);
+            }
+            let epoch_of = |c: u16| self.routes.borrow().get(&c).map_or(0, |r| r.epoch);
+            if let Some(c) = egress.enforce_connection_bound(|c| goodbye(c, epoch_of(c))) {
+                closed.push(c);
+            }
         }
+        for channel in closed {
+            tracing::warn!(
+                channel,
+                policy = "shed-then-close",
+                "a route's frames were not taken fast enough: its display deltas were shed, \
+                 then the route was closed"
+            );
+            self.routes.borrow_mut().remove(&channel);
+            self.subs.borrow_mut().retain(|(ch, _), _| *ch != channel);
+        }
+        let _ = self.bell.try_send(());
     }
 
     async fn reply(&self, ty: FrameType, channel: u16, epoch: u32, corr: u64, body: &Value) {
@@ -494,6 +561,7 @@ impl Routes {
             caller,
         };
         self.routes.borrow_mut().insert(channel, route);
+        self.egress.borrow_mut().bound(channel);
         Ok(())
     }
 
@@ -554,7 +622,7 @@ impl Routes {
                 break; // cancelled, or the route is gone
             }
             let sheddable = matches!(item, SubItem::Display(_));
-            if sheddable && self.out.is_full() {
+            if sheddable && self.egress.borrow().would_shed(channel) {
                 dropped += 1;
                 continue;
             }
@@ -587,20 +655,23 @@ impl Routes {
         body: String,
         sheddable: bool,
     ) {
-        let flags = if sheddable {
-            frames::data().with_admission_class(AdmissionClass::Sheddable)
+        let (flags, kind) = if sheddable {
+            (
+                frames::data().with_admission_class(AdmissionClass::Sheddable),
+                Kind::Delta,
+            )
         } else {
-            frames::data()
+            (frames::data(), Kind::Frame)
         };
-        self.send(frames::encode(
+        let frame = frames::encode(
             FrameType::StreamData,
             flags,
             channel,
             epoch,
             corr,
             body.into_bytes(),
-        ))
-        .await;
+        );
+        self.queue(frame, kind);
     }
 
     /// Says the module is ready for route binds (`catalog.update` with `ready: true`) once
@@ -664,6 +735,13 @@ impl Routes {
         });
         report["metrics"]["diagnostics"] =
             broca_host::metrics::diagnostics_json(&self.host, &stats);
+        // The connection's egress (egress.rs): what is queued, what its policy shed and closed.
+        {
+            let e = self.egress.borrow();
+            report["metrics"]["egress_queued_bytes"] = json!(e.bytes());
+            report["metrics"]["egress_deltas_shed"] = json!(e.shed);
+            report["metrics"]["egress_routes_closed"] = json!(e.closes);
+        }
         // The daemon's name for this machine, as its HELLO_ACK gave it (a name, never an
         // authority).
         if let Some(id) = &self.negotiated.machine_id {
@@ -701,6 +779,17 @@ impl Routes {
 }
 
 /// A subscription's last frame: STREAM_END, flagged LAST.
+/// The route (channel, epoch) of an encoded frame, read from its header.
+fn header_route(frame: &[u8]) -> (u16, u32) {
+    let channel = frame
+        .get(7..9)
+        .map_or(0, |b| u16::from_le_bytes([b[0], b[1]]));
+    let epoch = frame
+        .get(9..13)
+        .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+    (channel, epoch)
+}
+
 fn stream_end(channel: u16, epoch: u32, corr: u64) -> Result<Vec<u8>, broca_subc::LinkError> {
     frames::encode(
         FrameType::StreamEnd,

@@ -101,6 +101,23 @@ impl Daemon {
         }
     }
 
+    /// Makes the connections accepted from now on take at most `bytes` into their receive
+    /// buffer (a daemon slow to take what broca writes: broca's frames wait in broca).
+    pub fn small_receive_buffer(&self, bytes: i32) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a valid socket descriptor and an int option of the size given.
+        let rc = unsafe {
+            libc::setsockopt(
+                self.listener.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUF,
+                (&bytes as *const i32).cast(),
+                std::mem::size_of::<i32>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(rc, 0, "SO_RCVBUF");
+    }
+
     /// Accepts broca's connection and answers its handshake; with `Accept`, reads its HELLO
     /// and answers HELLO_ACK. Answers the HELLO body, or how the handshake failed (the
     /// daemon side's `AuthError`).

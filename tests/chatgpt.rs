@@ -1,7 +1,8 @@
 //! The chatgpt family's policy against a loopback ChatGPT backend (tests/peers/
 //! chatgpt_peer.py): the headers it sends, quota headers surfaced in run.result and recorded
-//! with the step, a usage limit waited out, a refusal ended as one; and the Codex mode over
-//! the peer's own WebSocket server (written from RFC 6455 apart from broca's client).
+//! with the step, a usage limit waited out, a refusal ended as one; the Codex mode over
+//! the peer's own WebSocket server (written from RFC 6455 apart from broca's client); and an
+//! OAuth token refreshed at the peer's token endpoint and kept.
 
 mod support;
 
@@ -173,4 +174,98 @@ fn the_codex_mode_speaks_to_a_websocket_server_of_its_own() {
             "the socket closed with a close frame: {h}"
         );
     }
+}
+
+/// The peer's request log (one JSON object a line).
+fn logged(log: &Path) -> Vec<Value> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn an_oauth_token_is_refreshed_when_refused_or_about_to_expire_and_the_new_one_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("requests.jsonl");
+    let peer = Peer::python("chatgpt_peer.py", &log);
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let token_url = format!("{}/oauth/token", peer.url());
+    let creds = state.join("credentials.json");
+    let entry = |access: &str, expires: Option<u64>| {
+        let mut e = json!({"access_token": access, "account_id": "acct-42",
+            "refresh_token": "rt-1", "client_id": "app-test", "token_url": token_url});
+        if let Some(at) = expires {
+            e["expires_at_ms"] = json!(at);
+        }
+        e
+    };
+    // `refused`: the provider refuses its token; `expiring`: it expired a while ago.
+    broca::owner_only::write_file(
+        &creds,
+        json!({"refused": entry("at-expired", None), "expiring": entry("at-old", Some(1_000))})
+            .to_string()
+            .as_bytes(),
+    )
+    .unwrap();
+    let aimock = support::Aimock::start(&support::fixture("aimock.json"));
+    let base = format!("{}/backend-api/codex", peer.url());
+    let s = support::serve::start_env(
+        &state,
+        &aimock,
+        &[],
+        &[("BROCA_BASE_URL_CHATGPT", base.as_str())],
+    );
+    // (One session, the helper's: its runs one after the other.)
+    let send = |credential: &str| {
+        support::serve::send_until_completed(
+            &s,
+            json!({"prompt": "quota please", "model": "chatgpt/gpt-5-codex",
+                   "credential_id": credential}),
+        )
+    };
+    // Refused: refreshed once, and the attempt made again with the new token.
+    send("file:refused");
+    let seen = logged(&log);
+    let auth: Vec<&str> = seen
+        .iter()
+        .filter_map(|r| r["authorization"].as_str())
+        .collect();
+    assert_eq!(auth, ["Bearer at-expired", "Bearer at-2"], "{seen:?}");
+    let asked: Vec<&Value> = seen.iter().filter(|r| r.get("form").is_some()).collect();
+    assert_eq!(asked.len(), 1, "{seen:?}");
+    assert_eq!(
+        asked[0]["form"],
+        json!({"grant_type": "refresh_token", "refresh_token": "rt-1", "client_id": "app-test"})
+    );
+    assert_eq!(
+        asked[0]["content-type"],
+        "application/x-www-form-urlencoded"
+    );
+    // The new tokens are kept, owner-only, for the next use and the next process.
+    let kept: Value = serde_json::from_slice(&std::fs::read(&creds).unwrap()).unwrap();
+    assert_eq!(kept["refused"]["access_token"], "at-2");
+    assert_eq!(kept["refused"]["refresh_token"], "rt-2");
+    assert!(kept["refused"]["expires_at_ms"].as_u64() > Some(1_000));
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&creds).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+
+    // About to expire: refreshed before it is used; the old token never reaches the provider.
+    let before = logged(&log).len();
+    send("file:expiring");
+    let seen = logged(&log)[before..].to_vec();
+    let auth: Vec<&str> = seen
+        .iter()
+        .filter_map(|r| r["authorization"].as_str())
+        .collect();
+    assert_eq!(auth, ["Bearer at-2"], "{seen:?}");
+    assert_eq!(seen.iter().filter(|r| r.get("form").is_some()).count(), 1);
+    // No token is in what broca writes besides the credentials file.
+    for secret in ["at-2", "rt-2", "rt-1"] {
+        support::assert_no_file_holds(&state.join("wal"), secret);
+    }
+    drop(s);
 }

@@ -124,6 +124,57 @@ pub trait Secrets {
     fn lookup_off_thread(&self, _credential_id: &str) -> Option<Lookup> {
         None
     }
+
+    /// How to refresh the OAuth credential `credential_id`, when its source keeps a refresh
+    /// token for it (`None`: it cannot be refreshed here).
+    fn refresh_of(&self, _credential_id: &str) -> Option<Refresh> {
+        None
+    }
+
+    /// Keeps the token a refresh gave for `credential_id`, for its next use.
+    fn refreshed(&self, credential_id: &str, _token: &Refreshed) -> Result<(), String> {
+        Err(format!(
+            "credential `{credential_id}` keeps no refreshed token"
+        ))
+    }
+}
+
+/// What refreshing an OAuth credential takes (its secrets never printed).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Refresh {
+    /// The token endpoint the credential names (else its provider family's).
+    pub token_url: Option<String>,
+    pub refresh_token: String,
+    pub client_id: String,
+    pub client_secret: Option<String>,
+    /// Its access token expires within a minute (or has): refresh before using it.
+    pub due: bool,
+}
+
+impl fmt::Debug for Refresh {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Refresh")
+            .field("token_url", &self.token_url)
+            .field("due", &self.due)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A token endpoint's answer.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Refreshed {
+    pub access_token: String,
+    /// A rotated refresh token, when the endpoint gave one.
+    pub refresh_token: Option<String>,
+    pub expires_at_ms: Option<u64>,
+}
+
+impl fmt::Debug for Refreshed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Refreshed")
+            .field("expires_at_ms", &self.expires_at_ms)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A credential lookup that may block, to run off the shard's thread ([`off_thread`]).
@@ -283,6 +334,17 @@ impl StateSecrets {
             access_token: Option<String>,
             project: Option<String>,
             account_id: Option<String>,
+            /// An OAuth token's refresh: read by `refresh_of`.
+            #[allow(dead_code)]
+            refresh_token: Option<String>,
+            #[allow(dead_code)]
+            client_id: Option<String>,
+            #[allow(dead_code)]
+            client_secret: Option<String>,
+            #[allow(dead_code)]
+            token_url: Option<String>,
+            #[allow(dead_code)]
+            expires_at_ms: Option<u64>,
             /// A vault handle, used by `vault:NAME` (not `file:NAME`).
             vault_handle: Option<String>,
         }
@@ -334,6 +396,27 @@ impl StateSecrets {
     }
 }
 
+impl StateSecrets {
+    /// The file's entries, as JSON (an error names the file, never quotes it).
+    fn entries(&self) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+        let bytes = broca_owner_only::read_private(&self.file).map_err(|e| e.to_string())?;
+        match serde_json::from_slice(&bytes) {
+            Ok(serde_json::Value::Object(m)) => Ok(m),
+            _ => Err(format!("{}: not a credentials file", self.file.display())),
+        }
+    }
+}
+
+/// The Unix time in ms.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// An access token is refreshed this long before it expires.
+const REFRESH_MARGIN_MS: u64 = 60_000;
+
 impl Secrets for StateSecrets {
     fn credential(&self, credential_id: &str) -> Result<Credential, CredentialProblem> {
         match credential_id.split_once(':') {
@@ -361,6 +444,54 @@ impl Secrets for StateSecrets {
             )
             .into()),
         }
+    }
+
+    /// A `file:NAME` OAuth entry with `refresh_token` and `client_id` (and `client_secret`,
+    /// `token_url`, `expires_at_ms` when it has them).
+    fn refresh_of(&self, credential_id: &str) -> Option<Refresh> {
+        let name = credential_id.strip_prefix("file:")?;
+        let entries = self.entries().ok()?;
+        let e = entries.get(name)?;
+        let text = |k: &str| {
+            e.get(k)
+                .and_then(serde_json::Value::as_str)
+                .map(|v| v.trim().to_string())
+                .filter(|v| !v.is_empty())
+        };
+        text("access_token")?;
+        let expires = e.get("expires_at_ms").and_then(serde_json::Value::as_u64);
+        Some(Refresh {
+            token_url: text("token_url"),
+            refresh_token: text("refresh_token")?,
+            client_id: text("client_id")?,
+            client_secret: text("client_secret"),
+            due: expires.is_some_and(|at| at <= now_ms() + REFRESH_MARGIN_MS),
+        })
+    }
+
+    /// Writes the refreshed token into the entry (the file replaced whole, owner-only), so
+    /// the next use, and the next process, take it.
+    fn refreshed(&self, credential_id: &str, token: &Refreshed) -> Result<(), String> {
+        let name = credential_id
+            .strip_prefix("file:")
+            .ok_or_else(|| format!("credential `{credential_id}` is not file:NAME"))?;
+        let mut entries = self.entries()?;
+        let e = entries
+            .get_mut(name)
+            .and_then(serde_json::Value::as_object_mut)
+            .ok_or_else(|| format!("{} has no credential `{name}`", self.file.display()))?;
+        e.insert("access_token".into(), token.access_token.clone().into());
+        if let Some(r) = &token.refresh_token {
+            e.insert("refresh_token".into(), r.clone().into());
+        }
+        match token.expires_at_ms {
+            Some(at) => e.insert("expires_at_ms".into(), at.into()),
+            None => e.remove("expires_at_ms"),
+        };
+        let bytes = serde_json::to_vec_pretty(&serde_json::Value::Object(entries))
+            .map_err(|e| e.to_string())?;
+        broca_owner_only::write_file(&self.file, &bytes)
+            .map_err(|e| format!("cannot write {}: {e}", self.file.display()))
     }
 
     fn auth_failed(&self, credential_id: &str, status: u16) {

@@ -12,6 +12,10 @@ closes with a close frame. Prints its port first. The last user text picks the a
 - "limit please": first a 429 usage_limit_reached (resets_in_seconds 1), then text;
 - "refuse please": a refusal (response.refusal.delta), then completed.
 
+An OAuth token endpoint answers `POST .../oauth/token` (a form): the refresh token "rt-1"
+gets the access token "at-2" (and the refresh token "rt-2"); any other is refused
+`invalid_grant`. A request whose bearer is "at-expired" or "at-old" is refused 401.
+
 Every request's headers that matter and body are appended as one JSON line to REQUESTS_FILE.
 """
 
@@ -22,6 +26,7 @@ import json
 import os
 import struct
 import sys
+import urllib.parse
 
 REQUESTS_FILE = os.environ.get("REQUESTS_FILE", "")
 SEEN = {}
@@ -131,7 +136,26 @@ class Frames:
 class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
+    def token(self):
+        raw = self.rfile.read(int(self.headers.get("content-length", "0"))).decode()
+        form = dict(urllib.parse.parse_qsl(raw))
+        log({"path": self.path, "form": form,
+             "content-type": self.headers.get("content-type")})
+        if form.get("grant_type") == "refresh_token" and form.get("refresh_token") == "rt-1":
+            status, answer = 200, {"access_token": "at-2", "refresh_token": "rt-2",
+                                   "expires_in": 3600, "token_type": "Bearer"}
+        else:
+            status, answer = 400, {"error": "invalid_grant"}
+        data = json.dumps(answer).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
     def do_POST(self):
+        if self.path.endswith("/oauth/token"):
+            return self.token()
         body = json.loads(self.rfile.read(int(self.headers.get("content-length", "0"))))
         if REQUESTS_FILE:
             with open(REQUESTS_FILE, "a") as f:
@@ -142,6 +166,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     "openai-beta": self.headers.get("openai-beta"),
                     "originator": self.headers.get("originator"),
                 }) + "\n")
+        if self.headers.get("authorization") in ("Bearer at-expired", "Bearer at-old"):
+            data = json.dumps({"error": {"message": "The token has expired",
+                                         "type": "invalid_request_error",
+                                         "code": "token_expired"}}).encode()
+            self.send_response(401)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
         prompt = last_user_text(body)
         status, evs = answer_for(prompt)
         extra = {}

@@ -1,0 +1,155 @@
+//! OAuth refresh of a provider's token (chatgpt, code-assist): a credential whose source
+//! keeps a refresh token (a `file:` entry with `refresh_token` and `client_id`) is refreshed
+//! at its token endpoint when it is about to expire, and once when the provider refuses it
+//! (401 or 403); the new token is kept by its source, and the attempt goes on with it. The
+//! endpoint is the entry's `token_url`, else the family's. Its answer's tokens are never
+//! logged or quoted; a refusal names the endpoint's status and `error` code only.
+
+use std::rc::Rc;
+
+use broca_io::net::client::{HttpClient, Request as HttpRequest};
+use broca_io::net::Url;
+
+use crate::credential::{Refresh, Refreshed};
+
+/// The token endpoint of a family whose credentials are OAuth tokens.
+pub fn default_token_url(family: &str) -> Option<&'static str> {
+    match family {
+        "chatgpt" => Some("https://auth.openai.com/oauth/token"),
+        "code-assist" => Some("https://oauth2.googleapis.com/token"),
+        _ => None,
+    }
+}
+
+/// The bytes of a token endpoint's answer read at most.
+const ANSWER_MAX: usize = 64 * 1024;
+
+/// Asks the token endpoint for a new access token.
+pub async fn refresh(
+    client: &Rc<HttpClient>,
+    family: &str,
+    plan: &Refresh,
+    now_ms: u64,
+) -> Result<Refreshed, String> {
+    let token_url = plan
+        .token_url
+        .as_deref()
+        .or_else(|| default_token_url(family))
+        .ok_or_else(|| format!("the {family} family has no token endpoint: give token_url"))?;
+    let url = Url::parse(token_url).map_err(|e| e.to_string())?;
+    let mut form = vec![
+        ("grant_type", "refresh_token"),
+        ("refresh_token", plan.refresh_token.as_str()),
+        ("client_id", plan.client_id.as_str()),
+    ];
+    if let Some(secret) = &plan.client_secret {
+        form.push(("client_secret", secret));
+    }
+    let body = form_encode(&form);
+    let headers = [
+        ("Content-Type", "application/x-www-form-urlencoded"),
+        ("Accept", "application/json"),
+    ];
+    let req = HttpRequest {
+        method: "POST",
+        url: &url,
+        path: "",
+        headers: &headers,
+        body: body.as_bytes(),
+    };
+    let mut resp = client
+        .send(&req)
+        .await
+        .map_err(|e| format!("the token endpoint {}: {e}", url.authority()))?;
+    let status = resp.status();
+    let answer = resp.body(ANSWER_MAX).await.unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_slice(&answer).unwrap_or_default();
+    if !(200..300).contains(&status) {
+        let code = v
+            .get("error")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("no error code");
+        return Err(format!(
+            "the token endpoint {} refused the refresh: {status} ({code})",
+            url.authority()
+        ));
+    }
+    read_answer(&v, now_ms)
+}
+
+/// A token endpoint's JSON answer: `access_token`, and `refresh_token`, `expires_in` when
+/// it gives them.
+pub fn read_answer(v: &serde_json::Value, now_ms: u64) -> Result<Refreshed, String> {
+    let access_token = v
+        .get("access_token")
+        .and_then(serde_json::Value::as_str)
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .ok_or("the token endpoint's answer has no access_token")?
+        .to_string();
+    Ok(Refreshed {
+        access_token,
+        refresh_token: v
+            .get("refresh_token")
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_string)
+            .filter(|t| !t.is_empty()),
+        expires_at_ms: v
+            .get("expires_in")
+            .and_then(serde_json::Value::as_u64)
+            .map(|s| now_ms.saturating_add(s.saturating_mul(1000))),
+    })
+}
+
+/// `application/x-www-form-urlencoded`.
+fn form_encode(pairs: &[(&str, &str)]) -> String {
+    let enc = |s: &str| {
+        let mut out = String::with_capacity(s.len());
+        for b in s.bytes() {
+            match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                    out.push(b as char)
+                }
+                b' ' => out.push('+'),
+                _ => out.push_str(&format!("%{b:02X}")),
+            }
+        }
+        out
+    };
+    pairs
+        .iter()
+        .map(|(k, v)| format!("{}={}", enc(k), enc(v)))
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_form_and_the_answer_read_as_oauth_says() {
+        assert_eq!(
+            form_encode(&[
+                ("grant_type", "refresh_token"),
+                ("refresh_token", "a/b+c d=")
+            ]),
+            "grant_type=refresh_token&refresh_token=a%2Fb%2Bc+d%3D"
+        );
+        let got = read_answer(
+            &serde_json::json!({"access_token": "at-2", "refresh_token": "rt-2", "expires_in": 3600}),
+            1_000,
+        )
+        .unwrap();
+        assert_eq!(got.access_token, "at-2");
+        assert_eq!(got.refresh_token.as_deref(), Some("rt-2"));
+        assert_eq!(got.expires_at_ms, Some(3_601_000));
+        let bare = read_answer(&serde_json::json!({"access_token": "at-3"}), 0).unwrap();
+        assert_eq!((bare.refresh_token, bare.expires_at_ms), (None, None));
+        assert!(read_answer(&serde_json::json!({"error": "invalid_grant"}), 0).is_err());
+        assert_eq!(default_token_url("anthropic"), None);
+        assert!(
+            default_token_url("chatgpt").is_some() && default_token_url("code-assist").is_some()
+        );
+    }
+}

@@ -454,4 +454,29 @@ fn without_a_launch_nonce_the_vault_is_read_by_bearer_handle_only_in_module_mode
                "credential_id": "vault:team"}),
     );
     assert!(e.to_string().contains("vault_handle"), "{e}");
+    drop(s);
+
+    // `broca run --credential vault:dev` the same way.
+    let before = vault.handles.lock().unwrap().len();
+    let o = broca(&serve_state)
+        .env("SUBC_CONNECTION_FILE", &file)
+        .env("ANTHROPIC_API_KEY", "")
+        .env("BROCA_BASE_URL_ANTHROPIC", peer.url())
+        .args([
+            "run",
+            "--model",
+            "anthropic/m",
+            "--credential",
+            "vault:dev",
+            "--json",
+            "hello",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        vault.handles.lock().unwrap().len(),
+        before + 1,
+        "read by its handle"
+    );
 }

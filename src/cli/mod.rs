@@ -172,6 +172,9 @@ Options:
   --harness H             session identity (default: broca-run)
   --session S             session identity (default: default)
   --send-id ID            idempotency key: the same ID again answers the same run, runs nothing
+  --credential ID         the credential: env:NAME, file:NAME (<state-dir>/credentials.json)
+                          or vault:NAME (a vault_handle there); default: the provider's
+                          environment variable
   --system TEXT           system text
   --max-steps N           model steps at most (default 32)
   --context-limit N       the context limit in tokens (default: the model's window)
@@ -492,6 +495,7 @@ fn parse_run(
     let session = opt(pargs, "--session")?.unwrap_or_else(|| "default".into());
     let send_id = opt(pargs, "--send-id")?;
     let system = opt(pargs, "--system")?;
+    let credential_id = opt(pargs, "--credential")?;
     let tools_config = opt(pargs, "--tools-config")?;
     let max_steps = pargs
         .opt_value_from_str::<_, u32>("--max-steps")
@@ -547,6 +551,7 @@ fn parse_run(
         model,
         send_id,
         system,
+        credential_id,
         max_steps,
         context_limit,
         compaction: compact.then(broca_protocol::compaction::Compaction::summarize),

@@ -155,13 +155,7 @@ fn vault_credentials_resolve_through_claustrum_under_the_modules_identity() {
     );
     // A developer's bearer handle, kept in the owner-only credentials file: the vault is asked
     // with the handle (possession authorizes); the run freezes the id, never the handle.
-    broca::owner_only::write_file(
-        &state.join("credentials.json"),
-        json!({"dev": {"vault_handle": handle}})
-            .to_string()
-            .as_bytes(),
-    )
-    .unwrap();
+    give_vault_handle(&state, "dev", handle);
     let (_, status) = run_with(
         &mut d,
         1,
@@ -398,13 +392,7 @@ fn without_a_launch_nonce_the_vault_is_read_by_bearer_handle_only_in_module_mode
     );
     assert!(vault.opens.lock().unwrap().is_empty(), "no route opened");
     // A bearer handle needs no grant.
-    broca::owner_only::write_file(
-        &state.join("credentials.json"),
-        json!({"dev": {"vault_handle": handle}})
-            .to_string()
-            .as_bytes(),
-    )
-    .unwrap();
+    give_vault_handle(&state, "dev", handle);
     let (_, status) = run_with(
         &mut d,
         1,
@@ -421,14 +409,7 @@ fn without_a_launch_nonce_the_vault_is_read_by_bearer_handle_only_in_module_mode
     // `broca serve` (no daemon module, no nonce) finds the daemon by its connection file and
     // reads the handle through it; a name without a handle is refused naming what to do.
     let serve_state = dir.path().join("serve-state");
-    std::fs::create_dir_all(&serve_state).unwrap();
-    broca::owner_only::write_file(
-        &serve_state.join("credentials.json"),
-        json!({"dev": {"vault_handle": handle}})
-            .to_string()
-            .as_bytes(),
-    )
-    .unwrap();
+    give_vault_handle(&serve_state, "dev", handle);
     let before = vault.handles.lock().unwrap().len();
     let file = d.file.to_str().unwrap().to_string();
     let s = support::serve::start_env(

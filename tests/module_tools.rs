@@ -21,17 +21,15 @@ use support::{fixture, Aimock};
 
 #[test]
 fn tools_of_a_tool_module_go_over_the_sessions_own_route_and_run_at_most_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("state");
-    let peer = Aimock::start(&fixture("tools.json"));
-    let mut d = Daemon::start(&dir.path().join("d"));
-    let (mut child, tools) = with_tools(
-        dir.path(),
-        &mut d,
-        &peer,
-        &[("SUBC_LAUNCH_NONCE", "nonce-t")],
-    );
-    assert_eq!(d.bind(1, 1, "/t", "h", "s").0, FrameType::Response);
+    // (The rig's folder and provider live as long as their bindings.)
+    let ToolsRig {
+        dir: _dir,
+        state,
+        peer: _peer,
+        mut d,
+        mut child,
+        tools,
+    } = tools_rig("nonce-t", "/t");
 
     // Two calls in one step, each delivered once with its own key and the frozen pin.
     let (run_id, status) = run_on_route(&mut d, "record two", "a");
@@ -558,17 +556,14 @@ fn two_sessions_in_two_projects_call_tools_over_two_routes_under_two_scopes() {
 
 #[test]
 fn a_held_call_is_answered_by_its_late_result_and_acked() {
-    let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("state");
-    let peer = Aimock::start(&fixture("tools.json"));
-    let mut d = Daemon::start(&dir.path().join("d"));
-    let (mut child, tools) = with_tools(
-        dir.path(),
-        &mut d,
-        &peer,
-        &[("SUBC_LAUNCH_NONCE", "nonce-late")],
-    );
-    assert_eq!(d.bind(1, 1, "/late", "h", "s").0, FrameType::Response);
+    let ToolsRig {
+        dir: _dir,
+        state,
+        peer: _peer,
+        mut d,
+        mut child,
+        tools,
+    } = tools_rig("nonce-late", "/late");
     // `consent` answers a held first reply at once; its result comes 1.5 s later, after a
     // `held` update, as late results.
     let (run_id, status) = run_on_route(&mut d, "consent call", "c1");

@@ -235,7 +235,7 @@ impl HttpModelClient {
             Some(lookup) => crate::credential::off_thread(lookup).await,
             None => self.secrets.credential(&request.credential_id),
         };
-        let mut credential = resolved.map_err(|e| {
+        let credential = resolved.map_err(|e| {
             // A vault that is out fails the attempt for now; a refused credential pauses.
             let class = if e.outage {
                 ErrorClass::Transient
@@ -244,50 +244,8 @@ impl HttpModelClient {
             };
             failure(class, e.message, None)
         })?;
-        // An OAuth token about to expire is refreshed before it is used; one the provider
-        // refuses, once, and the attempt made again with the new one.
-        let plan = self.secrets.refresh_of(&request.credential_id);
-        let mut refreshed = false;
-        if let Some(p) = plan.as_ref().filter(|p| p.due) {
-            match self.refresh_token(request, family, p).await {
-                Ok(c) => {
-                    credential = c;
-                    refreshed = true;
-                }
-                Err(why) => tracing::warn!(credential = %request.credential_id, "{why}"),
-            }
-        }
-        let opened = self.open_with(request, family, &url, &credential).await;
-        match (opened, plan) {
-            (Err(f), Some(p)) if !refreshed && f.error.class == ErrorClass::AuthRequired => {
-                match self.refresh_token(request, family, &p).await {
-                    Ok(c) => self.open_with(request, family, &url, &c).await,
-                    Err(why) => {
-                        tracing::warn!(credential = %request.credential_id, "{why}");
-                        Err(f)
-                    }
-                }
-            }
-            (opened, _) => opened,
-        }
-    }
-
-    /// Refreshes the OAuth token of the request's credential and answers the credential
-    /// with it (kept by its source first).
-    async fn refresh_token(
-        &self,
-        request: &Request,
-        family: &'static dyn WireFamily,
-        plan: &crate::credential::Refresh,
-    ) -> Result<crate::credential::Credential, String> {
-        let token = refresh::refresh(&self.client, family.id(), plan, now_unix_ms()).await?;
-        self.secrets
-            .refreshed(&request.credential_id, &token)
-            .map_err(|e| format!("the refreshed token could not be kept: {e}"))?;
-        tracing::info!(credential = %request.credential_id, "refreshed the OAuth token");
-        self.secrets
-            .credential(&request.credential_id)
-            .map_err(|e| e.message)
+        self.open_refreshing(request, family, &url, credential)
+            .await
     }
 
     /// Renders, authorizes and sends the request to `url` with `credential`, and opens the

@@ -106,6 +106,26 @@ pub fn last() -> Flags {
     Flags::new(false, Priority::Interactive, true)
 }
 
+/// A received frame made by hand, for tests: `body` as JSON on route (3, 1), corr 9 (channel
+/// 0 when `ty`'s flags are the control ones).
+#[cfg(test)]
+pub(crate) fn test_frame(ty: FrameType, flags: Flags, body: &serde_json::Value) -> FrameIn {
+    let body = serde_json::to_vec(body).expect("JSON serializes");
+    let control = flags == control();
+    FrameIn {
+        header: subc_protocol::EnvelopeHeader {
+            len: body.len() as u32,
+            ver: 2,
+            ty,
+            flags,
+            channel: if control { 0 } else { 3 },
+            epoch: u32::from(!control),
+            corr: 9,
+        },
+        body,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -217,3 +217,43 @@ pub(crate) fn run_with(d: &mut Daemon, channel: u16, send: Value) -> (String, Va
 pub(crate) fn run_on_route(d: &mut Daemon, prompt: &str, send_id: &str) -> (String, Value) {
     run_on(d, 1, prompt, send_id)
 }
+
+/// `broca module` (launch nonce `nonce`) with the stand-in tool module, aimock answering from
+/// tools.json, and route 1 bound to the session (`root`, "h", "s").
+pub(crate) struct ToolsRig {
+    pub dir: tempfile::TempDir,
+    pub state: std::path::PathBuf,
+    pub peer: Aimock,
+    pub d: Daemon,
+    pub child: Child,
+    pub tools: ToolModule,
+}
+
+pub(crate) fn tools_rig(nonce: &str, root: &str) -> ToolsRig {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let peer = Aimock::start(&super::support::fixture("tools.json"));
+    let mut d = Daemon::start(&dir.path().join("d"));
+    let (child, tools) = with_tools(dir.path(), &mut d, &peer, &[("SUBC_LAUNCH_NONCE", nonce)]);
+    assert_eq!(d.bind(1, 1, root, "h", "s").0, FrameType::Response);
+    ToolsRig {
+        dir,
+        state,
+        peer,
+        d,
+        child,
+        tools,
+    }
+}
+
+/// Gives credential `name` the vault handle `handle` in the state dir's credentials file.
+pub(crate) fn give_vault_handle(state: &Path, name: &str, handle: &str) {
+    std::fs::create_dir_all(state).unwrap();
+    broca::owner_only::write_file(
+        &state.join("credentials.json"),
+        json!({ name: {"vault_handle": handle} })
+            .to_string()
+            .as_bytes(),
+    )
+    .unwrap();
+}

@@ -10,7 +10,10 @@ use std::rc::Rc;
 use broca_io::net::client::{HttpClient, Request as HttpRequest};
 use broca_io::net::Url;
 
-use crate::credential::{Refresh, Refreshed};
+use broca_protocol::{ErrorClass, Request};
+
+use crate::credential::{Credential, Refresh, Refreshed};
+use crate::WireFamily;
 
 /// The token endpoint of a family whose credentials are OAuth tokens.
 pub fn default_token_url(family: &str) -> Option<&'static str> {
@@ -99,6 +102,64 @@ pub fn read_answer(v: &serde_json::Value, now_ms: u64) -> Result<Refreshed, Stri
             .and_then(serde_json::Value::as_u64)
             .map(|s| now_ms.saturating_add(s.saturating_mul(1000))),
     })
+}
+
+impl super::HttpModelClient {
+    /// Opens the answer's stream with `credential`; an OAuth token about to expire is
+    /// refreshed before it is used, and one the provider refuses, once, and the attempt made
+    /// again with the new one.
+    pub(super) async fn open_refreshing(
+        &self,
+        request: &Request,
+        family: &'static dyn WireFamily,
+        url: &Url,
+        mut credential: Credential,
+    ) -> Result<super::HttpModelStream, super::Failure> {
+        // An OAuth token about to expire is refreshed before it is used; one the provider
+        // refuses, once, and the attempt made again with the new one.
+        let plan = self.secrets.refresh_of(&request.credential_id);
+        let mut refreshed = false;
+        if let Some(p) = plan.as_ref().filter(|p| p.due) {
+            match self.refresh_token(request, family, p).await {
+                Ok(c) => {
+                    credential = c;
+                    refreshed = true;
+                }
+                Err(why) => tracing::warn!(credential = %request.credential_id, "{why}"),
+            }
+        }
+        let opened = self.open_with(request, family, url, &credential).await;
+        match (opened, plan) {
+            (Err(f), Some(p)) if !refreshed && f.error.class == ErrorClass::AuthRequired => {
+                match self.refresh_token(request, family, &p).await {
+                    Ok(c) => self.open_with(request, family, url, &c).await,
+                    Err(why) => {
+                        tracing::warn!(credential = %request.credential_id, "{why}");
+                        Err(f)
+                    }
+                }
+            }
+            (opened, _) => opened,
+        }
+    }
+
+    /// Refreshes the OAuth token of the request's credential and answers the credential
+    /// with it (kept by its source first).
+    async fn refresh_token(
+        &self,
+        request: &Request,
+        family: &'static dyn WireFamily,
+        plan: &crate::credential::Refresh,
+    ) -> Result<crate::credential::Credential, String> {
+        let token = refresh(&self.client, family.id(), plan, super::now_unix_ms()).await?;
+        self.secrets
+            .refreshed(&request.credential_id, &token)
+            .map_err(|e| format!("the refreshed token could not be kept: {e}"))?;
+        tracing::info!(credential = %request.credential_id, "refreshed the OAuth token");
+        self.secrets
+            .credential(&request.credential_id)
+            .map_err(|e| e.message)
+    }
 }
 
 /// `application/x-www-form-urlencoded`.

@@ -2,22 +2,9 @@
 
 use super::*;
 use serde_json::json;
-use subc_protocol::{EnvelopeHeader, Flags, Priority};
 
 fn frame(ty: FrameType, body: &Value) -> FrameIn {
-    let body = serde_json::to_vec(body).unwrap();
-    FrameIn {
-        header: EnvelopeHeader {
-            len: body.len() as u32,
-            ver: 2,
-            ty,
-            flags: Flags::new(false, Priority::Passive, false),
-            channel: 0,
-            epoch: 0,
-            corr: 7,
-        },
-        body,
-    }
+    crate::frames::test_frame(ty, crate::frames::control(), body)
 }
 
 /// The daemon's answer to an apply: every upsert created, `ended` as given.

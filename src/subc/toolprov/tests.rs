@@ -1,22 +1,10 @@
 //! The tool-provider/v1 bodies against hand-made frames, golden bytes and the role's vectors.
 
 use super::*;
-use subc_protocol::{EnvelopeHeader, Flags, Priority};
+use subc_protocol::{Flags, Priority};
 
 fn frame(ty: FrameType, flags: Flags, body: &Value) -> FrameIn {
-    let body = serde_json::to_vec(body).unwrap();
-    FrameIn {
-        header: EnvelopeHeader {
-            len: body.len() as u32,
-            ver: 2,
-            ty,
-            flags,
-            channel: 3,
-            epoch: 1,
-            corr: 9,
-        },
-        body,
-    }
+    crate::frames::test_frame(ty, flags, body)
 }
 
 fn plain() -> Flags {

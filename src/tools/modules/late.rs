@@ -133,7 +133,7 @@ impl LateBook {
     }
 
     /// The cursor was refused: read from the start (the event ids deduplicate).
-    pub(super) fn from_start(&self, module: &str) {
+    pub(super) fn read_from_start(&self, module: &str) {
         self.with(module, |b| b.cursor = None);
     }
 }
@@ -177,7 +177,7 @@ impl super::ModuleTools {
                 }
                 Read::FromStart if !restarted => {
                     restarted = true;
-                    self.late.from_start(module);
+                    self.late.read_from_start(module);
                 }
                 Read::FromStart => return,
                 Read::Failed(why) => {

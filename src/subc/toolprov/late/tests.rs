@@ -2,22 +2,9 @@
 
 use super::*;
 use serde_json::json;
-use subc_protocol::{EnvelopeHeader, Flags, Priority};
 
 fn frame(ty: FrameType, body: &Value) -> FrameIn {
-    let body = serde_json::to_vec(body).unwrap();
-    FrameIn {
-        header: EnvelopeHeader {
-            len: body.len() as u32,
-            ver: 2,
-            ty,
-            flags: Flags::new(false, Priority::Interactive, false),
-            channel: 3,
-            epoch: 1,
-            corr: 9,
-        },
-        body,
-    }
+    crate::frames::test_frame(ty, crate::frames::data(), body)
 }
 
 fn vectors() -> Value {

@@ -11,6 +11,11 @@
 //! `BROCA_BENCH_ON_DISK=N` instead opens and closes N sessions (their WALs created) and reports
 //! the RSS before and after: idle sessions on disk should cost no memory.
 //!
+//! `BROCA_BENCH_COST=1` also counts what each durable step costs over the runs' window (the
+//! cost model, docs/cost-model.md): CPU, context switches, system calls (perf stat, when perf
+//! is on the path), allocations, bytes appended, written and synced, and the bytes sent to and
+//! read from the provider.
+//!
 //! Run: `cargo bench -p broca-bench --bench serve_steps` (BROCA_BENCH_SESSIONS=1,100,5000 and
 //! BROCA_BENCH_RUNS=N change the workload; BROCA_BENCH_DIR the WAL folder, default a temporary
 //! folder on the disk beside the target dir).
@@ -24,6 +29,9 @@ struct Counting;
 
 static COUNTING: AtomicBool = AtomicBool::new(false);
 static LIVE_BYTES: AtomicI64 = AtomicI64::new(0);
+/// Allocation calls and the bytes they asked for (reallocs that grow count as one).
+static ALLOCS: AtomicI64 = AtomicI64::new(0);
+static ALLOC_BYTES: AtomicI64 = AtomicI64::new(0);
 static LIVE_BY_CLASS: [AtomicI64; 40] = [const { AtomicI64::new(0) }; 40];
 
 fn size_class(size: usize) -> usize {
@@ -34,6 +42,10 @@ fn count(size: usize, sign: i64) {
     if COUNTING.load(Ordering::Relaxed) {
         LIVE_BYTES.fetch_add(sign * size as i64, Ordering::Relaxed);
         LIVE_BY_CLASS[size_class(size)].fetch_add(sign, Ordering::Relaxed);
+        if sign > 0 {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+            ALLOC_BYTES.fetch_add(size as i64, Ordering::Relaxed);
+        }
     }
 }
 
@@ -181,6 +193,26 @@ struct Outcome {
     heap_before: (i64, Vec<i64>),
     heap_open: (i64, Vec<i64>),
     heap_peak: (i64, Vec<i64>),
+    /// What the runs' window cost (with `BROCA_BENCH_COST=1`).
+    cost: Option<Cost>,
+}
+
+/// The runs' window's costs, whole (divided by the steps when printed).
+struct Cost {
+    process: broca_bench::cost::Snapshot,
+    perf: Vec<(String, u64)>,
+    allocs: i64,
+    alloc_bytes: i64,
+    appended: u64,
+    appends: u64,
+    written: u64,
+    fsyncs: u64,
+    http_out: u64,
+    http_in: u64,
+}
+
+fn costing() -> bool {
+    std::env::var_os("BROCA_BENCH_COST").is_some_and(|v| v == "1")
 }
 
 /// Runs `work` on a new executor pinned to CPU 0 (the shard) and waits for its result.
@@ -302,6 +334,18 @@ fn workload(dir: &std::path::Path, port: u16, sessions: usize, runs: usize) -> O
         let heap_open = heap_snapshot();
         peak.set(rss_open);
         *heap_peak.borrow_mut() = heap_open.clone();
+        let costed = costing().then(|| {
+            let perf =
+                broca_bench::cost::PerfStat::start(&["raw_syscalls:sys_enter", "context-switches"]);
+            (
+                perf,
+                broca_bench::cost::snapshot(),
+                ALLOCS.load(Ordering::Relaxed),
+                ALLOC_BYTES.load(Ordering::Relaxed),
+                committer.stats(),
+                http_stats(&model),
+            )
+        });
         let start = Instant::now();
         gate.signal(sessions as u64);
         let mut steps = 0;
@@ -314,6 +358,27 @@ fn workload(dir: &std::path::Path, port: u16, sessions: usize, runs: usize) -> O
             above_fsync.extend(a);
         }
         let elapsed = start.elapsed();
+        let cost = costed.map(|(perf, before, allocs, alloc_bytes, commits, http)| {
+            let process = broca_bench::cost::snapshot() - before;
+            let (allocs_after, bytes_after) = (
+                ALLOCS.load(Ordering::Relaxed),
+                ALLOC_BYTES.load(Ordering::Relaxed),
+            );
+            let now = committer.stats();
+            let http_now = http_stats(&model);
+            Cost {
+                process,
+                perf: perf.map(|p| p.stop()).unwrap_or_default(),
+                allocs: allocs_after - allocs,
+                alloc_bytes: bytes_after - alloc_bytes,
+                appended: now.append_bytes - commits.append_bytes,
+                appends: now.appends - commits.appends,
+                written: now.write_bytes - commits.write_bytes,
+                fsyncs: now.fsyncs - commits.fsyncs,
+                http_out: http_now.0 - http.0,
+                http_in: http_now.1 - http.1,
+            }
+        });
         sampling.set(false);
         glommio::timer::sleep(Duration::from_millis(20)).await;
         let stats = committer.stats();
@@ -344,8 +409,44 @@ fn workload(dir: &std::path::Path, port: u16, sessions: usize, runs: usize) -> O
             heap_before,
             heap_open,
             heap_peak: heap_peak.take(),
+            cost,
         }
     })
+}
+
+/// The provider client's bytes out and in so far.
+fn http_stats(model: &HttpModelClient) -> (u64, u64) {
+    let s = model.http().stats();
+    (s.bytes_out, s.bytes_in)
+}
+
+/// One row of the cost table: what a durable step cost, on average over the window.
+fn print_cost(sessions: usize, steps: u64, elapsed: Duration, c: &Cost) {
+    let per = |v: u64| v as f64 / steps.max(1) as f64;
+    let perf = |name: &str| {
+        c.perf
+            .iter()
+            .find(|(e, _)| e == name)
+            .map_or("n/a".to_string(), |(_, n)| format!("{:.1}", per(*n)))
+    };
+    let p = &c.process;
+    println!(
+        "| {sessions} | {steps} | {:.0} | {:.1} / {:.1} | {:.2} / {:.2} | {} | {:.1} / {:.0} | {:.1} / {:.0} / {:.0} | {:.2} | {:.0} / {:.0} |",
+        steps as f64 / elapsed.as_secs_f64(),
+        per(p.user_us),
+        per(p.sys_us),
+        per(p.voluntary_switches),
+        per(p.involuntary_switches),
+        perf("raw_syscalls:sys_enter"),
+        c.allocs as f64 / steps.max(1) as f64,
+        c.alloc_bytes as f64 / steps.max(1) as f64,
+        per(c.appends),
+        per(c.appended),
+        per(c.written),
+        per(c.fsyncs),
+        per(c.http_out),
+        per(c.http_in),
+    );
 }
 
 /// The loopback provider's bare round trip as the transport's HTTP client sees it: a POST of
@@ -423,7 +524,7 @@ fn sessions_on_disk(dir: &std::path::Path, n: usize) -> (u64, u64, Duration) {
 
 fn main() {
     COUNTING.store(
-        std::env::var_os("BROCA_BENCH_HEAP").is_some_and(|v| v == "1"),
+        std::env::var_os("BROCA_BENCH_HEAP").is_some_and(|v| v == "1") || costing(),
         Ordering::Relaxed,
     );
     if let Some(n) = std::env::var("BROCA_BENCH_ON_DISK")
@@ -474,6 +575,14 @@ fn main() {
     )
     .unwrap();
     let port: u16 = line.trim().parse().expect("the provider's port");
+    if costing() {
+        // For a profile of the bench alone (bench/peers/cost_parts.py takes this pid).
+        eprintln!(
+            "cost: the bench is pid {}, its provider pid {}",
+            std::process::id(),
+            provider.id()
+        );
+    }
     let sessions: Vec<usize> = std::env::var("BROCA_BENCH_SESSIONS")
         .unwrap_or_else(|_| "1,100,5000".into())
         .split(',')
@@ -487,6 +596,7 @@ fn main() {
     std::fs::create_dir_all(&base).unwrap();
     println!("| sessions | runs each | model steps | steps/s | run p50 / p99 | fsync p50 | fsyncs | RSS before / open / peak / after close |");
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut costs = Vec::new();
     for n in sessions {
         let runs = std::env::var("BROCA_BENCH_RUNS")
             .ok()
@@ -499,7 +609,10 @@ fn main() {
                 2
             });
         let dir = tempfile::tempdir_in(&base).unwrap();
-        let o = workload(dir.path(), port, n, runs);
+        let mut o = workload(dir.path(), port, n, runs);
+        if let Some(c) = o.cost.take() {
+            costs.push((n, o.steps, o.elapsed, c));
+        }
         let mut lat: Vec<Duration> = o
             .run_latencies
             .iter()
@@ -577,6 +690,15 @@ fn main() {
                     );
                 }
             }
+        }
+    }
+    if !costs.is_empty() {
+        println!();
+        println!("Per durable step (model step), over the runs' window:");
+        println!("| sessions | steps | steps/s | CPU user / sys µs | switches vol / invol | syscalls | allocs / bytes | WAL appends / bytes appended / written | fsyncs | HTTP bytes out / in |");
+        println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for (n, steps, elapsed, c) in &costs {
+            print_cost(*n, *steps, *elapsed, c);
         }
     }
     let _ = provider.kill();

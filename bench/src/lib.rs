@@ -1,5 +1,6 @@
 //! Shared helpers of broca's benchmarks: latency recording and percentiles, aligned buffers.
 
+pub mod cost;
 pub mod floors;
 pub mod loadgen;
 pub mod peer;

@@ -18,6 +18,8 @@ use subc_transport::connection_file::{
 
 use tokio::net::TcpStream;
 
+#[path = "daemon_scopes.rs"]
+mod scopes;
 #[path = "tool_module.rs"]
 mod tool_module;
 use tool_module::tool_answer;
@@ -47,8 +49,7 @@ pub struct Daemon {
 /// The machine id the stand-in's HELLO_ACK names.
 pub const MACHINE_ID: &str = "00112233445566778899aabbccddeeff";
 
-/// The daemon's scope records by ref, with their owner (the registered module).
-pub type ScopeTable = Arc<Mutex<std::collections::HashMap<String, (String, Value)>>>;
+pub use scopes::ScopeTable;
 
 /// What the daemon does with broca's handshake.
 pub enum Answer {
@@ -318,48 +319,7 @@ impl Daemon {
             return false;
         }
         self.scope_ops.lock().unwrap().push(body.clone());
-        let mut table = self.scopes.lock().unwrap();
-        let mut results = Vec::new();
-        let mut end_results = Vec::new();
-        let upserts = if op == "scope.sync" {
-            table.retain(|_, (owner, _)| owner != &self.owner);
-            &body["scopes"]
-        } else {
-            for e in body["end"].as_array().into_iter().flatten() {
-                let r = e["ref"].as_str().unwrap_or("").to_string();
-                let live = table
-                    .get(&r)
-                    .is_some_and(|(_, rec)| rec["scope_epoch"] == e["scope_epoch"]);
-                if live {
-                    table.remove(&r);
-                }
-                end_results.push(
-                    serde_json::json!({"ref": r, "scope_epoch": e["scope_epoch"],
-                    "outcome": if live { "ended" } else { "not_live" }}),
-                );
-            }
-            &body["upsert"]
-        };
-        for rec in upserts.as_array().into_iter().flatten() {
-            let r = rec["ref"].as_str().unwrap_or("").to_string();
-            let before = table.insert(r.clone(), (self.owner.clone(), rec.clone()));
-            let outcome = match before {
-                None => "created",
-                Some((_, old)) if old["scope_epoch"] != rec["scope_epoch"] => "replaced",
-                Some((_, old)) if &old == rec => "unchanged",
-                Some(_) => "updated",
-            };
-            results.push(
-                serde_json::json!({"ref": r, "scope_epoch": rec["scope_epoch"],
-                "outcome": outcome, "version": 1}),
-            );
-        }
-        drop(table);
-        let mut answer =
-            serde_json::json!({"op": op, "generation": body["generation"], "results": results});
-        if op == "scope.apply" {
-            answer["end_results"] = Value::Array(end_results);
-        }
+        let answer = scopes::answer(&self.scopes, &self.owner, op, &body);
         let mut stream = self.stream.take().expect("connected");
         self.write_on(
             &mut stream,
@@ -723,7 +683,7 @@ fn open_route(
                     let code = queue.remove(0);
                     return refuse(&code);
                 }
-                let stamp = match admit_scope(scopes, body) {
+                let stamp = match scopes::admit(scopes, body) {
                     Ok(stamp) => stamp,
                     Err(code) => return refuse(code),
                 };
@@ -744,37 +704,6 @@ fn open_route(
         serde_json::json!({"op": "route.open", "route_channel": *next_channel, "route_epoch": 1}),
         false,
     )
-}
-
-/// A route.open's scope as the daemon admits it: only its owner (the opener's consumer
-/// identity, a reserved module) opens under it, and only at its live epoch. Answers the stamp
-/// the module's bind carries (`Null` for an unscoped open).
-fn admit_scope(scopes: &ScopeTable, body: &Value) -> Result<Value, &'static str> {
-    let sel = &body["scope"];
-    if sel.is_null() {
-        return Ok(Value::Null);
-    }
-    if sel["scope_epoch"].is_null() {
-        return Err("scope_epoch_required");
-    }
-    let table = scopes.lock().unwrap();
-    let Some((owner, rec)) = table.get(sel["ref"].as_str().unwrap_or("")) else {
-        return Err("scope_not_live");
-    };
-    if rec["scope_epoch"] != sel["scope_epoch"] {
-        return Err("scope_not_live");
-    }
-    let opener = body["consumer_identity"]["module_id"].as_str();
-    if sel["owner"]["kind"] != "reserved"
-        || sel["owner"]["module_id"].as_str() != Some(owner)
-        || opener != Some(owner)
-    {
-        return Err("scope_not_carrier");
-    }
-    Ok(serde_json::json!({
-        "owner": sel["owner"], "ref": sel["ref"], "scope_epoch": rec["scope_epoch"],
-        "kind": rec["kind"], "workdir": rec["workdir"], "owner_authorized": false,
-    }))
 }
 
 fn bus_answer(b: &BusModule, body: &Value) -> Reply {

@@ -59,6 +59,8 @@ fn config() -> FrozenConfig {
         structured_output: None,
         route_decision_id: None,
         compaction: Some(Compaction::summarize()),
+        retention: None,
+        title: None,
     }
 }
 

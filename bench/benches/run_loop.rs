@@ -48,6 +48,8 @@ fn config() -> FrozenConfig {
         structured_output: None,
         route_decision_id: None,
         compaction: None,
+        retention: None,
+        title: None,
     }
 }
 

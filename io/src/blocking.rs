@@ -32,11 +32,13 @@ pub enum Kind {
     Dns,
     /// A session's content store (uploads taken, checked, read).
     Media,
+    /// A session past its retention: its tombstone written, its content deleted.
+    Retention,
 }
 
 impl Kind {
     /// Every kind, in the order metrics list them.
-    pub const ALL: [Kind; 11] = [
+    pub const ALL: [Kind; 12] = [
         Kind::WalReplay,
         Kind::WalRead,
         Kind::SubscriptionRead,
@@ -48,6 +50,7 @@ impl Kind {
         Kind::LogRead,
         Kind::Dns,
         Kind::Media,
+        Kind::Retention,
     ];
 
     /// The kind's label.
@@ -64,6 +67,7 @@ impl Kind {
             Kind::LogRead => "log_read",
             Kind::Dns => "dns",
             Kind::Media => "media",
+            Kind::Retention => "retention",
         }
     }
 

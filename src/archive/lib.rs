@@ -17,7 +17,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use broca_wal::archive::{self as format, hex, Index, MediaMember, Member};
+
+mod forget;
 use broca_wal::{Record, Verdict};
+pub use forget::forget;
 
 /// Sessions packed and restored by this process (for `/metrics`).
 pub static PACKED: AtomicU64 = AtomicU64::new(0);
@@ -150,7 +153,7 @@ fn try_flock(file: &File, how: libc::c_int) -> std::io::Result<bool> {
     }
 }
 
-fn sync_dir(dir: &Path) -> Result<(), Error> {
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), Error> {
     broca_io::fs::sync_dir(dir).map_err(|e| Error::io(dir, "fsync directory", e))
 }
 
@@ -267,7 +270,7 @@ fn choose(path: &Path, idle: Duration, now: SystemTime) -> Result<Chosen, Skip> 
 }
 
 /// The lock one pack of the state dir holds while it runs; refused while another pack holds it.
-fn pack_lock(state_dir: &Path, archive_dir: &Path) -> Result<File, Error> {
+pub(crate) fn pack_lock(state_dir: &Path, archive_dir: &Path) -> Result<File, Error> {
     let lock_path = pack_lock_path(archive_dir);
     let lock = OpenOptions::new()
         .read(true)
@@ -368,7 +371,7 @@ fn seal_and_remove(
                     .map(|(sha, b)| (c.member.file.as_str(), sha.as_str(), b.as_slice()))
             })
             .collect();
-        let (path, _) = write_container(archive_dir, &members, &bytes, &media)?;
+        let (path, _) = write_container(archive_dir, now_ms(), &members, &bytes, &media)?;
         progress(Progress::Sealed {
             path: path.clone(),
             members: members.len(),
@@ -421,9 +424,11 @@ fn seal_and_remove(
 }
 
 /// Writes and seals one container: a temporary file, fsynced, renamed to its digest, the
-/// folder fsynced. Returns its path and digest.
-fn write_container(
+/// folder fsynced. Returns its path and digest. `created_unix_ms` orders it among the others
+/// (the newer of two holding a session wins): a pack's is now, a rewrite keeps the old one's.
+pub(crate) fn write_container(
     archive_dir: &Path,
+    created_unix_ms: u64,
     members: &[Member],
     bytes: &[&[u8]],
     media: &[(&str, &str, &[u8])],
@@ -452,7 +457,7 @@ fn write_container(
     let mut at = format::MAGIC.len() as u64;
     let mut index = Index {
         format: 1,
-        created_unix_ms: now_ms(),
+        created_unix_ms,
         members: Vec::with_capacity(members.len()),
         media: Vec::with_capacity(media.len()),
     };
@@ -557,7 +562,7 @@ pub enum Error {
 }
 
 impl Error {
-    fn io(path: &Path, op: &'static str, e: std::io::Error) -> Error {
+    pub(crate) fn io(path: &Path, op: &'static str, e: std::io::Error) -> Error {
         Error::Io {
             path: path.to_path_buf(),
             op,

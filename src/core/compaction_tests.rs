@@ -20,6 +20,8 @@ fn compacting() -> FrozenConfig {
     FrozenConfig {
         context_limit: Some(1000),
         compaction: Some(Compaction::summarize()),
+        retention: None,
+        title: None,
         ..config()
     }
 }

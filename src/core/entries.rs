@@ -287,6 +287,28 @@ impl Note {
     }
 }
 
+/// The time a record says it was written, when it is activity: a send, a step or its tool
+/// work, a terminal record (the times the entries' `updated_at` is the newest of). A lease
+/// record is not: broca writes it on its own.
+pub(crate) fn activity_at(record: &Record) -> Option<u64> {
+    match record {
+        Record::RunStarted(r) => Some(r.at_unix_ms),
+        Record::StepStarted(r) if !r.steers.is_empty() => r.at_unix_ms,
+        Record::ModelStepFinished(r) => r.at_unix_ms,
+        Record::ToolDispatchIntent(r) => r.at_unix_ms,
+        Record::ToolResult(r) => r.at_unix_ms,
+        Record::EpisodeImported(r) => Some(r.at_unix_ms),
+        Record::RunFinished(r) => r.at_unix_ms,
+        Record::RunPaused(r) => r.at_unix_ms,
+        Record::RunResumed(r) => Some(r.at_unix_ms),
+        Record::CancelRequested(r) => Some(r.at_unix_ms),
+        Record::SendQueued(r) => Some(r.at_unix_ms),
+        Record::SendRetracted(r) => Some(r.at_unix_ms),
+        Record::SendSteered(r) => Some(r.at_unix_ms),
+        _ => None,
+    }
+}
+
 /// The id of the `i`-th message of the import recorded at `seq`.
 pub fn imported_mid(seq: u64, i: usize) -> String {
     if i == 0 {

@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use crate::entries::{Body, Entry};
 use crate::replay::Session;
-use crate::role::{entries_of, entry, last_entries, Facts, HISTORY_VERSION};
+use crate::role::{entries_of, entry, last_entries, Facts};
 use broca_protocol::Block;
 
 /// Why a history request was refused.
@@ -106,6 +106,7 @@ fn walk(
 /// "display"`.
 pub fn history_page(
     s: Option<&Session>,
+    version: u64,
     incarnation: &str,
     req: &HistoryRequest,
 ) -> Result<Value, HistoryRefusal> {
@@ -127,7 +128,7 @@ pub fn history_page(
         Some(s) => gather(s, start, total, bounds, req.media.unwrap_or_default()),
         None => (Vec::new(), 0..0),
     };
-    let mut out = HistoryPage::new(HISTORY_VERSION, incarnation, page);
+    let mut out = HistoryPage::new(version, incarnation, page);
     if range.start > 0 {
         out = out.with_older(cursor(incarnation, true, range.start));
     }

@@ -20,6 +20,8 @@ pub mod project;
 pub mod read;
 pub mod replay;
 pub mod resume;
+#[cfg(test)]
+mod retention_tests;
 pub mod role;
 pub mod spend;
 #[cfg(test)]
@@ -37,7 +39,7 @@ pub use machine::{
     TimeoutKind,
 };
 pub use read::{read_session, Keep, ReadError, ReadSession};
-pub use replay::{Misfit, ReplayError, RunState, RunView, Session};
+pub use replay::{Expiry, Misfit, ReplayError, RunState, RunView, Session};
 
 /// The key of the call at `index` of the tool batch `batch_id` of session `triple` (the
 /// llm-runner/v1 role's `call_key`, which a tool provider deduplicates on): minted when the

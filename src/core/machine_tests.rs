@@ -38,6 +38,8 @@ pub(crate) fn config() -> FrozenConfig {
         structured_output: None,
         route_decision_id: None,
         compaction: None,
+        retention: None,
+        title: None,
     }
 }
 

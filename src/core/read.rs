@@ -187,7 +187,8 @@ impl ReadCache {
         slot
     }
 
-    fn forget(&self, path: &Path) {
+    /// Drops what is kept of the WAL at `path` (a session deleted: past its retention).
+    pub fn forget(&self, path: &Path) {
         if let Ok(mut slots) = self.slots.lock() {
             slots.map.remove(path);
         }

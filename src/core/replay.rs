@@ -114,6 +114,17 @@ impl RunState {
     }
 }
 
+/// When a session with a retention expires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expiry {
+    /// It has no retention: kept forever.
+    Never,
+    /// A run of it is not over: it does not expire until that run ends.
+    Held,
+    /// At this time (ms since the Unix epoch): its last activity plus its retention.
+    At(u64),
+}
+
 /// The run without a terminal record, and where it resumes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OpenRun {
@@ -181,6 +192,12 @@ pub struct Session {
     pub compacted: Option<super::compaction::Compacted>,
     /// The calls a late result may still settle, and the late results recorded.
     pub late: super::late::LateCalls,
+    /// The session's retention in seconds (llm-runner/v1 `retention`), as its latest send
+    /// left it; `None`: kept forever.
+    pub retention: Option<u64>,
+    /// The time of its newest send, step or terminal record (the retention clock's last
+    /// activity; the same time `session.head` names `updated_at`).
+    pub activity_ms: Option<u64>,
 }
 
 impl Session {
@@ -188,6 +205,31 @@ impl Session {
     fn note_input_cap(&mut self, config: &broca_wal::runrec::FrozenConfig) {
         if let Some(cap) = config.stop.input_cap {
             self.input_cap = Some(self.input_cap.map_or(cap.limit, |c| c.min(cap.limit)));
+        }
+        // Admission only ever shortens it: the latest send's is the session's.
+        if config.retention.is_some() {
+            self.retention = config.retention;
+        }
+    }
+
+    /// When the session expires (llm-runner/v1 `retention`): never while it has no retention
+    /// or a run that is not over (active, paused, queued or a steer not yet rendered); else
+    /// its last activity plus its retention.
+    pub fn expiry(&self) -> Expiry {
+        let Some(seconds) = self.retention else {
+            return Expiry::Never;
+        };
+        let held = self.open.is_some()
+            || !self.queued.is_empty()
+            || !self.pending_steers.is_empty()
+            || self
+                .runs
+                .last()
+                .is_some_and(|r| matches!(r.state, RunState::Active | RunState::Paused));
+        match self.activity_ms {
+            _ if held => Expiry::Held,
+            None => Expiry::Never,
+            Some(at) => Expiry::At(at.saturating_add(seconds.saturating_mul(1000))),
         }
     }
 }
@@ -320,6 +362,9 @@ impl Session {
 
     /// Applies one record; the live actor calls this too, so replay and live agree.
     pub fn apply(&mut self, seq: u64, record: Record) -> Result<(), Misfit> {
+        if let Some(t) = super::entries::activity_at(&record) {
+            self.activity_ms = Some(self.activity_ms.map_or(t, |a| a.max(t)));
+        }
         let entries_before = self.entry_count;
         let Some(mut entries) = self.entries.take() else {
             let applied = self.apply_record(seq, record);

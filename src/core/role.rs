@@ -2,8 +2,9 @@
 //! `session.head` (`Session::with_entries`), `run.result` and `run.status`, with the role
 //! crate's own types. broca never
 //! rewrites a session's history (its WAL is append-only and a recovery only drops a torn
-//! tail nobody was answered from), so the history version is always
-//! [`HISTORY_VERSION`]; the incarnation is the WAL's lineage, new whenever the log is made
+//! tail nobody was answered from), so a session record's history version is fixed: the first
+//! record's is [`HISTORY_VERSION`], one made after a record expired (its retention, handed in
+//! by the caller) the next; the incarnation is the WAL's lineage, new whenever the log is made
 //! anew.
 
 use cortexkit_role_llm_runner::read::{
@@ -20,7 +21,7 @@ use crate::replay::{RunState, RunView, Session};
 use broca_protocol::FinishReason;
 use broca_wal::runrec::FinishKind;
 
-/// The only history version broca's sessions have.
+/// The history version of a session's first record.
 pub const HISTORY_VERSION: u64 = 1;
 /// `session.read`'s byte cap: the default and the largest honoured (below the 4 MiB frame),
 /// as `role.describe` states them.
@@ -180,6 +181,7 @@ pub(crate) fn size(m: &ReadMessage) -> u64 {
 /// written) under `incarnation`.
 pub fn read_page(
     s: Option<&Session>,
+    version: u64,
     incarnation: &str,
     req: &ReadRequest,
 ) -> Result<ReadPage, ReadRefusal> {
@@ -190,7 +192,7 @@ pub fn read_page(
             _ => "`after_mid` needs the `history_version` it came from".into(),
         },
     })?;
-    if let Some(v) = req.history_version.filter(|v| *v != HISTORY_VERSION) {
+    if let Some(v) = req.history_version.filter(|v| *v != version) {
         return Err(ReadRefusal::HistoryChanged(v));
     }
     let bounds = page_bounds(req.limit, req.max_bytes).map_err(|why| ReadRefusal::Invalid {
@@ -216,14 +218,14 @@ pub fn read_page(
         }
         ReadMode::Tail => {
             return Ok(match s {
-                Some(s) => tail_page(s, incarnation, total, bounds, facts),
-                None => ReadPage::empty(HISTORY_VERSION, incarnation),
+                Some(s) => tail_page(s, version, incarnation, total, bounds, facts),
+                None => ReadPage::empty(version, incarnation),
             })
         }
     };
     Ok(match s {
-        Some(s) => forward_page(s, incarnation, start, total, bounds, facts),
-        None => ReadPage::empty(HISTORY_VERSION, incarnation),
+        Some(s) => forward_page(s, version, incarnation, start, total, bounds, facts),
+        None => ReadPage::empty(version, incarnation),
     })
 }
 
@@ -260,6 +262,7 @@ pub(crate) fn page_bounds(limit: Option<u64>, max_bytes: Option<u64>) -> Result<
 /// The newest entries that fit, gathered backwards; the oldest of them first.
 fn tail_page(
     s: &Session,
+    version: u64,
     incarnation: &str,
     total: usize,
     bounds: Bounds,
@@ -278,12 +281,13 @@ fn tail_page(
         messages.push(m);
     }
     messages.reverse();
-    ReadPage::new(HISTORY_VERSION, incarnation, messages)
+    ReadPage::new(version, incarnation, messages)
 }
 
 /// The entries from index `start` that fit, and where the next page starts.
 fn forward_page(
     s: &Session,
+    version: u64,
     incarnation: &str,
     start: usize,
     total: usize,
@@ -308,7 +312,7 @@ fn forward_page(
         messages.len() <= bounds.limit,
         "a page holds at most its limit"
     );
-    let page = ReadPage::new(HISTORY_VERSION, incarnation, messages);
+    let page = ReadPage::new(version, incarnation, messages);
     if next < total {
         page.with_next_from_ordinal(next as u64 + 1)
     } else {
@@ -317,14 +321,14 @@ fn forward_page(
 }
 
 /// `session.head` of `s` (replayed with its entries; `None` for a session never written).
-pub fn head(s: Option<&Session>, incarnation: &str) -> HeadMeta {
+pub fn head(s: Option<&Session>, version: u64, incarnation: &str) -> HeadMeta {
     let Some(s) = s else {
-        return HeadMeta::empty(HISTORY_VERSION, incarnation);
+        return HeadMeta::empty(version, incarnation);
     };
     let Some(updated_at) = s.entries.as_ref().and_then(|e| e.updated_at) else {
-        return HeadMeta::empty(HISTORY_VERSION, incarnation);
+        return HeadMeta::empty(version, incarnation);
     };
-    let mut head = HeadMeta::new(HISTORY_VERSION, incarnation, 1, updated_at);
+    let mut head = HeadMeta::new(version, incarnation, 1, updated_at);
     let entries = entries_of(s);
     if !entries.is_empty() {
         head = head.with_last_ordinal(entries.len() as u64);

@@ -70,6 +70,7 @@ pub const POINTS: &[&str] = &[
     "upload_committed",
     "context_compacted",
     "tool_result_late",
+    "retention_tombstoned",
     "mid_write",
 ];
 
@@ -217,6 +218,19 @@ pub fn due(record: &Record) -> Option<Abort> {
         }
         _ => Some(Abort::Now),
     }
+}
+
+/// A boundary that is no record was passed (`retention_tombstoned`: an expired session's
+/// tombstone is durable, its content not yet deleted): abort if the plan is for it.
+pub fn reached(point: &'static str) {
+    let Some(plan) = plan() else {
+        return;
+    };
+    if plan.point != point || plan.seen.fetch_add(1, Ordering::Relaxed) + 1 != plan.nth {
+        return;
+    }
+    broca_io::errln!("broca: BROCA_CRASH_AT: aborting after {point}");
+    std::process::abort()
 }
 
 /// Set when an `AfterAction` abort waits for its action.

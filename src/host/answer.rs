@@ -115,6 +115,7 @@ impl Shard {
                     return false;
                 }
             }
+            SessionCommand::Expire { reply } => return self.expire(actor, triple, reply).await,
             SessionCommand::Upload { op, caller, reply } => {
                 let answer = actor.upload(op, &caller).await;
                 let failed = matches!(&answer, Err(e) if e.code == broca_wire::Code::Internal);
@@ -143,6 +144,8 @@ impl Shard {
         }
         match actor.send_prepared(admission).await {
             Ok(r) => {
+                // Held while its run is not over.
+                self.note_retention(actor, triple);
                 let new = !r.existing && r.pending.is_none();
                 if new {
                     self.host.storage.wrote();
@@ -199,6 +202,105 @@ impl Shard {
                 false
             }
         }
+    }
+}
+
+/// An expiring session: its tombstone, and who waits for its deletion.
+pub(crate) struct Expiring {
+    pub(crate) stone: crate::retention::Tombstone,
+    pub(crate) reply: futures_channel::oneshot::Sender<Option<u64>>,
+}
+
+impl Shard {
+    /// Tells the host when the session is due, when it has a retention.
+    pub(crate) fn note_retention(&self, actor: &Actor, triple: &SessionTriple) {
+        let state = actor.state();
+        if state.retention.is_some() {
+            self.host.retention.note(triple, state.expiry());
+        }
+    }
+
+    /// Expires the session if it is past its retention: its tombstone durable first, then
+    /// `false` closes the actor, after which [`Shard::delete_expired`] deletes it and
+    /// answers. A session not expired is answered `None` and stays open.
+    async fn expire(
+        &self,
+        actor: &mut Actor,
+        triple: &SessionTriple,
+        reply: futures_channel::oneshot::Sender<Option<u64>>,
+    ) -> bool {
+        let now = broca_session::now_unix_ms();
+        let state = actor.state();
+        let at = match state.expiry() {
+            broca_core::Expiry::At(at) if at <= now => at,
+            other => {
+                self.host.retention.note(triple, other);
+                let _ = reply.send(None);
+                return true;
+            }
+        };
+        let addr = triple.address().to_string();
+        let lineage = actor.writer().header().lineage_hex();
+        if let Some(stone) = self.host.retention.standing(&addr, &lineage) {
+            // Tombstoned before, its deletion not finished: delete it now.
+            self.expiring
+                .borrow_mut()
+                .insert(triple.address().0, Expiring { stone, reply });
+            return false;
+        }
+        let stone = crate::retention::Tombstone {
+            history_version: self.host.retention.history_version(&addr),
+            address: addr,
+            lineage,
+            expired_at_ms: at,
+            tombstoned_at_ms: now,
+            runs: state.runs.iter().map(|r| r.run_id.clone()).collect(),
+        };
+        let host = self.host.clone();
+        let written = {
+            let stone = stone.clone();
+            broca_io::blocking::run(broca_io::blocking::Kind::Retention, move || {
+                host.retention.tombstone(&stone)
+            })
+            .await
+        };
+        if let Err(e) = written {
+            tracing::error!(
+                "session {}: its tombstone cannot be written ({e}); it expires at the next look",
+                triple.address()
+            );
+            let _ = reply.send(None);
+            return true;
+        }
+        tracing::info!(
+            "session {}: expired at {at} (its retention); its content is deleted",
+            triple.address()
+        );
+        broca_crash_points::reached("retention_tombstoned");
+        self.expiring
+            .borrow_mut()
+            .insert(triple.address().0, Expiring { stone, reply });
+        false
+    }
+
+    /// Deletes an expired session once its actor has closed, then answers its expiry. A
+    /// deletion that fails is logged and done again at the next start.
+    pub(crate) async fn delete_expired(&self, triple: &SessionTriple, expiring: Expiring) {
+        let Expiring { stone, reply } = expiring;
+        let host = self.host.clone();
+        let at = stone.expired_at_ms;
+        let deleted = broca_io::blocking::run(broca_io::blocking::Kind::Retention, move || {
+            host.retention
+                .delete(&stone, host.store.as_deref(), &host.reads)
+        })
+        .await;
+        if let Err(e) = deleted {
+            tracing::error!(
+                "session {}: deleting its expired content: {e} (done again at the next start)",
+                triple.address()
+            );
+        }
+        let _ = reply.send(Some(at));
     }
 }
 

@@ -11,6 +11,7 @@
 //! every WAL and removes serve.json; the caller re-raises the signal ([`reraise`]).
 
 mod answer;
+mod expiry;
 mod late;
 mod limits;
 mod lists;
@@ -19,6 +20,7 @@ pub mod metrics;
 mod reads;
 mod replies;
 mod resume;
+pub mod retention;
 mod rpc;
 mod sessions;
 mod shard;
@@ -181,6 +183,8 @@ pub struct Host {
     pub(crate) step_hints: Option<StepHints>,
     /// The OpenTelemetry trace exporter, when the environment turns it on.
     pub(crate) traces: Option<Arc<broca_otel::Traces>>,
+    /// Whole-session retention: tombstones, and when each session with one is due.
+    pub(crate) retention: Arc<retention::Retention>,
 }
 
 /// Sessions whose replayed state the readers keep (the least lately read go first).
@@ -404,6 +408,8 @@ impl Startup {
         );
         start::load_catalog(&opts, &tls, &proxy, extras.module_tools.clone())?;
         let opened = start::open_store(&opts.state_dir, &state.wal_dir)?;
+        let retention = retention::Retention::load(&opts.state_dir, &state.wal_dir)
+            .map_err(|e| format!("reading the sessions' retention: {e}"))?;
         let (tools, missing) =
             start::start_tools(&opts, &tls, &proxy, extras.module_tools.clone())?;
         let (mesh, receivers) = Mesh::new(opts.shards);
@@ -435,7 +441,21 @@ impl Startup {
             storage: storage::StorageHealth::default(),
             step_hints: extras.step_hints,
             traces,
+            retention: Arc::new(retention),
         });
+        // A deletion a crash cut short (its tombstone durable) is finished before anything
+        // is served.
+        for stone in host.retention.pending() {
+            if let Err(e) = host
+                .retention
+                .delete(&stone, host.store.as_deref(), &host.reads)
+            {
+                tracing::error!(
+                    "session {}: deleting its expired content: {e}",
+                    stone.address
+                );
+            }
+        }
         signals::SignalSlot::install(&slot, &host);
         if let Some(m) = &host.module_tools {
             m.set_late_sink(Arc::new(late::HostLate {

@@ -206,6 +206,9 @@ pub(crate) async fn runs(
                 if let Some(id) = &r.send_id {
                     v["send_id"] = id.clone().into();
                 }
+                if let Some(title) = &r.config.title {
+                    v["title"] = title.clone().into();
+                }
                 v
             })
             .collect();

@@ -108,9 +108,15 @@ pub(crate) async fn send_status(
     .await?
 }
 
-/// The incarnation a page names: the WAL's lineage (`none` for a session never written).
+/// The incarnation a page names: the WAL's lineage (`log-1` for a session never written, as
+/// the role's suite has it).
 fn incarnation(read: Option<&broca_core::ReadSession>) -> String {
-    read.map_or_else(|| "none".to_string(), |r| r.lineage.clone())
+    read.map_or_else(|| "log-1".to_string(), |r| r.lineage.clone())
+}
+
+/// The history version of the session `t`'s current record (after an expiry, the next).
+fn version(ctx: &Host, t: &SessionTriple) -> u64 {
+    ctx.retention.history_version(&t.address().to_string())
 }
 
 pub(crate) async fn read(
@@ -124,8 +130,10 @@ pub(crate) async fn read(
     if let Err(field) = req.check_display_facts(broca_wire::role::GROUPS) {
         return Err(invalid("this runner serves no display facts").with_field(field));
     }
+    let v = version(ctx, &t);
     let page = with_session(ctx, &t, move |read| {
-        let page = broca_core::role::read_page(read.map(|r| &r.session), &incarnation(read), &req);
+        let page =
+            broca_core::role::read_page(read.map(|r| &r.session), v, &incarnation(read), &req);
         // The page's snapshot ends after the last record it read: a subscription from this
         // head continues strictly after it.
         page.map(|p| match read.and_then(|r| r.last_seq) {
@@ -137,12 +145,9 @@ pub(crate) async fn read(
     match page {
         Ok(page) => Ok(serde_json::to_value(page).expect("a page serializes")),
         Err(ReadRefusal::Invalid { field, why }) => Err(invalid(why).with_field(field)),
-        Err(ReadRefusal::HistoryChanged(v)) => Err(RpcError::new(
+        Err(ReadRefusal::HistoryChanged(old)) => Err(RpcError::new(
             Code::HistoryChanged,
-            format!(
-                "the cursor is of history version {v}; this session's is {}",
-                broca_core::role::HISTORY_VERSION
-            ),
+            format!("the cursor is of history version {old}; this session's is {v}"),
         )),
         Err(ReadRefusal::UnknownMid(mid)) => Err(unknown_mid(&mid)),
     }
@@ -157,8 +162,9 @@ fn unknown_mid(mid: &str) -> RpcError {
 
 /// session.head: the session's metadata and spend, no bodies.
 pub(crate) async fn head(ctx: &Host, t: SessionTriple) -> Result<Value, RpcError> {
+    let v = version(ctx, &t);
     let head = with_session(ctx, &t, move |read| {
-        broca_core::role::head(read.map(|r| &r.session), &incarnation(read))
+        broca_core::role::head(read.map(|r| &r.session), v, &incarnation(read))
     })
     .await?;
     Ok(serde_json::to_value(head).expect("a head serializes"))
@@ -171,8 +177,9 @@ pub(crate) async fn history(
     req: Box<HistoryRequest>,
 ) -> Result<Value, RpcError> {
     use broca_core::history::HistoryRefusal;
+    let v = version(ctx, &t);
     let page = with_session(ctx, &t, move |read| {
-        broca_core::history::history_page(read.map(|r| &r.session), &incarnation(read), &req)
+        broca_core::history::history_page(read.map(|r| &r.session), v, &incarnation(read), &req)
     })
     .await?;
     page.map_err(|refusal| match refusal {
@@ -277,13 +284,13 @@ mod tests {
         let cached = cache
             .with(path, |r| {
                 let r = r.unwrap();
-                broca_core::role::read_page(Some(&r.session), &r.lineage, &req).unwrap()
+                broca_core::role::read_page(Some(&r.session), 1, &r.lineage, &req).unwrap()
             })
             .unwrap();
         let whole = broca_core::read_session(path, broca_core::Keep::Entries)
             .unwrap()
             .unwrap();
-        let want = broca_core::role::read_page(Some(&whole.session), &whole.lineage, &req);
+        let want = broca_core::role::read_page(Some(&whole.session), 1, &whole.lineage, &req);
         assert_eq!(
             Ok(cached.clone()),
             want,

@@ -62,10 +62,13 @@ async fn call(ctx: &Host, request: Request, caller: &Caller) -> Result<Value, Rp
             }
             Request::Describe => Ok(broca_wire::role::describe(ctx.step_hints.is_some())),
             Request::SessionsList { list } => crate::lists::sessions(ctx, list).await,
+            #[cfg(debug_assertions)]
+            Request::AdvanceClock { ms } => Ok(ctx.advance_clock(ms).await),
             _ => Err(invalid("the request names no session")),
         };
     };
     let t = triple(session)?;
+    ctx.retention_gate(&t, &request).await?;
     match request {
         Request::Send { send: req, .. } => self::send(ctx, t, *req, caller).await,
         Request::Status { run_id, .. } => status(ctx, t, run_id).await,
@@ -94,9 +97,10 @@ async fn call(ctx: &Host, request: Request, caller: &Caller) -> Result<Value, Rp
             ask(ctx, t, |reply| SessionCommand::Upload { op, caller, reply }).await?
         }
         Request::MediaRead { read, .. } => crate::media::media_read(ctx, t, read).await,
-        Request::Import { .. } | Request::Describe | Request::SessionsList { .. } => {
-            Err(invalid("the request names no session"))
-        }
+        Request::Import { .. }
+        | Request::Describe
+        | Request::SessionsList { .. }
+        | Request::AdvanceClock { .. } => Err(invalid("the request names no session")),
     }
 }
 

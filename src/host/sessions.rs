@@ -84,6 +84,11 @@ impl Shard {
             SessionCommand::LateResult { reply, .. } => {
                 drop(reply.send(Ok(broca_tools::late::LateRecorded::NotAwaited)))
             }
+            // Nothing to expire: expired already (and deleted), or never written.
+            SessionCommand::Expire { reply } => {
+                let addr = triple.address().to_string();
+                let _ = reply.send(self.host.retention.expired_at(&addr));
+            }
             SessionCommand::Status { .. } | SessionCommand::Import { .. } => {
                 unreachable!("answered above")
             }
@@ -144,9 +149,14 @@ impl Shard {
                     tracing::error!("session {}: resuming: {e}", triple.address());
                 }
             }
+            self.note_retention(&actor, &triple);
             Box::pin(self.serve_commands(&mut actor, &inbox, &triple)).await;
             if let Err(e) = Box::pin(actor.close()).await {
                 tracing::error!("session {}: closing: {e}", triple.address());
+            }
+            let expiring = self.expiring.borrow_mut().remove(&addr);
+            if let Some(expiring) = expiring {
+                self.delete_expired(&triple, expiring).await;
             }
         }
         self.ended(addr, &triple, inbox).await;
@@ -167,6 +177,7 @@ impl Shard {
                 break;
             };
             open = Box::pin(self.answer(actor, inbox, triple, cmd)).await;
+            self.note_retention(actor, triple);
         }
     }
 

@@ -68,6 +68,9 @@ pub(crate) struct Shard {
     pub(crate) resumes: glommio::sync::Semaphore,
     /// Set when the shard stops: its periodic tasks end.
     pub(crate) stopped: Rc<StopSignal>,
+    /// Sessions whose tombstone is written and whose actor is closing: deleted once it has
+    /// closed, then the expiry is answered.
+    pub(crate) expiring: RefCell<HashMap<Key, crate::answer::Expiring>>,
 }
 
 impl Shard {
@@ -113,6 +116,7 @@ impl Shard {
             short_unlogged: Rc::new(Cell::new(None)),
             resumes: glommio::sync::Semaphore::new(RESUMES_AT_ONCE as u64),
             stopped: Rc::new(StopSignal::default()),
+            expiring: RefCell::default(),
             host,
         }
     }
@@ -298,6 +302,9 @@ impl Shard {
         let refreshed = catalog.url.is_some() || catalog.file.is_some() || catalog.module.is_some();
         self.pick_up_tool_modules();
         self.sweep_late_results();
+        if self.services.shard == 0 {
+            crate::expiry::sweep(&self.host, self.stopped.clone());
+        }
         if self.services.shard == 0 && !refresh.is_zero() && refreshed {
             let me = self.clone();
             every(refresh, self.stopped.clone(), move || {

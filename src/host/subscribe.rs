@@ -45,6 +45,8 @@ impl Host {
         if self.is_stopping() {
             return Err(RpcError::refusal(&broca_wire::Refusal::ShuttingDown));
         }
+        // An expired session serves nothing of what it held.
+        self.unexpired(&triple).await?;
         let (tx, mut items) = mpsc::channel::<SubItem>(broca_session::SUB_CHANNEL_ITEMS);
         // Dropped when the subscriber's connection ends: the hub stops serving it at once.
         let (alive, gone) = oneshot::channel::<()>();

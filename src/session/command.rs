@@ -52,6 +52,10 @@ pub enum SessionCommand {
         late: broca_tools::late::LateResult,
         reply: oneshot::Sender<Result<broca_tools::late::LateRecorded, broca_wire::RpcError>>,
     },
+    /// Expire the session if it is past its retention (llm-runner/v1 `retention`): its
+    /// shard writes the tombstone, closes the actor and deletes the session, then answers
+    /// when it expired; `None` when it is not expired.
+    Expire { reply: oneshot::Sender<Option<u64>> },
     /// Import another harness's log (refused while a run is active).
     Import {
         input: Box<ImportInput>,
@@ -72,6 +76,7 @@ impl SessionCommand {
             SessionCommand::Status { reply, .. } => drop(reply),
             SessionCommand::Cancel { reply, .. } => drop(reply),
             SessionCommand::Barrier { reply } => drop(reply),
+            SessionCommand::Expire { reply } => drop(reply),
         }
     }
 }

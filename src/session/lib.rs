@@ -31,11 +31,38 @@ pub use subscription::{subscribe, REPLAY_PAGE_BYTES, SUB_CHANNEL_ITEMS};
 use broca_protocol::model::{Failure, ModelClient, ModelStream};
 
 /// The clock of the actors and the daemon: milliseconds since the Unix epoch (the run loop
-/// is handed this time; it reads none itself).
+/// is handed this time; it reads none itself). Records' times, retention's expiry and its
+/// deletion deadlines all read it; a debug build's tests may move it forward
+/// ([`advance_clock`]), a release build has no way to.
 pub fn now_unix_ms() -> u64 {
-    std::time::SystemTime::now()
+    let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+        .map_or(0, |d| d.as_millis() as u64);
+    now.saturating_add(clock::offset())
+}
+
+/// How far tests moved the clock: always nothing in a release build.
+mod clock {
+    #[cfg(debug_assertions)]
+    pub(super) static OFFSET_MS: std::sync::atomic::AtomicU64 =
+        std::sync::atomic::AtomicU64::new(0);
+
+    #[cfg(debug_assertions)]
+    pub(super) fn offset() -> u64 {
+        OFFSET_MS.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    #[cfg(not(debug_assertions))]
+    pub(super) fn offset() -> u64 {
+        0
+    }
+}
+
+/// Moves the process's clock forward by `ms` (the retention clock of the llm-runner/v1
+/// suite's `advance_retention_clock`). Debug builds only: a release build has no such call.
+#[cfg(debug_assertions)]
+pub fn advance_clock(ms: u64) {
+    clock::OFFSET_MS.fetch_add(ms, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// The model of a process that calls none (`broca import`): a call fails, permanently.

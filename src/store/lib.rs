@@ -324,13 +324,21 @@ impl Store {
         let mut failed = Vec::new();
         for path in paths {
             match self.behind(path) {
-                Ok((Some(p), _)) => projections.push(p),
+                Ok((Some(p), _)) => projections.push((path, p)),
                 Ok((None, _)) => {}
                 Err(e) => failed.push(e.to_string()),
             }
         }
         if !projections.is_empty() {
-            self.write(&projections)?;
+            // Checked under the write lock: a session deleted since it was read (past its
+            // retention, `forget`) is not written back.
+            let mut w = self.env.write_txn().map_err(err("write"))?;
+            for (path, p) in &projections {
+                if broca_wal::archive::exists(path) {
+                    self.write_one(&mut w, p)?;
+                }
+            }
+            w.commit().map_err(err("commit"))?;
         }
         Ok(failed)
     }
@@ -476,6 +484,21 @@ impl Store {
             .put(w, &p.addr, &json(&p.mark))
             .map_err(err("write"))?;
         Ok(())
+    }
+
+    /// Takes every projection of the session `addr` out of the store (its mark, runs,
+    /// admissions, facts, transcript), in one transaction: a session past its retention.
+    pub fn forget(&self, addr: &[u8; 16]) -> Result<(), StoreError> {
+        let mut w = self.env.write_txn().map_err(err("write"))?;
+        let (lo, hi) = session_range(addr);
+        let range = (Bound::Included(&lo[..]), Bound::Excluded(&hi[..]));
+        for db in [&self.runs, &self.admission, &self.facts, &self.transcript] {
+            db.delete_range(&mut w, &range).map_err(err("delete"))?;
+        }
+        self.marks
+            .delete(&mut w, &addr[..])
+            .map_err(err("delete"))?;
+        w.commit().map_err(err("commit"))
     }
 
     /// Every session the store holds: its address and its mark (what `sessions.list` pages).

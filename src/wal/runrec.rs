@@ -49,6 +49,14 @@ pub struct FrozenConfig {
     /// The run's built-in compaction (docs/compaction.md), when the send turned it on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compaction: Option<broca_protocol::compaction::Compaction>,
+    /// The session's retention in seconds as this send left it (llm-runner/v1 `retention`):
+    /// the first send's, or a shorter one a later send asked; absent, kept forever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<u64>,
+    /// The run's title, as its send gave it: the caller's free text, shown by `runs.list`,
+    /// never sent to the model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
 }
 
 /// A run's `structured_output`, as admission froze it.

@@ -62,6 +62,8 @@ codes! {
     HistoryChanged = role::HISTORY_CHANGED, 409, Permanent;
     /// A `session.history` cursor of another session, or of history since rewritten.
     CursorExpired = role::CURSOR_EXPIRED, 409, Permanent;
+    /// The session's retention ran out: its transcript is deleted (`detail.expired_at_ms`).
+    Expired = role::EXPIRED, 410, Permanent;
     /// A `session.history` ordinal the session never assigned.
     UnknownOrdinal = role::UNKNOWN_ORDINAL, 404, Permanent;
     // Admission's refusals (nothing was written).

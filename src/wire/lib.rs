@@ -200,11 +200,14 @@ impl RpcError {
 
     /// The error for a refused send.
     pub fn refusal(r: &Refusal) -> RpcError {
-        let e = RpcError::new(r.code(), r.message());
-        match r.field() {
-            Some(f) => e.with_field(f),
-            None => e,
+        let mut e = RpcError::new(r.code(), r.message());
+        if let Some(f) = r.field() {
+            e = e.with_field(f);
         }
+        if let Refusal::RetentionAboveMax { max_seconds, .. } = r {
+            e = e.with_detail("max_seconds", (*max_seconds).into());
+        }
+        e
     }
 
     /// The JSON body.

@@ -39,6 +39,10 @@ pub enum Method {
     UploadStatus,
     UploadCommit,
     MediaRead,
+    /// `broca.debug.advance_clock {ms}`: moves the process's clock forward (the
+    /// llm-runner/v1 suite's retention clock). A debug build's test hook, not in [`Method::ALL`]:
+    /// a release build parses no such method.
+    DebugAdvanceClock,
 }
 
 impl Method {
@@ -91,6 +95,7 @@ impl Method {
             Method::UploadStatus => "session.upload_status",
             Method::UploadCommit => "session.upload_commit",
             Method::MediaRead => "session.media_read",
+            Method::DebugAdvanceClock => "broca.debug.advance_clock",
         }
     }
 
@@ -111,6 +116,9 @@ impl Method {
 
     /// The method named `name`.
     pub fn parse(name: &str) -> Option<Method> {
+        if cfg!(debug_assertions) && name == Method::DebugAdvanceClock.as_str() {
+            return Some(Method::DebugAdvanceClock);
+        }
         Method::ALL.into_iter().find(|m| m.as_str() == name)
     }
 }
@@ -198,6 +206,8 @@ pub enum Request {
         session: SessionName,
         list: Box<lists::RunsList>,
     },
+    /// A debug build's test hook: move the clock forward by `ms` ([`Method::DebugAdvanceClock`]).
+    AdvanceClock { ms: u64 },
     /// Import a log (or every log under a folder): each part of the session not given
     /// comes from the log.
     Import {
@@ -237,6 +247,7 @@ impl Request {
                 uploads::UploadOp::Refused { method, .. } => *method,
             },
             Request::MediaRead { .. } => Method::MediaRead,
+            Request::AdvanceClock { .. } => Method::DebugAdvanceClock,
         }
     }
 
@@ -257,7 +268,10 @@ impl Request {
             | Request::Upload { session, .. }
             | Request::MediaRead { session, .. }
             | Request::Baseline { session } => Some(session),
-            Request::Import { .. } | Request::Describe | Request::SessionsList { .. } => None,
+            Request::Import { .. }
+            | Request::Describe
+            | Request::SessionsList { .. }
+            | Request::AdvanceClock { .. } => None,
         }
     }
 }
@@ -333,6 +347,19 @@ fn parse_envelope(env: Envelope) -> Result<Request, RpcError> {
         no_more(&params, method)?;
         return Ok(Request::Describe);
     }
+    if method == Method::DebugAdvanceClock {
+        for key in ["project_root", "harness", "session"] {
+            params.remove(key);
+        }
+        let ms = params
+            .remove("ms")
+            .and_then(|v| v.as_u64())
+            .ok_or_else(|| {
+                invalid("`ms` (a count of milliseconds) is required").with_field("ms")
+            })?;
+        no_more(&params, method)?;
+        return Ok(Request::AdvanceClock { ms });
+    }
     if method == Method::SessionsList {
         // Filters, not a session: a route (which names one) cannot list the others.
         if params.contains_key("session") {
@@ -399,7 +426,7 @@ fn parse_envelope(env: Envelope) -> Result<Request, RpcError> {
             let read = uploads::media_read(params)?;
             return Ok(Request::MediaRead { session, read });
         }
-        Method::SessionsList => unreachable!("parsed above"),
+        Method::SessionsList | Method::DebugAdvanceClock => unreachable!("parsed above"),
         // Parsed above (they name no session of their own).
         Method::SessionImport => return import(params),
         Method::RoleDescribe => Request::Describe,

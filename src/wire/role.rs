@@ -46,7 +46,17 @@ pub const GROUPS: &[&str] = &[
     groups::STEER,
     groups::INTERRUPT,
     groups::ATTACHMENTS,
+    groups::RETENTION,
 ];
+
+/// The longest `retention` a send may ask, in seconds (ten years).
+pub const RETENTION_MAX_SECONDS: u64 = 10 * 365 * 86_400;
+/// How long after a session's expiry its content is gone (docs/retention.md): the tombstone
+/// is written at expiry, and the deletion follows it at once; a shard looks for expired
+/// sessions every [`RETENTION_SWEEP_MS`].
+pub const RETENTION_DELETE_WITHIN_MS: u64 = 30_000;
+/// How often a shard looks for expired sessions.
+pub const RETENTION_SWEEP_MS: u64 = 5_000;
 
 /// `session.read`'s byte cap: the default, and the largest honoured.
 pub const READ_MAX_BYTES: (u64, u64) = (256 * 1024, 3 * 1024 * 1024);
@@ -84,6 +94,9 @@ pub fn describe(step_events: bool) -> Value {
                 .collect(),
         )
         .with_session_capabilities_from("baseline");
+    if GROUPS.contains(&groups::RETENTION) {
+        answer = answer.with_retention(RETENTION_MAX_SECONDS, RETENTION_DELETE_WITHIN_MS);
+    }
     if GROUPS.contains(&groups::TRANSCRIPT_READS) {
         answer = answer.with_max_bytes(READ_MAX_BYTES.0, READ_MAX_BYTES.1);
     }

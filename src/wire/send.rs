@@ -67,6 +67,14 @@ pub struct SendRequest {
     /// comes near, instead of the run ending at it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compaction: Option<broca_protocol::compaction::Compaction>,
+    /// The session's retention in seconds (llm-runner/v1 `retention`): the first send freezes
+    /// it (absent: kept forever), a later one may only shorten it (docs/retention.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<u64>,
+    /// The run's title: the caller's free text, kept with the run and shown by `runs.list`,
+    /// never sent to the model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
 }
 
 /// The delivery modes besides `queue`.
@@ -152,13 +160,17 @@ pub enum Refusal {
     UploadNotCommitted(String),
     /// A send's media the model it runs on cannot take (the upload, its media type).
     MediaUnsupported { upload_id: String, why: String },
+    /// A `retention` above the largest this runner keeps a session for.
+    RetentionAboveMax { asked: u64, max_seconds: u64 },
 }
 
 impl Refusal {
     /// The refusal's code.
     pub fn code(&self) -> Code {
         match self {
-            Refusal::InvalidParams(_) | Refusal::InvalidField { .. } => Code::InvalidParams,
+            Refusal::InvalidParams(_)
+            | Refusal::InvalidField { .. }
+            | Refusal::RetentionAboveMax { .. } => Code::InvalidParams,
             Refusal::SendIdReuse { .. } => Code::SendIdReuse,
             Refusal::SessionBusy { .. } => Code::SessionBusy,
             Refusal::ToolNameCollision(_) => Code::ToolNameCollision,
@@ -180,6 +192,7 @@ impl Refusal {
     pub fn field(&self) -> Option<&'static str> {
         match self {
             Refusal::InvalidField { field, .. } => Some(field),
+            Refusal::RetentionAboveMax { .. } => Some("retention"),
             Refusal::SendIdReuse { field, .. } => *field,
             _ => None,
         }
@@ -226,6 +239,10 @@ impl Refusal {
             Refusal::MediaUnsupported { upload_id, why } => {
                 format!("upload `{}`: {why}", upload_id.escape_debug())
             }
+            Refusal::RetentionAboveMax { asked, max_seconds } => format!(
+                "retention {asked} s is above the longest this runner keeps a session, \
+                 {max_seconds} s"
+            ),
         }
     }
 }

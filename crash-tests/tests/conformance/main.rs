@@ -18,6 +18,7 @@ mod import;
 mod media;
 mod model;
 mod report;
+mod retention;
 mod structured;
 mod subject;
 mod tools;

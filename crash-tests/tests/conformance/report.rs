@@ -58,16 +58,8 @@ pub const NOT_DECLARED: &[(&str, &str)] = &[
         "person-only commands need a host menu and plans (the plans issue)",
     ),
     (
-        "retention",
-        "whole-session retention is not built (the plans issue)",
-    ),
-    (
         "session_retention",
         "per-session retention and release are not built (the plans issue)",
-    ),
-    (
-        "advance_retention_clock",
-        "no retention clock to move without retention",
     ),
     (
         "host_metadata_change",
@@ -78,10 +70,6 @@ pub const NOT_DECLARED: &[(&str, &str)] = &[
         "broca forwards no person commands",
     ),
     ("kill_at:ReleasePending", "broca has no deferred release"),
-    (
-        "kill_at:RetentionTombstoned",
-        "broca writes no retention tombstones",
-    ),
 ];
 
 /// One word for an outcome, for the progress lines.

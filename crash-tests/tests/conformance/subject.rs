@@ -65,6 +65,11 @@ const POINTS: &[(&str, &str, &str)] = &[
         "terminal",
         "a RunFinished (or RunPaused) record is durable",
     ),
+    (
+        points::RETENTION_TOMBSTONED,
+        "retention_tombstoned",
+        "an expired session's content-free tombstone is durable; none of its content is deleted yet",
+    ),
 ];
 
 /// Each declared kill point and the boundary of broca's it is, for docs/conformance.md.
@@ -80,6 +85,7 @@ pub struct Subject {
     tools: ToolModule,
     bus: crate::bus::Bus,
     support: crate::structured::Support,
+    clocks: crate::retention::Clocks,
 }
 
 /// A live broca module: its process, the daemon it is connected to, and the connection.
@@ -131,6 +137,21 @@ pub struct Route {
     channel: u16,
 }
 
+impl Route {
+    /// A route of the session `session` of `harness`, bound on `link` as its owner.
+    pub async fn bind(link: Arc<Link>, harness: &str, session: &str) -> Result<Route, String> {
+        let stamp = RouteStamp {
+            principal: OWNER.into(),
+            scope: None,
+        };
+        let channel = link.bind(harness, session, &stamp).await?;
+        Ok(Route { link, channel })
+    }
+}
+
+/// The principal of every session's owner.
+const OWNER: &str = "reserved:conformance-owner";
+
 impl Subject {
     pub async fn new() -> Subject {
         Subject {
@@ -138,6 +159,7 @@ impl Subject {
             tools: ToolModule::default(),
             bus: crate::bus::Bus::start().await,
             support: Default::default(),
+            clocks: Default::default(),
         }
     }
 
@@ -199,6 +221,7 @@ impl Subject {
             .module(Duration::from_secs(30))
             .await
             .map_err(|e| fail("broca's module connection", &e))?;
+        self.clocks.started(&link);
         Ok(Module {
             root: root.to_path_buf(),
             child: Mutex::new(Some(child)),
@@ -302,12 +325,14 @@ impl LlmRunnerSubject for Subject {
         declared.extend(Capability::from_group("step_events"));
         // The scripted model records the texts each request carried (`rendered_texts`).
         declared.insert(Capability::RenderedModelInput);
+        // The debug build's `broca.debug.advance_clock` (retention.rs).
+        declared.insert(Capability::RetentionClock);
         declared
     }
 
     fn owner_stamp(&self) -> RouteStamp {
         RouteStamp {
-            principal: "reserved:conformance-owner".into(),
+            principal: OWNER.into(),
             scope: None,
         }
     }
@@ -643,6 +668,29 @@ impl LlmRunnerSubject for Subject {
     async fn release_tool_call(&self, arguments: &Value) -> Result<(), HarnessError> {
         self.tools.release(arguments);
         Ok(())
+    }
+
+    async fn advance_retention_clock(&self, _session: &str, ms: u64) -> Result<(), HarnessError> {
+        self.clocks.advance(HARNESS, ms).await
+    }
+
+    async fn retention_deletion_finished(
+        &self,
+        handle: &Module,
+        session: &str,
+    ) -> Result<bool, HarnessError> {
+        crate::retention::deletion_finished(&handle.root, HARNESS, session)
+    }
+
+    fn retention_probe_params(
+        &self,
+        _session: &str,
+        method: &str,
+    ) -> Result<Option<Vec<Value>>, HarnessError> {
+        // broca advertises the role's ops alone: none is an export or listing of its own.
+        Err(HarnessError::new(format!(
+            "{method}: broca advertises no op of its own to probe"
+        )))
     }
 
     async fn pause(&self) {

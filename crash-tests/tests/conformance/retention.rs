@@ -1,0 +1,93 @@
+//! The suite's retention hooks on broca: the retention clock moved by the debug build's
+//! `broca.debug.advance_clock` (on every live module, which expires what is then due before
+//! it answers), and deletion inspected on disk: the tombstone written, and nothing of the
+//! expired record left (its WAL, media, archived copies, its listing among the sessions kept).
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, Weak};
+
+use cortexkit_role_harness::HarnessError;
+use cortexkit_role_llm_runner_conformance::{Reply, RunnerRoute};
+use serde_json::json;
+
+use crate::daemon::Link;
+use crate::subject::Route;
+
+/// The connections of the modules started, so the clock of the live ones can be moved.
+#[derive(Default)]
+pub struct Clocks {
+    links: Mutex<Vec<Weak<Link>>>,
+}
+
+impl Clocks {
+    pub fn started(&self, link: &Arc<Link>) {
+        let mut links = self.links.lock().unwrap();
+        links.retain(|l| l.strong_count() > 0);
+        links.push(Arc::downgrade(link));
+    }
+
+    /// Moves every live module's clock forward by `ms`; each answers once what was then due
+    /// is expired and deleted.
+    pub async fn advance(&self, harness: &str, ms: u64) -> Result<(), HarnessError> {
+        let links: Vec<Arc<Link>> = self
+            .links
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        let mut moved = 0;
+        for link in links {
+            let Ok(route) = Route::bind(link, harness, "cf-retention-clock").await else {
+                continue; // a module killed or stopped
+            };
+            match route
+                .request("broca.debug.advance_clock", json!({"ms": ms}))
+                .await
+            {
+                Ok(Reply::Response(_)) => moved += 1,
+                Ok(Reply::Error(e)) => {
+                    return Err(HarnessError::new(format!(
+                        "broca refused to move its clock: {} {}",
+                        e.code, e.message
+                    )))
+                }
+                Err(_) => continue,
+            }
+        }
+        if moved == 0 {
+            return Err(HarnessError::new("no live module to move the clock of"));
+        }
+        Ok(())
+    }
+}
+
+/// Whether the expired record of `session` (harness `harness`, on a route without a scope:
+/// project root `/`) is deleted under `root`'s state dir: its tombstone is there, and its WAL
+/// (of the tombstone's lineage), media, archived copies and listing are not.
+pub fn deletion_finished(root: &Path, harness: &str, session: &str) -> Result<bool, HarnessError> {
+    let fail = |what: &str, e: &dyn std::fmt::Display| HarnessError::new(format!("{what}: {e}"));
+    let triple = broca::wal::SessionTriple::new(broca::daemon::NO_WORKDIR_ROOT, harness, session)
+        .map_err(|e| fail("the session's triple", &e))?;
+    let addr = triple.address().to_string();
+    let state = root.join("state");
+    let tomb = state.join("tombstones").join(format!("{addr}.json"));
+    let Ok(bytes) = std::fs::read(&tomb) else {
+        return Ok(false);
+    };
+    let stone: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| fail("the tombstone", &e))?;
+    let lineage = stone["lineage"].as_str().unwrap_or_default().to_string();
+    let wal = state.join("wal").join(format!("{addr}.wal"));
+    if let Ok(read) = broca::core::read_session(&wal, broca::core::Keep::State) {
+        if read.is_some_and(|r| r.lineage == lineage) {
+            return Ok(false);
+        }
+    }
+    Ok(!state.join("media").join(&addr).exists()
+        && !state
+            .join("retention")
+            .join(format!("{addr}.json"))
+            .exists()
+        && !broca::wal::archive::is_archived(&wal))
+}

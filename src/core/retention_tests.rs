@@ -1,0 +1,121 @@
+//! Whole-session retention (llm-runner/v1 `retention`) in the domain alone: a send's bounds,
+//! the session's lower-only policy, and when a session expires (never while a run is not
+//! over; its last activity plus its retention after).
+
+use crate::admission::{prepare, session_retention, SendRequest};
+use crate::replay::{Expiry, Session};
+use broca_wal::runrec::{FinishKind, RunFinished, RunStarted};
+use broca_wal::Record;
+use broca_wire::Refusal;
+
+fn send(retention: Option<u64>) -> Result<broca_wal::runrec::FrozenConfig, Refusal> {
+    let req = SendRequest {
+        prompt: "go".into(),
+        model: "anthropic/m".into(),
+        retention,
+        ..Default::default()
+    };
+    prepare(
+        &req,
+        &[],
+        &broca_catalog::Catalog::builtin(),
+        &broca_protocol::model::AnyProvider,
+    )
+    .map(|p| p.config)
+    .map_err(|u| u.refusal)
+}
+
+fn started(run_id: &str, retention: Option<u64>, at: u64) -> Record {
+    Record::RunStarted(Box::new(RunStarted {
+        run_id: run_id.into(),
+        send_id: None,
+        inputs_digest: "d".into(),
+        prompt: "go".into(),
+        config: send(retention).unwrap(),
+        resolved_calls: Vec::new(),
+        at_unix_ms: at,
+        principal: None,
+        scope_owner: None,
+        submission_id: None,
+        client_message_id: None,
+        resolved_mid: None,
+        delivery: None,
+        steer_seq: None,
+        media: Vec::new(),
+    }))
+}
+
+fn finished(run_id: &str, at: u64) -> Record {
+    Record::RunFinished(RunFinished {
+        run_id: run_id.into(),
+        reason: FinishKind::Completed,
+        detail: None,
+        error: None,
+        indeterminate_tool_calls: Vec::new(),
+        usage: Default::default(),
+        spend: Default::default(),
+        at_unix_ms: Some(at),
+        cause: None,
+        budget: None,
+        structured_output: None,
+    })
+}
+
+#[test]
+fn a_retention_of_zero_or_above_the_maximum_is_refused_by_name() {
+    let zero = send(Some(0)).unwrap_err();
+    assert_eq!(zero.field(), Some("retention"));
+    let max = broca_wire::role::RETENTION_MAX_SECONDS;
+    let above = send(Some(max + 1)).unwrap_err();
+    assert_eq!(
+        above,
+        Refusal::RetentionAboveMax {
+            asked: max + 1,
+            max_seconds: max
+        }
+    );
+    let e = broca_wire::RpcError::refusal(&above);
+    assert_eq!(e.detail["field"], "retention");
+    assert_eq!(e.detail["max_seconds"], max);
+    assert_eq!(send(Some(max)).unwrap().retention, Some(max));
+    assert_eq!(send(None).unwrap().retention, None);
+}
+
+#[test]
+fn the_first_send_freezes_it_and_later_ones_only_shorten_it() {
+    let fresh = Session::default();
+    assert_eq!(session_retention(&fresh, Some(60)), Ok(Some(60)));
+    assert_eq!(session_retention(&fresh, None), Ok(None));
+
+    let kept = Session::replay([(1, started("r1", Some(60), 1_000))].into_iter()).unwrap();
+    assert_eq!(kept.retention, Some(60));
+    // Absent: unchanged, never reset to forever; equal or shorter: taken; longer: refused.
+    assert_eq!(session_retention(&kept, None), Ok(Some(60)));
+    assert_eq!(session_retention(&kept, Some(60)), Ok(Some(60)));
+    assert_eq!(session_retention(&kept, Some(30)), Ok(Some(30)));
+    let longer = session_retention(&kept, Some(61)).unwrap_err();
+    assert_eq!(longer.field(), Some("retention"));
+
+    // First sent without one: kept forever, and no later send gives it one.
+    let forever = Session::replay([(1, started("r1", None, 1_000))].into_iter()).unwrap();
+    assert_eq!(forever.retention, None);
+    let late = session_retention(&forever, Some(60)).unwrap_err();
+    assert_eq!(late.field(), Some("retention"));
+}
+
+#[test]
+fn a_session_expires_at_its_last_activity_plus_its_retention_never_while_a_run_is_open() {
+    let mut s = Session::default();
+    assert_eq!(s.expiry(), Expiry::Never);
+    s.apply(1, started("r1", Some(60), 1_000)).unwrap();
+    assert_eq!(s.expiry(), Expiry::Held, "a run not over holds it");
+    s.apply(2, finished("r1", 5_000)).unwrap();
+    assert_eq!(s.activity_ms, Some(5_000));
+    assert_eq!(s.expiry(), Expiry::At(65_000));
+    // A later, shorter send: the clock restarts from its run's end, at the shorter value.
+    s.apply(3, started("r2", Some(10), 70_000)).unwrap();
+    assert_eq!(s.expiry(), Expiry::Held);
+    s.apply(4, finished("r2", 71_000)).unwrap();
+    assert_eq!(s.retention, Some(10));
+    assert_eq!(s.expiry(), Expiry::At(81_000));
+}

@@ -1,0 +1,112 @@
+//! Retention as requests meet it (docs/retention.md): a session past its expiry is expired
+//! before any request of it is served, so a read right at expiry already answers `expired`;
+//! shard 0 looks for sessions due every [`broca_wire::role::RETENTION_SWEEP_MS`], so one no
+//! request touches is deleted within the declared `delete_within_ms`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use broca_session::SessionCommand;
+use broca_wal::SessionTriple;
+use broca_wire::{Code, Request, RpcError};
+
+use crate::Host;
+
+/// The `expired` answer of a session whose retention ran out at `at`.
+pub(crate) fn expired(at: u64) -> RpcError {
+    RpcError::new(
+        Code::Expired,
+        format!(
+            "this session's retention ran out at {at} (ms since the Unix epoch): its \
+             transcript is deleted; a send starts it afresh"
+        ),
+    )
+    .with_detail("expired_at_ms", at.into())
+}
+
+impl Host {
+    /// Retention before a request of session `t` is served: the session expired first when
+    /// it is due; then every request but a send (which starts a fresh record) of an expired
+    /// session answers `expired`, writing nothing. A send giving the session a retention
+    /// lists it among those kept (durably) before it is admitted.
+    pub(crate) async fn retention_gate(
+        &self,
+        t: &SessionTriple,
+        request: &Request,
+    ) -> Result<(), RpcError> {
+        let Request::Send { send, .. } = request else {
+            return self.unexpired(t).await;
+        };
+        self.expire_if_due(t).await;
+        if send.retention.is_some() {
+            let me = self.retention.clone();
+            let t = t.clone();
+            broca_io::blocking::run(broca_io::blocking::Kind::Retention, move || me.index(&t))
+                .await
+                .map_err(|e| {
+                    RpcError::new(
+                        Code::Internal,
+                        format!("the session's retention cannot be kept: {e}"),
+                    )
+                })?;
+        }
+        Ok(())
+    }
+
+    /// `expired` when the session `t` is (expired first when it is due).
+    pub(crate) async fn unexpired(&self, t: &SessionTriple) -> Result<(), RpcError> {
+        self.expire_if_due(t).await;
+        match self.retention.expired_at(&t.address().to_string()) {
+            Some(at) => Err(expired(at)),
+            None => Ok(()),
+        }
+    }
+
+    async fn expire_if_due(&self, t: &SessionTriple) {
+        let addr = t.address().to_string();
+        if self.retention.is_due(&addr, broca_session::now_unix_ms()) {
+            self.expire(t).await;
+        }
+    }
+
+    /// Expires the session `t` if it is past its retention, and waits until it is deleted.
+    pub(crate) async fn expire(&self, t: &SessionTriple) -> Option<u64> {
+        let (reply, wait) = futures_channel::oneshot::channel();
+        self.route(t.clone(), SessionCommand::Expire { reply })
+            .ok()?;
+        wait.await.ok().flatten()
+    }
+
+    /// Expires every session past its retention now, one after the other.
+    pub(crate) async fn expire_due(&self) {
+        for t in self.retention.due_now(broca_session::now_unix_ms()) {
+            self.expire(&t).await;
+        }
+    }
+
+    /// Moves the process's clock forward by `ms` (a debug build's test hook: the
+    /// llm-runner/v1 suite's `advance_retention_clock`) and expires what is then due before
+    /// answering.
+    #[cfg(debug_assertions)]
+    pub(crate) async fn advance_clock(&self, ms: u64) -> serde_json::Value {
+        broca_session::advance_clock(ms);
+        self.expire_due().await;
+        serde_json::json!({"now_ms": broca_session::now_unix_ms()})
+    }
+}
+
+/// Shard 0's look for sessions due, every [`broca_wire::role::RETENTION_SWEEP_MS`] while any
+/// session has a retention.
+pub(crate) fn sweep(host: &Arc<Host>, stop: std::rc::Rc<broca_shards::timer::StopSignal>) {
+    let host = host.clone();
+    let period = Duration::from_millis(broca_wire::role::RETENTION_SWEEP_MS);
+    broca_shards::timer::every(period, stop, move || {
+        let host = host.clone();
+        async move {
+            if host.retention.any_due() {
+                host.expire_due().await;
+            }
+            true
+        }
+    });
+}

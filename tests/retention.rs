@@ -1,0 +1,215 @@
+//! Whole-session retention (llm-runner/v1 `retention`, docs/retention.md) through a real
+//! `broca serve`: a session past its retention answers `expired`, its every copy is deleted
+//! behind a content-free tombstone, a send starts it afresh under the next history version,
+//! and a kill between the tombstone and the deletion is finished by the next start. The
+//! clock is moved by the debug build's `broca.debug.advance_clock`.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::path::Path;
+
+use serde_json::{json, Value};
+use support::serve::{post, rpc, send_until_completed, start, start_env, wait_for, Serve};
+use support::{fixture, Aimock};
+
+const TITLE: &str = "title-kept-with-the-run-only";
+
+fn address() -> String {
+    broca::wal::SessionTriple::new("/proj", "h", "s1")
+        .unwrap()
+        .address()
+        .to_string()
+}
+
+fn advance(s: &Serve, ms: u64) -> (u16, Value) {
+    post(
+        s,
+        &json!({"method": "broca.debug.advance_clock", "params": {"ms": ms}}).to_string(),
+    )
+}
+
+/// Every file under `dir` whose bytes hold `needle` (the store's LMDB map aside: its freed
+/// pages are reused, not wiped; docs/retention.md).
+fn files_holding(dir: &Path, needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                if p.file_name().is_some_and(|n| n != "store") {
+                    dirs.push(p);
+                }
+            } else if let Ok(bytes) = std::fs::read(&p) {
+                if bytes.windows(needle.len()).any(|w| w == needle.as_bytes()) {
+                    found.push(p.display().to_string());
+                }
+            }
+        }
+    }
+    found
+}
+
+fn listed(s: &Serve) -> usize {
+    let (_, r) = post(
+        s,
+        &json!({"method": "sessions.list", "params": {}}).to_string(),
+    );
+    r["result"]["sessions"].as_array().map_or(0, Vec::len)
+}
+
+#[test]
+fn an_expired_session_answers_expired_is_deleted_and_a_send_starts_it_afresh() {
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let s = start(&state, &peer, &[]);
+    let addr = address();
+
+    let run = send_until_completed(
+        &s,
+        json!({"prompt": "hello", "model": "anthropic/m", "retention": 60, "title": TITLE}),
+    );
+    let (_, head) = rpc(&s, "session.head", json!({}));
+    let updated_at = head["result"]["updated_at"].as_u64().unwrap();
+    assert_eq!(head["result"]["history_version"], 1);
+    wait_for("the store to list it", || listed(&s) == 1);
+    let (_, runs) = rpc(&s, "runs.list", json!({}));
+    assert_eq!(runs["result"]["runs"][0]["title"], TITLE);
+    assert!(state.join(format!("retention/{addr}.json")).exists());
+
+    // Lengthening is refused and writes nothing.
+    let (status, r) = rpc(
+        &s,
+        "session.send",
+        json!({"prompt": "hello", "model": "anthropic/m", "retention": 61}),
+    );
+    assert_eq!(status, 400, "{r}");
+    assert_eq!(r["error"]["detail"]["field"], "retention");
+
+    // A second before its expiry it is served; at its expiry it is gone.
+    assert_eq!(advance(&s, 59_000).0, 200);
+    assert_eq!(rpc(&s, "session.head", json!({})).0, 200);
+    assert_eq!(advance(&s, 1_000).0, 200);
+    let expired_at = updated_at + 60_000;
+    for (method, params) in [
+        ("session.read", json!({})),
+        ("session.head", json!({})),
+        ("session.history", json!({})),
+        ("run.status", json!({"run_id": run})),
+        ("run.result", json!({"run_id": run})),
+        ("runs.list", json!({})),
+    ] {
+        let (status, r) = rpc(&s, method, params);
+        assert_eq!(status, 410, "{method}: {r}");
+        assert_eq!(r["error"]["code"], "expired", "{method}: {r}");
+        assert_eq!(
+            r["error"]["detail"]["expired_at_ms"], expired_at,
+            "{method}"
+        );
+    }
+    // Deleted everywhere: the WAL, its listing, the store's projection; the tombstone holds
+    // identity and times, no content.
+    assert!(!state.join(format!("wal/{addr}.wal")).exists());
+    assert!(!state.join(format!("retention/{addr}.json")).exists());
+    let tomb: Value = serde_json::from_slice(
+        &std::fs::read(state.join(format!("tombstones/{addr}.json"))).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(tomb["expired_at_ms"], expired_at);
+    assert_eq!(tomb["runs"], json!([run]));
+    assert_eq!(files_holding(&state, TITLE), Vec::<String>::new());
+    assert_eq!(files_holding(&state, "hello"), Vec::<String>::new());
+    assert_eq!(listed(&s), 0);
+
+    // A send starts a fresh record: kept forever, under the next history version.
+    send_until_completed(&s, json!({"prompt": "hello", "model": "anthropic/m"}));
+    let (_, head) = rpc(&s, "session.head", json!({}));
+    assert_eq!(head["result"]["history_version"], 2, "{head}");
+    let (status, r) = rpc(
+        &s,
+        "session.read",
+        json!({"history_version": 1, "from_ordinal": 0}),
+    );
+    assert_eq!(
+        (status, r["error"]["code"].clone()),
+        (409, json!("history_changed")),
+        "{r}"
+    );
+    let (_, page) = rpc(&s, "session.read", json!({"from_ordinal": 0}));
+    assert_eq!(
+        page["result"]["messages"].as_array().unwrap().len(),
+        2,
+        "{page}"
+    );
+    assert_eq!(advance(&s, 86_400_000).0, 200);
+    assert_eq!(
+        rpc(&s, "session.head", json!({})).0,
+        200,
+        "no retention: kept"
+    );
+    drop(s);
+
+    // A restart keeps all of it.
+    let s = start(&state, &peer, &[]);
+    let (_, head) = rpc(&s, "session.head", json!({}));
+    assert_eq!(head["result"]["history_version"], 2, "{head}");
+}
+
+/// A POST whose connection the daemon may drop (it aborts while answering).
+fn post_dropped(s: &Serve, body: &str) {
+    let raw = format!(
+        "POST /v1/rpc HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Type: \
+         application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        s.handle,
+        body.len()
+    );
+    let mut c = std::net::TcpStream::connect(&s.addr).unwrap();
+    c.write_all(raw.as_bytes()).unwrap();
+    let mut out = Vec::new();
+    let _ = c.read_to_end(&mut out);
+}
+
+#[test]
+fn a_kill_after_the_tombstone_is_finished_by_the_next_start() {
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let addr = address();
+    let mut s = start_env(
+        &state,
+        &peer,
+        &[],
+        &[("BROCA_CRASH_AT", "retention_tombstoned:1")],
+    );
+    send_until_completed(
+        &s,
+        json!({"prompt": "hello", "model": "anthropic/m", "retention": 5}),
+    );
+    let (_, head) = rpc(&s, "session.head", json!({}));
+    let expired_at = head["result"]["updated_at"].as_u64().unwrap() + 5_000;
+    post_dropped(
+        &s,
+        &json!({"method": "broca.debug.advance_clock", "params": {"ms": 5_000}}).to_string(),
+    );
+    let status = s.child.wait().unwrap();
+    assert!(
+        !status.success(),
+        "serve aborted at the tombstone: {status}"
+    );
+    // Killed between the two: the tombstone is durable, the content not yet deleted.
+    assert!(state.join(format!("tombstones/{addr}.json")).exists());
+    assert!(state.join(format!("wal/{addr}.wal")).exists());
+    drop(s);
+
+    let s = start(&state, &peer, &[]);
+    assert!(
+        !state.join(format!("wal/{addr}.wal")).exists(),
+        "finished at start"
+    );
+    assert!(!state.join(format!("retention/{addr}.json")).exists());
+    let (status, r) = rpc(&s, "session.read", json!({}));
+    assert_eq!(status, 410, "{r}");
+    assert_eq!(r["error"]["detail"]["expired_at_ms"], expired_at);
+}

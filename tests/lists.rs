@@ -1,5 +1,6 @@
 //! `sessions.list` and `runs.list` through a real `broca serve`: every session with its latest
-//! run, newest activity first, filtered and paged by cursor; a session's runs newest first.
+//! run, newest activity first, filtered and paged by cursor; a session's runs newest first; and
+//! the memory (the store's map among it) /metrics reports by kind.
 
 mod support;
 
@@ -245,4 +246,43 @@ fn a_session_whose_wal_moved_past_the_stores_mark_is_listed_from_its_wal() {
     assert_eq!(row["messages"], 2, "the step's message is listed: {page}");
     let _ = attach.kill();
     let _ = attach.wait();
+}
+
+/// /metrics tells the process's memory apart by kind: anonymous, the store's map, other
+/// file-backed pages (the three the resident set), and the WALs' page cache.
+#[test]
+fn memory_is_reported_by_kind() {
+    use support::serve::metric_with;
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(&dir.path().join("state"), &peer, &[]);
+    run_in(&s, "/a", "one", "k1");
+    wait_for("the store to list it", || {
+        list(&s, json!({}))["sessions"].as_array().unwrap().len() == 1
+    });
+    // A read takes the WAL through the page cache.
+    let p = json!({"project_root": "/a", "harness": "h", "session": "one", "from_ordinal": 0});
+    assert_eq!(call(&s, "session.read", p).0, 200);
+    let kind = |k: &str| metric_with(&s, "broca_memory_bytes", &format!("kind=\"{k}\""));
+    let (anon, store, file, cache) = (
+        kind("anonymous"),
+        kind("store_map"),
+        kind("file"),
+        kind("wal_page_cache"),
+    );
+    assert!(anon > 1 << 20, "anonymous {anon}");
+    assert!(store > 0, "the store's map is touched: {store}");
+    assert!(file > 1 << 20, "the binary's pages: {file}");
+    assert!(cache > 0, "the WAL read is cached: {cache}");
+    let status = std::fs::read_to_string(format!("/proc/{}/status", s.child.id())).unwrap();
+    let rss: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    let sum = (anon + store + file) / 1024;
+    assert!(
+        sum.abs_diff(rss) * 5 < rss,
+        "the kinds sum to {sum} KiB, VmRSS {rss} KiB"
+    );
 }

@@ -103,6 +103,9 @@ struct Sample {
     rss_kib: u64,
     anon_kib: u64,
     file_kib: u64,
+    /// broca's own account by kind (/metrics `broca_memory_bytes`).
+    store_map_bytes: f64,
+    wal_cache_bytes: f64,
 }
 
 fn metric_sum(text: &str, name: &str) -> f64 {
@@ -110,6 +113,14 @@ fn metric_sum(text: &str, name: &str) -> f64 {
         .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
+}
+
+/// `broca_memory_bytes{kind="KIND"}`.
+fn metric_kind(text: &str, kind: &str) -> f64 {
+    let line = format!("broca_memory_bytes{{kind=\"{kind}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&line)?.parse::<f64>().ok())
+        .unwrap_or(0.0)
 }
 
 struct Probe {
@@ -139,6 +150,8 @@ impl Probe {
             rss_kib: rss_kib_and_fds(self.broca).0,
             anon_kib: rss_anon_file_kib(self.broca).0,
             file_kib: rss_anon_file_kib(self.broca).1,
+            store_map_bytes: metric_kind(&metrics, "store_map"),
+            wal_cache_bytes: metric_kind(&metrics, "wal_page_cache"),
         }
     }
 }
@@ -265,6 +278,8 @@ fn broca_row(
         "peak_rss_mib": round(peak as f64 / 1024.0, 1),
         "rss_end_anon_mib": round(s1.anon_kib as f64 / 1024.0, 1),
         "rss_end_file_mib": round(s1.file_kib as f64 / 1024.0, 1),
+        "store_map_end_mib": round(s1.store_map_bytes / 1048576.0, 1),
+        "wal_page_cache_end_mib": round(s1.wal_cache_bytes / 1048576.0, 1),
         "open_fds_end": rss_kib_and_fds(probe_pid).1,
         "rss_per_session_kib": round((peak.saturating_sub(base_rss)) as f64 / sessions as f64, 1),
         "display_p50_ms": round(pct(&f.display_us, 50.0) / 1e3, 3),

@@ -321,7 +321,7 @@ impl Routes {
             if channel == 0 {
                 egress.push_control(bytes);
             } else if let Pushed::Closed { now: true } =
-                egress.push(channel, bytes, kind, goodbye(channel, epoch))
+                egress.push(channel, bytes, kind, || goodbye(channel, epoch))
             {
                 closed.push(channel);
             }

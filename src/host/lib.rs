@@ -16,6 +16,7 @@ mod late;
 mod limits;
 mod lists;
 mod media;
+mod memory;
 pub mod metrics;
 mod reads;
 mod replies;

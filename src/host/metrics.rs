@@ -306,6 +306,22 @@ pub async fn render(ctx: &Host) -> String {
         broca_archive::PACKED.load(std::sync::atomic::Ordering::Relaxed),
         broca_archive::RESTORED.load(std::sync::atomic::Ordering::Relaxed),
     ));
+    let wal_dir = ctx.wal_dir.clone();
+    let mem = broca_io::blocking::run(broca_io::blocking::Kind::WalRead, move || {
+        crate::memory::measure(&wal_dir)
+    })
+    .await;
+    out.push_str("# HELP broca_memory_bytes The process's memory by kind: `anonymous` (heap and stacks), `store_map` (the store's LMDB map: file-backed, reclaimable), `file` (other file-backed pages: the binary, its libraries), and apart from the resident set, `wal_page_cache` (the kernel's page cache of the WAL files).\n# TYPE broca_memory_bytes gauge\n");
+    for (kind, bytes) in [
+        ("anonymous", Some(mem.anonymous)),
+        ("store_map", Some(mem.store_map)),
+        ("file", Some(mem.file)),
+        ("wal_page_cache", mem.wal_page_cache),
+    ] {
+        if let Some(bytes) = bytes {
+            out.push_str(&format!("broca_memory_bytes{{kind=\"{kind}\"}} {bytes}\n"));
+        }
+    }
     out.push_str("# HELP broca_wal_write_errors_total WAL writes (and opens for writing) that failed, by kind.\n# TYPE broca_wal_write_errors_total counter\n");
     for (kind, n) in ctx.storage.write_errors() {
         out.push_str(&format!(

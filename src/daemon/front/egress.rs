@@ -91,9 +91,15 @@ impl Egress {
         self.control.push_back(frame);
     }
 
-    /// Queues `frame` for route `channel` under the policy; `goodbye` is the GOODBYE to say
-    /// if the route must close.
-    pub fn push(&mut self, channel: u16, frame: Vec<u8>, kind: Kind, goodbye: Vec<u8>) -> Pushed {
+    /// Queues `frame` for route `channel` under the policy; `goodbye` makes the GOODBYE to
+    /// say if the route must close (made only then).
+    pub fn push(
+        &mut self,
+        channel: u16,
+        frame: Vec<u8>,
+        kind: Kind,
+        goodbye: impl FnOnce() -> Vec<u8>,
+    ) -> Pushed {
         if self.closed.contains(&channel) {
             return Pushed::Closed { now: false };
         }
@@ -122,7 +128,7 @@ impl Egress {
                 self.shed += 1;
                 return Pushed::Shed;
             }
-            self.close(channel, goodbye);
+            self.close(channel, goodbye());
             return Pushed::Closed { now: true };
         }
         let q = self.routes.get_mut(&channel).expect("made above");
@@ -224,9 +230,9 @@ mod tests {
     #[test]
     fn channel_zero_goes_first_and_routes_take_turns() {
         let mut e = Egress::with_bounds(100, 1000);
-        e.push(1, frame(1, 10), Kind::Frame, frame(0xB1, 1));
-        e.push(1, frame(2, 10), Kind::Frame, frame(0xB1, 1));
-        e.push(2, frame(3, 10), Kind::Frame, frame(0xB2, 1));
+        e.push(1, frame(1, 10), Kind::Frame, || frame(0xB1, 1));
+        e.push(1, frame(2, 10), Kind::Frame, || frame(0xB1, 1));
+        e.push(2, frame(3, 10), Kind::Frame, || frame(0xB2, 1));
         e.push_control(frame(9, 5));
         let order: Vec<u8> = std::iter::from_fn(|| e.pop()).map(|f| f[0]).collect();
         assert_eq!(
@@ -243,31 +249,31 @@ mod tests {
         let mut e = Egress::with_bounds(100, 1000);
         for i in 0..4 {
             assert_eq!(
-                e.push(1, frame(i, 20), Kind::Delta, vec![0xB1]),
+                e.push(1, frame(i, 20), Kind::Delta, || vec![0xB1]),
                 Pushed::Queued
             );
         }
-        e.push(2, frame(50, 30), Kind::Frame, vec![0xB2]);
+        e.push(2, frame(50, 30), Kind::Frame, || vec![0xB2]);
         // 80 queued on route 1: a 60-byte unit sheds the two oldest deltas.
         assert_eq!(
-            e.push(1, frame(10, 60), Kind::Frame, vec![0xB1]),
+            e.push(1, frame(10, 60), Kind::Frame, || vec![0xB1]),
             Pushed::Queued
         );
         assert_eq!((e.shed, e.route_bytes(1)), (2, 100));
         // A delta that cannot fit even once the queued deltas are shed is shed itself.
         assert_eq!(
-            e.push(1, frame(11, 50), Kind::Delta, vec![0xB1]),
+            e.push(1, frame(11, 50), Kind::Delta, || vec![0xB1]),
             Pushed::Shed
         );
         assert_eq!((e.shed, e.route_bytes(1)), (5, 60));
         // A unit that does not fit with no deltas left closes the route.
         assert_eq!(
-            e.push(1, frame(12, 41), Kind::Frame, vec![0xB1]),
+            e.push(1, frame(12, 41), Kind::Frame, || vec![0xB1]),
             Pushed::Closed { now: true }
         );
         assert_eq!(e.closes, 1);
         assert_eq!(
-            e.push(1, frame(13, 1), Kind::Frame, vec![0xB1]),
+            e.push(1, frame(13, 1), Kind::Frame, || vec![0xB1]),
             Pushed::Closed { now: false }
         );
         // Its GOODBYE goes first; route 2's frame is still there; route 1 holds nothing.
@@ -277,7 +283,7 @@ mod tests {
         // Bound again, it takes frames again.
         e.bound(1);
         assert_eq!(
-            e.push(1, frame(14, 10), Kind::Frame, vec![0xB1]),
+            e.push(1, frame(14, 10), Kind::Frame, || vec![0xB1]),
             Pushed::Queued
         );
     }
@@ -285,10 +291,10 @@ mod tests {
     #[test]
     fn past_the_connection_bound_the_largest_route_is_closed() {
         let mut e = Egress::with_bounds(100, 150);
-        e.push(1, frame(1, 90), Kind::Frame, vec![0xB1]);
-        e.push(2, frame(2, 40), Kind::Frame, vec![0xB2]);
+        e.push(1, frame(1, 90), Kind::Frame, || vec![0xB1]);
+        e.push(2, frame(2, 40), Kind::Frame, || vec![0xB2]);
         assert_eq!(e.enforce_connection_bound(|c| vec![0xB0 + c as u8]), None);
-        e.push(3, frame(3, 30), Kind::Frame, vec![0xB3]);
+        e.push(3, frame(3, 30), Kind::Frame, || vec![0xB3]);
         assert_eq!(
             e.enforce_connection_bound(|c| vec![0xB0 + c as u8]),
             Some(1)

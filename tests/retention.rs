@@ -51,6 +51,16 @@ fn files_holding(dir: &Path, needle: &str) -> Vec<String> {
     found
 }
 
+/// What `broca archive retention` says of the state dir.
+fn planned(state: &Path) -> String {
+    let out = support::broca(state)
+        .args(["archive", "retention"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
 fn listed(s: &Serve) -> usize {
     let (_, r) = post(
         s,
@@ -78,6 +88,15 @@ fn an_expired_session_answers_expired_is_deleted_and_a_send_starts_it_afresh() {
     let (_, runs) = rpc(&s, "runs.list", json!({}));
     assert_eq!(runs["result"]["runs"][0]["title"], TITLE);
     assert!(state.join(format!("retention/{addr}.json")).exists());
+    // `broca archive retention` says what will happen before it does.
+    let plan = planned(&state);
+    assert!(
+        plan.contains(&format!(
+            "{addr}  /proj h s1  retention 60 s  expires at {}",
+            updated_at + 60_000
+        )),
+        "{plan}"
+    );
 
     // Lengthening is refused and writes nothing.
     let (status, r) = rpc(
@@ -202,6 +221,11 @@ fn a_kill_after_the_tombstone_is_finished_by_the_next_start() {
     assert!(state.join(format!("tombstones/{addr}.json")).exists());
     assert!(state.join(format!("wal/{addr}.wal")).exists());
     drop(s);
+    let plan = planned(&state);
+    assert!(
+        plan.contains(&format!("{addr}  expired at {expired_at}: tombstoned")),
+        "{plan}"
+    );
 
     let s = start(&state, &peer, &[]);
     assert!(
@@ -212,4 +236,5 @@ fn a_kill_after_the_tombstone_is_finished_by_the_next_start() {
     let (status, r) = rpc(&s, "session.read", json!({}));
     assert_eq!(status, 410, "{r}");
     assert_eq!(r["error"]["detail"]["expired_at_ms"], expired_at);
+    assert_eq!(planned(&state), "no session is kept with a retention\n");
 }

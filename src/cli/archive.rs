@@ -11,7 +11,7 @@ use broca_wal::SessionTriple;
 use super::{print_help, resolve_state_dir, usage, EXIT_FAILURE, EXIT_OK};
 
 const HELP: &str = "\
-Usage: broca archive <pack|list|verify|restore> ...
+Usage: broca archive <pack|list|verify|restore|retention> ...
 
   pack [--idle-days N] [--dry-run]
         pack every WAL idle for N days (default 30; 0 packs every idle one) with no open run
@@ -24,6 +24,10 @@ Usage: broca archive <pack|list|verify|restore> ...
         (nothing is deleted because of it)
   restore ADDRESS | --project-root P --harness H --session S
         put an archived session's WAL back into <state-dir>/wal/ (a send does this itself)
+  retention
+        what whole-session retention will do (docs/retention.md), before it does it: each
+        session kept with a retention and when it expires (never while a run of it is open),
+        soonest first, and each expired session whose deletion is not finished
 ";
 
 pub fn archive(mut pargs: pico_args::Arguments, help: bool, state_dir: Option<PathBuf>) -> u8 {
@@ -32,7 +36,7 @@ pub fn archive(mut pargs: pico_args::Arguments, help: bool, state_dir: Option<Pa
         return if help {
             print_help(HELP)
         } else {
-            usage("`broca archive` needs pack, list, verify or restore; see `broca archive --help`")
+            usage("`broca archive` needs pack, list, verify, restore or retention; see `broca archive --help`")
         };
     }
     let Some(state) = resolve_state_dir(state_dir) else {
@@ -43,6 +47,7 @@ pub fn archive(mut pargs: pico_args::Arguments, help: bool, state_dir: Option<Pa
         Some("list") => super::rest(pargs).and_then(|_| list(&state)),
         Some("verify") => super::rest(pargs).and_then(|paths| verify(&state, paths)),
         Some("restore") => restore(pargs, &state),
+        Some("retention") => super::rest(pargs).and_then(|_| retention(&state)),
         Some(other) => {
             return usage(&format!(
                 "unknown command `archive {other}`; see `broca archive --help`"
@@ -59,6 +64,65 @@ pub fn archive(mut pargs: pico_args::Arguments, help: bool, state_dir: Option<Pa
             EXIT_FAILURE
         }
     }
+}
+
+/// `broca archive retention`: what retention will do, soonest first.
+fn retention(state: &Path) -> Result<bool, String> {
+    use broca_host::retention::Planned;
+    let mut rows = broca_host::retention::plan(state, &state.join("wal"))
+        .map_err(|e| format!("{}: {e}", state.display()))?;
+    let now = broca_session::now_unix_ms();
+    let when = |p: &Planned| match p {
+        Planned::Deleting { .. } => 0,
+        Planned::Expires { at_ms, .. } => *at_ms,
+        Planned::Held { .. } | Planned::Unreadable { .. } => u64::MAX,
+    };
+    rows.sort_by_key(when);
+    if rows.is_empty() {
+        broca_io::outln!("no session is kept with a retention");
+    }
+    let name = |t: &SessionTriple| format!("{} {} {}", t.project_root, t.harness, t.session);
+    for row in &rows {
+        match row {
+            Planned::Expires {
+                triple,
+                retention_s,
+                at_ms,
+            } => {
+                let left = if *at_ms <= now {
+                    "due now: deleted at the next look".to_string()
+                } else {
+                    format!("in {} s", (at_ms - now).div_ceil(1000))
+                };
+                broca_io::outln!(
+                    "{}  {}  retention {retention_s} s  expires at {at_ms} ({left})",
+                    triple.address(),
+                    name(triple)
+                );
+            }
+            Planned::Held {
+                triple,
+                retention_s,
+            } => broca_io::outln!(
+                "{}  {}  retention {retention_s} s  held: a run of it is not over",
+                triple.address(),
+                name(triple)
+            ),
+            Planned::Unreadable { triple, why } => broca_io::outln!(
+                "{}  {}  its WAL cannot be read: {why}",
+                triple.address(),
+                name(triple)
+            ),
+            Planned::Deleting {
+                address,
+                expired_at_ms,
+            } => broca_io::outln!(
+                "{address}  expired at {expired_at_ms}: tombstoned, its content deleted at the \
+                 next start"
+            ),
+        }
+    }
+    Ok(true)
 }
 
 fn pack(mut pargs: pico_args::Arguments, state: &Path) -> Result<bool, String> {

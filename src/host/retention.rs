@@ -297,6 +297,82 @@ impl Retention {
     }
 }
 
+/// What retention will do to one session, as the state dir holds it now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Planned {
+    /// Kept with a retention: it expires then (its last activity plus its retention).
+    Expires {
+        triple: SessionTriple,
+        retention_s: u64,
+        at_ms: u64,
+    },
+    /// Kept with a retention, a run of it not over: it does not expire until that run ends.
+    Held {
+        triple: SessionTriple,
+        retention_s: u64,
+    },
+    /// Listed, but its WAL cannot be read (the reason).
+    Unreadable { triple: SessionTriple, why: String },
+    /// Expired, its tombstone written and its content not yet deleted: the next start (or
+    /// the running daemon) deletes it.
+    Deleting { address: String, expired_at_ms: u64 },
+}
+
+/// What retention will do, session by session (`broca archive retention`): read only, while
+/// a daemon runs or not.
+pub fn plan(state_dir: &Path, wal_dir: &Path) -> std::io::Result<Vec<Planned>> {
+    let mut out = Vec::new();
+    let index = state_dir.join(INDEX_DIR);
+    if index.exists() {
+        for (_, bytes) in json_files(&index)? {
+            let Ok(triple) = serde_json::from_slice::<SessionTriple>(&bytes) else {
+                continue;
+            };
+            let path = broca_wal_writer::wal_path(wal_dir, &triple);
+            let state = broca_core::read_session(&path, broca_core::Keep::State);
+            let (retention_s, expiry) = match state {
+                Ok(Some(read)) => (read.session.retention, read.session.expiry()),
+                Ok(None) => continue,
+                Err(e) => {
+                    let why = e.to_string();
+                    out.push(Planned::Unreadable { triple, why });
+                    continue;
+                }
+            };
+            let Some(retention_s) = retention_s else {
+                continue;
+            };
+            out.push(match expiry {
+                Expiry::At(at_ms) => Planned::Expires {
+                    triple,
+                    retention_s,
+                    at_ms,
+                },
+                _ => Planned::Held {
+                    triple,
+                    retention_s,
+                },
+            });
+        }
+    }
+    let tombs = state_dir.join(TOMB_DIR);
+    if tombs.exists() {
+        for (_, bytes) in json_files(&tombs)? {
+            let Ok(stone) = serde_json::from_slice::<Tombstone>(&bytes) else {
+                continue;
+            };
+            let wal = wal_dir.join(format!("{}.wal", stone.address));
+            if wal_lineage(&wal).is_some_and(|l| l == stone.lineage) {
+                out.push(Planned::Deleting {
+                    address: stone.address,
+                    expired_at_ms: stone.expired_at_ms,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
 fn sync_dir(dir: &Path) -> Result<(), String> {
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())

@@ -238,3 +238,36 @@ fn a_kill_after_the_tombstone_is_finished_by_the_next_start() {
     assert_eq!(r["error"]["detail"]["expired_at_ms"], expired_at);
     assert_eq!(planned(&state), "no session is kept with a retention\n");
 }
+
+/// A session nobody reads is deleted by shard 0's look, within the declared
+/// `delete_within_ms` of its expiry, on the real clock.
+#[test]
+fn an_expired_session_nobody_reads_is_deleted_within_the_declared_bound() {
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let s = start(&state, &peer, &[]);
+    let addr = address();
+    send_until_completed(
+        &s,
+        json!({"prompt": "hello", "model": "anthropic/m", "retention": 1}),
+    );
+    let wal = state.join(format!("wal/{addr}.wal"));
+    assert!(wal.exists());
+    let began = std::time::Instant::now();
+    while wal.exists() {
+        assert!(
+            began.elapsed().as_millis()
+                < 1_000 + u128::from(broca::wire::role::RETENTION_DELETE_WITHIN_MS),
+            "not deleted within its bound"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(state.join(format!("tombstones/{addr}.json")).exists());
+    let (status, r) = rpc(&s, "session.head", json!({}));
+    assert_eq!(
+        (status, r["error"]["code"].clone()),
+        (410, json!("expired")),
+        "{r}"
+    );
+}

@@ -215,8 +215,8 @@ impl Shard {
     /// Tells the host when the session is due, when it has a retention.
     pub(crate) fn note_retention(&self, actor: &Actor, triple: &SessionTriple) {
         let state = actor.state();
-        if state.retention.is_some() {
-            self.host.retention.note(triple, state.expiry());
+        if state.retention.is_some() && self.host.retention.note(triple, state.expiry()) {
+            crate::expiry::wake_sweep(&self.host);
         }
     }
 
@@ -234,7 +234,9 @@ impl Shard {
         let at = match state.expiry() {
             broca_core::Expiry::At(at) if at <= now => at,
             other => {
-                self.host.retention.note(triple, other);
+                if self.host.retention.note(triple, other) {
+                    crate::expiry::wake_sweep(&self.host);
+                }
                 let _ = reply.send(None);
                 return true;
             }

@@ -95,18 +95,33 @@ impl Host {
     }
 }
 
+/// Tells shard 0 that a session is kept with a retention where none was: its look starts.
+pub(crate) fn wake_sweep(host: &Host) {
+    let _ = host.mesh.try_send(0, crate::ShardMsg::RetentionKept);
+}
+
 /// Shard 0's look for sessions due, every [`broca_wire::role::RETENTION_SWEEP_MS`] while any
-/// session has a retention.
-pub(crate) fn sweep(host: &Arc<Host>, stop: std::rc::Rc<broca_shards::timer::StopSignal>) {
+/// session has a retention; it ends when none has (an idle daemon keeps no timer for it), and
+/// [`wake_sweep`] starts it again. `running` is shard 0's own flag.
+pub(crate) fn sweep(
+    host: &Arc<Host>,
+    stop: std::rc::Rc<broca_shards::timer::StopSignal>,
+    running: std::rc::Rc<std::cell::Cell<bool>>,
+) {
+    if running.get() || !host.retention.any_due() {
+        return;
+    }
+    running.set(true);
     let host = host.clone();
     let period = Duration::from_millis(broca_wire::role::RETENTION_SWEEP_MS);
-    broca_shards::timer::every(period, stop, move || {
-        let host = host.clone();
-        async move {
-            if host.retention.any_due() {
-                host.expire_due().await;
+    glommio::spawn_local(async move {
+        while stop.or_stop(glommio::timer::sleep(period)).await.is_some() {
+            if !host.retention.any_due() {
+                break;
             }
-            true
+            host.expire_due().await;
         }
-    });
+        running.set(false);
+    })
+    .detach();
 }

@@ -105,6 +105,9 @@ pub(crate) enum ShardMsg {
     Stop(futures_channel::oneshot::Sender<()>),
     /// Every shard has stopped: end this shard's loop.
     End,
+    /// A session is kept with a retention where none was (to shard 0): its look for
+    /// sessions due starts.
+    RetentionKept,
     /// The session `triple` (owned by the receiving shard) has a run a crash left open:
     /// resume it.
     Resume { triple: SessionTriple },

@@ -180,9 +180,11 @@ impl Retention {
     }
 
     /// When the session `triple` is due, as its actor last saw it (`Never`: not kept).
-    pub fn note(&self, triple: &SessionTriple, expiry: Expiry) {
+    /// `true` when it is the first session kept since none was (shard 0's look must start).
+    pub fn note(&self, triple: &SessionTriple, expiry: Expiry) -> bool {
         let addr = triple.address().to_string();
         let mut due = self.due.lock().unwrap();
+        let was_empty = due.is_empty();
         match expiry {
             Expiry::Never => {
                 due.remove(&addr);
@@ -191,6 +193,7 @@ impl Retention {
                 due.insert(addr, (triple.clone(), e));
             }
         }
+        was_empty && !due.is_empty()
     }
 
     /// Whether the session of `addr` is past its expiry and not yet tombstoned.

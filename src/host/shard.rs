@@ -71,6 +71,8 @@ pub(crate) struct Shard {
     /// Sessions whose tombstone is written and whose actor is closing: deleted once it has
     /// closed, then the expiry is answered.
     pub(crate) expiring: RefCell<HashMap<Key, crate::answer::Expiring>>,
+    /// Shard 0: its look for sessions past their retention is running.
+    sweeping: Rc<Cell<bool>>,
 }
 
 impl Shard {
@@ -117,6 +119,7 @@ impl Shard {
             resumes: glommio::sync::Semaphore::new(RESUMES_AT_ONCE as u64),
             stopped: Rc::new(StopSignal::default()),
             expiring: RefCell::default(),
+            sweeping: Rc::default(),
             host,
         }
     }
@@ -252,6 +255,9 @@ impl Shard {
                 glommio::spawn_local(stop_every_shard(self.clone())).detach();
             }
             ShardMsg::End => return false,
+            ShardMsg::RetentionKept => {
+                crate::expiry::sweep(&self.host, self.stopped.clone(), self.sweeping.clone())
+            }
             ShardMsg::Resume { triple } => self.resume(triple),
             ShardMsg::Stop(done) => {
                 let me = self.clone();
@@ -303,7 +309,7 @@ impl Shard {
         self.pick_up_tool_modules();
         self.sweep_late_results();
         if self.services.shard == 0 {
-            crate::expiry::sweep(&self.host, self.stopped.clone());
+            crate::expiry::sweep(&self.host, self.stopped.clone(), self.sweeping.clone());
         }
         if self.services.shard == 0 && !refresh.is_zero() && refreshed {
             let me = self.clone();

@@ -4,7 +4,7 @@
 
 use crate::admission::{prepare, session_retention, SendRequest};
 use crate::replay::{Expiry, Session};
-use broca_wal::runrec::{FinishKind, RunFinished, RunStarted};
+use broca_wal::runrec::{FinishKind, RunFinished};
 use broca_wal::Record;
 use broca_wire::Refusal;
 
@@ -26,23 +26,7 @@ fn send(retention: Option<u64>) -> Result<broca_wal::runrec::FrozenConfig, Refus
 }
 
 fn started(run_id: &str, retention: Option<u64>, at: u64) -> Record {
-    Record::RunStarted(Box::new(RunStarted {
-        run_id: run_id.into(),
-        send_id: None,
-        inputs_digest: "d".into(),
-        prompt: "go".into(),
-        config: send(retention).unwrap(),
-        resolved_calls: Vec::new(),
-        at_unix_ms: at,
-        principal: None,
-        scope_owner: None,
-        submission_id: None,
-        client_message_id: None,
-        resolved_mid: None,
-        delivery: None,
-        steer_seq: None,
-        media: Vec::new(),
-    }))
+    crate::replay::tests::started_with(run_id, send(retention).unwrap(), at)
 }
 
 fn finished(run_id: &str, at: u64) -> Record {

@@ -19,6 +19,7 @@ mod media;
 mod model;
 mod report;
 mod retention;
+mod route;
 mod structured;
 mod subject;
 mod tools;

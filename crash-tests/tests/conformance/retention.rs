@@ -11,7 +11,7 @@ use cortexkit_role_llm_runner_conformance::{Reply, RunnerRoute};
 use serde_json::json;
 
 use crate::daemon::Link;
-use crate::subject::Route;
+use crate::route::Route;
 
 /// The connections of the modules started, so the clock of the live ones can be moved.
 #[derive(Default)]

@@ -15,23 +15,22 @@ use cortexkit_role_harness::{
 };
 use cortexkit_role_llm_runner::points;
 use cortexkit_role_llm_runner_conformance::{
-    envelope, AttributionFixture, Capability, LlmRunnerSubject, ModelRequestObservation, Reply,
-    RouteFailure, RunnerRoute, Script, SubscribeOutcome, ToolResultLimitObservation,
-    ToolResultObservation, SCRIPTED_TOOL,
+    AttributionFixture, Capability, LlmRunnerSubject, ModelRequestObservation, Reply, RunnerRoute,
+    Script, ToolResultLimitObservation, ToolResultObservation, SCRIPTED_TOOL,
 };
 use serde_json::{json, Map, Value};
-use subc_protocol::{ErrorBody, FrameType};
 
 use crate::daemon::{Daemon, Link};
 use crate::model::Model;
+pub use crate::route::Route;
 use crate::tools::{ToolModule, MODULE};
 
 /// The harness every route's session lives under.
 const HARNESS: &str = "conformance";
 /// How long a subscription may be silent before the suite's replay is taken as complete.
-const QUIET: Duration = Duration::from_millis(300);
+pub(crate) const QUIET: Duration = Duration::from_millis(300);
 /// How long a request waits for broca's answer.
-const ANSWER_WITHIN: Duration = Duration::from_secs(60);
+pub(crate) const ANSWER_WITHIN: Duration = Duration::from_secs(60);
 
 /// The role's kill points broca reaches, each with the crash hook's point that is it.
 const POINTS: &[(&str, &str, &str)] = &[
@@ -131,26 +130,8 @@ impl Module {
     }
 }
 
-/// A session-bound route on a module's connection.
-pub struct Route {
-    link: Arc<Link>,
-    channel: u16,
-}
-
-impl Route {
-    /// A route of the session `session` of `harness`, bound on `link` as its owner.
-    pub async fn bind(link: Arc<Link>, harness: &str, session: &str) -> Result<Route, String> {
-        let stamp = RouteStamp {
-            principal: OWNER.into(),
-            scope: None,
-        };
-        let channel = link.bind(harness, session, &stamp).await?;
-        Ok(Route { link, channel })
-    }
-}
-
 /// The principal of every session's owner.
-const OWNER: &str = "reserved:conformance-owner";
+pub(crate) const OWNER: &str = "reserved:conformance-owner";
 
 impl Subject {
     pub async fn new() -> Subject {
@@ -695,99 +676,6 @@ impl LlmRunnerSubject for Subject {
 
     async fn pause(&self) {
         tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
-
-impl Route {
-    /// broca's first frame for a request, or why none came.
-    async fn first_frame(
-        rx: &mut tokio::sync::mpsc::UnboundedReceiver<subc_protocol::Frame>,
-        within: Duration,
-    ) -> Result<Option<subc_protocol::Frame>, RouteFailure> {
-        match tokio::time::timeout(within, rx.recv()).await {
-            Err(_) => Ok(None),
-            Ok(None) => Err(RouteFailure::new("the route closed before broca answered")),
-            Ok(Some(f)) => Ok(Some(f)),
-        }
-    }
-}
-
-fn error_body(method: &str, bytes: &[u8]) -> Result<ErrorBody, RouteFailure> {
-    serde_json::from_slice(bytes).map_err(|e| {
-        RouteFailure::new(format!(
-            "{method}: an ERROR body that is not {{code, message, detail?}} ({e}): {}",
-            String::from_utf8_lossy(bytes)
-        ))
-    })
-}
-
-#[async_trait]
-impl RunnerRoute for Route {
-    async fn request(&self, method: &str, params: Value) -> Result<Reply, RouteFailure> {
-        let (_, mut rx) = self
-            .link
-            .request(self.channel, 1, &envelope(method, params))
-            .await
-            .map_err(RouteFailure::new)?;
-        let f = Self::first_frame(&mut rx, ANSWER_WITHIN)
-            .await?
-            .ok_or_else(|| {
-                RouteFailure::new(format!("{method}: no answer within {ANSWER_WITHIN:?}"))
-            })?;
-        match f.header.ty {
-            FrameType::Response => cortexkit_role_llm_runner::wire::read_reply::<Value>(&f.body)
-                .map(Reply::Response)
-                .map_err(|e| {
-                    RouteFailure::new(format!(
-                        "{method}: the RESPONSE body is refused ({}): {}",
-                        e.name(),
-                        String::from_utf8_lossy(&f.body)
-                    ))
-                }),
-            FrameType::Error => Ok(Reply::Error(error_body(method, &f.body)?)),
-            other => Err(RouteFailure::new(format!(
-                "{method}: broca answered a {other:?} frame"
-            ))),
-        }
-    }
-
-    async fn subscribe(&self, params: Value) -> Result<SubscribeOutcome, RouteFailure> {
-        let (corr, mut rx) = self
-            .link
-            .request(self.channel, 1, &envelope("session.subscribe", params))
-            .await
-            .map_err(RouteFailure::new)?;
-        let mut events = Vec::new();
-        loop {
-            let f = match Self::first_frame(&mut rx, QUIET).await {
-                Ok(Some(f)) => f,
-                Ok(None) => break,
-                Err(e) if events.is_empty() => return Err(e),
-                Err(_) => break,
-            };
-            match f.header.ty {
-                FrameType::StreamData => {
-                    let event: Value = serde_json::from_slice(&f.body).map_err(|e| {
-                        RouteFailure::new(format!("a STREAM_DATA body that is not JSON: {e}"))
-                    })?;
-                    events.push(event);
-                }
-                FrameType::Error if events.is_empty() => {
-                    return Ok(SubscribeOutcome::Refused(error_body(
-                        "session.subscribe",
-                        &f.body,
-                    )?))
-                }
-                FrameType::StreamEnd | FrameType::Error => break,
-                other => {
-                    return Err(RouteFailure::new(format!(
-                        "session.subscribe: broca sent a {other:?} frame"
-                    )))
-                }
-            }
-        }
-        self.link.cancel(self.channel, 1, corr).await;
-        Ok(SubscribeOutcome::Events(events))
     }
 }
 

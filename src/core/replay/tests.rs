@@ -18,14 +18,23 @@ pub(crate) fn started() -> Record {
     )
     .unwrap()
     .config;
+    started_with("r", config, 0)
+}
+
+/// The RunStarted of run `run_id` under `config`, at `at` (ms), prompt `go`.
+pub(crate) fn started_with(
+    run_id: &str,
+    config: broca_wal::runrec::FrozenConfig,
+    at: u64,
+) -> Record {
     Record::RunStarted(Box::new(RunStarted {
-        run_id: "r".into(),
+        run_id: run_id.into(),
         send_id: None,
         inputs_digest: "d".into(),
         prompt: "go".into(),
         config,
         resolved_calls: Vec::new(),
-        at_unix_ms: 0,
+        at_unix_ms: at,
         principal: None,
         scope_owner: None,
         submission_id: None,

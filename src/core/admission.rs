@@ -199,6 +199,8 @@ pub fn admit_prepared(
         return answer;
     }
     let retention = session_retention(session, p.config.retention)?;
+    let mut p = p;
+    p.config.retention = retention;
     // A steer joins the run being driven, under its settings; its media are checked against
     // that run's model, any other send's against the model it would freeze.
     if p.delivery.as_deref() == Some(broca_wire::delivery::STEER) {
@@ -227,7 +229,6 @@ pub fn admit_prepared(
         });
     }
     let mut config = p.config;
-    config.retention = retention;
     // Compaction, once a send of the session turned it on, stays on until one says `off`.
     if config.compaction.is_none() && !p.named.contains(&"compaction") {
         config.compaction = session.runs.last().and_then(|r| r.config.compaction);

@@ -103,3 +103,32 @@ fn a_session_expires_at_its_last_activity_plus_its_retention_never_while_a_run_i
     assert_eq!(s.retention, Some(10));
     assert_eq!(s.expiry(), Expiry::At(81_000));
 }
+
+#[test]
+fn a_steer_that_shortens_the_retention_is_kept_with_it() {
+    use broca_wal::runrec::SendSteered;
+    let mut s = Session::default();
+    s.apply(1, started("r1", Some(60), 1_000)).unwrap();
+    let steer = |retention| {
+        Record::SendSteered(Box::new(SendSteered {
+            run_id: "r1".into(),
+            send_id: None,
+            inputs_digest: "d".into(),
+            prompt: "and then".into(),
+            at_unix_ms: 2_000,
+            principal: None,
+            scope_owner: None,
+            client_message_id: None,
+            media: Vec::new(),
+            retention,
+        }))
+    };
+    s.apply(2, steer(None)).unwrap();
+    assert_eq!(s.retention, Some(60), "a steer naming none leaves it");
+    s.apply(3, steer(Some(20))).unwrap();
+    assert_eq!(s.retention, Some(20));
+    assert_eq!(
+        session_retention(&s, Some(30)).unwrap_err().field(),
+        Some("retention")
+    );
+}

@@ -381,6 +381,10 @@ pub struct SendSteered {
     /// committed in the session's content store before this record.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub media: Vec<broca_protocol::media::Media>,
+    /// The session's retention in seconds as this steer left it, when the steer named one
+    /// (llm-runner/v1 `retention`: a later send may shorten it, a steer too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<u64>,
 }
 
 /// An upload into the session's content store began (llm-runner/v1

@@ -18,6 +18,13 @@ pub(super) fn steer(
     open: usize,
     now_unix_ms: u64,
 ) -> Result<Admitted, Refusal> {
+    // The session's retention as the steer leaves it (checked by admission), kept with the
+    // steer when it named one.
+    let retention = p
+        .named
+        .contains(&"retention")
+        .then_some(p.config.retention)
+        .flatten();
     let run = &session.runs[open];
     if let Some(field) = p
         .named
@@ -49,6 +56,7 @@ pub(super) fn steer(
         scope_owner: p.caller.scope_owner,
         client_message_id: p.client_message_id,
         media,
+        retention,
     })))
 }
 
@@ -96,6 +104,7 @@ pub(super) fn steer_turn(session: &Session, run_id: &str, now_unix_ms: u64) -> O
     let accepted_by = &session.runs[p.run];
     let mut config = accepted_by.config.clone();
     config.stop.input_cap = input_cap(session, config.stop.input_cap);
+    config.retention = session.retention;
     let r = &p.record;
     Some(RunStarted {
         run_id: run_id.to_string(),

@@ -86,6 +86,10 @@ impl Session {
             send_id: r.send_id.clone(),
             rendered: false,
         });
+        // Admission only ever shortens it: the latest send's is the session's.
+        if r.retention.is_some() {
+            self.retention = r.retention;
+        }
         if let Some(send_id) = &r.send_id {
             let send = SteerSend {
                 seq,

@@ -170,10 +170,24 @@ fn an_expired_session_answers_expired_is_deleted_and_a_send_starts_it_afresh() {
     );
     drop(s);
 
-    // A restart keeps all of it.
+    // A restart keeps all of it, also once the archive packed the fresh record: the
+    // tombstone of the old one never touches it.
+    let out = support::broca(&state)
+        .args(["archive", "pack", "--idle-days", "0"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(!state.join(format!("wal/{addr}.wal")).exists(), "packed");
     let s = start(&state, &peer, &[]);
-    let (_, head) = rpc(&s, "session.head", json!({}));
+    let (status, head) = rpc(&s, "session.head", json!({}));
+    assert_eq!(status, 200, "{head}");
     assert_eq!(head["result"]["history_version"], 2, "{head}");
+    let (_, page) = rpc(&s, "session.read", json!({"from_ordinal": 0}));
+    assert_eq!(
+        page["result"]["messages"].as_array().unwrap().len(),
+        2,
+        "{page}"
+    );
 }
 
 /// A POST whose connection the daemon may drop (it aborts while answering).

@@ -77,6 +77,20 @@ fn wal_lineage(path: &Path) -> Option<String> {
         .map(|h| h.lineage_hex())
 }
 
+/// The lineage of the session record at `path`: its live WAL's, else its newest archived
+/// copy's (a record packed by the archive is still the current one).
+fn record_lineage(path: &Path) -> Option<String> {
+    if let Some(l) = wal_lineage(path) {
+        return Some(l);
+    }
+    let wal_dir = path.parent()?;
+    let file = path.file_name()?.to_string_lossy().into_owned();
+    let (_, member) = broca_wal::archive::find(&broca_wal::archive::dir_of(wal_dir), &file)
+        .ok()
+        .flatten()?;
+    Some(member.lineage_id)
+}
+
 impl Retention {
     /// Loads the tombstones and the sessions with a retention of `state_dir` (on the caller's
     /// thread: at start, before any shard runs). A session listed whose WAL is gone, or that
@@ -125,7 +139,7 @@ impl Retention {
 
     fn put_tomb(&self, stone: Tombstone) {
         let path = self.wal_dir.join(format!("{}.wal", stone.address));
-        let superseded = wal_lineage(&path).is_some_and(|l| l != stone.lineage);
+        let superseded = record_lineage(&path).is_some_and(|l| l != stone.lineage);
         self.tombs
             .lock()
             .unwrap()
@@ -153,7 +167,7 @@ impl Retention {
             return None;
         }
         let path = self.wal_dir.join(format!("{addr}.wal"));
-        if wal_lineage(&path).is_some_and(|l| l != tomb.stone.lineage) {
+        if record_lineage(&path).is_some_and(|l| l != tomb.stone.lineage) {
             tomb.superseded = true;
             return None;
         }
@@ -259,8 +273,12 @@ impl Retention {
         reads: &broca_core::read::ReadCache,
     ) -> Result<(), String> {
         let wal = self.wal_dir.join(format!("{}.wal", stone.address));
+        // A later record (live, or packed by the archive) is never touched.
+        if record_lineage(&wal).is_some_and(|l| l != stone.lineage) {
+            return Ok(());
+        }
         match wal_lineage(&wal) {
-            Some(l) if l != stone.lineage => return Ok(()), // superseded: nothing of it left
+            Some(l) if l != stone.lineage => return Ok(()),
             Some(_) => {
                 std::fs::remove_file(&wal).map_err(|e| format!("{}: {e}", wal.display()))?;
                 sync_dir(&self.wal_dir)?;

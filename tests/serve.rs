@@ -694,7 +694,7 @@ fn a_session_that_went_idle_under_a_subscriber_takes_the_next_send() {
 }
 
 #[test]
-fn open_sessions_stay_within_the_limit_idle_ones_closed_first_and_busy_ones_refuse_more() {
+fn open_sessions_stay_within_the_limit_idle_ones_closed_first_and_a_new_one_waits_for_room() {
     let peer = Aimock::start(&fixture("aimock.json"));
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
@@ -737,7 +737,8 @@ fn open_sessions_stay_within_the_limit_idle_ones_closed_first_and_busy_ones_refu
         "Hello! How can I help you today?"
     );
 
-    // Two sessions with runs in flight fill the limit: a third session is refused, transient.
+    // Two sessions with runs in flight fill the limit: a third session's send waits for one
+    // of them to close, and is then admitted (nothing is refused while room will come).
     for name in ["a", "b"] {
         let (status, r) = in_session(
             name,
@@ -749,23 +750,37 @@ fn open_sessions_stay_within_the_limit_idle_ones_closed_first_and_busy_ones_refu
     wait_for("both slow runs to be running", || {
         metric(&s, "broca_runs_active") == 2 && metric(&s, "broca_sessions_live") == 2
     });
-    let (status, r) = in_session(
-        "c",
-        "session.send",
-        json!({"prompt": "hello there", "model": "anthropic/m"}),
-    );
-    assert_eq!(status, 503, "{r}");
-    assert_eq!(r["error"]["code"], "session_limit", "{r}");
-    assert_eq!(metric(&s, "broca_sessions_refused_at_limit_total"), 1);
-    wait_for("the slow runs to end", || {
-        metric(&s, "broca_runs_active") == 0
+    let waited_before = metric(&s, "broca_sessions_waited_for_room_total");
+    let waiting = std::thread::scope(|scope| {
+        let third = scope.spawn(|| {
+            in_session(
+                "c",
+                "session.send",
+                json!({"prompt": "hello there", "model": "anthropic/m"}),
+            )
+        });
+        wait_for("the third session's send to wait for room", || {
+            metric(&s, "broca_sessions_waiting_for_room") == 1
+        });
+        assert_eq!(metric(&s, "broca_runs_active"), 2, "the slow runs go on");
+        assert!(
+            !third.is_finished(),
+            "the send waits while both sessions run"
+        );
+        third.join().unwrap()
     });
-    let (status, r) = in_session(
-        "c",
-        "session.send",
-        json!({"prompt": "hello there", "model": "anthropic/m"}),
+    let (status, r) = waiting;
+    assert_eq!(status, 200, "admitted once a session closed: {r}");
+    assert_eq!(metric(&s, "broca_sessions_waiting_for_room"), 0);
+    assert_eq!(
+        metric(&s, "broca_sessions_waited_for_room_total"),
+        waited_before + 1
     );
-    assert_eq!(status, 200, "room again once a session is idle: {r}");
+    assert_eq!(metric(&s, "broca_sessions_refused_at_limit_total"), 0);
+    let run_id = r["result"]["run_id"].as_str().unwrap().to_string();
+    wait_for("the waiting session's run to complete", || {
+        in_session("c", "run.status", json!({"run_id": run_id})).1["result"]["state"] == "completed"
+    });
 }
 
 #[test]

@@ -203,7 +203,7 @@ fn running_out_of_descriptors_pauses_accepting_and_recovers() {
 }
 
 #[test]
-fn sessions_that_find_no_descriptor_are_refused_clearly_and_logged_in_summary() {
+fn sessions_that_find_no_descriptor_wait_for_an_idle_one_to_close_and_are_logged_in_summary() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
     let stderr_path = dir.path().join("stderr");
@@ -217,34 +217,39 @@ fn sessions_that_find_no_descriptor_are_refused_clearly_and_logged_in_summary() 
     limit_descriptors(&mut cmd, 128);
     let s = spawn(&mut cmd, &state);
     // Each open session holds its WAL's descriptor (idle sessions stay open 30 s): new
-    // sessions soon find none left.
-    let mut unavailable = Vec::new();
+    // sessions soon find none left. Each such send waits for an idle session to close and is
+    // then admitted; none is refused. (A connection that comes while not one descriptor is
+    // free is answered 503 `too_many_open_files` at accept, and is made again, as a client
+    // would.)
+    let mut shed = 0;
     for i in 0..200 {
-        let (status, r) = rpc(
-            &s,
-            "session.send",
-            json!({"session": format!("f{i}"), "prompt": "hello there", "model": "anthropic/m"}),
-        );
-        if r["error"]["code"] == "session_unavailable" {
-            assert_eq!(status, 503, "{r}");
-            unavailable.push(r["error"]["message"].as_str().unwrap().to_string());
-        } else {
-            assert!(status == 200 || status == 503, "{status} {r}");
-        }
+        let mut attempts = 0;
+        let (status, r) = loop {
+            let (status, r) = rpc(
+                &s,
+                "session.send",
+                json!({"session": format!("f{i}"), "prompt": "hello there", "model": "anthropic/m"}),
+            );
+            if status == 503 && r["error"]["code"] == "too_many_open_files" && attempts < 100 {
+                attempts += 1;
+                shed += 1;
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+            break (status, r);
+        };
+        assert_eq!(status, 200, "send {i} (after {attempts} sheds): {r}");
     }
+    let short = metric(&s, "broca_sessions_out_of_descriptors_total") as usize;
+    // Running short once is enough: the idle sessions are then told to close, each giving
+    // its descriptor back, and the sends after it fit.
+    assert!(short >= 1, "no session met the limit: the test did not run out");
+    assert!(metric(&s, "broca_sessions_waited_for_room_total") as usize >= short);
     assert!(
-        unavailable.len() >= 20,
-        "only {} sends met the limit: the test did not run out",
-        unavailable.len()
+        metric(&s, "broca_sessions_live") < 128,
+        "the open sessions stay within the descriptors"
     );
-    for m in &unavailable {
-        assert!(m.contains("out of file descriptors"), "{m}");
-        assert!(m.contains("open_sessions_max"), "{m}");
-    }
-    assert_eq!(
-        metric(&s, "broca_sessions_out_of_descriptors_total") as usize,
-        unavailable.len()
-    );
+    eprintln!("{short} sessions found no descriptor; {shed} connections were shed at accept");
     // One line, then a summary at most every 10 s: not a line per session.
     let log = std::fs::read_to_string(&stderr_path).unwrap();
     let lines = log
@@ -253,12 +258,11 @@ fn sessions_that_find_no_descriptor_are_refused_clearly_and_logged_in_summary() 
         .count();
     assert!(
         (1..=3).contains(&lines),
-        "{lines} lines for {} refusals:\n{}",
-        unavailable.len(),
+        "{lines} lines for {short} sessions short of a descriptor:\n{}",
         &log[..log.len().min(3000)]
     );
-    // The window's count is logged when it closes, with no more refusals to carry it: the
-    // lines add up to every refusal.
+    // The window's count is logged when it closes, with no more to carry it: the lines add
+    // up to every session that met the limit.
     let counted = || {
         let log = std::fs::read_to_string(&stderr_path).unwrap();
         let summed: usize = log
@@ -271,10 +275,10 @@ fn sessions_that_find_no_descriptor_are_refused_clearly_and_logged_in_summary() 
         1 + summed
     };
     let until = Instant::now() + Duration::from_secs(30);
-    while counted() < unavailable.len() && Instant::now() < until {
+    while counted() < short && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert_eq!(counted(), unavailable.len());
+    assert_eq!(counted(), short);
     // The sessions that did open are whole: the first one's run completed.
     let first = rpc(&s, "run.status", json!({"session": "f0"})).1;
     assert_ne!(first["result"], Value::Null, "{first}");

@@ -104,6 +104,8 @@ pub struct Figures {
     pub late: u64,
     /// Sends refused 503 (a transient refusal: the daemon is at a limit) and made again.
     pub retried: u64,
+    /// The error codes of the sends refused 503, with how many of each.
+    pub retried_codes: Vec<(String, u64)>,
 }
 
 struct Ctx {
@@ -122,6 +124,7 @@ struct Ctx {
     dropped: Cell<u64>,
     sends: Cell<u64>,
     retried: Cell<u64>,
+    retried_codes: RefCell<std::collections::BTreeMap<String, u64>>,
     errors: Cell<u64>,
     first_error: RefCell<Option<String>>,
     idle: RefCell<VecDeque<usize>>,
@@ -163,6 +166,7 @@ async fn drive(target: Target, plan: Plan, mut mark: impl FnMut(Mark)) -> Figure
         dropped: Cell::new(0),
         sends: Cell::new(0),
         retried: Cell::new(0),
+        retried_codes: RefCell::new(Default::default()),
         errors: Cell::new(0),
         first_error: RefCell::default(),
         idle: RefCell::new((0..n).collect()),
@@ -301,6 +305,7 @@ fn figures(ctx: &Ctx, start: Instant, end: Instant, cpu_s: f64, late: u64) -> Fi
         cpu_s,
         late,
         retried: ctx.retried.get(),
+        retried_codes: ctx.retried_codes.borrow().clone().into_iter().collect(),
     }
 }
 
@@ -497,6 +502,13 @@ impl Sender {
             match self.send_once(ctx, session, k).await {
                 Err(e) if e.starts_with("session.send answered 503") => {
                     ctx.retried.set(ctx.retried.get() + 1);
+                    let code = serde_json::from_str::<serde_json::Value>(
+                        e.split_once(": ").map_or("", |(_, body)| body),
+                    )
+                    .ok()
+                    .and_then(|v| v["error"]["code"].as_str().map(str::to_string))
+                    .unwrap_or_else(|| "(no JSON error)".into());
+                    *ctx.retried_codes.borrow_mut().entry(code).or_insert(0) += 1;
                     glommio::timer::sleep(Duration::from_millis(100)).await;
                 }
                 other => return other,

@@ -115,7 +115,8 @@ Options:
   --grace-secs N       how long active runs may finish at shutdown (default 5)
   --config FILE        JSON: {\"listen\", \"socket\", \"shards\", \"grace_secs\",
                        \"idle_secs\", \"open_sessions_max\" (per shard; default
-                       from the open-files limit), \"body_limit_bytes\" (default 8 MiB),
+                       a third of the open-files limit at two
+                       descriptors a session; a session past it waits), \"body_limit_bytes\" (default 8 MiB),
                        \"catalog_file\", \"catalog_url\" (else BROCA_CATALOG_FILE and
                        BROCA_CATALOG_URL), \"catalog_module\" (module mode: the fusiform
                        module asked with catalog.get; else BROCA_CATALOG_MODULE),

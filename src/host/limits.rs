@@ -1,5 +1,9 @@
-//! How many sessions a shard keeps open: each open session holds its WAL's descriptor, so the
-//! default comes from the process's open-files limit (raised to its hard limit first).
+//! How many sessions a shard keeps open: the descriptor budget. Each open session holds its
+//! WAL's descriptor and, while it runs, a connection to its provider, so the default comes
+//! from the process's open-files limit (raised to its hard limit first): a third of it for
+//! the sessions' logs and provider connections, shared by the shards, two thirds for the
+//! clients' connections (a subscriber each, management requests) and everything else. A
+//! session past the budget waits for an open one to close; it is not refused.
 
 /// The open-files limit assumed when it cannot be read.
 const OPEN_FILES_UNKNOWN: u64 = 1024;
@@ -32,12 +36,18 @@ fn raise_open_files_limit() -> u64 {
     lim.rlim_cur
 }
 
-/// Sessions each shard keeps open by default: three quarters of the open-files limit shared
-/// by the shards (the rest is for connections and everything else), within
-/// [`OPEN_SESSIONS_MIN`] and [`OPEN_SESSIONS_MAX`].
+/// Descriptors an open session may hold: its WAL, and a provider connection while it runs.
+const DESCRIPTORS_PER_SESSION: u64 = 2;
+/// The share of the open-files limit the open sessions take (the rest is for connections).
+const SESSIONS_SHARE: (u64, u64) = (1, 3);
+
+/// Sessions each shard keeps open by default: [`SESSIONS_SHARE`] of the open-files limit, at
+/// [`DESCRIPTORS_PER_SESSION`] each, shared by the shards, within [`OPEN_SESSIONS_MIN`] and
+/// [`OPEN_SESSIONS_MAX`].
 fn open_sessions_budget(open_files: u64, shards: usize) -> usize {
     assert!(shards > 0, "there is at least one shard");
-    let per_shard = open_files.saturating_mul(3) / 4 / shards as u64;
+    let (share, of) = SESSIONS_SHARE;
+    let per_shard = open_files.saturating_mul(share) / of / DESCRIPTORS_PER_SESSION / shards as u64;
     per_shard.clamp(OPEN_SESSIONS_MIN, OPEN_SESSIONS_MAX) as usize
 }
 
@@ -71,7 +81,8 @@ pub(crate) fn open_sessions(asked: Option<usize>, shards: usize) -> Result<usize
     tracing::info!(
         open_files = files,
         open_sessions_max = chosen,
-        "sessions kept open per shard"
+        "descriptor budget: sessions kept open per shard (their logs and provider \
+         connections); a session past it waits for one to close"
     );
     Ok(chosen)
 }
@@ -81,8 +92,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_budget_shares_three_quarters_of_the_limit_within_its_bounds() {
-        assert_eq!(open_sessions_budget(20_000, 2), 7_500);
+    fn the_budget_gives_a_third_of_the_limit_to_sessions_within_its_bounds() {
+        // 20,000 descriptors: 1,666 sessions a shard, 6,664 descriptors for logs and
+        // provider connections, the rest for clients' connections.
+        assert_eq!(open_sessions_budget(20_000, 2), 1_666);
         assert_eq!(open_sessions_budget(10, 2), OPEN_SESSIONS_MIN as usize);
         assert_eq!(
             open_sessions_budget(u64::MAX, 1),

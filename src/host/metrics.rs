@@ -80,8 +80,13 @@ pub struct ShardStats {
     pub sessions_live: usize,
     /// Idle sessions closed to stay within the open-sessions limit.
     pub sessions_evicted: u64,
-    /// Commands refused because every open session was busy at the limit.
+    /// Commands refused because every open session was busy at the limit and the commands
+    /// waiting for room were at their limit.
     pub sessions_refused_at_limit: u64,
+    /// Commands that waited for room before their session opened.
+    pub sessions_waited_for_room: u64,
+    /// Commands waiting for room now.
+    pub sessions_waiting_for_room: usize,
     pub runs_active: usize,
     pub commit: CommitStats,
     pub provider_bytes_in: u64,
@@ -147,8 +152,22 @@ const FAMILIES: &[Family] = &[
     Family {
         name: "broca_sessions_refused_at_limit_total",
         kind: "counter",
-        help: "Commands refused (503 session_limit): every open session was running.",
+        help: "Commands refused (503 session_limit): every open session was running and \
+               waiting_for_room_max commands already waited.",
         value: |s| s.sessions_refused_at_limit,
+    },
+    Family {
+        name: "broca_sessions_waited_for_room_total",
+        kind: "counter",
+        help: "Commands that waited for a session to close (every open session running, or \
+               descriptors short) before their own session opened.",
+        value: |s| s.sessions_waited_for_room,
+    },
+    Family {
+        name: "broca_sessions_waiting_for_room",
+        kind: "gauge",
+        help: "Commands waiting for room for their session now.",
+        value: |s| s.sessions_waiting_for_room as u64,
     },
     Family {
         name: "broca_runs_active",

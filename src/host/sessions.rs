@@ -97,12 +97,14 @@ impl Shard {
     }
 
     fn at_limit(&self) -> RpcError {
+        let limits = self.sessions.limits();
         RpcError::new(
             Code::SessionLimit,
             format!(
-                "all {} sessions this shard keeps open are running; retry later (raise \
-                 open_sessions_max or the open-files limit)",
-                self.sessions.limits().open_max
+                "all {} sessions this shard keeps open are running and {} commands already \
+                 wait for one to close; retry later (raise open_sessions_max or the \
+                 open-files limit)",
+                limits.open_max, limits.waiting_max
             ),
         )
     }
@@ -264,6 +266,13 @@ impl Shard {
         };
         if matches!(e, ActorError::Wal(WalError::OutOfDescriptors { .. })) {
             self.out_of_descriptors_met(triple, &e);
+            // Other sessions are open: their descriptors come back as they close. This
+            // session's commands wait for that (they go back to the registry as the actor
+            // ends) instead of being refused.
+            if self.sessions.stats().live > 1 {
+                self.sessions.short_of_room(inbox);
+                return None;
+            }
         } else {
             tracing::error!("session {}: {e}", triple.address());
         }
@@ -285,7 +294,8 @@ impl Shard {
 
     /// Logs a session that could not open its WAL for want of a descriptor: the first at
     /// once, then, while more meet it, one line per [`SHORT_LOG_EVERY`] with how many (a
-    /// daemon out of descriptors meets it at every new session; each is answered 503).
+    /// daemon out of descriptors meets it at every new session; each waits for another
+    /// session to close, or is answered 503 when no other is open).
     fn out_of_descriptors_met(&self, triple: &SessionTriple, e: &ActorError) {
         self.out_of_descriptors
             .set(self.out_of_descriptors.get() + 1);
@@ -328,7 +338,9 @@ impl Shard {
         while self.runs_active.get() > 0 && !self.host.runs_wait_left(began).is_zero() {
             glommio::timer::sleep(GRACE_POLL).await;
         }
-        self.sessions.shutdown_all();
+        for cmd in self.sessions.shutdown_all() {
+            refuse_closing(cmd);
+        }
         self.sessions.wait_empty(STOP_CLOSE_MAX).await;
         self.project_dirty();
     }

@@ -25,6 +25,9 @@ use crate::{Host, Running, ShardFront, ShardMsg};
 
 /// Commands that may wait for one session's actor.
 pub(crate) const INBOX_MAX: usize = 256;
+/// Commands a shard keeps waiting for room (every open session running, or descriptors
+/// short) before it refuses a new session's command 503 `session_limit`.
+pub(crate) const WAITING_FOR_ROOM_MAX: usize = 65_536;
 /// Runs a shard resumes at once (a crash can leave thousands open: they resume in turn).
 pub(crate) const RESUMES_AT_ONCE: usize = 16;
 /// Sessions whose seek points a shard keeps once their hub is gone (8 points of 16 bytes each).
@@ -88,6 +91,7 @@ impl Shard {
         ));
         let limits = Limits {
             open_max: host.opts.open_sessions_max.unwrap_or(4096).max(1),
+            waiting_max: WAITING_FOR_ROOM_MAX,
             inbox_max: INBOX_MAX,
             idle: host.opts.idle,
         };
@@ -199,6 +203,8 @@ impl Shard {
             sessions_live: sessions.live,
             sessions_evicted: sessions.evicted,
             sessions_refused_at_limit: sessions.refused_at_limit,
+            sessions_waited_for_room: sessions.waited_for_room,
+            sessions_waiting_for_room: sessions.waiting_for_room,
             runs_active: self.runs_active.get(),
             commit: self.services.committer.stats(),
             provider_bytes_in: h.bytes_in,

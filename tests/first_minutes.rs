@@ -1,6 +1,6 @@
 //! What a new user meets first with `broca serve`: serve.json naming its files by absolute
 //! paths whatever `--state-dir` was given, a subscription that shows itself open at once on an
-//! idle session, and a missing key whose refusal says how to give a running daemon one.
+//! idle session and says it is alive while idle, and a missing key whose refusal says how to give a running daemon one.
 
 mod support;
 
@@ -79,6 +79,43 @@ fn a_subscription_shows_itself_open_at_once_on_an_idle_session() {
     let text = String::from_utf8_lossy(&got);
     assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
     assert!(text.contains("content-type: text/event-stream"), "{text}");
+}
+
+#[test]
+fn an_idle_subscription_says_it_is_alive_once_every_period() {
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let dir = tempfile::tempdir().unwrap();
+    // A debug build's knob: the keepalive every 300 ms instead of 15 s.
+    let s = support::serve::start_env(
+        &dir.path().join("state"),
+        &peer,
+        &[],
+        &[("BROCA_TEST_SSE_KEEPALIVE_MS", "300")],
+    );
+    let mut c = open_sse(
+        &s,
+        "project_root=/idle&harness=h&session=quiet&from=live",
+        None,
+    );
+    c.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 512];
+    let until = std::time::Instant::now() + Duration::from_millis(2_000);
+    while std::time::Instant::now() < until {
+        match c.read(&mut buf) {
+            Ok(0) => panic!("closed: {:?}", String::from_utf8_lossy(&got)),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(_) => {} // the read timeout: read again until the window ends
+        }
+    }
+    // About six periods in the window: each idle period says so once (not every other one).
+    let text = String::from_utf8_lossy(&got);
+    let keepalives = text.matches(": keepalive\n\n").count();
+    assert!(
+        (5..=7).contains(&keepalives),
+        "{keepalives} keepalives: {text:?}"
+    );
 }
 
 #[test]

@@ -243,7 +243,10 @@ fn sessions_that_find_no_descriptor_wait_for_an_idle_one_to_close_and_are_logged
     let short = metric(&s, "broca_sessions_out_of_descriptors_total") as usize;
     // Running short once is enough: the idle sessions are then told to close, each giving
     // its descriptor back, and the sends after it fit.
-    assert!(short >= 1, "no session met the limit: the test did not run out");
+    assert!(
+        short >= 1,
+        "no session met the limit: the test did not run out"
+    );
     assert!(metric(&s, "broca_sessions_waited_for_room_total") as usize >= short);
     assert!(
         metric(&s, "broca_sessions_live") < 128,

@@ -137,13 +137,15 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin>(
                         // A subscription lives long: the request's buffers go first.
                         drop(std::mem::take(&mut buf));
                         drop(std::mem::replace(&mut dec, RequestDecoder::new(ctx.limits)));
-                        crate::subscribe::serve(&ctx, &head, &mut stream).await;
+                        Box::pin(crate::subscribe::serve(&ctx, &head, &mut stream)).await;
                     }
                     return; // a subscription keeps its connection to the end
                 }
                 Ok(Some((head, body))) => {
                     began = None; // the next request's clock starts with its first byte
-                    if !answer(&ctx, &head, body, tcp, &mut stream).await {
+                                  // Boxed: an answer's state (a management call's, the largest) lives while
+                                  // it is made, not for as long as the connection is open.
+                    if !Box::pin(answer(&ctx, &head, body, tcp, &mut stream)).await {
                         return;
                     }
                 }

@@ -22,6 +22,19 @@ use crate::{Surface, JSON};
 /// How often an idle subscription says it is alive (an SSE comment, or a WebSocket ping).
 const KEEPALIVE: Duration = Duration::from_secs(15);
 
+/// [`KEEPALIVE`]; debug builds take `BROCA_TEST_SSE_KEEPALIVE_MS` instead, for tests (release
+/// builds have no such knob).
+fn keepalive() -> Duration {
+    #[cfg(debug_assertions)]
+    if let Some(ms) = std::env::var("BROCA_TEST_SSE_KEEPALIVE_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        return Duration::from_millis(ms);
+    }
+    KEEPALIVE
+}
+
 /// The most bytes of queued items joined into one write.
 const COALESCE_BYTES_MAX: usize = 64 * 1024;
 
@@ -75,9 +88,8 @@ pub(crate) async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
 ) {
     let accepted = match params(head) {
-        Ok(p) => ctx
-            .host
-            .subscribe(p.triple, p.from)
+        // Boxed: the handshake's state goes once it is done; the pump below is what lives.
+        Ok(p) => Box::pin(ctx.host.subscribe(p.triple, p.from))
             .await
             .map(|sub| (sub, p.websocket)),
         Err(e) => Err(e),
@@ -136,6 +148,12 @@ fn encode(item: &SubItem, framer: Option<&mut ServerFramer>) -> Vec<u8> {
 
 /// Writes items as they come, answers what a WebSocket client sends, and keeps an idle
 /// connection alive, until the subscription or the connection ends.
+///
+/// The keepalive timer lives as long as the connection (re-armed when it fires, not made
+/// anew per item, and silent while items flow). The connection is read all along: an SSE
+/// client sends nothing after its request, and the read notices it leave; a WebSocket
+/// client sends frames. (The executor keeps one readiness poll per connection across reads:
+/// a read that is dropped for an item costs no system call.)
 async fn pump<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     sub: &mut Subscription,
@@ -146,18 +164,22 @@ async fn pump<S: AsyncRead + AsyncWrite + Unpin>(
         Read(std::io::Result<usize>),
         Tick,
     }
-    // An SSE client sends nothing after its request (a read only notices the close); a
-    // WebSocket client sends frames.
     let mut buf = vec![0u8; if framer.is_some() { 4096 } else { 256 }];
+    let every = keepalive();
+    let mut tick = glommio::timer::Timer::new(every);
+    // Whether anything was written since the last tick (then the tick writes nothing).
+    let mut wrote = false;
     loop {
+        let ticked = async {
+            (&mut tick).await;
+            Next::Tick
+        };
         let next = futures_lite::future::or(
             async { Next::Item(sub.next().await) },
-            futures_lite::future::or(async { Next::Read(stream.read(&mut buf).await) }, async {
-                glommio::timer::sleep(KEEPALIVE).await;
-                Next::Tick
-            }),
+            futures_lite::future::or(async { Next::Read(stream.read(&mut buf).await) }, ticked),
         )
         .await;
+        let item = matches!(next, Next::Item(_));
         let (bytes, last) = match next {
             Next::Item(None) | Next::Read(Ok(0)) | Next::Read(Err(_)) => break,
             Next::Item(Some(item)) => {
@@ -176,14 +198,21 @@ async fn pump<S: AsyncRead + AsyncWrite + Unpin>(
                 Some(f) => f.feed(&buf[..n]),
                 None => continue, // a client sends nothing on an event stream
             },
-            Next::Tick => match framer.as_deref_mut() {
-                Some(f) => (f.ping(), false),
-                None => (b": keepalive\n\n".to_vec(), false),
-            },
+            Next::Tick => {
+                tick.reset(every);
+                if std::mem::take(&mut wrote) {
+                    continue; // not idle
+                }
+                match framer.as_deref_mut() {
+                    Some(f) => (f.ping(), false),
+                    None => (b": keepalive\n\n".to_vec(), false),
+                }
+            }
         };
         if stream.write_all(&bytes).await.is_err() || stream.flush().await.is_err() {
             break;
         }
+        wrote |= item;
         if last {
             if let Some(f) = framer.as_deref_mut() {
                 let _ = stream.write_all(&f.close()).await;

@@ -60,7 +60,7 @@ pub async fn subscribe(
     // Register first: what becomes durable from now on is queued; what is durable before the
     // read below is in the WAL. The cursor drops what both deliver.
     let (sub, woken) = hub.add();
-    let head = barrier.await;
+    let head = Box::pin(barrier).await;
     let replayed = match (from, head) {
         (SubFrom::Live, Some(seq)) => match send(&mut tx, SubItem::Ready).await {
             true => Ok(Some(Cursor::end_of(seq))),
@@ -71,7 +71,9 @@ pub async fn subscribe(
                 SubFrom::After(c) => hub.seek_for(c.seq),
                 _ => None,
             };
-            replay(&wal, from, start, &mut tx).await
+            // Boxed: the replay's state lives only while it runs, not for the whole of a
+            // subscription that is mostly waiting live.
+            Box::pin(replay(&wal, from, start, &mut tx)).await
         }
     };
     let last = match replayed {

@@ -537,6 +537,22 @@ fn under_serve_one_server_process_is_shared_and_restarted_after_it_dies() {
     };
     assert_eq!((runs("completed"), runs("interrupted")), (2, 1));
     assert_eq!((calls("succeeded"), calls("indeterminate")), (3, 1));
+    // A session's next send copies the messages its earlier requests rendered, from the
+    // session's held prefix, and renders only the new ones.
+    let again = send("a", "record two");
+    wait_for("run a again", || {
+        state_of("a", &again)["state"] == "completed"
+    });
+    let metric = |name: &str| support::serve::metric(&s, name);
+    let (reused, rendered) = (
+        metric("broca_render_messages_reused_total"),
+        metric("broca_render_messages_rendered_total"),
+    );
+    assert!(
+        reused > 0 && rendered > 0,
+        "{reused} reused, {rendered} rendered"
+    );
+    assert!(metric("broca_render_prefix_bytes") > 0);
 }
 
 /// A stopping serve closes its servers' input and lets them exit on their own: a well-behaved

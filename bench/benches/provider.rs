@@ -381,16 +381,33 @@ fn transcript() -> Request {
     }
 }
 
+/// Rendering the transcript whole (nothing held: every message escaped and written), and as
+/// a session's next step does: the request before it (two messages shorter) rendered first,
+/// untimed, so the session's held prefix has its messages and the timed request renders the
+/// new ones and copies the rest (broca_provider::prefix).
 fn render(c: &mut Criterion) {
+    use broca::provider::prefix;
     let req = transcript();
+    let mut before = req.clone();
+    before.messages.truncate(req.messages.len() - 2);
     let aliases = Aliases::for_tools(&req.tools);
     let mut g = c.benchmark_group("render 200 messages");
     for &id in broca::provider::FAMILIES {
         let f = family(id).unwrap();
         let bytes = f.render(&req, &aliases).body.len();
         g.throughput(Throughput::Bytes(bytes as u64));
-        g.bench_function(id, |b| {
-            b.iter(|| f.render(black_box(&req), &aliases).body.len())
+        g.bench_function(format!("{id}, whole"), |b| {
+            b.iter(|| {
+                prefix::clear();
+                f.render(black_box(&req), &aliases).body.len()
+            })
+        });
+        g.bench_function(format!("{id}, next step"), |b| {
+            b.iter_batched(
+                || drop(f.render(&before, &aliases)),
+                |()| f.render(black_box(&req), &aliases).body.len(),
+                criterion::BatchSize::PerIteration,
+            )
         });
     }
     g.finish();

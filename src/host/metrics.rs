@@ -92,6 +92,9 @@ pub struct ShardStats {
     pub provider_bytes_in: u64,
     pub provider_bytes_out: u64,
     pub provider_connects: u64,
+    /// The shard's held request prefixes (broca_provider::prefix): bytes held, and messages
+    /// copied from them or rendered.
+    pub render_prefix: broca_provider::prefix::PrefixStats,
     /// Failed model attempts by error class.
     pub model_errors: Vec<(broca_protocol::ErrorClass, u64)>,
     /// Accept-loop wakes that found nothing to do (an idle daemon has none).
@@ -228,6 +231,24 @@ const FAMILIES: &[Family] = &[
         kind: "counter",
         help: "Connections opened to providers.",
         value: |s| s.provider_connects,
+    },
+    Family {
+        name: "broca_render_prefix_bytes",
+        kind: "gauge",
+        help: "Rendered request messages held for sessions' next requests.",
+        value: |s| s.render_prefix.bytes as u64,
+    },
+    Family {
+        name: "broca_render_messages_reused_total",
+        kind: "counter",
+        help: "Request messages copied from a session's held prefix instead of rendered.",
+        value: |s| s.render_prefix.reused,
+    },
+    Family {
+        name: "broca_render_messages_rendered_total",
+        kind: "counter",
+        help: "Request messages rendered.",
+        value: |s| s.render_prefix.rendered,
     },
     Family {
         name: "broca_accept_wakes_total",

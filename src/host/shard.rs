@@ -210,6 +210,7 @@ impl Shard {
             provider_bytes_in: h.bytes_in,
             provider_bytes_out: h.bytes_out,
             provider_connects: h.connects,
+            render_prefix: broca_provider::prefix::stats(),
             model_errors: self.model.errors().snapshot(),
             accept_wakes,
             accept_errors,

@@ -134,6 +134,26 @@ impl JsonWriter {
         self
     }
 
+    /// Members already written as JSON by this writer (a held prefix of an array's contents,
+    /// [`crate::prefix`]): copied as they are, as one member would be.
+    pub(crate) fn members(&mut self, json: &[u8]) -> &mut Self {
+        if !json.is_empty() {
+            self.comma();
+            self.out.extend_from_slice(json);
+        }
+        self
+    }
+
+    /// The bytes written so far.
+    pub(crate) fn len(&self) -> usize {
+        self.out.len()
+    }
+
+    /// The bytes written since `at` (a [`JsonWriter::len`]).
+    pub(crate) fn since(&self, at: usize) -> &[u8] {
+        &self.out[at..]
+    }
+
     /// Any serializable value (schemas, floats), written by serde_json.
     pub(crate) fn serde<T: serde::Serialize + ?Sized>(&mut self, value: &T) -> &mut Self {
         self.comma();

@@ -22,6 +22,7 @@ pub(crate) mod json;
 mod media_tests;
 pub mod openai_chat;
 pub mod openai_responses;
+pub mod prefix;
 pub(crate) mod scan;
 #[cfg(test)]
 mod shape_tests;

@@ -10,6 +10,9 @@ use std::borrow::Cow;
 
 use crate::json::JsonWriter;
 use crate::{size_hint, Aliases, MediaPart, Rendered};
+
+/// This family's name for its held prefixes.
+const FAMILY: &str = "anthropic";
 use broca_protocol::{Block, Request, Role};
 
 /// The output cap sent when the run sets none: the API requires one, and every current
@@ -191,7 +194,13 @@ pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
         w.end_array();
     }
     w.key("messages").array();
-    for (i, m) in req.messages.iter().enumerate().filter(|(_, m)| kept(m)) {
+    // The messages before the last kept one render the same at every step: the session's
+    // held prefix has them.
+    let limit = last.unwrap_or(0);
+    crate::prefix::messages(&mut w, FAMILY, req, aliases, limit, |w, i, m| {
+        if !kept(&m) {
+            return;
+        }
         let role = match m.role {
             Role::User => "user",
             Role::Assistant => "assistant",
@@ -200,10 +209,10 @@ pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
         let mut content = blocks(m, aliases, req).peekable();
         while let Some(b) = content.next() {
             let cache = req.prompt_cache && Some(i) == last && content.peek().is_none();
-            write_block(&mut w, &b, cache);
+            write_block(w, &b, cache);
         }
         w.end_array().end_object();
-    }
+    });
     w.end_array();
     if !req.tools.is_empty() {
         w.key("tools").array();

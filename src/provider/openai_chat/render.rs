@@ -3,6 +3,9 @@
 //! not sent back (the API takes none); usage is asked for with `stream_options`.
 
 use crate::json::JsonWriter;
+
+/// This family's name for its held prefixes.
+const FAMILY: &str = "openai_chat";
 use crate::{size_hint, Aliases, Rendered};
 use broca_protocol::{Block, Request, Role};
 
@@ -37,7 +40,9 @@ fn messages(w: &mut JsonWriter, req: &Request, aliases: &Aliases) {
             .end_object();
     }
     let mut texts: Vec<&str> = Vec::new();
-    for m in &req.messages {
+    // Every message renders the same at every step: the session's held prefix has them.
+    let limit = req.messages.len();
+    crate::prefix::messages(w, FAMILY, req, aliases, limit, |w, _, m| {
         texts.clear();
         texts.extend(m.content.iter().filter_map(|b| match b {
             Block::Text { text } if !text.is_empty() => Some(text.as_str()),
@@ -51,7 +56,7 @@ fn messages(w: &mut JsonWriter, req: &Request, aliases: &Aliases) {
                     .filter(|b| matches!(b, Block::ToolUse { .. }))
                     .peekable();
                 if texts.is_empty() && calls.peek().is_none() {
-                    continue;
+                    return;
                 }
                 w.object().field_str("role", "assistant").key("content");
                 content(w, &texts);
@@ -86,7 +91,7 @@ fn messages(w: &mut JsonWriter, req: &Request, aliases: &Aliases) {
                 }
             }
         }
-    }
+    });
     w.end_array();
 }
 

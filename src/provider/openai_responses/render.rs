@@ -7,6 +7,9 @@ use crate::json::JsonWriter;
 use crate::{size_hint, Aliases, Rendered};
 use broca_protocol::{Block, Request, Role};
 
+/// This family's name for its held prefixes.
+const FAMILY: &str = "openai_responses";
+
 /// Renders the request.
 pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
     let g = &req.generation;
@@ -16,9 +19,11 @@ pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
         w.field_str("instructions", system);
     }
     w.key("input").array();
-    for m in &req.messages {
-        input_items(&mut w, m, aliases, req);
-    }
+    // Every message renders the same at every step: the session's held prefix has them.
+    let limit = req.messages.len();
+    crate::prefix::messages(&mut w, FAMILY, req, aliases, limit, |w, _, m| {
+        input_items(w, m, aliases, req)
+    });
     w.end_array();
     if !req.tools.is_empty() {
         tools(&mut w, req, aliases);

@@ -103,6 +103,11 @@ pub(crate) fn messages<'a>(
     mut one: impl FnMut(&mut JsonWriter, usize, &'a Arc<Message>),
 ) {
     let mut prefix = Prefix::take(family, req, aliases, limit);
+    if prefix.covered == 0 {
+        // Held from the first message on: about the request's size, in one allocation.
+        prefix.entry.bytes.reserve(crate::size_hint(req));
+        prefix.entry.messages.reserve(limit);
+    }
     w.members(prefix.bytes());
     for (i, m) in req.messages.iter().enumerate().skip(prefix.covered()) {
         let at = w.len();

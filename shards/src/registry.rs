@@ -562,7 +562,10 @@ mod tests {
             // A third key: key 1, used least lately, is told to close, and key 3 waits for it
             // to end (the live actors never pass open_max).
             reg.route(&3, "c", spawn_recorder(&reg, 3, &heard)).unwrap();
-            assert!(reg.is_live(&1) && !reg.is_live(&3));
+            assert!(
+                reg.is_live(&1) && !reg.is_live(&3),
+                "the live actors never pass open_max"
+            );
             assert_eq!(reg.stats().waiting_for_room, 1);
             glommio::timer::sleep(Duration::from_millis(5)).await;
             assert!(!reg.is_live(&1) && reg.is_live(&2) && reg.is_live(&3));

@@ -7,6 +7,10 @@
 //! from the network or files. A schema that does not compile (one referring outside itself,
 //! say) refuses nothing: the server still validates what it receives.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
 use serde_json::Value;
 
 /// Where and how arguments do not match their schema.
@@ -30,13 +34,45 @@ impl Mismatch {
     }
 }
 
+/// Schemas compiled on this thread, at most this many (then they are compiled afresh).
+const COMPILED_MAX: usize = 1024;
+
+type Compiled = Option<Rc<jsonschema::Validator>>;
+
+thread_local! {
+    /// A tool's schema is compiled once, not per call: keyed by where the schema lives (a
+    /// run's frozen tool specs), and checked equal to a copy, so a schema changed or freed
+    /// and another put in its place is compiled afresh.
+    static COMPILED: RefCell<HashMap<usize, (Value, Compiled)>> = RefCell::new(HashMap::new());
+}
+
+/// `schema` compiled (`None`: it does not compile).
+fn compiled(schema: &Value) -> Compiled {
+    let key = schema as *const Value as usize;
+    COMPILED.with(|c| {
+        if let Some((held, v)) = c.borrow().get(&key) {
+            if held == schema {
+                return v.clone();
+            }
+        }
+        let v = jsonschema::options()
+            .should_validate_formats(false)
+            .build(schema)
+            .ok()
+            .map(Rc::new);
+        let mut c = c.borrow_mut();
+        if c.len() >= COMPILED_MAX {
+            c.clear();
+        }
+        c.insert(key, (schema.clone(), v.clone()));
+        v
+    })
+}
+
 /// `Ok` when `args` matches `schema`; otherwise where and how it does not (the first
 /// mismatch found), e.g. "`/city`: 12 is not of type \"string\"".
 pub fn validate(schema: &Value, args: &Value) -> Result<(), Mismatch> {
-    let Ok(validator) = jsonschema::options()
-        .should_validate_formats(false)
-        .build(schema)
-    else {
+    let Some(validator) = compiled(schema) else {
         return Ok(());
     };
     let first = validator.iter_errors(args).next().map(|e| {
@@ -124,6 +160,19 @@ mod tests {
             let err = validate(&weather(), &args).unwrap_err();
             assert!(err.contains(want), "{args}: {err}");
         }
+    }
+
+    #[test]
+    fn a_schema_changed_in_place_is_compiled_afresh() {
+        // The same place holds one schema, then another: each call checks the one it holds.
+        let mut schema = Box::new(weather());
+        let args = json!({"city": 12});
+        assert!(validate(&schema, &args).is_err());
+        assert!(validate(&schema, &args).is_err(), "the compiled one, again");
+        *schema = json!({"type": "object"});
+        assert_eq!(validate(&schema, &args), Ok(()));
+        *schema = weather();
+        assert!(validate(&schema, &args).is_err());
     }
 
     #[test]

@@ -3,6 +3,9 @@
 
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::sync::{Arc, Weak};
+
+use broca::protocol::{Block, Message};
 
 use broca::session::SessionActor;
 use broca::store::{project, Store};
@@ -28,6 +31,16 @@ fn session_wal_named(
     send_ids: &[&str],
     mut after_run: impl FnMut(&Path),
 ) -> PathBuf {
+    session_wal_handing(dir, session, send_ids, |wal, _| after_run(wal))
+}
+
+/// [`session_wal_named`], handing `after_run` the messages the actor holds too.
+fn session_wal_handing(
+    dir: &Path,
+    session: &str,
+    send_ids: &[&str],
+    mut after_run: impl FnMut(&Path, Vec<Arc<Message>>),
+) -> PathBuf {
     let t = SessionTriple::new("/store", "unit", session).unwrap();
     broca_shards::run_local(async {
         let mut a = SessionActor::opener(
@@ -52,7 +65,8 @@ fn session_wal_named(
             };
             a.send(&req).await.unwrap();
             a.run_admitted().await.unwrap();
-            after_run(&broca::wal::writer::wal_path(dir, &t));
+            let held = a.state().transcript.clone();
+            after_run(&broca::wal::writer::wal_path(dir, &t), held);
         }
         a.close().await.unwrap();
     })
@@ -168,7 +182,11 @@ fn a_followed_session_reads_only_its_new_records_and_agrees_with_a_whole_project
     });
     assert_eq!(
         follower.reads(),
-        broca::store::Reads { whole: 1, since: 9 },
+        broca::store::Reads {
+            whole: 1,
+            since: 9,
+            shared: 0
+        },
         "the first projection reads the WAL whole, each after it from its last record"
     );
     assert!(
@@ -189,6 +207,58 @@ fn a_followed_session_reads_only_its_new_records_and_agrees_with_a_whole_project
     );
 }
 
+/// Serve's shards hand each session's messages to the store's thread with the session: the
+/// follower keeps the actor's copy of each message it replayed equal to it, so a
+/// conversation is held once. A handed message that differs from the WAL's is not taken, and
+/// the store holds the WAL's.
+#[test]
+fn a_followed_session_shares_its_actors_messages_and_takes_none_that_differ() {
+    let dir = tempfile::tempdir().unwrap();
+    let wal_dir = dir.path().join("wal");
+    std::fs::create_dir_all(&wal_dir).unwrap();
+    let (store, _) = Store::open(dir.path()).unwrap();
+    let mut follower = broca::store::Follower::new(16);
+    let mut last: Vec<Weak<Message>> = Vec::new();
+    let mut altered: Option<Weak<Message>> = None;
+    let wal = session_wal_handing(&wal_dir, "s", &["k1", "k2", "k3"], |wal, mut held| {
+        assert!(held.len() > 2, "a run adds messages");
+        // The hand-off's first message is not the one in the WAL.
+        let mut changed = (*held[0]).clone();
+        changed.content = vec![Block::Text {
+            text: "not what the WAL says".into(),
+        }];
+        held[0] = Arc::new(changed);
+        altered = Some(Arc::downgrade(&held[0]));
+        let moved = broca::store::Moved {
+            path: wal.to_path_buf(),
+            messages: held.clone(),
+        };
+        let failed = follower.catch_up_moved(&store, &[moved]).unwrap();
+        assert!(failed.is_empty(), "{failed:?}");
+        last = held.iter().map(Arc::downgrade).collect();
+    });
+    // The actor has closed and the hand-offs are gone: what still lives is what the follower
+    // holds.
+    let (held, gone) = last
+        .iter()
+        .partition::<Vec<_>, _>(|w| w.upgrade().is_some());
+    assert_eq!(gone.len(), 1, "the altered message is not kept");
+    assert!(altered.unwrap().upgrade().is_none());
+    assert_eq!(held.len(), last.len() - 1, "every equal message is shared");
+    let reads = follower.reads();
+    assert!(reads.shared as usize >= held.len(), "{reads:?}");
+    assert_eq!((reads.whole, reads.since), (1, 2));
+    // What the store holds is the WAL's, the first message included.
+    let fresh_dir = tempfile::tempdir().unwrap();
+    let (fresh, _) = Store::open(fresh_dir.path()).unwrap();
+    assert!(fresh.catch_up(&wal).unwrap().0);
+    let (_, scan) = broca::wal::verify::read_and_scan(&wal).unwrap();
+    let addr = scan.header.address.0;
+    let page = store.transcript_page(&addr, 0, 1000).unwrap();
+    assert_eq!(page, fresh.transcript_page(&addr, 0, 1000).unwrap());
+    assert_eq!(store.check(&wal_dir).unwrap(), Vec::<String>::new());
+}
+
 /// A followed WAL replaced by another lineage (the session removed and run again), or a
 /// session dropped from a follower full of others, is projected whole: never from a seek
 /// point that is not this WAL's.
@@ -204,7 +274,14 @@ fn a_replaced_or_dropped_session_is_projected_whole_again() {
             .catch_up_batch(&store, &[wal.to_path_buf()])
             .unwrap();
     });
-    assert_eq!(follower.reads(), broca::store::Reads { whole: 1, since: 2 });
+    assert_eq!(
+        follower.reads(),
+        broca::store::Reads {
+            whole: 1,
+            since: 2,
+            shared: 0
+        }
+    );
     let (_, before) = broca::wal::verify::read_and_scan(&wal).unwrap();
     std::fs::remove_file(&wal).unwrap();
     let wal = session_wal_with(&wal_dir, &["k9"], |_| {});
@@ -214,7 +291,14 @@ fn a_replaced_or_dropped_session_is_projected_whole_again() {
         .catch_up_batch(&store, &[wal.clone()])
         .unwrap()
         .is_empty());
-    assert_eq!(follower.reads(), broca::store::Reads { whole: 2, since: 2 });
+    assert_eq!(
+        follower.reads(),
+        broca::store::Reads {
+            whole: 2,
+            since: 2,
+            shared: 0
+        }
+    );
     assert_eq!(store.check(&wal_dir).unwrap(), Vec::<String>::new());
     let (bytes, scan) = broca::wal::verify::read_and_scan(&wal).unwrap();
     assert_eq!(
@@ -231,6 +315,13 @@ fn a_replaced_or_dropped_session_is_projected_whole_again() {
         .is_empty());
     assert_eq!(follower.followed(), 1);
     assert!(follower.catch_up_batch(&store, &[wal]).unwrap().is_empty());
-    assert_eq!(follower.reads(), broca::store::Reads { whole: 4, since: 2 });
+    assert_eq!(
+        follower.reads(),
+        broca::store::Reads {
+            whole: 4,
+            since: 2,
+            shared: 0
+        }
+    );
     assert_eq!(store.check(&wal_dir).unwrap(), Vec::<String>::new());
 }

@@ -42,6 +42,7 @@ impl Shard {
                 Ok(false) => break,
                 Ok(true) => {
                     let done = self.running(inbox, triple, actor.run_admitted()).await;
+                    self.mark_moved(triple, actor);
                     if let Err(e) = done {
                         tracing::error!("session {}: {e}", triple.address());
                         return false;
@@ -153,6 +154,7 @@ impl Shard {
                 let _ = reply.send(Ok(r));
                 if new {
                     let done = self.running(inbox, triple, actor.run_admitted()).await;
+                    self.mark_moved(triple, actor);
                     if let Err(e) = done {
                         self.host.storage.failed(&e);
                         tracing::error!("session {}: {e}", triple.address());
@@ -186,7 +188,7 @@ impl Shard {
             Ok(r) => {
                 if !r.existing {
                     self.host.storage.wrote();
-                    self.mark_dirty(triple);
+                    self.mark_moved(triple, actor);
                 }
                 let _ = reply.send(Ok(r));
                 true

@@ -172,7 +172,7 @@ pub struct Host {
     pub(crate) store: Option<Arc<broca_store::Store>>,
     /// Hands WALs that moved on to the store's own thread (it catches them up there, so
     /// store writes and their syncs never queue ahead of a shard's blocking work).
-    pub(crate) projector: Option<Mutex<std::sync::mpsc::SyncSender<Vec<PathBuf>>>>,
+    pub(crate) projector: Option<Mutex<std::sync::mpsc::SyncSender<Vec<broca_store::Moved>>>>,
     /// Admission's checks of families and credentials (the shards' model clients resolve
     /// the same credentials the same way).
     pub(crate) checks: broca_provider::Checks,

@@ -147,6 +147,7 @@ impl Shard {
             if actor.state().open.is_some() {
                 let _slot = self.resumes.acquire_permit(1).await;
                 let resumed = Box::pin(self.running(&inbox, &triple, actor.resume())).await;
+                self.mark_moved(&triple, &actor);
                 if let Err(e) = resumed {
                     tracing::error!("session {}: resuming: {e}", triple.address());
                 }

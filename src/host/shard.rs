@@ -3,7 +3,7 @@
 //! answers until every shard has stopped.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,8 +52,10 @@ pub(crate) struct Shard {
     hubs: RefCell<HashMap<Key, Rc<Hub>>>,
     /// Seek points of sessions whose hub is gone (see [`Hub::take_seeks`]).
     seeks: RefCell<HashMap<Key, SeekPoints>>,
-    /// Sessions whose WAL moved on since the store last projected them.
-    dirty: RefCell<HashSet<SessionTriple>>,
+    /// Sessions whose WAL moved on since the store last projected them, with the messages
+    /// their actors hold once a run ended (the store's thread shares them; see
+    /// [`broca_store::Moved`]).
+    dirty: RefCell<HashMap<SessionTriple, Vec<Arc<broca_protocol::Message>>>>,
     /// A hand-off to the store is due ([`PROJECT_EVERY`] after the first session marked
     /// since the last one): an idle shard has none, and no timer wakes it.
     project_armed: Cell<bool>,
@@ -112,7 +114,7 @@ impl Shard {
             outcomes: Rc::default(),
             hubs: RefCell::new(HashMap::new()),
             seeks: RefCell::new(HashMap::new()),
-            dirty: RefCell::new(HashSet::new()),
+            dirty: RefCell::new(HashMap::new()),
             project_armed: Cell::new(false),
             project_wake,
             project_woken: RefCell::new(Some(project_woken)),
@@ -418,16 +420,26 @@ impl Shard {
     /// Marks the session as moved on: the store's thread gets it with the next hand-off,
     /// which this arms when none is due.
     pub(crate) fn mark_dirty(&self, triple: &SessionTriple) {
-        self.dirty.borrow_mut().insert(triple.clone());
+        self.dirty.borrow_mut().entry(triple.clone()).or_default();
         if self.host.projector.is_some() && !self.project_armed.replace(true) {
             // Bounded by one: a wake already waiting says the same.
             let _ = self.project_wake.try_send(());
         }
     }
 
+    /// Marks the session as moved on, and hands the store's thread the messages its actor
+    /// holds with it: its follower keeps these copies instead of its own where they are
+    /// equal, so the conversation is in memory once.
+    pub(crate) fn mark_moved(&self, triple: &SessionTriple, actor: &crate::sessions::Actor) {
+        self.mark_dirty(triple);
+        if let Some(held) = self.dirty.borrow_mut().get_mut(triple) {
+            held.clone_from(&actor.state().transcript);
+        }
+    }
+
     /// Hands this shard's sessions that moved on to the store's thread, one batch.
     pub(crate) fn project_dirty(&self) {
-        let batch: Vec<SessionTriple> = self.dirty.borrow_mut().drain().collect();
+        let batch: Vec<_> = self.dirty.borrow_mut().drain().collect();
         let Some(tx) = &self.host.projector else {
             return;
         };
@@ -435,21 +447,29 @@ impl Shard {
             return;
         }
         let wal_dir = &self.host.wal_dir;
-        let paths: Vec<_> = batch
+        let moved: Vec<_> = batch
             .iter()
-            .map(|t| broca_wal_writer::wal_path(wal_dir, t))
+            .map(|(t, messages)| broca_store::Moved {
+                path: broca_wal_writer::wal_path(wal_dir, t),
+                messages: messages.clone(),
+            })
             .collect();
         // Counted before the send: the store's thread counts it off when it takes it.
         crate::start::STORE_QUEUE.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-        let sent = tx.lock().unwrap_or_else(|e| e.into_inner()).try_send(paths);
+        let sent = tx.lock().unwrap_or_else(|e| e.into_inner()).try_send(moved);
         if sent.is_err() {
             crate::start::STORE_QUEUE.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
         }
         if let Err(std::sync::mpsc::TrySendError::Full(_)) = sent {
             // The store is behind: these sessions go with the next batch.
             self.projector_full.set(self.projector_full.get() + 1);
-            for t in &batch {
-                self.mark_dirty(t);
+            let mut dirty = self.dirty.borrow_mut();
+            for (t, messages) in batch {
+                dirty.entry(t).or_insert(messages);
+            }
+            drop(dirty);
+            if !self.project_armed.replace(true) {
+                let _ = self.project_wake.try_send(());
             }
         }
     }

@@ -18,12 +18,12 @@ const PROJECTOR_QUEUE_MAX: usize = 64;
 const FOLLOWED_MAX: usize = 2048;
 
 /// The store's thread: catches up with WALs written while serve was down, then with each
-/// batch of WALs the shards say moved on (a path sent twice is projected once per batch),
-/// reading each from where its last projection ended.
+/// batch of WALs the shards say moved on (a path sent twice is projected once per batch,
+/// with the messages handed over last), reading each from where its last projection ended.
 fn project_on_this_thread(
     store: &broca_store::Store,
     wal_dir: &Path,
-    rx: &std::sync::mpsc::Receiver<Vec<PathBuf>>,
+    rx: &std::sync::mpsc::Receiver<Vec<broca_store::Moved>>,
     caught_up: std::sync::mpsc::Sender<()>,
 ) {
     let pass = store.catch_up_all(wal_dir);
@@ -46,7 +46,7 @@ fn project_on_this_thread(
     // WALs whose projection failed (a full disk, say) are tried again, at growing intervals,
     // until they project: the store catches up on its own once the cause is gone. With none
     // pending the thread sleeps until the shards hand it more.
-    let (mut pending, mut wait) = (Vec::<PathBuf>::new(), RETRY_FIRST);
+    let (mut pending, mut wait) = (Vec::<broca_store::Moved>::new(), RETRY_FIRST);
     loop {
         let retrying = !pending.is_empty();
         let taken = || STORE_QUEUE.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
@@ -72,10 +72,10 @@ fn project_on_this_thread(
             taken();
             batch.extend(more);
         }
-        batch.append(&mut pending);
-        batch.sort();
-        batch.dedup();
-        let failed = match follower.catch_up_batch(store, &batch) {
+        // A failed batch's sessions first: what was handed over since is newer.
+        pending.append(&mut batch);
+        let batch = one_each(std::mem::take(&mut pending));
+        let failed = match follower.catch_up_moved(store, &batch) {
             Ok(failed) => {
                 failed.iter().for_each(|e| tracing::error!("store: {e}"));
                 !failed.is_empty()
@@ -99,6 +99,25 @@ fn project_on_this_thread(
             pending = batch;
         }
     }
+}
+
+/// The sessions of `batch` once each, in the order of their paths: a session handed over
+/// more than once keeps the messages of its last hand-off that had any.
+fn one_each(batch: Vec<broca_store::Moved>) -> Vec<broca_store::Moved> {
+    let mut by_path: std::collections::BTreeMap<PathBuf, broca_store::Moved> = Default::default();
+    for m in batch {
+        match by_path.entry(m.path.clone()) {
+            std::collections::btree_map::Entry::Vacant(v) => {
+                v.insert(m);
+            }
+            std::collections::btree_map::Entry::Occupied(mut o) => {
+                if !m.messages.is_empty() {
+                    o.get_mut().messages = m.messages;
+                }
+            }
+        }
+    }
+    by_path.into_values().collect()
 }
 
 /// How soon a failed projection is tried again, first and at most.
@@ -128,7 +147,7 @@ pub(crate) fn load_catalog(
 /// The store as serve opened it.
 pub(crate) struct OpenedStore {
     pub store: Option<Arc<broca_store::Store>>,
-    pub projector: Option<Mutex<std::sync::mpsc::SyncSender<Vec<PathBuf>>>>,
+    pub projector: Option<Mutex<std::sync::mpsc::SyncSender<Vec<broca_store::Moved>>>>,
     /// Says when the store has caught up with the WALs at start.
     pub caught_up: Option<std::sync::mpsc::Receiver<()>>,
 }
@@ -142,7 +161,8 @@ pub(crate) fn open_store(state_dir: &Path, wal_dir: &Path) -> Result<OpenedStore
                 tracing::warn!("{n}");
             }
             let store = Arc::new(store);
-            let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<PathBuf>>(PROJECTOR_QUEUE_MAX);
+            let (tx, rx) =
+                std::sync::mpsc::sync_channel::<Vec<broca_store::Moved>>(PROJECTOR_QUEUE_MAX);
             let (done, caught_up) = std::sync::mpsc::channel();
             let (s, dir) = (store.clone(), wal_dir.to_path_buf());
             std::thread::Builder::new()

@@ -6,10 +6,16 @@
 //! offset, or the session is projected whole again).
 //!
 //! The state followed is the store's own (a replay of the WAL like any other), never the
-//! actor's: what the store holds is a function of the WAL alone.
+//! actor's: what the store holds is a function of the WAL alone. Its messages are shared with
+//! the actor's all the same: a session handed over with the actor's messages ([`Moved`])
+//! keeps, of each message the replay made, the actor's copy when the two are equal, so a
+//! session's conversation is held once in memory, not once by its actor and again here.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use broca_protocol::Message;
 
 use broca_core::usage::{FactDeriver, SpendFact};
 use broca_core::Session;
@@ -94,6 +100,20 @@ impl Followed {
             })?;
         self.next_seq = seq + 1;
         Ok(fact)
+    }
+
+    /// Takes `theirs`' copy of each message from `from` on that is equal to the one replayed
+    /// here (then the two share it); answers how many it took.
+    fn share(&mut self, from: usize, theirs: &[Arc<Message>]) -> u64 {
+        let mut taken = 0;
+        let ours = self.session.transcript.iter_mut().zip(theirs).skip(from);
+        for (mine, theirs) in ours {
+            if !Arc::ptr_eq(mine, theirs) && **mine == **theirs {
+                *mine = theirs.clone();
+                taken += 1;
+            }
+        }
+        taken
     }
 
     /// Passes over the record `seq` at `offset`, of a kind this build does not know.
@@ -223,6 +243,23 @@ enum Since {
     Whole,
 }
 
+/// A session that moved on, as a shard hands it to the store's thread: its WAL, and the
+/// messages its actor holds (empty when it has none to share).
+#[derive(Debug, Clone)]
+pub struct Moved {
+    pub path: PathBuf,
+    pub messages: Vec<Arc<Message>>,
+}
+
+impl Moved {
+    pub fn path(path: PathBuf) -> Moved {
+        Moved {
+            path,
+            messages: Vec::new(),
+        }
+    }
+}
+
 /// Projects sessions from where their last projections ended (serve's store thread owns
 /// one); it keeps up to `followed_max` sessions' state, the least lately projected going
 /// first.
@@ -240,6 +277,8 @@ pub struct Reads {
     pub whole: u64,
     /// Read from the last record projected.
     pub since: u64,
+    /// Messages replayed that were found equal to their actor's and are shared with it.
+    pub shared: u64,
 }
 
 impl Follower {
@@ -269,11 +308,22 @@ impl Follower {
         store: &Store,
         paths: &[PathBuf],
     ) -> Result<Vec<String>, StoreError> {
+        let moved: Vec<Moved> = paths.iter().cloned().map(Moved::path).collect();
+        self.catch_up_moved(store, &moved)
+    }
+
+    /// [`Follower::catch_up_batch`] for sessions handed over with their actors' messages,
+    /// which the state kept shares where they are equal to its own.
+    pub fn catch_up_moved(
+        &mut self,
+        store: &Store,
+        moved: &[Moved],
+    ) -> Result<Vec<String>, StoreError> {
         let mut projections = Vec::new();
         let mut failed = Vec::new();
-        for path in paths {
+        for Moved { path, messages } in moved {
             self.clock += 1;
-            match self.behind(store, path) {
+            match self.behind(store, path, messages) {
                 Ok(Some(p)) => projections.push(p),
                 Ok(None) => {}
                 Err(e) => {
@@ -293,9 +343,20 @@ impl Follower {
         Ok(failed)
     }
 
-    fn behind(&mut self, store: &Store, path: &Path) -> Result<Option<Projection>, StoreError> {
+    fn behind(
+        &mut self,
+        store: &Store,
+        path: &Path,
+        theirs: &[Arc<Message>],
+    ) -> Result<Option<Projection>, StoreError> {
         if let Some(mut f) = self.followed.remove(path) {
+            // The last message may have grown since (a steer joins it); those before it are
+            // as they were, and were shared before if they could be.
+            let from = f.session.transcript.len().saturating_sub(1);
             let found = since(store, path, &mut f)?;
+            if !matches!(found, Since::Whole) {
+                self.reads.shared += f.share(from, theirs);
+            }
             if !matches!(found, Since::Whole) {
                 self.reads.since += 1;
             }
@@ -327,6 +388,7 @@ impl Follower {
         let (p, mut f) = follow_scan(&scan, &bytes).map_err(|e| crate::at_path(path, e))?;
         f.used = self.clock;
         if self.followed_max > 0 {
+            self.reads.shared += f.share(0, theirs);
             self.followed.insert(path.to_path_buf(), f);
         }
         Ok((!current).then_some(p))

@@ -29,7 +29,7 @@ use broca_protocol::Message;
 
 mod follow;
 mod rows;
-pub use follow::{Follower, Reads};
+pub use follow::{Follower, Moved, Reads};
 pub use rows::{Checkpoint, LastRun, Mark, Pass, Projection, RunRow, StoreError};
 
 /// The store's format; another one is rebuilt.

@@ -58,10 +58,7 @@ fn episodes(state: &Path) -> Vec<Value> {
 
 /// The digest of each WAL file of the state dir.
 fn wal_bytes(state: &Path) -> Vec<String> {
-    let mut files: Vec<_> = std::fs::read_dir(state.join("wal"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
+    let mut files = broca::wal::listing::wal_dir_files(&state.join("wal")).unwrap();
     files.sort();
     files
         .iter()
@@ -195,7 +192,8 @@ fn a_folder_imports_every_log_in_it_each_into_its_own_session() {
         [CLAUDE_SESSION, "c91ccee2-1853-4b59-a4f2-6a0b195a4ad9"],
         "in path order, the other file skipped"
     );
-    assert_eq!(std::fs::read_dir(state.join("wal")).unwrap().count(), 2);
+    let wals = broca::wal::listing::wal_dir_files(&state.join("wal")).unwrap();
+    assert_eq!(wals.len(), 2);
     // The flags name one session for every log.
     let state = dir.path().join("state2");
     let all = ok(import(
@@ -207,7 +205,8 @@ fn a_folder_imports_every_log_in_it_each_into_its_own_session() {
     assert!(all
         .iter()
         .all(|a| a["session"] == "mine" && a["project_root"] == "/p"));
-    assert_eq!(std::fs::read_dir(state.join("wal")).unwrap().count(), 1);
+    let wals = broca::wal::listing::wal_dir_files(&state.join("wal")).unwrap();
+    assert_eq!(wals.len(), 1);
 }
 
 #[test]
@@ -233,9 +232,9 @@ fn a_malformed_log_names_file_and_line_and_writes_nothing_and_a_cut_one_waits_fo
         )),
         "{err}"
     );
-    assert!(
-        !state.join("wal").exists() || std::fs::read_dir(state.join("wal")).unwrap().count() == 0
-    );
+    assert!(broca::wal::listing::wal_dir_files(&state.join("wal"))
+        .unwrap()
+        .is_empty());
 
     // A log cut in its last line (still being written, or copied mid-write): the complete
     // lines go in; the rest follows once the log is whole.

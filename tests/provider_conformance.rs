@@ -254,9 +254,7 @@ fn a_missing_key_refuses_the_send_naming_the_variable_and_writes_nothing() {
         "{r}"
     );
     let wal = dir.path().join("wal");
-    let written: Vec<_> = std::fs::read_dir(&wal)
-        .map(|d| d.map(|e| e.unwrap().file_name()).collect())
-        .unwrap_or_default();
+    let written = broca::wal::listing::wal_dir_files(&wal).unwrap_or_default();
     assert!(written.is_empty(), "a refused send wrote {written:?}");
 }
 

@@ -22,9 +22,7 @@ use support::serve::{
 use support::{broca, dump_all, fixture, Aimock};
 
 fn wal_files(state: &Path) -> usize {
-    std::fs::read_dir(state.join("wal"))
-        .map(|d| d.count())
-        .unwrap_or(0)
+    broca::wal::listing::wal_dir_files(&state.join("wal")).map_or(0, |w| w.len())
 }
 
 #[test]

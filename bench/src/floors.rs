@@ -131,6 +131,33 @@ pub fn create_floor(dir: &Path, files: usize) -> Floor {
     )
 }
 
+/// `files` new WALs' files put in place the way broca does when a spare is at hand: each an
+/// empty file made ahead in `spares` (not timed), renamed into `dir` unless something is
+/// there (`renameat2` with `RENAME_NOREPLACE`).
+pub fn spare_handout_floor(dir: &Path, spares: &Path, files: usize) -> Floor {
+    let made: Vec<_> = (0..files)
+        .map(|i| {
+            let f = spares.join(format!("spare-{i}"));
+            broca_io::fs::create_new(&f, 0o600).expect("a spare file");
+            f
+        })
+        .collect();
+    let cpu0 = process_cpu_secs();
+    let started = Instant::now();
+    let mut lat = Vec::with_capacity(files);
+    for (i, spare) in made.iter().enumerate() {
+        let t = Instant::now();
+        broca_io::fs::rename_new(spare, &dir.join(format!("handed-{i}"))).expect("renamed");
+        lat.push(t.elapsed().as_micros() as u32);
+    }
+    floor_of(
+        files as u64,
+        started.elapsed().as_secs_f64(),
+        process_cpu_secs() - cpu0,
+        lat,
+    )
+}
+
 /// `conns` keep-alive connections each posting `body` to the provider at `port` and reading
 /// the whole answer, for `secs`: the provider's ceiling, and (as `cpu_us_per_op`) what an
 /// exchange costs this client. The provider's own CPU is read by the caller.

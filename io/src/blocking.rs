@@ -34,11 +34,13 @@ pub enum Kind {
     Media,
     /// A session past its retention: its tombstone written, its content deleted.
     Retention,
+    /// Files made ahead for new sessions' WALs.
+    WalSpares,
 }
 
 impl Kind {
     /// Every kind, in the order metrics list them.
-    pub const ALL: [Kind; 12] = [
+    pub const ALL: [Kind; 13] = [
         Kind::WalReplay,
         Kind::WalRead,
         Kind::SubscriptionRead,
@@ -51,6 +53,7 @@ impl Kind {
         Kind::Dns,
         Kind::Media,
         Kind::Retention,
+        Kind::WalSpares,
     ];
 
     /// The kind's label.
@@ -68,6 +71,7 @@ impl Kind {
             Kind::Dns => "dns",
             Kind::Media => "media",
             Kind::Retention => "retention",
+            Kind::WalSpares => "wal_spares",
         }
     }
 

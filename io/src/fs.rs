@@ -110,6 +110,31 @@ pub fn replace_file(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
     )
 }
 
+/// Renames `from` to `to` unless something is at `to` (then `AlreadyExists`, and `from` is
+/// left where it was): the new entry is durable only after [`sync_dir`] of `to`'s folder.
+pub fn rename_new(from: &Path, to: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a path with a NUL byte"))
+    };
+    let (f, t) = (c(from)?, c(to)?);
+    // SAFETY: both are NUL-terminated paths that live across the call.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            f.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    crate::power_loss::note_created(to)
+}
+
 /// Links `to` to the file `from`: the new entry is durable only after [`sync_dir`] of `to`'s
 /// folder.
 pub fn hard_link(from: &Path, to: &Path) -> io::Result<()> {

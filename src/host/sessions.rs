@@ -154,6 +154,7 @@ impl Shard {
             }
             self.note_retention(&actor, &triple);
             Box::pin(self.serve_commands(&mut actor, &inbox, &triple)).await;
+            broca_provider::prefix::forget(&actor.state().transcript);
             if let Err(e) = Box::pin(actor.close()).await {
                 tracing::error!("session {}: closing: {e}", triple.address());
             }

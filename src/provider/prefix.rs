@@ -84,6 +84,21 @@ pub fn clear() {
     });
 }
 
+/// Drops what this thread holds of a session whose actor closes: each entry keyed by one of
+/// its `messages` (a request's first message is one of them, unless a compaction replaced
+/// the start). The session's messages may live on elsewhere (the store's thread shares them),
+/// so the bound's sweep of sessions whose messages are gone would not find it.
+pub fn forget(messages: &[Arc<Message>]) {
+    CACHE.with(|c| {
+        if c.entries.borrow().is_empty() {
+            return;
+        }
+        for m in messages {
+            c.take(Arc::as_ptr(m) as usize);
+        }
+    });
+}
+
 /// Whether a message's rendering depends on more than the message (its media's bytes).
 fn has_media(m: &Message) -> bool {
     m.content.iter().any(|b| matches!(b, Block::Media(_)))
@@ -358,6 +373,32 @@ mod tests {
             assert_eq!(stats().reused - before.reused, expect, "{family}");
             assert_eq!(warm, cold_with(render, &req, &aliases), "{family}");
         }
+    }
+
+    #[test]
+    fn a_closed_sessions_prefix_is_dropped_while_its_messages_live_on() {
+        clear();
+        let (family, render, _) = FAMILIES[0];
+        let one = conversation(6);
+        let other = conversation(6);
+        for all in [&one, &other] {
+            let req = request(all);
+            render(&req, &Aliases::for_tools(&req.tools));
+        }
+        let both = stats().bytes;
+        assert!(both > 0, "{family}");
+        // The first session's actor closes; its messages are still held (the store's thread).
+        forget(&one);
+        let left = stats().bytes;
+        assert!(left > 0 && left < both, "{left} of {both}");
+        let req = request(&one);
+        let before = stats();
+        render(&req, &Aliases::for_tools(&req.tools));
+        assert_eq!(stats().reused, before.reused, "it renders whole again");
+        let req = request(&other);
+        let before = stats();
+        render(&req, &Aliases::for_tools(&req.tools));
+        assert!(stats().reused > before.reused, "the other keeps its prefix");
     }
 
     #[test]

@@ -139,10 +139,14 @@ async fn handshake<S: AsyncWrite + Unpin>(
 }
 
 /// One item in this connection's framing.
-fn encode(item: &SubItem, framer: Option<&mut ServerFramer>) -> Vec<u8> {
+fn encode(item: &SubItem, framer: Option<&mut ServerFramer>, out: &mut Vec<u8>) {
     match framer {
-        Some(f) => lanes::websocket(item).map_or_else(Vec::new, |msg| f.text(msg)),
-        None => lanes::sse(item),
+        Some(f) => {
+            if let Some(msg) = lanes::websocket(item) {
+                out.extend_from_slice(&f.text(msg));
+            }
+        }
+        None => lanes::sse_into(item, out),
     }
 }
 
@@ -186,11 +190,12 @@ async fn pump<S: AsyncRead + AsyncWrite + Unpin>(
                 // The items already queued go out in the same write (a step's units come
                 // together).
                 let mut end = item.is_last();
-                let mut bytes = encode(&item, framer.as_deref_mut());
+                let mut bytes = Vec::new();
+                encode(&item, framer.as_deref_mut(), &mut bytes);
                 while !end && bytes.len() < COALESCE_BYTES_MAX {
                     let Some(more) = sub.try_next() else { break };
                     end = more.is_last();
-                    bytes.extend_from_slice(&encode(&more, framer.as_deref_mut()));
+                    encode(&more, framer.as_deref_mut(), &mut bytes);
                 }
                 (bytes, end)
             }

@@ -17,6 +17,8 @@ use broca_wal::record::{LeaseAcquired, Record, TailCut};
 use broca_wal::recovery::{Scan, Verdict};
 use broca_wal::{SessionTriple, WalError};
 
+pub mod spares;
+
 /// What the durable log said, as a WAL error.
 fn log_err(e: LogError) -> WalError {
     match e {
@@ -186,6 +188,30 @@ const PACK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// (BENCHMARKS.md). Waiting here, a blocking-pool thread sleeps instead.
 static CREATING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// Tops up the spare files of `path`'s folder on the blocking pool when they run low, without
+/// waiting for it (see [`spares`]).
+fn top_up_spares(path: &Path) {
+    let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+    if !spares::wants_fill(&dir) {
+        return;
+    }
+    glommio::spawn_local(async move {
+        let kind = broca_io::blocking::Kind::WalSpares;
+        let filled = broca_io::blocking::run(kind, move || {
+            let made = spares::fill(&dir);
+            (made, dir)
+        })
+        .await;
+        if let (Err(e), dir) = filled {
+            tracing::warn!(
+                dir = %dir.join(spares::SPARES_DIR).display(),
+                "cannot make spare files for new WALs (each is created when needed): {e}"
+            );
+        }
+    })
+    .detach();
+}
+
 /// Where no live WAL is, on the blocking pool (never the shard's thread): restores the
 /// archived one (a restore writes and fsyncs the whole WAL once), or creates the file
 /// (owner-only). Answers whether it created it.
@@ -195,6 +221,13 @@ async fn restore_or_create(path: &Path) -> Result<bool, WalError> {
         match broca_archive::restore(&p) {
             Ok(broca_archive::Restored::From(container)) => Ok((false, Some(container))),
             Ok(_) => {
+                let dir = p.parent().unwrap_or(Path::new("."));
+                match spares::take(dir, &p) {
+                    Ok(spares::Taken::Created) => return Ok((true, None)),
+                    Ok(spares::Taken::Exists) => return Ok((false, None)),
+                    // None at hand, or the rename failed: the file is made here.
+                    Ok(spares::Taken::None) | Err(_) => {}
+                }
                 let _one = CREATING.lock().unwrap_or_else(|e| e.into_inner());
                 create_if_new(&p).map(|created| (created, None))
             }
@@ -210,6 +243,7 @@ async fn restore_or_create(path: &Path) -> Result<bool, WalError> {
         }
     })
     .await?;
+    top_up_spares(path);
     if let (_, Some(container)) = &done {
         tracing::info!(
             wal = %path.display(),

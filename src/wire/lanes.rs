@@ -4,6 +4,8 @@
 //! server-sent events ([`sse`]), WebSocket text messages ([`websocket`]) and the daemon's
 //! STREAM_DATA bodies ([`stream_data`]).
 
+use std::borrow::Cow;
+
 use serde_json::{json, Map, Value};
 
 use crate::{Code, RpcError};
@@ -200,28 +202,34 @@ pub struct Delta {
 /// `event:` (`display`, `display_gap`, `end`) with no id. [`SubItem::Ready`] is nothing, and
 /// so is a display item that is not an answer's text.
 pub fn sse(item: &SubItem) -> Vec<u8> {
-    let (id, event, data) = match http_parts(item) {
-        Some(parts) => parts,
-        None => return Vec::new(),
+    let mut out = Vec::new();
+    sse_into(item, &mut out);
+    out
+}
+
+/// [`sse`], appended to `out`: a subscriber's items that go out in one write are written
+/// into one buffer, each unit's text copied once.
+pub fn sse_into(item: &SubItem, out: &mut Vec<u8>) {
+    let Some((id, event, data)) = http_parts(item) else {
+        return;
     };
     // Compact JSON, so one `data:` line carries it whole.
     assert!(!data.contains('\n'), "an event's data is one line");
-    let mut out = String::with_capacity(data.len() + 32);
+    out.reserve(data.len() + 32);
     if let Some(id) = id {
         assert!(!id.contains('\n'), "an event's id is one line");
-        out.push_str("id: ");
-        out.push_str(&id);
-        out.push('\n');
+        out.extend_from_slice(b"id: ");
+        out.extend_from_slice(id.as_bytes());
+        out.push(b'\n');
     }
     if let Some(e) = event {
-        out.push_str("event: ");
-        out.push_str(e);
-        out.push('\n');
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(e.as_bytes());
+        out.push(b'\n');
     }
-    out.push_str("data: ");
-    out.push_str(&data);
-    out.push_str("\n\n");
-    out.into_bytes()
+    out.extend_from_slice(b"data: ");
+    out.extend_from_slice(data.as_bytes());
+    out.extend_from_slice(b"\n\n");
 }
 
 /// An item as a WebSocket text message: `{"id", "unit"}` for a control unit, `{"event",
@@ -231,25 +239,25 @@ pub fn websocket(item: &SubItem) -> Option<String> {
     Some(match (id, event) {
         (Some(id), _) => format!("{{\"id\":\"{id}\",\"unit\":{data}}}"),
         (None, Some(e)) => format!("{{\"event\":\"{e}\",\"data\":{data}}}"),
-        (None, None) => data,
+        (None, None) => data.into_owned(),
     })
 }
 
-/// The id, event name and data of an item on the HTTP surface.
-fn http_parts(item: &SubItem) -> Option<(Option<String>, Option<&'static str>, String)> {
+/// The id, event name and data of an item on the HTTP surface (a control unit's text
+/// borrowed, not copied).
+fn http_parts(item: &SubItem) -> Option<(Option<String>, Option<&'static str>, Cow<'_, str>)> {
+    let owned = |v: Value| Cow::Owned(v.to_string());
     Some(match item {
-        SubItem::Control { cursor, unit, .. } => (Some(cursor.to_string()), None, unit.clone()),
+        SubItem::Control { cursor, unit, .. } => {
+            (Some(cursor.to_string()), None, Cow::Borrowed(unit.as_str()))
+        }
         SubItem::Display(Delta { text: None, .. }) => return None,
         SubItem::Display(Delta {
             text: Some(text), ..
-        }) => (None, Some("display"), json!({ "text": text }).to_string()),
-        SubItem::Gap(n) => (
-            None,
-            Some("display_gap"),
-            json!({ "dropped": n }).to_string(),
-        ),
+        }) => (None, Some("display"), owned(json!({ "text": text }))),
+        SubItem::Gap(n) => (None, Some("display_gap"), owned(json!({ "dropped": n }))),
         SubItem::End(why) | SubItem::Refused(why) => {
-            (None, Some("end"), json!({ "reason": why }).to_string())
+            (None, Some("end"), owned(json!({ "reason": why })))
         }
         SubItem::Ready => return None,
     })

@@ -192,3 +192,76 @@ fn open_sessions_stay_within_the_limit_idle_ones_closed_first_and_a_new_one_wait
         in_session("c", "run.status", json!({"run_id": run_id})).1["result"]["state"] == "completed"
     });
 }
+
+/// A send waits for room at most `wait_for_room_secs`: past it, it is refused 503
+/// `session_limit` naming the wait, counted, and nothing of it was written (the session's
+/// next send runs as its first).
+#[test]
+fn a_send_that_waits_too_long_for_room_is_refused_and_wrote_nothing() {
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let config = dir.path().join("serve.json5");
+    std::fs::write(
+        &config,
+        r#"{"open_sessions_max": 1, "wait_for_room_secs": 1}"#,
+    )
+    .unwrap();
+    let s = start(
+        &state,
+        &peer,
+        &["--config", config.to_str().unwrap(), "--shards", "1"],
+    );
+    let in_session = |name: &str, method: &str, p: Value| {
+        let mut p = p;
+        p["session"] = json!(name);
+        rpc(&s, method, p)
+    };
+    let (status, r) = in_session(
+        "busy",
+        "session.send",
+        json!({"prompt": "slow please", "model": "anthropic/m"}),
+    );
+    assert_eq!(status, 200, "{r}");
+    let slow = r["result"]["run_id"].as_str().unwrap().to_string();
+    wait_for("the slow run to be running", || {
+        metric(&s, "broca_runs_active") == 1
+    });
+    let began = std::time::Instant::now();
+    let (status, r) = in_session(
+        "late",
+        "session.send",
+        json!({"prompt": "hello there", "model": "anthropic/m", "send_id": "late-1"}),
+    );
+    assert_eq!(status, 503, "{r}");
+    assert_eq!(r["error"]["code"], "session_limit", "{r}");
+    let message = r["error"]["message"].as_str().unwrap();
+    assert!(message.contains("waited 1 s"), "{message}");
+    assert!(began.elapsed() >= std::time::Duration::from_secs(1));
+    assert_eq!(metric(&s, "broca_sessions_waited_too_long_total"), 1);
+    assert_eq!(metric(&s, "broca_sessions_waiting_for_room"), 0);
+    assert_eq!(
+        in_session("busy", "run.status", json!({"run_id": slow})).1["result"]["state"],
+        "active",
+        "the refusal came while the other session still ran"
+    );
+    // Nothing of the refused send was kept: no WAL but the busy session's, and the same
+    // send_id later starts a run of its own.
+    let wals = broca::wal::listing::wal_dir_files(&state.join("wal")).unwrap();
+    assert_eq!(wals.len(), 1, "{wals:?}");
+    wait_for("the slow run to complete", || {
+        in_session("busy", "run.status", json!({"run_id": slow})).1["result"]["state"]
+            == "completed"
+    });
+    let (status, r) = in_session(
+        "late",
+        "session.send",
+        json!({"prompt": "hello there", "model": "anthropic/m", "send_id": "late-1"}),
+    );
+    assert_eq!(status, 200, "{r}");
+    let run_id = r["result"]["run_id"].as_str().unwrap().to_string();
+    wait_for("the late session's run to complete", || {
+        in_session("late", "run.status", json!({"run_id": run_id})).1["result"]["state"]
+            == "completed"
+    });
+}

@@ -5,7 +5,8 @@
 //! recently deleted inodes while it holds the folder's lock (BENCHMARKS.md, "A file
 //! create"); a rename allocates no inode.
 //! Run: `cargo bench -p broca-bench --bench wal_create` (`BROCA_BENCH_FILES`, default 2,000;
-//! `BROCA_BENCH_DELETED`, default 20,000; `BROCA_BENCH_DIR`, default the system's temp).
+//! `BROCA_BENCH_DELETED`, default 20,000; `BROCA_BENCH_DIR`, default the system's temp;
+//! `BROCA_BENCH_DROP_CACHES=1` drops the kernel's caches after the deletions, as root).
 
 use std::path::Path;
 
@@ -25,12 +26,21 @@ fn row(case: &str, how: &str, f: Floor) {
     );
 }
 
-/// Makes and deletes `n` files in `dir`, leaving it empty and its inodes recently deleted.
+/// Makes (written and synced, as a WAL is) and deletes `n` files in `dir`, leaving it empty
+/// and its inodes recently deleted; then, when `BROCA_BENCH_DROP_CACHES=1` (root only), drops
+/// the kernel's caches, so that the inode tables are read from the disk again, as they are
+/// in a daemon that runs for long.
 fn churn(dir: &Path, n: usize) {
     for i in 0..n {
         let f = dir.join(format!("gone-{i}"));
-        std::fs::write(&f, b"").unwrap();
+        std::fs::write(&f, [7u8; 4096]).unwrap();
+        std::fs::File::open(&f).unwrap().sync_data().unwrap();
         std::fs::remove_file(&f).unwrap();
+    }
+    if n > 0 && std::env::var("BROCA_BENCH_DROP_CACHES").is_ok_and(|v| v == "1") {
+        // SAFETY: sync has no arguments.
+        unsafe { libc::sync() };
+        std::fs::write("/proc/sys/vm/drop_caches", b"3").expect("dropping caches needs root");
     }
 }
 

@@ -121,6 +121,7 @@ struct Waiting<K, C> {
     key: K,
     cmd: C,
     start: Box<dyn FnOnce(Inbox<C>)>,
+    since: Instant,
 }
 
 /// A live actor's inbox.
@@ -181,6 +182,9 @@ pub struct RegistryStats {
     pub waited_for_room: u64,
     /// Commands waiting for room now.
     pub waiting_for_room: usize,
+    /// Commands that waited for room longer than they may and were handed back
+    /// ([`Registry::expire_waiting`]).
+    pub waited_too_long: u64,
     /// Commands refused [`Refused::InboxFull`].
     pub inbox_full: u64,
     /// Commands waiting in the live actors' inboxes now.
@@ -203,6 +207,7 @@ pub struct Registry<K, C> {
     /// `waiting`'s length, shared with every slot.
     waiting_len: Rc<Cell<usize>>,
     waited: Cell<u64>,
+    waited_too_long: Cell<u64>,
     /// Descriptors ran short (an actor could not open): no new actor starts until one ends.
     short: Cell<bool>,
 }
@@ -223,6 +228,7 @@ impl<K: Eq + Hash + Clone, C> Registry<K, C> {
             waiting_keys: RefCell::new(HashMap::new()),
             waiting_len: Rc::new(Cell::new(0)),
             waited: Cell::new(0),
+            waited_too_long: Cell::new(0),
             short: Cell::new(false),
         }
     }
@@ -252,6 +258,45 @@ impl<K: Eq + Hash + Clone, C> Registry<K, C> {
             waiting: self.slots.borrow().values().map(|slot| slot.tx.len()).sum(),
             waited_for_room: self.waited.get(),
             waiting_for_room: self.waiting_len.get(),
+            waited_too_long: self.waited_too_long.get(),
+        }
+    }
+
+    /// Commands waiting for room now.
+    pub fn waiting_for_room(&self) -> usize {
+        self.waiting_len.get()
+    }
+
+    /// Hands back the commands that have waited for room `longer_than` or more, oldest first,
+    /// for the caller to refuse: a wait has a bound, so that a caller is told instead of
+    /// waiting on every open actor's work however long it takes.
+    pub fn expire_waiting(&self, longer_than: std::time::Duration) -> Vec<C> {
+        let mut out = Vec::new();
+        loop {
+            let w = {
+                let mut waiting = self.waiting.borrow_mut();
+                match waiting.front() {
+                    Some(front) if front.since.elapsed() >= longer_than => waiting.pop_front(),
+                    _ => None,
+                }
+            };
+            let Some(w) = w else { break };
+            self.waiting_len.set(self.waiting_len.get() - 1);
+            self.uncount_waiting(&w.key);
+            out.push(w.cmd);
+        }
+        self.waited_too_long
+            .set(self.waited_too_long.get() + out.len() as u64);
+        out
+    }
+
+    /// One command of `key` no longer waits.
+    fn uncount_waiting(&self, key: &K) {
+        let mut keys = self.waiting_keys.borrow_mut();
+        let n = keys.get_mut(key).expect("a waiting key is counted");
+        *n -= 1;
+        if *n == 0 {
+            keys.remove(key);
         }
     }
 
@@ -313,6 +358,7 @@ impl<K: Eq + Hash + Clone, C> Registry<K, C> {
             key: key.clone(),
             cmd,
             start,
+            since: Instant::now(),
         });
         self.waiting_len.set(self.waiting_len.get() + 1);
         self.waited.set(self.waited.get() + 1);
@@ -345,14 +391,7 @@ impl<K: Eq + Hash + Clone, C> Registry<K, C> {
                 .pop_front()
                 .expect("a front was seen");
             self.waiting_len.set(self.waiting_len.get() - 1);
-            {
-                let mut keys = self.waiting_keys.borrow_mut();
-                let n = keys.get_mut(&w.key).expect("a waiting key is counted");
-                *n -= 1;
-                if *n == 0 {
-                    keys.remove(&w.key);
-                }
-            }
+            self.uncount_waiting(&w.key);
             match front_live {
                 Some(slot) => {
                     if let Err((cmd, _)) = self.hand(&slot, w.cmd) {
@@ -638,6 +677,37 @@ mod tests {
                 *heard.borrow(),
                 vec![(1, "work"), (2, "first"), (2, "second")]
             );
+            assert!(reg.shutdown_all().is_empty());
+            reg.wait_empty(Duration::from_secs(5)).await;
+        })
+        .unwrap();
+    }
+
+    #[test]
+    fn a_command_that_waited_too_long_is_handed_back_and_the_others_go_on_waiting() {
+        crate::run_local(async {
+            let reg = Rc::new(Registry::<u32, &'static str>::new(limits(1, 4)));
+            let gate = Rc::new(glommio::sync::Semaphore::new(0));
+            let heard = Rc::new(RefCell::new(Vec::new()));
+            reg.route(&1, "work", spawn_gated(&reg, 1, &gate, &heard))
+                .unwrap();
+            glommio::timer::sleep(Duration::from_millis(5)).await;
+            reg.route(&2, "old", spawn_gated(&reg, 2, &gate, &heard))
+                .unwrap();
+            glommio::timer::sleep(Duration::from_millis(30)).await;
+            reg.route(&3, "young", spawn_gated(&reg, 3, &gate, &heard))
+                .unwrap();
+            assert!(reg.expire_waiting(Duration::from_secs(60)).is_empty());
+            assert_eq!(reg.expire_waiting(Duration::from_millis(20)), vec!["old"]);
+            let stats = reg.stats();
+            assert_eq!((stats.waiting_for_room, stats.waited_too_long), (1, 1));
+            // Room comes: the one still waiting starts; the one handed back never does.
+            gate.signal(1);
+            glommio::timer::sleep(Duration::from_millis(10)).await;
+            assert!(reg.is_live(&3) && !reg.is_live(&2));
+            gate.signal(1);
+            glommio::timer::sleep(Duration::from_millis(10)).await;
+            assert_eq!(*heard.borrow(), vec![(1, "work"), (3, "young")]);
             assert!(reg.shutdown_all().is_empty());
             reg.wait_empty(Duration::from_secs(5)).await;
         })

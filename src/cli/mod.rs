@@ -116,7 +116,10 @@ Options:
   --config FILE        JSON: {\"listen\", \"socket\", \"shards\", \"grace_secs\",
                        \"idle_secs\", \"open_sessions_max\" (per shard; default
                        a third of the open-files limit at two
-                       descriptors a session; a session past it waits), \"body_limit_bytes\" (default 8 MiB),
+                       descriptors a session; a session past it waits),
+                       \"wait_for_room_secs\" (how long a send waits for an open
+                       session to close before 503 session_limit; default 60),
+                       \"body_limit_bytes\" (default 8 MiB),
                        \"catalog_file\", \"catalog_url\" (else BROCA_CATALOG_FILE and
                        BROCA_CATALOG_URL), \"catalog_module\" (module mode: the fusiform
                        module asked with catalog.get; else BROCA_CATALOG_MODULE),

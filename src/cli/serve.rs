@@ -13,6 +13,7 @@ struct ServeConfig {
     grace_secs: Option<u64>,
     idle_secs: Option<u64>,
     open_sessions_max: Option<usize>,
+    wait_for_room_secs: Option<u64>,
     catalog_file: Option<PathBuf>,
     catalog_url: Option<String>,
     catalog_module: Option<String>,
@@ -182,6 +183,7 @@ fn host_options(
         grace: std::time::Duration::from_secs(grace.or(file.grace_secs).unwrap_or(5)),
         idle: std::time::Duration::from_secs(file.idle_secs.unwrap_or(30)),
         open_sessions_max: file.open_sessions_max,
+        wait_for_room: std::time::Duration::from_secs(file.wait_for_room_secs.unwrap_or(60).max(1)),
         catalog_refresh: std::time::Duration::from_secs(file.catalog_refresh_secs.unwrap_or(300)),
         archive_after: file
             .archive_after_days

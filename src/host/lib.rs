@@ -67,6 +67,9 @@ pub struct HostOptions {
     /// Sessions open at once per shard (each holds its WAL open); `None` derives it from
     /// the open-files limit. Past it, the least recently used idle sessions are closed.
     pub open_sessions_max: Option<usize>,
+    /// How long a command may wait for an open session to close (every open session running
+    /// at `open_sessions_max`) before it is refused 503 `session_limit`.
+    pub wait_for_room: Duration,
     /// Where the catalog comes from.
     pub catalog: broca_catalog::load::Sources,
     /// How often the catalog is assembled again (its service asked, its file read): a run

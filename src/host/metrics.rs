@@ -87,6 +87,7 @@ pub struct ShardStats {
     pub sessions_waited_for_room: u64,
     /// Commands waiting for room now.
     pub sessions_waiting_for_room: usize,
+    pub sessions_waited_too_long: u64,
     pub runs_active: usize,
     pub commit: CommitStats,
     pub provider_bytes_in: u64,
@@ -171,6 +172,12 @@ const FAMILIES: &[Family] = &[
         kind: "gauge",
         help: "Commands waiting for room for their session now.",
         value: |s| s.sessions_waiting_for_room as u64,
+    },
+    Family {
+        name: "broca_sessions_waited_too_long_total",
+        kind: "counter",
+        help: "Commands refused session_limit after waiting wait_for_room_secs for room.",
+        value: |s| s.sessions_waited_too_long,
     },
     Family {
         name: "broca_runs_active",

@@ -47,7 +47,7 @@ impl Shard {
             glommio::spawn_local(async move { me.actor(t, Rc::new(inbox)).await }).detach();
         };
         match self.sessions.route(&addr, cmd, start) {
-            Ok(()) => {}
+            Ok(()) => self.bound_room_waits(),
             Err((cmd, Refused::AtLimit)) => cmd.fail(&self.at_limit()),
             Err((cmd, Refused::InboxFull)) => cmd.fail(&inbox_full()),
             Err((cmd, Refused::Closing)) => refuse_closing(cmd),
@@ -94,6 +94,48 @@ impl Shard {
             }
         }
         None
+    }
+
+    /// While commands wait for room, refuses each that has waited longer than
+    /// `wait_for_room` (checked every tenth of it, at most a second apart); no timer runs
+    /// while none waits.
+    fn bound_room_waits(self: &Rc<Self>) {
+        if self.sessions.waiting_for_room() == 0 || self.room_sweep.replace(true) {
+            return;
+        }
+        let me = self.clone();
+        glommio::spawn_local(async move {
+            let bound = me.host.opts.wait_for_room;
+            let every = (bound / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
+            while me.sessions.waiting_for_room() > 0 && !me.sessions.is_closing() {
+                glommio::timer::sleep(every).await;
+                let expired = me.sessions.expire_waiting(bound);
+                if !expired.is_empty() {
+                    tracing::warn!(
+                        commands = expired.len(),
+                        waited_secs = bound.as_secs_f64(),
+                        "refused sends that waited too long for an open session to close"
+                    );
+                }
+                for cmd in expired {
+                    cmd.fail(&me.waited_too_long());
+                }
+            }
+            me.room_sweep.set(false);
+        })
+        .detach();
+    }
+
+    fn waited_too_long(&self) -> RpcError {
+        let limits = self.sessions.limits();
+        RpcError::new(
+            Code::SessionLimit,
+            format!(
+                "waited {:.0} s for one of the {} sessions this shard keeps open to finish                  its run and close; retry later (raise open_sessions_max, the open-files                  limit or wait_for_room_secs)",
+                self.host.opts.wait_for_room.as_secs_f64(),
+                limits.open_max
+            ),
+        )
     }
 
     fn at_limit(&self) -> RpcError {
@@ -198,6 +240,8 @@ impl Shard {
         for cmd in left {
             self.dispatch(triple.clone(), cmd);
         }
+        // Commands an actor short of descriptors handed back wait for room too.
+        self.bound_room_waits();
     }
 
     /// Opens the session's actor, wired to its hub (appends published once durable, display

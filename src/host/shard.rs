@@ -52,6 +52,8 @@ pub(crate) struct Shard {
     hubs: RefCell<HashMap<Key, Rc<Hub>>>,
     /// Seek points of sessions whose hub is gone (see [`Hub::take_seeks`]).
     seeks: RefCell<HashMap<Key, SeekPoints>>,
+    /// A task hands back the commands that waited for room too long (armed while any wait).
+    pub(crate) room_sweep: Cell<bool>,
     /// Sessions whose WAL moved on since the store last projected them, with the messages
     /// their actors hold once a run ended (the store's thread shares them; see
     /// [`broca_store::Moved`]).
@@ -126,6 +128,7 @@ impl Shard {
             stopped: Rc::new(StopSignal::default()),
             expiring: RefCell::default(),
             sweeping: Rc::default(),
+            room_sweep: Cell::new(false),
             host,
         }
     }
@@ -207,6 +210,7 @@ impl Shard {
             sessions_refused_at_limit: sessions.refused_at_limit,
             sessions_waited_for_room: sessions.waited_for_room,
             sessions_waiting_for_room: sessions.waiting_for_room,
+            sessions_waited_too_long: sessions.waited_too_long,
             runs_active: self.runs_active.get(),
             commit: self.services.committer.stats(),
             provider_bytes_in: h.bytes_in,

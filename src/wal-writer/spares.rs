@@ -95,7 +95,8 @@ pub(crate) fn fill(dir: &Path) -> io::Result<usize> {
 
 fn fill_inner(dir: &Path) -> io::Result<usize> {
     let spares = dir.join(SPARES_DIR);
-    match std::fs::create_dir(&spares) {
+    use std::os::unix::fs::DirBuilderExt;
+    match std::fs::DirBuilder::new().mode(0o700).create(&spares) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(e),
@@ -159,9 +160,11 @@ mod tests {
         assert!(!wants_fill(dir.path()), "one top-up at a time");
         assert_eq!(fill(dir.path()).unwrap(), TARGET);
         assert_eq!(take(dir.path(), &wal).unwrap(), Taken::Created);
+        let folder = std::fs::metadata(dir.path().join(SPARES_DIR)).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(folder.permissions().mode() & 0o777, 0o700);
         let meta = std::fs::metadata(&wal).unwrap();
         assert_eq!(meta.len(), 0);
-        use std::os::unix::fs::PermissionsExt;
         assert_eq!(meta.permissions().mode() & 0o777, 0o600);
         std::fs::write(&wal, b"a session's bytes").unwrap();
         assert_eq!(take(dir.path(), &wal).unwrap(), Taken::Exists);

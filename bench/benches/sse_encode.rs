@@ -16,7 +16,10 @@ use criterion::Criterion;
 fn batch() -> Vec<SubItem> {
     (0..5)
         .map(|i| SubItem::Control {
-            cursor: Cursor { seq: 40 + i, sub: 0 },
+            cursor: Cursor {
+                seq: 40 + i,
+                sub: 0,
+            },
             unit: format!(
                 "{{\"kind\":\"tool_result\",\"seq\":{i},\"text\":\"{}\"}}",
                 "x".repeat(1000)

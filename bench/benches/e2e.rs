@@ -106,6 +106,8 @@ struct Sample {
     /// broca's own account by kind (/metrics `broca_memory_bytes`).
     store_map_bytes: f64,
     wal_cache_bytes: f64,
+    /// The shards' held rendered prefixes (/metrics `broca_render_prefix_bytes`).
+    prefix_bytes: f64,
 }
 
 fn metric_sum(text: &str, name: &str) -> f64 {
@@ -152,6 +154,7 @@ impl Probe {
             file_kib: rss_anon_file_kib(self.broca).1,
             store_map_bytes: metric_kind(&metrics, "store_map"),
             wal_cache_bytes: metric_kind(&metrics, "wal_page_cache"),
+            prefix_bytes: metric_sum(&metrics, "broca_render_prefix_bytes"),
         }
     }
 }
@@ -285,6 +288,7 @@ fn broca_row(
         "rss_end_file_mib": round(s1.file_kib as f64 / 1024.0, 1),
         "store_map_end_mib": round(s1.store_map_bytes / 1048576.0, 1),
         "wal_page_cache_end_mib": round(s1.wal_cache_bytes / 1048576.0, 1),
+        "render_prefix_end_mib": round(s1.prefix_bytes / 1048576.0, 1),
         "open_fds_end": rss_kib_and_fds(probe_pid).1,
         "rss_per_session_kib": round((peak.saturating_sub(base_rss)) as f64 / sessions as f64, 1),
         "display_p50_ms": round(pct(&f.display_us, 50.0) / 1e3, 3),

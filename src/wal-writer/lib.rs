@@ -205,7 +205,7 @@ fn top_up_spares(path: &Path) {
         if let (Err(e), dir) = filled {
             tracing::warn!(
                 dir = %dir.join(spares::SPARES_DIR).display(),
-                "cannot make spare files for new WALs (each is created when needed): {e}"
+                "cannot make spare files for new WALs (each is created when needed; tried again in a minute): {e}"
             );
         }
     })

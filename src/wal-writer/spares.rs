@@ -22,6 +22,9 @@ pub const SPARES_DIR: &str = ".spare";
 const LOW: usize = 32;
 /// ...to this many.
 const TARGET: usize = 128;
+/// After a top-up fails (a full disk, no descriptor left), none is tried for this long: new
+/// WALs are created when needed meanwhile, and the failure is not logged at every new session.
+const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
 
 #[derive(Default)]
 struct Pool {
@@ -30,6 +33,8 @@ struct Pool {
     filling: bool,
     /// Whatever a previous process left was looked at.
     adopted: bool,
+    /// When the last top-up failed.
+    failed_at: Option<std::time::Instant>,
 }
 
 /// The spares of each WALs' folder this process writes to.
@@ -78,7 +83,8 @@ pub(crate) fn take(dir: &Path, path: &Path) -> io::Result<Taken> {
 /// which the caller then runs ([`fill`]).
 pub(crate) fn wants_fill(dir: &Path) -> bool {
     with_pool(dir, |p| {
-        let want = !p.filling && p.files.len() < LOW;
+        let resting = p.failed_at.is_some_and(|t| t.elapsed() < RETRY_AFTER);
+        let want = !p.filling && !resting && p.files.len() < LOW;
         p.filling |= want;
         want
     })
@@ -89,7 +95,10 @@ pub(crate) fn wants_fill(dir: &Path) -> bool {
 /// On an error the files made so far are kept and the next top-up goes on.
 pub(crate) fn fill(dir: &Path) -> io::Result<usize> {
     let made = fill_inner(dir);
-    with_pool(dir, |p| p.filling = false);
+    with_pool(dir, |p| {
+        p.filling = false;
+        p.failed_at = made.is_err().then(std::time::Instant::now);
+    });
     made
 }
 
@@ -173,6 +182,22 @@ mod tests {
             .unwrap()
             .count();
         assert_eq!(left, TARGET - 1, "the refused spare stays");
+    }
+
+    #[test]
+    fn a_failed_top_up_is_not_tried_again_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        // The spares' folder cannot be made: a file is in its place.
+        std::fs::write(dir.path().join(SPARES_DIR), b"").unwrap();
+        assert!(wants_fill(dir.path()));
+        assert!(fill(dir.path()).is_err());
+        assert!(!wants_fill(dir.path()), "a failure rests the top-up");
+        let wal = dir.path().join("a.wal");
+        assert_eq!(take(dir.path(), &wal).unwrap(), Taken::None);
+        with_pool(dir.path(), |p| {
+            p.failed_at = Some(std::time::Instant::now() - RETRY_AFTER)
+        });
+        assert!(wants_fill(dir.path()), "tried again once the rest is over");
     }
 
     #[test]

@@ -285,3 +285,239 @@ fn an_expired_session_nobody_reads_is_deleted_within_the_declared_bound() {
         "{r}"
     );
 }
+
+fn policy(keep: Value) -> Value {
+    json!({"keep": keep, "archive_after_days": 0, "backup": false, "request_dumps": false})
+}
+
+fn tombstone(state: &Path) -> Value {
+    let path = state.join(format!("tombstones/{}.json", address()));
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// llm-runner/v1 `session_retention` through serve: a policy is checked member by member and
+/// frozen by the first send naming one; a release records itself and, with nothing running,
+/// deletes the session before it answers; a deleted session answers `unknown_session` (not
+/// `expired`), a repeat release `absent`, and the next send starts a new incarnation.
+#[test]
+fn a_storage_policy_is_frozen_and_a_release_deletes_the_session() {
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let s = start(&state, &peer, &[]);
+    let addr = address();
+    let send = |extra: Value| {
+        let mut p = json!({"prompt": "hello", "model": "anthropic/m"});
+        p.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        rpc(&s, "session.send", p)
+    };
+
+    // serve requires no policy: a session first sent without one carries the runner's.
+    let (_, describe) = rpc(&s, "role.describe", json!({}));
+    assert_eq!(
+        describe["result"]["session_retention"],
+        json!({"max_days": 3650, "max_unreleased_hold_ms": 86_400_000u64, "required": false}),
+        "{describe}"
+    );
+    // Bad policies are refused by member path, and write nothing.
+    for (bad, code, field) in [
+        (
+            json!({"retention_policy": policy(json!({"days": 0}))}),
+            "invalid_params",
+            "retention_policy.keep.days",
+        ),
+        (
+            json!({"retention_policy": {"keep": "forever", "archive_after_days": 0, "backup": false}}),
+            "invalid_params",
+            "retention_policy.request_dumps",
+        ),
+        (
+            json!({"retention_policy": {"keep": "none", "archive_after_days": 0, "backup": true, "request_dumps": false}}),
+            "invalid_params",
+            "retention_policy.backup",
+        ),
+        (
+            json!({"retention_policy": policy(json!("forever")), "retention": 60}),
+            "invalid_params",
+            "retention_policy",
+        ),
+    ] {
+        let (status, r) = send(bad.clone());
+        assert_eq!(status, 400, "{bad}: {r}");
+        assert_eq!(r["error"]["code"], code, "{bad}: {r}");
+        assert_eq!(r["error"]["detail"]["field"], field, "{bad}: {r}");
+    }
+    let mut backup = policy(json!({"days": 3}));
+    backup["backup"] = json!(true);
+    let (status, r) = send(json!({"retention_policy": backup}));
+    assert_eq!(
+        (status, r["error"]["code"].clone()),
+        (400, json!("backup_unsupported")),
+        "{r}"
+    );
+    assert!(r["error"]["detail"]["reason"].is_string(), "{r}");
+    assert!(
+        !state.join(format!("wal/{addr}.wal")).exists(),
+        "refusals write nothing"
+    );
+
+    let mut frozen = policy(json!("forever"));
+    frozen["request_dumps"] = json!(true);
+    let (status, r) = send(json!({"retention_policy": frozen}));
+    assert_eq!(status, 200, "{r}");
+    wait_for("the run to end", || {
+        rpc(&s, "session.head", json!({})).1["result"]["last_run_state"]["state"] == "completed"
+    });
+    let (_, head) = rpc(&s, "session.head", json!({}));
+    let head = &head["result"];
+    assert_eq!(head["retention_policy"], frozen, "{head}");
+    assert_eq!(
+        head["retention_state"],
+        json!({"source": "starter", "request_dumps_unsupported": true}),
+        "{head}"
+    );
+    let incarnation = head["incarnation"].clone();
+    // Another policy is refused with the frozen one; leaving it out is fine.
+    let (status, r) = send(json!({"retention_policy": policy(json!({"days": 1}))}));
+    assert_eq!(status, 409, "{r}");
+    assert_eq!(r["error"]["code"], "retention_conflict");
+    assert_eq!(r["error"]["detail"]["frozen"], frozen);
+    send_until_completed(
+        &s,
+        json!({"prompt": "hello", "model": "anthropic/m", "title": TITLE}),
+    );
+
+    // Nothing runs: the release deletes it before answering.
+    let (status, r) = rpc(&s, "session.release", json!({}));
+    assert_eq!(
+        (status, r["result"].clone()),
+        (200, json!({"state": "deleted"})),
+        "{r}"
+    );
+    assert!(!state.join(format!("wal/{addr}.wal")).exists());
+    assert!(!state.join(format!("retention/{addr}.json")).exists());
+    assert_eq!(tombstone(&state)["deleted"], true);
+    assert_eq!(files_holding(&state, TITLE), Vec::<String>::new());
+    for method in [
+        "session.head",
+        "session.read",
+        "session.history",
+        "runs.list",
+    ] {
+        let (status, r) = rpc(&s, method, json!({}));
+        assert_eq!(status, 404, "{method}: {r}");
+        assert_eq!(r["error"]["code"], "unknown_session", "{method}: {r}");
+    }
+    let (_, r) = rpc(&s, "session.release", json!({}));
+    assert_eq!(r["result"], json!({"state": "absent"}), "{r}");
+
+    // The next send starts a new incarnation, with the runner's policy until one is named.
+    send_until_completed(&s, json!({"prompt": "hello", "model": "anthropic/m"}));
+    let (_, head) = rpc(&s, "session.head", json!({}));
+    let head = &head["result"];
+    assert_ne!(head["incarnation"], incarnation, "{head}");
+    assert_eq!(
+        head["retention_state"],
+        json!({"source": "runner"}),
+        "{head}"
+    );
+    assert_eq!(head["retention_policy"], policy(json!("forever")), "{head}");
+    let (_, page) = rpc(&s, "session.read", json!({"from_ordinal": 0}));
+    assert_eq!(
+        page["result"]["messages"].as_array().unwrap().len(),
+        2,
+        "only the fresh send's turn: {page}"
+    );
+}
+
+/// `keep: "none"` is deleted a day after its last run ends and `keep: {days}` that many
+/// days after its last activity, as `broca archive retention` says beforehand; a release
+/// survives a restart (its record is durable) and the restarted process deletes it.
+#[test]
+fn keep_none_and_keep_days_are_deleted_on_time_and_a_release_outlives_a_restart() {
+    let peer = Aimock::start(&fixture("aimock.json"));
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let s = start(&state, &peer, &[]);
+    let addr = address();
+    send_until_completed(
+        &s,
+        json!({"prompt": "hello", "model": "anthropic/m", "retention_policy": policy(json!("none"))}),
+    );
+    let (_, head) = rpc(&s, "session.head", json!({}));
+    let updated_at = head["result"]["updated_at"].as_u64().unwrap();
+    let plan = planned(&state);
+    assert!(
+        plan.contains(&format!(
+            "{addr}  /proj h s1  keep none  expires at {}",
+            updated_at + 86_400_000
+        )),
+        "{plan}"
+    );
+    assert_eq!(advance(&s, 86_400_000 - 1_000).0, 200);
+    assert_eq!(
+        rpc(&s, "session.head", json!({})).0,
+        200,
+        "kept until its hold ends"
+    );
+    assert_eq!(advance(&s, 2_000).0, 200);
+    let (status, r) = rpc(&s, "session.head", json!({}));
+    assert_eq!(
+        (status, r["error"]["code"].clone()),
+        (404, json!("unknown_session")),
+        "{r}"
+    );
+    assert!(!state.join(format!("wal/{addr}.wal")).exists());
+
+    send_until_completed(
+        &s,
+        json!({"prompt": "hello", "model": "anthropic/m",
+            "retention_policy": policy(json!({"days": 2}))}),
+    );
+    assert_eq!(advance(&s, 2 * 86_400_000 - 1_000).0, 200);
+    assert_eq!(rpc(&s, "session.head", json!({})).0, 200);
+    assert_eq!(advance(&s, 2_000).0, 200);
+    assert_eq!(rpc(&s, "session.head", json!({})).0, 404);
+
+    // A release recorded in the WAL, its deletion cut short: the next start finishes it
+    // (a process of its own: the clock moved above is that process's alone).
+    drop(s);
+    let s = start(&state, &peer, &[]);
+    send_until_completed(
+        &s,
+        json!({"prompt": "hello", "model": "anthropic/m",
+            "retention_policy": policy(json!("forever"))}),
+    );
+    drop(s);
+    let wal = state.join(format!("wal/{addr}.wal"));
+    let record = broca::wal::Record::SessionReleased(broca::wal::runrec::SessionReleased {
+        at_unix_ms: broca::session::now_unix_ms(),
+        principal: None,
+    });
+    let triple = broca::wal::SessionTriple::new("/proj", "h", "s1").unwrap();
+    broca_shards::run_local(async {
+        let (mut w, _) = broca::wal::WalWriter::open(
+            &state.join("wal"),
+            &triple,
+            broca_io::LogConfig::default(),
+            broca_io::Committer::default(),
+        )
+        .await
+        .unwrap();
+        w.append(&record).await.unwrap();
+        w.close().await.unwrap();
+    })
+    .unwrap();
+    std::fs::write(
+        state.join(format!("retention/{addr}.json")),
+        serde_json::to_vec(&broca::wal::SessionTriple::new("/proj", "h", "s1").unwrap()).unwrap(),
+    )
+    .unwrap();
+    let s = start(&state, &peer, &[]);
+    wait_for("the released session to be deleted", || {
+        rpc(&s, "session.head", json!({})).0 == 404
+    });
+    assert!(!wal.exists());
+}

@@ -56,6 +56,10 @@ pub struct PackOptions {
     pub idle: Duration,
     /// Say what would be packed; touch nothing.
     pub dry_run: bool,
+    /// WALs (by file name) packed once idle this long, when it is sooner than `idle`: the
+    /// sessions whose storage policy names `archive_after_days` (llm-runner/v1
+    /// `session_retention`).
+    pub sooner: std::collections::HashMap<String, Duration>,
 }
 
 /// One line of progress.
@@ -314,7 +318,11 @@ pub fn pack(
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        match choose(path, opts.idle, now) {
+        let idle = opts
+            .sooner
+            .get(&name)
+            .map_or(opts.idle, |d| (*d).min(opts.idle));
+        match choose(path, idle, now) {
             Err(why) => report.skipped.push((name, why)),
             Ok(c) if opts.dry_run => {
                 report.bytes += c.member.size;

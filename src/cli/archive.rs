@@ -86,7 +86,7 @@ fn retention(state: &Path) -> Result<bool, String> {
         match row {
             Planned::Expires {
                 triple,
-                retention_s,
+                rule,
                 at_ms,
             } => {
                 let left = if *at_ms <= now {
@@ -95,16 +95,13 @@ fn retention(state: &Path) -> Result<bool, String> {
                     format!("in {} s", (at_ms - now).div_ceil(1000))
                 };
                 broca_io::outln!(
-                    "{}  {}  retention {retention_s} s  expires at {at_ms} ({left})",
+                    "{}  {}  {rule}  expires at {at_ms} ({left})",
                     triple.address(),
                     name(triple)
                 );
             }
-            Planned::Held {
-                triple,
-                retention_s,
-            } => broca_io::outln!(
-                "{}  {}  retention {retention_s} s  held: a run of it is not over",
+            Planned::Held { triple, rule } => broca_io::outln!(
+                "{}  {}  {rule}  held: a run of it is not over",
                 triple.address(),
                 name(triple)
             ),
@@ -135,6 +132,7 @@ fn pack(mut pargs: pico_args::Arguments, state: &Path) -> Result<bool, String> {
     let opts = PackOptions {
         idle: Duration::from_secs(days.saturating_mul(86_400)),
         dry_run,
+        sooner: Default::default(),
     };
     let mut bar: Option<super::progress::Count> = None;
     let mut progress = |p: Progress| match p {

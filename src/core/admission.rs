@@ -90,6 +90,9 @@ pub struct Prepared {
     pub named: Vec<&'static str>,
     /// The uploads its `content` attaches, in order (checked against the session's).
     pub content: Vec<String>,
+    /// A session's first send must name a `retention_policy` (set by the front: module
+    /// mode, where every starter sends one; llm-runner/v1 `session_retention.required`).
+    pub policy_required: bool,
 }
 
 /// A send that did not pass [`prepare`]: its refusal, kept with what a repeated send_id
@@ -138,6 +141,9 @@ fn frozen_so_key(f: Option<&broca_wal::runrec::FrozenStructuredOutput>) -> Optio
 pub fn inputs_digest(req: &SendRequest) -> String {
     let mut canonical = req.clone();
     canonical.send_id = None;
+    // A repeat may name the session's frozen policy or leave it out: the same send either
+    // way (a different one is refused `retention_conflict` before the send_id is looked up).
+    canonical.retention_policy = None;
     let bytes = serde_json::to_vec(&canonical).expect("send requests serialize");
     blake3::hash(&bytes).to_hex()[..32].to_string()
 }
@@ -195,6 +201,12 @@ pub fn admit_prepared(
         structured_output: frozen_so_key(p.config.structured_output.as_ref()),
         delivery: p.delivery.as_deref(),
     };
+    retention::unreleased(session)?;
+    retention::policy_fits(
+        session,
+        p.config.retention_policy.as_ref(),
+        p.policy_required,
+    )?;
     if let Some(answer) = repeated(session, p.send_id.as_deref(), &identity) {
         return answer;
     }
@@ -430,6 +442,7 @@ pub fn prepare(
                 .flatten()
                 .map(|c| c.upload_id().to_string())
                 .collect(),
+            policy_required: false,
         }),
         Err(refusal) => Err(Unprepared {
             // A send_id that is itself invalid names no run.
@@ -558,6 +571,7 @@ fn resolve(
         route_decision_id: req.route_decision_id.clone(),
         compaction: compaction(req)?,
         retention: retention(req)?,
+        retention_policy: retention::policy(req)?,
         title: title(req)?,
     })
 }

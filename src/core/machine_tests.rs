@@ -39,6 +39,7 @@ pub(crate) fn config() -> FrozenConfig {
         route_decision_id: None,
         compaction: None,
         retention: None,
+        retention_policy: None,
         title: None,
     }
 }

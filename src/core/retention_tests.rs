@@ -121,6 +121,7 @@ fn a_steer_that_shortens_the_retention_is_kept_with_it() {
             client_message_id: None,
             media: Vec::new(),
             retention,
+            retention_policy: None,
         }))
     };
     s.apply(2, steer(None)).unwrap();
@@ -130,5 +131,142 @@ fn a_steer_that_shortens_the_retention_is_kept_with_it() {
     assert_eq!(
         session_retention(&s, Some(30)).unwrap_err().field(),
         Some("retention")
+    );
+}
+
+fn with_policy(keep: serde_json::Value) -> broca_wal::runrec::FrozenConfig {
+    let req = SendRequest {
+        prompt: "go".into(),
+        model: "anthropic/m".into(),
+        retention_policy: Some(serde_json::json!({
+            "keep": keep, "archive_after_days": 0, "backup": false, "request_dumps": false
+        })),
+        ..Default::default()
+    };
+    prepare(
+        &req,
+        &[],
+        &broca_catalog::Catalog::builtin(),
+        &broca_protocol::model::AnyProvider,
+    )
+    .map(|p| p.config)
+    .unwrap()
+}
+
+fn released(at: u64) -> Record {
+    Record::SessionReleased(broca_wal::runrec::SessionReleased {
+        at_unix_ms: at,
+        principal: None,
+    })
+}
+
+const DAY: u64 = broca_wire::role::DAY_MS;
+
+#[test]
+fn a_storage_policy_deletes_at_its_keep_never_while_a_run_is_open() {
+    let started = |keep, at| crate::replay::tests::started_with("r1", with_policy(keep), at);
+    // keep none: the unreleased hold after the last run ends.
+    let mut s = Session::default();
+    s.apply(1, started(serde_json::json!("none"), 1_000))
+        .unwrap();
+    assert_eq!(s.expiry(), Expiry::Held);
+    s.apply(2, finished("r1", 5_000)).unwrap();
+    assert_eq!(
+        s.expiry(),
+        Expiry::Delete(5_000 + broca_wire::role::UNRELEASED_HOLD_MS)
+    );
+    // keep days: that many days after the last activity.
+    let mut s = Session::default();
+    s.apply(1, started(serde_json::json!({"days": 3}), 1_000))
+        .unwrap();
+    s.apply(2, finished("r1", 5_000)).unwrap();
+    assert_eq!(s.expiry(), Expiry::Delete(5_000 + 3 * DAY));
+    // forever: never, until released; then at the later of the release and the activity.
+    let mut s = Session::default();
+    s.apply(1, started(serde_json::json!("forever"), 1_000))
+        .unwrap();
+    s.apply(2, released(3_000)).unwrap();
+    assert_eq!(s.expiry(), Expiry::Held, "released, its run still open");
+    assert_eq!(s.release_deadline(), Some(3_000));
+    s.apply(3, finished("r1", 5_000)).unwrap();
+    assert_eq!(s.expiry(), Expiry::Delete(5_000));
+    // A second release changes nothing.
+    s.apply(4, released(9_000)).unwrap();
+    assert_eq!(s.released.as_ref().unwrap().at_unix_ms, 3_000);
+    let mut s = Session::default();
+    s.apply(1, started(serde_json::json!("forever"), 1_000))
+        .unwrap();
+    s.apply(2, finished("r1", 5_000)).unwrap();
+    assert_eq!(s.expiry(), Expiry::Never);
+}
+
+#[test]
+fn the_first_policy_freezes_and_a_released_session_refuses_sends() {
+    use crate::admission::{admit_prepared, Prepared};
+    let prepared = |keep: serde_json::Value| -> Prepared {
+        let req = SendRequest {
+            prompt: "go".into(),
+            model: "anthropic/m".into(),
+            retention_policy: Some(serde_json::json!({
+                "keep": keep, "archive_after_days": 0, "backup": false, "request_dumps": false
+            })),
+            ..Default::default()
+        };
+        prepare(
+            &req,
+            &[],
+            &broca_catalog::Catalog::builtin(),
+            &broca_protocol::model::AnyProvider,
+        )
+        .unwrap()
+    };
+    let mut s = Session::default();
+    let mut first = prepared(serde_json::json!("forever"));
+    first.config.retention_policy = None;
+    first.policy_required = true;
+    assert_eq!(
+        admit_prepared(first, &s, "r0".into(), 1).unwrap_err(),
+        Refusal::RetentionRequired
+    );
+    s.apply(
+        1,
+        crate::replay::tests::started_with(
+            "r1",
+            with_policy(serde_json::json!({"days": 2})),
+            1_000,
+        ),
+    )
+    .unwrap();
+    s.apply(2, finished("r1", 2_000)).unwrap();
+    let frozen = serde_json::to_value(s.policy.as_ref().unwrap()).unwrap();
+    assert_eq!(
+        admit_prepared(
+            prepared(serde_json::json!("forever")),
+            &s,
+            "r2".into(),
+            3_000
+        )
+        .unwrap_err(),
+        Refusal::RetentionConflict { frozen }
+    );
+    assert!(admit_prepared(
+        prepared(serde_json::json!({"days": 2})),
+        &s,
+        "r2".into(),
+        3_000
+    )
+    .is_ok());
+    s.apply(3, released(4_000)).unwrap();
+    assert_eq!(
+        admit_prepared(
+            prepared(serde_json::json!({"days": 2})),
+            &s,
+            "r3".into(),
+            5_000
+        )
+        .unwrap_err(),
+        Refusal::SessionReleased {
+            delete_after_ms: 4_000
+        }
     );
 }

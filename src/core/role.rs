@@ -16,6 +16,9 @@ use cortexkit_role_llm_runner::finish::Finish;
 use cortexkit_role_llm_runner::run::{
     BudgetExhaustedDetail, FinalMessage, RunError, RunResult, RunStatus,
 };
+use cortexkit_role_llm_runner::session_retention::{
+    Keep, Released, RetentionPolicy, RetentionSource, RetentionState,
+};
 
 use crate::replay::{RunState, RunView, Session};
 use broca_protocol::FinishReason;
@@ -356,7 +359,31 @@ pub fn head(s: Option<&Session>, version: u64, incarnation: &str) -> HeadMeta {
         }
         head.input = Some(head_input(&run.config));
     }
+    let (policy, state) = retention_state(s);
+    head = head.with_retention_policy(policy, state);
+    if let (Some(r), Some(delete_after_ms)) = (&s.released, s.release_deadline()) {
+        head = head.with_released(Released::new(r.at_unix_ms, delete_after_ms));
+    }
     head
+}
+
+/// The session's storage policy as `session.head` states it (llm-runner/v1
+/// `session_retention`): the one its sends froze (`starter`), else the runner's own, kept
+/// forever (`runner`). broca keeps no request dumps, so one asked for is flagged.
+pub fn retention_state(s: &Session) -> (RetentionPolicy, RetentionState) {
+    let (policy, state) = match &s.policy {
+        Some(p) => (p.clone(), RetentionState::new(RetentionSource::starter())),
+        None => (
+            RetentionPolicy::new(Keep::forever(), 0, false, false),
+            RetentionState::new(RetentionSource::runner()),
+        ),
+    };
+    let state = if policy.request_dumps {
+        state.with_request_dumps_unsupported()
+    } else {
+        state
+    };
+    (policy, state)
 }
 
 /// What a send naming no model can carry (`session.head.input`): the latest run's model, as

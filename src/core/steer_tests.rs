@@ -213,6 +213,7 @@ fn prepared(send_id: &str, prompt: &str, delivery: &str) -> Prepared {
         delivery: Some(delivery.into()),
         named: vec!["model"],
         content: Vec::new(),
+        policy_required: false,
     }
 }
 

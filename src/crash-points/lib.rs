@@ -71,6 +71,7 @@ pub const POINTS: &[&str] = &[
     "context_compacted",
     "tool_result_late",
     "retention_tombstoned",
+    "release_pending",
     "mid_write",
 ];
 
@@ -218,6 +219,11 @@ pub fn due(record: &Record) -> Option<Abort> {
         }
         _ => Some(Abort::Now),
     }
+}
+
+/// Whether this process's crash plan is for `point` (false outside crash tests).
+pub fn planned(point: &str) -> bool {
+    plan().is_some_and(|p| p.point == point)
 }
 
 /// A boundary that is no record was passed (`retention_tombstoned`: an expired session's

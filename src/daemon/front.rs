@@ -572,6 +572,9 @@ impl Routes {
         };
         match answer {
             Ok(result) => {
+                let released = broca_crash_points::planned("release_pending")
+                    && result == json!({"state": "pending"})
+                    && body_method(&body) == Some("session.release");
                 let body = json!({ "result": result });
                 let bytes = serde_json::to_vec(&body).expect("JSON values serialize");
                 if bytes.len() + broca_subc::protocol::HEADER_LEN > MAX_DELIVERED_FRAME_LEN {
@@ -593,6 +596,15 @@ impl Routes {
                     bytes,
                 ))
                 .await;
+                if released {
+                    // A crash test's `release_pending` cut: once the answer has had time to
+                    // leave through the connection's egress.
+                    glommio::spawn_local(async {
+                        glommio::timer::sleep(std::time::Duration::from_millis(200)).await;
+                        broca_crash_points::reached("release_pending");
+                    })
+                    .detach();
+                }
             }
             Err(e) => self.error(channel, epoch, corr, &e).await,
         }
@@ -726,4 +738,14 @@ fn attested(p: &broca_subc::protocol::Principal) -> Option<String> {
         }
         _ => None,
     }
+}
+
+/// The method a request body names, when it names one.
+fn body_method(body: &[u8]) -> Option<&str> {
+    #[derive(serde::Deserialize)]
+    struct Named<'a> {
+        #[serde(borrow)]
+        method: Option<&'a str>,
+    }
+    serde_json::from_slice::<Named>(body).ok()?.method
 }

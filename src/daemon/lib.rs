@@ -138,6 +138,7 @@ fn extras(
         module_tools: Some(module_tools),
         vault: Some(vault),
         step_hints: Some(step_hints),
+        policy_required: true,
     })
 }
 

@@ -99,6 +99,18 @@ impl Shard {
                     return false;
                 }
             }
+            SessionCommand::Release { caller, reply } => {
+                let answer = actor.release_for(&caller).await;
+                let failed = matches!(&answer, Err(e) if !matches!(e, ActorError::Refused(_)));
+                if let Err(e) = &answer {
+                    self.host.storage.failed(e);
+                }
+                self.note_retention(actor, triple);
+                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
+                if failed {
+                    return false;
+                }
+            }
             SessionCommand::Barrier { reply } => {
                 let _ = reply.send(actor.barrier().await.ok());
             }
@@ -214,11 +226,42 @@ pub(crate) struct Expiring {
 }
 
 impl Shard {
-    /// Tells the host when the session is due, when it has a retention.
+    /// Tells the host when the session is due, when it has a retention, a storage policy
+    /// or a release; one due already is expired at once (after the command in hand).
     pub(crate) fn note_retention(&self, actor: &Actor, triple: &SessionTriple) {
         let state = actor.state();
-        if state.retention.is_some() && self.host.retention.note(triple, state.expiry()) {
+        if state.retention.is_none() && state.policy.is_none() && state.released.is_none() {
+            return;
+        }
+        if self
+            .host
+            .retention
+            .note_archive(triple, state.policy.as_ref())
+        {
+            if let Err(e) = crate::resume::start_archive_scheduler(&self.host) {
+                tracing::error!("{e}");
+            }
+        }
+        let expiry = state.expiry();
+        if self.host.retention.note(triple, expiry) {
             crate::expiry::wake_sweep(&self.host);
+        }
+        let key = triple.address().0;
+        let Some(due) = expiry.due_at() else {
+            self.expire_asked.borrow_mut().remove(&key);
+            return;
+        };
+        let asked = self.expire_asked.borrow_mut().insert(key, due) == Some(due);
+        if due <= broca_session::now_unix_ms()
+            && !asked
+            && !self.expiring.borrow().contains_key(&key)
+        {
+            let host = self.host.clone();
+            let triple = triple.clone();
+            glommio::spawn_local(async move {
+                host.expire(&triple).await;
+            })
+            .detach();
         }
     }
 
@@ -233,10 +276,12 @@ impl Shard {
     ) -> bool {
         let now = broca_session::now_unix_ms();
         let state = actor.state();
-        let at = match state.expiry() {
-            broca_core::Expiry::At(at) if at <= now => at,
-            other => {
-                if self.host.retention.note(triple, other) {
+        let expiry = state.expiry();
+        let deleted = matches!(expiry, broca_core::Expiry::Delete(_));
+        let at = match expiry.due_at() {
+            Some(at) if at <= now => at,
+            _ => {
+                if self.host.retention.note(triple, expiry) {
                     crate::expiry::wake_sweep(&self.host);
                 }
                 let _ = reply.send(None);
@@ -259,6 +304,7 @@ impl Shard {
             expired_at_ms: at,
             tombstoned_at_ms: now,
             runs: state.runs.iter().map(|r| r.run_id.clone()).collect(),
+            deleted,
         };
         let host = self.host.clone();
         let written = {
@@ -276,8 +322,13 @@ impl Shard {
             let _ = reply.send(None);
             return true;
         }
+        let why = if deleted {
+            "its storage policy or its release"
+        } else {
+            "its retention"
+        };
         tracing::info!(
-            "session {}: expired at {at} (its retention); its content is deleted",
+            "session {}: due at {at} ({why}); its content is deleted",
             triple.address()
         );
         broca_crash_points::reached("retention_tombstoned");

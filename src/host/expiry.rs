@@ -35,31 +35,93 @@ impl Host {
         request: &Request,
     ) -> Result<(), RpcError> {
         let Request::Send { send, .. } = request else {
-            return self.unexpired(t).await;
+            let media = matches!(request, Request::MediaRead { .. });
+            return self.unexpired_for(t, media).await;
         };
         self.expire_if_due(t).await;
-        if send.retention.is_some() {
-            let me = self.retention.clone();
-            let t = t.clone();
-            broca_io::blocking::run(broca_io::blocking::Kind::Retention, move || me.index(&t))
-                .await
-                .map_err(|e| {
-                    RpcError::new(
-                        Code::Internal,
-                        format!("the session's retention cannot be kept: {e}"),
-                    )
-                })?;
+        if send.retention.is_some() || send.retention_policy.is_some() {
+            self.keep_listed(t).await?;
         }
         Ok(())
     }
 
     /// `expired` when the session `t` is (expired first when it is due).
     pub(crate) async fn unexpired(&self, t: &SessionTriple) -> Result<(), RpcError> {
+        self.unexpired_for(t, false).await
+    }
+
+    /// `expired` when the session `t` is (expired first when it is due); `unknown_session`
+    /// when its storage policy or release deleted it, or `unknown_media` for a media read.
+    async fn unexpired_for(&self, t: &SessionTriple, media: bool) -> Result<(), RpcError> {
         self.expire_if_due(t).await;
-        match self.retention.expired_at(&t.address().to_string()) {
-            Some(at) => Err(expired(at)),
+        match self.retention.ended(&t.address().to_string()) {
             None => Ok(()),
+            Some(e) if !e.deleted => Err(expired(e.at_ms)),
+            Some(_) if media => Err(RpcError::new(
+                Code::UnknownMedia,
+                "this session was deleted (its storage policy or its release), and its media \
+                 with it",
+            )),
+            Some(_) => Err(RpcError::new(
+                Code::UnknownSession,
+                "this session was deleted (its storage policy or its release); a send starts \
+                 it afresh",
+            )),
         }
+    }
+
+    /// `session.release` (llm-runner/v1 `session_retention`): `absent` when no session is
+    /// under the name (never written, expired or deleted); else the release, durable before
+    /// the answer (the session listed among those kept first, so a restart finds it), then
+    /// `deleted` when nothing holds it and its floor has passed, or `pending`.
+    pub(crate) async fn release(
+        &self,
+        t: &SessionTriple,
+        caller: &broca_wire::Caller,
+    ) -> Result<serde_json::Value, RpcError> {
+        use broca_session::Release;
+        use cortexkit_role_llm_runner::session_retention::{ReleaseReply, ReleaseState};
+        let answer = |state| serde_json::to_value(ReleaseReply::new(state)).expect("serializes");
+        self.expire_if_due(t).await;
+        let addr = t.address().to_string();
+        if self.retention.ended(&addr).is_some() {
+            return Ok(answer(ReleaseState::absent()));
+        }
+        let wal = broca_wal_writer::wal_path(&self.wal_dir, t);
+        if wal.exists() || broca_wal::archive::exists(&wal) {
+            self.keep_listed(t).await?;
+        }
+        let (reply, wait) = futures_channel::oneshot::channel();
+        let caller = caller.clone();
+        self.route(t.clone(), SessionCommand::Release { caller, reply })
+            .map_err(crate::replies::unrouted)?;
+        let released = wait.await.map_err(|_| crate::replies::unavailable())??;
+        match released {
+            Release::Absent => Ok(answer(ReleaseState::absent())),
+            Release::Pending { .. } => {
+                if self.retention.is_due(&addr, broca_session::now_unix_ms())
+                    && self.expire(t).await.is_some()
+                {
+                    return Ok(answer(ReleaseState::deleted()));
+                }
+                Ok(answer(ReleaseState::pending()))
+            }
+        }
+    }
+
+    /// Lists `t` among the sessions kept with a retention, a storage policy or a release
+    /// (durably, once per process).
+    async fn keep_listed(&self, t: &SessionTriple) -> Result<(), RpcError> {
+        let me = self.retention.clone();
+        let t = t.clone();
+        broca_io::blocking::run(broca_io::blocking::Kind::Retention, move || me.index(&t))
+            .await
+            .map_err(|e| {
+                RpcError::new(
+                    Code::Internal,
+                    format!("the session's retention cannot be kept: {e}"),
+                )
+            })
     }
 
     async fn expire_if_due(&self, t: &SessionTriple) {

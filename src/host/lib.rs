@@ -133,6 +133,9 @@ pub struct Extras {
     pub vault: Option<Arc<dyn Vault>>,
     /// Where llm-runner/v1 `step_events` hints go (module mode: the daemon's bus).
     pub step_hints: Option<StepHints>,
+    /// A session's first send must name a `retention_policy` (module mode, where every
+    /// starter sends one: llm-runner/v1 `session_retention.required`).
+    pub policy_required: bool,
 }
 
 /// The publisher of `step.finished.v1` hints: each is handed over once its record is durable
@@ -154,6 +157,8 @@ pub struct Host {
     pub(crate) mesh: Mesh<ShardMsg>,
     /// Admission is closed.
     stopping: AtomicBool,
+    /// The archive thread runs (`resume::start_archive_scheduler`).
+    pub(crate) archiving: AtomicBool,
     /// The wall-clock time (Unix ms) the stop must be over by, when the front was given one
     /// (a daemon's drain); 0: none.
     stop_by_unix_ms: std::sync::atomic::AtomicU64,
@@ -188,6 +193,8 @@ pub struct Host {
     pub storage: storage::StorageHealth,
     /// Module mode: where step hints are published (`role.describe` declares `step_events`).
     pub(crate) step_hints: Option<StepHints>,
+    /// As in [`Extras::policy_required`].
+    pub(crate) policy_required: bool,
     /// The OpenTelemetry trace exporter, when the environment turns it on.
     pub(crate) traces: Option<Arc<broca_otel::Traces>>,
     /// Whole-session retention: tombstones, and when each session with one is due.
@@ -433,6 +440,7 @@ impl Startup {
             handle: state.handle.clone(),
             mesh,
             stopping: AtomicBool::new(false),
+            archiving: AtomicBool::new(false),
             stop_by_unix_ms: std::sync::atomic::AtomicU64::new(0),
             ready: Arc::new(AtomicBool::new(false)),
             signal: AtomicI32::new(0),
@@ -447,6 +455,7 @@ impl Startup {
             reads: Arc::new(broca_core::read::ReadCache::new(READ_SESSIONS_MAX)),
             storage: storage::StorageHealth::default(),
             step_hints: extras.step_hints,
+            policy_required: extras.policy_required,
             traces,
             retention: Arc::new(retention),
         });

@@ -16,11 +16,17 @@ const ARCHIVE_STOP_POLL: Duration = Duration::from_millis(200);
 
 /// Packs the sessions idle for `archive_after` every `archive_every`, on a thread of its own
 /// (never on a shard): a session whose actor is open holds its WAL's lease and is left live; a
-/// send to a packed session restores its WAL first.
+/// send to a packed session restores its WAL first. A session whose storage policy names
+/// `archive_after_days` is packed once idle that long, whether or not `archive_after` is
+/// set: the thread then starts with the first such session (`Host::archive_sooner`).
 pub(crate) fn start_archive_scheduler(ctx: &Arc<Host>) -> Result<(), String> {
-    let Some(idle) = ctx.opts.archive_after else {
+    if ctx.opts.archive_after.is_none() && !ctx.retention.any_archived() {
         return Ok(());
-    };
+    }
+    if ctx.archiving.swap(true, Ordering::AcqRel) {
+        return Ok(());
+    }
+    let idle = ctx.opts.archive_after.unwrap_or(Duration::MAX);
     let ctx = ctx.clone();
     let every = ctx.opts.archive_every.max(Duration::from_secs(1));
     std::thread::Builder::new()
@@ -36,6 +42,7 @@ pub(crate) fn start_archive_scheduler(ctx: &Arc<Host>) -> Result<(), String> {
             let opts = broca_archive::PackOptions {
                 idle,
                 dry_run: false,
+                sooner: ctx.retention.archived(),
             };
             let started = std::time::Instant::now();
             match broca_archive::pack(&ctx.opts.state_dir, &opts, &mut |_| {}) {

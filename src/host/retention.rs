@@ -40,6 +40,19 @@ pub struct Tombstone {
     /// Its runs' ids.
     #[serde(default)]
     pub runs: Vec<String>,
+    /// Deleted by its storage policy or its release (llm-runner/v1 `session_retention`):
+    /// its reads answer `unknown_session`, not `expired`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deleted: bool,
+}
+
+/// How a session record ended, while no fresh one was made since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ended {
+    /// When it expired or was due to be deleted (ms since the Unix epoch).
+    pub at_ms: u64,
+    /// Deleted by its storage policy or its release, not expired by its retention.
+    pub deleted: bool,
 }
 
 struct Tomb {
@@ -57,6 +70,9 @@ pub struct Retention {
     due: Mutex<HashMap<String, (SessionTriple, Expiry)>>,
     /// Sessions whose index entry is written (this process's).
     indexed: Mutex<std::collections::HashSet<String>>,
+    /// The WALs (by file name) whose storage policy packs them once idle this long
+    /// (`archive_after_days`).
+    archive: Mutex<HashMap<String, std::time::Duration>>,
 }
 
 /// The lineage (hex) of the WAL at `path`, when there is one whose header reads.
@@ -102,6 +118,7 @@ impl Retention {
             tombs: Mutex::default(),
             due: Mutex::default(),
             indexed: Mutex::default(),
+            archive: Mutex::default(),
         };
         for dir in [TOMB_DIR, INDEX_DIR] {
             broca_owner_only::create_dir(&state_dir.join(dir))?;
@@ -119,7 +136,10 @@ impl Retention {
             };
             let path = broca_wal_writer::wal_path(wal_dir, &triple);
             let expiry = match broca_core::read_session(&path, broca_core::Keep::State) {
-                Ok(Some(read)) => read.session.expiry(),
+                Ok(Some(read)) => {
+                    r.note_archive(&triple, read.session.policy.as_ref());
+                    read.session.expiry()
+                }
                 Ok(None) => Expiry::Never,
                 Err(e) => {
                     // Kept listed: it is looked at again when its session is next opened.
@@ -161,6 +181,12 @@ impl Retention {
     /// no fresh record was made since. Reads the WAL's header for a tombstoned session (at
     /// most once past its supersession).
     pub fn expired_at(&self, addr: &str) -> Option<u64> {
+        self.ended(addr).map(|e| e.at_ms)
+    }
+
+    /// How the session of `addr` ended, while a tombstone stands for it and no fresh record
+    /// was made since.
+    pub fn ended(&self, addr: &str) -> Option<Ended> {
         let mut tombs = self.tombs.lock().unwrap();
         let tomb = tombs.get_mut(addr)?;
         if tomb.superseded {
@@ -171,7 +197,10 @@ impl Retention {
             tomb.superseded = true;
             return None;
         }
-        Some(tomb.stone.expired_at_ms)
+        Some(Ended {
+            at_ms: tomb.stone.expired_at_ms,
+            deleted: tomb.stone.deleted,
+        })
     }
 
     /// The tombstone standing for the record of lineage `lineage` of `addr`, when one was
@@ -210,17 +239,51 @@ impl Retention {
         was_empty && !due.is_empty()
     }
 
+    /// Notes the `archive_after_days` of the session `triple`'s policy; `true` when it is the
+    /// first session the archive packs by its policy (its thread must start).
+    pub fn note_archive(
+        &self,
+        triple: &SessionTriple,
+        policy: Option<&cortexkit_role_llm_runner::session_retention::RetentionPolicy>,
+    ) -> bool {
+        let days = policy.map_or(0, |p| p.archive_after_days);
+        let name = format!("{}.wal", triple.address());
+        let mut archive = self.archive.lock().unwrap();
+        if days == 0 {
+            archive.remove(&name);
+            return false;
+        }
+        let idle = std::time::Duration::from_millis(
+            u64::from(days).saturating_mul(broca_wire::role::DAY_MS),
+        );
+        let was_empty = archive.is_empty();
+        archive.insert(name, idle);
+        was_empty
+    }
+
+    /// Whether any session's policy asks the archive to pack it.
+    pub fn any_archived(&self) -> bool {
+        !self.archive.lock().unwrap().is_empty()
+    }
+
+    /// The WALs the archive packs by their policy, and how idle each must be.
+    pub fn archived(&self) -> HashMap<String, std::time::Duration> {
+        self.archive.lock().unwrap().clone()
+    }
+
     /// Whether the session of `addr` is past its expiry and not yet tombstoned.
     pub fn is_due(&self, addr: &str, now_ms: u64) -> bool {
         let due = self.due.lock().unwrap();
-        matches!(due.get(addr), Some((_, Expiry::At(t))) if *t <= now_ms)
+        due.get(addr)
+            .and_then(|(_, e)| e.due_at())
+            .is_some_and(|t| t <= now_ms)
     }
 
     /// The sessions past their expiry now.
     pub fn due_now(&self, now_ms: u64) -> Vec<SessionTriple> {
         let due = self.due.lock().unwrap();
         due.values()
-            .filter(|(_, e)| matches!(e, Expiry::At(t) if *t <= now_ms))
+            .filter(|(_, e)| e.due_at().is_some_and(|t| t <= now_ms))
             .map(|(t, _)| t.clone())
             .collect()
     }
@@ -314,6 +377,10 @@ impl Retention {
         }
         self.indexed.lock().unwrap().remove(&stone.address);
         self.due.lock().unwrap().remove(&stone.address);
+        self.archive
+            .lock()
+            .unwrap()
+            .remove(&format!("{}.wal", stone.address));
         Ok(())
     }
 }
@@ -321,17 +388,15 @@ impl Retention {
 /// What retention will do to one session, as the state dir holds it now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Planned {
-    /// Kept with a retention: it expires then (its last activity plus its retention).
+    /// Kept with a retention, a storage policy or a release (`rule` says which): it is
+    /// deleted then.
     Expires {
         triple: SessionTriple,
-        retention_s: u64,
+        rule: String,
         at_ms: u64,
     },
-    /// Kept with a retention, a run of it not over: it does not expire until that run ends.
-    Held {
-        triple: SessionTriple,
-        retention_s: u64,
-    },
+    /// As `Expires`, a run of it not over: nothing deletes it until that run ends.
+    Held { triple: SessionTriple, rule: String },
     /// Listed, but its WAL cannot be read (the reason).
     Unreadable { triple: SessionTriple, why: String },
     /// Expired, its tombstone written and its content not yet deleted: the next start (or
@@ -351,8 +416,8 @@ pub fn plan(state_dir: &Path, wal_dir: &Path) -> std::io::Result<Vec<Planned>> {
             };
             let path = broca_wal_writer::wal_path(wal_dir, &triple);
             let state = broca_core::read_session(&path, broca_core::Keep::State);
-            let (retention_s, expiry) = match state {
-                Ok(Some(read)) => (read.session.retention, read.session.expiry()),
+            let (rule, expiry) = match state {
+                Ok(Some(read)) => (rule_of(&read.session), read.session.expiry()),
                 Ok(None) => continue,
                 Err(e) => {
                     let why = e.to_string();
@@ -360,18 +425,13 @@ pub fn plan(state_dir: &Path, wal_dir: &Path) -> std::io::Result<Vec<Planned>> {
                     continue;
                 }
             };
-            let Some(retention_s) = retention_s else {
-                continue;
-            };
             out.push(match expiry {
-                Expiry::At(at_ms) => Planned::Expires {
+                Expiry::Never => continue,
+                Expiry::Held => Planned::Held { triple, rule },
+                Expiry::At(at_ms) | Expiry::Delete(at_ms) => Planned::Expires {
                     triple,
-                    retention_s,
+                    rule,
                     at_ms,
-                },
-                _ => Planned::Held {
-                    triple,
-                    retention_s,
                 },
             });
         }
@@ -392,6 +452,25 @@ pub fn plan(state_dir: &Path, wal_dir: &Path) -> std::io::Result<Vec<Planned>> {
         }
     }
     Ok(out)
+}
+
+/// What deletes `s`, in words: its release, its storage policy, or its retention.
+fn rule_of(s: &broca_core::Session) -> String {
+    use cortexkit_role_llm_runner::session_retention::Keep;
+    if let Some(r) = &s.released {
+        return format!("released at {}", r.at_unix_ms);
+    }
+    let policy = s.policy.as_ref().and_then(|p| match p.keep {
+        Keep::Days { days } => Some(format!("keep {days} days")),
+        Keep::None => Some("keep none".to_string()),
+        _ => None,
+    });
+    match (policy, s.retention) {
+        (Some(p), Some(secs)) => format!("{p}, retention {secs} s"),
+        (Some(p), None) => p,
+        (None, Some(secs)) => format!("retention {secs} s"),
+        (None, None) => "kept".to_string(),
+    }
 }
 
 fn sync_dir(dir: &Path) -> Result<(), String> {

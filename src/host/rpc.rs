@@ -60,7 +60,10 @@ async fn call(ctx: &Host, request: Request, caller: &Caller) -> Result<Value, Rp
                 };
                 import(ctx, &format, path, target).await
             }
-            Request::Describe => Ok(broca_wire::role::describe(ctx.step_hints.is_some())),
+            Request::Describe => Ok(broca_wire::role::describe(
+                ctx.step_hints.is_some(),
+                ctx.policy_required,
+            )),
             Request::SessionsList { list } => crate::lists::sessions(ctx, list).await,
             #[cfg(debug_assertions)]
             Request::AdvanceClock { ms } => Ok(ctx.advance_clock(ms).await),
@@ -68,8 +71,12 @@ async fn call(ctx: &Host, request: Request, caller: &Caller) -> Result<Value, Rp
         };
     };
     let t = triple(session)?;
-    ctx.retention_gate(&t, &request).await?;
+    // A release answers `absent` for a session expired or deleted, where others refuse.
+    if !matches!(request, Request::Release { .. }) {
+        ctx.retention_gate(&t, &request).await?;
+    }
     match request {
+        Request::Release { .. } => ctx.release(&t, caller).await,
         Request::Send { send: req, .. } => self::send(ctx, t, *req, caller).await,
         Request::Status { run_id, .. } => status(ctx, t, run_id).await,
         Request::Result {
@@ -255,7 +262,10 @@ async fn send(
     let catalog = broca_catalog::current();
     let mut admission = broca_core::admission::prepare(&req, &specs, &catalog, &ctx.checks);
     match &mut admission {
-        Ok(p) => p.caller = caller.clone(),
+        Ok(p) => {
+            p.caller = caller.clone();
+            p.policy_required = ctx.policy_required;
+        }
         Err(u) => u.caller = caller.clone(),
     }
     if let Some((digest, named)) = asked {

@@ -72,6 +72,9 @@ impl Shard {
         match cmd {
             SessionCommand::Cancel { reply, .. } => drop(reply.send(Cancelled::NotActive)),
             SessionCommand::Retract { reply, .. } => drop(reply.send(Ok(Retracted::NotPending))),
+            SessionCommand::Release { reply, .. } => {
+                drop(reply.send(Ok(broca_session::Release::Absent)))
+            }
             SessionCommand::Barrier { reply } => drop(reply.send(None)),
             SessionCommand::Send { admission, reply } => {
                 if let Err(u) = *admission {
@@ -200,6 +203,7 @@ impl Shard {
             if let Err(e) = Box::pin(actor.close()).await {
                 tracing::error!("session {}: closing: {e}", triple.address());
             }
+            self.expire_asked.borrow_mut().remove(&addr);
             let expiring = self.expiring.borrow_mut().remove(&addr);
             if let Some(expiring) = expiring {
                 self.delete_expired(&triple, expiring).await;
@@ -216,6 +220,9 @@ impl Shard {
         triple: &SessionTriple,
     ) {
         let mut open = Box::pin(self.run_queued(actor, inbox, triple)).await;
+        // The queue a resumed run left may have drained: a session its release or policy
+        // deletes is due now.
+        self.note_retention(actor, triple);
         let idle = self.sessions.limits().idle;
         while open && !self.sessions.is_closing() {
             // Idle (free the memory), told to close or stop, or the channel closed.

@@ -78,6 +78,9 @@ pub(crate) struct Shard {
     /// Sessions whose tombstone is written and whose actor is closing: deleted once it has
     /// closed, then the expiry is answered.
     pub(crate) expiring: RefCell<HashMap<Key, crate::answer::Expiring>>,
+    /// The due time each session was last asked to expire at as its actor noted it (one ask
+    /// per due time: a failed one is tried again by shard 0's look).
+    pub(crate) expire_asked: RefCell<HashMap<Key, u64>>,
     /// Shard 0: its look for sessions past their retention is running.
     sweeping: Rc<Cell<bool>>,
 }
@@ -127,6 +130,7 @@ impl Shard {
             resumes: glommio::sync::Semaphore::new(RESUMES_AT_ONCE as u64),
             stopped: Rc::new(StopSignal::default()),
             expiring: RefCell::default(),
+            expire_asked: RefCell::default(),
             sweeping: Rc::default(),
             room_sweep: Cell::new(false),
             host,

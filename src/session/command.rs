@@ -24,6 +24,12 @@ pub enum SessionCommand {
         run_id: Option<String>,
         reply: oneshot::Sender<Option<RunView>>,
     },
+    /// Release the session (llm-runner/v1 `session.release`; the principal of its first send
+    /// only): recorded durably before the answer.
+    Release {
+        caller: broca_wire::Caller,
+        reply: oneshot::Sender<Result<Release, broca_wire::RpcError>>,
+    },
     /// Withdraw a queued send before it starts (owner-only).
     Retract {
         submission_id: String,
@@ -70,6 +76,7 @@ impl SessionCommand {
         match self {
             SessionCommand::Send { reply, .. } => drop(reply.send(Err(err.clone()))),
             SessionCommand::Retract { reply, .. } => drop(reply.send(Err(err.clone()))),
+            SessionCommand::Release { reply, .. } => drop(reply.send(Err(err.clone()))),
             SessionCommand::Import { reply, .. } => drop(reply.send(Err(err.clone()))),
             SessionCommand::Upload { reply, .. } => drop(reply.send(Err(err.clone()))),
             SessionCommand::LateResult { reply, .. } => drop(reply.send(Err(err.clone()))),
@@ -79,6 +86,16 @@ impl SessionCommand {
             SessionCommand::Expire { reply } => drop(reply),
         }
     }
+}
+
+/// What a `session.release` found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    /// Nothing was ever sent or imported into the session.
+    Absent,
+    /// Its release is durable (now, or before); it is deleted at `delete_after_ms` at the
+    /// earliest, once no run of it is left.
+    Pending { delete_after_ms: u64 },
 }
 
 /// What a `session.retract` did.

@@ -262,6 +262,10 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                 let answer = self.retract_for(&caller, &submission_id).await;
                 let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
             }
+            SessionCommand::Release { caller, reply } => {
+                let answer = self.release_for(&caller).await;
+                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
+            }
             SessionCommand::Barrier { reply } => {
                 let _ = reply.send(self.barrier().await.ok());
             }

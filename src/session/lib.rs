@@ -20,7 +20,7 @@ pub use uploads::process_boot;
 
 pub use actor::{ActorError, Display, OnAppend, Opener, SessionActor};
 pub use command::{
-    Cancelled, ImportInput, ImportReply, Joins, Retracted, SendReply, SessionCommand,
+    Cancelled, ImportInput, ImportReply, Joins, Release, Retracted, SendReply, SessionCommand,
 };
 pub use hooks::{Abort, CrashPlan, Hooks, NoHooks};
 pub use import::{

@@ -43,6 +43,36 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         self.retract(submission_id).await
     }
 
+    /// `session.release` from `caller` (llm-runner/v1 `session_retention`): only the
+    /// principal that made the session's first send releases it, never its scope's owner
+    /// (any caller, where that send was not attested). The `SessionReleased` record is
+    /// durable before the answer; a repeat records nothing.
+    pub async fn release_for(
+        &mut self,
+        caller: &broca_wire::Caller,
+    ) -> Result<crate::command::Release, ActorError> {
+        use crate::command::Release;
+        if self.state.is_new() {
+            return Ok(Release::Absent);
+        }
+        let starter = self.state.runs.first().and_then(|r| r.principal.as_deref());
+        if starter.is_some_and(|p| caller.principal.as_deref() != Some(p)) {
+            return Err(ActorError::Refused(broca_core::Refusal::ScopeOwnerMismatch));
+        }
+        if self.state.released.is_none() {
+            let record = broca_wal::runrec::SessionReleased {
+                at_unix_ms: crate::now_unix_ms(),
+                principal: caller.principal.clone(),
+            };
+            self.append(Record::SessionReleased(record), true).await?;
+        }
+        let delete_after_ms = self
+            .state
+            .release_deadline()
+            .expect("a released session has a deadline");
+        Ok(Release::Pending { delete_after_ms })
+    }
+
     /// Withdraws the queued send `submission_id` before it starts.
     pub async fn retract(&mut self, submission_id: &str) -> Result<Retracted, ActorError> {
         let queued = &self.state.queued;

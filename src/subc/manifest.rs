@@ -25,6 +25,7 @@ pub const OPERATIONS: &[(&str, bool)] = &[
     ("session.subscribe", false),
     ("role.describe", false),
     ("session.baseline", false),
+    ("session.release", true),
 ];
 
 /// The capabilities broca declares: the bind's scope carries the session's folder

@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 use super::importrec::EpisodeImported;
 use super::runrec::{
     CancelRequested, ContextCompacted, ModelAttemptFinished, ModelStepFinished, RunFinished,
-    RunPaused, RunResumed, RunStarted, SendQueued, SendRetracted, SendSteered, StepStarted,
-    ToolDispatchIntent, ToolResult, ToolResultLate, UploadBegun, UploadCommitted,
+    RunPaused, RunResumed, RunStarted, SendQueued, SendRetracted, SendSteered, SessionReleased,
+    StepStarted, ToolDispatchIntent, ToolResult, ToolResultLate, UploadBegun, UploadCommitted,
 };
 
 /// Kind codes. Codes are never reused for another meaning.
@@ -41,6 +41,7 @@ pub mod kind {
     pub const CONTEXT_COMPACTED: u16 = 26;
     /// [`crate::runrec::ToolResultLate`].
     pub const TOOL_RESULT_LATE: u16 = 27;
+    pub const SESSION_RELEASED: u16 = 28;
 }
 
 /// A record of the WAL.
@@ -74,6 +75,8 @@ pub enum Record {
     ContextCompacted(Box<ContextCompacted>),
     /// A tool call's answer that came after its run sealed it without an outcome.
     ToolResultLate(Box<ToolResultLate>),
+    /// The session's owner released it (llm-runner/v1 `session.release`).
+    SessionReleased(SessionReleased),
     /// A kind this build does not know; its payload is kept as it is.
     Unknown {
         kind: u16,
@@ -125,6 +128,7 @@ impl Record {
             Record::UploadCommitted(_) => kind::UPLOAD_COMMITTED,
             Record::ContextCompacted(_) => kind::CONTEXT_COMPACTED,
             Record::ToolResultLate(_) => kind::TOOL_RESULT_LATE,
+            Record::SessionReleased(_) => kind::SESSION_RELEASED,
             Record::Unknown { kind, .. } => *kind,
         }
     }
@@ -151,6 +155,7 @@ impl Record {
             kind::UPLOAD_COMMITTED => Some("upload_committed"),
             kind::CONTEXT_COMPACTED => Some("context_compacted"),
             kind::TOOL_RESULT_LATE => Some("tool_result_late"),
+            kind::SESSION_RELEASED => Some("session_released"),
             _ => None,
         }
     }
@@ -179,6 +184,7 @@ impl Record {
             Record::UploadCommitted(r) => serde_json::to_writer(w, r),
             Record::ContextCompacted(r) => serde_json::to_writer(w, r),
             Record::ToolResultLate(r) => serde_json::to_writer(w, r),
+            Record::SessionReleased(r) => serde_json::to_writer(w, r),
             Record::Unknown { payload, .. } => {
                 out.extend_from_slice(payload);
                 Ok(())
@@ -222,6 +228,7 @@ impl Record {
             kind::UPLOAD_COMMITTED => Ok(Record::UploadCommitted(parse(payload, bad)?)),
             kind::CONTEXT_COMPACTED => Ok(Record::ContextCompacted(Box::new(parse(payload, bad)?))),
             kind::TOOL_RESULT_LATE => Ok(Record::ToolResultLate(Box::new(parse(payload, bad)?))),
+            kind::SESSION_RELEASED => Ok(Record::SessionReleased(parse(payload, bad)?)),
             _ => Ok(Record::Unknown {
                 kind: code,
                 payload: payload.to_vec(),

@@ -53,6 +53,10 @@ pub struct FrozenConfig {
     /// the first send's, or a shorter one a later send asked; absent, kept forever.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention: Option<u64>,
+    /// The session's storage policy as this send named it (llm-runner/v1
+    /// `session_retention`): the first send naming one freezes it (docs/retention.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention_policy: Option<cortexkit_role_llm_runner::session_retention::RetentionPolicy>,
     /// The run's title, as its send gave it: the caller's free text, shown by `runs.list`,
     /// never sent to the model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -385,6 +389,21 @@ pub struct SendSteered {
     /// (llm-runner/v1 `retention`: a later send may shorten it, a steer too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention: Option<u64>,
+    /// The storage policy the steer named (llm-runner/v1 `session_retention`), as in
+    /// [`FrozenConfig::retention_policy`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention_policy: Option<cortexkit_role_llm_runner::session_retention::RetentionPolicy>,
+}
+
+/// The session's owner released it (llm-runner/v1 `session.release`): it takes no more
+/// sends, and is deleted once no run of it is left and its floor has passed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionReleased {
+    /// When the release was recorded.
+    pub at_unix_ms: u64,
+    /// Who released it (the daemon-attested principal), when one was attested.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
 }
 
 /// An upload into the session's content store began (llm-runner/v1

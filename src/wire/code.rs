@@ -77,6 +77,16 @@ codes! {
     ScopeOwnerMismatch = role::SCOPE_OWNER_MISMATCH, 403, Permanent;
     /// The send_id's queued send was withdrawn before it started.
     SendRetracted = role::SEND_RETRACTED, 409, Permanent;
+    /// The session's first send named no `retention_policy` where this runner requires one
+    /// (llm-runner/v1 `session_retention`).
+    RetentionRequired = role::RETENTION_REQUIRED, 400, Permanent;
+    /// The send's `retention_policy` differs from the one the session froze (`detail.frozen`).
+    RetentionConflict = role::RETENTION_CONFLICT, 409, Permanent;
+    /// The session's owner released it: it takes no more sends until it is deleted
+    /// (`detail.delete_after_ms`); then a send starts it afresh.
+    SessionReleased = role::SESSION_RELEASED, 409, Transient;
+    /// A `retention_policy` asks for a backup this runner cannot take (`detail.reason`).
+    BackupUnsupported = role::BACKUP_UNSUPPORTED, 400, Permanent;
     /// The send's credential is missing or unusable (not 401: that answers the handle).
     AuthRequired = "auth_required", 400, AuthRequired;
     /// The credential's source is out for now.

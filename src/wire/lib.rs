@@ -11,7 +11,9 @@ mod send;
 pub use code::Code;
 pub use lanes::{Cursor, Delta, StreamEncoder, SubFrom, SubItem};
 pub use request::{CancelAt, Method, Request, SessionName};
-pub use send::{delivery, Budget, Refusal, SendRequest};
+pub use send::{
+    decode_policy, delivery, Budget, PolicyRefusal, Refusal, SendRequest, BACKUP_REASON,
+};
 
 use serde::Serialize;
 
@@ -204,8 +206,16 @@ impl RpcError {
         if let Some(f) = r.field() {
             e = e.with_field(f);
         }
-        if let Refusal::RetentionAboveMax { max_seconds, .. } = r {
-            e = e.with_detail("max_seconds", (*max_seconds).into());
+        match r {
+            Refusal::RetentionAboveMax { max_seconds, .. } => {
+                e = e.with_detail("max_seconds", (*max_seconds).into());
+            }
+            Refusal::RetentionConflict { frozen } => e = e.with_detail("frozen", frozen.clone()),
+            Refusal::SessionReleased { delete_after_ms } => {
+                e = e.with_detail("delete_after_ms", (*delete_after_ms).into());
+            }
+            Refusal::BackupUnsupported(why) => e = e.with_detail("reason", why.as_str().into()),
+            _ => {}
         }
         e
     }

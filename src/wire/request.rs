@@ -39,6 +39,8 @@ pub enum Method {
     UploadStatus,
     UploadCommit,
     MediaRead,
+    /// llm-runner/v1 `session.release`: the owner ends the session sooner.
+    SessionRelease,
     /// `broca.debug.advance_clock {ms}`: moves the process's clock forward (the
     /// llm-runner/v1 suite's retention clock). A debug build's test hook, not in [`Method::ALL`]:
     /// a release build parses no such method.
@@ -47,7 +49,7 @@ pub enum Method {
 
 impl Method {
     /// Every method, in the order the docs list them.
-    pub const ALL: [Method; 21] = [
+    pub const ALL: [Method; 22] = [
         Method::SessionSend,
         Method::RunStatus,
         Method::RunResult,
@@ -69,6 +71,7 @@ impl Method {
         Method::UploadStatus,
         Method::UploadCommit,
         Method::MediaRead,
+        Method::SessionRelease,
     ];
 
     /// The method's wire name.
@@ -95,6 +98,7 @@ impl Method {
             Method::UploadStatus => "session.upload_status",
             Method::UploadCommit => "session.upload_commit",
             Method::MediaRead => "session.media_read",
+            Method::SessionRelease => "session.release",
             Method::DebugAdvanceClock => "broca.debug.advance_clock",
         }
     }
@@ -111,6 +115,7 @@ impl Method {
                 | Method::UploadBegin
                 | Method::UploadAppend
                 | Method::UploadCommit
+                | Method::SessionRelease
         )
     }
 
@@ -173,6 +178,8 @@ pub enum Request {
     },
     /// llm-runner/v1's `session.head`.
     Head { session: SessionName },
+    /// llm-runner/v1's `session.release` (`session_retention`): the owner ends the session.
+    Release { session: SessionName },
     /// llm-runner/v1's `session.send_status` (also `send.status`): what a re-send of
     /// `send_id` would answer, without acting.
     SendStatus {
@@ -230,6 +237,7 @@ impl Request {
             Request::Cancel { .. } => Method::RunCancel,
             Request::Read { .. } => Method::SessionRead,
             Request::Head { .. } => Method::SessionHead,
+            Request::Release { .. } => Method::SessionRelease,
             Request::Retract { .. } => Method::SessionRetract,
             Request::SendStatus { .. } => Method::SessionSendStatus,
             Request::Import { .. } => Method::SessionImport,
@@ -260,6 +268,7 @@ impl Request {
             | Request::Cancel { session, .. }
             | Request::Read { session, .. }
             | Request::Head { session }
+            | Request::Release { session }
             | Request::Retract { session, .. }
             | Request::SendStatus { session, .. }
             | Request::ToolCalls { session, .. }
@@ -436,6 +445,7 @@ fn parse_envelope(env: Envelope) -> Result<Request, RpcError> {
             return Ok(Request::Read { session, read });
         }
         Method::SessionHead => Request::Head { session },
+        Method::SessionRelease => Request::Release { session },
         Method::SessionSendStatus | Method::SendStatus => Request::SendStatus {
             send_id: take_str(&mut params, "send_id")?
                 .ok_or_else(|| invalid("`send_id` is required").with_field("send_id"))?,

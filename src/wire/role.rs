@@ -47,6 +47,7 @@ pub const GROUPS: &[&str] = &[
     groups::INTERRUPT,
     groups::ATTACHMENTS,
     groups::RETENTION,
+    groups::SESSION_RETENTION,
 ];
 
 /// The longest `retention` a send may ask, in seconds (ten years).
@@ -57,6 +58,16 @@ pub const RETENTION_MAX_SECONDS: u64 = 10 * 365 * 86_400;
 pub const RETENTION_DELETE_WITHIN_MS: u64 = 30_000;
 /// How often a shard looks for expired sessions.
 pub const RETENTION_SWEEP_MS: u64 = 5_000;
+
+/// `session_retention`'s limits (docs/retention.md): the longest `keep: {days}`, in days.
+pub const POLICY_MAX_DAYS: u32 = 3650;
+/// How long a `keep: "none"` session nobody released is kept after its last run ends.
+pub const UNRELEASED_HOLD_MS: u64 = 86_400_000;
+/// The floor: no session's content is deleted sooner than this many days after the later of
+/// its last activity and its release.
+pub const MIN_HOLD_DAYS: u32 = 0;
+/// A day, in milliseconds.
+pub const DAY_MS: u64 = 86_400_000;
 
 /// `session.read`'s byte cap: the default, and the largest honoured.
 pub const READ_MAX_BYTES: (u64, u64) = (256 * 1024, 3 * 1024 * 1024);
@@ -77,8 +88,9 @@ pub fn ops() -> Vec<String> {
 }
 
 /// The `role.describe` answer of this build; `step_events` when this front publishes step
-/// hints (module mode, on the daemon's bus).
-pub fn describe(step_events: bool) -> Value {
+/// hints (module mode, on the daemon's bus); `policy_required` when a session's first send
+/// must name a `retention_policy` (module mode, where every starter sends one).
+pub fn describe(step_events: bool, policy_required: bool) -> Value {
     let major = Major {
         version: PROVIDES.to_string(),
         ops: ops(),
@@ -96,6 +108,15 @@ pub fn describe(step_events: bool) -> Value {
         .with_session_capabilities_from("baseline");
     if GROUPS.contains(&groups::RETENTION) {
         answer = answer.with_retention(RETENTION_MAX_SECONDS, RETENTION_DELETE_WITHIN_MS);
+    }
+    if GROUPS.contains(&groups::SESSION_RETENTION) {
+        let limits = cortexkit_role_llm_runner::describe::SessionRetention::new(
+            POLICY_MAX_DAYS,
+            UNRELEASED_HOLD_MS,
+            policy_required,
+        )
+        .with_min_hold_days(MIN_HOLD_DAYS);
+        answer = answer.with_session_retention(limits);
     }
     if GROUPS.contains(&groups::TRANSCRIPT_READS) {
         answer = answer.with_max_bytes(READ_MAX_BYTES.0, READ_MAX_BYTES.1);
@@ -138,11 +159,15 @@ mod tests {
 
     #[test]
     fn the_describe_answer_holds_for_the_roles_own_check() {
-        let d = cortexkit_role_llm_runner::describe::check_describe(&describe(false))
+        let d = cortexkit_role_llm_runner::describe::check_describe(&describe(false, false))
             .unwrap_or_else(|p| panic!("{p:?}"));
         assert_eq!(d.capabilities, GROUPS);
-        let d = cortexkit_role_llm_runner::describe::check_describe(&describe(true))
+        assert!(d.session_retention.is_some_and(|l| !l.required));
+        let d = cortexkit_role_llm_runner::describe::check_describe(&describe(true, true))
             .unwrap_or_else(|p| panic!("{p:?}"));
+        assert!(d.session_retention.is_some_and(|l| l.required
+            && l.max_days == POLICY_MAX_DAYS
+            && l.max_unreleased_hold_ms == UNRELEASED_HOLD_MS));
         assert_eq!(
             d.capabilities.last().map(String::as_str),
             Some(groups::STEP_EVENTS)

@@ -71,10 +71,59 @@ pub struct SendRequest {
     /// it (absent: kept forever), a later one may only shorten it (docs/retention.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention: Option<u64>,
+    /// The session's storage policy (llm-runner/v1 `session_retention`: `{keep,
+    /// archive_after_days, backup, request_dumps}`), as the caller sent it; checked by
+    /// admission, frozen by the first send naming one (docs/retention.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention_policy: Option<serde_json::Value>,
     /// The run's title: the caller's free text, kept with the run and shown by `runs.list`,
     /// never sent to the model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub title: Option<String>,
+}
+
+/// Why a send's `retention_policy` is refused: the member path it is about
+/// (`invalid_params`), or a backup this runner cannot take (`backup_unsupported`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PolicyRefusal {
+    Field(String),
+    Backup,
+}
+
+/// Why broca refuses `backup: true`.
+pub const BACKUP_REASON: &str = "broca keeps a session's WAL, media and store projection on \
+    this machine only and runs no backup service of its own";
+
+/// A send's `retention_policy` decoded and checked (llm-runner/v1 `session_retention`): all
+/// four members, nothing else, days within [`crate::role::POLICY_MAX_DAYS`], and no backup.
+pub fn decode_policy(
+    v: &serde_json::Value,
+) -> Result<cortexkit_role_llm_runner::session_retention::RetentionPolicy, PolicyRefusal> {
+    use cortexkit_role_llm_runner::session_retention::RetentionPolicy;
+    let policy = RetentionPolicy::from_value(v).map_err(PolicyRefusal::Field)?;
+    policy
+        .check(crate::role::POLICY_MAX_DAYS)
+        .map_err(PolicyRefusal::Field)?;
+    if policy.backup {
+        return Err(PolicyRefusal::Backup);
+    }
+    Ok(policy)
+}
+
+impl PolicyRefusal {
+    /// What was wrong, for a refusal's message.
+    pub fn message(&self) -> String {
+        match self {
+            PolicyRefusal::Field(path) => format!(
+                "`{path}` is missing, malformed or out of range: a retention_policy is \
+                 {{keep: \"none\" | {{days: 1..={}}} | \"forever\", archive_after_days: 0 \
+                 (never) or fewer than keep's days, backup, request_dumps}}; backup is never \
+                 true with keep \"none\"",
+                crate::role::POLICY_MAX_DAYS
+            ),
+            PolicyRefusal::Backup => BACKUP_REASON.to_string(),
+        }
+    }
 }
 
 /// The delivery modes besides `queue`.
@@ -162,6 +211,15 @@ pub enum Refusal {
     MediaUnsupported { upload_id: String, why: String },
     /// A `retention` above the largest this runner keeps a session for.
     RetentionAboveMax { asked: u64, max_seconds: u64 },
+    /// The session's first send named no `retention_policy`, and this runner requires one.
+    RetentionRequired,
+    /// The send's `retention_policy` differs from the session's frozen one (as the wire
+    /// spells it).
+    RetentionConflict { frozen: serde_json::Value },
+    /// The session was released; it is deleted at `delete_after_ms` at the earliest.
+    SessionReleased { delete_after_ms: u64 },
+    /// A `retention_policy` asks for a backup this runner cannot take (the reason).
+    BackupUnsupported(String),
 }
 
 impl Refusal {
@@ -185,6 +243,10 @@ impl Refusal {
             Refusal::UploadGone(_) => Code::UploadGone,
             Refusal::UploadNotCommitted(_) => Code::UploadNotCommitted,
             Refusal::MediaUnsupported { .. } => Code::MediaUnsupported,
+            Refusal::RetentionRequired => Code::RetentionRequired,
+            Refusal::RetentionConflict { .. } => Code::RetentionConflict,
+            Refusal::SessionReleased { .. } => Code::SessionReleased,
+            Refusal::BackupUnsupported(_) => Code::BackupUnsupported,
         }
     }
 
@@ -243,6 +305,19 @@ impl Refusal {
                 "retention {asked} s is above the longest this runner keeps a session, \
                  {max_seconds} s"
             ),
+            Refusal::RetentionRequired => "this runner requires a `retention_policy` on a \
+                session's first send ({keep, archive_after_days, backup, request_dumps})"
+                .to_string(),
+            Refusal::RetentionConflict { frozen } => format!(
+                "this session's retention_policy is frozen as {frozen}; a send may repeat it \
+                 or leave it out, not change it"
+            ),
+            Refusal::SessionReleased { delete_after_ms } => format!(
+                "this session was released: it takes no more sends and is deleted at \
+                 {delete_after_ms} (ms since the Unix epoch) at the earliest; a send after \
+                 that starts it afresh"
+            ),
+            Refusal::BackupUnsupported(why) => format!("backup: true cannot be kept: {why}"),
         }
     }
 }

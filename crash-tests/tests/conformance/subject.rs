@@ -33,6 +33,9 @@ pub(crate) const QUIET: Duration = Duration::from_millis(300);
 pub(crate) const ANSWER_WITHIN: Duration = Duration::from_secs(60);
 
 /// The role's kill points broca reaches, each with the crash hook's point that is it.
+/// `RetentionTombstoned` (`retention_tombstoned`) is not declared: in module mode a first send
+/// must name a storage policy (`session_retention.required`), so the suite's only case that
+/// kills there, a legacy `retention` send, is not applicable; tests/retention.rs kills there.
 const POINTS: &[(&str, &str, &str)] = &[
     (
         points::ADMITTED,
@@ -65,9 +68,9 @@ const POINTS: &[(&str, &str, &str)] = &[
         "a RunFinished (or RunPaused) record is durable",
     ),
     (
-        points::RETENTION_TOMBSTONED,
-        "retention_tombstoned",
-        "an expired session's content-free tombstone is durable; none of its content is deleted yet",
+        points::RELEASE_PENDING,
+        "release_pending",
+        "a session's release is durable and its `pending` answer has left through the connection",
     ),
 ];
 
@@ -339,6 +342,38 @@ impl LlmRunnerSubject for Subject {
         Ok(Route { link, channel })
     }
 
+    fn retention_scope_stamps(&self) -> Option<(RouteStamp, RouteStamp)> {
+        // A starter under a parent's scope: the scope carries no folder, so both routes
+        // name the same session (project root `/`).
+        let parent = "reserved:conformance-parent";
+        let scope = cortexkit_role_harness::ScopeStamp {
+            owner: parent.into(),
+            scope_ref: "cf-retention-scope".into(),
+            scope_epoch: 1,
+        };
+        let stamp = |principal: &str| RouteStamp {
+            principal: principal.into(),
+            scope: Some(scope.clone()),
+        };
+        Some((stamp("reserved:conformance-starter"), stamp(parent)))
+    }
+
+    async fn prepare_runner_retention(
+        &self,
+        handle: &Module,
+        session: &str,
+    ) -> Result<bool, HarnessError> {
+        // A session broca hosts without a starter's send: another harness's log taken in
+        // (`session.import`), which carries the runner's own policy.
+        self.seed_host_history(handle, session, 2, false).await?;
+        Ok(true)
+    }
+
+    fn request_dumps_unsupported(&self) -> bool {
+        // broca keeps no request dumps: `request_dumps: true` is flagged on head.
+        true
+    }
+
     fn supports_model_failure_fixture(&self) -> bool {
         // The scripted model answers a failing turn with its wire's error status and body
         // (and `retry-after-ms`); broca's transport classifies it as a real one.
@@ -355,10 +390,19 @@ impl LlmRunnerSubject for Subject {
         Some("anthropic.messages")
     }
 
-    fn send_fields(&self, session: &str, _first: bool) -> Map<String, Value> {
+    fn send_fields(&self, session: &str, first: bool) -> Map<String, Value> {
         let mut fields = Map::new();
         let provider = self.support.provider(session, self.model.provider(session));
         fields.insert("model".into(), json!(format!("{provider}/{session}")));
+        if first {
+            // Module mode requires a storage policy on a session's first send, as every
+            // starter sends one (llm-runner/v1 `session_retention`).
+            fields.insert(
+                "retention_policy".into(),
+                json!({"keep": "forever", "archive_after_days": 0, "backup": false,
+                    "request_dumps": false}),
+            );
+        }
         fields
     }
 

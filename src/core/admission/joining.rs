@@ -57,6 +57,7 @@ pub(super) fn steer(
         client_message_id: p.client_message_id,
         media,
         retention,
+        retention_policy: p.config.retention_policy,
     })))
 }
 

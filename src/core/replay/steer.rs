@@ -90,6 +90,7 @@ impl Session {
         if r.retention.is_some() {
             self.retention = r.retention;
         }
+        self.note_policy(r.retention_policy.as_ref());
         if let Some(send_id) = &r.send_id {
             let send = SteerSend {
                 seq,

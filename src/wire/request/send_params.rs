@@ -37,6 +37,7 @@ pub(super) fn role_send_members(params: &mut Map<String, Value>) -> Result<(), R
     if let Some(cap) = input_cap {
         params.insert("max_input_tokens".into(), cap.into());
     }
+    retention_policy(params)?;
     generation(params.get("generation"))?;
     client_message_id(params.get("client_message_id"))?;
     directives(params.get("directives"))?;
@@ -371,5 +372,29 @@ fn role_budget(budget: Value) -> Result<Option<u64>, RpcError> {
             "`budget.max_input_tokens` must be an integer of at least 1, not {other}"
         ))
         .with_field("budget.max_input_tokens")),
+    }
+}
+
+/// `retention_policy` (llm-runner/v1 `session_retention`): checked here so a refusal names the
+/// member path; never beside `retention`.
+fn retention_policy(params: &Map<String, Value>) -> Result<(), RpcError> {
+    use crate::{decode_policy, PolicyRefusal};
+    let Some(v) = params.get("retention_policy") else {
+        return Ok(());
+    };
+    if params.contains_key("retention") {
+        return Err(
+            invalid("send either `retention` (seconds) or `retention_policy`, not both")
+                .with_field("retention_policy"),
+        );
+    }
+    match decode_policy(v) {
+        Ok(_) => Ok(()),
+        Err(PolicyRefusal::Field(path)) => {
+            Err(invalid(PolicyRefusal::Field(path.clone()).message()).with_field(path))
+        }
+        Err(PolicyRefusal::Backup) => Err(RpcError::refusal(&crate::Refusal::BackupUnsupported(
+            crate::BACKUP_REASON.into(),
+        ))),
     }
 }

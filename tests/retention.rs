@@ -433,10 +433,10 @@ fn a_storage_policy_is_frozen_and_a_release_deletes_the_session() {
 }
 
 /// `keep: "none"` is deleted a day after its last run ends and `keep: {days}` that many
-/// days after its last activity, as `broca archive retention` says beforehand; a release
-/// survives a restart (its record is durable) and the restarted process deletes it.
+/// days after its last activity, as `broca archive retention` says beforehand; a release's
+/// deletion a kill cut short is finished by the next start.
 #[test]
-fn keep_none_and_keep_days_are_deleted_on_time_and_a_release_outlives_a_restart() {
+fn keep_none_and_keep_days_are_deleted_on_time_and_a_cut_release_is_finished_at_start() {
     let peer = Aimock::start(&fixture("aimock.json"));
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
@@ -481,43 +481,40 @@ fn keep_none_and_keep_days_are_deleted_on_time_and_a_release_outlives_a_restart(
     assert_eq!(advance(&s, 2_000).0, 200);
     assert_eq!(rpc(&s, "session.head", json!({})).0, 404);
 
-    // A release recorded in the WAL, its deletion cut short: the next start finishes it
-    // (a process of its own: the clock moved above is that process's alone).
+    // A release whose deletion a kill cut short (after the tombstone): the next start
+    // finishes it, and the session answers as deleted, not expired (a process of its own:
+    // the clock moved above is that process's alone).
     drop(s);
-    let s = start(&state, &peer, &[]);
+    let mut s = start_env(
+        &state,
+        &peer,
+        &[],
+        &[("BROCA_CRASH_AT", "retention_tombstoned:1")],
+    );
     send_until_completed(
         &s,
         json!({"prompt": "hello", "model": "anthropic/m",
             "retention_policy": policy(json!("forever"))}),
     );
-    drop(s);
     let wal = state.join(format!("wal/{addr}.wal"));
-    let record = broca::wal::Record::SessionReleased(broca::wal::runrec::SessionReleased {
-        at_unix_ms: broca::session::now_unix_ms(),
-        principal: None,
-    });
-    let triple = broca::wal::SessionTriple::new("/proj", "h", "s1").unwrap();
-    broca_shards::run_local(async {
-        let (mut w, _) = broca::wal::WalWriter::open(
-            &state.join("wal"),
-            &triple,
-            broca_io::LogConfig::default(),
-            broca_io::Committer::default(),
-        )
-        .await
-        .unwrap();
-        w.append(&record).await.unwrap();
-        w.close().await.unwrap();
-    })
-    .unwrap();
-    std::fs::write(
-        state.join(format!("retention/{addr}.json")),
-        serde_json::to_vec(&broca::wal::SessionTriple::new("/proj", "h", "s1").unwrap()).unwrap(),
-    )
-    .unwrap();
+    let body = json!({"method": "session.release",
+        "params": {"project_root": "/proj", "harness": "h", "session": "s1"}});
+    post_dropped(&s, &body.to_string());
+    assert!(
+        !s.child.wait().unwrap().success(),
+        "serve aborted at the tombstone"
+    );
+    assert!(wal.exists(), "killed before the deletion");
+    assert_eq!(tombstone(&state)["deleted"], true);
+    drop(s);
     let s = start(&state, &peer, &[]);
-    wait_for("the released session to be deleted", || {
-        rpc(&s, "session.head", json!({})).0 == 404
-    });
-    assert!(!wal.exists());
+    assert!(!wal.exists(), "finished at start");
+    let (status, r) = rpc(&s, "session.read", json!({}));
+    assert_eq!(
+        (status, r["error"]["code"].clone()),
+        (404, json!("unknown_session")),
+        "{r}"
+    );
+    let (_, r) = rpc(&s, "session.release", json!({}));
+    assert_eq!(r["result"], json!({"state": "absent"}), "{r}");
 }

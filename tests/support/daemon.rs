@@ -278,6 +278,7 @@ impl Daemon {
     pub fn send(&mut self, ty: FrameType, channel: u16, epoch: u32, body: &Value) -> u64 {
         self.next_corr += 1;
         let corr = self.next_corr;
+        let body = &with_starter_policy(body);
         let mut stream = self.stream.take().expect("connected");
         self.write_on(&mut stream, ty, channel, epoch, corr, body);
         self.stream = Some(stream);
@@ -792,4 +793,24 @@ fn vault_answer(services: &Services, body: &Value) -> Reply {
         }
     };
     Reply::Frame(FrameType::Response, reply, false)
+}
+
+/// A `session.send` naming no storage policy (nor the older `retention`), given the one the
+/// role's starters send by default: broca's module mode requires one on a session's first
+/// send (llm-runner/v1 `session_retention.required`), as a starter sends it to every runner
+/// declaring the group. Any other body is as it was.
+pub fn with_starter_policy(body: &Value) -> Value {
+    let mut body = body.clone();
+    if body["method"] == "session.send" {
+        if let Some(params) = body["params"].as_object_mut() {
+            if !params.contains_key("retention_policy") && !params.contains_key("retention") {
+                params.insert(
+                    "retention_policy".into(),
+                    serde_json::json!({"keep": "forever", "archive_after_days": 0,
+                        "backup": false, "request_dumps": false}),
+                );
+            }
+        }
+    }
+    body
 }

@@ -134,7 +134,8 @@ fn a_steer_that_shortens_the_retention_is_kept_with_it() {
     );
 }
 
-fn with_policy(keep: serde_json::Value) -> broca_wal::runrec::FrozenConfig {
+/// A send naming `keep` as its storage policy, prepared.
+fn prepared(keep: serde_json::Value) -> crate::admission::Prepared {
     let req = SendRequest {
         prompt: "go".into(),
         model: "anthropic/m".into(),
@@ -149,8 +150,11 @@ fn with_policy(keep: serde_json::Value) -> broca_wal::runrec::FrozenConfig {
         &broca_catalog::Catalog::builtin(),
         &broca_protocol::model::AnyProvider,
     )
-    .map(|p| p.config)
     .unwrap()
+}
+
+fn with_policy(keep: serde_json::Value) -> broca_wal::runrec::FrozenConfig {
+    prepared(keep).config
 }
 
 fn released(at: u64) -> Record {
@@ -202,24 +206,7 @@ fn a_storage_policy_deletes_at_its_keep_never_while_a_run_is_open() {
 
 #[test]
 fn the_first_policy_freezes_and_a_released_session_refuses_sends() {
-    use crate::admission::{admit_prepared, Prepared};
-    let prepared = |keep: serde_json::Value| -> Prepared {
-        let req = SendRequest {
-            prompt: "go".into(),
-            model: "anthropic/m".into(),
-            retention_policy: Some(serde_json::json!({
-                "keep": keep, "archive_after_days": 0, "backup": false, "request_dumps": false
-            })),
-            ..Default::default()
-        };
-        prepare(
-            &req,
-            &[],
-            &broca_catalog::Catalog::builtin(),
-            &broca_protocol::model::AnyProvider,
-        )
-        .unwrap()
-    };
+    use crate::admission::admit_prepared;
     let mut s = Session::default();
     let mut first = prepared(serde_json::json!("forever"));
     first.config.retention_policy = None;

@@ -119,4 +119,3 @@ impl Session {
 fn floor_ms() -> u64 {
     u64::from(broca_wire::role::MIN_HOLD_DAYS).saturating_mul(broca_wire::role::DAY_MS)
 }
-

@@ -60,6 +60,7 @@ fn config() -> FrozenConfig {
         route_decision_id: None,
         compaction: Some(Compaction::summarize()),
         retention: None,
+        retention_policy: None,
         title: None,
     }
 }

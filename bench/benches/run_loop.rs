@@ -49,6 +49,7 @@ fn config() -> FrozenConfig {
         route_decision_id: None,
         compaction: None,
         retention: None,
+        retention_policy: None,
         title: None,
     }
 }

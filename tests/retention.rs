@@ -367,6 +367,10 @@ fn a_storage_policy_is_frozen_and_a_release_deletes_the_session() {
     frozen["request_dumps"] = json!(true);
     let (status, r) = send(json!({"retention_policy": frozen}));
     assert_eq!(status, 200, "{r}");
+    // Nothing acts on a `forever` policy by itself: the session is not listed among those
+    // kept (a restart reads no WAL for it).
+    let listing = state.join(format!("retention/{addr}.json"));
+    assert!(!listing.exists(), "a forever policy is not listed");
     wait_for("the run to end", || {
         rpc(&s, "session.head", json!({})).1["result"]["last_run_state"]["state"] == "completed"
     });
@@ -445,6 +449,10 @@ fn keep_none_and_keep_days_are_deleted_on_time_and_a_cut_release_is_finished_at_
     send_until_completed(
         &s,
         json!({"prompt": "hello", "model": "anthropic/m", "retention_policy": policy(json!("none"))}),
+    );
+    assert!(
+        state.join(format!("retention/{addr}.json")).exists(),
+        "a policy that deletes is listed, so a restart finds it"
     );
     let (_, head) = rpc(&s, "session.head", json!({}));
     let updated_at = head["result"]["updated_at"].as_u64().unwrap();

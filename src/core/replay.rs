@@ -243,7 +243,7 @@ mod misfit;
 pub use misfit::{Misfit, ReplayError};
 mod steer;
 pub mod uploads;
-pub use keep::Expiry;
+pub use keep::{policy_acts, Expiry};
 pub use steer::{push_steer, steer_blocks, PendingSteer, RunSteer, SteerDelivered, SteerSend};
 
 impl Session {

@@ -8,21 +8,25 @@ use broca_wal::runrec::{FinishKind, RunFinished};
 use broca_wal::Record;
 use broca_wire::Refusal;
 
-fn send(retention: Option<u64>) -> Result<broca_wal::runrec::FrozenConfig, Refusal> {
-    let req = SendRequest {
-        prompt: "go".into(),
-        model: "anthropic/m".into(),
-        retention,
-        ..Default::default()
-    };
+/// `req` prepared against the built-in catalog, with no tools.
+fn prepared_req(req: &SendRequest) -> Result<crate::admission::Prepared, Refusal> {
     prepare(
-        &req,
+        req,
         &[],
         &broca_catalog::Catalog::builtin(),
         &broca_protocol::model::AnyProvider,
     )
-    .map(|p| p.config)
     .map_err(|u| u.refusal)
+}
+
+fn send(retention: Option<u64>) -> Result<broca_wal::runrec::FrozenConfig, Refusal> {
+    prepared_req(&SendRequest {
+        prompt: "go".into(),
+        model: "anthropic/m".into(),
+        retention,
+        ..Default::default()
+    })
+    .map(|p| p.config)
 }
 
 fn started(run_id: &str, retention: Option<u64>, at: u64) -> Record {
@@ -144,13 +148,7 @@ fn prepared(keep: serde_json::Value) -> crate::admission::Prepared {
         })),
         ..Default::default()
     };
-    prepare(
-        &req,
-        &[],
-        &broca_catalog::Catalog::builtin(),
-        &broca_protocol::model::AnyProvider,
-    )
-    .unwrap()
+    prepared_req(&req).unwrap()
 }
 
 fn with_policy(keep: serde_json::Value) -> broca_wal::runrec::FrozenConfig {

@@ -230,7 +230,11 @@ impl Shard {
     /// or a release; one due already is expired at once (after the command in hand).
     pub(crate) fn note_retention(&self, actor: &Actor, triple: &SessionTriple) {
         let state = actor.state();
-        if state.retention.is_none() && state.policy.is_none() && state.released.is_none() {
+        let acts = state
+            .policy
+            .as_ref()
+            .is_some_and(broca_core::replay::policy_acts);
+        if state.retention.is_none() && !acts && state.released.is_none() {
             return;
         }
         if self

@@ -39,7 +39,14 @@ impl Host {
             return self.unexpired_for(t, media).await;
         };
         self.expire_if_due(t).await;
-        if send.retention.is_some() || send.retention_policy.is_some() {
+        // Listed (durably, once) when something will act on the session: a retention, or a
+        // policy that deletes or archives it. A `forever` policy needs no listing.
+        let acts = send
+            .retention_policy
+            .as_ref()
+            .and_then(|v| broca_wire::decode_policy(v).ok())
+            .is_some_and(|p| broca_core::replay::policy_acts(&p));
+        if send.retention.is_some() || acts {
             self.keep_listed(t).await?;
         }
         Ok(())

@@ -115,6 +115,14 @@ impl Session {
     }
 }
 
+/// Whether `policy` ever acts on its own: it deletes the session (`keep` none or days) or
+/// has the archive pack it. A `forever` policy without an archive day needs no listing and
+/// no clock (a release still does).
+pub fn policy_acts(policy: &cortexkit_role_llm_runner::session_retention::RetentionPolicy) -> bool {
+    use cortexkit_role_llm_runner::session_retention::Keep;
+    !matches!(policy.keep, Keep::Forever) || policy.archive_after_days > 0
+}
+
 /// The floor in milliseconds ([`broca_wire::role::MIN_HOLD_DAYS`]).
 fn floor_ms() -> u64 {
     u64::from(broca_wire::role::MIN_HOLD_DAYS).saturating_mul(broca_wire::role::DAY_MS)

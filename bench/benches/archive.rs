@@ -135,8 +135,7 @@ fn main() {
         let t = Instant::now();
         let opts = broca_archive::PackOptions {
             idle: Duration::ZERO,
-            dry_run: false,
-            sooner: Default::default(),
+            ..Default::default()
         };
         let r = broca_archive::pack(&state, &opts, &mut |_| {}).unwrap();
         packs.push(t.elapsed());

@@ -36,11 +36,13 @@ pub enum Kind {
     Retention,
     /// Files made ahead for new sessions' WALs.
     WalSpares,
+    /// One session packed (and its reasoning pruned) now, at a request.
+    ArchivePack,
 }
 
 impl Kind {
     /// Every kind, in the order metrics list them.
-    pub const ALL: [Kind; 13] = [
+    pub const ALL: [Kind; 14] = [
         Kind::WalReplay,
         Kind::WalRead,
         Kind::SubscriptionRead,
@@ -54,6 +56,7 @@ impl Kind {
         Kind::Media,
         Kind::Retention,
         Kind::WalSpares,
+        Kind::ArchivePack,
     ];
 
     /// The kind's label.
@@ -72,6 +75,7 @@ impl Kind {
             Kind::Media => "media",
             Kind::Retention => "retention",
             Kind::WalSpares => "wal_spares",
+            Kind::ArchivePack => "archive_pack",
         }
     }
 

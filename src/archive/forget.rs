@@ -23,17 +23,36 @@ pub fn forget(wal_path: &Path) -> Result<usize, Error> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let holding: Vec<_> = format::containers(&archive_dir)
-        .map_err(|e| Error::io(&archive_dir, "read", e))?
-        .into_iter()
-        .filter(|c| c.member(&file).is_some())
-        .collect();
+    let state_dir = wal_dir.parent().unwrap_or(Path::new("."));
+    let holding = holding(&archive_dir, &file, None)?;
     if holding.is_empty() {
         return Ok(0);
     }
-    let state_dir = wal_dir.parent().unwrap_or(Path::new("."));
     let _lock = pack_lock(state_dir, &archive_dir)?;
-    for c in &holding {
+    forget_in(&archive_dir, &file, &holding)?;
+    Ok(holding.len())
+}
+
+/// The sealed containers holding the WAL named `file`, but `except`.
+pub(crate) fn holding(
+    archive_dir: &Path,
+    file: &str,
+    except: Option<&Path>,
+) -> Result<Vec<std::sync::Arc<format::Container>>, Error> {
+    Ok(format::containers(archive_dir)
+        .map_err(|e| Error::io(archive_dir, "read", e))?
+        .into_iter()
+        .filter(|c| c.member(file).is_some() && Some(c.path.as_path()) != except)
+        .collect())
+}
+
+/// Takes the WAL named `file` out of each of `holding` (the pack lock held).
+pub(crate) fn forget_in(
+    archive_dir: &Path,
+    file: &str,
+    holding: &[std::sync::Arc<format::Container>],
+) -> Result<(), Error> {
+    for c in holding {
         let src = File::open(&c.path).map_err(|e| Error::io(&c.path, "open", e))?;
         let others: Vec<_> = c
             .index
@@ -60,10 +79,10 @@ pub fn forget(wal_path: &Path) -> Result<usize, Error> {
             // Its place among the containers kept: a copy of another session sealed later
             // elsewhere still wins over this one.
             let created = c.index.created_unix_ms;
-            write_container(&archive_dir, created, &others, &bytes_ref, &media_ref)?;
+            write_container(archive_dir, created, &others, &bytes_ref, &media_ref)?;
         }
         std::fs::remove_file(&c.path).map_err(|e| Error::io(&c.path, "remove", e))?;
     }
-    sync_dir(&archive_dir)?;
-    Ok(holding.len())
+    sync_dir(archive_dir)?;
+    Ok(())
 }

@@ -19,8 +19,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use broca_wal::archive::{self as format, hex, Index, MediaMember, Member};
 
 mod forget;
+mod restore;
 use broca_wal::{Record, Verdict};
 pub use forget::forget;
+pub use restore::{restore, Restored};
 
 /// Sessions packed and restored by this process (for `/metrics`).
 pub static PACKED: AtomicU64 = AtomicU64::new(0);
@@ -50,7 +52,7 @@ fn crash_point(name: &str) {
 }
 
 /// What to pack.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct PackOptions {
     /// A WAL not modified for this long is idle.
     pub idle: Duration,
@@ -60,7 +62,18 @@ pub struct PackOptions {
     /// sessions whose storage policy names `archive_after_days` (llm-runner/v1
     /// `session_retention`).
     pub sooner: std::collections::HashMap<String, Duration>,
+    /// Pack this WAL (by file name) alone, whatever its idle time: a maintenance asked for
+    /// one session now.
+    pub only: Option<String>,
+    /// Rewrites each chosen WAL's bytes before they are sealed (the reasoning prune,
+    /// `broca_core::prune`): `Ok(None)` keeps them as they are, `Err` says why it could not
+    /// (the WAL is then packed as it is). The rewritten bytes replace every older sealed copy
+    /// of the session once the container holding them is durable.
+    pub rewrite: Option<Rewrite>,
 }
+
+/// A rewrite of a WAL's bytes as it is packed ([`PackOptions::rewrite`]).
+pub type Rewrite = fn(&[u8]) -> Result<Option<Vec<u8>>, String>;
 
 /// One line of progress.
 #[derive(Debug, Clone)]
@@ -84,6 +97,10 @@ pub struct PackReport {
     pub bytes: u64,
     /// Temporary files of an interrupted pack that were removed.
     pub cleaned: usize,
+    /// The WALs the rewrite changed.
+    pub rewritten: Vec<String>,
+    /// The WALs the rewrite could not change, each with why (packed as they were).
+    pub not_rewritten: Vec<(String, String)>,
 }
 
 /// A WAL chosen for packing, its lease held until it is removed.
@@ -99,6 +116,8 @@ struct Chosen {
     media: Vec<(String, Vec<u8>)>,
     /// The newest container already holds these exact bytes (and every medium).
     already_sealed: bool,
+    /// The rewrite changed its bytes: every older sealed copy goes once they are sealed.
+    rewritten: bool,
 }
 
 /// A session's content store: `media/<address>/` beside the WAL folder of `wal_path`.
@@ -202,7 +221,13 @@ fn open_run(scan: &broca_wal::Scan, bytes: &[u8]) -> Result<Option<String>, Skip
 }
 
 /// Why the WAL at `path` may not be packed now, or its chosen state.
-fn choose(path: &Path, idle: Duration, now: SystemTime) -> Result<Chosen, Skip> {
+fn choose(
+    path: &Path,
+    idle: Duration,
+    now: SystemTime,
+    rewrite: Option<Rewrite>,
+    report: &mut PackReport,
+) -> Result<Chosen, Skip> {
     let file_name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -238,6 +263,20 @@ fn choose(path: &Path, idle: Duration, now: SystemTime) -> Result<Chosen, Skip> 
     // Only the records are kept: the zeroed space a writer keeps ahead (and a torn tail,
     // which recovery would cut) is not the session's.
     bytes.truncate(scan.end as usize);
+    let mut last_seq = scan.frames.last().map_or(0, |f| f.seq);
+    let mut rewritten = false;
+    if let Some(rewrite) = rewrite {
+        match rewrite(&bytes).and_then(|new| new.map(checked).transpose()) {
+            Ok(Some((new, seq))) => {
+                bytes = new;
+                last_seq = seq;
+                rewritten = true;
+                report.rewritten.push(file_name.clone());
+            }
+            Ok(None) => {}
+            Err(why) => report.not_rewritten.push((file_name.clone(), why)),
+        }
+    }
     let digest = hex(blake3::hash(&bytes).as_bytes());
     let archive_dir = format::dir_of(path.parent().unwrap_or(Path::new(".")));
     let media = read_media(path).map_err(io("read the session's media"))?;
@@ -260,7 +299,7 @@ fn choose(path: &Path, idle: Duration, now: SystemTime) -> Result<Chosen, Skip> 
         offset: 0,
         size: bytes.len() as u64,
         blake3: digest,
-        last_seq: scan.frames.last().map_or(0, |f| f.seq),
+        last_seq,
     };
     Ok(Chosen {
         path: path.to_path_buf(),
@@ -270,7 +309,17 @@ fn choose(path: &Path, idle: Duration, now: SystemTime) -> Result<Chosen, Skip> 
         member,
         media,
         already_sealed,
+        rewritten,
     })
+}
+
+/// Rewritten bytes checked to be a whole, undamaged log: with the seq of their last record.
+fn checked(bytes: Vec<u8>) -> Result<(Vec<u8>, u64), String> {
+    let scan = broca_wal::scan(&bytes).map_err(|e| format!("the rewritten log: {e}"))?;
+    if scan.end != bytes.len() as u64 || matches!(scan.verdict, Verdict::Corrupt { .. }) {
+        return Err("the rewritten log does not scan whole".into());
+    }
+    Ok((bytes, scan.frames.last().map_or(0, |f| f.seq)))
 }
 
 /// The lock one pack of the state dir holds while it runs; refused while another pack holds it.
@@ -318,11 +367,15 @@ pub fn pack(
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let idle = opts
-            .sooner
-            .get(&name)
-            .map_or(opts.idle, |d| (*d).min(opts.idle));
-        match choose(path, idle, now) {
+        let idle = match &opts.only {
+            Some(only) if *only != name => continue,
+            Some(_) => Duration::ZERO,
+            None => opts
+                .sooner
+                .get(&name)
+                .map_or(opts.idle, |d| (*d).min(opts.idle)),
+        };
+        match choose(path, idle, now, opts.rewrite, &mut report) {
             Err(why) => report.skipped.push((name, why)),
             Ok(c) if opts.dry_run => {
                 report.bytes += c.member.size;
@@ -384,6 +437,12 @@ fn seal_and_remove(
             path: path.clone(),
             members: members.len(),
         });
+        // A rewritten session's older copies go before its live WAL does: a crash between
+        // leaves the live WAL, which the next pack rewrites again.
+        for c in fresh.iter().filter(|c| c.rewritten) {
+            let older = forget::holding(archive_dir, &c.member.file, Some(&path))?;
+            forget::forget_in(archive_dir, &c.member.file, &older)?;
+        }
         report.containers.push(path);
     }
     // Every byte of every chosen WAL is now in a durable, sealed container.
@@ -652,128 +711,5 @@ impl std::fmt::Display for Skip {
             Skip::OpenRun(run) => write!(f, "run {run} is open"),
             Skip::Changed => f.write_str("changed while it was packed"),
         }
-    }
-}
-
-/// What a restore did.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Restored {
-    /// The session has a live WAL: nothing to do.
-    AlreadyLive,
-    /// No sealed container holds it.
-    NotArchived,
-    /// Restored from this container.
-    From(PathBuf),
-}
-
-/// Restores the archived WAL of `wal_path` where no live WAL is: the member's bytes (digest
-/// checked) written to a temporary file, fsynced, linked in under the WAL's name (never over
-/// a live WAL), the folder fsynced; the restore is recorded in `wal-archive/restored.jsonl`.
-pub fn restore(wal_path: &Path) -> Result<Restored, Error> {
-    if wal_path.exists() {
-        return Ok(Restored::AlreadyLive);
-    }
-    let wal_dir = wal_path.parent().unwrap_or(Path::new("."));
-    let archive_dir = format::dir_of(wal_dir);
-    let file_name = wal_path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let Some((container, member)) =
-        format::find(&archive_dir, &file_name).map_err(|e| Error::io(&archive_dir, "read", e))?
-    else {
-        return Ok(Restored::NotArchived);
-    };
-    let src = File::open(&container.path).map_err(|e| Error::io(&container.path, "open", e))?;
-    let bytes = format::member_bytes(&src, &container.path, &member).map_err(Error::Container)?;
-    // Its media first, each checked and synced with its folder: once the WAL is live again,
-    // everything it references is in place.
-    restore_media(wal_path, &container, &src)?;
-    broca_owner_only::create_dir(wal_dir).map_err(|e| Error::io(wal_dir, "create", e))?;
-    let tmp = wal_dir.join(format!(
-        ".restore-{file_name}-{}-{}.tmp",
-        std::process::id(),
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos())
-    ));
-    write_synced(&tmp, &bytes)?;
-    crash_point("archive_restore_written");
-    let linked = broca_io::fs::hard_link(&tmp, wal_path);
-    let _ = std::fs::remove_file(&tmp);
-    match linked {
-        Ok(()) => {}
-        // Restored meanwhile by another opener: the live WAL wins.
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            sync_dir(wal_dir)?;
-            return Ok(Restored::AlreadyLive);
-        }
-        Err(e) => return Err(Error::io(wal_path, "link", e)),
-    }
-    crash_point("archive_restore_linked");
-    sync_dir(wal_dir)?;
-    RESTORED.fetch_add(1, Ordering::Relaxed);
-    record_restore(&archive_dir, &member, &container.path);
-    Ok(Restored::From(container.path.clone()))
-}
-
-/// Writes the media the container holds for the session of `wal_path` back into its content
-/// store, those not there already; the folder synced once.
-fn restore_media(wal_path: &Path, c: &format::Container, src: &File) -> Result<(), Error> {
-    let file = wal_path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let dir = media_dir(wal_path);
-    let mut wrote = false;
-    for m in c.media_of(&file) {
-        let target = dir.join(&m.sha256);
-        if target.exists() {
-            continue;
-        }
-        let bytes = format::media_bytes(src, &c.path, m).map_err(Error::Container)?;
-        broca_owner_only::create_dir(&dir).map_err(|e| Error::io(&dir, "create", e))?;
-        let tmp = dir.join(format!("{}.tmp", m.sha256));
-        let _ = std::fs::remove_file(&tmp);
-        write_synced(&tmp, &bytes)?;
-        broca_io::fs::rename(&tmp, &target).map_err(|e| Error::io(&tmp, "rename", e))?;
-        wrote = true;
-    }
-    if wrote {
-        sync_dir(&dir)?;
-    }
-    Ok(())
-}
-
-/// Writes `bytes` to the new owner-only file `path` and syncs it.
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), Error> {
-    let io = |op: &'static str, e: std::io::Error| Error::io(path, op, e);
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(|e| io("create", e))?;
-    f.write_all(bytes).map_err(|e| io("write", e))?;
-    f.sync_all().map_err(|e| io("fsync", e))
-}
-
-/// Appends the restore to `wal-archive/restored.jsonl` (what `archive list` shows). The WAL
-/// itself is already durable: a failure here is only logged by the caller's reads.
-fn record_restore(archive_dir: &Path, m: &Member, container: &Path) {
-    let line = serde_json::json!({
-        "file": m.file, "project_root": m.project_root, "harness": m.harness,
-        "session": m.session, "blake3": m.blake3,
-        "container": container.file_name().map(|n| n.to_string_lossy().into_owned()),
-        "at_unix_ms": now_ms(),
-    });
-    let path = archive_dir.join("restored.jsonl");
-    if let Ok(mut f) = OpenOptions::new()
-        .append(true)
-        .create(true)
-        .mode(0o600)
-        .open(&path)
-    {
-        let _ = writeln!(f, "{line}").and_then(|_| f.sync_data());
     }
 }

@@ -13,10 +13,12 @@ use super::{print_help, resolve_state_dir, usage, EXIT_FAILURE, EXIT_OK};
 const HELP: &str = "\
 Usage: broca archive <pack|list|verify|restore|retention> ...
 
-  pack [--idle-days N] [--dry-run]
+  pack [--idle-days N] [--dry-run] [--prune-reasoning]
         pack every WAL idle for N days (default 30; 0 packs every idle one) with no open run
         and no writer holding its lease into a sealed container under
-        <state-dir>/wal-archive/; each live WAL is removed once its container is durable
+        <state-dir>/wal-archive/; each live WAL is removed once its container is durable;
+        --prune-reasoning empties each packed session's model reasoning (its text and
+        signature) in place, and every older sealed copy of it goes (docs/retention.md)
   list  the containers, their members, and the sessions restored from them
   verify [CONTAINER...]
         read every byte of each container (default: all of them): the digest that names it
@@ -128,11 +130,13 @@ fn pack(mut pargs: pico_args::Arguments, state: &Path) -> Result<bool, String> {
         .map_err(|e| format!("usage: --idle-days: {e}"))?
         .unwrap_or(30);
     let dry_run = pargs.contains("--dry-run");
+    let prune = pargs.contains("--prune-reasoning");
     super::rest(pargs).map_err(|e| format!("usage: {e}"))?;
     let opts = PackOptions {
         idle: Duration::from_secs(days.saturating_mul(86_400)),
         dry_run,
-        sooner: Default::default(),
+        rewrite: prune.then_some(broca_host::prune_reasoning as broca_archive::Rewrite),
+        ..Default::default()
     };
     let mut bar: Option<super::progress::Count> = None;
     let mut progress = |p: Progress| match p {
@@ -160,7 +164,17 @@ fn pack(mut pargs: pico_args::Arguments, state: &Path) -> Result<bool, String> {
     for (file, why) in &r.skipped {
         broca_io::outln!("kept    {file}: {why}");
     }
-    let verb = if dry_run { "would pack" } else { "packed" };
+    let (verb, pruned) = if dry_run {
+        ("would pack", "would prune")
+    } else {
+        ("packed", "pruned")
+    };
+    for file in &r.rewritten {
+        broca_io::outln!("{pruned} the reasoning of {file}");
+    }
+    for (file, why) in &r.not_rewritten {
+        broca_io::outln!("kept the reasoning of {file}: {why}");
+    }
     for m in &r.packed {
         broca_io::outln!(
             "{verb:<7} {} ({}, {}, {}): {} bytes",

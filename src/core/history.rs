@@ -109,6 +109,7 @@ pub fn history_page(
     version: u64,
     incarnation: &str,
     req: &HistoryRequest,
+    part_keys: bool,
 ) -> Result<Value, HistoryRefusal> {
     if matches!(req.view, Some(v) if v != cortexkit_role_llm_runner::read::ReadView::Raw) {
         return Err(HistoryRefusal::Invalid {
@@ -125,9 +126,19 @@ pub fn history_page(
         }
     })?;
     let (page, range) = match s {
-        Some(s) => gather(s, start, total, bounds, req.media.unwrap_or_default()),
+        Some(s) => gather(
+            s,
+            start,
+            total,
+            bounds,
+            req.media.unwrap_or_default(),
+            part_keys,
+        ),
         None => (Vec::new(), 0..0),
     };
+    let rows = s.map_or_else(Vec::new, |s| {
+        crate::role::pruned_rows(s, page.iter().map(|e| e.mid.as_str()))
+    });
     let mut out = HistoryPage::new(version, incarnation, page);
     if range.start > 0 {
         out = out.with_older(cursor(incarnation, true, range.start));
@@ -136,6 +147,7 @@ pub fn history_page(
         out = out.with_newer(cursor(incarnation, false, range.end));
     }
     if req.form() != HistoryForm::Display {
+        let out = out.with_pruned_reasoning(rows);
         return Ok(serde_json::to_value(out).expect("a history page serializes"));
     }
     let s = s.expect("a page with entries has a session");
@@ -143,7 +155,8 @@ pub fn history_page(
     let display = DisplayPage::from_history(&out, |e| {
         Ok::<_, std::convert::Infallible>(row(&entries_of(s)[e.ordinal as usize - 1], limits))
     })
-    .unwrap_or_else(|never| match never {});
+    .unwrap_or_else(|never| match never {})
+    .with_pruned_reasoning(rows);
     Ok(serde_json::to_value(display).expect("a display page serializes"))
 }
 
@@ -154,12 +167,14 @@ fn gather(
     total: usize,
     bounds: crate::role::Bounds,
     media: cortexkit_role_llm_runner::read::MediaMode,
+    part_keys: bool,
 ) -> (Vec<HistoryEntry>, std::ops::Range<usize>) {
     let last = last_entries(s);
     let mut messages = Vec::new();
     let mut bytes = 0;
     let facts = Facts {
         media,
+        part_keys,
         ..Facts::default()
     };
     let one = |i: usize| {

@@ -17,6 +17,9 @@ pub mod machine;
 mod machine_tests;
 pub mod media;
 pub mod project;
+pub mod prune;
+#[cfg(test)]
+mod prune_tests;
 pub mod read;
 pub mod replay;
 pub mod resume;

@@ -49,6 +49,11 @@ fn parts(message: &Value) -> Vec<(String, &Value)> {
     }
 }
 
+/// A stored message's part keys, in order.
+pub fn part_keys(message: &Value) -> Vec<String> {
+    parts(message).into_iter().map(|(key, _)| key).collect()
+}
+
 /// A stored message's digest and its parts' digests.
 pub fn digests(message: &Value) -> (String, Vec<PartDigest>) {
     let rows = parts(message)

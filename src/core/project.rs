@@ -113,7 +113,8 @@ pub fn units(seq: u64, record: &Record) -> Vec<Unit> {
         | Record::UploadCommitted(_)
         | Record::ContextCompacted(_)
         | Record::ToolResultLate(_)
-        | Record::SessionReleased(_) => Vec::new(),
+        | Record::SessionReleased(_)
+        | Record::ReasoningPruned(_) => Vec::new(),
         Record::RunStarted(r) => run_started(seq, r),
         Record::StepStarted(r) => vec![Unit::plain(with_type("step_started", val(r)))],
         Record::ModelAttemptFinished(r) => vec![Unit::plain(with_type("attempt_failed", val(r)))],

@@ -192,6 +192,8 @@ pub struct Session {
     pub policy: Option<cortexkit_role_llm_runner::session_retention::RetentionPolicy>,
     /// Its owner released it (`session.release`): when, and who.
     pub released: Option<broca_wal::runrec::SessionReleased>,
+    /// What the archive's prunes of its reasoning left (`archive_prunes_reasoning`).
+    pub prunes: super::prune::Prunes,
 }
 
 impl Session {
@@ -446,6 +448,7 @@ impl Session {
                     self.released = Some(r);
                 }
             }
+            Record::ReasoningPruned(r) => self.prunes.apply(&r),
         }
         Ok(())
     }

@@ -83,6 +83,9 @@ pub(crate) struct Facts {
     pub display: bool,
     /// How media and large payloads are served (`media`).
     pub media: cortexkit_role_llm_runner::read::MediaMode,
+    /// The runner declares `archive_prunes_reasoning`: an entry served without digests
+    /// names its parts' keys (`part_keys`).
+    pub part_keys: bool,
 }
 
 /// What a descriptors read leaves for the entry around its message (its envelope): fixed, so
@@ -98,12 +101,31 @@ pub(crate) fn entry(
 ) -> ReadMessage {
     let e = &entries_of(s)[index];
     let stored = e.body.to_json();
+    let keys = facts.part_keys.then(|| crate::media::part_keys(&stored));
     let (message, digests) = crate::media::render(stored.clone(), facts.media, ENVELOPE_ALLOWANCE)
         .unwrap_or_else(|_| (crate::media::with_markers(stored, "not_requested"), None));
     let mut m = ReadMessage::new(index as u64 + 1, e.mid.clone(), message).with_role(e.role);
-    if let Some((digest, rows)) = digests {
-        m.digest = Some(digest);
-        m.part_digests = Some(rows);
+    match digests {
+        Some((digest, mut rows)) => {
+            // A pruned message keeps its write-time digests (its parts' keys are their
+            // indexes).
+            if let Some(p) = s.prunes.messages.get(&e.mid) {
+                m.digest = Some(p.digest.clone());
+                for part in &p.parts {
+                    if let Some(row) = rows.get_mut(part.index as usize) {
+                        row.digest = part.sha256.clone();
+                    }
+                }
+            } else {
+                m.digest = Some(digest);
+            }
+            m.part_digests = Some(rows);
+        }
+        None => {
+            if let Some(keys) = keys {
+                m = m.with_part_keys(keys);
+            }
+        }
     }
     if let Some(at) = e.written_at {
         m = m.with_written_at(at);
@@ -187,6 +209,7 @@ pub fn read_page(
     version: u64,
     incarnation: &str,
     req: &ReadRequest,
+    part_keys: bool,
 ) -> Result<ReadPage, ReadRefusal> {
     let mode = req.mode().map_err(|field| ReadRefusal::Invalid {
         field,
@@ -205,6 +228,7 @@ pub fn read_page(
     let facts = Facts {
         display: req.include_display_facts,
         media: req.media.unwrap_or_default(),
+        part_keys,
     };
     let total = s
         .and_then(|s| s.entries.as_ref())
@@ -284,7 +308,33 @@ fn tail_page(
         messages.push(m);
     }
     messages.reverse();
-    ReadPage::new(version, incarnation, messages)
+    pruned_page(s, ReadPage::new(version, incarnation, messages))
+}
+
+/// The rows of the pruned parts `mids`' messages serve (`pruned_reasoning`).
+pub(crate) fn pruned_rows<'a>(
+    s: &Session,
+    mids: impl Iterator<Item = &'a str>,
+) -> Vec<cortexkit_role_llm_runner::archive_prunes_reasoning::PrunedReasoning> {
+    if s.prunes.messages.is_empty() {
+        return Vec::new();
+    }
+    mids.flat_map(|mid| s.prunes.rows(mid)).collect()
+}
+
+/// `page` with what the session's prunes left: the rows of the pruned parts it serves, and
+/// the session's prune state.
+fn pruned_page(s: &Session, page: ReadPage) -> ReadPage {
+    let rows = pruned_rows(s, page.messages.iter().map(|m| m.mid.as_str()));
+    let page = match s.prunes.state {
+        Some(state) => page.with_reasoning_pruned(state),
+        None => page,
+    };
+    if rows.is_empty() {
+        page
+    } else {
+        page.with_pruned_reasoning(rows)
+    }
 }
 
 /// The entries from index `start` that fit, and where the next page starts.
@@ -315,7 +365,7 @@ fn forward_page(
         messages.len() <= bounds.limit,
         "a page holds at most its limit"
     );
-    let page = ReadPage::new(version, incarnation, messages);
+    let page = pruned_page(s, ReadPage::new(version, incarnation, messages));
     if next < total {
         page.with_next_from_ordinal(next as u64 + 1)
     } else {
@@ -363,6 +413,9 @@ pub fn head(s: Option<&Session>, version: u64, incarnation: &str) -> HeadMeta {
     head = head.with_retention_policy(policy, state);
     if let (Some(r), Some(delete_after_ms)) = (&s.released, s.release_deadline()) {
         head = head.with_released(Released::new(r.at_unix_ms, delete_after_ms));
+    }
+    if let Some(state) = s.prunes.state {
+        head = head.with_reasoning_pruned(state);
     }
     head
 }

@@ -129,6 +129,16 @@ impl Shard {
                 }
             }
             SessionCommand::Expire { reply } => return self.expire(actor, triple, reply).await,
+            // At rest (a queued send would have started): answered once the WAL is closed.
+            SessionCommand::Close { reply } => {
+                let key = triple.address().0;
+                self.close_asked
+                    .borrow_mut()
+                    .entry(key)
+                    .or_default()
+                    .push(reply);
+                return false;
+            }
             SessionCommand::Upload { op, caller, reply } => {
                 let answer = actor.upload(op, &caller).await;
                 let failed = matches!(&answer, Err(e) if e.code == broca_wire::Code::Internal);

@@ -18,6 +18,7 @@ mod lists;
 mod media;
 mod memory;
 pub mod metrics;
+mod prune;
 mod reads;
 mod replies;
 mod resume;
@@ -33,6 +34,7 @@ mod subscribe;
 mod unopened;
 
 pub use metrics::ShardStats;
+pub use prune::prune_reasoning;
 pub use rpc::check_request;
 pub use signals::reraise;
 pub use state::{previous_serve, random_hex, serve_json, PreviousServe};
@@ -79,6 +81,9 @@ pub struct HostOptions {
     pub archive_after: Option<Duration>,
     /// How often the background pack runs (`archive_every_secs`, default an hour).
     pub archive_every: Duration,
+    /// The archive prunes each packed session's reasoning (`prune_reasoning`; llm-runner/v1
+    /// `archive_prunes_reasoning`, declared when set).
+    pub prune_reasoning: bool,
     /// The MCP tool servers to start (`--tools-config`).
     pub tools: Option<broca_tools::config::ToolsConfig>,
     pub endpoints: Endpoints,

@@ -131,9 +131,10 @@ pub(crate) async fn read(
         return Err(invalid("this runner serves no display facts").with_field(field));
     }
     let v = version(ctx, &t);
+    let part_keys = ctx.opts.prune_reasoning;
     let page = with_session(ctx, &t, move |read| {
-        let page =
-            broca_core::role::read_page(read.map(|r| &r.session), v, &incarnation(read), &req);
+        let session = read.map(|r| &r.session);
+        let page = broca_core::role::read_page(session, v, &incarnation(read), &req, part_keys);
         // The page's snapshot ends after the last record it read: a subscription from this
         // head continues strictly after it.
         page.map(|p| match read.and_then(|r| r.last_seq) {
@@ -178,8 +179,10 @@ pub(crate) async fn history(
 ) -> Result<Value, RpcError> {
     use broca_core::history::HistoryRefusal;
     let v = version(ctx, &t);
+    let part_keys = ctx.opts.prune_reasoning;
     let page = with_session(ctx, &t, move |read| {
-        broca_core::history::history_page(read.map(|r| &r.session), v, &incarnation(read), &req)
+        let session = read.map(|r| &r.session);
+        broca_core::history::history_page(session, v, &incarnation(read), &req, part_keys)
     })
     .await?;
     page.map_err(|refusal| match refusal {
@@ -284,13 +287,14 @@ mod tests {
         let cached = cache
             .with(path, |r| {
                 let r = r.unwrap();
-                broca_core::role::read_page(Some(&r.session), 1, &r.lineage, &req).unwrap()
+                broca_core::role::read_page(Some(&r.session), 1, &r.lineage, &req, false).unwrap()
             })
             .unwrap();
         let whole = broca_core::read_session(path, broca_core::Keep::Entries)
             .unwrap()
             .unwrap();
-        let want = broca_core::role::read_page(Some(&whole.session), 1, &whole.lineage, &req);
+        let want =
+            broca_core::role::read_page(Some(&whole.session), 1, &whole.lineage, &req, false);
         assert_eq!(
             Ok(cached.clone()),
             want,

@@ -41,12 +41,21 @@ pub(crate) fn start_archive_scheduler(ctx: &Arc<Host>) -> Result<(), String> {
             }
             let opts = broca_archive::PackOptions {
                 idle,
-                dry_run: false,
                 sooner: ctx.retention.archived(),
+                rewrite: crate::prune::rewrite(&ctx),
+                ..Default::default()
             };
             let started = std::time::Instant::now();
-            match broca_archive::pack(&ctx.opts.state_dir, &opts, &mut |_| {}) {
+            let packed = broca_archive::pack(&ctx.opts.state_dir, &opts, &mut |_| {});
+            if let Ok(r) = &packed {
+                ctx.rewritten(&r.rewritten);
+                for (file, why) in &r.not_rewritten {
+                    tracing::warn!("archive: the reasoning of {file} is kept: {why}");
+                }
+            }
+            match packed {
                 Ok(r) if !r.packed.is_empty() => tracing::info!(
+                    pruned = r.rewritten.len(),
                     sessions = r.packed.len(),
                     bytes = r.bytes,
                     containers = r.containers.len(),
@@ -110,8 +119,8 @@ fn wal_name(addr: &[u8; 16]) -> String {
     broca_wal::SessionAddr(*addr).wal_file_name()
 }
 
-/// The session a WAL belongs to, from its header.
-fn session_of(path: &Path) -> Option<SessionTriple> {
+/// The session a WAL (live or packed) belongs to, from its header.
+pub(crate) fn session_of(path: &Path) -> Option<SessionTriple> {
     broca_wal::reader::PagedReader::open_if_any(path)
         .ok()
         .flatten()

@@ -60,10 +60,11 @@ async fn call(ctx: &Host, request: Request, caller: &Caller) -> Result<Value, Rp
                 };
                 import(ctx, &format, path, target).await
             }
-            Request::Describe => Ok(broca_wire::role::describe(
-                ctx.step_hints.is_some(),
-                ctx.policy_required,
-            )),
+            Request::Describe => Ok(broca_wire::role::describe(broca_wire::role::Declared {
+                step_events: ctx.step_hints.is_some(),
+                policy_required: ctx.policy_required,
+                prunes_reasoning: ctx.opts.prune_reasoning,
+            })),
             Request::SessionsList { list } => crate::lists::sessions(ctx, list).await,
             #[cfg(debug_assertions)]
             Request::AdvanceClock { ms } => Ok(ctx.advance_clock(ms).await),
@@ -104,6 +105,10 @@ async fn call(ctx: &Host, request: Request, caller: &Caller) -> Result<Value, Rp
             ask(ctx, t, |reply| SessionCommand::Upload { op, caller, reply }).await?
         }
         Request::MediaRead { read, .. } => crate::media::media_read(ctx, t, read).await,
+        #[cfg(debug_assertions)]
+        Request::ArchiveNow { .. } => ctx.archive_now(&t).await,
+        #[cfg(not(debug_assertions))]
+        Request::ArchiveNow { .. } => Err(invalid("a release build packs no session now")),
         Request::Import { .. }
         | Request::Describe
         | Request::SessionsList { .. }

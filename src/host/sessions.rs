@@ -92,6 +92,8 @@ impl Shard {
                 let addr = triple.address().to_string();
                 let _ = reply.send(self.host.retention.expired_at(&addr));
             }
+            // No actor holds its WAL.
+            SessionCommand::Close { reply } => drop(reply.send(true)),
             SessionCommand::Status { .. } | SessionCommand::Import { .. } => {
                 unreachable!("answered above")
             }
@@ -204,6 +206,14 @@ impl Shard {
                 tracing::error!("session {}: closing: {e}", triple.address());
             }
             self.expire_asked.borrow_mut().remove(&addr);
+            for reply in self
+                .close_asked
+                .borrow_mut()
+                .remove(&addr)
+                .unwrap_or_default()
+            {
+                let _ = reply.send(true);
+            }
             let expiring = self.expiring.borrow_mut().remove(&addr);
             if let Some(expiring) = expiring {
                 self.delete_expired(&triple, expiring).await;

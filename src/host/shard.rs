@@ -81,6 +81,8 @@ pub(crate) struct Shard {
     /// The due time each session was last asked to expire at as its actor noted it (one ask
     /// per due time: a failed one is tried again by shard 0's look).
     pub(crate) expire_asked: RefCell<HashMap<Key, u64>>,
+    /// The sessions asked to close at rest (`SessionCommand::Close`): answered once closed.
+    pub(crate) close_asked: RefCell<HashMap<Key, Vec<futures_channel::oneshot::Sender<bool>>>>,
     /// Shard 0: its look for sessions past their retention is running.
     sweeping: Rc<Cell<bool>>,
 }
@@ -131,6 +133,7 @@ impl Shard {
             stopped: Rc::new(StopSignal::default()),
             expiring: RefCell::default(),
             expire_asked: RefCell::default(),
+            close_asked: RefCell::default(),
             sweeping: Rc::default(),
             room_sweep: Cell::new(false),
             host,

@@ -53,6 +53,10 @@ pub enum SessionCommand {
         caller: broca_wire::Caller,
         reply: oneshot::Sender<Result<serde_json::Value, broca_wire::RpcError>>,
     },
+    /// Close the actor if the session is at rest (no run active, nothing queued), so that a
+    /// maintenance may take its WAL's lease (the archive packing it now): answered `true`
+    /// once the actor has closed its WAL, `false` while a run holds it.
+    Close { reply: oneshot::Sender<bool> },
     /// Record a tool module's late result, for a call the session sealed without an outcome.
     LateResult {
         late: broca_tools::late::LateResult,
@@ -84,6 +88,7 @@ impl SessionCommand {
             SessionCommand::Cancel { reply, .. } => drop(reply),
             SessionCommand::Barrier { reply } => drop(reply),
             SessionCommand::Expire { reply } => drop(reply),
+            SessionCommand::Close { reply } => drop(reply),
         }
     }
 }

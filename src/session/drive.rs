@@ -279,9 +279,12 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             SessionCommand::LateResult { late, reply } => {
                 let _ = reply.send(self.record_late(late).await.map_err(|e| e.to_rpc_error()));
             }
-            // A session with a run not over never expires.
+            // A session with a run not over never expires, and is not at rest.
             SessionCommand::Expire { reply } => {
                 let _ = reply.send(None);
+            }
+            SessionCommand::Close { reply } => {
+                let _ = reply.send(false);
             }
         }
     }

@@ -6,9 +6,10 @@ use serde::{Deserialize, Serialize};
 
 use super::importrec::EpisodeImported;
 use super::runrec::{
-    CancelRequested, ContextCompacted, ModelAttemptFinished, ModelStepFinished, RunFinished,
-    RunPaused, RunResumed, RunStarted, SendQueued, SendRetracted, SendSteered, SessionReleased,
-    StepStarted, ToolDispatchIntent, ToolResult, ToolResultLate, UploadBegun, UploadCommitted,
+    CancelRequested, ContextCompacted, ModelAttemptFinished, ModelStepFinished, ReasoningPruned,
+    RunFinished, RunPaused, RunResumed, RunStarted, SendQueued, SendRetracted, SendSteered,
+    SessionReleased, StepStarted, ToolDispatchIntent, ToolResult, ToolResultLate, UploadBegun,
+    UploadCommitted,
 };
 
 /// Kind codes. Codes are never reused for another meaning.
@@ -42,6 +43,8 @@ pub mod kind {
     /// [`crate::runrec::ToolResultLate`].
     pub const TOOL_RESULT_LATE: u16 = 27;
     pub const SESSION_RELEASED: u16 = 28;
+    /// [`crate::runrec::ReasoningPruned`].
+    pub const REASONING_PRUNED: u16 = 29;
 }
 
 /// A record of the WAL.
@@ -77,6 +80,8 @@ pub enum Record {
     ToolResultLate(Box<ToolResultLate>),
     /// The session's owner released it (llm-runner/v1 `session.release`).
     SessionReleased(SessionReleased),
+    /// [`crate::runrec::ReasoningPruned`].
+    ReasoningPruned(Box<ReasoningPruned>),
     /// A kind this build does not know; its payload is kept as it is.
     Unknown {
         kind: u16,
@@ -129,6 +134,7 @@ impl Record {
             Record::ContextCompacted(_) => kind::CONTEXT_COMPACTED,
             Record::ToolResultLate(_) => kind::TOOL_RESULT_LATE,
             Record::SessionReleased(_) => kind::SESSION_RELEASED,
+            Record::ReasoningPruned(_) => kind::REASONING_PRUNED,
             Record::Unknown { kind, .. } => *kind,
         }
     }
@@ -156,6 +162,7 @@ impl Record {
             kind::CONTEXT_COMPACTED => Some("context_compacted"),
             kind::TOOL_RESULT_LATE => Some("tool_result_late"),
             kind::SESSION_RELEASED => Some("session_released"),
+            kind::REASONING_PRUNED => Some("reasoning_pruned"),
             _ => None,
         }
     }
@@ -185,6 +192,7 @@ impl Record {
             Record::ContextCompacted(r) => serde_json::to_writer(w, r),
             Record::ToolResultLate(r) => serde_json::to_writer(w, r),
             Record::SessionReleased(r) => serde_json::to_writer(w, r),
+            Record::ReasoningPruned(r) => serde_json::to_writer(w, r),
             Record::Unknown { payload, .. } => {
                 out.extend_from_slice(payload);
                 Ok(())
@@ -229,6 +237,7 @@ impl Record {
             kind::CONTEXT_COMPACTED => Ok(Record::ContextCompacted(Box::new(parse(payload, bad)?))),
             kind::TOOL_RESULT_LATE => Ok(Record::ToolResultLate(Box::new(parse(payload, bad)?))),
             kind::SESSION_RELEASED => Ok(Record::SessionReleased(parse(payload, bad)?)),
+            kind::REASONING_PRUNED => Ok(Record::ReasoningPruned(Box::new(parse(payload, bad)?))),
             _ => Ok(Record::Unknown {
                 kind: code,
                 payload: payload.to_vec(),

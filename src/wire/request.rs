@@ -45,6 +45,10 @@ pub enum Method {
     /// llm-runner/v1 suite's retention clock). A debug build's test hook, not in [`Method::ALL`]:
     /// a release build parses no such method.
     DebugAdvanceClock,
+    /// `broca.debug.archive_now {}` on a session: packs it now, as the archive would once it
+    /// is idle (its reasoning pruned when serve prunes). A debug build's test hook, like
+    /// [`Method::DebugAdvanceClock`].
+    DebugArchiveNow,
 }
 
 impl Method {
@@ -100,6 +104,7 @@ impl Method {
             Method::MediaRead => "session.media_read",
             Method::SessionRelease => "session.release",
             Method::DebugAdvanceClock => "broca.debug.advance_clock",
+            Method::DebugArchiveNow => "broca.debug.archive_now",
         }
     }
 
@@ -121,8 +126,12 @@ impl Method {
 
     /// The method named `name`.
     pub fn parse(name: &str) -> Option<Method> {
-        if cfg!(debug_assertions) && name == Method::DebugAdvanceClock.as_str() {
-            return Some(Method::DebugAdvanceClock);
+        if cfg!(debug_assertions) {
+            for m in [Method::DebugAdvanceClock, Method::DebugArchiveNow] {
+                if name == m.as_str() {
+                    return Some(m);
+                }
+            }
         }
         Method::ALL.into_iter().find(|m| m.as_str() == name)
     }
@@ -215,6 +224,8 @@ pub enum Request {
     },
     /// A debug build's test hook: move the clock forward by `ms` ([`Method::DebugAdvanceClock`]).
     AdvanceClock { ms: u64 },
+    /// A debug build's test hook: pack the session now ([`Method::DebugArchiveNow`]).
+    ArchiveNow { session: SessionName },
     /// Import a log (or every log under a folder): each part of the session not given
     /// comes from the log.
     Import {
@@ -256,6 +267,7 @@ impl Request {
             },
             Request::MediaRead { .. } => Method::MediaRead,
             Request::AdvanceClock { .. } => Method::DebugAdvanceClock,
+            Request::ArchiveNow { .. } => Method::DebugArchiveNow,
         }
     }
 
@@ -276,6 +288,7 @@ impl Request {
             | Request::RunsList { session, .. }
             | Request::Upload { session, .. }
             | Request::MediaRead { session, .. }
+            | Request::ArchiveNow { session }
             | Request::Baseline { session } => Some(session),
             Request::Import { .. }
             | Request::Describe
@@ -445,6 +458,7 @@ fn parse_envelope(env: Envelope) -> Result<Request, RpcError> {
             return Ok(Request::Read { session, read });
         }
         Method::SessionHead => Request::Head { session },
+        Method::DebugArchiveNow => Request::ArchiveNow { session },
         Method::SessionRelease => Request::Release { session },
         Method::SessionSendStatus | Method::SendStatus => Request::SendStatus {
             send_id: take_str(&mut params, "send_id")?

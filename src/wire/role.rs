@@ -87,10 +87,31 @@ pub fn ops() -> Vec<String> {
     ops
 }
 
-/// The `role.describe` answer of this build; `step_events` when this front publishes step
-/// hints (module mode, on the daemon's bus); `policy_required` when a session's first send
-/// must name a `retention_policy` (module mode, where every starter sends one).
-pub fn describe(step_events: bool, policy_required: bool) -> Value {
+/// What a front declares beyond [`GROUPS`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Declared {
+    /// This front publishes step hints (module mode, on the daemon's bus).
+    pub step_events: bool,
+    /// A session's first send must name a `retention_policy` (module mode, where every
+    /// starter sends one).
+    pub policy_required: bool,
+    /// The archive prunes reasoning as it packs (`archive_prunes_reasoning`, the kinds
+    /// [`PRUNE_KINDS`]): the serve config's `prune_reasoning`.
+    pub prunes_reasoning: bool,
+}
+
+/// The kinds of `archive_prunes_reasoning` broca applies: a reasoning block's text and
+/// signature emptied (broca's other blocks carry no signature).
+pub const PRUNE_KINDS: &[&str] =
+    &[cortexkit_role_llm_runner::archive_prunes_reasoning::kinds::REASONING];
+
+/// The `role.describe` answer of this build, for a front declaring `declared`.
+pub fn describe(declared: Declared) -> Value {
+    let Declared {
+        step_events,
+        policy_required,
+        prunes_reasoning,
+    } = declared;
     let major = Major {
         version: PROVIDES.to_string(),
         ops: ops(),
@@ -102,6 +123,7 @@ pub fn describe(step_events: bool, policy_required: bool) -> Value {
                 .iter()
                 .copied()
                 .chain(step_events.then_some(groups::STEP_EVENTS))
+                .chain(prunes_reasoning.then_some(groups::ARCHIVE_PRUNES_REASONING))
                 .map(str::to_string)
                 .collect(),
         )
@@ -129,6 +151,13 @@ pub fn describe(step_events: bool, policy_required: bool) -> Value {
     );
     if step_events {
         answer = answer.with_step_events(broca_core_policy());
+    }
+    if prunes_reasoning {
+        answer = answer.with_archive_prunes_reasoning(
+            cortexkit_role_llm_runner::archive_prunes_reasoning::ArchivePrunesReasoning::new(
+                PRUNE_KINDS.iter().map(|k| k.to_string()).collect(),
+            ),
+        );
     }
     serde_json::to_value(answer).expect("a describe answer serializes")
 }
@@ -159,18 +188,27 @@ mod tests {
 
     #[test]
     fn the_describe_answer_holds_for_the_roles_own_check() {
-        let d = cortexkit_role_llm_runner::describe::check_describe(&describe(false, false))
+        let d = cortexkit_role_llm_runner::describe::check_describe(&describe(Declared::default()))
             .unwrap_or_else(|p| panic!("{p:?}"));
         assert_eq!(d.capabilities, GROUPS);
         assert!(d.session_retention.is_some_and(|l| !l.required));
-        let d = cortexkit_role_llm_runner::describe::check_describe(&describe(true, true))
+        let all = Declared {
+            step_events: true,
+            policy_required: true,
+            prunes_reasoning: true,
+        };
+        let d = cortexkit_role_llm_runner::describe::check_describe(&describe(all))
             .unwrap_or_else(|p| panic!("{p:?}"));
+        assert_eq!(
+            d.archive_prunes_reasoning.map(|a| a.kinds),
+            Some(vec!["reasoning".to_string()])
+        );
         assert!(d.session_retention.is_some_and(|l| l.required
             && l.max_days == POLICY_MAX_DAYS
             && l.max_unreleased_hold_ms == UNRELEASED_HOLD_MS));
         assert_eq!(
-            d.capabilities.last().map(String::as_str),
-            Some(groups::STEP_EVENTS)
+            &d.capabilities[GROUPS.len()..],
+            [groups::STEP_EVENTS, groups::ARCHIVE_PRUNES_REASONING]
         );
         assert_eq!(d.step_events, Some(broca_core_policy()));
     }

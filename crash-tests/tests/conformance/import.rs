@@ -22,19 +22,8 @@ impl Subject {
             .await?;
         let fail = |what: &str, e: String| HarnessError::new(format!("{what}: {e}"));
         let log = handle.root.join(format!("{session}-{label}.jsonl"));
-        let text: String = messages
-            .into_iter()
-            .enumerate()
-            .map(|(n, message)| {
-                let kind = message["role"].as_str().unwrap_or("user").to_string();
-                json!({"type": kind, "uuid": format!("{label}-{n}"),
-                    "sessionId": format!("{session}-{label}-log"),
-                    "timestamp": "2026-12-01T00:00:00.000Z", "cwd": "/", "message": message})
-                .to_string()
-                    + "\n"
-            })
-            .collect();
-        std::fs::write(&log, text).map_err(|e| fail("the log", e.to_string()))?;
+        std::fs::write(&log, claude_log(session, label, messages))
+            .map_err(|e| fail("the log", e.to_string()))?;
         let imported = route
             .request(
                 "session.import",
@@ -49,4 +38,20 @@ impl Subject {
             ))),
         }
     }
+}
+
+/// `messages` as the lines of a Claude Code log of `session` (its `label`-th).
+pub(crate) fn claude_log(session: &str, label: &str, messages: Vec<Value>) -> String {
+    messages
+        .into_iter()
+        .enumerate()
+        .map(|(n, message)| {
+            let kind = message["role"].as_str().unwrap_or("user").to_string();
+            json!({"type": kind, "uuid": format!("{label}-{n}"),
+                "sessionId": format!("{session}-{label}-log"),
+                "timestamp": "2026-12-01T00:00:00.000Z", "cwd": "/", "message": message})
+            .to_string()
+                + "\n"
+        })
+        .collect()
 }

@@ -13,17 +13,34 @@ use serde_json::json;
 use crate::daemon::Link;
 use crate::route::Route;
 
-/// The connections of the modules started, so the clock of the live ones can be moved.
+/// The connections of the modules started: the live ones' clock moved, a session's
+/// debug hooks asked.
 #[derive(Default)]
-pub struct Clocks {
-    links: Mutex<Vec<Weak<Link>>>,
+pub struct Live {
+    /// Each module's connection and its state root.
+    links: Mutex<Vec<(Weak<Link>, std::path::PathBuf)>>,
 }
 
-impl Clocks {
-    pub fn started(&self, link: &Arc<Link>) {
+impl Live {
+    pub fn started(&self, link: &Arc<Link>, root: &Path) {
         let mut links = self.links.lock().unwrap();
-        links.retain(|l| l.strong_count() > 0);
-        links.push(Arc::downgrade(link));
+        links.retain(|(l, _)| l.strong_count() > 0);
+        links.push((Arc::downgrade(link), root.to_path_buf()));
+    }
+
+    /// The newest live module's connection and state root.
+    fn newest(&self) -> Option<(Arc<Link>, std::path::PathBuf)> {
+        self.links
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .find_map(|(l, root)| l.upgrade().map(|l| (l, root.clone())))
+    }
+
+    /// The newest live module's state root.
+    pub fn root(&self) -> Option<std::path::PathBuf> {
+        self.newest().map(|(_, root)| root)
     }
 
     /// Moves every live module's clock forward by `ms`; each answers once what was then due
@@ -34,7 +51,7 @@ impl Clocks {
             .lock()
             .unwrap()
             .iter()
-            .filter_map(Weak::upgrade)
+            .filter_map(|(l, _)| l.upgrade())
             .collect();
         let mut moved = 0;
         for link in links {
@@ -59,6 +76,31 @@ impl Clocks {
             return Err(HarnessError::new("no live module to move the clock of"));
         }
         Ok(())
+    }
+
+    /// Asks the live module `method` on the route of `session` (the owner's, without a
+    /// scope): its answer, or why there is none.
+    pub async fn on_session(
+        &self,
+        harness: &str,
+        session: &str,
+        method: &str,
+        params: serde_json::Value,
+    ) -> Result<serde_json::Value, HarnessError> {
+        let (link, _) = self
+            .newest()
+            .ok_or_else(|| HarnessError::new("no live module"))?;
+        let route = Route::bind(link, harness, session)
+            .await
+            .map_err(HarnessError::new)?;
+        match route.request(method, params).await {
+            Ok(Reply::Response(v)) => Ok(v),
+            Ok(Reply::Error(e)) => Err(HarnessError::new(format!(
+                "{method} refused: {} {}",
+                e.code, e.message
+            ))),
+            Err(e) => Err(HarnessError::new(format!("{method}: {e:?}"))),
+        }
     }
 }
 

@@ -15,8 +15,8 @@ use cortexkit_role_harness::{
 };
 use cortexkit_role_llm_runner::points;
 use cortexkit_role_llm_runner_conformance::{
-    AttributionFixture, Capability, LlmRunnerSubject, ModelRequestObservation, Reply, RunnerRoute,
-    Script, ToolResultLimitObservation, ToolResultObservation, SCRIPTED_TOOL,
+    ArchivePruningPart, AttributionFixture, Capability, LlmRunnerSubject, ModelRequestObservation,
+    Reply, RunnerRoute, Script, ToolResultLimitObservation, ToolResultObservation, SCRIPTED_TOOL,
 };
 use serde_json::{json, Map, Value};
 
@@ -26,7 +26,7 @@ pub use crate::route::Route;
 use crate::tools::{ToolModule, MODULE};
 
 /// The harness every route's session lives under.
-const HARNESS: &str = "conformance";
+pub(crate) const HARNESS: &str = "conformance";
 /// How long a subscription may be silent before the suite's replay is taken as complete.
 pub(crate) const QUIET: Duration = Duration::from_millis(300);
 /// How long a request waits for broca's answer.
@@ -83,11 +83,12 @@ pub fn points() -> Vec<(String, String)> {
 }
 
 pub struct Subject {
-    model: Model,
+    pub(crate) model: Model,
     tools: ToolModule,
     bus: crate::bus::Bus,
     support: crate::structured::Support,
-    clocks: crate::retention::Clocks,
+    /// The live modules' connections (the retention clock, the prune hook).
+    pub(crate) live: crate::retention::Live,
 }
 
 /// A live broca module: its process, the daemon it is connected to, and the connection.
@@ -143,7 +144,7 @@ impl Subject {
             tools: ToolModule::default(),
             bus: crate::bus::Bus::start().await,
             support: Default::default(),
-            clocks: Default::default(),
+            live: Default::default(),
         }
     }
 
@@ -163,6 +164,10 @@ impl Subject {
             json!({"modules": [{"module": MODULE, "call_timeout_ms": 60000}]}).to_string(),
         )
         .map_err(|e| fail("the tools config", &e))?;
+        // The archive prunes reasoning as it packs (`archive_prunes_reasoning`).
+        let config = root.join("broca.json");
+        std::fs::write(&config, json!({"prune_reasoning": true}).to_string())
+            .map_err(|e| fail("broca's config", &e))?;
         let catalog = root.join("catalog.json");
         std::fs::write(
             &catalog,
@@ -192,6 +197,8 @@ impl Subject {
             .arg(&daemon.file)
             .args(["--shards", "2", "--grace-secs", "2", "--tools-config"])
             .arg(&tools)
+            .arg("--config")
+            .arg(&config)
             // The logs `import` writes for session.import are in this folder.
             .arg("--import-root")
             .arg(root)
@@ -205,7 +212,7 @@ impl Subject {
             .module(Duration::from_secs(30))
             .await
             .map_err(|e| fail("broca's module connection", &e))?;
-        self.clocks.started(&link);
+        self.live.started(&link, root);
         Ok(Module {
             root: root.to_path_buf(),
             child: Mutex::new(Some(child)),
@@ -311,6 +318,8 @@ impl LlmRunnerSubject for Subject {
         declared.insert(Capability::RenderedModelInput);
         // The debug build's `broca.debug.advance_clock` (retention.rs).
         declared.insert(Capability::RetentionClock);
+        // The module's config sets `prune_reasoning` (`role.describe` declares it then).
+        declared.insert(Capability::ArchivePrunesReasoning);
         declared
     }
 
@@ -696,7 +705,7 @@ impl LlmRunnerSubject for Subject {
     }
 
     async fn advance_retention_clock(&self, _session: &str, ms: u64) -> Result<(), HarnessError> {
-        self.clocks.advance(HARNESS, ms).await
+        self.live.advance(HARNESS, ms).await
     }
 
     async fn retention_deletion_finished(
@@ -705,6 +714,18 @@ impl LlmRunnerSubject for Subject {
         session: &str,
     ) -> Result<bool, HarnessError> {
         crate::retention::deletion_finished(&handle.root, HARNESS, session)
+    }
+
+    async fn archive_pruning_fixture(
+        &self,
+        session: &str,
+        with_compaction_provider: bool,
+    ) -> Result<Vec<ArchivePruningPart>, HarnessError> {
+        crate::pruning::fixture(self, session, with_compaction_provider).await
+    }
+
+    async fn prune_archived_session(&self, session: &str) -> Result<(), HarnessError> {
+        crate::pruning::prune(self, session).await
     }
 
     fn retention_probe_params(

@@ -149,10 +149,14 @@ fn a_prune_empties_reasoning_in_place_and_reads_keep_the_originals_digests() {
     );
     assert_eq!(m["message"]["content"][1], original["content"][1]);
     // Write-time digests: the message's and each part's, over the original.
-    assert_eq!(m["digest"], json!(content_digest(&original)));
     assert_eq!(
-        m["part_digests"],
-        blocks_before["messages"][1]["part_digests"]
+        m["digest"],
+        json!(content_digest(&original)),
+        "a pruned message serves its write-time digest"
+    );
+    assert_eq!(
+        m["part_digests"], blocks_before["messages"][1]["part_digests"],
+        "a pruned message serves its write-time part digests"
     );
     let part = &original["content"][0];
     let row = json!({"mid": m["mid"], "part": "0", "kind": "reasoning",

@@ -3,11 +3,15 @@
 //!
 //! - WALs: BROCA_BENCH_SESSIONS sessions (default 2,000), each with BROCA_BENCH_RUNS runs
 //!   (default 3) of the scripted model and counting tools, written by real session actors
-//!   (real WALs with fdatasync).
+//!   (real WALs with fdatasync); each model step opens with BROCA_BENCH_THINKING bytes
+//!   (default 1,024) of signed reasoning.
 //! - Pack: `broca_archive::pack` of a fresh copy of those WALs (idle threshold 0): read, lease
 //!   taken, sealed containers written, fsynced and renamed, the live WALs removed and `wal/`
 //!   fsynced. Beside it, the same files copied to another folder, each fsynced, the folder
-//!   fsynced. MB/s counts the WAL files' bytes; median of 5 of each, interleaved.
+//!   fsynced. Beside both, the same pack pruning each session's reasoning
+//!   (`--prune-reasoning`: each WAL replayed, rewritten with its reasoning emptied, its older
+//!   sealed copies looked for). MB/s counts the WAL files' bytes; median of 5 of each,
+//!   interleaved.
 //! - First read: `read_and_scan_if_any` (what run.status, run.result and session.read use
 //!   when the session's actor is closed) of 1,000 random sessions, live and then archived
 //!   (digest checked); p50 / p99.
@@ -68,6 +72,7 @@ fn main() {
     }
     let sessions = env_num("BROCA_BENCH_SESSIONS", 2_000);
     let runs = env_num("BROCA_BENCH_RUNS", 3);
+    let thinking = env_num("BROCA_BENCH_THINKING", 1024);
     let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-archive");
     std::fs::create_dir_all(&base).unwrap();
     let dir = tempfile::tempdir_in(&base).unwrap();
@@ -85,6 +90,7 @@ fn main() {
                 let script = Script {
                     seed: i as u64,
                     tool_step_percent: 60,
+                    thinking_bytes: thinking,
                     ..Script::default()
                 };
                 let mut a = SessionActor::opener(
@@ -126,10 +132,26 @@ fn main() {
     );
 
     let mut packs = Vec::new();
+    let mut prunes = Vec::new();
     let mut copies = Vec::new();
     let mut sealed_bytes = 0;
+    let mut pruned_bytes = 0;
     let mut containers = 0;
     for rep in 0..5 {
+        let state = dir.path().join(format!("prune{rep}"));
+        copy_and_sync(&files, &state.join("wal"));
+        let t = Instant::now();
+        let opts = broca_archive::PackOptions {
+            idle: Duration::ZERO,
+            rewrite: Some(broca::host::prune_reasoning),
+            ..Default::default()
+        };
+        let r = broca_archive::pack(&state, &opts, &mut |_| {}).unwrap();
+        prunes.push(t.elapsed());
+        assert_eq!(r.rewritten.len(), if thinking > 0 { sessions } else { 0 });
+        pruned_bytes = r.bytes;
+        std::fs::remove_dir_all(&state).unwrap();
+
         let state = dir.path().join(format!("pack{rep}"));
         copy_and_sync(&files, &state.join("wal"));
         let t = Instant::now();
@@ -150,13 +172,20 @@ fn main() {
         }
         std::fs::remove_dir_all(dir.path().join(format!("copy{rep}"))).unwrap();
     }
-    let (pack, copy) = (median(packs), median(copies));
+    let (pack, prune, copy) = (median(packs), median(prunes), median(copies));
     println!(
         "pack: median of 5 {:.3} s: {:.0} sessions/s, {:.1} MB/s of WAL files ({:.1} MB of records sealed in {containers} containers)",
         pack.as_secs_f64(),
         sessions as f64 / pack.as_secs_f64(),
         file_bytes as f64 / 1e6 / pack.as_secs_f64(),
         sealed_bytes as f64 / 1e6
+    );
+    println!(
+        "pack pruning reasoning: median of 5 {:.3} s: {:.0} sessions/s, {:.1} MB/s of WAL files ({:.1} MB of records sealed)",
+        prune.as_secs_f64(),
+        sessions as f64 / prune.as_secs_f64(),
+        file_bytes as f64 / 1e6 / prune.as_secs_f64(),
+        pruned_bytes as f64 / 1e6
     );
     println!(
         "copy + fsync of the same files: median of 5 {:.3} s: {:.0} files/s, {:.1} MB/s",

@@ -33,6 +33,8 @@ pub struct Script {
     pub unreported_steps: Vec<u32>,
     /// The tool names it calls.
     pub tools: Vec<String>,
+    /// Bytes of signed reasoning each step opens with (0: none).
+    pub thinking_bytes: usize,
 }
 
 impl Default for Script {
@@ -46,6 +48,7 @@ impl Default for Script {
             report_usage: true,
             unreported_steps: Vec::new(),
             tools: vec!["echo".into()],
+            thinking_bytes: 0,
         }
     }
 }
@@ -150,10 +153,18 @@ impl ModelClient for ScriptedModel {
             .skip(last_user_prompt(req))
             .filter(|m| m.role == Role::Assistant && m.tool_calls().next().is_some())
             .count() as u32;
-        let mut events = vec![StreamEvent::TextDelta(format!(
+        let mut events = Vec::new();
+        if self.script.thinking_bytes > 0 {
+            let thought: String = (0..self.script.thinking_bytes)
+                .map(|i| char::from(b'a' + ((h >> (i % 56)) % 26) as u8))
+                .collect();
+            events.push(StreamEvent::ThinkingDelta(thought));
+            events.push(StreamEvent::ThinkingSignature(format!("sig-{h:x}")));
+        }
+        events.push(StreamEvent::TextDelta(format!(
             "step {}",
             req.messages.len()
-        ))];
+        )));
         let wants_tools = !self.script.tools.is_empty()
             && tool_steps_so_far < self.script.tool_steps_max
             && h % 100 < self.script.tool_step_percent;

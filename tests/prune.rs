@@ -64,13 +64,24 @@ fn import_session(state: &Path, dir: &Path) {
         .unwrap());
 }
 
-/// The session's WAL file name.
-fn wal_name(state: &Path) -> String {
-    std::fs::read_dir(state.join("wal"))
+/// The session imported ([`import_session`]), packed, and restored from its container (which
+/// keeps that older copy): its address.
+fn imported_packed_and_restored(state: &Path, dir: &Path) -> String {
+    import_session(state, dir);
+    let address = std::fs::read_dir(state.join("wal"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .find(|n| n.ends_with(".wal"))
-        .expect("the session's WAL")
+        .find_map(|n| n.strip_suffix(".wal").map(str::to_string))
+        .expect("the session's WAL");
+    ok(broca(state)
+        .args(["archive", "pack", "--idle-days", "0"])
+        .output()
+        .unwrap());
+    ok(broca(state)
+        .args(["archive", "restore", &address])
+        .output()
+        .unwrap());
+    address
 }
 
 /// The files (the store's aside) that hold `needle`.
@@ -117,17 +128,8 @@ fn serve_prunes_reasoning_in_place_and_the_session_goes_on_without_it() {
     let peer = Aimock::start(&fixture("aimock.json"));
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
-    import_session(&state, dir.path());
-    let address = wal_name(&state).trim_end_matches(".wal").to_string();
     // An older sealed copy of the session, restored: the prune takes it out too.
-    ok(broca(&state)
-        .args(["archive", "pack", "--idle-days", "0"])
-        .output()
-        .unwrap());
-    ok(broca(&state)
-        .args(["archive", "restore", &address])
-        .output()
-        .unwrap());
+    let address = imported_packed_and_restored(&state, dir.path());
     assert!(!reasoning_anywhere(&state).is_empty());
 
     let config = dir.path().join("broca.json");
@@ -257,16 +259,7 @@ fn a_prune_cut_at_each_step_of_its_pack_is_finished_by_the_next_pack() {
     for point in ["archive_written", "archive_sealed", "archive_removed_one"] {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("state");
-        import_session(&state, dir.path());
-        let address = wal_name(&state).trim_end_matches(".wal").to_string();
-        ok(broca(&state)
-            .args(["archive", "pack", "--idle-days", "0"])
-            .output()
-            .unwrap());
-        ok(broca(&state)
-            .args(["archive", "restore", &address])
-            .output()
-            .unwrap());
+        let address = imported_packed_and_restored(&state, dir.path());
         let o = broca(&state)
             .env("BROCA_CRASH_AT", point)
             .args(prune)

@@ -3,7 +3,7 @@
 //! originals' digests and list the emptied parts.
 
 use broca_protocol::{Block, FinishReason};
-use broca_wal::runrec::{FinishKind, ModelStepFinished, RunFinished};
+use broca_wal::runrec::ModelStepFinished;
 use broca_wal::{frame, Record, SessionTriple, WalHeader};
 use cortexkit_role_llm_runner::content_digest::content_digest;
 use cortexkit_role_llm_runner::read::ReadRequest;
@@ -12,6 +12,7 @@ use serde_json::json;
 use crate::prune::prune_log;
 use crate::replay::tests::{started, step};
 use crate::replay::Session;
+use crate::retention_tests::finished;
 
 /// A log of `records` (seq 1 on), as a writer leaves it.
 fn log(records: &[Record]) -> Vec<u8> {
@@ -51,22 +52,6 @@ fn model_step(content: Vec<Block>) -> Record {
     }))
 }
 
-fn finished() -> Record {
-    Record::RunFinished(RunFinished {
-        run_id: "r".into(),
-        reason: FinishKind::Completed,
-        detail: None,
-        error: None,
-        indeterminate_tool_calls: Vec::new(),
-        usage: Default::default(),
-        spend: Default::default(),
-        at_unix_ms: Some(6),
-        cause: None,
-        budget: None,
-        structured_output: None,
-    })
-}
-
 fn thought() -> Block {
     Block::Thinking {
         text: "the door is blue".into(),
@@ -99,7 +84,7 @@ fn a_prune_empties_reasoning_in_place_and_reads_keep_the_originals_digests() {
         started(),
         step(1),
         model_step(vec![thought(), answer()]),
-        finished(),
+        finished("r", 6),
     ];
     let bytes = log(&records);
     let before = replayed(&bytes);
@@ -190,10 +175,20 @@ fn a_prune_empties_reasoning_in_place_and_reads_keep_the_originals_digests() {
 
 #[test]
 fn a_log_with_nothing_left_to_prune_is_kept_and_a_damaged_one_is_refused() {
-    let bytes = log(&[started(), step(1), model_step(vec![answer()]), finished()]);
+    let bytes = log(&[
+        started(),
+        step(1),
+        model_step(vec![answer()]),
+        finished("r", 6),
+    ]);
     assert!(prune_log(&bytes, 1).unwrap().is_none());
     let once = prune_log(
-        &log(&[started(), step(1), model_step(vec![thought()]), finished()]),
+        &log(&[
+            started(),
+            step(1),
+            model_step(vec![thought()]),
+            finished("r", 6),
+        ]),
         1,
     )
     .unwrap()
@@ -201,7 +196,12 @@ fn a_log_with_nothing_left_to_prune_is_kept_and_a_damaged_one_is_refused() {
     // Pruned already: a second prune finds nothing, and the generation stays.
     assert!(prune_log(&once.bytes, 2).unwrap().is_none());
     // A record out of sequence is corruption: nothing is rewritten.
-    let records = [started(), step(1), model_step(vec![thought()]), finished()];
+    let records = [
+        started(),
+        step(1),
+        model_step(vec![thought()]),
+        finished("r", 6),
+    ];
     let e = prune_log(&log_skipping(&records, Some(3)), 1).unwrap_err();
     assert!(e.contains("damaged"), "{e}");
 }

@@ -33,7 +33,7 @@ fn started(run_id: &str, retention: Option<u64>, at: u64) -> Record {
     crate::replay::tests::started_with(run_id, send(retention).unwrap(), at)
 }
 
-fn finished(run_id: &str, at: u64) -> Record {
+pub(crate) fn finished(run_id: &str, at: u64) -> Record {
     Record::RunFinished(RunFinished {
         run_id: run_id.into(),
         reason: FinishKind::Completed,

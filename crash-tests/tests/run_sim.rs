@@ -42,6 +42,7 @@ fn scenario(seed: u64) -> Scenario {
         report_usage: true,
         unreported_steps: Vec::new(),
         tools: vec!["echo".into(), "write".into()],
+        thinking_bytes: 0,
     };
     let sends = (0..1 + (r >> 24) % 3)
         .map(|i| SendRequest {

@@ -114,59 +114,66 @@ pub fn prune_log(bytes: &[u8], at_unix_ms: u64) -> Result<Option<PrunedLog>, Str
         return Err(format!("the log is damaged: {reason}"));
     }
     let bytes = &bytes[..scan.end as usize];
-    let session = Session::with_entries()
-        .replay_scan_into(&scan, bytes)
-        .map_err(|e| format!("the log does not replay: {e}"))?;
-    let entries = session.entries.as_ref().map_or(&[][..], |e| &e.list[..]);
-    let position: HashMap<&str, usize> = entries
-        .iter()
-        .enumerate()
-        .map(|(i, e)| (e.mid.as_str(), i))
-        .collect();
     let decoded = scan
         .decode(bytes)
         .map_err(|(offset, why)| format!("the record at offset {offset} does not decode: {why}"))?;
+    // One pass: each record applied as replay applies it; a record carrying reasoning is
+    // applied as written (its message's entry then holds the original), then pruned.
+    let mut session = Session::with_entries();
     let mut rewritten: HashMap<u64, Vec<u8>> = HashMap::new();
     let mut messages = Vec::new();
     let mut through = 0u64;
-    // One message: pruned when its entry holds it as it is recorded.
-    let mut prune = |mid: String, content: &mut Vec<Block>| -> Result<bool, String> {
-        if !content.iter().any(carries_reasoning) {
-            return Ok(false);
-        }
-        let Some(&index) = position.get(mid.as_str()) else {
-            return Ok(false);
-        };
-        let entry = &entries[index];
-        if !matches!(&entry.body, crate::entries::Body::Message(m) if m.content == *content) {
-            return Ok(false);
-        }
-        let stored = entry.body.to_json();
-        let digest = session
-            .prunes
-            .messages
-            .get(&mid)
-            .map_or_else(|| content_digest(&stored), |m| m.digest.clone());
-        let mut parts = Vec::new();
-        for (i, b) in content.iter().enumerate() {
-            if !carries_reasoning(b) {
-                continue;
-            }
-            let part = &stored["content"][i];
-            let canonical = serde_jcs::to_vec(part).map_err(|e| e.to_string())?;
-            parts.push(PrunedPart {
-                index: i as u32,
-                kind: kinds::REASONING.to_string(),
-                sha256: content_digest(part),
-                bytes: canonical.len() as u64,
-            });
-        }
-        *content = content.iter().map(emptied).collect();
-        through = through.max(index as u64 + 1);
-        messages.push(PrunedMessage { mid, digest, parts });
-        Ok(true)
-    };
     for (seq, record) in decoded.records {
+        let carries = match &record {
+            Record::ModelStepFinished(r) => r.content.iter().any(carries_reasoning),
+            Record::EpisodeImported(r) => r
+                .messages
+                .iter()
+                .any(|m| m.content.iter().any(carries_reasoning)),
+            _ => false,
+        };
+        let misfit = |reason| format!("the log does not replay: record {seq}: {reason}");
+        if !carries {
+            session.apply(seq, record).map_err(misfit)?;
+            continue;
+        }
+        session.apply(seq, record.clone()).map_err(misfit)?;
+        let entries = session.entries.as_ref().map_or(&[][..], |e| &e.list[..]);
+        // One message: pruned when its entry (one of the newest) holds it as recorded.
+        let mut prune = |mid: String, content: &mut Vec<Block>| -> Result<bool, String> {
+            if !content.iter().any(carries_reasoning) {
+                return Ok(false);
+            }
+            let Some(index) = entries.iter().rposition(|e| e.mid == mid) else {
+                return Ok(false);
+            };
+            let entry = &entries[index];
+            if !matches!(&entry.body, crate::entries::Body::Message(m) if m.content == *content) {
+                return Ok(false);
+            }
+            let stored = entry.body.to_json();
+            let mut parts = Vec::new();
+            for (i, b) in content.iter().enumerate() {
+                if !carries_reasoning(b) {
+                    continue;
+                }
+                let part = &stored["content"][i];
+                let canonical = serde_jcs::to_vec(part).map_err(|e| e.to_string())?;
+                parts.push(PrunedPart {
+                    index: i as u32,
+                    kind: kinds::REASONING.to_string(),
+                    sha256: content_digest(part),
+                    bytes: canonical.len() as u64,
+                });
+            }
+            *content = content.iter().map(emptied).collect();
+            through = through.max(index as u64 + 1);
+            // A message still carrying reasoning was never pruned: its digest as written is
+            // the one over what it holds now.
+            let digest = content_digest(&stored);
+            messages.push(PrunedMessage { mid, digest, parts });
+            Ok(true)
+        };
         let changed = match record {
             Record::ModelStepFinished(mut r) => {
                 let mid = crate::replay::assistant_mid(seq, &r).to_string();

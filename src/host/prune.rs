@@ -9,11 +9,10 @@ use std::path::PathBuf;
 
 use crate::Host;
 
-/// The archive's rewrite of a session's WAL bytes: its reasoning pruned now.
+/// The archive's rewrite of a session's WAL bytes: its reasoning pruned now (the sessions'
+/// clock, which records' times use).
 pub fn prune_reasoning(bytes: &[u8]) -> Result<Option<Vec<u8>>, String> {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
+    let now = broca_session::now_unix_ms();
     Ok(broca_core::prune::prune_log(bytes, now)?.map(|p| p.bytes))
 }
 

@@ -129,7 +129,7 @@ fn serve_prunes_reasoning_in_place_and_the_session_goes_on_without_it() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
     // An older sealed copy of the session, restored: the prune takes it out too.
-    let address = imported_packed_and_restored(&state, dir.path());
+    imported_packed_and_restored(&state, dir.path());
     assert!(!reasoning_anywhere(&state).is_empty());
 
     let config = dir.path().join("broca.json");

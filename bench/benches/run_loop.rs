@@ -51,6 +51,7 @@ fn config() -> FrozenConfig {
         retention: None,
         retention_policy: None,
         title: None,
+        plan: None,
     }
 }
 

@@ -21,6 +21,7 @@ struct ServeConfig {
     archive_after_days: Option<u64>,
     archive_every_secs: Option<u64>,
     prune_reasoning: Option<bool>,
+    plans: Option<bool>,
     body_limit_bytes: Option<usize>,
     request_timeout_ms: Option<u64>,
     #[serde(default)]
@@ -191,6 +192,7 @@ fn host_options(
             .map(|d| std::time::Duration::from_secs(d.saturating_mul(86_400))),
         archive_every: std::time::Duration::from_secs(file.archive_every_secs.unwrap_or(3600)),
         prune_reasoning: file.prune_reasoning.unwrap_or(false),
+        plans: file.plans.unwrap_or(false),
         catalog: {
             let mut c = broca_catalog::load::Sources::from_env(&catalog_base);
             if file.catalog_file.is_some() {

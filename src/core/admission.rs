@@ -93,6 +93,17 @@ pub struct Prepared {
     /// A session's first send must name a `retention_policy` (set by the front: module
     /// mode, where every starter sends one; llm-runner/v1 `session_retention.required`).
     pub policy_required: bool,
+    /// Its fetch plan, read and checked (llm-runner/v1 `plans`); what the plan's fetch gave
+    /// is set by the host before the session's actor admits it.
+    pub plan: Option<SentPlan>,
+}
+
+/// A send's fetch plan: as read, and as admission's fetch froze it (set only when the
+/// session had no plan when the host looked).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SentPlan {
+    pub plan: crate::plan::Plan,
+    pub admitted: Option<Box<broca_wal::planrec::FrozenPlan>>,
 }
 
 /// A send that did not pass [`prepare`]: its refusal, kept with what a repeated send_id
@@ -213,6 +224,7 @@ pub fn admit_prepared(
     let retention = session_retention(session, p.config.retention)?;
     let mut p = p;
     p.config.retention = retention;
+    plan(&mut p, session)?;
     // A steer joins the run being driven, under its settings; its media are checked against
     // that run's model, any other send's against the model it would freeze.
     if p.delivery.as_deref() == Some(broca_wire::delivery::STEER) {
@@ -425,8 +437,18 @@ pub fn prepare(
     providers: &dyn ProviderCheck,
 ) -> Result<Prepared, Unprepared> {
     let inputs_digest = inputs_digest(req);
-    match resolve(req, tools, catalog, providers) {
-        Ok(config) => Ok(Prepared {
+    let resolved = resolve(req, tools, catalog, providers).and_then(|config| {
+        let plan = match &req.plan {
+            Some(plan) => Some(SentPlan {
+                plan: crate::plan::Plan::read(plan)?,
+                admitted: None,
+            }),
+            None => None,
+        };
+        Ok((config, plan))
+    });
+    match resolved {
+        Ok((config, plan)) => Ok(Prepared {
             send_id: req.send_id.clone(),
             inputs_digest,
             prompt_digest: prompt_digest(&req.prompt),
@@ -443,6 +465,7 @@ pub fn prepare(
                 .map(|c| c.upload_id().to_string())
                 .collect(),
             policy_required: false,
+            plan,
         }),
         Err(refusal) => Err(Unprepared {
             // A send_id that is itself invalid names no run.
@@ -538,10 +561,7 @@ fn resolve(
     {
         tools.push(submit);
     }
-    let tools_digest = {
-        let bytes = serde_json::to_vec(&tools).expect("tool specs serialize");
-        blake3::hash(&bytes).to_hex()[..32].to_string()
-    };
+    let tools_digest = tools_digest(&tools);
     Ok(FrozenConfig {
         provider: entry.provider.id.to_string(),
         model: entry.model.clone(),
@@ -573,7 +593,47 @@ fn resolve(
         retention: retention(req)?,
         retention_policy: retention::policy(req)?,
         title: title(req)?,
+        plan: None,
     })
+}
+
+/// A send's config on a planned session, or on the send that admits a session with its
+/// plan: the plan's tools and text (llm-runner/v1 `plans`). A plan other than the frozen
+/// one, or one sent to a session that began without, is refused `plan_drift`.
+fn plan(p: &mut Prepared, session: &Session) -> Result<(), Refusal> {
+    let named_tools = p.named.contains(&"tools");
+    let drift = |frozen: Option<&str>, sent: &crate::plan::Plan| Refusal::PlanDrift {
+        frozen: frozen.map(|f| serde_json::from_str(f).unwrap_or_else(|_| f.into())),
+        sent: serde_json::Value::Object(sent.value.clone()),
+    };
+    match (&session.plan, p.plan.take()) {
+        (Some(frozen), Some(sent)) if sent.plan.identity != frozen.identity => {
+            Err(drift(Some(&frozen.plan), &sent.plan))
+        }
+        (Some(frozen), _) => crate::plan::apply(&mut p.config, frozen, named_tools),
+        (None, Some(sent)) if !session.runs.is_empty() || !session.queued.is_empty() => {
+            Err(drift(None, &sent.plan))
+        }
+        (None, Some(sent)) => match sent.admitted {
+            Some(frozen) => {
+                crate::plan::apply(&mut p.config, &frozen, named_tools)?;
+                p.config.plan = Some(frozen);
+                Ok(())
+            }
+            // The host saw the plan frozen when it looked; the session says otherwise.
+            None => Err(Refusal::FetchUnavailable {
+                provider: String::new(),
+                why: "the session's plan changed while this send was admitted".into(),
+            }),
+        },
+        (None, None) => Ok(()),
+    }
+}
+
+/// The digest a run's config keeps of its tool specs.
+pub fn tools_digest(tools: &[ToolSpec]) -> String {
+    let bytes = serde_json::to_vec(tools).expect("tool specs serialize");
+    blake3::hash(&bytes).to_hex()[..32].to_string()
 }
 
 /// The run's compaction as the send asked for it: `off` or none is none.

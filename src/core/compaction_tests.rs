@@ -22,6 +22,7 @@ fn compacting() -> FrozenConfig {
         compaction: Some(Compaction::summarize()),
         retention: None,
         title: None,
+        plan: None,
         ..config()
     }
 }

@@ -16,6 +16,9 @@ pub mod machine;
 #[cfg(test)]
 mod machine_tests;
 pub mod media;
+pub mod plan;
+#[cfg(test)]
+mod plan_tests;
 pub mod project;
 pub mod prune;
 #[cfg(test)]

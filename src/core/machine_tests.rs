@@ -41,6 +41,7 @@ pub(crate) fn config() -> FrozenConfig {
         retention: None,
         retention_policy: None,
         title: None,
+        plan: None,
     }
 }
 

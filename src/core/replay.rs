@@ -194,6 +194,8 @@ pub struct Session {
     pub released: Option<broca_wal::runrec::SessionReleased>,
     /// What the archive's prunes of its reasoning left (`archive_prunes_reasoning`).
     pub prunes: super::prune::Prunes,
+    /// The fetch plan its admission froze (llm-runner/v1 `plans`), for life.
+    pub plan: Option<Box<broca_wal::planrec::FrozenPlan>>,
 }
 
 impl Session {
@@ -207,6 +209,9 @@ impl Session {
             self.retention = config.retention;
         }
         self.note_policy(config.retention_policy.as_ref());
+        if self.plan.is_none() {
+            self.plan.clone_from(&config.plan);
+        }
     }
 }
 

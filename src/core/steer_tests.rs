@@ -214,6 +214,7 @@ fn prepared(send_id: &str, prompt: &str, delivery: &str) -> Prepared {
         named: vec!["model"],
         content: Vec::new(),
         policy_required: false,
+        plan: None,
     }
 }
 

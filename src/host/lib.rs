@@ -18,6 +18,7 @@ mod lists;
 mod media;
 mod memory;
 pub mod metrics;
+mod plans;
 mod prune;
 mod reads;
 mod replies;
@@ -84,6 +85,9 @@ pub struct HostOptions {
     /// The archive prunes each packed session's reasoning (`prune_reasoning`; llm-runner/v1
     /// `archive_prunes_reasoning`, declared when set).
     pub prune_reasoning: bool,
+    /// Sends may carry a fetch plan (`plans`; llm-runner/v1 `plans`, declared when set):
+    /// fetched from the daemon's tool modules at a session's first send and frozen for life.
+    pub plans: bool,
     /// The MCP tool servers to start (`--tools-config`).
     pub tools: Option<broca_tools::config::ToolsConfig>,
     pub endpoints: Endpoints,

@@ -40,9 +40,9 @@ pub(crate) async fn baseline(
     caller: &Caller,
 ) -> Result<Value, RpcError> {
     let caller = caller.clone();
-    let names = with_session(ctx, &t, move |read| {
+    let answer = with_session(ctx, &t, move |read| {
         let Some(read) = read else {
-            return Ok(None);
+            return Ok(broca_wire::role::baseline(None));
         };
         let state = &read.session;
         if !caller.owns(&state.owners()) {
@@ -55,11 +55,15 @@ pub(crate) async fn baseline(
                 .map(|t| t.name.clone())
                 .collect::<Vec<_>>()
         });
-        Ok(Some(tools.unwrap_or_default()))
+        let names = tools.unwrap_or_default();
+        Ok(match &state.plan {
+            Some(plan) => broca_core::plan::baseline(plan, names),
+            None => broca_wire::role::baseline(Some(names)),
+        })
     })
     .await?
     .map_err(|()| not_owner("session.baseline"))?;
-    Ok(broca_wire::role::baseline(names))
+    Ok(answer)
 }
 
 /// session.send_status: what a re-send of `send_id` would answer: nothing admitted,

@@ -64,6 +64,7 @@ async fn call(ctx: &Host, request: Request, caller: &Caller) -> Result<Value, Rp
                 step_events: ctx.step_hints.is_some(),
                 policy_required: ctx.policy_required,
                 prunes_reasoning: ctx.opts.prune_reasoning,
+                plans: ctx.opts.plans,
             })),
             Request::SessionsList { list } => crate::lists::sessions(ctx, list).await,
             #[cfg(debug_assertions)]
@@ -240,6 +241,9 @@ async fn send(
             "broca is stopping; retry later",
         ));
     }
+    if let (Some(plan), false) = (&req.plan, ctx.opts.plans) {
+        return Err(broca_wire::request::plan_not_admitted(plan));
+    }
     // A steer or an interrupt takes the settings it leaves out from the session's latest
     // run; its identity (a re-send's comparison) and the settings it named stay as sent.
     let joining = req.delivery.is_some();
@@ -284,8 +288,9 @@ async fn send(
             return Err(RpcError::refusal(&u.refusal));
         }
     }
-    if let Ok(p) = &admission {
+    if let Ok(p) = &mut admission {
         refuse_content(ctx, &t, p).await?;
+        crate::plans::fetch(ctx, &t, p).await?;
     }
     let (reply, wait) = oneshot::channel();
     let admission = Box::new(admission);

@@ -189,6 +189,60 @@ pub fn read_catalog(module_id: &str, frame: &FrameIn) -> Result<Catalog, LinkErr
     let catalog: CatalogAnswer = serde_json::from_value(v).map_err(|e| {
         LinkError::Protocol(format!("its tool.catalog answer does not decode: {e}"))
     })?;
+    catalog_of(module_id, catalog).map_err(LinkError::Protocol)
+}
+
+/// Why a plan item's `tool.catalog` answer did not arrive (llm-runner/v1 §10.1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlanMiss {
+    /// No answer within admission's deadline.
+    Timeout,
+    /// The module could not be reached, or its answer does not hold (why).
+    Unavailable(String),
+    /// The module refused the request: its code and message.
+    Refused { code: String, message: String },
+}
+
+/// A plan item's `tool.catalog` request (`{name, arguments}` with the role's request).
+pub fn plan_catalog_request(
+    request: &cortexkit_role_tool_provider::catalog::CatalogRequest,
+) -> Vec<u8> {
+    op_request(
+        cortexkit_role_tool_provider::ops::TOOL_CATALOG,
+        serde_json::to_value(request).expect("a catalog request serializes"),
+    )
+}
+
+/// A plan item's `tool.catalog` answer: the answer as it came, and its tools as broca
+/// routes them ([`catalog_of`]); a refusal keeps the module's code.
+pub fn read_plan_catalog(
+    module_id: &str,
+    frame: &FrameIn,
+) -> Result<(CatalogAnswer, Catalog), PlanMiss> {
+    match frame.header.ty {
+        FrameType::Response => {}
+        FrameType::Error => {
+            let e = error_body(&frame.body);
+            return Err(PlanMiss::Refused {
+                code: e.code,
+                message: e.message,
+            });
+        }
+        other => {
+            return Err(PlanMiss::Unavailable(format!(
+                "a {other:?} frame answered tool.catalog"
+            )))
+        }
+    }
+    let answer: CatalogAnswer = serde_json::from_slice(&frame.body).map_err(|e| {
+        PlanMiss::Unavailable(format!("its tool.catalog answer does not decode: {e}"))
+    })?;
+    let catalog = catalog_of(module_id, answer.clone()).map_err(PlanMiss::Unavailable)?;
+    Ok((answer, catalog))
+}
+
+/// The tools of a decoded `tool.catalog` answer as broca offers them (see [`read_catalog`]).
+pub fn catalog_of(module_id: &str, catalog: CatalogAnswer) -> Result<Catalog, String> {
     let mut specs = Vec::with_capacity(catalog.tools.len());
     let mut notes = Vec::new();
     let mut result_v1 = std::collections::HashSet::new();
@@ -197,11 +251,10 @@ pub fn read_catalog(module_id: &str, frame: &FrameIn) -> Result<Catalog, LinkErr
     for tool in catalog.tools {
         // A reply deadline that breaks the role's rules makes the whole answer invalid.
         check_reply(&tool).map_err(|p| {
-            LinkError::Protocol(format!(
-                "invalid_answer: its tool.catalog answer's {}: {}",
-                format!("`{}` {}", p.tool, p.member),
-                p.reason
-            ))
+            format!(
+                "invalid_answer: its tool.catalog answer's `{}` {}: {}",
+                p.tool, p.member, p.reason
+            )
         })?;
         let reply = tool
             .reply

@@ -39,6 +39,9 @@ use broca_subc::LinkError;
 use crate::{ToolOrigin, ToolOutcome};
 
 mod late;
+mod plan;
+
+pub use plan::PlanAnswer;
 
 /// `route.open` tries for a refusal the daemon marks retryable.
 const OPEN_ATTEMPTS: u32 = 6;

@@ -9,6 +9,7 @@ pub mod frame;
 pub mod header;
 pub mod importrec;
 pub mod listing;
+pub mod planrec;
 pub mod reader;
 pub mod record;
 pub mod recovery;

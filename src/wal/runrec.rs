@@ -61,6 +61,10 @@ pub struct FrozenConfig {
     /// never sent to the model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub title: Option<String>,
+    /// The session's fetch plan, on the run (or queued send) whose send admitted the session
+    /// with it (llm-runner/v1 `plans`); the session keeps it for life (crate::planrec).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<Box<crate::planrec::FrozenPlan>>,
 }
 
 /// A run's `structured_output`, as admission froze it.

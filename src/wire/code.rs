@@ -73,6 +73,15 @@ codes! {
     SessionBusy = "session_busy", 409, Transient;
     /// Two configured tools share a name the send offers.
     ToolNameCollision = role::TOOL_NAME_COLLISION, 409, Permanent;
+    /// A later send's `plan` differs from the one the session froze (`detail.frozen`,
+    /// `detail.sent`; llm-runner/v1 `plans`).
+    PlanDrift = role::PLAN_DRIFT, 409, Permanent;
+    /// A required plan item did not arrive within admission's deadline (`detail.provider`):
+    /// nothing was written; retry.
+    FetchUnavailable = role::FETCH_UNAVAILABLE, 503, Transient;
+    /// The plan's fetched items disagree with its composition or with each other
+    /// (`detail.differences`): the host plans again.
+    PlanStale = role::PLAN_STALE, 409, Permanent;
     /// The session has an owner and the caller is not it.
     ScopeOwnerMismatch = role::SCOPE_OWNER_MISMATCH, 403, Permanent;
     /// The send_id's queued send was withdrawn before it started.

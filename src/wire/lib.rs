@@ -215,6 +215,23 @@ impl RpcError {
                 e = e.with_detail("delete_after_ms", (*delete_after_ms).into());
             }
             Refusal::BackupUnsupported(why) => e = e.with_detail("reason", why.as_str().into()),
+            Refusal::PlanToolCollision { name, providers } => {
+                e = e
+                    .with_detail("name", name.as_str().into())
+                    .with_detail("providers", providers.clone().into());
+            }
+            Refusal::PlanDrift { frozen, sent } => {
+                if let Some(frozen) = frozen {
+                    e = e.with_detail("frozen", frozen.clone());
+                }
+                e = e.with_detail("sent", sent.clone());
+            }
+            Refusal::FetchUnavailable { provider, .. } => {
+                e = e.with_detail("provider", provider.as_str().into());
+            }
+            Refusal::PlanStale { differences } => {
+                e = e.with_detail("differences", differences.clone().into());
+            }
             _ => {}
         }
         e

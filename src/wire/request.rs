@@ -13,6 +13,7 @@ pub mod uploads;
 use cortexkit_role_llm_runner::history::HistoryRequest;
 use cortexkit_role_llm_runner::read::ReadRequest;
 use cortexkit_role_llm_runner::tool_calls::ToolCallsRequest;
+pub use send_params::plan_not_admitted;
 use send_params::role_send_members;
 
 /// The management methods.

@@ -98,6 +98,8 @@ pub struct Declared {
     /// The archive prunes reasoning as it packs (`archive_prunes_reasoning`, the kinds
     /// [`PRUNE_KINDS`]): the serve config's `prune_reasoning`.
     pub prunes_reasoning: bool,
+    /// Sends may carry a fetch plan (`plans`): the serve config's `plans`.
+    pub plans: bool,
 }
 
 /// The kinds of `archive_prunes_reasoning` broca applies: a reasoning block's text and
@@ -111,6 +113,7 @@ pub fn describe(declared: Declared) -> Value {
         step_events,
         policy_required,
         prunes_reasoning,
+        plans,
     } = declared;
     let major = Major {
         version: PROVIDES.to_string(),
@@ -124,6 +127,7 @@ pub fn describe(declared: Declared) -> Value {
                 .copied()
                 .chain(step_events.then_some(groups::STEP_EVENTS))
                 .chain(prunes_reasoning.then_some(groups::ARCHIVE_PRUNES_REASONING))
+                .chain(plans.then_some(groups::PLANS))
                 .map(str::to_string)
                 .collect(),
         )
@@ -196,6 +200,7 @@ mod tests {
             step_events: true,
             policy_required: true,
             prunes_reasoning: true,
+            plans: true,
         };
         let d = cortexkit_role_llm_runner::describe::check_describe(&describe(all))
             .unwrap_or_else(|p| panic!("{p:?}"));
@@ -208,7 +213,11 @@ mod tests {
             && l.max_unreleased_hold_ms == UNRELEASED_HOLD_MS));
         assert_eq!(
             &d.capabilities[GROUPS.len()..],
-            [groups::STEP_EVENTS, groups::ARCHIVE_PRUNES_REASONING]
+            [
+                groups::STEP_EVENTS,
+                groups::ARCHIVE_PRUNES_REASONING,
+                groups::PLANS
+            ]
         );
         assert_eq!(d.step_events, Some(broca_core_policy()));
     }

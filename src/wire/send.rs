@@ -80,6 +80,10 @@ pub struct SendRequest {
     /// never sent to the model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub title: Option<String>,
+    /// The session's fetch plan (llm-runner/v1 `plans`), as the caller sent it: read and
+    /// fetched at the session's first send, frozen for life; a later send may repeat it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<serde_json::Value>,
 }
 
 /// Why a send's `retention_policy` is refused: the member path it is about
@@ -187,6 +191,21 @@ pub enum Refusal {
     SessionBusy { run_id: String },
     /// Two configured tools share a name the send offers.
     ToolNameCollision(String),
+    /// Two plan providers offer the same model-facing tool name (every provider named).
+    PlanToolCollision {
+        name: String,
+        providers: Vec<String>,
+    },
+    /// The send's `plan` is not the one the session froze (`frozen` absent for a session
+    /// whose first episode had none): both as JSON.
+    PlanDrift {
+        frozen: Option<serde_json::Value>,
+        sent: serde_json::Value,
+    },
+    /// A required plan item did not arrive (its provider, and why).
+    FetchUnavailable { provider: String, why: String },
+    /// The fetched items disagree with the composition or each other: the differences.
+    PlanStale { differences: Vec<serde_json::Value> },
     /// The daemon is shutting down.
     ShuttingDown,
     /// The session has an owner and the caller is not it.
@@ -231,7 +250,12 @@ impl Refusal {
             | Refusal::RetentionAboveMax { .. } => Code::InvalidParams,
             Refusal::SendIdReuse { .. } => Code::SendIdReuse,
             Refusal::SessionBusy { .. } => Code::SessionBusy,
-            Refusal::ToolNameCollision(_) => Code::ToolNameCollision,
+            Refusal::ToolNameCollision(_) | Refusal::PlanToolCollision { .. } => {
+                Code::ToolNameCollision
+            }
+            Refusal::PlanDrift { .. } => Code::PlanDrift,
+            Refusal::FetchUnavailable { .. } => Code::FetchUnavailable,
+            Refusal::PlanStale { .. } => Code::PlanStale,
             Refusal::ShuttingDown => Code::ShuttingDown,
             Refusal::ScopeOwnerMismatch => Code::ScopeOwnerMismatch,
             Refusal::SendRetracted => Code::SendRetracted,
@@ -278,6 +302,27 @@ impl Refusal {
                 format!("run {run_id} is active; wait for it or cancel it")
             }
             Refusal::ToolNameCollision(name) => format!("two tool servers offer `{name}`"),
+            Refusal::PlanToolCollision { name, providers } => format!(
+                "the plan's providers {} all offer a tool named `{}`",
+                providers.join(", "),
+                name.escape_debug()
+            ),
+            Refusal::PlanDrift {
+                frozen: Some(_), ..
+            } => "this session froze another fetch \
+                plan at admission; a later send repeats it or leaves `plan` out"
+                .to_string(),
+            Refusal::PlanDrift { frozen: None, .. } => "this session was admitted without a \
+                fetch plan; a later send cannot add one"
+                .to_string(),
+            Refusal::FetchUnavailable { provider, why } => format!(
+                "plan item of `{}` did not arrive: {why}; nothing was written, retry",
+                provider.escape_debug()
+            ),
+            Refusal::PlanStale { differences } => format!(
+                "the plan's fetched items disagree with it ({} difference(s)); plan again",
+                differences.len()
+            ),
             Refusal::ShuttingDown => "broca is stopping; retry later".to_string(),
             Refusal::SendRetracted => {
                 "this send was retracted before it started; it never starts".to_string()

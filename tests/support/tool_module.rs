@@ -46,6 +46,8 @@ pub struct ToolLog {
     /// The `late_results` reads (their arguments) and acks (their `through` cursors).
     pub late_reads: Arc<Mutex<Vec<Value>>>,
     pub acks: Arc<Mutex<Vec<Value>>>,
+    /// Every `tool.catalog` request's arguments.
+    pub catalogs: Arc<Mutex<Vec<Value>>>,
 }
 
 /// The stand-in module's provider incarnation (its late results' cursors carry it).
@@ -101,6 +103,34 @@ impl ToolModule {
         ]
     }
 
+    /// The system text it answers a `system_text` item with.
+    pub const SYSTEM_TEXT: &'static str = "Use the record tool to note things down.";
+
+    /// Its answer to a `tool.catalog` request with `args`: with the request's composition's
+    /// digest and, when asked, its system text composed for every tool it offers.
+    fn catalog_for(args: &Value) -> Value {
+        use cortexkit_role_tool_provider::catalog::{composition_digest, system_text_digest};
+        let mut answer = Self::catalog();
+        let digest = args
+            .get("composition")
+            .map(|c| composition_digest(c).unwrap());
+        if let Some(d) = &digest {
+            answer["composition_digest"] = serde_json::json!(d);
+        }
+        if args.get("system_text").is_some() {
+            let mut names: Vec<&str> = Self::tools().into_iter().map(|(n, _)| n).collect();
+            names.sort_unstable();
+            answer["system_text"] = serde_json::json!({
+                "text": Self::SYSTEM_TEXT,
+                "item_digest": system_text_digest(Self::SYSTEM_TEXT),
+                "preflight_digest": system_text_digest("preflight"),
+                "composition_digest": digest,
+                "tool_names": names,
+            });
+        }
+        answer
+    }
+
     fn catalog() -> Value {
         use cortexkit_role_tool_provider::catalog::schema_digest;
         let tools: Vec<Value> = Self::tools()
@@ -146,7 +176,11 @@ pub(super) fn tool_answer(t: &ToolModule, body: &Value, channel: u16) -> Reply {
                 false,
             )
         }
-        "tool.catalog" => return Reply::Frame(FrameType::Response, ToolModule::catalog(), false),
+        "tool.catalog" => {
+            let args = body.get("arguments").cloned().unwrap_or_default();
+            t.log.catalogs.lock().unwrap().push(args.clone());
+            return Reply::Frame(FrameType::Response, ToolModule::catalog_for(&args), false);
+        }
         "late_results" => return late_read(t, &body["arguments"]),
         "late_results.ack" => {
             t.log

@@ -10,8 +10,8 @@ use crate::RpcError;
 /// taken out of `params`: `delivery` (a string: `queue`, what an absent one means, `steer`
 /// or `interrupt`, kept as broca's `delivery` when not `queue`; an unknown mode or a list is
 /// refused `invalid_params`; only a steer or an interrupt may leave out `model`), `stop_when.max_steps` (broca's `max_steps`),
-/// `generation.max_output_tokens` (checked here, so a refusal names it) and `plan` (broca
-/// admits no plans).
+/// `generation.max_output_tokens` (checked here, so a refusal names it); `plan` is kept
+/// as sent (the host refuses it unless plans are on, and admission reads it).
 pub(super) fn role_send_members(params: &mut Map<String, Value>) -> Result<(), RpcError> {
     if let Some(mode) = delivery(params.remove("delivery"))? {
         params.insert("delivery".into(), Value::String(mode.into()));
@@ -42,7 +42,7 @@ pub(super) fn role_send_members(params: &mut Map<String, Value>) -> Result<(), R
     client_message_id(params.get("client_message_id"))?;
     directives(params.get("directives"))?;
     structured_output(params.get("structured_output"))?;
-    no_plan(params.get("plan"))
+    Ok(())
 }
 
 /// `structured_output`: `{mode, schema, name?}`, strict; each refusal names the member's
@@ -282,24 +282,23 @@ fn generation(given: Option<&Value>) -> Result<(), RpcError> {
     Ok(())
 }
 
-/// A `plan`: broca admits none.
-fn no_plan(given: Option<&Value>) -> Result<(), RpcError> {
-    if let Some(plan) = given {
-        let output_refs = plan
-            .get("tool_items")
-            .and_then(Value::as_array)
-            .is_some_and(|items| items.iter().any(|i| i.get("output_refs").is_some()));
-        let field = if output_refs {
-            "plan.tool_items[].output_refs"
-        } else {
-            "plan"
-        };
-        return Err(invalid(format!(
-            "this runner admits no fetch plan (`{field}`); a send names its tools in `tools`"
-        ))
-        .with_field(field));
-    }
-    Ok(())
+/// The refusal of a send carrying `plan` on a runner that does not declare `plans`: its
+/// field is `plan`, or the member a runner without output references names.
+pub fn plan_not_admitted(plan: &Value) -> RpcError {
+    let output_refs = plan
+        .get("tool_items")
+        .and_then(Value::as_array)
+        .is_some_and(|items| items.iter().any(|i| i.get("output_refs").is_some()));
+    let field = if output_refs {
+        "plan.tool_items[].output_refs"
+    } else {
+        "plan"
+    };
+    invalid(format!(
+        "this runner admits no fetch plan (`{field}`; `\"plans\": true` in the config turns \
+         them on); a send names its tools in `tools`"
+    ))
+    .with_field(field)
 }
 
 /// The role's `budget` of a send: a closed object whose members are `nudges`,

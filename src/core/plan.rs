@@ -1,0 +1,568 @@
+//! llm-runner/v1 `plans` (§10.1), sans-IO: a send's fetch plan read and checked before
+//! anything is fetched or written ([`Plan::read`]), the `tool.catalog` request each of its
+//! providers is asked ([`Plan::fetches`]), the answers checked into the plan the session
+//! freezes ([`Plan::admit`]), and a run's config made from a frozen plan ([`apply`]).
+//!
+//! The plan's members broca reads: `tool_items` and `system_text_items` (`{provider, preset?,
+//! params, optional?}`), `composition` (an opaque object passed to every provider as sent,
+//! checked against each answer's `composition_digest`; its `providers[].tools`, when given,
+//! against the names each provider offered) and `compaction_item` (`preset` required).
+//! Members broca does not serve (a step transform, a sender list, a reader list, a tool
+//! item's `upfront` or `output_refs`) are refused by name rather than ignored.
+
+use std::collections::BTreeMap;
+
+use broca_protocol::ToolSpec;
+use broca_wal::planrec::{AbsentPlanItem, FrozenPlan, PlanItem, ProviderCapabilities};
+use broca_wire::Refusal;
+use cortexkit_role_tool_provider::catalog::{
+    composition_digest, system_text_digest, CatalogAnswer, CatalogRequest, SystemTextItem,
+};
+use serde_json::{json, Map, Value};
+
+/// Members a plan may carry that broca reads or passes on unread.
+const READ: &[&str] = &[
+    "tool_items",
+    "system_text_items",
+    "composition",
+    "compaction_item",
+    "composition_digest",
+];
+
+/// Members of the role broca does not serve: a plan naming one is refused naming it.
+const NOT_SERVED: &[(&str, &str)] = &[
+    (
+        "step_transform_items",
+        "this runner runs no step transforms",
+    ),
+    ("senders", "this runner admits no senders besides the owner"),
+    ("readers", "this runner restricts no readers"),
+];
+
+/// A send's fetch plan, read and checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// The plan as sent.
+    pub value: Map<String, Value>,
+    /// Its identity: SHA-256 of its JCS text.
+    pub identity: String,
+    composition: Option<Map<String, Value>>,
+    composition_digest: Option<String>,
+    fetches: Vec<Fetch>,
+}
+
+/// One provider's part of a plan: its tool item, its system-text item, or both.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fetch {
+    pub provider: String,
+    tools: Option<Item>,
+    text: Option<Item>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Item {
+    preset: Option<String>,
+    params: Map<String, Value>,
+    optional: bool,
+}
+
+/// Why one provider's answer did not arrive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Missed {
+    /// No answer within admission's deadline.
+    Timeout,
+    /// The provider could not be reached (why).
+    Unavailable(String),
+    /// The provider refused the request (its code, its message).
+    Refused { code: String, message: String },
+}
+
+/// One provider's answer: the catalog as it came, and its tools as broca routes them (each
+/// pinned to the provider: broca-subc's reading of the same answer).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Arrived {
+    pub answer: CatalogAnswer,
+    pub specs: Vec<ToolSpec>,
+}
+
+fn field(field: &'static str, why: impl Into<String>) -> Refusal {
+    Refusal::InvalidField {
+        field,
+        why: why.into(),
+    }
+}
+
+impl Plan {
+    /// Reads `plan` as a send carried it: refused `invalid_params` naming the member that
+    /// is malformed or not served, before anything is fetched or written.
+    pub fn read(plan: &Value) -> Result<Plan, Refusal> {
+        let Some(value) = plan.as_object() else {
+            return Err(field("plan", "`plan` must be an object"));
+        };
+        for (member, why) in NOT_SERVED {
+            if value.contains_key(*member) {
+                return Err(field("plan", format!("`plan.{member}`: {why}")));
+            }
+        }
+        if let Some(unknown) = value
+            .keys()
+            .find(|k| !READ.contains(&k.as_str()) && k.as_str() != "interactive")
+        {
+            return Err(field(
+                "plan",
+                format!(
+                    "`plan.{}` is not a member this runner reads",
+                    unknown.escape_debug()
+                ),
+            ));
+        }
+        cortexkit_role_llm_runner::compaction::check_plan(value).map_err(|f| {
+            field(
+                f,
+                "`plan.compaction_item` must name its role `preset` (a string)",
+            )
+        })?;
+        if value.contains_key("compaction_item") {
+            return Err(field(
+                "plan.compaction_item",
+                "this runner takes no compaction provider yet; its built-in compaction is a \
+                 send's `compaction`",
+            ));
+        }
+        let mut fetches: Vec<Fetch> = Vec::new();
+        for (list, is_tools) in [("tool_items", true), ("system_text_items", false)] {
+            let Some(items) = value.get(list) else {
+                continue;
+            };
+            let Some(items) = items.as_array() else {
+                return Err(field("plan", format!("`plan.{list}` must be an array")));
+            };
+            for (i, raw) in items.iter().enumerate() {
+                let (provider, item) = read_item(list, i, raw, is_tools)?;
+                let at = match fetches.iter().position(|f| f.provider == provider) {
+                    Some(at) => at,
+                    None => {
+                        fetches.push(Fetch {
+                            provider: provider.clone(),
+                            tools: None,
+                            text: None,
+                        });
+                        fetches.len() - 1
+                    }
+                };
+                let slot = if is_tools {
+                    &mut fetches[at].tools
+                } else {
+                    &mut fetches[at].text
+                };
+                if slot.is_some() {
+                    return Err(field(
+                        "plan",
+                        format!(
+                            "`plan.{list}` names provider `{}` twice",
+                            provider.escape_debug()
+                        ),
+                    ));
+                }
+                *slot = Some(item);
+            }
+        }
+        let composition = match value.get("composition") {
+            None => None,
+            Some(Value::Object(c)) => Some(c.clone()),
+            Some(_) => return Err(field("plan", "`plan.composition` must be an object")),
+        };
+        if let Some(v) = composition.as_ref().and_then(|c| c.get("join_version")) {
+            if v.as_u64() != Some(u64::from(broca_wal::planrec::JOIN_VERSION)) {
+                return Err(field(
+                    "plan",
+                    format!(
+                        "`plan.composition.join_version` {v}: this runner joins system text by \
+                         version {}",
+                        broca_wal::planrec::JOIN_VERSION
+                    ),
+                ));
+            }
+        }
+        let digest = |v: &Value| {
+            composition_digest(v)
+                .map_err(|e| field("plan", format!("`plan` has no JCS form: {e:?}")))
+        };
+        // A plan without a composition has the empty one's digest: every planned session's
+        // baseline names one.
+        let composition_digest = Some(digest(&Value::Object(
+            composition.clone().unwrap_or_default(),
+        ))?);
+        Ok(Plan {
+            identity: digest(plan)?,
+            value: value.clone(),
+            composition,
+            composition_digest,
+            fetches,
+        })
+    }
+
+    /// Whether admission has anything to fetch.
+    pub fn fetches(&self) -> &[Fetch] {
+        &self.fetches
+    }
+
+    /// The `tool.catalog` request of `fetch`: its tool item's params and preset, the plan's
+    /// composition, and its text item when it has one.
+    pub fn request(&self, fetch: &Fetch) -> CatalogRequest {
+        let mut request = CatalogRequest::new(
+            fetch
+                .tools
+                .as_ref()
+                .map(|t| t.params.clone())
+                .unwrap_or_default(),
+        );
+        if let Some(preset) = fetch.tools.as_ref().and_then(|t| t.preset.clone()) {
+            request = request.with_preset(preset);
+        }
+        if let Some(c) = &self.composition {
+            request = request.with_composition(c.clone());
+        }
+        if let Some(text) = &fetch.text {
+            let mut item = SystemTextItem::new(text.params.clone());
+            if let Some(preset) = &text.preset {
+                item = item.with_preset(preset.clone());
+            }
+            request = request.with_system_text(item);
+        }
+        request
+    }
+
+    /// The plan the session freezes from its providers' answers (one per [`Self::fetches`],
+    /// in order), or the admission refusal: a required item that did not arrive
+    /// (`fetch_unavailable`), answers that disagree with the plan (`plan_stale`), or two
+    /// providers offering one tool name (`tool_name_collision`).
+    pub fn admit(&self, answers: Vec<Result<Arrived, Missed>>) -> Result<FrozenPlan, Refusal> {
+        let mut frozen = FrozenPlan {
+            plan: Value::Object(self.value.clone()).to_string(),
+            identity: self.identity.clone(),
+            composition_digest: self.composition_digest.clone(),
+            items: Vec::new(),
+            absent_items: Vec::new(),
+            system_text: None,
+            join_version: broca_wal::planrec::JOIN_VERSION,
+            tools: Vec::new(),
+            capabilities: Vec::new(),
+        };
+        let mut differences = Vec::new();
+        let mut texts = Vec::new();
+        for (fetch, answer) in self.fetches.iter().zip(answers) {
+            let provider = &fetch.provider;
+            let arrived = match answer {
+                Ok(a) => a,
+                Err(missed) => {
+                    let required = [&fetch.tools, &fetch.text]
+                        .into_iter()
+                        .flatten()
+                        .any(|i| !i.optional);
+                    if required {
+                        return Err(Refusal::FetchUnavailable {
+                            provider: provider.clone(),
+                            why: missed.why(),
+                        });
+                    }
+                    for (item, kind) in [(&fetch.tools, "tools"), (&fetch.text, "system_text")] {
+                        if item.is_some() {
+                            frozen.absent_items.push(missed.absent(provider, kind));
+                        }
+                    }
+                    continue;
+                }
+            };
+            let answer = &arrived.answer;
+            let both = fetch.tools.is_some() && fetch.text.is_some();
+            let name = |kind: &str| both.then(|| kind.to_string());
+            if let (Some(ours), Some(theirs), true) = (
+                &self.composition_digest,
+                &answer.composition_digest,
+                self.composition.is_some(),
+            ) {
+                if ours != theirs {
+                    differences.push(json!({"kind": "composition", "provider": provider,
+                        "expected": ours, "answered": theirs}));
+                }
+            }
+            let offered: Vec<&str> = arrived.specs.iter().map(|s| s.name.as_str()).collect();
+            if let Some(listed) = self.composed_tools(provider) {
+                let missing: Vec<&str> = listed
+                    .iter()
+                    .copied()
+                    .filter(|n| !offered.contains(n))
+                    .collect();
+                let unexpected: Vec<&str> = offered
+                    .iter()
+                    .copied()
+                    .filter(|n| !listed.contains(n))
+                    .collect();
+                if !missing.is_empty() || !unexpected.is_empty() {
+                    differences.push(json!({"kind": "tools", "provider": provider,
+                        "missing": missing, "unexpected": unexpected}));
+                }
+            }
+            if fetch.tools.is_some() {
+                frozen.items.push(PlanItem {
+                    provider: provider.clone(),
+                    item: name("tools"),
+                    item_digest: answer.catalog_digest.clone(),
+                    preflight_digest: None,
+                });
+                frozen.tools.extend(arrived.specs.iter().cloned());
+            }
+            if fetch.text.is_some() {
+                match &answer.system_text {
+                    Some(text) => {
+                        check_text(provider, text, &offered, &mut differences);
+                        frozen.items.push(PlanItem {
+                            provider: provider.clone(),
+                            item: name("system_text"),
+                            item_digest: text.item_digest.clone(),
+                            preflight_digest: Some(text.preflight_digest.clone()),
+                        });
+                        if let Some(t) = text.text.as_ref().filter(|t| !t.is_empty()) {
+                            texts.push(t.clone());
+                        }
+                    }
+                    None => differences.push(json!({"kind": "system_text", "provider": provider,
+                        "why": "the answer carries no system_text"})),
+                }
+            }
+            let declared: Vec<String> = answer
+                .capabilities
+                .iter()
+                .filter(|(_, v)| **v == Value::Bool(true))
+                .map(|(k, _)| k.clone())
+                .collect();
+            if !declared.is_empty() {
+                frozen.capabilities.push(ProviderCapabilities {
+                    provider: provider.clone(),
+                    names: declared,
+                });
+            }
+        }
+        if !differences.is_empty() {
+            return Err(Refusal::PlanStale { differences });
+        }
+        collisions(&frozen.tools)?;
+        if !texts.is_empty() {
+            frozen.system_text = Some(texts.join("\n\n"));
+        }
+        Ok(frozen)
+    }
+
+    /// The tool names the composition lists for `provider`, when it lists them.
+    fn composed_tools(&self, provider: &str) -> Option<Vec<&str>> {
+        let providers = self.composition.as_ref()?.get("providers")?.as_array()?;
+        let entry = providers
+            .iter()
+            .find(|p| p.get("provider").and_then(Value::as_str) == Some(provider))?;
+        Some(
+            entry
+                .get("tools")?
+                .as_array()?
+                .iter()
+                .filter_map(Value::as_str)
+                .collect(),
+        )
+    }
+}
+
+/// A text answer checked: its digest is its text's, and its tool names are the tools its
+/// provider offered (tool-provider/v1 §3's `text_tool_names`).
+fn check_text(
+    provider: &str,
+    text: &cortexkit_role_tool_provider::catalog::SystemTextAnswer,
+    offered: &[&str],
+    differences: &mut Vec<Value>,
+) {
+    if let Some(t) = &text.text {
+        if system_text_digest(t) != text.item_digest {
+            differences.push(json!({"kind": "system_text_digest", "provider": provider}));
+        }
+        let mut names: Vec<&str> = offered.to_vec();
+        names.sort_unstable();
+        names.dedup();
+        let composed_for: Vec<&str> = text
+            .tool_names
+            .iter()
+            .flatten()
+            .map(String::as_str)
+            .collect();
+        let missing: Vec<&str> = composed_for
+            .iter()
+            .copied()
+            .filter(|n| !names.contains(n))
+            .collect();
+        let unexpected: Vec<&str> = names
+            .iter()
+            .copied()
+            .filter(|n| !composed_for.contains(n))
+            .collect();
+        if !missing.is_empty() || !unexpected.is_empty() {
+            differences.push(json!({"kind": "text_tool_names", "provider": provider,
+                "missing": missing, "unexpected": unexpected}));
+        }
+    }
+}
+
+/// Refuses two providers offering one model-facing name, naming every provider of it.
+fn collisions(tools: &[ToolSpec]) -> Result<(), Refusal> {
+    let mut by_name: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for t in tools {
+        by_name
+            .entry(t.name.as_str())
+            .or_default()
+            .push(provider_of(&t.route).to_string());
+    }
+    match by_name.into_iter().find(|(_, p)| p.len() > 1) {
+        Some((name, providers)) => Err(Refusal::PlanToolCollision {
+            name: name.to_string(),
+            providers,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The module a daemon tool's route names (`subc:<module>@<pin>`).
+fn provider_of(route: &str) -> &str {
+    let rest = route
+        .strip_prefix(broca_protocol::route::SUBC_PREFIX)
+        .unwrap_or(route);
+    rest.split_once('@').map_or(rest, |(m, _)| m)
+}
+
+impl Missed {
+    fn why(&self) -> String {
+        match self {
+            Missed::Timeout => "no answer within admission's deadline".into(),
+            Missed::Unavailable(why) => why.clone(),
+            Missed::Refused { code, message } => format!("it refused: {code}: {message}"),
+        }
+    }
+
+    fn absent(&self, provider: &str, kind: &str) -> AbsentPlanItem {
+        let (reason, provider_code) = match self {
+            Missed::Timeout => ("timeout", None),
+            Missed::Unavailable(_) => ("unavailable", None),
+            Missed::Refused { code, .. } => ("refused", Some(code.clone())),
+        };
+        AbsentPlanItem {
+            provider: provider.to_string(),
+            kind: kind.to_string(),
+            reason: reason.to_string(),
+            provider_code,
+        }
+    }
+}
+
+/// One `tool_items` or `system_text_items` entry read.
+fn read_item(list: &str, i: usize, raw: &Value, tools: bool) -> Result<(String, Item), Refusal> {
+    let bad = |why: String| field("plan", format!("`plan.{list}[{i}]`: {why}"));
+    let Some(item) = raw.as_object() else {
+        return Err(bad(
+            "must be an object {provider, preset?, params, optional?}".into(),
+        ));
+    };
+    if tools {
+        if item.contains_key("upfront") {
+            return Err(field(
+                "plan.tool_items[].upfront",
+                format!("`plan.tool_items[{i}].upfront`: this runner renders no upfront tools"),
+            ));
+        }
+        if item.contains_key("output_refs") {
+            return Err(field(
+                "plan.tool_items[].output_refs",
+                format!(
+                    "`plan.tool_items[{i}].output_refs`: this runner scans no output references"
+                ),
+            ));
+        }
+    }
+    if let Some(k) = item
+        .keys()
+        .find(|k| !matches!(k.as_str(), "provider" | "preset" | "params" | "optional"))
+    {
+        return Err(bad(format!("has no member `{}`", k.escape_debug())));
+    }
+    let provider = match item.get("provider").and_then(Value::as_str) {
+        Some(p) if !p.is_empty() => p.to_string(),
+        _ => return Err(bad("`provider` must be a module id".into())),
+    };
+    let preset = match item.get("preset") {
+        None => None,
+        Some(Value::String(p)) => Some(p.clone()),
+        Some(_) => return Err(bad("`preset` must be a string".into())),
+    };
+    let params = match item.get("params") {
+        None => Map::new(),
+        Some(Value::Object(p)) => p.clone(),
+        Some(_) => return Err(bad("`params` must be an object".into())),
+    };
+    let optional = match item.get("optional") {
+        None => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(bad("`optional` must be a boolean".into())),
+    };
+    Ok((
+        provider,
+        Item {
+            preset,
+            params,
+            optional,
+        },
+    ))
+}
+
+/// A send's config on a session that froze `plan`: the plan's tools offered (and the run's
+/// own `submit_result`, when it asks for one), and its joined system text ahead of the
+/// send's own. A send naming `tools` is refused: a planned session's tools are its plan's.
+pub fn apply(
+    config: &mut broca_wal::runrec::FrozenConfig,
+    plan: &FrozenPlan,
+    named_tools: bool,
+) -> Result<(), Refusal> {
+    if named_tools {
+        return Err(field(
+            "tools",
+            "this session's tools are its fetch plan's; a send does not name them",
+        ));
+    }
+    let submit = cortexkit_role_llm_runner::structured_output::SUBMIT_RESULT_TOOL;
+    if plan.tools.iter().any(|t| t.name == submit) && config.structured_output.is_some() {
+        return Err(field(
+            "structured_output",
+            format!("the plan offers a tool named `{submit}`, which structured output reserves"),
+        ));
+    }
+    let mut tools = plan.tools.clone();
+    tools.extend(config.tools.iter().filter(|t| t.name == submit).cloned());
+    config.tools_digest = crate::admission::tools_digest(&tools);
+    config.tools = tools.into();
+    config.system = match (&plan.system_text, config.system.take()) {
+        (Some(p), Some(own)) => Some(format!("{p}\n\n{own}")),
+        (p, own) => p.clone().or(own),
+    };
+    Ok(())
+}
+
+/// The `session.baseline` answer of a session that froze `plan`: its items, absent items,
+/// composition digest and the tool names its latest run offers (`tool_names`).
+pub fn baseline(plan: &FrozenPlan, mut tool_names: Vec<String>) -> Value {
+    use cortexkit_role_llm_runner::baseline::{Baseline, BaselineReply};
+    tool_names.sort();
+    tool_names.dedup();
+    let baseline = json!({
+        "items": plan.items,
+        "absent_items": plan.absent_items,
+        "composition_digest": plan.composition_digest,
+        "tool_names": tool_names,
+    });
+    let baseline: Baseline =
+        serde_json::from_value(baseline).expect("a frozen plan's baseline decodes");
+    serde_json::to_value(BaselineReply::ready(baseline)).expect("a baseline serializes")
+}

@@ -1,0 +1,76 @@
+//! A session's fetch plan as admission froze it (llm-runner/v1 §10.1): carried by the
+//! `RunStarted` (or `SendQueued`) of the send that admitted the session, in its config, and
+//! held by the session for life. Later runs take its tools and system text; a later plan is
+//! compared with it by identity.
+
+use serde::{Deserialize, Serialize};
+
+/// How the plan's system texts are joined into one, as the record names it: version 1 is
+/// each arrived text in plan order, separated by one blank line.
+pub const JOIN_VERSION: u32 = 1;
+
+/// The fetch plan a session froze at admission, and what its fetch gave.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FrozenPlan {
+    /// The plan as sent, its RFC 8785 (JCS) text: the plan a `plan_drift` names.
+    pub plan: String,
+    /// SHA-256 of `plan` in 64 lowercase hex characters: the plan's identity.
+    pub identity: String,
+    /// SHA-256 of the plan's `composition` as JCS (tool-provider/v1's `composition_digest`);
+    /// absent for a plan without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub composition_digest: Option<String>,
+    /// Every item that arrived: its provider, which of its items, and its digests.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub items: Vec<PlanItem>,
+    /// Optional items that did not arrive, and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub absent_items: Vec<AbsentPlanItem>,
+    /// The joined system text of the items that arrived (none when no text did).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_text: Option<String>,
+    /// How `system_text` was joined ([`JOIN_VERSION`]).
+    pub join_version: u32,
+    /// The fetched tools, each routed to its provider, in plan order: a run of the session
+    /// offers these.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<broca_protocol::ToolSpec>,
+    /// The session-level capabilities the providers' answers declared (`late_results`,
+    /// `host_params`), by provider.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<ProviderCapabilities>,
+}
+
+/// One arrived plan item, as `session.baseline` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanItem {
+    pub provider: String,
+    /// `tools` or `system_text` for a provider with both; absent for a provider with one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub item: Option<String>,
+    /// A tool item's catalog digest; a text item's `item_digest` (SHA-256 of its text).
+    pub item_digest: String,
+    /// A text item's `preflight_digest`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preflight_digest: Option<String>,
+}
+
+/// An optional plan item that did not arrive.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AbsentPlanItem {
+    pub provider: String,
+    /// `system_text` (the only kind the role defines).
+    pub kind: String,
+    /// `timeout`, `unavailable` or `refused`.
+    pub reason: String,
+    /// The provider's refusal code, exactly when `reason` is `refused`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_code: Option<String>,
+}
+
+/// The session-level capabilities one provider declared.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProviderCapabilities {
+    pub provider: String,
+    pub names: Vec<String>,
+}

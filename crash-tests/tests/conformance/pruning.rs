@@ -21,7 +21,8 @@ pub async fn fixture(
 ) -> Result<Vec<ArchivePruningPart>, HarnessError> {
     if with_compaction_provider {
         return Err(HarnessError::new(
-            "broca admits no plan yet, so no session's plan can name a compaction provider",
+            "broca hosts no compaction provider (the `compaction` group), so no session's plan can \
+             name a compaction provider: it refuses a plan's `compaction_item`",
         ));
     }
     let root = subject

@@ -45,11 +45,13 @@ pub struct Awaiting {
 
 pub const AWAITING: &[Awaiting] = &[Awaiting {
     case: "archive_pruning_provider_blocks_pruning",
-    needs: "plans",
+    needs: "compaction",
     evidence: "no session's plan can name a compaction provider",
     why: "the case asks for a session whose plan names a compaction provider, so that a prune \
-          leaves it untouched (§9.14.1); broca admits no plan yet (`plans`, not declared), so no \
-          session of broca names a compaction provider and the gate has no session to hold",
+          leaves it untouched (§9.14.1); broca hosts no compaction provider yet (the runner \
+          group `compaction`, not declared), so it refuses a plan's `compaction_item` as \
+          compaction-provider/v1 §3 says (`invalid_params {field: \"plan.compaction_item\"}`), \
+          no session of broca names one and the gate has no session to hold",
 }];
 
 /// Cases the adapter declines, and why in broca's words (the suite's own reason names only the
@@ -64,20 +66,19 @@ pub const DECLINED: &[(&str, &str)] = &[
 pub const NOT_DECLARED: &[(&str, &str)] = &[
     (
         "delivery_order",
-        "lists of delivery modes and plan-named senders need plans, not built (the plans issue)",
+        "lists of delivery modes and plan-named senders (a plan's `senders`), not built",
     ),
-    ("plans", "broca admits no fetch plan yet (the plans issue)"),
     (
         "session_change",
-        "mid-session plan changes need plans (the plans issue)",
+        "mid-session plan changes (`session.refresh`, its rungs and generations), not built",
     ),
     (
         "adopt",
-        "adopting a host-started session needs plans (the plans issue)",
+        "adopting a host-started session (`session.adopt`), not built",
     ),
     (
         "user_commands",
-        "person-only commands need a host menu and plans (the plans issue)",
+        "person-only commands need a host menu and a plan's frozen commands, not built",
     ),
     (
         "host_metadata_change",

@@ -164,10 +164,14 @@ impl Subject {
             json!({"modules": [{"module": MODULE, "call_timeout_ms": 60000}]}).to_string(),
         )
         .map_err(|e| fail("the tools config", &e))?;
-        // The archive prunes reasoning as it packs (`archive_prunes_reasoning`).
+        // The archive prunes reasoning as it packs (`archive_prunes_reasoning`); sends may
+        // carry a fetch plan (`plans`).
         let config = root.join("broca.json");
-        std::fs::write(&config, json!({"prune_reasoning": true}).to_string())
-            .map_err(|e| fail("broca's config", &e))?;
+        std::fs::write(
+            &config,
+            json!({"prune_reasoning": true, "plans": true}).to_string(),
+        )
+        .map_err(|e| fail("broca's config", &e))?;
         let catalog = root.join("catalog.json");
         std::fs::write(
             &catalog,
@@ -320,6 +324,8 @@ impl LlmRunnerSubject for Subject {
         declared.insert(Capability::RetentionClock);
         // The module's config sets `prune_reasoning` (`role.describe` declares it then).
         declared.insert(Capability::ArchivePrunesReasoning);
+        // ... and `plans`.
+        declared.insert(Capability::Plans);
         declared
     }
 

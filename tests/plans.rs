@@ -79,10 +79,22 @@ fn a_plan_is_fetched_once_frozen_with_the_first_run_and_its_tools_run_over_the_d
     let (_, before) = d.request(1, 1, "session.baseline", json!({}));
     assert_eq!(before["result"]["state"], "not_yet", "{before}");
 
-    // The first send: the plan's one provider asked once, with its item's params, the
-    // composition and the system-text item.
+    // A preset-less text item of a module the daemon's catalog does not list as serving a
+    // default text: refused by name before anything is asked of it or written.
     let first =
         json!({"prompt": "record two", "model": "anthropic/m", "send_id": "a", "plan": plan()});
+    let (ty, refused) = d.request(1, 1, "session.send", first.clone());
+    assert_eq!(ty, FrameType::Error, "{refused}");
+    assert_eq!(refused["code"], "system_text_preset_required", "{refused}");
+    assert_eq!(refused["detail"]["provider"], "ck-tools", "{refused}");
+    assert!(tools.log.catalogs.lock().unwrap().is_empty());
+    assert_eq!(records(&state), 0);
+    tools
+        .default_text
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+
+    // Now served: the plan's one provider asked once, with its item's params, the
+    // composition and the system-text item.
     let (run_id, status) = run_with(&mut d, 1, first);
     assert_eq!(status["state"], "completed", "{status}");
     let asked = tools.log.catalogs.lock().unwrap().clone();

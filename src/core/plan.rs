@@ -202,6 +202,17 @@ impl Plan {
         })
     }
 
+    /// The providers of the plan's system-text items that name no preset: each must serve a
+    /// default text (`system-text-default/v1` in the daemon's catalog), or the plan is
+    /// refused `system_text_preset_required` before anything is fetched.
+    pub fn preset_less_texts(&self) -> Vec<&str> {
+        self.fetches
+            .iter()
+            .filter(|f| f.text.as_ref().is_some_and(|t| t.preset.is_none()))
+            .map(|f| f.provider.as_str())
+            .collect()
+    }
+
     /// Whether admission has anything to fetch.
     pub fn fetches(&self) -> &[Fetch] {
         &self.fetches

@@ -18,7 +18,8 @@ use crate::Host;
 pub(crate) const FETCH_DEADLINE: Duration = Duration::from_secs(10);
 
 /// Fetches `p`'s plan when its session has none yet, setting what the fetch froze; the
-/// admission refusal (`fetch_unavailable`, `plan_stale`, `tool_name_collision`) otherwise.
+/// admission refusal (`system_text_preset_required`, `fetch_unavailable`, `plan_stale`,
+/// `tool_name_collision`) otherwise.
 pub(crate) async fn fetch(ctx: &Host, t: &SessionTriple, p: &mut Prepared) -> Result<(), RpcError> {
     let Some(sent) = p.plan.as_mut() else {
         return Ok(());
@@ -33,6 +34,23 @@ pub(crate) async fn fetch(ctx: &Host, t: &SessionTriple, p: &mut Prepared) -> Re
     if settled {
         return Ok(());
     }
+    if let Some(modules) = &ctx.module_tools {
+        for provider in sent.plan.preset_less_texts() {
+            let serves = modules
+                .provides(
+                    provider,
+                    cortexkit_role_llm_runner::SYSTEM_TEXT_DEFAULT_PROVIDER_CAPABILITY,
+                )
+                .await;
+            if !serves {
+                return Err(RpcError::refusal(
+                    &broca_wire::Refusal::SystemTextPresetRequired {
+                        provider: provider.to_string(),
+                    },
+                ));
+            }
+        }
+    }
     let asks: Vec<_> = sent
         .plan
         .fetches()
@@ -42,7 +60,7 @@ pub(crate) async fn fetch(ctx: &Host, t: &SessionTriple, p: &mut Prepared) -> Re
     let answers = match (&ctx.module_tools, asks.is_empty()) {
         (_, true) => Vec::new(),
         (Some(modules), false) => modules
-            .plan_catalogs(&asks, FETCH_DEADLINE)
+            .plan_catalogs((&t.harness, &t.session), &asks, FETCH_DEADLINE)
             .await
             .into_iter()
             .map(|a| {

@@ -72,6 +72,16 @@ pub fn catalog_list_request(module_id: &str) -> Vec<u8> {
 /// Whether the daemon's `catalog.list` answer says `module_id` provides
 /// `call-keepalive/v1` (its manifest's `capabilities.provides`); false for any other answer.
 pub fn provides_keepalive(module_id: &str, frame: &FrameIn) -> bool {
+    provides(
+        module_id,
+        frame,
+        cortexkit_role_tool_provider::CALL_KEEPALIVE_CAPABILITY,
+    )
+}
+
+/// Whether the daemon's `catalog.list` answer says `module_id` provides `capability` (its
+/// manifest's `capabilities.provides`); false for any other answer.
+pub fn provides(module_id: &str, frame: &FrameIn, capability: &str) -> bool {
     if frame.header.ty != FrameType::Response {
         return false;
     }
@@ -84,11 +94,7 @@ pub fn provides_keepalive(module_id: &str, frame: &FrameIn) -> bool {
         .iter()
         .filter(|m| m.module_id == module_id)
         .filter_map(|m| m.capabilities.as_ref())
-        .any(|c| {
-            c.provides
-                .iter()
-                .any(|p| p == cortexkit_role_tool_provider::CALL_KEEPALIVE_CAPABILITY)
-        })
+        .any(|c| c.provides.iter().any(|p| p == capability))
 }
 
 /// How a `route.open` went.

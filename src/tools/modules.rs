@@ -227,6 +227,16 @@ impl ModuleTools {
 
     /// Whether the daemon lists `module` as providing `call-keepalive/v1`.
     async fn provides_keepalive(&self, module: &str) -> bool {
+        self.provides(
+            module,
+            cortexkit_role_tool_provider::CALL_KEEPALIVE_CAPABILITY,
+        )
+        .await
+    }
+
+    /// Whether the daemon's catalog lists `module` as providing `capability` (no answer:
+    /// no).
+    pub async fn provides(&self, module: &str, capability: &str) -> bool {
         let Ok(link) = self.link().await else {
             return false;
         };
@@ -234,7 +244,7 @@ impl ModuleTools {
             return false;
         };
         match with_timeout(CONTROL_DEADLINE, sent.reply).await {
-            Ok(Ok(Ok(frame))) => toolprov::provides_keepalive(module, &frame),
+            Ok(Ok(Ok(frame))) => toolprov::provides(module, &frame, capability),
             Ok(_) => false,
             Err(()) => {
                 link.cancel(0, 0, sent.corr);

@@ -79,6 +79,10 @@ codes! {
     /// A required plan item did not arrive within admission's deadline (`detail.provider`):
     /// nothing was written; retry.
     FetchUnavailable = role::FETCH_UNAVAILABLE, 503, Transient;
+    /// A plan's preset-less `system_text` item names a provider the daemon's catalog does
+    /// not list as serving a default text (`detail.provider`; llm-runner/v1
+    /// `system_text_default`).
+    SystemTextPresetRequired = role::SYSTEM_TEXT_PRESET_REQUIRED, 400, Permanent;
     /// The plan's fetched items disagree with its composition or with each other
     /// (`detail.differences`): the host plans again.
     PlanStale = role::PLAN_STALE, 409, Permanent;

@@ -226,7 +226,8 @@ impl RpcError {
                 }
                 e = e.with_detail("sent", sent.clone());
             }
-            Refusal::FetchUnavailable { provider, .. } => {
+            Refusal::FetchUnavailable { provider, .. }
+            | Refusal::SystemTextPresetRequired { provider } => {
                 e = e.with_detail("provider", provider.as_str().into());
             }
             Refusal::PlanStale { differences } => {

@@ -128,6 +128,7 @@ pub fn describe(declared: Declared) -> Value {
                 .chain(step_events.then_some(groups::STEP_EVENTS))
                 .chain(prunes_reasoning.then_some(groups::ARCHIVE_PRUNES_REASONING))
                 .chain(plans.then_some(groups::PLANS))
+                .chain(plans.then_some(groups::SYSTEM_TEXT_DEFAULT))
                 .map(str::to_string)
                 .collect(),
         )
@@ -216,7 +217,8 @@ mod tests {
             [
                 groups::STEP_EVENTS,
                 groups::ARCHIVE_PRUNES_REASONING,
-                groups::PLANS
+                groups::PLANS,
+                groups::SYSTEM_TEXT_DEFAULT
             ]
         );
         assert_eq!(d.step_events, Some(broca_core_policy()));

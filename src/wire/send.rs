@@ -204,6 +204,8 @@ pub enum Refusal {
     },
     /// A required plan item did not arrive (its provider, and why).
     FetchUnavailable { provider: String, why: String },
+    /// A preset-less system-text item of a provider that serves no default text.
+    SystemTextPresetRequired { provider: String },
     /// The fetched items disagree with the composition or each other: the differences.
     PlanStale { differences: Vec<serde_json::Value> },
     /// The daemon is shutting down.
@@ -256,6 +258,7 @@ impl Refusal {
             Refusal::PlanDrift { .. } => Code::PlanDrift,
             Refusal::FetchUnavailable { .. } => Code::FetchUnavailable,
             Refusal::PlanStale { .. } => Code::PlanStale,
+            Refusal::SystemTextPresetRequired { .. } => Code::SystemTextPresetRequired,
             Refusal::ShuttingDown => Code::ShuttingDown,
             Refusal::ScopeOwnerMismatch => Code::ScopeOwnerMismatch,
             Refusal::SendRetracted => Code::SendRetracted,
@@ -317,6 +320,12 @@ impl Refusal {
                 .to_string(),
             Refusal::FetchUnavailable { provider, why } => format!(
                 "plan item of `{}` did not arrive: {why}; nothing was written, retry",
+                provider.escape_debug()
+            ),
+            Refusal::SystemTextPresetRequired { provider } => format!(
+                "the plan's system_text item of `{}` names no preset, and the daemon's catalog \
+                 does not list that module as serving a default text (system-text-default/v1); \
+                 name the item's preset",
                 provider.escape_debug()
             ),
             Refusal::PlanStale { differences } => format!(

@@ -638,12 +638,15 @@ fn open_route(
     };
     if body["op"] == "catalog.list" {
         let module = body["module_id"].as_str().unwrap_or("");
-        let provides: Vec<&str> = match &services.tools {
-            Some(t) if t.module_id == module && t.keepalive.load(Ordering::SeqCst) => {
-                vec![cortexkit_role_tool_provider::CALL_KEEPALIVE_CAPABILITY]
+        let mut provides: Vec<&str> = Vec::new();
+        if let Some(t) = services.tools.as_ref().filter(|t| t.module_id == module) {
+            if t.keepalive.load(Ordering::SeqCst) {
+                provides.push(cortexkit_role_tool_provider::CALL_KEEPALIVE_CAPABILITY);
             }
-            _ => Vec::new(),
-        };
+            if t.default_text.load(Ordering::SeqCst) {
+                provides.push(cortexkit_role_llm_runner::SYSTEM_TEXT_DEFAULT_PROVIDER_CAPABILITY);
+            }
+        }
         let modules = match &services.tools {
             Some(t) if t.module_id == module => vec![serde_json::json!({
                 "module_id": module, "ready": true, "roles": [], "control_ops": [],

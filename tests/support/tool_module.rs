@@ -26,6 +26,9 @@ pub struct ToolModule {
     /// When set, the daemon's `catalog.list` says the module provides `call-keepalive/v1`,
     /// and `long` sends keepalives while it works.
     pub keepalive: Arc<std::sync::atomic::AtomicBool>,
+    /// When set, the daemon's `catalog.list` says the module provides
+    /// `system-text-default/v1` (it serves a default text for a preset-less item).
+    pub default_text: Arc<std::sync::atomic::AtomicBool>,
     pub log: ToolLog,
 }
 
@@ -60,6 +63,7 @@ impl ToolModule {
             refuse_opens: Arc::default(),
             stale_next: Arc::default(),
             keepalive: Arc::default(),
+            default_text: Arc::default(),
             log: ToolLog::default(),
         }
     }

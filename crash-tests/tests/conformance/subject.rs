@@ -16,7 +16,8 @@ use cortexkit_role_harness::{
 use cortexkit_role_llm_runner::points;
 use cortexkit_role_llm_runner_conformance::{
     ArchivePruningPart, AttributionFixture, Capability, LlmRunnerSubject, ModelRequestObservation,
-    Reply, RunnerRoute, Script, ToolResultLimitObservation, ToolResultObservation, SCRIPTED_TOOL,
+    Reply, RunnerRoute, Script, SystemTextDefaultObservation, ToolResultLimitObservation,
+    ToolResultObservation, SCRIPTED_TOOL,
 };
 use serde_json::{json, Map, Value};
 
@@ -324,8 +325,9 @@ impl LlmRunnerSubject for Subject {
         declared.insert(Capability::RetentionClock);
         // The module's config sets `prune_reasoning` (`role.describe` declares it then).
         declared.insert(Capability::ArchivePrunesReasoning);
-        // ... and `plans`.
+        // ... and `plans`, with `system_text_default`.
         declared.insert(Capability::Plans);
+        declared.insert(Capability::SystemTextDefault);
         declared
     }
 
@@ -477,6 +479,51 @@ impl LlmRunnerSubject for Subject {
 
     fn tool_provider_module(&self) -> String {
         MODULE.to_string()
+    }
+
+    async fn prepare_system_text_default(
+        &self,
+        session: &str,
+        provides: &[String],
+        item: &Value,
+    ) -> Result<Map<String, Value>, HarnessError> {
+        // The scripted tools' manifest provides exactly `provides`; the first send's plan
+        // names them as its one system-text provider, the item as the case gave it.
+        self.tools.set_provides(provides);
+        let mut text_item = item
+            .as_object()
+            .cloned()
+            .ok_or_else(|| HarnessError::new("the system-text item is not an object"))?;
+        text_item.insert("provider".into(), json!(MODULE));
+        let mut fields = self.send_fields(session, true);
+        fields.insert("plan".into(), json!({"system_text_items": [text_item]}));
+        Ok(fields)
+    }
+
+    async fn system_text_default_observation(
+        &self,
+        handle: &Self::Handle,
+        session: &str,
+    ) -> Result<SystemTextDefaultObservation, HarnessError> {
+        let requests = self.tools.catalog_requests(session);
+        let mut seen = SystemTextDefaultObservation::default();
+        seen.provider_calls = requests.len();
+        seen.provider_items = requests
+            .iter()
+            .filter_map(|r| r.get("system_text"))
+            .map(|item| serde_json::to_vec(item).expect("JSON serializes"))
+            .collect();
+        // The session's WAL as it is on disk (empty while none exists): any write changes it.
+        let triple =
+            broca::wal::SessionTriple::new(broca::daemon::NO_WORKDIR_ROOT, HARNESS, session)
+                .map_err(|e| HarnessError::new(format!("the session's triple: {e}")))?;
+        let wal = handle
+            .root
+            .join("state")
+            .join("wal")
+            .join(format!("{}.wal", triple.address()));
+        seen.durable_state = std::fs::read(wal).unwrap_or_default();
+        Ok(seen)
     }
 
     async fn install_script(&self, session: &str, script: Script) -> Result<(), HarnessError> {

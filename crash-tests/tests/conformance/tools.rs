@@ -30,6 +30,11 @@ struct State {
     pins: HashMap<String, Option<String>>,
     /// Held calls released by the case.
     released: std::collections::HashSet<String>,
+    /// What its manifest provides, as the daemon's `catalog.list` answers (the
+    /// system-text-default cases set it).
+    provides: Vec<String>,
+    /// Each `tool.catalog` request's arguments, by the session its route is bound to.
+    catalogs: HashMap<String, Vec<Value>>,
 }
 
 /// The module, shared by every daemon of the run.
@@ -102,6 +107,62 @@ impl ToolModule {
         json!({"type": "object"})
     }
 
+    /// The text it answers a system-text item with.
+    pub const SYSTEM_TEXT: &'static str = "The conformance tools' default text.";
+
+    /// Sets what the daemon's catalog says the module provides.
+    pub fn set_provides(&self, provides: &[String]) {
+        self.state.lock().unwrap().provides = provides.to_vec();
+    }
+
+    fn provides(&self) -> Vec<String> {
+        self.state.lock().unwrap().provides.clone()
+    }
+
+    /// The `tool.catalog` requests (their arguments) that came over routes bound to
+    /// `session`.
+    pub fn catalog_requests(&self, session: &str) -> Vec<Value> {
+        self.state
+            .lock()
+            .unwrap()
+            .catalogs
+            .get(session)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Its answer to a `tool.catalog` request with `args`: the catalog, with the digest of
+    /// the request's composition and, when asked, its text composed for its one tool.
+    fn catalog_for(&self, session: &str, args: &Value) -> Value {
+        use cortexkit_role_tool_provider::catalog::{composition_digest, system_text_digest};
+        self.state
+            .lock()
+            .unwrap()
+            .catalogs
+            .entry(session.to_string())
+            .or_default()
+            .push(args.clone());
+        let mut answer = Self::catalog();
+        let digest = args
+            .get("composition")
+            .and_then(|c| composition_digest(c).ok());
+        if let Some(d) = &digest {
+            answer["composition_digest"] = json!(d);
+        }
+        if args.get("system_text").is_some() {
+            answer["system_text"] = json!({
+                "text": Self::SYSTEM_TEXT,
+                "item_digest": system_text_digest(Self::SYSTEM_TEXT),
+                "preflight_digest": system_text_digest("conformance-preflight"),
+                "tool_names": [SCRIPTED_TOOL],
+            });
+            if let Some(d) = digest {
+                answer["system_text"]["composition_digest"] = json!(d);
+            }
+        }
+        answer
+    }
+
     fn catalog() -> Value {
         use cortexkit_role_tool_provider::catalog::schema_digest;
         let schema = Self::schema();
@@ -172,6 +233,33 @@ pub async fn consumer<R: AsyncRead + Unpin>(
         let h = f.header;
         let body: Value = serde_json::from_slice(&f.body).unwrap_or(Value::Null);
         match (h.channel, h.ty) {
+            (0, FrameType::Request) if body["op"] == "catalog.list" => {
+                let modules = if body["module_id"] == MODULE {
+                    vec![json!({
+                        "module_id": MODULE, "ready": true, "roles": [], "control_ops": [],
+                        "capabilities": {"provides": tools.provides(), "requires": [],
+                            "must_never_reach": []},
+                    })]
+                } else {
+                    Vec::new()
+                };
+                let answer = json!({"op": "catalog.list", "generation": 1, "modules": modules,
+                    "subc_ops": []});
+                if send(
+                    &writer,
+                    FrameType::Response,
+                    0,
+                    h.epoch,
+                    h.corr,
+                    &answer,
+                    false,
+                )
+                .await
+                .is_err()
+                {
+                    return;
+                }
+            }
             (0, FrameType::Request) => {
                 let target = &body["target"];
                 let (ty, answer, daemon) = if target["kind"] == "tool_provider"
@@ -181,7 +269,11 @@ pub async fn consumer<R: AsyncRead + Unpin>(
                     let v1 = body["consumer_capabilities"]
                         .as_array()
                         .is_some_and(|c| c.iter().any(|c| c == "tool-result/v1"));
-                    routes.insert(next_channel, v1);
+                    let session = body["identity"]["session"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_string();
+                    routes.insert(next_channel, (v1, session));
                     (
                         FrameType::Response,
                         json!({"op": "route.open", "route_channel": next_channel, "route_epoch": 1}),
@@ -211,7 +303,7 @@ pub async fn consumer<R: AsyncRead + Unpin>(
             }
             (ch, FrameType::Request) if routes.contains_key(&ch) => {
                 let (tools, writer) = (tools.clone(), writer.clone());
-                let v1 = routes[&ch];
+                let (v1, session) = routes[&ch].clone();
                 tokio::spawn(async move {
                     let (ty, answer) = match body["name"].as_str() {
                         Some("role.describe") => (
@@ -219,7 +311,10 @@ pub async fn consumer<R: AsyncRead + Unpin>(
                             json!({"majors": [{"version": "tool-provider/v1", "ops": ["role.describe", "tool.catalog"], "stability": "alpha"}],
                                    "implementation_version": "conformance"}),
                         ),
-                        Some("tool.catalog") => (FrameType::Response, ToolModule::catalog()),
+                        Some("tool.catalog") => (
+                            FrameType::Response,
+                            tools.catalog_for(&session, &body["arguments"]),
+                        ),
                         Some(SCRIPTED_TOOL) => match tools.call(&body).await {
                             (FrameType::Response, result) if v1 => {
                                 (FrameType::Response, result_v1(result))

@@ -1,6 +1,8 @@
 //! A fetch plan's items asked of their tool modules (llm-runner/v1 `plans`, §10.1): each
 //! provider's `tool.catalog` with its item's params, preset, the plan's composition and its
-//! system-text item, every provider asked at once under one deadline.
+//! system-text item, every provider asked at once under one deadline, over a route whose
+//! identity is the session's (unscoped, as broca's own requests are: no session's scope
+//! exists before its first send).
 
 use std::time::{Duration, Instant};
 
@@ -19,32 +21,31 @@ impl ModuleTools {
     /// glommio executor.
     pub async fn plan_catalogs(
         &self,
+        session: (&str, &str),
         asks: &[(String, CatalogRequest)],
         deadline: Duration,
     ) -> Vec<PlanAnswer> {
         let until = Instant::now() + deadline;
         let fetches = asks
             .iter()
-            .map(|(module, request)| self.plan_catalog(module, request, until));
+            .map(|(module, request)| self.plan_catalog(session, module, request, until));
         join_all(fetches).await
     }
 
     async fn plan_catalog(
         &self,
+        (harness, session): (&str, &str),
         module: &str,
         request: &CatalogRequest,
         until: Instant,
     ) -> PlanAnswer {
         let left = || until.saturating_duration_since(Instant::now());
-        let route = with_timeout(
-            left(),
-            self.route(module, "", &self.module_id, "plan-fetch", None),
-        )
-        .await
-        .map_err(|()| PlanMiss::Timeout)?
-        .map_err(|e| match e {
-            NotSent::Refused(e) | NotSent::Indeterminate(e) => PlanMiss::Unavailable(e),
-        })?;
+        let route = with_timeout(left(), self.route(module, "", harness, session, None))
+            .await
+            .map_err(|()| PlanMiss::Timeout)?
+            .map_err(|e| match e {
+                NotSent::Refused(e) | NotSent::Indeterminate(e) => PlanMiss::Unavailable(e),
+            })?;
         let sent = route
             .link
             .request(

@@ -42,19 +42,22 @@ fn records(state: &Path) -> usize {
     dump_all(state).len()
 }
 
-#[test]
-fn a_plan_is_fetched_once_frozen_with_the_first_run_and_its_tools_run_over_the_daemon() {
-    let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("state");
-    let peer = Aimock::start(&fixture("tools.json"));
-    let mut d = Daemon::start(&dir.path().join("d"));
-    let tools = ToolModule::new("ck-tools");
-    let config = dir.path().join("broca.json");
+/// `broca module` with plans on and no configured tool module, registered with a new daemon
+/// stand-in (its socket in `dir/<name>`) serving `tools`.
+fn planned_module(
+    dir: &Path,
+    name: &str,
+    peer: &Aimock,
+    tools: &ToolModule,
+    extra: &[(&str, &str)],
+) -> (Daemon, std::process::Child) {
+    let mut d = Daemon::start(&dir.join(name));
+    let config = dir.join("broca.json");
     std::fs::write(&config, json!({"plans": true}).to_string()).unwrap();
-    let cfg = dir.path().join("tools.json");
+    let cfg = dir.join("tools.json");
     // No configured module: every tool a session offers is its plan's.
     std::fs::write(&cfg, json!({"modules": []}).to_string()).unwrap();
-    let mut child = module(&state, &d, &peer, &[])
+    let child = module(&dir.join("state"), &d, peer, extra)
         .arg("--config")
         .arg(&config)
         .arg("--tools-config")
@@ -67,6 +70,16 @@ fn a_plan_is_fetched_once_frozen_with_the_first_run_and_its_tools_run_over_the_d
         catalog: None,
         bus: None,
     });
+    (d, child)
+}
+
+#[test]
+fn a_plan_is_fetched_once_frozen_with_the_first_run_and_its_tools_run_over_the_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let peer = Aimock::start(&fixture("tools.json"));
+    let tools = ToolModule::new("ck-tools");
+    let (mut d, mut child) = planned_module(dir.path(), "d", &peer, &tools, &[]);
     assert_eq!(d.bind(1, 1, "/p", "h", "s").0, FrameType::Response);
     assert_eq!(d.bind(2, 1, "/p", "h", "other").0, FrameType::Response);
 
@@ -188,6 +201,70 @@ fn a_plan_is_fetched_once_frozen_with_the_first_run_and_its_tools_run_over_the_d
     let (_, other_baseline) = d.request(2, 1, "session.baseline", json!({}));
     assert_eq!(other_baseline["result"]["state"], "not_yet");
     drain(&mut d, &mut child);
+}
+
+#[test]
+fn killed_once_the_frozen_plan_is_durable_a_restart_keeps_it_and_fetches_nothing_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let peer = Aimock::start(&fixture("tools.json"));
+    let tools = ToolModule::new("ck-tools");
+    tools
+        .default_text
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    // Killed once the first run's start record, the plan frozen in it, is durable.
+    let (mut d, mut child) = planned_module(
+        dir.path(),
+        "d1",
+        &peer,
+        &tools,
+        &[("BROCA_CRASH_AT", "admitted:1")],
+    );
+    assert_eq!(d.bind(1, 1, "/p", "h", "s").0, FrameType::Response);
+    let send =
+        json!({"prompt": "record two", "model": "anthropic/m", "send_id": "k", "plan": plan()});
+    d.send(
+        FrameType::Request,
+        1,
+        1,
+        &json!({"method": "session.send", "params": send}),
+    );
+    d.until_closed();
+    assert_aborted(&mut child, "admitted");
+    assert_eq!(tools.log.catalogs.lock().unwrap().len(), 1);
+
+    // The supervisor starts it again under a new daemon connection.
+    let (mut d, mut child) = planned_module(dir.path(), "d2", &peer, &tools, &[]);
+    assert_eq!(d.bind(1, 1, "/p", "h", "s").0, FrameType::Response);
+    let (_, baseline) = d.request(1, 1, "session.baseline", json!({}));
+    assert_eq!(
+        baseline["result"]["baseline"]["composition_digest"],
+        json!(composition_digest(&composition()).unwrap()),
+        "{baseline}"
+    );
+    // The same send again answers its run, which ran on the frozen plan's tools.
+    let (_, again) = d.request(1, 1, "session.send", send.clone());
+    let run_id = again["result"]["run_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{again}"))
+        .to_string();
+    let status = wait_ended(&mut d, 1, 1, &run_id);
+    assert_eq!(status["state"], "completed", "{status}");
+    assert_eq!(
+        (tools.times("call_rec_1"), tools.times("call_rec_2")),
+        (1, 1)
+    );
+    assert_eq!(
+        tools.log.catalogs.lock().unwrap().len(),
+        1,
+        "never fetched again"
+    );
+    drain(&mut d, &mut child);
+    let started: Vec<Value> = dump_all(&state)
+        .into_iter()
+        .filter(|r| r["kind"] == "run_started")
+        .collect();
+    assert_eq!(started.len(), 1);
 }
 
 fn serve(state: &Path, peer: &Aimock, config: &Path) -> Serve {

@@ -177,8 +177,12 @@ fn a_plan_is_fetched_once_frozen_with_the_first_run_and_its_tools_run_over_the_d
     );
     assert_eq!(ty, FrameType::Error, "{refused}");
     assert_eq!(refused["code"], "plan_drift", "{refused}");
-    assert_eq!(refused["detail"]["frozen"], plan(), "{refused}");
-    assert_eq!(refused["detail"]["sent"], other, "{refused}");
+    assert_eq!(refused["detail"]["frozen"], frozen["identity"], "{refused}");
+    assert_eq!(
+        refused["detail"]["sent"],
+        json!(composition_digest(&other).unwrap()),
+        "identities, never plans: {refused}"
+    );
     assert_eq!(records(&state), written);
 
     // A plan whose provider is not up: fetch_unavailable, retryable, no WAL for the session.
@@ -326,7 +330,11 @@ fn serve_keeps_a_frozen_plan_across_a_kill_and_refuses_one_it_was_not_given() {
     );
     assert_eq!(status, 409, "{refused}");
     assert_eq!(refused["error"]["code"], "plan_drift", "{refused}");
-    assert_eq!(refused["error"]["detail"]["frozen"], plan, "{refused}");
+    assert_eq!(
+        refused["error"]["detail"]["frozen"],
+        json!(composition_digest(&plan).unwrap()),
+        "{refused}"
+    );
     assert_eq!(records(&state), written);
     // A session begun without a plan takes none later: plan_drift with nothing frozen.
     let other = |m: &str, p: Value| {

@@ -366,8 +366,8 @@ fn the_first_send_freezes_the_plan_and_later_sends_run_on_it_or_drift() {
     let e = admit(send(Some(other.clone()), None), &s).unwrap_err();
     let detail = broca_wire::RpcError::refusal(&e).detail_body();
     assert_eq!(e.code().as_str(), "plan_drift");
-    assert_eq!(detail["sent"], other);
-    assert_eq!(detail["frozen"], plan);
+    assert_eq!(detail["sent"], json!(read(other).unwrap().identity));
+    assert_eq!(detail["frozen"], json!(read(plan).unwrap().identity));
     // A planned session's tools are its plan's.
     assert_eq!(
         admit(send(None, Some(vec!["configured_tool".into()])), &s)
@@ -391,5 +391,5 @@ fn a_plan_sent_to_a_session_begun_without_one_drifts_with_nothing_frozen() {
     let detail = broca_wire::RpcError::refusal(&e).detail_body();
     assert_eq!(e.code().as_str(), "plan_drift");
     assert!(detail.get("frozen").is_none(), "{detail}");
-    assert_eq!(detail["sent"], json!({}));
+    assert_eq!(detail["sent"], json!(read(json!({})).unwrap().identity));
 }

@@ -221,10 +221,13 @@ impl RpcError {
                     .with_detail("providers", providers.clone().into());
             }
             Refusal::PlanDrift { frozen, sent } => {
-                if let Some(frozen) = frozen {
-                    e = e.with_detail("frozen", frozen.clone());
+                let detail = cortexkit_role_llm_runner::errors::PlanDriftDetail::new(
+                    frozen.clone(),
+                    sent.as_str(),
+                );
+                if let Ok(serde_json::Value::Object(d)) = serde_json::to_value(detail) {
+                    e.detail.extend(d);
                 }
-                e = e.with_detail("sent", sent.clone());
             }
             Refusal::FetchUnavailable { provider, .. }
             | Refusal::SystemTextPresetRequired { provider } => {

@@ -197,10 +197,10 @@ pub enum Refusal {
         providers: Vec<String>,
     },
     /// The send's `plan` is not the one the session froze (`frozen` absent for a session
-    /// whose first episode had none): both as JSON.
+    /// whose first episode had none): both plans' identities, never their content.
     PlanDrift {
-        frozen: Option<serde_json::Value>,
-        sent: serde_json::Value,
+        frozen: Option<String>,
+        sent: String,
     },
     /// A required plan item did not arrive (its provider, and why).
     FetchUnavailable { provider: String, why: String },

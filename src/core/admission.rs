@@ -603,12 +603,12 @@ fn resolve(
 fn plan(p: &mut Prepared, session: &Session) -> Result<(), Refusal> {
     let named_tools = p.named.contains(&"tools");
     let drift = |frozen: Option<&str>, sent: &crate::plan::Plan| Refusal::PlanDrift {
-        frozen: frozen.map(|f| serde_json::from_str(f).unwrap_or_else(|_| f.into())),
-        sent: serde_json::Value::Object(sent.value.clone()),
+        frozen: frozen.map(str::to_string),
+        sent: sent.identity.clone(),
     };
     match (&session.plan, p.plan.take()) {
         (Some(frozen), Some(sent)) if sent.plan.identity != frozen.identity => {
-            Err(drift(Some(&frozen.plan), &sent.plan))
+            Err(drift(Some(&frozen.identity), &sent.plan))
         }
         (Some(frozen), _) => crate::plan::apply(&mut p.config, frozen, named_tools),
         (None, Some(sent)) if !session.runs.is_empty() || !session.queued.is_empty() => {

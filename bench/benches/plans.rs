@@ -20,7 +20,9 @@ const PROVIDERS: [&str; 4] = ["aft", "magic-context", "plexus", "prefrontal-core
 const TOOLS_EACH: usize = 10;
 
 fn names(provider: &str) -> Vec<String> {
-    (0..TOOLS_EACH).map(|i| format!("{provider}_tool_{i}")).collect()
+    (0..TOOLS_EACH)
+        .map(|i| format!("{provider}_tool_{i}"))
+        .collect()
 }
 
 fn composition() -> Value {

@@ -257,9 +257,11 @@ impl Plan {
             absent_items: Vec::new(),
             system_text: None,
             join_version: broca_wal::planrec::JOIN_VERSION,
-            tools: Vec::new(),
+            tools: Vec::new().into(),
+            tools_digest: String::new(),
             capabilities: Vec::new(),
         };
+        let mut tools: Vec<ToolSpec> = Vec::new();
         let mut differences = Vec::new();
         let mut texts = Vec::new();
         for (fetch, answer) in self.fetches.iter().zip(answers) {
@@ -322,7 +324,7 @@ impl Plan {
                     item_digest: answer.catalog_digest.clone(),
                     preflight_digest: None,
                 });
-                frozen.tools.extend(arrived.specs.iter().cloned());
+                tools.extend(arrived.specs.iter().cloned());
             }
             if fetch.text.is_some() {
                 match &answer.system_text {
@@ -358,7 +360,9 @@ impl Plan {
         if !differences.is_empty() {
             return Err(Refusal::PlanStale { differences });
         }
-        collisions(&frozen.tools)?;
+        collisions(&tools)?;
+        frozen.tools_digest = crate::admission::tools_digest(&tools);
+        frozen.tools = tools.into();
         if !texts.is_empty() {
             frozen.system_text = Some(texts.join("\n\n"));
         }
@@ -550,10 +554,20 @@ pub fn apply(
             format!("the plan offers a tool named `{submit}`, which structured output reserves"),
         ));
     }
-    let mut tools = plan.tools.clone();
-    tools.extend(config.tools.iter().filter(|t| t.name == submit).cloned());
-    config.tools_digest = crate::admission::tools_digest(&tools);
-    config.tools = tools.into();
+    match config.tools.iter().find(|t| t.name == submit) {
+        // The run's own `submit_result` after the plan's tools: a list of its own.
+        Some(own) => {
+            let mut tools = plan.tools.to_vec();
+            tools.push(own.clone());
+            config.tools_digest = crate::admission::tools_digest(&tools);
+            config.tools = tools.into();
+        }
+        // Shared with the frozen plan: nothing copied or digested per send.
+        None => {
+            config.tools = plan.tools.clone();
+            config.tools_digest.clone_from(&plan.tools_digest);
+        }
+    }
     config.system = match (&plan.system_text, config.system.take()) {
         (Some(p), Some(own)) => Some(format!("{p}\n\n{own}")),
         (p, own) => p.clone().or(own),

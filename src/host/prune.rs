@@ -4,7 +4,6 @@
 //! copies this process keeps of a rewritten session are made again from the new bytes: the
 //! readers' cache drops it, and the store takes its projection out and projects it anew.
 
-use broca_wal::SessionTriple;
 use std::path::PathBuf;
 
 use crate::Host;
@@ -60,7 +59,7 @@ impl Host {
     #[cfg(debug_assertions)]
     pub(crate) async fn archive_now(
         &self,
-        t: &SessionTriple,
+        t: &broca_wal::SessionTriple,
     ) -> Result<serde_json::Value, broca_wire::RpcError> {
         use serde_json::json;
         let (reply, wait) = futures_channel::oneshot::channel();

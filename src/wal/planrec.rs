@@ -32,9 +32,12 @@ pub struct FrozenPlan {
     /// How `system_text` was joined ([`JOIN_VERSION`]).
     pub join_version: u32,
     /// The fetched tools, each routed to its provider, in plan order: a run of the session
-    /// offers these.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tools: Vec<broca_protocol::ToolSpec>,
+    /// offers these (shared with every run's config, never copied per send).
+    #[serde(default, skip_serializing_if = "broca_protocol::no_tools")]
+    pub tools: std::sync::Arc<[broca_protocol::ToolSpec]>,
+    /// The digest a run's config keeps of `tools` (broca-core's `tools_digest`), taken once.
+    #[serde(default)]
+    pub tools_digest: String,
     /// The session-level capabilities the providers' answers declared (`late_results`,
     /// `host_params`), by provider.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

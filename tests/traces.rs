@@ -81,10 +81,11 @@ fn a_run_is_a_trace_of_its_steps_and_tool_calls_flushed_when_serve_stops() {
     // Two chat spans and the tool's filled the first batch; the run's waits.
     let first = wait_for_spans(&requests, 3);
     assert_eq!(first.len(), 3, "{first:#?}");
-    assert_eq!(
-        metric_with(&s, "broca_trace_spans_total", "outcome=\"exported\""),
-        3
-    );
+    // The exporter counts a batch once its POST is answered, a moment after the collector
+    // has it.
+    support::serve::wait_for("three spans counted as exported", || {
+        metric_with(&s, "broca_trace_spans_total", "outcome=\"exported\"") == 3
+    });
     // SAFETY: a signal to the serve this test started and has not reaped.
     unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
     let out = s.child.stderr_at_exit();

@@ -23,8 +23,10 @@ pub use joining::{inherit, PENDING_STEERS_MAX};
 pub(crate) use retention::session_retention;
 pub use retention::TITLE_BYTES_MAX;
 use retention::{retention, title};
+mod planned;
+pub use planned::{tools_digest, SentPlan};
 mod repeated;
-use repeated::{repeated, Identity};
+use repeated::{frozen_so_key, repeated, so_key, Identity};
 
 /// max_steps when a send does not say.
 pub const MAX_STEPS_DEFAULT: u32 = 32;
@@ -98,14 +100,6 @@ pub struct Prepared {
     pub plan: Option<SentPlan>,
 }
 
-/// A send's fetch plan: as read, and as admission's fetch froze it (set only when the
-/// session had no plan when the host looked).
-#[derive(Debug, Clone, PartialEq)]
-pub struct SentPlan {
-    pub plan: crate::plan::Plan,
-    pub admitted: Option<Box<broca_wal::planrec::FrozenPlan>>,
-}
-
 /// A send that did not pass [`prepare`]: its refusal, kept with what a repeated send_id
 /// needs, since a send_id already admitted with the same inputs still answers its run.
 #[derive(Debug, Clone, PartialEq)]
@@ -120,32 +114,6 @@ pub struct Unprepared {
     pub refusal: Refusal,
     /// As in [`Prepared`].
     pub delivery: Option<String>,
-}
-
-/// A send's `structured_output` as a repeated send_id compares it: mode, name and the
-/// schema's canonical text (an unreadable one as sent).
-fn so_key(raw: Option<&serde_json::Value>) -> Option<String> {
-    use cortexkit_role_llm_runner::structured_output::StructuredOutput;
-    let raw = raw?;
-    Some(
-        match serde_json::from_value::<StructuredOutput>(raw.clone()) {
-            Ok(so) => match so.schema_jcs() {
-                Ok(jcs) => format!(
-                    "{}\n{}\n{}",
-                    so.mode.as_str(),
-                    so.effective_name(),
-                    String::from_utf8_lossy(&jcs)
-                ),
-                Err(_) => raw.to_string(),
-            },
-            Err(_) => raw.to_string(),
-        },
-    )
-}
-
-/// [`so_key`] of what a run froze.
-fn frozen_so_key(f: Option<&broca_wal::runrec::FrozenStructuredOutput>) -> Option<String> {
-    f.map(|f| format!("{}\n{}\n{}", f.mode, f.name, f.schema))
 }
 
 /// The digest of a send's inputs (everything but the send_id).
@@ -224,7 +192,7 @@ pub fn admit_prepared(
     let retention = session_retention(session, p.config.retention)?;
     let mut p = p;
     p.config.retention = retention;
-    plan(&mut p, session)?;
+    planned::plan(&mut p, session)?;
     // A steer joins the run being driven, under its settings; its media are checked against
     // that run's model, any other send's against the model it would freeze.
     if p.delivery.as_deref() == Some(broca_wire::delivery::STEER) {
@@ -595,45 +563,6 @@ fn resolve(
         title: title(req)?,
         plan: None,
     })
-}
-
-/// A send's config on a planned session, or on the send that admits a session with its
-/// plan: the plan's tools and text (llm-runner/v1 `plans`). A plan other than the frozen
-/// one, or one sent to a session that began without, is refused `plan_drift`.
-fn plan(p: &mut Prepared, session: &Session) -> Result<(), Refusal> {
-    let named_tools = p.named.contains(&"tools");
-    let drift = |frozen: Option<&str>, sent: &crate::plan::Plan| Refusal::PlanDrift {
-        frozen: frozen.map(str::to_string),
-        sent: sent.identity.clone(),
-    };
-    match (&session.plan, p.plan.take()) {
-        (Some(frozen), Some(sent)) if sent.plan.identity != frozen.identity => {
-            Err(drift(Some(&frozen.identity), &sent.plan))
-        }
-        (Some(frozen), _) => crate::plan::apply(&mut p.config, frozen, named_tools),
-        (None, Some(sent)) if !session.runs.is_empty() || !session.queued.is_empty() => {
-            Err(drift(None, &sent.plan))
-        }
-        (None, Some(sent)) => match sent.admitted {
-            Some(frozen) => {
-                crate::plan::apply(&mut p.config, &frozen, named_tools)?;
-                p.config.plan = Some(frozen);
-                Ok(())
-            }
-            // The host saw the plan frozen when it looked; the session says otherwise.
-            None => Err(Refusal::FetchUnavailable {
-                provider: String::new(),
-                why: "the session's plan changed while this send was admitted".into(),
-            }),
-        },
-        (None, None) => Ok(()),
-    }
-}
-
-/// The digest a run's config keeps of its tool specs.
-pub fn tools_digest(tools: &[ToolSpec]) -> String {
-    let bytes = serde_json::to_vec(tools).expect("tool specs serialize");
-    blake3::hash(&bytes).to_hex()[..32].to_string()
 }
 
 /// The run's compaction as the send asked for it: `off` or none is none.

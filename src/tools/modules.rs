@@ -234,25 +234,6 @@ impl ModuleTools {
         .await
     }
 
-    /// Whether the daemon's catalog lists `module` as providing `capability` (no answer:
-    /// no).
-    pub async fn provides(&self, module: &str, capability: &str) -> bool {
-        let Ok(link) = self.link().await else {
-            return false;
-        };
-        let Ok(sent) = link.request(0, 0, toolprov::catalog_list_request(module)) else {
-            return false;
-        };
-        match with_timeout(CONTROL_DEADLINE, sent.reply).await {
-            Ok(Ok(Ok(frame))) => toolprov::provides(module, &frame, capability),
-            Ok(_) => false,
-            Err(()) => {
-                link.cancel(0, 0, sent.corr);
-                false
-            }
-        }
-    }
-
     /// Whether calls of `module` are kept alive by its keepalives.
     fn sends_keepalives(&self, module: &str) -> bool {
         self.keepalive.lock().is_ok_and(|k| k.contains(module))

@@ -637,28 +637,7 @@ fn open_route(
         )
     };
     if body["op"] == "catalog.list" {
-        let module = body["module_id"].as_str().unwrap_or("");
-        let mut provides: Vec<&str> = Vec::new();
-        if let Some(t) = services.tools.as_ref().filter(|t| t.module_id == module) {
-            if t.keepalive.load(Ordering::SeqCst) {
-                provides.push(cortexkit_role_tool_provider::CALL_KEEPALIVE_CAPABILITY);
-            }
-            if t.default_text.load(Ordering::SeqCst) {
-                provides.push(cortexkit_role_llm_runner::SYSTEM_TEXT_DEFAULT_PROVIDER_CAPABILITY);
-            }
-        }
-        let modules = match &services.tools {
-            Some(t) if t.module_id == module => vec![serde_json::json!({
-                "module_id": module, "ready": true, "roles": [], "control_ops": [],
-                "capabilities": {"provides": provides, "requires": [], "must_never_reach": []},
-            })],
-            _ => Vec::new(),
-        };
-        return Reply::Frame(
-            FrameType::Response,
-            serde_json::json!({"op": "catalog.list", "generation": 1, "modules": modules, "subc_ops": []}),
-            false,
-        );
+        return tool_module::catalog_list(services.tools.as_ref(), body);
     }
     let target = &body["target"];
     let kind = if target["module_id"] == "fusiform" && services.catalog.is_some() {

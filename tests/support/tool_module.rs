@@ -322,3 +322,31 @@ fn late_read(t: &ToolModule, args: &Value) -> Reply {
         false,
     )
 }
+
+/// The daemon's `catalog.list` answer for `body`'s module: the tool module's manifest, its
+/// `provides` as its switches say, when it is the module asked for.
+pub(super) fn catalog_list(tools: Option<&ToolModule>, body: &Value) -> Reply {
+    use std::sync::atomic::Ordering;
+    let module = body["module_id"].as_str().unwrap_or("");
+    let modules = match tools.filter(|t| t.module_id == module) {
+        Some(t) => {
+            let mut provides: Vec<&str> = Vec::new();
+            if t.keepalive.load(Ordering::SeqCst) {
+                provides.push(cortexkit_role_tool_provider::CALL_KEEPALIVE_CAPABILITY);
+            }
+            if t.default_text.load(Ordering::SeqCst) {
+                provides.push(cortexkit_role_llm_runner::SYSTEM_TEXT_DEFAULT_PROVIDER_CAPABILITY);
+            }
+            vec![serde_json::json!({
+                "module_id": module, "ready": true, "roles": [], "control_ops": [],
+                "capabilities": {"provides": provides, "requires": [], "must_never_reach": []},
+            })]
+        }
+        None => Vec::new(),
+    };
+    Reply::Frame(
+        FrameType::Response,
+        serde_json::json!({"op": "catalog.list", "generation": 1, "modules": modules, "subc_ops": []}),
+        false,
+    )
+}

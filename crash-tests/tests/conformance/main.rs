@@ -16,6 +16,7 @@ mod support;
 mod bus;
 mod daemon;
 mod import;
+mod kills;
 mod media;
 mod model;
 mod pruning;
@@ -103,7 +104,7 @@ fn broca_passes_the_llm_runner_v1_conformance_suite() {
     });
     println!("{}", report.render());
     if std::env::var_os("BROCA_CONFORMANCE_DOC").is_some() {
-        let doc = report::document(&report, &declared, &subject::points());
+        let doc = report::document(&report, &declared, &kills::points());
         let path = support::repo_root().join("docs/conformance.md");
         std::fs::write(&path, doc).unwrap();
         eprintln!("wrote {}", path.display());
@@ -119,7 +120,7 @@ fn broca_passes_the_llm_runner_v1_conformance_suite() {
         report.kills
     );
     let points: Vec<&str> = report.kills.iter().map(|k| k.point.as_str()).collect();
-    for (point, _) in subject::points() {
+    for (point, _) in kills::points() {
         assert!(
             points.contains(&point.as_str()),
             "no case killed broca at {point}, a point it declares: {points:?}"

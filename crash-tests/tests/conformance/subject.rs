@@ -13,7 +13,6 @@ use cortexkit_role_harness::{
     Harness, HarnessError, KillMechanism, KillPoint, KillReport, PointDeclaration, RouteStamp,
     Trigger,
 };
-use cortexkit_role_llm_runner::points;
 use cortexkit_role_llm_runner_conformance::{
     ArchivePruningPart, AttributionFixture, Capability, LlmRunnerSubject, ModelRequestObservation,
     Reply, RunnerRoute, Script, SystemTextDefaultObservation, ToolResultLimitObservation,
@@ -22,6 +21,7 @@ use cortexkit_role_llm_runner_conformance::{
 use serde_json::{json, Map, Value};
 
 use crate::daemon::{Daemon, Link};
+use crate::kills::POINTS;
 use crate::model::Model;
 pub use crate::route::Route;
 use crate::tools::{ToolModule, MODULE};
@@ -32,56 +32,6 @@ pub(crate) const HARNESS: &str = "conformance";
 pub(crate) const QUIET: Duration = Duration::from_millis(300);
 /// How long a request waits for broca's answer.
 pub(crate) const ANSWER_WITHIN: Duration = Duration::from_secs(60);
-
-/// The role's kill points broca reaches, each with the crash hook's point that is it.
-/// `RetentionTombstoned` (`retention_tombstoned`) is not declared: in module mode a first send
-/// must name a storage policy (`session_retention.required`), so the suite's only case that
-/// kills there, a legacy `retention` send, is not applicable; tests/retention.rs kills there.
-const POINTS: &[(&str, &str, &str)] = &[
-    (
-        points::ADMITTED,
-        "admitted",
-        "the run's RunStarted record (frozen config, the send and its send_id) is durable; nothing was asked of the model",
-    ),
-    (
-        points::SEND_RECORDED,
-        "admitted",
-        "a send's message is the RunStarted record of its run, durable with its send_id before the reply",
-    ),
-    (
-        points::STEP_RECORDED,
-        "step",
-        "a ModelStepFinished record is durable, before its calls' dispatch intent is appended",
-    ),
-    (
-        points::DISPATCH_INTENT,
-        "intent",
-        "a ToolDispatchIntent record is durable, before any of its calls leaves",
-    ),
-    (
-        points::TOOL_RESULT_RECORDED,
-        "tool_result",
-        "a ToolResult record is durable",
-    ),
-    (
-        points::TERMINAL,
-        "terminal",
-        "a RunFinished (or RunPaused) record is durable",
-    ),
-    (
-        points::RELEASE_PENDING,
-        "release_pending",
-        "a session's release is durable and its `pending` answer has left through the connection",
-    ),
-];
-
-/// Each declared kill point and the boundary of broca's it is, for docs/conformance.md.
-pub fn points() -> Vec<(String, String)> {
-    POINTS
-        .iter()
-        .map(|(point, hook, note)| (point.to_string(), format!("`{hook}`: {note}")))
-        .collect()
-}
 
 pub struct Subject {
     pub(crate) model: Model,
@@ -487,16 +437,9 @@ impl LlmRunnerSubject for Subject {
         provides: &[String],
         item: &Value,
     ) -> Result<Map<String, Value>, HarnessError> {
-        // The scripted tools' manifest provides exactly `provides`; the first send's plan
-        // names them as its one system-text provider, the item as the case gave it.
-        self.tools.set_provides(provides);
-        let mut text_item = item
-            .as_object()
-            .cloned()
-            .ok_or_else(|| HarnessError::new("the system-text item is not an object"))?;
-        text_item.insert("provider".into(), json!(MODULE));
+        let plan = self.tools.default_text_plan(provides, item)?;
         let mut fields = self.send_fields(session, true);
-        fields.insert("plan".into(), json!({"system_text_items": [text_item]}));
+        fields.insert("plan".into(), plan);
         Ok(fields)
     }
 
@@ -505,25 +448,8 @@ impl LlmRunnerSubject for Subject {
         handle: &Self::Handle,
         session: &str,
     ) -> Result<SystemTextDefaultObservation, HarnessError> {
-        let requests = self.tools.catalog_requests(session);
-        let mut seen = SystemTextDefaultObservation::default();
-        seen.provider_calls = requests.len();
-        seen.provider_items = requests
-            .iter()
-            .filter_map(|r| r.get("system_text"))
-            .map(|item| serde_json::to_vec(item).expect("JSON serializes"))
-            .collect();
-        // The session's WAL as it is on disk (empty while none exists): any write changes it.
-        let triple =
-            broca::wal::SessionTriple::new(broca::daemon::NO_WORKDIR_ROOT, HARNESS, session)
-                .map_err(|e| HarnessError::new(format!("the session's triple: {e}")))?;
-        let wal = handle
-            .root
-            .join("state")
-            .join("wal")
-            .join(format!("{}.wal", triple.address()));
-        seen.durable_state = std::fs::read(wal).unwrap_or_default();
-        Ok(seen)
+        self.tools
+            .default_text_observation(&handle.root.join("state"), HARNESS, session)
     }
 
     async fn install_script(&self, session: &str, script: Script) -> Result<(), HarnessError> {

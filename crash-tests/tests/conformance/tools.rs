@@ -8,7 +8,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cortexkit_role_llm_runner_conformance::SCRIPTED_TOOL;
+use cortexkit_role_harness::HarnessError;
+use cortexkit_role_llm_runner_conformance::{SystemTextDefaultObservation, SCRIPTED_TOOL};
 use serde_json::{json, Value};
 use subc_protocol::{Frame, FrameType};
 use subc_transport::frame_io::read_frame;
@@ -110,25 +111,57 @@ impl ToolModule {
     /// The text it answers a system-text item with.
     pub const SYSTEM_TEXT: &'static str = "The conformance tools' default text.";
 
-    /// Sets what the daemon's catalog says the module provides.
-    pub fn set_provides(&self, provides: &[String]) {
-        self.state.lock().unwrap().provides = provides.to_vec();
-    }
-
     fn provides(&self) -> Vec<String> {
         self.state.lock().unwrap().provides.clone()
     }
 
-    /// The `tool.catalog` requests (their arguments) that came over routes bound to
-    /// `session`.
-    pub fn catalog_requests(&self, session: &str) -> Vec<Value> {
-        self.state
+    /// The system-text-default cases' plan: the manifest provides exactly `provides`, and
+    /// the plan names the module as its one system-text provider, the case's item as given.
+    pub fn default_text_plan(
+        &self,
+        provides: &[String],
+        item: &Value,
+    ) -> Result<Value, HarnessError> {
+        self.state.lock().unwrap().provides = provides.to_vec();
+        let mut text_item = item
+            .as_object()
+            .cloned()
+            .ok_or_else(|| HarnessError::new("the system-text item is not an object"))?;
+        text_item.insert("provider".into(), json!(MODULE));
+        Ok(json!({"system_text_items": [text_item]}))
+    }
+
+    /// What the module saw of `session` (harness `harness`, under the state dir `state`):
+    /// every `tool.catalog` request over its routes, the system-text items as they arrived,
+    /// and the session's WAL as it is on disk (empty while none exists: any write changes
+    /// it).
+    pub fn default_text_observation(
+        &self,
+        state: &std::path::Path,
+        harness: &str,
+        session: &str,
+    ) -> Result<SystemTextDefaultObservation, HarnessError> {
+        let requests = self
+            .state
             .lock()
             .unwrap()
             .catalogs
             .get(session)
             .cloned()
-            .unwrap_or_default()
+            .unwrap_or_default();
+        let mut seen = SystemTextDefaultObservation::default();
+        seen.provider_calls = requests.len();
+        seen.provider_items = requests
+            .iter()
+            .filter_map(|r| r.get("system_text"))
+            .map(|item| serde_json::to_vec(item).expect("JSON serializes"))
+            .collect();
+        let triple =
+            broca::wal::SessionTriple::new(broca::daemon::NO_WORKDIR_ROOT, harness, session)
+                .map_err(|e| HarnessError::new(format!("the session's triple: {e}")))?;
+        let wal = state.join("wal").join(format!("{}.wal", triple.address()));
+        seen.durable_state = std::fs::read(wal).unwrap_or_default();
+        Ok(seen)
     }
 
     /// Its answer to a `tool.catalog` request with `args`: the catalog, with the digest of

@@ -136,3 +136,31 @@ pub(super) fn repeated(
     }
     None
 }
+
+/// A send's `structured_output` as a repeated send_id compares it: mode, name and the
+/// schema's canonical text (an unreadable one as sent).
+pub(super) fn so_key(raw: Option<&serde_json::Value>) -> Option<String> {
+    use cortexkit_role_llm_runner::structured_output::StructuredOutput;
+    let raw = raw?;
+    Some(
+        match serde_json::from_value::<StructuredOutput>(raw.clone()) {
+            Ok(so) => match so.schema_jcs() {
+                Ok(jcs) => format!(
+                    "{}\n{}\n{}",
+                    so.mode.as_str(),
+                    so.effective_name(),
+                    String::from_utf8_lossy(&jcs)
+                ),
+                Err(_) => raw.to_string(),
+            },
+            Err(_) => raw.to_string(),
+        },
+    )
+}
+
+/// [`so_key`] of what a run froze.
+pub(super) fn frozen_so_key(
+    f: Option<&broca_wal::runrec::FrozenStructuredOutput>,
+) -> Option<String> {
+    f.map(|f| format!("{}\n{}\n{}", f.mode, f.name, f.schema))
+}

@@ -10,7 +10,7 @@ use broca_io::net::with_timeout;
 use broca_subc::toolprov::{self, PlanMiss};
 use cortexkit_role_tool_provider::catalog::{CatalogAnswer, CatalogRequest};
 
-use super::{ModuleTools, NotSent};
+use super::{ModuleTools, NotSent, CONTROL_DEADLINE};
 
 /// What one provider answered: the answer as it came and its tools as broca routes them.
 pub type PlanAnswer = Result<(CatalogAnswer, Vec<broca_protocol::ToolSpec>), PlanMiss>;
@@ -30,6 +30,25 @@ impl ModuleTools {
             .iter()
             .map(|(module, request)| self.plan_catalog(session, module, request, until));
         join_all(fetches).await
+    }
+
+    /// Whether the daemon's catalog lists `module` as providing `capability` (no answer:
+    /// no).
+    pub async fn provides(&self, module: &str, capability: &str) -> bool {
+        let Ok(link) = self.link().await else {
+            return false;
+        };
+        let Ok(sent) = link.request(0, 0, toolprov::catalog_list_request(module)) else {
+            return false;
+        };
+        match with_timeout(CONTROL_DEADLINE, sent.reply).await {
+            Ok(Ok(Ok(frame))) => toolprov::provides(module, &frame, capability),
+            Ok(_) => false,
+            Err(()) => {
+                link.cancel(0, 0, sent.corr);
+                false
+            }
+        }
     }
 
     async fn plan_catalog(

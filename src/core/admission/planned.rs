@@ -1,0 +1,56 @@
+//! A send's fetch plan at admission (llm-runner/v1 `plans`, docs/plans.md): the plan a
+//! send carried, and the config of a send on a planned session (its tools and text the
+//! frozen plan's) or of the send that admits a session with its plan.
+
+use broca_protocol::ToolSpec;
+use broca_wire::Refusal;
+
+use super::Prepared;
+use crate::replay::Session;
+
+/// A send's fetch plan: as read, and as admission's fetch froze it (set only when the
+/// session had no plan when the host looked).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SentPlan {
+    pub plan: crate::plan::Plan,
+    pub admitted: Option<Box<broca_wal::planrec::FrozenPlan>>,
+}
+
+/// A send's config on a planned session, or on the send that admits a session with its
+/// plan: the plan's tools and text (llm-runner/v1 `plans`). A plan other than the frozen
+/// one, or one sent to a session that began without, is refused `plan_drift`.
+pub(super) fn plan(p: &mut Prepared, session: &Session) -> Result<(), Refusal> {
+    let named_tools = p.named.contains(&"tools");
+    let drift = |frozen: Option<&str>, sent: &crate::plan::Plan| Refusal::PlanDrift {
+        frozen: frozen.map(str::to_string),
+        sent: sent.identity.clone(),
+    };
+    match (&session.plan, p.plan.take()) {
+        (Some(frozen), Some(sent)) if sent.plan.identity != frozen.identity => {
+            Err(drift(Some(&frozen.identity), &sent.plan))
+        }
+        (Some(frozen), _) => crate::plan::apply(&mut p.config, frozen, named_tools),
+        (None, Some(sent)) if !session.runs.is_empty() || !session.queued.is_empty() => {
+            Err(drift(None, &sent.plan))
+        }
+        (None, Some(sent)) => match sent.admitted {
+            Some(frozen) => {
+                crate::plan::apply(&mut p.config, &frozen, named_tools)?;
+                p.config.plan = Some(frozen);
+                Ok(())
+            }
+            // The host saw the plan frozen when it looked; the session says otherwise.
+            None => Err(Refusal::FetchUnavailable {
+                provider: String::new(),
+                why: "the session's plan changed while this send was admitted".into(),
+            }),
+        },
+        (None, None) => Ok(()),
+    }
+}
+
+/// The digest a run's config keeps of its tool specs.
+pub fn tools_digest(tools: &[ToolSpec]) -> String {
+    let bytes = serde_json::to_vec(tools).expect("tool specs serialize");
+    blake3::hash(&bytes).to_hex()[..32].to_string()
+}

@@ -20,7 +20,7 @@ use daemon::{Answer, Daemon, Services, ToolModule};
 use module_support::*;
 use serde_json::{json, Value};
 use subc_protocol::FrameType;
-use support::serve::{rpc, send_until_completed, spawn, Serve};
+use support::serve::{metric_with, rpc, send_until_completed, spawn, Serve};
 use support::{dump_all, fixture, Aimock};
 
 const TOOLS: [&str; 7] = ["echo", "record", "hang", "die", "wait", "long", "consent"];
@@ -360,5 +360,26 @@ fn serve_keeps_a_frozen_plan_across_a_kill_and_refuses_one_it_was_not_given() {
     assert!(
         refused["error"]["detail"].get("frozen").is_none(),
         "{refused}"
+    );
+    // Standalone, a plan with items has nothing to fetch from: fetch_unavailable, counted.
+    let items = json!({"tool_items": [{"provider": "ck-tools", "params": {}}]});
+    let (status, refused) = rpc(
+        &s,
+        "session.send",
+        json!({"session": "s3", "prompt": "hello", "model": "anthropic/m", "plan": items}),
+    );
+    assert_eq!(status, 503, "{refused}");
+    assert_eq!(refused["error"]["code"], "fetch_unavailable", "{refused}");
+    let admissions = |outcome: &str| {
+        metric_with(
+            &s,
+            "broca_plan_admissions_total",
+            &format!("outcome=\"{outcome}\""),
+        )
+    };
+    // This process admitted none (the plan was admitted before the kill) and refused one.
+    assert_eq!(
+        (admissions("admitted"), admissions("fetch_unavailable")),
+        (0, 1)
     );
 }

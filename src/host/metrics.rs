@@ -348,6 +348,7 @@ pub async fn render(ctx: &Host) -> String {
         "# HELP broca_mesh_full_total Commands refused 503 shard_busy: their shard's queue was full.\n# TYPE broca_mesh_full_total counter\nbroca_mesh_full_total {}\n",
         ctx.mesh.full_count()
     ));
+    out.push_str(&crate::plans::exposition());
     out.push_str(&format!(
         "# HELP broca_archive_packed_total Sessions packed into sealed containers by this process.\n# TYPE broca_archive_packed_total counter\nbroca_archive_packed_total {}\n# HELP broca_archive_restored_total Archived sessions restored before a write by this process.\n# TYPE broca_archive_restored_total counter\nbroca_archive_restored_total {}\n",
         broca_archive::PACKED.load(std::sync::atomic::Ordering::Relaxed),

@@ -7,10 +7,11 @@
 use std::time::Duration;
 
 use broca_core::admission::Prepared;
-use broca_core::plan::{Arrived, Missed};
+use broca_core::plan::{Arrived, Missed, Plan};
 use broca_subc::toolprov::PlanMiss;
+use broca_wal::planrec::FrozenPlan;
 use broca_wal::SessionTriple;
-use broca_wire::RpcError;
+use broca_wire::{Refusal, RpcError};
 
 use crate::Host;
 
@@ -34,8 +35,46 @@ pub(crate) async fn fetch(ctx: &Host, t: &SessionTriple, p: &mut Prepared) -> Re
     if settled {
         return Ok(());
     }
+    let started = std::time::Instant::now();
+    let admitted = admit(ctx, t, &sent.plan).await;
+    let outcome = match &admitted {
+        Ok(_) => "admitted",
+        Err(r) => r.code().as_str(),
+    };
+    count(outcome, started.elapsed());
+    match admitted {
+        Ok(frozen) => {
+            tracing::info!(
+                project_root = %t.project_root,
+                harness = %t.harness,
+                session = %t.session,
+                identity = %frozen.identity,
+                providers = sent.plan.fetches().len(),
+                tools = frozen.tools.len(),
+                absent = frozen.absent_items.len(),
+                "fetch plan admitted"
+            );
+            sent.admitted = Some(Box::new(frozen));
+            Ok(())
+        }
+        Err(r) => {
+            tracing::info!(
+                project_root = %t.project_root,
+                harness = %t.harness,
+                session = %t.session,
+                code = outcome,
+                "fetch plan refused: {}",
+                r.message()
+            );
+            Err(RpcError::refusal(&r))
+        }
+    }
+}
+
+/// The plan `plan` admitted from its providers' answers, or the refusal.
+async fn admit(ctx: &Host, t: &SessionTriple, plan: &Plan) -> Result<FrozenPlan, Refusal> {
     if let Some(modules) = &ctx.module_tools {
-        for provider in sent.plan.preset_less_texts() {
+        for provider in plan.preset_less_texts() {
             let serves = modules
                 .provides(
                     provider,
@@ -43,19 +82,16 @@ pub(crate) async fn fetch(ctx: &Host, t: &SessionTriple, p: &mut Prepared) -> Re
                 )
                 .await;
             if !serves {
-                return Err(RpcError::refusal(
-                    &broca_wire::Refusal::SystemTextPresetRequired {
-                        provider: provider.to_string(),
-                    },
-                ));
+                return Err(Refusal::SystemTextPresetRequired {
+                    provider: provider.to_string(),
+                });
             }
         }
     }
-    let asks: Vec<_> = sent
-        .plan
+    let asks: Vec<_> = plan
         .fetches()
         .iter()
-        .map(|f| (f.provider.clone(), sent.plan.request(f)))
+        .map(|f| (f.provider.clone(), plan.request(f)))
         .collect();
     let answers = match (&ctx.module_tools, asks.is_empty()) {
         (_, true) => Vec::new(),
@@ -77,15 +113,43 @@ pub(crate) async fn fetch(ctx: &Host, t: &SessionTriple, p: &mut Prepared) -> Re
             })
             .collect(),
     };
-    for (provider, _) in &asks {
-        tracing::debug!(provider = %provider, "plan item fetched");
+    plan.admit(answers)
+}
+
+/// Plan admissions by outcome (`admitted` or the refusal's code), and the seconds they took
+/// (the fetch included), since the process started: `broca_plan_admissions_total`,
+/// `broca_plan_admission_seconds_total`.
+static COUNTS: std::sync::Mutex<Vec<(&'static str, u64)>> = std::sync::Mutex::new(Vec::new());
+static MICROS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn count(outcome: &'static str, took: Duration) {
+    if let Ok(mut counts) = COUNTS.lock() {
+        match counts.iter_mut().find(|(o, _)| *o == outcome) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((outcome, 1)),
+        }
     }
-    let frozen = sent
-        .plan
-        .admit(answers)
-        .map_err(|r| RpcError::refusal(&r))?;
-    sent.admitted = Some(Box::new(frozen));
-    Ok(())
+    let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+    MICROS.fetch_add(micros, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The plan admissions' families, in the Prometheus text format.
+pub(crate) fn exposition() -> String {
+    let mut out = String::from(
+        "# HELP broca_plan_admissions_total Fetch plans admitted at a session's first send, or refused, by outcome (admitted, or the refusal's code).\n# TYPE broca_plan_admissions_total counter\n",
+    );
+    if let Ok(counts) = COUNTS.lock() {
+        for (outcome, n) in counts.iter() {
+            out.push_str(&format!(
+                "broca_plan_admissions_total{{outcome=\"{outcome}\"}} {n}\n"
+            ));
+        }
+    }
+    out.push_str(&format!(
+        "# HELP broca_plan_admission_seconds_total Time spent admitting fetch plans, their providers' answers awaited included.\n# TYPE broca_plan_admission_seconds_total counter\nbroca_plan_admission_seconds_total {}\n",
+        MICROS.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e6
+    ));
+    out
 }
 
 fn missed(m: PlanMiss) -> Missed {

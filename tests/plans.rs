@@ -53,7 +53,12 @@ fn planned_module(
 ) -> (Daemon, std::process::Child) {
     let mut d = Daemon::start(&dir.join(name));
     let config = dir.join("broca.json");
-    std::fs::write(&config, json!({"plans": true}).to_string()).unwrap();
+    // A plan's items are waited for 1 s at most (the default is 10 s).
+    std::fs::write(
+        &config,
+        json!({"plans": true, "plan_fetch_deadline_ms": 1000}).to_string(),
+    )
+    .unwrap();
     let cfg = dir.join("tools.json");
     // No configured module: every tool a session offers is its plan's.
     std::fs::write(&cfg, json!({"modules": []}).to_string()).unwrap();
@@ -202,6 +207,38 @@ fn a_plan_is_fetched_once_frozen_with_the_first_run_and_its_tools_run_over_the_d
         written,
         "nothing written, not even a new WAL"
     );
+    // A module that never answers the plan's fetch: fetch_unavailable once the deadline
+    // passes, the request cancelled, nothing written.
+    tools
+        .hang_plan_catalogs
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(d.bind(3, 1, "/p", "h", "hung").0, FrameType::Response);
+    let started = std::time::Instant::now();
+    let (ty, refused) = d.request(
+        3,
+        1,
+        "session.send",
+        json!({"prompt": "record two", "model": "anthropic/m", "send_id": "f", "plan": plan()}),
+    );
+    assert_eq!(ty, FrameType::Error, "{refused}");
+    assert_eq!(refused["code"], "fetch_unavailable", "{refused}");
+    assert!(
+        refused["message"].as_str().unwrap().contains("deadline"),
+        "{refused}"
+    );
+    // The config's deadline, not the 10 s default, is what ended the wait.
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+    support::serve::wait_for("the late fetch cancelled", || {
+        !tools.log.cancels.lock().unwrap().is_empty()
+    });
+    assert_eq!(records(&state), written);
+    tools
+        .hang_plan_catalogs
+        .store(false, std::sync::atomic::Ordering::SeqCst);
     let (_, other_baseline) = d.request(2, 1, "session.baseline", json!({}));
     assert_eq!(other_baseline["result"]["state"], "not_yet");
     drain(&mut d, &mut child);

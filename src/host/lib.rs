@@ -88,6 +88,9 @@ pub struct HostOptions {
     /// Sends may carry a fetch plan (`plans`; llm-runner/v1 `plans`, declared when set):
     /// fetched from the daemon's tool modules at a session's first send and frozen for life.
     pub plans: bool,
+    /// How long a session's first send waits for its plan's items, all of them together
+    /// (`plan_fetch_deadline_ms`, default 10 s).
+    pub plan_fetch_deadline: Duration,
     /// The MCP tool servers to start (`--tools-config`).
     pub tools: Option<broca_tools::config::ToolsConfig>,
     pub endpoints: Endpoints,

@@ -15,9 +15,6 @@ use broca_wire::{Refusal, RpcError};
 
 use crate::Host;
 
-/// How long admission waits for a plan's items, all of them together.
-pub(crate) const FETCH_DEADLINE: Duration = Duration::from_secs(10);
-
 /// Fetches `p`'s plan when its session has none yet, setting what the fetch froze; the
 /// admission refusal (`system_text_preset_required`, `fetch_unavailable`, `plan_stale`,
 /// `tool_name_collision`) otherwise.
@@ -96,7 +93,11 @@ async fn admit(ctx: &Host, t: &SessionTriple, plan: &Plan) -> Result<FrozenPlan,
     let answers = match (&ctx.module_tools, asks.is_empty()) {
         (_, true) => Vec::new(),
         (Some(modules), false) => modules
-            .plan_catalogs((&t.harness, &t.session), &asks, FETCH_DEADLINE)
+            .plan_catalogs(
+                (&t.harness, &t.session),
+                &asks,
+                ctx.opts.plan_fetch_deadline,
+            )
             .await
             .into_iter()
             .map(|a| {

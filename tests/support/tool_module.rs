@@ -29,6 +29,9 @@ pub struct ToolModule {
     /// When set, the daemon's `catalog.list` says the module provides
     /// `system-text-default/v1` (it serves a default text for a preset-less item).
     pub default_text: Arc<std::sync::atomic::AtomicBool>,
+    /// When set, a `tool.catalog` request carrying a composition (a plan's fetch) is never
+    /// answered.
+    pub hang_plan_catalogs: Arc<std::sync::atomic::AtomicBool>,
     pub log: ToolLog,
 }
 
@@ -64,6 +67,7 @@ impl ToolModule {
             stale_next: Arc::default(),
             keepalive: Arc::default(),
             default_text: Arc::default(),
+            hang_plan_catalogs: Arc::default(),
             log: ToolLog::default(),
         }
     }
@@ -183,6 +187,9 @@ pub(super) fn tool_answer(t: &ToolModule, body: &Value, channel: u16) -> Reply {
         "tool.catalog" => {
             let args = body.get("arguments").cloned().unwrap_or_default();
             t.log.catalogs.lock().unwrap().push(args.clone());
+            if args.get("composition").is_some() && t.hang_plan_catalogs.load(Ordering::SeqCst) {
+                return Reply::Silence;
+            }
             return Reply::Frame(FrameType::Response, ToolModule::catalog_for(&args), false);
         }
         "late_results" => return late_read(t, &body["arguments"]),

@@ -359,3 +359,54 @@ fn a_call_body_carries_its_recorded_key_id_and_pin() {
     assert_eq!(body["tool_call_id"], "toolu_1");
     assert_eq!(body["schema_pin"], "tp1:echo:00:1");
 }
+
+#[test]
+fn a_plan_items_catalog_request_carries_its_members_and_its_answer_keeps_a_refusals_code() {
+    use cortexkit_role_tool_provider::catalog::{CatalogRequest, SystemTextItem};
+    let request = CatalogRequest::new(serde_json::Map::from_iter([(
+        "scope".into(),
+        json!("repo"),
+    )]))
+    .with_preset("head")
+    .with_composition(serde_json::Map::from_iter([(
+        "join_version".into(),
+        json!(1),
+    )]))
+    .with_system_text(SystemTextItem::new(serde_json::Map::new()));
+    let body: Value = serde_json::from_slice(&plan_catalog_request(&request)).unwrap();
+    assert_eq!(
+        body,
+        json!({"name": "tool.catalog", "arguments": {"params": {"scope": "repo"},
+            "preset": "head", "composition": {"join_version": 1},
+            "system_text": {"params": {}}}})
+    );
+    // An answer: its tools routed to the module, the answer kept whole for the plan's checks.
+    let schema = json!({"type": "object", "properties": {"p": {"type": "string"}}});
+    let answer = json!({"generation": "g", "catalog_digest": "c", "composition_digest": "d",
+        "tools": [{"name": "t", "schema_digest":
+            cortexkit_role_tool_provider::catalog::schema_digest(&schema).unwrap(),
+            "semantics": 1, "capabilities": [], "input_schema": schema}]});
+    let (kept, catalog) =
+        read_plan_catalog("ck-t", &frame(FrameType::Response, plain(), &answer)).unwrap();
+    assert_eq!(kept.composition_digest.as_deref(), Some("d"));
+    assert_eq!(catalog.specs.len(), 1);
+    assert!(catalog.specs[0].route.starts_with("subc:ck-t@tp1:t:"));
+    // A refusal keeps the module's code; an answer that does not decode is unavailable.
+    let refused = frame(
+        FrameType::Error,
+        plain(),
+        &json!({"code": "invalid_request", "message": "no such preset"}),
+    );
+    assert_eq!(
+        read_plan_catalog("ck-t", &refused).unwrap_err(),
+        PlanMiss::Refused {
+            code: "invalid_request".into(),
+            message: "no such preset".into()
+        }
+    );
+    let garbled = frame(FrameType::Response, plain(), &json!({"tools": 7}));
+    assert!(matches!(
+        read_plan_catalog("ck-t", &garbled).unwrap_err(),
+        PlanMiss::Unavailable(why) if why.contains("does not decode")
+    ));
+}

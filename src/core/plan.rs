@@ -533,6 +533,9 @@ fn read_item(list: &str, i: usize, raw: &Value, tools: bool) -> Result<(String, 
     ))
 }
 
+/// The structured-output mode whose run offers its own `submit_result` after its tools.
+pub const SUBMIT_TOOL_MODE: &str = cortexkit_role_llm_runner::structured_output::modes::SUBMIT_TOOL;
+
 /// A send's config on a session that froze `plan`: the plan's tools offered (and the run's
 /// own `submit_result`, when it asks for one), and its joined system text ahead of the
 /// send's own. A send naming `tools` is refused: a planned session's tools are its plan's.
@@ -554,7 +557,12 @@ pub fn apply(
             format!("the plan offers a tool named `{submit}`, which structured output reserves"),
         ));
     }
-    match config.tools.iter().find(|t| t.name == submit) {
+    let own_submit = config
+        .structured_output
+        .as_ref()
+        .filter(|so| so.mode == SUBMIT_TOOL_MODE)
+        .and_then(|_| config.tools.iter().find(|t| t.name == submit));
+    match own_submit {
         // The run's own `submit_result` after the plan's tools: a list of its own.
         Some(own) => {
             let mut tools = plan.tools.to_vec();

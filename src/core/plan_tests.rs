@@ -341,14 +341,28 @@ fn the_first_send_freezes_the_plan_and_later_sends_run_on_it_or_drift() {
         Some("aft text\n\ncore text\n\nown")
     );
     assert!(started.config.plan.is_some());
+    // As the WAL keeps it: the plan's tools written once, as the config's, and read back.
+    let record = broca_wal::Record::RunStarted(started.clone());
+    let mut payload = Vec::new();
+    record.encode_payload(&mut payload);
+    let text = String::from_utf8(payload.clone()).unwrap();
+    assert_eq!(
+        text.matches("edit of aft").count(),
+        1,
+        "each tool once in the record"
+    );
+    let decoded = broca_wal::Record::decode(record.kind(), &payload).unwrap();
     let mut s = Session::default();
-    s.apply(1, broca_wal::Record::RunStarted(started.clone()))
-        .unwrap();
+    s.apply(1, decoded).unwrap();
     s.apply(2, crate::retention_tests::finished("r", 2))
         .unwrap();
     assert_eq!(
-        s.plan.as_deref().map(|p| &p.identity),
-        started.config.plan.as_deref().map(|p| &p.identity)
+        s.plan.as_deref().map(|p| (&p.identity, &p.tools)),
+        started
+            .config
+            .plan
+            .as_deref()
+            .map(|p| (&p.identity, &p.tools))
     );
     // A later send, with the plan repeated or left out, runs on the frozen plan.
     for later in [Some(plan.clone()), None] {

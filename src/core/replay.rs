@@ -209,8 +209,17 @@ impl Session {
             self.retention = config.retention;
         }
         self.note_policy(config.retention_policy.as_ref());
-        if self.plan.is_none() {
-            self.plan.clone_from(&config.plan);
+        if let (None, Some(plan)) = (&self.plan, &config.plan) {
+            let mut plan = plan.clone();
+            // Read from a WAL, the plan's tools are its config's (planrec's `tools`).
+            if plan.tools.is_empty() {
+                let submit = config
+                    .structured_output
+                    .as_ref()
+                    .is_some_and(|so| so.mode == crate::plan::SUBMIT_TOOL_MODE);
+                plan.tools = broca_wal::planrec::FrozenPlan::tools_from(&config.tools, submit);
+            }
+            self.plan = Some(plan);
         }
     }
 }

@@ -32,8 +32,11 @@ pub struct FrozenPlan {
     /// How `system_text` was joined ([`JOIN_VERSION`]).
     pub join_version: u32,
     /// The fetched tools, each routed to its provider, in plan order: a run of the session
-    /// offers these (shared with every run's config, never copied per send).
-    #[serde(default, skip_serializing_if = "broca_protocol::no_tools")]
+    /// offers these (shared with every run's config, never copied per send). Not written:
+    /// the record that carries the plan holds them once, as its config's `tools` (the run's
+    /// own `submit_result` after them, when it asked for one); a replay takes them from there
+    /// ([`FrozenPlan::tools_from`]).
+    #[serde(default, skip_serializing)]
     pub tools: std::sync::Arc<[broca_protocol::ToolSpec]>,
     /// The digest a run's config keeps of `tools` (broca-core's `tools_digest`), taken once.
     #[serde(default)]
@@ -76,4 +79,19 @@ pub struct AbsentPlanItem {
 pub struct ProviderCapabilities {
     pub provider: String,
     pub names: Vec<String>,
+}
+
+impl FrozenPlan {
+    /// The plan's tools as the config of the record carrying it holds them: all of
+    /// `config_tools`, but the run's own `submit_result` at their end when the run asked for
+    /// structured output that way (`submit_tool`).
+    pub fn tools_from(
+        config_tools: &std::sync::Arc<[broca_protocol::ToolSpec]>,
+        submit_tool: bool,
+    ) -> std::sync::Arc<[broca_protocol::ToolSpec]> {
+        match config_tools.split_last() {
+            Some((_, plan)) if submit_tool => plan.to_vec().into(),
+            _ => config_tools.clone(),
+        }
+    }
 }

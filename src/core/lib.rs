@@ -4,6 +4,9 @@
 //! file, a socket or a clock: time, the catalog and randomness come in from the caller.
 
 pub mod admission;
+pub mod commands;
+#[cfg(test)]
+mod commands_tests;
 pub mod compaction;
 #[cfg(test)]
 mod compaction_tests;

@@ -13,7 +13,9 @@
 use std::collections::BTreeMap;
 
 use broca_protocol::ToolSpec;
-use broca_wal::planrec::{AbsentPlanItem, FrozenPlan, PlanItem, ProviderCapabilities};
+use broca_wal::planrec::{
+    AbsentPlanItem, FrozenCommand, FrozenPlan, PlanItem, ProviderCapabilities,
+};
 use broca_wire::Refusal;
 use cortexkit_role_tool_provider::catalog::{
     composition_digest, system_text_digest, CatalogAnswer, CatalogRequest, SystemTextItem,
@@ -49,6 +51,9 @@ pub struct Plan {
     composition: Option<Map<String, Value>>,
     composition_digest: Option<String>,
     fetches: Vec<Fetch>,
+    /// Whether a person may drive the session (`interactive`, true when absent): when not,
+    /// no command is frozen and every invocation is refused `no_person`.
+    interactive: bool,
 }
 
 /// One provider's part of a plan: its tool item, its system-text item, or both.
@@ -184,6 +189,8 @@ impl Plan {
                 ));
             }
         }
+        let interactive = cortexkit_role_llm_runner::user_commands::check_interactive(value)
+            .map_err(|f| field(f, "`plan.interactive` must be a boolean"))?;
         let digest = |v: &Value| {
             composition_digest(v)
                 .map_err(|e| field("plan", format!("`plan` has no JCS form: {e:?}")))
@@ -199,6 +206,7 @@ impl Plan {
             composition,
             composition_digest,
             fetches,
+            interactive,
         })
     }
 
@@ -260,8 +268,11 @@ impl Plan {
             tools: Vec::new().into(),
             tools_digest: String::new(),
             capabilities: Vec::new(),
+            user_commands: Vec::new(),
+            interactive: self.interactive,
         };
         let mut tools: Vec<ToolSpec> = Vec::new();
+        let mut commands: Vec<FrozenCommand> = Vec::new();
         let mut differences = Vec::new();
         let mut texts = Vec::new();
         for (fetch, answer) in self.fetches.iter().zip(answers) {
@@ -344,6 +355,12 @@ impl Plan {
                         "why": "the answer carries no system_text"})),
                 }
             }
+            commands.extend(answer.user_commands.iter().map(|c| FrozenCommand {
+                provider: provider.clone(),
+                name: c.name.clone(),
+                description: c.description.clone(),
+                argument_hint: c.argument_hint.clone(),
+            }));
             let declared: Vec<String> = answer
                 .capabilities
                 .iter()
@@ -361,6 +378,10 @@ impl Plan {
             return Err(Refusal::PlanStale { differences });
         }
         collisions(&tools)?;
+        command_collisions(&commands)?;
+        if self.interactive {
+            frozen.user_commands = commands;
+        }
         frozen.tools_digest = crate::admission::tools_digest(&tools);
         frozen.tools = tools.into();
         if !texts.is_empty() {
@@ -435,6 +456,24 @@ fn collisions(tools: &[ToolSpec]) -> Result<(), Refusal> {
     }
     match by_name.into_iter().find(|(_, p)| p.len() > 1) {
         Some((name, providers)) => Err(Refusal::PlanToolCollision {
+            name: name.to_string(),
+            providers,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Refuses two providers declaring one person-only command name, naming every provider.
+fn command_collisions(commands: &[FrozenCommand]) -> Result<(), Refusal> {
+    let mut by_name: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for c in commands {
+        by_name
+            .entry(c.name.as_str())
+            .or_default()
+            .push(c.provider.clone());
+    }
+    match by_name.into_iter().find(|(_, p)| p.len() > 1) {
+        Some((name, providers)) => Err(Refusal::UserCommandCollision {
             name: name.to_string(),
             providers,
         }),
@@ -589,12 +628,16 @@ pub fn baseline(plan: &FrozenPlan, mut tool_names: Vec<String>) -> Value {
     use cortexkit_role_llm_runner::baseline::{Baseline, BaselineReply};
     tool_names.sort();
     tool_names.dedup();
-    let baseline = json!({
+    let mut baseline = json!({
         "items": plan.items,
         "absent_items": plan.absent_items,
         "composition_digest": plan.composition_digest,
         "tool_names": tool_names,
     });
+    // Omitted when empty, so a baseline without commands keeps its bytes.
+    if !plan.user_commands.is_empty() {
+        baseline["user_commands"] = json!(plan.user_commands);
+    }
     let baseline: Baseline =
         serde_json::from_value(baseline).expect("a frozen plan's baseline decodes");
     serde_json::to_value(BaselineReply::ready(baseline)).expect("a baseline serializes")

@@ -196,6 +196,8 @@ pub struct Session {
     pub prunes: super::prune::Prunes,
     /// The fetch plan its admission froze (llm-runner/v1 `plans`), for life.
     pub plan: Option<Box<broca_wal::planrec::FrozenPlan>>,
+    /// The person-only commands relayed for its owner (llm-runner/v1 `user_commands`).
+    pub commands: super::commands::UserCommands,
 }
 
 impl Session {
@@ -463,6 +465,8 @@ impl Session {
                 }
             }
             Record::ReasoningPruned(r) => self.prunes.apply(&r),
+            // Never a message: reads and the model's requests do not see it.
+            Record::UserCommand(r) => self.commands.apply(&r),
         }
         Ok(())
     }

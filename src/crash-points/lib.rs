@@ -12,6 +12,8 @@
 //! - `steered`: a steer's SendSteered is durable (before it is answered or rendered);
 //! - `queued`: a queued or interrupting send's SendQueued is durable (before it is answered,
 //!   and for an interrupt before the run hears of it);
+//! - `user_command_forwarded`: a person-only command's module answered (or its reply was
+//!   lost after it was sent), before its reply is recorded;
 //! - `mid_write`: the nth batch write of the process reached the file only in part (the
 //!   sectors of its first half; the rest of the batch zero, as never written), before its
 //!   fdatasync.
@@ -72,6 +74,7 @@ pub const POINTS: &[&str] = &[
     "tool_result_late",
     "retention_tombstoned",
     "release_pending",
+    "user_command_forwarded",
     "mid_write",
 ];
 

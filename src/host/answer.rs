@@ -128,6 +128,41 @@ impl Shard {
                     return false;
                 }
             }
+            SessionCommand::UserCommand {
+                request,
+                caller,
+                reply,
+            } => {
+                let answer = actor.user_command(&caller, &request).await;
+                return self.answered(answer, reply);
+            }
+            SessionCommand::CommandReplied {
+                call_key,
+                answer,
+                reply,
+            } => {
+                let answer = actor.command_replied(&call_key, answer).await;
+                return self.answered(answer, reply);
+            }
+            SessionCommand::CommandStatus {
+                call_key,
+                caller,
+                reply,
+            } => {
+                let _ = reply.send(
+                    actor
+                        .command_status(&caller, &call_key)
+                        .map_err(|e| e.to_rpc_error()),
+                );
+            }
+            SessionCommand::CommandLate {
+                call_key,
+                entries,
+                reply,
+            } => {
+                let answer = actor.command_late(&call_key, entries).await;
+                return self.answered(answer, reply);
+            }
             SessionCommand::Expire { reply } => return self.expire(actor, triple, reply).await,
             // At rest (a queued send would have started): answered once the WAL is closed.
             SessionCommand::Close { reply } => {
@@ -226,6 +261,25 @@ impl Shard {
                 false
             }
         }
+    }
+}
+
+impl Shard {
+    /// Sends a command's answer; `false` (the actor closes) when its WAL failed, which the
+    /// storage's health counts. A refusal wrote nothing and keeps the actor.
+    fn answered<T>(
+        &self,
+        answer: Result<T, ActorError>,
+        reply: futures_channel::oneshot::Sender<Result<T, RpcError>>,
+    ) -> bool {
+        let failed = matches!(&answer, Err(e) if !matches!(e, ActorError::Refused(_)));
+        if let Err(e) = &answer {
+            if failed {
+                self.host.storage.failed(e);
+            }
+        }
+        let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
+        !failed
     }
 }
 

@@ -3,6 +3,8 @@
 //! route). A session-bound command goes to the shard that owns the session; the reads
 //! (`crate::reads`) never take the writer lease.
 
+use std::sync::Arc;
+
 use futures_channel::oneshot;
 use serde_json::Value;
 
@@ -38,12 +40,16 @@ pub fn check_request(body: &[u8]) -> Result<String, RpcError> {
 
 impl Host {
     /// Executes one management request from `caller`: its `result`, or the refusal.
-    pub async fn call(&self, request: Request, caller: &Caller) -> Result<Value, RpcError> {
+    pub async fn call(
+        self: &Arc<Self>,
+        request: Request,
+        caller: &Caller,
+    ) -> Result<Value, RpcError> {
         call(self, request, caller).await
     }
 }
 
-async fn call(ctx: &Host, request: Request, caller: &Caller) -> Result<Value, RpcError> {
+async fn call(ctx: &Arc<Host>, request: Request, caller: &Caller) -> Result<Value, RpcError> {
     let Some(session) = request.session() else {
         return match request {
             Request::Import {
@@ -92,6 +98,12 @@ async fn call(ctx: &Host, request: Request, caller: &Caller) -> Result<Value, Rp
         Request::Retract { submission_id, .. } => retract(ctx, t, submission_id, caller).await,
         Request::SendStatus { send_id, .. } => send_status(ctx, t, send_id, caller).await,
         Request::Baseline { .. } => baseline(ctx, t, caller).await,
+        Request::UserCommand { command, .. } => {
+            crate::commands::user_command(ctx, t, command, caller).await
+        }
+        Request::UserCommandStatus { call_key, .. } => {
+            crate::commands::status(ctx, t, call_key, caller).await
+        }
         Request::RunsList { list, .. } => crate::lists::runs(ctx, t, list).await,
         Request::Upload { op, .. } => {
             if ctx.is_stopping()
@@ -200,7 +212,7 @@ fn triple(s: &SessionName) -> Result<SessionTriple, RpcError> {
 
 /// Hands the session's shard the command `make` builds around a reply channel; answers the
 /// reply.
-async fn ask<R>(
+pub(crate) async fn ask<R>(
     ctx: &Host,
     t: SessionTriple,
     make: impl FnOnce(oneshot::Sender<R>) -> SessionCommand,

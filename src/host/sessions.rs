@@ -87,6 +87,17 @@ impl Shard {
             SessionCommand::LateResult { reply, .. } => {
                 drop(reply.send(Ok(broca_tools::late::LateRecorded::NotAwaited)))
             }
+            // No plan was ever frozen here, so no command either.
+            SessionCommand::UserCommand { request, reply, .. } => drop(reply.send(Err(
+                RpcError::refusal(&broca_core::Refusal::UnknownUserCommand {
+                    command: request.command.clone(),
+                }),
+            ))),
+            SessionCommand::CommandReplied { reply, .. }
+            | SessionCommand::CommandStatus { reply, .. } => drop(reply.send(Err(
+                RpcError::refusal(&broca_core::Refusal::UnknownInvocation),
+            ))),
+            SessionCommand::CommandLate { reply, .. } => drop(reply.send(Ok(false))),
             // Nothing to expire: expired already (and deleted), or never written.
             SessionCommand::Expire { reply } => {
                 let addr = triple.address().to_string();

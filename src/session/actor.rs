@@ -218,6 +218,7 @@ impl<P: ModelClient, T: ToolRunner> Opener<P, T> {
             inbox: self.inbox,
             on_append: self.on_append,
             on_step: self.on_step,
+            forwarding: Default::default(),
         })
     }
 }
@@ -251,6 +252,9 @@ pub struct SessionActor<P: ModelClient, T: ToolRunner> {
     pub(crate) inbox: Option<Rc<Inbox<SessionCommand>>>,
     on_append: Option<OnAppend>,
     on_step: Option<(String, OnStep)>,
+    /// The person-only commands this process is forwarding now (their call keys): a retry
+    /// of one waits for its reply instead of taking it for lost.
+    pub(crate) forwarding: std::collections::HashSet<String>,
 }
 
 impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {

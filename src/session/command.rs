@@ -66,6 +66,33 @@ pub enum SessionCommand {
     /// shard writes the tombstone, closes the actor and deletes the session, then answers
     /// when it expired; `None` when it is not expired.
     Expire { reply: oneshot::Sender<Option<u64>> },
+    /// A person-only command of `caller` (llm-runner/v1 `session.user_command`, owner-only):
+    /// answered from the session, or recorded durably and handed back to be forwarded.
+    UserCommand {
+        request: Box<cortexkit_role_llm_runner::user_commands::UserCommandRequest>,
+        caller: broca_wire::Caller,
+        reply: oneshot::Sender<Result<CommandStep, broca_wire::RpcError>>,
+    },
+    /// The first reply of a forwarded command (its provider's, or broca's `failed` /
+    /// `outcome_unknown`): recorded durably, then the invocation's answer.
+    CommandReplied {
+        call_key: String,
+        answer: broca_wal::cmdrec::CommandReply,
+        reply: oneshot::Sender<Result<serde_json::Value, broca_wire::RpcError>>,
+    },
+    /// `session.user_command_status` of `caller` (owner-only).
+    CommandStatus {
+        call_key: String,
+        caller: broca_wire::Caller,
+        reply: oneshot::Sender<Result<serde_json::Value, broca_wire::RpcError>>,
+    },
+    /// Late entries of an accepted command (progress, its result): recorded durably and
+    /// once each; answered whether the command still waits for its result.
+    CommandLate {
+        call_key: String,
+        entries: Vec<broca_wal::cmdrec::UserCommandRecord>,
+        reply: oneshot::Sender<Result<bool, broca_wire::RpcError>>,
+    },
     /// Import another harness's log (refused while a run is active).
     Import {
         input: Box<ImportInput>,
@@ -84,6 +111,10 @@ impl SessionCommand {
             SessionCommand::Import { reply, .. } => drop(reply.send(Err(err.clone()))),
             SessionCommand::Upload { reply, .. } => drop(reply.send(Err(err.clone()))),
             SessionCommand::LateResult { reply, .. } => drop(reply.send(Err(err.clone()))),
+            SessionCommand::UserCommand { reply, .. } => drop(reply.send(Err(err.clone()))),
+            SessionCommand::CommandReplied { reply, .. } => drop(reply.send(Err(err.clone()))),
+            SessionCommand::CommandStatus { reply, .. } => drop(reply.send(Err(err.clone()))),
+            SessionCommand::CommandLate { reply, .. } => drop(reply.send(Err(err.clone()))),
             SessionCommand::Status { reply, .. } => drop(reply),
             SessionCommand::Cancel { reply, .. } => drop(reply),
             SessionCommand::Barrier { reply } => drop(reply),
@@ -91,6 +122,23 @@ impl SessionCommand {
             SessionCommand::Close { reply } => drop(reply),
         }
     }
+}
+
+/// What a `session.user_command` came to in its session's actor.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CommandStep {
+    /// The answer (a retry's stored reply, or `outcome_unknown` recorded for a lost one).
+    Answer(serde_json::Value),
+    /// The invocation is being forwarded by an earlier request: ask again shortly.
+    InFlight,
+    /// The invocation is durable: forward it to `provider` on the session's route (its scope
+    /// of epoch `scope_epoch`), then hand the reply back ([`SessionCommand::CommandReplied`]).
+    Forward {
+        call_key: String,
+        provider: String,
+        command: String,
+        scope_epoch: u64,
+    },
 }
 
 /// What a `session.release` found.

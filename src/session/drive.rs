@@ -279,6 +279,38 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             SessionCommand::LateResult { late, reply } => {
                 let _ = reply.send(self.record_late(late).await.map_err(|e| e.to_rpc_error()));
             }
+            SessionCommand::UserCommand {
+                request,
+                caller,
+                reply,
+            } => {
+                let answer = self.user_command(&caller, &request).await;
+                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
+            }
+            SessionCommand::CommandReplied {
+                call_key,
+                answer,
+                reply,
+            } => {
+                let answer = self.command_replied(&call_key, answer).await;
+                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
+            }
+            SessionCommand::CommandStatus {
+                call_key,
+                caller,
+                reply,
+            } => {
+                let answer = self.command_status(&caller, &call_key);
+                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
+            }
+            SessionCommand::CommandLate {
+                call_key,
+                entries,
+                reply,
+            } => {
+                let answer = self.command_late(&call_key, entries).await;
+                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
+            }
             // A session with a run not over never expires, and is not at rest.
             SessionCommand::Expire { reply } => {
                 let _ = reply.send(None);

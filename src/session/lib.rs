@@ -8,6 +8,7 @@
 
 mod actor;
 mod command;
+mod commands;
 pub mod content;
 mod drive;
 pub mod hooks;
@@ -20,7 +21,8 @@ pub use uploads::process_boot;
 
 pub use actor::{ActorError, Display, OnAppend, Opener, SessionActor};
 pub use command::{
-    Cancelled, ImportInput, ImportReply, Joins, Release, Retracted, SendReply, SessionCommand,
+    Cancelled, CommandStep, ImportInput, ImportReply, Joins, Release, Retracted, SendReply,
+    SessionCommand,
 };
 pub use hooks::{Abort, CrashPlan, Hooks, NoHooks};
 pub use import::{

@@ -26,6 +26,8 @@ pub const OPERATIONS: &[(&str, bool)] = &[
     ("role.describe", false),
     ("session.baseline", false),
     ("session.release", true),
+    ("session.user_command", true),
+    ("session.user_command_status", false),
 ];
 
 /// The capabilities broca declares: the bind's scope carries the session's folder

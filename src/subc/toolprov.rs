@@ -557,6 +557,7 @@ pub fn read_reply(module_id: &str, frame: &FrameIn, result_v1: bool) -> Reply {
     }
 }
 
+pub mod command;
 pub mod late;
 
 #[cfg(test)]

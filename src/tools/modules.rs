@@ -38,8 +38,11 @@ use broca_subc::LinkError;
 
 use crate::{ToolOrigin, ToolOutcome};
 
+mod command;
 mod late;
 mod plan;
+
+pub use command::{CommandUpdate, Forwarded, COMMAND_REPLY_DEADLINE};
 
 pub use plan::PlanAnswer;
 

@@ -5,6 +5,7 @@
 
 pub mod address;
 pub mod archive;
+pub mod cmdrec;
 pub mod frame;
 pub mod header;
 pub mod importrec;

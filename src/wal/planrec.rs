@@ -45,6 +45,32 @@ pub struct FrozenPlan {
     /// `host_params`), by provider.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub capabilities: Vec<ProviderCapabilities>,
+    /// The person-only commands the providers' answers declared (llm-runner/v1 §9.10), in
+    /// plan order; none when the plan says `interactive: false`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub user_commands: Vec<FrozenCommand>,
+    /// Whether a person may drive the session (the plan's `interactive`, true when absent).
+    #[serde(default = "yes", skip_serializing_if = "is_yes")]
+    pub interactive: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_yes(v: &bool) -> bool {
+    *v
+}
+
+/// A person-only command a provider declared, as the session froze it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FrozenCommand {
+    /// The declaring provider (its module id).
+    pub provider: String,
+    pub name: String,
+    pub description: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub argument_hint: Option<String>,
 }
 
 /// One arrived plan item, as `session.baseline` lists it.

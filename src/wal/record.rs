@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::cmdrec::UserCommandRecord;
 use super::importrec::EpisodeImported;
 use super::runrec::{
     CancelRequested, ContextCompacted, ModelAttemptFinished, ModelStepFinished, ReasoningPruned,
@@ -45,6 +46,8 @@ pub mod kind {
     pub const SESSION_RELEASED: u16 = 28;
     /// [`crate::runrec::ReasoningPruned`].
     pub const REASONING_PRUNED: u16 = 29;
+    /// [`crate::cmdrec::UserCommandRecord`].
+    pub const USER_COMMAND: u16 = 30;
 }
 
 /// A record of the WAL.
@@ -82,6 +85,8 @@ pub enum Record {
     SessionReleased(SessionReleased),
     /// [`crate::runrec::ReasoningPruned`].
     ReasoningPruned(Box<ReasoningPruned>),
+    /// A person-only command relayed to its provider, one step of it.
+    UserCommand(Box<UserCommandRecord>),
     /// A kind this build does not know; its payload is kept as it is.
     Unknown {
         kind: u16,
@@ -135,6 +140,7 @@ impl Record {
             Record::ToolResultLate(_) => kind::TOOL_RESULT_LATE,
             Record::SessionReleased(_) => kind::SESSION_RELEASED,
             Record::ReasoningPruned(_) => kind::REASONING_PRUNED,
+            Record::UserCommand(_) => kind::USER_COMMAND,
             Record::Unknown { kind, .. } => *kind,
         }
     }
@@ -163,6 +169,7 @@ impl Record {
             kind::TOOL_RESULT_LATE => Some("tool_result_late"),
             kind::SESSION_RELEASED => Some("session_released"),
             kind::REASONING_PRUNED => Some("reasoning_pruned"),
+            kind::USER_COMMAND => Some("user_command"),
             _ => None,
         }
     }
@@ -193,6 +200,7 @@ impl Record {
             Record::ToolResultLate(r) => serde_json::to_writer(w, r),
             Record::SessionReleased(r) => serde_json::to_writer(w, r),
             Record::ReasoningPruned(r) => serde_json::to_writer(w, r),
+            Record::UserCommand(r) => serde_json::to_writer(w, r),
             Record::Unknown { payload, .. } => {
                 out.extend_from_slice(payload);
                 Ok(())
@@ -238,6 +246,7 @@ impl Record {
             kind::TOOL_RESULT_LATE => Ok(Record::ToolResultLate(Box::new(parse(payload, bad)?))),
             kind::SESSION_RELEASED => Ok(Record::SessionReleased(parse(payload, bad)?)),
             kind::REASONING_PRUNED => Ok(Record::ReasoningPruned(Box::new(parse(payload, bad)?))),
+            kind::USER_COMMAND => Ok(Record::UserCommand(Box::new(parse(payload, bad)?))),
             _ => Ok(Record::Unknown {
                 kind: code,
                 payload: payload.to_vec(),

@@ -86,6 +86,18 @@ codes! {
     /// The plan's fetched items disagree with its composition or with each other
     /// (`detail.differences`): the host plans again.
     PlanStale = role::PLAN_STALE, 409, Permanent;
+    /// Two plan providers declare the same person-only command (`detail.name`,
+    /// `detail.providers`; llm-runner/v1 `user_commands`).
+    UserCommandCollision = role::USER_COMMAND_COLLISION, 409, Permanent;
+    /// `session.user_command` names a command the session did not freeze
+    /// (`detail.command`).
+    UnknownUserCommand = role::UNKNOWN_USER_COMMAND, 404, Permanent;
+    /// `session.user_command_status` names a call key the session does not hold.
+    UnknownInvocation = role::UNKNOWN_INVOCATION, 404, Permanent;
+    /// The session's plan says `interactive: false`: no person drives it.
+    NoPerson = role::NO_PERSON, 409, Permanent;
+    /// This runner does not declare the `user_commands` group (its config's `plans` is off).
+    UserCommandsUnsupported = role::USER_COMMANDS_UNSUPPORTED, 400, Permanent;
     /// The session has an owner and the caller is not it.
     ScopeOwnerMismatch = role::SCOPE_OWNER_MISMATCH, 403, Permanent;
     /// The send_id's queued send was withdrawn before it started.

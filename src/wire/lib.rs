@@ -215,7 +215,8 @@ impl RpcError {
                 e = e.with_detail("delete_after_ms", (*delete_after_ms).into());
             }
             Refusal::BackupUnsupported(why) => e = e.with_detail("reason", why.as_str().into()),
-            Refusal::PlanToolCollision { name, providers } => {
+            Refusal::PlanToolCollision { name, providers }
+            | Refusal::UserCommandCollision { name, providers } => {
                 e = e
                     .with_detail("name", name.as_str().into())
                     .with_detail("providers", providers.clone().into());
@@ -235,6 +236,9 @@ impl RpcError {
             }
             Refusal::PlanStale { differences } => {
                 e = e.with_detail("differences", differences.clone().into());
+            }
+            Refusal::UnknownUserCommand { command } => {
+                e = e.with_detail("command", command.as_str().into());
             }
             _ => {}
         }

@@ -42,6 +42,10 @@ pub enum Method {
     MediaRead,
     /// llm-runner/v1 `session.release`: the owner ends the session sooner.
     SessionRelease,
+    /// llm-runner/v1 `session.user_command`: the owner relays a person-only command.
+    SessionUserCommand,
+    /// llm-runner/v1 `session.user_command_status`: a relayed command's state.
+    SessionUserCommandStatus,
     /// `broca.debug.advance_clock {ms}`: moves the process's clock forward (the
     /// llm-runner/v1 suite's retention clock). A debug build's test hook, not in [`Method::ALL`]:
     /// a release build parses no such method.
@@ -54,7 +58,7 @@ pub enum Method {
 
 impl Method {
     /// Every method, in the order the docs list them.
-    pub const ALL: [Method; 22] = [
+    pub const ALL: [Method; 24] = [
         Method::SessionSend,
         Method::RunStatus,
         Method::RunResult,
@@ -77,6 +81,8 @@ impl Method {
         Method::UploadCommit,
         Method::MediaRead,
         Method::SessionRelease,
+        Method::SessionUserCommand,
+        Method::SessionUserCommandStatus,
     ];
 
     /// The method's wire name.
@@ -104,6 +110,8 @@ impl Method {
             Method::UploadCommit => "session.upload_commit",
             Method::MediaRead => "session.media_read",
             Method::SessionRelease => "session.release",
+            Method::SessionUserCommand => "session.user_command",
+            Method::SessionUserCommandStatus => "session.user_command_status",
             Method::DebugAdvanceClock => "broca.debug.advance_clock",
             Method::DebugArchiveNow => "broca.debug.archive_now",
         }
@@ -122,6 +130,7 @@ impl Method {
                 | Method::UploadAppend
                 | Method::UploadCommit
                 | Method::SessionRelease
+                | Method::SessionUserCommand
         )
     }
 
@@ -206,6 +215,16 @@ pub enum Request {
     Describe,
     /// What the session froze (llm-runner/v1's `session.baseline`).
     Baseline { session: SessionName },
+    /// llm-runner/v1's `session.user_command`: relay a person-only command (owner-only).
+    UserCommand {
+        session: SessionName,
+        command: Box<cortexkit_role_llm_runner::user_commands::UserCommandRequest>,
+    },
+    /// llm-runner/v1's `session.user_command_status`: a relayed command's state.
+    UserCommandStatus {
+        session: SessionName,
+        call_key: String,
+    },
     /// Every session the daemon holds, filtered and paged (broca's own; not on a route).
     SessionsList { list: Box<lists::SessionsList> },
     /// llm-runner/v1's uploads into the session's content store.
@@ -255,6 +274,8 @@ impl Request {
             Request::Import { .. } => Method::SessionImport,
             Request::Describe => Method::RoleDescribe,
             Request::Baseline { .. } => Method::SessionBaseline,
+            Request::UserCommand { .. } => Method::SessionUserCommand,
+            Request::UserCommandStatus { .. } => Method::SessionUserCommandStatus,
             Request::ToolCalls { .. } => Method::RunToolCalls,
             Request::History { .. } => Method::SessionHistory,
             Request::SessionsList { .. } => Method::SessionsList,
@@ -290,6 +311,8 @@ impl Request {
             | Request::Upload { session, .. }
             | Request::MediaRead { session, .. }
             | Request::ArchiveNow { session }
+            | Request::UserCommand { session, .. }
+            | Request::UserCommandStatus { session, .. }
             | Request::Baseline { session } => Some(session),
             Request::Import { .. }
             | Request::Describe
@@ -461,6 +484,26 @@ fn parse_envelope(env: Envelope) -> Result<Request, RpcError> {
         Method::SessionHead => Request::Head { session },
         Method::DebugArchiveNow => Request::ArchiveNow { session },
         Method::SessionRelease => Request::Release { session },
+        Method::SessionUserCommand => {
+            let command: Box<cortexkit_role_llm_runner::user_commands::UserCommandRequest> =
+                strict(params, method)?;
+            if command.input.len() > USER_COMMAND_INPUT_MAX {
+                return Err(invalid(format!(
+                    "`input` is {} bytes; a command's input is at most {USER_COMMAND_INPUT_MAX}",
+                    command.input.len()
+                ))
+                .with_field("input"));
+            }
+            if command.invocation_id.is_empty() {
+                return Err(invalid("`invocation_id` is empty").with_field("invocation_id"));
+            }
+            return Ok(Request::UserCommand { session, command });
+        }
+        Method::SessionUserCommandStatus => Request::UserCommandStatus {
+            call_key: take_str(&mut params, "call_key")?
+                .ok_or_else(|| invalid("`call_key` is required").with_field("call_key"))?,
+            session,
+        },
         Method::SessionSendStatus | Method::SendStatus => Request::SendStatus {
             send_id: take_str(&mut params, "send_id")?
                 .ok_or_else(|| invalid("`send_id` is required").with_field("send_id"))?,
@@ -476,6 +519,9 @@ fn parse_envelope(env: Envelope) -> Result<Request, RpcError> {
     no_more(&params, method)?;
     Ok(request)
 }
+
+/// The most bytes of a person-only command's input (llm-runner/v1 §9.10).
+pub const USER_COMMAND_INPUT_MAX: usize = 4096;
 
 /// The refusal of a method this build does not know, listing those it does.
 fn unknown_method(name: &str) -> RpcError {

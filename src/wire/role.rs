@@ -73,10 +73,10 @@ pub const DAY_MS: u64 = 86_400_000;
 pub const READ_MAX_BYTES: (u64, u64) = (256 * 1024, 3 * 1024 * 1024);
 
 /// The ops this build serves: the required ones and every op of each declared group.
-pub fn ops() -> Vec<String> {
+pub fn ops(plans: bool) -> Vec<String> {
     let mut ops: Vec<String> = REQUIRED_OPS.iter().map(|op| op.to_string()).collect();
     for (group, group_ops) in groups::GROUPS {
-        if GROUPS.contains(group) {
+        if GROUPS.contains(group) || (plans && *group == groups::USER_COMMANDS) {
             for op in *group_ops {
                 if !ops.iter().any(|o| o == op) {
                     ops.push(op.to_string());
@@ -98,7 +98,8 @@ pub struct Declared {
     /// The archive prunes reasoning as it packs (`archive_prunes_reasoning`, the kinds
     /// [`PRUNE_KINDS`]): the serve config's `prune_reasoning`.
     pub prunes_reasoning: bool,
-    /// Sends may carry a fetch plan (`plans`): the serve config's `plans`.
+    /// Sends may carry a fetch plan (`plans`), and the commands a plan's providers declare
+    /// are relayed (`user_commands`): the serve config's `plans`.
     pub plans: bool,
 }
 
@@ -117,7 +118,7 @@ pub fn describe(declared: Declared) -> Value {
     } = declared;
     let major = Major {
         version: PROVIDES.to_string(),
-        ops: ops(),
+        ops: ops(plans),
         stability: "alpha".to_string(),
     };
     let mut answer = RoleDescribe::new(vec![major], env!("CARGO_PKG_VERSION"))
@@ -129,6 +130,7 @@ pub fn describe(declared: Declared) -> Value {
                 .chain(prunes_reasoning.then_some(groups::ARCHIVE_PRUNES_REASONING))
                 .chain(plans.then_some(groups::PLANS))
                 .chain(plans.then_some(groups::SYSTEM_TEXT_DEFAULT))
+                .chain(plans.then_some(groups::USER_COMMANDS))
                 .map(str::to_string)
                 .collect(),
         )
@@ -218,7 +220,8 @@ mod tests {
                 groups::STEP_EVENTS,
                 groups::ARCHIVE_PRUNES_REASONING,
                 groups::PLANS,
-                groups::SYSTEM_TEXT_DEFAULT
+                groups::SYSTEM_TEXT_DEFAULT,
+                groups::USER_COMMANDS
             ]
         );
         assert_eq!(d.step_events, Some(broca_core_policy()));

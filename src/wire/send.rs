@@ -208,6 +208,19 @@ pub enum Refusal {
     SystemTextPresetRequired { provider: String },
     /// The fetched items disagree with the composition or each other: the differences.
     PlanStale { differences: Vec<serde_json::Value> },
+    /// Two plan providers declare the same person-only command (every provider named).
+    UserCommandCollision {
+        name: String,
+        providers: Vec<String>,
+    },
+    /// A person-only command the session did not freeze.
+    UnknownUserCommand { command: String },
+    /// A command call key the session does not hold.
+    UnknownInvocation,
+    /// The session's plan says no person drives it.
+    NoPerson,
+    /// This runner relays no person-only commands.
+    UserCommandsUnsupported,
     /// The daemon is shutting down.
     ShuttingDown,
     /// The session has an owner and the caller is not it.
@@ -259,6 +272,11 @@ impl Refusal {
             Refusal::FetchUnavailable { .. } => Code::FetchUnavailable,
             Refusal::PlanStale { .. } => Code::PlanStale,
             Refusal::SystemTextPresetRequired { .. } => Code::SystemTextPresetRequired,
+            Refusal::UserCommandCollision { .. } => Code::UserCommandCollision,
+            Refusal::UnknownUserCommand { .. } => Code::UnknownUserCommand,
+            Refusal::UnknownInvocation => Code::UnknownInvocation,
+            Refusal::NoPerson => Code::NoPerson,
+            Refusal::UserCommandsUnsupported => Code::UserCommandsUnsupported,
             Refusal::ShuttingDown => Code::ShuttingDown,
             Refusal::ScopeOwnerMismatch => Code::ScopeOwnerMismatch,
             Refusal::SendRetracted => Code::SendRetracted,
@@ -332,6 +350,24 @@ impl Refusal {
                 "the plan's fetched items disagree with it ({} difference(s)); plan again",
                 differences.len()
             ),
+            Refusal::UserCommandCollision { name, providers } => format!(
+                "the plan's providers {} all declare a person-only command named `{}`",
+                providers.join(", "),
+                name.escape_debug()
+            ),
+            Refusal::UnknownUserCommand { command } => format!(
+                "this session froze no person-only command `{}`",
+                command.escape_debug()
+            ),
+            Refusal::UnknownInvocation => {
+                "this session holds no command invocation with that call_key".to_string()
+            }
+            Refusal::NoPerson => {
+                "this session's plan says no person drives it (`interactive: false`)".to_string()
+            }
+            Refusal::UserCommandsUnsupported => "this runner relays no person-only commands \
+                (its config's `plans` is off)"
+                .to_string(),
             Refusal::ShuttingDown => "broca is stopping; retry later".to_string(),
             Refusal::SendRetracted => {
                 "this send was retracted before it started; it never starts".to_string()

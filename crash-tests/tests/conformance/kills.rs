@@ -38,6 +38,11 @@ pub(crate) const POINTS: &[(&str, &str, &str)] = &[
         "a RunFinished (or RunPaused) record is durable",
     ),
     (
+        points::USER_COMMAND_FORWARDED,
+        "user_command_forwarded",
+        "a person-only command's module answered it, before its reply is recorded",
+    ),
+    (
         points::RELEASE_PENDING,
         "release_pending",
         "a session's release is durable and its `pending` answer has left through the connection",

@@ -14,6 +14,7 @@
 mod support;
 
 mod bus;
+mod commands;
 mod daemon;
 mod import;
 mod kills;

@@ -16,7 +16,7 @@ use cortexkit_role_harness::{
 use cortexkit_role_llm_runner_conformance::{
     ArchivePruningPart, AttributionFixture, Capability, LlmRunnerSubject, ModelRequestObservation,
     Reply, RunnerRoute, Script, SystemTextDefaultObservation, ToolResultLimitObservation,
-    ToolResultObservation, SCRIPTED_TOOL,
+    ToolResultObservation, UserCommandFixture, UserCommandObservation, SCRIPTED_TOOL,
 };
 use serde_json::{json, Map, Value};
 
@@ -278,6 +278,7 @@ impl LlmRunnerSubject for Subject {
         // ... and `plans`, with `system_text_default`.
         declared.insert(Capability::Plans);
         declared.insert(Capability::SystemTextDefault);
+        declared.insert(Capability::UserCommands);
         declared
     }
 
@@ -450,6 +451,43 @@ impl LlmRunnerSubject for Subject {
     ) -> Result<SystemTextDefaultObservation, HarnessError> {
         self.tools
             .default_text_observation(&handle.root.join("state"), HARNESS, session)
+    }
+
+    async fn prepare_user_commands(
+        &self,
+        session: &str,
+        fixture: &UserCommandFixture,
+    ) -> Result<(String, Map<String, Value>), HarnessError> {
+        let plan = self.tools.commands.prepare(session, fixture);
+        let fields = self.send_fields(session, true);
+        Ok((
+            session.to_string(),
+            self.tools.commands.fields(fields, plan),
+        ))
+    }
+
+    async fn user_command_observation(
+        &self,
+        session: &str,
+    ) -> Result<UserCommandObservation, HarnessError> {
+        let inputs = self.model.requests(session);
+        Ok(self.tools.commands.observation(session, inputs))
+    }
+
+    async fn cut_off_user_command(
+        &self,
+        _handle: &Module,
+        session: &str,
+        after_forward: bool,
+    ) -> Result<(), HarnessError> {
+        use crate::commands::Cutoff;
+        let at = if after_forward {
+            Cutoff::AfterForward
+        } else {
+            Cutoff::BeforeForward
+        };
+        self.tools.commands.cut_off(session, at);
+        Ok(())
     }
 
     async fn install_script(&self, session: &str, script: Script) -> Result<(), HarnessError> {

@@ -43,6 +43,8 @@ struct State {
 pub struct ToolModule {
     state: Arc<Mutex<State>>,
     changed: Arc<Notify>,
+    /// Its person-only commands (and the second module's).
+    pub commands: crate::commands::Commands,
 }
 
 fn key(arguments: &Value) -> String {
@@ -295,18 +297,27 @@ pub async fn consumer<R: AsyncRead + Unpin>(
             }
             (0, FrameType::Request) => {
                 let target = &body["target"];
+                let module = target["module_id"].as_str().unwrap_or("").to_string();
+                let session = body["identity"]["session"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string();
                 let (ty, answer, daemon) = if target["kind"] == "tool_provider"
-                    && target["module_id"] == MODULE
+                    && tools.commands.refuses_route(&session)
+                {
+                    (
+                        FrameType::Error,
+                        json!({"code": "unknown_module", "message": "the session was cut off"}),
+                        true,
+                    )
+                } else if target["kind"] == "tool_provider"
+                    && (module == MODULE || module == crate::commands::SECOND_MODULE)
                 {
                     next_channel += 1;
                     let v1 = body["consumer_capabilities"]
                         .as_array()
                         .is_some_and(|c| c.iter().any(|c| c == "tool-result/v1"));
-                    let session = body["identity"]["session"]
-                        .as_str()
-                        .unwrap_or("")
-                        .to_string();
-                    routes.insert(next_channel, (v1, session));
+                    routes.insert(next_channel, (v1, session, module));
                     (
                         FrameType::Response,
                         json!({"op": "route.open", "route_channel": next_channel, "route_epoch": 1}),
@@ -336,9 +347,32 @@ pub async fn consumer<R: AsyncRead + Unpin>(
             }
             (ch, FrameType::Request) if routes.contains_key(&ch) => {
                 let (tools, writer) = (tools.clone(), writer.clone());
-                let (v1, session) = routes[&ch].clone();
+                let (v1, session, module) = routes[&ch].clone();
                 tokio::spawn(async move {
                     let (ty, answer) = match body["name"].as_str() {
+                        Some("user_command.invoke") => {
+                            match tools.commands.invoke(&session, &body) {
+                                crate::commands::Answer::Frame(ty, answer) => (ty, answer),
+                                crate::commands::Answer::CloseRoute => {
+                                    let _ = send(
+                                        &writer,
+                                        FrameType::Goodbye,
+                                        ch,
+                                        h.epoch,
+                                        0,
+                                        &Value::Null,
+                                        false,
+                                    )
+                                    .await;
+                                    return;
+                                }
+                            }
+                        }
+                        Some("late_results") => (
+                            FrameType::Response,
+                            tools.commands.late_results(&body["arguments"]),
+                        ),
+                        Some("late_results.ack") => (FrameType::Response, json!({})),
                         Some("role.describe") => (
                             FrameType::Response,
                             json!({"majors": [{"version": "tool-provider/v1", "ops": ["role.describe", "tool.catalog"], "stability": "alpha"}],
@@ -346,7 +380,11 @@ pub async fn consumer<R: AsyncRead + Unpin>(
                         ),
                         Some("tool.catalog") => (
                             FrameType::Response,
-                            tools.catalog_for(&session, &body["arguments"]),
+                            tools.commands.catalog(
+                                &module,
+                                &session,
+                                tools.catalog_for(&session, &body["arguments"]),
+                            ),
                         ),
                         Some(SCRIPTED_TOOL) => match tools.call(&body).await {
                             (FrameType::Response, result) if v1 => {

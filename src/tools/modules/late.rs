@@ -46,6 +46,8 @@ struct Book {
     cursor: Option<LateCursor>,
     seen: HashSet<String>,
     polling: bool,
+    /// Person-only commands' entries, kept by their call key while watched.
+    watched: HashMap<String, Vec<late::LateEntry>>,
 }
 
 impl LateBook {
@@ -77,6 +79,27 @@ impl LateBook {
         });
     }
 
+    pub(super) fn watch(&self, module: &str, call_key: &str) {
+        self.with(module, |b| {
+            b.watched.entry(call_key.to_string()).or_default();
+        });
+    }
+
+    pub(super) fn unwatch(&self, module: &str, call_key: &str) {
+        self.with(module, |b| b.watched.remove(call_key));
+    }
+
+    /// The entries kept for a watched command since the last take.
+    pub(super) fn take_watched(&self, module: &str, call_key: &str) -> Vec<late::LateEntry> {
+        self.with(module, |b| {
+            b.watched
+                .get_mut(call_key)
+                .map(std::mem::take)
+                .unwrap_or_default()
+        })
+        .unwrap_or_default()
+    }
+
     /// Whether this caller is the module's poller now (then it calls `polled` after).
     pub(super) fn try_poll(&self, module: &str) -> bool {
         self.with(module, |b| !std::mem::replace(&mut b.polling, true))
@@ -101,6 +124,10 @@ impl LateBook {
                     b.seen.clear();
                 }
                 if !b.seen.insert(e.event_id.clone()) {
+                    continue;
+                }
+                if let Some(kept) = b.watched.get_mut(&e.call_key) {
+                    kept.push(e.clone());
                     continue;
                 }
                 match late::settle(module, e) {

@@ -1,0 +1,179 @@
+//! Person-only commands forwarded to their tool module (tool-provider/v1 §4.2): one
+//! `user_command.invoke` on the session's own route, at most once (twice only when the
+//! daemon says the first never reached the module), answered within
+//! [`COMMAND_REPLY_DEADLINE`]; an accepted command's progress and result come as late
+//! entries of its call key, which the module's poll keeps for it while it is watched.
+
+use std::time::Duration;
+
+use broca_subc::toolprov::command::{self, Invoked};
+use broca_subc::toolprov::late::LateEntry;
+
+use super::{ModuleTools, NotSent};
+
+/// How long a module has for a command's first reply (the role's 5 s, with room for the
+/// daemon's hops); past it the request is cancelled and the command may have run.
+pub const COMMAND_REPLY_DEADLINE: Duration = Duration::from_secs(10);
+
+/// What became of a forwarded command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Forwarded {
+    /// The module's reply: its state, text and job.
+    Reply {
+        state: String,
+        text: String,
+        job: Option<String>,
+    },
+    /// Nothing reached the module, or it refused the request: the command did not run.
+    NotRun(String),
+    /// The module may have the request and its reply was lost: the command may have run.
+    Lost(String),
+}
+
+/// A late entry of a watched command.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CommandUpdate {
+    /// Progress text for the person (not terminal).
+    Progress { event_id: String, text: String },
+    /// The command's result: `{state, text, job?}` as the module settled it, else `None` for
+    /// an entry that cannot be read as one (a result not kept, a command never started, an
+    /// expired one: the reason in `why`).
+    Result {
+        event_id: String,
+        reply: Option<(String, String, Option<String>)>,
+        why: String,
+    },
+}
+
+impl ModuleTools {
+    /// Forwards `command` with the person's `input` to `module` on the route of session
+    /// `(project_root, harness, session)` (under its scope of `scope_epoch`), keyed by
+    /// `call_key`. Runs on a glommio executor.
+    pub async fn user_command(
+        &self,
+        module: &str,
+        session: (&str, &str, &str),
+        scope_epoch: u64,
+        call_key: &str,
+        invocation: (&str, &str),
+    ) -> Forwarded {
+        let (project_root, harness, session) = session;
+        let (command, input) = invocation;
+        let body = command::invoke_body(command, input, call_key);
+        let rkey = (
+            module.to_string(),
+            project_root.to_string(),
+            harness.to_string(),
+            session.to_string(),
+        );
+        let mut not_delivered = String::new();
+        for _ in 0..2 {
+            let route = match self
+                .route(module, project_root, harness, session, Some(scope_epoch))
+                .await
+            {
+                Ok(r) => r,
+                Err(NotSent::Refused(why)) => return Forwarded::NotRun(why),
+                Err(NotSent::Indeterminate(why)) => return Forwarded::Lost(why),
+            };
+            let frame = match self
+                .send(&route, body.clone(), COMMAND_REPLY_DEADLINE, None)
+                .await
+            {
+                Ok(f) => f,
+                Err(NotSent::Refused(why)) => {
+                    self.evict(&rkey);
+                    return Forwarded::NotRun(why);
+                }
+                Err(NotSent::Indeterminate(why)) => {
+                    self.evict(&rkey);
+                    return Forwarded::Lost(why);
+                }
+            };
+            match command::read_invoke(module, &frame) {
+                Invoked::Reply(r) => {
+                    return Forwarded::Reply {
+                        state: r.state,
+                        text: r.text,
+                        job: r.job,
+                    }
+                }
+                Invoked::Refused { code, message } => {
+                    return Forwarded::NotRun(format!(
+                        "tool module `{module}` refused the command ({code}): {message}"
+                    ))
+                }
+                Invoked::Lost(why) => return Forwarded::Lost(why),
+                Invoked::NotDelivered(code) => {
+                    self.evict(&rkey);
+                    not_delivered = code;
+                }
+            }
+        }
+        Forwarded::NotRun(format!(
+            "tool module `{module}`'s route stayed dead ({not_delivered}); the command was never \
+             delivered"
+        ))
+    }
+
+    /// Keeps the late entries of `call_key` for [`Self::command_updates`] from now on (before
+    /// the command is forwarded, so none is taken for another's).
+    pub fn watch_command(&self, module: &str, call_key: &str) {
+        self.late.watch(module, call_key);
+    }
+
+    /// Stops keeping the late entries of `call_key`.
+    pub fn unwatch_command(&self, module: &str, call_key: &str) {
+        self.late.unwatch(module, call_key);
+    }
+
+    /// Reads `module`'s late results once (unless another poll is under way) and answers the
+    /// watched command's entries kept since the last call. Runs on a glommio executor.
+    pub async fn command_updates(&self, module: &str, call_key: &str) -> Vec<CommandUpdate> {
+        self.watch_command(module, call_key);
+        if self.late.try_poll(module) {
+            self.poll_late(module).await;
+            self.late.polled(module);
+        }
+        self.late
+            .take_watched(module, call_key)
+            .iter()
+            .filter_map(update)
+            .collect()
+    }
+}
+
+/// A command's late entry as an update; a kind that is neither progress nor terminal is
+/// none.
+fn update(e: &LateEntry) -> Option<CommandUpdate> {
+    use broca_subc::toolprov::late::{settle, Settled};
+    if e.kind == "progress" {
+        return Some(CommandUpdate::Progress {
+            event_id: e.event_id.clone(),
+            text: e.text.clone().unwrap_or_default(),
+        });
+    }
+    let reply = e
+        .result
+        .as_ref()
+        .and_then(|r| {
+            serde_json::from_value::<cortexkit_role_tool_provider::user_command::UserCommandReply>(
+                r.clone(),
+            )
+            .ok()
+        })
+        .map(|r| (r.state, r.text, r.job));
+    let why = match settle("", e) {
+        Settled::NotStarted(reason) => format!("the module says the command never ran: {reason}"),
+        Settled::Expired => "the module let the command's result expire".to_string(),
+        Settled::Note(_) => return None,
+        Settled::Answer(_) => "the module settled the command with a result that is not a \
+            command reply"
+            .to_string(),
+    };
+    Some(CommandUpdate::Result {
+        event_id: e.event_id.clone(),
+        reply,
+        why,
+    })
+}

@@ -42,42 +42,6 @@ fn records(state: &Path) -> usize {
     dump_all(state).len()
 }
 
-/// `broca module` with plans on and no configured tool module, registered with a new daemon
-/// stand-in (its socket in `dir/<name>`) serving `tools`.
-fn planned_module(
-    dir: &Path,
-    name: &str,
-    peer: &Aimock,
-    tools: &ToolModule,
-    extra: &[(&str, &str)],
-) -> (Daemon, std::process::Child) {
-    let mut d = Daemon::start(&dir.join(name));
-    let config = dir.join("broca.json");
-    // A plan's items are waited for 1 s at most (the default is 10 s).
-    std::fs::write(
-        &config,
-        json!({"plans": true, "plan_fetch_deadline_ms": 1000}).to_string(),
-    )
-    .unwrap();
-    let cfg = dir.join("tools.json");
-    // No configured module: every tool a session offers is its plan's.
-    std::fs::write(&cfg, json!({"modules": []}).to_string()).unwrap();
-    let child = module(&dir.join("state"), &d, peer, extra)
-        .arg("--config")
-        .arg(&config)
-        .arg("--tools-config")
-        .arg(&cfg)
-        .spawn_quiet();
-    d.accept(Answer::Accept).unwrap();
-    d.serve(Services {
-        vault: None,
-        tools: Some(tools.clone()),
-        catalog: None,
-        bus: None,
-    });
-    (d, child)
-}
-
 #[test]
 fn a_plan_is_fetched_once_frozen_with_the_first_run_and_its_tools_run_over_the_daemon() {
     let dir = tempfile::tempdir().unwrap();

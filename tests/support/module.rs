@@ -177,12 +177,29 @@ pub(crate) fn with_tools_config(
     tools: &ToolModule,
     config: &Value,
 ) -> Child {
+    with_configs(dir, d, peer, extra, tools, config, None)
+}
+
+/// `broca module` with the tools config `config` and, when given, the `--config` file
+/// `broca_config` (both written to `dir`), registered with `d`, which serves `tools`.
+pub(crate) fn with_configs(
+    dir: &Path,
+    d: &mut Daemon,
+    peer: &Aimock,
+    extra: &[(&str, &str)],
+    tools: &ToolModule,
+    config: &Value,
+    broca_config: Option<&Value>,
+) -> Child {
     let cfg = dir.join("tools.json");
     std::fs::write(&cfg, config.to_string()).unwrap();
-    let child = module(&dir.join("state"), d, peer, extra)
-        .arg("--tools-config")
-        .arg(&cfg)
-        .spawn_quiet();
+    let mut command = module(&dir.join("state"), d, peer, extra);
+    if let Some(c) = broca_config {
+        let file = dir.join("broca.json");
+        std::fs::write(&file, c.to_string()).unwrap();
+        command.arg("--config").arg(&file);
+    }
+    let child = command.arg("--tools-config").arg(&cfg).spawn_quiet();
     d.accept(Answer::Accept).unwrap();
     d.serve(Services {
         vault: None,
@@ -191,6 +208,30 @@ pub(crate) fn with_tools_config(
         bus: None,
     });
     child
+}
+
+/// `broca module` with plans on (a plan's items waited for 1 s at most, the default being
+/// 10 s) and no configured tool module, registered with a new daemon stand-in (its socket in
+/// `dir/<name>`) serving `tools`: every tool a session offers is its plan's.
+pub(crate) fn planned_module(
+    dir: &Path,
+    name: &str,
+    peer: &Aimock,
+    tools: &ToolModule,
+    extra: &[(&str, &str)],
+) -> (Daemon, Child) {
+    let mut d = Daemon::start(&dir.join(name));
+    let config = json!({"plans": true, "plan_fetch_deadline_ms": 1000});
+    let child = with_configs(
+        dir,
+        &mut d,
+        peer,
+        extra,
+        tools,
+        &json!({"modules": []}),
+        Some(&config),
+    );
+    (d, child)
 }
 
 /// Sends `prompt` on route `channel` (epoch 1) and waits for the run's end.

@@ -32,6 +32,10 @@ pub struct ToolModule {
     /// When set, a `tool.catalog` request carrying a composition (a plan's fetch) is never
     /// answered.
     pub hang_plan_catalogs: Arc<std::sync::atomic::AtomicBool>,
+    /// When set, its catalog declares the person-only commands `status` (answered `done`
+    /// with its input), `wrapup` (answered `accepted`; a progress entry, then its result
+    /// 300 ms later, come as late results) and `crash` (the module dies with it).
+    pub commands: Arc<std::sync::atomic::AtomicBool>,
     pub log: ToolLog,
 }
 
@@ -68,6 +72,7 @@ impl ToolModule {
             keepalive: Arc::default(),
             default_text: Arc::default(),
             hang_plan_catalogs: Arc::default(),
+            commands: Arc::default(),
             log: ToolLog::default(),
         }
     }
@@ -190,7 +195,19 @@ pub(super) fn tool_answer(t: &ToolModule, body: &Value, channel: u16) -> Reply {
             if args.get("composition").is_some() && t.hang_plan_catalogs.load(Ordering::SeqCst) {
                 return Reply::Silence;
             }
-            return Reply::Frame(FrameType::Response, ToolModule::catalog_for(&args), false);
+            let mut answer = ToolModule::catalog_for(&args);
+            if t.commands.load(Ordering::SeqCst) {
+                answer["user_commands"] = serde_json::json!([
+                    {"name": "status", "description": "Show the status"},
+                    {"name": "wrapup", "description": "Wrap up", "argument_hint": "[count]"},
+                    {"name": "crash", "description": "Take the module down with it"},
+                ]);
+            }
+            return Reply::Frame(FrameType::Response, answer, false);
+        }
+        "user_command.invoke" => {
+            t.log.calls.lock().unwrap().push((body.clone(), channel));
+            return user_command(t, body, channel);
         }
         "late_results" => return late_read(t, &body["arguments"]),
         "late_results.ack" => {
@@ -290,6 +307,58 @@ pub(super) fn tool_answer(t: &ToolModule, body: &Value, channel: u16) -> Reply {
         other => Reply::Frame(
             FrameType::Error,
             serde_json::json!({"code": "unknown_tool", "message": format!("no tool {other}"), "detail": {"tool": other}}),
+            false,
+        ),
+    }
+}
+
+/// The answer to a person-only command (see [`ToolModule::commands`]).
+fn user_command(t: &ToolModule, body: &Value, channel: u16) -> Reply {
+    let args = &body["arguments"];
+    let input = args["input"].as_str().unwrap_or("");
+    match args["command"].as_str().unwrap_or("") {
+        "status" => Reply::Frame(
+            FrameType::Response,
+            serde_json::json!({"state": "done", "text": format!("status of {input}")}),
+            false,
+        ),
+        "wrapup" => {
+            let stamp = t.log.stamps.lock().unwrap().get(&channel).cloned();
+            let stamp = stamp.unwrap_or(Value::Null);
+            let key = body["call_key"].as_str().unwrap_or("");
+            let entry = |kind: &str, extra: Value| {
+                let mut e = serde_json::json!({"owner": "reserved:ck-broca",
+                    "ref": stamp["ref"].as_str().unwrap_or("unscoped"),
+                    "scope_epoch": stamp["scope_epoch"].as_u64().unwrap_or(0),
+                    "custodian": "reserved:ck-broca", "call_key": key, "settled_at": 1,
+                    "kind": kind, "event_id": format!("{key}:{kind}")});
+                e.as_object_mut()
+                    .unwrap()
+                    .extend(extra.as_object().unwrap().clone());
+                e
+            };
+            let now = std::time::Instant::now();
+            let mut late = t.log.late.lock().unwrap();
+            let seq = late.len() as u64;
+            let progress = serde_json::json!({"text": "halfway"});
+            late.push((seq + 1, now, entry("progress", progress)));
+            let result = serde_json::json!({"result": {"state": "done", "text": "wrapped up"}});
+            late.push((
+                seq + 2,
+                now + Duration::from_millis(300),
+                entry("result", result),
+            ));
+            Reply::Frame(
+                FrameType::Response,
+                serde_json::json!({"state": "accepted", "text": "working on it", "job": "w1"}),
+                false,
+            )
+        }
+        "crash" => Reply::Die,
+        other => Reply::Frame(
+            FrameType::Error,
+            serde_json::json!({"code": "unknown_user_command", "message": format!("no command {other}"),
+                "detail": {"command": other}}),
             false,
         ),
     }

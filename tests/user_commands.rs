@@ -267,3 +267,46 @@ fn killed_after_the_forward_the_command_is_outcome_unknown_and_never_forwarded_a
     assert_eq!(invokes(&tools).len(), 1, "never forwarded again");
     drain(&mut d, &mut child);
 }
+
+#[test]
+fn an_accepted_commands_result_is_still_recorded_after_a_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let peer = Aimock::start(&fixture("tools.json"));
+    let tools = commands_module();
+    let (mut d, mut child) = planned_module(dir.path(), "d1", &peer, &tools, &[]);
+    assert_eq!(d.bind(1, 1, "/p", "h", "s").0, FrameType::Response);
+    admit(&mut d);
+    let (_, accepted) = command(&mut d, "wrapup", "", "w");
+    assert_eq!(
+        accepted["result"]["reply"]["state"], "accepted",
+        "{accepted}"
+    );
+    // Killed before its first pull (every 2 s): the result was never read.
+    child.kill().unwrap();
+    child.wait().unwrap();
+
+    let (mut d, mut child) = planned_module(dir.path(), "d2", &peer, &tools, &[]);
+    assert_eq!(d.bind(1, 1, "/p", "h", "s").0, FrameType::Response);
+    let key = accepted["result"]["call_key"].clone();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let settled = loop {
+        let (_, s) = d.request(
+            1,
+            1,
+            "session.user_command_status",
+            json!({"call_key": key}),
+        );
+        if s["result"]["state"] != "accepted" {
+            break s["result"].clone();
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "never settled after the restart: {s}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    };
+    assert_eq!(settled["state"], "done", "{settled}");
+    assert_eq!(settled["progress"], json!(["halfway"]));
+    assert_eq!(invokes(&tools).len(), 1, "never forwarded again");
+    drain(&mut d, &mut child);
+}

@@ -76,8 +76,7 @@ pub(crate) async fn user_command(
         })
         .await??;
         if accepted {
-            let host = std::sync::Arc::downgrade(ctx);
-            glommio::spawn_local(pull(host, t, provider, call_key)).detach();
+            start_pull(ctx, t, provider, call_key);
         } else if let Some(tools) = &ctx.module_tools {
             tools.unwatch_command(&provider, &call_key);
         }
@@ -122,9 +121,10 @@ async fn forward(
     reply
 }
 
-/// `session.user_command_status`.
+/// `session.user_command_status`. A command still accepted that no puller of this process
+/// waits for (a restart came between) is pulled again from here.
 pub(crate) async fn status(
-    ctx: &Host,
+    ctx: &std::sync::Arc<Host>,
     t: SessionTriple,
     call_key: String,
     caller: &Caller,
@@ -133,12 +133,40 @@ pub(crate) async fn status(
         return Err(RpcError::refusal(&Refusal::UserCommandsUnsupported));
     }
     let caller = caller.clone();
-    ask(ctx, t, |reply| SessionCommand::CommandStatus {
-        call_key,
+    let key = call_key.clone();
+    let status = ask(ctx, t.clone(), |reply| SessionCommand::CommandStatus {
+        call_key: key,
         caller,
         reply,
     })
-    .await?
+    .await??;
+    if let (Some(ACCEPTED), Some(provider)) =
+        (status.value["state"].as_str(), status.provider.clone())
+    {
+        start_pull(ctx, t, provider, call_key);
+    }
+    Ok(status.value)
+}
+
+/// Starts pulling an accepted command's late entries, unless this process pulls them already.
+fn start_pull(ctx: &std::sync::Arc<Host>, t: SessionTriple, provider: String, call_key: String) {
+    let fresh = ctx
+        .command_pulls
+        .lock()
+        .is_ok_and(|mut p| p.insert(call_key.clone()));
+    if !fresh || ctx.module_tools.is_none() {
+        return;
+    }
+    let host = std::sync::Arc::downgrade(ctx);
+    glommio::spawn_local(async move {
+        pull(host.clone(), t, provider, call_key.clone()).await;
+        if let Some(ctx) = host.upgrade() {
+            if let Ok(mut p) = ctx.command_pulls.lock() {
+                p.remove(&call_key);
+            }
+        }
+    })
+    .detach();
 }
 
 /// Pulls an accepted command's late entries from its module until its result is recorded,

@@ -188,6 +188,9 @@ pub struct Host {
     pub(crate) module_tools: Option<Arc<ModuleTools>>,
     /// The tool modules that have not answered yet: asked again every `module_retry`.
     pub(crate) tool_modules_missing: Mutex<Vec<String>>,
+    /// The accepted person-only commands whose late entries this process pulls now (their
+    /// call keys): one puller each (commands.rs).
+    pub(crate) command_pulls: Mutex<std::collections::HashSet<String>>,
     /// The projections of the WALs (`None` when the store cannot be opened: then nothing is
     /// read from it, and the WALs serve everything).
     pub(crate) store: Option<Arc<broca_store::Store>>,
@@ -462,6 +465,7 @@ impl Startup {
             tools,
             module_tools: extras.module_tools,
             tool_modules_missing: Mutex::new(missing),
+            command_pulls: Mutex::default(),
             store: opened.store,
             projector: opened.projector,
             vault,

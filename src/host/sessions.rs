@@ -93,8 +93,10 @@ impl Shard {
                     command: request.command.clone(),
                 }),
             ))),
-            SessionCommand::CommandReplied { reply, .. }
-            | SessionCommand::CommandStatus { reply, .. } => drop(reply.send(Err(
+            SessionCommand::CommandReplied { reply, .. } => drop(reply.send(Err(
+                RpcError::refusal(&broca_core::Refusal::UnknownInvocation),
+            ))),
+            SessionCommand::CommandStatus { reply, .. } => drop(reply.send(Err(
                 RpcError::refusal(&broca_core::Refusal::UnknownInvocation),
             ))),
             SessionCommand::CommandLate { reply, .. } => drop(reply.send(Ok(false))),

@@ -84,7 +84,7 @@ pub enum SessionCommand {
     CommandStatus {
         call_key: String,
         caller: broca_wire::Caller,
-        reply: oneshot::Sender<Result<serde_json::Value, broca_wire::RpcError>>,
+        reply: oneshot::Sender<Result<StatusAnswer, broca_wire::RpcError>>,
     },
     /// Late entries of an accepted command (progress, its result): recorded durably and
     /// once each; answered whether the command still waits for its result.
@@ -139,6 +139,14 @@ pub enum CommandStep {
         command: String,
         scope_epoch: u64,
     },
+}
+
+/// A `session.user_command_status` answer, and the provider of a command still waiting for
+/// its result (its late entries are to be pulled).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatusAnswer {
+    pub value: serde_json::Value,
+    pub provider: Option<String>,
 }
 
 /// What a `session.release` found.

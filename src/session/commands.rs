@@ -12,7 +12,7 @@ use broca_wal::Record;
 use cortexkit_role_llm_runner::user_commands::UserCommandRequest;
 use serde_json::Value;
 
-use crate::command::CommandStep;
+use crate::command::{CommandStep, StatusAnswer};
 use crate::{ActorError, SessionActor};
 
 impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
@@ -105,13 +105,16 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         &self,
         caller: &broca_wire::Caller,
         call_key: &str,
-    ) -> Result<Value, ActorError> {
+    ) -> Result<StatusAnswer, ActorError> {
         if !caller.owns(&self.state.owners()) {
             return Err(ActorError::Refused(Refusal::ScopeOwnerMismatch));
         }
         let owner = caller.principal.as_deref().unwrap_or("");
         match self.state.commands.get(call_key, crate::now_unix_ms()) {
-            Some(i) if i.owner == owner || caller.operator => Ok(i.status()),
+            Some(i) if i.owner == owner || caller.operator => Ok(StatusAnswer {
+                value: i.status(),
+                provider: i.awaits_result().then(|| i.provider.clone()),
+            }),
             _ => Err(ActorError::Refused(Refusal::UnknownInvocation)),
         }
     }

@@ -22,7 +22,7 @@ pub use uploads::process_boot;
 pub use actor::{ActorError, Display, OnAppend, Opener, SessionActor};
 pub use command::{
     Cancelled, CommandStep, ImportInput, ImportReply, Joins, Release, Retracted, SendReply,
-    SessionCommand,
+    SessionCommand, StatusAnswer,
 };
 pub use hooks::{Abort, CrashPlan, Hooks, NoHooks};
 pub use import::{

@@ -243,6 +243,25 @@ pub fn read_plan_catalog(
     let answer: CatalogAnswer = serde_json::from_slice(&frame.body).map_err(|e| {
         PlanMiss::Unavailable(format!("its tool.catalog answer does not decode: {e}"))
     })?;
+    // Its person-only commands well formed, and `user_command.invoke` never a tool.
+    cortexkit_role_tool_provider::user_command::check_catalog(&answer).map_err(|e| {
+        let field = cortexkit_role_tool_provider::errors::invalid_request_field(&e)
+            .unwrap_or("user_commands");
+        PlanMiss::Unavailable(format!(
+            "invalid_answer: its tool.catalog answer's `{field}`: {}",
+            e.message
+        ))
+    })?;
+    // A text comes with the names of the tools it was composed for (tool-provider/v1).
+    if answer
+        .system_text
+        .as_ref()
+        .is_some_and(|t| t.text.is_some() && t.tool_names.is_none())
+    {
+        return Err(PlanMiss::Unavailable(
+            "invalid_answer: its system_text carries a text without `tool_names`".into(),
+        ));
+    }
     let catalog = catalog_of(module_id, answer.clone()).map_err(PlanMiss::Unavailable)?;
     Ok((answer, catalog))
 }

@@ -409,4 +409,30 @@ fn a_plan_items_catalog_request_carries_its_members_and_its_answer_keeps_a_refus
         read_plan_catalog("ck-t", &garbled).unwrap_err(),
         PlanMiss::Unavailable(why) if why.contains("does not decode")
     ));
+    // Answers the role calls invalid: a text without the tool names it was composed for, a
+    // malformed or repeated command name.
+    let mut textless_names = answer.clone();
+    textless_names["system_text"] = json!({"text": "t", "item_digest": "i",
+        "preflight_digest": "p"});
+    let mut bad_command = answer.clone();
+    bad_command["user_commands"] = json!([{"name": "Bad_Name", "description": "d"}]);
+    let mut twice = answer.clone();
+    twice["user_commands"] = json!([{"name": "go", "description": "d"},
+        {"name": "go", "description": "e"}]);
+    for (invalid, why) in [
+        (textless_names, "tool_names"),
+        (bad_command, "user_commands"),
+        (twice, "duplicate"),
+    ] {
+        let got = read_plan_catalog("ck-t", &frame(FrameType::Response, plain(), &invalid));
+        assert!(
+            matches!(&got, Err(PlanMiss::Unavailable(w)) if w.starts_with("invalid_answer") && w.contains(why)),
+            "{got:?}"
+        );
+    }
+    let mut with_commands = answer.clone();
+    with_commands["user_commands"] = json!([{"name": "ctx-status", "description": "d"}]);
+    let (kept, _) =
+        read_plan_catalog("ck-t", &frame(FrameType::Response, plain(), &with_commands)).unwrap();
+    assert_eq!(kept.user_commands[0].name, "ctx-status");
 }

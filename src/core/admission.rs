@@ -377,6 +377,20 @@ pub fn start_queued(session: &Session, run_id: String, now_unix_ms: u64) -> Opti
     let q = interrupt.or_else(|| session.queued.first())?;
     let mut config = q.config.clone();
     config.stop.input_cap = input_cap(session, config.stop.input_cap);
+    // A change accepted after the send was queued applies as its run starts.
+    let rebuilt = session
+        .runs
+        .last()
+        .is_some_and(|r| r.config.model != config.model);
+    if let Some(pending) = session.change.due(session.plan.as_deref(), rebuilt) {
+        if config
+            .plan
+            .as_ref()
+            .is_none_or(|p| p.generation < pending.generation)
+        {
+            crate::plan::reapply(&mut config, session.plan.as_deref(), &pending.plan);
+        }
+    }
     Some(RunStarted {
         run_id,
         send_id: q.send_id.clone(),

@@ -4,6 +4,7 @@
 //! file, a socket or a clock: time, the catalog and randomness come in from the caller.
 
 pub mod admission;
+pub mod change;
 pub mod commands;
 #[cfg(test)]
 mod commands_tests;

@@ -270,6 +270,7 @@ impl Plan {
             capabilities: Vec::new(),
             user_commands: Vec::new(),
             interactive: self.interactive,
+            generation: 0,
         };
         let mut tools: Vec<ToolSpec> = Vec::new();
         let mut commands: Vec<FrozenCommand> = Vec::new();
@@ -620,6 +621,27 @@ pub fn apply(
         (p, own) => p.clone().or(own),
     };
     Ok(())
+}
+
+/// A queued send's config, admitted on the plan `before` (none: the tools config's), made the
+/// config of a run starting on `next`, a change accepted since (llm-runner/v1
+/// `session_change`: a change applies at the first run starting after it): the earlier
+/// plan's text taken off the front of its system text, then `next` applied.
+pub fn reapply(
+    config: &mut broca_wal::runrec::FrozenConfig,
+    before: Option<&FrozenPlan>,
+    next: &FrozenPlan,
+) {
+    if let (Some(old), Some(system)) = (before.and_then(|p| p.system_text.as_ref()), &config.system)
+    {
+        if let Some(own) = system.strip_prefix(old.as_str()) {
+            let own = own.strip_prefix("\n\n").unwrap_or(own);
+            config.system = (!own.is_empty()).then(|| own.to_string());
+        }
+    }
+    if apply(config, next, false).is_ok() {
+        config.plan = Some(Box::new(next.clone()));
+    }
 }
 
 /// The `session.baseline` answer of a session that froze `plan`: its items, absent items,

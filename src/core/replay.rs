@@ -198,11 +198,14 @@ pub struct Session {
     pub plan: Option<Box<broca_wal::planrec::FrozenPlan>>,
     /// The person-only commands relayed for its owner (llm-runner/v1 `user_commands`).
     pub commands: super::commands::UserCommands,
+    /// The refreshes its owner made (llm-runner/v1 `session_change`); `plan` is the one in
+    /// effect.
+    pub change: super::change::Changes,
 }
 
 impl Session {
     /// Lowers the session's input cap to `config`'s, if it has one.
-    fn note_input_cap(&mut self, config: &broca_wal::runrec::FrozenConfig) {
+    fn note_input_cap(&mut self, config: &broca_wal::runrec::FrozenConfig, started: bool) {
         if let Some(cap) = config.stop.input_cap {
             self.input_cap = Some(self.input_cap.map_or(cap.limit, |c| c.min(cap.limit)));
         }
@@ -211,7 +214,13 @@ impl Session {
             self.retention = config.retention;
         }
         self.note_policy(config.retention_policy.as_ref());
-        if let (None, Some(plan)) = (&self.plan, &config.plan) {
+        // The plan the session was admitted with, or (as a run starts on it) a refreshed one.
+        let newer = |p: &broca_wal::planrec::FrozenPlan| {
+            self.plan
+                .as_ref()
+                .is_none_or(|held| started && p.generation > held.generation)
+        };
+        if let Some(plan) = config.plan.as_ref().filter(|p| newer(p)) {
             let mut plan = plan.clone();
             // Read from a WAL, the plan's tools are its config's (planrec's `tools`).
             if plan.tools.is_empty() {
@@ -397,7 +406,7 @@ impl Session {
         match record {
             Record::LeaseAcquired(_) | Record::Unknown { .. } | Record::RunResumed(_) => {}
             Record::SendQueued(q) => {
-                self.note_input_cap(&q.config);
+                self.note_input_cap(&q.config, false);
                 self.note_interrupt(&q);
                 self.queued.push(*q);
             }
@@ -467,6 +476,7 @@ impl Session {
             Record::ReasoningPruned(r) => self.prunes.apply(&r),
             // Never a message: reads and the model's requests do not see it.
             Record::UserCommand(r) => self.commands.apply(&r),
+            Record::SessionChange(r) => self.change.apply(&r),
         }
         Ok(())
     }
@@ -548,7 +558,7 @@ impl Session {
         self.late.started();
         self.imported_pending.clear();
         self.entry_count += 1;
-        self.note_input_cap(&r.config);
+        self.note_input_cap(&r.config, true);
         let mut content: Vec<Block> = r
             .resolved_calls
             .iter()

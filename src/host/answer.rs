@@ -163,6 +163,32 @@ impl Shard {
                 let answer = actor.command_late(&call_key, entries).await;
                 return self.answered(answer, reply);
             }
+            SessionCommand::Refresh {
+                request,
+                identity,
+                plan,
+                caller,
+                reply,
+            } => {
+                let answer = actor.refresh(&caller, &request, &identity, plan).await;
+                return self.answered(answer, reply);
+            }
+            SessionCommand::RefreshPolicy {
+                request,
+                caller,
+                reply,
+            } => {
+                let answer = actor.refresh_policy(&caller, &request).await;
+                return self.answered(answer, reply);
+            }
+            SessionCommand::FlushPrefix {
+                send_id,
+                caller,
+                reply,
+            } => {
+                let answer = actor.flush_prefix(&caller, &send_id).await;
+                return self.answered(answer, reply);
+            }
             SessionCommand::Expire { reply } => return self.expire(actor, triple, reply).await,
             // At rest (a queued send would have started): answered once the WAL is closed.
             SessionCommand::Close { reply } => {

@@ -11,6 +11,7 @@
 //! every WAL and removes serve.json; the caller re-raises the signal ([`reraise`]).
 
 mod answer;
+mod change;
 mod commands;
 mod expiry;
 mod late;

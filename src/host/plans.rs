@@ -69,7 +69,11 @@ pub(crate) async fn fetch(ctx: &Host, t: &SessionTriple, p: &mut Prepared) -> Re
 }
 
 /// The plan `plan` admitted from its providers' answers, or the refusal.
-async fn admit(ctx: &Host, t: &SessionTriple, plan: &Plan) -> Result<FrozenPlan, Refusal> {
+pub(crate) async fn admit(
+    ctx: &Host,
+    t: &SessionTriple,
+    plan: &Plan,
+) -> Result<FrozenPlan, Refusal> {
     if let Some(modules) = &ctx.module_tools {
         for provider in plan.preset_less_texts() {
             let serves = modules

@@ -40,6 +40,7 @@ pub(crate) async fn baseline(
     caller: &Caller,
 ) -> Result<Value, RpcError> {
     let caller = caller.clone();
+    let plans = ctx.opts.plans;
     let answer = with_session(ctx, &t, move |read| {
         let Some(read) = read else {
             return Ok(broca_wire::role::baseline(None));
@@ -56,10 +57,14 @@ pub(crate) async fn baseline(
                 .collect::<Vec<_>>()
         });
         let names = tools.unwrap_or_default();
-        Ok(match &state.plan {
+        let mut answer = match &state.plan {
             Some(plan) => broca_core::plan::baseline(plan, names),
             None => broca_wire::role::baseline(Some(names)),
-        })
+        };
+        if plans {
+            broca_core::change::baseline(&mut answer, &state.change, state.plan.as_deref());
+        }
+        Ok(answer)
     })
     .await?
     .map_err(|()| not_owner("session.baseline"))?;

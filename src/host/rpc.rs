@@ -104,6 +104,13 @@ async fn call(ctx: &Arc<Host>, request: Request, caller: &Caller) -> Result<Valu
         Request::UserCommandStatus { call_key, .. } => {
             crate::commands::status(ctx, t, call_key, caller).await
         }
+        Request::Refresh { refresh, .. } => crate::change::refresh(ctx, t, refresh, caller).await,
+        Request::RefreshPolicy { policy, .. } => {
+            crate::change::refresh_policy(ctx, t, policy, caller).await
+        }
+        Request::FlushPrefix { send_id, .. } => {
+            crate::change::flush_prefix(ctx, t, send_id, caller).await
+        }
         Request::RunsList { list, .. } => crate::lists::runs(ctx, t, list).await,
         Request::Upload { op, .. } => {
             if ctx.is_stopping()

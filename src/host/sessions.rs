@@ -100,6 +100,10 @@ impl Shard {
                 RpcError::refusal(&broca_core::Refusal::UnknownInvocation),
             ))),
             SessionCommand::CommandLate { reply, .. } => drop(reply.send(Ok(false))),
+            // A change needs a session to change: nothing was ever sent here.
+            SessionCommand::Refresh { reply, .. } => drop(reply.send(Err(not_yet()))),
+            SessionCommand::RefreshPolicy { reply, .. }
+            | SessionCommand::FlushPrefix { reply, .. } => drop(reply.send(Err(not_yet()))),
             // Nothing to expire: expired already (and deleted), or never written.
             SessionCommand::Expire { reply } => {
                 let addr = triple.address().to_string();
@@ -461,4 +465,12 @@ fn no_session_upload(
             ),
         )),
     }
+}
+
+/// A change op on a session nothing was ever sent to.
+fn not_yet() -> RpcError {
+    RpcError::new(
+        broca_wire::Code::UnknownSession,
+        "nothing was sent to this session yet; a change applies to a session's plan",
+    )
 }

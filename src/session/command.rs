@@ -93,6 +93,28 @@ pub enum SessionCommand {
         entries: Vec<broca_wal::cmdrec::UserCommandRecord>,
         reply: oneshot::Sender<Result<bool, broca_wire::RpcError>>,
     },
+    /// `session.refresh` of `caller` (owner-only; llm-runner/v1 `session_change`): without
+    /// `plan`, what the request comes to (a repeat's answer, or a plan to fetch); with the
+    /// fetched `plan`, accepted durably and answered.
+    Refresh {
+        request: Box<cortexkit_role_llm_runner::session_change::RefreshRequest>,
+        identity: String,
+        plan: Option<Box<broca_wal::planrec::FrozenPlan>>,
+        caller: broca_wire::Caller,
+        reply: oneshot::Sender<Result<RefreshStep, broca_wire::RpcError>>,
+    },
+    /// `session.refresh_policy` of `caller` (owner-only).
+    RefreshPolicy {
+        request: Box<cortexkit_role_llm_runner::session_change::RefreshPolicyRequest>,
+        caller: broca_wire::Caller,
+        reply: oneshot::Sender<Result<serde_json::Value, broca_wire::RpcError>>,
+    },
+    /// `session.flush_prefix` of `caller` (owner-only).
+    FlushPrefix {
+        send_id: String,
+        caller: broca_wire::Caller,
+        reply: oneshot::Sender<Result<serde_json::Value, broca_wire::RpcError>>,
+    },
     /// Import another harness's log (refused while a run is active).
     Import {
         input: Box<ImportInput>,
@@ -115,6 +137,9 @@ impl SessionCommand {
             SessionCommand::CommandReplied { reply, .. } => drop(reply.send(Err(err.clone()))),
             SessionCommand::CommandStatus { reply, .. } => drop(reply.send(Err(err.clone()))),
             SessionCommand::CommandLate { reply, .. } => drop(reply.send(Err(err.clone()))),
+            SessionCommand::Refresh { reply, .. } => drop(reply.send(Err(err.clone()))),
+            SessionCommand::RefreshPolicy { reply, .. } => drop(reply.send(Err(err.clone()))),
+            SessionCommand::FlushPrefix { reply, .. } => drop(reply.send(Err(err.clone()))),
             SessionCommand::Status { reply, .. } => drop(reply),
             SessionCommand::Cancel { reply, .. } => drop(reply),
             SessionCommand::Barrier { reply } => drop(reply),
@@ -139,6 +164,15 @@ pub enum CommandStep {
         command: String,
         scope_epoch: u64,
     },
+}
+
+/// What a `session.refresh` came to in its session's actor.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RefreshStep {
+    /// The answer (an identical repeat's, or the accepted refresh's).
+    Answer(serde_json::Value),
+    /// A new generation: fetch its plan, then ask again with it.
+    Fetch,
 }
 
 /// A `session.user_command_status` answer, and the provider of a command still waiting for

@@ -311,6 +311,32 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                 let answer = self.command_late(&call_key, entries).await;
                 let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
             }
+            SessionCommand::Refresh {
+                request,
+                identity,
+                plan,
+                caller,
+                reply,
+            } => {
+                let answer = self.refresh(&caller, &request, &identity, plan).await;
+                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
+            }
+            SessionCommand::RefreshPolicy {
+                request,
+                caller,
+                reply,
+            } => {
+                let answer = self.refresh_policy(&caller, &request).await;
+                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
+            }
+            SessionCommand::FlushPrefix {
+                send_id,
+                caller,
+                reply,
+            } => {
+                let answer = self.flush_prefix(&caller, &send_id).await;
+                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
+            }
             // A session with a run not over never expires, and is not at rest.
             SessionCommand::Expire { reply } => {
                 let _ = reply.send(None);

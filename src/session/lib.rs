@@ -7,6 +7,7 @@
 //! ([`Hooks`]).
 
 mod actor;
+mod change;
 mod command;
 mod commands;
 pub mod content;
@@ -21,8 +22,8 @@ pub use uploads::process_boot;
 
 pub use actor::{ActorError, Display, OnAppend, Opener, SessionActor};
 pub use command::{
-    Cancelled, CommandStep, ImportInput, ImportReply, Joins, Release, Retracted, SendReply,
-    SessionCommand, StatusAnswer,
+    Cancelled, CommandStep, ImportInput, ImportReply, Joins, RefreshStep, Release, Retracted,
+    SendReply, SessionCommand, StatusAnswer,
 };
 pub use hooks::{Abort, CrashPlan, Hooks, NoHooks};
 pub use import::{

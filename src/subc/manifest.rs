@@ -28,6 +28,9 @@ pub const OPERATIONS: &[(&str, bool)] = &[
     ("session.release", true),
     ("session.user_command", true),
     ("session.user_command_status", false),
+    ("session.refresh", true),
+    ("session.refresh_policy", true),
+    ("session.flush_prefix", true),
 ];
 
 /// The capabilities broca declares: the bind's scope carries the session's folder

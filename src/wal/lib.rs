@@ -5,6 +5,7 @@
 
 pub mod address;
 pub mod archive;
+pub mod changerec;
 pub mod cmdrec;
 pub mod frame;
 pub mod header;

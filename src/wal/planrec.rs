@@ -52,6 +52,14 @@ pub struct FrozenPlan {
     /// Whether a person may drive the session (the plan's `interactive`, true when absent).
     #[serde(default = "yes", skip_serializing_if = "is_yes")]
     pub interactive: bool,
+    /// The `session.refresh` generation that brought this plan (llm-runner/v1
+    /// `session_change`); 0 for the plan the session was admitted with.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub generation: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 fn yes() -> bool {

@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::changerec::SessionChangeRecord;
 use super::cmdrec::UserCommandRecord;
 use super::importrec::EpisodeImported;
 use super::runrec::{
@@ -48,6 +49,8 @@ pub mod kind {
     pub const REASONING_PRUNED: u16 = 29;
     /// [`crate::cmdrec::UserCommandRecord`].
     pub const USER_COMMAND: u16 = 30;
+    /// [`crate::changerec::SessionChangeRecord`].
+    pub const SESSION_CHANGE: u16 = 31;
 }
 
 /// A record of the WAL.
@@ -87,6 +90,8 @@ pub enum Record {
     ReasoningPruned(Box<ReasoningPruned>),
     /// A person-only command relayed to its provider, one step of it.
     UserCommand(Box<UserCommandRecord>),
+    /// A mid-session change accepted (a refresh, a rung, a flush).
+    SessionChange(Box<SessionChangeRecord>),
     /// A kind this build does not know; its payload is kept as it is.
     Unknown {
         kind: u16,
@@ -141,6 +146,7 @@ impl Record {
             Record::SessionReleased(_) => kind::SESSION_RELEASED,
             Record::ReasoningPruned(_) => kind::REASONING_PRUNED,
             Record::UserCommand(_) => kind::USER_COMMAND,
+            Record::SessionChange(_) => kind::SESSION_CHANGE,
             Record::Unknown { kind, .. } => *kind,
         }
     }
@@ -170,6 +176,7 @@ impl Record {
             kind::SESSION_RELEASED => Some("session_released"),
             kind::REASONING_PRUNED => Some("reasoning_pruned"),
             kind::USER_COMMAND => Some("user_command"),
+            kind::SESSION_CHANGE => Some("session_change"),
             _ => None,
         }
     }
@@ -201,6 +208,7 @@ impl Record {
             Record::SessionReleased(r) => serde_json::to_writer(w, r),
             Record::ReasoningPruned(r) => serde_json::to_writer(w, r),
             Record::UserCommand(r) => serde_json::to_writer(w, r),
+            Record::SessionChange(r) => serde_json::to_writer(w, r),
             Record::Unknown { payload, .. } => {
                 out.extend_from_slice(payload);
                 Ok(())
@@ -247,6 +255,7 @@ impl Record {
             kind::SESSION_RELEASED => Ok(Record::SessionReleased(parse(payload, bad)?)),
             kind::REASONING_PRUNED => Ok(Record::ReasoningPruned(Box::new(parse(payload, bad)?))),
             kind::USER_COMMAND => Ok(Record::UserCommand(Box::new(parse(payload, bad)?))),
+            kind::SESSION_CHANGE => Ok(Record::SessionChange(Box::new(parse(payload, bad)?))),
             _ => Ok(Record::Unknown {
                 kind: code,
                 payload: payload.to_vec(),

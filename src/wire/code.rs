@@ -96,6 +96,17 @@ codes! {
     UnknownInvocation = role::UNKNOWN_INVOCATION, 404, Permanent;
     /// The session's plan says `interactive: false`: no person drives it.
     NoPerson = role::NO_PERSON, 409, Permanent;
+    /// A `session.refresh` at or below the accepted generation that is not an identical
+    /// repeat (`detail.accepted`; llm-runner/v1 `session_change`).
+    GenerationStale = role::GENERATION_STALE, 409, Permanent;
+    /// A change's rung the session does not support for a surface it touches
+    /// (`detail.surface`, `detail.rung`).
+    RungUnsupported = role::RUNG_UNSUPPORTED, 409, Permanent;
+    /// `session.refresh_policy` names a generation a later refresh superseded
+    /// (`detail.generation`, `detail.pending`).
+    PendingSuperseded = role::PENDING_SUPERSEDED, 409, Permanent;
+    /// `session.refresh_policy` names a generation already applied (`detail.applied_by`).
+    AlreadyApplied = role::ALREADY_APPLIED, 409, Permanent;
     /// This runner does not declare the `user_commands` group (its config's `plans` is off).
     UserCommandsUnsupported = role::USER_COMMANDS_UNSUPPORTED, 400, Permanent;
     /// The session has an owner and the caller is not it.

@@ -237,6 +237,30 @@ impl RpcError {
             Refusal::PlanStale { differences } => {
                 e = e.with_detail("differences", differences.clone().into());
             }
+            Refusal::GenerationStale { accepted } => {
+                e = e.with_detail("accepted", (*accepted).into());
+            }
+            Refusal::RungUnsupported { surface, rung } => {
+                e = e
+                    .with_detail("surface", surface.as_str().into())
+                    .with_detail("rung", rung.as_str().into());
+            }
+            Refusal::PendingSuperseded {
+                generation,
+                pending,
+            } => {
+                e = e
+                    .with_detail("generation", (*generation).into())
+                    .with_detail("pending", (*pending).into());
+            }
+            Refusal::AlreadyApplied {
+                generation,
+                applied_by,
+            } => {
+                e = e
+                    .with_detail("generation", (*generation).into())
+                    .with_detail("applied_by", applied_by.as_str().into());
+            }
             Refusal::UnknownUserCommand { command } => {
                 e = e.with_detail("command", command.as_str().into());
             }

@@ -46,6 +46,12 @@ pub enum Method {
     SessionUserCommand,
     /// llm-runner/v1 `session.user_command_status`: a relayed command's state.
     SessionUserCommandStatus,
+    /// llm-runner/v1 `session.refresh` (`session_change`): the owner changes the plan.
+    SessionRefresh,
+    /// llm-runner/v1 `session.refresh_policy`: a pending change's rung.
+    SessionRefreshPolicy,
+    /// llm-runner/v1 `session.flush_prefix`: a pending change applies at the next run.
+    SessionFlushPrefix,
     /// `broca.debug.advance_clock {ms}`: moves the process's clock forward (the
     /// llm-runner/v1 suite's retention clock). A debug build's test hook, not in [`Method::ALL`]:
     /// a release build parses no such method.
@@ -58,7 +64,7 @@ pub enum Method {
 
 impl Method {
     /// Every method, in the order the docs list them.
-    pub const ALL: [Method; 24] = [
+    pub const ALL: [Method; 27] = [
         Method::SessionSend,
         Method::RunStatus,
         Method::RunResult,
@@ -83,6 +89,9 @@ impl Method {
         Method::SessionRelease,
         Method::SessionUserCommand,
         Method::SessionUserCommandStatus,
+        Method::SessionRefresh,
+        Method::SessionRefreshPolicy,
+        Method::SessionFlushPrefix,
     ];
 
     /// The method's wire name.
@@ -112,6 +121,9 @@ impl Method {
             Method::SessionRelease => "session.release",
             Method::SessionUserCommand => "session.user_command",
             Method::SessionUserCommandStatus => "session.user_command_status",
+            Method::SessionRefresh => "session.refresh",
+            Method::SessionRefreshPolicy => "session.refresh_policy",
+            Method::SessionFlushPrefix => "session.flush_prefix",
             Method::DebugAdvanceClock => "broca.debug.advance_clock",
             Method::DebugArchiveNow => "broca.debug.archive_now",
         }
@@ -131,6 +143,9 @@ impl Method {
                 | Method::UploadCommit
                 | Method::SessionRelease
                 | Method::SessionUserCommand
+                | Method::SessionRefresh
+                | Method::SessionRefreshPolicy
+                | Method::SessionFlushPrefix
         )
     }
 
@@ -225,6 +240,21 @@ pub enum Request {
         session: SessionName,
         call_key: String,
     },
+    /// llm-runner/v1's `session.refresh` (`session_change`, owner-only).
+    Refresh {
+        session: SessionName,
+        refresh: Box<cortexkit_role_llm_runner::session_change::RefreshRequest>,
+    },
+    /// llm-runner/v1's `session.refresh_policy` (owner-only).
+    RefreshPolicy {
+        session: SessionName,
+        policy: Box<cortexkit_role_llm_runner::session_change::RefreshPolicyRequest>,
+    },
+    /// llm-runner/v1's `session.flush_prefix` (owner-only).
+    FlushPrefix {
+        session: SessionName,
+        send_id: String,
+    },
     /// Every session the daemon holds, filtered and paged (broca's own; not on a route).
     SessionsList { list: Box<lists::SessionsList> },
     /// llm-runner/v1's uploads into the session's content store.
@@ -276,6 +306,9 @@ impl Request {
             Request::Baseline { .. } => Method::SessionBaseline,
             Request::UserCommand { .. } => Method::SessionUserCommand,
             Request::UserCommandStatus { .. } => Method::SessionUserCommandStatus,
+            Request::Refresh { .. } => Method::SessionRefresh,
+            Request::RefreshPolicy { .. } => Method::SessionRefreshPolicy,
+            Request::FlushPrefix { .. } => Method::SessionFlushPrefix,
             Request::ToolCalls { .. } => Method::RunToolCalls,
             Request::History { .. } => Method::SessionHistory,
             Request::SessionsList { .. } => Method::SessionsList,
@@ -313,6 +346,9 @@ impl Request {
             | Request::ArchiveNow { session }
             | Request::UserCommand { session, .. }
             | Request::UserCommandStatus { session, .. }
+            | Request::Refresh { session, .. }
+            | Request::RefreshPolicy { session, .. }
+            | Request::FlushPrefix { session, .. }
             | Request::Baseline { session } => Some(session),
             Request::Import { .. }
             | Request::Describe
@@ -498,6 +534,30 @@ fn parse_envelope(env: Envelope) -> Result<Request, RpcError> {
                 return Err(invalid("`invocation_id` is empty").with_field("invocation_id"));
             }
             return Ok(Request::UserCommand { session, command });
+        }
+        Method::SessionRefresh => {
+            let refresh: Box<cortexkit_role_llm_runner::session_change::RefreshRequest> =
+                strict(params, method)?;
+            refresh
+                .check_policy()
+                .map_err(|f| invalid("`policy` names no rung of the role").with_field(f))?;
+            return Ok(Request::Refresh { session, refresh });
+        }
+        Method::SessionRefreshPolicy => {
+            let policy: Box<cortexkit_role_llm_runner::session_change::RefreshPolicyRequest> =
+                strict(params, method)?;
+            policy
+                .check_policy()
+                .map_err(|f| invalid("`policy` names no rung of the role").with_field(f))?;
+            return Ok(Request::RefreshPolicy { session, policy });
+        }
+        Method::SessionFlushPrefix => {
+            let flush: Box<cortexkit_role_llm_runner::session_change::FlushPrefixRequest> =
+                strict(params, method)?;
+            return Ok(Request::FlushPrefix {
+                session,
+                send_id: flush.send_id,
+            });
         }
         Method::SessionUserCommandStatus => Request::UserCommandStatus {
             call_key: take_str(&mut params, "call_key")?

@@ -76,7 +76,8 @@ pub const READ_MAX_BYTES: (u64, u64) = (256 * 1024, 3 * 1024 * 1024);
 pub fn ops(plans: bool) -> Vec<String> {
     let mut ops: Vec<String> = REQUIRED_OPS.iter().map(|op| op.to_string()).collect();
     for (group, group_ops) in groups::GROUPS {
-        if GROUPS.contains(group) || (plans && *group == groups::USER_COMMANDS) {
+        let planned = [groups::USER_COMMANDS, groups::SESSION_CHANGE];
+        if GROUPS.contains(group) || (plans && planned.contains(group)) {
             for op in *group_ops {
                 if !ops.iter().any(|o| o == op) {
                     ops.push(op.to_string());
@@ -131,6 +132,7 @@ pub fn describe(declared: Declared) -> Value {
                 .chain(plans.then_some(groups::PLANS))
                 .chain(plans.then_some(groups::SYSTEM_TEXT_DEFAULT))
                 .chain(plans.then_some(groups::USER_COMMANDS))
+                .chain(plans.then_some(groups::SESSION_CHANGE))
                 .map(str::to_string)
                 .collect(),
         )
@@ -221,7 +223,8 @@ mod tests {
                 groups::ARCHIVE_PRUNES_REASONING,
                 groups::PLANS,
                 groups::SYSTEM_TEXT_DEFAULT,
-                groups::USER_COMMANDS
+                groups::USER_COMMANDS,
+                groups::SESSION_CHANGE
             ]
         );
         assert_eq!(d.step_events, Some(broca_core_policy()));

@@ -221,6 +221,16 @@ pub enum Refusal {
     NoPerson,
     /// This runner relays no person-only commands.
     UserCommandsUnsupported,
+    /// A refresh at or below the accepted generation, not an identical repeat.
+    GenerationStale { accepted: u64 },
+    /// A rung the session does not support for a surface the change touches.
+    RungUnsupported { surface: String, rung: String },
+    /// A refresh_policy of a generation a later refresh superseded.
+    PendingSuperseded { generation: u64, pending: u64 },
+    /// A refresh_policy of a generation already applied.
+    AlreadyApplied { generation: u64, applied_by: String },
+    /// A change op's send_id used before with another body (the field that differs).
+    ChangeSendIdReuse { field: &'static str },
     /// The daemon is shutting down.
     ShuttingDown,
     /// The session has an owner and the caller is not it.
@@ -277,6 +287,11 @@ impl Refusal {
             Refusal::UnknownInvocation => Code::UnknownInvocation,
             Refusal::NoPerson => Code::NoPerson,
             Refusal::UserCommandsUnsupported => Code::UserCommandsUnsupported,
+            Refusal::GenerationStale { .. } => Code::GenerationStale,
+            Refusal::RungUnsupported { .. } => Code::RungUnsupported,
+            Refusal::PendingSuperseded { .. } => Code::PendingSuperseded,
+            Refusal::AlreadyApplied { .. } => Code::AlreadyApplied,
+            Refusal::ChangeSendIdReuse { .. } => Code::SendIdReuse,
             Refusal::ShuttingDown => Code::ShuttingDown,
             Refusal::ScopeOwnerMismatch => Code::ScopeOwnerMismatch,
             Refusal::SendRetracted => Code::SendRetracted,
@@ -301,6 +316,7 @@ impl Refusal {
             Refusal::InvalidField { field, .. } => Some(field),
             Refusal::RetentionAboveMax { .. } => Some("retention"),
             Refusal::SendIdReuse { field, .. } => *field,
+            Refusal::ChangeSendIdReuse { field } => Some(field),
             _ => None,
         }
     }
@@ -368,6 +384,26 @@ impl Refusal {
             Refusal::UserCommandsUnsupported => "this runner relays no person-only commands \
                 (its config's `plans` is off)"
                 .to_string(),
+            Refusal::GenerationStale { accepted } => format!(
+                "this session accepted change generation {accepted}; a refresh names a higher \
+                 one (or repeats an accepted one exactly)"
+            ),
+            Refusal::RungUnsupported { surface, rung } => format!(
+                "this session applies a change to its {surface} only `immediately` (from the next \
+                 run), not `{}`",
+                rung.escape_debug()
+            ),
+            Refusal::PendingSuperseded {
+                generation,
+                pending,
+            } => format!("generation {generation} was superseded; generation {pending} is pending"),
+            Refusal::AlreadyApplied {
+                generation,
+                applied_by,
+            } => format!("generation {generation} already applied ({applied_by})"),
+            Refusal::ChangeSendIdReuse { field } => {
+                format!("this send_id was used before with another `{field}`; use a new send_id")
+            }
             Refusal::ShuttingDown => "broca is stopping; retry later".to_string(),
             Refusal::SendRetracted => {
                 "this send was retracted before it started; it never starts".to_string()

@@ -39,6 +39,27 @@ struct State {
     late: Vec<Value>,
 }
 
+/// The second module's own tool, outside the command cases.
+pub const OTHER_TOOL: &str = "conformance_other";
+
+fn other_tool() -> Value {
+    use cortexkit_role_tool_provider::catalog::schema_digest;
+    let schema = json!({"type": "object"});
+    json!({"name": OTHER_TOOL, "schema_digest": schema_digest(&schema).expect("digests"),
+        "semantics": 1, "capabilities": [], "description": "another module's tool",
+        "input_schema": schema})
+}
+
+/// A `session.refresh` plan whose tool set differs from a plain session's: the second
+/// module's one tool.
+pub fn refresh_plan() -> (Map<String, Value>, Vec<String>) {
+    let plan = json!({"tool_items": [{"provider": SECOND_MODULE, "params": {}}]});
+    let Value::Object(plan) = plan else {
+        unreachable!("an object")
+    };
+    (plan, vec![OTHER_TOOL.to_string()])
+}
+
 /// What a command request comes to on the wire.
 pub enum Answer {
     Frame(FrameType, Value),
@@ -100,6 +121,12 @@ impl Commands {
     /// commands when the session was prepared for them (the second module offers no tool).
     pub fn catalog(&self, module: &str, session: &str, mut answer: Value) -> Value {
         if !self.state.lock().unwrap().fixtures.contains_key(session) {
+            if module == SECOND_MODULE {
+                // Outside the command cases, the second module offers a tool of its own (the
+                // session_change cases' changed tool set).
+                answer["tools"] = json!([other_tool()]);
+                answer["catalog_digest"] = json!("c3");
+            }
             return answer;
         }
         if module == SECOND_MODULE {

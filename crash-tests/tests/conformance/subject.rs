@@ -15,8 +15,9 @@ use cortexkit_role_harness::{
 };
 use cortexkit_role_llm_runner_conformance::{
     ArchivePruningPart, AttributionFixture, Capability, LlmRunnerSubject, ModelRequestObservation,
-    Reply, RunnerRoute, Script, SystemTextDefaultObservation, ToolResultLimitObservation,
-    ToolResultObservation, UserCommandFixture, UserCommandObservation, SCRIPTED_TOOL,
+    RefreshPlan, RefreshVariant, Reply, RunnerRoute, Script, SystemTextDefaultObservation,
+    ToolResultLimitObservation, ToolResultObservation, UserCommandFixture, UserCommandObservation,
+    SCRIPTED_TOOL,
 };
 use serde_json::{json, Map, Value};
 
@@ -279,6 +280,7 @@ impl LlmRunnerSubject for Subject {
         declared.insert(Capability::Plans);
         declared.insert(Capability::SystemTextDefault);
         declared.insert(Capability::UserCommands);
+        declared.insert(Capability::SessionChange);
         declared
     }
 
@@ -488,6 +490,15 @@ impl LlmRunnerSubject for Subject {
         };
         self.tools.commands.cut_off(session, at);
         Ok(())
+    }
+
+    fn refresh_plan(&self, _session: &str, variant: RefreshVariant) -> Option<RefreshPlan> {
+        // broca's host fixes no tool set at start: only a changed tool set is a question.
+        let RefreshVariant::ChangedTools = variant else {
+            return None;
+        };
+        let (plan, tools) = crate::commands::refresh_plan();
+        Some(RefreshPlan::new(plan, tools))
     }
 
     async fn install_script(&self, session: &str, script: Script) -> Result<(), HarnessError> {

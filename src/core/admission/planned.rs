@@ -25,6 +25,43 @@ pub(super) fn plan(p: &mut Prepared, session: &Session) -> Result<(), Refusal> {
         frozen: frozen.map(str::to_string),
         sent: sent.identity.clone(),
     };
+    // A change accepted and not applied yet (llm-runner/v1 `session_change`) applies as this
+    // send's run starts: a plan that is the effective one or the accepted one is no drift.
+    let rebuilt = session
+        .runs
+        .last()
+        .is_some_and(|r| r.config.model != p.config.model);
+    if let Some(pending) = session.change.pending(session.plan.as_deref()) {
+        let Some(pending) = session.change.due(session.plan.as_deref(), rebuilt) else {
+            // Waiting for its rung: the effective plan (or none) stays live; a plan that is
+            // the accepted one is no drift.
+            let effective = session.plan.as_ref().map(|f| f.identity.as_str());
+            if let Some(sent) = p.plan.take() {
+                cortexkit_role_llm_runner::session_change::check_send_drift(
+                    effective,
+                    Some(&pending.plan.identity),
+                    &sent.plan.identity,
+                )
+                .map_err(|_| drift(Some(&pending.plan.identity), &sent.plan))?;
+            }
+            return match &session.plan {
+                Some(frozen) => crate::plan::apply(&mut p.config, frozen, named_tools),
+                None => Ok(()),
+            };
+        };
+        if let Some(sent) = p.plan.take() {
+            let effective = session.plan.as_ref().map(|f| f.identity.as_str());
+            cortexkit_role_llm_runner::session_change::check_send_drift(
+                effective,
+                Some(&pending.plan.identity),
+                &sent.plan.identity,
+            )
+            .map_err(|_| drift(Some(&pending.plan.identity), &sent.plan))?;
+        }
+        crate::plan::apply(&mut p.config, &pending.plan, named_tools)?;
+        p.config.plan = Some(pending.plan.clone());
+        return Ok(());
+    }
     match (&session.plan, p.plan.take()) {
         (Some(frozen), Some(sent)) if sent.plan.identity != frozen.identity => {
             Err(drift(Some(&frozen.identity), &sent.plan))

@@ -5,6 +5,8 @@
 
 pub mod admission;
 pub mod change;
+#[cfg(test)]
+mod change_tests;
 pub mod commands;
 #[cfg(test)]
 mod commands_tests;

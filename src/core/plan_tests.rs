@@ -69,7 +69,7 @@ fn vector() -> (Value, String) {
     )
 }
 
-fn admitted() -> FrozenPlan {
+pub(crate) fn admitted() -> FrozenPlan {
     let (composition, _) = vector();
     let plan = read(plan_of(&composition)).unwrap();
     plan.admit(vec![
@@ -291,7 +291,7 @@ fn members_broca_does_not_serve_are_refused_by_name_before_any_fetch() {
     }
 }
 
-fn send(plan: Option<Value>, tools: Option<Vec<String>>) -> crate::admission::Prepared {
+pub(crate) fn send(plan: Option<Value>, tools: Option<Vec<String>>) -> crate::admission::Prepared {
     prepare(
         &SendRequest {
             prompt: "go".into(),

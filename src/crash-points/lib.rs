@@ -14,6 +14,8 @@
 //!   and for an interrupt before the run hears of it);
 //! - `user_command_forwarded`: a person-only command's module answered (or its reply was
 //!   lost after it was sent), before its reply is recorded;
+//! - `session_changed`: a `session.refresh`, `refresh_policy` or `flush_prefix` is durable,
+//!   before it is answered;
 //! - `mid_write`: the nth batch write of the process reached the file only in part (the
 //!   sectors of its first half; the rest of the batch zero, as never written), before its
 //!   fdatasync.
@@ -75,6 +77,7 @@ pub const POINTS: &[&str] = &[
     "retention_tombstoned",
     "release_pending",
     "user_command_forwarded",
+    "session_changed",
     "mid_write",
 ];
 
@@ -155,6 +158,7 @@ fn point_of(record: &Record) -> Option<&'static str> {
         Record::UploadCommitted(_) => "upload_committed",
         Record::ContextCompacted(_) => "context_compacted",
         Record::ToolResultLate(_) => "tool_result_late",
+        Record::SessionChange(_) => "session_changed",
         _ => return None,
     })
 }

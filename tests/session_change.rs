@@ -95,6 +95,12 @@ fn a_refresh_is_fetched_durable_then_applied_by_the_next_run() {
     let (_, unsupported) = d.request(1, 1, "session.refresh", refresh(2, "on_history_rebuild"));
     assert_eq!(unsupported["code"], "rung_unsupported", "{unsupported}");
     assert_eq!(unsupported["detail"]["surface"], "tools");
+    let (_, h) = d.control(&json!({"op": "health.check"}));
+    assert_eq!(
+        h["metrics"]["diagnostics"]["session_refreshes"],
+        json!({"accepted": 1, "repeat": 1, "generation_stale": 1, "rung_unsupported": 1}),
+        "{h}"
+    );
     let pending = baseline(&mut d);
     assert_eq!(
         pending["pending"],

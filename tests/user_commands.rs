@@ -209,6 +209,13 @@ fn a_command_is_recorded_then_forwarded_once_and_its_reply_stays_out_of_the_tran
             "{private} reached the transcript: {read}"
         );
     }
+    // Operators see them counted by their first reply's state.
+    let (_, h) = d.control(&json!({"op": "health.check"}));
+    assert_eq!(
+        h["metrics"]["diagnostics"]["user_commands"],
+        json!({"done": 1, "accepted": 1, "outcome_unknown": 1}),
+        "{h}"
+    );
     // Each invocation's record is durable before its reply's.
     let records: Vec<Value> = dump_all(&state)
         .into_iter()

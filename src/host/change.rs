@@ -44,15 +44,29 @@ pub(crate) async fn refresh(
             reply,
         }
     };
-    match ask(ctx, t.clone(), ask_with(None)).await?? {
-        RefreshStep::Answer(answer) => return Ok(answer),
+    let counted = |e: RpcError| {
+        REFRESHES.add(e.code.as_str());
+        e
+    };
+    match ask(ctx, t.clone(), ask_with(None))
+        .await?
+        .map_err(counted)?
+    {
+        RefreshStep::Answer(answer) => {
+            REFRESHES.add("repeat");
+            return Ok(answer);
+        }
         RefreshStep::Fetch => {}
     }
     let frozen = crate::plans::admit(ctx, &t, &plan)
         .await
-        .map_err(|r| RpcError::refusal(&r))?;
-    match ask(ctx, t.clone(), ask_with(Some(Box::new(frozen)))).await?? {
+        .map_err(|r| counted(RpcError::refusal(&r)))?;
+    match ask(ctx, t.clone(), ask_with(Some(Box::new(frozen))))
+        .await?
+        .map_err(counted)?
+    {
         RefreshStep::Answer(answer) => {
+            REFRESHES.add("accepted");
             tracing::info!(
                 project_root = %t.project_root,
                 harness = %t.harness,
@@ -66,6 +80,24 @@ pub(crate) async fn refresh(
         }
         RefreshStep::Fetch => Err(crate::replies::unavailable()),
     }
+}
+
+/// Refreshes by outcome: `accepted`, `repeat`, or the refusal's code
+/// (`broca_session_refreshes_total`).
+static REFRESHES: crate::tally::Tally = crate::tally::Tally::new();
+
+/// The refreshes by outcome, as `health.check`'s metrics carry them.
+pub(crate) fn tally_json() -> serde_json::Value {
+    REFRESHES.json()
+}
+
+/// The refreshes' family, in the Prometheus text format.
+pub(crate) fn exposition() -> String {
+    REFRESHES.render(
+        "broca_session_refreshes_total",
+        "Mid-session plan changes (session.refresh) by outcome: accepted, repeat (an identical repeat answered again), or the refusal's code.",
+        "outcome",
+    )
 }
 
 /// `session.refresh_policy`.

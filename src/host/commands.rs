@@ -68,6 +68,7 @@ pub(crate) async fn user_command(
             scope_epoch,
         )
         .await;
+        COMMANDS.add(state_label(&reply.state));
         let accepted = reply.state == ACCEPTED;
         let answer = ask(ctx, t.clone(), |reply_tx| SessionCommand::CommandReplied {
             call_key: call_key.clone(),
@@ -82,6 +83,36 @@ pub(crate) async fn user_command(
         }
         return Ok(answer);
     }
+}
+
+/// Forwarded commands by the state of their first reply: `broca_user_commands_total`.
+static COMMANDS: crate::tally::Tally = crate::tally::Tally::new();
+
+/// A first reply's state as its label: the role's states, any other a provider names as
+/// `other` (the label's values stay few).
+fn state_label(state: &str) -> &'static str {
+    use cortexkit_role_llm_runner::user_commands::OUTCOME_UNKNOWN;
+    match state {
+        "done" => "done",
+        ACCEPTED => "accepted",
+        FAILED => "failed",
+        OUTCOME_UNKNOWN => "outcome_unknown",
+        _ => "other",
+    }
+}
+
+/// The commands by state, as `health.check`'s metrics carry them.
+pub(crate) fn tally_json() -> serde_json::Value {
+    COMMANDS.json()
+}
+
+/// The commands' family, in the Prometheus text format.
+pub(crate) fn exposition() -> String {
+    COMMANDS.render(
+        "broca_user_commands_total",
+        "Person-only commands forwarded to their provider, by the state of their first reply (done, accepted, failed, outcome_unknown, other).",
+        "state",
+    )
 }
 
 /// Forwards the recorded invocation and answers the reply to record: the module's, `failed`

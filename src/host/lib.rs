@@ -34,6 +34,7 @@ mod start;
 mod state;
 pub mod storage;
 mod subscribe;
+mod tally;
 mod unopened;
 
 pub use metrics::ShardStats;

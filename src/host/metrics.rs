@@ -349,6 +349,8 @@ pub async fn render(ctx: &Host) -> String {
         ctx.mesh.full_count()
     ));
     out.push_str(&crate::plans::exposition());
+    out.push_str(&crate::commands::exposition());
+    out.push_str(&crate::change::exposition());
     out.push_str(&format!(
         "# HELP broca_archive_packed_total Sessions packed into sealed containers by this process.\n# TYPE broca_archive_packed_total counter\nbroca_archive_packed_total {}\n# HELP broca_archive_restored_total Archived sessions restored before a write by this process.\n# TYPE broca_archive_restored_total counter\nbroca_archive_restored_total {}\n",
         broca_archive::PACKED.load(std::sync::atomic::Ordering::Relaxed),
@@ -603,6 +605,8 @@ pub fn diagnostics_json(ctx: &Host, stats: &[ShardStats]) -> serde_json::Value {
             "store": crate::start::STORE_QUEUE.load(std::sync::atomic::Ordering::Acquire),
         },
         "egress": egress,
+        "user_commands": crate::commands::tally_json(),
+        "session_refreshes": crate::change::tally_json(),
     })
 }
 

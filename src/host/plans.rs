@@ -124,32 +124,22 @@ pub(crate) async fn admit(
 /// Plan admissions by outcome (`admitted` or the refusal's code), and the seconds they took
 /// (the fetch included), since the process started: `broca_plan_admissions_total`,
 /// `broca_plan_admission_seconds_total`.
-static COUNTS: std::sync::Mutex<Vec<(&'static str, u64)>> = std::sync::Mutex::new(Vec::new());
+static COUNTS: crate::tally::Tally = crate::tally::Tally::new();
 static MICROS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 fn count(outcome: &'static str, took: Duration) {
-    if let Ok(mut counts) = COUNTS.lock() {
-        match counts.iter_mut().find(|(o, _)| *o == outcome) {
-            Some((_, n)) => *n += 1,
-            None => counts.push((outcome, 1)),
-        }
-    }
+    COUNTS.add(outcome);
     let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
     MICROS.fetch_add(micros, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// The plan admissions' families, in the Prometheus text format.
 pub(crate) fn exposition() -> String {
-    let mut out = String::from(
-        "# HELP broca_plan_admissions_total Fetch plans admitted at a session's first send, or refused, by outcome (admitted, or the refusal's code).\n# TYPE broca_plan_admissions_total counter\n",
+    let mut out = COUNTS.render(
+        "broca_plan_admissions_total",
+        "Fetch plans admitted at a session's first send, or refused, by outcome (admitted, or the refusal's code).",
+        "outcome",
     );
-    if let Ok(counts) = COUNTS.lock() {
-        for (outcome, n) in counts.iter() {
-            out.push_str(&format!(
-                "broca_plan_admissions_total{{outcome=\"{outcome}\"}} {n}\n"
-            ));
-        }
-    }
     out.push_str(&format!(
         "# HELP broca_plan_admission_seconds_total Time spent admitting fetch plans, their providers' answers awaited included.\n# TYPE broca_plan_admission_seconds_total counter\nbroca_plan_admission_seconds_total {}\n",
         MICROS.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e6

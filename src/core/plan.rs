@@ -644,6 +644,30 @@ pub fn reapply(
     }
 }
 
+/// The plan a replayed record's `config` gives its session, if any: the plan it was
+/// admitted with (when it holds none yet), or, as a run starts on it (`started`), a
+/// refreshed one of a later generation than `held`. Read from a WAL, the plan's tools are
+/// its config's (planrec's `tools`).
+pub(crate) fn replayed(
+    config: &broca_wal::runrec::FrozenConfig,
+    held: Option<&FrozenPlan>,
+    started: bool,
+) -> Option<Box<FrozenPlan>> {
+    let plan = config.plan.as_ref()?;
+    if held.is_some_and(|h| !started || plan.generation <= h.generation) {
+        return None;
+    }
+    let mut plan = plan.clone();
+    if plan.tools.is_empty() {
+        let submit = config
+            .structured_output
+            .as_ref()
+            .is_some_and(|so| so.mode == SUBMIT_TOOL_MODE);
+        plan.tools = FrozenPlan::tools_from(&config.tools, submit);
+    }
+    Some(plan)
+}
+
 /// The `session.baseline` answer of a session that froze `plan`: its items, absent items,
 /// composition digest and the tool names its latest run offers (`tool_names`).
 pub fn baseline(plan: &FrozenPlan, mut tool_names: Vec<String>) -> Value {

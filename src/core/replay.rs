@@ -214,22 +214,7 @@ impl Session {
             self.retention = config.retention;
         }
         self.note_policy(config.retention_policy.as_ref());
-        // The plan the session was admitted with, or (as a run starts on it) a refreshed one.
-        let newer = |p: &broca_wal::planrec::FrozenPlan| {
-            self.plan
-                .as_ref()
-                .is_none_or(|held| started && p.generation > held.generation)
-        };
-        if let Some(plan) = config.plan.as_ref().filter(|p| newer(p)) {
-            let mut plan = plan.clone();
-            // Read from a WAL, the plan's tools are its config's (planrec's `tools`).
-            if plan.tools.is_empty() {
-                let submit = config
-                    .structured_output
-                    .as_ref()
-                    .is_some_and(|so| so.mode == crate::plan::SUBMIT_TOOL_MODE);
-                plan.tools = broca_wal::planrec::FrozenPlan::tools_from(&config.tools, submit);
-            }
+        if let Some(plan) = crate::plan::replayed(config, self.plan.as_deref(), started) {
             self.plan = Some(plan);
         }
     }

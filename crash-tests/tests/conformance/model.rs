@@ -543,3 +543,36 @@ fn render_chat(session: &str, turn: usize, t: &ScriptedTurn) -> Vec<String> {
     pieces.push("data: [DONE]\n\n".into());
     pieces
 }
+
+/// Every text a request carried, in request order, as the model received it: each text
+/// part of each message (a string content whole), each tool result's text.
+pub fn rendered_texts(body: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(system) = body["system"].as_str() {
+        out.push(system.to_string());
+    }
+    for m in body["messages"].as_array().into_iter().flatten() {
+        match &m["content"] {
+            Value::String(text) => out.push(text.clone()),
+            Value::Array(blocks) => {
+                for b in blocks {
+                    match b["type"].as_str() {
+                        Some("text") => out.extend(b["text"].as_str().map(str::to_string)),
+                        Some("tool_result") => match &b["content"] {
+                            Value::String(text) => out.push(text.clone()),
+                            Value::Array(parts) => out.extend(
+                                parts
+                                    .iter()
+                                    .filter_map(|p| p["text"].as_str().map(str::to_string)),
+                            ),
+                            _ => {}
+                        },
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}

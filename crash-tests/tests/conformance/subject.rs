@@ -618,7 +618,10 @@ impl LlmRunnerSubject for Subject {
                 if let Some(max) = max {
                     seen = seen.with_max_output_tokens(max);
                 }
-                crate::structured::observe(body, seen.with_rendered(rendered_texts(body)))
+                crate::structured::observe(
+                    body,
+                    seen.with_rendered(crate::model::rendered_texts(body)),
+                )
             })
             .collect())
     }
@@ -770,37 +773,4 @@ impl LlmRunnerSubject for Subject {
     async fn pause(&self) {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-}
-
-/// Every text a request carried, in request order, as the model received it: each text
-/// part of each message (a string content whole), each tool result's text.
-fn rendered_texts(body: &Value) -> Vec<String> {
-    let mut out = Vec::new();
-    if let Some(system) = body["system"].as_str() {
-        out.push(system.to_string());
-    }
-    for m in body["messages"].as_array().into_iter().flatten() {
-        match &m["content"] {
-            Value::String(text) => out.push(text.clone()),
-            Value::Array(blocks) => {
-                for b in blocks {
-                    match b["type"].as_str() {
-                        Some("text") => out.extend(b["text"].as_str().map(str::to_string)),
-                        Some("tool_result") => match &b["content"] {
-                            Value::String(text) => out.push(text.clone()),
-                            Value::Array(parts) => out.extend(
-                                parts
-                                    .iter()
-                                    .filter_map(|p| p["text"].as_str().map(str::to_string)),
-                            ),
-                            _ => {}
-                        },
-                        _ => {}
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    out
 }

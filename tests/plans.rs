@@ -16,7 +16,7 @@ mod support;
 use std::path::Path;
 
 use cortexkit_role_tool_provider::catalog::{composition_digest, system_text_digest};
-use daemon::{Answer, Daemon, Services, ToolModule};
+use daemon::ToolModule;
 use module_support::*;
 use serde_json::{json, Value};
 use subc_protocol::FrameType;

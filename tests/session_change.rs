@@ -36,34 +36,20 @@ fn first_run(d: &mut Daemon) {
 
 #[test]
 fn a_refresh_is_fetched_durable_then_applied_by_the_next_run() {
-    let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("state");
-    let peer = Aimock::start(&fixture("tools.json"));
     let tools = ToolModule::new("ck-tools");
-    let (mut d, mut child) = planned_module(dir.path(), "d", &peer, &tools, &[]);
-    assert_eq!(d.bind(1, 1, "/p", "h", "s").0, FrameType::Response);
-    let (_, described) = d.request(1, 1, "role.describe", json!({}));
-    let result = &described["result"];
-    assert!(
-        result["capabilities"]
-            .as_array()
-            .unwrap()
-            .contains(&json!("session_change")),
-        "{described}"
-    );
-    for op in [
+    let PlannedRig {
+        dir: _dir,
+        state,
+        peer: _peer,
+        mut d,
+        mut child,
+    } = planned_rig(&tools);
+    let ops = [
         "session.refresh",
         "session.refresh_policy",
         "session.flush_prefix",
-    ] {
-        assert!(
-            result["majors"][0]["ops"]
-                .as_array()
-                .unwrap()
-                .contains(&json!(op)),
-            "{op}: {described}"
-        );
-    }
+    ];
+    assert_declares(&mut d, "session_change", &ops);
     first_run(&mut d);
     let before = baseline(&mut d);
     assert_eq!(

@@ -64,28 +64,16 @@ fn admit(d: &mut Daemon) {
 
 #[test]
 fn a_command_is_recorded_then_forwarded_once_and_its_reply_stays_out_of_the_transcript() {
-    let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("state");
-    let peer = Aimock::start(&fixture("tools.json"));
     let tools = commands_module();
-    let (mut d, mut child) = planned_module(dir.path(), "d", &peer, &tools, &[]);
-    assert_eq!(d.bind(1, 1, "/p", "h", "s").0, FrameType::Response);
-    let (_, described) = d.request(1, 1, "role.describe", json!({}));
-    let result = &described["result"];
-    assert!(
-        result["capabilities"]
-            .as_array()
-            .unwrap()
-            .contains(&json!("user_commands")),
-        "{described}"
-    );
-    assert!(
-        result["majors"][0]["ops"]
-            .as_array()
-            .unwrap()
-            .contains(&json!("session.user_command_status")),
-        "{described}"
-    );
+    let PlannedRig {
+        dir: _dir,
+        state,
+        peer: _peer,
+        mut d,
+        mut child,
+    } = planned_rig(&tools);
+    let ops = ["session.user_command", "session.user_command_status"];
+    assert_declares(&mut d, "user_commands", &ops);
     // Before any plan: nothing frozen, nothing written.
     let (ty, refused) = command(&mut d, "status", "", "early");
     assert_eq!(ty, FrameType::Error);

@@ -234,6 +234,46 @@ pub(crate) fn planned_module(
     (d, child)
 }
 
+/// [`planned_module`] in a new temporary folder, aimock answering from tools.json, and route
+/// 1 bound to the session ("/p", "h", "s").
+pub(crate) struct PlannedRig {
+    pub dir: tempfile::TempDir,
+    pub state: std::path::PathBuf,
+    pub peer: Aimock,
+    pub d: Daemon,
+    pub child: Child,
+}
+
+pub(crate) fn planned_rig(tools: &ToolModule) -> PlannedRig {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let peer = Aimock::start(&super::support::fixture("tools.json"));
+    let (mut d, child) = planned_module(dir.path(), "d", &peer, tools, &[]);
+    assert_eq!(d.bind(1, 1, "/p", "h", "s").0, FrameType::Response);
+    PlannedRig {
+        dir,
+        state,
+        peer,
+        d,
+        child,
+    }
+}
+
+/// Asserts that `role.describe` on route 1 declares `group` and lists each of `ops`.
+pub(crate) fn assert_declares(d: &mut Daemon, group: &str, ops: &[&str]) {
+    let (_, described) = d.request(1, 1, "role.describe", json!({}));
+    let result = &described["result"];
+    let listed =
+        |member: &Value, name: &str| member.as_array().is_some_and(|a| a.contains(&json!(name)));
+    assert!(
+        listed(&result["capabilities"], group),
+        "{group}: {described}"
+    );
+    for op in ops {
+        assert!(listed(&result["majors"][0]["ops"], op), "{op}: {described}");
+    }
+}
+
 /// Sends `prompt` on route `channel` (epoch 1) and waits for the run's end.
 pub(crate) fn run_on(d: &mut Daemon, channel: u16, prompt: &str, send_id: &str) -> (String, Value) {
     run_with(

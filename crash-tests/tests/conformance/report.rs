@@ -69,24 +69,12 @@ pub const NOT_DECLARED: &[(&str, &str)] = &[
         "lists of delivery modes and plan-named senders (a plan's `senders`), not built",
     ),
     (
-        "session_change",
-        "mid-session plan changes (`session.refresh`, its rungs and generations), not built",
-    ),
-    (
         "adopt",
         "adopting a host-started session (`session.adopt`), not built",
     ),
     (
-        "user_commands",
-        "person-only commands need a host menu and a plan's frozen commands, not built",
-    ),
-    (
         "host_metadata_change",
         "broca is its own host: nothing outside the role changes a session's metadata",
-    ),
-    (
-        "kill_at:UserCommandForwarded",
-        "broca forwards no person commands",
     ),
     (
         "kill_at:RetentionTombstoned",

@@ -48,8 +48,7 @@ fn a_plan_is_fetched_once_frozen_with_the_first_run_and_its_tools_run_over_the_d
     let state = dir.path().join("state");
     let peer = Aimock::start(&fixture("tools.json"));
     let tools = ToolModule::new("ck-tools");
-    let (mut d, mut child) = planned_module(dir.path(), "d", &peer, &tools, &[]);
-    assert_eq!(d.bind(1, 1, "/p", "h", "s").0, FrameType::Response);
+    let (mut d, mut child) = planned_bound(dir.path(), "d", &peer, &tools, &[]);
     assert_eq!(d.bind(2, 1, "/p", "h", "other").0, FrameType::Response);
 
     let (_, described) = d.request(1, 1, "role.describe", json!({}));
@@ -218,29 +217,19 @@ fn killed_once_the_frozen_plan_is_durable_a_restart_keeps_it_and_fetches_nothing
         .default_text
         .store(true, std::sync::atomic::Ordering::SeqCst);
     // Killed once the first run's start record, the plan frozen in it, is durable.
-    let (mut d, mut child) = planned_module(
-        dir.path(),
-        "d1",
-        &peer,
-        &tools,
-        &[("BROCA_CRASH_AT", "admitted:1")],
-    );
-    assert_eq!(d.bind(1, 1, "/p", "h", "s").0, FrameType::Response);
+    let (mut d, mut child) = planned_to_crash(dir.path(), "d1", &peer, &tools, "admitted");
     let send =
         json!({"prompt": "record two", "model": "anthropic/m", "send_id": "k", "plan": plan()});
-    d.send(
-        FrameType::Request,
-        1,
-        1,
-        &json!({"method": "session.send", "params": send}),
+    killed_by(
+        &mut d,
+        &mut child,
+        ("session.send", send.clone()),
+        "admitted",
     );
-    d.until_closed();
-    assert_aborted(&mut child, "admitted");
     assert_eq!(tools.log.catalogs.lock().unwrap().len(), 1);
 
     // The supervisor starts it again under a new daemon connection.
-    let (mut d, mut child) = planned_module(dir.path(), "d2", &peer, &tools, &[]);
-    assert_eq!(d.bind(1, 1, "/p", "h", "s").0, FrameType::Response);
+    let (mut d, mut child) = planned_bound(dir.path(), "d2", &peer, &tools, &[]);
     let (_, baseline) = d.request(1, 1, "session.baseline", json!({}));
     assert_eq!(
         baseline["result"]["baseline"]["composition_digest"],

@@ -118,26 +118,12 @@ fn killed_once_a_refresh_is_durable_the_restart_keeps_it_pending_and_fetches_not
     let dir = tempfile::tempdir().unwrap();
     let peer = Aimock::start(&fixture("tools.json"));
     let tools = ToolModule::new("ck-tools");
-    let (mut d, mut child) = planned_module(
-        dir.path(),
-        "d1",
-        &peer,
-        &tools,
-        &[("BROCA_CRASH_AT", "session_changed:1")],
-    );
-    assert_eq!(d.bind(1, 1, "/p", "h", "s").0, FrameType::Response);
+    let (mut d, mut child) = planned_to_crash(dir.path(), "d1", &peer, &tools, "session_changed");
     first_run(&mut d);
-    d.send(
-        FrameType::Request,
-        1,
-        1,
-        &json!({"method": "session.refresh", "params": refresh(1, "on_prefix_rebuild")}),
-    );
-    d.until_closed();
-    assert_aborted(&mut child, "session_changed");
+    let request = ("session.refresh", refresh(1, "on_prefix_rebuild"));
+    killed_by(&mut d, &mut child, request, "session_changed");
 
-    let (mut d, mut child) = planned_module(dir.path(), "d2", &peer, &tools, &[]);
-    assert_eq!(d.bind(1, 1, "/p", "h", "s").0, FrameType::Response);
+    let (mut d, mut child) = planned_bound(dir.path(), "d2", &peer, &tools, &[]);
     let pending = baseline(&mut d);
     assert_eq!(pending["accepted_generation"], 1, "{pending}");
     assert_eq!(pending["pending"]["policy"], "on_prefix_rebuild");

@@ -226,28 +226,14 @@ fn killed_after_the_forward_the_command_is_outcome_unknown_and_never_forwarded_a
     let dir = tempfile::tempdir().unwrap();
     let peer = Aimock::start(&fixture("tools.json"));
     let tools = commands_module();
-    let (mut d, mut child) = planned_module(
-        dir.path(),
-        "d1",
-        &peer,
-        &tools,
-        &[("BROCA_CRASH_AT", "user_command_forwarded:1")],
-    );
-    assert_eq!(d.bind(1, 1, "/p", "h", "s").0, FrameType::Response);
+    let point = "user_command_forwarded";
+    let (mut d, mut child) = planned_to_crash(dir.path(), "d1", &peer, &tools, point);
     admit(&mut d);
     let params = json!({"command": "status", "input": "after", "invocation_id": "k1"});
-    d.send(
-        FrameType::Request,
-        1,
-        1,
-        &json!({"method": "session.user_command", "params": params}),
-    );
-    d.until_closed();
-    assert_aborted(&mut child, "user_command_forwarded");
+    killed_by(&mut d, &mut child, ("session.user_command", params), point);
     assert_eq!(invokes(&tools).len(), 1, "the module has the command");
 
-    let (mut d, mut child) = planned_module(dir.path(), "d2", &peer, &tools, &[]);
-    assert_eq!(d.bind(1, 1, "/p", "h", "s").0, FrameType::Response);
+    let (mut d, mut child) = planned_bound(dir.path(), "d2", &peer, &tools, &[]);
     let (_, retried) = command(&mut d, "status", "after", "k1");
     let answer = &retried["result"];
     assert_eq!(answer["reply"]["state"], "outcome_unknown", "{retried}");
@@ -268,8 +254,7 @@ fn an_accepted_commands_result_is_still_recorded_after_a_kill_9() {
     let dir = tempfile::tempdir().unwrap();
     let peer = Aimock::start(&fixture("tools.json"));
     let tools = commands_module();
-    let (mut d, mut child) = planned_module(dir.path(), "d1", &peer, &tools, &[]);
-    assert_eq!(d.bind(1, 1, "/p", "h", "s").0, FrameType::Response);
+    let (mut d, mut child) = planned_bound(dir.path(), "d1", &peer, &tools, &[]);
     admit(&mut d);
     let (_, accepted) = command(&mut d, "wrapup", "", "w");
     assert_eq!(
@@ -280,8 +265,7 @@ fn an_accepted_commands_result_is_still_recorded_after_a_kill_9() {
     child.kill().unwrap();
     child.wait().unwrap();
 
-    let (mut d, mut child) = planned_module(dir.path(), "d2", &peer, &tools, &[]);
-    assert_eq!(d.bind(1, 1, "/p", "h", "s").0, FrameType::Response);
+    let (mut d, mut child) = planned_bound(dir.path(), "d2", &peer, &tools, &[]);
     let key = accepted["result"]["call_key"].clone();
     let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let settled = loop {

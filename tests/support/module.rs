@@ -248,8 +248,7 @@ pub(crate) fn planned_rig(tools: &ToolModule) -> PlannedRig {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
     let peer = Aimock::start(&super::support::fixture("tools.json"));
-    let (mut d, child) = planned_module(dir.path(), "d", &peer, tools, &[]);
-    assert_eq!(d.bind(1, 1, "/p", "h", "s").0, FrameType::Response);
+    let (d, child) = planned_bound(dir.path(), "d", &peer, tools, &[]);
     PlannedRig {
         dir,
         state,
@@ -257,6 +256,49 @@ pub(crate) fn planned_rig(tools: &ToolModule) -> PlannedRig {
         d,
         child,
     }
+}
+
+/// [`planned_module`] (in `dir/<name>`, with `extra` in its environment), route 1 bound to
+/// the session ("/p", "h", "s").
+pub(crate) fn planned_bound(
+    dir: &Path,
+    name: &str,
+    peer: &Aimock,
+    tools: &ToolModule,
+    extra: &[(&str, &str)],
+) -> (Daemon, Child) {
+    let (mut d, child) = planned_module(dir, name, peer, tools, extra);
+    assert_eq!(d.bind(1, 1, "/p", "h", "s").0, FrameType::Response);
+    (d, child)
+}
+
+/// [`planned_bound`] set to abort at the first pass of crash point `point`.
+pub(crate) fn planned_to_crash(
+    dir: &Path,
+    name: &str,
+    peer: &Aimock,
+    tools: &ToolModule,
+    point: &str,
+) -> (Daemon, Child) {
+    let at = format!("{point}:1");
+    planned_bound(dir, name, peer, tools, &[("BROCA_CRASH_AT", &at)])
+}
+
+/// Sends `method` with `params` on route 1 and waits for broca to abort at `point`.
+pub(crate) fn killed_by(
+    d: &mut Daemon,
+    child: &mut Child,
+    (method, params): (&str, Value),
+    point: &str,
+) {
+    d.send(
+        FrameType::Request,
+        1,
+        1,
+        &json!({"method": method, "params": params}),
+    );
+    d.until_closed();
+    assert_aborted(child, point);
 }
 
 /// Asserts that `role.describe` on route 1 declares `group` and lists each of `ops`.

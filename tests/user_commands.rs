@@ -289,3 +289,81 @@ fn an_accepted_commands_result_is_still_recorded_after_a_kill_9() {
     assert_eq!(invokes(&tools).len(), 1, "never forwarded again");
     drain(&mut d, &mut child);
 }
+
+/// `broca module` with plans on, its tool module also in the tools config (so shard 0 sweeps
+/// its late results every `late_poll_ms`), under scopes (a launch nonce), route 1 bound.
+fn swept_module(
+    dir: &std::path::Path,
+    name: &str,
+    peer: &Aimock,
+    tools: &ToolModule,
+    late_poll_ms: u64,
+) -> (Daemon, std::process::Child) {
+    let mut d = Daemon::start(&dir.join(name));
+    let config = json!({"modules": [{"module": "ck-tools"}], "late_poll_ms": late_poll_ms});
+    let plans = json!({"plans": true, "plan_fetch_deadline_ms": 1000});
+    let nonce = [("SUBC_LAUNCH_NONCE", "nonce-commands")];
+    let child = with_configs(dir, &mut d, peer, &nonce, tools, &config, Some(&plans));
+    assert_eq!(d.bind(1, 1, "/p", "h", "s").0, FrameType::Response);
+    (d, child)
+}
+
+#[test]
+fn a_result_the_sweep_reads_after_a_restart_is_recorded_for_its_command_before_the_ack() {
+    let dir = tempfile::tempdir().unwrap();
+    let peer = Aimock::start(&fixture("tools.json"));
+    let tools = commands_module();
+    // The first process sweeps only at its start: nothing reads the command's entries
+    // before the kill (its puller's first read is 2 s away).
+    let (mut d, mut child) = swept_module(dir.path(), "d1", &peer, &tools, 60_000);
+    admit(&mut d);
+    let (_, accepted) = command(&mut d, "wrapup", "", "w");
+    assert_eq!(
+        accepted["result"]["reply"]["state"], "accepted",
+        "{accepted}"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        tools.log.acks.lock().unwrap().is_empty(),
+        "nothing was read before the kill"
+    );
+
+    // The second sweeps every 200 ms, and no status is asked: shard 0's sweep reads the
+    // progress and the result, and the session records them before the module's entries are
+    // acked.
+    let (mut d, mut child) = swept_module(dir.path(), "d2", &peer, &tools, 200);
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let last = tools.log.late.lock().unwrap().len() as u64;
+    let acked = |t: &ToolModule| {
+        t.log
+            .acks
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|a| a["seq"].as_u64() >= Some(last))
+    };
+    while !acked(&tools) {
+        assert!(
+            std::time::Instant::now() < until,
+            "the sweep never acked the result"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let key = accepted["result"]["call_key"].clone();
+    let (_, status) = d.request(
+        1,
+        1,
+        "session.user_command_status",
+        json!({"call_key": key}),
+    );
+    let settled = &status["result"];
+    assert_eq!(
+        settled["state"], "done",
+        "recorded before its ack: {status}"
+    );
+    assert_eq!(settled["text"], "wrapped up");
+    assert_eq!(settled["progress"], json!(["halfway"]));
+    assert_eq!(invokes(&tools).len(), 1, "never forwarded again");
+    drain(&mut d, &mut child);
+}

@@ -227,7 +227,11 @@ pub fn call_key(triple: &SessionTriple, owner: &str, invocation_id: &str) -> Str
         h.update(&(part.len() as u64).to_le_bytes());
         h.update(part.as_bytes());
     }
-    format!("broca-cmd:{}", &h.finalize().to_hex()[..32])
+    format!(
+        "{}{}",
+        broca_wal::cmdrec::CALL_KEY_PREFIX,
+        &h.finalize().to_hex()[..32]
+    )
 }
 
 /// What a `session.user_command` comes to, before anything is written.

@@ -2,15 +2,16 @@
 //! `user_commands`): `session.user_command` and `session.user_command_status`. The session's
 //! actor records the invocation durably and hands it back; it is forwarded here (the actor
 //! is never held while the provider answers), its first reply recorded by the actor before
-//! the answer. An accepted command's progress and result are pulled from its module every
-//! [`PULL_EVERY`] for at most [`PULL_FOR`], each recorded in the session.
+//! the answer. An accepted command's module is polled every [`PULL_EVERY`] for at most
+//! [`PULL_FOR`]: each progress and result it reads is recorded in the session (the late sink,
+//! `late.rs`) before it is acked, whichever poll reads it (shard 0's sweep too).
 
 use std::time::{Duration, Instant};
 
 use broca_core::commands::{never_forwarded, outcome_unknown, ACCEPTED, FAILED};
 use broca_core::Refusal;
 use broca_session::{CommandStep, SessionCommand};
-use broca_tools::modules::{CommandUpdate, Forwarded, COMMAND_REPLY_DEADLINE};
+use broca_tools::modules::{Forwarded, COMMAND_REPLY_DEADLINE};
 use broca_wal::cmdrec::{CommandReply, UserCommandRecord};
 use broca_wal::SessionTriple;
 use broca_wire::{Caller, RpcError};
@@ -60,6 +61,7 @@ pub(crate) async fn user_command(
                 scope_epoch,
             } => (call_key, provider, command, scope_epoch),
         };
+        track(ctx, &call_key, Some(&t));
         let reply = forward(
             ctx,
             &t,
@@ -78,8 +80,8 @@ pub(crate) async fn user_command(
         .await??;
         if accepted {
             start_pull(ctx, t, provider, call_key);
-        } else if let Some(tools) = &ctx.module_tools {
-            tools.unwatch_command(&provider, &call_key);
+        } else {
+            track(ctx, &call_key, None);
         }
         return Ok(answer);
     }
@@ -127,7 +129,6 @@ async fn forward(
     let Some(tools) = &ctx.module_tools else {
         return never_forwarded("this broca reaches no tool modules (module mode only)");
     };
-    tools.watch_command(provider, call_key);
     let session = (
         t.project_root.as_str(),
         t.harness.as_str(),
@@ -179,6 +180,17 @@ pub(crate) async fn status(
     Ok(status.value)
 }
 
+/// Notes (or forgets) the session of a command being forwarded or pulled, where the late sink
+/// finds it.
+fn track(ctx: &Host, call_key: &str, session: Option<&SessionTriple>) {
+    if let Ok(mut m) = ctx.command_sessions.lock() {
+        match session {
+            Some(t) => m.insert(call_key.to_string(), t.clone()),
+            None => m.remove(call_key),
+        };
+    }
+}
+
 /// Starts pulling an accepted command's late entries, unless this process pulls them already.
 fn start_pull(ctx: &std::sync::Arc<Host>, t: SessionTriple, provider: String, call_key: String) {
     let fresh = ctx
@@ -188,6 +200,7 @@ fn start_pull(ctx: &std::sync::Arc<Host>, t: SessionTriple, provider: String, ca
     if !fresh || ctx.module_tools.is_none() {
         return;
     }
+    track(ctx, &call_key, Some(&t));
     let host = std::sync::Arc::downgrade(ctx);
     glommio::spawn_local(async move {
         pull(host.clone(), t, provider, call_key.clone()).await;
@@ -195,6 +208,7 @@ fn start_pull(ctx: &std::sync::Arc<Host>, t: SessionTriple, provider: String, ca
             if let Ok(mut p) = ctx.command_pulls.lock() {
                 p.remove(&call_key);
             }
+            track(&ctx, &call_key, None);
         }
     })
     .detach();
@@ -211,13 +225,10 @@ async fn pull(host: std::sync::Weak<Host>, t: SessionTriple, provider: String, c
         let Some(tools) = ctx.module_tools.clone() else {
             return;
         };
+        // Each entry read is recorded in the session before it is acked (the late sink).
+        tools.poll_commands(&provider).await;
         let now = broca_session::now_unix_ms();
-        let mut entries: Vec<UserCommandRecord> = tools
-            .command_updates(&provider, &call_key)
-            .await
-            .into_iter()
-            .map(|u| record(&call_key, u, now))
-            .collect();
+        let mut entries = Vec::new();
         let over = Instant::now() >= until;
         if over {
             entries.push(UserCommandRecord::Settled {
@@ -235,57 +246,23 @@ async fn pull(host: std::sync::Weak<Host>, t: SessionTriple, provider: String, c
                 at_unix_ms: now,
             });
         }
-        let waits = if entries.is_empty() {
-            true
-        } else {
-            let key = call_key.clone();
-            match ask(&ctx, t.clone(), |reply| SessionCommand::CommandLate {
-                call_key: key,
-                entries,
-                reply,
-            })
-            .await
-            {
-                Ok(Ok(waits)) => waits,
-                Ok(Err(e)) => {
-                    tracing::warn!(session = %t.address(), %call_key, "user command's late entries not recorded: {}", e.message);
-                    !over
-                }
-                Err(_) => !over,
+        let key = call_key.clone();
+        let waits = match ask(&ctx, t.clone(), |reply| SessionCommand::CommandLate {
+            call_key: key,
+            entries,
+            reply,
+        })
+        .await
+        {
+            Ok(Ok(waits)) => waits,
+            Ok(Err(e)) => {
+                tracing::warn!(session = %t.address(), %call_key, "user command's wait not recorded: {}", e.message);
+                !over
             }
+            Err(_) => !over,
         };
         if !waits || over || ctx.is_stopping() {
-            tools.unwatch_command(&provider, &call_key);
             return;
         }
-    }
-}
-
-/// A late update as the record that keeps it.
-fn record(call_key: &str, update: CommandUpdate, now: u64) -> UserCommandRecord {
-    match update {
-        CommandUpdate::Progress { event_id, text } => UserCommandRecord::Progress {
-            call_key: call_key.to_string(),
-            event_id,
-            text,
-            at_unix_ms: now,
-        },
-        CommandUpdate::Result {
-            event_id,
-            reply,
-            why,
-        } => UserCommandRecord::Settled {
-            call_key: call_key.to_string(),
-            event_id: Some(event_id),
-            reply: match reply {
-                Some((state, text, job)) => CommandReply { state, text, job },
-                None => CommandReply {
-                    state: FAILED.to_string(),
-                    text: why,
-                    job: None,
-                },
-            },
-            at_unix_ms: now,
-        },
     }
 }

@@ -27,8 +27,16 @@ impl LateSink for HostLate {
         let host = self.host.upgrade();
         Box::pin(async move {
             let host = host.ok_or("broca is stopping")?;
-            let Some(triple) = session_of(&host, &late.scope_ref).await? else {
-                return Ok(LateRecorded::NotAwaited);
+            let pulled = late
+                .command
+                .as_ref()
+                .and_then(|_| pulled_by(&host, &late.call_key));
+            let triple = match pulled {
+                Some(t) => t,
+                None => match session_of(&host, &late.scope_ref).await? {
+                    Some(t) => t,
+                    None => return Ok(LateRecorded::NotAwaited),
+                },
             };
             let (reply, wait) = futures_channel::oneshot::channel();
             host.route(triple, SessionCommand::LateResult { late, reply })
@@ -38,6 +46,12 @@ impl LateSink for HostLate {
                 .map_err(|e| e.message)
         })
     }
+}
+
+/// The session of a person-only command this process pulls (its entries may come on a route
+/// opened without a scope, whose ref names no session).
+fn pulled_by(host: &Host, call_key: &str) -> Option<SessionTriple> {
+    host.command_sessions.lock().ok()?.get(call_key).cloned()
 }
 
 /// The session whose scope ref is `scope_ref`, among the store's sessions (`None`: no

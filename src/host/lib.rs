@@ -193,6 +193,9 @@ pub struct Host {
     /// The accepted person-only commands whose late entries this process pulls now (their
     /// call keys): one puller each (commands.rs).
     pub(crate) command_pulls: Mutex<std::collections::HashSet<String>>,
+    /// The person-only commands being forwarded or pulled now, by call key: their sessions
+    /// (a command's late entry on a route opened without a scope names none).
+    pub(crate) command_sessions: Mutex<std::collections::HashMap<String, SessionTriple>>,
     /// The projections of the WALs (`None` when the store cannot be opened: then nothing is
     /// read from it, and the WALs serve everything).
     pub(crate) store: Option<Arc<broca_store::Store>>,
@@ -468,6 +471,7 @@ impl Startup {
             module_tools: extras.module_tools,
             tool_modules_missing: Mutex::new(missing),
             command_pulls: Mutex::default(),
+            command_sessions: Mutex::default(),
             store: opened.store,
             projector: opened.projector,
             vault,

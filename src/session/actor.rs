@@ -504,6 +504,9 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
     ) -> Result<broca_tools::late::LateRecorded, ActorError> {
         use broca_core::late::LateFate;
         use broca_tools::late::LateRecorded;
+        if let Some(update) = late.command {
+            return self.command_entry(&late.call_key, update).await;
+        }
         let (run_id, call_id) = match self.state.late.fate(&late.call_key, &late.event_id) {
             LateFate::Recorded => return Ok(LateRecorded::AlreadyRecorded),
             LateFate::NotAwaited => return Ok(LateRecorded::NotAwaited),

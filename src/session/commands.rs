@@ -6,6 +6,8 @@
 use broca_core::commands::{self, Relay};
 use broca_core::Refusal;
 use broca_protocol::model::ModelClient;
+use broca_tools::late::LateRecorded;
+use broca_tools::modules::CommandUpdate;
 use broca_tools::ToolRunner;
 use broca_wal::cmdrec::{CommandReply, UserCommandRecord};
 use broca_wal::Record;
@@ -151,5 +153,65 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             .commands
             .get(call_key, u64::MAX)
             .is_some_and(|i| i.awaits_result()))
+    }
+
+    /// A late entry of a command, as a poll of its module read it (the command's puller or
+    /// shard 0's sweep): recorded for the command while it awaits its result, durably before
+    /// the entry is acked; read again later when it came before the first reply was recorded.
+    pub(crate) async fn command_entry(
+        &mut self,
+        call_key: &str,
+        update: CommandUpdate,
+    ) -> Result<LateRecorded, ActorError> {
+        let event_id = match &update {
+            CommandUpdate::Progress { event_id, .. } | CommandUpdate::Result { event_id, .. } => {
+                event_id.clone()
+            }
+        };
+        let Some(i) = self.state.commands.get(call_key, u64::MAX) else {
+            return Ok(LateRecorded::NotAwaited);
+        };
+        if i.first.is_none() && self.forwarding.contains(call_key) {
+            // Read before the first reply is recorded: read again once it is.
+            return Ok(LateRecorded::NotYet);
+        }
+        if self.state.commands.has_entry(call_key, &event_id) {
+            return Ok(LateRecorded::AlreadyRecorded);
+        }
+        if !i.awaits_result() {
+            return Ok(LateRecorded::NotAwaited);
+        }
+        let record = update_record(call_key, update, crate::now_unix_ms());
+        self.command_late(call_key, vec![record]).await?;
+        Ok(LateRecorded::Recorded)
+    }
+}
+
+/// A command's late update as the record that keeps it.
+fn update_record(call_key: &str, update: CommandUpdate, now: u64) -> UserCommandRecord {
+    match update {
+        CommandUpdate::Progress { event_id, text } => UserCommandRecord::Progress {
+            call_key: call_key.to_string(),
+            event_id,
+            text,
+            at_unix_ms: now,
+        },
+        CommandUpdate::Result {
+            event_id,
+            reply,
+            why,
+        } => UserCommandRecord::Settled {
+            call_key: call_key.to_string(),
+            event_id: Some(event_id),
+            reply: match reply {
+                Some((state, text, job)) => CommandReply { state, text, job },
+                None => CommandReply {
+                    state: commands::FAILED.to_string(),
+                    text: why,
+                    job: None,
+                },
+            },
+            at_unix_ms: now,
+        },
     }
 }

@@ -20,6 +20,9 @@ pub struct LateResult {
     pub content: String,
     pub is_error: bool,
     pub settled_at_unix_ms: u64,
+    /// A person-only command's entry (its call key is a command's) as the command's update:
+    /// progress or its result, which the session records for the command it awaits.
+    pub command: Option<crate::modules::CommandUpdate>,
 }
 
 /// What became of a late result.

@@ -5,6 +5,15 @@
 
 use serde::{Deserialize, Serialize};
 
+/// How every person-only command's call key begins: a tool module's late entry of such a key
+/// is a command's progress or result, never a tool call's.
+pub const CALL_KEY_PREFIX: &str = "broca-cmd:";
+
+/// Whether `call_key` is a person-only command's.
+pub fn is_command_key(call_key: &str) -> bool {
+    call_key.starts_with(CALL_KEY_PREFIX)
+}
+
 /// A command's reply as the provider gave it (or broca's own `failed` / `outcome_unknown`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CommandReply {

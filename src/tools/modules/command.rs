@@ -2,7 +2,8 @@
 //! `user_command.invoke` on the session's own route, at most once (twice only when the
 //! daemon says the first never reached the module), answered within
 //! [`COMMAND_REPLY_DEADLINE`]; an accepted command's progress and result come as late
-//! entries of its call key, which the module's poll keeps for it while it is watched.
+//! entries of its call key (a key of `broca_wal::cmdrec::CALL_KEY_PREFIX`), which every poll
+//! of the module hands to the command's session to record before they are acked.
 
 use std::time::Duration;
 
@@ -30,8 +31,8 @@ pub enum Forwarded {
     Lost(String),
 }
 
-/// A late entry of a watched command.
-#[derive(Debug, Clone, PartialEq)]
+/// A late entry of a person-only command.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CommandUpdate {
     /// Progress text for the person (not terminal).
     Progress { event_id: String, text: String },
@@ -116,36 +117,20 @@ impl ModuleTools {
         ))
     }
 
-    /// Keeps the late entries of `call_key` for [`Self::command_updates`] from now on (before
-    /// the command is forwarded, so none is taken for another's).
-    pub fn watch_command(&self, module: &str, call_key: &str) {
-        self.late.watch(module, call_key);
-    }
-
-    /// Stops keeping the late entries of `call_key`.
-    pub fn unwatch_command(&self, module: &str, call_key: &str) {
-        self.late.unwatch(module, call_key);
-    }
-
-    /// Reads `module`'s late results once (unless another poll is under way) and answers the
-    /// watched command's entries kept since the last call. Runs on a glommio executor.
-    pub async fn command_updates(&self, module: &str, call_key: &str) -> Vec<CommandUpdate> {
-        self.watch_command(module, call_key);
+    /// Reads `module`'s late results once, unless a poll is under way: each entry of a
+    /// person-only command is handed to its session (the late-result sink), which records it
+    /// for the command before the entry is acked. Runs on a glommio executor.
+    pub async fn poll_commands(&self, module: &str) {
         if self.late.try_poll(module) {
             self.poll_late(module).await;
             self.late.polled(module);
         }
-        self.late
-            .take_watched(module, call_key)
-            .iter()
-            .filter_map(update)
-            .collect()
     }
 }
 
 /// A command's late entry as an update; a kind that is neither progress nor terminal is
 /// none.
-fn update(e: &LateEntry) -> Option<CommandUpdate> {
+pub(super) fn update(e: &LateEntry) -> Option<CommandUpdate> {
     use broca_subc::toolprov::late::{settle, Settled};
     if e.kind == "progress" {
         return Some(CommandUpdate::Progress {

@@ -46,8 +46,6 @@ struct Book {
     cursor: Option<LateCursor>,
     seen: HashSet<String>,
     polling: bool,
-    /// Person-only commands' entries, kept by their call key while watched.
-    watched: HashMap<String, Vec<late::LateEntry>>,
 }
 
 impl LateBook {
@@ -79,27 +77,6 @@ impl LateBook {
         });
     }
 
-    pub(super) fn watch(&self, module: &str, call_key: &str) {
-        self.with(module, |b| {
-            b.watched.entry(call_key.to_string()).or_default();
-        });
-    }
-
-    pub(super) fn unwatch(&self, module: &str, call_key: &str) {
-        self.with(module, |b| b.watched.remove(call_key));
-    }
-
-    /// The entries kept for a watched command since the last take.
-    pub(super) fn take_watched(&self, module: &str, call_key: &str) -> Vec<late::LateEntry> {
-        self.with(module, |b| {
-            b.watched
-                .get_mut(call_key)
-                .map(std::mem::take)
-                .unwrap_or_default()
-        })
-        .unwrap_or_default()
-    }
-
     /// Whether this caller is the module's poller now (then it calls `polled` after).
     pub(super) fn try_poll(&self, module: &str) -> bool {
         self.with(module, |b| !std::mem::replace(&mut b.polling, true))
@@ -126,8 +103,12 @@ impl LateBook {
                 if !b.seen.insert(e.event_id.clone()) {
                     continue;
                 }
-                if let Some(kept) = b.watched.get_mut(&e.call_key) {
-                    kept.push(e.clone());
+                if broca_wal::cmdrec::is_command_key(&e.call_key) {
+                    // A person-only command's progress or result: its session records it
+                    // for the command, durably before the entry is acked.
+                    if let Some(update) = super::command::update(e) {
+                        unclaimed.push(command_entry(module, e, update));
+                    }
                     continue;
                 }
                 match late::settle(module, e) {
@@ -309,5 +290,25 @@ fn late_result(module: &str, e: &late::LateEntry, settled: Settled) -> LateResul
         content,
         is_error,
         settled_at_unix_ms: e.settled_at,
+        command: None,
+    }
+}
+
+/// A person-only command's entry, as the sink hands it to its session.
+fn command_entry(module: &str, e: &late::LateEntry, update: super::CommandUpdate) -> LateResult {
+    let outcome = match &update {
+        super::CommandUpdate::Progress { .. } => "command_progress",
+        super::CommandUpdate::Result { .. } => "command_result",
+    };
+    LateResult {
+        module: module.to_string(),
+        scope_ref: e.scope_ref.clone(),
+        call_key: e.call_key.clone(),
+        event_id: e.event_id.clone(),
+        outcome: outcome.to_string(),
+        content: String::new(),
+        is_error: false,
+        settled_at_unix_ms: e.settled_at,
+        command: Some(update),
     }
 }

@@ -263,6 +263,10 @@ async fn send(
     if let (Some(plan), false) = (&req.plan, ctx.opts.plans) {
         return Err(broca_wire::request::plan_not_admitted(plan));
     }
+    if req.order.is_some() {
+        // The list's group (llm-runner/v1 `delivery_order`) is not served yet.
+        return Err(broca_wire::request::list_not_admitted());
+    }
     // A steer or an interrupt takes the settings it leaves out from the session's latest
     // run; its identity (a re-send's comparison) and the settings it named stay as sent.
     let joining = req.delivery.is_some();

@@ -3,6 +3,7 @@
 //! them; the WAL stores them; nothing here knows a wire format.
 
 pub mod compaction;
+pub mod delivery;
 pub mod demo;
 pub mod media;
 pub mod model;

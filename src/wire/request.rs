@@ -13,8 +13,8 @@ pub mod uploads;
 use cortexkit_role_llm_runner::history::HistoryRequest;
 use cortexkit_role_llm_runner::read::ReadRequest;
 use cortexkit_role_llm_runner::tool_calls::ToolCallsRequest;
-pub use send_params::plan_not_admitted;
 use send_params::role_send_members;
+pub use send_params::{list_not_admitted, plan_not_admitted};
 
 /// The management methods.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

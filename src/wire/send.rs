@@ -55,6 +55,10 @@ pub struct SendRequest {
     /// identity.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delivery: Option<String>,
+    /// The send's ordered delivery (llm-runner/v1 `delivery_order`: a list in `delivery`, with
+    /// `dedupe_key`, `expires_at_ms` and `template`); served only where the group is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order: Option<broca_protocol::delivery::SendOrder>,
     /// The caller's routing decision (llm-runner/v1 `route_decision_id`): fixed per run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub route_decision_id: Option<String>,

@@ -13,7 +13,9 @@ use crate::RpcError;
 /// `generation.max_output_tokens` (checked here, so a refusal names it); `plan` is kept
 /// as sent (the host refuses it unless plans are on, and admission reads it).
 pub(super) fn role_send_members(params: &mut Map<String, Value>) -> Result<(), RpcError> {
-    if let Some(mode) = delivery(params.remove("delivery"))? {
+    if let Some(order) = delivery_order(params)? {
+        params.insert("order".into(), order);
+    } else if let Some(mode) = delivery(params.remove("delivery"))? {
         params.insert("delivery".into(), Value::String(mode.into()));
     } else if !params.contains_key("model") {
         return Err(invalid("session.send: missing field `model`").with_field("model"));
@@ -157,9 +159,64 @@ fn client_message_id(given: Option<&Value>) -> Result<(), RpcError> {
     }
 }
 
+/// `delivery` as a list (llm-runner/v1 §9.7), with the members that ride beside it taken out
+/// of `params`: broca's `order`; `None` for a string or absent `delivery` (which then carries
+/// none of the list's members). Each refusal names the member it is about: `delivery` for a
+/// list that is empty, names a mode twice or an unknown mode; `template` for a template send
+/// with a `prompt` or a send with neither.
+fn delivery_order(params: &mut Map<String, Value>) -> Result<Option<Value>, RpcError> {
+    use cortexkit_role_llm_runner::delivery_order::{DeliveryOrder, Mode, MEMBERS, TEMPLATE_FIELD};
+    let Some(Value::Array(list)) = params.get("delivery") else {
+        if let Some(member) = MEMBERS.iter().find(|m| params.contains_key(**m)) {
+            return Err(invalid(format!(
+                "`{member}` rides only beside a list of delivery modes in `delivery`"
+            ))
+            .with_field(*member));
+        }
+        return Ok(None);
+    };
+    let modes: Vec<Mode> = serde_json::from_value(Value::Array(list.clone())).map_err(|_| {
+        invalid("a delivery list holds only tool_result, turn_system, steer and idle_start")
+            .with_field("delivery")
+    })?;
+    params.remove("delivery");
+    let order = DeliveryOrder::decode(Some(&modes), params)
+        .map_err(|member| invalid(format!("`{member}` is malformed")).with_field(member))?;
+    let order = order.expect("a list decodes to an order");
+    let prompt = params.get("prompt").and_then(Value::as_str);
+    let ok = match &order.template {
+        Some(_) => prompt.is_none(),
+        None => prompt.is_some_and(|p| !p.is_empty()),
+    };
+    if !ok {
+        return Err(invalid(
+            "a send carries either a non-empty `prompt` or a plan `template`, never both",
+        )
+        .with_field(TEMPLATE_FIELD));
+    }
+    for member in MEMBERS {
+        params.remove(*member);
+    }
+    if order.template.is_some() {
+        // The text is the template's rendering, which admission makes.
+        params.insert("prompt".into(), Value::String(String::new()));
+    }
+    let order = broca_protocol::delivery::SendOrder {
+        modes: order.modes,
+        dedupe_key: order.dedupe_key,
+        expires_at_ms: order.expires_at_ms,
+        template: order.template,
+    };
+    if let Some(why) = order.list_problem() {
+        return Err(invalid(why).with_field("delivery"));
+    }
+    Ok(Some(
+        serde_json::to_value(order).expect("an order serializes"),
+    ))
+}
+
 /// `delivery`: a string: `queue` (what an absent one means: `None`), `steer` or
-/// `interrupt`; an unknown mode, or a list (the `delivery_order` group, not declared), is
-/// refused naming `delivery`.
+/// `interrupt`; an unknown mode is refused naming `delivery`.
 fn delivery(given: Option<Value>) -> Result<Option<&'static str>, RpcError> {
     use crate::send::delivery::{INTERRUPT, STEER};
     match given {
@@ -173,11 +230,6 @@ fn delivery(given: Option<Value>) -> Result<Option<&'static str>, RpcError> {
             ))
             .with_field("delivery")),
         },
-        Some(Value::Array(_)) => Err(invalid(
-            "a list of delivery modes needs the delivery_order group, which this runner \
-             does not declare",
-        )
-        .with_field("delivery")),
         Some(other) => Err(invalid(format!(
             "`delivery` must be queue, steer or interrupt, not {other}"
         ))
@@ -396,4 +448,14 @@ fn retention_policy(params: &Map<String, Value>) -> Result<(), RpcError> {
             crate::BACKUP_REASON.into(),
         ))),
     }
+}
+
+/// The refusal of a send whose `delivery` is a list on a runner that does not serve the
+/// `delivery_order` group: `invalid_params` naming `delivery`, as a strict older decode would.
+pub fn list_not_admitted() -> RpcError {
+    invalid(
+        "a list of delivery modes needs the delivery_order group, which this runner does not \
+         declare",
+    )
+    .with_field("delivery")
 }

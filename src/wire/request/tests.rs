@@ -212,3 +212,81 @@ fn a_send_budget_is_the_role_closed_object_and_run_budgets_are_stop_conditions()
         );
     }
 }
+
+#[test]
+fn a_delivery_list_parses_with_its_members_and_each_refusal_names_its_member() {
+    use broca_protocol::delivery::SendOrder;
+    use cortexkit_role_llm_runner::delivery_order::Mode;
+    let triple = r#""project_root":"/p","harness":"h","session":"s""#;
+    let send =
+        |members: &str| format!(r#"{{"method":"session.send","params":{{{triple},{members}}}}}"#);
+    let order = |members: &str| match parse(send(members).as_bytes()) {
+        Ok(Request::Send { send, .. }) => (send.order.clone(), send.prompt.clone()),
+        other => panic!("{members}: {other:?}"),
+    };
+    // A list may leave out `model` (it may join the running run), and carries its members.
+    let (got, prompt) = order(
+        r#""prompt":"p","delivery":["steer","idle_start"],"dedupe_key":"k","expires_at_ms":5"#,
+    );
+    assert_eq!(
+        got,
+        Some(SendOrder {
+            modes: vec![Mode::Steer, Mode::IdleStart],
+            dedupe_key: Some("k".into()),
+            expires_at_ms: Some(5),
+            template: None,
+        })
+    );
+    assert_eq!(prompt, "p");
+    // A template send has no prompt: its text is the template's rendering.
+    let (got, prompt) = order(
+        r#""delivery":["turn_system","steer"],"template":{"id":"t","digest":"d","slots":{"pct":5}}"#,
+    );
+    let template = got.unwrap().template.unwrap();
+    assert_eq!(
+        (template.id.as_str(), template.slots["pct"].as_u64()),
+        ("t", Some(5))
+    );
+    assert_eq!(prompt, "");
+    // A string delivery stays broca's own, with no order.
+    assert_eq!(
+        order(r#""prompt":"p","model":"a/m","delivery":"steer""#).0,
+        None
+    );
+
+    let field =
+        |members: &str| parse(send(members).as_bytes()).unwrap_err().detail["field"].clone();
+    for (members, named) in [
+        (r#""prompt":"p","delivery":[]"#, "delivery"),
+        (r#""prompt":"p","delivery":["steer","steer"]"#, "delivery"),
+        (r#""prompt":"p","delivery":["queue"]"#, "delivery"),
+        (
+            r#""prompt":"p","delivery":"steer","dedupe_key":"k""#,
+            "dedupe_key",
+        ),
+        (
+            r#""prompt":"p","model":"a/m","expires_at_ms":5"#,
+            "expires_at_ms",
+        ),
+        (
+            r#""prompt":"p","delivery":["steer"],"dedupe_key":"""#,
+            "dedupe_key",
+        ),
+        (
+            r#""prompt":"p","delivery":["steer"],"expires_at_ms":-1"#,
+            "expires_at_ms",
+        ),
+        (r#""delivery":["steer"]"#, "template"),
+        (r#""prompt":"","delivery":["steer"]"#, "template"),
+        (
+            r#""prompt":"p","delivery":["steer"],"template":{"id":"t","digest":"d"}"#,
+            "template",
+        ),
+        (
+            r#""delivery":["steer"],"template":{"id":"t","digest":"d","extra":1}"#,
+            "template",
+        ),
+    ] {
+        assert_eq!(field(members), named, "{members}");
+    }
+}

@@ -83,6 +83,7 @@ fn started(run_id: &str, prompt: String) -> RunStarted {
         delivery: None,
         steer_seq: None,
         media: Vec::new(),
+        order: None,
     }
 }
 

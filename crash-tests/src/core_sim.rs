@@ -173,8 +173,9 @@ impl<'a> Life<'a> {
             Admitted::Queued(_)
             | Admitted::Pending { .. }
             | Admitted::Steered(_)
-            | Admitted::SteerExisting { .. } => {
-                panic!("the scenario sends only to a session with no run active, never a steer")
+            | Admitted::SteerExisting { .. }
+            | Admitted::Ended(_) => {
+                panic!("the scenario sends only to a session with no run active, never a steer or a list")
             }
         }
     }

@@ -8,6 +8,7 @@
 
 use crate::replay::prompt_digest;
 use broca_catalog as catalog;
+use broca_protocol::delivery::delivery_identity;
 use broca_protocol::model::ProviderCheck;
 use broca_protocol::ToolSpec;
 use broca_wal::runrec::{
@@ -53,6 +54,9 @@ pub enum Admitted {
     Steered(Box<broca_wal::runrec::SendSteered>),
     /// The send_id names a steered send with the same inputs: nothing to write.
     SteerExisting { seq: u64 },
+    /// The send_id names an ordered send that ended undelivered (llm-runner/v1 §9.7:
+    /// `superseded`, `expired`, `template_part_gone`): its terminal state, nothing to write.
+    Ended(broca_wal::runrec::SendEnded),
 }
 
 /// What admission needs besides the request and the session.
@@ -88,6 +92,8 @@ pub struct Prepared {
     pub caller: broca_wire::Caller,
     /// Its delivery mode when not `queue` (`steer`, `interrupt`).
     pub delivery: Option<String>,
+    /// Its ordered delivery, when its `delivery` was a list (llm-runner/v1 `delivery_order`).
+    pub order: Option<broca_protocol::delivery::SendOrder>,
     /// The settings the send named (a steer's are checked against the run it joins).
     pub named: Vec<&'static str>,
     /// The uploads its `content` attaches, in order (checked against the session's).
@@ -114,6 +120,8 @@ pub struct Unprepared {
     pub refusal: Refusal,
     /// As in [`Prepared`].
     pub delivery: Option<String>,
+    /// As in [`Prepared`].
+    pub order: Option<broca_protocol::delivery::SendOrder>,
 }
 
 /// The digest of a send's inputs (everything but the send_id).
@@ -123,6 +131,10 @@ pub fn inputs_digest(req: &SendRequest) -> String {
     // A repeat may name the session's frozen policy or leave it out: the same send either
     // way (a different one is refused `retention_conflict` before the send_id is looked up).
     canonical.retention_policy = None;
+    // Its expiry is timing, not content: a retry keeps the first deadline.
+    if let Some(order) = canonical.order.as_mut() {
+        order.expires_at_ms = None;
+    }
     let bytes = serde_json::to_vec(&canonical).expect("send requests serialize");
     blake3::hash(&bytes).to_hex()[..32].to_string()
 }
@@ -150,7 +162,7 @@ pub fn admit_unprepared(u: &Unprepared, session: &Session) -> Result<Admitted, R
         prompt_digest: &u.prompt_digest,
         client_message_id: u.client_message_id.as_deref(),
         structured_output: u.structured_output.clone(),
-        delivery: u.delivery.as_deref(),
+        delivery: delivery_identity(u.delivery.as_deref(), u.order.as_ref()),
     };
     if let Some(answer) = repeated(session, u.send_id.as_deref(), &identity) {
         return answer;
@@ -178,7 +190,7 @@ pub fn admit_prepared(
         prompt_digest: &p.prompt_digest,
         client_message_id: p.client_message_id.as_deref(),
         structured_output: frozen_so_key(p.config.structured_output.as_ref()),
-        delivery: p.delivery.as_deref(),
+        delivery: delivery_identity(p.delivery.as_deref(), p.order.as_ref()),
     };
     retention::unreleased(session)?;
     retention::policy_fits(
@@ -240,6 +252,7 @@ pub fn admit_prepared(
             client_message_id: p.client_message_id,
             delivery: p.delivery,
             media,
+            order: p.order,
         })));
     }
     config.stop.input_cap = input_cap(session, config.stop.input_cap);
@@ -259,6 +272,7 @@ pub fn admit_prepared(
         delivery: p.delivery,
         steer_seq: None,
         media,
+        order: p.order,
     })))
 }
 
@@ -407,6 +421,7 @@ pub fn start_queued(session: &Session, run_id: String, now_unix_ms: u64) -> Opti
         delivery: q.delivery.clone(),
         steer_seq: None,
         media: q.media.clone(),
+        order: q.order.clone(),
     })
 }
 
@@ -439,6 +454,7 @@ pub fn prepare(
             client_message_id: req.client_message_id.clone(),
             caller: broca_wire::Caller::operator(),
             delivery: req.delivery.clone(),
+            order: req.order.clone(),
             named: req.named_settings(),
             content: req
                 .content
@@ -462,6 +478,7 @@ pub fn prepare(
             caller: broca_wire::Caller::operator(),
             refusal,
             delivery: req.delivery.clone(),
+            order: req.order.clone(),
         }),
     }
 }

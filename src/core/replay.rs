@@ -55,7 +55,8 @@ pub struct RunView {
     pub budget: Option<broca_wal::runrec::BudgetStop>,
     /// The structured output its terminal record carries (`StructuredOutputResult`).
     pub structured_output: Option<serde_json::Value>,
-    /// Its send's delivery mode when not `queue` (`steer`, `interrupt`).
+    /// Its send's delivery as its identity compares it, when not `queue`: `steer`,
+    /// `interrupt`, or a list's identity (`broca_protocol::delivery::delivery_identity`).
     pub delivery: Option<String>,
     /// The steered sends it accepted, in order, and whether it rendered each.
     pub steers: Vec<RunSteer>,
@@ -89,7 +90,10 @@ impl RunView {
             quota: None,
             budget: None,
             structured_output: None,
-            delivery: r.delivery,
+            delivery: broca_protocol::delivery::delivery_identity(
+                r.delivery.as_deref(),
+                r.order.as_ref(),
+            ),
             steers: Vec::new(),
         }
     }
@@ -153,8 +157,15 @@ pub struct Session {
     pub entry_count: u64,
     /// Sends waiting for the active run to end, in the order they came.
     pub queued: Vec<broca_wal::runrec::SendQueued>,
-    /// Queued sends withdrawn before they started, by send_id.
-    pub retracted: HashMap<String, broca_wal::runrec::SendQueued>,
+    /// Queued sends withdrawn before they started, or ordered sends that ended undelivered
+    /// (with why), by send_id.
+    pub retracted: HashMap<
+        String,
+        (
+            broca_wal::runrec::SendQueued,
+            Option<broca_wal::runrec::SendEnded>,
+        ),
+    >,
     /// The id (`mid`) of the last assistant message: the calls an interrupted run left open
     /// are this message's.
     pub last_assistant_mid: Option<String>,
@@ -513,7 +524,7 @@ impl Session {
         };
         let q = self.queued.remove(i);
         if let Some(send_id) = q.send_id.clone() {
-            self.retracted.insert(send_id, q);
+            self.retracted.insert(send_id, (q, r.ended));
         }
         Ok(())
     }

@@ -124,6 +124,7 @@ fn a_steer_that_shortens_the_retention_is_kept_with_it() {
             scope_owner: None,
             client_message_id: None,
             media: Vec::new(),
+            order: None,
             retention,
             retention_policy: None,
         }))

@@ -198,6 +198,7 @@ fn started(run_id: &str, prompt: &str, delivery: Option<&str>) -> RunStarted {
         delivery: delivery.map(str::to_string),
         steer_seq: None,
         media: Vec::new(),
+        order: None,
     }
 }
 
@@ -211,6 +212,7 @@ fn prepared(send_id: &str, prompt: &str, delivery: &str) -> Prepared {
         client_message_id: None,
         caller: broca_wire::Caller::operator(),
         delivery: Some(delivery.into()),
+        order: None,
         named: vec!["model"],
         content: Vec::new(),
         policy_required: false,

@@ -134,6 +134,18 @@ pub fn status_answer(run: &RunView) -> serde_json::Value {
     v
 }
 
+/// The answer to a re-send (or `session.send_status`) of an ordered send that ended
+/// undelivered (llm-runner/v1 §9.7): its terminal state, with the slot a
+/// `template_part_gone` names.
+pub fn ended_answer(ended: &broca_wal::runrec::SendEnded) -> serde_json::Value {
+    use broca_wal::runrec::SendEnded;
+    let mut answer = serde_json::json!({ "state": ended.state() });
+    if let SendEnded::TemplatePartGone { slot } = ended {
+        answer["slot"] = slot.clone().into();
+    }
+    answer
+}
+
 /// The `session.send` answer for the steered send of `seq` (its `SendSteered` record): the
 /// state of the run that carries it and that run's id, with how it was delivered once it was
 /// (`step` with its message's id, or `turn` with the run it started); before that, the run

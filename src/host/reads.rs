@@ -109,8 +109,10 @@ pub(crate) async fn send_status(
         {
             return Ok(serde_json::json!({"state": "pending", "submission_id": q.submission_id}));
         }
-        if s.retracted.contains_key(&send_id) {
-            return Err(RpcError::refusal(&broca_wire::Refusal::SendRetracted));
+        match s.retracted.get(&send_id) {
+            Some((_, Some(ended))) => return Ok(broca_core::views::ended_answer(ended)),
+            Some((_, None)) => return Err(RpcError::refusal(&broca_wire::Refusal::SendRetracted)),
+            None => {}
         }
         Err(unknown())
     })

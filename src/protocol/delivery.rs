@@ -25,6 +25,14 @@ impl SendOrder {
             .contains(&cortexkit_role_llm_runner::delivery_order::Mode::IdleStart)
     }
 
+    /// The send's delivery as its identity compares it: the list, the dedupe key and the
+    /// template, never the expiry (a retry under the same `send_id` keeps its first deadline).
+    pub fn identity(&self) -> String {
+        let mut same = self.clone();
+        same.expires_at_ms = None;
+        serde_json::to_string(&same).expect("an order serializes")
+    }
+
     /// The list's problem, if any: empty, or a mode twice.
     pub fn list_problem(&self) -> Option<&'static str> {
         let mut seen = std::collections::BTreeSet::new();
@@ -36,4 +44,12 @@ impl SendOrder {
             None
         }
     }
+}
+
+/// A send's delivery as a repeated `send_id` compares it: its string mode when not `queue`,
+/// else its list's [`SendOrder::identity`], else none (`queue`).
+pub fn delivery_identity(delivery: Option<&str>, order: Option<&SendOrder>) -> Option<String> {
+    delivery
+        .map(str::to_string)
+        .or_else(|| order.map(SendOrder::identity))
 }

@@ -384,6 +384,12 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                     ..reply(String::new(), true, None)
                 });
             }
+            Admitted::Ended(ended) => {
+                return Ok(SendReply {
+                    steer: Some(broca_core::views::ended_answer(&ended)),
+                    ..reply(String::new(), true, None)
+                });
+            }
             Admitted::New(started) => {
                 let run_id = started.run_id.clone();
                 (Record::RunStarted(started), reply(run_id, false, None))

@@ -235,7 +235,8 @@ pub struct SendReply {
     pub existing: bool,
     /// The queued send's submission, when the send waits for the active run to end.
     pub pending: Option<String>,
-    /// A steered send's whole answer (`views::steer_answer`).
+    /// The whole answer when the session gives it itself: a steered send's
+    /// (`views::steer_answer`), or an ordered send's that ended undelivered (`{state, slot?}`).
     pub steer: Option<serde_json::Value>,
     /// What the run being driven must hear of this send.
     pub joins: Option<Joins>,

@@ -80,6 +80,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             let record = broca_wal::runrec::SendRetracted {
                 submission_id: submission_id.to_string(),
                 at_unix_ms: crate::now_unix_ms(),
+                ended: None,
             };
             self.append(Record::SendRetracted(record), true).await?;
             assert!(

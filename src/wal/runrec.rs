@@ -336,6 +336,10 @@ pub struct RunStarted {
     /// committed in the session's content store before this record.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub media: Vec<broca_protocol::media::Media>,
+    /// The send's ordered delivery (llm-runner/v1 `delivery_order`), when its `delivery` was a
+    /// list: part of its identity (but its expiry), and the mode it went out in comes of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order: Option<broca_protocol::delivery::SendOrder>,
 }
 
 /// A send that came while a run was active: admitted, frozen as a RunStarted would freeze
@@ -364,6 +368,10 @@ pub struct SendQueued {
     /// As in [`RunStarted`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub media: Vec<broca_protocol::media::Media>,
+    /// The send's ordered delivery (llm-runner/v1 `delivery_order`), when its `delivery` was a
+    /// list: part of its identity (but its expiry), and the mode it went out in comes of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order: Option<broca_protocol::delivery::SendOrder>,
 }
 
 /// A send steered into the active run `run_id` (llm-runner/v1 `delivery: steer`): admitted
@@ -397,6 +405,10 @@ pub struct SendSteered {
     /// [`FrozenConfig::retention_policy`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention_policy: Option<cortexkit_role_llm_runner::session_retention::RetentionPolicy>,
+    /// The send's ordered delivery (llm-runner/v1 `delivery_order`), when its `delivery` was a
+    /// list: part of its identity (but its expiry), and the mode it went out in comes of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order: Option<broca_protocol::delivery::SendOrder>,
 }
 
 /// The session's owner released it (llm-runner/v1 `session.release`): it takes no more
@@ -520,11 +532,40 @@ pub struct ToolResultLate {
     pub at_unix_ms: u64,
 }
 
-/// A queued send withdrawn before it started (`session.retract`).
+/// A queued send withdrawn before it started (`session.retract`), or, for a send with an
+/// ordered delivery, ended undelivered for the reason `ended` names.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SendRetracted {
     pub submission_id: String,
     pub at_unix_ms: u64,
+    /// Why an ordered send ended undelivered (absent: its sender retracted it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<SendEnded>,
+}
+
+/// Why a send with an ordered delivery ended undelivered (llm-runner/v1 §9.7): each a
+/// terminal send state, which a re-send of its `send_id` answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum SendEnded {
+    /// A later send of the same sender with the same `dedupe_key` replaced it.
+    Superseded { by: String },
+    /// Its `expires_at_ms` passed first.
+    Expired,
+    /// The part its template's `part_tag` slot named left the request first.
+    TemplatePartGone { slot: String },
+}
+
+impl SendEnded {
+    /// The terminal send state (`send::states`).
+    pub fn state(&self) -> &'static str {
+        use cortexkit_role_llm_runner::send::states;
+        match self {
+            SendEnded::Superseded { .. } => states::SUPERSEDED,
+            SendEnded::Expired => states::EXPIRED,
+            SendEnded::TemplatePartGone { .. } => states::TEMPLATE_PART_GONE,
+        }
+    }
 }
 
 /// A model step began.

@@ -58,6 +58,7 @@ pub(super) fn steer(
         media,
         retention,
         retention_policy: p.config.retention_policy,
+        order: p.order,
     })))
 }
 
@@ -123,6 +124,7 @@ pub(super) fn steer_turn(session: &Session, run_id: &str, now_unix_ms: u64) -> O
         delivery: Some(broca_wire::delivery::STEER.into()),
         steer_seq: Some(p.seq),
         media: r.media.clone(),
+        order: r.order.clone(),
     })
 }
 

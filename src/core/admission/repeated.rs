@@ -1,6 +1,8 @@
 //! A send whose send_id the session has seen (a child of `admission`): answered with what
 //! the first send under it started, or refused naming the field that differs.
 
+use broca_protocol::delivery::delivery_identity;
+
 use super::{prompt_digest, Admitted, Refusal, Session};
 
 /// What a repeated send_id is compared on: the digest of all its inputs, and the two the
@@ -11,8 +13,8 @@ pub(super) struct Identity<'a> {
     pub(super) client_message_id: Option<&'a str>,
     /// The send's `structured_output` as compared (`so_key`).
     pub(super) structured_output: Option<String>,
-    /// Its delivery mode when not `queue`.
-    pub(super) delivery: Option<&'a str>,
+    /// Its delivery when not `queue`, as compared (`delivery_identity`).
+    pub(super) delivery: Option<String>,
 }
 
 impl Identity<'_> {
@@ -28,7 +30,7 @@ impl Identity<'_> {
     ) -> Option<&'static str> {
         if prompt_digest != self.prompt_digest {
             Some("prompt")
-        } else if delivery != self.delivery {
+        } else if delivery != self.delivery.as_deref() {
             Some("delivery")
         } else if client_message_id != self.client_message_id {
             Some("client_message_id")
@@ -72,7 +74,7 @@ pub(super) fn repeated(
             match same(
                 &steer.inputs_digest,
                 &steer.prompt_digest,
-                Some(broca_wire::delivery::STEER),
+                Some(steer.delivery.as_str()),
                 steer.client_message_id.as_deref(),
                 &joined.config,
                 &joined.run_id,
@@ -106,11 +108,12 @@ pub(super) fn repeated(
     {
         let client_id = q.client_message_id.as_deref();
         let prompt = prompt_digest(&q.prompt);
+        let delivery = delivery_identity(q.delivery.as_deref(), q.order.as_ref());
         return Some(
             match same(
                 &q.inputs_digest,
                 &prompt,
-                q.delivery.as_deref(),
+                delivery.as_deref(),
                 client_id,
                 &q.config,
                 &q.submission_id,
@@ -122,17 +125,22 @@ pub(super) fn repeated(
             },
         );
     }
-    if let Some(q) = session.retracted.get(send_id) {
+    if let Some((q, ended)) = session.retracted.get(send_id) {
         let client_id = q.client_message_id.as_deref();
-        return Some(Err(same(
+        let delivery = delivery_identity(q.delivery.as_deref(), q.order.as_ref());
+        let refused = same(
             &q.inputs_digest,
             &prompt_digest(&q.prompt),
-            q.delivery.as_deref(),
+            delivery.as_deref(),
             client_id,
             &q.config,
             &q.submission_id,
-        )
-        .unwrap_or(Refusal::SendRetracted)));
+        );
+        return Some(match (refused, ended) {
+            (Some(refusal), _) => Err(refusal),
+            (None, None) => Err(Refusal::SendRetracted),
+            (None, Some(ended)) => Ok(Admitted::Ended(ended.clone())),
+        });
     }
     None
 }

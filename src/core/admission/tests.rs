@@ -225,3 +225,87 @@ fn the_session_input_cap_only_goes_down_and_carries_what_was_spent() {
         Some(InputCap { limit: 4, ..kept })
     );
 }
+
+#[test]
+fn an_ordered_send_that_ended_answers_its_state_and_its_identity_leaves_out_its_expiry() {
+    use broca_protocol::delivery::SendOrder;
+    use broca_wal::runrec::{SendEnded, SendRetracted};
+    use cortexkit_role_llm_runner::delivery_order::Mode;
+    let catalog = catalog::Catalog::builtin();
+    let mut session = Session::default();
+    let p = prepare(&req("busy", Some(Vec::new())), &[], &catalog, &AnyProvider).unwrap();
+    let Admitted::New(started) = admit_prepared(p, &session, "r1".into(), 1).unwrap() else {
+        panic!()
+    };
+    session
+        .apply(1, broca_wal::Record::RunStarted(started))
+        .unwrap();
+    let ordered = |modes: Vec<Mode>, expires: u64| {
+        let mut r = req("reminder", None);
+        r.send_id = Some("o1".into());
+        r.order = Some(SendOrder {
+            modes,
+            dedupe_key: Some("k".into()),
+            expires_at_ms: Some(expires),
+            template: None,
+        });
+        r
+    };
+    let p = prepare(
+        &ordered(vec![Mode::IdleStart], 10),
+        &[],
+        &catalog,
+        &AnyProvider,
+    )
+    .unwrap();
+    let Admitted::Queued(queued) = admit_prepared(p, &session, "r2".into(), 2).unwrap() else {
+        panic!("a send behind the open run waits")
+    };
+    assert_eq!(
+        queued.order.as_ref().map(|o| o.modes.clone()),
+        Some(vec![Mode::IdleStart])
+    );
+    let submission = queued.submission_id.clone();
+    session
+        .apply(2, broca_wal::Record::SendQueued(queued))
+        .unwrap();
+    let ended = SendEnded::Superseded { by: "sub_x".into() };
+    let record = SendRetracted {
+        submission_id: submission,
+        at_unix_ms: 3,
+        ended: Some(ended.clone()),
+    };
+    session
+        .apply(3, broca_wal::Record::SendRetracted(record))
+        .unwrap();
+    assert!(session.queued.is_empty(), "an ended send waits no more");
+    let again = |r: &SendRequest| {
+        let p = prepare(r, &[], &catalog, &AnyProvider).unwrap();
+        admit_prepared(p, &session, "r3".into(), 4)
+    };
+    // The same send, even with another deadline, answers its terminal state.
+    assert_eq!(
+        again(&ordered(vec![Mode::IdleStart], 10)),
+        Ok(Admitted::Ended(ended.clone()))
+    );
+    assert_eq!(
+        again(&ordered(vec![Mode::IdleStart], 99)),
+        Ok(Admitted::Ended(ended.clone()))
+    );
+    assert_eq!(
+        crate::views::ended_answer(&ended),
+        serde_json::json!({"state": "superseded"})
+    );
+    // Another list under the same send_id is a reuse naming `delivery`.
+    match again(&ordered(vec![Mode::Steer, Mode::IdleStart], 10)) {
+        Err(Refusal::SendIdReuse { field, .. }) => assert_eq!(field, Some("delivery")),
+        other => panic!("{other:?}"),
+    }
+    let gone = SendEnded::TemplatePartGone {
+        slot: "part".into(),
+    };
+    assert_eq!(
+        crate::views::ended_answer(&gone),
+        serde_json::json!({"state": "template_part_gone", "slot": "part"})
+    );
+}

@@ -31,6 +31,8 @@ pub struct SteerSend {
     pub prompt_digest: String,
     pub client_message_id: Option<String>,
     pub delivered: Option<SteerDelivered>,
+    /// Its delivery as its identity compares it: `steer`, or its list's identity.
+    pub delivery: String,
 }
 
 /// How a steered send was delivered (final once set).
@@ -99,6 +101,10 @@ impl Session {
                 prompt_digest: prompt_digest(&r.prompt),
                 client_message_id: r.client_message_id.clone(),
                 delivered: None,
+                delivery: r.order.as_ref().map_or_else(
+                    || broca_wire::delivery::STEER.to_string(),
+                    broca_protocol::delivery::SendOrder::identity,
+                ),
             };
             self.steer_sends.insert(send_id.clone(), send);
         }

@@ -43,6 +43,7 @@ pub(crate) fn started_with(
         delivery: None,
         steer_seq: None,
         media: Vec::new(),
+        order: None,
     }))
 }
 

@@ -151,7 +151,7 @@ fn build_wal(dir: &Path, compactions: usize) -> std::path::PathBuf {
                 config(),
                 session.transcript.clone(),
                 session.compacted.clone(),
-                Vec::new(),
+                Vec::<broca::core::machine::Waiting>::new(),
                 0,
             );
             let mut calls_left = 8;

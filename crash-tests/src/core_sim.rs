@@ -174,7 +174,8 @@ impl<'a> Life<'a> {
             | Admitted::Pending { .. }
             | Admitted::Steered(_)
             | Admitted::SteerExisting { .. }
-            | Admitted::Ended(_) => {
+            | Admitted::Ended(_)
+            | Admitted::Replacing { .. } => {
                 panic!("the scenario sends only to a session with no run active, never a steer or a list")
             }
         }

@@ -22,6 +22,7 @@ struct ServeConfig {
     archive_every_secs: Option<u64>,
     prune_reasoning: Option<bool>,
     plans: Option<bool>,
+    delivery_order: Option<bool>,
     plan_fetch_deadline_ms: Option<u64>,
     body_limit_bytes: Option<usize>,
     request_timeout_ms: Option<u64>,
@@ -194,6 +195,7 @@ fn host_options(
         archive_every: std::time::Duration::from_secs(file.archive_every_secs.unwrap_or(3600)),
         prune_reasoning: file.prune_reasoning.unwrap_or(false),
         plans: file.plans.unwrap_or(false),
+        delivery_order: file.delivery_order.unwrap_or(false),
         plan_fetch_deadline: std::time::Duration::from_millis(
             file.plan_fetch_deadline_ms.unwrap_or(10_000).max(1),
         ),

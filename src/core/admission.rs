@@ -19,6 +19,8 @@ use broca_wal::runrec::{
 use super::replay::{RunState, Session};
 
 mod joining;
+mod ordered;
+pub use ordered::{expired_queued, join_waiting};
 mod retention;
 pub use joining::{inherit, PENDING_STEERS_MAX};
 pub(crate) use retention::session_retention;
@@ -54,6 +56,12 @@ pub enum Admitted {
     Steered(Box<broca_wal::runrec::SendSteered>),
     /// The send_id names a steered send with the same inputs: nothing to write.
     SteerExisting { seq: u64 },
+    /// A send with a `dedupe_key` replaces the queued, undelivered sends of its sender with
+    /// that key: each ends `superseded` (these records first, durably), then `then`.
+    Replacing {
+        ended: Vec<broca_wal::runrec::SendRetracted>,
+        then: Box<Admitted>,
+    },
     /// The send_id names an ordered send that ended undelivered (llm-runner/v1 §9.7:
     /// `superseded`, `expired`, `template_part_gone`): its terminal state, nothing to write.
     Ended(broca_wal::runrec::SendEnded),
@@ -154,9 +162,7 @@ pub fn admit(
 /// The session's answer to a send that did not pass [`prepare`]: the existing run when its
 /// send_id was admitted before with the same inputs, else the refusal.
 pub fn admit_unprepared(u: &Unprepared, session: &Session) -> Result<Admitted, Refusal> {
-    if !u.caller.owns(&session.owners()) {
-        return Err(Refusal::ScopeOwnerMismatch);
-    }
+    ordered::sender_admitted(&u.caller, u.order.as_ref(), u.delivery.as_deref(), session)?;
     let identity = Identity {
         inputs_digest: &u.inputs_digest,
         prompt_digest: &u.prompt_digest,
@@ -182,9 +188,7 @@ pub fn admit_prepared(
     run_id: String,
     now_unix_ms: u64,
 ) -> Result<Admitted, Refusal> {
-    if !p.caller.owns(&session.owners()) {
-        return Err(Refusal::ScopeOwnerMismatch);
-    }
+    ordered::sender_admitted(&p.caller, p.order.as_ref(), p.delivery.as_deref(), session)?;
     let identity = Identity {
         inputs_digest: &p.inputs_digest,
         prompt_digest: &p.prompt_digest,
@@ -205,6 +209,40 @@ pub fn admit_prepared(
     let mut p = p;
     p.config.retention = retention;
     planned::plan(&mut p, session)?;
+    ordered::render_template(&mut p, session)?;
+    let replaced = ordered::replaced(&p, session, &run_id, now_unix_ms);
+    let admitted = admit_planned(p, session, run_id, now_unix_ms)?;
+    Ok(if replaced.is_empty() {
+        admitted
+    } else {
+        Admitted::Replacing {
+            ended: replaced,
+            then: Box::new(admitted),
+        }
+    })
+}
+
+/// [`admit_prepared`] past the send_id and the plan: the record a new send appends.
+fn admit_planned(
+    p: Prepared,
+    session: &Session,
+    run_id: String,
+    now_unix_ms: u64,
+) -> Result<Admitted, Refusal> {
+    // A send whose list names a mode a run in progress takes (`steer`, `tool_result`) waits
+    // for the open run's boundaries, under its settings.
+    if let (Some(open), true) = (&session.open, ordered::joins_a_run(&p)) {
+        let config = &session.runs[open.index].config;
+        let media = attach(session, &p.content, config, session.boot)?;
+        let submission_id = format!("sub_{run_id}");
+        return match joining::steer(p, media, session, open.index, now_unix_ms)? {
+            Admitted::Steered(mut steered) => {
+                steered.submission_id = Some(submission_id);
+                Ok(Admitted::Steered(steered))
+            }
+            other => Ok(other),
+        };
+    }
     // A steer joins the run being driven, under its settings; its media are checked against
     // that run's model, any other send's against the model it would freeze.
     if p.delivery.as_deref() == Some(broca_wire::delivery::STEER) {
@@ -220,7 +258,7 @@ pub fn admit_prepared(
             .runs
             .last()
             .is_some_and(|r| r.state == RunState::Active)
-        || !session.queued.is_empty();
+        || session.queued.iter().any(ordered::starts_a_run);
     // A session holds a bounded queue: past it, a send is refused (transient, nothing
     // written) until the queue drains.
     if busy && session.queued.len() >= QUEUED_SENDS_MAX {
@@ -238,7 +276,8 @@ pub fn admit_prepared(
         config.compaction = session.runs.last().and_then(|r| r.config.compaction);
     }
     check_cap_lowers(session, &config)?;
-    if busy {
+    // A list without `idle_start` never starts a run: it waits for one.
+    if busy || p.order.as_ref().is_some_and(|o| !o.may_start_a_run()) {
         // The cap it asked for; the session's state joins it when it starts.
         return Ok(Admitted::Queued(Box::new(SendQueued {
             submission_id: format!("sub_{run_id}"),
@@ -388,7 +427,7 @@ pub fn start_queued(session: &Session, run_id: String, now_unix_ms: u64) -> Opti
             return Some(started);
         }
     }
-    let q = interrupt.or_else(|| session.queued.first())?;
+    let q = interrupt.or_else(|| session.queued.iter().find(|q| ordered::starts_a_run(q)))?;
     let mut config = q.config.clone();
     config.stop.input_cap = input_cap(session, config.stop.input_cap);
     // A change accepted after the send was queued applies as its run starts.

@@ -41,6 +41,9 @@ pub struct Entry {
     pub client_message_id: Option<String>,
     /// A send's entry: the attested principal that sent it (module routes).
     pub sender: Option<String>,
+    /// An ordered send's entry (llm-runner/v1 §9.7): the mode it went out in, and for
+    /// `tool_result` the call key of the result it went out with.
+    pub delivered_as: Option<(String, Option<String>)>,
     /// An assistant entry a run wrote: `provider/model`.
     pub model: Option<String>,
 }
@@ -207,6 +210,8 @@ pub(crate) enum Note {
         client_message_id: Option<String>,
         sender: Option<String>,
         resolved: Vec<ResultBlock>,
+        /// An ordered send that started its run: `idle_start`.
+        delivered_as: Option<String>,
     },
     /// A model step's message, `mid` its step's.
     Step {
@@ -242,6 +247,8 @@ pub(crate) struct SteerNote {
     pub(crate) client_message_id: Option<String>,
     pub(crate) sender: Option<String>,
     pub(crate) blocks: Vec<Block>,
+    /// An ordered send: its mode, and the model's id of the call whose result it went with.
+    pub(crate) delivered: Option<(String, Option<String>)>,
 }
 
 impl Note {
@@ -261,6 +268,9 @@ impl Note {
                 client_message_id: r.client_message_id.clone(),
                 sender: r.principal.clone(),
                 resolved: r.resolved_calls.clone(),
+                delivered_as: r.order.as_ref().map(|_| {
+                    cortexkit_role_llm_runner::delivery_order::modes::IDLE_START.to_string()
+                }),
             },
             Record::ModelStepFinished(r) => Note::Step {
                 run: open_run,
@@ -335,6 +345,7 @@ impl Entries {
                 client_message_id,
                 sender,
                 resolved,
+                delivered_as,
             } => {
                 at = Some(t);
                 if let Some(message) = pushed.last() {
@@ -345,6 +356,7 @@ impl Entries {
                     self.list.push(Entry {
                         client_message_id,
                         sender,
+                        delivered_as: delivered_as.map(|mode| (mode, None)),
                         ..Entry::new(seq.to_string(), Some(run), "user", Some(t), message)
                     });
                 }
@@ -385,6 +397,7 @@ impl Entries {
                     calls: Vec::new(),
                     client_message_id: None,
                     sender: None,
+                    delivered_as: None,
                     model: None,
                 });
             }
@@ -399,9 +412,15 @@ impl Entries {
                         role: Role::User,
                         content: s.blocks,
                     });
+                    // A `tool_result` delivery names the call key of the result it went with.
+                    let delivered_as = s.delivered.map(|(mode, id)| {
+                        let key = id.and_then(|id| self.call_key_of(&id));
+                        (mode, key)
+                    });
                     self.list.push(Entry {
                         client_message_id: s.client_message_id,
                         sender: s.sender,
+                        delivered_as,
                         ..Entry::new(s.mid.to_string(), run, "user", Some(s.at), &message)
                     });
                 }
@@ -411,6 +430,16 @@ impl Entries {
         if let Some(t) = at {
             self.updated_at = Some(self.updated_at.map_or(t, |u| u.max(t)));
         }
+    }
+
+    /// The call key of the last assistant entry's call `id` (the model's id), once minted.
+    fn call_key_of(&self, id: &str) -> Option<String> {
+        let e = self.list.get(self.last_assistant?)?;
+        e.calls
+            .iter()
+            .rev()
+            .find(|c| c.id == id)
+            .and_then(|c| c.call_key.clone())
     }
 
     /// An import's messages: entries of no run; an imported result answers the call it
@@ -518,6 +547,7 @@ impl Entry {
             calls: Vec::new(),
             client_message_id: None,
             sender: None,
+            delivered_as: None,
             model: None,
         }
     }

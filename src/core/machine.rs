@@ -33,6 +33,7 @@ mod limits;
 pub use limits::LastStep;
 mod resume;
 mod steer;
+pub use steer::Waiting;
 mod step_end;
 pub use step_end::push_result;
 mod stop;
@@ -97,6 +98,9 @@ pub enum Event {
     /// rendered at the next step boundary, and a run that would complete takes another step
     /// for it.
     Steer { seq: u64, blocks: Vec<Block> },
+    /// A send with an ordered delivery (its `SendSteered` record, durable) waits for the
+    /// run's boundaries: it goes out at the first whose possible modes its list names.
+    Ordered(steer::Waiting),
 }
 
 /// What the caller must do.
@@ -232,8 +236,11 @@ pub struct RunMachine {
     system: Option<String>,
     /// The value a `submit_result` call submitted, validated, once its step ends the run.
     submitted: Option<cortexkit_role_llm_runner::structured_output::StructuredOutputResult>,
-    /// Steered sends waiting for the next step boundary: their record's seq and prompt.
-    steers: Vec<(u64, Vec<Block>)>,
+    /// Sends waiting for the next step boundary (steers, and ordered sends).
+    steers: Vec<steer::Waiting>,
+    /// Whether the step before's tool results go out with the next request (a boundary where
+    /// `tool_result` is possible).
+    fresh_results: bool,
     /// The summary standing in for the older turns, when one does.
     compacted: Option<crate::compaction::Compacted>,
     /// The summary being asked for.
@@ -251,7 +258,14 @@ impl RunMachine {
         transcript: Vec<Arc<Message>>,
         now_ms: u64,
     ) -> RunMachine {
-        RunMachine::start_with_steers(run_id, config, transcript, None, Vec::new(), now_ms)
+        RunMachine::start_with_steers(
+            run_id,
+            config,
+            transcript,
+            None,
+            Vec::<Waiting>::new(),
+            now_ms,
+        )
     }
 
     fn new(
@@ -307,6 +321,7 @@ impl RunMachine {
             out: VecDeque::new(),
             step_seq: None,
             steers: Vec::new(),
+            fresh_results: false,
             compacted: None,
             compacting: None,
             compaction_gave_up: None,
@@ -405,7 +420,8 @@ impl RunMachine {
             Event::Cancel => self.on_cancel(),
             Event::CancelAtStepBoundary => self.on_cancel_at_boundary(),
             Event::Shutdown => self.on_shutdown(),
-            Event::Steer { seq, blocks } => self.on_steer(seq, blocks),
+            Event::Steer { seq, blocks } => self.on_steer((seq, blocks).into()),
+            Event::Ordered(waiting) => self.on_steer(waiting),
         }
     }
 
@@ -465,17 +481,22 @@ impl RunMachine {
         self.step += 1;
         self.attempt = 0;
         self.backoff_spent_ms = 0;
-        // The steers join the conversation here: after every result of the step before.
-        let mut steers = Vec::with_capacity(self.steers.len());
-        for (seq, blocks) in std::mem::take(&mut self.steers) {
-            crate::replay::push_steer(&mut self.transcript, blocks);
-            steers.push(seq);
+        // The waiting sends join the conversation here: after every result of the step before.
+        let rendered = self.render_waiting();
+        for submission_id in rendered.expired {
+            let ended = broca_wal::runrec::SendRetracted {
+                submission_id,
+                at_unix_ms: self.now_ms,
+                ended: Some(broca_wal::runrec::SendEnded::Expired),
+            };
+            self.push(Record::SendRetracted(ended), false);
         }
         let record = StepStarted {
             run_id: self.run_id.clone(),
             step: self.step,
             at_unix_ms: Some(self.now_ms),
-            steers,
+            steers: rendered.steers,
+            delivered: rendered.delivered,
         };
         self.step_seq = None;
         self.push(Record::StepStarted(record), false);
@@ -720,6 +741,7 @@ impl RunMachine {
             self.interrupt_cause = Some(interrupt_cause::TOOL_OUTCOME_UNKNOWN);
             return self.seal(FinishKind::Interrupted, Some(detail), None, calls);
         }
+        self.fresh_results = true;
         self.next_step_or_stop();
     }
 

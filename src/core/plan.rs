@@ -29,6 +29,7 @@ const READ: &[&str] = &[
     "composition",
     "compaction_item",
     "composition_digest",
+    "senders",
 ];
 
 /// Members of the role broca does not serve: a plan naming one is refused naming it.
@@ -37,7 +38,6 @@ const NOT_SERVED: &[(&str, &str)] = &[
         "step_transform_items",
         "this runner runs no step transforms",
     ),
-    ("senders", "this runner admits no senders besides the owner"),
     ("readers", "this runner restricts no readers"),
 ];
 
@@ -121,6 +121,13 @@ impl Plan {
                 ),
             ));
         }
+        cortexkit_role_llm_runner::delivery_order::plan_senders(value).map_err(|f| {
+            field(
+                f,
+                "`plan.senders` must list each sending module once, each template's id once per \
+                 sender, every placeholder with its slot and every slot used",
+            )
+        })?;
         cortexkit_role_llm_runner::compaction::check_plan(value).map_err(|f| {
             field(
                 f,

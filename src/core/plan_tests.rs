@@ -278,9 +278,19 @@ fn members_broca_does_not_serve_are_refused_by_name_before_any_fetch() {
         field(json!({"tool_items": [{"provider": "a", "output_refs": true}]})),
         Some("plan.tool_items[].output_refs")
     );
+    // Senders are read and checked: each module once, every slot placed.
+    assert_eq!(
+        field(json!({"senders": [{"module": "m"}, {"module": "m"}]})),
+        Some("plan.senders")
+    );
+    let unplaced =
+        json!({"id": "t", "text": "no slot here", "slots": {"n": {"type": "percentage"}}});
+    assert_eq!(
+        field(json!({"senders": [{"module": "m", "templates": [unplaced]}]})),
+        Some("plan.senders")
+    );
     for plan in [
         json!([]),
-        json!({"senders": []}),
         json!({"step_transform_items": []}),
         json!({"tool_items": [{"provider": ""}]}),
         json!({"tool_items": [{"provider": "a"}, {"provider": "a"}]}),

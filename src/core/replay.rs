@@ -518,6 +518,13 @@ impl Session {
             .iter()
             .position(|q| q.submission_id == r.submission_id)
         else {
+            // An ordered send waiting for a run's boundary.
+            if let Some(q) = self.withdraw_waiting(&r.submission_id) {
+                if let Some(send_id) = q.send_id.clone() {
+                    self.retracted.insert(send_id, (q, r.ended));
+                }
+                return Ok(());
+            }
             return Err(Misfit::RetractedUnknown {
                 submission_id: r.submission_id,
             });

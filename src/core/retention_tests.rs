@@ -125,6 +125,7 @@ fn a_steer_that_shortens_the_retention_is_kept_with_it() {
             client_message_id: None,
             media: Vec::new(),
             order: None,
+            submission_id: None,
             retention,
             retention_policy: None,
         }))

@@ -141,6 +141,13 @@ pub(crate) fn entry(
     if !e.calls.is_empty() {
         m = m.with_tool_calls(e.calls.iter().map(attribution).collect());
     }
+    if let Some((mode, call_key)) = &e.delivered_as {
+        let mut d = cortexkit_role_llm_runner::delivery_order::EntryDelivery::new(mode_of(mode));
+        if let Some(key) = call_key {
+            d = d.with_call_key(key.clone());
+        }
+        m = m.with_delivered_as(d);
+    }
     if facts.display {
         if let Some(id) = &e.client_message_id {
             m = m.with_client_message_id(id.clone());
@@ -150,6 +157,18 @@ pub(crate) fn entry(
         }
     }
     m
+}
+
+/// A recorded mode's name as the role's mode (an unknown one, never written, reads as
+/// `steer`: every mode but `turn_system` is at user authority).
+fn mode_of(mode: &str) -> cortexkit_role_llm_runner::delivery_order::Mode {
+    use cortexkit_role_llm_runner::delivery_order::{modes, Mode};
+    match mode {
+        modes::TOOL_RESULT => Mode::ToolResult,
+        modes::TURN_SYSTEM => Mode::TurnSystem,
+        modes::IDLE_START => Mode::IdleStart,
+        _ => Mode::Steer,
+    }
 }
 
 /// A call's `dispatch_attribution`.

@@ -61,7 +61,7 @@ impl Live {
             config,
             self.session.transcript.clone(),
             self.session.compacted.clone(),
-            Vec::new(),
+            Vec::<crate::machine::Waiting>::new(),
             0,
         );
         self.machine = Some(m);

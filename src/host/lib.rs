@@ -91,6 +91,9 @@ pub struct HostOptions {
     /// Sends may carry a fetch plan (`plans`; llm-runner/v1 `plans`, declared when set):
     /// fetched from the daemon's tool modules at a session's first send and frozen for life.
     pub plans: bool,
+    /// Sends may carry an ordered delivery (`delivery_order`: a list in `delivery`, with
+    /// `dedupe_key` and `expires_at_ms`; docs/delivery.md).
+    pub delivery_order: bool,
     /// How long a session's first send waits for its plan's items, all of them together
     /// (`plan_fetch_deadline_ms`, default 10 s).
     pub plan_fetch_deadline: Duration,

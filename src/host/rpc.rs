@@ -71,6 +71,7 @@ async fn call(ctx: &Arc<Host>, request: Request, caller: &Caller) -> Result<Valu
                 policy_required: ctx.policy_required,
                 prunes_reasoning: ctx.opts.prune_reasoning,
                 plans: ctx.opts.plans,
+                delivery_order: ctx.opts.delivery_order,
             })),
             Request::SessionsList { list } => crate::lists::sessions(ctx, list).await,
             #[cfg(debug_assertions)]
@@ -263,13 +264,25 @@ async fn send(
     if let (Some(plan), false) = (&req.plan, ctx.opts.plans) {
         return Err(broca_wire::request::plan_not_admitted(plan));
     }
-    if req.order.is_some() {
-        // The list's group (llm-runner/v1 `delivery_order`) is not served yet.
+    if req.order.is_some() && !ctx.opts.delivery_order {
         return Err(broca_wire::request::list_not_admitted());
+    }
+    if !ctx.opts.delivery_order
+        && req
+            .plan
+            .as_ref()
+            .is_some_and(|p| p.get("senders").is_some())
+    {
+        return Err(RpcError::refusal(&broca_wire::Refusal::InvalidField {
+            field: "plan.senders",
+            why: "a plan's `senders` needs ordered delivery (`\"delivery_order\": true` in the \
+                  config)"
+                .into(),
+        }));
     }
     // A steer or an interrupt takes the settings it leaves out from the session's latest
     // run; its identity (a re-send's comparison) and the settings it named stay as sent.
-    let joining = req.delivery.is_some();
+    let joining = req.delivery.is_some() || req.order.is_some();
     let asked = joining.then(|| {
         (
             broca_core::admission::inputs_digest(&req),

@@ -334,12 +334,17 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         self.send_prepared(admission).await
     }
 
-    /// The steered sends waiting for a step boundary: their record's seq and prompt.
-    fn pending_steers(&self) -> Vec<(u64, Vec<broca_protocol::Block>)> {
+    /// The sends waiting for a step boundary (steers, and ordered sends).
+    fn pending_steers(&self) -> Vec<broca_core::machine::Waiting> {
         self.state
             .pending_steers
             .iter()
-            .map(|p| (p.seq, broca_core::replay::steer_blocks(&p.record)))
+            .map(|p| broca_core::machine::Waiting {
+                seq: p.seq,
+                blocks: broca_core::replay::steer_blocks(&p.record),
+                order: p.record.order.clone(),
+                submission_id: p.record.submission_id.clone(),
+            })
             .collect()
     }
 
@@ -359,10 +364,15 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         &mut self,
         admission: Result<Prepared, Unprepared>,
     ) -> Result<SendReply, ActorError> {
-        let admitted = match admission {
+        // Queued ordered sends whose time passed end first, so a re-send answers `expired`.
+        for ended in broca_core::admission::expired_queued(&self.state, crate::now_unix_ms()) {
+            self.append(Record::SendRetracted(ended), false).await?;
+        }
+        let mut admitted = match admission {
             Ok(p) => admit_prepared(p, &self.state, self.next_id("run"), crate::now_unix_ms()),
             Err(u) => admit_unprepared(&u, &self.state),
-        };
+        }
+        .map_err(ActorError::Refused)?;
         let reply = |run_id: String, existing: bool, pending: Option<String>| SendReply {
             run_id,
             existing,
@@ -370,49 +380,75 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             steer: None,
             joins: None,
         };
-        let (record, reply) = match admitted.map_err(ActorError::Refused)? {
-            Admitted::Existing { run_index } => {
-                let run_id = self.state.runs[run_index].run_id.clone();
-                return Ok(reply(run_id, true, None));
-            }
-            Admitted::Pending { submission_id } => {
-                return Ok(reply(String::new(), true, Some(submission_id)))
-            }
-            Admitted::SteerExisting { seq } => {
-                return Ok(SendReply {
-                    steer: broca_core::views::steer_answer(&self.state, seq),
-                    ..reply(String::new(), true, None)
-                });
-            }
-            Admitted::Ended(ended) => {
-                return Ok(SendReply {
-                    steer: Some(broca_core::views::ended_answer(&ended)),
-                    ..reply(String::new(), true, None)
-                });
-            }
-            Admitted::New(started) => {
-                let run_id = started.run_id.clone();
-                (Record::RunStarted(started), reply(run_id, false, None))
-            }
-            Admitted::Queued(queued) => {
-                let interrupts =
-                    queued.delivery.as_deref() == Some(broca_wire::delivery::INTERRUPT);
-                let answer = SendReply {
-                    joins: interrupts.then_some(Joins::Interrupt),
-                    ..reply(String::new(), false, Some(queued.submission_id.clone()))
-                };
-                (Record::SendQueued(queued), answer)
-            }
-            Admitted::Steered(steered) => {
-                let seq = self.writer.next_seq();
-                let blocks = broca_core::replay::steer_blocks(&steered);
-                self.append(Record::SendSteered(steered), true).await?;
-                return Ok(SendReply {
-                    steer: broca_core::views::steer_answer(&self.state, seq),
-                    joins: Some(Joins::Steer { seq, blocks }),
-                    ..reply(String::new(), false, None)
-                });
-            }
+        let (record, reply) = loop {
+            break match admitted {
+                // The sends a dedupe_key replaces end `superseded` before the send replacing them.
+                Admitted::Replacing { ended, then } => {
+                    for record in ended {
+                        self.append(Record::SendRetracted(record), false).await?;
+                    }
+                    admitted = *then;
+                    continue;
+                }
+                Admitted::Existing { run_index } => {
+                    let run_id = self.state.runs[run_index].run_id.clone();
+                    return Ok(reply(run_id, true, None));
+                }
+                Admitted::Pending { submission_id } => {
+                    return Ok(reply(String::new(), true, Some(submission_id)))
+                }
+                Admitted::SteerExisting { seq } => {
+                    return Ok(SendReply {
+                        steer: broca_core::views::steer_answer(&self.state, seq),
+                        ..reply(String::new(), true, None)
+                    });
+                }
+                Admitted::Ended(ended) => {
+                    return Ok(SendReply {
+                        steer: Some(broca_core::views::ended_answer(&ended)),
+                        ..reply(String::new(), true, None)
+                    });
+                }
+                Admitted::New(started) => {
+                    let run_id = started.run_id.clone();
+                    (Record::RunStarted(started), reply(run_id, false, None))
+                }
+                Admitted::Queued(queued) => {
+                    let interrupts =
+                        queued.delivery.as_deref() == Some(broca_wire::delivery::INTERRUPT);
+                    let answer = SendReply {
+                        joins: interrupts.then_some(Joins::Interrupt),
+                        ..reply(String::new(), false, Some(queued.submission_id.clone()))
+                    };
+                    (Record::SendQueued(queued), answer)
+                }
+                Admitted::Steered(steered) if steered.order.is_some() => {
+                    // An ordered send waits for the run's boundaries: `pending` until it goes out.
+                    let seq = self.writer.next_seq();
+                    let waiting = broca_core::machine::Waiting {
+                        seq,
+                        blocks: broca_core::replay::steer_blocks(&steered),
+                        order: steered.order.clone(),
+                        submission_id: steered.submission_id.clone(),
+                    };
+                    let submission_id = steered.submission_id.clone();
+                    self.append(Record::SendSteered(steered), true).await?;
+                    return Ok(SendReply {
+                        joins: Some(Joins::Ordered(waiting)),
+                        ..reply(String::new(), false, submission_id)
+                    });
+                }
+                Admitted::Steered(steered) => {
+                    let seq = self.writer.next_seq();
+                    let blocks = broca_core::replay::steer_blocks(&steered);
+                    self.append(Record::SendSteered(steered), true).await?;
+                    return Ok(SendReply {
+                        steer: broca_core::views::steer_answer(&self.state, seq),
+                        joins: Some(Joins::Steer { seq, blocks }),
+                        ..reply(String::new(), false, None)
+                    });
+                }
+            };
         };
         self.append(record, true).await?;
         Ok(reply)
@@ -425,6 +461,10 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                 run_id: "(no admitted run)".into(),
             });
         };
+        // Ordered sends queued while no run was open wait for this one's boundaries now.
+        for record in broca_core::admission::join_waiting(&self.state, crate::now_unix_ms()) {
+            self.append(record, true).await?;
+        }
         let run = &self.state.runs[open.index];
         let machine = RunMachine::start_with_steers(
             run.run_id.clone(),

@@ -252,6 +252,8 @@ pub enum Joins {
     },
     /// An interrupt: the run is cancelled, and the send starts next.
     Interrupt,
+    /// An ordered send waiting for the run's boundaries (llm-runner/v1 `delivery_order`).
+    Ordered(broca_core::machine::Waiting),
 }
 
 /// A log to import, read whole.

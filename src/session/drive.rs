@@ -225,6 +225,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                             m.handle(Event::Steer { seq, blocks }, now)
                         }
                         Some(Joins::Interrupt) => m.handle(Event::Cancel, now),
+                        Some(Joins::Ordered(waiting)) => m.handle(Event::Ordered(waiting), now),
                         None => {}
                     }
                 }

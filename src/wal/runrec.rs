@@ -409,6 +409,10 @@ pub struct SendSteered {
     /// list: part of its identity (but its expiry), and the mode it went out in comes of it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub order: Option<broca_protocol::delivery::SendOrder>,
+    /// An ordered send's submission (it answers `pending` with it until it goes out, and it
+    /// is retracted or ended by it); a send that waited queued keeps the one it had.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submission_id: Option<String>,
 }
 
 /// The session's owner released it (llm-runner/v1 `session.release`): it takes no more
@@ -580,6 +584,21 @@ pub struct StepStarted {
     /// the conversation at this step, before its request.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub steers: Vec<u64>,
+    /// Of those, the sends with an ordered delivery: the mode each went out in.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub delivered: Vec<StepDelivered>,
+}
+
+/// How an ordered send a step renders went out (llm-runner/v1 §9.7 `delivered_as`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepDelivered {
+    /// Its `SendSteered` seq (one of the step's `steers`).
+    pub seq: u64,
+    /// `steer` or `tool_result`.
+    pub mode: String,
+    /// For `tool_result`: the call whose result it went out with (the step before's last).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 /// A model attempt failed; its partial output is never committed as a step.

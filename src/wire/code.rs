@@ -113,6 +113,9 @@ codes! {
     ScopeOwnerMismatch = role::SCOPE_OWNER_MISMATCH, 403, Permanent;
     /// The send_id's queued send was withdrawn before it started.
     SendRetracted = role::SEND_RETRACTED, 409, Permanent;
+    /// A template send's `part_tag` slot names a part the request does not show
+    /// (`detail.slot`; llm-runner/v1 `delivery_order`).
+    TemplatePartGone = role::TEMPLATE_PART_GONE, 409, Permanent;
     /// The session's first send named no `retention_policy` where this runner requires one
     /// (llm-runner/v1 `session_retention`).
     RetentionRequired = role::RETENTION_REQUIRED, 400, Permanent;

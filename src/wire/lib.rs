@@ -215,6 +215,7 @@ impl RpcError {
                 e = e.with_detail("delete_after_ms", (*delete_after_ms).into());
             }
             Refusal::BackupUnsupported(why) => e = e.with_detail("reason", why.as_str().into()),
+            Refusal::TemplatePartGone { slot } => e = e.with_detail("slot", slot.as_str().into()),
             Refusal::PlanToolCollision { name, providers }
             | Refusal::UserCommandCollision { name, providers } => {
                 e = e

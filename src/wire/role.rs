@@ -102,7 +102,14 @@ pub struct Declared {
     /// Sends may carry a fetch plan (`plans`), and the commands a plan's providers declare
     /// are relayed (`user_commands`): the serve config's `plans`.
     pub plans: bool,
+    /// Sends may carry an ordered delivery and a plan its senders (`delivery_order`): the
+    /// serve config's `delivery_order`.
+    pub delivery_order: bool,
 }
+
+/// The list modes broca delivers (`delivery_order_modes`): every mode but `turn_system`,
+/// which no provider route of broca is confirmed to take.
+pub const DELIVERY_ORDER_MODES: &[&str] = &["tool_result", "steer", "idle_start"];
 
 /// The kinds of `archive_prunes_reasoning` broca applies: a reasoning block's text and
 /// signature emptied (broca's other blocks carry no signature).
@@ -116,6 +123,7 @@ pub fn describe(declared: Declared) -> Value {
         policy_required,
         prunes_reasoning,
         plans,
+        delivery_order,
     } = declared;
     let major = Major {
         version: PROVIDES.to_string(),
@@ -133,10 +141,16 @@ pub fn describe(declared: Declared) -> Value {
                 .chain(plans.then_some(groups::SYSTEM_TEXT_DEFAULT))
                 .chain(plans.then_some(groups::USER_COMMANDS))
                 .chain(plans.then_some(groups::SESSION_CHANGE))
+                .chain(delivery_order.then_some(groups::DELIVERY_ORDER))
                 .map(str::to_string)
                 .collect(),
         )
         .with_session_capabilities_from("baseline");
+    if delivery_order {
+        answer = answer.with_delivery_order_modes(
+            DELIVERY_ORDER_MODES.iter().map(|m| m.to_string()).collect(),
+        );
+    }
     if GROUPS.contains(&groups::RETENTION) {
         answer = answer.with_retention(RETENTION_MAX_SECONDS, RETENTION_DELETE_WITHIN_MS);
     }
@@ -206,6 +220,7 @@ mod tests {
             policy_required: true,
             prunes_reasoning: true,
             plans: true,
+            delivery_order: true,
         };
         let d = cortexkit_role_llm_runner::describe::check_describe(&describe(all))
             .unwrap_or_else(|p| panic!("{p:?}"));
@@ -224,8 +239,17 @@ mod tests {
                 groups::PLANS,
                 groups::SYSTEM_TEXT_DEFAULT,
                 groups::USER_COMMANDS,
-                groups::SESSION_CHANGE
+                groups::SESSION_CHANGE,
+                groups::DELIVERY_ORDER
             ]
+        );
+        assert_eq!(
+            d.delivery_order_modes,
+            Some(vec![
+                "tool_result".into(),
+                "steer".into(),
+                "idle_start".into()
+            ])
         );
         assert_eq!(d.step_events, Some(broca_core_policy()));
     }

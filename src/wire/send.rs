@@ -241,6 +241,8 @@ pub enum Refusal {
     ScopeOwnerMismatch,
     /// The send_id's queued send was withdrawn (`session.retract`): it never starts.
     SendRetracted,
+    /// A template send's `part_tag` slot names a part no request shows.
+    TemplatePartGone { slot: String },
     /// The send's credential is missing or unusable (what, never the secret).
     AuthRequired(String),
     /// The credential's source (the vault) is out for now; the send may be retried.
@@ -299,6 +301,7 @@ impl Refusal {
             Refusal::ShuttingDown => Code::ShuttingDown,
             Refusal::ScopeOwnerMismatch => Code::ScopeOwnerMismatch,
             Refusal::SendRetracted => Code::SendRetracted,
+            Refusal::TemplatePartGone { .. } => Code::TemplatePartGone,
             Refusal::AuthRequired(_) => Code::AuthRequired,
             Refusal::CredentialUnavailable(_) => Code::CredentialUnavailable,
             Refusal::UnsupportedProvider(_) => Code::UnsupportedProvider,
@@ -412,6 +415,10 @@ impl Refusal {
             Refusal::SendRetracted => {
                 "this send was retracted before it started; it never starts".to_string()
             }
+            Refusal::TemplatePartGone { slot } => format!(
+                "the template's slot `{slot}` names a part this session's requests do not show \
+                 (broca numbers no parts); compose the send again"
+            ),
             Refusal::ScopeOwnerMismatch => {
                 "only the session's owner sends into it (the principal of its first send)"
                     .to_string()

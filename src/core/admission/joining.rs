@@ -59,6 +59,7 @@ pub(super) fn steer(
         retention,
         retention_policy: p.config.retention_policy,
         order: p.order,
+        submission_id: None,
     })))
 }
 
@@ -99,10 +100,15 @@ fn differs(name: &str, mine: &FrozenConfig, run: &FrozenConfig) -> bool {
     }
 }
 
-/// The RunStarted of the first steer a finished run left unrendered: that steer's prompt is
+/// The RunStarted of the first steer a finished run left unrendered (an ordered send's only
+/// when its list names `idle_start`): that steer's prompt is
 /// the turn, under the settings of the run that accepted it.
 pub(super) fn steer_turn(session: &Session, run_id: &str, now_unix_ms: u64) -> Option<RunStarted> {
-    let p = session.pending_steers.first()?;
+    // An ordered send starts a turn only when its list names `idle_start`.
+    let p = session
+        .pending_steers
+        .iter()
+        .find(|p| p.record.order.as_ref().is_none_or(|o| o.may_start_a_run()))?;
     let accepted_by = &session.runs[p.run];
     let mut config = accepted_by.config.clone();
     config.stop.input_cap = input_cap(session, config.stop.input_cap);

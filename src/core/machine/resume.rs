@@ -109,8 +109,8 @@ pub struct ResumeFrom {
     pub input: crate::spend::InputTally,
     /// The seq of the last step's StepStarted record (the id of its message).
     pub step_seq: Option<u64>,
-    /// The steered sends accepted and not yet rendered: their record's seq and prompt.
-    pub steers: Vec<(u64, Vec<broca_protocol::Block>)>,
+    /// The sends waiting for a step boundary (steers, and ordered sends).
+    pub steers: Vec<super::steer::Waiting>,
     /// The summary standing in for the older turns, as the log recorded it.
     pub compacted: Option<crate::compaction::Compacted>,
 }

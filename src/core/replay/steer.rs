@@ -83,6 +83,10 @@ impl Session {
         if run.run_id != r.run_id {
             return Err(misfit("it names a run that is not the open one"));
         }
+        // An ordered send that waited queued for a run now waits for this one's boundaries.
+        if let Some(submission_id) = &r.submission_id {
+            self.queued.retain(|q| &q.submission_id != submission_id);
+        }
         run.steers.push(RunSteer {
             seq,
             send_id: r.send_id.clone(),
@@ -114,6 +118,38 @@ impl Session {
             record: r,
         });
         Ok(())
+    }
+
+    /// Takes the ordered send of `submission_id` off the sends waiting for a boundary (it
+    /// was retracted, or ended undelivered), as the queued send it answers like from now on.
+    pub(super) fn withdraw_waiting(&mut self, submission_id: &str) -> Option<SendQueued> {
+        let i = self
+            .pending_steers
+            .iter()
+            .position(|p| p.record.submission_id.as_deref() == Some(submission_id))?;
+        let p = self.pending_steers.remove(i);
+        if let Some(run) = self.runs.get_mut(p.run) {
+            run.steers.retain(|s| s.seq != p.seq);
+        }
+        let r = *p.record;
+        if let Some(id) = &r.send_id {
+            self.steer_sends.remove(id);
+        }
+        let config = self.runs.get(p.run).map(|v| v.config.clone())?;
+        Some(SendQueued {
+            submission_id: submission_id.to_string(),
+            send_id: r.send_id,
+            inputs_digest: r.inputs_digest,
+            prompt: r.prompt,
+            config,
+            at_unix_ms: r.at_unix_ms,
+            principal: r.principal,
+            scope_owner: r.scope_owner,
+            client_message_id: r.client_message_id,
+            delivery: None,
+            media: r.media,
+            order: r.order,
+        })
     }
 
     /// The steers a step renders join the conversation before its request, in its order.
@@ -180,6 +216,11 @@ impl Session {
                 client_message_id: p.record.client_message_id.clone(),
                 sender: p.record.principal.clone(),
                 blocks: steer_blocks(&p.record),
+                delivered: r
+                    .delivered
+                    .iter()
+                    .find(|d| d.seq == p.seq)
+                    .map(|d| (d.mode.clone(), d.tool_call_id.clone())),
             })
             .collect();
         crate::entries::Note::Steered {

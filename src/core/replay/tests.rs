@@ -54,6 +54,7 @@ pub(crate) fn step(n: u32) -> Record {
         step: n,
         at_unix_ms: None,
         steers: Vec::new(),
+        delivered: Vec::new(),
     })
 }
 

@@ -1,0 +1,172 @@
+//! Ordered delivery (llm-runner/v1 `delivery_order`, docs/delivery.md) through `broca serve`'s
+//! `/v1/rpc` with `"delivery_order": true`, on the keyless demo model whose built-in tool
+//! takes 1.5 s: a list without `idle_start` waits for a run another send starts and goes out
+//! at its first step; a `dedupe_key` replaces the waiting send of the same key; a send past
+//! its `expires_at_ms` is never delivered; a list naming `tool_result` first goes out with the
+//! next tool result; `idle_start` starts a run; each entry says how it went out.
+
+mod support;
+
+use serde_json::{json, Value};
+use support::broca;
+use support::serve::{attach_json, rpc, until_unit, wait_for, Serve};
+
+const BASE: [&str; 6] = support::serve::CLI_SESSION;
+
+fn serve(state: &std::path::Path, ordered: bool) -> Serve {
+    std::fs::create_dir_all(state).unwrap();
+    let config = state.with_extension("json");
+    std::fs::write(&config, json!({"delivery_order": ordered}).to_string()).unwrap();
+    let mut cmd = broca(state);
+    cmd.env_remove("ANTHROPIC_API_KEY").args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--shards",
+        "2",
+        "--config",
+    ]);
+    cmd.arg(&config);
+    support::serve::spawn(&mut cmd, state)
+}
+
+/// A send with `members` beside its prompt and send_id.
+fn send(s: &Serve, prompt: &str, send_id: &str, members: Value) -> (u16, Value) {
+    let mut params = json!({"prompt": prompt, "send_id": send_id});
+    params
+        .as_object_mut()
+        .unwrap()
+        .extend(members.as_object().unwrap().clone());
+    rpc(s, "session.send", params)
+}
+
+/// The entries of `session.read`.
+fn entries(s: &Serve) -> Vec<Value> {
+    let page = rpc(s, "session.read", json!({"limit": 100})).1;
+    page["result"]["messages"].as_array().unwrap().clone()
+}
+
+/// The user entries whose text holds `marker` (the demo model's tool call quotes them).
+fn holding(entries: &[Value], marker: &str) -> Vec<Value> {
+    entries
+        .iter()
+        .filter(|e| e["role"] == "user" && e["message"].to_string().contains(marker))
+        .cloned()
+        .collect()
+}
+
+fn last_run_ended(s: &Serve) -> bool {
+    let status = rpc(s, "run.status", json!({})).1;
+    status["result"]["state"] != "active"
+}
+
+#[test]
+fn lists_wait_for_their_boundary_and_each_entry_says_how_it_went_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let s = serve(&state, true);
+    let steer = json!({"model": "demo/tour", "delivery": ["steer"]});
+    // An idle session: a list without idle_start starts nothing, it waits.
+    let (status, r) = send(&s, "queued-for-a-run", "w1", steer.clone());
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["result"]["state"], "pending", "{r}");
+    assert!(r["result"]["submission_id"].is_string(), "{r}");
+    assert!(entries(&s).is_empty(), "nothing was delivered");
+    // The same key replaces the waiting send; a send already past its time never goes out.
+    let keyed = json!({"model": "demo/tour", "delivery": ["steer"], "dedupe_key": "k"});
+    assert_eq!(send(&s, "replaced-one", "d1", keyed.clone()).0, 200);
+    assert_eq!(send(&s, "replacing-one", "d2", keyed.clone()).0, 200);
+    let (_, again) = send(&s, "replaced-one", "d1", keyed.clone());
+    assert_eq!(again["result"], json!({"state": "superseded"}), "{again}");
+    let late = json!({"model": "demo/tour", "delivery": ["steer"], "expires_at_ms": 1});
+    assert_eq!(send(&s, "too-late", "e1", late.clone()).0, 200);
+
+    // The owner's turn: its tool runs 1.5 s; the waiting sends go out at its first step.
+    let mut attach = attach_json(&state, &BASE);
+    let (status, r) = send(
+        &s,
+        "count these four words",
+        "turn",
+        json!({"model": "demo/tour"}),
+    );
+    assert_eq!(status, 200, "{r}");
+    let run_id = r["result"]["run_id"].as_str().unwrap().to_string();
+    until_unit(&mut attach, "tool_call");
+    let _ = attach.kill();
+    let _ = attach.wait();
+    // While the tool runs, a list naming tool_result first goes out with its result.
+    let rides = json!({"delivery": ["tool_result", "steer"]});
+    let (status, r) = send(&s, "rides-the-result", "t1", rides.clone());
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["result"]["state"], "pending", "{r}");
+    wait_for("the run to end", || last_run_ended(&s));
+
+    let all = entries(&s);
+    for marker in ["queued-for-a-run", "replacing-one"] {
+        let held = holding(&all, marker);
+        assert_eq!(held.len(), 1, "{marker} delivered once: {all:?}");
+        assert_eq!(
+            held[0]["delivered_as"],
+            json!({"mode": "steer"}),
+            "{marker}"
+        );
+        assert_eq!(held[0]["run"]["run_id"], run_id.as_str());
+    }
+    for marker in ["replaced-one", "too-late"] {
+        assert!(holding(&all, marker).is_empty(), "{marker} never delivered");
+    }
+    let key = all
+        .iter()
+        .flat_map(|e| e["tool_calls"].as_array().cloned().unwrap_or_default())
+        .find_map(|c| c["call_key"].as_str().map(str::to_string))
+        .expect("the run's call has its key");
+    let rode = holding(&all, "rides-the-result");
+    assert_eq!(rode.len(), 1, "{all:?}");
+    assert_eq!(
+        rode[0]["delivered_as"],
+        json!({"mode": "tool_result", "call_key": key})
+    );
+    let (_, again) = send(&s, "too-late", "e1", late);
+    assert_eq!(again["result"], json!({"state": "expired"}), "{again}");
+    let (_, again) = send(&s, "replaced-one", "d1", keyed.clone());
+    assert_eq!(again["result"], json!({"state": "superseded"}), "{again}");
+    // Another list under a send_id is a reuse naming `delivery`; another expiry is not.
+    let (status, r) = send(
+        &s,
+        "replaced-one",
+        "d1",
+        json!({"model": "demo/tour", "delivery": ["steer", "idle_start"], "dedupe_key": "k"}),
+    );
+    assert_eq!(status, 409, "{r}");
+    assert_eq!(r["error"]["detail"]["field"], "delivery", "{r}");
+
+    // idle_start on an idle session starts the run.
+    let (status, r) = send(
+        &s,
+        "starts-a-run",
+        "i1",
+        json!({"model": "demo/tour", "delivery": ["steer", "idle_start"]}),
+    );
+    assert_eq!(status, 200, "{r}");
+    assert!(r["result"]["run_id"].is_string(), "{r}");
+    wait_for("the run to end", || last_run_ended(&s));
+    let started = holding(&entries(&s), "starts-a-run");
+    assert_eq!(started.len(), 1);
+    assert_eq!(started[0]["delivered_as"], json!({"mode": "idle_start"}));
+}
+
+#[test]
+fn a_list_is_refused_where_ordered_delivery_is_off_writing_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let s = serve(&state, false);
+    let (status, r) = send(
+        &s,
+        "p",
+        "x1",
+        json!({"model": "demo/tour", "delivery": ["idle_start"]}),
+    );
+    assert_eq!(status, 400, "{r}");
+    assert_eq!(r["error"]["detail"]["field"], "delivery", "{r}");
+    assert!(support::dump_all(&state).is_empty(), "nothing written");
+}

@@ -20,7 +20,7 @@ use super::replay::{RunState, Session};
 
 mod joining;
 mod ordered;
-pub use ordered::{expired_queued, join_waiting};
+pub use ordered::{expired_queued, join_waiting, may_send};
 mod retention;
 pub use joining::{inherit, PENDING_STEERS_MAX};
 pub(crate) use retention::session_retention;
@@ -661,7 +661,15 @@ fn check_request(req: &SendRequest) -> Result<(), Refusal> {
             return invalid(format!("send_id must have 1 to {SEND_ID_BYTES_MAX} bytes"));
         }
     }
-    if req.prompt.is_empty() {
+    if req.sender.is_some() {
+        return Err(Refusal::InvalidField {
+            field: "sender",
+            why: "a send's sender is its route's attested principal, never a request field".into(),
+        });
+    }
+    // A template send's text is its template's rendering, made once its session is known.
+    let templated = req.order.as_ref().is_some_and(|o| o.template.is_some());
+    if req.prompt.is_empty() && !templated {
         return invalid("prompt is empty".into());
     }
     if req.prompt.len() > PROMPT_BYTES_MAX {

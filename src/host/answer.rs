@@ -89,7 +89,7 @@ impl Shard {
                 caller,
                 reply,
             } => {
-                let answer = actor.retract_for(&caller, &submission_id).await;
+                let answer = actor.retract_for(&caller, &submission_id, None).await;
                 let failed = matches!(&answer, Err(e) if !matches!(e, ActorError::Refused(_)));
                 if let Err(e) = &answer {
                     self.host.storage.failed(e);

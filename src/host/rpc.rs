@@ -267,6 +267,18 @@ async fn send(
     if req.order.is_some() && !ctx.opts.delivery_order {
         return Err(broca_wire::request::list_not_admitted());
     }
+    if let Some(order) = &req.order {
+        // A list none of whose modes broca delivers could never go out.
+        let modes = broca_wire::role::DELIVERY_ORDER_MODES;
+        if !order.modes.iter().any(|m| modes.contains(&m.as_str())) {
+            return Err(RpcError::new(
+                broca_wire::Code::DeliveryUnsupported,
+                "no mode of this delivery list is one broca delivers (tool_result, steer, \
+                 idle_start)",
+            )
+            .with_detail("delivery", serde_json::json!(order.modes)));
+        }
+    }
     if !ctx.opts.delivery_order
         && req
             .plan

@@ -260,7 +260,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                 caller,
                 reply,
             } => {
-                let answer = self.retract_for(&caller, &submission_id).await;
+                let answer = self.retract_for(&caller, &submission_id, Some(m)).await;
                 let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
             }
             SessionCommand::Release { caller, reply } => {

@@ -36,11 +36,12 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         &mut self,
         caller: &broca_wire::Caller,
         submission_id: &str,
+        running: Option<&mut broca_core::machine::RunMachine>,
     ) -> Result<Retracted, ActorError> {
         if !caller.owns(&self.state.owners()) {
             return Err(ActorError::Refused(broca_core::Refusal::ScopeOwnerMismatch));
         }
-        self.retract(submission_id).await
+        self.retract(submission_id, running).await
     }
 
     /// `session.release` from `caller` (llm-runner/v1 `session_retention`): only the
@@ -73,24 +74,30 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         Ok(Release::Pending { delete_after_ms })
     }
 
-    /// Withdraws the queued send `submission_id` before it starts.
-    pub async fn retract(&mut self, submission_id: &str) -> Result<Retracted, ActorError> {
+    /// Withdraws the queued send `submission_id` before it starts, or the ordered send of that
+    /// submission before it goes out (`running`: the run whose boundaries it waits for, which
+    /// lets go of it first; one it rendered already is answered as started).
+    pub async fn retract(
+        &mut self,
+        submission_id: &str,
+        running: Option<&mut broca_core::machine::RunMachine>,
+    ) -> Result<Retracted, ActorError> {
+        let waiting = self
+            .state
+            .pending_steers
+            .iter()
+            .any(|p| p.record.submission_id.as_deref() == Some(submission_id));
+        if waiting && running.is_some_and(|m| !m.withdraw(submission_id)) {
+            return Ok(Retracted::AlreadyStarted);
+        }
         let queued = &self.state.queued;
-        if queued.iter().any(|q| q.submission_id == submission_id) {
+        if waiting || queued.iter().any(|q| q.submission_id == submission_id) {
             let record = broca_wal::runrec::SendRetracted {
                 submission_id: submission_id.to_string(),
                 at_unix_ms: crate::now_unix_ms(),
                 ended: None,
             };
             self.append(Record::SendRetracted(record), true).await?;
-            assert!(
-                !self
-                    .state
-                    .queued
-                    .iter()
-                    .any(|q| q.submission_id == submission_id),
-                "a retracted send leaves the queue"
-            );
             return Ok(Retracted::Retracted);
         }
         let runs = &self.state.runs;

@@ -55,7 +55,8 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         op: UploadOp,
         caller: &broca_wire::Caller,
     ) -> Result<Value, RpcError> {
-        if !caller.owns(&self.state.owners()) {
+        // The owner's, or a plan sender's (llm-runner/v1 `delivery_order`), for their sends.
+        if !broca_core::admission::may_send(caller, &self.state) {
             return Err(RpcError::refusal(&broca_wire::Refusal::ScopeOwnerMismatch));
         }
         match op {

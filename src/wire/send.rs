@@ -59,6 +59,11 @@ pub struct SendRequest {
     /// `dedupe_key`, `expires_at_ms` and `template`); served only where the group is on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub order: Option<broca_protocol::delivery::SendOrder>,
+    /// A `sender` member as a caller sent it: refused (`invalid_params {field: "sender"}`)
+    /// once the caller is admitted, since a send's sender is its route's attested principal,
+    /// never a request field. Not part of the send's identity.
+    #[serde(default, skip_serializing)]
+    pub sender: Option<serde_json::Value>,
     /// The caller's routing decision (llm-runner/v1 `route_decision_id`): fixed per run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub route_decision_id: Option<String>,

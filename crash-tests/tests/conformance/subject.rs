@@ -15,9 +15,9 @@ use cortexkit_role_harness::{
 };
 use cortexkit_role_llm_runner_conformance::{
     ArchivePruningPart, AttributionFixture, Capability, LlmRunnerSubject, ModelRequestObservation,
-    RefreshPlan, RefreshVariant, Reply, RunnerRoute, Script, SystemTextDefaultObservation,
-    ToolResultLimitObservation, ToolResultObservation, UserCommandFixture, UserCommandObservation,
-    SCRIPTED_TOOL,
+    PlanSenderIdentity, RefreshPlan, RefreshVariant, Reply, RunnerRoute, Script,
+    SystemTextDefaultObservation, ToolResultLimitObservation, ToolResultObservation,
+    UserCommandFixture, UserCommandObservation, SCRIPTED_TOOL,
 };
 use serde_json::{json, Map, Value};
 
@@ -88,6 +88,8 @@ impl Module {
 
 /// The principal of every session's owner.
 pub(crate) const OWNER: &str = "reserved:conformance-owner";
+/// The module a session's plan names in `senders` (delivery_order's cases).
+const SENDER: &str = "conformance-sender";
 
 impl Subject {
     pub async fn new() -> Subject {
@@ -117,11 +119,11 @@ impl Subject {
         )
         .map_err(|e| fail("the tools config", &e))?;
         // The archive prunes reasoning as it packs (`archive_prunes_reasoning`); sends may
-        // carry a fetch plan (`plans`).
+        // carry a fetch plan (`plans`) and an ordered delivery (`delivery_order`).
         let config = root.join("broca.json");
         std::fs::write(
             &config,
-            json!({"prune_reasoning": true, "plans": true}).to_string(),
+            json!({"prune_reasoning": true, "plans": true, "delivery_order": true}).to_string(),
         )
         .map_err(|e| fail("broca's config", &e))?;
         let catalog = root.join("catalog.json");
@@ -281,6 +283,7 @@ impl LlmRunnerSubject for Subject {
         declared.insert(Capability::SystemTextDefault);
         declared.insert(Capability::UserCommands);
         declared.insert(Capability::SessionChange);
+        declared.insert(Capability::DeliveryOrder);
         declared
     }
 
@@ -374,6 +377,33 @@ impl LlmRunnerSubject for Subject {
             );
         }
         fields
+    }
+
+    fn send_fields_with_plan(
+        &self,
+        session: &str,
+        first: bool,
+        members: &Map<String, Value>,
+    ) -> Option<Map<String, Value>> {
+        // These members (its senders) beside the module's tools, which the scripted model
+        // calls.
+        let mut plan = members.clone();
+        plan.insert(
+            "tool_items".into(),
+            json!([{"provider": MODULE, "params": {}}]),
+        );
+        let mut fields = self.send_fields(session, first);
+        fields.insert("plan".into(), Value::Object(plan));
+        Some(fields)
+    }
+
+    fn plan_sender(&self) -> Option<PlanSenderIdentity> {
+        // The plan names the module; the daemon attests its routes as `reserved:<module>`.
+        let stamp = RouteStamp {
+            principal: format!("reserved:{SENDER}"),
+            scope: None,
+        };
+        Some(PlanSenderIdentity::new(stamp, SENDER))
     }
 
     fn send_fields_with_tools(

@@ -167,6 +167,7 @@ pub(super) fn sender_admitted(
     let (Some(principal), Some(owner)) = (caller.principal.as_deref(), owners.first()) else {
         return Err(Refusal::ScopeOwnerMismatch);
     };
+    let (principal, owner) = (module_of(principal), module_of(owner));
     let senders = senders(session);
     let checked = match order {
         Some(o) => admit(principal, Some(owner), &senders, &o.modes),
@@ -211,7 +212,8 @@ pub(super) fn render_template(p: &mut Prepared, session: &Session) -> Result<(),
         .caller
         .principal
         .as_deref()
-        .or(session.owners().first().copied());
+        .or(session.owners().first().copied())
+        .map(module_of);
     let templates = senders
         .iter()
         .find(|s| Some(s.module.as_str()) == sender)
@@ -231,4 +233,20 @@ pub(super) fn render_template(p: &mut Prepared, session: &Session) -> Result<(),
             ),
         }),
     }
+}
+
+/// The module an attested principal names (`reserved:<module>`), as a plan's `senders` name
+/// it.
+pub(crate) fn module_of(principal: &str) -> &str {
+    principal.strip_prefix("reserved:").unwrap_or(principal)
+}
+
+/// Whether `caller` may put content into the session for its sends: its owner, or a module
+/// its plan names as a sender.
+pub fn may_send(caller: &broca_wire::Caller, session: &Session) -> bool {
+    caller.owns(&session.owners())
+        || caller.principal.as_deref().is_some_and(|p| {
+            let module = module_of(p);
+            senders(session).iter().any(|s| s.module == module)
+        })
 }

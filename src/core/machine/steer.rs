@@ -68,6 +68,15 @@ impl RunMachine {
         }
     }
 
+    /// Takes the ordered send of `submission_id` off the sends waiting for the next boundary
+    /// (it is being retracted); false when the run holds no such send (it went out already).
+    pub fn withdraw(&mut self, submission_id: &str) -> bool {
+        let before = self.steers.len();
+        self.steers
+            .retain(|w| w.submission_id.as_deref() != Some(submission_id));
+        self.steers.len() < before
+    }
+
     /// Whether a send waits that the next step would render even with no tool result to
     /// send (a steer, or a list naming `steer`): a run that would complete takes another
     /// step for it.

@@ -170,3 +170,36 @@ fn a_list_is_refused_where_ordered_delivery_is_off_writing_nothing() {
     assert_eq!(r["error"]["detail"]["field"], "delivery", "{r}");
     assert!(support::dump_all(&state).is_empty(), "nothing written");
 }
+
+#[test]
+fn a_waiting_list_and_a_replaced_one_keep_their_state_across_a_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let mut s = serve(&state, true);
+    let keyed = json!({"model": "demo/tour", "delivery": ["steer"], "dedupe_key": "k"});
+    let (_, first) = send(&s, "waits-across-a-kill", "w1", keyed.clone());
+    let waiting = first["result"]["submission_id"].clone();
+    assert!(waiting.is_string(), "{first}");
+    // The second key replaces nothing: another key. The third replaces the first.
+    let other = json!({"model": "demo/tour", "delivery": ["steer"], "dedupe_key": "other"});
+    assert_eq!(send(&s, "kept-beside-it", "w2", other.clone()).0, 200);
+    assert_eq!(send(&s, "replaces-the-first", "w3", keyed.clone()).0, 200);
+    s.child.kill().unwrap();
+    s.child.wait().unwrap();
+
+    let s = serve(&state, true);
+    let (_, again) = send(&s, "waits-across-a-kill", "w1", keyed.clone());
+    assert_eq!(again["result"], json!({"state": "superseded"}), "{again}");
+    let (_, again) = send(&s, "kept-beside-it", "w2", other);
+    assert_eq!(again["result"]["state"], "pending", "{again}");
+    let (status, r) = send(&s, "an owner's turn", "turn", json!({"model": "demo/tour"}));
+    assert_eq!(status, 200, "{r}");
+    wait_for("the run to end", || last_run_ended(&s));
+    let all = entries(&s);
+    assert!(holding(&all, "waits-across-a-kill").is_empty(), "{all:?}");
+    for marker in ["kept-beside-it", "replaces-the-first"] {
+        let held = holding(&all, marker);
+        assert_eq!(held.len(), 1, "{marker}: {all:?}");
+        assert_eq!(held[0]["delivered_as"], json!({"mode": "steer"}));
+    }
+}

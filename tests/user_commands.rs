@@ -254,16 +254,9 @@ fn an_accepted_commands_result_is_still_recorded_after_a_kill_9() {
     let dir = tempfile::tempdir().unwrap();
     let peer = Aimock::start(&fixture("tools.json"));
     let tools = commands_module();
-    let (mut d, mut child) = planned_bound(dir.path(), "d1", &peer, &tools, &[]);
-    admit(&mut d);
-    let (_, accepted) = command(&mut d, "wrapup", "", "w");
-    assert_eq!(
-        accepted["result"]["reply"]["state"], "accepted",
-        "{accepted}"
-    );
+    let (d, child) = planned_bound(dir.path(), "d1", &peer, &tools, &[]);
     // Killed before its first pull (every 2 s): the result was never read.
-    child.kill().unwrap();
-    child.wait().unwrap();
+    let accepted = accepted_then_killed(d, child);
 
     let (mut d, mut child) = planned_bound(dir.path(), "d2", &peer, &tools, &[]);
     let key = accepted["result"]["call_key"].clone();
@@ -288,6 +281,20 @@ fn an_accepted_commands_result_is_still_recorded_after_a_kill_9() {
     assert_eq!(settled["progress"], json!(["halfway"]));
     assert_eq!(invokes(&tools).len(), 1, "never forwarded again");
     drain(&mut d, &mut child);
+}
+
+/// Admits the session, has its module accept `wrapup` (whose progress and result come as
+/// late entries), then kills broca with SIGKILL: the accepted answer.
+fn accepted_then_killed(mut d: Daemon, mut child: std::process::Child) -> Value {
+    admit(&mut d);
+    let (_, accepted) = command(&mut d, "wrapup", "", "w");
+    assert_eq!(
+        accepted["result"]["reply"]["state"], "accepted",
+        "{accepted}"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    accepted
 }
 
 /// `broca module` with plans on, its tool module also in the tools config (so shard 0 sweeps
@@ -315,15 +322,8 @@ fn a_result_the_sweep_reads_after_a_restart_is_recorded_for_its_command_before_t
     let tools = commands_module();
     // The first process sweeps only at its start: nothing reads the command's entries
     // before the kill (its puller's first read is 2 s away).
-    let (mut d, mut child) = swept_module(dir.path(), "d1", &peer, &tools, 60_000);
-    admit(&mut d);
-    let (_, accepted) = command(&mut d, "wrapup", "", "w");
-    assert_eq!(
-        accepted["result"]["reply"]["state"], "accepted",
-        "{accepted}"
-    );
-    child.kill().unwrap();
-    child.wait().unwrap();
+    let (d, child) = swept_module(dir.path(), "d1", &peer, &tools, 60_000);
+    let accepted = accepted_then_killed(d, child);
     assert!(
         tools.log.acks.lock().unwrap().is_empty(),
         "nothing was read before the kill"

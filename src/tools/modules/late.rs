@@ -281,6 +281,17 @@ fn late_result(module: &str, e: &late::LateEntry, settled: Settled) -> LateResul
         Settled::Expired => ("expired", String::new(), true),
         Settled::Note(note) => ("note", note, false),
     };
+    entry_result(module, e, (outcome, content, is_error), None)
+}
+
+/// The late result of entry `e` of `module`: its outcome, content and error flag, and the
+/// command update it is, for a person-only command's entry.
+fn entry_result(
+    module: &str,
+    e: &late::LateEntry,
+    (outcome, content, is_error): (&str, String, bool),
+    command: Option<super::CommandUpdate>,
+) -> LateResult {
     LateResult {
         module: module.to_string(),
         scope_ref: e.scope_ref.clone(),
@@ -290,7 +301,7 @@ fn late_result(module: &str, e: &late::LateEntry, settled: Settled) -> LateResul
         content,
         is_error,
         settled_at_unix_ms: e.settled_at,
-        command: None,
+        command,
     }
 }
 
@@ -300,15 +311,5 @@ fn command_entry(module: &str, e: &late::LateEntry, update: super::CommandUpdate
         super::CommandUpdate::Progress { .. } => "command_progress",
         super::CommandUpdate::Result { .. } => "command_result",
     };
-    LateResult {
-        module: module.to_string(),
-        scope_ref: e.scope_ref.clone(),
-        call_key: e.call_key.clone(),
-        event_id: e.event_id.clone(),
-        outcome: outcome.to_string(),
-        content: String::new(),
-        is_error: false,
-        settled_at_unix_ms: e.settled_at,
-        command: Some(update),
-    }
+    entry_result(module, e, (outcome, String::new(), false), Some(update))
 }

@@ -99,6 +99,10 @@ fn lists_wait_for_their_boundary_and_each_entry_says_how_it_went_out() {
     let (status, r) = send(&s, "rides-the-result", "t1", rides.clone());
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["result"]["state"], "pending", "{r}");
+    // A keyed one the run holds is replaced by the next of its key.
+    let mid_run = json!({"delivery": ["tool_result", "steer"], "dedupe_key": "m"});
+    assert_eq!(send(&s, "replaced-mid-run", "m1", mid_run.clone()).0, 200);
+    assert_eq!(send(&s, "replacing-mid-run", "m2", mid_run.clone()).0, 200);
     wait_for("the run to end", || last_run_ended(&s));
 
     let all = entries(&s);
@@ -112,7 +116,12 @@ fn lists_wait_for_their_boundary_and_each_entry_says_how_it_went_out() {
         );
         assert_eq!(held[0]["run"]["run_id"], run_id.as_str());
     }
-    for marker in ["replaced-one", "too-late"] {
+    let replacing = holding(&all, "replacing-mid-run");
+    assert_eq!(replacing.len(), 1, "{all:?}");
+    assert_eq!(replacing[0]["delivered_as"]["mode"], "tool_result");
+    let (_, again) = send(&s, "replaced-mid-run", "m1", mid_run);
+    assert_eq!(again["result"], json!({"state": "superseded"}), "{again}");
+    for marker in ["replaced-one", "too-late", "replaced-mid-run"] {
         assert!(holding(&all, marker).is_empty(), "{marker} never delivered");
     }
     let key = all

@@ -226,7 +226,7 @@ impl Shard {
             let _ = reply.send(Err(RpcError::refusal(&Refusal::ShuttingDown)));
             return true;
         }
-        match actor.send_prepared(admission).await {
+        match actor.send_prepared(admission, None).await {
             Ok(r) => {
                 // Held while its run is not over.
                 self.note_retention(actor, triple);

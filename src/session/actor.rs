@@ -331,7 +331,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         let catalog = broca_catalog::current();
         let admission =
             broca_core::admission::prepare(req, &self.tool_specs, &catalog, self.provider.check());
-        self.send_prepared(admission).await
+        self.send_prepared(admission, None).await
     }
 
     /// The sends waiting for a step boundary (steers, and ordered sends).
@@ -357,12 +357,14 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
     }
 
     /// The session's part of admitting a send whose own part ran already ([`prepare`]):
-    /// the same answers as [`SessionActor::send`], admission not run twice.
+    /// the same answers as [`SessionActor::send`], admission not run twice. `running` is the
+    /// run being driven: it lets go of a waiting send the new one's `dedupe_key` replaces.
     ///
     /// [`prepare`]: broca_core::admission::prepare
     pub async fn send_prepared(
         &mut self,
         admission: Result<Prepared, Unprepared>,
+        mut running: Option<&mut RunMachine>,
     ) -> Result<SendReply, ActorError> {
         // Queued ordered sends whose time passed end first, so a re-send answers `expired`.
         for ended in broca_core::admission::expired_queued(&self.state, crate::now_unix_ms()) {
@@ -385,6 +387,19 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                 // The sends a dedupe_key replaces end `superseded` before the send replacing them.
                 Admitted::Replacing { ended, then } => {
                     for record in ended {
+                        // One the running run holds is let go of first; one it rendered
+                        // already was delivered, and is never replaced.
+                        let id = record.submission_id.as_str();
+                        let held = self
+                            .state
+                            .pending_steers
+                            .iter()
+                            .any(|p| p.record.submission_id.as_deref() == Some(id));
+                        if let (true, Some(m)) = (held, running.as_deref_mut()) {
+                            if !m.withdraw(id) {
+                                continue;
+                            }
+                        }
                         self.append(Record::SendRetracted(record), false).await?;
                     }
                     admitted = *then;

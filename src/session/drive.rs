@@ -217,7 +217,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                 // Admission answers a repeated send_id, queues, steers or refuses; it never
                 // starts a second run beside this one. A steer's or an interrupt's record is
                 // durable before the run hears of it.
-                let answer = self.send_prepared(*admission).await;
+                let answer = self.send_prepared(*admission, Some(m)).await;
                 if let Ok(joins) = answer.as_ref().map(|a| a.joins.clone()) {
                     let now = crate::now_unix_ms();
                     match joins {

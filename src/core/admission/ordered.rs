@@ -49,11 +49,11 @@ pub(super) fn replaced(
         .iter()
         .filter(|q| same(q.principal.as_deref(), q.order.as_ref()))
         .map(|q| q.submission_id.clone());
-    // A send waiting for a boundary with no run open to render it (its run ended first).
+    // A send waiting for a run's boundary (one the open run holds is let go of first by the
+    // session, which keeps it when the run rendered it already).
     let waiting = session
         .pending_steers
         .iter()
-        .filter(|_| session.open.is_none())
         .filter(|w| same(w.record.principal.as_deref(), w.record.order.as_ref()))
         .filter_map(|w| w.record.submission_id.clone());
     queued

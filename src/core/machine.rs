@@ -723,28 +723,6 @@ impl RunMachine {
         }
     }
 
-    fn tools_maybe_done(&mut self) {
-        let Phase::Tools {
-            waiting,
-            indeterminate,
-            ..
-        } = &mut self.phase
-        else {
-            return;
-        };
-        if !waiting.is_empty() {
-            return;
-        }
-        if !indeterminate.is_empty() {
-            let calls = std::mem::take(indeterminate);
-            let detail = "a tool call's outcome is unknown (delivered, then lost)".to_string();
-            self.interrupt_cause = Some(interrupt_cause::TOOL_OUTCOME_UNKNOWN);
-            return self.seal(FinishKind::Interrupted, Some(detail), None, calls);
-        }
-        self.fresh_results = true;
-        self.next_step_or_stop();
-    }
-
     fn on_attempt_failed(&mut self, error: ClassifiedError, usage: Option<Usage>) {
         if !matches!(self.phase, Phase::Streaming) {
             return;

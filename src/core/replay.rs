@@ -511,31 +511,6 @@ impl Session {
         Ok(())
     }
 
-    /// A queued send withdrawn before it started.
-    fn apply_retracted(&mut self, r: broca_wal::runrec::SendRetracted) -> Result<(), Misfit> {
-        let Some(i) = self
-            .queued
-            .iter()
-            .position(|q| q.submission_id == r.submission_id)
-        else {
-            // An ordered send waiting for a run's boundary.
-            if let Some(q) = self.withdraw_waiting(&r.submission_id) {
-                if let Some(send_id) = q.send_id.clone() {
-                    self.retracted.insert(send_id, (q, r.ended));
-                }
-                return Ok(());
-            }
-            return Err(Misfit::RetractedUnknown {
-                submission_id: r.submission_id,
-            });
-        };
-        let q = self.queued.remove(i);
-        if let Some(send_id) = q.send_id.clone() {
-            self.retracted.insert(send_id, (q, r.ended));
-        }
-        Ok(())
-    }
-
     /// A run starts: its prompt (after the results of calls an interrupted run left open)
     /// joins the transcript, and it is the open run.
     fn apply_started(&mut self, seq: u64, r: broca_wal::runrec::RunStarted) -> Result<(), Misfit> {

@@ -16,6 +16,7 @@ pub mod reader;
 pub mod record;
 pub mod recovery;
 pub mod runrec;
+pub mod sendrec;
 pub mod verify;
 
 use std::fmt;

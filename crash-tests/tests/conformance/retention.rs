@@ -107,6 +107,25 @@ impl Live {
 /// Whether the expired record of `session` (harness `harness`, on a route without a scope:
 /// project root `/`) is deleted under `root`'s state dir: its tombstone is there, and its WAL
 /// (of the tombstone's lineage), media, archived copies and listing are not.
+/// A starter under a parent's scope, and the parent: the scope carries no folder, so both
+/// routes name the same session (project root `/`).
+pub fn scope_stamps() -> (
+    cortexkit_role_harness::RouteStamp,
+    cortexkit_role_harness::RouteStamp,
+) {
+    let parent = "reserved:conformance-parent";
+    let scope = cortexkit_role_harness::ScopeStamp {
+        owner: parent.into(),
+        scope_ref: "cf-retention-scope".into(),
+        scope_epoch: 1,
+    };
+    let stamp = |principal: &str| cortexkit_role_harness::RouteStamp {
+        principal: principal.into(),
+        scope: Some(scope.clone()),
+    };
+    (stamp("reserved:conformance-starter"), stamp(parent))
+}
+
 pub fn deletion_finished(root: &Path, harness: &str, session: &str) -> Result<bool, HarnessError> {
     let fail = |what: &str, e: &dyn std::fmt::Display| HarnessError::new(format!("{what}: {e}"));
     let triple = broca::wal::SessionTriple::new(broca::daemon::NO_WORKDIR_ROOT, harness, session)

@@ -316,19 +316,7 @@ impl LlmRunnerSubject for Subject {
     }
 
     fn retention_scope_stamps(&self) -> Option<(RouteStamp, RouteStamp)> {
-        // A starter under a parent's scope: the scope carries no folder, so both routes
-        // name the same session (project root `/`).
-        let parent = "reserved:conformance-parent";
-        let scope = cortexkit_role_harness::ScopeStamp {
-            owner: parent.into(),
-            scope_ref: "cf-retention-scope".into(),
-            scope_epoch: 1,
-        };
-        let stamp = |principal: &str| RouteStamp {
-            principal: principal.into(),
-            scope: Some(scope.clone()),
-        };
-        Some((stamp("reserved:conformance-starter"), stamp(parent)))
+        Some(crate::retention::scope_stamps())
     }
 
     async fn prepare_runner_retention(

@@ -304,3 +304,29 @@ mod tests {
         assert_eq!(kinds(&drain(&mut m)), ["finish:error"]);
     }
 }
+
+impl RunMachine {
+    /// Once every call of the step has its result: the next step (its results go out with
+    /// it), or the run interrupted by a call whose outcome is unknown.
+    pub(super) fn tools_maybe_done(&mut self) {
+        let Phase::Tools {
+            waiting,
+            indeterminate,
+            ..
+        } = &mut self.phase
+        else {
+            return;
+        };
+        if !waiting.is_empty() {
+            return;
+        }
+        if !indeterminate.is_empty() {
+            let calls = std::mem::take(indeterminate);
+            let detail = "a tool call's outcome is unknown (delivered, then lost)".to_string();
+            self.interrupt_cause = Some(broca_wal::runrec::interrupt_cause::TOOL_OUTCOME_UNKNOWN);
+            return self.seal(FinishKind::Interrupted, Some(detail), None, calls);
+        }
+        self.fresh_results = true;
+        self.next_step_or_stop();
+    }
+}

@@ -120,6 +120,34 @@ impl Session {
         Ok(())
     }
 
+    /// A queued send withdrawn before it started.
+    pub(super) fn apply_retracted(
+        &mut self,
+        r: broca_wal::runrec::SendRetracted,
+    ) -> Result<(), Misfit> {
+        let Some(i) = self
+            .queued
+            .iter()
+            .position(|q| q.submission_id == r.submission_id)
+        else {
+            // An ordered send waiting for a run's boundary.
+            if let Some(q) = self.withdraw_waiting(&r.submission_id) {
+                if let Some(send_id) = q.send_id.clone() {
+                    self.retracted.insert(send_id, (q, r.ended));
+                }
+                return Ok(());
+            }
+            return Err(Misfit::RetractedUnknown {
+                submission_id: r.submission_id,
+            });
+        };
+        let q = self.queued.remove(i);
+        if let Some(send_id) = q.send_id.clone() {
+            self.retracted.insert(send_id, (q, r.ended));
+        }
+        Ok(())
+    }
+
     /// Takes the ordered send of `submission_id` off the sends waiting for a boundary (it
     /// was retracted, or ended undelivered), as the queued send it answers like from now on.
     pub(super) fn withdraw_waiting(&mut self, submission_id: &str) -> Option<SendQueued> {

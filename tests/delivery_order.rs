@@ -80,6 +80,8 @@ fn lists_wait_for_their_boundary_and_each_entry_says_how_it_went_out() {
     assert_eq!(again["result"], json!({"state": "superseded"}), "{again}");
     let late = json!({"model": "demo/tour", "delivery": ["steer"], "expires_at_ms": 1});
     assert_eq!(send(&s, "too-late", "e1", late.clone()).0, 200);
+    let status = rpc(&s, "session.send_status", json!({"send_id": "e1"})).1;
+    assert_eq!(status["result"], json!({"state": "expired"}), "{status}");
 
     // The owner's turn: its tool runs 1.5 s; the waiting sends go out at its first step.
     let mut attach = attach_json(&state, &BASE);
@@ -99,6 +101,11 @@ fn lists_wait_for_their_boundary_and_each_entry_says_how_it_went_out() {
     let (status, r) = send(&s, "rides-the-result", "t1", rides.clone());
     assert_eq!(status, 200, "{r}");
     assert_eq!(r["result"]["state"], "pending", "{r}");
+    // Until it goes out, a re-send and a status answer it pending with its submission.
+    let (_, again) = send(&s, "rides-the-result", "t1", rides.clone());
+    assert_eq!(again["result"], r["result"], "{again}");
+    let status = rpc(&s, "session.send_status", json!({"send_id": "t1"})).1;
+    assert_eq!(status["result"], r["result"], "{status}");
     // A keyed one the run holds is replaced by the next of its key.
     let mid_run = json!({"delivery": ["tool_result", "steer"], "dedupe_key": "m"});
     assert_eq!(send(&s, "replaced-mid-run", "m1", mid_run.clone()).0, 200);

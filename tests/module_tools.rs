@@ -136,6 +136,11 @@ fn tools_of_a_tool_module_go_over_the_sessions_own_route_and_run_at_most_once() 
     );
     assert!(status.to_string().contains("call_hang_1"), "{status}");
     assert_eq!(tools.times("call_hang_1"), 1);
+    // The cancel frame reaches the stand-in's thread on its own time.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while tools.log.cancels.lock().unwrap().is_empty() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     assert_eq!(
         tools.log.cancels.lock().unwrap().len(),
         1,

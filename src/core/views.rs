@@ -163,6 +163,15 @@ pub fn steer_answer(session: &crate::Session, seq: u64) -> Option<serde_json::Va
         .and_then(|s| s.send_id.as_ref())
         .and_then(|id| session.steer_sends.get(id))
         .and_then(|s| s.delivered);
+    // An ordered send (llm-runner/v1 §9.7) answers `pending` with its submission until it
+    // goes out.
+    let waiting = session.pending_steers.iter().find(|p| p.seq == seq);
+    if let (None, Some(id)) = (
+        delivered,
+        waiting.and_then(|p| p.record.submission_id.as_ref()),
+    ) {
+        return Some(serde_json::json!({"state": "pending", "submission_id": id}));
+    }
     let (run, receipt) = match delivered {
         None => (&session.runs[accepted_by], None),
         Some(SteerDelivered::Step { run }) => (

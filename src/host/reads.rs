@@ -107,6 +107,14 @@ pub(crate) async fn send_status(
             .iter()
             .find(|q| q.send_id.as_deref() == Some(send_id.as_str()))
         {
+            // Past its time it is what a re-send would make it: `expired` (a status writes
+            // nothing; the next boundary or send records it).
+            let now = broca_session::now_unix_ms();
+            if q.order.as_ref().is_some_and(|o| {
+                cortexkit_role_llm_runner::delivery_order::expired(o.expires_at_ms, now)
+            }) {
+                return Ok(serde_json::json!({"state": "expired"}));
+            }
             return Ok(serde_json::json!({"state": "pending", "submission_id": q.submission_id}));
         }
         match s.retracted.get(&send_id) {

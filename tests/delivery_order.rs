@@ -14,9 +14,14 @@ use support::serve::{attach_json, rpc, until_unit, wait_for, Serve};
 const BASE: [&str; 6] = support::serve::CLI_SESSION;
 
 fn serve(state: &std::path::Path, ordered: bool) -> Serve {
+    serve_with(state, json!({"delivery_order": ordered}))
+}
+
+/// `broca serve` with the config file `config`.
+fn serve_with(state: &std::path::Path, config_file: Value) -> Serve {
     std::fs::create_dir_all(state).unwrap();
     let config = state.with_extension("json");
-    std::fs::write(&config, json!({"delivery_order": ordered}).to_string()).unwrap();
+    std::fs::write(&config, config_file.to_string()).unwrap();
     let mut cmd = broca(state);
     cmd.env_remove("ANTHROPIC_API_KEY").args([
         "serve",
@@ -185,6 +190,73 @@ fn a_list_is_refused_where_ordered_delivery_is_off_writing_nothing() {
     assert_eq!(status, 400, "{r}");
     assert_eq!(r["error"]["detail"]["field"], "delivery", "{r}");
     assert!(support::dump_all(&state).is_empty(), "nothing written");
+}
+
+/// A first send carrying a plan whose senders are `senders`.
+fn planned_send(s: &Serve, senders: Value) -> (u16, Value) {
+    let plan = json!({"composition": {"join_version": 1}, "senders": senders});
+    send(s, "p", "x1", json!({"model": "demo/tour", "plan": plan}))
+}
+
+#[test]
+fn a_plan_senders_succession_is_checked_before_the_plan_naming_its_member() {
+    let dir = tempfile::tempdir().unwrap();
+    // Without ordered delivery no `succeeds` is served: refused naming it, before the
+    // plan's `senders` themselves.
+    let state = dir.path().join("off");
+    let s = serve_with(&state, json!({"plans": true}));
+    let (status, r) = planned_send(
+        &s,
+        json!([{"module": "a"}, {"module": "b", "succeeds": "a"}]),
+    );
+    assert_eq!(status, 400, "{r}");
+    assert_eq!(r["error"]["code"], "invalid_params", "{r}");
+    assert_eq!(
+        r["error"]["detail"]["field"], "plan.senders[1].succeeds",
+        "{r}"
+    );
+    let (_, r) = planned_send(&s, json!([{"module": "a"}]));
+    assert_eq!(r["error"]["detail"]["field"], "plan.senders", "{r}");
+    assert!(support::dump_all(&state).is_empty(), "nothing written");
+    drop(s);
+
+    // With it, `sender_succession` is declared; a module succeeding itself, a predecessor
+    // named twice, a malformed one are each refused by their place.
+    let state = dir.path().join("on");
+    let s = serve_with(&state, json!({"plans": true, "delivery_order": true}));
+    let groups = rpc(&s, "role.describe", json!({})).1["result"]["capabilities"].clone();
+    assert!(
+        groups
+            .as_array()
+            .unwrap()
+            .contains(&json!("sender_succession")),
+        "{groups}"
+    );
+    for (senders, field) in [
+        (
+            json!([{"module": "a", "succeeds": "a"}]),
+            "plan.senders[0].succeeds",
+        ),
+        (
+            json!([{"module": "a", "succeeds": "z"}, {"module": "b", "succeeds": "z"}]),
+            "plan.senders[1].succeeds",
+        ),
+        (
+            json!([{"module": "a", "succeeds": 7}]),
+            "plan.senders[0].succeeds",
+        ),
+    ] {
+        let (status, r) = planned_send(&s, senders);
+        assert_eq!(status, 400, "{r}");
+        assert_eq!(r["error"]["detail"]["field"], field, "{r}");
+    }
+    assert!(support::dump_all(&state).is_empty(), "nothing written");
+    // A well-formed succession is admitted with its plan.
+    let (status, r) = planned_send(
+        &s,
+        json!([{"module": "a"}, {"module": "b", "succeeds": "a"}]),
+    );
+    assert_eq!(status, 200, "{r}");
 }
 
 #[test]

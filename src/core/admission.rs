@@ -21,7 +21,7 @@ use super::replay::{RunState, Session};
 mod joining;
 mod queued;
 pub use queued::start_queued;
-mod ordered;
+pub(crate) mod ordered;
 pub use ordered::{expired_queued, join_waiting, may_send};
 mod retention;
 pub use joining::{inherit, PENDING_STEERS_MAX};
@@ -171,7 +171,7 @@ pub fn admit_unprepared(u: &Unprepared, session: &Session) -> Result<Admitted, R
         structured_output: u.structured_output.clone(),
         delivery: delivery_identity(u.delivery.as_deref(), u.order.as_ref()),
     };
-    if let Some(answer) = repeated(session, u.send_id.as_deref(), &identity) {
+    if let Some(answer) = repeated(session, &u.caller, u.send_id.as_deref(), &identity) {
         return answer;
     }
     Err(u.refusal.clone())
@@ -203,7 +203,7 @@ pub fn admit_prepared(
         p.config.retention_policy.as_ref(),
         p.policy_required,
     )?;
-    if let Some(answer) = repeated(session, p.send_id.as_deref(), &identity) {
+    if let Some(answer) = repeated(session, &p.caller, p.send_id.as_deref(), &identity) {
         return answer;
     }
     let retention = session_retention(session, p.config.retention)?;

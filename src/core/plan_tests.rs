@@ -265,7 +265,13 @@ fn two_providers_offering_one_name_collide_naming_both() {
 
 #[test]
 fn members_broca_does_not_serve_are_refused_by_name_before_any_fetch() {
-    let field = |plan: Value| read(plan).unwrap_err().field();
+    // The refusal is dropped with the closure's call; the field's name outlives it.
+    let field = |plan: Value| {
+        let refused = read(plan).unwrap_err();
+        refused
+            .field()
+            .map(|f| &*Box::leak(f.to_string().into_boxed_str()))
+    };
     assert_eq!(
         field(json!({"compaction_item": {"provider": "c", "params": {}}})),
         Some("plan.compaction_item.preset")

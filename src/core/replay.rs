@@ -140,7 +140,8 @@ pub struct Session {
     /// Shared with the active run's machine and its requests.
     pub transcript: Vec<Arc<Message>>,
     pub runs: Vec<RunView>,
-    pub by_send_id: HashMap<String, usize>,
+    /// Every run a keyed send started, by its key.
+    pub by_send_id: HashMap<SendKey, usize>,
     pub by_run_id: HashMap<String, usize>,
     pub open: Option<OpenRun>,
     /// Tool calls in the transcript without a result (left by an interrupted run): the next
@@ -160,7 +161,7 @@ pub struct Session {
     /// Queued sends withdrawn before they started, or ordered sends that ended undelivered
     /// (with why), by send_id.
     pub retracted: HashMap<
-        String,
+        SendKey,
         (
             broca_wal::runrec::SendQueued,
             Option<broca_wal::runrec::SendEnded>,
@@ -180,8 +181,8 @@ pub struct Session {
     pub usage: Option<cortexkit_role_llm_runner::usage::SessionUsage>,
     /// Steered sends accepted and not yet rendered, in the order accepted.
     pub pending_steers: Vec<PendingSteer>,
-    /// Every keyed steered send by its send_id: what a re-send of it answers.
-    pub steer_sends: HashMap<String, SteerSend>,
+    /// Every keyed steered send by its key: what a re-send of it answers.
+    pub steer_sends: HashMap<SendKey, SteerSend>,
     /// The session's uploads by id (`attachments`).
     pub uploads: uploads::Uploads,
     /// The process the session lives in (its start time, set by the actor): an upload begun
@@ -264,6 +265,8 @@ pub fn prompt_digest(prompt: &str) -> String {
 mod keep;
 mod misfit;
 pub use misfit::{Misfit, ReplayError};
+mod sends;
+pub use sends::{Found, SendKey};
 mod steer;
 pub mod uploads;
 pub use keep::{policy_acts, Expiry};
@@ -557,11 +560,14 @@ impl Session {
                 r.run_id.clone(),
             ));
         }
-        if let Some(send_id) = &r.send_id {
-            self.by_send_id.insert(send_id.clone(), index);
-        }
         self.by_run_id.insert(r.run_id.clone(), index);
+        let keyed = r.send_id.clone().map(|id| (r.principal.clone(), id));
         self.runs.push(RunView::started(seq, r));
+        if let Some((principal, send_id)) = keyed {
+            // After the push: a session's first run names its owners.
+            let key = self.send_key(principal.as_deref(), &send_id);
+            self.by_send_id.insert(key, index);
+        }
         assert_eq!(self.runs.len(), index + 1);
         assert_eq!(
             self.by_run_id.len(),

@@ -253,7 +253,7 @@ fn a_steer_during_a_tool_call_joins_after_its_result_and_replay_agrees() {
     assert_eq!(live.session.transcript, m.transcript());
     assert!(live.session.pending_steers.is_empty());
     assert_eq!(
-        live.session.steer_sends["st-1"].delivered,
+        live.session.steer_sends[&own("st-1")].delivered,
         Some(SteerDelivered::Step { run: 0 })
     );
     assert!(live.session.undelivered_steers(0).is_empty());
@@ -331,7 +331,7 @@ fn a_steer_its_run_never_renders_starts_the_next_turn_once() {
     live.apply(Record::RunStarted(Box::new(next)));
     assert!(live.session.pending_steers.is_empty());
     assert_eq!(
-        live.session.steer_sends["st-3"].delivered,
+        live.session.steer_sends[&own("st-3")].delivered,
         Some(SteerDelivered::Turn { run: 1 })
     );
     let answer = crate::views::steer_answer(&live.session, seq).unwrap();
@@ -418,4 +418,12 @@ fn an_interrupt_queued_before_its_cancel_was_recorded_still_stops_the_run() {
     session.queued.insert(0, *q1);
     let next = start_queued(&session, "r2".into(), 1).unwrap();
     assert_eq!(next.send_id.as_deref(), Some("int-1"));
+}
+
+/// The owner's key of `send_id`.
+fn own(send_id: &str) -> crate::replay::SendKey {
+    crate::replay::SendKey {
+        sender: None,
+        send_id: send_id.into(),
+    }
 }

@@ -160,8 +160,8 @@ pub fn steer_answer(session: &crate::Session, seq: u64) -> Option<serde_json::Va
         .steers
         .iter()
         .find(|s| s.seq == seq)
-        .and_then(|s| s.send_id.as_ref())
-        .and_then(|id| session.steer_sends.get(id))
+        .and_then(|s| s.key.as_ref())
+        .and_then(|key| session.steer_sends.get(key))
         .and_then(|s| s.delivered);
     // An ordered send (llm-runner/v1 §9.7) answers `pending` with its submission until it
     // goes out.

@@ -31,8 +31,9 @@ pub(crate) async fn refresh(
     if !ctx.opts.plans {
         return Err(undeclared());
     }
-    let plan =
-        Plan::read(&Value::Object(request.plan.clone())).map_err(|r| RpcError::refusal(&r))?;
+    let raw = Value::Object(request.plan.clone());
+    crate::rpc::senders_served(ctx, &raw)?;
+    let plan = Plan::read(&raw).map_err(|r| RpcError::refusal(&r))?;
     let identity = plan.identity.clone();
     let ask_with = |frozen| {
         let (request, identity, caller) = (request.clone(), identity.clone(), caller.clone());

@@ -91,35 +91,37 @@ pub(crate) async fn send_status(
             return Err(unknown());
         };
         let s = &read.session;
-        if !caller.owns(&s.owners()) {
+        // The owner's sends, or a plan sender's own (and its predecessor's, §9.7).
+        if !broca_core::admission::may_send(&caller, s) {
             return Err(not_owner("session.send_status"));
         }
-        if let Some(steer) = s.steer_sends.get(&send_id) {
-            if let Some(answer) = broca_core::views::steer_answer(s, steer.seq) {
-                return Ok(answer);
+        use broca_core::replay::Found;
+        match s.lookup_send(caller.principal.as_deref(), &send_id) {
+            Some(Found::Steer(steer)) => {
+                if let Some(answer) = broca_core::views::steer_answer(s, steer.seq) {
+                    return Ok(answer);
+                }
             }
-        }
-        if let Some(&index) = s.by_send_id.get(&send_id) {
-            return Ok(send_reply(&s.runs[index]));
-        }
-        if let Some(q) = s
-            .queued
-            .iter()
-            .find(|q| q.send_id.as_deref() == Some(send_id.as_str()))
-        {
-            // Past its time it is what a re-send would make it: `expired` (a status writes
-            // nothing; the next boundary or send records it).
-            let now = broca_session::now_unix_ms();
-            if q.order.as_ref().is_some_and(|o| {
-                cortexkit_role_llm_runner::delivery_order::expired(o.expires_at_ms, now)
-            }) {
-                return Ok(serde_json::json!({"state": "expired"}));
+            Some(Found::Run(index)) => return Ok(send_reply(&s.runs[index])),
+            Some(Found::Queued(q)) => {
+                // Past its time it is what a re-send would make it: `expired` (a status
+                // writes nothing; the next boundary or send records it).
+                let now = broca_session::now_unix_ms();
+                if q.order.as_ref().is_some_and(|o| {
+                    cortexkit_role_llm_runner::delivery_order::expired(o.expires_at_ms, now)
+                }) {
+                    return Ok(serde_json::json!({"state": "expired"}));
+                }
+                return Ok(
+                    serde_json::json!({"state": "pending", "submission_id": q.submission_id}),
+                );
             }
-            return Ok(serde_json::json!({"state": "pending", "submission_id": q.submission_id}));
-        }
-        match s.retracted.get(&send_id) {
-            Some((_, Some(ended))) => return Ok(broca_core::views::ended_answer(ended)),
-            Some((_, None)) => return Err(RpcError::refusal(&broca_wire::Refusal::SendRetracted)),
+            Some(Found::Retracted(_, Some(ended))) => {
+                return Ok(broca_core::views::ended_answer(ended))
+            }
+            Some(Found::Retracted(_, None)) => {
+                return Err(RpcError::refusal(&broca_wire::Refusal::SendRetracted))
+            }
             None => {}
         }
         Err(unknown())

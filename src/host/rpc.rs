@@ -279,18 +279,8 @@ async fn send(
             .with_detail("delivery", serde_json::json!(order.modes)));
         }
     }
-    if !ctx.opts.delivery_order
-        && req
-            .plan
-            .as_ref()
-            .is_some_and(|p| p.get("senders").is_some())
-    {
-        return Err(RpcError::refusal(&broca_wire::Refusal::InvalidField {
-            field: "plan.senders",
-            why: "a plan's `senders` needs ordered delivery (`\"delivery_order\": true` in the \
-                  config)"
-                .into(),
-        }));
+    if let Some(plan) = &req.plan {
+        senders_served(ctx, plan)?;
     }
     // A steer or an interrupt takes the settings it leaves out from the session's latest
     // run; its identity (a re-send's comparison) and the settings it named stay as sent.
@@ -483,4 +473,37 @@ async fn cancel(
         Cancelled::NotActive => Ok(Value::String("not_active".into())),
         Cancelled::NotOwner => Err(not_owner("run.cancel")),
     }
+}
+
+/// A plan's `senders` as this runner serves them, checked before the rest of the plan
+/// (llm-runner/v1 §9.7): a `succeeds` only where `sender_succession` is declared (with
+/// ordered delivery), well formed, naming neither its own module nor another successor's
+/// predecessor (`invalid_params` naming `plan.senders[<i>].succeeds`); `senders` only with
+/// ordered delivery.
+pub(crate) fn senders_served(ctx: &Host, plan: &serde_json::Value) -> Result<(), RpcError> {
+    let Some(plan) = plan.as_object() else {
+        return Ok(()); // the plan's own check names it
+    };
+    let declared: &[&str] = if ctx.opts.delivery_order {
+        &[cortexkit_role_llm_runner::capabilities::SENDER_SUCCESSION]
+    } else {
+        &[]
+    };
+    cortexkit_role_llm_runner::sender_succession::check_plan(plan, declared).map_err(|field| {
+        RpcError::refusal(&broca_wire::Refusal::InvalidMember {
+            field,
+            why: "a plan sender's `succeeds` names one other module, once in the plan, and \
+                  needs ordered delivery (`\"delivery_order\": true` in the config)"
+                .into(),
+        })
+    })?;
+    if !ctx.opts.delivery_order && plan.contains_key("senders") {
+        return Err(RpcError::refusal(&broca_wire::Refusal::InvalidField {
+            field: "plan.senders",
+            why: "a plan's `senders` needs ordered delivery (`\"delivery_order\": true` in the \
+                  config)"
+                .into(),
+        }));
+    }
+    Ok(())
 }

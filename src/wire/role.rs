@@ -142,6 +142,7 @@ pub fn describe(declared: Declared) -> Value {
                 .chain(plans.then_some(groups::USER_COMMANDS))
                 .chain(plans.then_some(groups::SESSION_CHANGE))
                 .chain(delivery_order.then_some(groups::DELIVERY_ORDER))
+                .chain(delivery_order.then_some(groups::SENDER_SUCCESSION))
                 .map(str::to_string)
                 .collect(),
         )

@@ -190,6 +190,9 @@ pub enum Refusal {
     InvalidParams(String),
     /// `invalid_params` about one field of the request, named as the caller spelled it.
     InvalidField { field: &'static str, why: String },
+    /// `invalid_params` about one member of the request whose name is made of its place
+    /// (`plan.senders[1].succeeds`).
+    InvalidMember { field: String, why: String },
     /// The send_id was used before with other inputs.
     SendIdReuse {
         run_id: String,
@@ -283,6 +286,7 @@ impl Refusal {
         match self {
             Refusal::InvalidParams(_)
             | Refusal::InvalidField { .. }
+            | Refusal::InvalidMember { .. }
             | Refusal::RetentionAboveMax { .. } => Code::InvalidParams,
             Refusal::SendIdReuse { .. } => Code::SendIdReuse,
             Refusal::SessionBusy { .. } => Code::SessionBusy,
@@ -323,9 +327,10 @@ impl Refusal {
     }
 
     /// The request field the refusal is about, when it names one.
-    pub fn field(&self) -> Option<&'static str> {
+    pub fn field(&self) -> Option<&str> {
         match self {
             Refusal::InvalidField { field, .. } => Some(field),
+            Refusal::InvalidMember { field, .. } => Some(field),
             Refusal::RetentionAboveMax { .. } => Some("retention"),
             Refusal::SendIdReuse { field, .. } => *field,
             Refusal::ChangeSendIdReuse { field } => Some(field),
@@ -343,7 +348,8 @@ impl Refusal {
             | Refusal::CredentialUnavailable(why)
             | Refusal::UnsupportedProvider(why)
             | Refusal::BudgetUnpriced(why)
-            | Refusal::InvalidField { why, .. } => why.clone(),
+            | Refusal::InvalidField { why, .. }
+            | Refusal::InvalidMember { why, .. } => why.clone(),
             Refusal::SendIdReuse { run_id, .. } => {
                 format!("this send_id started run {run_id} with other inputs; use a new send_id")
             }

@@ -90,6 +90,9 @@ impl Module {
 pub(crate) const OWNER: &str = "reserved:conformance-owner";
 /// The module a session's plan names in `senders` (delivery_order's cases).
 const SENDER: &str = "conformance-sender";
+/// The two senders of the cases that name a pair (succession, a refresh's sender list).
+const SENDER_A: &str = "conformance-sender-a";
+const SENDER_B: &str = "conformance-sender-b";
 
 impl Subject {
     pub async fn new() -> Subject {
@@ -284,6 +287,7 @@ impl LlmRunnerSubject for Subject {
         declared.insert(Capability::UserCommands);
         declared.insert(Capability::SessionChange);
         declared.insert(Capability::DeliveryOrder);
+        declared.insert(Capability::SenderSuccession);
         declared
     }
 
@@ -392,6 +396,18 @@ impl LlmRunnerSubject for Subject {
             scope: None,
         };
         Some(PlanSenderIdentity::new(stamp, SENDER))
+    }
+
+    fn head_sender_identities(&self) -> Option<[PlanSenderIdentity; 2]> {
+        // Two more modules, each attested by the daemon as `reserved:<module>`.
+        let identity = |module: &str| {
+            let stamp = RouteStamp {
+                principal: format!("reserved:{module}"),
+                scope: None,
+            };
+            PlanSenderIdentity::new(stamp, module)
+        };
+        Some([identity(SENDER_A), identity(SENDER_B)])
     }
 
     fn send_fields_with_tools(

@@ -4,6 +4,7 @@
 use broca_protocol::delivery::delivery_identity;
 
 use super::{prompt_digest, Admitted, Refusal, Session};
+use crate::replay::Found;
 
 /// What a repeated send_id is compared on: the digest of all its inputs, and the two the
 /// refusal of a reuse names when they differ.
@@ -43,9 +44,11 @@ impl Identity<'_> {
 }
 
 /// The answer to a send whose send_id the session has seen: its run, its queued
-/// submission, its retraction, or a reuse with other inputs.
+/// submission, its retraction, or a reuse with other inputs. The send_id is `caller`'s, in
+/// its namespace (§9.7: the owner's, or a named sender's after its predecessor's).
 pub(super) fn repeated(
     session: &Session,
+    caller: &broca_wire::Caller,
     send_id: Option<&str>,
     asked: &Identity<'_>,
 ) -> Option<Result<Admitted, Refusal>> {
@@ -67,10 +70,23 @@ pub(super) fn repeated(
             ),
         })
     };
-    // A steer (its answer names the run that carried it, however it was delivered).
-    if let Some(steer) = session.steer_sends.get(send_id) {
-        let joined = &session.runs[steer.accepted_by];
-        return Some(
+    // The same for a send still queued, or withdrawn before it started.
+    let queued_same = |q: &broca_wal::runrec::SendQueued| {
+        let delivery = delivery_identity(q.delivery.as_deref(), q.order.as_ref());
+        same(
+            &q.inputs_digest,
+            &prompt_digest(&q.prompt),
+            delivery.as_deref(),
+            q.client_message_id.as_deref(),
+            &q.config,
+            &q.submission_id,
+        )
+    };
+    let found = session.lookup_send(caller.principal.as_deref(), send_id)?;
+    Some(match found {
+        // A steer (its answer names the run that carried it, however it was delivered).
+        Found::Steer(steer) => {
+            let joined = &session.runs[steer.accepted_by];
             match same(
                 &steer.inputs_digest,
                 &steer.prompt_digest,
@@ -81,68 +97,34 @@ pub(super) fn repeated(
             ) {
                 None => Ok(Admitted::SteerExisting { seq: steer.seq }),
                 Some(refusal) => Err(refusal),
-            },
-        );
-    }
-    if let Some(index) = session.by_send_id.get(send_id) {
-        let run = &session.runs[*index];
-        let client_id = run.client_message_id.as_deref();
-        return Some(
+            }
+        }
+        Found::Run(index) => {
+            let run = &session.runs[index];
             match same(
                 &run.inputs_digest,
                 &run.prompt_digest,
                 run.delivery.as_deref(),
-                client_id,
+                run.client_message_id.as_deref(),
                 &run.config,
                 &run.run_id,
             ) {
-                None => Ok(Admitted::Existing { run_index: *index }),
+                None => Ok(Admitted::Existing { run_index: index }),
                 Some(refusal) => Err(refusal),
-            },
-        );
-    }
-    if let Some(q) = session
-        .queued
-        .iter()
-        .find(|q| q.send_id.as_deref() == Some(send_id))
-    {
-        let client_id = q.client_message_id.as_deref();
-        let prompt = prompt_digest(&q.prompt);
-        let delivery = delivery_identity(q.delivery.as_deref(), q.order.as_ref());
-        return Some(
-            match same(
-                &q.inputs_digest,
-                &prompt,
-                delivery.as_deref(),
-                client_id,
-                &q.config,
-                &q.submission_id,
-            ) {
-                None => Ok(Admitted::Pending {
-                    submission_id: q.submission_id.clone(),
-                }),
-                Some(refusal) => Err(refusal),
-            },
-        );
-    }
-    if let Some((q, ended)) = session.retracted.get(send_id) {
-        let client_id = q.client_message_id.as_deref();
-        let delivery = delivery_identity(q.delivery.as_deref(), q.order.as_ref());
-        let refused = same(
-            &q.inputs_digest,
-            &prompt_digest(&q.prompt),
-            delivery.as_deref(),
-            client_id,
-            &q.config,
-            &q.submission_id,
-        );
-        return Some(match (refused, ended) {
+            }
+        }
+        Found::Queued(q) => match queued_same(q) {
+            None => Ok(Admitted::Pending {
+                submission_id: q.submission_id.clone(),
+            }),
+            Some(refusal) => Err(refusal),
+        },
+        Found::Retracted(q, ended) => match (queued_same(q), ended) {
             (Some(refusal), _) => Err(refusal),
             (None, None) => Err(Refusal::SendRetracted),
             (None, Some(ended)) => Ok(Admitted::Ended(ended.clone())),
-        });
-    }
-    None
+        },
+    })
 }
 
 /// A send's `structured_output` as a repeated send_id compares it: mode, name and the

@@ -49,6 +49,8 @@ pub enum SteerDelivered {
 pub struct RunSteer {
     pub seq: u64,
     pub send_id: Option<String>,
+    /// Its key, when it has a send_id (its sender's namespace).
+    pub key: Option<super::SendKey>,
     pub rendered: bool,
 }
 
@@ -87,9 +89,15 @@ impl Session {
         if let Some(submission_id) = &r.submission_id {
             self.queued.retain(|q| &q.submission_id != submission_id);
         }
+        let key = r
+            .send_id
+            .as_deref()
+            .map(|id| self.send_key(r.principal.as_deref(), id));
+        let run = &mut self.runs[index];
         run.steers.push(RunSteer {
             seq,
             send_id: r.send_id.clone(),
+            key: key.clone(),
             rendered: false,
         });
         // Admission only ever shortens it: the latest send's is the session's.
@@ -97,7 +105,7 @@ impl Session {
             self.retention = r.retention;
         }
         self.note_policy(r.retention_policy.as_ref());
-        if let Some(send_id) = &r.send_id {
+        if let Some(key) = key {
             let send = SteerSend {
                 seq,
                 accepted_by: index,
@@ -110,7 +118,7 @@ impl Session {
                     broca_protocol::delivery::SendOrder::identity,
                 ),
             };
-            self.steer_sends.insert(send_id.clone(), send);
+            self.steer_sends.insert(key, send);
         }
         self.pending_steers.push(PendingSteer {
             seq,
@@ -132,8 +140,9 @@ impl Session {
         else {
             // An ordered send waiting for a run's boundary.
             if let Some(q) = self.withdraw_waiting(&r.submission_id) {
-                if let Some(send_id) = q.send_id.clone() {
-                    self.retracted.insert(send_id, (q, r.ended));
+                if let Some(send_id) = q.send_id.as_deref() {
+                    let key = self.send_key(q.principal.as_deref(), send_id);
+                    self.retracted.insert(key, (q, r.ended));
                 }
                 return Ok(());
             }
@@ -142,8 +151,9 @@ impl Session {
             });
         };
         let q = self.queued.remove(i);
-        if let Some(send_id) = q.send_id.clone() {
-            self.retracted.insert(send_id, (q, r.ended));
+        if let Some(send_id) = q.send_id.as_deref() {
+            let key = self.send_key(q.principal.as_deref(), send_id);
+            self.retracted.insert(key, (q, r.ended));
         }
         Ok(())
     }
@@ -161,7 +171,8 @@ impl Session {
         }
         let r = *p.record;
         if let Some(id) = &r.send_id {
-            self.steer_sends.remove(id);
+            let key = self.send_key(r.principal.as_deref(), id);
+            self.steer_sends.remove(&key);
         }
         let config = self.runs.get(p.run).map(|v| v.config.clone())?;
         Some(SendQueued {
@@ -221,12 +232,12 @@ impl Session {
 
     /// A keyed steer's receipt: how it was delivered (final).
     fn note_delivered(&mut self, p: &PendingSteer, how: SteerDelivered) {
-        if let Some(send) = p
+        let key = p
             .record
             .send_id
-            .as_ref()
-            .and_then(|id| self.steer_sends.get_mut(id))
-        {
+            .as_deref()
+            .map(|id| self.send_key(p.record.principal.as_deref(), id));
+        if let Some(send) = key.and_then(|k| self.steer_sends.get_mut(&k)) {
             send.delivered = Some(how);
         }
     }

@@ -151,7 +151,8 @@ params and answer):
                     session.upload_commit, session.media_read (docs/attachments.md),
                     session.release (docs/retention.md), session.user_command,
                     session.user_command_status, session.refresh, session.refresh_policy,
-                    session.flush_prefix (with `plans` on; docs/plans.md)
+                    session.flush_prefix, session.adopt, session.host_start (with
+                    `plans` on; docs/plans.md)
   GET /v1/subscribe?project_root=P&harness=H&session=S&from=start|live|CURSOR
                     the session's events as server-sent events, or a WebSocket on upgrade;
                     Last-Event-ID resumes after a cursor

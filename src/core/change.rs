@@ -118,6 +118,8 @@ impl Changes {
                 self.flushes.insert(send_id.clone(), *pending_generation);
                 self.flushed = self.flushed.max(pending_generation.unwrap_or(0));
             }
+            // Who hosts and owns the session: `Session::apply_hosting`.
+            SessionChangeRecord::HostStarted { .. } | SessionChangeRecord::Adopted { .. } => {}
         }
     }
 

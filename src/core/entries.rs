@@ -292,6 +292,7 @@ impl Note {
             Record::SendQueued(r) => Note::Time(Some(r.at_unix_ms)),
             Record::SendRetracted(r) => Note::Time(Some(r.at_unix_ms)),
             Record::SendSteered(r) => Note::Time(Some(r.at_unix_ms)),
+            Record::SessionChange(r) => Note::Time(r.activity_at()),
             _ => Note::Time(None),
         }
     }
@@ -315,6 +316,7 @@ pub(crate) fn activity_at(record: &Record) -> Option<u64> {
         Record::SendQueued(r) => Some(r.at_unix_ms),
         Record::SendRetracted(r) => Some(r.at_unix_ms),
         Record::SendSteered(r) => Some(r.at_unix_ms),
+        Record::SessionChange(r) => r.activity_at(),
         _ => None,
     }
 }

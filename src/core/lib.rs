@@ -4,6 +4,7 @@
 //! file, a socket or a clock: time, the catalog and randomness come in from the caller.
 
 pub mod admission;
+pub mod adopt;
 pub mod change;
 #[cfg(test)]
 mod change_tests;

@@ -213,6 +213,8 @@ pub struct Session {
     /// The refreshes its owner made (llm-runner/v1 `session_change`); `plan` is the one in
     /// effect.
     pub change: super::change::Changes,
+    /// Whether its host started it, and who adopted it (llm-runner/v1 `adopt`).
+    pub hosting: super::adopt::Hosting,
 }
 
 impl Session {
@@ -327,20 +329,6 @@ impl Session {
         )?;
         s.unresolved_calls = unresolved(&s.transcript);
         Ok(s)
-    }
-
-    /// The session's owners: who sent its first run, and that route's scope owner (none for
-    /// a session first sent over serve's HTTP surface or by an unattested caller).
-    pub fn owners(&self) -> Vec<&str> {
-        let Some(first) = self.runs.first() else {
-            return Vec::new();
-        };
-        first
-            .principal
-            .iter()
-            .chain(first.scope_owner.iter())
-            .map(String::as_str)
-            .collect()
     }
 
     /// The run with `run_id`.
@@ -475,7 +463,10 @@ impl Session {
             Record::ReasoningPruned(r) => self.prunes.apply(&r),
             // Never a message: reads and the model's requests do not see it.
             Record::UserCommand(r) => self.commands.apply(&r),
-            Record::SessionChange(r) => self.change.apply(&r),
+            Record::SessionChange(r) => {
+                self.change.apply(&r);
+                self.apply_hosting(&r);
+            }
         }
         Ok(())
     }

@@ -14,8 +14,8 @@
 //!   and for an interrupt before the run hears of it);
 //! - `user_command_forwarded`: a person-only command's module answered (or its reply was
 //!   lost after it was sent), before its reply is recorded;
-//! - `session_changed`: a `session.refresh`, `refresh_policy` or `flush_prefix` is durable,
-//!   before it is answered;
+//! - `session_changed`: a `session.refresh`, `refresh_policy`, `flush_prefix`,
+//!   `host_start` or `adopt` is durable, before it is answered;
 //! - `mid_write`: the nth batch write of the process reached the file only in part (the
 //!   sectors of its first half; the rest of the batch zero, as never written), before its
 //!   fdatasync.

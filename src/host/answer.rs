@@ -181,6 +181,25 @@ impl Shard {
                 let answer = actor.refresh_policy(&caller, &request).await;
                 return self.answered(answer, reply);
             }
+            SessionCommand::HostStart {
+                identity,
+                plan,
+                caller,
+                reply,
+            } => {
+                let answer = actor.host_start(&caller, &identity, plan).await;
+                return self.answered(answer, reply);
+            }
+            SessionCommand::Adopt {
+                request,
+                identity,
+                required,
+                caller,
+                reply,
+            } => {
+                let answer = actor.adopt(&caller, &request, &identity, required).await;
+                return self.answered(answer, reply);
+            }
             SessionCommand::FlushPrefix {
                 send_id,
                 caller,

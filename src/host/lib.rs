@@ -10,6 +10,7 @@
 //! `shutting_down`), gives active runs `grace` to finish, seals the rest Interrupted, closes
 //! every WAL and removes serve.json; the caller re-raises the signal ([`reraise`]).
 
+mod adopt;
 mod answer;
 mod change;
 mod commands;

@@ -112,6 +112,8 @@ async fn call(ctx: &Arc<Host>, request: Request, caller: &Caller) -> Result<Valu
         Request::FlushPrefix { send_id, .. } => {
             crate::change::flush_prefix(ctx, t, send_id, caller).await
         }
+        Request::Adopt { adopt, .. } => crate::adopt::adopt(ctx, t, adopt, caller).await,
+        Request::HostStart { plan, .. } => crate::adopt::host_start(ctx, t, plan, caller).await,
         Request::RunsList { list, .. } => crate::lists::runs(ctx, t, list).await,
         Request::Upload { op, .. } => {
             if ctx.is_stopping()

@@ -63,7 +63,8 @@ impl Shard {
             return None;
         }
         let writes = matches!(&cmd, SessionCommand::Send { admission, .. } if admission.is_ok())
-            || matches!(&cmd, SessionCommand::Import { .. });
+            || matches!(&cmd, SessionCommand::Import { .. })
+            || matches!(&cmd, SessionCommand::HostStart { plan: Some(_), .. });
         if writes || broca_wal::archive::exists(&wal) {
             return Some(cmd);
         }
@@ -102,6 +103,38 @@ impl Shard {
             SessionCommand::CommandLate { reply, .. } => drop(reply.send(Ok(false))),
             // A change needs a session to change: nothing was ever sent here.
             SessionCommand::Refresh { reply, .. } => drop(reply.send(Err(not_yet()))),
+            // A new session: what its host's start comes to (its plan is fetched next), and
+            // an adoption's refusal (no plan was applied here).
+            SessionCommand::HostStart {
+                identity,
+                caller,
+                reply,
+                ..
+            } => {
+                let fresh = broca_core::Session::default();
+                let step = broca_core::adopt::host_start(&fresh, &caller, &identity);
+                drop(reply.send(step.map_err(|r| RpcError::refusal(&r))))
+            }
+            SessionCommand::Adopt {
+                request,
+                identity,
+                required,
+                caller,
+                reply,
+            } => {
+                let fresh = broca_core::Session::default();
+                let answer =
+                    broca_core::adopt::adopt(&fresh, &caller, &request, &identity, required, 0)
+                        .and_then(|(record, answer)| match record {
+                            None => Ok(answer),
+                            // No plan was applied here: an adoption always drifts.
+                            Some(_) => Err(broca_core::Refusal::PlanDrift {
+                                frozen: None,
+                                sent: identity.clone(),
+                            }),
+                        });
+                drop(reply.send(answer.map_err(|r| RpcError::refusal(&r))))
+            }
             SessionCommand::RefreshPolicy { reply, .. }
             | SessionCommand::FlushPrefix { reply, .. } => drop(reply.send(Err(not_yet()))),
             // Nothing to expire: expired already (and deleted), or never written.

@@ -103,6 +103,24 @@ pub enum SessionCommand {
         caller: broca_wire::Caller,
         reply: oneshot::Sender<Result<RefreshStep, broca_wire::RpcError>>,
     },
+    /// `session.host_start` of `caller` (the host's own surface): without `plan`, what it
+    /// comes to (a repeat's answer, or a plan to fetch); with the fetched `plan`, recorded
+    /// durably and answered.
+    HostStart {
+        identity: String,
+        plan: Option<Box<broca_wal::planrec::FrozenPlan>>,
+        caller: broca_wire::Caller,
+        reply: oneshot::Sender<Result<broca_core::adopt::HostStart, broca_wire::RpcError>>,
+    },
+    /// `session.adopt` of `caller` (llm-runner/v1 `adopt`; `required`: a first adoption
+    /// must name a storage policy).
+    Adopt {
+        request: Box<cortexkit_role_llm_runner::adopt::AdoptRequest>,
+        identity: String,
+        required: bool,
+        caller: broca_wire::Caller,
+        reply: oneshot::Sender<Result<serde_json::Value, broca_wire::RpcError>>,
+    },
     /// `session.refresh_policy` of `caller` (owner-only).
     RefreshPolicy {
         request: Box<cortexkit_role_llm_runner::session_change::RefreshPolicyRequest>,
@@ -138,6 +156,8 @@ impl SessionCommand {
             SessionCommand::CommandStatus { reply, .. } => drop(reply.send(Err(err.clone()))),
             SessionCommand::CommandLate { reply, .. } => drop(reply.send(Err(err.clone()))),
             SessionCommand::Refresh { reply, .. } => drop(reply.send(Err(err.clone()))),
+            SessionCommand::HostStart { reply, .. } => drop(reply.send(Err(err.clone()))),
+            SessionCommand::Adopt { reply, .. } => drop(reply.send(Err(err.clone()))),
             SessionCommand::RefreshPolicy { reply, .. } => drop(reply.send(Err(err.clone()))),
             SessionCommand::FlushPrefix { reply, .. } => drop(reply.send(Err(err.clone()))),
             SessionCommand::Status { reply, .. } => drop(reply),

@@ -330,6 +330,25 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                 let answer = self.refresh_policy(&caller, &request).await;
                 let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
             }
+            SessionCommand::HostStart {
+                identity,
+                plan,
+                caller,
+                reply,
+            } => {
+                let answer = self.host_start(&caller, &identity, plan).await;
+                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
+            }
+            SessionCommand::Adopt {
+                request,
+                identity,
+                required,
+                caller,
+                reply,
+            } => {
+                let answer = self.adopt(&caller, &request, &identity, required).await;
+                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
+            }
             SessionCommand::FlushPrefix {
                 send_id,
                 caller,

@@ -7,6 +7,7 @@
 //! ([`Hooks`]).
 
 mod actor;
+mod adopt;
 mod change;
 mod command;
 mod commands;

@@ -56,7 +56,9 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         if self.state.is_new() {
             return Ok(Release::Absent);
         }
-        let starter = self.state.runs.first().and_then(|r| r.principal.as_deref());
+        // Its adopter, on a session its host started (llm-runner/v1 `adopt`).
+        let adopter = self.state.hosting.owner.as_ref().map(|(p, _)| p.as_str());
+        let starter = adopter.or(self.state.runs.first().and_then(|r| r.principal.as_deref()));
         if starter.is_some_and(|p| caller.principal.as_deref() != Some(p)) {
             return Err(ActorError::Refused(broca_core::Refusal::ScopeOwnerMismatch));
         }

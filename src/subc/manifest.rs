@@ -31,6 +31,8 @@ pub const OPERATIONS: &[(&str, bool)] = &[
     ("session.refresh", true),
     ("session.refresh_policy", true),
     ("session.flush_prefix", true),
+    ("session.adopt", true),
+    ("session.host_start", true),
 ];
 
 /// The capabilities broca declares: the bind's scope carries the session's folder

@@ -52,6 +52,12 @@ pub enum Method {
     SessionRefreshPolicy,
     /// llm-runner/v1 `session.flush_prefix`: a pending change applies at the next run.
     SessionFlushPrefix,
+    /// llm-runner/v1 `session.adopt` (`adopt`): a consumer becomes the owner of a session
+    /// its host started.
+    SessionAdopt,
+    /// `session.host_start {plan}` (broca's own): the host's surface (a person's app) starts
+    /// a session with the installation's fetch plan applied.
+    SessionHostStart,
     /// `broca.debug.advance_clock {ms}`: moves the process's clock forward (the
     /// llm-runner/v1 suite's retention clock). A debug build's test hook, not in [`Method::ALL`]:
     /// a release build parses no such method.
@@ -64,7 +70,7 @@ pub enum Method {
 
 impl Method {
     /// Every method, in the order the docs list them.
-    pub const ALL: [Method; 27] = [
+    pub const ALL: [Method; 29] = [
         Method::SessionSend,
         Method::RunStatus,
         Method::RunResult,
@@ -92,6 +98,8 @@ impl Method {
         Method::SessionRefresh,
         Method::SessionRefreshPolicy,
         Method::SessionFlushPrefix,
+        Method::SessionAdopt,
+        Method::SessionHostStart,
     ];
 
     /// The method's wire name.
@@ -124,6 +132,8 @@ impl Method {
             Method::SessionRefresh => "session.refresh",
             Method::SessionRefreshPolicy => "session.refresh_policy",
             Method::SessionFlushPrefix => "session.flush_prefix",
+            Method::SessionAdopt => "session.adopt",
+            Method::SessionHostStart => "session.host_start",
             Method::DebugAdvanceClock => "broca.debug.advance_clock",
             Method::DebugArchiveNow => "broca.debug.archive_now",
         }
@@ -146,6 +156,8 @@ impl Method {
                 | Method::SessionRefresh
                 | Method::SessionRefreshPolicy
                 | Method::SessionFlushPrefix
+                | Method::SessionAdopt
+                | Method::SessionHostStart
         )
     }
 
@@ -255,6 +267,16 @@ pub enum Request {
         session: SessionName,
         send_id: String,
     },
+    /// llm-runner/v1's `session.adopt`.
+    Adopt {
+        session: SessionName,
+        adopt: Box<cortexkit_role_llm_runner::adopt::AdoptRequest>,
+    },
+    /// broca's `session.host_start {plan}`.
+    HostStart {
+        session: SessionName,
+        plan: Map<String, Value>,
+    },
     /// Every session the daemon holds, filtered and paged (broca's own; not on a route).
     SessionsList { list: Box<lists::SessionsList> },
     /// llm-runner/v1's uploads into the session's content store.
@@ -309,6 +331,8 @@ impl Request {
             Request::Refresh { .. } => Method::SessionRefresh,
             Request::RefreshPolicy { .. } => Method::SessionRefreshPolicy,
             Request::FlushPrefix { .. } => Method::SessionFlushPrefix,
+            Request::Adopt { .. } => Method::SessionAdopt,
+            Request::HostStart { .. } => Method::SessionHostStart,
             Request::ToolCalls { .. } => Method::RunToolCalls,
             Request::History { .. } => Method::SessionHistory,
             Request::SessionsList { .. } => Method::SessionsList,
@@ -349,6 +373,8 @@ impl Request {
             | Request::Refresh { session, .. }
             | Request::RefreshPolicy { session, .. }
             | Request::FlushPrefix { session, .. }
+            | Request::Adopt { session, .. }
+            | Request::HostStart { session, .. }
             | Request::Baseline { session } => Some(session),
             Request::Import { .. }
             | Request::Describe
@@ -550,6 +576,24 @@ fn parse_envelope(env: Envelope) -> Result<Request, RpcError> {
                 .check_policy()
                 .map_err(|f| invalid("`policy` names no rung of the role").with_field(f))?;
             return Ok(Request::RefreshPolicy { session, policy });
+        }
+        Method::SessionAdopt => {
+            let adopt: Box<cortexkit_role_llm_runner::adopt::AdoptRequest> =
+                strict(params, method)?;
+            return Ok(Request::Adopt { session, adopt });
+        }
+        Method::SessionHostStart => {
+            /// `session.host_start`'s params.
+            #[derive(serde::Deserialize)]
+            #[serde(deny_unknown_fields)]
+            struct HostStart {
+                plan: Map<String, Value>,
+            }
+            let start: Box<HostStart> = strict(params, method)?;
+            return Ok(Request::HostStart {
+                session,
+                plan: start.plan,
+            });
         }
         Method::SessionFlushPrefix => {
             let flush: Box<cortexkit_role_llm_runner::session_change::FlushPrefixRequest> =

@@ -76,7 +76,7 @@ pub const READ_MAX_BYTES: (u64, u64) = (256 * 1024, 3 * 1024 * 1024);
 pub fn ops(plans: bool) -> Vec<String> {
     let mut ops: Vec<String> = REQUIRED_OPS.iter().map(|op| op.to_string()).collect();
     for (group, group_ops) in groups::GROUPS {
-        let planned = [groups::USER_COMMANDS, groups::SESSION_CHANGE];
+        let planned = [groups::USER_COMMANDS, groups::SESSION_CHANGE, groups::ADOPT];
         if GROUPS.contains(group) || (plans && planned.contains(group)) {
             for op in *group_ops {
                 if !ops.iter().any(|o| o == op) {
@@ -141,6 +141,7 @@ pub fn describe(declared: Declared) -> Value {
                 .chain(plans.then_some(groups::SYSTEM_TEXT_DEFAULT))
                 .chain(plans.then_some(groups::USER_COMMANDS))
                 .chain(plans.then_some(groups::SESSION_CHANGE))
+                .chain(plans.then_some(groups::ADOPT))
                 .chain(delivery_order.then_some(groups::DELIVERY_ORDER))
                 .chain(delivery_order.then_some(groups::SENDER_SUCCESSION))
                 .map(str::to_string)

@@ -13,6 +13,7 @@
 #[allow(dead_code, unused_imports)]
 mod support;
 
+mod adopt;
 mod bus;
 mod commands;
 mod daemon;
@@ -24,6 +25,7 @@ mod pruning;
 mod report;
 mod retention;
 mod route;
+mod start;
 mod structured;
 mod subject;
 mod tools;

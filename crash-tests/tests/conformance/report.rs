@@ -77,10 +77,6 @@ pub const DECLINED: &[(&str, &str)] = &[
 /// by it).
 pub const NOT_DECLARED: &[(&str, &str)] = &[
     (
-        "adopt",
-        "adopting a host-started session (`session.adopt`), not built",
-    ),
-    (
         "host_metadata_change",
         "broca is its own host: nothing outside the role changes a session's metadata",
     ),

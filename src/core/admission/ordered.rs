@@ -161,7 +161,8 @@ pub(super) fn sender_admitted(
     session: &Session,
 ) -> Result<(), Refusal> {
     let owners = session.owners();
-    if caller.owns(&owners) {
+    // The host's own surface starts the person's turns on a session it started (§9.5).
+    if caller.owns(&owners) || session.is_host(caller) {
         return Ok(());
     }
     let (Some(principal), Some(owner)) = (caller.principal.as_deref(), owners.first()) else {
@@ -245,6 +246,7 @@ pub(crate) fn module_of(principal: &str) -> &str {
 /// its plan names as a sender.
 pub fn may_send(caller: &broca_wire::Caller, session: &Session) -> bool {
     caller.owns(&session.owners())
+        || session.is_host(caller)
         || caller.principal.as_deref().is_some_and(|p| {
             let module = module_of(p);
             senders(session).iter().any(|s| s.module == module)

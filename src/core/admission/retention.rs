@@ -95,6 +95,8 @@ pub(super) fn policy_fits(
         (Some(frozen), Some(asked)) if frozen != asked => Err(Refusal::RetentionConflict {
             frozen: serde_json::to_value(frozen).expect("a policy serializes"),
         }),
+        // A session its host started is not new: it has the runner's policy until an
+        // adoption names one.
         (None, None) if required && session.is_new() => Err(Refusal::RetentionRequired),
         _ => Ok(()),
     }

@@ -40,9 +40,11 @@ impl Session {
         }
     }
 
-    /// Whether nothing was sent or imported into the session yet (its first send is next).
+    /// Whether nothing was sent or imported into the session yet, nor did its host start it
+    /// (its first send is next).
     pub fn is_new(&self) -> bool {
-        self.runs.is_empty()
+        !self.hosting.hosted
+            && self.runs.is_empty()
             && self.queued.is_empty()
             && self.retracted.is_empty()
             && self.imports.is_empty()

@@ -242,7 +242,9 @@ mod tests {
                 groups::SYSTEM_TEXT_DEFAULT,
                 groups::USER_COMMANDS,
                 groups::SESSION_CHANGE,
-                groups::DELIVERY_ORDER
+                groups::ADOPT,
+                groups::DELIVERY_ORDER,
+                groups::SENDER_SUCCESSION
             ]
         );
         assert_eq!(

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::serve::{rpc, Serve};
+use support::serve::{rpc, try_rpc, Serve};
 use support::{dump_all, fixture, recorded_bodies, Aimock, Peer};
 
 const MODEL: &str = "openai/gpt-4o";
@@ -59,28 +59,6 @@ fn requests(file: &Path) -> Vec<(bool, Vec<Value>)> {
             (summary, messages)
         })
         .collect()
-}
-
-/// [`rpc`] that answers `None` when serve is gone (it may die at its kill point).
-fn try_rpc(s: &Serve, method: &str, params: Value) -> Option<Value> {
-    use std::io::{Read, Write};
-    let mut p = json!({"project_root": "/proj", "harness": "h", "session": "s1"});
-    p.as_object_mut()
-        .unwrap()
-        .extend(params.as_object().unwrap().clone());
-    let body = json!({"method": method, "params": p}).to_string();
-    let raw = format!(
-        "POST /v1/rpc HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Type: \
-         application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        s.handle,
-        body.len()
-    );
-    let mut c = std::net::TcpStream::connect(&s.addr).ok()?;
-    c.write_all(raw.as_bytes()).ok()?;
-    let mut all = Vec::new();
-    c.read_to_end(&mut all).ok()?;
-    let at = all.windows(4).position(|w| w == b"\r\n\r\n")?;
-    serde_json::from_slice(&all[at + 4..]).ok()
 }
 
 fn compactions(state: &Path) -> Vec<Value> {

@@ -9,7 +9,7 @@ mod support;
 
 use serde_json::{json, Value};
 use support::broca;
-use support::serve::{attach_json, rpc, until_unit, wait_for, Serve};
+use support::serve::{attach_json, rpc, try_rpc, until_unit, wait_for, Serve};
 
 const BASE: [&str; 6] = support::serve::CLI_SESSION;
 
@@ -19,10 +19,16 @@ fn serve(state: &std::path::Path, ordered: bool) -> Serve {
 
 /// `broca serve` with the config file `config`.
 fn serve_with(state: &std::path::Path, config_file: Value) -> Serve {
+    serve_env(state, config_file, &[])
+}
+
+/// `broca serve` with the config file `config` and `env` in its environment.
+fn serve_env(state: &std::path::Path, config_file: Value, env: &[(&str, &str)]) -> Serve {
     std::fs::create_dir_all(state).unwrap();
     let config = state.with_extension("json");
     std::fs::write(&config, config_file.to_string()).unwrap();
     let mut cmd = broca(state);
+    cmd.envs(env.iter().copied());
     cmd.env_remove("ANTHROPIC_API_KEY").args([
         "serve",
         "--listen",
@@ -290,4 +296,34 @@ fn a_waiting_list_and_a_replaced_one_keep_their_state_across_a_kill_9() {
         assert_eq!(held.len(), 1, "{marker}: {all:?}");
         assert_eq!(held[0]["delivered_as"], json!({"mode": "steer"}));
     }
+}
+
+#[test]
+fn a_run_killed_right_after_its_start_takes_the_waiting_lists_when_it_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let config = json!({"delivery_order": true});
+    // broca aborts once the owner's run start is durable, before anything else is written.
+    let mut s = serve_env(&state, config.clone(), &[("BROCA_CRASH_AT", "admitted:1")]);
+    let waits = json!({"model": "demo/tour", "delivery": ["steer"]});
+    let (_, r) = send(&s, "waits-for-the-resumed-run", "w1", waits);
+    assert_eq!(r["result"]["state"], "pending", "{r}");
+    let turn = json!({"prompt": "count these four words", "send_id": "turn",
+        "model": "demo/tour"});
+    let answer = try_rpc(&s, "session.send", turn);
+    assert_eq!(answer, None, "broca aborted before its answer");
+    assert!(!s.child.wait().unwrap().success());
+
+    // The restart resumes the run, which takes the waiting list: it goes out in that run.
+    let s = serve(&state, true);
+    wait_for("the resumed run to end", || last_run_ended(&s));
+    let all = entries(&s);
+    let held = holding(&all, "waits-for-the-resumed-run");
+    assert_eq!(held.len(), 1, "{all:?}");
+    assert_eq!(held[0]["delivered_as"], json!({"mode": "steer"}));
+    let turn = holding(&all, "count these four words");
+    assert_eq!(
+        held[0]["run"]["run_id"], turn[0]["run"]["run_id"],
+        "{all:?}"
+    );
 }

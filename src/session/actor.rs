@@ -298,9 +298,18 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         let Some(open) = self.state.open.clone() else {
             return Ok(None);
         };
+        let catalog = broca_catalog::current();
+        let resumable =
+            broca_core::resume::check_resumable(&self.state.runs[open.index].config, &catalog);
+        if resumable.is_ok() {
+            // Ordered sends still queued (a crash came between the run's start and their
+            // handing over) wait for this run's boundaries, as they would have.
+            for record in broca_core::admission::join_waiting(&self.state, crate::now_unix_ms()) {
+                self.append(record, true).await?;
+            }
+        }
         let run = &self.state.runs[open.index];
         let run_id = run.run_id.clone();
-        let catalog = broca_catalog::current();
         let now = crate::now_unix_ms();
         let from = ResumeFrom {
             run_id: run_id.clone(),
@@ -316,7 +325,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             steers: self.pending_steers(),
             compacted: self.state.compacted.clone(),
         };
-        let machine = match broca_core::resume::check_resumable(&run.config, &catalog) {
+        let machine = match resumable {
             // Never re-render an admitted run differently: seal it with the reason.
             Err(why) => RunMachine::refuse_resume(from, why.to_string(), now),
             Ok(()) => RunMachine::resume(from, now),

@@ -164,6 +164,29 @@ pub fn rpc(s: &Serve, method: &str, params: Value) -> (u16, Value) {
     post(s, &json!({"method": method, "params": p}).to_string())
 }
 
+/// [`rpc`]'s answer's body, or `None` when broca answered nothing (it died, as a crash test
+/// has it).
+pub fn try_rpc(s: &Serve, method: &str, params: Value) -> Option<Value> {
+    use std::io::{Read, Write};
+    let mut p = json!({"project_root": "/proj", "harness": "h", "session": "s1"});
+    p.as_object_mut()
+        .unwrap()
+        .extend(params.as_object().unwrap().clone());
+    let body = json!({"method": method, "params": p}).to_string();
+    let raw = format!(
+        "POST /v1/rpc HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nContent-Type: \
+         application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        s.handle,
+        body.len()
+    );
+    let mut c = std::net::TcpStream::connect(&s.addr).ok()?;
+    c.write_all(raw.as_bytes()).ok()?;
+    let mut all = Vec::new();
+    c.read_to_end(&mut all).ok()?;
+    let at = all.windows(4).position(|w| w == b"\r\n\r\n")?;
+    serde_json::from_slice(&all[at + 4..]).ok()
+}
+
 /// Sends `params` (with the default session) and waits until the run completes: its id.
 pub fn send_until_completed(s: &Serve, params: Value) -> String {
     let (status, r) = rpc(s, "session.send", params);

@@ -5,7 +5,6 @@ use broca_core::adopt::{self, HostStart};
 use broca_protocol::model::ModelClient;
 use broca_tools::ToolRunner;
 use broca_wal::planrec::FrozenPlan;
-use broca_wal::Record;
 use cortexkit_role_llm_runner::adopt::AdoptRequest;
 use serde_json::Value;
 
@@ -25,8 +24,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             return Ok(step);
         };
         let (record, answer) = adopt::host_started(*plan, crate::now_unix_ms());
-        self.append(Record::SessionChange(Box::new(record)), true)
-            .await?;
+        self.append_change(Some(record)).await?;
         Ok(HostStart::Answer(answer))
     }
 
@@ -48,10 +46,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             crate::now_unix_ms(),
         )
         .map_err(ActorError::Refused)?;
-        if let Some(record) = record {
-            self.append(Record::SessionChange(Box::new(record)), true)
-                .await?;
-        }
+        self.append_change(record).await?;
         Ok(answer)
     }
 }

@@ -24,6 +24,18 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         }
     }
 
+    /// Appends a change record (a plan's, a host's start, an adoption), durable before the
+    /// answer that follows; none for a repeat.
+    pub(crate) async fn append_change(
+        &mut self,
+        record: Option<broca_wal::changerec::SessionChangeRecord>,
+    ) -> Result<(), ActorError> {
+        match record {
+            Some(r) => self.append(Record::SessionChange(Box::new(r)), true).await,
+            None => Ok(()),
+        }
+    }
+
     /// The tools digest the session's latest run offered (what a plan-less session offers).
     fn current_tools(&self) -> String {
         self.state
@@ -62,10 +74,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             crate::now_unix_ms(),
         )
         .map_err(ActorError::Refused)?;
-        if let Some(record) = record {
-            self.append(Record::SessionChange(Box::new(record)), true)
-                .await?;
-        }
+        self.append_change(record).await?;
         Ok(RefreshStep::Answer(answer))
     }
 
@@ -84,10 +93,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             crate::now_unix_ms(),
         )
         .map_err(ActorError::Refused)?;
-        if let Some(record) = record {
-            self.append(Record::SessionChange(Box::new(record)), true)
-                .await?;
-        }
+        self.append_change(record).await?;
         Ok(answer)
     }
 
@@ -104,10 +110,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             send_id,
             crate::now_unix_ms(),
         );
-        if let Some(record) = record {
-            self.append(Record::SessionChange(Box::new(record)), true)
-                .await?;
-        }
+        self.append_change(record).await?;
         Ok(answer)
     }
 }

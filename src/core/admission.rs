@@ -22,7 +22,7 @@ mod joining;
 mod queued;
 pub use queued::start_queued;
 pub(crate) mod ordered;
-pub use ordered::{expired_queued, join_waiting, may_send};
+pub use ordered::{expired_queued, join_waiting, may_cancel, may_retract, may_send};
 mod retention;
 pub use joining::{inherit, PENDING_STEERS_MAX};
 pub(crate) use retention::session_retention;

@@ -75,9 +75,12 @@ impl Shard {
             SessionCommand::Status { run_id, reply } => {
                 let _ = reply.send(actor.view(run_id.as_deref()));
             }
-            SessionCommand::Cancel { caller, reply, .. } => {
-                // No run is active here; the answer is still the owner's alone.
-                let answer = if caller.owns(&actor.state().owners()) {
+            SessionCommand::Cancel {
+                caller, reply, at, ..
+            } => {
+                // No run is active here; the answer is still only for who may cancel.
+                let now = matches!(at, broca_wire::CancelAt::Now);
+                let answer = if broca_core::admission::may_cancel(&caller, actor.state(), now) {
                     Cancelled::NotActive
                 } else {
                     Cancelled::NotOwner

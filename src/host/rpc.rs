@@ -96,7 +96,16 @@ async fn call(ctx: &Arc<Host>, request: Request, caller: &Caller) -> Result<Valu
         Request::History { history: req, .. } => history(ctx, t, req).await,
         Request::Read { read: req, .. } => read(ctx, t, req).await,
         Request::Head { .. } => head(ctx, t).await,
-        Request::Retract { submission_id, .. } => retract(ctx, t, submission_id, caller).await,
+        Request::Retract {
+            submission_id,
+            named_sender,
+            ..
+        } => {
+            if named_sender {
+                return Err(retract_naming_a_sender(ctx, &t, &submission_id, caller).await);
+            }
+            retract(ctx, t, submission_id, caller).await
+        }
         Request::SendStatus { send_id, .. } => send_status(ctx, t, send_id, caller).await,
         Request::Baseline { .. } => baseline(ctx, t, caller).await,
         Request::UserCommand { command, .. } => {
@@ -414,6 +423,31 @@ async fn retract(
     })
     .await??;
     Ok(Value::String(answer.as_str().into()))
+}
+
+/// The refusal of a `session.retract` naming a `sender`: a caller that may not withdraw the
+/// submission is refused as such first (`scope_owner_mismatch`), then the member
+/// (`invalid_params {field: "sender"}`). Nothing is written either way.
+async fn retract_naming_a_sender(
+    ctx: &Host,
+    t: &SessionTriple,
+    submission_id: &str,
+    caller: &Caller,
+) -> RpcError {
+    let (caller, id) = (caller.clone(), submission_id.to_string());
+    let allowed = crate::reads::with_session(ctx, t, move |read| {
+        read.is_none_or(|r| broca_core::admission::may_retract(&caller, &r.session, &id))
+    })
+    .await;
+    match allowed {
+        Ok(true) => RpcError::refusal(&broca_wire::Refusal::InvalidField {
+            field: "sender",
+            why: "a retraction's sender is its route's attested principal, never a request field"
+                .into(),
+        }),
+        Ok(false) => RpcError::refusal(&broca_wire::Refusal::ScopeOwnerMismatch),
+        Err(e) => e,
+    }
 }
 
 async fn status(ctx: &Host, t: SessionTriple, run_id: Option<String>) -> Result<Value, RpcError> {

@@ -240,8 +240,10 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                 caller,
                 reply,
             } => {
-                // Owner-only, whether or not the run is the active one.
-                let answer = if !caller.owns(&self.state.owners()) {
+                // The owner's, whether or not the run is the active one (or an
+                // interrupt-granted plan sender's, at `now`).
+                let now = matches!(at, broca_wire::CancelAt::Now);
+                let answer = if !broca_core::admission::may_cancel(&caller, &self.state, now) {
                     Cancelled::NotOwner
                 } else if run_id != m.run_id() {
                     Cancelled::NotActive

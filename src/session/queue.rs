@@ -31,14 +31,14 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         }
     }
 
-    /// `session.retract` from `caller`: owner-only.
+    /// `session.retract` from `caller`: the owner, or the submission's own sender.
     pub async fn retract_for(
         &mut self,
         caller: &broca_wire::Caller,
         submission_id: &str,
         running: Option<&mut broca_core::machine::RunMachine>,
     ) -> Result<Retracted, ActorError> {
-        if !caller.owns(&self.state.owners()) {
+        if !broca_core::admission::may_retract(caller, &self.state, submission_id) {
             return Err(ActorError::Refused(broca_core::Refusal::ScopeOwnerMismatch));
         }
         self.retract(submission_id, running).await

@@ -236,6 +236,9 @@ pub enum Request {
     Retract {
         session: SessionName,
         submission_id: String,
+        /// The request named a `sender`: refused once the caller is checked (a sender is the
+        /// route's attested principal, never a request field).
+        named_sender: bool,
     },
     /// What this build serves of the llm-runner/v1 role (names no session; a route's session,
     /// put in its params, is ignored).
@@ -617,6 +620,7 @@ fn parse_envelope(env: Envelope) -> Result<Request, RpcError> {
             submission_id: take_str(&mut params, "submission_id")?.ok_or_else(|| {
                 invalid("`submission_id` is required").with_field("submission_id")
             })?,
+            named_sender: params.remove("sender").is_some(),
             session,
         },
     };

@@ -144,6 +144,8 @@ pub fn describe(declared: Declared) -> Value {
                 .chain(plans.then_some(groups::ADOPT))
                 .chain(delivery_order.then_some(groups::DELIVERY_ORDER))
                 .chain(delivery_order.then_some(groups::SENDER_SUCCESSION))
+                .chain(delivery_order.then_some(groups::RETRACT_OWN_SEND))
+                .chain(delivery_order.then_some(groups::RUN_CANCEL_BY_INTERRUPT))
                 .map(str::to_string)
                 .collect(),
         )
@@ -244,7 +246,9 @@ mod tests {
                 groups::SESSION_CHANGE,
                 groups::ADOPT,
                 groups::DELIVERY_ORDER,
-                groups::SENDER_SUCCESSION
+                groups::SENDER_SUCCESSION,
+                groups::RETRACT_OWN_SEND,
+                groups::RUN_CANCEL_BY_INTERRUPT
             ]
         );
         assert_eq!(

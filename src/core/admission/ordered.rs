@@ -168,8 +168,8 @@ pub(super) fn sender_admitted(
     let (Some(principal), Some(owner)) = (caller.principal.as_deref(), owners.first()) else {
         return Err(Refusal::ScopeOwnerMismatch);
     };
-    let (principal, owner) = (module_of(principal), module_of(owner));
     let senders = senders(session);
+    let (principal, owner) = (plan_name(&senders, principal), module_of(owner));
     let checked = match order {
         Some(o) => admit(principal, Some(owner), &senders, &o.modes),
         None => {
@@ -242,13 +242,77 @@ pub(crate) fn module_of(principal: &str) -> &str {
     principal.strip_prefix("reserved:").unwrap_or(principal)
 }
 
+/// The name a plan's `senders` give an attested principal: the principal itself where an
+/// entry names it whole, else its module (`reserved:<module>`).
+pub(crate) fn plan_name<'a>(senders: &[PlanSender], principal: &'a str) -> &'a str {
+    if senders.iter().any(|s| s.module == principal) {
+        principal
+    } else {
+        module_of(principal)
+    }
+}
+
 /// Whether `caller` may put content into the session for its sends: its owner, or a module
 /// its plan names as a sender.
 pub fn may_send(caller: &broca_wire::Caller, session: &Session) -> bool {
     caller.owns(&session.owners())
         || session.is_host(caller)
         || caller.principal.as_deref().is_some_and(|p| {
-            let module = module_of(p);
-            senders(session).iter().any(|s| s.module == module)
+            let senders = senders(session);
+            let name = plan_name(&senders, p);
+            senders.iter().any(|s| s.module == name)
         })
+}
+
+/// Whether `caller` may withdraw the submission `submission_id` (`session.retract`): the
+/// session's owner; or the attested principal its record names as its sender, for that one
+/// submission (llm-runner/v1 `retract_own_send`). A submission recorded without a sender is
+/// the owner's alone.
+pub fn may_retract(caller: &broca_wire::Caller, session: &Session, submission_id: &str) -> bool {
+    if caller.owns(&session.owners()) {
+        return true;
+    }
+    let Some(principal) = caller.principal.as_deref() else {
+        return false;
+    };
+    let queued = session
+        .queued
+        .iter()
+        .find(|q| q.submission_id == submission_id)
+        .and_then(|q| q.principal.as_deref());
+    let waiting = session
+        .pending_steers
+        .iter()
+        .find(|p| p.record.submission_id.as_deref() == Some(submission_id))
+        .and_then(|p| p.record.principal.as_deref());
+    // Withdrawn or started already: its sender is answered so (`not_pending`,
+    // `already_started`), as the owner is.
+    let withdrawn = session
+        .retracted
+        .values()
+        .find(|(q, _)| q.submission_id == submission_id)
+        .and_then(|(q, _)| q.principal.as_deref());
+    let started = session
+        .runs
+        .iter()
+        .find(|r| r.submission_id.as_deref() == Some(submission_id))
+        .and_then(|r| r.principal.as_deref());
+    queued.or(waiting).or(withdrawn).or(started) == Some(principal)
+}
+
+/// Whether `caller` may cancel the session's run (`run.cancel`; `now`: at `now`, not at a
+/// step boundary): the session's owner; or, at `now` only, a sender its current plan grants
+/// `interrupt` (llm-runner/v1 `run_cancel_by_interrupt`).
+pub fn may_cancel(caller: &broca_wire::Caller, session: &Session, now: bool) -> bool {
+    let owners = session.owners();
+    if caller.owns(&owners) {
+        return true;
+    }
+    let (Some(principal), Some(owner), true) = (caller.principal.as_deref(), owners.first(), now)
+    else {
+        return false;
+    };
+    let senders = senders(session);
+    let name = plan_name(&senders, principal);
+    admit_delivery(name, Some(module_of(owner)), &senders, Delivery::Interrupt).is_ok()
 }

@@ -107,7 +107,7 @@ mod tests {
         s.apply(2, crate::retention_tests::finished("r1", 1))
             .unwrap();
         let plan = serde_json::json!({"senders": [
-            {"module": "a", "idle_start": true},
+            {"module": "a", "idle_start": true, "interrupt": true},
             {"module": "b", "idle_start": true, "succeeds": "a"},
             {"module": "c", "idle_start": true},
         ]});
@@ -197,5 +197,41 @@ mod tests {
             .unwrap();
         assert!(s.lookup_send(Some("reserved:b"), "k2").is_none());
         assert!(s.lookup_send(Some("reserved:owner"), "k2").is_some());
+    }
+
+    #[test]
+    fn a_sender_withdraws_only_its_own_submission_and_cancels_only_as_granted() {
+        use crate::admission::{may_cancel, may_retract};
+        let mut s = session();
+        let who = |p: &str| Caller {
+            principal: Some(p.to_string()),
+            ..Caller::default()
+        };
+        s.queued.push(broca_wal::runrec::SendQueued {
+            submission_id: "q1".into(),
+            send_id: Some("k".into()),
+            inputs_digest: "d".into(),
+            prompt: "go".into(),
+            config: prepare_send(&request("go", "k"), "reserved:a").config,
+            at_unix_ms: 0,
+            principal: Some("reserved:a".into()),
+            scope_owner: None,
+            client_message_id: None,
+            delivery: None,
+            media: Vec::new(),
+            order: None,
+        });
+        // Its sender and the owner withdraw it; another sender and a stranger do not.
+        assert!(may_retract(&who("reserved:a"), &s, "q1"));
+        assert!(may_retract(&who("reserved:owner"), &s, "q1"));
+        assert!(!may_retract(&who("reserved:c"), &s, "q1"));
+        assert!(!may_retract(&who("reserved:x"), &s, "q1"));
+        assert!(!may_retract(&Caller::default(), &s, "q1"));
+        // `a` holds the interrupt grant: it cancels at `now`, never at a step boundary;
+        // `c` holds none.
+        assert!(may_cancel(&who("reserved:a"), &s, true));
+        assert!(!may_cancel(&who("reserved:a"), &s, false));
+        assert!(!may_cancel(&who("reserved:c"), &s, true));
+        assert!(may_cancel(&who("reserved:owner"), &s, false));
     }
 }

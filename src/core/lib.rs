@@ -23,10 +23,12 @@ pub mod machine;
 #[cfg(test)]
 mod machine_tests;
 pub mod media;
+pub mod neutral;
 pub mod plan;
 #[cfg(test)]
 mod plan_tests;
 pub mod project;
+pub mod provided;
 pub mod prune;
 #[cfg(test)]
 mod prune_tests;

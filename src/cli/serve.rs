@@ -23,6 +23,7 @@ struct ServeConfig {
     prune_reasoning: Option<bool>,
     plans: Option<bool>,
     delivery_order: Option<bool>,
+    compaction_providers: Option<bool>,
     plan_fetch_deadline_ms: Option<u64>,
     body_limit_bytes: Option<usize>,
     request_timeout_ms: Option<u64>,
@@ -196,6 +197,7 @@ fn host_options(
         prune_reasoning: file.prune_reasoning.unwrap_or(false),
         plans: file.plans.unwrap_or(false),
         delivery_order: file.delivery_order.unwrap_or(false),
+        compaction_providers: file.compaction_providers.unwrap_or(false),
         plan_fetch_deadline: std::time::Duration::from_millis(
             file.plan_fetch_deadline_ms.unwrap_or(10_000).max(1),
         ),

@@ -134,13 +134,6 @@ impl Plan {
                 "`plan.compaction_item` must name its role `preset` (a string)",
             )
         })?;
-        if value.contains_key("compaction_item") {
-            return Err(field(
-                "plan.compaction_item",
-                "this runner takes no compaction provider yet; its built-in compaction is a \
-                 send's `compaction`",
-            ));
-        }
         let mut fetches: Vec<Fetch> = Vec::new();
         for (list, is_tools) in [("tool_items", true), ("system_text_items", false)] {
             let Some(items) = value.get(list) else {

@@ -116,6 +116,7 @@ pub fn units(seq: u64, record: &Record) -> Vec<Unit> {
         | Record::SessionReleased(_)
         | Record::UserCommand(_)
         | Record::SessionChange(_)
+        | Record::ViewAccepted(_)
         | Record::ReasoningPruned(_) => Vec::new(),
         Record::RunStarted(r) => run_started(seq, r),
         Record::StepStarted(r) => vec![Unit::plain(with_type("step_started", val(r)))],

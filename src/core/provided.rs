@@ -353,6 +353,50 @@ fn push_blocks(out: &mut Vec<Arc<Message>>, message: &Arc<Message>, blocks: Vec<
     }
 }
 
+/// The compaction provider the session's plan names (`plan.compaction_item.provider`).
+pub fn provider_of(session: &crate::replay::Session) -> Option<String> {
+    let plan = session.plan.as_ref()?;
+    let value: serde_json::Map<String, Value> = serde_json::from_str(&plan.plan).ok()?;
+    cortexkit_role_llm_runner::compaction::plan_compaction_provider(&value).map(str::to_string)
+}
+
+/// Whether the attested `principal` is module `provider` (`reserved:<module>` or the bare id).
+pub fn is_module(principal: Option<&str>, provider: &str) -> bool {
+    principal.is_some_and(|p| p == provider || p.rsplit(':').next() == Some(provider))
+}
+
+/// The provider rules (W3.3) of the session's model: the view library's defaults for it.
+pub fn session_rules(session: &crate::replay::Session) -> ProviderRules {
+    let model = session.runs.last().map_or("", |r| r.config.model.as_str());
+    rules::defaults(model)
+}
+
+impl crate::replay::Session {
+    /// A view accepted from the session's provider: the session's view from here on. Its
+    /// record is written only once the view passed [`check`], so one that is not a view, or
+    /// not newer than the one before, does not fit the log.
+    pub(crate) fn apply_view(
+        &mut self,
+        r: broca_wal::viewrec::ViewAccepted,
+    ) -> Result<(), crate::replay::Misfit> {
+        let misfit = |why: String| crate::replay::Misfit::ViewMisfit {
+            provider: r.provider.clone(),
+            why,
+        };
+        let view: View = serde_json::from_value(r.view.clone())
+            .map_err(|e| misfit(format!("not a view: {e}")))?;
+        let latest = self.view.as_ref().map_or(0, |v| v.version);
+        if view.version <= latest || !view.verify() {
+            return Err(misfit(format!(
+                "version {} after {latest}, or its checksum does not match",
+                view.version
+            )));
+        }
+        self.view = Some(Arc::new(view));
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 #[path = "provided_tests.rs"]
 mod tests;

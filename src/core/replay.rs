@@ -215,6 +215,9 @@ pub struct Session {
     pub change: super::change::Changes,
     /// Whether its host started it, and who adopted it (llm-runner/v1 `adopt`).
     pub hosting: super::adopt::Hosting,
+    /// The latest view its compaction provider handed over and it accepted
+    /// (cortexkit-role-compaction W5.5): its requests are rendered through it.
+    pub view: Option<Arc<cortexkit_role_compaction::view::View>>,
 }
 
 impl Session {
@@ -467,6 +470,7 @@ impl Session {
                 self.change.apply(&r);
                 self.apply_hosting(&r);
             }
+            Record::ViewAccepted(r) => self.apply_view(*r)?,
         }
         Ok(())
     }

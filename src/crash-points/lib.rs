@@ -16,6 +16,7 @@
 //!   lost after it was sent), before its reply is recorded;
 //! - `session_changed`: a `session.refresh`, `refresh_policy`, `flush_prefix`,
 //!   `host_start` or `adopt` is durable, before it is answered;
+//! - `view_accepted`: a compaction provider's view is durable, before `accepted` is answered;
 //! - `mid_write`: the nth batch write of the process reached the file only in part (the
 //!   sectors of its first half; the rest of the batch zero, as never written), before its
 //!   fdatasync.
@@ -78,6 +79,7 @@ pub const POINTS: &[&str] = &[
     "release_pending",
     "user_command_forwarded",
     "session_changed",
+    "view_accepted",
     "mid_write",
 ];
 
@@ -159,6 +161,7 @@ fn point_of(record: &Record) -> Option<&'static str> {
         Record::ContextCompacted(_) => "context_compacted",
         Record::ToolResultLate(_) => "tool_result_late",
         Record::SessionChange(_) => "session_changed",
+        Record::ViewAccepted(_) => "view_accepted",
         _ => return None,
     })
 }

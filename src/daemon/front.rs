@@ -9,6 +9,7 @@
 //! short by a drain's deadline, the rest sealed interrupted); at the end broca says GOODBYE
 //! on each bound route, then on channel 0. A subscription's STREAM_END carries LAST.
 
+mod compaction;
 mod egress;
 mod health;
 mod scopes;
@@ -62,6 +63,8 @@ struct Route {
     /// Who the daemon says the route's caller is (owner-only methods compare it with the
     /// session's owners).
     caller: broca_wire::Caller,
+    /// A route of the session's compaction provider (role `compaction-runner`).
+    compaction: bool,
 }
 
 struct Routes {
@@ -480,8 +483,17 @@ impl Routes {
                 identity,
                 scope,
                 principal,
+                role_versions,
                 ..
             }) => {
+                let compaction = match compaction::is_compaction_route(
+                    role_versions.as_ref(),
+                    principal.as_ref().and_then(attested).is_some(),
+                    &identity.session,
+                ) {
+                    Ok(c) => c,
+                    Err((code, why)) => return self.refuse_bind(corr, code, why).await,
+                };
                 let caller = broca_wire::Caller {
                     principal: principal.as_ref().and_then(attested),
                     scope_owner: scope.as_ref().and_then(|s| attested(&s.owner)),
@@ -492,7 +504,7 @@ impl Routes {
                     epoch,
                     &identity,
                     scope.as_ref(),
-                    caller,
+                    (caller, compaction),
                     body,
                 );
                 match bound {
@@ -521,7 +533,7 @@ impl Routes {
         epoch: u32,
         identity: &broca_subc::protocol::BindIdentity,
         scope: Option<&broca_subc::protocol::scope::ScopeStamp>,
-        caller: broca_wire::Caller,
+        (caller, compaction): (broca_wire::Caller, bool),
         raw: &[u8],
     ) -> Result<(), RpcError> {
         let refuse = |code, why: String| RpcError::new(code, why);
@@ -558,6 +570,7 @@ impl Routes {
             triple,
             session,
             caller,
+            compaction,
         };
         self.routes.borrow_mut().insert(channel, route);
         self.egress.borrow_mut().bound(channel);
@@ -566,6 +579,9 @@ impl Routes {
 
     /// One management request on a bound route: the route's session goes into the params.
     async fn request(&self, r: &Route, channel: u16, epoch: u32, corr: u64, body: Vec<u8>) {
+        if r.compaction {
+            return self.compaction_request(r, channel, epoch, corr, body).await;
+        }
         let answer = match broca_wire::request::parse_on_route(&body, &r.session) {
             Ok(request) => self.host.call(request, &r.caller).await,
             Err(e) => Err(e),

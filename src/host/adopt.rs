@@ -38,7 +38,7 @@ pub(crate) async fn host_start(
     if !ctx.opts.plans {
         return Err(undeclared("session.host_start"));
     }
-    crate::rpc::senders_served(ctx, &Value::Object(plan.clone()))?;
+    crate::rpc::plan_served(ctx, &Value::Object(plan.clone()))?;
     let plan = read(plan)?;
     let identity = plan.identity.clone();
     let ask_with = |frozen| {

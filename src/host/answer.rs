@@ -211,6 +211,14 @@ impl Shard {
                 let answer = actor.flush_prefix(&caller, &send_id).await;
                 return self.answered(answer, reply);
             }
+            SessionCommand::ApplyView {
+                provider,
+                view,
+                reply,
+            } => {
+                let answer = actor.apply_view(provider, view).await;
+                return self.answered(answer, reply);
+            }
             SessionCommand::Expire { reply } => return self.expire(actor, triple, reply).await,
             // At rest (a queued send would have started): answered once the WAL is closed.
             SessionCommand::Close { reply } => {

@@ -32,7 +32,7 @@ pub(crate) async fn refresh(
         return Err(undeclared());
     }
     let raw = Value::Object(request.plan.clone());
-    crate::rpc::senders_served(ctx, &raw)?;
+    crate::rpc::plan_served(ctx, &raw)?;
     let plan = Plan::read(&raw).map_err(|r| RpcError::refusal(&r))?;
     let identity = plan.identity.clone();
     let ask_with = |frozen| {

@@ -14,6 +14,7 @@ mod adopt;
 mod answer;
 mod change;
 mod commands;
+mod compaction;
 mod expiry;
 mod late;
 mod limits;
@@ -95,6 +96,10 @@ pub struct HostOptions {
     /// Sends may carry an ordered delivery (`delivery_order`: a list in `delivery`, with
     /// `dedupe_key` and `expires_at_ms`; docs/delivery.md).
     pub delivery_order: bool,
+    /// A plan may name a compaction provider (`compaction_providers`, needs `plans`): the
+    /// session's history is rendered through the views its provider hands over
+    /// (cortexkit-role-compaction's `compaction-runner/v1`; docs/compaction-providers.md).
+    pub compaction_providers: bool,
     /// How long a session's first send waits for its plan's items, all of them together
     /// (`plan_fetch_deadline_ms`, default 10 s).
     pub plan_fetch_deadline: Duration,

@@ -291,7 +291,7 @@ async fn send(
         }
     }
     if let Some(plan) = &req.plan {
-        senders_served(ctx, plan)?;
+        plan_served(ctx, plan)?;
     }
     // A steer or an interrupt takes the settings it leaves out from the session's latest
     // run; its identity (a re-send's comparison) and the settings it named stay as sent.
@@ -516,10 +516,11 @@ async fn cancel(
 /// ordered delivery), well formed, naming neither its own module nor another successor's
 /// predecessor (`invalid_params` naming `plan.senders[<i>].succeeds`); `senders` only with
 /// ordered delivery.
-pub(crate) fn senders_served(ctx: &Host, plan: &serde_json::Value) -> Result<(), RpcError> {
+pub(crate) fn plan_served(ctx: &Host, plan: &serde_json::Value) -> Result<(), RpcError> {
     let Some(plan) = plan.as_object() else {
         return Ok(()); // the plan's own check names it
     };
+    compaction_served(ctx, plan)?;
     let declared: &[&str] = if ctx.opts.delivery_order {
         &[cortexkit_role_llm_runner::capabilities::SENDER_SUCCESSION]
     } else {
@@ -542,4 +543,27 @@ pub(crate) fn senders_served(ctx: &Host, plan: &serde_json::Value) -> Result<(),
         }));
     }
     Ok(())
+}
+
+/// A plan naming a compaction provider is admitted only by a runner that hosts one
+/// (`compaction_providers`, in module mode): elsewhere `invalid_params {field:
+/// "plan.compaction_item"}` before anything is written (llm-runner/v1 §3). A malformed item is
+/// left to the plan's own check, which names its member.
+fn compaction_served(
+    ctx: &Host,
+    plan: &serde_json::Map<String, serde_json::Value>,
+) -> Result<(), RpcError> {
+    let hosted = ctx.opts.compaction_providers && ctx.module_tools.is_some();
+    if hosted
+        || !plan.contains_key(cortexkit_role_llm_runner::compaction::PLAN_COMPACTION_ITEM)
+        || cortexkit_role_llm_runner::compaction::check_plan(plan).is_err()
+    {
+        return Ok(());
+    }
+    Err(RpcError::refusal(&broca_wire::Refusal::InvalidField {
+        field: "plan.compaction_item",
+        why: "this runner hosts no compaction provider (`\"compaction_providers\": true` in the \
+              config of `broca module`); its built-in compaction is a send's `compaction`"
+            .into(),
+    }))
 }

@@ -137,6 +137,8 @@ impl Shard {
             }
             SessionCommand::RefreshPolicy { reply, .. }
             | SessionCommand::FlushPrefix { reply, .. } => drop(reply.send(Err(not_yet()))),
+            // No session, so no provider to hand a view over.
+            SessionCommand::ApplyView { reply, .. } => drop(reply.send(Err(not_yet()))),
             // Nothing to expire: expired already (and deleted), or never written.
             SessionCommand::Expire { reply } => {
                 let addr = triple.address().to_string();
@@ -340,6 +342,7 @@ impl Shard {
         .committer(self.services.committer.clone())
         .hooks(Rc::new(broca_crash_points::KillPoints))
         .inbox(inbox.clone())
+        .keep_entries(self.host.opts.compaction_providers)
         .on_append(Box::new(move |seq, end, record| {
             outcomes.record(record);
             if let Some((traces, spans)) = &mut spans {

@@ -101,9 +101,17 @@ pub struct Opener<P, T> {
     on_append: Option<OnAppend>,
     on_step: Option<(String, OnStep)>,
     display: Option<Display>,
+    keep_entries: bool,
 }
 
 impl<P: ModelClient, T: ToolRunner> Opener<P, T> {
+    /// Keeps the role's entries with the session (the runner hosts compaction providers:
+    /// a provider's view is rendered over them).
+    pub fn keep_entries(mut self, keep: bool) -> Self {
+        self.keep_entries = keep;
+        self
+    }
+
     /// The tools the session's sends may be offered (none by default).
     pub fn tool_specs(mut self, specs: impl Into<Arc<[ToolSpec]>>) -> Self {
         self.tool_specs = specs.into();
@@ -171,12 +179,17 @@ impl<P: ModelClient, T: ToolRunner> Opener<P, T> {
             WalWriter::open(&self.wal_dir, &self.triple, self.log, self.committer).await?;
         // Replay decodes on the blocking pool (with threads of its own for long logs), never
         // on this shard's executor; the file's bytes are freed once it is done.
+        let empty = if self.keep_entries {
+            Session::with_entries()
+        } else {
+            Session::default()
+        };
         let replayed =
             broca_io::blocking::run(
                 broca_io::blocking::Kind::WalReplay,
                 move || match &recovered.scan {
-                    None => Ok(Session::default()),
-                    Some(scan) => Session::replay_scan(scan, &recovered.bytes),
+                    None => Ok(empty),
+                    Some(scan) => empty.replay_scan_into(scan, &recovered.bytes),
                 },
             )
             .await;
@@ -280,6 +293,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             on_append: None,
             on_step: None,
             display: None,
+            keep_entries: false,
         }
     }
 

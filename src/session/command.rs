@@ -133,6 +133,16 @@ pub enum SessionCommand {
         caller: broca_wire::Caller,
         reply: oneshot::Sender<Result<serde_json::Value, broca_wire::RpcError>>,
     },
+    /// A view from the session's compaction provider `provider`, checked already against
+    /// the transcript: recorded durably and applied from the run's next step boundary, unless
+    /// the session has accepted a view as new since (`stale_version`).
+    ApplyView {
+        provider: String,
+        view: std::sync::Arc<cortexkit_role_compaction::view::View>,
+        reply: oneshot::Sender<
+            Result<Result<(), cortexkit_role_compaction::view::ViewRefusal>, broca_wire::RpcError>,
+        >,
+    },
     /// Import another harness's log (refused while a run is active).
     Import {
         input: Box<ImportInput>,
@@ -160,6 +170,7 @@ impl SessionCommand {
             SessionCommand::Adopt { reply, .. } => drop(reply.send(Err(err.clone()))),
             SessionCommand::RefreshPolicy { reply, .. } => drop(reply.send(Err(err.clone()))),
             SessionCommand::FlushPrefix { reply, .. } => drop(reply.send(Err(err.clone()))),
+            SessionCommand::ApplyView { reply, .. } => drop(reply.send(Err(err.clone()))),
             SessionCommand::Status { reply, .. } => drop(reply),
             SessionCommand::Cancel { reply, .. } => drop(reply),
             SessionCommand::Barrier { reply } => drop(reply),

@@ -52,6 +52,8 @@ struct InFlight {
     /// The calls of the last dispatch intent, in its order: a dispatched call takes the key
     /// of the first of its id not yet sent, a result the facts of the first not yet answered.
     batch: Vec<Intended>,
+    /// The compaction view the step in flight renders through (a retry keeps it).
+    view: crate::view::StepView,
 }
 
 /// A call of the last dispatch intent: its model id, key and schema pin as the intent
@@ -83,6 +85,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             streaming: false,
             tools: 0,
             batch: Vec::new(),
+            view: Default::default(),
         };
         loop {
             while let Some(cmd) = m.poll_command() {
@@ -146,8 +149,11 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                     m.handle(Event::Durable, crate::now_unix_ms());
                 }
             }
-            Command::CallModel { request, .. } => {
+            Command::CallModel {
+                mut request, step, ..
+            } => {
                 assert!(!calls.streaming, "one model call at a time");
+                self.through_view(&mut request, step, &mut calls.view);
                 calls.call.set(calls.call.get() + 1);
                 calls.streaming = true;
                 self.spawn_model(request, calls.call.clone(), calls.tx.clone());
@@ -357,6 +363,14 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                 reply,
             } => {
                 let answer = self.flush_prefix(&caller, &send_id).await;
+                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
+            }
+            SessionCommand::ApplyView {
+                provider,
+                view,
+                reply,
+            } => {
+                let answer = self.apply_view(provider, view).await;
                 let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
             }
             // A session with a run not over never expires, and is not at rest.

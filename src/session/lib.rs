@@ -19,6 +19,7 @@ mod import;
 mod queue;
 mod subscription;
 mod uploads;
+mod view;
 pub use uploads::process_boot;
 
 pub use actor::{ActorError, Display, OnAppend, Opener, SessionActor};

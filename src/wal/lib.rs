@@ -18,6 +18,7 @@ pub mod recovery;
 pub mod runrec;
 pub mod sendrec;
 pub mod verify;
+pub mod viewrec;
 
 use std::fmt;
 use std::path::PathBuf;

@@ -13,6 +13,7 @@ use super::runrec::{
     SessionReleased, StepStarted, ToolDispatchIntent, ToolResult, ToolResultLate, UploadBegun,
     UploadCommitted,
 };
+use super::viewrec::ViewAccepted;
 
 /// Kind codes. Codes are never reused for another meaning.
 pub mod kind {
@@ -51,6 +52,8 @@ pub mod kind {
     pub const USER_COMMAND: u16 = 30;
     /// [`crate::changerec::SessionChangeRecord`].
     pub const SESSION_CHANGE: u16 = 31;
+    /// [`crate::viewrec::ViewAccepted`].
+    pub const VIEW_ACCEPTED: u16 = 32;
 }
 
 /// A record of the WAL.
@@ -92,6 +95,8 @@ pub enum Record {
     UserCommand(Box<UserCommandRecord>),
     /// A mid-session change accepted (a refresh, a rung, a flush).
     SessionChange(Box<SessionChangeRecord>),
+    /// [`crate::viewrec::ViewAccepted`].
+    ViewAccepted(Box<ViewAccepted>),
     /// A kind this build does not know; its payload is kept as it is.
     Unknown {
         kind: u16,
@@ -147,6 +152,7 @@ impl Record {
             Record::ReasoningPruned(_) => kind::REASONING_PRUNED,
             Record::UserCommand(_) => kind::USER_COMMAND,
             Record::SessionChange(_) => kind::SESSION_CHANGE,
+            Record::ViewAccepted(_) => kind::VIEW_ACCEPTED,
             Record::Unknown { kind, .. } => *kind,
         }
     }
@@ -177,6 +183,7 @@ impl Record {
             kind::REASONING_PRUNED => Some("reasoning_pruned"),
             kind::USER_COMMAND => Some("user_command"),
             kind::SESSION_CHANGE => Some("session_change"),
+            kind::VIEW_ACCEPTED => Some("view_accepted"),
             _ => None,
         }
     }
@@ -209,6 +216,7 @@ impl Record {
             Record::ReasoningPruned(r) => serde_json::to_writer(w, r),
             Record::UserCommand(r) => serde_json::to_writer(w, r),
             Record::SessionChange(r) => serde_json::to_writer(w, r),
+            Record::ViewAccepted(r) => serde_json::to_writer(w, r),
             Record::Unknown { payload, .. } => {
                 out.extend_from_slice(payload);
                 Ok(())
@@ -256,6 +264,7 @@ impl Record {
             kind::REASONING_PRUNED => Ok(Record::ReasoningPruned(Box::new(parse(payload, bad)?))),
             kind::USER_COMMAND => Ok(Record::UserCommand(Box::new(parse(payload, bad)?))),
             kind::SESSION_CHANGE => Ok(Record::SessionChange(Box::new(parse(payload, bad)?))),
+            kind::VIEW_ACCEPTED => Ok(Record::ViewAccepted(Box::new(parse(payload, bad)?))),
             _ => Ok(Record::Unknown {
                 kind: code,
                 payload: payload.to_vec(),

@@ -56,6 +56,8 @@ pub enum Misfit {
         replaced: u64,
         why: &'static str,
     },
+    /// An accepted compaction view that is not a view, or not newer than the one before.
+    ViewMisfit { provider: String, why: String },
     /// A frame that does not decode (at its offset in the file).
     Undecodable { offset: u64, reason: String },
 }
@@ -110,6 +112,9 @@ impl std::fmt::Display for Misfit {
                 f,
                 "run {run_id}'s summary of the first {replaced} messages does not fit: {why}"
             ),
+            Misfit::ViewMisfit { provider, why } => {
+                write!(f, "a view accepted from {provider} does not fit: {why}")
+            }
             Misfit::Undecodable { offset, reason } => write!(f, "at offset {offset}: {reason}"),
         }
     }

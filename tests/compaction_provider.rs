@@ -1,0 +1,238 @@
+//! A session whose plan names a compaction provider (cortexkit-role-compaction's
+//! `compaction-runner/v1`, docs/compaction-providers.md): the real `broca module` against the
+//! daemon stand-in, with `"compaction_providers": true`. The provider's route reads the
+//! transcript in the neutral part model, hands over a view, which is durable before it is
+//! accepted (a kill right then keeps it), and the next model request (seen through a recording
+//! proxy in front of aimock) goes out through it, every numbered part behind its number.
+
+#[path = "support/daemon.rs"]
+#[allow(dead_code)]
+mod daemon;
+#[path = "support/module.rs"]
+mod module_support;
+mod support;
+
+use std::path::Path;
+use std::process::Child;
+
+use daemon::{Daemon, ToolModule};
+use module_support::*;
+use serde_json::{json, Value};
+use subc_protocol::FrameType;
+use support::{dump_all, fixture, recorded_bodies, Aimock, Peer};
+
+const PROVIDER: &str = "ck-compactor";
+
+/// `broca module` with plans and compaction providers on, its model calls through `model`,
+/// route 1 bound (as the person's `direct` app) to the session ("/p", "h", "s").
+fn start(dir: &Path, name: &str, model: &str, crash: &[(&str, &str)]) -> (Daemon, Child) {
+    let peer_env = [("BROCA_BASE_URL_ANTHROPIC", model)];
+    let extra: Vec<(&str, &str)> = peer_env.iter().chain(crash).copied().collect();
+    let mut d = Daemon::start(&dir.join(name));
+    let unused = Aimock::start(&fixture("tools.json"));
+    let child = with_configs(
+        dir,
+        &mut d,
+        &unused,
+        &extra,
+        &ToolModule::new("ck-tools"),
+        &json!({"modules": []}),
+        Some(&json!({"plans": true, "compaction_providers": true})),
+    );
+    assert_eq!(d.bind(1, 1, "/p", "h", "s").0, FrameType::Response);
+    (d, child)
+}
+
+/// Binds route `channel` to the session as module `module`'s compaction-runner route.
+fn bind_provider(d: &mut Daemon, channel: u16, module: &str, roles: Value) -> (FrameType, Value) {
+    d.control(&json!({
+        "op": "route.bind", "route_channel": channel, "epoch": 1,
+        "target": {"kind": "management_surface", "module_id": "ck-broca"},
+        "identity": {"harness": "h", "session": "s"},
+        "principal": {"kind": "reserved", "module_id": module},
+        "role_versions": roles,
+        "scope": {"owner": {"kind": "direct"}, "ref": "scope-s", "scope_epoch": 1,
+                  "kind": "head", "workdir": "/p", "owner_authorized": false},
+    }))
+}
+
+fn compaction_route(d: &mut Daemon, channel: u16, module: &str) {
+    let (ty, bound) = bind_provider(d, channel, module, json!({"compaction-runner": "v1"}));
+    assert_eq!(ty, FrameType::Response, "{bound}");
+}
+
+fn plan() -> Value {
+    json!({
+        "composition": {"join_version": 1},
+        "compaction_item": {"provider": PROVIDER, "preset": "head", "params": {}},
+    })
+}
+
+/// The texts of a recorded Anthropic request's messages, in order.
+fn texts(body: &Value) -> Vec<String> {
+    body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| match &m["content"] {
+            Value::String(s) => s.clone(),
+            blocks => blocks
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|b| b["text"].as_str())
+                .collect::<Vec<_>>()
+                .join("|"),
+        })
+        .collect()
+}
+
+fn all_entries(d: &mut Daemon, channel: u16) -> Value {
+    let (ty, page) = d.request(
+        channel,
+        1,
+        "session.entries",
+        json!({"select": {"by": "after"}, "detail": "full"}),
+    );
+    assert_eq!(ty, FrameType::Response, "{page}");
+    page
+}
+
+#[test]
+fn a_providers_view_is_recorded_before_it_is_accepted_and_the_next_request_goes_out_through_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let aimock = Aimock::start(&fixture("tools.json"));
+    let log = dir.path().join("requests.jsonl");
+    let proxy = Peer::recording_proxy(&log, &aimock.url());
+    let crash = [("BROCA_CRASH_AT", "view_accepted:1")];
+    let (mut d, mut child) = start(dir.path(), "d1", &proxy.url(), &crash);
+
+    // The session's first send freezes the plan naming the provider; its request already
+    // shows each numbered part behind its number.
+    let (_, status) = run_with(
+        &mut d,
+        1,
+        json!({"prompt": "hello", "model": "anthropic/m", "plan": plan()}),
+    );
+    assert_eq!(status["state"], "completed", "{status}");
+    assert_eq!(texts(&recorded_bodies(&log)[0]), ["§1§ hello"]);
+
+    // Route refusals at bind: two roles at once, a version broca does not serve.
+    for roles in [
+        json!({"compaction-runner": "v1", "llm-runner": "v1"}),
+        json!({"compaction-runner": "v2"}),
+    ] {
+        let (ty, refused) = bind_provider(&mut d, 5, PROVIDER, roles.clone());
+        assert_eq!(ty, FrameType::Error, "{roles}: {refused}");
+        assert_eq!(refused["code"], "unknown_route_role", "{refused}");
+    }
+    // A module that is not the session's provider is refused every op, by name.
+    compaction_route(&mut d, 3, "ck-stranger");
+    let (ty, stranger) = d.request(
+        3,
+        1,
+        "session.entries",
+        json!({"select": {"by": "after"}, "detail": "compact"}),
+    );
+    assert_eq!(
+        (ty, stranger["code"].as_str()),
+        (FrameType::Error, Some("unknown_session")),
+        "{stranger}"
+    );
+
+    // The provider reads the transcript, numbered, and the session applies no view yet.
+    compaction_route(&mut d, 2, PROVIDER);
+    let page = all_entries(&mut d, 2);
+    let entries = page["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 2, "{page}");
+    assert_eq!(entries[0]["parts"][0]["text"], "hello");
+    assert_eq!(entries[0]["parts"][0]["tag"], 1);
+    assert_eq!(entries[1]["parts"][0]["text"], "Hello there.");
+    assert_eq!(entries[1]["parts"][0]["tag"], 2);
+    assert_eq!(page["head"]["newest"]["ordinal"], 2);
+    assert_eq!(
+        d.request(2, 1, "session.applied_view", json!({})).1,
+        json!({})
+    );
+    let (ty, bad) = d.request(
+        2,
+        1,
+        "session.entries",
+        json!({"select": {"by": "after", "limit": 0}, "detail": "full"}),
+    );
+    assert_eq!(
+        (ty, bad["code"].as_str()),
+        (FrameType::Error, Some("invalid_params")),
+        "{bad}"
+    );
+    assert_eq!(bad["detail"]["field"], "select.limit");
+    let (ty, unknown) = d.request(2, 1, "session.compact_everything", json!({}));
+    assert_eq!(
+        (ty, unknown["code"].as_str()),
+        (FrameType::Error, Some("unknown_method")),
+        "{unknown}"
+    );
+
+    // A view whose checksum does not match is refused, and nothing is written.
+    let records = dump_all(&state).len();
+    let first = &entries[0];
+    let edits = json!([{"since": 1, "op": "replace", "mid": first["mid"], "part": first["parts"][0]["id"],
+                        "field": "text", "value": "[a greeting]", "expect": first["parts"][0]["digest"]}]);
+    let forged = json!({"version": 1, "checksum": "0".repeat(64), "edits": edits});
+    let (_, answer) = d.request(2, 1, "session.apply_view", json!({"view": forged}));
+    assert_eq!(
+        answer,
+        json!({"answer": "refused", "refusal": {"code": "bad_checksum"}})
+    );
+    assert_eq!(
+        dump_all(&state).len(),
+        records,
+        "a refused view wrote nothing"
+    );
+
+    // The view, sealed: durable before its answer, which is when broca aborts.
+    let view = json!({"version": 1, "checksum": checksum(1, &edits), "edits": edits});
+    d.send(
+        FrameType::Request,
+        2,
+        1,
+        &json!({"method": "session.apply_view", "params": {"view": view}}),
+    );
+    d.until_closed();
+    assert!(
+        !child.wait().unwrap().success(),
+        "broca aborted once the view was durable"
+    );
+
+    let (mut d, child) = start(dir.path(), "d2", &proxy.url(), &[]);
+    compaction_route(&mut d, 2, PROVIDER);
+    let (_, applied) = d.request(2, 1, "session.applied_view", json!({}));
+    assert_eq!(applied["view"], view, "the view survived the kill");
+    let (_, again) = d.request(2, 1, "session.apply_view", json!({"view": view}));
+    assert_eq!(again["refusal"]["code"], "stale_version", "{again}");
+    assert_eq!(all_entries(&mut d, 2)["head"]["applied_view"]["version"], 1);
+
+    // The next request goes out through it: the replaced text as the view wrote it (final,
+    // no number), every other part behind its number.
+    let (_, status) = run_with(
+        &mut d,
+        1,
+        json!({"prompt": "hello again", "model": "anthropic/m"}),
+    );
+    assert_eq!(status["state"], "completed", "{status}");
+    let bodies = recorded_bodies(&log);
+    assert_eq!(
+        texts(bodies.last().unwrap()),
+        ["[a greeting]", "§2§ Hello there.", "§3§ hello again"]
+    );
+    drain(&mut d, &mut { child });
+}
+
+/// A view's checksum (cortexkit-role-compaction W7): SHA-256 of the JCS text of
+/// `{"version", "edits"}`, computed by the contract crate's own types.
+fn checksum(version: u64, edits: &Value) -> String {
+    let edits: Vec<cortexkit_role_compaction::view::Edit> =
+        serde_json::from_value(edits.clone()).unwrap();
+    cortexkit_role_compaction::view::View::seal(version, edits).checksum
+}

@@ -24,8 +24,15 @@ use support::{dump_all, fixture, recorded_bodies, Aimock, Peer};
 const PROVIDER: &str = "ck-compactor";
 
 /// `broca module` with plans and compaction providers on, its model calls through `model`,
-/// route 1 bound (as the person's `direct` app) to the session ("/p", "h", "s").
-fn start(dir: &Path, name: &str, model: &str, crash: &[(&str, &str)]) -> (Daemon, Child) {
+/// the stand-in module `provider` behind the daemon, route 1 bound (as the person's `direct`
+/// app) to the session ("/p", "h", "s").
+fn start(
+    dir: &Path,
+    name: &str,
+    model: &str,
+    crash: &[(&str, &str)],
+    provider: &ToolModule,
+) -> (Daemon, Child) {
     let peer_env = [("BROCA_BASE_URL_ANTHROPIC", model)];
     let extra: Vec<(&str, &str)> = peer_env.iter().chain(crash).copied().collect();
     let mut d = Daemon::start(&dir.join(name));
@@ -35,7 +42,7 @@ fn start(dir: &Path, name: &str, model: &str, crash: &[(&str, &str)]) -> (Daemon
         &mut d,
         &unused,
         &extra,
-        &ToolModule::new("ck-tools"),
+        provider,
         &json!({"modules": []}),
         Some(&json!({"plans": true, "compaction_providers": true})),
     );
@@ -106,7 +113,8 @@ fn a_providers_view_is_recorded_before_it_is_accepted_and_the_next_request_goes_
     let log = dir.path().join("requests.jsonl");
     let proxy = Peer::recording_proxy(&log, &aimock.url());
     let crash = [("BROCA_CRASH_AT", "view_accepted:1")];
-    let (mut d, mut child) = start(dir.path(), "d1", &proxy.url(), &crash);
+    let provider = ToolModule::new(PROVIDER);
+    let (mut d, mut child) = start(dir.path(), "d1", &proxy.url(), &crash, &provider);
 
     // The session's first send freezes the plan naming the provider; its request already
     // shows each numbered part behind its number.
@@ -205,7 +213,7 @@ fn a_providers_view_is_recorded_before_it_is_accepted_and_the_next_request_goes_
         "broca aborted once the view was durable"
     );
 
-    let (mut d, child) = start(dir.path(), "d2", &proxy.url(), &[]);
+    let (mut d, child) = start(dir.path(), "d2", &proxy.url(), &[], &provider);
     compaction_route(&mut d, 2, PROVIDER);
     let (_, applied) = d.request(2, 1, "session.applied_view", json!({}));
     assert_eq!(applied["view"], view, "the view survived the kill");
@@ -235,4 +243,114 @@ fn checksum(version: u64, edits: &Value) -> String {
     let edits: Vec<cortexkit_role_compaction::view::Edit> =
         serde_json::from_value(edits.clone()).unwrap();
     cortexkit_role_compaction::view::View::seal(version, edits).checksum
+}
+
+/// Waits (5 s at most) until `list` holds `n` items, and answers them.
+fn at_least(list: &std::sync::Arc<std::sync::Mutex<Vec<Value>>>, n: usize) -> Vec<Value> {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let seen = list.lock().unwrap().clone();
+        if seen.len() >= n || std::time::Instant::now() > until {
+            return seen;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn the_provider_is_set_up_told_each_change_and_ridden_when_a_request_would_not_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let aimock = Aimock::start(&fixture("tools.json"));
+    let log = dir.path().join("requests.jsonl");
+    let proxy = Peer::recording_proxy(&log, &aimock.url());
+    let provider = ToolModule::new(PROVIDER);
+    let c = provider.compactor.clone();
+    let (mut d, child) = start(dir.path(), "d", &proxy.url(), &[], &provider);
+
+    // The first send: Setup before the first notice, a ride for the cache broca cannot know
+    // warm (its first request), notices as the send, then the answer, are durable.
+    let padding = "hello ".repeat(100);
+    let (_, status) = run_with(
+        &mut d,
+        1,
+        json!({"prompt": padding, "model": "anthropic/m", "plan": plan()}),
+    );
+    assert_eq!(status["state"], "completed", "{status}");
+    let setups = at_least(&c.setups, 1);
+    assert_eq!(setups.len(), 1, "{setups:?}");
+    assert_eq!(setups[0]["preset"], "head");
+    assert_eq!(
+        setups[0]["model"],
+        json!({"provider": "anthropic", "model": "m"})
+    );
+    assert_eq!(setups[0]["detects"], json!(["cache_expired", "over_limit"]));
+    let rides = at_least(&c.rides, 1);
+    assert_eq!(rides[0]["causes"], json!(["cache_expired"]), "{rides:?}");
+    // Every entry reaches the provider, in compact form, each notice numbered from 1.
+    let told = |notices: &[Value]| -> Vec<u64> {
+        notices
+            .iter()
+            .flat_map(|n| n["entries"].as_array().cloned().unwrap_or_default())
+            .map(|e| e["ordinal"].as_u64().unwrap())
+            .collect()
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !told(&c.notices.lock().unwrap()).contains(&2) && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let notices = c.notices.lock().unwrap().clone();
+    let seqs: Vec<u64> = notices.iter().map(|n| n["seq"].as_u64().unwrap()).collect();
+    assert_eq!(
+        seqs,
+        (1..=seqs.len() as u64).collect::<Vec<_>>(),
+        "{notices:?}"
+    );
+    let mut ordinals = told(&notices);
+    ordinals.dedup();
+    assert_eq!(ordinals, [1, 2], "{notices:?}");
+    assert_eq!(notices.last().unwrap()["newest"]["ordinal"], 2);
+    assert_eq!(notices[0]["entries"][0]["parts"][0]["tag"], 1);
+
+    // The provider's next ride brings a view: the first turn cut, a head in its place.
+    compaction_route(&mut d, 2, PROVIDER);
+    let page = all_entries(&mut d, 2);
+    let edits = json!([
+        {"since": 1, "op": "insert", "at": "start",
+         "message": {"id": "head", "role": "user", "texts": ["Earlier: a long greeting."]}},
+        {"since": 1, "op": "cut", "through": page["entries"][1]["mid"]},
+    ]);
+    let view = json!({"version": 1, "checksum": checksum(1, &edits), "edits": edits});
+    *c.ride_view.lock().unwrap() = Some(view.clone());
+
+    // A send whose reply's room leaves about 100 tokens of the model's window (128,000, the
+    // catalog giving none): the whole history does not fit, so broca rides with
+    // `over_limit`, applies the view to that very request, and it fits.
+    let rides_before = c.rides.lock().unwrap().len();
+    let small = json!({"prompt": "hello again", "model": "anthropic/m",
+                       "generation": {"max_output_tokens": 127_900}});
+    let (_, status) = run_with(&mut d, 1, small.clone());
+    assert_eq!(status["state"], "completed", "{status}");
+    let rides = c.rides.lock().unwrap().clone();
+    assert_eq!(rides.len(), rides_before + 1, "{rides:?}");
+    assert_eq!(rides.last().unwrap()["causes"], json!(["over_limit"]));
+    assert!(rides.last().unwrap()["request_tokens"].as_u64().unwrap() > 100);
+    assert_eq!(
+        texts(recorded_bodies(&log).last().unwrap()),
+        ["Earlier: a long greeting.", "§3§ hello again"]
+    );
+    let (_, applied) = d.request(2, 1, "session.applied_view", json!({}));
+    assert_eq!(applied["view"], view, "the ride's view is the session's");
+
+    // With no view that makes it fit, the turn ends at the ceiling and nothing goes out.
+    let sent = recorded_bodies(&log).len();
+    let tiny = json!({"prompt": "hello once more", "model": "anthropic/m",
+                      "generation": {"max_output_tokens": 127_990}});
+    let (_, status) = run_with(&mut d, 1, tiny);
+    assert_eq!(status["state"], "context_ceiling", "{status}");
+    assert_eq!(
+        recorded_bodies(&log).len(),
+        sent,
+        "no request went out over the window"
+    );
+    drain(&mut d, &mut { child });
 }

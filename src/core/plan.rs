@@ -590,6 +590,9 @@ pub fn apply(
             "this session's tools are its fetch plan's; a send does not name them",
         ));
     }
+    if crate::provided::plan_provider(plan).is_some() {
+        provider_window(config)?;
+    }
     let submit = cortexkit_role_llm_runner::structured_output::SUBMIT_RESULT_TOOL;
     if plan.tools.iter().any(|t| t.name == submit) && config.structured_output.is_some() {
         return Err(field(
@@ -620,6 +623,32 @@ pub fn apply(
         (Some(p), Some(own)) => Some(format!("{p}\n\n{own}")),
         (p, own) => p.clone().or(own),
     };
+    Ok(())
+}
+
+/// A send's config on a session whose plan names a compaction provider: its history is the
+/// provider's to shape (cortexkit-role-compaction R1), so neither the built-in compaction nor
+/// a limit of the send's own applies; the run goes to the model's window, which the session's
+/// actor keeps each request within (a ride with `over_limit`, then `context_ceiling`).
+fn provider_window(config: &mut broca_wal::runrec::FrozenConfig) -> Result<(), Refusal> {
+    if config.compaction.is_some() {
+        return Err(field(
+            "compaction",
+            "this session's history is shaped by its plan's compaction provider; a send does \
+             not turn on the built-in compaction",
+        ));
+    }
+    let window = config.catalog.as_ref().and_then(|c| c.context_window);
+    if let (Some(limit), Some(window)) = (config.context_limit, window) {
+        if limit < window {
+            return Err(field(
+                "context_limit",
+                "this session's requests are kept within its model's window by its plan's \
+                 compaction provider; a send does not set a lower limit",
+            ));
+        }
+    }
+    config.context_limit = None;
     Ok(())
 }
 

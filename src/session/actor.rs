@@ -232,6 +232,7 @@ impl<P: ModelClient, T: ToolRunner> Opener<P, T> {
             on_append: self.on_append,
             on_step: self.on_step,
             forwarding: Default::default(),
+            compactor: None,
         })
     }
 }
@@ -268,6 +269,8 @@ pub struct SessionActor<P: ModelClient, T: ToolRunner> {
     /// The person-only commands this process is forwarding now (their call keys): a retry
     /// of one waits for its reply instead of taking it for lost.
     pub(crate) forwarding: std::collections::HashSet<String>,
+    /// The link to the session's compaction provider, by the plan identity it was made for.
+    pub(crate) compactor: Option<(String, Option<crate::compactor::Compactor>)>,
 }
 
 impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
@@ -562,6 +565,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             replay_error(path, error)
         })?;
         self.appends += 1;
+        self.notice_due();
         let crash_now = self.crash.after_appends == Some(self.appends);
         if wait || (crash_now && self.crash.durable) {
             self.writer.wait_durable(appended.end).await?;

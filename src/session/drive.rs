@@ -154,6 +154,20 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             } => {
                 assert!(!calls.streaming, "one model call at a time");
                 self.through_view(&mut request, step, &mut calls.view);
+                if let Err(why) = self.ride_due(&mut request, step, &mut calls.view).await {
+                    // Over the usable window even after a ride: the turn ends at the ceiling,
+                    // and nothing goes out (cortexkit-role-compaction RD4).
+                    let error = broca_protocol::ClassifiedError {
+                        class: broca_protocol::ErrorClass::ContextOverflow,
+                        message: why,
+                        retry_after_ms: None,
+                    };
+                    m.handle(
+                        Event::AttemptFailed { error, usage: None },
+                        crate::now_unix_ms(),
+                    );
+                    return Ok(None);
+                }
                 calls.call.set(calls.call.get() + 1);
                 calls.streaming = true;
                 self.spawn_model(request, calls.call.clone(), calls.tx.clone());

@@ -11,6 +11,7 @@ mod adopt;
 mod change;
 mod command;
 mod commands;
+mod compactor;
 pub mod content;
 mod drive;
 pub mod hooks;

@@ -36,6 +36,19 @@ pub fn route_open(
     consumer: Option<(&str, &str)>,
     scope: Option<subc_protocol::scope::ScopeSelector>,
 ) -> Vec<u8> {
+    route_open_as(module_id, harness, session, consumer, scope, None)
+}
+
+/// [`route_open`] declaring the provider role it speaks (`role_versions`, one `(role,
+/// version)`): a compaction provider's route is `("compaction-provider", "v2")`.
+pub fn route_open_as(
+    module_id: &str,
+    harness: &str,
+    session: &str,
+    consumer: Option<(&str, &str)>,
+    scope: Option<subc_protocol::scope::ScopeSelector>,
+    role: Option<(&str, &str)>,
+) -> Vec<u8> {
     let open = ClientControlRequest::RouteOpen {
         target: RouteTarget::ToolProvider {
             module_id: module_id.into(),
@@ -53,7 +66,7 @@ pub fn route_open(
             cortexkit_role_tool_provider::HELD_REPLY_V1.to_string(),
             cortexkit_role_tool_provider::CALL_KEEPALIVE_CAPABILITY.to_string(),
         ]),
-        role_versions: None,
+        role_versions: role.map(|(r, v)| [(r.to_string(), v.to_string())].into()),
         admission_facts: None,
         scope,
     };

@@ -39,10 +39,12 @@ use broca_subc::LinkError;
 use crate::{ToolOrigin, ToolOutcome};
 
 mod command;
+mod compaction;
 mod late;
 mod plan;
 
 pub use command::{CommandUpdate, Forwarded, COMMAND_REPLY_DEADLINE};
+pub use compaction::Miss as CompactionMiss;
 
 pub use plan::PlanAnswer;
 
@@ -56,8 +58,14 @@ const CALL_TIMEOUT_DEFAULT: Duration = Duration::from_secs(300);
 const ROUTES_MAX: usize = 4096;
 
 /// A kept route's key: the module and the whole session triple (project root, harness,
-/// session).
-type RouteKey = (String, String, String, String);
+/// session), and the provider role it speaks when not tool-provider's.
+type RouteKey = (
+    String,
+    String,
+    String,
+    String,
+    Option<(&'static str, &'static str)>,
+);
 
 #[derive(Clone)]
 struct Route {
@@ -366,11 +374,26 @@ impl ModuleTools {
         session: &str,
         epoch: Option<u64>,
     ) -> Result<Route, NotSent> {
+        self.route_as(None, module, project_root, harness, session, epoch)
+            .await
+    }
+
+    /// [`ModuleTools::route`] speaking provider role `role` (`role_versions`).
+    async fn route_as(
+        &self,
+        role: Option<(&'static str, &'static str)>,
+        module: &str,
+        project_root: &str,
+        harness: &str,
+        session: &str,
+        epoch: Option<u64>,
+    ) -> Result<Route, NotSent> {
         let key = (
             module.to_string(),
             project_root.to_string(),
             harness.to_string(),
             session.to_string(),
+            role,
         );
         let used = self.next_use();
         let kept = self.routes.lock().ok().and_then(|mut r| {
@@ -396,7 +419,7 @@ impl ModuleTools {
                 _ => None,
             };
         let mut body = self
-            .open_body(module, harness, session, consumer, &record, false)
+            .open_body(module, (harness, session), consumer, &record, (false, role))
             .await?;
         let mut delay = Duration::from_millis(100);
         let mut last = String::new();
@@ -431,7 +454,7 @@ impl ModuleTools {
                 Opened::Refused(why) if record.is_some() && !scope_renewed && scope_gone(&why) => {
                     scope_renewed = true;
                     body = self
-                        .open_body(module, harness, session, consumer, &record, true)
+                        .open_body(module, (harness, session), consumer, &record, (true, role))
                         .await?;
                 }
                 Opened::Refused(why) => {
@@ -451,11 +474,10 @@ impl ModuleTools {
     async fn open_body(
         &self,
         module: &str,
-        harness: &str,
-        session: &str,
+        (harness, session): (&str, &str),
         consumer: Option<(&str, &str)>,
         record: &Option<broca_subc::scope::ScopeRecord>,
-        fresh: bool,
+        (fresh, role): (bool, Option<(&str, &str)>),
     ) -> Result<Vec<u8>, NotSent> {
         let selector = match (&self.scopes, record) {
             (Some(scopes), Some(record)) => {
@@ -467,8 +489,8 @@ impl ModuleTools {
             }
             _ => None,
         };
-        Ok(toolprov::route_open(
-            module, harness, session, consumer, selector,
+        Ok(toolprov::route_open_as(
+            module, harness, session, consumer, selector, role,
         ))
     }
 
@@ -592,6 +614,7 @@ impl ModuleTools {
             t.project_root.clone(),
             t.harness.clone(),
             t.session.clone(),
+            None,
         );
         let mut not_delivered = String::new();
         for _ in 0..2 {

@@ -63,6 +63,25 @@ pub trait ToolRunner: 'static {
         route: String,
         origin: ToolOrigin,
     ) -> impl Future<Output = ToolOutcome>;
+
+    /// Asks session `t`'s compaction provider `provider` an op (`body`: `{method, params}`),
+    /// waiting `deadline` at most ([`ModuleTools::compaction_op`]). Only the daemon's modules
+    /// are compaction providers: elsewhere, unreachable.
+    fn compaction_op(
+        &self,
+        t: Rc<broca_wal::SessionTriple>,
+        scope_epoch: u64,
+        provider: String,
+        body: Vec<u8>,
+        deadline: std::time::Duration,
+    ) -> impl Future<Output = Result<serde_json::Value, crate::modules::CompactionMiss>> {
+        let _ = (t, scope_epoch, provider, body, deadline);
+        async {
+            Err(crate::modules::CompactionMiss::Unreachable(
+                "compaction providers are the daemon's modules, reached in module mode".into(),
+            ))
+        }
+    }
 }
 
 /// Tools from the configured MCP servers.
@@ -144,6 +163,25 @@ impl ToolRunner for Tools {
                     call.name
                 ),
             },
+        }
+    }
+
+    async fn compaction_op(
+        &self,
+        t: Rc<broca_wal::SessionTriple>,
+        scope_epoch: u64,
+        provider: String,
+        body: Vec<u8>,
+        deadline: std::time::Duration,
+    ) -> Result<serde_json::Value, crate::modules::CompactionMiss> {
+        match &self.modules {
+            Some(m) => {
+                m.compaction_op(&t, scope_epoch, &provider, body, deadline)
+                    .await
+            }
+            None => Err(crate::modules::CompactionMiss::Unreachable(
+                "compaction providers are the daemon's modules, reached in module mode".into(),
+            )),
         }
     }
 }

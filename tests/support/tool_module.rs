@@ -10,6 +10,10 @@ use subc_protocol::FrameType;
 
 use super::Reply;
 
+#[path = "compactor.rs"]
+mod compactor;
+pub use compactor::Compactor;
+
 /// A tool_provider module behind the daemon: `echo` (answers its message), `record` (answers
 /// what it recorded), `hang` (never answers), `die` (the module dies with the call: the
 /// connection ends), `wait` (answers after its `ms` argument, and declares a reply deadline
@@ -37,6 +41,8 @@ pub struct ToolModule {
     /// 300 ms later, come as late results) and `crash` (the module dies with it).
     pub commands: Arc<std::sync::atomic::AtomicBool>,
     pub log: ToolLog,
+    /// What it answers as a compaction provider (`compaction.*` ops).
+    pub compactor: Compactor,
 }
 
 /// What the tool module saw.
@@ -74,6 +80,7 @@ impl ToolModule {
             hang_plan_catalogs: Arc::default(),
             commands: Arc::default(),
             log: ToolLog::default(),
+            compactor: Compactor::default(),
         }
     }
 
@@ -179,6 +186,12 @@ impl ToolModule {
 }
 
 pub(super) fn tool_answer(t: &ToolModule, body: &Value, channel: u16) -> Reply {
+    if body["method"]
+        .as_str()
+        .is_some_and(|m| m.starts_with("compaction."))
+    {
+        return compactor::answer(&t.compactor, body);
+    }
     let name = body["name"].as_str().unwrap_or("");
     match name {
         "role.describe" => {

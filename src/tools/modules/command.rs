@@ -66,6 +66,7 @@ impl ModuleTools {
             project_root.to_string(),
             harness.to_string(),
             session.to_string(),
+            None,
         );
         let mut not_delivered = String::new();
         for _ in 0..2 {

@@ -1,0 +1,400 @@
+//! The session's side of its compaction provider's calls (cortexkit-role-compaction A4, A5,
+//! A9; ops W5.1 to W5.3), for a session whose plan names one:
+//!
+//! - **Setup** before the first notice of this process (so after a restart too), and again
+//!   when a notice is answered `setup_required`. Setup holds nothing: a session whose provider
+//!   refuses it, or cannot be reached, runs on the view it has (none at first).
+//! - **Notices** after each durable change to the transcript, in compact form: the entries new
+//!   since the last one and those changed (a call's result arrived). One at a time, sent off
+//!   the run's path (N2, N3); changes made while one is out go in the next.
+//! - **Rides** before a model request that would not fit the usable window (`over_limit`), or
+//!   whose prompt cache broca cannot know to be warm (`cache_expired`: the first request of
+//!   this process, or one after the cache's five minutes). The request waits for the answer
+//!   up to the ride's deadline; a view it brings is checked, recorded durably and applied to
+//!   that very request. A request still over the window ends the turn at `context_ceiling`
+//!   (RD4): broca never sends over its limit.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use broca_core::{neutral, provided};
+use broca_protocol::model::ModelClient;
+use broca_tools::ToolRunner;
+use broca_wal::runrec::FrozenConfig;
+use cortexkit_role_compaction::notice::{Conditions, Event, NoticeAnswer, NoticeRequest};
+use cortexkit_role_compaction::read::Entry;
+use cortexkit_role_compaction::ride::{RideAnswer, RideCause, RideRequest};
+use cortexkit_role_compaction::setup::{ModelRef, SetupAnswer, SetupRequest};
+use cortexkit_role_compaction::view::View;
+use cortexkit_role_compaction::{ops, wire};
+
+use crate::SessionActor;
+
+/// How long Setup and a notice wait for their answer.
+const CALL_DEADLINE: Duration = Duration::from_secs(10);
+/// How long a request waits for a ride's answer: a short one for a cold cache alone, a longer
+/// one when the request does not fit without a view.
+const RIDE_DEADLINE_COLD: Duration = Duration::from_secs(3);
+const RIDE_DEADLINE_OVER: Duration = Duration::from_secs(30);
+/// The prompt cache's lifetime broca asks for (the providers' default, five minutes).
+const CACHE_LIFETIME_MS: u64 = 5 * 60 * 1000;
+/// The window of a model the catalog gives none for.
+const WINDOW_UNKNOWN: u64 = 128_000;
+/// The reply's room when the send names no output cap (the Anthropic renderer's default).
+const OUTPUT_DEFAULT: u64 = 4096;
+/// The ride causes broca detects (RD5).
+fn detects() -> Vec<RideCause> {
+    vec![RideCause::CacheExpired, RideCause::OverLimit]
+}
+
+/// A session's link to its provider.
+pub(crate) struct Compactor {
+    provider: String,
+    preset: String,
+    shared: Rc<RefCell<Shared>>,
+}
+
+/// What the link's calls in flight share with the actor.
+#[derive(Default)]
+struct Shared {
+    /// Setup answered `ready` (this process, since the last `setup_required`).
+    ready: bool,
+    /// The last notice's `seq` since the latest Setup.
+    seq: u64,
+    /// The digest of each entry (by ordinal) as the provider was last told of it.
+    noticed: Vec<String>,
+    /// A Setup or notice is out.
+    busy: bool,
+    /// What the next notice reports besides its entries.
+    events: Vec<Event>,
+    /// When this process last sent the session's model a request (Unix ms).
+    last_request_ms: Option<u64>,
+}
+
+/// What a request is sent under: the session's model, its window and its reply's room.
+fn conditions(config: &FrozenConfig) -> Conditions {
+    let window = config
+        .catalog
+        .as_ref()
+        .and_then(|c| c.context_window)
+        .unwrap_or(WINDOW_UNKNOWN);
+    let reserve = config
+        .generation
+        .max_output_tokens
+        .unwrap_or(OUTPUT_DEFAULT);
+    Conditions::new(
+        ModelRef::new(config.provider.clone(), config.model.clone()),
+        window,
+        reserve,
+        cortexkit_compaction_view::rules::defaults(&config.model),
+    )
+}
+
+/// A request's size in tokens, estimated as four bytes of its JSON to a token.
+fn estimate(request: &broca_protocol::Request) -> u64 {
+    serde_json::to_vec(&(&request.system, &request.messages, &*request.tools))
+        .map_or(u64::MAX, |b| b.len() as u64 / 4)
+}
+
+impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
+    /// The session's link to its compaction provider, when its plan names one (and the actor
+    /// keeps entries, as it does where the runner hosts providers).
+    fn compactor(&mut self) -> Option<&Compactor> {
+        let plan = self.state.plan.as_ref()?;
+        self.state.entries.as_ref()?;
+        if self
+            .compactor
+            .as_ref()
+            .is_none_or(|(id, _)| *id != plan.identity)
+        {
+            let link = provided::plan_provider(plan).map(|(provider, preset)| Compactor {
+                provider,
+                preset,
+                shared: Rc::default(),
+            });
+            self.compactor = Some((plan.identity.clone(), link));
+        }
+        self.compactor.as_ref()?.1.as_ref()
+    }
+
+    /// After a record is applied: tells the provider what the transcript gained or changed,
+    /// unless a call to it is out (the next notice then carries it) or nothing did.
+    pub(crate) fn notice_due(&mut self) {
+        let Some(link) = self.compactor() else {
+            return;
+        };
+        let (provider, preset, shared) = (
+            link.provider.clone(),
+            link.preset.clone(),
+            link.shared.clone(),
+        );
+        let Some(entries) = &self.state.entries else {
+            return;
+        };
+        {
+            let s = shared.borrow();
+            if s.busy || (s.noticed.len() == entries.list.len() && s.events.is_empty()) {
+                return;
+            }
+        }
+        let Some(config) = self.state.runs.last().map(|r| r.config.clone()) else {
+            return;
+        };
+        let numbered = neutral::transcript(entries, 0);
+        let digests: Vec<String> = numbered.iter().map(|e| e.digest.clone()).collect();
+        let mut s = shared.borrow_mut();
+        let changed: Vec<Entry> = numbered
+            .iter()
+            .enumerate()
+            .filter(|(i, e)| s.noticed.get(*i) != Some(&e.digest))
+            .map(|(_, e)| {
+                let mut c = e.clone();
+                c.parts = e.parts.iter().map(|p| p.compact()).collect();
+                c
+            })
+            .collect();
+        let fits = serde_json::to_vec(&changed)
+            .is_ok_and(|b| b.len() <= cortexkit_role_compaction::notice::ENTRIES_BUDGET_BYTES);
+        let events = std::mem::take(&mut s.events);
+        s.busy = true;
+        drop(s);
+        let applied = self.state.view.as_ref().map(|v| v.applied());
+        let newest = numbered.last().map(neutral::cursor);
+        let ask = Ask {
+            tools: self.tools.clone(),
+            triple: self.triple.clone(),
+            scope_epoch: self.writer.header().created_unix_ms,
+            provider,
+        };
+        let cond = conditions(&config);
+        let mut setup = SetupRequest::new(
+            preset,
+            cond.model.clone(),
+            cond.context_window,
+            cond.output_reserve,
+            cond.rules.clone(),
+            detects(),
+            crate::now_unix_ms(),
+        );
+        if let Some(a) = &applied {
+            setup = setup.with_applied_view(a.clone());
+        }
+        if let Some(n) = &newest {
+            setup = setup.with_newest(n.clone());
+        }
+        let mut notice = NoticeRequest::new(0, cond).with_events(events);
+        if let Some(a) = applied {
+            notice = notice.with_applied_view(a);
+        }
+        if let Some(n) = newest {
+            notice = notice.with_newest(n);
+        }
+        if fits {
+            notice = notice.with_entries(changed);
+        }
+        glommio::spawn_local(async move {
+            ask.notice(&shared, setup, notice, digests).await;
+            shared.borrow_mut().busy = false;
+        })
+        .detach();
+    }
+
+    /// Before model request `request` goes out: the ride its causes call for, if any, and the
+    /// ceiling. `Err` with why the request does not fit the usable window even so.
+    pub(crate) async fn ride_due(
+        &mut self,
+        request: &mut broca_protocol::Request,
+        step: u32,
+        held: &mut crate::view::StepView,
+    ) -> Result<(), String> {
+        let Some(link) = self.compactor() else {
+            return Ok(());
+        };
+        let (provider, shared) = (link.provider.clone(), link.shared.clone());
+        let Some(config) = self.state.runs.last().map(|r| r.config.clone()) else {
+            return Ok(());
+        };
+        let now = crate::now_unix_ms();
+        let cond = conditions(&config);
+        let usable = cond.context_window.saturating_sub(cond.output_reserve);
+        let tokens = estimate(request);
+        let cold = shared
+            .borrow()
+            .last_request_ms
+            .is_none_or(|t| now.saturating_sub(t) > CACHE_LIFETIME_MS);
+        let mut causes = Vec::new();
+        if cold {
+            causes.push(RideCause::CacheExpired);
+        }
+        if tokens > usable {
+            causes.push(RideCause::OverLimit);
+        }
+        shared.borrow_mut().last_request_ms = Some(now);
+        if causes.is_empty() {
+            return Ok(());
+        }
+        let over = tokens > usable;
+        let deadline = if over {
+            RIDE_DEADLINE_OVER
+        } else {
+            RIDE_DEADLINE_COLD
+        };
+        let mut ride = RideRequest::new(causes, deadline.as_millis() as u64, cond);
+        if let Some(v) = &self.state.view {
+            ride = ride.with_applied_view(v.applied());
+        }
+        if over {
+            ride = ride.with_request_tokens(tokens);
+        }
+        let ask = Ask {
+            tools: self.tools.clone(),
+            triple: self.triple.clone(),
+            scope_epoch: self.writer.header().created_unix_ms,
+            provider: provider.clone(),
+        };
+        let body = wire::encode(ops::COMPACTION_RIDE, &ride);
+        match ask.op(body, deadline).await {
+            Ok(answer) => match serde_json::from_value::<RideAnswer>(answer) {
+                Ok(RideAnswer::View { view }) => {
+                    self.take_ride_view(&provider, view, &shared).await?;
+                    // This very request goes out through it.
+                    *held = Default::default();
+                    self.through_view(request, step, held);
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(%provider, "a ride's answer that does not decode: {e}"),
+            },
+            // `unknown_session`: the provider restarted; Setup comes before the next notice.
+            Err(broca_tools::modules::CompactionMiss::Refused { code, .. })
+                if code == wire::codes::UNKNOWN_SESSION =>
+            {
+                shared.borrow_mut().ready = false;
+            }
+            Err(why) => {
+                tracing::info!(%provider, "a ride went unanswered ({why}); the request goes out with the view it has")
+            }
+        }
+        let tokens = estimate(request);
+        if tokens > usable {
+            return Err(format!(
+                "the request would carry about {tokens} tokens, over the {usable} the model's \
+                 window leaves beside its reply, and the compaction provider `{provider}` gave \
+                 no view that fits"
+            ));
+        }
+        Ok(())
+    }
+
+    /// A ride's view: checked as a handed-over one is; recorded durably when it passes, else
+    /// reported in the next notice (`view_refused`).
+    async fn take_ride_view(
+        &mut self,
+        provider: &str,
+        view: View,
+        shared: &Rc<RefCell<Shared>>,
+    ) -> Result<(), String> {
+        let Some(entries) = &self.state.entries else {
+            return Ok(());
+        };
+        let numbered = neutral::transcript(entries, 0);
+        let rules = provided::session_rules(&self.state);
+        match provided::check(&numbered, self.state.view.as_deref(), &view, &rules) {
+            Ok(_) => {
+                let answer = self.apply_view(provider.to_string(), Arc::new(view)).await;
+                match answer {
+                    Ok(Ok(())) => {}
+                    Ok(Err(refusal)) => {
+                        tracing::info!(%provider, "a ride's view refused: {refusal:?}")
+                    }
+                    Err(e) => return Err(format!("recording the ride's view failed: {e}")),
+                }
+            }
+            Err(refusal) => {
+                let version = view.version;
+                shared
+                    .borrow_mut()
+                    .events
+                    .push(Event::ViewRefused { version, refusal });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a call to the provider needs, moved into the task that makes it.
+struct Ask<T> {
+    tools: Rc<T>,
+    triple: Rc<broca_wal::SessionTriple>,
+    scope_epoch: u64,
+    provider: String,
+}
+
+impl<T: ToolRunner> Ask<T> {
+    async fn op(
+        &self,
+        body: Vec<u8>,
+        deadline: Duration,
+    ) -> Result<serde_json::Value, broca_tools::modules::CompactionMiss> {
+        self.tools
+            .compaction_op(
+                self.triple.clone(),
+                self.scope_epoch,
+                self.provider.clone(),
+                body,
+                deadline,
+            )
+            .await
+    }
+
+    /// Setup when the link is not ready, then the notice; what the provider was told is
+    /// remembered only once it answered `received`.
+    async fn notice(
+        &self,
+        shared: &Rc<RefCell<Shared>>,
+        setup: SetupRequest,
+        mut notice: NoticeRequest,
+        digests: Vec<String>,
+    ) {
+        let provider = &self.provider;
+        if !shared.borrow().ready {
+            let body = wire::encode(ops::COMPACTION_SETUP, &setup);
+            match self.op(body, CALL_DEADLINE).await {
+                Ok(answer) if serde_json::from_value::<SetupAnswer>(answer.clone()).is_ok() => {
+                    let mut s = shared.borrow_mut();
+                    s.ready = true;
+                    s.seq = 0;
+                }
+                Ok(answer) => {
+                    tracing::warn!(%provider, "compaction.setup answered {answer}; no views until it is ready");
+                    return;
+                }
+                Err(why) => {
+                    tracing::warn!(%provider, "compaction.setup: {why}; the session runs on the view it has");
+                    return;
+                }
+            }
+        }
+        let seq = {
+            let mut s = shared.borrow_mut();
+            s.seq += 1;
+            s.seq
+        };
+        notice.seq = seq;
+        let body = wire::encode(ops::COMPACTION_NOTICE, &notice);
+        match self.op(body, CALL_DEADLINE).await {
+            Ok(answer) => match serde_json::from_value::<NoticeAnswer>(answer) {
+                Ok(NoticeAnswer::Received) => shared.borrow_mut().noticed = digests,
+                // The provider restarted, or answered something broca does not know (W1.5):
+                // Setup again before the next notice, which carries these entries again.
+                _ => shared.borrow_mut().ready = false,
+            },
+            Err(why) => {
+                tracing::info!(%provider, "compaction.notice {seq}: {why}");
+                // Its events go in the next one.
+                shared.borrow_mut().events.extend(notice.events);
+            }
+        }
+    }
+}

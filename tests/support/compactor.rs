@@ -1,0 +1,58 @@
+//! The daemon stand-in's compaction provider (cortexkit-role-compaction's
+//! `compaction-provider/v2`): the ToolModule answers `compaction.*` ops with it. It records
+//! every Setup, notice and ride, answers Setup `ready` and notices `received`, and answers a
+//! ride with the view set for it (once), else `nothing`.
+
+use std::sync::{Arc, Mutex};
+
+use serde_json::{json, Value};
+use subc_protocol::FrameType;
+
+use super::Reply;
+
+#[derive(Clone, Default)]
+pub struct Compactor {
+    pub setups: Arc<Mutex<Vec<Value>>>,
+    pub notices: Arc<Mutex<Vec<Value>>>,
+    pub rides: Arc<Mutex<Vec<Value>>>,
+    /// The view the next ride is answered with.
+    pub ride_view: Arc<Mutex<Option<Value>>>,
+    /// Notices answered `setup_required` before one is `received` (a provider that restarted).
+    pub forget: Arc<Mutex<u32>>,
+}
+
+pub(super) fn answer(c: &Compactor, body: &Value) -> Reply {
+    let params = body["params"].clone();
+    let answer = match body["method"].as_str() {
+        Some("compaction.setup") => {
+            c.setups.lock().unwrap().push(params);
+            json!({"answer": "ready"})
+        }
+        Some("compaction.notice") => {
+            c.notices.lock().unwrap().push(params);
+            let mut forget = c.forget.lock().unwrap();
+            if *forget > 0 {
+                *forget -= 1;
+                json!({"answer": "setup_required"})
+            } else {
+                json!({"answer": "received"})
+            }
+        }
+        Some("compaction.ride") => {
+            c.rides.lock().unwrap().push(params);
+            match c.ride_view.lock().unwrap().take() {
+                Some(view) => json!({"answer": "view", "view": view}),
+                None => json!({"answer": "nothing"}),
+            }
+        }
+        other => {
+            return Reply::Frame(
+                FrameType::Error,
+                json!({"code": "unknown_method", "message": format!("{other:?}"),
+                       "detail": {"method": other}}),
+                false,
+            )
+        }
+    };
+    Reply::Frame(FrameType::Response, answer, false)
+}

@@ -369,6 +369,34 @@ pub fn plan_provider(plan: &broca_wal::planrec::FrozenPlan) -> Option<(String, S
     Some((provider.to_string(), preset.to_string()))
 }
 
+/// The number each part the session's next request shows carries, by `(mid, part id)`: the
+/// numbered parts its view keeps (cortexkit-role-compaction A3). Empty for a session without
+/// a compaction provider, whose requests show no numbers.
+pub fn shown_numbers(session: &crate::replay::Session) -> HashMap<(String, String), u64> {
+    let mut shown = HashMap::new();
+    let Some(entries) = &session.entries else {
+        return shown;
+    };
+    if provider_of(session).is_none() {
+        return shown;
+    }
+    let numbered = crate::neutral::transcript(entries, 0);
+    let edits = session.view.as_ref().map_or(&[][..], |v| &v.edits[..]);
+    let Ok(plan) = render::plan(&numbered, edits) else {
+        return shown;
+    };
+    for item in plan.items {
+        if let PlanItem::Entry { mid, parts, .. } = item {
+            for p in parts {
+                if let Some(tag) = p.tag {
+                    shown.insert((mid.clone(), p.id), tag);
+                }
+            }
+        }
+    }
+    shown
+}
+
 /// Whether the attested `principal` is module `provider` (`reserved:<module>` or the bare id).
 pub fn is_module(principal: Option<&str>, provider: &str) -> bool {
     principal.is_some_and(|p| p == provider || p.rsplit(':').next() == Some(provider))

@@ -194,7 +194,10 @@ pub fn prune_log(bytes: &[u8], at_unix_ms: u64) -> Result<Option<PrunedLog>, Str
             rewritten.insert(seq, payload);
         }
     }
-    if messages.is_empty() {
+    // A session whose plan names a compaction provider is never pruned: its provider holds
+    // copies of what it read, and the compaction contract defines no acceptance of a re-read
+    // that differs (llm-runner/v1 0.8, `archive_prunes_reasoning`).
+    if messages.is_empty() || crate::provided::provider_of(&session).is_some() {
         return Ok(None);
     }
     let prior = session.prunes.state;

@@ -21,6 +21,7 @@ mod import;
 mod kills;
 mod media;
 mod model;
+mod numbers;
 mod pruning;
 mod report;
 mod retention;

@@ -20,10 +20,20 @@ pub async fn fixture(
     with_compaction_provider: bool,
 ) -> Result<Vec<ArchivePruningPart>, HarnessError> {
     if with_compaction_provider {
-        return Err(HarnessError::new(
-            "broca hosts no compaction provider (the `compaction` group), so no session's plan can \
-             name a compaction provider: it refuses a plan's `compaction_item`",
-        ));
+        // The person's app starts the session on a plan naming a compaction provider (broca's
+        // `session.host_start`, on a route the daemon attests as `direct`); the messages are
+        // taken in after, as for any fixture.
+        let plan = json!({ "compaction_item": crate::numbers::compaction_item() });
+        subject
+            .live
+            .on_session_as(
+                "direct",
+                HARNESS,
+                session,
+                "session.host_start",
+                json!({ "plan": plan }),
+            )
+            .await?;
     }
     let root = subject
         .live

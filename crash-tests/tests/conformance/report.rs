@@ -43,28 +43,7 @@ pub struct Awaiting {
     pub why: &'static str,
 }
 
-pub const AWAITING: &[Awaiting] = &[
-    Awaiting {
-        case: "delivery_order_template_part_gone_refused",
-        needs: "compaction",
-        evidence: "the session shows no numbered part",
-        why: "the case names a part the session shows by its number (`§N§`) in a template's \
-              `part_tag` slot; part numbers are the compaction role's (llm-runner/v1 §9.6 \
-              defers them to cortexkit-role-compaction A3), which broca does not show before \
-              it hosts a compaction provider, so every `part_tag` send is refused \
-              `template_part_gone` and the case finds no shown part to name",
-    },
-    Awaiting {
-        case: "archive_pruning_provider_blocks_pruning",
-        needs: "compaction",
-        evidence: "no session's plan can name a compaction provider",
-        why: "the case asks for a session whose plan names a compaction provider, so that a prune \
-          leaves it untouched (§9.14.1); broca hosts no compaction provider yet (the runner \
-          group `compaction`, not declared), so it refuses a plan's `compaction_item` as \
-          compaction-provider/v1 §3 says (`invalid_params {field: \"plan.compaction_item\"}`), \
-          no session of broca names one and the gate has no session to hold",
-    },
-];
+pub const AWAITING: &[Awaiting] = &[];
 
 /// Cases the adapter declines, and why in broca's words (the suite's own reason names only the
 /// hook the adapter leaves unanswered).

@@ -87,10 +87,23 @@ impl Live {
         method: &str,
         params: serde_json::Value,
     ) -> Result<serde_json::Value, HarnessError> {
+        self.on_session_as(crate::subject::OWNER, harness, session, method, params)
+            .await
+    }
+
+    /// [`Live::on_session`] as the caller the daemon attests as `principal`.
+    pub async fn on_session_as(
+        &self,
+        principal: &str,
+        harness: &str,
+        session: &str,
+        method: &str,
+        params: serde_json::Value,
+    ) -> Result<serde_json::Value, HarnessError> {
         let (link, _) = self
             .newest()
             .ok_or_else(|| HarnessError::new("no live module"))?;
-        let route = Route::bind(link, harness, session)
+        let route = Route::bind_as(link, harness, session, principal)
             .await
             .map_err(HarnessError::new)?;
         match route.request(method, params).await {

@@ -25,8 +25,18 @@ pub struct Route {
 impl Route {
     /// A route of the session `session` of `harness`, bound on `link` as its owner.
     pub async fn bind(link: Arc<Link>, harness: &str, session: &str) -> Result<Route, String> {
+        Route::bind_as(link, harness, session, OWNER).await
+    }
+
+    /// [`Route::bind`] for the caller the daemon attests as `principal`.
+    pub async fn bind_as(
+        link: Arc<Link>,
+        harness: &str,
+        session: &str,
+        principal: &str,
+    ) -> Result<Route, String> {
         let stamp = RouteStamp {
-            principal: OWNER.into(),
+            principal: principal.into(),
             scope: None,
         };
         let channel = link.bind(harness, session, &stamp).await?;

@@ -32,7 +32,8 @@ impl Subject {
         // The archive prunes reasoning as it packs (`archive_prunes_reasoning`); sends may
         // carry a fetch plan (`plans`) and an ordered delivery (`delivery_order`).
         let config = root.join("broca.json");
-        let settings = json!({"prune_reasoning": true, "plans": true, "delivery_order": true});
+        let settings = json!({"prune_reasoning": true, "plans": true, "delivery_order": true,
+                              "compaction_providers": true});
         std::fs::write(&config, settings.to_string()).map_err(|e| fail("broca's config", &e))?;
         let catalog = root.join("catalog.json");
         std::fs::write(

@@ -304,6 +304,7 @@ impl LlmRunnerSubject for Subject {
             "tool_items".into(),
             json!([{"provider": MODULE, "params": {}}]),
         );
+        crate::numbers::with_provider(session, &mut plan);
         let mut fields = self.send_fields(session, first);
         fields.insert("plan".into(), Value::Object(plan));
         Some(fields)
@@ -554,6 +555,10 @@ impl LlmRunnerSubject for Subject {
                 "tool_use_id": call.tool_call_id, "content": "seeded result"}]}),
         ];
         self.import(handle, session, "untimed", lines).await
+    }
+
+    fn shown_part_number(&self, session: &str, mid: &str, part: &str) -> Option<u64> {
+        self.number_shown(session, mid, part)
     }
 
     async fn model_requests(

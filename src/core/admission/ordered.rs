@@ -197,8 +197,10 @@ pub(super) fn sender_admitted(
 }
 
 /// A template send's one text: the plan's template for its sender (the owner's being an
-/// entry naming the owner) rendered with the send's slots, each checked here. broca shows
-/// no part numbers, so a `part_tag` slot's part is always gone: `template_part_gone`.
+/// entry naming the owner) rendered with the send's slots, each checked here. A `part_tag`
+/// slot takes the number the session's next request shows its part with (its compaction
+/// provider's view: `provided::shown_numbers`); a part not shown, as every part of a session
+/// without a provider, is `template_part_gone`.
 pub(super) fn render_template(p: &mut Prepared, session: &Session) -> Result<(), Refusal> {
     let Some(use_) = p.order.as_ref().and_then(|o| o.template.clone()) else {
         return Ok(());
@@ -220,7 +222,10 @@ pub(super) fn render_template(p: &mut Prepared, session: &Session) -> Result<(),
         .find(|s| Some(s.module.as_str()) == sender)
         .map(|s| s.templates.as_slice())
         .unwrap_or_default();
-    match render(templates, &use_, |_| None) {
+    let shown = crate::provided::shown_numbers(session);
+    match render(templates, &use_, |r| {
+        shown.get(&(r.mid.clone(), r.part.clone())).copied()
+    }) {
         Ok(text) => {
             p.prompt = text;
             Ok(())

@@ -340,6 +340,40 @@ fn the_provider_is_set_up_told_each_change_and_ridden_when_a_request_would_not_f
     );
     let (_, applied) = d.request(2, 1, "session.applied_view", json!({}));
     assert_eq!(applied["view"], view, "the ride's view is the session's");
+    // Its cut is the session's compaction marker, reported in a notice.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let marked = |n: &Value| n["events"] == json!([{"event": "marker_written", "version": 1}]);
+    while !c.notices.lock().unwrap().iter().any(marked) && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(
+        c.notices.lock().unwrap().iter().any(marked),
+        "{:?}",
+        c.notices.lock().unwrap()
+    );
+
+    // A provider that restarted answers a notice `setup_required`: broca sets it up again,
+    // and the notice after starts the count over.
+    *c.forget.lock().unwrap() = 1;
+    let setups_before = c.setups.lock().unwrap().len();
+    let (_, status) = run_with(
+        &mut d,
+        1,
+        json!({"prompt": "hello", "model": "anthropic/m"}),
+    );
+    assert_eq!(status["state"], "completed", "{status}");
+    let setups = at_least(&c.setups, setups_before + 1);
+    assert_eq!(setups.len(), setups_before + 1, "set up again once");
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let restarted = |ns: &[Value]| ns.iter().filter(|n| n["seq"] == 1).count() == 2;
+    while !restarted(&c.notices.lock().unwrap()) && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(
+        restarted(&c.notices.lock().unwrap()),
+        "{:?}",
+        c.notices.lock().unwrap()
+    );
 
     // With no view that makes it fit, the turn ends at the ceiling and nothing goes out.
     let sent = recorded_bodies(&log).len();

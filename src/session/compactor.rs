@@ -201,6 +201,29 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         .detach();
     }
 
+    /// A view holding a cut is durable: broca's own log is the host, and the view's record
+    /// its compaction marker (M1), which the next notice reports (`marker_written`). The
+    /// numbers stay as they were (T2): broca counts from the session's first entry.
+    pub(crate) fn marker_written(&mut self, view: &View) {
+        use cortexkit_role_compaction::view::EditOp;
+        if !view
+            .edits
+            .iter()
+            .any(|e| matches!(e.op, EditOp::Cut { .. }))
+        {
+            return;
+        }
+        let Some(link) = self.compactor() else {
+            return;
+        };
+        let version = view.version;
+        link.shared
+            .borrow_mut()
+            .events
+            .push(Event::MarkerWritten { version });
+        self.notice_due();
+    }
+
     /// Before model request `request` goes out: the ride its causes call for, if any, and the
     /// ceiling. `Err` with why the request does not fit the usable window even so.
     pub(crate) async fn ride_due(

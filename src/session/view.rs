@@ -38,6 +38,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         };
         self.append(Record::ViewAccepted(Box::new(record)), true)
             .await?;
+        self.marker_written(&view);
         Ok(Ok(()))
     }
 }

@@ -46,6 +46,60 @@ pub fn transcript(entries: &Entries, checkpoint: u64) -> Vec<Entry> {
     out
 }
 
+/// The numbered transcript kept between uses and brought up to date with what was appended
+/// since ([`Numbered::refresh`]): only the entries from the session's last assistant entry on
+/// are made again, since an entry before it no longer changes (its calls' results and the
+/// sends that rode them are recorded before the next step's entry). A request, a notice and a
+/// ride of a provider's session so cost what the newest entries cost, not the whole
+/// transcript. Numbered from 0, as [`transcript`] is with no checkpoint.
+#[derive(Debug, Clone, Default)]
+pub struct Numbered {
+    list: Vec<Entry>,
+    /// Entries `..stable` are final.
+    stable: usize,
+    /// The last number the final entries took.
+    tagged: u64,
+}
+
+impl Numbered {
+    /// The numbered transcript of `entries`, made again from its last assistant entry on.
+    pub fn refresh(&mut self, entries: &Entries) -> &[Entry] {
+        let src = &entries.list;
+        if src.len() < self.stable {
+            *self = Numbered::default();
+        }
+        self.list.truncate(self.stable);
+        let mut next = self.tagged;
+        for (i, e) in src.iter().enumerate().skip(self.stable) {
+            let mut e = entry(src, i, e);
+            for p in &mut e.parts {
+                p.tag = tags::is_numbered(&e.role, &p.body).then(|| {
+                    next += 1;
+                    next
+                });
+            }
+            e.digest = cortexkit_role_compaction::read::entry_digest(
+                e.role.clone(),
+                e.notice.as_ref(),
+                &e.parts,
+            );
+            self.list.push(e);
+        }
+        if let Some(last) = src.iter().rposition(|e| e.role == "assistant") {
+            if last > self.stable {
+                self.tagged = self.list[..last]
+                    .iter()
+                    .rev()
+                    .flat_map(|e| e.parts.iter().rev())
+                    .find_map(|p| p.tag)
+                    .unwrap_or(self.tagged);
+                self.stable = last;
+            }
+        }
+        &self.list
+    }
+}
+
 /// One entry, its parts in full form.
 fn entry(list: &[ReadEntry], i: usize, e: &ReadEntry) -> Entry {
     let ordinal = i as u64 + 1;

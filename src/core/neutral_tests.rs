@@ -261,3 +261,54 @@ fn a_request_that_does_not_decode_is_refused_naming_its_field() {
         );
     }
 }
+
+#[test]
+fn the_kept_numbering_brought_up_to_date_is_the_whole_transcripts_numbering() {
+    // Refreshed after every record of three runs with tool steps, it always equals the
+    // transcript numbered from scratch.
+    let mut live = run(Some("hello"));
+    let mut kept = super::Numbered::default();
+    let same = |live: &Live, kept: &mut super::Numbered| {
+        let entries = live.session.entries.as_ref().unwrap();
+        assert_eq!(kept.refresh(entries), transcript(entries, 0).as_slice());
+    };
+    same(&live, &mut kept);
+    for turn in ["two", "three"] {
+        let config = {
+            let mut c = config();
+            let mut tools = c.tools.to_vec();
+            tools[0].name = "example-tool".into();
+            c.tools = tools.into();
+            c
+        };
+        live.next_run(turn, turn, config);
+        same(&live, &mut kept);
+        live.feed(Event::Stream(StreamEvent::ToolCallStart {
+            index: 0,
+            id: format!("call-{turn}"),
+            name: "example-tool".into(),
+        }));
+        live.feed(Event::Stream(StreamEvent::ToolCallArgsDelta {
+            index: 0,
+            json: "{}".into(),
+        }));
+        live.feed(Event::Stream(StreamEvent::Finish {
+            reason: FinishReason::ToolUse,
+            request_id: None,
+        }));
+        live.feed(Event::StepEnded);
+        // The call is running: its part changes once the result comes.
+        same(&live, &mut kept);
+        live.feed(Event::ToolResult(ResultBlock {
+            call_id: format!("call-{turn}"),
+            content: format!("result of {turn}"),
+            is_error: false,
+            reason: None,
+            size: None,
+            parts: Vec::new(),
+        }));
+        same(&live, &mut kept);
+        live.text_step("done");
+        same(&live, &mut kept);
+    }
+}

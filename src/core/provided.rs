@@ -65,6 +65,28 @@ pub fn check(
     Ok(plan)
 }
 
+/// The messages of a request of a provider's session under `view` (none yet: every part
+/// behind its number, nothing left out): the transcript numbered, the view's render plan over
+/// it, rendered. A view accepted against this transcript always plans; should one no longer
+/// fit, the edits naming what is gone are left out (W6.6), and `None` (send the conversation
+/// as it is) only when nothing plans at all.
+pub fn request_messages(
+    numbered: &[Entry],
+    list: &[ReadEntry],
+    transcript: &[Arc<Message>],
+    view: Option<&View>,
+) -> Option<Vec<Arc<Message>>> {
+    let edits = view.map_or(&[][..], |v| &v.edits[..]);
+    let plan = render::plan(numbered, edits).or_else(|_| {
+        let kept = render::edits_for_transcript(numbered, edits);
+        render::plan(numbered, &kept)
+    });
+    match plan {
+        Ok(plan) => Some(render(list, transcript, &plan)),
+        Err(_) => None,
+    }
+}
+
 /// What a transcript message is to the render.
 #[derive(Clone, Copy)]
 enum Kind {

@@ -71,6 +71,8 @@ struct Shared {
     events: Vec<Event>,
     /// When this process last sent the session's model a request (Unix ms).
     last_request_ms: Option<u64>,
+    /// The numbered transcript, brought up to date at each use.
+    numbered: neutral::Numbered,
 }
 
 /// What a request is sent under: the session's model, its window and its reply's room.
@@ -142,9 +144,10 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         let Some(config) = self.state.runs.last().map(|r| r.config.clone()) else {
             return;
         };
-        let numbered = neutral::transcript(entries, 0);
+        let mut guard = shared.borrow_mut();
+        let s = &mut *guard;
+        let numbered = s.numbered.refresh(entries);
         let digests: Vec<String> = numbered.iter().map(|e| e.digest.clone()).collect();
-        let mut s = shared.borrow_mut();
         let changed: Vec<Entry> = numbered
             .iter()
             .enumerate()
@@ -157,11 +160,11 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             .collect();
         let fits = serde_json::to_vec(&changed)
             .is_ok_and(|b| b.len() <= cortexkit_role_compaction::notice::ENTRIES_BUDGET_BYTES);
+        let newest = numbered.last().map(neutral::cursor);
         let events = std::mem::take(&mut s.events);
         s.busy = true;
-        drop(s);
+        drop(guard);
         let applied = self.state.view.as_ref().map(|v| v.applied());
-        let newest = numbered.last().map(neutral::cursor);
         let ask = Ask {
             tools: self.tools.clone(),
             triple: self.triple.clone(),
@@ -199,6 +202,49 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             shared.borrow_mut().busy = false;
         })
         .detach();
+    }
+
+    /// Renders the model request of step `step` through the session's compaction view
+    /// (cortexkit-role-compaction W6.3) when its plan names a provider: every numbered part
+    /// behind its number, the view's edits applied. A session without a provider, one with the
+    /// built-in compaction, or an actor that keeps no entries sends its conversation as it is.
+    pub(crate) fn through_view(
+        &mut self,
+        request: &mut broca_protocol::Request,
+        step: u32,
+        held: &mut crate::view::StepView,
+    ) {
+        let built_in = self.state.compacted.is_some()
+            || self
+                .state
+                .runs
+                .last()
+                .is_some_and(|r| r.config.compaction.is_some());
+        if built_in {
+            return;
+        }
+        let Some(link) = self.compactor() else {
+            return;
+        };
+        let shared = link.shared.clone();
+        let Some(entries) = &self.state.entries else {
+            return;
+        };
+        let view = held.take_for(step, &self.state.view);
+        let mut s = shared.borrow_mut();
+        let numbered = s.numbered.refresh(entries);
+        match provided::request_messages(
+            numbered,
+            &entries.list,
+            &self.state.transcript,
+            view.as_deref(),
+        ) {
+            Some(messages) => request.messages = messages,
+            None => tracing::warn!(
+                session = %self.triple.address(),
+                "the compaction view fits the transcript no more; the request goes out whole"
+            ),
+        }
     }
 
     /// A view holding a cut is durable: broca's own log is the host, and the view's record
@@ -321,9 +367,13 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         let Some(entries) = &self.state.entries else {
             return Ok(());
         };
-        let numbered = neutral::transcript(entries, 0);
         let rules = provided::session_rules(&self.state);
-        match provided::check(&numbered, self.state.view.as_deref(), &view, &rules) {
+        let checked = {
+            let mut s = shared.borrow_mut();
+            let numbered = s.numbered.refresh(entries);
+            provided::check(numbered, self.state.view.as_deref(), &view, &rules)
+        };
+        match checked {
             Ok(_) => {
                 let answer = self.apply_view(provider.to_string(), Arc::new(view)).await;
                 match answer {

@@ -5,13 +5,10 @@
 
 use std::sync::Arc;
 
-use broca_core::{neutral, provided};
 use broca_protocol::model::ModelClient;
-use broca_protocol::Request;
 use broca_tools::ToolRunner;
 use broca_wal::viewrec::ViewAccepted;
 use broca_wal::Record;
-use cortexkit_compaction_view::render;
 use cortexkit_role_compaction::view::{View, ViewRefusal};
 
 use crate::{ActorError, SessionActor};
@@ -49,48 +46,16 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
 #[derive(Default)]
 pub(crate) struct StepView(Option<(u32, Option<Arc<View>>)>);
 
-impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
-    /// Renders the model request of step `step` through the session's compaction view
-    /// (cortexkit-role-compaction W6.3) when its plan names a provider: every numbered part
-    /// behind its number, the view's edits applied. A session without a provider, one with the
-    /// built-in compaction, or an actor that keeps no entries sends its conversation as it is.
-    pub(crate) fn through_view(&self, request: &mut Request, step: u32, held: &mut StepView) {
-        let Some(entries) = &self.state.entries else {
-            return;
-        };
-        let built_in = self.state.compacted.is_some()
-            || self
-                .state
-                .runs
-                .last()
-                .is_some_and(|r| r.config.compaction.is_some());
-        if built_in || provided::provider_of(&self.state).is_none() {
-            return;
-        }
-        let view = match &held.0 {
+impl StepView {
+    /// The view step `step` renders through: the one it took at its first attempt, else the
+    /// session's `latest` now (taken for the step).
+    pub(crate) fn take_for(&mut self, step: u32, latest: &Option<Arc<View>>) -> Option<Arc<View>> {
+        match &self.0 {
             Some((s, v)) if *s == step => v.clone(),
             _ => {
-                let v = self.state.view.clone();
-                held.0 = Some((step, v.clone()));
-                v
+                self.0 = Some((step, latest.clone()));
+                latest.clone()
             }
-        };
-        let numbered = neutral::transcript(entries, 0);
-        let edits = view.as_ref().map_or(&[][..], |v| &v.edits[..]);
-        let plan = render::plan(&numbered, edits).unwrap_or_else(|why| {
-            // Accepted against this transcript, so only edits naming what is gone fail:
-            // those are left out (W6.6).
-            tracing::warn!(
-                session = %self.triple.address(),
-                "the compaction view no longer fits the transcript ({why:?}); rendering the \
-                 edits that still do"
-            );
-            let kept = render::edits_for_transcript(&numbered, edits);
-            render::plan(&numbered, &kept).unwrap_or(render::RenderPlan { items: Vec::new() })
-        });
-        if plan.items.is_empty() && !numbered.is_empty() {
-            return;
         }
-        request.messages = provided::render(&entries.list, &self.state.transcript, &plan);
     }
 }

@@ -14,118 +14,32 @@ use broca::core::compaction::SUMMARY_SYSTEM;
 use broca::core::machine::{Command, Event, RunMachine};
 use broca::core::Session;
 use broca::protocol::compaction::Compaction;
-use broca::protocol::{Block, FinishReason, Message, Role, StreamEvent, ToolSpec, Usage};
-use broca::wal::runrec::{CachePolicy, FrozenConfig, ResultBlock, RunStarted, StopConditions};
+use broca::protocol::{Block, Message, Role};
+use broca::wal::runrec::{FrozenConfig, ResultBlock};
 use broca::wal::verify::read_and_scan;
 use broca::wal::writer::wal_path;
 use broca::wal::{Record, SessionTriple, WalWriter};
+use broca_bench::runs::started;
 use broca_io::{Committer, LogConfig};
 use criterion::Criterion;
+
+/// A run at the 32k limit with the built-in compaction on.
+fn config() -> FrozenConfig {
+    broca_bench::runs::config(Some(LIMIT), Some(Compaction::summarize()))
+}
+
+/// The model's answer: the summary to a summary's request, else a call while `call` names
+/// one, else a closing text.
+fn answer(m: &mut RunMachine, summary: bool, call: Option<String>, now: u64) {
+    let text = if summary { SUMMARY } else { "Done." };
+    broca_bench::runs::answer(m, call.filter(|_| !summary), text, now);
+}
 
 const LIMIT: u64 = 32_000;
 const RESULT_BYTES: usize = 2_000;
 const SUMMARY: &str = "The user is working through a long task in numbered turns; every tool \
 call so far returned its result and nothing failed. Files touched: src/lib.rs, src/main.rs. \
 Open items: the last turn's question.";
-
-fn config() -> FrozenConfig {
-    FrozenConfig {
-        provider: "scripted".into(),
-        model: "bench".into(),
-        credential_id: "env:X".into(),
-        renderer_version: 1,
-        catalog_digest: "d".into(),
-        catalog: None,
-        system: Some("You are a careful assistant.".into()),
-        tools: vec![ToolSpec {
-            name: "echo".into(),
-            description: "Echoes its input.".into(),
-            input_schema: serde_json::json!({"type": "object"}),
-            route: String::new(),
-            reply: None,
-        }]
-        .into(),
-        tools_digest: "t".into(),
-        generation: Default::default(),
-        stop: StopConditions {
-            input_cap: None,
-            max_steps: 64,
-            max_total_tokens: None,
-            max_cost_micros: None,
-        },
-        context_limit: Some(LIMIT),
-        cache_policy: CachePolicy::Off,
-        directives: Vec::new(),
-        structured_output: None,
-        route_decision_id: None,
-        compaction: Some(Compaction::summarize()),
-        retention: None,
-        retention_policy: None,
-        title: None,
-        plan: None,
-    }
-}
-
-fn started(run_id: &str, prompt: String) -> RunStarted {
-    RunStarted {
-        run_id: run_id.into(),
-        send_id: Some(format!("send-{run_id}")),
-        inputs_digest: format!("digest-{run_id}"),
-        prompt,
-        config: config(),
-        resolved_calls: Vec::new(),
-        at_unix_ms: 0,
-        principal: None,
-        scope_owner: None,
-        submission_id: None,
-        client_message_id: None,
-        resolved_mid: None,
-        delivery: None,
-        steer_seq: None,
-        media: Vec::new(),
-        order: None,
-    }
-}
-
-/// The model's answer to `request`: a summary for a summary's request, else a tool call
-/// (`calls` left in the run) or a closing text.
-fn answer(m: &mut RunMachine, summary: bool, call: Option<String>, now: u64) {
-    let usage = Usage {
-        input: Some(1000),
-        output: Some(50),
-        ..Usage::default()
-    };
-    let mut feed = |ev| m.handle(Event::Stream(ev), now);
-    match (summary, call) {
-        (true, _) | (false, None) => {
-            let text = if summary { SUMMARY } else { "Done." };
-            feed(StreamEvent::TextDelta(text.into()));
-            feed(StreamEvent::Usage(usage));
-            feed(StreamEvent::Finish {
-                reason: FinishReason::EndTurn,
-                request_id: None,
-            });
-        }
-        (false, Some(id)) => {
-            feed(StreamEvent::ToolCallStart {
-                index: 0,
-                id,
-                name: "echo".into(),
-            });
-            feed(StreamEvent::ToolCallArgsDelta {
-                index: 0,
-                json: "{\"path\":\"src/lib.rs\"}".into(),
-            });
-            feed(StreamEvent::ToolCallEnd { index: 0 });
-            feed(StreamEvent::Usage(usage));
-            feed(StreamEvent::Finish {
-                reason: FinishReason::ToolUse,
-                request_id: None,
-            });
-        }
-    }
-    m.handle(Event::StepEnded, now);
-}
 
 /// Drives runs of eight tool steps each, every record appended to a real WAL in `dir` and
 /// applied to the session, until `compactions` summaries are recorded: the WAL's path.
@@ -142,7 +56,8 @@ fn build_wal(dir: &Path, compactions: usize) -> std::path::PathBuf {
         while summaries < compactions {
             run += 1;
             let run_id = format!("run_{run}");
-            let first = Record::RunStarted(Box::new(started(&run_id, format!("turn {run}"))));
+            let first =
+                Record::RunStarted(Box::new(started(&run_id, format!("turn {run}"), config())));
             w.append(&first).await.unwrap();
             seq += 1;
             session.apply(seq, first).unwrap();

@@ -15,12 +15,12 @@ use std::time::{Duration, Instant};
 
 use broca::core::machine::{Command, Event, RunMachine};
 use broca::core::{neutral, provided, Session};
-use broca::protocol::{FinishReason, StreamEvent, ToolSpec, Usage};
-use broca::wal::runrec::{CachePolicy, FrozenConfig, ResultBlock, RunStarted, StopConditions};
+use broca::wal::runrec::ResultBlock;
 use broca::wal::verify::read_and_scan;
 use broca::wal::viewrec::ViewAccepted;
 use broca::wal::writer::wal_path;
 use broca::wal::{Record, SessionTriple, WalWriter};
+use broca_bench::runs::{answer, config, started};
 use broca_io::{Committer, LogConfig};
 use cortexkit_role_compaction::read::Role;
 use cortexkit_role_compaction::rules::{EditCost, ProviderRules, SignedParts};
@@ -29,103 +29,6 @@ use criterion::Criterion;
 
 const RESULT_BYTES: usize = 2_000;
 const STEPS: usize = 8;
-
-fn config() -> FrozenConfig {
-    FrozenConfig {
-        provider: "scripted".into(),
-        model: "bench".into(),
-        credential_id: "env:X".into(),
-        renderer_version: 1,
-        catalog_digest: "d".into(),
-        catalog: None,
-        system: Some("You are a careful assistant.".into()),
-        tools: vec![ToolSpec {
-            name: "echo".into(),
-            description: "Echoes its input.".into(),
-            input_schema: serde_json::json!({"type": "object"}),
-            route: String::new(),
-            reply: None,
-        }]
-        .into(),
-        tools_digest: "t".into(),
-        generation: Default::default(),
-        stop: StopConditions {
-            input_cap: None,
-            max_steps: 64,
-            max_total_tokens: None,
-            max_cost_micros: None,
-        },
-        context_limit: None,
-        cache_policy: CachePolicy::Off,
-        directives: Vec::new(),
-        structured_output: None,
-        route_decision_id: None,
-        compaction: None,
-        retention: None,
-        retention_policy: None,
-        title: None,
-        plan: None,
-    }
-}
-
-fn started(run_id: &str) -> RunStarted {
-    RunStarted {
-        run_id: run_id.into(),
-        send_id: Some(format!("send-{run_id}")),
-        inputs_digest: format!("digest-{run_id}"),
-        prompt: format!("Go on with {run_id}."),
-        config: config(),
-        resolved_calls: Vec::new(),
-        at_unix_ms: 0,
-        principal: None,
-        scope_owner: None,
-        submission_id: None,
-        client_message_id: None,
-        resolved_mid: None,
-        delivery: None,
-        steer_seq: None,
-        media: Vec::new(),
-        order: None,
-    }
-}
-
-/// The model's answer: a tool call while `call` names one, else a closing text.
-fn answer(m: &mut RunMachine, call: Option<String>) {
-    let usage = Usage {
-        input: Some(1000),
-        output: Some(50),
-        ..Usage::default()
-    };
-    let mut feed = |ev| m.handle(Event::Stream(ev), 0);
-    match call {
-        None => {
-            feed(StreamEvent::TextDelta("Done.".into()));
-            feed(StreamEvent::Usage(usage));
-            feed(StreamEvent::Finish {
-                reason: FinishReason::EndTurn,
-                request_id: None,
-            });
-        }
-        Some(id) => {
-            feed(StreamEvent::ToolCallStart {
-                index: 0,
-                id,
-                name: "echo".into(),
-            });
-            feed(StreamEvent::ToolCallArgsDelta {
-                index: 0,
-                json: "{\"path\":\"src/lib.rs\"}".into(),
-            });
-            feed(StreamEvent::ToolCallEnd { index: 0 });
-            feed(StreamEvent::Usage(usage));
-            feed(StreamEvent::Finish {
-                reason: FinishReason::ToolUse,
-                request_id: None,
-            });
-        }
-    }
-    m.handle(Event::StepEnded, 0);
-}
 
 fn rules() -> ProviderRules {
     ProviderRules::new(SignedParts::None, EditCost::Suffix)
@@ -169,11 +72,16 @@ fn build_wal(dir: &Path, runs: usize) -> (std::path::PathBuf, Session) {
         let mut seq = 0u64;
         for run in 1..=runs {
             let run_id = format!("run_{run}");
-            let first = Record::RunStarted(Box::new(started(&run_id)));
+            let first = Record::RunStarted(Box::new(started(
+                &run_id,
+                format!("Go on with {run_id}."),
+                config(None, None),
+            )));
             w.append(&first).await.unwrap();
             seq += 1;
             session.apply(seq, first).unwrap();
-            let mut m = RunMachine::start(run_id, config(), session.transcript.clone(), 0);
+            let mut m =
+                RunMachine::start(run_id, config(None, None), session.transcript.clone(), 0);
             let mut calls_left = STEPS;
             while !m.is_done() {
                 let Some(cmd) = m.poll_command() else {
@@ -193,7 +101,7 @@ fn build_wal(dir: &Path, runs: usize) -> (std::path::PathBuf, Session) {
                             calls_left -= 1;
                             format!("c{run}_{calls_left}")
                         });
-                        answer(&mut m, call);
+                        answer(&mut m, call, "Done.", 0);
                     }
                     Command::Dispatch { calls, .. } => {
                         for c in calls {

@@ -5,6 +5,7 @@ pub mod floors;
 pub mod loadgen;
 pub mod peer;
 pub mod roles;
+pub mod runs;
 
 use std::time::Duration;
 

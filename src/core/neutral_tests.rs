@@ -1,8 +1,7 @@
 //! The transcript in the compaction contract's neutral part model, from records a real run
 //! machine appended, and `session.entries` answered from it.
 
-use broca_protocol::{FinishReason, StreamEvent};
-use broca_wal::runrec::ResultBlock;
+use broca_protocol::StreamEvent;
 use cortexkit_role_compaction::part::{PartBody, Seal, ToolStatus};
 use cortexkit_role_compaction::read::{Entry, Role};
 use serde_json::{json, Value};
@@ -20,33 +19,9 @@ fn run(content: Option<&str>) -> Live {
     tools[0].name = "example-tool".into();
     config.tools = tools.into();
     let mut live = Live::start(config, "read the file");
-    for ev in [
-        StreamEvent::ToolCallStart {
-            index: 0,
-            id: "call-tool".into(),
-            name: "example-tool".into(),
-        },
-        StreamEvent::ToolCallArgsDelta {
-            index: 0,
-            json: "{}".into(),
-        },
-        StreamEvent::Finish {
-            reason: FinishReason::ToolUse,
-            request_id: None,
-        },
-    ] {
-        live.feed(Event::Stream(ev));
-    }
-    live.feed(Event::StepEnded);
+    live.call_step(None, "call-tool", "example-tool", "{}");
     if let Some(content) = content {
-        live.feed(Event::ToolResult(ResultBlock {
-            call_id: "call-tool".into(),
-            content: content.into(),
-            is_error: false,
-            reason: None,
-            size: None,
-            parts: Vec::new(),
-        }));
+        live.answered("call-tool", content);
         live.text_step("It says hello.");
     }
     live
@@ -283,30 +258,10 @@ fn the_kept_numbering_brought_up_to_date_is_the_whole_transcripts_numbering() {
         };
         live.next_run(turn, turn, config);
         same(&live, &mut kept);
-        live.feed(Event::Stream(StreamEvent::ToolCallStart {
-            index: 0,
-            id: format!("call-{turn}"),
-            name: "example-tool".into(),
-        }));
-        live.feed(Event::Stream(StreamEvent::ToolCallArgsDelta {
-            index: 0,
-            json: "{}".into(),
-        }));
-        live.feed(Event::Stream(StreamEvent::Finish {
-            reason: FinishReason::ToolUse,
-            request_id: None,
-        }));
-        live.feed(Event::StepEnded);
+        live.call_step(None, &format!("call-{turn}"), "example-tool", "{}");
         // The call is running: its part changes once the result comes.
         same(&live, &mut kept);
-        live.feed(Event::ToolResult(ResultBlock {
-            call_id: format!("call-{turn}"),
-            content: format!("result of {turn}"),
-            is_error: false,
-            reason: None,
-            size: None,
-            parts: Vec::new(),
-        }));
+        live.answered(&format!("call-{turn}"), &format!("result of {turn}"));
         same(&live, &mut kept);
         live.text_step("done");
         same(&live, &mut kept);

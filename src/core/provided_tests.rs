@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use broca_protocol::{Block, FinishReason, Message, Role as MsgRole, StreamEvent};
-use broca_wal::runrec::ResultBlock;
 use cortexkit_role_compaction::read::{Entry, Role};
 use cortexkit_role_compaction::rules::{EditCost, ProviderRules, SignedParts};
 use cortexkit_role_compaction::view::{
@@ -22,34 +21,9 @@ use crate::steer_tests::Live;
 /// result (when `done`) and the answer "It says hello.".
 fn run(done: bool) -> Live {
     let mut live = Live::start(config(), "read the file");
-    for ev in [
-        StreamEvent::TextDelta("Reading.".into()),
-        StreamEvent::ToolCallStart {
-            index: 0,
-            id: "c1".into(),
-            name: "echo".into(),
-        },
-        StreamEvent::ToolCallArgsDelta {
-            index: 0,
-            json: r#"{"path": "a.rs"}"#.into(),
-        },
-        StreamEvent::Finish {
-            reason: FinishReason::ToolUse,
-            request_id: None,
-        },
-    ] {
-        live.feed(Event::Stream(ev));
-    }
-    live.feed(Event::StepEnded);
+    live.call_step(Some("Reading."), "c1", "echo", r#"{"path": "a.rs"}"#);
     if done {
-        live.feed(Event::ToolResult(ResultBlock {
-            call_id: "c1".into(),
-            content: "hello".into(),
-            is_error: false,
-            reason: None,
-            size: None,
-            parts: Vec::new(),
-        }));
+        live.answered("c1", "hello");
         live.text_step("It says hello.");
     }
     live

@@ -148,15 +148,23 @@ impl Live {
     }
 
     pub(crate) fn tool_step(&mut self, id: &str) {
+        self.call_step(None, id, "echo", "{}");
+    }
+
+    /// A step that says `text` (when given), then calls tool `name` (`id`) with `args`.
+    pub(crate) fn call_step(&mut self, text: Option<&str>, id: &str, name: &str, args: &str) {
+        if let Some(text) = text {
+            self.feed(Event::Stream(StreamEvent::TextDelta(text.into())));
+        }
         for ev in [
             StreamEvent::ToolCallStart {
                 index: 0,
                 id: id.into(),
-                name: "echo".into(),
+                name: name.into(),
             },
             StreamEvent::ToolCallArgsDelta {
                 index: 0,
-                json: "{}".into(),
+                json: args.into(),
             },
             StreamEvent::Finish {
                 reason: FinishReason::ToolUse,
@@ -166,6 +174,18 @@ impl Live {
             self.feed(Event::Stream(ev));
         }
         self.feed(Event::StepEnded);
+    }
+
+    /// Call `id`'s tool answers `content`.
+    pub(crate) fn answered(&mut self, id: &str, content: &str) {
+        self.feed(Event::ToolResult(ResultBlock {
+            call_id: id.into(),
+            content: content.into(),
+            is_error: false,
+            reason: None,
+            size: None,
+            parts: Vec::new(),
+        }));
     }
 }
 

@@ -76,12 +76,15 @@ pub trait ToolRunner: 'static {
         deadline: std::time::Duration,
     ) -> impl Future<Output = Result<serde_json::Value, crate::modules::CompactionMiss>> {
         let _ = (t, scope_epoch, provider, body, deadline);
-        async {
-            Err(crate::modules::CompactionMiss::Unreachable(
-                "compaction providers are the daemon's modules, reached in module mode".into(),
-            ))
-        }
+        async { Err(not_module_mode()) }
     }
+}
+
+/// Why a compaction provider cannot be asked outside module mode.
+fn not_module_mode() -> crate::modules::CompactionMiss {
+    crate::modules::CompactionMiss::Unreachable(
+        "compaction providers are the daemon's modules, reached in module mode".into(),
+    )
 }
 
 /// Tools from the configured MCP servers.
@@ -179,9 +182,7 @@ impl ToolRunner for Tools {
                 m.compaction_op(&t, scope_epoch, &provider, body, deadline)
                     .await
             }
-            None => Err(crate::modules::CompactionMiss::Unreachable(
-                "compaction providers are the daemon's modules, reached in module mode".into(),
-            )),
+            None => Err(not_module_mode()),
         }
     }
 }

@@ -6,7 +6,8 @@
 //!   refuses it, or cannot be reached, runs on the view it has (none at first).
 //! - **Notices** after each durable change to the transcript, in compact form: the entries new
 //!   since the last one and those changed (a call's result arrived). One at a time, sent off
-//!   the run's path (N2, N3); changes made while one is out go in the next.
+//!   the run's path (N2, N3); changes made while one is out go in the next, sent as soon as
+//!   it is answered.
 //! - **Rides** before a model request that would not fit the usable window (`over_limit`), or
 //!   whose prompt cache broca cannot know to be warm (`cache_expired`: the first request of
 //!   this process, or one after the cache's five minutes). The request waits for the answer
@@ -73,6 +74,16 @@ struct Shared {
     last_request_ms: Option<u64>,
     /// The numbered transcript, brought up to date at each use.
     numbered: neutral::Numbered,
+    /// The notice made while another was out, sent once that one is answered.
+    pending: Option<Payload>,
+}
+
+/// A notice ready to go, with the Setup to make first if the link is not ready, and the
+/// entries' digests the provider knows once it is received.
+struct Payload {
+    setup: SetupRequest,
+    notice: NoticeRequest,
+    digests: Vec<String>,
 }
 
 /// What a request is sent under: the session's model, its window and its reply's room.
@@ -137,7 +148,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         };
         {
             let s = shared.borrow();
-            if s.busy || (s.noticed.len() == entries.list.len() && s.events.is_empty()) {
+            if s.noticed.len() == entries.list.len() && s.events.is_empty() {
                 return;
             }
         }
@@ -162,7 +173,6 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             .is_ok_and(|b| b.len() <= cortexkit_role_compaction::notice::ENTRIES_BUDGET_BYTES);
         let newest = numbered.last().map(neutral::cursor);
         let events = std::mem::take(&mut s.events);
-        s.busy = true;
         drop(guard);
         let applied = self.state.view.as_ref().map(|v| v.applied());
         let ask = Ask {
@@ -197,8 +207,32 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         if fits {
             notice = notice.with_entries(changed);
         }
+        let mut payload = Payload {
+            setup,
+            notice,
+            digests,
+        };
+        {
+            let mut s = shared.borrow_mut();
+            if s.busy {
+                // One notice at a time (N3): this one goes once the one out is answered, in
+                // place of any waiting, whose events it takes over.
+                if let Some(waiting) = s.pending.take() {
+                    let mut events = waiting.notice.events;
+                    events.append(&mut payload.notice.events);
+                    payload.notice.events = events;
+                }
+                s.pending = Some(payload);
+                return;
+            }
+            s.busy = true;
+        }
         glommio::spawn_local(async move {
-            ask.notice(&shared, setup, notice, digests).await;
+            let mut next = Some(payload);
+            while let Some(p) = next {
+                ask.notice(&shared, p.setup, p.notice, p.digests).await;
+                next = shared.borrow_mut().pending.take();
+            }
             shared.borrow_mut().busy = false;
         })
         .detach();

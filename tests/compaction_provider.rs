@@ -388,3 +388,210 @@ fn the_provider_is_set_up_told_each_change_and_ridden_when_a_request_would_not_f
     );
     drain(&mut d, &mut { child });
 }
+
+/// A plan naming the provider as the session's compaction provider and as its `pre_user` step
+/// transform, with the subscription `sub`.
+fn plan_with_hook(sub: Value) -> Value {
+    let mut p = plan();
+    p["step_transform_items"] = json!([{"provider": PROVIDER, "preset": "head", "params": {},
+                                        "subscriptions": [sub]}]);
+    p
+}
+
+fn pre_user(on_unavailable: &str, budget_ms: u64) -> Value {
+    json!({"hook": "pre_user", "ops": ["prepend"], "on_unavailable": on_unavailable,
+           "budget_ms": budget_ms})
+}
+
+/// What the WAL's send records (`run_started`, `send_queued`, `send_steered`) of the session
+/// hold: each one's prompt and its `pre_user` attribution.
+fn written(state: &Path) -> Vec<(Value, Value)> {
+    dump_all(state)
+        .into_iter()
+        .filter(|r| {
+            ["run_started", "send_queued", "send_steered"]
+                .contains(&r["kind"].as_str().unwrap_or(""))
+        })
+        .map(|r| {
+            (
+                r["record"]["prompt"].clone(),
+                r["record"]["pre_user"].clone(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_persons_message_goes_through_the_providers_pre_user_hook_before_it_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let aimock = Aimock::start(&fixture("tools.json"));
+    let log = dir.path().join("requests.jsonl");
+    let proxy = Peer::recording_proxy(&log, &aimock.url());
+    let provider = ToolModule::new(PROVIDER);
+    let c = provider.compactor.clone();
+    let (mut d, child) = start(dir.path(), "d1", &proxy.url(), &[], &provider);
+
+    // The runner says it runs the hook.
+    let (_, described) = d.request(1, 1, "role.describe", json!({}));
+    assert_eq!(
+        described["result"]["step_hooks"],
+        json!(["pre_user"]),
+        "{described}"
+    );
+
+    // Plans refused before anything is written, each by name: a hook broca does not run, a
+    // `replace` by a module that is not the session's compaction provider, a budget above
+    // what the provider declares (its declaration is asked at admission).
+    let refused = |d: &mut Daemon, plan: Value| {
+        let send = json!({"prompt": "hello", "model": "anthropic/m", "plan": plan});
+        let (ty, answer) = d.request(1, 1, "session.send", send);
+        assert_eq!(ty, FrameType::Error, "{answer}");
+        answer
+    };
+    let post_tool = json!({"hook": "post_tool", "ops": ["append"], "on_unavailable": "pass",
+                           "budget_ms": 100});
+    let answer = refused(&mut d, plan_with_hook(post_tool));
+    assert_eq!(answer["code"], "invalid_params", "{answer}");
+    assert_eq!(
+        answer["detail"]["field"], "plan.step_transform_items",
+        "{answer}"
+    );
+    let mut stranger = plan_with_hook(pre_user("pass", 100));
+    stranger["step_transform_items"][0]["provider"] = json!("ck-stranger");
+    stranger["step_transform_items"][0]["subscriptions"][0]["ops"] = json!(["replace"]);
+    let answer = refused(&mut d, stranger);
+    assert_eq!(
+        answer["detail"]["problem"], "replace_not_reduction_owner",
+        "{answer}"
+    );
+    assert_eq!(
+        (
+            answer["detail"]["item"].clone(),
+            answer["detail"]["subscription"].clone()
+        ),
+        (json!(0), json!(0))
+    );
+    let answer = refused(&mut d, plan_with_hook(pre_user("pass", 5000)));
+    assert_eq!(answer["code"], "plan_stale", "{answer}");
+    assert_eq!(
+        answer["detail"]["differences"],
+        json!([{"kind": "subscription_loosened", "provider": PROVIDER, "hook": "pre_user",
+                "phase": null, "field": "budget_ms"}])
+    );
+    assert_eq!(
+        c.declares.lock().unwrap().len(),
+        1,
+        "asked once, for the plan that got that far"
+    );
+    assert!(
+        c.hooks.lock().unwrap().is_empty(),
+        "no hook ran for a refused plan"
+    );
+    assert!(
+        !state.join("wal").exists() || written(&state).is_empty(),
+        "nothing was written"
+    );
+
+    // The plan as declared: the person's message goes through the hook before it is written,
+    // and the record holding it says what the provider did.
+    let good = plan_with_hook(pre_user("pass", 1000));
+    let (_, status) = run_with(
+        &mut d,
+        1,
+        json!({"prompt": "hello", "model": "anthropic/m", "plan": good}),
+    );
+    assert_eq!(status["state"], "completed", "{status}");
+    let hooks = c.hooks.lock().unwrap().clone();
+    assert_eq!(hooks.len(), 1, "{hooks:?}");
+    assert_eq!(hooks[0]["hook"], "pre_user");
+    assert_eq!(hooks[0]["blocks"], json!(["hello"]));
+    assert_eq!(hooks[0]["preset"], "head");
+    assert!(hooks[0]["at_ms"].as_u64().is_some(), "{hooks:?}");
+    assert!(
+        hooks[0].get("delivery").is_none(),
+        "a person's message has no delivery"
+    );
+    assert_eq!(texts(&recorded_bodies(&log)[0]), ["§1§ [+0s] hello"]);
+    let records = written(&state);
+    assert_eq!(records[0].0, "[+0s] hello");
+    assert_eq!(
+        records[0].1,
+        json!([{"module": PROVIDER, "ops": [{"op": "prepend", "block": 0, "text": "[+0s] ",
+                                             "note": "gap since the last message"}]}])
+    );
+
+    // A provider that does not answer within the budget is passed over (`pass`): the message
+    // is written as sent, and the record says so.
+    c.hook_answers.lock().unwrap().push_back(None);
+    let (_, status) = run_with(
+        &mut d,
+        1,
+        json!({"prompt": "hello, still there?", "model": "anthropic/m"}),
+    );
+    assert_eq!(status["state"], "completed", "{status}");
+    let records = written(&state);
+    assert_eq!(records[1].0, "hello, still there?");
+    assert_eq!(records[1].1[0]["module"], PROVIDER);
+    assert!(
+        records[1].1[0]["unavailable"].as_str().is_some(),
+        "{:?}",
+        records[1]
+    );
+
+    // An answer outside the subscription (an `append` where the plan subscribed `prepend`)
+    // is not used either.
+    c.hook_answers
+        .lock()
+        .unwrap()
+        .push_back(Some(json!({"answer": "ops",
+        "ops": [{"op": "append", "block": 0, "text": " (edited)"}]})));
+    let (_, status) = run_with(
+        &mut d,
+        1,
+        json!({"prompt": "hello and now?", "model": "anthropic/m"}),
+    );
+    assert_eq!(status["state"], "completed", "{status}");
+    let records = written(&state);
+    assert_eq!(records[2].0, "hello and now?");
+    assert!(
+        records[2].1[0]["unavailable"]
+            .as_str()
+            .is_some_and(|w| w.contains("op_not_subscribed")),
+        "{:?}",
+        records[2]
+    );
+
+    // A retried send_id whose record is durable is never run through the hook again.
+    let keyed = json!({"prompt": "hello keyed", "model": "anthropic/m", "send_id": "k1"});
+    let (run_id, _) = run_with(&mut d, 1, keyed.clone());
+    let asked = c.hooks.lock().unwrap().len();
+    let (_, again) = d.request(1, 1, "session.send", keyed);
+    assert_eq!(again["result"]["run_id"], run_id.as_str(), "{again}");
+    assert_eq!(
+        c.hooks.lock().unwrap().len(),
+        asked,
+        "the retry asked nothing"
+    );
+
+    // Under `refuse`, a hook without a usable answer refuses the send, and nothing is written
+    // (another session, whose plan says so).
+    assert_eq!(d.bind(4, 1, "/p", "h", "s2").0, FrameType::Response);
+    c.hook_answers.lock().unwrap().push_back(None);
+    let strict = json!({"prompt": "hello", "model": "anthropic/m",
+                        "plan": plan_with_hook(pre_user("refuse", 300))});
+    let before = dump_all(&state).len();
+    let (ty, answer) = d.request(4, 1, "session.send", strict.clone());
+    assert_eq!(ty, FrameType::Error, "{answer}");
+    assert_eq!(answer["code"], "pre_user_unavailable", "{answer}");
+    assert_eq!(answer["detail"]["provider"], PROVIDER, "{answer}");
+    assert_eq!(
+        dump_all(&state).len(),
+        before,
+        "a refused send wrote nothing"
+    );
+    // The same send, answered this time, starts the session.
+    let (_, status) = run_with(&mut d, 4, strict);
+    assert_eq!(status["state"], "completed", "{status}");
+    drain(&mut d, &mut { child });
+}

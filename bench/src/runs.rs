@@ -65,6 +65,7 @@ pub fn started(run_id: &str, prompt: String, config: FrozenConfig) -> RunStarted
         steer_seq: None,
         media: Vec::new(),
         order: None,
+        pre_user: Vec::new(),
     }
 }
 

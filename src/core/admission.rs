@@ -113,6 +113,9 @@ pub struct Prepared {
     /// Its fetch plan, read and checked (llm-runner/v1 `plans`); what the plan's fetch gave
     /// is set by the host before the session's actor admits it.
     pub plan: Option<SentPlan>,
+    /// What the plan's `pre_user` hooks did to `prompt` (set by the host before the actor
+    /// admits the send; written on the record that holds the message).
+    pub pre_user: Vec<serde_json::Value>,
 }
 
 /// A send that did not pass [`prepare`]: its refusal, kept with what a repeated send_id
@@ -293,6 +296,7 @@ fn admit_planned(
             delivery: p.delivery,
             media,
             order: p.order,
+            pre_user: p.pre_user,
         })));
     }
     config.stop.input_cap = input_cap(session, config.stop.input_cap);
@@ -313,6 +317,7 @@ fn admit_planned(
         steer_seq: None,
         media,
         order: p.order,
+        pre_user: p.pre_user,
     })))
 }
 
@@ -445,6 +450,7 @@ pub fn prepare(
                 .collect(),
             policy_required: false,
             plan,
+            pre_user: Vec::new(),
         }),
         Err(refusal) => Err(Unprepared {
             // A send_id that is itself invalid names no run.

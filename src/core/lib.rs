@@ -27,6 +27,7 @@ pub mod neutral;
 pub mod plan;
 #[cfg(test)]
 mod plan_tests;
+pub mod pre_user;
 pub mod project;
 pub mod provided;
 pub mod prune;

@@ -7,8 +7,9 @@
 //! params, optional?}`), `composition` (an opaque object passed to every provider as sent,
 //! checked against each answer's `composition_digest`; its `providers[].tools`, when given,
 //! against the names each provider offered) and `compaction_item` (`preset` required).
-//! Members broca does not serve (a step transform, a sender list, a reader list, a tool
-//! item's `upfront` or `output_refs`) are refused by name rather than ignored.
+//! `step_transform_items` are read by [`crate::pre_user`] (the `pre_user` hook alone). Members
+//! broca does not serve (a reader list, a tool item's `upfront` or `output_refs`) are refused
+//! by name rather than ignored.
 
 use std::collections::BTreeMap;
 
@@ -30,16 +31,11 @@ const READ: &[&str] = &[
     "compaction_item",
     "composition_digest",
     "senders",
+    crate::pre_user::MEMBER,
 ];
 
 /// Members of the role broca does not serve: a plan naming one is refused naming it.
-const NOT_SERVED: &[(&str, &str)] = &[
-    (
-        "step_transform_items",
-        "this runner runs no step transforms",
-    ),
-    ("readers", "this runner restricts no readers"),
-];
+const NOT_SERVED: &[(&str, &str)] = &[("readers", "this runner restricts no readers")];
 
 /// A send's fetch plan, read and checked.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,6 +50,8 @@ pub struct Plan {
     /// Whether a person may drive the session (`interactive`, true when absent): when not,
     /// no command is frozen and every invocation is refused `no_person`.
     interactive: bool,
+    /// Its step-transform items (`pre_user` subscriptions), in plan order.
+    pub steps: crate::pre_user::Hooks,
 }
 
 /// One provider's part of a plan: its tool item, its system-text item, or both.
@@ -189,6 +187,7 @@ impl Plan {
                 ));
             }
         }
+        let steps = crate::pre_user::read(value)?;
         let interactive = cortexkit_role_llm_runner::user_commands::check_interactive(value)
             .map_err(|f| field(f, "`plan.interactive` must be a boolean"))?;
         let digest = |v: &Value| {
@@ -207,6 +206,7 @@ impl Plan {
             composition_digest,
             fetches,
             interactive,
+            steps,
         })
     }
 
@@ -219,6 +219,11 @@ impl Plan {
             .filter(|f| f.text.as_ref().is_some_and(|t| t.preset.is_none()))
             .map(|f| f.provider.as_str())
             .collect()
+    }
+
+    /// The plan's composition, as sent.
+    pub fn composition(&self) -> Option<&Map<String, Value>> {
+        self.composition.as_ref()
     }
 
     /// Whether admission has anything to fetch.
@@ -491,7 +496,7 @@ fn provider_of(route: &str) -> &str {
 }
 
 impl Missed {
-    fn why(&self) -> String {
+    pub(crate) fn why(&self) -> String {
         match self {
             Missed::Timeout => "no answer within admission's deadline".into(),
             Missed::Unavailable(why) => why.clone(),

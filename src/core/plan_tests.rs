@@ -297,7 +297,7 @@ fn members_broca_does_not_serve_are_refused_by_name_before_any_fetch() {
     );
     for plan in [
         json!([]),
-        json!({"step_transform_items": []}),
+        json!({"readers": []}),
         json!({"tool_items": [{"provider": ""}]}),
         json!({"tool_items": [{"provider": "a"}, {"provider": "a"}]}),
         json!({"composition": {"join_version": 2}}),

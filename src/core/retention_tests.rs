@@ -128,6 +128,7 @@ fn a_steer_that_shortens_the_retention_is_kept_with_it() {
             submission_id: None,
             retention,
             retention_policy: None,
+            pre_user: Vec::new(),
         }))
     };
     s.apply(2, steer(None)).unwrap();

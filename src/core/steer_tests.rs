@@ -219,6 +219,7 @@ fn started(run_id: &str, prompt: &str, delivery: Option<&str>) -> RunStarted {
         steer_seq: None,
         media: Vec::new(),
         order: None,
+        pre_user: Vec::new(),
     }
 }
 
@@ -237,6 +238,7 @@ fn prepared(send_id: &str, prompt: &str, delivery: &str) -> Prepared {
         content: Vec::new(),
         policy_required: false,
         plan: None,
+        pre_user: Vec::new(),
     }
 }
 

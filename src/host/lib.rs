@@ -23,6 +23,7 @@ mod media;
 mod memory;
 pub mod metrics;
 mod plans;
+mod pre_user;
 mod prune;
 mod reads;
 mod replies;
@@ -259,6 +260,12 @@ impl Host {
     /// How many shards run.
     pub fn shards(&self) -> usize {
         self.mesh.shards()
+    }
+
+    /// Whether this runner hosts compaction providers and runs plans' `pre_user` hooks: module
+    /// mode with `compaction_providers` on.
+    pub(crate) fn runs_pre_user(&self) -> bool {
+        self.opts.compaction_providers && self.module_tools.is_some()
     }
 
     /// Whether admission is closed.

@@ -118,7 +118,24 @@ pub(crate) async fn admit(
             })
             .collect(),
     };
-    plan.admit(answers)
+    let frozen = plan.admit(answers)?;
+    if let (Some(modules), false) = (&ctx.module_tools, plan.steps.is_empty()) {
+        let until = std::time::Instant::now() + ctx.opts.plan_fetch_deadline;
+        let mut declared = Vec::new();
+        for (provider, body) in plan.steps.declares(plan.composition()) {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            let answer = modules.step_transform_op(t, &provider, body, left).await;
+            declared.push(answer.map_err(|m| match m {
+                broca_tools::modules::CompactionMiss::Timeout => Missed::Timeout,
+                broca_tools::modules::CompactionMiss::Unreachable(why) => Missed::Unavailable(why),
+                broca_tools::modules::CompactionMiss::Refused { code, message } => {
+                    Missed::Refused { code, message }
+                }
+            }));
+        }
+        broca_core::pre_user::check_declarations(&plan.steps, declared)?;
+    }
+    Ok(frozen)
 }
 
 /// Plan admissions by outcome (`admitted` or the refusal's code), and the seconds they took

@@ -72,6 +72,7 @@ async fn call(ctx: &Arc<Host>, request: Request, caller: &Caller) -> Result<Valu
                 prunes_reasoning: ctx.opts.prune_reasoning,
                 plans: ctx.opts.plans,
                 delivery_order: ctx.opts.delivery_order,
+                pre_user: ctx.runs_pre_user(),
             })),
             Request::SessionsList { list } => crate::lists::sessions(ctx, list).await,
             #[cfg(debug_assertions)]
@@ -340,6 +341,7 @@ async fn send(
     if let Ok(p) = &mut admission {
         refuse_content(ctx, &t, p).await?;
         crate::plans::fetch(ctx, &t, p).await?;
+        crate::pre_user::run(ctx, &t, p).await?;
     }
     let (reply, wait) = oneshot::channel();
     let admission = Box::new(admission);
@@ -521,6 +523,14 @@ pub(crate) fn plan_served(ctx: &Host, plan: &serde_json::Value) -> Result<(), Rp
         return Ok(()); // the plan's own check names it
     };
     compaction_served(ctx, plan)?;
+    if !ctx.runs_pre_user() && plan.contains_key(broca_core::pre_user::MEMBER) {
+        return Err(RpcError::refusal(&broca_wire::Refusal::InvalidField {
+            field: "plan.step_transform_items",
+            why: "this runner runs no step transforms here (only `broca module` with \
+                  `\"compaction_providers\": true` runs the `pre_user` hook)"
+                .into(),
+        }));
+    }
     let declared: &[&str] = if ctx.opts.delivery_order {
         &[cortexkit_role_llm_runner::capabilities::SENDER_SUCCESSION]
     } else {
@@ -553,7 +563,7 @@ fn compaction_served(
     ctx: &Host,
     plan: &serde_json::Map<String, serde_json::Value>,
 ) -> Result<(), RpcError> {
-    let hosted = ctx.opts.compaction_providers && ctx.module_tools.is_some();
+    let hosted = ctx.runs_pre_user();
     if hosted
         || !plan.contains_key(cortexkit_role_llm_runner::compaction::PLAN_COMPACTION_ITEM)
         || cortexkit_role_llm_runner::compaction::check_plan(plan).is_err()

@@ -343,6 +343,12 @@ pub struct RunStarted {
     /// list: part of its identity (but its expiry), and the mode it went out in comes of it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub order: Option<broca_protocol::delivery::SendOrder>,
+    /// What the plan's `pre_user` hooks did to the prompt before it was written, in call
+    /// order (step-transform-provider/v2; the attribution record): `{module, ops}` with the
+    /// operations as answered, `{module, pass: true}`, or `{module, unavailable}` for a hook
+    /// passed over. The prompt above is the text after them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pre_user: Vec<serde_json::Value>,
 }
 
 /// The session's owner released it (llm-runner/v1 `session.release`): it takes no more

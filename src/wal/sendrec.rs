@@ -35,6 +35,9 @@ pub struct SendQueued {
     /// list: part of its identity (but its expiry), and the mode it went out in comes of it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub order: Option<broca_protocol::delivery::SendOrder>,
+    /// As in [`crate::runrec::RunStarted`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pre_user: Vec<serde_json::Value>,
 }
 
 /// A send steered into the active run `run_id` (llm-runner/v1 `delivery: steer`): admitted
@@ -76,6 +79,9 @@ pub struct SendSteered {
     /// is retracted or ended by it); a send that waited queued keeps the one it had.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub submission_id: Option<String>,
+    /// As in [`crate::runrec::RunStarted`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pre_user: Vec<serde_json::Value>,
 }
 
 /// A queued send withdrawn before it started (`session.retract`), or, for a send with an

@@ -231,7 +231,18 @@ impl RpcError {
                     e.detail.extend(d);
                 }
             }
+            Refusal::InvalidSubscription {
+                item,
+                subscription,
+                problem,
+            } => {
+                e = e
+                    .with_detail("item", (*item).into())
+                    .with_detail("subscription", (*subscription).into())
+                    .with_detail("problem", problem.as_str().into());
+            }
             Refusal::FetchUnavailable { provider, .. }
+            | Refusal::PreUserUnavailable { provider, .. }
             | Refusal::SystemTextPresetRequired { provider } => {
                 e = e.with_detail("provider", provider.as_str().into());
             }

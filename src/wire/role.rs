@@ -105,6 +105,9 @@ pub struct Declared {
     /// Sends may carry an ordered delivery and a plan its senders (`delivery_order`): the
     /// serve config's `delivery_order`.
     pub delivery_order: bool,
+    /// The runner runs a plan's `pre_user` hooks (`step_hooks`): module mode hosting
+    /// compaction providers, whose contract has the runner run that hook (A10).
+    pub pre_user: bool,
 }
 
 /// The list modes broca delivers (`delivery_order_modes`): every mode but `turn_system`,
@@ -124,6 +127,7 @@ pub fn describe(declared: Declared) -> Value {
         prunes_reasoning,
         plans,
         delivery_order,
+        pre_user,
     } = declared;
     let major = Major {
         version: PROVIDES.to_string(),
@@ -179,6 +183,9 @@ pub fn describe(declared: Declared) -> Value {
     if step_events {
         answer = answer.with_step_events(broca_core_policy());
     }
+    if pre_user {
+        answer = answer.with_step_hooks(["pre_user"]);
+    }
     if prunes_reasoning {
         answer = answer.with_archive_prunes_reasoning(
             cortexkit_role_llm_runner::archive_prunes_reasoning::ArchivePrunesReasoning::new(
@@ -225,9 +232,12 @@ mod tests {
             prunes_reasoning: true,
             plans: true,
             delivery_order: true,
+            pre_user: true,
         };
         let d = cortexkit_role_llm_runner::describe::check_describe(&describe(all))
             .unwrap_or_else(|p| panic!("{p:?}"));
+        assert!(d.serves_step_hooks(["pre_user"]));
+        assert!(!d.serves_step_hooks(["pre_user", "post_tool"]));
         assert_eq!(
             d.archive_prunes_reasoning.map(|a| a.kinds),
             Some(vec!["reasoning".to_string()])

@@ -251,6 +251,16 @@ pub enum Refusal {
     SendRetracted,
     /// A template send's `part_tag` slot names a part no request shows.
     TemplatePartGone { slot: String },
+    /// `invalid_params {field: "plan.step_transform_items", item, subscription, problem}`: a
+    /// planned subscription malformed in itself (step-transform-provider/v2 §4).
+    InvalidSubscription {
+        item: usize,
+        subscription: usize,
+        problem: String,
+    },
+    /// A `pre_user` hook under `on_unavailable: refuse` gave no usable answer (its provider,
+    /// why).
+    PreUserUnavailable { provider: String, why: String },
     /// The send's credential is missing or unusable (what, never the secret).
     AuthRequired(String),
     /// The credential's source (the vault) is out for now; the send may be retried.
@@ -311,6 +321,8 @@ impl Refusal {
             Refusal::ScopeOwnerMismatch => Code::ScopeOwnerMismatch,
             Refusal::SendRetracted => Code::SendRetracted,
             Refusal::TemplatePartGone { .. } => Code::TemplatePartGone,
+            Refusal::InvalidSubscription { .. } => Code::InvalidParams,
+            Refusal::PreUserUnavailable { .. } => Code::PreUserUnavailable,
             Refusal::AuthRequired(_) => Code::AuthRequired,
             Refusal::CredentialUnavailable(_) => Code::CredentialUnavailable,
             Refusal::UnsupportedProvider(_) => Code::UnsupportedProvider,
@@ -334,6 +346,7 @@ impl Refusal {
             Refusal::RetentionAboveMax { .. } => Some("retention"),
             Refusal::SendIdReuse { field, .. } => *field,
             Refusal::ChangeSendIdReuse { field } => Some(field),
+            Refusal::InvalidSubscription { .. } => Some("plan.step_transform_items"),
             _ => None,
         }
     }
@@ -427,8 +440,20 @@ impl Refusal {
                 "this send was retracted before it started; it never starts".to_string()
             }
             Refusal::TemplatePartGone { slot } => format!(
-                "the template's slot `{slot}` names a part this session's requests do not show \
-                 (broca numbers no parts); compose the send again"
+                "the template's slot `{slot}` names a part this session's next request does not \
+                 show; compose the send again"
+            ),
+            Refusal::InvalidSubscription {
+                item,
+                subscription,
+                problem,
+            } => format!(
+                "`plan.step_transform_items[{item}].subscriptions[{subscription}]`: {problem}"
+            ),
+            Refusal::PreUserUnavailable { provider, why } => format!(
+                "the pre_user hook of `{}` gave no usable answer ({why}); its subscription \
+                 says refuse, so nothing was written",
+                provider.escape_debug()
             ),
             Refusal::ScopeOwnerMismatch => {
                 "only the session's owner sends into it (the principal of its first send)"

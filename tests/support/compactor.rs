@@ -1,7 +1,11 @@
 //! The daemon stand-in's compaction provider (cortexkit-role-compaction's
 //! `compaction-provider/v2`): the ToolModule answers `compaction.*` ops with it. It records
 //! every Setup, notice and ride, answers Setup `ready` and notices `received`, and answers a
-//! ride with the view set for it (once), else `nothing`.
+//! ride with the view set for it (once), else `nothing`. As the compaction contract has it
+//! (A10), it is also the session's `pre_user` step transform (`step-transform-provider/v2`):
+//! it declares the hook (`pass`, 1,500 ms), records each hook call and answers it with the
+//! answer set for it (each once, in order; `Silence` never answers), else a prepend of the
+//! gap marker `[+0s] `.
 
 use std::sync::{Arc, Mutex};
 
@@ -19,6 +23,12 @@ pub struct Compactor {
     pub ride_view: Arc<Mutex<Option<Value>>>,
     /// Notices answered `setup_required` before one is `received` (a provider that restarted).
     pub forget: Arc<Mutex<u32>>,
+    /// Every `transform.hook` call's params, in order.
+    pub hooks: Arc<Mutex<Vec<Value>>>,
+    /// The answers the next hook calls get, in order (`None`: no answer at all).
+    pub hook_answers: Arc<Mutex<std::collections::VecDeque<Option<Value>>>>,
+    /// Every `transform.declare` request's params.
+    pub declares: Arc<Mutex<Vec<Value>>>,
 }
 
 pub(super) fn answer(c: &Compactor, body: &Value) -> Reply {
@@ -36,6 +46,21 @@ pub(super) fn answer(c: &Compactor, body: &Value) -> Reply {
                 json!({"answer": "setup_required"})
             } else {
                 json!({"answer": "received"})
+            }
+        }
+        Some("transform.declare") => {
+            c.declares.lock().unwrap().push(params);
+            json!({"subscriptions": [{"hook": "pre_user", "ops": ["prepend", "append", "replace"],
+                                      "on_unavailable": "pass", "budget_ms": 1500}]})
+        }
+        Some("transform.hook") => {
+            c.hooks.lock().unwrap().push(params);
+            match c.hook_answers.lock().unwrap().pop_front() {
+                Some(Some(answer)) => answer,
+                Some(None) => return Reply::Silence,
+                None => json!({"answer": "ops",
+                               "ops": [{"op": "prepend", "block": 0, "text": "[+0s] ",
+                                        "note": "gap since the last message"}]}),
             }
         }
         Some("compaction.ride") => {

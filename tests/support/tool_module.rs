@@ -188,7 +188,7 @@ impl ToolModule {
 pub(super) fn tool_answer(t: &ToolModule, body: &Value, channel: u16) -> Reply {
     if body["method"]
         .as_str()
-        .is_some_and(|m| m.starts_with("compaction."))
+        .is_some_and(|m| m.starts_with("compaction.") || m.starts_with("transform."))
     {
         return compactor::answer(&t.compactor, body);
     }

@@ -60,6 +60,7 @@ pub(super) fn steer(
         retention_policy: p.config.retention_policy,
         order: p.order,
         submission_id: None,
+        pre_user: p.pre_user,
     })))
 }
 
@@ -131,6 +132,8 @@ pub(super) fn steer_turn(session: &Session, run_id: &str, now_unix_ms: u64) -> O
         steer_seq: Some(p.seq),
         media: r.media.clone(),
         order: r.order.clone(),
+        // What the hooks did is on the steer's own record.
+        pre_user: Vec::new(),
     })
 }
 

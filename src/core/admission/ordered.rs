@@ -112,6 +112,7 @@ pub fn join_waiting(session: &Session, now_unix_ms: u64) -> Vec<broca_wal::Recor
                 retention_policy: None,
                 order,
                 submission_id: Some(q.submission_id.clone()),
+                pre_user: Vec::new(),
             }))
         })
         .collect()

@@ -60,5 +60,7 @@ pub fn start_queued(session: &Session, run_id: String, now_unix_ms: u64) -> Opti
         steer_seq: None,
         media: q.media.clone(),
         order: q.order.clone(),
+        // What the hooks did is on the queued send's own record.
+        pre_user: Vec::new(),
     })
 }

@@ -220,6 +220,7 @@ mod tests {
             delivery: None,
             media: Vec::new(),
             order: None,
+            pre_user: Vec::new(),
         });
         // Its sender and the owner withdraw it; another sender and a stranger do not.
         assert!(may_retract(&who("reserved:a"), &s, "q1"));

@@ -188,6 +188,7 @@ impl Session {
             delivery: None,
             media: r.media,
             order: r.order,
+            pre_user: r.pre_user,
         })
     }
 

@@ -44,6 +44,7 @@ pub(crate) fn started_with(
         steer_seq: None,
         media: Vec::new(),
         order: None,
+        pre_user: Vec::new(),
     }))
 }
 

@@ -1,4 +1,4 @@
-//! A session's compaction provider asked over the daemon (cortexkit-role-compaction W2.1, role
+//! A session's compaction provider (and its step-transform providers) asked over the daemon (cortexkit-role-compaction W2.1, role
 //! `compaction-provider` `v2`): `compaction.setup`, `compaction.notice` and `compaction.ride`,
 //! each on the session's own route to the provider (kept per module, role and session triple,
 //! apart from its tool route), under the session's scope. An op's answer is its bare answer
@@ -15,6 +15,9 @@ use super::{ModuleTools, NotSent};
 
 /// The role a compaction provider's route speaks.
 const ROLE: (&str, &str) = ("compaction-provider", "v2");
+
+/// The role a step-transform provider's hook route speaks.
+const STEP_ROLE: (&str, &str) = ("step-transform-provider", "v2");
 
 /// Why a compaction op got no answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,13 +51,41 @@ impl ModuleTools {
         body: Vec<u8>,
         deadline: Duration,
     ) -> Result<Value, Miss> {
+        self.role_op(ROLE, t, Some(scope_epoch), provider, body, deadline)
+            .await
+    }
+
+    /// Asks session `t`'s step-transform provider `provider` the op `body` (`transform.declare`
+    /// or `transform.hook`, step-transform-provider/v2) on the session's own route to it,
+    /// waiting `deadline` at most (the route's opening included).
+    pub async fn step_transform_op(
+        &self,
+        t: &SessionTriple,
+        provider: &str,
+        body: Vec<u8>,
+        deadline: Duration,
+    ) -> Result<Value, Miss> {
+        self.role_op(STEP_ROLE, t, None, provider, body, deadline)
+            .await
+    }
+
+    /// `body` asked of `provider` on session `t`'s route selecting `role`.
+    async fn role_op(
+        &self,
+        role: (&'static str, &'static str),
+        t: &SessionTriple,
+        scope_epoch: Option<u64>,
+        provider: &str,
+        body: Vec<u8>,
+        deadline: Duration,
+    ) -> Result<Value, Miss> {
         let opened = self.route_as(
-            Some(ROLE),
+            Some(role),
             provider,
             &t.project_root,
             &t.harness,
             &t.session,
-            Some(scope_epoch),
+            scope_epoch,
         );
         let route = with_timeout(deadline, opened)
             .await

@@ -315,3 +315,7 @@ pub fn check_declarations(
         Err(Refusal::PlanStale { differences })
     }
 }
+
+#[cfg(test)]
+#[path = "pre_user_tests.rs"]
+mod tests;

@@ -518,7 +518,8 @@ fn a_persons_message_goes_through_the_providers_pre_user_hook_before_it_is_writt
     assert_eq!(
         records[0].1,
         json!([{"module": PROVIDER, "ops": [{"op": "prepend", "block": 0, "text": "[+0s] ",
-                                             "note": "gap since the last message"}]}])
+                                             "note": "gap since the last message"}]}]),
+        "the record that holds the message says what the hook did"
     );
 
     // A provider that does not answer within the budget is passed over (`pass`): the message

@@ -118,7 +118,7 @@ codes! {
     TemplatePartGone = role::TEMPLATE_PART_GONE, 409, Permanent;
     /// A send's `pre_user` hook (a plan's step transform) gave no usable answer under
     /// `on_unavailable: refuse` (`detail.provider`): nothing was written.
-    PreUserUnavailable = role::PRE_USER_UNAVAILABLE, 503, Permanent;
+    PreUserUnavailable = role::PRE_USER_UNAVAILABLE, 424, Permanent;
     /// The session's first send named no `retention_policy` where this runner requires one
     /// (llm-runner/v1 `session_retention`).
     RetentionRequired = role::RETENTION_REQUIRED, 400, Permanent;

@@ -83,15 +83,13 @@ pub struct AdmissionContext<'a> {
 
 /// A send checked on its own and resolved (model, credential id, tools, stop conditions,
 /// budget, context limit, cache policy): what admission decides whatever the session holds.
-/// The session's part ([`admit_prepared`]) needs nothing more, so admission runs once per
-/// send even when the check and the session live on different shards.
+/// The session's part ([`admit_prepared`]) needs nothing more: admission runs once per send.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Prepared {
     pub send_id: Option<String>,
     /// The digest of the send's inputs (everything but the send_id).
     pub inputs_digest: String,
-    /// The digest of its prompt alone (a reused send_id's refusal names the field that
-    /// differs).
+    /// The digest of its prompt alone (a reused send_id's refusal names what differs).
     pub prompt_digest: String,
     pub prompt: String,
     pub config: FrozenConfig,
@@ -101,25 +99,21 @@ pub struct Prepared {
     pub caller: broca_wire::Caller,
     /// Its delivery mode when not `queue` (`steer`, `interrupt`).
     pub delivery: Option<String>,
-    /// Its ordered delivery, when its `delivery` was a list (llm-runner/v1 `delivery_order`).
+    /// Its ordered delivery, when its `delivery` was a list.
     pub order: Option<broca_protocol::delivery::SendOrder>,
     /// The settings the send named (a steer's are checked against the run it joins).
     pub named: Vec<&'static str>,
     /// The uploads its `content` attaches, in order (checked against the session's).
     pub content: Vec<String>,
-    /// A session's first send must name a `retention_policy` (set by the front: module
-    /// mode, where every starter sends one; llm-runner/v1 `session_retention.required`).
+    /// A first send must name a `retention_policy` (module mode; `session_retention`).
     pub policy_required: bool,
-    /// Its fetch plan, read and checked (llm-runner/v1 `plans`); what the plan's fetch gave
-    /// is set by the host before the session's actor admits it.
+    /// Its fetch plan, read and checked; what its fetch gave is set by the host.
     pub plan: Option<SentPlan>,
-    /// What the plan's `pre_user` hooks did to `prompt` (set by the host before the actor
-    /// admits the send; written on the record that holds the message).
+    /// What the plan's `pre_user` hooks did to `prompt` (set by the host; on its record).
     pub pre_user: Vec<serde_json::Value>,
 }
 
-/// A send that did not pass [`prepare`]: its refusal, kept with what a repeated send_id
-/// needs, since a send_id already admitted with the same inputs still answers its run.
+/// A send that did not pass [`prepare`]: its refusal, with what a repeated send_id needs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Unprepared {
     pub send_id: Option<String>,

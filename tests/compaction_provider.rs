@@ -283,9 +283,24 @@ fn the_provider_is_set_up_told_each_change_and_ridden_when_a_request_would_not_f
         setups[0]["model"],
         json!({"provider": "anthropic", "model": "m"})
     );
-    assert_eq!(setups[0]["detects"], json!(["cache_expired", "over_limit"]));
+    assert_eq!(
+        setups[0]["detects"],
+        json!([
+            "cache_expired",
+            "model_change",
+            "account_change",
+            "surface_change",
+            "over_limit"
+        ])
+    );
     let rides = at_least(&c.rides, 1);
     assert_eq!(rides[0]["causes"], json!(["cache_expired"]), "{rides:?}");
+    // The person's message was told before the ride went (N3).
+    assert!(
+        c.told_before_ride.lock().unwrap()[0].contains(&1),
+        "{:?}",
+        c.notices.lock().unwrap()
+    );
     // Every entry reaches the provider, in compact form, each notice numbered from 1.
     let told = |notices: &[Value]| -> Vec<u64> {
         notices
@@ -386,6 +401,27 @@ fn the_provider_is_set_up_told_each_change_and_ridden_when_a_request_would_not_f
         sent,
         "no request went out over the window"
     );
+
+    // A request under another model rides with `model_change`, one with other system text
+    // with `surface_change`, and nothing else (the cache is warm).
+    let rides_before = c.rides.lock().unwrap().len();
+    let changes = [
+        (
+            json!({"prompt": "hello", "model": "anthropic/m2"}),
+            "model_change",
+        ),
+        (
+            json!({"prompt": "hello", "model": "anthropic/m2", "system": "Be brief."}),
+            "surface_change",
+        ),
+    ];
+    for (i, (send, cause)) in changes.into_iter().enumerate() {
+        let (_, status) = run_with(&mut d, 1, send);
+        assert_eq!(status["state"], "completed", "{status}");
+        let rides = c.rides.lock().unwrap().clone();
+        assert_eq!(rides.len(), rides_before + i + 1, "{rides:?}");
+        assert_eq!(rides.last().unwrap()["causes"], json!([cause]));
+    }
     drain(&mut d, &mut { child });
 }
 

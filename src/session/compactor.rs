@@ -8,12 +8,14 @@
 //!   since the last one and those changed (a call's result arrived). One at a time, sent off
 //!   the run's path (N2, N3); changes made while one is out go in the next, sent as soon as
 //!   it is answered.
-//! - **Rides** before a model request that would not fit the usable window (`over_limit`), or
+//! - **Rides** before a model request that would not fit the usable window (`over_limit`),
 //!   whose prompt cache broca cannot know to be warm (`cache_expired`: the first request of
-//!   this process, or one after the cache's five minutes). The request waits for the answer
-//!   up to the ride's deadline; a view it brings is checked, recorded durably and applied to
-//!   that very request. A request still over the window ends the turn at `context_ceiling`
-//!   (RD4): broca never sends over its limit.
+//!   this process, or one after the cache's five minutes), or that goes out under another
+//!   model, account or surface than the one before it in this process (`model_change`,
+//!   `account_change`, `surface_change`). Changes not yet noticed are sent first (N3). The
+//!   request waits for the answer up to the ride's deadline; a view it brings is checked,
+//!   recorded durably and applied to that very request. A request still over the window ends
+//!   the turn at `context_ceiling` (RD4): broca never sends over its limit.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -45,9 +47,55 @@ const CACHE_LIFETIME_MS: u64 = 5 * 60 * 1000;
 const WINDOW_UNKNOWN: u64 = 128_000;
 /// The reply's room when the send names no output cap (the Anthropic renderer's default).
 const OUTPUT_DEFAULT: u64 = 4096;
-/// The ride causes broca detects (RD5).
+/// How long a ride waits for the notices of changes not yet told (N3) before it goes.
+const FLUSH_DEADLINE: Duration = Duration::from_secs(1);
+/// The ride causes broca detects (RD5). Not `tier_change` (broca asks for no service tier) nor
+/// `chain_reset` (its requests are not chained).
 fn detects() -> Vec<RideCause> {
-    vec![RideCause::CacheExpired, RideCause::OverLimit]
+    vec![
+        RideCause::CacheExpired,
+        RideCause::ModelChange,
+        RideCause::AccountChange,
+        RideCause::SurfaceChange,
+        RideCause::OverLimit,
+    ]
+}
+
+/// What a request goes out under, as the ride causes compare it: the session's model (the
+/// run's frozen one, so a retry's fallback is no change, RD6), its account (the credential's
+/// id, never the secret) and its surface (a hash of the system text and the tool definitions
+/// it carries).
+#[derive(Clone, PartialEq)]
+struct Sent {
+    model: (String, String),
+    account: String,
+    surface: u64,
+}
+
+impl Sent {
+    fn of(config: &FrozenConfig, request: &broca_protocol::Request) -> Sent {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        serde_json::to_vec(&(&request.system, &*request.tools))
+            .unwrap_or_default()
+            .hash(&mut h);
+        Sent {
+            model: (config.provider.clone(), config.model.clone()),
+            account: config.credential_id.clone(),
+            surface: h.finish(),
+        }
+    }
+
+    /// The causes going from `self` to `next` rides with.
+    fn changes(&self, next: &Sent) -> impl Iterator<Item = RideCause> {
+        [
+            (self.model != next.model, RideCause::ModelChange),
+            (self.account != next.account, RideCause::AccountChange),
+            (self.surface != next.surface, RideCause::SurfaceChange),
+        ]
+        .into_iter()
+        .filter_map(|(changed, cause)| changed.then_some(cause))
+    }
 }
 
 /// A session's link to its provider.
@@ -72,6 +120,8 @@ struct Shared {
     events: Vec<Event>,
     /// When this process last sent the session's model a request (Unix ms).
     last_request_ms: Option<u64>,
+    /// What that request went out under.
+    last_sent: Option<Sent>,
     /// The numbered transcript, brought up to date at each use.
     numbered: neutral::Numbered,
     /// The notice made while another was out, sent once that one is answered.
@@ -327,17 +377,26 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             .borrow()
             .last_request_ms
             .is_none_or(|t| now.saturating_sub(t) > CACHE_LIFETIME_MS);
+        let sent = Sent::of(&config, request);
         let mut causes = Vec::new();
         if cold {
             causes.push(RideCause::CacheExpired);
         }
+        if let Some(last) = &shared.borrow().last_sent {
+            causes.extend(last.changes(&sent));
+        }
         if tokens > usable {
             causes.push(RideCause::OverLimit);
         }
-        shared.borrow_mut().last_request_ms = Some(now);
+        {
+            let mut s = shared.borrow_mut();
+            s.last_request_ms = Some(now);
+            s.last_sent = Some(sent);
+        }
         if causes.is_empty() {
             return Ok(());
         }
+        self.flush_notices(&shared).await;
         let over = tokens > usable;
         let deadline = if over {
             RIDE_DEADLINE_OVER
@@ -388,6 +447,16 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             ));
         }
         Ok(())
+    }
+
+    /// Before a ride: what changed and was not yet told goes to the provider first, the ride
+    /// waiting (`FLUSH_DEADLINE` at most) until the notices out are answered (N3).
+    async fn flush_notices(&mut self, shared: &Rc<RefCell<Shared>>) {
+        self.notice_due();
+        let until = std::time::Instant::now() + FLUSH_DEADLINE;
+        while shared.borrow().busy && std::time::Instant::now() < until {
+            glommio::timer::sleep(Duration::from_millis(2)).await;
+        }
     }
 
     /// A ride's view: checked as a handed-over one is; recorded durably when it passes, else

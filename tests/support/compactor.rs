@@ -19,6 +19,8 @@ pub struct Compactor {
     pub setups: Arc<Mutex<Vec<Value>>>,
     pub notices: Arc<Mutex<Vec<Value>>>,
     pub rides: Arc<Mutex<Vec<Value>>>,
+    /// For each ride, the ordinals the notices answered before it had told.
+    pub told_before_ride: Arc<Mutex<Vec<Vec<u64>>>>,
     /// The view the next ride is answered with.
     pub ride_view: Arc<Mutex<Option<Value>>>,
     /// Notices answered `setup_required` before one is `received` (a provider that restarted).
@@ -64,6 +66,15 @@ pub(super) fn answer(c: &Compactor, body: &Value) -> Reply {
             }
         }
         Some("compaction.ride") => {
+            let told = c
+                .notices
+                .lock()
+                .unwrap()
+                .iter()
+                .flat_map(|n| n["entries"].as_array().cloned().unwrap_or_default())
+                .filter_map(|e| e["ordinal"].as_u64())
+                .collect();
+            c.told_before_ride.lock().unwrap().push(told);
             c.rides.lock().unwrap().push(params);
             match c.ride_view.lock().unwrap().take() {
                 Some(view) => json!({"answer": "view", "view": view}),

@@ -298,7 +298,7 @@ fn the_provider_is_set_up_told_each_change_and_ridden_when_a_request_would_not_f
     // The person's message was told before the ride went (N3).
     assert!(
         c.told_before_ride.lock().unwrap()[0].contains(&1),
-        "{:?}",
+        "the message was not told before the ride: {:?}",
         c.notices.lock().unwrap()
     );
     // Every entry reaches the provider, in compact form, each notice numbered from 1.

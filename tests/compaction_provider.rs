@@ -394,13 +394,35 @@ fn the_provider_is_set_up_told_each_change_and_ridden_when_a_request_would_not_f
     let sent = recorded_bodies(&log).len();
     let tiny = json!({"prompt": "hello once more", "model": "anthropic/m",
                       "generation": {"max_output_tokens": 127_990}});
-    let (_, status) = run_with(&mut d, 1, tiny);
+    let (_, status) = run_with(&mut d, 1, tiny.clone());
     assert_eq!(status["state"], "context_ceiling", "{status}");
     assert_eq!(
         recorded_bodies(&log).len(),
         sent,
         "no request went out over the window"
     );
+
+    // A provider silent on a ride holds up that request alone: the run's cancel is answered
+    // while the ride waits (30 s for a request over the window), and the run ends cancelled
+    // with nothing sent.
+    *c.silent_rides.lock().unwrap() = 1;
+    let rides_now = c.rides.lock().unwrap().len();
+    let (ty, started) = d.request(1, 1, "session.send", tiny);
+    assert_eq!(ty, FrameType::Response, "{started}");
+    let run_id = started["result"]["run_id"].as_str().unwrap().to_string();
+    at_least(&c.rides, rides_now + 1);
+    let (ty, cancelled) = d.request(1, 1, "run.cancel", json!({"run_id": run_id}));
+    assert_eq!(
+        (ty, cancelled["result"].clone()),
+        (FrameType::Response, json!("ack")),
+        "{cancelled}"
+    );
+    let status = wait_ended(&mut d, 1, 1, &run_id);
+    assert_eq!(
+        status["state"], "cancelled",
+        "cancelled while its ride waited: {status}"
+    );
+    assert_eq!(recorded_bodies(&log).len(), sent, "nothing went out");
 
     // A request under another model rides with `model_change`, one with other system text
     // with `surface_change`, and nothing else (the cache is warm).

@@ -98,6 +98,16 @@ impl Sent {
     }
 }
 
+/// A ride on its way: what its answer is checked against once it comes.
+pub(crate) struct Riding {
+    provider: String,
+    shared: Rc<RefCell<Shared>>,
+    usable: u64,
+}
+
+/// A ride's answer as it came: the provider's answer object, or why there is none.
+pub(crate) struct RideOutcome(Result<serde_json::Value, broca_tools::modules::CompactionMiss>);
+
 /// A session's link to its provider.
 pub(crate) struct Compactor {
     provider: String,
@@ -354,21 +364,20 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         self.notice_due();
     }
 
-    /// Before model request `request` goes out: the ride its causes call for, if any, and the
-    /// ceiling. `Err` with why the request does not fit the usable window even so.
-    pub(crate) async fn ride_due(
+    /// Before model request `request` goes out: the ride its causes call for, if any, as the
+    /// call to make (its answer comes to the drive loop, which answers the session's commands
+    /// meanwhile) and what the answer is checked against ([`Self::ride_answered`]). None: the
+    /// request goes out at once (it fits, and nothing calls for a ride).
+    pub(crate) fn ride_due(
         &mut self,
-        request: &mut broca_protocol::Request,
-        step: u32,
-        held: &mut crate::view::StepView,
-    ) -> Result<(), String> {
-        let Some(link) = self.compactor() else {
-            return Ok(());
-        };
+        request: &broca_protocol::Request,
+    ) -> Option<(
+        Riding,
+        impl std::future::Future<Output = RideOutcome> + 'static,
+    )> {
+        let link = self.compactor()?;
         let (provider, shared) = (link.provider.clone(), link.shared.clone());
-        let Some(config) = self.state.runs.last().map(|r| r.config.clone()) else {
-            return Ok(());
-        };
+        let config = self.state.runs.last().map(|r| r.config.clone())?;
         let now = crate::now_unix_ms();
         let cond = conditions(&config);
         let usable = cond.context_window.saturating_sub(cond.output_reserve);
@@ -385,7 +394,8 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         if let Some(last) = &shared.borrow().last_sent {
             causes.extend(last.changes(&sent));
         }
-        if tokens > usable {
+        let over = tokens > usable;
+        if over {
             causes.push(RideCause::OverLimit);
         }
         {
@@ -394,10 +404,10 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             s.last_sent = Some(sent);
         }
         if causes.is_empty() {
-            return Ok(());
+            return None;
         }
-        self.flush_notices(&shared).await;
-        let over = tokens > usable;
+        // What changed and was not yet told goes first (N3); the ride waits for it below.
+        self.notice_due();
         let deadline = if over {
             RIDE_DEADLINE_OVER
         } else {
@@ -417,7 +427,39 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             provider: provider.clone(),
         };
         let body = wire::encode(ops::COMPACTION_RIDE, &ride);
-        match ask.op(body, deadline).await {
+        let told = shared.clone();
+        let call = async move {
+            let until = std::time::Instant::now() + FLUSH_DEADLINE;
+            while told.borrow().busy && std::time::Instant::now() < until {
+                glommio::timer::sleep(Duration::from_millis(2)).await;
+            }
+            RideOutcome(ask.op(body, deadline).await)
+        };
+        let riding = Riding {
+            provider,
+            shared,
+            usable,
+        };
+        Some((riding, call))
+    }
+
+    /// A ride's answer, for model request `request` of step `step`: a view it brings checked,
+    /// recorded and applied to that very request; then the ceiling. `Err` with why the
+    /// request does not fit the usable window even so (RD4).
+    pub(crate) async fn ride_answered(
+        &mut self,
+        riding: Riding,
+        answer: RideOutcome,
+        request: &mut broca_protocol::Request,
+        step: u32,
+        held: &mut crate::view::StepView,
+    ) -> Result<(), String> {
+        let Riding {
+            provider,
+            shared,
+            usable,
+        } = riding;
+        match answer.0 {
             Ok(answer) => match serde_json::from_value::<RideAnswer>(answer) {
                 Ok(RideAnswer::View { view }) => {
                     self.take_ride_view(&provider, view, &shared).await?;
@@ -447,16 +489,6 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             ));
         }
         Ok(())
-    }
-
-    /// Before a ride: what changed and was not yet told goes to the provider first, the ride
-    /// waiting (`FLUSH_DEADLINE` at most) until the notices out are answered (N3).
-    async fn flush_notices(&mut self, shared: &Rc<RefCell<Shared>>) {
-        self.notice_due();
-        let until = std::time::Instant::now() + FLUSH_DEADLINE;
-        while shared.borrow().busy && std::time::Instant::now() < until {
-            glommio::timer::sleep(Duration::from_millis(2)).await;
-        }
     }
 
     /// A ride's view: checked as a handed-over one is; recorded durably when it passes, else

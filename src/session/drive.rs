@@ -40,6 +40,11 @@ enum Input {
         /// The parts of an answer in parts (its images kept).
         parts: Vec<broca_wal::runrec::ResultPart>,
     },
+    /// The compaction provider's answer to the ride model call `call` waits on.
+    Ride {
+        call: u64,
+        answer: crate::compactor::RideOutcome,
+    },
 }
 
 /// What a running run has out: the model call in flight (a stale call's events are ignored and
@@ -54,6 +59,8 @@ struct InFlight {
     batch: Vec<Intended>,
     /// The compaction view the step in flight renders through (a retry keeps it).
     view: crate::view::StepView,
+    /// The model request waiting on its compaction provider's ride, with its step.
+    riding: Option<(crate::compactor::Riding, broca_protocol::Request, u32)>,
 }
 
 /// A call of the last dispatch intent: its model id, key and schema pin as the intent
@@ -86,6 +93,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             tools: 0,
             batch: Vec::new(),
             view: Default::default(),
+            riding: None,
         };
         loop {
             while let Some(cmd) = m.poll_command() {
@@ -97,11 +105,15 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             let stalled = ActorError::Stalled {
                 run_id: m.run_id().to_string(),
             };
+            // A ride waits as part of the model call it precedes (`streaming` holds meanwhile).
             if !calls.streaming && timeout.is_none() && calls.tools == 0 && !m.is_done() {
                 return Err(stalled);
             }
             match self.next(&rx, timeout).await {
                 Next::Timeout(at_ms) => m.handle_timeout(at_ms),
+                Next::Input(Some(Input::Ride { call, answer })) => {
+                    Box::pin(self.ride_came(call, answer, &mut m, &mut calls)).await
+                }
                 Next::Input(Some(input)) => feed(&mut m, input, &mut calls, &*self.hooks),
                 Next::Input(None) => return Err(stalled),
                 Next::Command(Some(Msg::Command(cmd))) => {
@@ -154,27 +166,27 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             } => {
                 assert!(!calls.streaming, "one model call at a time");
                 self.through_view(&mut request, step, &mut calls.view);
-                if let Err(why) = self.ride_due(&mut request, step, &mut calls.view).await {
-                    // Over the usable window even after a ride: the turn ends at the ceiling,
-                    // and nothing goes out (cortexkit-role-compaction RD4).
-                    let error = broca_protocol::ClassifiedError {
-                        class: broca_protocol::ErrorClass::ContextOverflow,
-                        message: why,
-                        retry_after_ms: None,
-                    };
-                    m.handle(
-                        Event::AttemptFailed { error, usage: None },
-                        crate::now_unix_ms(),
-                    );
-                    return Ok(None);
-                }
                 calls.call.set(calls.call.get() + 1);
                 calls.streaming = true;
-                self.spawn_model(request, calls.call.clone(), calls.tx.clone());
+                match self.ride_due(&request) {
+                    // The ride is one more input of this loop: a cancel, a steer or a read is
+                    // answered while it waits, and an abandoned ride's answer is dropped.
+                    Some((riding, ride)) => {
+                        calls.riding = Some((riding, request, step));
+                        let (me, tx) = (calls.call.get(), calls.tx.clone());
+                        glommio::spawn_local(async move {
+                            let answer = ride.await;
+                            let _ = tx.send(Input::Ride { call: me, answer }).await;
+                        })
+                        .detach();
+                    }
+                    None => self.spawn_model(request, calls.call.clone(), calls.tx.clone()),
+                }
             }
             Command::AbortModel => {
                 calls.call.set(calls.call.get() + 1);
                 calls.streaming = false;
+                calls.riding = None;
             }
             Command::Dispatch { calls: batch, .. } => {
                 assert!(!batch.is_empty(), "a dispatch carries calls");
@@ -227,6 +239,47 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                 .await
             }
             None => futures_lite::future::or(async { Next::Input(rx.recv().await) }, wake).await,
+        }
+    }
+
+    /// The ride the model call `call` waits on answered: the request goes out (through a view
+    /// it brought), or, over the usable window even so, the turn ends at the ceiling and
+    /// nothing goes out (cortexkit-role-compaction RD4). The answer of a call since abandoned
+    /// (a cancel) is dropped.
+    async fn ride_came(
+        &mut self,
+        call: u64,
+        answer: crate::compactor::RideOutcome,
+        m: &mut RunMachine,
+        calls: &mut InFlight,
+    ) {
+        if call != calls.call.get() {
+            return;
+        }
+        let Some((riding, mut request, step)) = calls.riding.take() else {
+            return;
+        };
+        let answered = self
+            .ride_answered(riding, answer, &mut request, step, &mut calls.view)
+            .await;
+        match answered {
+            Ok(()) => {
+                calls.call.set(calls.call.get() + 1);
+                self.spawn_model(request, calls.call.clone(), calls.tx.clone());
+            }
+            Err(why) => {
+                calls.call.set(calls.call.get() + 1);
+                calls.streaming = false;
+                let error = broca_protocol::ClassifiedError {
+                    class: broca_protocol::ErrorClass::ContextOverflow,
+                    message: why,
+                    retry_after_ms: None,
+                };
+                m.handle(
+                    Event::AttemptFailed { error, usage: None },
+                    crate::now_unix_ms(),
+                );
+            }
         }
     }
 
@@ -620,6 +673,7 @@ fn feed(m: &mut RunMachine, input: Input, calls: &mut InFlight, hooks: &dyn crat
             }
         },
         Input::Model { .. } => {} // an abandoned call
+        Input::Ride { .. } => {}  // answered by the loop (`ride_came`)
         Input::Tool {
             call_id,
             outcome,

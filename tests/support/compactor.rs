@@ -19,6 +19,8 @@ pub struct Compactor {
     pub setups: Arc<Mutex<Vec<Value>>>,
     pub notices: Arc<Mutex<Vec<Value>>>,
     pub rides: Arc<Mutex<Vec<Value>>>,
+    /// Rides left unanswered (a provider gone silent) before one is answered.
+    pub silent_rides: Arc<Mutex<u32>>,
     /// For each ride, the ordinals the notices answered before it had told.
     pub told_before_ride: Arc<Mutex<Vec<Vec<u64>>>>,
     /// The view the next ride is answered with.
@@ -76,6 +78,11 @@ pub(super) fn answer(c: &Compactor, body: &Value) -> Reply {
                 .collect();
             c.told_before_ride.lock().unwrap().push(told);
             c.rides.lock().unwrap().push(params);
+            let mut silent = c.silent_rides.lock().unwrap();
+            if *silent > 0 {
+                *silent -= 1;
+                return Reply::Silence;
+            }
             match c.ride_view.lock().unwrap().take() {
                 Some(view) => json!({"answer": "view", "view": view}),
                 None => json!({"answer": "nothing"}),

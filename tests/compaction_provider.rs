@@ -268,7 +268,9 @@ fn the_provider_is_set_up_told_each_change_and_ridden_when_a_request_would_not_f
     let (mut d, child) = start(dir.path(), "d", &proxy.url(), &[], &provider);
 
     // The first send: Setup before the first notice, a ride for the cache broca cannot know
-    // warm (its first request), notices as the send, then the answer, are durable.
+    // warm (its first request), notices as the send, then the answer, are durable. The Setup
+    // is slow to answer, so the message's notice can only go after it: the ride waits.
+    *c.slow_setup_ms.lock().unwrap() = 300;
     let padding = "hello ".repeat(100);
     let (_, status) = run_with(
         &mut d,

@@ -19,6 +19,8 @@ pub struct Compactor {
     pub setups: Arc<Mutex<Vec<Value>>>,
     pub notices: Arc<Mutex<Vec<Value>>>,
     pub rides: Arc<Mutex<Vec<Value>>>,
+    /// How long the next Setup's answer takes, in ms (then none).
+    pub slow_setup_ms: Arc<Mutex<u64>>,
     /// Rides left unanswered (a provider gone silent) before one is answered.
     pub silent_rides: Arc<Mutex<u32>>,
     /// For each ride, the ordinals the notices answered before it had told.
@@ -40,6 +42,11 @@ pub(super) fn answer(c: &Compactor, body: &Value) -> Reply {
     let answer = match body["method"].as_str() {
         Some("compaction.setup") => {
             c.setups.lock().unwrap().push(params);
+            let slow = std::mem::take(&mut *c.slow_setup_ms.lock().unwrap());
+            if slow > 0 {
+                let later = std::time::Duration::from_millis(slow);
+                return Reply::Later(later, FrameType::Response, json!({"answer": "ready"}));
+            }
             json!({"answer": "ready"})
         }
         Some("compaction.notice") => {

@@ -162,14 +162,21 @@ fn first_request(session: &Session) -> usize {
     request(session, &mut neutral::Numbered::default())
 }
 
-/// The next view handed over, checked against the transcript.
+/// The next view handed over, checked against the transcript numbered whole (the first check
+/// after the readers' cache took the session in).
 fn check(session: &Session) {
-    let numbered = neutral::transcript(session.entries.as_ref().unwrap(), 0);
+    check_kept(session, &mut neutral::Numbered::default());
+}
+
+/// The next view handed over, checked against the transcript with its numbering `kept` from
+/// the check or read before (as the readers' cache keeps it, `ReadSession::numbered`).
+fn check_kept(session: &Session, kept: &mut neutral::Numbered) {
+    let numbered = kept.refresh(session.entries.as_ref().unwrap());
     let next = view_after(
-        &numbered,
+        numbered,
         session.view.as_ref().map_or(1, |v| v.version + 1),
     );
-    provided::check(&numbered, session.view.as_deref(), &next, &rules()).unwrap();
+    provided::check(numbered, session.view.as_deref(), &next, &rules()).unwrap();
 }
 
 fn replay(path: &Path) -> (usize, usize, u64) {
@@ -220,6 +227,10 @@ fn main() {
         b.iter(|| first_request(&session))
     });
     g.bench_function("view_check_50_runs", |b| b.iter(|| check(&session)));
+    let mut kept_check = neutral::Numbered::default();
+    g.bench_function("view_check_kept_50_runs", |b| {
+        b.iter(|| check_kept(&session, &mut kept_check))
+    });
     g.finish();
     let mut g = c.benchmark_group("compaction_view_replay");
     g.sample_size(10).measurement_time(Duration::from_secs(5));

@@ -22,6 +22,26 @@ pub struct ReadSession {
     pub lineage: String,
     /// The seq of its last record (`None`: the WAL holds its header only).
     pub last_seq: Option<u64>,
+    /// Its transcript numbered in the compaction contract's part model, kept while the
+    /// readers' cache keeps the session and numbered again only from its last assistant entry
+    /// on ([`ReadSession::numbered`]).
+    pub numbered: std::sync::Arc<std::sync::Mutex<crate::neutral::Numbered>>,
+}
+
+impl ReadSession {
+    /// `f` over the session's numbered transcript (cortexkit-role-compaction W4), brought up
+    /// to date with what was appended since the last use; empty for a session read without
+    /// its entries.
+    pub fn numbered<R>(&self, f: impl FnOnce(&[cortexkit_role_compaction::read::Entry]) -> R) -> R {
+        let Some(entries) = &self.session.entries else {
+            return f(&[]);
+        };
+        let mut kept = self
+            .numbered
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(kept.refresh(entries))
+    }
 }
 
 /// What to keep while replaying.
@@ -82,6 +102,7 @@ pub fn read_session(path: &Path, keep: Keep) -> Result<Option<ReadSession>, Read
         triple: scan.header.triple.clone(),
         lineage: scan.header.lineage_hex(),
         last_seq: scan.frames.last().map(|f| f.seq),
+        numbered: Default::default(),
     }))
 }
 
@@ -213,6 +234,7 @@ fn read_whole(path: &Path) -> Result<Option<Cached>, ReadError> {
             triple: scan.header.triple.clone(),
             lineage: scan.header.lineage_hex(),
             last_seq: scan.frames.last().map(|f| f.seq),
+            numbered: Default::default(),
         },
         last,
     }))

@@ -66,14 +66,6 @@ async fn as_provider<R: Send + 'static>(
     })
 }
 
-/// The numbered transcript of a reader's session.
-fn numbered(read: &broca_core::ReadSession) -> Vec<cortexkit_role_compaction::read::Entry> {
-    match &read.session.entries {
-        Some(entries) => broca_core::neutral::transcript(entries, 0),
-        None => Vec::new(),
-    }
-}
-
 async fn entries(
     ctx: &Host,
     t: SessionTriple,
@@ -82,7 +74,7 @@ async fn entries(
 ) -> Result<Value, Refusal> {
     let page = as_provider(ctx, &t, caller, move |read| {
         let applied = read.session.view.as_ref().map(|v| v.applied());
-        broca_core::neutral::read(&numbered(read), params, applied)
+        read.numbered(|numbered| broca_core::neutral::read(numbered, params, applied))
     })
     .await??;
     Ok(serde_json::to_value(page).expect("a page serializes"))
@@ -109,7 +101,8 @@ async fn apply(
     let (provider, verdict) = as_provider(ctx, &t, caller, move |read| {
         let rules = provided::session_rules(&read.session);
         let previous = read.session.view.as_deref();
-        let verdict = provided::check(&numbered(read), previous, &view, &rules).map(|_| ());
+        let verdict = read.numbered(|numbered| provided::check(numbered, previous, &view, &rules))
+            .map(|_| ());
         (
             provided::provider_of(&read.session).unwrap_or_default(),
             verdict,

@@ -101,7 +101,8 @@ async fn apply(
     let (provider, verdict) = as_provider(ctx, &t, caller, move |read| {
         let rules = provided::session_rules(&read.session);
         let previous = read.session.view.as_deref();
-        let verdict = read.numbered(|numbered| provided::check(numbered, previous, &view, &rules))
+        let verdict = read
+            .numbered(|numbered| provided::check(numbered, previous, &view, &rules))
             .map(|_| ());
         (
             provided::provider_of(&read.session).unwrap_or_default(),

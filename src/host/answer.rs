@@ -1,10 +1,8 @@
 //! An open session's runs and the commands it answers while no run is active.
 
-use broca_core::admission::{Prepared, Refusal, Unprepared};
-use broca_session::{ActorError, Cancelled, SessionCommand};
+use broca_session::{After, SessionCommand};
 use broca_shards::registry::Inbox;
 use broca_wal::SessionTriple;
-use broca_wire::RpcError;
 
 use crate::sessions::Actor;
 use crate::shard::Shard;
@@ -57,8 +55,9 @@ impl Shard {
         true
     }
 
-    /// Answers one command of an idle session (a send's run is driven here); `false` when
-    /// the actor must close.
+    /// Has the session's actor answer one command while no run is active, then does what
+    /// its answer asks of the shard: a new run driven (then the queued sends), the store told
+    /// of an import, a close or an expiry at rest; `false` when the actor must close.
     pub(crate) async fn answer(
         &self,
         actor: &mut Actor,
@@ -66,276 +65,37 @@ impl Shard {
         triple: &SessionTriple,
         cmd: SessionCommand,
     ) -> bool {
-        match cmd {
-            SessionCommand::Send { admission, reply } => {
-                return self
-                    .answer_send(actor, inbox, triple, *admission, reply)
-                    .await;
+        match actor.answer(cmd, None).await {
+            After::Serve => true,
+            After::Moved => {
+                self.mark_moved(triple, actor);
+                true
             }
-            SessionCommand::Status { run_id, reply } => {
-                let _ = reply.send(actor.view(run_id.as_deref()));
-            }
-            SessionCommand::Cancel {
-                caller, reply, at, ..
-            } => {
-                // No run is active here; the answer is still only for who may cancel.
-                let now = matches!(at, broca_wire::CancelAt::Now);
-                let answer = if broca_core::admission::may_cancel(&caller, actor.state(), now) {
-                    Cancelled::NotActive
-                } else {
-                    Cancelled::NotOwner
-                };
-                let _ = reply.send(answer);
-            }
-            SessionCommand::Retract {
-                submission_id,
-                caller,
-                reply,
-            } => {
-                let answer = actor.retract_for(&caller, &submission_id, None).await;
-                let failed = matches!(&answer, Err(e) if !matches!(e, ActorError::Refused(_)));
-                if let Err(e) = &answer {
-                    self.host.storage.failed(e);
-                }
-                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
-                if failed {
-                    return false;
-                }
-            }
-            SessionCommand::Release { caller, reply } => {
-                let answer = actor.release_for(&caller).await;
-                let failed = matches!(&answer, Err(e) if !matches!(e, ActorError::Refused(_)));
-                if let Err(e) = &answer {
-                    self.host.storage.failed(e);
-                }
+            After::Run => {
+                // Held while its run is not over.
                 self.note_retention(actor, triple);
-                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
-                if failed {
+                let done = self.running(inbox, triple, actor.run_admitted()).await;
+                self.mark_moved(triple, actor);
+                if let Err(e) = done {
+                    self.host.storage.failed(&e);
+                    tracing::error!("session {}: {e}", triple.address());
                     return false;
                 }
+                self.run_queued(actor, inbox, triple).await
             }
-            SessionCommand::Barrier { reply } => {
-                let _ = reply.send(actor.barrier().await.ok());
-            }
-            SessionCommand::Import { input, reply } => {
-                return self.answer_import(actor, triple, *input, reply).await;
-            }
-            SessionCommand::LateResult { late, reply } => {
-                let answer = actor.record_late(late).await;
-                if let Err(e) = &answer {
-                    self.host.storage.failed(e);
-                }
-                let failed = answer.is_err();
-                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
-                if failed {
-                    return false;
-                }
-            }
-            SessionCommand::UserCommand {
-                request,
-                caller,
-                reply,
-            } => {
-                let answer = actor.user_command(&caller, &request).await;
-                return self.answered(answer, reply);
-            }
-            SessionCommand::CommandReplied {
-                call_key,
-                answer,
-                reply,
-            } => {
-                let answer = actor.command_replied(&call_key, answer).await;
-                return self.answered(answer, reply);
-            }
-            SessionCommand::CommandStatus {
-                call_key,
-                caller,
-                reply,
-            } => {
-                let _ = reply.send(
-                    actor
-                        .command_status(&caller, &call_key)
-                        .map_err(|e| e.to_rpc_error()),
-                );
-            }
-            SessionCommand::CommandLate {
-                call_key,
-                entries,
-                reply,
-            } => {
-                let answer = actor.command_late(&call_key, entries).await;
-                return self.answered(answer, reply);
-            }
-            SessionCommand::Refresh {
-                request,
-                identity,
-                plan,
-                caller,
-                reply,
-            } => {
-                let answer = actor.refresh(&caller, &request, &identity, plan).await;
-                return self.answered(answer, reply);
-            }
-            SessionCommand::RefreshPolicy {
-                request,
-                caller,
-                reply,
-            } => {
-                let answer = actor.refresh_policy(&caller, &request).await;
-                return self.answered(answer, reply);
-            }
-            SessionCommand::HostStart {
-                identity,
-                plan,
-                caller,
-                reply,
-            } => {
-                let answer = actor.host_start(&caller, &identity, plan).await;
-                return self.answered(answer, reply);
-            }
-            SessionCommand::Adopt {
-                request,
-                identity,
-                required,
-                caller,
-                reply,
-            } => {
-                let answer = actor.adopt(&caller, &request, &identity, required).await;
-                return self.answered(answer, reply);
-            }
-            SessionCommand::FlushPrefix {
-                send_id,
-                caller,
-                reply,
-            } => {
-                let answer = actor.flush_prefix(&caller, &send_id).await;
-                return self.answered(answer, reply);
-            }
-            SessionCommand::ApplyView {
-                provider,
-                view,
-                reply,
-            } => {
-                let answer = actor.apply_view(provider, view).await;
-                return self.answered(answer, reply);
-            }
-            SessionCommand::Expire { reply } => return self.expire(actor, triple, reply).await,
+            After::Close => false,
             // At rest (a queued send would have started): answered once the WAL is closed.
-            SessionCommand::Close { reply } => {
+            After::CloseAsked(reply) => {
                 let key = triple.address().0;
                 self.close_asked
                     .borrow_mut()
                     .entry(key)
                     .or_default()
                     .push(reply);
-                return false;
-            }
-            SessionCommand::Upload { op, caller, reply } => {
-                let answer = actor.upload(op, &caller).await;
-                let failed = matches!(&answer, Err(e) if e.code == broca_wire::Code::Internal);
-                let _ = reply.send(answer);
-                if failed {
-                    return false;
-                }
-            }
-        }
-        true
-    }
-
-    /// A send to an idle session: admitted (its run driven here, then the queued sends), or
-    /// refused; `false` when the actor must close.
-    async fn answer_send(
-        &self,
-        actor: &mut Actor,
-        inbox: &Inbox<SessionCommand>,
-        triple: &SessionTriple,
-        admission: Result<Prepared, Unprepared>,
-        reply: Reply<broca_session::SendReply>,
-    ) -> bool {
-        if self.host.is_stopping() {
-            let _ = reply.send(Err(RpcError::refusal(&Refusal::ShuttingDown)));
-            return true;
-        }
-        match actor.send_prepared(admission, None).await {
-            Ok(r) => {
-                // Held while its run is not over.
-                self.note_retention(actor, triple);
-                let new = !r.existing && r.pending.is_none();
-                if new {
-                    self.host.storage.wrote();
-                }
-                let _ = reply.send(Ok(r));
-                if new {
-                    let done = self.running(inbox, triple, actor.run_admitted()).await;
-                    self.mark_moved(triple, actor);
-                    if let Err(e) = done {
-                        self.host.storage.failed(&e);
-                        tracing::error!("session {}: {e}", triple.address());
-                        return false;
-                    }
-                }
-                self.run_queued(actor, inbox, triple).await
-            }
-            Err(e @ ActorError::Refused(_)) => {
-                let _ = reply.send(Err(e.to_rpc_error()));
-                true
-            }
-            Err(e) => {
-                self.host.storage.failed(&e);
-                tracing::error!("session {}: {e}", triple.address());
-                let _ = reply.send(Err(e.to_rpc_error()));
                 false
             }
+            After::Expire(reply) => self.expire(actor, triple, reply).await,
         }
-    }
-
-    /// An import into an idle session; `false` when the actor must close.
-    async fn answer_import(
-        &self,
-        actor: &mut Actor,
-        triple: &SessionTriple,
-        input: broca_session::ImportInput,
-        reply: Reply<broca_session::ImportReply>,
-    ) -> bool {
-        match actor.import(input, Box::new(|_| {})).await {
-            Ok(r) => {
-                if !r.existing {
-                    self.host.storage.wrote();
-                    self.mark_moved(triple, actor);
-                }
-                let _ = reply.send(Ok(r));
-                true
-            }
-            Err(e @ ActorError::Import(_)) => {
-                let _ = reply.send(Err(e.to_rpc_error()));
-                true
-            }
-            Err(e) => {
-                self.host.storage.failed(&e);
-                tracing::error!("session {}: {e}", triple.address());
-                let _ = reply.send(Err(e.to_rpc_error()));
-                false
-            }
-        }
-    }
-}
-
-impl Shard {
-    /// Sends a command's answer; `false` (the actor closes) when its WAL failed, which the
-    /// storage's health counts. A refusal wrote nothing and keeps the actor.
-    fn answered<T>(
-        &self,
-        answer: Result<T, ActorError>,
-        reply: futures_channel::oneshot::Sender<Result<T, RpcError>>,
-    ) -> bool {
-        let failed = matches!(&answer, Err(e) if !matches!(e, ActorError::Refused(_)));
-        if let Err(e) = &answer {
-            if failed {
-                self.host.storage.failed(e);
-            }
-        }
-        let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
-        !failed
     }
 }
 
@@ -482,6 +242,3 @@ impl Shard {
         let _ = reply.send(Some(at));
     }
 }
-
-/// A command's reply channel.
-type Reply<T> = futures_channel::oneshot::Sender<Result<T, RpcError>>;

@@ -38,7 +38,7 @@ mod state;
 pub mod storage;
 mod subscribe;
 mod tally;
-mod unopened;
+mod watch;
 
 pub use metrics::ShardStats;
 pub use prune::prune_reasoning;

@@ -7,7 +7,7 @@
 use std::rc::Rc;
 use std::time::Duration;
 
-use broca_session::{ActorError, Cancelled, Retracted, SessionActor, SessionCommand};
+use broca_session::{ActorError, SessionActor, SessionCommand, Unopened};
 use broca_shards::registry::{Inbox, Msg, Refused};
 use broca_wal::{SessionTriple, WalError};
 use broca_wire::{Code, RpcError};
@@ -54,103 +54,21 @@ impl Shard {
         }
     }
 
-    /// Answers what a session no actor holds needs no actor for; `Some` hands back a command
-    /// its actor must answer (started for it).
+    /// Answers what a session no actor holds needs no actor for (the session's own
+    /// answer, `broca_session::answer_unopened`); `Some` hands back a command its actor must
+    /// answer (started for it).
     fn without_actor(&self, triple: &SessionTriple, cmd: SessionCommand) -> Option<SessionCommand> {
         let wal = broca_wal_writer::wal_path(&self.host.wal_dir, triple);
-        if let SessionCommand::Status { run_id, reply } = cmd {
-            glommio::spawn_local(crate::unopened::view_from_wal(wal, run_id, reply)).detach();
-            return None;
-        }
-        let writes = matches!(&cmd, SessionCommand::Send { admission, .. } if admission.is_ok())
-            || matches!(&cmd, SessionCommand::Import { .. })
-            || matches!(&cmd, SessionCommand::HostStart { plan: Some(_), .. });
-        if writes || broca_wal::archive::exists(&wal) {
-            return Some(cmd);
-        }
-        // Nothing was ever sent to this session: answer without creating its WAL (a refused
-        // send's send_id names no run here either).
-        match cmd {
-            SessionCommand::Cancel { reply, .. } => drop(reply.send(Cancelled::NotActive)),
-            SessionCommand::Retract { reply, .. } => drop(reply.send(Ok(Retracted::NotPending))),
-            SessionCommand::Release { reply, .. } => {
-                drop(reply.send(Ok(broca_session::Release::Absent)))
-            }
-            SessionCommand::Barrier { reply } => drop(reply.send(None)),
-            SessionCommand::Send { admission, reply } => {
-                if let Err(u) = *admission {
-                    drop(reply.send(Err(RpcError::refusal(&u.refusal))));
-                }
-            }
-            // There are no uploads into a session never written (llm-runner/v1 §9.12).
-            SessionCommand::Upload { op, reply, .. } => drop(reply.send(no_session_upload(&op))),
-            // Nor calls a late result could settle.
-            SessionCommand::LateResult { reply, .. } => {
-                drop(reply.send(Ok(broca_tools::late::LateRecorded::NotAwaited)))
-            }
-            // No plan was ever frozen here, so no command either.
-            SessionCommand::UserCommand { request, reply, .. } => drop(reply.send(Err(
-                RpcError::refusal(&broca_core::Refusal::UnknownUserCommand {
-                    command: request.command.clone(),
-                }),
-            ))),
-            SessionCommand::CommandReplied { reply, .. } => drop(reply.send(Err(
-                RpcError::refusal(&broca_core::Refusal::UnknownInvocation),
-            ))),
-            SessionCommand::CommandStatus { reply, .. } => drop(reply.send(Err(
-                RpcError::refusal(&broca_core::Refusal::UnknownInvocation),
-            ))),
-            SessionCommand::CommandLate { reply, .. } => drop(reply.send(Ok(false))),
-            // A change needs a session to change: nothing was ever sent here.
-            SessionCommand::Refresh { reply, .. } => drop(reply.send(Err(not_yet()))),
-            // A new session: what its host's start comes to (its plan is fetched next), and
-            // an adoption's refusal (no plan was applied here).
-            SessionCommand::HostStart {
-                identity,
-                caller,
-                reply,
-                ..
-            } => {
-                let fresh = broca_core::Session::default();
-                let step = broca_core::adopt::host_start(&fresh, &caller, &identity);
-                drop(reply.send(step.map_err(|r| RpcError::refusal(&r))))
-            }
-            SessionCommand::Adopt {
-                request,
-                identity,
-                required,
-                caller,
-                reply,
-            } => {
-                let fresh = broca_core::Session::default();
-                let answer =
-                    broca_core::adopt::adopt(&fresh, &caller, &request, &identity, required, 0)
-                        .and_then(|(record, answer)| match record {
-                            None => Ok(answer),
-                            // No plan was applied here: an adoption always drifts.
-                            Some(_) => Err(broca_core::Refusal::PlanDrift {
-                                frozen: None,
-                                sent: identity.clone(),
-                            }),
-                        });
-                drop(reply.send(answer.map_err(|r| RpcError::refusal(&r))))
-            }
-            SessionCommand::RefreshPolicy { reply, .. }
-            | SessionCommand::FlushPrefix { reply, .. } => drop(reply.send(Err(not_yet()))),
-            // No session, so no provider to hand a view over.
-            SessionCommand::ApplyView { reply, .. } => drop(reply.send(Err(not_yet()))),
+        match broca_session::answer_unopened(&wal, cmd) {
+            Unopened::Answered => None,
+            Unopened::Open(cmd) => Some(cmd),
             // Nothing to expire: expired already (and deleted), or never written.
-            SessionCommand::Expire { reply } => {
+            Unopened::Expire(reply) => {
                 let addr = triple.address().to_string();
                 let _ = reply.send(self.host.retention.expired_at(&addr));
-            }
-            // No actor holds its WAL.
-            SessionCommand::Close { reply } => drop(reply.send(true)),
-            SessionCommand::Status { .. } | SessionCommand::Import { .. } => {
-                unreachable!("answered above")
+                None
             }
         }
-        None
     }
 
     /// While commands wait for room, refuses each that has waited longer than
@@ -322,16 +240,20 @@ impl Shard {
     ) -> Option<Actor> {
         let addr = triple.address().0;
         let hub = self.hub(addr);
-        let (on_append, on_display) = (hub.clone(), hub.clone());
-        let outcomes = self.outcomes.clone();
-        // The session's spans, built from its records as they are appended.
-        let mut spans = self.host.traces.clone().map(|t| {
-            (
-                t,
-                broca_otel::SessionSpans::new(triple.address().to_string()),
-            )
-        });
-        let mut opener = SessionActor::opener(
+        let watch = crate::watch::SessionWatch {
+            hub: hub.clone(),
+            outcomes: self.outcomes.clone(),
+            spans: self.host.traces.clone().map(|t| {
+                let spans = broca_otel::SessionSpans::new(triple.address().to_string());
+                (t, std::cell::RefCell::new(spans))
+            }),
+            hints: self.host.step_hints.clone().map(|h| {
+                let tail = broca_core::step_events::subject_tail(&h.runner);
+                (tail, h)
+            }),
+            host: self.host.clone(),
+        };
+        let opener = SessionActor::opener(
             &self.host.wal_dir,
             triple,
             self.model.clone(),
@@ -343,32 +265,7 @@ impl Shard {
         .hooks(Rc::new(broca_crash_points::KillPoints))
         .inbox(inbox.clone())
         .keep_entries(self.host.opts.compaction_providers)
-        .on_append(Box::new(move |seq, end, record| {
-            outcomes.record(record);
-            if let Some((traces, spans)) = &mut spans {
-                let done = spans.observe(record);
-                if !done.is_empty() {
-                    traces.offer(done);
-                }
-            }
-            on_append.on_append(seq, end, record)
-        }))
-        .display(Box::new(move |text| on_display.display(text)));
-        if let Some(hints) = &self.host.step_hints {
-            // Each model attempt's hint goes to the bus once its record is durable.
-            let (hub, hints) = (hub.clone(), hints.clone());
-            let tail = broca_core::step_events::subject_tail(&hints.runner);
-            opener = opener.on_step(
-                hints.runner.clone(),
-                Box::new(move |end, event| {
-                    let body = serde_json::to_vec(&event).expect("a step hint serializes");
-                    let (publisher, tail) = (hints.publisher.clone(), tail.clone());
-                    hub.when_durable(end, move || {
-                        publisher.publish(tail, body);
-                    });
-                }),
-            );
-        }
+        .watch(Rc::new(watch));
         let opened = opener.open().await;
         let e = match opened {
             Ok(actor) => {
@@ -473,40 +370,5 @@ fn inbox_full() -> RpcError {
     RpcError::new(
         Code::SessionQueueFull,
         format!("the session has {INBOX_MAX} commands waiting; retry shortly"),
-    )
-}
-
-/// What an upload operation on a session never written answers: its status `gone`, a begin
-/// `unknown_session`, anything else `unknown_upload`.
-fn no_session_upload(
-    op: &broca_wire::request::uploads::UploadOp,
-) -> Result<serde_json::Value, RpcError> {
-    use broca_wire::request::uploads::UploadOp;
-    match op {
-        UploadOp::Status { .. } => Ok(serde_json::json!({"state": "gone", "received": 0})),
-        UploadOp::Begin { .. }
-        | UploadOp::Refused {
-            method: broca_wire::Method::UploadBegin,
-            ..
-        } => Err(RpcError::new(
-            Code::UnknownSession,
-            "this session was never written; an upload goes into an existing session",
-        )),
-        UploadOp::Refused { error, .. } => Err(error.clone()),
-        other => Err(RpcError::new(
-            Code::UnknownUpload,
-            format!(
-                "no upload `{}` in this session",
-                other.upload_id().unwrap_or_default().escape_debug()
-            ),
-        )),
-    }
-}
-
-/// A change op on a session nothing was ever sent to.
-fn not_yet() -> RpcError {
-    RpcError::new(
-        broca_wire::Code::UnknownSession,
-        "nothing was sent to this session yet; a change applies to a session's plan",
     )
 }

@@ -3,7 +3,7 @@
 //! is resumed (and driven to its end) before the send is admitted. `broca import` runs here
 //! too ([`import_logs`]).
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::path::PathBuf;
 use std::rc::Rc;
 
@@ -70,7 +70,7 @@ impl std::fmt::Display for Failure {
 impl Standalone {
     /// Runs the send to its end on a local executor; `display` receives the answer's text as
     /// it streams.
-    pub fn run(self, mut display: Box<dyn FnMut(&str)>) -> Result<Report, Failure> {
+    pub fn run(self, display: Box<dyn FnMut(&str)>) -> Result<Report, Failure> {
         let wal_dir = self.state_dir.join("wal");
         broca_owner_only::create_dir(&wal_dir)
             .map_err(|e| format!("cannot create {}: {e}", wal_dir.display()))?;
@@ -109,39 +109,21 @@ impl Standalone {
             // A run a crash left open is resumed first; its text is not the answer asked for.
             let shown = Rc::new(Cell::new(false));
             let gate = shown.clone();
-            // The session's spans, built from its records as they are appended.
-            let mut spans = traces.map(|t| {
-                let conversation = self.triple.address().to_string();
-                (t, broca_otel::SessionSpans::new(conversation))
-            });
+            let watch = RunWatch {
+                spans: traces.map(|t| {
+                    let conversation = self.triple.address().to_string();
+                    (t, RefCell::new(broca_otel::SessionSpans::new(conversation)))
+                }),
+                display: RefCell::new(display),
+                shown: gate,
+            };
             let opened =
                 SessionActor::opener(&wal_dir, &self.triple, Rc::new(model), Rc::new(router))
-                    .on_append(Box::new(move |_, _, record| {
-                        if let Some((traces, spans)) = &mut spans {
-                            let done = spans.observe(record);
-                            if !done.is_empty() {
-                                traces.offer(done);
-                            }
-                        }
-                    }))
                     .tool_specs(servers.specs())
                     .log(broca_crash_points::log_config())
                     .committer(Committer::default())
                     .hooks(Rc::new(broca_crash_points::KillPoints))
-                    .display(Box::new(move |delta| {
-                        // The answer's text: its reasoning and a call's arguments are not
-                        // printed, and a retried attempt's text stays printed as it came.
-                        if let broca_core::DisplayDelta::Chunk {
-                            kind: broca_core::DeltaKind::Text,
-                            text,
-                            ..
-                        } = delta
-                        {
-                            if gate.get() {
-                                display(text)
-                            }
-                        }
-                    }))
+                    .watch(Rc::new(watch))
                     .open()
                     .await;
             let mut actor = match opened {
@@ -190,6 +172,42 @@ impl Standalone {
                 result,
                 existing: reply.existing,
             })
+        }
+    }
+}
+
+/// What watches `broca run`'s session: its spans from the records appended, and the
+/// answer's text printed as it streams (its reasoning and a call's arguments are not, and a
+/// retried attempt's text stays printed as it came) once the run asked for is the one going.
+struct RunWatch {
+    spans: Option<(
+        std::sync::Arc<broca_otel::Traces>,
+        RefCell<broca_otel::SessionSpans>,
+    )>,
+    display: RefCell<Box<dyn FnMut(&str)>>,
+    shown: Rc<Cell<bool>>,
+}
+
+impl broca_session::Watch for RunWatch {
+    fn appended(&self, a: broca_session::Appended<'_>) {
+        if let Some((traces, spans)) = &self.spans {
+            let done = spans.borrow_mut().observe(a.record);
+            if !done.is_empty() {
+                traces.offer(done);
+            }
+        }
+    }
+
+    fn display(&self, delta: &broca_core::DisplayDelta) {
+        if let broca_core::DisplayDelta::Chunk {
+            kind: broca_core::DeltaKind::Text,
+            text,
+            ..
+        } = delta
+        {
+            if self.shown.get() {
+                (self.display.borrow_mut())(text)
+            }
         }
     }
 }

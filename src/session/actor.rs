@@ -9,7 +9,7 @@ use std::sync::Arc;
 use broca_io::{Committer, LogConfig};
 use broca_shards::registry::Inbox;
 
-use broca_core::admission::{admit_prepared, admit_unprepared, Admitted, Prepared, Refusal};
+use broca_core::admission::{admit_prepared, admit_unprepared, Admitted, Prepared};
 use broca_core::admission::{SendRequest, Unprepared};
 use broca_core::machine::{Outcome, ResumeFrom, RunMachine};
 use broca_core::replay::{RunView, Session};
@@ -17,73 +17,13 @@ use broca_core::{ReadError, ReplayError};
 use broca_protocol::model::ModelClient;
 use broca_protocol::ToolSpec;
 use broca_tools::ToolRunner;
-use broca_wal::{Record, SessionTriple, WalError};
+use broca_wal::{Record, SessionTriple};
 use broca_wal_writer::WalWriter;
 
 use crate::command::{Joins, SendReply, SessionCommand};
+pub use crate::error::ActorError;
 use crate::hooks::{Abort, CrashPlan, Hooks, NoHooks};
-
-/// Why an actor operation failed.
-#[derive(Debug)]
-pub enum ActorError {
-    /// The WAL failed (its error names the file).
-    Wal(WalError),
-    /// The WAL's records do not replay (names the file and the seq).
-    Replay(ReadError),
-    /// The send was refused; nothing was written.
-    Refused(Refusal),
-    /// A crash was injected here (tests only): after the append of `seq`.
-    Crashed { seq: u64 },
-    /// The run loop stopped without an event to wait for (a bug; the run stays open and is
-    /// resumed on the next open).
-    Stalled { run_id: String },
-    /// An import was refused; nothing was written.
-    Import(broca_import::ImportError),
-}
-
-impl std::fmt::Display for ActorError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ActorError::Wal(e) => write!(f, "{e}"),
-            ActorError::Replay(e) => write!(f, "{e}"),
-            ActorError::Refused(r) => write!(f, "{r}"),
-            ActorError::Crashed { seq } => write!(f, "crash injected after record {seq}"),
-            ActorError::Stalled { run_id } => write!(f, "run {run_id}: the run loop stalled"),
-            ActorError::Import(e) => write!(f, "{e}"),
-        }
-    }
-}
-
-impl std::error::Error for ActorError {}
-
-impl ActorError {
-    /// The management error for this failure: a refusal keeps its code; anything else is
-    /// an internal error naming what failed.
-    pub fn to_rpc_error(&self) -> broca_wire::RpcError {
-        match self {
-            ActorError::Refused(r) => broca_wire::RpcError::refusal(r),
-            ActorError::Import(e) => broca_wire::RpcError::new(e.code, e.to_string()),
-            ActorError::Wal(e @ WalError::StorageFull { .. }) => {
-                broca_wire::RpcError::new(broca_wire::Code::StorageFull, e.to_string())
-            }
-            other => broca_wire::RpcError::new(broca_wire::Code::Internal, other.to_string()),
-        }
-    }
-}
-
-impl From<WalError> for ActorError {
-    fn from(e: WalError) -> ActorError {
-        ActorError::Wal(e)
-    }
-}
-
-/// Told of every record appended: its seq, the log end after it, the record.
-pub type OnAppend = Box<dyn FnMut(u64, u64, &Record)>;
-/// Told of each model attempt's record appended (llm-runner/v1 `step_events`): the log end
-/// after it, and its hint, to be published once the log is durable up to that end.
-pub type OnStep = Box<dyn FnMut(u64, cortexkit_role_llm_runner::step_events::StepFinished)>;
-/// Receives the display lane's deltas.
-pub type Display = Box<dyn FnMut(&broca_core::DisplayDelta)>;
+use crate::watch::{NoWatch, Watch};
 
 /// Opens a [`SessionActor`]: the session, its model and tools, and what else it is wired to.
 pub struct Opener<P, T> {
@@ -98,9 +38,7 @@ pub struct Opener<P, T> {
     hooks: Rc<dyn Hooks>,
     timer_permille: u64,
     inbox: Option<Rc<Inbox<SessionCommand>>>,
-    on_append: Option<OnAppend>,
-    on_step: Option<(String, OnStep)>,
-    display: Option<Display>,
+    watch: Rc<dyn Watch>,
     keep_entries: bool,
 }
 
@@ -154,21 +92,9 @@ impl<P: ModelClient, T: ToolRunner> Opener<P, T> {
         self
     }
 
-    /// Told of every record appended (seq, log end after it, record).
-    pub fn on_append(mut self, hook: OnAppend) -> Self {
-        self.on_append = Some(hook);
-        self
-    }
-
-    /// Told of each model attempt's hint, published by module `runner`.
-    pub fn on_step(mut self, runner: String, hook: OnStep) -> Self {
-        self.on_step = Some((runner, hook));
-        self
-    }
-
-    /// Receives the display lane's text deltas.
-    pub fn display(mut self, sink: Display) -> Self {
-        self.display = Some(sink);
+    /// What watches the actor: its appends, its display lane, its storage's health.
+    pub fn watch(mut self, watch: Rc<dyn Watch>) -> Self {
+        self.watch = watch;
         self
     }
 
@@ -226,11 +152,9 @@ impl<P: ModelClient, T: ToolRunner> Opener<P, T> {
             crash: self.crash,
             hooks: self.hooks,
             appends: 0,
-            display: self.display,
             timer_permille: self.timer_permille,
             inbox: self.inbox,
-            on_append: self.on_append,
-            on_step: self.on_step,
+            watch: self.watch,
             forwarding: Default::default(),
             compactor: None,
         })
@@ -259,13 +183,12 @@ pub struct SessionActor<P: ModelClient, T: ToolRunner> {
     crash: CrashPlan,
     pub(crate) hooks: Rc<dyn Hooks>,
     appends: u64,
-    pub(crate) display: Option<Display>,
     /// Timers sleep `after_ms * timer_permille / 1000` (tests shorten backoffs).
     pub(crate) timer_permille: u64,
     /// Commands answered while a run is active (serve).
     pub(crate) inbox: Option<Rc<Inbox<SessionCommand>>>,
-    on_append: Option<OnAppend>,
-    on_step: Option<(String, OnStep)>,
+    /// What watches the actor (told, never reaching back in).
+    pub(crate) watch: Rc<dyn Watch>,
     /// The person-only commands this process is forwarding now (their call keys): a retry
     /// of one waits for its reply instead of taking it for lost.
     pub(crate) forwarding: std::collections::HashSet<String>,
@@ -293,9 +216,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             hooks: Rc::new(NoHooks),
             timer_permille: 1000,
             inbox: None,
-            on_append: None,
-            on_step: None,
-            display: None,
+            watch: Rc::new(NoWatch),
             keep_entries: false,
         }
     }
@@ -539,10 +460,12 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             }
             Some(Abort::Now) => self.hooks.abort(&record),
         }
-        if let Some(hook) = &mut self.on_append {
-            hook(appended.seq, appended.end, &record);
-        }
-        if let Some((runner, hook)) = &mut self.on_step {
+        self.watch.appended(crate::watch::Appended {
+            seq: appended.seq,
+            end: appended.end,
+            record: &record,
+        });
+        if let Some(runner) = self.watch.step_runner() {
             let lineage = self.writer.header().lineage_hex();
             let place = broca_core::step_events::Place {
                 runner,
@@ -553,7 +476,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             if let Some(event) =
                 broca_core::step_events::step_finished(&self.state, &place, appended.seq, &record)
             {
-                hook(appended.end, event);
+                self.watch.step_finished(appended.end, event);
             }
         }
         let path = self.writer.path();

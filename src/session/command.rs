@@ -150,7 +150,40 @@ pub enum SessionCommand {
     },
 }
 
+impl std::fmt::Debug for SessionCommand {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl SessionCommand {
+    /// The command's name, for logs and assertions (never its content).
+    pub fn name(&self) -> &'static str {
+        match self {
+            SessionCommand::Send { .. } => "send",
+            SessionCommand::Status { .. } => "status",
+            SessionCommand::Release { .. } => "release",
+            SessionCommand::Retract { .. } => "retract",
+            SessionCommand::Cancel { .. } => "cancel",
+            SessionCommand::Barrier { .. } => "barrier",
+            SessionCommand::Upload { .. } => "upload",
+            SessionCommand::Close { .. } => "close",
+            SessionCommand::LateResult { .. } => "late_result",
+            SessionCommand::Expire { .. } => "expire",
+            SessionCommand::UserCommand { .. } => "user_command",
+            SessionCommand::CommandReplied { .. } => "command_replied",
+            SessionCommand::CommandStatus { .. } => "command_status",
+            SessionCommand::CommandLate { .. } => "command_late",
+            SessionCommand::Refresh { .. } => "refresh",
+            SessionCommand::HostStart { .. } => "host_start",
+            SessionCommand::Adopt { .. } => "adopt",
+            SessionCommand::RefreshPolicy { .. } => "refresh_policy",
+            SessionCommand::FlushPrefix { .. } => "flush_prefix",
+            SessionCommand::ApplyView { .. } => "apply_view",
+            SessionCommand::Import { .. } => "import",
+        }
+    }
+
     /// Answers a command that cannot be served with `err` (a status, cancel or barrier,
     /// which carry no error, drops its reply: the caller reads that as unavailable).
     pub fn fail(self, err: &broca_wire::RpcError) {

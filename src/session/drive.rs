@@ -18,7 +18,7 @@ use broca_wal::runrec::{result_reason, ResultBlock, ToolDispatchIntent};
 use broca_wal::Record;
 
 use crate::actor::{ActorError, SessionActor};
-use crate::command::{Cancelled, Joins, SessionCommand};
+use crate::command::SessionCommand;
 
 /// Inputs queued for the drive loop at most (the model stream's task waits beyond it). A
 /// bounded channel preallocates its queue, so this stays small: it is per active run.
@@ -118,7 +118,12 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                 Next::Input(None) => return Err(stalled),
                 Next::Command(Some(Msg::Command(cmd))) => {
                     // Boxed: a rare path, kept out of every active run's future.
-                    Box::pin(self.command_during_run(cmd, &mut m)).await;
+                    let after = Box::pin(self.answer(cmd, Some(&mut m))).await;
+                    // A failed WAL meets the run at its next append.
+                    assert!(
+                        matches!(after, crate::After::Serve | crate::After::Close),
+                        "a command during a run starts nothing and waits for no rest: {after:?}"
+                    );
                 }
                 // Only an idle session closes to make room.
                 Next::Command(Some(Msg::Close)) => {}
@@ -206,11 +211,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                     self.spawn_tool(c, route, key, calls.tx.clone());
                 }
             }
-            Command::Display(delta) => {
-                if let Some(sink) = &mut self.display {
-                    sink(&delta);
-                }
-            }
+            Command::Display(delta) => self.watch.display(&delta),
             Command::Finish(outcome) => {
                 calls.call.set(calls.call.get() + 1);
                 self.state.refresh_unresolved();
@@ -279,173 +280,6 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                     Event::AttemptFailed { error, usage: None },
                     crate::now_unix_ms(),
                 );
-            }
-        }
-    }
-
-    /// Answers a command that arrives while a run is active.
-    async fn command_during_run(&mut self, cmd: SessionCommand, m: &mut RunMachine) {
-        match cmd {
-            SessionCommand::Send { admission, reply } => {
-                // Admission answers a repeated send_id, queues, steers or refuses; it never
-                // starts a second run beside this one. A steer's or an interrupt's record is
-                // durable before the run hears of it.
-                let answer = self.send_prepared(*admission, Some(m)).await;
-                if let Ok(joins) = answer.as_ref().map(|a| a.joins.clone()) {
-                    let now = crate::now_unix_ms();
-                    match joins {
-                        Some(Joins::Steer { seq, blocks }) => {
-                            m.handle(Event::Steer { seq, blocks }, now)
-                        }
-                        Some(Joins::Interrupt) => m.handle(Event::Cancel, now),
-                        Some(Joins::Ordered(waiting)) => m.handle(Event::Ordered(waiting), now),
-                        None => {}
-                    }
-                }
-                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
-            }
-            SessionCommand::Status { run_id, reply } => {
-                let _ = reply.send(self.view(run_id.as_deref()));
-            }
-            SessionCommand::Cancel {
-                run_id,
-                at,
-                caller,
-                reply,
-            } => {
-                // The owner's, whether or not the run is the active one (or an
-                // interrupt-granted plan sender's, at `now`).
-                let now = matches!(at, broca_wire::CancelAt::Now);
-                let answer = if !broca_core::admission::may_cancel(&caller, &self.state, now) {
-                    Cancelled::NotOwner
-                } else if run_id != m.run_id() {
-                    Cancelled::NotActive
-                } else {
-                    let event = match at {
-                        broca_wire::CancelAt::Now => Event::Cancel,
-                        broca_wire::CancelAt::StepBoundary => Event::CancelAtStepBoundary,
-                    };
-                    m.handle(event, crate::now_unix_ms());
-                    Cancelled::Ack
-                };
-                let _ = reply.send(answer);
-            }
-            SessionCommand::Retract {
-                submission_id,
-                caller,
-                reply,
-            } => {
-                let answer = self.retract_for(&caller, &submission_id, Some(m)).await;
-                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
-            }
-            SessionCommand::Release { caller, reply } => {
-                let answer = self.release_for(&caller).await;
-                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
-            }
-            SessionCommand::Barrier { reply } => {
-                let _ = reply.send(self.barrier().await.ok());
-            }
-            SessionCommand::Import { input, reply } => {
-                let busy = crate::import::busy(input.file, m.run_id());
-                let _ = reply.send(Err(busy.to_rpc_error()));
-            }
-            SessionCommand::Upload { op, caller, reply } => {
-                let _ = reply.send(self.upload(op, &caller).await);
-            }
-            SessionCommand::LateResult { late, reply } => {
-                let _ = reply.send(self.record_late(late).await.map_err(|e| e.to_rpc_error()));
-            }
-            SessionCommand::UserCommand {
-                request,
-                caller,
-                reply,
-            } => {
-                let answer = self.user_command(&caller, &request).await;
-                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
-            }
-            SessionCommand::CommandReplied {
-                call_key,
-                answer,
-                reply,
-            } => {
-                let answer = self.command_replied(&call_key, answer).await;
-                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
-            }
-            SessionCommand::CommandStatus {
-                call_key,
-                caller,
-                reply,
-            } => {
-                let answer = self.command_status(&caller, &call_key);
-                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
-            }
-            SessionCommand::CommandLate {
-                call_key,
-                entries,
-                reply,
-            } => {
-                let answer = self.command_late(&call_key, entries).await;
-                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
-            }
-            SessionCommand::Refresh {
-                request,
-                identity,
-                plan,
-                caller,
-                reply,
-            } => {
-                let answer = self.refresh(&caller, &request, &identity, plan).await;
-                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
-            }
-            SessionCommand::RefreshPolicy {
-                request,
-                caller,
-                reply,
-            } => {
-                let answer = self.refresh_policy(&caller, &request).await;
-                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
-            }
-            SessionCommand::HostStart {
-                identity,
-                plan,
-                caller,
-                reply,
-            } => {
-                let answer = self.host_start(&caller, &identity, plan).await;
-                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
-            }
-            SessionCommand::Adopt {
-                request,
-                identity,
-                required,
-                caller,
-                reply,
-            } => {
-                let answer = self.adopt(&caller, &request, &identity, required).await;
-                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
-            }
-            SessionCommand::FlushPrefix {
-                send_id,
-                caller,
-                reply,
-            } => {
-                let answer = self.flush_prefix(&caller, &send_id).await;
-                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
-            }
-            SessionCommand::ApplyView {
-                provider,
-                view,
-                reply,
-            } => {
-                let answer = self.apply_view(provider, view).await;
-                let _ = reply.send(answer.map_err(|e| e.to_rpc_error()));
-            }
-            // A session with a run not over never expires, and is not at rest.
-            SessionCommand::Expire { reply } => {
-                let _ = reply.send(None);
-            }
-            SessionCommand::Close { reply } => {
-                let _ = reply.send(false);
             }
         }
     }

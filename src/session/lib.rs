@@ -8,22 +8,29 @@
 
 mod actor;
 mod adopt;
+mod answer;
+#[cfg(test)]
+mod answer_tests;
 mod change;
 mod command;
 mod commands;
 mod compactor;
 pub mod content;
 mod drive;
+mod error;
 pub mod hooks;
 pub mod hub;
 mod import;
 mod queue;
 mod subscription;
+mod unopened;
 mod uploads;
 mod view;
+pub mod watch;
 pub use uploads::process_boot;
 
-pub use actor::{ActorError, Display, OnAppend, Opener, SessionActor};
+pub use actor::{ActorError, Opener, SessionActor};
+pub use answer::After;
 pub use command::{
     Cancelled, CommandStep, ImportInput, ImportReply, Joins, RefreshStep, Release, Retracted,
     SendReply, SessionCommand, StatusAnswer,
@@ -33,6 +40,8 @@ pub use import::{
     check_read_only, confine, import_error, log_files, read_source, ImportTarget, IMPORT_BYTES_MAX,
 };
 pub use subscription::{subscribe, REPLAY_PAGE_BYTES, SUB_CHANNEL_ITEMS};
+pub use unopened::{answer_unopened, Unopened};
+pub use watch::{Appended, NoWatch, Watch};
 
 use broca_protocol::model::{Failure, ModelClient, ModelStream};
 

@@ -117,19 +117,14 @@ impl Shard {
         if state.retention.is_none() && !acts && state.released.is_none() {
             return;
         }
-        if self
-            .host
-            .retention
-            .note_archive(triple, state.policy.as_ref())
-        {
-            if let Err(e) = crate::resume::start_archive_scheduler(&self.host) {
+        let days = state.policy.as_ref().map_or(0, |p| p.archive_after_days);
+        if crate::retention::local::with(|r| r.note_archive(triple, days)) {
+            if let Err(e) = crate::resume::start_archive_scheduler(&self.host, true) {
                 tracing::error!("{e}");
             }
         }
         let expiry = state.expiry();
-        if self.host.retention.note(triple, expiry) {
-            crate::expiry::wake_sweep(&self.host);
-        }
+        self.note_due(triple, expiry);
         let key = triple.address().0;
         let Some(due) = expiry.due_at() else {
             self.expire_asked.borrow_mut().remove(&key);
@@ -165,16 +160,14 @@ impl Shard {
         let at = match expiry.due_at() {
             Some(at) if at <= now => at,
             _ => {
-                if self.host.retention.note(triple, expiry) {
-                    crate::expiry::wake_sweep(&self.host);
-                }
+                self.note_due(triple, expiry);
                 let _ = reply.send(None);
                 return true;
             }
         };
         let addr = triple.address().to_string();
         let lineage = actor.writer().header().lineage_hex();
-        if let Some(stone) = self.host.retention.standing(&addr, &lineage) {
+        if let Some(stone) = crate::retention::local::with(|r| r.standing(&addr, &lineage)) {
             // Tombstoned before, its deletion not finished: delete it now.
             self.expiring
                 .borrow_mut()
@@ -182,7 +175,7 @@ impl Shard {
             return false;
         }
         let stone = crate::retention::Tombstone {
-            history_version: self.host.retention.history_version(&addr),
+            history_version: crate::retention::local::with(|r| r.history_version(&addr)),
             address: addr,
             lineage,
             expired_at_ms: at,
@@ -216,6 +209,14 @@ impl Shard {
             triple.address()
         );
         broca_crash_points::reached("retention_tombstoned");
+        // Every shard keeps the tombstone before the deletion starts: a request of the
+        // session on any shard answers `expired` from here on.
+        self.host
+            .tell_shards(|kept| crate::ShardMsg::Tomb {
+                stone: stone.clone(),
+                kept,
+            })
+            .await;
         self.expiring
             .borrow_mut()
             .insert(triple.address().0, Expiring { stone, reply });
@@ -228,6 +229,7 @@ impl Shard {
         let Expiring { stone, reply } = expiring;
         let host = self.host.clone();
         let at = stone.expired_at_ms;
+        let addr = stone.address.clone();
         let deleted = broca_io::blocking::run(broca_io::blocking::Kind::Retention, move || {
             host.retention
                 .delete(&stone, host.store.as_deref(), &host.reads)
@@ -239,6 +241,41 @@ impl Shard {
                 triple.address()
             );
         }
+        crate::retention::local::with(|r| r.forget(&addr));
+        self.publish_earliest_due();
         let _ = reply.send(Some(at));
+    }
+}
+
+impl Shard {
+    /// Notes when this shard's session `triple` is due, in its own part of retention; the
+    /// shard's look starts with its first, and the host learns its earliest due time.
+    pub(crate) fn note_due(&self, triple: &SessionTriple, expiry: broca_core::Expiry) {
+        if crate::retention::local::with(|r| r.note(triple, expiry)) {
+            crate::expiry::sweep(&self.host, self.stopped.clone(), self.sweeping.clone());
+        }
+        self.publish_earliest_due();
+    }
+
+    /// Tells the host the earliest time one of this shard's sessions is due.
+    pub(crate) fn publish_earliest_due(&self) {
+        let at = crate::retention::local::with(|r| r.earliest_due());
+        self.host
+            .retention
+            .set_earliest_due(self.services.shard, at);
+    }
+
+    /// Seeds this shard's part of retention from what the state dir held at start (the
+    /// tombstones, and its own sessions' due times and policies), and starts its look.
+    pub(crate) fn seed_retention(&self) {
+        let me = self.services.shard;
+        let host = &self.host;
+        let seeded =
+            crate::retention::local::ShardRetention::seeded(host.retention.loaded(), |t| {
+                host.shard_of(t) == me
+            });
+        crate::retention::local::with(|r| *r = seeded);
+        self.publish_earliest_due();
+        crate::expiry::sweep(&self.host, self.stopped.clone(), self.sweeping.clone());
     }
 }

@@ -1,7 +1,7 @@
 //! Retention as requests meet it (docs/retention.md): a session past its expiry is expired
 //! before any request of it is served, so a read right at expiry already answers `expired`;
-//! shard 0 looks for sessions due every [`broca_wire::role::RETENTION_SWEEP_MS`], so one no
-//! request touches is deleted within the declared `delete_within_ms`.
+//! each shard looks for its sessions due every [`broca_wire::role::RETENTION_SWEEP_MS`], so
+//! one no request touches is deleted within the declared `delete_within_ms`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,7 +61,7 @@ impl Host {
     /// when its storage policy or release deleted it, or `unknown_media` for a media read.
     async fn unexpired_for(&self, t: &SessionTriple, media: bool) -> Result<(), RpcError> {
         self.expire_if_due(t).await;
-        match self.retention.ended(&t.address().to_string()) {
+        match crate::retention::local::with(|r| r.ended(&t.address().to_string())) {
             None => Ok(()),
             Some(e) if !e.deleted => Err(expired(e.at_ms)),
             Some(_) if media => Err(RpcError::new(
@@ -91,7 +91,7 @@ impl Host {
         let answer = |state| serde_json::to_value(ReleaseReply::new(state)).expect("serializes");
         self.expire_if_due(t).await;
         let addr = t.address().to_string();
-        if self.retention.ended(&addr).is_some() {
+        if crate::retention::local::with(|r| r.ended(&addr).is_some()) {
             return Ok(answer(ReleaseState::absent()));
         }
         let wal = broca_wal_writer::wal_path(&self.wal_dir, t);
@@ -106,9 +106,7 @@ impl Host {
         match released {
             Release::Absent => Ok(answer(ReleaseState::absent())),
             Release::Pending { .. } => {
-                if self.retention.is_due(&addr, broca_session::now_unix_ms())
-                    && self.expire(t).await.is_some()
-                {
+                if self.may_be_due(t) && self.expire(t).await.is_some() {
                     return Ok(answer(ReleaseState::deleted()));
                 }
                 Ok(answer(ReleaseState::pending()))
@@ -117,23 +115,39 @@ impl Host {
     }
 
     /// Lists `t` among the sessions kept with a retention, a storage policy or a release
-    /// (durably, once per process).
+    /// (durably; once per record on each shard).
     async fn keep_listed(&self, t: &SessionTriple) -> Result<(), RpcError> {
+        let addr = t.address().to_string();
+        let version = crate::retention::local::with(|r| r.history_version(&addr));
+        if crate::retention::local::with(|r| r.indexed(&addr, version)) {
+            return Ok(());
+        }
         let me = self.retention.clone();
-        let t = t.clone();
-        broca_io::blocking::run(broca_io::blocking::Kind::Retention, move || me.index(&t))
-            .await
-            .map_err(|e| {
-                RpcError::new(
-                    Code::Internal,
-                    format!("the session's retention cannot be kept: {e}"),
-                )
-            })
+        let listed = t.clone();
+        broca_io::blocking::run(broca_io::blocking::Kind::Retention, move || {
+            me.index(&listed)
+        })
+        .await
+        .map_err(|e| {
+            RpcError::new(
+                Code::Internal,
+                format!("the session's retention cannot be kept: {e}"),
+            )
+        })?;
+        crate::retention::local::with(|r| r.mark_indexed(addr, version));
+        Ok(())
+    }
+
+    /// Whether the session `t` may be due now: its shard's earliest due time has come (its
+    /// actor then says whether this one is).
+    fn may_be_due(&self, t: &SessionTriple) -> bool {
+        let shard = self.shard_of(t);
+        self.retention
+            .may_be_due(shard, broca_session::now_unix_ms())
     }
 
     async fn expire_if_due(&self, t: &SessionTriple) {
-        let addr = t.address().to_string();
-        if self.retention.is_due(&addr, broca_session::now_unix_ms()) {
+        if self.may_be_due(t) {
             self.expire(t).await;
         }
     }
@@ -146,10 +160,25 @@ impl Host {
         wait.await.ok().flatten()
     }
 
-    /// Expires every session past its retention now, one after the other.
+    /// Expires every session of this shard past its retention now, one after the other.
     pub(crate) async fn expire_due(&self) {
-        for t in self.retention.due_now(broca_session::now_unix_ms()) {
+        let now = broca_session::now_unix_ms();
+        for t in crate::retention::local::with(|r| r.due_now(now)) {
             self.expire(&t).await;
+        }
+    }
+
+    /// Tells every shard `msg` and waits until each has taken it (one that stopped is not
+    /// waited for).
+    pub(crate) async fn tell_shards(
+        &self,
+        msg: impl Fn(futures_channel::oneshot::Sender<()>) -> crate::ShardMsg,
+    ) {
+        for shard in 0..self.shards() {
+            let (done, wait) = futures_channel::oneshot::channel();
+            if self.mesh.send(shard, msg(done)).await.is_ok() {
+                let _ = wait.await;
+            }
         }
     }
 
@@ -164,20 +193,16 @@ impl Host {
     }
 }
 
-/// Tells shard 0 that a session is kept with a retention where none was: its look starts.
-pub(crate) fn wake_sweep(host: &Host) {
-    let _ = host.mesh.try_send(0, crate::ShardMsg::RetentionKept);
-}
-
-/// Shard 0's look for sessions due, every [`broca_wire::role::RETENTION_SWEEP_MS`] while any
-/// session has a retention; it ends when none has (an idle daemon keeps no timer for it), and
-/// [`wake_sweep`] starts it again. `running` is shard 0's own flag.
+/// A shard's look for its sessions due, every [`broca_wire::role::RETENTION_SWEEP_MS`] while
+/// any of them has a retention; it ends when none has (an idle daemon keeps no timer for
+/// it), and the shard's next session kept starts it again (`Shard::note_due`). `running` is
+/// the shard's own flag.
 pub(crate) fn sweep(
     host: &Arc<Host>,
     stop: std::rc::Rc<broca_shards::timer::StopSignal>,
     running: std::rc::Rc<std::cell::Cell<bool>>,
 ) {
-    if running.get() || !host.retention.any_due() {
+    if running.get() || !crate::retention::local::with(|r| r.any_due()) {
         return;
     }
     running.set(true);
@@ -185,7 +210,7 @@ pub(crate) fn sweep(
     let period = Duration::from_millis(broca_wire::role::RETENTION_SWEEP_MS);
     glommio::spawn_local(async move {
         while stop.or_stop(glommio::timer::sleep(period)).await.is_some() {
-            if !host.retention.any_due() {
+            if !crate::retention::local::with(|r| r.any_due()) {
                 break;
             }
             host.expire_due().await;

@@ -133,9 +133,22 @@ pub(crate) enum ShardMsg {
     Stop(futures_channel::oneshot::Sender<()>),
     /// Every shard has stopped: end this shard's loop.
     End,
-    /// A session is kept with a retention where none was (to shard 0): its look for
-    /// sessions due starts.
-    RetentionKept,
+    /// A tombstone was written: every shard keeps it (answered once kept), so a request of
+    /// its session on any shard answers `expired` from then on.
+    Tomb {
+        stone: retention::Tombstone,
+        kept: futures_channel::oneshot::Sender<()>,
+    },
+    /// A fresh record of lineage `lineage` superseded the tombstone of `addr` (its shard made
+    /// it): every shard serves the session again (answered once noted).
+    Superseded {
+        addr: String,
+        lineage: String,
+        noted: futures_channel::oneshot::Sender<()>,
+    },
+    /// The WALs the receiving shard's sessions' policies have the archive pack (asked by the
+    /// archive's thread before each pass).
+    Archived(futures_channel::oneshot::Sender<std::collections::HashMap<String, Duration>>),
     /// The session `triple` (owned by the receiving shard) has a run a crash left open:
     /// resume it.
     Resume { triple: SessionTriple },
@@ -459,7 +472,7 @@ impl Startup {
         );
         start::load_catalog(&opts, &tls, &proxy, extras.module_tools.clone())?;
         let opened = start::open_store(&opts.state_dir, &state.wal_dir)?;
-        let retention = retention::Retention::load(&opts.state_dir, &state.wal_dir)
+        let retention = retention::Retention::load(&opts.state_dir, &state.wal_dir, opts.shards)
             .map_err(|e| format!("reading the sessions' retention: {e}"))?;
         let (tools, missing) =
             start::start_tools(&opts, &tls, &proxy, extras.module_tools.clone())?;
@@ -521,7 +534,8 @@ impl Startup {
         let mut info = front.info;
         info.insert("pid".into(), std::process::id().into());
         resume::resume_open_runs(host.clone(), opened.caught_up)?;
-        resume::start_archive_scheduler(&host)?;
+        let by_policy = !host.retention.loaded().archive.is_empty();
+        resume::start_archive_scheduler(&host, by_policy)?;
         // serve.json and the ready line only once every shard has started its part of the
         // front: a client that acts on either finds every listener accepting.
         let (path, ready) = (serve_json.clone(), front.ready);

@@ -136,8 +136,8 @@ fn incarnation(read: Option<&broca_core::ReadSession>) -> String {
 }
 
 /// The history version of the session `t`'s current record (after an expiry, the next).
-fn version(ctx: &Host, t: &SessionTriple) -> u64 {
-    ctx.retention.history_version(&t.address().to_string())
+fn version(t: &SessionTriple) -> u64 {
+    crate::retention::local::with(|r| r.history_version(&t.address().to_string()))
 }
 
 pub(crate) async fn read(
@@ -151,7 +151,7 @@ pub(crate) async fn read(
     if let Err(field) = req.check_display_facts(broca_wire::role::GROUPS) {
         return Err(invalid("this runner serves no display facts").with_field(field));
     }
-    let v = version(ctx, &t);
+    let v = version(&t);
     let part_keys = ctx.opts.prune_reasoning;
     let page = with_session(ctx, &t, move |read| {
         let session = read.map(|r| &r.session);
@@ -184,7 +184,7 @@ fn unknown_mid(mid: &str) -> RpcError {
 
 /// session.head: the session's metadata and spend, no bodies.
 pub(crate) async fn head(ctx: &Host, t: SessionTriple) -> Result<Value, RpcError> {
-    let v = version(ctx, &t);
+    let v = version(&t);
     let head = with_session(ctx, &t, move |read| {
         broca_core::role::head(read.map(|r| &r.session), v, &incarnation(read))
     })
@@ -199,7 +199,7 @@ pub(crate) async fn history(
     req: Box<HistoryRequest>,
 ) -> Result<Value, RpcError> {
     use broca_core::history::HistoryRefusal;
-    let v = version(ctx, &t);
+    let v = version(&t);
     let part_keys = ctx.opts.prune_reasoning;
     let page = with_session(ctx, &t, move |read| {
         let session = read.map(|r| &r.session);

@@ -14,13 +14,32 @@ use crate::{Host, ShardMsg};
 /// How often the archive thread looks whether the daemon stops, while it waits.
 const ARCHIVE_STOP_POLL: Duration = Duration::from_millis(200);
 
+/// The WALs the sessions' policies have the archive pack, and how idle each must be: each
+/// shard's own, asked of it (a stopped shard has none to give).
+fn archived_by_policy(ctx: &Host) -> std::collections::HashMap<String, Duration> {
+    let mut all = std::collections::HashMap::new();
+    for shard in 0..ctx.shards() {
+        let (reply, wait) = futures_channel::oneshot::channel();
+        if ctx
+            .mesh
+            .send_blocking(shard, ShardMsg::Archived(reply))
+            .is_ok()
+        {
+            if let Ok(part) = futures_lite::future::block_on(wait) {
+                all.extend(part);
+            }
+        }
+    }
+    all
+}
+
 /// Packs the sessions idle for `archive_after` every `archive_every`, on a thread of its own
 /// (never on a shard): a session whose actor is open holds its WAL's lease and is left live; a
 /// send to a packed session restores its WAL first. A session whose storage policy names
 /// `archive_after_days` is packed once idle that long, whether or not `archive_after` is
 /// set: the thread then starts with the first such session (`Host::archive_sooner`).
-pub(crate) fn start_archive_scheduler(ctx: &Arc<Host>) -> Result<(), String> {
-    if ctx.opts.archive_after.is_none() && !ctx.retention.any_archived() {
+pub(crate) fn start_archive_scheduler(ctx: &Arc<Host>, by_policy: bool) -> Result<(), String> {
+    if ctx.opts.archive_after.is_none() && !by_policy {
         return Ok(());
     }
     if ctx.archiving.swap(true, Ordering::AcqRel) {
@@ -41,7 +60,7 @@ pub(crate) fn start_archive_scheduler(ctx: &Arc<Host>) -> Result<(), String> {
             }
             let opts = broca_archive::PackOptions {
                 idle,
-                sooner: ctx.retention.archived(),
+                sooner: archived_by_policy(&ctx),
                 rewrite: crate::prune::rewrite(&ctx),
                 ..Default::default()
             };

@@ -8,12 +8,16 @@
 //!
 //! The sessions that have a retention are listed in `retention/<address>.json` (their triple,
 //! written before their first such send is admitted), so a restart finds them without
-//! reading every WAL; the host keeps when each is due ([`Retention::note`]), and shard 0 looks
-//! for those due every [`broca_wire::role::RETENTION_SWEEP_MS`].
+//! reading every WAL. What is read at start ([`Retention::load`]) seeds each shard's own part
+//! ([`local`]): the tombstones (a copy on every shard), and when each of its sessions is due;
+//! each shard looks for its own sessions due every [`broca_wire::role::RETENTION_SWEEP_MS`].
+//! Nothing here is locked: the shared part is read only, and the files are written on the
+//! blocking pool.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub(crate) mod local;
 
 use broca_core::Expiry;
 use broca_wal::SessionTriple;
@@ -55,24 +59,24 @@ pub struct Ended {
     pub deleted: bool,
 }
 
-struct Tomb {
-    stone: Tombstone,
-    /// A fresh record (a WAL of another lineage) was made since.
-    superseded: bool,
+/// What the state dir held at start: the tombstones (with whether a fresh record superseded
+/// each), the sessions kept with a retention, a policy or a release and when each is due, and
+/// those a policy's `archive_after_days` has the archive pack.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    pub(crate) tombs: Vec<(Tombstone, bool)>,
+    pub(crate) due: Vec<(SessionTriple, Expiry)>,
+    pub(crate) archive: Vec<(SessionTriple, std::time::Duration)>,
 }
 
-/// The host's retention state: tombstones by address, and when each session with a retention
-/// is due.
+/// Retention's shared part: where its files are, what was read at start, and, per shard,
+/// the earliest time one of its sessions is due (a request of a session elsewhere asks its
+/// shard to expire it only once that time has come). Each shard's own part is [`local`].
 pub struct Retention {
     state_dir: PathBuf,
     wal_dir: PathBuf,
-    tombs: Mutex<HashMap<String, Tomb>>,
-    due: Mutex<HashMap<String, (SessionTriple, Expiry)>>,
-    /// Sessions whose index entry is written (this process's).
-    indexed: Mutex<std::collections::HashSet<String>>,
-    /// The WALs (by file name) whose storage policy packs them once idle this long
-    /// (`archive_after_days`).
-    archive: Mutex<HashMap<String, std::time::Duration>>,
+    loaded: Loaded,
+    earliest_due_ms: Box<[AtomicU64]>,
 }
 
 /// The lineage (hex) of the WAL at `path`, when there is one whose header reads.
@@ -109,23 +113,21 @@ fn record_lineage(path: &Path) -> Option<String> {
 
 impl Retention {
     /// Loads the tombstones and the sessions with a retention of `state_dir` (on the caller's
-    /// thread: at start, before any shard runs). A session listed whose WAL is gone, or that
-    /// has no retention any more, leaves the list.
-    pub fn load(state_dir: &Path, wal_dir: &Path) -> std::io::Result<Retention> {
-        let r = Retention {
-            state_dir: state_dir.to_path_buf(),
-            wal_dir: wal_dir.to_path_buf(),
-            tombs: Mutex::default(),
-            due: Mutex::default(),
-            indexed: Mutex::default(),
-            archive: Mutex::default(),
-        };
+    /// thread: at start, before any shard runs), for `shards` shards. A session listed whose
+    /// WAL is gone, or that has no retention any more, leaves the list.
+    pub fn load(state_dir: &Path, wal_dir: &Path, shards: usize) -> std::io::Result<Retention> {
+        assert!(shards > 0, "retention is kept by at least one shard");
         for dir in [TOMB_DIR, INDEX_DIR] {
             broca_owner_only::create_dir(&state_dir.join(dir))?;
         }
+        let mut loaded = Loaded::default();
         for (name, bytes) in json_files(&state_dir.join(TOMB_DIR))? {
             match serde_json::from_slice::<Tombstone>(&bytes) {
-                Ok(stone) => r.put_tomb(stone),
+                Ok(stone) => {
+                    let path = wal_dir.join(format!("{}.wal", stone.address));
+                    let superseded = record_lineage(&path).is_some_and(|l| l != stone.lineage);
+                    loaded.tombs.push((stone, superseded));
+                }
                 Err(e) => tracing::error!("{TOMB_DIR}/{name}: not a tombstone, skipped: {e}"),
             }
         }
@@ -134,201 +136,67 @@ impl Retention {
                 tracing::error!("{INDEX_DIR}/{name}: not a session triple, skipped");
                 continue;
             };
-            let path = broca_wal_writer::wal_path(wal_dir, &triple);
-            let expiry = match broca_core::read_session(&path, broca_core::Keep::State) {
-                Ok(Some(read)) => {
-                    r.note_archive(&triple, read.session.policy.as_ref());
-                    read.session.expiry()
-                }
-                Ok(None) => Expiry::Never,
-                Err(e) => {
-                    // Kept listed: it is looked at again when its session is next opened.
-                    tracing::error!(
-                        "session {}: its retention cannot be read: {e}",
-                        triple.address()
-                    );
-                    continue;
-                }
-            };
-            let addr = triple.address().to_string();
-            r.indexed.lock().unwrap().insert(addr.clone());
-            r.note(&triple, expiry);
+            load_listed(&mut loaded, wal_dir, triple);
         }
-        Ok(r)
+        Ok(Retention {
+            state_dir: state_dir.to_path_buf(),
+            wal_dir: wal_dir.to_path_buf(),
+            loaded,
+            earliest_due_ms: (0..shards).map(|_| AtomicU64::new(u64::MAX)).collect(),
+        })
     }
 
-    fn put_tomb(&self, stone: Tombstone) {
-        let path = self.wal_dir.join(format!("{}.wal", stone.address));
-        let superseded = record_lineage(&path).is_some_and(|l| l != stone.lineage);
-        self.tombs
-            .lock()
-            .unwrap()
-            .insert(stone.address.clone(), Tomb { stone, superseded });
+    /// What the state dir held at start (each shard seeds its own part from it).
+    pub(crate) fn loaded(&self) -> &Loaded {
+        &self.loaded
     }
 
     /// The tombstones whose deletion may not have finished (a crash cut it short): each is
     /// deleted again at start (deleting is idempotent).
     pub fn pending(&self) -> Vec<Tombstone> {
-        let tombs = self.tombs.lock().unwrap();
-        tombs
-            .values()
-            .filter(|t| !t.superseded)
-            .map(|t| t.stone.clone())
-            .collect()
+        let standing = self
+            .loaded
+            .tombs
+            .iter()
+            .filter(|(_, superseded)| !superseded);
+        standing.map(|(stone, _)| stone.clone()).collect()
     }
 
-    /// When the session of `addr` expired, while it is expired: a tombstone stands for it and
-    /// no fresh record was made since. Reads the WAL's header for a tombstoned session (at
-    /// most once past its supersession).
-    pub fn expired_at(&self, addr: &str) -> Option<u64> {
-        self.ended(addr).map(|e| e.at_ms)
+    /// Whether a session `shard` owns may be due at `now_ms` (its shard answers precisely).
+    pub(crate) fn may_be_due(&self, shard: usize, now_ms: u64) -> bool {
+        self.earliest_due_ms[shard].load(Ordering::Acquire) <= now_ms
     }
 
-    /// How the session of `addr` ended, while a tombstone stands for it and no fresh record
-    /// was made since.
-    pub fn ended(&self, addr: &str) -> Option<Ended> {
-        let mut tombs = self.tombs.lock().unwrap();
-        let tomb = tombs.get_mut(addr)?;
-        if tomb.superseded {
-            return None;
-        }
-        let path = self.wal_dir.join(format!("{addr}.wal"));
-        if record_lineage(&path).is_some_and(|l| l != tomb.stone.lineage) {
-            tomb.superseded = true;
-            return None;
-        }
-        Some(Ended {
-            at_ms: tomb.stone.expired_at_ms,
-            deleted: tomb.stone.deleted,
-        })
+    /// Shard `shard`'s earliest due time, as its own part says after a change.
+    pub(crate) fn set_earliest_due(&self, shard: usize, at_ms: u64) {
+        self.earliest_due_ms[shard].store(at_ms, Ordering::Release);
     }
 
-    /// The tombstone standing for the record of lineage `lineage` of `addr`, when one was
-    /// written and its deletion did not finish: an expiry met again reuses it.
-    pub fn standing(&self, addr: &str, lineage: &str) -> Option<Tombstone> {
-        let tombs = self.tombs.lock().unwrap();
-        tombs
-            .get(addr)
-            .filter(|t| !t.superseded && t.stone.lineage == lineage)
-            .map(|t| t.stone.clone())
-    }
-
-    /// The history version of the session of `addr`'s current record: 1, or one past the
-    /// expired record's.
-    pub fn history_version(&self, addr: &str) -> u64 {
-        let tombs = self.tombs.lock().unwrap();
-        tombs
-            .get(addr)
-            .map_or(1, |t| t.stone.history_version.saturating_add(1))
-    }
-
-    /// When the session `triple` is due, as its actor last saw it (`Never`: not kept).
-    /// `true` when it is the first session kept since none was (shard 0's look must start).
-    pub fn note(&self, triple: &SessionTriple, expiry: Expiry) -> bool {
-        let addr = triple.address().to_string();
-        let mut due = self.due.lock().unwrap();
-        let was_empty = due.is_empty();
-        match expiry {
-            Expiry::Never => {
-                due.remove(&addr);
-            }
-            e => {
-                due.insert(addr, (triple.clone(), e));
-            }
-        }
-        was_empty && !due.is_empty()
-    }
-
-    /// Notes the `archive_after_days` of the session `triple`'s policy; `true` when it is the
-    /// first session the archive packs by its policy (its thread must start).
-    pub fn note_archive(
-        &self,
-        triple: &SessionTriple,
-        policy: Option<&cortexkit_role_llm_runner::session_retention::RetentionPolicy>,
-    ) -> bool {
-        let days = policy.map_or(0, |p| p.archive_after_days);
-        let name = format!("{}.wal", triple.address());
-        let mut archive = self.archive.lock().unwrap();
-        if days == 0 {
-            archive.remove(&name);
-            return false;
-        }
-        let idle = std::time::Duration::from_millis(
-            u64::from(days).saturating_mul(broca_wire::role::DAY_MS),
-        );
-        let was_empty = archive.is_empty();
-        archive.insert(name, idle);
-        was_empty
-    }
-
-    /// Whether any session's policy asks the archive to pack it.
-    pub fn any_archived(&self) -> bool {
-        !self.archive.lock().unwrap().is_empty()
-    }
-
-    /// The WALs the archive packs by their policy, and how idle each must be.
-    pub fn archived(&self) -> HashMap<String, std::time::Duration> {
-        self.archive.lock().unwrap().clone()
-    }
-
-    /// Whether the session of `addr` is past its expiry and not yet tombstoned.
-    pub fn is_due(&self, addr: &str, now_ms: u64) -> bool {
-        let due = self.due.lock().unwrap();
-        due.get(addr)
-            .and_then(|(_, e)| e.due_at())
-            .is_some_and(|t| t <= now_ms)
-    }
-
-    /// The sessions past their expiry now.
-    pub fn due_now(&self, now_ms: u64) -> Vec<SessionTriple> {
-        let due = self.due.lock().unwrap();
-        due.values()
-            .filter(|(_, e)| e.due_at().is_some_and(|t| t <= now_ms))
-            .map(|(t, _)| t.clone())
-            .collect()
-    }
-
-    /// Whether any session has a retention (shard 0's sweep sleeps otherwise).
-    pub fn any_due(&self) -> bool {
-        !self.due.lock().unwrap().is_empty()
-    }
-
-    /// Lists `triple` among the sessions with a retention (durable, once per process), before
-    /// a send giving it one is admitted.
+    /// Lists `triple` among the sessions with a retention (durable), before a send giving it
+    /// one is admitted (blocking: the caller runs it on the blocking pool).
     pub fn index(&self, triple: &SessionTriple) -> std::io::Result<()> {
         let addr = triple.address().to_string();
-        if self.indexed.lock().unwrap().contains(&addr) {
-            return Ok(());
-        }
-        let bytes = serde_json::to_vec(triple).expect("a triple serializes");
+        let bytes = serde_json::to_vec(triple).map_err(std::io::Error::other)?;
         let path = self.state_dir.join(INDEX_DIR).join(format!("{addr}.json"));
-        broca_owner_only::write_file(&path, &bytes)?;
-        self.indexed.lock().unwrap().insert(addr);
-        Ok(())
+        broca_owner_only::write_file(&path, &bytes)
     }
 
-    /// Writes the tombstone of an expiring session, durably, and keeps it.
+    /// Writes the tombstone of an expiring session, durably (blocking: the caller runs it on
+    /// the blocking pool; every shard then keeps it, `ShardMsg::Tomb`).
     pub fn tombstone(&self, stone: &Tombstone) -> std::io::Result<()> {
         let path = self
             .state_dir
             .join(TOMB_DIR)
             .join(format!("{}.json", stone.address));
-        let bytes = serde_json::to_vec(stone).expect("a tombstone serializes");
-        broca_owner_only::write_file(&path, &bytes)?;
-        self.tombs.lock().unwrap().insert(
-            stone.address.clone(),
-            Tomb {
-                stone: stone.clone(),
-                superseded: false,
-            },
-        );
-        Ok(())
+        let bytes = serde_json::to_vec(stone).map_err(std::io::Error::other)?;
+        broca_owner_only::write_file(&path, &bytes)
     }
 
     /// Deletes every copy of the record `stone` stands for (blocking: the caller runs it on
     /// the blocking pool, or at start): its WAL (only of that lineage: a fresh record's is
     /// never touched), its archived copies, its media, its store projection, its cached
-    /// reading, and its index entry. Idempotent.
+    /// reading, and its index entry. Idempotent. The owning shard forgets it then
+    /// ([`local::ShardRetention::forget`]).
     pub fn delete(
         &self,
         stone: &Tombstone,
@@ -375,13 +243,37 @@ impl Retention {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(format!("{}: {e}", index.display())),
         }
-        self.indexed.lock().unwrap().remove(&stone.address);
-        self.due.lock().unwrap().remove(&stone.address);
-        self.archive
-            .lock()
-            .unwrap()
-            .remove(&format!("{}.wal", stone.address));
         Ok(())
+    }
+}
+
+/// Reads the session `triple` listed among those kept: when it is due, and whether its
+/// policy has the archive pack it. One whose WAL cannot be read stays listed: it is looked at
+/// again when its session is next opened.
+fn load_listed(loaded: &mut Loaded, wal_dir: &Path, triple: SessionTriple) {
+    let path = broca_wal_writer::wal_path(wal_dir, &triple);
+    let read = match broca_core::read_session(&path, broca_core::Keep::State) {
+        Ok(Some(read)) => read,
+        Ok(None) => return,
+        Err(e) => {
+            let addr = triple.address();
+            return tracing::error!("session {addr}: its retention cannot be read: {e}");
+        }
+    };
+    let days = read
+        .session
+        .policy
+        .as_ref()
+        .map_or(0, |p| p.archive_after_days);
+    if days > 0 {
+        let day = std::time::Duration::from_millis(broca_wire::role::DAY_MS);
+        loaded
+            .archive
+            .push((triple.clone(), day.saturating_mul(days)));
+    }
+    let expiry = read.session.expiry();
+    if expiry != Expiry::Never {
+        loaded.due.push((triple, expiry));
     }
 }
 

@@ -65,7 +65,8 @@ impl Shard {
             // Nothing to expire: expired already (and deleted), or never written.
             Unopened::Expire(reply) => {
                 let addr = triple.address().to_string();
-                let _ = reply.send(self.host.retention.expired_at(&addr));
+                let ended = crate::retention::local::with(|r| r.ended(&addr));
+                let _ = reply.send(ended.map(|e| e.at_ms));
                 None
             }
         }
@@ -271,6 +272,8 @@ impl Shard {
             Ok(actor) => {
                 // An open writes its lease record: the file system takes writes.
                 self.host.storage.wrote();
+                self.supersede(triple, &actor.writer().header().lineage_hex())
+                    .await;
                 hub.set_watch(actor.writer().watch());
                 hub.set_start(actor.writer().next_seq(), actor.writer().log().end());
                 return Some(actor);
@@ -303,6 +306,23 @@ impl Shard {
             }
         }
         None
+    }
+
+    /// A session opened with a record of `lineage` where a tombstone of another stands (a
+    /// send after its expiry made it afresh): every shard serves it again before its actor
+    /// answers anything.
+    async fn supersede(&self, triple: &SessionTriple, lineage: &str) {
+        let addr = triple.address().to_string();
+        if !crate::retention::local::with(|r| r.superseded_by(&addr, lineage)) {
+            return;
+        }
+        self.host
+            .tell_shards(|noted| crate::ShardMsg::Superseded {
+                addr: addr.clone(),
+                lineage: lineage.to_string(),
+                noted,
+            })
+            .await;
     }
 
     /// Logs a session that could not open its WAL for want of a descriptor: the first at

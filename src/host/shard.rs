@@ -83,8 +83,8 @@ pub(crate) struct Shard {
     pub(crate) expire_asked: RefCell<HashMap<Key, u64>>,
     /// The sessions asked to close at rest (`SessionCommand::Close`): answered once closed.
     pub(crate) close_asked: RefCell<HashMap<Key, Vec<futures_channel::oneshot::Sender<bool>>>>,
-    /// Shard 0: its look for sessions past their retention is running.
-    sweeping: Rc<Cell<bool>>,
+    /// Its look for its sessions past their retention is running.
+    pub(crate) sweeping: Rc<Cell<bool>>,
 }
 
 impl Shard {
@@ -275,8 +275,20 @@ impl Shard {
                 glommio::spawn_local(stop_every_shard(self.clone())).detach();
             }
             ShardMsg::End => return false,
-            ShardMsg::RetentionKept => {
-                crate::expiry::sweep(&self.host, self.stopped.clone(), self.sweeping.clone())
+            ShardMsg::Tomb { stone, kept } => {
+                crate::retention::local::with(|r| r.put(stone, false));
+                let _ = kept.send(());
+            }
+            ShardMsg::Superseded {
+                addr,
+                lineage,
+                noted,
+            } => {
+                crate::retention::local::with(|r| r.supersede(&addr, &lineage));
+                let _ = noted.send(());
+            }
+            ShardMsg::Archived(reply) => {
+                let _ = reply.send(crate::retention::local::with(|r| r.archived()));
             }
             ShardMsg::Resume { triple } => self.resume(triple),
             ShardMsg::Stop(done) => {
@@ -328,9 +340,7 @@ impl Shard {
         let refreshed = catalog.url.is_some() || catalog.file.is_some() || catalog.module.is_some();
         self.pick_up_tool_modules();
         self.sweep_late_results();
-        if self.services.shard == 0 {
-            crate::expiry::sweep(&self.host, self.stopped.clone(), self.sweeping.clone());
-        }
+        self.seed_retention();
         if self.services.shard == 0 && !refresh.is_zero() && refreshed {
             let me = self.clone();
             every(refresh, self.stopped.clone(), move || {

@@ -22,6 +22,7 @@ pub use broca_session as session;
 pub use broca_store as store;
 pub use broca_subc as subc;
 pub use broca_tools as tools;
+pub use broca_transport as transport;
 pub use broca_wire as wire;
 
 /// The WAL: its format (broca-wal) and its writer (broca-wal-writer).

@@ -24,6 +24,7 @@ const FLOORS: &[(&str, u32)] = &[
     ("broca-core", 2),
     ("broca-import", 2),
     ("broca-wal-writer", 3),
+    ("broca-transport", 3),
     ("broca-store", 3),
     ("broca-testkit", 3),
     ("broca-session", 4),

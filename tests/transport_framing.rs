@@ -9,8 +9,8 @@ use std::thread;
 
 use broca::protocol::model::ModelStream;
 use broca::protocol::{ClassifiedError, ErrorClass, FinishReason, StreamEvent};
-use broca::provider::transport::HttpModelStream;
 use broca::provider::{Framing, Normalized, StreamNormalizer};
+use broca::transport::HttpModelStream;
 use broca_io::eventstream::encode;
 use broca_io::net::proxy::ProxyConfig;
 use broca_io::net::{tls, ClientConfig, HttpClient, Request, Url};

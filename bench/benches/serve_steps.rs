@@ -91,8 +91,8 @@ use std::time::{Duration, Instant};
 
 use broca::core::admission::SendRequest;
 use broca::provider::credential::EnvSecrets;
-use broca::provider::transport::{Endpoints, HttpModelClient};
 use broca::session::SessionActor;
+use broca::transport::{Endpoints, HttpModelClient};
 use broca::wal::SessionTriple;
 use broca_bench::{percentile, raise_fd_limit};
 use broca_io::http_server::{RequestDecoder, ServerLimits};

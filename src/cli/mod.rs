@@ -8,9 +8,9 @@ use std::path::PathBuf;
 use std::rc::Rc;
 
 use broca_core::admission::SendRequest;
-use broca_provider::transport::Endpoints;
 use broca_run::{Failure, Standalone};
 use broca_serve::ServeOptions;
+use broca_transport::Endpoints;
 use broca_wal::SessionTriple;
 
 use broca_wal::verify::{dump, verify_file, wal_files, FileReport};

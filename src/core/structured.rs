@@ -4,6 +4,7 @@
 //! run produced (JSON Schema draft 2020-12 by the `jsonschema` crate, `format` never
 //! asserted, no reference resolved outside the document).
 
+use broca_protocol::family::Family;
 use std::sync::Arc;
 
 use broca_protocol::{OutputShape, ToolSpec};
@@ -33,17 +34,9 @@ fn refused(field: &'static str, why: impl Into<String>) -> Refused {
 }
 
 /// Which modes a wire family, as broca speaks it, can ask its provider to enforce:
-/// `(final text, tool input)`.
+/// `(final text, tool input)` (a family this build does not speak, neither).
 fn family_enforces(family: &str) -> (bool, bool) {
-    match family {
-        // output_config.format and strict tools.
-        "anthropic-messages" => (true, true),
-        // response_format / text.format json_schema, and strict functions.
-        "openai-chat" | "openai-responses" => (true, true),
-        // responseJsonSchema; its function declarations are not constrained.
-        "gemini" => (true, false),
-        _ => (false, false),
-    }
+    Family::parse(family).map_or((false, false), Family::enforces)
 }
 
 /// Freezes a send's `structured_output` for a run of `family` (the catalog row saying
@@ -156,12 +149,12 @@ pub fn strict_form(family: &str, schema: &Value) -> Option<Value> {
     if schema.get("type").and_then(Value::as_str) != Some("object") {
         return None;
     }
-    let all_required = matches!(family, "openai-chat" | "openai-responses");
+    let subset = Family::parse(family)?.strict_subset();
     let mut out = schema.clone();
     if let Value::Object(root) = &mut out {
         root.remove("$schema");
     }
-    narrow(&mut out, all_required, family == "gemini").then_some(out)
+    narrow(&mut out, subset.all_required, subset.gemini_keywords).then_some(out)
 }
 
 fn narrow(schema: &mut Value, all_required: bool, gemini: bool) -> bool {

@@ -58,11 +58,11 @@ use broca_io::net::proxy::ProxyConfig;
 use futures_channel::mpsc;
 
 use broca_provider::credential::Vault;
-use broca_provider::transport::Endpoints;
 use broca_session::hub::{SubFrom, SubItem};
 use broca_session::SessionCommand;
 use broca_shards::mesh::{Mesh, MeshError};
 use broca_tools::modules::ModuleTools;
+use broca_transport::Endpoints;
 use broca_wal::SessionTriple;
 
 /// How the daemon runs, whichever its front.

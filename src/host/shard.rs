@@ -11,13 +11,13 @@ use std::time::Duration;
 use broca_io::net::ClientConfig;
 use futures_channel::{mpsc, oneshot};
 
-use broca_provider::transport::HttpModelClient;
 use broca_session::hub::{Hub, SeekPoints, SubFrom, SubItem};
 use broca_session::SessionCommand;
 use broca_shards::registry::{Limits, Registry};
 use broca_shards::services::Services;
 use broca_shards::timer::{every, StopSignal};
 use broca_tools::{Router, Tools};
+use broca_transport::HttpModelClient;
 use broca_wal::SessionTriple;
 
 use crate::metrics::ShardStats;

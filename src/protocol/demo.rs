@@ -8,7 +8,7 @@
 use crate::{Block, FinishReason, Message, Request, Role, StreamEvent, ToolSpec, Usage};
 
 /// The demo's wire family (no wire: the script runs in broca).
-pub const FAMILY: &str = "demo";
+pub const FAMILY: &str = crate::family::Family::Demo.id();
 /// The demo model's built-in tool.
 pub const WORD_COUNT: &str = "demo_word_count";
 /// The route of the demo's built-in tool.

@@ -5,6 +5,7 @@
 pub mod compaction;
 pub mod delivery;
 pub mod demo;
+pub mod family;
 pub mod media;
 pub mod model;
 pub mod schema;

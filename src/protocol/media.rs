@@ -54,22 +54,9 @@ pub fn modality_of(mime: &str) -> Option<&'static str> {
 
 /// The media types a wire family renders, in the order `session.head.input` lists them.
 /// The demo model takes none.
+/// A family this build does not speak takes none.
 pub fn family_mimes(family: &str) -> &'static [&'static str] {
-    const ALL: &[&str] = &[
-        "image/png",
-        "image/jpeg",
-        "image/gif",
-        "image/webp",
-        "application/pdf",
-    ];
-    // Gemini takes PNG, JPEG and WebP images (not GIF) and PDF documents inline.
-    const GEMINI: &[&str] = &["image/png", "image/jpeg", "image/webp", "application/pdf"];
-    match family {
-        "anthropic-messages" | "bedrock-converse" | "openai-chat" | "openai-responses"
-        | "chatgpt" => ALL,
-        "gemini" | "code-assist" => GEMINI,
-        _ => &[],
-    }
+    crate::family::Family::parse(family).map_or(&[], crate::family::Family::mimes)
 }
 
 /// What a route's catalog entry and family say of the media a model takes.

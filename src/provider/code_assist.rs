@@ -57,7 +57,7 @@ fn prompt_id(req: &Request) -> String {
 
 impl WireFamily for Family {
     fn id(&self) -> &'static str {
-        "code-assist"
+        broca_protocol::family::Family::CodeAssist.id()
     }
 
     fn render(&self, req: &Request, aliases: &Aliases) -> Rendered {

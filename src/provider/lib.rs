@@ -28,7 +28,6 @@ pub(crate) mod scan;
 mod shape_tests;
 pub mod sigv4;
 pub(crate) mod template;
-pub mod transport;
 pub mod vault;
 
 pub use alias::Aliases;
@@ -163,17 +162,17 @@ pub trait WireFamily: Sync {
 
 /// The family a catalog family id names.
 pub fn family(id: &str) -> Option<&'static dyn WireFamily> {
-    match id {
-        "anthropic-messages" => Some(&anthropic::Family),
-        "openai-chat" => Some(&openai_chat::Family),
-        "openai-responses" => Some(&openai_responses::Family),
-        "gemini" => Some(&gemini::Family),
-        "code-assist" => Some(&code_assist::Family),
-        "bedrock-converse" => Some(&bedrock::Family),
-        "chatgpt" => Some(&chatgpt::Family),
-        broca_protocol::demo::FAMILY => Some(&demo::Family),
-        _ => None,
-    }
+    use broca_protocol::family::Family as F;
+    Some(match F::parse(id)? {
+        F::AnthropicMessages => &anthropic::Family,
+        F::OpenAiChat => &openai_chat::Family,
+        F::OpenAiResponses => &openai_responses::Family,
+        F::Gemini => &gemini::Family,
+        F::CodeAssist => &code_assist::Family,
+        F::BedrockConverse => &bedrock::Family,
+        F::ChatGpt => &chatgpt::Family,
+        F::Demo => &demo::Family,
+    })
 }
 
 /// Admission's checks against this build's families and a credential source.
@@ -271,15 +270,7 @@ pub fn check_credential(
 }
 
 /// The wire families this build speaks, by id (the demo model, `demo`, has no wire).
-pub const FAMILIES: &[&str] = &[
-    "anthropic-messages",
-    "openai-chat",
-    "openai-responses",
-    "gemini",
-    "code-assist",
-    "bedrock-converse",
-    "chatgpt",
-];
+pub const FAMILIES: &[&str] = &broca_protocol::family::Family::WIRE_IDS;
 
 /// An error reply's body, in the shape both the Anthropic and the OpenAI APIs use:
 /// `{"error": {"type", "message", "code"?}}` (Anthropic adds a top-level `"type":"error"`).

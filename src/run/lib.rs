@@ -13,7 +13,7 @@ use broca_io::Committer;
 
 use broca_core::admission::SendRequest;
 use broca_provider::credential::StateSecrets;
-use broca_provider::transport::{Endpoints, HttpModelClient};
+use broca_transport::{Endpoints, HttpModelClient};
 use broca_wal::SessionTriple;
 use broca_wire::RunResult;
 

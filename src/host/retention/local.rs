@@ -212,14 +212,21 @@ mod tests {
         assert_eq!(r.ended(&addr).map(|e| e.at_ms), Some(50));
         assert_eq!(r.history_version(&addr), 2, "the next record's version");
         assert!(r.standing(&addr, "l1").is_some());
-        assert!(!r.superseded_by(&addr, "l1"), "its own record does not supersede it");
+        assert!(
+            !r.superseded_by(&addr, "l1"),
+            "its own record does not supersede it"
+        );
         r.supersede(&addr, "l1");
         assert!(r.ended(&addr).is_some(), "still standing");
         assert!(r.superseded_by(&addr, "l2"));
         r.supersede(&addr, "l2");
         assert_eq!(r.ended(&addr), None, "a fresh record is served");
         assert!(r.standing(&addr, "l1").is_none());
-        assert_eq!(r.history_version(&addr), 2, "the fresh record keeps its version");
+        assert_eq!(
+            r.history_version(&addr),
+            2,
+            "the fresh record keeps its version"
+        );
     }
 
     #[test]
@@ -227,7 +234,10 @@ mod tests {
         let (a, b) = (triple("a"), triple("b"));
         let mut r = ShardRetention::default();
         assert_eq!(r.earliest_due(), u64::MAX, "nothing is due");
-        assert!(r.note(&a, Expiry::At(200)), "the first kept starts the look");
+        assert!(
+            r.note(&a, Expiry::At(200)),
+            "the first kept starts the look"
+        );
         assert!(!r.note(&b, Expiry::Delete(100)), "the look runs already");
         assert_eq!(r.earliest_due(), 100);
         assert_eq!(r.due_now(150), vec![b.clone()]);
@@ -239,7 +249,10 @@ mod tests {
         assert!(!r.indexed(&addr, 1));
         r.mark_indexed(addr.clone(), 1);
         assert!(r.indexed(&addr, 1));
-        assert!(!r.indexed(&addr, 2), "a record after an expiry is listed again");
+        assert!(
+            !r.indexed(&addr, 2),
+            "a record after an expiry is listed again"
+        );
         assert!(r.note_archive(&a, 3), "the first packed by its policy");
         assert!(!r.note_archive(&b, 1));
         assert_eq!(r.archived().len(), 2);

@@ -12,7 +12,7 @@ pub struct Family;
 
 impl WireFamily for Family {
     fn id(&self) -> &'static str {
-        "anthropic-messages"
+        broca_protocol::family::Family::AnthropicMessages.id()
     }
 
     fn render(&self, req: &Request, aliases: &Aliases) -> Rendered {

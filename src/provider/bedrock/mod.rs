@@ -41,7 +41,7 @@ fn aws(credential: &Credential) -> Result<&crate::credential::AwsCredential, Cre
 
 impl WireFamily for Family {
     fn id(&self) -> &'static str {
-        "bedrock-converse"
+        broca_protocol::family::Family::BedrockConverse.id()
     }
 
     fn render(&self, req: &Request, aliases: &Aliases) -> Rendered {

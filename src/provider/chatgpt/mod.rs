@@ -19,7 +19,7 @@ pub struct Family;
 
 impl WireFamily for Family {
     fn id(&self) -> &'static str {
-        "chatgpt"
+        broca_protocol::family::Family::ChatGpt.id()
     }
 
     fn render(&self, req: &Request, aliases: &Aliases) -> Rendered {

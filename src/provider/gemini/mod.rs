@@ -16,7 +16,7 @@ pub struct Family;
 
 impl WireFamily for Family {
     fn id(&self) -> &'static str {
-        "gemini"
+        broca_protocol::family::Family::Gemini.id()
     }
 
     fn render(&self, req: &Request, aliases: &Aliases) -> Rendered {

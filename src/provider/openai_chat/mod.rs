@@ -13,7 +13,7 @@ pub struct Family;
 
 impl WireFamily for Family {
     fn id(&self) -> &'static str {
-        "openai-chat"
+        broca_protocol::family::Family::OpenAiChat.id()
     }
 
     fn render(&self, req: &Request, aliases: &Aliases) -> Rendered {

@@ -5,6 +5,7 @@
 //! endpoint is the entry's `token_url`, else the family's. Its answer's tokens are never
 //! logged or quoted; a refusal names the endpoint's status and `error` code only.
 
+use broca_protocol::family::Family;
 use std::rc::Rc;
 
 use broca_io::net::client::{HttpClient, Request as HttpRequest};
@@ -12,15 +13,20 @@ use broca_io::net::Url;
 
 use broca_protocol::{ErrorClass, Request};
 
-use crate::credential::{Credential, Refresh, Refreshed};
-use crate::WireFamily;
+use broca_provider::credential::{Credential, Refresh, Refreshed};
+use broca_provider::WireFamily;
 
 /// The token endpoint of a family whose credentials are OAuth tokens.
 pub fn default_token_url(family: &str) -> Option<&'static str> {
-    match family {
-        "chatgpt" => Some("https://auth.openai.com/oauth/token"),
-        "code-assist" => Some("https://oauth2.googleapis.com/token"),
-        _ => None,
+    match Family::parse(family)? {
+        Family::ChatGpt => Some("https://auth.openai.com/oauth/token"),
+        Family::CodeAssist => Some("https://oauth2.googleapis.com/token"),
+        Family::AnthropicMessages
+        | Family::OpenAiChat
+        | Family::OpenAiResponses
+        | Family::Gemini
+        | Family::BedrockConverse
+        | Family::Demo => None,
     }
 }
 
@@ -104,7 +110,7 @@ pub fn read_answer(v: &serde_json::Value, now_ms: u64) -> Result<Refreshed, Stri
     })
 }
 
-impl super::HttpModelClient {
+impl crate::HttpModelClient {
     /// Opens the answer's stream with `credential`; an OAuth token about to expire is
     /// refreshed before it is used, and one the provider refuses, once, and the attempt made
     /// again with the new one.
@@ -114,7 +120,7 @@ impl super::HttpModelClient {
         family: &'static dyn WireFamily,
         url: &Url,
         mut credential: Credential,
-    ) -> Result<super::HttpModelStream, super::Failure> {
+    ) -> Result<crate::HttpModelStream, crate::Failure> {
         // An OAuth token about to expire is refreshed before it is used; one the provider
         // refuses, once, and the attempt made again with the new one.
         let plan = self.secrets.refresh_of(&request.credential_id);
@@ -149,9 +155,9 @@ impl super::HttpModelClient {
         &self,
         request: &Request,
         family: &'static dyn WireFamily,
-        plan: &crate::credential::Refresh,
-    ) -> Result<crate::credential::Credential, String> {
-        let token = refresh(&self.client, family.id(), plan, super::now_unix_ms()).await?;
+        plan: &broca_provider::credential::Refresh,
+    ) -> Result<broca_provider::credential::Credential, String> {
+        let token = refresh(&self.client, family.id(), plan, crate::now_unix_ms()).await?;
         self.secrets
             .refreshed(&request.credential_id, &token)
             .map_err(|e| format!("the refreshed token could not be kept: {e}"))?;

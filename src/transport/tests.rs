@@ -16,8 +16,8 @@ fn retry_after_prefers_milliseconds_and_accepts_fractional_seconds() {
 
 #[test]
 fn replies_are_classified_by_status_then_by_body() {
-    let a = &super::super::anthropic::Family;
-    let o = &super::super::openai_chat::Family;
+    let a = &broca_provider::anthropic::Family;
+    let o = &broca_provider::openai_chat::Family;
     let cases: [(&dyn WireFamily, u16, &str, ErrorClass); 8] = [
         (
             a,

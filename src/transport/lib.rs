@@ -1,9 +1,9 @@
-//! The provider transport: turns a canonical request into a call on the shard's HTTP client
+//! broca-transport, the provider transport: turns a canonical request into a call on the shard's HTTP client
 //! and its answer into canonical events, with the network policy in one place.
 //!
 //! - Base URLs: the catalog's, overridden per provider by `BROCA_BASE_URL_<PROVIDER>` or by
 //!   the caller (`--base-url`). Plain http only for loopback hosts.
-//! - Credentials: a credential id (`env:NAME`) resolves at call time (see [`super::credential`]);
+//! - Credentials: a credential id (`env:NAME`) resolves at call time (see `broca_provider::credential`);
 //!   the secret goes into the request and never into a record, a log line or an error
 //!   message (any echo of it in a provider's error text is replaced).
 //! - Errors are classified here: 401/403 auth_required; 408, 409, 425, 429 and 5xx (529
@@ -24,8 +24,10 @@ use broca_catalog as catalog;
 use broca_protocol::model::{Failure, ModelClient, ModelStream};
 use broca_protocol::{ClassifiedError, ErrorClass, Request, StreamEvent, Usage};
 
-use super::credential::{Redactor, Secrets};
-use super::{Aliases, AuthContext, Framing, Normalized, Rendered, StreamNormalizer, WireFamily};
+use broca_provider::credential::{Redactor, Secrets};
+use broca_provider::{
+    Aliases, AuthContext, Framing, Normalized, Rendered, StreamNormalizer, WireFamily,
+};
 
 /// The most bytes of an error reply read for its message.
 const ERROR_BODY_MAX: usize = 256 * 1024;
@@ -170,7 +172,7 @@ impl broca_protocol::model::ProviderCheck for HttpModelClient {
         &self,
         id: &str,
     ) -> Result<broca_protocol::model::FamilyTraits, broca_protocol::model::UnknownFamily> {
-        super::check_family(id)
+        broca_provider::check_family(id)
     }
 
     fn credential(
@@ -178,7 +180,7 @@ impl broca_protocol::model::ProviderCheck for HttpModelClient {
         family: &str,
         credential_id: &str,
     ) -> Result<(), broca_protocol::model::CredentialProblem> {
-        super::check_credential(&*self.secrets, family, credential_id)
+        broca_provider::check_credential(&*self.secrets, family, credential_id)
     }
 }
 
@@ -206,7 +208,7 @@ impl ModelClient for HttpModelClient {
 impl HttpModelClient {
     async fn open_stream(&self, request: &Request) -> Result<HttpModelStream, Failure> {
         let route = route_of(request)?;
-        let family = super::family(&route.family).ok_or_else(|| {
+        let family = broca_provider::family(&route.family).ok_or_else(|| {
             failure(
                 ErrorClass::Permanent,
                 format!(
@@ -232,7 +234,7 @@ impl HttpModelClient {
         // A credential that waits on another process (a vault read) is looked up on a
         // thread of its own: the shard goes on with its other sessions meanwhile.
         let resolved = match self.secrets.lookup_off_thread(&request.credential_id) {
-            Some(lookup) => crate::credential::off_thread(lookup).await,
+            Some(lookup) => broca_provider::credential::off_thread(lookup).await,
             None => self.secrets.credential(&request.credential_id),
         };
         let credential = resolved.map_err(|e| {
@@ -255,7 +257,7 @@ impl HttpModelClient {
         request: &Request,
         family: &'static dyn WireFamily,
         url: &Url,
-        credential: &crate::credential::Credential,
+        credential: &broca_provider::credential::Credential,
     ) -> Result<HttpModelStream, Failure> {
         let redact = credential.redactor();
         let aliases = Aliases::for_tools(&request.tools);

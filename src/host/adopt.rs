@@ -13,7 +13,7 @@ use broca_wire::{Caller, Code, RpcError};
 use cortexkit_role_llm_runner::adopt::AdoptRequest;
 use serde_json::{Map, Value};
 
-use crate::rpc::ask;
+use crate::replies::ask;
 use crate::Host;
 
 fn undeclared(method: &str) -> RpcError {
@@ -38,7 +38,7 @@ pub(crate) async fn host_start(
     if !ctx.opts.plans {
         return Err(undeclared("session.host_start"));
     }
-    crate::rpc::plan_served(ctx, &Value::Object(plan.clone()))?;
+    crate::plans::plan_served(ctx, &Value::Object(plan.clone()))?;
     let plan = read(plan)?;
     let identity = plan.identity.clone();
     let ask_with = |frozen| {

@@ -4,8 +4,7 @@ use broca_session::{After, SessionCommand};
 use broca_shards::registry::Inbox;
 use broca_wal::SessionTriple;
 
-use crate::sessions::Actor;
-use crate::shard::Shard;
+use crate::shard::{Actor, Expiring, Shard};
 
 impl Shard {
     /// Runs `run` (a resumed or an admitted run) with the session marked busy, then hands
@@ -97,12 +96,6 @@ impl Shard {
             After::Expire(reply) => self.expire(actor, triple, reply).await,
         }
     }
-}
-
-/// An expiring session: its tombstone, and who waits for its deletion.
-pub(crate) struct Expiring {
-    pub(crate) stone: crate::retention::Tombstone,
-    pub(crate) reply: futures_channel::oneshot::Sender<Option<u64>>,
 }
 
 impl Shard {

@@ -11,7 +11,7 @@ use broca_wire::{Caller, Code, RpcError};
 use cortexkit_role_llm_runner::session_change::{RefreshPolicyRequest, RefreshRequest};
 use serde_json::Value;
 
-use crate::rpc::ask;
+use crate::replies::ask;
 use crate::Host;
 
 fn undeclared() -> RpcError {
@@ -32,7 +32,7 @@ pub(crate) async fn refresh(
         return Err(undeclared());
     }
     let raw = Value::Object(request.plan.clone());
-    crate::rpc::plan_served(ctx, &raw)?;
+    crate::plans::plan_served(ctx, &raw)?;
     let plan = Plan::read(&raw).map_err(|r| RpcError::refusal(&r))?;
     let identity = plan.identity.clone();
     let ask_with = |frozen| {

@@ -18,7 +18,7 @@ use broca_wire::{Caller, RpcError};
 use cortexkit_role_llm_runner::user_commands::UserCommandRequest;
 use serde_json::Value;
 
-use crate::rpc::ask;
+use crate::replies::ask;
 use crate::Host;
 
 /// How often an accepted command's module is asked for its late entries (the role's 2–10 s).

@@ -113,7 +113,7 @@ async fn apply(
     let answer = match verdict {
         Err(refusal) => refused(refusal),
         Ok(()) => {
-            let asked = crate::rpc::ask(ctx, t, |reply| SessionCommand::ApplyView {
+            let asked = crate::replies::ask(ctx, t, |reply| SessionCommand::ApplyView {
                 provider,
                 view: checked,
                 reply,

@@ -171,3 +171,68 @@ fn missed(m: PlanMiss) -> Missed {
         PlanMiss::Refused { code, message } => Missed::Refused { code, message },
     }
 }
+
+/// A plan's `senders` as this runner serves them, checked before the rest of the plan
+/// (llm-runner/v1 §9.7): a `succeeds` only where `sender_succession` is declared (with
+/// ordered delivery), well formed, naming neither its own module nor another successor's
+/// predecessor (`invalid_params` naming `plan.senders[<i>].succeeds`); `senders` only with
+/// ordered delivery.
+pub(crate) fn plan_served(ctx: &Host, plan: &serde_json::Value) -> Result<(), RpcError> {
+    let Some(plan) = plan.as_object() else {
+        return Ok(()); // the plan's own check names it
+    };
+    compaction_served(ctx, plan)?;
+    if !ctx.runs_pre_user() && plan.contains_key(broca_core::pre_user::MEMBER) {
+        return Err(RpcError::refusal(&broca_wire::Refusal::InvalidField {
+            field: "plan.step_transform_items",
+            why: "this runner runs no step transforms here (only `broca module` with \
+                  `\"compaction_providers\": true` runs the `pre_user` hook)"
+                .into(),
+        }));
+    }
+    let declared: &[&str] = if ctx.opts.delivery_order {
+        &[cortexkit_role_llm_runner::capabilities::SENDER_SUCCESSION]
+    } else {
+        &[]
+    };
+    cortexkit_role_llm_runner::sender_succession::check_plan(plan, declared).map_err(|field| {
+        RpcError::refusal(&broca_wire::Refusal::InvalidMember {
+            field,
+            why: "a plan sender's `succeeds` names one other module, once in the plan, and \
+                  needs ordered delivery (`\"delivery_order\": true` in the config)"
+                .into(),
+        })
+    })?;
+    if !ctx.opts.delivery_order && plan.contains_key("senders") {
+        return Err(RpcError::refusal(&broca_wire::Refusal::InvalidField {
+            field: "plan.senders",
+            why: "a plan's `senders` needs ordered delivery (`\"delivery_order\": true` in the \
+                  config)"
+                .into(),
+        }));
+    }
+    Ok(())
+}
+
+/// A plan naming a compaction provider is admitted only by a runner that hosts one
+/// (`compaction_providers`, in module mode): elsewhere `invalid_params {field:
+/// "plan.compaction_item"}` before anything is written (llm-runner/v1 §3). A malformed item is
+/// left to the plan's own check, which names its member.
+fn compaction_served(
+    ctx: &Host,
+    plan: &serde_json::Map<String, serde_json::Value>,
+) -> Result<(), RpcError> {
+    let hosted = ctx.runs_pre_user();
+    if hosted
+        || !plan.contains_key(cortexkit_role_llm_runner::compaction::PLAN_COMPACTION_ITEM)
+        || cortexkit_role_llm_runner::compaction::check_plan(plan).is_err()
+    {
+        return Ok(());
+    }
+    Err(RpcError::refusal(&broca_wire::Refusal::InvalidField {
+        field: "plan.compaction_item",
+        why: "this runner hosts no compaction provider (`\"compaction_providers\": true` in the \
+              config of `broca module`); its built-in compaction is a send's `compaction`"
+            .into(),
+    }))
+}

@@ -35,7 +35,7 @@ impl Host {
             return;
         };
         for path in &paths {
-            let Some(triple) = crate::resume::session_of(path) else {
+            let Some(triple) = crate::state::session_of(path) else {
                 continue;
             };
             if let Err(e) = store.forget(&triple.address().0) {

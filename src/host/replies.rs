@@ -2,10 +2,16 @@
 //! method asked by another caller, a command that did not reach its shard, and a send's reply
 //! for a run it named.
 
+use futures_channel::oneshot;
 use serde_json::Value;
+
+use broca_session::SessionCommand;
+use broca_wal::SessionTriple;
 
 use broca_shards::mesh::MeshError;
 use broca_wire::{Code, RpcError};
+
+use crate::Host;
 
 pub(crate) fn invalid(why: impl Into<String>) -> RpcError {
     RpcError::new(Code::InvalidParams, why)
@@ -48,4 +54,16 @@ pub(crate) fn send_reply(run: &broca_core::RunView) -> Value {
         answer["delivered"] = serde_json::json!({"as": "turn", "ref": run.run_id});
     }
     answer
+}
+
+/// Hands the session's shard the command `make` builds around a reply channel; answers the
+/// reply.
+pub(crate) async fn ask<R>(
+    ctx: &Host,
+    t: SessionTriple,
+    make: impl FnOnce(oneshot::Sender<R>) -> SessionCommand,
+) -> Result<R, RpcError> {
+    let (reply, wait) = oneshot::channel();
+    ctx.route(t, make(reply)).map_err(unrouted)?;
+    wait.await.map_err(|_| unavailable())
 }

@@ -106,7 +106,9 @@ pub(crate) fn resume_open_runs(
                     match store.sessions_with_open_runs() {
                         Ok(addrs) => addrs
                             .iter()
-                            .filter_map(|a| session_of(&ctx.wal_dir.join(wal_name(a))))
+                            .filter_map(|a| {
+                                crate::state::session_of(&ctx.wal_dir.join(wal_name(a)))
+                            })
                             .collect(),
                         Err(e) => {
                             tracing::error!("{e}; looking for open runs in the WALs instead");
@@ -136,14 +138,6 @@ pub(crate) fn resume_open_runs(
 
 fn wal_name(addr: &[u8; 16]) -> String {
     broca_wal::SessionAddr(*addr).wal_file_name()
-}
-
-/// The session a WAL (live or packed) belongs to, from its header.
-pub(crate) fn session_of(path: &Path) -> Option<SessionTriple> {
-    broca_wal::reader::PagedReader::open_if_any(path)
-        .ok()
-        .flatten()
-        .map(|r| r.header().triple.clone())
 }
 
 /// The sessions whose WAL ends with a run open (every WAL read: without a store only).

@@ -15,6 +15,7 @@ use broca_wal::SessionTriple;
 use broca_wire::{Caller, Code, Request, RpcError, SessionName};
 
 use crate::reads::{baseline, head, history, read, send_status, tool_calls};
+use crate::replies::ask;
 use crate::replies::{invalid, not_owner, send_reply, unavailable, unrouted};
 use crate::Host;
 
@@ -230,18 +231,6 @@ fn triple(s: &SessionName) -> Result<SessionTriple, RpcError> {
     SessionTriple::new(&s.project_root, &s.harness, &s.session).map_err(|e| invalid(e.to_string()))
 }
 
-/// Hands the session's shard the command `make` builds around a reply channel; answers the
-/// reply.
-pub(crate) async fn ask<R>(
-    ctx: &Host,
-    t: SessionTriple,
-    make: impl FnOnce(oneshot::Sender<R>) -> SessionCommand,
-) -> Result<R, RpcError> {
-    let (reply, wait) = oneshot::channel();
-    ctx.route(t, make(reply)).map_err(unrouted)?;
-    wait.await.map_err(|_| unavailable())
-}
-
 async fn view(
     ctx: &Host,
     t: &SessionTriple,
@@ -292,7 +281,7 @@ async fn send(
         }
     }
     if let Some(plan) = &req.plan {
-        plan_served(ctx, plan)?;
+        crate::plans::plan_served(ctx, plan)?;
     }
     // A steer or an interrupt takes the settings it leaves out from the session's latest
     // run; its identity (a re-send's comparison) and the settings it named stay as sent.
@@ -511,69 +500,4 @@ async fn cancel(
         Cancelled::NotActive => Ok(Value::String("not_active".into())),
         Cancelled::NotOwner => Err(not_owner("run.cancel")),
     }
-}
-
-/// A plan's `senders` as this runner serves them, checked before the rest of the plan
-/// (llm-runner/v1 §9.7): a `succeeds` only where `sender_succession` is declared (with
-/// ordered delivery), well formed, naming neither its own module nor another successor's
-/// predecessor (`invalid_params` naming `plan.senders[<i>].succeeds`); `senders` only with
-/// ordered delivery.
-pub(crate) fn plan_served(ctx: &Host, plan: &serde_json::Value) -> Result<(), RpcError> {
-    let Some(plan) = plan.as_object() else {
-        return Ok(()); // the plan's own check names it
-    };
-    compaction_served(ctx, plan)?;
-    if !ctx.runs_pre_user() && plan.contains_key(broca_core::pre_user::MEMBER) {
-        return Err(RpcError::refusal(&broca_wire::Refusal::InvalidField {
-            field: "plan.step_transform_items",
-            why: "this runner runs no step transforms here (only `broca module` with \
-                  `\"compaction_providers\": true` runs the `pre_user` hook)"
-                .into(),
-        }));
-    }
-    let declared: &[&str] = if ctx.opts.delivery_order {
-        &[cortexkit_role_llm_runner::capabilities::SENDER_SUCCESSION]
-    } else {
-        &[]
-    };
-    cortexkit_role_llm_runner::sender_succession::check_plan(plan, declared).map_err(|field| {
-        RpcError::refusal(&broca_wire::Refusal::InvalidMember {
-            field,
-            why: "a plan sender's `succeeds` names one other module, once in the plan, and \
-                  needs ordered delivery (`\"delivery_order\": true` in the config)"
-                .into(),
-        })
-    })?;
-    if !ctx.opts.delivery_order && plan.contains_key("senders") {
-        return Err(RpcError::refusal(&broca_wire::Refusal::InvalidField {
-            field: "plan.senders",
-            why: "a plan's `senders` needs ordered delivery (`\"delivery_order\": true` in the \
-                  config)"
-                .into(),
-        }));
-    }
-    Ok(())
-}
-
-/// A plan naming a compaction provider is admitted only by a runner that hosts one
-/// (`compaction_providers`, in module mode): elsewhere `invalid_params {field:
-/// "plan.compaction_item"}` before anything is written (llm-runner/v1 §3). A malformed item is
-/// left to the plan's own check, which names its member.
-fn compaction_served(
-    ctx: &Host,
-    plan: &serde_json::Map<String, serde_json::Value>,
-) -> Result<(), RpcError> {
-    let hosted = ctx.runs_pre_user();
-    if hosted
-        || !plan.contains_key(cortexkit_role_llm_runner::compaction::PLAN_COMPACTION_ITEM)
-        || cortexkit_role_llm_runner::compaction::check_plan(plan).is_err()
-    {
-        return Ok(());
-    }
-    Err(RpcError::refusal(&broca_wire::Refusal::InvalidField {
-        field: "plan.compaction_item",
-        why: "this runner hosts no compaction provider (`\"compaction_providers\": true` in the \
-              config of `broca module`); its built-in compaction is a send's `compaction`"
-            .into(),
-    }))
 }

@@ -12,10 +12,7 @@ use broca_shards::registry::{Inbox, Msg, Refused};
 use broca_wal::{SessionTriple, WalError};
 use broca_wire::{Code, RpcError};
 
-use crate::shard::{Key, Shard, INBOX_MAX};
-
-/// A shard's session actor.
-pub(crate) type Actor = SessionActor<broca_transport::HttpModelClient, broca_tools::Tools>;
+use crate::shard::{Actor, Key, Shard, INBOX_MAX};
 
 /// How often a shard out of file descriptors says so in its log.
 const SHORT_LOG_EVERY: Duration = Duration::from_secs(10);

@@ -38,6 +38,16 @@ const PROJECT_EVERY: Duration = Duration::from_millis(100);
 /// A session's key on its shard: its address.
 pub(crate) type Key = [u8; 16];
 
+/// A shard's session actor.
+pub(crate) type Actor =
+    broca_session::SessionActor<broca_transport::HttpModelClient, broca_tools::Tools>;
+
+/// An expiring session: its tombstone, and who waits for its deletion.
+pub(crate) struct Expiring {
+    pub(crate) stone: crate::retention::Tombstone,
+    pub(crate) reply: futures_channel::oneshot::Sender<Option<u64>>,
+}
+
 /// One shard: its services, its sessions and everything that serves them.
 pub(crate) struct Shard {
     pub(crate) host: Arc<Host>,
@@ -77,7 +87,7 @@ pub(crate) struct Shard {
     pub(crate) stopped: Rc<StopSignal>,
     /// Sessions whose tombstone is written and whose actor is closing: deleted once it has
     /// closed, then the expiry is answered.
-    pub(crate) expiring: RefCell<HashMap<Key, crate::answer::Expiring>>,
+    pub(crate) expiring: RefCell<HashMap<Key, Expiring>>,
     /// The due time each session was last asked to expire at as its actor noted it (one ask
     /// per due time: a failed one is tried again by shard 0's look).
     pub(crate) expire_asked: RefCell<HashMap<Key, u64>>,
@@ -451,7 +461,7 @@ impl Shard {
     /// Marks the session as moved on, and hands the store's thread the messages its actor
     /// holds with it: its follower keeps these copies instead of its own where they are
     /// equal, so the conversation is in memory once.
-    pub(crate) fn mark_moved(&self, triple: &SessionTriple, actor: &crate::sessions::Actor) {
+    pub(crate) fn mark_moved(&self, triple: &SessionTriple, actor: &Actor) {
         self.mark_dirty(triple);
         if let Some(held) = self.dirty.borrow_mut().get_mut(triple) {
             held.clone_from(&actor.state().transcript);

@@ -135,3 +135,11 @@ mod tests {
         lock_state_dir(dir.path()).unwrap();
     }
 }
+
+/// The session a WAL (live or packed) belongs to, from its header.
+pub(crate) fn session_of(path: &Path) -> Option<broca_wal::SessionTriple> {
+    broca_wal::reader::PagedReader::open_if_any(path)
+        .ok()
+        .flatten()
+        .map(|r| r.header().triple.clone())
+}

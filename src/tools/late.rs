@@ -1,6 +1,6 @@
 //! Late results that no call waits for any more (tool-provider/v1 §7): a tool module settled
 //! a call after a restart sealed it without an outcome. broca-tools reads them
-//! (`modules::ModuleTools`) and hands each to a [`LateSink`], which the host implements:
+//! (`ModuleTools` of `modules`) and hands each to a [`LateSink`], which the host implements:
 //! it finds the session by the entry's scope ref and has the session record it durably
 //! (`ToolResultLate` in its WAL) before the entry is acked.
 
@@ -22,7 +22,7 @@ pub struct LateResult {
     pub settled_at_unix_ms: u64,
     /// A person-only command's entry (its call key is a command's) as the command's update:
     /// progress or its result, which the session records for the command it awaits.
-    pub command: Option<crate::modules::CommandUpdate>,
+    pub command: Option<CommandUpdate>,
 }
 
 /// What became of a late result.
@@ -45,4 +45,19 @@ pub trait LateSink: Send + Sync {
         &self,
         late: LateResult,
     ) -> Pin<Box<dyn Future<Output = Result<LateRecorded, String>> + 'static>>;
+}
+
+/// A late entry of a person-only command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommandUpdate {
+    /// Progress text for the person (not terminal).
+    Progress { event_id: String, text: String },
+    /// The command's result: `{state, text, job?}` as the module settled it, else `None` for
+    /// an entry that cannot be read as one (a result not kept, a command never started, an
+    /// expired one: the reason in `why`).
+    Result {
+        event_id: String,
+        reply: Option<(String, String, Option<String>)>,
+        why: String,
+    },
 }

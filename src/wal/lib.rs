@@ -8,6 +8,7 @@ pub mod archive;
 pub mod changerec;
 pub mod cmdrec;
 pub mod frame;
+pub mod frozen;
 pub mod header;
 pub mod importrec;
 pub mod listing;
@@ -17,6 +18,7 @@ pub mod record;
 pub mod recovery;
 pub mod runrec;
 pub mod sendrec;
+pub mod sessionrec;
 pub mod verify;
 pub mod viewrec;
 

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::runrec::FrozenConfig;
+use crate::frozen::FrozenConfig;
 
 /// A send that came while a run was active: admitted, frozen as a RunStarted would freeze
 /// it, and waiting for the active run to end (the llm-runner/v1 role's `queue` delivery). Its

@@ -31,20 +31,7 @@ pub enum Forwarded {
     Lost(String),
 }
 
-/// A late entry of a person-only command.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CommandUpdate {
-    /// Progress text for the person (not terminal).
-    Progress { event_id: String, text: String },
-    /// The command's result: `{state, text, job?}` as the module settled it, else `None` for
-    /// an entry that cannot be read as one (a result not kept, a command never started, an
-    /// expired one: the reason in `why`).
-    Result {
-        event_id: String,
-        reply: Option<(String, String, Option<String>)>,
-        why: String,
-    },
-}
+pub use crate::late::CommandUpdate;
 
 impl ModuleTools {
     /// Forwards `command` with the person's `input` to `module` on the route of session

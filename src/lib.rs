@@ -11,6 +11,7 @@ pub use broca_archive as archive;
 pub use broca_catalog as catalog;
 pub use broca_core as core;
 pub use broca_daemon as daemon;
+pub use broca_fetch_plan as fetch_plan;
 pub use broca_host as host;
 pub use broca_import as import;
 pub use broca_owner_only as owner_only;

@@ -8,7 +8,7 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use broca::core::admission::{prepare, SendRequest};
-use broca::core::plan::{apply, Arrived, Plan};
+use broca::fetch_plan::plan::{apply, Arrived, Plan};
 use broca::protocol::ToolSpec;
 use cortexkit_role_tool_provider::catalog::{
     composition_digest, system_text_digest, CatalogAnswer, SystemTextAnswer,

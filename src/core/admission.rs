@@ -29,7 +29,7 @@ pub(crate) use retention::session_retention;
 pub use retention::TITLE_BYTES_MAX;
 use retention::{retention, title};
 mod planned;
-pub use planned::{tools_digest, SentPlan};
+pub use planned::SentPlan;
 mod repeated;
 use repeated::{frozen_so_key, repeated, so_key, Identity};
 
@@ -417,7 +417,7 @@ pub fn prepare(
     let resolved = resolve(req, tools, catalog, providers).and_then(|config| {
         let plan = match &req.plan {
             Some(plan) => Some(SentPlan {
-                plan: crate::plan::Plan::read(plan)?,
+                plan: broca_fetch_plan::plan::Plan::read(plan)?,
                 admitted: None,
             }),
             None => None,
@@ -541,7 +541,7 @@ fn resolve(
     {
         tools.push(submit);
     }
-    let tools_digest = tools_digest(&tools);
+    let tools_digest = broca_fetch_plan::tools_digest(&tools);
     Ok(FrozenConfig {
         provider: entry.provider.id.to_string(),
         model: entry.model.clone(),

@@ -3,9 +3,9 @@
 //! baseline's change members.
 
 use crate::admission::{admit_prepared, Admitted};
-use crate::change::{self, Refresh};
 use crate::plan_tests::{admitted, send};
 use crate::replay::Session;
+use broca_fetch_plan::change::{self, Refresh};
 use broca_wal::Record;
 use broca_wire::Refusal;
 use cortexkit_role_llm_runner::baseline::BaselineReply;
@@ -76,7 +76,7 @@ fn baseline(s: &Session) -> cortexkit_role_llm_runner::baseline::Baseline {
         .map(|t| t.name.clone())
         .collect();
     let mut value = match &s.plan {
-        Some(p) => crate::plan::baseline(p, names),
+        Some(p) => broca_fetch_plan::plan::baseline(p, names),
         None => broca_wire::role::baseline(Some(names)),
     };
     change::baseline(&mut value, &s.change, s.plan.as_deref());
@@ -233,12 +233,12 @@ fn a_send_queued_before_a_change_runs_on_it_with_its_own_text_kept() {
     next.system_text = Some("new text".into());
     next.generation = 3;
     let mut config = start(send(None, None), &Session::default(), "r").config;
-    crate::plan::apply(&mut config, &old, false).unwrap();
+    broca_fetch_plan::plan::apply(&mut config, &old, false).unwrap();
     assert_eq!(
         config.system.as_deref(),
         Some("aft text\n\ncore text\n\nown")
     );
-    crate::plan::reapply(&mut config, Some(&old), &next);
+    broca_fetch_plan::plan::reapply(&mut config, Some(&old), &next);
     assert_eq!(config.system.as_deref(), Some("new text\n\nown"));
     assert_eq!(config.plan.as_ref().map(|p| p.generation), Some(3));
 }

@@ -2,10 +2,10 @@
 //! answers freeze, what an invocation comes to before anything is written, and what the
 //! records of a relayed command answer.
 
-use crate::commands::{
+use broca_fetch_plan::commands::{
     answer, call_key, outcome_unknown, relay, Relay, UserCommands, PROGRESS_KEPT, RETAINED_MS,
 };
-use crate::plan::{Arrived, Plan};
+use broca_fetch_plan::plan::{Arrived, Plan};
 use broca_wal::cmdrec::{CommandReply, UserCommandRecord};
 use broca_wal::planrec::FrozenPlan;
 use broca_wal::SessionTriple;
@@ -82,14 +82,14 @@ fn a_plan_freezes_its_providers_commands_and_the_baseline_lists_them() {
         ]
     );
     let baseline: cortexkit_role_llm_runner::baseline::BaselineReply =
-        serde_json::from_value(crate::plan::baseline(&plan, Vec::new())).unwrap();
+        serde_json::from_value(broca_fetch_plan::plan::baseline(&plan, Vec::new())).unwrap();
     let listed = baseline.baseline.unwrap().user_commands;
     assert_eq!(listed.len(), 3);
     assert_eq!(listed[2].provider, "tools-b");
     assert_eq!(listed[2].command.name, "deploy");
     // No commands: the member is left out, so such a baseline keeps its bytes.
     let plain = frozen(&[("tools-a", &[])], None).unwrap();
-    let value = crate::plan::baseline(&plain, Vec::new());
+    let value = broca_fetch_plan::plan::baseline(&plain, Vec::new());
     assert!(value["baseline"].get("user_commands").is_none(), "{value}");
 }
 

@@ -5,10 +5,8 @@
 
 pub mod admission;
 pub mod adopt;
-pub mod change;
 #[cfg(test)]
 mod change_tests;
-pub mod commands;
 #[cfg(test)]
 mod commands_tests;
 pub mod compaction;
@@ -24,10 +22,8 @@ pub mod machine;
 mod machine_tests;
 pub mod media;
 pub mod neutral;
-pub mod plan;
 #[cfg(test)]
 mod plan_tests;
-pub mod pre_user;
 pub mod project;
 pub mod provided;
 pub mod prune;

@@ -3,8 +3,8 @@
 //! a session's later sends against what it froze.
 
 use crate::admission::{admit_prepared, prepare, Admitted, SendRequest};
-use crate::plan::{Arrived, Missed, Plan};
 use crate::replay::Session;
+use broca_fetch_plan::plan::{Arrived, Missed, Plan};
 use broca_protocol::ToolSpec;
 use broca_wal::planrec::FrozenPlan;
 use broca_wire::Refusal;
@@ -142,7 +142,8 @@ fn admission_freezes_tools_in_plan_order_and_joins_the_texts_that_arrived() {
         ]
     );
     assert_eq!(frozen.items[1].item_digest, system_text_digest("aft text"));
-    let baseline = crate::plan::baseline(&frozen, names.iter().map(|n| n.to_string()).collect());
+    let baseline =
+        broca_fetch_plan::plan::baseline(&frozen, names.iter().map(|n| n.to_string()).collect());
     assert_eq!(baseline["state"], "ready");
     assert_eq!(
         baseline["baseline"]["composition_digest"],
@@ -177,7 +178,7 @@ fn a_required_item_missing_is_fetch_unavailable_and_an_optional_one_is_recorded_
         Some("invalid_request")
     );
     assert_eq!(frozen.system_text, None);
-    let baseline = crate::plan::baseline(&frozen, vec!["t".into()]);
+    let baseline = broca_fetch_plan::plan::baseline(&frozen, vec!["t".into()]);
     assert_eq!(baseline["baseline"]["absent_items"][0]["provider"], "b");
     let e = plan
         .admit(vec![

@@ -377,18 +377,7 @@ fn push_blocks(out: &mut Vec<Arc<Message>>, message: &Arc<Message>, blocks: Vec<
 
 /// The compaction provider the session's plan names (`plan.compaction_item.provider`).
 pub fn provider_of(session: &crate::replay::Session) -> Option<String> {
-    plan_provider(session.plan.as_ref()?).map(|(provider, _)| provider)
-}
-
-/// The compaction provider a frozen plan names, and its item's preset.
-pub fn plan_provider(plan: &broca_wal::planrec::FrozenPlan) -> Option<(String, String)> {
-    let value: serde_json::Map<String, Value> = serde_json::from_str(&plan.plan).ok()?;
-    let provider = cortexkit_role_llm_runner::compaction::plan_compaction_provider(&value)?;
-    let preset = value
-        .get(cortexkit_role_llm_runner::compaction::PLAN_COMPACTION_ITEM)
-        .and_then(|i| i.get("preset"))
-        .and_then(Value::as_str)?;
-    Some((provider.to_string(), preset.to_string()))
+    broca_fetch_plan::plan::plan_provider(session.plan.as_ref()?).map(|(provider, _)| provider)
 }
 
 /// The number each part the session's next request shows carries, by `(mid, part id)`: the

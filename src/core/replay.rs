@@ -209,10 +209,10 @@ pub struct Session {
     /// The fetch plan its admission froze (llm-runner/v1 `plans`), for life.
     pub plan: Option<Box<broca_wal::planrec::FrozenPlan>>,
     /// The person-only commands relayed for its owner (llm-runner/v1 `user_commands`).
-    pub commands: super::commands::UserCommands,
+    pub commands: broca_fetch_plan::commands::UserCommands,
     /// The refreshes its owner made (llm-runner/v1 `session_change`); `plan` is the one in
     /// effect.
-    pub change: super::change::Changes,
+    pub change: broca_fetch_plan::change::Changes,
     /// Whether its host started it, and who adopted it (llm-runner/v1 `adopt`).
     pub hosting: super::adopt::Hosting,
     /// The latest view its compaction provider handed over and it accepted
@@ -231,7 +231,8 @@ impl Session {
             self.retention = config.retention;
         }
         self.note_policy(config.retention_policy.as_ref());
-        if let Some(plan) = crate::plan::replayed(config, self.plan.as_deref(), started) {
+        if let Some(plan) = broca_fetch_plan::plan::replayed(config, self.plan.as_deref(), started)
+        {
             self.plan = Some(plan);
         }
     }

@@ -6,7 +6,7 @@
 //! before the answer). A refusal writes nothing.
 
 use broca_core::adopt::HostStart;
-use broca_core::plan::Plan;
+use broca_fetch_plan::plan::Plan;
 use broca_session::SessionCommand;
 use broca_wal::SessionTriple;
 use broca_wire::{Caller, Code, RpcError};

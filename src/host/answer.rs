@@ -103,21 +103,10 @@ impl Shard {
     /// or a release; one due already is expired at once (after the command in hand).
     pub(crate) fn note_retention(&self, actor: &Actor, triple: &SessionTriple) {
         let state = actor.state();
-        let acts = state
-            .policy
-            .as_ref()
-            .is_some_and(broca_core::replay::policy_acts);
-        if state.retention.is_none() && !acts && state.released.is_none() {
+        if !self.keeper().note(triple, state) {
             return;
         }
-        let days = state.policy.as_ref().map_or(0, |p| p.archive_after_days);
-        if crate::retention::local::with(|r| r.note_archive(triple, days)) {
-            if let Err(e) = crate::resume::start_archive_scheduler(&self.host, true) {
-                tracing::error!("{e}");
-            }
-        }
         let expiry = state.expiry();
-        self.note_due(triple, expiry);
         let key = triple.address().0;
         let Some(due) = expiry.due_at() else {
             self.expire_asked.borrow_mut().remove(&key);
@@ -153,7 +142,7 @@ impl Shard {
         let at = match expiry.due_at() {
             Some(at) if at <= now => at,
             _ => {
-                self.note_due(triple, expiry);
+                self.keeper().note_due(triple, expiry);
                 let _ = reply.send(None);
                 return true;
             }
@@ -235,27 +224,20 @@ impl Shard {
             );
         }
         crate::retention::local::with(|r| r.forget(&addr));
-        self.publish_earliest_due();
+        self.keeper().publish();
         let _ = reply.send(Some(at));
     }
 }
 
 impl Shard {
-    /// Notes when this shard's session `triple` is due, in its own part of retention; the
-    /// shard's look starts with its first, and the host learns its earliest due time.
-    pub(crate) fn note_due(&self, triple: &SessionTriple, expiry: broca_core::Expiry) {
-        if crate::retention::local::with(|r| r.note(triple, expiry)) {
-            crate::expiry::sweep(&self.host, self.stopped.clone(), self.sweeping.clone());
+    /// This shard's keeper of its sessions' retention.
+    pub(crate) fn keeper(&self) -> Keeper {
+        Keeper {
+            host: self.host.clone(),
+            shard: self.services.shard,
+            stopped: self.stopped.clone(),
+            sweeping: self.sweeping.clone(),
         }
-        self.publish_earliest_due();
-    }
-
-    /// Tells the host the earliest time one of this shard's sessions is due.
-    pub(crate) fn publish_earliest_due(&self) {
-        let at = crate::retention::local::with(|r| r.earliest_due());
-        self.host
-            .retention
-            .set_earliest_due(self.services.shard, at);
     }
 
     /// Seeds this shard's part of retention from what the state dir held at start (the
@@ -268,7 +250,55 @@ impl Shard {
                 host.shard_of(t) == me
             });
         crate::retention::local::with(|r| *r = seeded);
-        self.publish_earliest_due();
+        self.keeper().publish();
         crate::expiry::sweep(&self.host, self.stopped.clone(), self.sweeping.clone());
+    }
+}
+
+/// What notes a shard's sessions' retention in its own part ([`crate::retention::local`]):
+/// when each is due (its look started with the first, the host told the shard's earliest due
+/// time), and which its policy has the archive pack. Held by the shard and by each session's
+/// watch, which notes a release or a send's run before its answer leaves.
+#[derive(Clone)]
+pub(crate) struct Keeper {
+    host: std::sync::Arc<crate::Host>,
+    shard: usize,
+    stopped: std::rc::Rc<broca_shards::timer::StopSignal>,
+    sweeping: std::rc::Rc<std::cell::Cell<bool>>,
+}
+
+impl Keeper {
+    /// Notes the session `triple` as `state` has it now; `false` when nothing keeps it (no
+    /// retention, no policy that acts, no release).
+    pub(crate) fn note(&self, triple: &SessionTriple, state: &broca_core::Session) -> bool {
+        let acts = state
+            .policy
+            .as_ref()
+            .is_some_and(broca_core::replay::policy_acts);
+        if state.retention.is_none() && !acts && state.released.is_none() {
+            return false;
+        }
+        let days = state.policy.as_ref().map_or(0, |p| p.archive_after_days);
+        if crate::retention::local::with(|r| r.note_archive(triple, days)) {
+            if let Err(e) = crate::resume::start_archive_scheduler(&self.host, true) {
+                tracing::error!("{e}");
+            }
+        }
+        self.note_due(triple, state.expiry());
+        true
+    }
+
+    /// Notes when the session `triple` is due; the shard's look starts with its first.
+    pub(crate) fn note_due(&self, triple: &SessionTriple, expiry: broca_core::Expiry) {
+        if crate::retention::local::with(|r| r.note(triple, expiry)) {
+            crate::expiry::sweep(&self.host, self.stopped.clone(), self.sweeping.clone());
+        }
+        self.publish();
+    }
+
+    /// Tells the host the earliest time one of the shard's sessions is due.
+    pub(crate) fn publish(&self) {
+        let at = crate::retention::local::with(|r| r.earliest_due());
+        self.host.retention.set_earliest_due(self.shard, at);
     }
 }

@@ -4,7 +4,7 @@
 //! the answer), `session.refresh_policy` and `session.flush_prefix`. A refusal writes
 //! nothing.
 
-use broca_core::plan::Plan;
+use broca_fetch_plan::plan::Plan;
 use broca_session::{RefreshStep, SessionCommand};
 use broca_wal::SessionTriple;
 use broca_wire::{Caller, Code, RpcError};

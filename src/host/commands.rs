@@ -8,8 +8,8 @@
 
 use std::time::{Duration, Instant};
 
-use broca_core::commands::{never_forwarded, outcome_unknown, ACCEPTED, FAILED};
 use broca_core::Refusal;
+use broca_fetch_plan::commands::{never_forwarded, outcome_unknown, ACCEPTED, FAILED};
 use broca_session::{CommandStep, SessionCommand};
 use broca_tools::modules::{Forwarded, COMMAND_REPLY_DEADLINE};
 use broca_wal::cmdrec::{CommandReply, UserCommandRecord};

@@ -195,7 +195,7 @@ impl Host {
 
 /// A shard's look for its sessions due, every [`broca_wire::role::RETENTION_SWEEP_MS`] while
 /// any of them has a retention; it ends when none has (an idle daemon keeps no timer for
-/// it), and the shard's next session kept starts it again (`Shard::note_due`). `running` is
+/// it), and the shard's next session kept starts it again (`Keeper::note_due`). `running` is
 /// the shard's own flag.
 pub(crate) fn sweep(
     host: &Arc<Host>,

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use broca_core::admission::Prepared;
-use broca_core::plan::{Arrived, Missed, Plan};
+use broca_fetch_plan::plan::{Arrived, Missed, Plan};
 use broca_subc::toolprov::PlanMiss;
 use broca_wal::planrec::FrozenPlan;
 use broca_wal::SessionTriple;
@@ -133,7 +133,7 @@ pub(crate) async fn admit(
                 }
             }));
         }
-        broca_core::pre_user::check_declarations(&plan.steps, declared)?;
+        broca_fetch_plan::pre_user::check_declarations(&plan.steps, declared)?;
     }
     Ok(frozen)
 }
@@ -182,7 +182,7 @@ pub(crate) fn plan_served(ctx: &Host, plan: &serde_json::Value) -> Result<(), Rp
         return Ok(()); // the plan's own check names it
     };
     compaction_served(ctx, plan)?;
-    if !ctx.runs_pre_user() && plan.contains_key(broca_core::pre_user::MEMBER) {
+    if !ctx.runs_pre_user() && plan.contains_key(broca_fetch_plan::pre_user::MEMBER) {
         return Err(RpcError::refusal(&broca_wire::Refusal::InvalidField {
             field: "plan.step_transform_items",
             why: "this runner runs no step transforms here (only `broca module` with \

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use broca_core::admission::Prepared;
-use broca_core::pre_user::Hooks;
+use broca_fetch_plan::pre_user::Hooks;
 use broca_wal::SessionTriple;
 use broca_wire::{Refusal, RpcError};
 use serde_json::Value;
@@ -92,7 +92,7 @@ async fn hooks_of(ctx: &Host, t: &SessionTriple, p: &Prepared) -> Result<Option<
         return Ok(None);
     };
     let hooks = match serde_json::from_str::<Value>(&text) {
-        Ok(Value::Object(plan)) => broca_core::pre_user::read(&plan).unwrap_or_default(),
+        Ok(Value::Object(plan)) => broca_fetch_plan::pre_user::read(&plan).unwrap_or_default(),
         _ => Hooks::default(),
     };
     Ok((!hooks.is_empty()).then_some(hooks))

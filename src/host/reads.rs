@@ -58,11 +58,11 @@ pub(crate) async fn baseline(
         });
         let names = tools.unwrap_or_default();
         let mut answer = match &state.plan {
-            Some(plan) => broca_core::plan::baseline(plan, names),
+            Some(plan) => broca_fetch_plan::plan::baseline(plan, names),
             None => broca_wire::role::baseline(Some(names)),
         };
         if plans {
-            broca_core::change::baseline(&mut answer, &state.change, state.plan.as_deref());
+            broca_fetch_plan::change::baseline(&mut answer, &state.change, state.plan.as_deref());
         }
         Ok(answer)
     })

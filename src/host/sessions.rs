@@ -249,6 +249,8 @@ impl Shard {
                 (tail, h)
             }),
             host: self.host.clone(),
+            triple: triple.clone(),
+            keeper: self.keeper(),
         };
         let opener = SessionActor::opener(
             &self.host.wal_dir,

@@ -22,6 +22,9 @@ pub(crate) struct SessionWatch {
     /// The bus's step hints: the hint's subject tail, with the host's publisher.
     pub(crate) hints: Option<(String, crate::StepHints)>,
     pub(crate) host: Arc<Host>,
+    /// The session and its shard's keeper of retention.
+    pub(crate) triple: broca_wal::SessionTriple,
+    pub(crate) keeper: crate::answer::Keeper,
 }
 
 impl Watch for SessionWatch {
@@ -64,6 +67,10 @@ impl Watch for SessionWatch {
 
     fn failed(&self, error: &ActorError) {
         self.host.storage.failed(error);
+    }
+
+    fn kept(&self, state: &broca_core::Session) {
+        self.keeper.note(&self.triple, state);
     }
 
     fn stopping(&self) -> bool {

@@ -120,6 +120,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             }
             C::Release { caller, reply } => {
                 let answer = self.release_for(&caller).await;
+                self.watch.kept(&self.state);
                 self.replied(answer, reply)
             }
             C::LateResult { late, reply } => {
@@ -265,6 +266,8 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         let new = matches!(&answer, Ok(r) if idle && !r.existing && r.pending.is_none());
         if new {
             self.watch.wrote();
+            // Held while its run is not over.
+            self.watch.kept(&self.state);
         }
         match self.replied(answer, reply) {
             After::Serve if new => After::Run,

@@ -3,8 +3,8 @@
 //! and accepted here after, durable before its answer; a rung change and a flush likewise.
 //! Owner-only, like `session.baseline`.
 
-use broca_core::change;
 use broca_core::Refusal;
+use broca_fetch_plan::change;
 use broca_protocol::model::ModelClient;
 use broca_tools::ToolRunner;
 use broca_wal::planrec::FrozenPlan;

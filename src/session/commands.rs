@@ -3,8 +3,8 @@
 //! recorded before it is answered; a retry is answered from the records. The forward itself
 //! is the host's (it must not hold the actor while the provider answers).
 
-use broca_core::commands::{self, Relay};
 use broca_core::Refusal;
+use broca_fetch_plan::commands::{self, Relay};
 use broca_protocol::model::ModelClient;
 use broca_tools::late::LateRecorded;
 use broca_tools::modules::CommandUpdate;

@@ -182,11 +182,12 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             .as_ref()
             .is_none_or(|(id, _)| *id != plan.identity)
         {
-            let link = provided::plan_provider(plan).map(|(provider, preset)| Compactor {
-                provider,
-                preset,
-                shared: Rc::default(),
-            });
+            let link =
+                broca_fetch_plan::plan::plan_provider(plan).map(|(provider, preset)| Compactor {
+                    provider,
+                    preset,
+                    shared: Rc::default(),
+                });
             self.compactor = Some((plan.identity.clone(), link));
         }
         self.compactor.as_ref()?.1.as_ref()

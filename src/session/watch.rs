@@ -47,6 +47,11 @@ pub trait Watch {
     /// A write of the session's WAL failed.
     fn failed(&self, _error: &ActorError) {}
 
+    /// What keeps the session (its retention, its policy, its release) may have changed:
+    /// told before the answer of a release or a send leaves, so a request that follows it
+    /// finds the session kept as it now is.
+    fn kept(&self, _state: &broca_core::Session) {}
+
     /// Whether the process is stopping: sends are refused `shutting_down` then.
     fn stopping(&self) -> bool {
         false

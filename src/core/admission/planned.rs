@@ -2,7 +2,6 @@
 //! send carried, and the config of a send on a planned session (its tools and text the
 //! frozen plan's) or of the send that admits a session with its plan.
 
-use broca_protocol::ToolSpec;
 use broca_wire::Refusal;
 
 use super::Prepared;
@@ -12,7 +11,7 @@ use crate::replay::Session;
 /// session had no plan when the host looked).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SentPlan {
-    pub plan: crate::plan::Plan,
+    pub plan: broca_fetch_plan::plan::Plan,
     pub admitted: Option<Box<broca_wal::planrec::FrozenPlan>>,
 }
 
@@ -21,7 +20,7 @@ pub struct SentPlan {
 /// one, or one sent to a session that began without, is refused `plan_drift`.
 pub(super) fn plan(p: &mut Prepared, session: &Session) -> Result<(), Refusal> {
     let named_tools = p.named.contains(&"tools");
-    let drift = |frozen: Option<&str>, sent: &crate::plan::Plan| Refusal::PlanDrift {
+    let drift = |frozen: Option<&str>, sent: &broca_fetch_plan::plan::Plan| Refusal::PlanDrift {
         frozen: frozen.map(str::to_string),
         sent: sent.identity.clone(),
     };
@@ -45,7 +44,7 @@ pub(super) fn plan(p: &mut Prepared, session: &Session) -> Result<(), Refusal> {
                 .map_err(|_| drift(Some(&pending.plan.identity), &sent.plan))?;
             }
             return match &session.plan {
-                Some(frozen) => crate::plan::apply(&mut p.config, frozen, named_tools),
+                Some(frozen) => broca_fetch_plan::plan::apply(&mut p.config, frozen, named_tools),
                 None => Ok(()),
             };
         };
@@ -58,7 +57,7 @@ pub(super) fn plan(p: &mut Prepared, session: &Session) -> Result<(), Refusal> {
             )
             .map_err(|_| drift(Some(&pending.plan.identity), &sent.plan))?;
         }
-        crate::plan::apply(&mut p.config, &pending.plan, named_tools)?;
+        broca_fetch_plan::plan::apply(&mut p.config, &pending.plan, named_tools)?;
         p.config.plan = Some(pending.plan.clone());
         return Ok(());
     }
@@ -66,13 +65,13 @@ pub(super) fn plan(p: &mut Prepared, session: &Session) -> Result<(), Refusal> {
         (Some(frozen), Some(sent)) if sent.plan.identity != frozen.identity => {
             Err(drift(Some(&frozen.identity), &sent.plan))
         }
-        (Some(frozen), _) => crate::plan::apply(&mut p.config, frozen, named_tools),
+        (Some(frozen), _) => broca_fetch_plan::plan::apply(&mut p.config, frozen, named_tools),
         (None, Some(sent)) if !session.runs.is_empty() || !session.queued.is_empty() => {
             Err(drift(None, &sent.plan))
         }
         (None, Some(sent)) => match sent.admitted {
             Some(frozen) => {
-                crate::plan::apply(&mut p.config, &frozen, named_tools)?;
+                broca_fetch_plan::plan::apply(&mut p.config, &frozen, named_tools)?;
                 p.config.plan = Some(frozen);
                 Ok(())
             }
@@ -84,10 +83,4 @@ pub(super) fn plan(p: &mut Prepared, session: &Session) -> Result<(), Refusal> {
         },
         (None, None) => Ok(()),
     }
-}
-
-/// The digest a run's config keeps of its tool specs.
-pub fn tools_digest(tools: &[ToolSpec]) -> String {
-    let bytes = serde_json::to_vec(tools).expect("tool specs serialize");
-    blake3::hash(&bytes).to_hex()[..32].to_string()
 }

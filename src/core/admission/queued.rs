@@ -40,7 +40,7 @@ pub fn start_queued(session: &Session, run_id: String, now_unix_ms: u64) -> Opti
             .as_ref()
             .is_none_or(|p| p.generation < pending.generation)
         {
-            crate::plan::reapply(&mut config, session.plan.as_deref(), &pending.plan);
+            broca_fetch_plan::plan::reapply(&mut config, session.plan.as_deref(), &pending.plan);
         }
     }
     Some(RunStarted {

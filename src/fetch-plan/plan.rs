@@ -14,9 +14,7 @@
 use std::collections::BTreeMap;
 
 use broca_protocol::ToolSpec;
-use broca_wal::planrec::{
-    AbsentPlanItem, FrozenCommand, FrozenPlan, PlanItem, ProviderCapabilities,
-};
+use broca_wal::planrec::{FrozenCommand, FrozenPlan, PlanItem, ProviderCapabilities};
 use broca_wire::Refusal;
 use cortexkit_role_tool_provider::catalog::{
     composition_digest, system_text_digest, CatalogAnswer, CatalogRequest, SystemTextItem,
@@ -69,16 +67,7 @@ struct Item {
     optional: bool,
 }
 
-/// Why one provider's answer did not arrive.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Missed {
-    /// No answer within admission's deadline.
-    Timeout,
-    /// The provider could not be reached (why).
-    Unavailable(String),
-    /// The provider refused the request (its code, its message).
-    Refused { code: String, message: String },
-}
+pub use crate::Missed;
 
 /// One provider's answer: the catalog as it came, and its tools as broca routes them (each
 /// pinned to the provider: broca-subc's reading of the same answer).
@@ -388,7 +377,7 @@ impl Plan {
         if self.interactive {
             frozen.user_commands = commands;
         }
-        frozen.tools_digest = crate::admission::tools_digest(&tools);
+        frozen.tools_digest = crate::tools_digest(&tools);
         frozen.tools = tools.into();
         if !texts.is_empty() {
             frozen.system_text = Some(texts.join("\n\n"));
@@ -495,30 +484,6 @@ fn provider_of(route: &str) -> &str {
     rest.split_once('@').map_or(rest, |(m, _)| m)
 }
 
-impl Missed {
-    pub(crate) fn why(&self) -> String {
-        match self {
-            Missed::Timeout => "no answer within admission's deadline".into(),
-            Missed::Unavailable(why) => why.clone(),
-            Missed::Refused { code, message } => format!("it refused: {code}: {message}"),
-        }
-    }
-
-    fn absent(&self, provider: &str, kind: &str) -> AbsentPlanItem {
-        let (reason, provider_code) = match self {
-            Missed::Timeout => ("timeout", None),
-            Missed::Unavailable(_) => ("unavailable", None),
-            Missed::Refused { code, .. } => ("refused", Some(code.clone())),
-        };
-        AbsentPlanItem {
-            provider: provider.to_string(),
-            kind: kind.to_string(),
-            reason: reason.to_string(),
-            provider_code,
-        }
-    }
-}
-
 /// One `tool_items` or `system_text_items` entry read.
 fn read_item(list: &str, i: usize, raw: &Value, tools: bool) -> Result<(String, Item), Refusal> {
     let bad = |why: String| field("plan", format!("`plan.{list}[{i}]`: {why}"));
@@ -595,7 +560,7 @@ pub fn apply(
             "this session's tools are its fetch plan's; a send does not name them",
         ));
     }
-    if crate::provided::plan_provider(plan).is_some() {
+    if plan_provider(plan).is_some() {
         provider_window(config)?;
     }
     let submit = cortexkit_role_llm_runner::structured_output::SUBMIT_RESULT_TOOL;
@@ -615,7 +580,7 @@ pub fn apply(
         Some(own) => {
             let mut tools = plan.tools.to_vec();
             tools.push(own.clone());
-            config.tools_digest = crate::admission::tools_digest(&tools);
+            config.tools_digest = crate::tools_digest(&tools);
             config.tools = tools.into();
         }
         // Shared with the frozen plan: nothing copied or digested per send.
@@ -682,7 +647,7 @@ pub fn reapply(
 /// admitted with (when it holds none yet), or, as a run starts on it (`started`), a
 /// refreshed one of a later generation than `held`. Read from a WAL, the plan's tools are
 /// its config's (planrec's `tools`).
-pub(crate) fn replayed(
+pub fn replayed(
     config: &broca_wal::runrec::FrozenConfig,
     held: Option<&FrozenPlan>,
     started: bool,
@@ -721,4 +686,15 @@ pub fn baseline(plan: &FrozenPlan, mut tool_names: Vec<String>) -> Value {
     let baseline: Baseline =
         serde_json::from_value(baseline).expect("a frozen plan's baseline decodes");
     serde_json::to_value(BaselineReply::ready(baseline)).expect("a baseline serializes")
+}
+
+/// The compaction provider a frozen plan names, and its item's preset.
+pub fn plan_provider(plan: &broca_wal::planrec::FrozenPlan) -> Option<(String, String)> {
+    let value: serde_json::Map<String, Value> = serde_json::from_str(&plan.plan).ok()?;
+    let provider = cortexkit_role_llm_runner::compaction::plan_compaction_provider(&value)?;
+    let preset = value
+        .get(cortexkit_role_llm_runner::compaction::PLAN_COMPACTION_ITEM)
+        .and_then(|i| i.get("preset"))
+        .and_then(Value::as_str)?;
+    Some((provider.to_string(), preset.to_string()))
 }

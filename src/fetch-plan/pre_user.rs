@@ -20,7 +20,7 @@ use cortexkit_role_step_transform_provider::subscription::{
 use cortexkit_role_step_transform_provider::OpRequest;
 use serde_json::{json, Map, Value};
 
-use crate::plan::Missed;
+use crate::Missed;
 
 /// The plan member this module reads.
 pub const MEMBER: &str = "step_transform_items";

@@ -9,6 +9,7 @@ pub mod cli;
 
 pub use broca_archive as archive;
 pub use broca_catalog as catalog;
+pub use broca_ck as ck;
 pub use broca_core as core;
 pub use broca_daemon as daemon;
 pub use broca_fetch_plan as fetch_plan;
@@ -17,6 +18,7 @@ pub use broca_import as import;
 pub use broca_owner_only as owner_only;
 pub use broca_protocol as protocol;
 pub use broca_provider as provider;
+pub use broca_read as read;
 pub use broca_run as run;
 pub use broca_serve as serve;
 pub use broca_session as session;

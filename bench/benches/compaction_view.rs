@@ -13,8 +13,9 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use broca::ck::{neutral, provided};
 use broca::core::machine::{Command, Event, RunMachine};
-use broca::core::{neutral, provided, Session};
+use broca::core::Session;
 use broca::wal::runrec::ResultBlock;
 use broca::wal::verify::read_and_scan;
 use broca::wal::viewrec::ViewAccepted;

@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use broca::core::project::units;
+use broca::read::project::units;
 use broca::wal::frame::write_frame;
 use broca::wal::header::WalHeader;
 use broca::wal::reader::PagedReader;

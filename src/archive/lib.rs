@@ -66,7 +66,7 @@ pub struct PackOptions {
     /// one session now.
     pub only: Option<String>,
     /// Rewrites each chosen WAL's bytes before they are sealed (the reasoning prune,
-    /// `broca_core::prune`): `Ok(None)` keeps them as they are, `Err` says why it could not
+    /// `broca_read::prune`): `Ok(None)` keeps them as they are, `Err` says why it could not
     /// (the WAL is then packed as it is). The rewritten bytes replace every older sealed copy
     /// of the session once the container holding them is durable.
     pub rewrite: Option<Rewrite>,

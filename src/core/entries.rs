@@ -274,7 +274,7 @@ impl Note {
             },
             Record::ModelStepFinished(r) => Note::Step {
                 run: open_run,
-                mid: crate::replay::assistant_mid(seq, r),
+                mid: assistant_mid(seq, r),
                 at: r.at_unix_ms,
                 model: open.map(|(_, model)| model),
             },
@@ -553,4 +553,10 @@ impl Entry {
             model: None,
         }
     }
+}
+
+/// The id (`mid`) of the assistant message the step record `seq` holds: its step's
+/// StepStarted seq when the record names it, else (older logs) the record's own seq.
+pub fn assistant_mid(seq: u64, r: &broca_wal::runrec::ModelStepFinished) -> u64 {
+    r.step_seq.unwrap_or(seq)
 }

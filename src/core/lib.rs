@@ -13,44 +13,31 @@ pub mod compaction;
 #[cfg(test)]
 mod compaction_tests;
 pub mod entries;
-pub mod history;
 #[cfg(test)]
 mod input_cap_tests;
 pub mod late;
 pub mod machine;
 #[cfg(test)]
 mod machine_tests;
-pub mod media;
-pub mod neutral;
 #[cfg(test)]
 mod plan_tests;
-pub mod project;
-pub mod provided;
-pub mod prune;
-#[cfg(test)]
-mod prune_tests;
-pub mod read;
 pub mod replay;
 pub mod resume;
 #[cfg(test)]
 mod retention_tests;
-pub mod role;
 pub mod spend;
 #[cfg(test)]
 mod steer_tests;
-pub mod step_events;
 pub mod stream;
-pub mod structured;
-pub mod tool_calls;
+#[cfg(any(test, feature = "test-support"))]
+pub mod support_tests;
 pub mod usage;
-pub mod views;
 
 pub use admission::{admit, Admitted, Refusal, SendRequest};
 pub use machine::{
     Command, DeltaKind, DisplayDelta, Event, Outcome, ResumeFrom, ResumePoint, RunMachine, Timeout,
     TimeoutKind,
 };
-pub use read::{read_session, Keep, ReadError, ReadSession};
 pub use replay::{Expiry, Misfit, ReplayError, RunState, RunView, Session};
 
 /// The key of the call at `index` of the tool batch `batch_id` of session `triple` (the

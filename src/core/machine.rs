@@ -15,8 +15,8 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use broca_protocol::{
-    Block, ClassifiedError, ErrorClass, FinishReason, Message, ProviderRoute, Request, StreamEvent,
-    ToolCall, Usage,
+    Block, ClassifiedError, ErrorClass, Message, ProviderRoute, Request, StreamEvent, ToolCall,
+    Usage,
 };
 use broca_wal::runrec::{
     interrupt_cause, result_reason, CachePolicy, CancelRequested, FinishKind, FrozenConfig,
@@ -30,15 +30,14 @@ use super::stream::StepAccumulator;
 
 mod compact;
 mod limits;
-pub use limits::LastStep;
 mod resume;
 mod steer;
 pub use steer::Waiting;
 mod step_end;
-pub use step_end::push_result;
 mod stop;
 mod submit;
-pub use resume::{ResumeFrom, ResumePoint};
+pub use crate::replay::point::{push_result, LastStep, ResumePoint};
+pub use resume::ResumeFrom;
 
 /// Model attempts per step, at most (the first try included).
 pub const MODEL_ATTEMPTS_MAX: u32 = 5;
@@ -286,7 +285,7 @@ impl RunMachine {
         let rendering = config
             .structured_output
             .as_ref()
-            .map(crate::structured::rendering);
+            .map(broca_protocol::structured::rendering);
         let shape = rendering.as_ref().and_then(|r| r.shape.clone());
         let system = match rendering.and_then(|r| r.instruction) {
             Some(i) => Some(match config.system.as_deref().filter(|s| !s.is_empty()) {

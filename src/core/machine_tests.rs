@@ -1,64 +1,11 @@
 //! The state machine alone: cancel, shutdown, pause and ordering, fed by hand.
 
 use super::machine::{Command, Event, RunMachine};
-use broca_protocol::{
-    ClassifiedError, ErrorClass, FinishReason, Message, StreamEvent, ToolSpec, Usage,
-};
-use broca_wal::runrec::{CachePolicy, FinishKind, FrozenConfig, ResultBlock, StopConditions};
+use broca_protocol::{ClassifiedError, ErrorClass, FinishReason, Message, StreamEvent, Usage};
+use broca_wal::runrec::{FinishKind, FrozenConfig, ResultBlock, StopConditions};
 use broca_wal::Record;
 
-pub(crate) fn config() -> FrozenConfig {
-    FrozenConfig {
-        provider: "scripted".into(),
-        model: "m".into(),
-        credential_id: "env:X".into(),
-        renderer_version: 1,
-        catalog_digest: "d".into(),
-        catalog: None,
-        system: None,
-        tools: vec![ToolSpec {
-            name: "echo".into(),
-            description: String::new(),
-            input_schema: serde_json::json!({}),
-            route: String::new(),
-            reply: None,
-        }]
-        .into(),
-        tools_digest: "t".into(),
-        generation: Default::default(),
-        stop: StopConditions {
-            input_cap: None,
-            max_steps: 5,
-            max_total_tokens: None,
-            max_cost_micros: None,
-        },
-        context_limit: None,
-        cache_policy: CachePolicy::Auto,
-        directives: Vec::new(),
-        structured_output: None,
-        route_decision_id: None,
-        compaction: None,
-        retention: None,
-        retention_policy: None,
-        title: None,
-        plan: None,
-    }
-}
-
-/// Feeds events at time 0 (these tests are about order, not time).
-pub(crate) trait Feed {
-    fn feed(&mut self, event: Event);
-}
-
-impl Feed for RunMachine {
-    fn feed(&mut self, event: Event) {
-        self.handle(event, 0);
-    }
-}
-
-pub(crate) fn drain(m: &mut RunMachine) -> Vec<Command> {
-    std::iter::from_fn(|| m.poll_command()).collect()
-}
+pub(crate) use crate::support_tests::{config, drain, Feed};
 
 /// The commands' kinds, display deltas left out (they are lossy and never ordered against
 /// records; [`display_deltas_name_their_message_and_part`] checks them).

@@ -9,8 +9,8 @@ use broca_protocol::{user_blocks, Block, ClassifiedError, Message, Role, ToolCal
 use broca_wal::runrec::{FinishKind, FrozenConfig};
 use broca_wal::Record;
 
-use super::machine::{push_result, LastStep, ResumePoint};
 use super::spend::Spend;
+use point::{push_result, LastStep, ResumePoint};
 
 /// A run as the WAL tells it.
 #[derive(Debug, Clone, PartialEq)]
@@ -205,7 +205,7 @@ pub struct Session {
     /// Its owner released it (`session.release`): when, and who.
     pub released: Option<broca_wal::runrec::SessionReleased>,
     /// What the archive's prunes of its reasoning left (`archive_prunes_reasoning`).
-    pub prunes: super::prune::Prunes,
+    pub prunes: prunes::Prunes,
     /// The fetch plan its admission froze (llm-runner/v1 `plans`), for life.
     pub plan: Option<Box<broca_wal::planrec::FrozenPlan>>,
     /// The person-only commands relayed for its owner (llm-runner/v1 `user_commands`).
@@ -214,7 +214,7 @@ pub struct Session {
     /// effect.
     pub change: broca_fetch_plan::change::Changes,
     /// Whether its host started it, and who adopted it (llm-runner/v1 `adopt`).
-    pub hosting: super::adopt::Hosting,
+    pub hosting: hosting::Hosting,
     /// The latest view its compaction provider handed over and it accepted
     /// (cortexkit-role-compaction W5.5): its requests are rendered through it.
     pub view: Option<Arc<cortexkit_role_compaction::view::View>>,
@@ -273,8 +273,12 @@ mod misfit;
 pub use misfit::{Misfit, ReplayError};
 mod sends;
 pub use sends::{Found, SendKey};
+pub mod hosting;
+pub mod point;
+pub mod prunes;
 mod steer;
 pub mod uploads;
+mod view;
 pub use keep::{policy_acts, Expiry};
 pub use steer::{push_steer, steer_blocks, PendingSteer, RunSteer, SteerDelivered, SteerSend};
 
@@ -737,11 +741,7 @@ impl Session {
     }
 }
 
-/// The id (`mid`) of the assistant message the step record `seq` holds: its step's
-/// StepStarted seq when the record names it, else (older logs) the record's own seq.
-pub fn assistant_mid(seq: u64, r: &broca_wal::runrec::ModelStepFinished) -> u64 {
-    r.step_seq.unwrap_or(seq)
-}
+pub use crate::entries::assistant_mid;
 
 /// The text of the last assistant message that has text.
 fn final_text(transcript: &[Arc<Message>]) -> Option<String> {

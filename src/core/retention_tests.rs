@@ -4,7 +4,6 @@
 
 use crate::admission::{prepare, session_retention, SendRequest};
 use crate::replay::{Expiry, Session};
-use broca_wal::runrec::{FinishKind, RunFinished};
 use broca_wal::Record;
 use broca_wire::Refusal;
 
@@ -33,21 +32,7 @@ fn started(run_id: &str, retention: Option<u64>, at: u64) -> Record {
     crate::replay::tests::started_with(run_id, send(retention).unwrap(), at)
 }
 
-pub(crate) fn finished(run_id: &str, at: u64) -> Record {
-    Record::RunFinished(RunFinished {
-        run_id: run_id.into(),
-        reason: FinishKind::Completed,
-        detail: None,
-        error: None,
-        indeterminate_tool_calls: Vec::new(),
-        usage: Default::default(),
-        spend: Default::default(),
-        at_unix_ms: Some(at),
-        cause: None,
-        budget: None,
-        structured_output: None,
-    })
-}
+pub(crate) use crate::support_tests::finished;
 
 #[test]
 fn a_retention_of_zero_or_above_the_maximum_is_refused_by_name() {

@@ -2,192 +2,16 @@
 //! renders a steer at its next step boundary, and replay, which must rebuild the same
 //! conversation from the records the machine asked for.
 
-use std::sync::Arc;
-
 use broca_protocol::{Block, FinishReason, Message, Role, StreamEvent};
-use broca_wal::runrec::{FinishKind, ResultBlock, RunStarted};
+use broca_wal::runrec::{FinishKind, ResultBlock};
 use broca_wal::Record;
 
 use crate::admission::{admit_prepared, start_queued, Admitted, Prepared};
-use crate::machine::{Command, Event, RunMachine};
-use crate::machine_tests::{config, drain, Feed};
-use crate::replay::{Session, SteerDelivered};
+use crate::machine::Event;
+use crate::machine_tests::config;
+use crate::replay::SteerDelivered;
 
-/// A session and the machine of its one run, each record the machine appends applied to the
-/// session (as the actor does), with its seq.
-pub(crate) struct Live {
-    pub session: Session,
-    pub machine: Option<RunMachine>,
-    seq: u64,
-    /// The messages of each model request, in order.
-    pub calls: Vec<Vec<Arc<Message>>>,
-    /// The system text of each model request, in order.
-    pub systems: Vec<Option<String>>,
-    /// Every record applied, with its seq: what a replay after a crash reads.
-    pub records: Vec<(u64, Record)>,
-}
-
-impl Live {
-    fn new() -> Live {
-        Live::start(config(), "go")
-    }
-
-    /// A session whose first run `r` starts with `prompt` under `config`.
-    pub(crate) fn start(config: broca_wal::runrec::FrozenConfig, prompt: &str) -> Live {
-        let mut live = Live {
-            session: Session::with_entries(),
-            machine: None,
-            seq: 0,
-            calls: Vec::new(),
-            systems: Vec::new(),
-            records: Vec::new(),
-        };
-        live.next_run("r", prompt, config);
-        live
-    }
-
-    /// Starts run `run_id` with `prompt` under `config` in the session, as the actor does.
-    pub(crate) fn next_run(
-        &mut self,
-        run_id: &str,
-        prompt: &str,
-        config: broca_wal::runrec::FrozenConfig,
-    ) {
-        let mut r = started(run_id, prompt, None);
-        r.config = config.clone();
-        self.apply(Record::RunStarted(Box::new(r)));
-        let m = RunMachine::start_with_steers(
-            run_id.into(),
-            config,
-            self.session.transcript.clone(),
-            self.session.compacted.clone(),
-            Vec::<crate::machine::Waiting>::new(),
-            0,
-        );
-        self.machine = Some(m);
-        self.pump();
-    }
-
-    /// Takes `machine` as the session's (a resumed run) and performs what it asks.
-    pub(crate) fn drive(&mut self, machine: RunMachine) {
-        self.machine = Some(machine);
-        self.pump();
-    }
-
-    fn apply(&mut self, record: Record) -> u64 {
-        self.seq += 1;
-        self.records.push((self.seq, record.clone()));
-        self.session.apply(self.seq, record).unwrap();
-        self.seq
-    }
-
-    /// Performs the machine's commands: appends applied (a waited one made durable at once),
-    /// model requests kept.
-    pub(crate) fn pump(&mut self) {
-        loop {
-            let cmds = drain(self.machine.as_mut().unwrap());
-            if cmds.is_empty() {
-                return;
-            }
-            for c in cmds {
-                match c {
-                    Command::Append { record, wait } => {
-                        let step = matches!(record, Record::StepStarted(_));
-                        let seq = self.apply(record);
-                        let m = self.machine.as_mut().unwrap();
-                        if step {
-                            m.step_recorded(seq);
-                        }
-                        if wait {
-                            m.feed(Event::Durable);
-                        }
-                    }
-                    Command::CallModel { request, .. } => {
-                        self.calls.push(request.messages);
-                        self.systems.push(request.system);
-                    }
-                    _ => {}
-                }
-            }
-        }
-    }
-
-    pub(crate) fn feed(&mut self, event: Event) {
-        self.machine.as_mut().unwrap().feed(event);
-        self.pump();
-    }
-
-    /// A steer accepted through admission while the run is open: its record applied, then
-    /// the machine told, as the actor does.
-    fn steer(&mut self, send_id: &str, prompt: &str) -> u64 {
-        let admitted = admit_prepared(
-            prepared(send_id, prompt, "steer"),
-            &self.session,
-            "x".into(),
-            0,
-        );
-        let Ok(Admitted::Steered(record)) = admitted else {
-            panic!("a steer into an open run is admitted as one: {admitted:?}")
-        };
-        assert_eq!(record.run_id, "r");
-        let seq = self.apply(Record::SendSteered(record));
-        self.feed(Event::Steer {
-            seq,
-            blocks: broca_protocol::user_blocks(prompt, &[]),
-        });
-        seq
-    }
-
-    pub(crate) fn text_step(&mut self, text: &str) {
-        self.feed(Event::Stream(StreamEvent::TextDelta(text.into())));
-        self.feed(Event::Stream(StreamEvent::Finish {
-            reason: FinishReason::EndTurn,
-            request_id: None,
-        }));
-        self.feed(Event::StepEnded);
-    }
-
-    pub(crate) fn tool_step(&mut self, id: &str) {
-        self.call_step(None, id, "echo", "{}");
-    }
-
-    /// A step that says `text` (when given), then calls tool `name` (`id`) with `args`.
-    pub(crate) fn call_step(&mut self, text: Option<&str>, id: &str, name: &str, args: &str) {
-        if let Some(text) = text {
-            self.feed(Event::Stream(StreamEvent::TextDelta(text.into())));
-        }
-        for ev in [
-            StreamEvent::ToolCallStart {
-                index: 0,
-                id: id.into(),
-                name: name.into(),
-            },
-            StreamEvent::ToolCallArgsDelta {
-                index: 0,
-                json: args.into(),
-            },
-            StreamEvent::Finish {
-                reason: FinishReason::ToolUse,
-                request_id: None,
-            },
-        ] {
-            self.feed(Event::Stream(ev));
-        }
-        self.feed(Event::StepEnded);
-    }
-
-    /// Call `id`'s tool answers `content`.
-    pub(crate) fn answered(&mut self, id: &str, content: &str) {
-        self.feed(Event::ToolResult(ResultBlock {
-            call_id: id.into(),
-            content: content.into(),
-            is_error: false,
-            reason: None,
-            size: None,
-            parts: Vec::new(),
-        }));
-    }
-}
+pub(crate) use crate::support_tests::Live;
 
 /// A tool's plain answer to call `id`.
 fn ok(id: &str) -> ResultBlock {
@@ -201,46 +25,7 @@ fn ok(id: &str) -> ResultBlock {
     }
 }
 
-fn started(run_id: &str, prompt: &str, delivery: Option<&str>) -> RunStarted {
-    RunStarted {
-        run_id: run_id.into(),
-        send_id: Some(format!("send-{run_id}")),
-        inputs_digest: format!("digest-{run_id}"),
-        prompt: prompt.into(),
-        config: config(),
-        resolved_calls: Vec::new(),
-        at_unix_ms: 0,
-        principal: None,
-        scope_owner: None,
-        submission_id: None,
-        client_message_id: None,
-        resolved_mid: None,
-        delivery: delivery.map(str::to_string),
-        steer_seq: None,
-        media: Vec::new(),
-        order: None,
-        pre_user: Vec::new(),
-    }
-}
-
-fn prepared(send_id: &str, prompt: &str, delivery: &str) -> Prepared {
-    Prepared {
-        send_id: Some(send_id.into()),
-        inputs_digest: format!("digest-{send_id}"),
-        prompt_digest: crate::replay::prompt_digest(prompt),
-        prompt: prompt.into(),
-        config: config(),
-        client_message_id: None,
-        caller: broca_wire::Caller::operator(),
-        delivery: Some(delivery.into()),
-        order: None,
-        named: vec!["model"],
-        content: Vec::new(),
-        policy_required: false,
-        plan: None,
-        pre_user: Vec::new(),
-    }
-}
+use crate::support_tests::prepared;
 
 fn texts(m: &Message) -> Vec<&str> {
     m.content
@@ -288,12 +73,7 @@ fn a_steer_during_a_tool_call_joins_after_its_result_and_replay_agrees() {
     assert_eq!(entries[at].role, "user");
     assert_eq!(entries[at - 1].role, "tool");
     assert_eq!(entries[at + 1].role, "assistant");
-    // A re-send answers the step it was rendered at.
-    let answer = crate::views::steer_answer(&live.session, seq).unwrap();
-    assert_eq!(answer["delivered"]["as"], "step");
-    assert_eq!(answer["delivered"]["ref"], seq.to_string());
-    assert_eq!(answer["run_id"], "r");
-    assert_eq!(answer["state"], "finished");
+    // A re-send names the steer (its answer, broca-read's `views::steer_answer`).
     let again = admit_prepared(
         prepared("st-1", "also check the tests", "steer"),
         &live.session,
@@ -355,15 +135,6 @@ fn a_steer_its_run_never_renders_starts_the_next_turn_once() {
     assert_eq!(
         live.session.steer_sends[&own("st-3")].delivered,
         Some(SteerDelivered::Turn { run: 1 })
-    );
-    let answer = crate::views::steer_answer(&live.session, seq).unwrap();
-    assert_eq!(
-        (
-            &answer["delivered"]["as"],
-            &answer["delivered"]["ref"],
-            &answer["run_id"]
-        ),
-        (&"turn".into(), &"r2".into(), &"r2".into())
     );
     // It is in the conversation once.
     let count = live

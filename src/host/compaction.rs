@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use broca_core::provided;
+use broca_ck::provided;
 use broca_session::SessionCommand;
 use broca_wal::SessionTriple;
 use broca_wire::Caller;
@@ -47,7 +47,7 @@ async fn as_provider<R: Send + 'static>(
     ctx: &Host,
     t: &SessionTriple,
     caller: &Caller,
-    f: impl FnOnce(&broca_core::ReadSession) -> R + Send + 'static,
+    f: impl FnOnce(&broca_read::ReadSession) -> R + Send + 'static,
 ) -> Result<R, Refusal> {
     let principal = caller.principal.clone();
     let answer = with_session(ctx, t, move |read| {
@@ -74,7 +74,7 @@ async fn entries(
 ) -> Result<Value, Refusal> {
     let page = as_provider(ctx, &t, caller, move |read| {
         let applied = read.session.view.as_ref().map(|v| v.applied());
-        read.numbered(|numbered| broca_core::neutral::read(numbered, params, applied))
+        read.numbered(|numbered| broca_ck::neutral::read(numbered, params, applied))
     })
     .await??;
     Ok(serde_json::to_value(page).expect("a page serializes"))

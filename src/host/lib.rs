@@ -232,7 +232,7 @@ pub struct Host {
     vault: Option<Arc<dyn Vault>>,
     /// The sessions read lately, kept replayed so a read applies only what was appended
     /// since (`session.read`, `.head`, `.history`, `run.tool_calls`, ...).
-    pub(crate) reads: Arc<broca_core::read::ReadCache>,
+    pub(crate) reads: Arc<broca_read::read::ReadCache>,
     /// Failed WAL writes and whether the file system was last seen full.
     pub storage: storage::StorageHealth,
     /// Module mode: where step hints are published (`role.describe` declares `step_events`).
@@ -504,7 +504,7 @@ impl Startup {
             store: opened.store,
             projector: opened.projector,
             vault,
-            reads: Arc::new(broca_core::read::ReadCache::new(READ_SESSIONS_MAX)),
+            reads: Arc::new(broca_read::read::ReadCache::new(READ_SESSIONS_MAX)),
             storage: storage::StorageHealth::default(),
             step_hints: extras.step_hints,
             policy_required: extras.policy_required,

@@ -199,7 +199,7 @@ pub(crate) async fn runs(
         let runs: Vec<Value> = runs
             .into_iter()
             .map(|r| {
-                let mut v = broca_core::views::status_answer(r);
+                let mut v = broca_read::views::status_answer(r);
                 v["provider"] = r.config.provider.clone().into();
                 v["model"] = r.config.model.clone().into();
                 v["steps"] = r.steps.into();

@@ -12,7 +12,7 @@ use crate::Host;
 /// clock, which records' times use).
 pub fn prune_reasoning(bytes: &[u8]) -> Result<Option<Vec<u8>>, String> {
     let now = broca_session::now_unix_ms();
-    Ok(broca_core::prune::prune_log(bytes, now)?.map(|p| p.bytes))
+    Ok(broca_read::prune::prune_log(bytes, now)?.map(|p| p.bytes))
 }
 
 /// The archive's options for this host: pruning when it prunes.

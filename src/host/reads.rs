@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use broca_core::role::ReadRefusal;
+use broca_read::role::ReadRefusal;
 use broca_wal::SessionTriple;
 use broca_wire::{Caller, Code, Cursor, RpcError};
 use cortexkit_role_llm_runner::history::HistoryRequest;
@@ -22,7 +22,7 @@ use crate::Host;
 pub(crate) async fn with_session<R: Send + 'static>(
     ctx: &Host,
     t: &SessionTriple,
-    f: impl FnOnce(Option<&broca_core::ReadSession>) -> R + Send + 'static,
+    f: impl FnOnce(Option<&broca_read::ReadSession>) -> R + Send + 'static,
 ) -> Result<R, RpcError> {
     let path = broca_wal_writer::wal_path(&ctx.wal_dir, t);
     let reads = ctx.reads.clone();
@@ -98,7 +98,7 @@ pub(crate) async fn send_status(
         use broca_core::replay::Found;
         match s.lookup_send(caller.principal.as_deref(), &send_id) {
             Some(Found::Steer(steer)) => {
-                if let Some(answer) = broca_core::views::steer_answer(s, steer.seq) {
+                if let Some(answer) = broca_read::views::steer_answer(s, steer.seq) {
                     return Ok(answer);
                 }
             }
@@ -117,7 +117,7 @@ pub(crate) async fn send_status(
                 );
             }
             Some(Found::Retracted(_, Some(ended))) => {
-                return Ok(broca_core::views::ended_answer(ended))
+                return Ok(broca_read::views::ended_answer(ended))
             }
             Some(Found::Retracted(_, None)) => {
                 return Err(RpcError::refusal(&broca_wire::Refusal::SendRetracted))
@@ -131,7 +131,7 @@ pub(crate) async fn send_status(
 
 /// The incarnation a page names: the WAL's lineage (`log-1` for a session never written, as
 /// the role's suite has it).
-fn incarnation(read: Option<&broca_core::ReadSession>) -> String {
+fn incarnation(read: Option<&broca_read::ReadSession>) -> String {
     read.map_or_else(|| "log-1".to_string(), |r| r.lineage.clone())
 }
 
@@ -155,7 +155,7 @@ pub(crate) async fn read(
     let part_keys = ctx.opts.prune_reasoning;
     let page = with_session(ctx, &t, move |read| {
         let session = read.map(|r| &r.session);
-        let page = broca_core::role::read_page(session, v, &incarnation(read), &req, part_keys);
+        let page = broca_read::role::read_page(session, v, &incarnation(read), &req, part_keys);
         // The page's snapshot ends after the last record it read: a subscription from this
         // head continues strictly after it.
         page.map(|p| match read.and_then(|r| r.last_seq) {
@@ -186,7 +186,7 @@ fn unknown_mid(mid: &str) -> RpcError {
 pub(crate) async fn head(ctx: &Host, t: SessionTriple) -> Result<Value, RpcError> {
     let v = version(&t);
     let head = with_session(ctx, &t, move |read| {
-        broca_core::role::head(read.map(|r| &r.session), v, &incarnation(read))
+        broca_read::role::head(read.map(|r| &r.session), v, &incarnation(read))
     })
     .await?;
     Ok(serde_json::to_value(head).expect("a head serializes"))
@@ -198,12 +198,12 @@ pub(crate) async fn history(
     t: SessionTriple,
     req: Box<HistoryRequest>,
 ) -> Result<Value, RpcError> {
-    use broca_core::history::HistoryRefusal;
+    use broca_read::history::HistoryRefusal;
     let v = version(&t);
     let part_keys = ctx.opts.prune_reasoning;
     let page = with_session(ctx, &t, move |read| {
         let session = read.map(|r| &r.session);
-        broca_core::history::history_page(session, v, &incarnation(read), &req, part_keys)
+        broca_read::history::history_page(session, v, &incarnation(read), &req, part_keys)
     })
     .await?;
     page.map_err(|refusal| match refusal {
@@ -226,9 +226,9 @@ pub(crate) async fn tool_calls(
     t: SessionTriple,
     req: Box<ToolCallsRequest>,
 ) -> Result<Value, RpcError> {
-    use broca_core::tool_calls::ToolCallsRefusal;
+    use broca_read::tool_calls::ToolCallsRefusal;
     let page = with_session(ctx, &t, move |read| {
-        broca_core::tool_calls::tool_calls_page(read.map(|r| &r.session), &req)
+        broca_read::tool_calls::tool_calls_page(read.map(|r| &r.session), &req)
     })
     .await?;
     match page {
@@ -245,7 +245,7 @@ pub(crate) async fn tool_calls(
 }
 
 /// The refusal of a session whose WAL cannot be read (the error names the file).
-fn unreadable(e: broca_core::ReadError) -> RpcError {
+fn unreadable(e: broca_read::ReadError) -> RpcError {
     RpcError::new(Code::SessionUnavailable, e.to_string())
 }
 
@@ -303,19 +303,19 @@ mod tests {
     }
 
     /// The first page through `cache`, checked against a whole read of the WAL.
-    fn page_through(cache: &broca_core::read::ReadCache, path: &Path) -> serde_json::Value {
+    fn page_through(cache: &broca_read::read::ReadCache, path: &Path) -> serde_json::Value {
         let req = cortexkit_role_llm_runner::read::ReadRequest::range(1);
         let cached = cache
             .with(path, |r| {
                 let r = r.unwrap();
-                broca_core::role::read_page(Some(&r.session), 1, &r.lineage, &req, false).unwrap()
+                broca_read::role::read_page(Some(&r.session), 1, &r.lineage, &req, false).unwrap()
             })
             .unwrap();
-        let whole = broca_core::read_session(path, broca_core::Keep::Entries)
+        let whole = broca_read::read_session(path, broca_read::Keep::Entries)
             .unwrap()
             .unwrap();
         let want =
-            broca_core::role::read_page(Some(&whole.session), 1, &whole.lineage, &req, false);
+            broca_read::role::read_page(Some(&whole.session), 1, &whole.lineage, &req, false);
         assert_eq!(
             Ok(cached.clone()),
             want,
@@ -330,7 +330,7 @@ mod tests {
         let wal_dir = dir.path().join("wal");
         broca_owner_only::create_dir(&wal_dir).unwrap();
         let path = broca_wal_writer::wal_path(&wal_dir, &triple());
-        let cache = broca_core::read::ReadCache::new(4);
+        let cache = broca_read::read::ReadCache::new(4);
         let page = |path: &Path| page_through(&cache, path);
         session_with(&wal_dir, "the first life");
         let first = page(&path);

@@ -49,7 +49,7 @@ pub(crate) fn not_owner(method: &str) -> RpcError {
 /// turn was delivered.
 pub(crate) fn send_reply(run: &broca_core::RunView) -> Value {
     let mut answer =
-        serde_json::to_value(broca_core::views::send_answer(run)).expect("an answer serializes");
+        serde_json::to_value(broca_read::views::send_answer(run)).expect("an answer serializes");
     if run.submission_id.is_some() || run.delivery.is_some() {
         answer["delivered"] = serde_json::json!({"as": "turn", "ref": run.run_id});
     }

@@ -148,7 +148,7 @@ fn open_runs_in_wals(wal_dir: &Path) -> Vec<SessionTriple> {
     files
         .iter()
         .filter_map(|path| {
-            let read = match broca_core::read_session(path, broca_core::Keep::State) {
+            let read = match broca_read::read_session(path, broca_read::Keep::State) {
                 Ok(read) => read?,
                 Err(e) => {
                     tracing::error!("looking for an open run: {e}");

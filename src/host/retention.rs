@@ -201,7 +201,7 @@ impl Retention {
         &self,
         stone: &Tombstone,
         store: Option<&broca_store::Store>,
-        reads: &broca_core::read::ReadCache,
+        reads: &broca_read::read::ReadCache,
     ) -> Result<(), String> {
         let wal = self.wal_dir.join(format!("{}.wal", stone.address));
         // A later record (live, or packed by the archive) is never touched.
@@ -252,7 +252,7 @@ impl Retention {
 /// again when its session is next opened.
 fn load_listed(loaded: &mut Loaded, wal_dir: &Path, triple: SessionTriple) {
     let path = broca_wal_writer::wal_path(wal_dir, &triple);
-    let read = match broca_core::read_session(&path, broca_core::Keep::State) {
+    let read = match broca_read::read_session(&path, broca_read::Keep::State) {
         Ok(Some(read)) => read,
         Ok(None) => return,
         Err(e) => {
@@ -307,7 +307,7 @@ pub fn plan(state_dir: &Path, wal_dir: &Path) -> std::io::Result<Vec<Planned>> {
                 continue;
             };
             let path = broca_wal_writer::wal_path(wal_dir, &triple);
-            let state = broca_core::read_session(&path, broca_core::Keep::State);
+            let state = broca_read::read_session(&path, broca_read::Keep::State);
             let (rule, expiry) = match state {
                 Ok(Some(read)) => (rule_of(&read.session), read.session.expiry()),
                 Ok(None) => continue,

@@ -445,7 +445,7 @@ async fn status(ctx: &Host, t: SessionTriple, run_id: Option<String>) -> Result<
     // A run id the session does not know answers the role's `unknown` state, never a
     // refusal; the session-level form (no run id) answers its latest run.
     match (view(ctx, &t, run_id.clone()).await?, run_id) {
-        (Some(run), _) => Ok(broca_core::views::status_answer(&run)),
+        (Some(run), _) => Ok(broca_read::views::status_answer(&run)),
         (None, Some(_)) => Ok(serde_json::json!({"state": "unknown"})),
         (None, None) => Err(RpcError::new(
             Code::UnknownRun,
@@ -471,7 +471,7 @@ async fn result(
             && std::time::Instant::now() < until
             && !ctx.is_stopping();
         if !waiting {
-            return Ok(broca_core::views::result_answer(&run));
+            return Ok(broca_read::views::result_answer(&run));
         }
         glommio::timer::sleep(std::time::Duration::from_millis(50)).await;
     }

@@ -245,7 +245,7 @@ impl Shard {
                 (t, std::cell::RefCell::new(spans))
             }),
             hints: self.host.step_hints.clone().map(|h| {
-                let tail = broca_core::step_events::subject_tail(&h.runner);
+                let tail = broca_read::step_events::subject_tail(&h.runner);
                 (tail, h)
             }),
             host: self.host.clone(),

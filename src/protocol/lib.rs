@@ -9,6 +9,7 @@ pub mod family;
 pub mod media;
 pub mod model;
 pub mod schema;
+pub mod structured;
 
 use std::sync::Arc;
 

@@ -221,7 +221,7 @@ fn result_of<P: ModelClient, T: ToolRunner>(
         .by_run_id
         .get(run_id)
         .ok_or_else(|| format!("run {run_id} is not in the session"))?;
-    Ok(broca_core::views::run_result(&state.runs[*index]))
+    Ok(broca_read::views::run_result(&state.runs[*index]))
 }
 
 /// Assembles the catalog (asking its service, when a URL names one) and installs it.

@@ -13,9 +13,10 @@ use broca_core::admission::{admit_prepared, admit_unprepared, Admitted, Prepared
 use broca_core::admission::{SendRequest, Unprepared};
 use broca_core::machine::{Outcome, ResumeFrom, RunMachine};
 use broca_core::replay::{RunView, Session};
-use broca_core::{ReadError, ReplayError};
+use broca_core::ReplayError;
 use broca_protocol::model::ModelClient;
 use broca_protocol::ToolSpec;
+use broca_read::ReadError;
 use broca_tools::ToolRunner;
 use broca_wal::{Record, SessionTriple};
 use broca_wal_writer::WalWriter;
@@ -318,7 +319,14 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             self.append(Record::SendRetracted(ended), false).await?;
         }
         let mut admitted = match admission {
-            Ok(p) => admit_prepared(p, &self.state, self.next_id("run"), crate::now_unix_ms()),
+            Ok(mut p) => {
+                // A template's `part_tag` slots take the numbers the session's next request
+                // shows (its compaction provider's view), handed to admission.
+                if p.order.as_ref().is_some_and(|o| o.template.is_some()) {
+                    p.shown_parts = broca_ck::provided::shown_numbers(&self.state);
+                }
+                admit_prepared(p, &self.state, self.next_id("run"), crate::now_unix_ms())
+            }
             Err(u) => admit_unprepared(&u, &self.state),
         }
         .map_err(ActorError::Refused)?;
@@ -361,13 +369,13 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                 }
                 Admitted::SteerExisting { seq } => {
                     return Ok(SendReply {
-                        steer: broca_core::views::steer_answer(&self.state, seq),
+                        steer: broca_read::views::steer_answer(&self.state, seq),
                         ..reply(String::new(), true, None)
                     });
                 }
                 Admitted::Ended(ended) => {
                     return Ok(SendReply {
-                        steer: Some(broca_core::views::ended_answer(&ended)),
+                        steer: Some(broca_read::views::ended_answer(&ended)),
                         ..reply(String::new(), true, None)
                     });
                 }
@@ -405,7 +413,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                     let blocks = broca_core::replay::steer_blocks(&steered);
                     self.append(Record::SendSteered(steered), true).await?;
                     return Ok(SendReply {
-                        steer: broca_core::views::steer_answer(&self.state, seq),
+                        steer: broca_read::views::steer_answer(&self.state, seq),
                         joins: Some(Joins::Steer { seq, blocks }),
                         ..reply(String::new(), false, None)
                     });
@@ -467,14 +475,14 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         });
         if let Some(runner) = self.watch.step_runner() {
             let lineage = self.writer.header().lineage_hex();
-            let place = broca_core::step_events::Place {
+            let place = broca_read::step_events::Place {
                 runner,
                 harness: &self.triple.harness,
                 session: &self.triple.session,
                 lineage: &lineage,
             };
             if let Some(event) =
-                broca_core::step_events::step_finished(&self.state, &place, appended.seq, &record)
+                broca_read::step_events::step_finished(&self.state, &place, appended.seq, &record)
             {
                 self.watch.step_finished(appended.end, event);
             }

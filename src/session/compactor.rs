@@ -22,7 +22,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use broca_core::{neutral, provided};
+use broca_ck::{neutral, provided};
 use broca_protocol::model::ModelClient;
 use broca_tools::ToolRunner;
 use broca_wal::runrec::FrozenConfig;

@@ -1,7 +1,7 @@
 //! Why a session actor's operation failed, and the management error each failure is.
 
 use broca_core::admission::Refusal;
-use broca_core::ReadError;
+use broca_read::ReadError;
 use broca_wal::WalError;
 
 /// Why an actor operation failed.

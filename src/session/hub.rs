@@ -14,7 +14,7 @@ use std::rc::Rc;
 use broca_io::log::DurableWatch;
 use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 
-use broca_core::project::units;
+use broca_read::project::units;
 use broca_wal::Record;
 use broca_wire::Cursor;
 

@@ -119,7 +119,7 @@ pub fn check_read_only(
     wal: &std::path::Path,
     input: &ImportInput,
 ) -> Result<Option<ImportReply>, ImportError> {
-    let state = match broca_core::read_session(wal, broca_core::Keep::State) {
+    let state = match broca_read::read_session(wal, broca_read::Keep::State) {
         Ok(None) => Session::default(),
         Ok(Some(read)) => read.session,
         Err(_) => return Ok(None), // the actor's open names what is wrong with the WAL

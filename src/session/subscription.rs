@@ -7,7 +7,7 @@ use std::rc::Rc;
 use futures_channel::{mpsc, oneshot};
 use glommio::channels::local_channel::LocalReceiver;
 
-use broca_core::project::units;
+use broca_read::project::units;
 use broca_wal::reader::PagedReader;
 use broca_wal::Record;
 use broca_wire::{Cursor, SubFrom, SubItem};

@@ -149,11 +149,11 @@ async fn view_from_wal(
     reply: oneshot::Sender<Option<broca_core::RunView>>,
 ) {
     let view = broca_io::blocking::run(broca_io::blocking::Kind::WalRead, move || {
-        let Some(read) = broca_core::read_session(&path, broca_core::Keep::State)? else {
+        let Some(read) = broca_read::read_session(&path, broca_read::Keep::State)? else {
             return Ok(None);
         };
         let session = read.session;
-        Ok::<_, broca_core::ReadError>(match run_id {
+        Ok::<_, broca_read::ReadError>(match run_id {
             Some(id) => session.run(&id).cloned(),
             None => session.runs.last().cloned(),
         })

@@ -68,26 +68,7 @@ pub struct FrozenConfig {
     pub plan: Option<Box<crate::planrec::FrozenPlan>>,
 }
 
-/// A run's `structured_output`, as admission froze it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FrozenStructuredOutput {
-    /// `final_text` or `submit_tool`.
-    pub mode: String,
-    /// The name a provider is given (`result` when the send named none).
-    pub name: String,
-    /// The caller's schema, its RFC 8785 (JCS) text: what the output is validated against.
-    pub schema: String,
-    /// `enforced` or `best_effort`.
-    pub enforcement: String,
-    /// Why not enforced (`best_effort` only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// The schema as a provider's strict mode takes it (enforced only): the caller's, its
-    /// objects closed to other members where the route asks for that (every output it
-    /// allows is one the caller's schema allows).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub strict_schema: Option<String>,
-}
+pub use broca_protocol::structured::FrozenStructuredOutput;
 
 /// The catalog entry a run was admitted with, as the WAL keeps it: a copy of the catalog's
 /// fields (the catalog file's own types refuse unknown fields; this one ignores fields a

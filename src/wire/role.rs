@@ -181,7 +181,7 @@ pub fn describe(declared: Declared) -> Value {
             .collect(),
     );
     if step_events {
-        answer = answer.with_step_events(broca_core_policy());
+        answer = answer.with_step_events(step_hint_policy());
     }
     if pre_user {
         answer = answer.with_step_hooks(["pre_user"]);
@@ -197,8 +197,8 @@ pub fn describe(declared: Declared) -> Value {
 }
 
 /// broca's `step_events` policy: one hint per recorded model attempt, positioned by the WAL
-/// record (broca_core::step_events says how).
-fn broca_core_policy() -> cortexkit_role_llm_runner::step_events::StepEvents {
+/// record (broca_read::step_events says how).
+fn step_hint_policy() -> cortexkit_role_llm_runner::step_events::StepEvents {
     cortexkit_role_llm_runner::step_events::StepEvents::new("per_attempt", "step_ref")
 }
 
@@ -269,7 +269,7 @@ mod tests {
                 "idle_start".into()
             ])
         );
-        assert_eq!(d.step_events, Some(broca_core_policy()));
+        assert_eq!(d.step_events, Some(step_hint_policy()));
     }
 
     #[test]

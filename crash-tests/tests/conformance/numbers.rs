@@ -53,7 +53,7 @@ impl Subject {
                 .ok()?;
         let path = broca::wal::writer::wal_path(&root.join("state").join("wal"), &triple);
         let read =
-            broca::core::read::read_session(&path, broca::core::read::Keep::Entries).ok()??;
+            broca::read::read::read_session(&path, broca::read::read::Keep::Entries).ok()??;
         let entry = read
             .session
             .entries?

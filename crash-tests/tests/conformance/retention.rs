@@ -153,7 +153,7 @@ pub fn deletion_finished(root: &Path, harness: &str, session: &str) -> Result<bo
         serde_json::from_slice(&bytes).map_err(|e| fail("the tombstone", &e))?;
     let lineage = stone["lineage"].as_str().unwrap_or_default().to_string();
     let wal = state.join("wal").join(format!("{addr}.wal"));
-    if let Ok(read) = broca::core::read_session(&wal, broca::core::Keep::State) {
+    if let Ok(read) = broca::read::read_session(&wal, broca::read::Keep::State) {
         if read.is_some_and(|r| r.lineage == lineage) {
             return Ok(false);
         }

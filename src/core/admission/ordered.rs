@@ -200,8 +200,8 @@ pub(super) fn sender_admitted(
 /// A template send's one text: the plan's template for its sender (the owner's being an
 /// entry naming the owner) rendered with the send's slots, each checked here. A `part_tag`
 /// slot takes the number the session's next request shows its part with (its compaction
-/// provider's view: `provided::shown_numbers`); a part not shown, as every part of a session
-/// without a provider, is `template_part_gone`.
+/// provider's view, handed in as `Prepared::shown_parts`); a part not shown, as every part of a
+/// session without a provider, is `template_part_gone`.
 pub(super) fn render_template(p: &mut Prepared, session: &Session) -> Result<(), Refusal> {
     let Some(use_) = p.order.as_ref().and_then(|o| o.template.clone()) else {
         return Ok(());
@@ -223,7 +223,7 @@ pub(super) fn render_template(p: &mut Prepared, session: &Session) -> Result<(),
         .find(|s| Some(s.module.as_str()) == sender)
         .map(|s| s.templates.as_slice())
         .unwrap_or_default();
-    let shown = crate::provided::shown_numbers(session);
+    let shown = std::mem::take(&mut p.shown_parts);
     match render(templates, &use_, |r| {
         shown.get(&(r.mid.clone(), r.part.clone())).copied()
     }) {

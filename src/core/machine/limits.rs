@@ -2,6 +2,7 @@
 //! cost, from what its steps reported and its frozen prices) and its context limit (against
 //! an estimate of the next request's size). A child of `machine`, over the machine's state.
 
+use crate::replay::point::LastStep;
 use broca_protocol::{Block, Message, Usage};
 use broca_wal::runrec::{budget_stop, BudgetStop, FinishKind};
 
@@ -37,14 +38,6 @@ impl Stop {
             }),
         }
     }
-}
-
-/// The last completed model step: what the next request's size is estimated from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LastStep {
-    pub usage: Usage,
-    /// The transcript's length right after the step's message.
-    pub transcript_len: usize,
 }
 
 impl RunMachine {
@@ -330,7 +323,7 @@ pub(super) fn block_bytes(b: &Block) -> usize {
             content,
             ..
         } => tool_use_id.len() + content.len(),
-        Block::Media(m) => crate::media::approx_bytes(m),
+        Block::Media(m) => broca_protocol::media::approx_bytes(m),
     }
 }
 

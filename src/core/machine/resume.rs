@@ -3,22 +3,6 @@
 
 use super::*;
 
-/// Where a resumed run picks up, as replay found it.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ResumePoint {
-    /// The current step has no durable output: run a new model step.
-    BeforeStep,
-    /// The step's ModelStepFinished is durable; nothing after it.
-    AfterStep {
-        usage: Usage,
-        finish_reason: FinishReason,
-    },
-    /// The intent is durable and some results are missing: their outcome is unknown.
-    IntentOpen { missing: Vec<String> },
-    /// Every result of the step's batch is durable.
-    ToolsDone,
-}
-
 impl RunMachine {
     /// A machine that records the resume and seals the run Interrupted because its frozen
     /// renderer or catalog entry is no longer compatible (never re-rendered silently).

@@ -213,48 +213,6 @@ fn step_over_record_limit(content: &[Block]) -> Option<usize> {
     (bytes > limit).then_some(bytes)
 }
 
-pub fn push_result(transcript: &mut Vec<Arc<Message>>, result: ResultBlock) {
-    // The media of a result in parts follow the step's results (every family takes a user
-    // message of results first, then other blocks).
-    let media: Vec<Block> = result
-        .parts
-        .iter()
-        .filter_map(|p| match p {
-            broca_wal::runrec::ResultPart::Media(m) => Some(Block::Media(m.clone())),
-            broca_wal::runrec::ResultPart::Text { .. } => None,
-        })
-        .collect();
-    let block = Block::ToolResult {
-        tool_use_id: result.call_id,
-        content: result.content,
-        is_error: result.is_error,
-    };
-    match transcript.last_mut() {
-        Some(m)
-            if m.role == Role::User
-                && m.content
-                    .iter()
-                    .all(|b| matches!(b, Block::ToolResult { .. } | Block::Media(_)))
-                && m.content
-                    .iter()
-                    .any(|b| matches!(b, Block::ToolResult { .. })) =>
-        {
-            // Copied first if a request in flight still shares it.
-            let content = &mut Arc::make_mut(m).content;
-            let at = content
-                .iter()
-                .position(|b| matches!(b, Block::Media(_)))
-                .unwrap_or(content.len());
-            content.insert(at, block);
-            content.extend(media);
-        }
-        _ => transcript.push(Arc::new(Message {
-            role: Role::User,
-            content: std::iter::once(block).chain(media).collect(),
-        })),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use crate::machine::{Command, Event, RunMachine};

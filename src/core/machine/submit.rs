@@ -7,7 +7,7 @@ use broca_wal::runrec::{result_reason, FinishKind, ResultBlock};
 use cortexkit_role_llm_runner::structured_output::{modes, SkippedSibling, SUBMIT_RESULT_TOOL};
 
 use super::RunMachine;
-use crate::structured;
+use broca_protocol::structured;
 
 /// What the counted `submit_result` call's own recorded result says.
 const SUBMITTED_TEXT: &str = "submitted: the run ends with this result";

@@ -2,62 +2,9 @@
 
 use super::*;
 use broca_protocol::{Json, ToolCall};
-use broca_wal::runrec::{ResultBlock, RunStarted, StepStarted, ToolDispatchIntent, ToolResult};
+use broca_wal::runrec::{ResultBlock, ToolDispatchIntent, ToolResult};
 
-/// Run `r`'s RunStarted, for `anthropic/m`.
-pub(crate) fn started() -> Record {
-    let config = crate::admission::prepare(
-        &crate::admission::SendRequest {
-            prompt: "go".into(),
-            model: "anthropic/m".into(),
-            ..Default::default()
-        },
-        &[],
-        &broca_catalog::Catalog::builtin(),
-        &broca_protocol::model::AnyProvider,
-    )
-    .unwrap()
-    .config;
-    started_with("r", config, 0)
-}
-
-/// The RunStarted of run `run_id` under `config`, at `at` (ms), prompt `go`.
-pub(crate) fn started_with(
-    run_id: &str,
-    config: broca_wal::runrec::FrozenConfig,
-    at: u64,
-) -> Record {
-    Record::RunStarted(Box::new(RunStarted {
-        run_id: run_id.into(),
-        send_id: None,
-        inputs_digest: "d".into(),
-        prompt: "go".into(),
-        config,
-        resolved_calls: Vec::new(),
-        at_unix_ms: at,
-        principal: None,
-        scope_owner: None,
-        submission_id: None,
-        client_message_id: None,
-        resolved_mid: None,
-        delivery: None,
-        steer_seq: None,
-        media: Vec::new(),
-        order: None,
-        pre_user: Vec::new(),
-    }))
-}
-
-/// Run `r`'s StepStarted of step `n`.
-pub(crate) fn step(n: u32) -> Record {
-    Record::StepStarted(StepStarted {
-        run_id: "r".into(),
-        step: n,
-        at_unix_ms: None,
-        steers: Vec::new(),
-        delivered: Vec::new(),
-    })
-}
+pub(crate) use crate::support_tests::{started, started_with, step};
 
 #[test]
 fn steps_out_of_order_and_results_no_intent_waits_for_are_corruption_with_their_seq() {

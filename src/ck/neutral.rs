@@ -31,7 +31,7 @@ use cortexkit_role_compaction::view::AppliedView;
 use cortexkit_role_compaction::wire::{self, Refusal};
 use serde_json::Value;
 
-use crate::entries::{Body, Entries, Entry as ReadEntry};
+use broca_core::entries::{Body, Entries, Entry as ReadEntry};
 
 /// The session's transcript as neutral entries, numbered from `checkpoint` (A3 T1: 0 with no
 /// compaction marker on the session).

@@ -9,9 +9,9 @@
 use cortexkit_role_llm_runner::tool_calls::{RunToolCall, ToolCallsPage, ToolCallsRequest};
 use serde_json::Value;
 
-use crate::entries::CallFacts;
-use crate::replay::Session;
 use crate::role::entries_of;
+use broca_core::entries::CallFacts;
+use broca_core::replay::Session;
 
 /// Calls a page holds when the request names no `limit`, and at most.
 pub const TOOL_CALLS_LIMIT_DEFAULT: u64 = 100;

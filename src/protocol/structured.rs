@@ -4,16 +4,37 @@
 //! run produced (JSON Schema draft 2020-12 by the `jsonschema` crate, `format` never
 //! asserted, no reference resolved outside the document).
 
-use broca_protocol::family::Family;
+use crate::family::Family;
 use std::sync::Arc;
 
-use broca_protocol::{OutputShape, ToolSpec};
-use broca_wal::runrec::FrozenStructuredOutput;
+use crate::{OutputShape, ToolSpec};
 use cortexkit_role_llm_runner::structured_output::{
     enforcement, modes, reasons, validation, Mode, SkippedSibling, StructuredOutput,
     StructuredOutputResult, SUBMIT_RESULT_TOOL,
 };
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+
+/// A run's `structured_output`, as admission froze it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FrozenStructuredOutput {
+    /// `final_text` or `submit_tool`.
+    pub mode: String,
+    /// The name a provider is given (`result` when the send named none).
+    pub name: String,
+    /// The caller's schema, its RFC 8785 (JCS) text: what the output is validated against.
+    pub schema: String,
+    /// `enforced` or `best_effort`.
+    pub enforcement: String,
+    /// Why not enforced (`best_effort` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The schema as a provider's strict mode takes it (enforced only): the caller's, its
+    /// objects closed to other members where the route asks for that (every output it
+    /// allows is one the caller's schema allows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict_schema: Option<String>,
+}
 
 /// The description of the `submit_result` tool the run offers in `submit_tool` mode.
 pub const SUBMIT_DESCRIPTION: &str = "Submit the task's result. Its input is the result, shaped \

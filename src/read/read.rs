@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use broca_wal::WalError;
 
-use super::replay::{ReplayError, Session};
+use broca_core::replay::{ReplayError, Session};
 
 /// A session as its WAL holds it now.
 #[derive(Debug, Clone)]
@@ -25,7 +25,7 @@ pub struct ReadSession {
     /// Its transcript numbered in the compaction contract's part model, kept while the
     /// readers' cache keeps the session and numbered again only from its last assistant entry
     /// on ([`ReadSession::numbered`]).
-    pub numbered: std::sync::Arc<std::sync::Mutex<crate::neutral::Numbered>>,
+    pub numbered: std::sync::Arc<std::sync::Mutex<broca_ck::neutral::Numbered>>,
 }
 
 impl ReadSession {

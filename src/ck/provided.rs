@@ -25,7 +25,7 @@ use cortexkit_role_compaction::rules::ProviderRules;
 use cortexkit_role_compaction::view::{EditOp, View, ViewRefusal};
 use serde_json::Value;
 
-use crate::entries::{Body, Entry as ReadEntry};
+use broca_core::entries::{Body, Entry as ReadEntry};
 
 /// Checks a view handed over against the numbered transcript, the view the session applies
 /// now and the rules it declared: its render plan, or why it is refused (nothing is stored).
@@ -376,14 +376,14 @@ fn push_blocks(out: &mut Vec<Arc<Message>>, message: &Arc<Message>, blocks: Vec<
 }
 
 /// The compaction provider the session's plan names (`plan.compaction_item.provider`).
-pub fn provider_of(session: &crate::replay::Session) -> Option<String> {
+pub fn provider_of(session: &broca_core::replay::Session) -> Option<String> {
     broca_fetch_plan::plan::plan_provider(session.plan.as_ref()?).map(|(provider, _)| provider)
 }
 
 /// The number each part the session's next request shows carries, by `(mid, part id)`: the
 /// numbered parts its view keeps (cortexkit-role-compaction A3). Empty for a session without
 /// a compaction provider, whose requests show no numbers.
-pub fn shown_numbers(session: &crate::replay::Session) -> HashMap<(String, String), u64> {
+pub fn shown_numbers(session: &broca_core::replay::Session) -> HashMap<(String, String), u64> {
     let mut shown = HashMap::new();
     let Some(entries) = &session.entries else {
         return shown;
@@ -414,35 +414,9 @@ pub fn is_module(principal: Option<&str>, provider: &str) -> bool {
 }
 
 /// The provider rules (W3.3) of the session's model: the view library's defaults for it.
-pub fn session_rules(session: &crate::replay::Session) -> ProviderRules {
+pub fn session_rules(session: &broca_core::replay::Session) -> ProviderRules {
     let model = session.runs.last().map_or("", |r| r.config.model.as_str());
     rules::defaults(model)
-}
-
-impl crate::replay::Session {
-    /// A view accepted from the session's provider: the session's view from here on. Its
-    /// record is written only once the view passed [`check`], so one that is not a view, or
-    /// not newer than the one before, does not fit the log.
-    pub(crate) fn apply_view(
-        &mut self,
-        r: broca_wal::viewrec::ViewAccepted,
-    ) -> Result<(), crate::replay::Misfit> {
-        let misfit = |why: String| crate::replay::Misfit::ViewMisfit {
-            provider: r.provider.clone(),
-            why,
-        };
-        let view: View = serde_json::from_value(r.view.clone())
-            .map_err(|e| misfit(format!("not a view: {e}")))?;
-        let latest = self.view.as_ref().map_or(0, |v| v.version);
-        if view.version <= latest || !view.verify() {
-            return Err(misfit(format!(
-                "version {} after {latest}, or its checksum does not match",
-                view.version
-            )));
-        }
-        self.view = Some(Arc::new(view));
-        Ok(())
-    }
 }
 
 #[cfg(test)]

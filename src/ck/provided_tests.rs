@@ -12,10 +12,10 @@ use cortexkit_role_compaction::view::{
 use serde_json::json;
 
 use super::{check, render};
-use crate::machine::Event;
-use crate::machine_tests::config;
 use crate::neutral::transcript;
-use crate::steer_tests::Live;
+use broca_core::machine::Event;
+use broca_core::support_tests::config;
+use broca_core::support_tests::Live;
 
 /// The send "read the file", a step calling `echo` (call `c1`) with `{"path": "a.rs"}`, its
 /// result (when `done`) and the answer "It says hello.".

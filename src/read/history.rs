@@ -15,9 +15,9 @@ use cortexkit_role_llm_runner::history::HistoryRequest;
 use cortexkit_role_llm_runner::history::{HistoryEntry, HistoryForm, HistoryMode, HistoryPage};
 use serde_json::Value;
 
-use crate::entries::{Body, Entry};
-use crate::replay::Session;
 use crate::role::{entries_of, entry, last_entries, Facts};
+use broca_core::entries::{Body, Entry};
+use broca_core::replay::Session;
 use broca_protocol::Block;
 
 /// Why a history request was refused.
@@ -264,7 +264,7 @@ fn bare_module(principal: &str) -> String {
 fn part<'a>(
     key: String,
     b: &Block,
-    calls: &mut impl Iterator<Item = &'a crate::entries::CallFacts>,
+    calls: &mut impl Iterator<Item = &'a broca_core::entries::CallFacts>,
     limits: Option<&Limits>,
 ) -> DisplayPart {
     match b {

@@ -27,15 +27,6 @@ pub fn media_ref(m: &Media, part: Option<String>) -> Reference {
     })
 }
 
-/// What a media block counts for against a context limit, in bytes of text (four to a
-/// token): an image as about 1,600 tokens, a document as an eighth of its size.
-pub fn approx_bytes(m: &Media) -> usize {
-    match m.kind.as_str() {
-        broca_protocol::media::kind::IMAGE => 6_400,
-        _ => usize::try_from(m.bytes / 8).unwrap_or(usize::MAX),
-    }
-}
-
 /// The stored message's parts: its `content` array's blocks, keyed by index; a message
 /// whose content is not an array (a tool result) is one part, key `0`.
 fn parts(message: &Value) -> Vec<(String, &Value)> {

@@ -122,7 +122,7 @@ pub fn units(seq: u64, record: &Record) -> Vec<Unit> {
         Record::StepStarted(r) => vec![Unit::plain(with_type("step_started", val(r)))],
         Record::ModelAttemptFinished(r) => vec![Unit::plain(with_type("attempt_failed", val(r)))],
         Record::ModelStepFinished(r) => {
-            let mid = crate::replay::assistant_mid(seq, r).to_string();
+            let mid = broca_core::replay::assistant_mid(seq, r).to_string();
             let body = json!({
                 "type": "message",
                 "run_id": r.run_id,
@@ -218,7 +218,7 @@ pub fn units(seq: u64, record: &Record) -> Vec<Unit> {
             }))];
             let mut holder: Option<String> = None;
             for (i, m) in r.messages.iter().enumerate() {
-                let mid = crate::entries::imported_mid(seq, i);
+                let mid = broca_core::entries::imported_mid(seq, i);
                 let body = json!({"type": "message", "import_id": r.import_id, "message": val(m)});
                 let of = ("import_id", r.import_id.as_str());
                 out.push(Unit::message_started(&mid, of));

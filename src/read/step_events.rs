@@ -15,7 +15,7 @@ use broca_wal::record::Record;
 use cortexkit_role_llm_runner::session_ref::{session_ref, SessionIdentity};
 use cortexkit_role_llm_runner::step_events::{StepFinished, StepRef};
 
-use crate::replay::Session;
+use broca_core::replay::Session;
 
 /// The subject after `ck.{acct}.` that `runner` publishes its step hints on.
 pub fn subject_tail(runner: &str) -> String {
@@ -98,7 +98,7 @@ pub fn step_finished(
     )
     .with_attempt_id(attempt_id(place.lineage, seq));
     if let Some(usage) = usage {
-        event = event.with_usage(crate::spend::step_usage(usage));
+        event = event.with_usage(broca_core::spend::step_usage(usage));
     }
     if let Some(limit) = run.config.context_limit {
         event = event.with_context_limit(limit);
@@ -118,7 +118,7 @@ pub fn step_finished(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::replay::tests::{started, step};
+    use broca_core::support_tests::{started, step};
     use broca_protocol::{Block, ClassifiedError, ErrorClass, FinishReason, Usage};
     use broca_wal::runrec::{ModelAttemptFinished, ModelStepFinished};
 

@@ -13,69 +13,17 @@ use std::collections::HashMap;
 use broca_protocol::Block;
 use broca_wal::runrec::{PrunedMessage, PrunedPart, ReasoningPruned};
 use broca_wal::{frame, Record, Verdict};
-use cortexkit_role_llm_runner::archive_prunes_reasoning::{
-    kinds, PrunedReasoning, ReasoningPruned as PruneState,
-};
+use cortexkit_role_llm_runner::archive_prunes_reasoning::{kinds, ReasoningPruned as PruneState};
 use cortexkit_role_llm_runner::content_digest::content_digest;
 
-use crate::replay::Session;
+use broca_core::replay::Session;
 
 /// The kinds broca prunes: a reasoning block's text and signature. broca's other blocks carry
 /// no signature, so `signature` has nothing to act on; `opaque_reasoning` (the signature
 /// alone) is not offered.
 pub const KINDS: &[&str] = &[kinds::REASONING];
 
-/// What a session's prunes left: its state (`reasoning_pruned`) and, by mid, what reads
-/// serve of each message's original.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Prunes {
-    pub state: Option<PruneState>,
-    pub messages: HashMap<String, PrunedMessage>,
-}
-
-impl Prunes {
-    /// Applies a prune's record.
-    pub(crate) fn apply(&mut self, r: &ReasoningPruned) {
-        self.state = Some(PruneState::new(
-            r.generation,
-            r.through_ordinal,
-            r.at_unix_ms,
-        ));
-        for m in &r.messages {
-            match self.messages.get_mut(&m.mid) {
-                Some(held) => {
-                    let new = m
-                        .parts
-                        .iter()
-                        .filter(|p| !held.parts.iter().any(|h| h.index == p.index));
-                    held.parts.extend(new.cloned().collect::<Vec<_>>());
-                    held.parts.sort_by_key(|p| p.index);
-                }
-                None => {
-                    self.messages.insert(m.mid.clone(), m.clone());
-                }
-            }
-        }
-    }
-
-    /// The page rows of the message `mid`'s emptied parts (none when it was never pruned).
-    pub fn rows(&self, mid: &str) -> Vec<PrunedReasoning> {
-        self.messages.get(mid).map_or_else(Vec::new, |m| {
-            m.parts
-                .iter()
-                .map(|p| {
-                    PrunedReasoning::new(
-                        mid,
-                        p.index.to_string(),
-                        p.kind.clone(),
-                        p.bytes,
-                        p.sha256.clone(),
-                    )
-                })
-                .collect()
-        })
-    }
-}
+pub use broca_core::replay::prunes::Prunes;
 
 /// Whether a stored block carries what a `reasoning` prune removes.
 pub fn carries_reasoning(b: &Block) -> bool {
@@ -148,7 +96,8 @@ pub fn prune_log(bytes: &[u8], at_unix_ms: u64) -> Result<Option<PrunedLog>, Str
                 return Ok(false);
             };
             let entry = &entries[index];
-            if !matches!(&entry.body, crate::entries::Body::Message(m) if m.content == *content) {
+            if !matches!(&entry.body, broca_core::entries::Body::Message(m) if m.content == *content)
+            {
                 return Ok(false);
             }
             let stored = entry.body.to_json();
@@ -176,13 +125,13 @@ pub fn prune_log(bytes: &[u8], at_unix_ms: u64) -> Result<Option<PrunedLog>, Str
         };
         let changed = match record {
             Record::ModelStepFinished(mut r) => {
-                let mid = crate::replay::assistant_mid(seq, &r).to_string();
+                let mid = broca_core::replay::assistant_mid(seq, &r).to_string();
                 prune(mid, &mut r.content)?.then(|| Record::ModelStepFinished(r))
             }
             Record::EpisodeImported(mut r) => {
                 let mut any = false;
                 for (i, m) in r.messages.iter_mut().enumerate() {
-                    any |= prune(crate::entries::imported_mid(seq, i), &mut m.content)?;
+                    any |= prune(broca_core::entries::imported_mid(seq, i), &mut m.content)?;
                 }
                 any.then(|| Record::EpisodeImported(r))
             }
@@ -197,7 +146,7 @@ pub fn prune_log(bytes: &[u8], at_unix_ms: u64) -> Result<Option<PrunedLog>, Str
     // A session whose plan names a compaction provider is never pruned: its provider holds
     // copies of what it read, and the compaction contract defines no acceptance of a re-read
     // that differs (llm-runner/v1 0.8, `archive_prunes_reasoning`).
-    if messages.is_empty() || crate::provided::provider_of(&session).is_some() {
+    if messages.is_empty() || broca_ck::provided::provider_of(&session).is_some() {
         return Ok(None);
     }
     let prior = session.prunes.state;

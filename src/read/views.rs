@@ -3,7 +3,7 @@
 
 use broca_wire::{Cost, ErrorReply, FinalMessage, RunResult, RunStatus, SendAnswer};
 
-use crate::replay::{RunState, RunView};
+use broca_core::replay::{RunState, RunView};
 
 /// The `run.result` reply for `run`.
 pub fn run_result(run: &RunView) -> RunResult {
@@ -150,8 +150,8 @@ pub fn ended_answer(ended: &broca_wal::runrec::SendEnded) -> serde_json::Value {
 /// state of the run that carries it and that run's id, with how it was delivered once it was
 /// (`step` with its message's id, or `turn` with the run it started); before that, the run
 /// that accepted it and no receipt (a durably accepted steer is always delivered).
-pub fn steer_answer(session: &crate::Session, seq: u64) -> Option<serde_json::Value> {
-    use crate::replay::SteerDelivered;
+pub fn steer_answer(session: &broca_core::Session, seq: u64) -> Option<serde_json::Value> {
+    use broca_core::replay::SteerDelivered;
     let accepted_by = session
         .runs
         .iter()
@@ -192,3 +192,7 @@ pub fn steer_answer(session: &crate::Session, seq: u64) -> Option<serde_json::Va
     }
     Some(answer)
 }
+
+#[cfg(test)]
+#[path = "views_tests.rs"]
+mod tests;

@@ -20,7 +20,7 @@ use cortexkit_role_llm_runner::session_retention::{
     Keep, Released, RetentionPolicy, RetentionSource, RetentionState,
 };
 
-use crate::replay::{RunState, RunView, Session};
+use broca_core::replay::{RunState, RunView, Session};
 use broca_protocol::FinishReason;
 use broca_wal::runrec::FinishKind;
 
@@ -72,7 +72,7 @@ fn ended(run: &RunView) -> bool {
 }
 
 /// The session's entries (none for a session replayed without them).
-pub(crate) fn entries_of(s: &Session) -> &[crate::entries::Entry] {
+pub(crate) fn entries_of(s: &Session) -> &[broca_core::entries::Entry] {
     s.entries.as_ref().map_or(&[], |e| e.list.as_slice())
 }
 
@@ -172,7 +172,7 @@ fn mode_of(mode: &str) -> cortexkit_role_llm_runner::delivery_order::Mode {
 }
 
 /// A call's `dispatch_attribution`.
-fn attribution(c: &crate::entries::CallFacts) -> ToolCallAttribution {
+fn attribution(c: &broca_core::entries::CallFacts) -> ToolCallAttribution {
     let mut a = ToolCallAttribution::new(c.id.clone()).with_indeterminate(c.indeterminate());
     if let Some(key) = &c.call_key {
         a = a.with_call_key(key.clone());
@@ -184,7 +184,7 @@ fn attribution(c: &crate::entries::CallFacts) -> ToolCallAttribution {
 }
 
 /// A call's stored times and unanswered outcome (`include_display_facts`).
-fn tool_time(c: &crate::entries::CallFacts) -> ToolTime {
+fn tool_time(c: &broca_core::entries::CallFacts) -> ToolTime {
     let mut t = ToolTime::new(c.id.clone());
     if let Some(at) = c.started_at {
         t = t.with_started_at(at);

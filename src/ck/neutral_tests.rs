@@ -7,9 +7,9 @@ use cortexkit_role_compaction::read::{Entry, Role};
 use serde_json::{json, Value};
 
 use super::{read, transcript};
-use crate::machine::Event;
-use crate::machine_tests::config;
-use crate::steer_tests::Live;
+use broca_core::machine::Event;
+use broca_core::support_tests::config;
+use broca_core::support_tests::Live;
 
 /// A run: the send, a step calling `example-tool` (call `call-tool`), its result `content`
 /// when given, and a closing answer once it is.

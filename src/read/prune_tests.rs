@@ -10,9 +10,9 @@ use cortexkit_role_llm_runner::read::ReadRequest;
 use serde_json::json;
 
 use crate::prune::prune_log;
-use crate::replay::tests::{started, step};
-use crate::replay::Session;
-use crate::retention_tests::finished;
+use broca_core::replay::Session;
+use broca_core::support_tests::finished;
+use broca_core::support_tests::{started, step};
 
 /// A log of `records` (seq 1 on), as a writer leaves it.
 fn log(records: &[Record]) -> Vec<u8> {

@@ -7,6 +7,11 @@
 //! container holding its bytes is sealed, fsynced and its directory entry durable; a restore
 //! links the checked bytes in only where no live WAL is. A pack holds each WAL's lease (the
 //! writers' flock) from reading it until it is removed, so no writer appends in between.
+//!
+//! Where things are: packs idle WALs into sealed containers (a pack may rewrite each WAL's
+//! bytes first, `PackOptions::rewrite`: the reasoning prune, after which every older copy of
+//! the session is taken out) and restores them (`restore.rs`; docs/wal-archive.md); takes an
+//! expired session out of every container holding it (`forget.rs`)
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;

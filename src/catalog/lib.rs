@@ -7,6 +7,9 @@
 //! The entry a send resolves is frozen into its RunStarted (with a digest); a run always uses
 //! its frozen entry, and a resume whose entry drifted incompatibly (another wire family) is
 //! refused.
+//!
+//! Where things are: the model catalog: built-in entries, overrides and the service's answer
+//! with owner-only last-good copies, fusiform's answer read into entries
 
 pub mod fusiform;
 pub mod load;

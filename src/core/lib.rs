@@ -1,7 +1,30 @@
-//! broca-core: the run loop's domain logic, sans-IO: admission, the state machine, stream
-//! folding, replay, what a run spent (usage totals, cost, budgets' measures), the control
-//! lane's projection and usage facts. Nothing here touches a
-//! file, a socket or a clock: time, the catalog and randomness come in from the caller.
+//! broca-core: the run loop's domain, sans-IO: admission, the state machine, stream folding,
+//! replay, what a run spent (usage totals, cost, budgets' measures) and usage facts. Nothing
+//! here touches a file, a socket or a clock: time, the catalog and randomness come in from
+//! the caller.
+//!
+//! Its floors, from the ground up (a file imports only downward; `tests/tidy.rs` refuses a
+//! circle):
+//! - the session as its records tell it: `replay` (`Session` and its `apply`, shared by replay
+//!   and live appends, so the two cannot drift), with what it folds in its children: steered
+//!   sends and their receipts (`replay/steer.rs`), a send found by its sender and `send_id`
+//!   (`replay/sends.rs`), uploads (`replay/uploads.rs`), who hosts and owns the session
+//!   (`replay/hosting.rs`), reasoning prunes (`replay/prunes.rs`), a compaction provider's
+//!   view (`replay/view.rs`), where an open run resumes and where a result goes
+//!   (`replay/point.rs`), a record that does not fit (`replay/misfit.rs`); beside it, the
+//!   role's entries with each call's facts (`entries.rs`), the meter (`spend.rs`), stream
+//!   folding (`stream.rs`), the built-in compaction's pure parts (`compaction.rs`), late
+//!   results (`late.rs`) and usage facts (`usage.rs`);
+//! - the run machine (`machine.rs`: events in with `handle`, commands out with
+//!   `poll_command`; its children in `machine/`: limits, resume, step_end, stop, submit,
+//!   steer, compact) and whether an earlier start's run resumes (`resume.rs`);
+//! - admission (`admission.rs`, before any record is written: a repeated send_id, a planned
+//!   session's config, retention and storage policy, a steer checked against the run it
+//!   joins, the next queued send, ordered delivery; what a send must be on its own in
+//!   `admission/checks.rs`), a host's start and an adoption (`adopt.rs`), call keys.
+//!
+//! What the brief gives other crates is theirs: plans (broca-fetch-plan, below), the
+//! compaction contract's view (broca-ck) and the reads (broca-read), above.
 
 pub mod admission;
 pub mod adopt;

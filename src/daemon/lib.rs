@@ -7,6 +7,14 @@
 //! reached over connections of their own: the claustrum vault ([`vault`]), the bus's ckbus
 //! for the `step.finished.v1` hints (`broca_subc::bus`, a thread of its own) and, shared by
 //! every shard, tool modules and the fusiform catalog (`broca_tools::modules`).
+//!
+//! Where things are: module mode: registration (warming, then `catalog.update` with `ready:
+//! true` once `Host::is_ready`), then the daemon's routes on shard 0 as a front of the host
+//! (`front.rs`: binds, health, the drain and its deadline (`Host::stop_by`), GOODBYE on each
+//! route then channel 0, requests and subscriptions), broca's scopes as their owner
+//! (`front/scopes.rs`), the connection's per-route bounded egress (`front/egress.rs`),
+//! readiness and `health.check` (`front/health.rs`), the daemon's claustrum vault (broca-
+//! provider's `vault.rs`)
 
 mod front;
 

@@ -9,6 +9,40 @@
 //! Shutdown: a signal (or the front) stops admission (new sends are refused
 //! `shutting_down`), gives active runs `grace` to finish, seals the rest Interrupted, closes
 //! every WAL and removes serve.json; the caller re-raises the signal ([`reraise`]).
+//!
+//! Where things are: the daemon both fronts run in: `Startup` (limits, signals, the state dir
+//! and its lock, then catalog, store, tools, shards; serve.json and the ready line only once
+//! every shard has started its part of the front, `StartGate` in `shard.rs`), `Host` (what
+//! every shard shares), a shard (`shard.rs`: its services, its hubs, its background, the mesh
+//! messages) and its sessions (`sessions.rs`, `answer.rs`: session actors in broca-shards'
+//! registry, each command routed to its session's own answer and the shard doing what the
+//! answer asks next; `watch.rs` the shard's `Watch` of a session: its hub, metrics, spans, step
+//! hints, storage health), the management core's requests executed (`rpc.rs`; a first send's
+//! fetch plan fetched before its actor admits it (its step-transform providers' declarations
+//! too) in `plans.rs`; a send's message through its plan's `pre_user` hooks before its actor
+//! writes it in `pre_user.rs`; a person-only command forwarded between its actor's two records,
+//! and an accepted one's late entries pulled, in `commands.rs`; a `session.refresh`'s plan
+//! fetched between its actor's classification and acceptance in `change.rs`, a
+//! `session.host_start`'s likewise and a `session.adopt` in `adopt.rs`; `reads.rs` through the
+//! host's `ReadCache`, `media.rs` (`session.media_read`), `replies.rs`; `lists.rs`:
+//! `sessions.list` from the store's marks, each listed one checked against the last seq its
+//! shard appended (`ShardMsg::Heads`) and caught up from its WAL when behind, `runs.list` from
+//! the WAL), the subscription handshake (`subscribe.rs`), metrics (`metrics.rs`: each shard's
+//! counters, its runs by finish reason and calls by outcome counted as their records are
+//! appended; every family in docs/metrics.md), the storage's health (`storage.rs`: failed WAL
+//! writes by kind, a full file system until a write succeeds), the resume of runs a crash left
+//! open and the archive scheduler (`resume.rs`), the reasoning prune's rewrite handed to the
+//! archive and the copies made again after it (`prune.rs`: the readers' cache and the store's
+//! projection; a debug build's `broca.debug.archive_now`), whole-session retention and per-
+//! session storage policies (`retention.rs`: what the state dir holds at start, tombstones and
+//! the sessions listed with a retention, a policy or a release, the deletion of an expired or
+//! released record's every copy, read only once loaded and never locked; `retention/local.rs`
+//! each shard's own part: a copy of every tombstone (told to every shard as one is written or
+//! superseded), and its own sessions' due times and the WALs their policies have the archive
+//! pack; `expiry.rs`: a due session expired before any request of it (its shard's earliest due
+//! time, an atomic, says when to ask), one due at its actor's next look deleted at once, each
+//! shard's look every 5 s, `expired` and `unknown_session` answers, `session.release`;
+//! docs/retention.md)
 
 mod adopt;
 mod answer;

@@ -3,6 +3,10 @@
 //! (`~/.codex/sessions/YYYY/MM/DD/rollout-*.jsonl`). Sans-IO: handed a file's bytes and what
 //! the session already holds of it, [`plan`] answers the episode to append (or that there is
 //! nothing new), never half of one: a malformed line is an error naming file and line.
+//!
+//! Where things are: other harnesses' logs (Claude Code, Codex) planned into episodes, sans-IO,
+//! a line and an episode bounded (docs/import.md); the reading of a log (regular files only,
+//! bounded) and `session.import`'s folder confinement are broca-session's (`import.rs`)
 
 mod claude;
 mod codex;

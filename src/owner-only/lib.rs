@@ -1,5 +1,8 @@
 //! Owner-only private state (the brief's broca-owner-only role): folders created 0700 and
 //! files 0600, and the check that refuses a state dir others could tamper with.
+//!
+//! Where things are: folders 0700, files 0600 written atomically, the state-dir check,
+//! `read_private`
 
 use std::fmt;
 use std::fs;

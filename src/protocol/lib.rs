@@ -1,6 +1,17 @@
 //! Canonical protocol types, with no I/O: messages of content blocks, the canonical request,
 //! stream events, usage and error classes. Providers render from these and normalize into
 //! them; the WAL stores them; nothing here knows a wire format.
+//!
+//! Where things are: canonical types, no I/O: messages of content blocks, tool arguments as raw
+//! JSON text (byte-exact), the canonical request, stream events, usage (every measure optional;
+//! docs/usage.md), error classes, cache policy, credential-id syntax; the model interface
+//! (`model.rs`: `ModelClient`, `ModelStream`, `Failure`, `ProviderCheck`); media (`media.rs`: a
+//! media block's reference, which types each family renders, a catalog's input facts, the bytes
+//! a request carries, the role's marker); the demo model's script and its built-in tool
+//! (`demo.rs`, docs/demo.md); tool-argument checks (`schema.rs`: JSON Schema by the
+//! `jsonschema` crate, nothing fetched); the wire families typed (`family.rs`: `Family`, each
+//! id spelled once, with the facts core and protocol need of each: the media types it renders,
+//! the structured-output modes its provider enforces, its strict schema subset)
 
 pub mod compaction;
 pub mod delivery;

@@ -7,6 +7,14 @@
 //! family may sign the rendered bytes), a framing (server-sent events, WebSocket, or a binary
 //! frame format a later family brings), a normalizer fed one framed event at a time (its
 //! event name and its data), and a classifier of error replies.
+//!
+//! Where things are: one folder per wire family (render + normalize; `demo.rs` the keyless demo
+//! family, answered in process by the script), each session's rendered messages held per shard
+//! between its requests (`prefix.rs`: Anthropic, Chat and Responses render only the messages
+//! the last request did not hold), aliases, credentials (`credential.rs`; the claustrum vault
+//! over broca-subc in `vault.rs`: module mode's grant and handles, `HandleVault` for run and
+//! serve, typed secrets), the catalog service's GET (`catalog_service.rs`); which family an id
+//! names is `broca_protocol::family::Family`'s, matched exhaustively here
 
 pub mod alias;
 pub mod anthropic;

@@ -6,6 +6,11 @@
 //! events or WebSocket messages; `GET /healthz` and `GET /metrics` read the host's state;
 //! `/ui` is a read-only web view over the same requests (ui.rs), signed into through a
 //! one-time link.
+//!
+//! Where things are: `broca serve`: HTTP/1.1 on TCP and the Unix socket as a front of the host
+//! (`http.rs` routes and auth, `accept.rs` accept loops that never poll, `subscribe.rs` SSE and
+//! WebSocket, `socket.rs` the socket's claim, `ui.rs` the read-only web view at `/ui` and its
+//! one-time sign-in, the page itself in `ui/`)
 
 mod accept;
 mod http;

@@ -5,6 +5,23 @@
 //! from any cursor) and its token deltas (the lossy display lane). A shard keeps its
 //! sessions' actors in broca-shards' registry; the process's crash hooks are handed in
 //! ([`Hooks`]).
+//!
+//! Where things are: the session actor (`actor.rs`: built with an `Opener`, holds the lease,
+//! admits sends, appends and applies each record; `commands.rs` a person-only command's
+//! records, before its forward and before its answer; `change.rs` a mid-session change's
+//! records; `adopt.rs` a host's start's and an adoption's; `drive.rs` drives the machine: model
+//! stream, tools and a compaction provider's ride report into one channel beside the shard
+//! inbox's commands; `view.rs` a compaction provider's view recorded; `compactor.rs` the
+//! session's Setup, notices and rides to its provider, and each request rendered through its
+//! view, the numbered transcript kept between uses; `import.rs`, `queue.rs`, `command.rs` the
+//! commands; `answer.rs` the one answer to each, idle or during a run (`SessionActor::answer`,
+//! what the keeper does next an `After`), `unopened.rs` the answers of a session no actor holds
+//! (`answer_unopened`)), the crash hooks it reports to (`hooks.rs`: a trait handed to it), what
+//! watches it (`watch.rs`: `Watch`, told of each append, the display lane, the storage's
+//! health; never reaching back in), uploads answered and the bytes of a model call's media
+//! loaded (`uploads.rs`) from the session's content store (`content.rs`: `media/<address>/`,
+//! files named by digest), the hub (`hub.rs`: subscribers' queues, seek points) and one
+//! subscription's replay and live loop (`subscription.rs`)
 
 mod actor;
 mod adopt;

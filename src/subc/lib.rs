@@ -7,6 +7,13 @@
 //! over a route of its own (`vault`), read with `cortexkit-claustrum-client`'s decoders.
 //! Tools of the daemon's tool_provider modules go over a shared consumer connection (`link`,
 //! two threads of its own) with the role's bodies (`toolprov`).
+//!
+//! Where things are: the subconscious daemon's wire on the ecosystem's crates: connection file,
+//! handshake and HELLO, frames, a blocking client of a module's management surface
+//! (`surface.rs`) under the vault client and ckbus's, the bus publisher (`bus.rs`: NATS on a
+//! thread of its own, credentials and nonce signatures from ckbus), the consumer link shared by
+//! every shard, the `tool-provider/v1` bodies (docs/module.md; a `tool-result/v1` answer of a
+//! tool that opts in read in parts, its images decoded)
 
 pub mod bus;
 pub mod connect;

@@ -6,6 +6,18 @@
 //! The daemon's tool modules (module mode) are reached over daemon routes ([`modules`]);
 //! their specs join these with [`ToolServers::with_more`]. A session's run calls both through
 //! one [`ToolRunner`] ([`runner`]).
+//!
+//! Where things are: tool routing: the tools config, MCP servers (stdio, Streamable HTTP), the
+//! tool modules over daemon routes (`modules.rs`, calls at most once, a module not up at start
+//! asked again while broca serves (broca-host's shard 0) and its tools added to the offered
+//! ones, the fusiform catalog's `catalog.get`, a fetch plan's items asked of their modules at
+//! once under one deadline in `modules/plan.rs`, a person-only command's `user_command.invoke`
+//! in `modules/command.rs`, a compaction provider's ops on the session's `compaction-
+//! provider/v2` route, and a step-transform provider's on its `step-transform-provider/v2`
+//! route, in `modules/compaction.rs`, its late entries (a call key of `broca-cmd:`) handed by
+//! every read to the late sink, which has its session record them before the ack), and
+//! `ToolRunner` (`runner.rs`) with its outcomes (an answer in parts, text and images, included;
+//! an MCP result's images kept in parts by `result.rs`); a shard's `Tools` runs both
 
 pub mod config;
 pub mod late;

@@ -2,6 +2,10 @@
 //! WAL across threads and processes: an exclusive `flock` on the file, plus a lease epoch recorded in the log (every frame carries it, and a
 //! `lease_acquired` record opens each epoch) and a fence that refuses to write through a path
 //! that another writer has replaced.
+//!
+//! Where things are: the lease-holding writer on broca-io's log: flock, lease epoch, fence,
+//! tail cut at open, restore before open; new WALs' files made ahead in `wal/.spare/` and
+//! renamed into place (`spares.rs`)
 
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};

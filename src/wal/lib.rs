@@ -2,6 +2,17 @@
 //! recovery, paged reads, and `wal verify|dump`, with plain reads only (the lease-holding
 //! writer is broca-wal-writer, on broca-io's durable log). The byte format and the recovery case table
 //! are in docs/wal-format.md.
+//!
+//! Where things are: the WAL's format with plain reads only: triple and address (a project root
+//! absolute and in one spelling, no control characters in any part), the listing of `wal/`
+//! every command uses (`listing.rs`: regular `*.wal` files only, the rest skipped with a
+//! warning), header, framing, record kinds and the run records' payloads (`runrec.rs`; what a
+//! run freezes at its start in `frozen.rs`; the session's own release, prune and upload records
+//! in `sessionrec.rs`; a send's own records, queued, steered, withdrawn or ended, in
+//! `sendrec.rs`; a frozen plan's in `planrec.rs`, a person-only command's in `cmdrec.rs`, a
+//! mid-session change's in `changerec.rs`, a compaction provider's accepted view in
+//! `viewrec.rs`), the recovery case table (`recovery.rs`), the paged reader, verify and dump,
+//! sealed containers' format and lookup (docs/wal-format.md)
 
 pub mod address;
 pub mod archive;

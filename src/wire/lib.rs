@@ -1,6 +1,15 @@
 //! The management JSON contracts: the replies users and scripts read (`run.result` here; the
 //! serve surface adds its requests and refusals). Field names follow ../CONTRACT.md; optional
 //! fields are omitted when absent.
+//!
+//! Where things are: the management core, sans-IO: every request parsed into a typed `Request`
+//! (`request.rs`; `parse_on_route` puts a daemon route's session in), every error code with its
+//! HTTP status and class in one table (`code.rs`, the role's codes from its crate), `RpcError`
+//! (a code, a message, its detail), send refusals (`send.rs`), the subscription's lanes
+//! (`lanes.rs`: `Cursor`, where it starts, its items, and one encoder per framing: SSE,
+//! WebSocket, and the daemon's STREAM_DATA with its per-stream `seq` and the subscriber's
+//! limits, `StreamEncoder`), the llm-runner/v1 answers (`role.rs`), the caller a front attests
+//! (`Caller`)
 
 mod code;
 pub mod lanes;

@@ -78,7 +78,10 @@ pub struct PackOptions {
 }
 
 /// A rewrite of a WAL's bytes as it is packed ([`PackOptions::rewrite`]).
-pub type Rewrite = fn(&[u8]) -> Result<Option<Vec<u8>>, String>;
+pub type Rewrite = fn(&[u8]) -> Result<Option<Vec<u8>>, RewriteError>;
+
+/// Why a rewrite could not be made (the WAL is then packed as it is).
+pub type RewriteError = Box<dyn std::error::Error + Send + Sync>;
 
 /// One line of progress.
 #[derive(Debug, Clone)]
@@ -279,7 +282,9 @@ fn choose(
                 report.rewritten.push(file_name.clone());
             }
             Ok(None) => {}
-            Err(why) => report.not_rewritten.push((file_name.clone(), why)),
+            Err(why) => report
+                .not_rewritten
+                .push((file_name.clone(), why.to_string())),
         }
     }
     let digest = hex(blake3::hash(&bytes).as_bytes());
@@ -319,7 +324,7 @@ fn choose(
 }
 
 /// Rewritten bytes checked to be a whole, undamaged log: with the seq of their last record.
-fn checked(bytes: Vec<u8>) -> Result<(Vec<u8>, u64), String> {
+fn checked(bytes: Vec<u8>) -> Result<(Vec<u8>, u64), RewriteError> {
     let scan = broca_wal::scan(&bytes).map_err(|e| format!("the rewritten log: {e}"))?;
     if scan.end != bytes.len() as u64 || matches!(scan.verdict, Verdict::Corrupt { .. }) {
         return Err("the rewritten log does not scan whole".into());

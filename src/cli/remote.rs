@@ -202,7 +202,21 @@ pub(super) fn command(
     }
 }
 
-fn send(c: Common, mut pargs: pico_args::Arguments) -> Result<u8, String> {
+/// What `broca send` was asked, its flags read.
+struct SendArgs {
+    model: Option<String>,
+    send_id: String,
+    system: Option<String>,
+    max_steps: Option<u32>,
+    context_limit: Option<u64>,
+    compaction: Option<&'static str>,
+    attach: Vec<std::path::PathBuf>,
+    delivery: Option<String>,
+    prompt: String,
+}
+
+/// Reads `broca send`'s flags and its prompt (`-`: from stdin).
+fn send_args(mut pargs: pico_args::Arguments) -> Result<SendArgs, String> {
     let model = opt(&mut pargs, "--model")?;
     let send_id = opt(&mut pargs, "--send-id")?.unwrap_or_else(new_send_id);
     let system = opt(&mut pargs, "--system")?;
@@ -218,7 +232,7 @@ fn send(c: Common, mut pargs: pico_args::Arguments) -> Result<u8, String> {
         (false, true) => Some("off"),
         (false, false) => None,
     };
-    let attach: Vec<std::path::PathBuf> = pargs
+    let attach = pargs
         .values_from_str("--attach")
         .map_err(|e| format!("--attach: {e}"))?;
     let delivery = match opt(&mut pargs, "--delivery")?.as_deref() {
@@ -241,11 +255,65 @@ fn send(c: Common, mut pargs: pico_args::Arguments) -> Result<u8, String> {
         [] => return Err("`broca send` needs a PROMPT (or - for stdin)".into()),
         _ => return Err("`broca send` takes one PROMPT; quote it".into()),
     };
+    Ok(SendArgs {
+        model,
+        send_id,
+        system,
+        max_steps,
+        context_limit,
+        compaction,
+        attach,
+        delivery,
+        prompt,
+    })
+}
+
+/// `session.send`'s params for `a` (its model `model`, empty for a steer's), its files
+/// uploaded first; `Err(code)` when an upload failed (said on stderr).
+fn send_params(c: &Common, a: &SendArgs, model: String) -> Result<Result<Value, u8>, String> {
     let mut params = c.params()?;
-    let model = match model {
+    params["prompt"] = a.prompt.clone().into();
+    if !model.is_empty() {
+        params["model"] = model.into();
+    }
+    if let Some(mode) = &a.delivery {
+        params["delivery"] = mode.clone().into();
+    }
+    params["send_id"] = a.send_id.clone().into();
+    if let Some(s) = &a.system {
+        params["system"] = s.clone().into();
+    }
+    if let Some(n) = a.max_steps {
+        params["max_steps"] = n.into();
+    }
+    if let Some(n) = a.context_limit {
+        params["context_limit"] = n.into();
+    }
+    if let Some(mode) = a.compaction {
+        params["compaction"] = json!({ "mode": mode });
+    }
+    if !a.attach.is_empty() {
+        let ids = match super::uploads::upload_files(&c.daemon, &c.params()?, &a.attach) {
+            Ok(ids) => ids,
+            Err(e) => {
+                broca_io::errln!("broca: {e}");
+                return Ok(Err(EXIT_FAILURE));
+            }
+        };
+        params["content"] = ids
+            .iter()
+            .map(|id| json!({"type": "upload", "upload_id": id}))
+            .collect();
+    }
+    Ok(Ok(params))
+}
+
+fn send(c: Common, pargs: pico_args::Arguments) -> Result<u8, String> {
+    let a = send_args(pargs)?;
+    let model = match a.model.clone() {
         Some(m) => m,
         // A steer or an interrupt takes the running run's model (and settings).
-        None if delivery.is_some() => String::new(),
+        None if a.delivery.is_some() => String::new(),
         None => match latest_model(&c) {
             Ok(Some(m)) => m,
             Ok(None) => {
@@ -256,39 +324,10 @@ fn send(c: Common, mut pargs: pico_args::Arguments) -> Result<u8, String> {
             Err(e) => return Ok(failed(e)),
         },
     };
-    params["prompt"] = prompt.into();
-    if !model.is_empty() {
-        params["model"] = model.into();
-    }
-    if let Some(mode) = &delivery {
-        params["delivery"] = mode.clone().into();
-    }
-    params["send_id"] = send_id.clone().into();
-    if let Some(s) = system {
-        params["system"] = s.into();
-    }
-    if let Some(n) = max_steps {
-        params["max_steps"] = n.into();
-    }
-    if let Some(n) = context_limit {
-        params["context_limit"] = n.into();
-    }
-    if let Some(mode) = compaction {
-        params["compaction"] = json!({ "mode": mode });
-    }
-    if !attach.is_empty() {
-        let ids = match super::uploads::upload_files(&c.daemon, &c.params()?, &attach) {
-            Ok(ids) => ids,
-            Err(e) => {
-                broca_io::errln!("broca: {e}");
-                return Ok(EXIT_FAILURE);
-            }
-        };
-        params["content"] = ids
-            .iter()
-            .map(|id| json!({"type": "upload", "upload_id": id}))
-            .collect();
-    }
+    let params = match send_params(&c, &a, model)? {
+        Ok(params) => params,
+        Err(code) => return Ok(code),
+    };
     // Subscribed first: the answer's text is live only, so the stream must be open before
     // the run can say anything.
     let mut events = match c.daemon.subscribe(&query(&c, "live")?) {
@@ -307,20 +346,25 @@ fn send(c: Common, mut pargs: pico_args::Arguments) -> Result<u8, String> {
         broca_io::errln!("broca: queued behind the session's active run");
     }
     // A steer joined a run already under way: that run is followed from here.
-    let joined = delivery.as_deref() == Some("steer") && sent.get("delivered").is_none();
+    let joined = a.delivery.as_deref() == Some("steer") && sent.get("delivered").is_none();
     if joined && !c.json {
         broca_io::errln!("broca: steered into the running run; following it");
     }
     if sent["state"] != "finished" {
         if let Some(events) = events.as_mut() {
-            follow(events, &send_id, &mut run_id, joined, c.json);
+            follow(events, &a.send_id, &mut run_id, joined, c.json);
         }
     }
     let Some(run_id) = run_id else {
         broca_io::errln!("broca: the subscription ended before the run started");
         return Ok(EXIT_FAILURE);
     };
-    let params = with(&c, json!({"run_id": run_id, "wait_ms": 60000}))?;
+    outcome(&c, &run_id)
+}
+
+/// Waits for run `run_id`'s result and says it: exit 0 when it completed.
+fn outcome(c: &Common, run_id: &str) -> Result<u8, String> {
+    let params = with(c, json!({"run_id": run_id, "wait_ms": 60000}))?;
     let result = loop {
         match c.daemon.rpc("run.result", params.clone()) {
             Ok(r) if r["state"] == "active" => continue,

@@ -91,91 +91,9 @@ impl Plan {
         let Some(value) = plan.as_object() else {
             return Err(field("plan", "`plan` must be an object"));
         };
-        for (member, why) in NOT_SERVED {
-            if value.contains_key(*member) {
-                return Err(field("plan", format!("`plan.{member}`: {why}")));
-            }
-        }
-        if let Some(unknown) = value
-            .keys()
-            .find(|k| !READ.contains(&k.as_str()) && k.as_str() != "interactive")
-        {
-            return Err(field(
-                "plan",
-                format!(
-                    "`plan.{}` is not a member this runner reads",
-                    unknown.escape_debug()
-                ),
-            ));
-        }
-        cortexkit_role_llm_runner::delivery_order::plan_senders(value).map_err(|f| {
-            field(
-                f,
-                "`plan.senders` must list each sending module once, each template's id once per \
-                 sender, every placeholder with its slot and every slot used",
-            )
-        })?;
-        cortexkit_role_llm_runner::compaction::check_plan(value).map_err(|f| {
-            field(
-                f,
-                "`plan.compaction_item` must name its role `preset` (a string)",
-            )
-        })?;
-        let mut fetches: Vec<Fetch> = Vec::new();
-        for (list, is_tools) in [("tool_items", true), ("system_text_items", false)] {
-            let Some(items) = value.get(list) else {
-                continue;
-            };
-            let Some(items) = items.as_array() else {
-                return Err(field("plan", format!("`plan.{list}` must be an array")));
-            };
-            for (i, raw) in items.iter().enumerate() {
-                let (provider, item) = read_item(list, i, raw, is_tools)?;
-                let at = match fetches.iter().position(|f| f.provider == provider) {
-                    Some(at) => at,
-                    None => {
-                        fetches.push(Fetch {
-                            provider: provider.clone(),
-                            tools: None,
-                            text: None,
-                        });
-                        fetches.len() - 1
-                    }
-                };
-                let slot = if is_tools {
-                    &mut fetches[at].tools
-                } else {
-                    &mut fetches[at].text
-                };
-                if slot.is_some() {
-                    return Err(field(
-                        "plan",
-                        format!(
-                            "`plan.{list}` names provider `{}` twice",
-                            provider.escape_debug()
-                        ),
-                    ));
-                }
-                *slot = Some(item);
-            }
-        }
-        let composition = match value.get("composition") {
-            None => None,
-            Some(Value::Object(c)) => Some(c.clone()),
-            Some(_) => return Err(field("plan", "`plan.composition` must be an object")),
-        };
-        if let Some(v) = composition.as_ref().and_then(|c| c.get("join_version")) {
-            if v.as_u64() != Some(u64::from(broca_wal::planrec::JOIN_VERSION)) {
-                return Err(field(
-                    "plan",
-                    format!(
-                        "`plan.composition.join_version` {v}: this runner joins system text by \
-                         version {}",
-                        broca_wal::planrec::JOIN_VERSION
-                    ),
-                ));
-            }
-        }
+        check_members(value)?;
+        let fetches = read_fetches(value)?;
+        let composition = read_composition(value)?;
         let steps = crate::pre_user::read(value)?;
         let interactive = cortexkit_role_llm_runner::user_commands::check_interactive(value)
             .map_err(|f| field(f, "`plan.interactive` must be a boolean"))?;
@@ -251,138 +169,51 @@ impl Plan {
     /// (`fetch_unavailable`), answers that disagree with the plan (`plan_stale`), or two
     /// providers offering one tool name (`tool_name_collision`).
     pub fn admit(&self, answers: Vec<Result<Arrived, Missed>>) -> Result<FrozenPlan, Refusal> {
-        let mut frozen = FrozenPlan {
-            plan: Value::Object(self.value.clone()).to_string(),
-            identity: self.identity.clone(),
-            composition_digest: self.composition_digest.clone(),
-            items: Vec::new(),
-            absent_items: Vec::new(),
-            system_text: None,
-            join_version: broca_wal::planrec::JOIN_VERSION,
-            tools: Vec::new().into(),
-            tools_digest: String::new(),
-            capabilities: Vec::new(),
-            user_commands: Vec::new(),
-            interactive: self.interactive,
-            generation: 0,
-        };
-        let mut tools: Vec<ToolSpec> = Vec::new();
-        let mut commands: Vec<FrozenCommand> = Vec::new();
-        let mut differences = Vec::new();
-        let mut texts = Vec::new();
+        let mut a = Admitting::new(self);
+        assert!(
+            answers.len() <= self.fetches.len(),
+            "one answer per fetch at most"
+        );
         for (fetch, answer) in self.fetches.iter().zip(answers) {
-            let provider = &fetch.provider;
-            let arrived = match answer {
-                Ok(a) => a,
-                Err(missed) => {
-                    let required = [&fetch.tools, &fetch.text]
-                        .into_iter()
-                        .flatten()
-                        .any(|i| !i.optional);
-                    if required {
-                        return Err(Refusal::FetchUnavailable {
-                            provider: provider.clone(),
-                            why: missed.why(),
-                        });
-                    }
-                    for (item, kind) in [(&fetch.tools, "tools"), (&fetch.text, "system_text")] {
-                        if item.is_some() {
-                            frozen.absent_items.push(missed.absent(provider, kind));
-                        }
-                    }
-                    continue;
-                }
-            };
-            let answer = &arrived.answer;
-            let both = fetch.tools.is_some() && fetch.text.is_some();
-            let name = |kind: &str| both.then(|| kind.to_string());
-            if let (Some(ours), Some(theirs), true) = (
-                &self.composition_digest,
-                &answer.composition_digest,
-                self.composition.is_some(),
-            ) {
-                if ours != theirs {
-                    differences.push(json!({"kind": "composition", "provider": provider,
-                        "expected": ours, "answered": theirs}));
-                }
+            match answer {
+                Ok(arrived) => a.arrived(self, fetch, &arrived),
+                Err(missed) => a.missed(fetch, &missed)?,
             }
-            let offered: Vec<&str> = arrived.specs.iter().map(|s| s.name.as_str()).collect();
-            if let Some(listed) = self.composed_tools(provider) {
-                let missing: Vec<&str> = listed
-                    .iter()
-                    .copied()
-                    .filter(|n| !offered.contains(n))
-                    .collect();
-                let unexpected: Vec<&str> = offered
-                    .iter()
-                    .copied()
-                    .filter(|n| !listed.contains(n))
-                    .collect();
-                if !missing.is_empty() || !unexpected.is_empty() {
-                    differences.push(json!({"kind": "tools", "provider": provider,
-                        "missing": missing, "unexpected": unexpected}));
-                }
+        }
+        a.finish(self.interactive)
+    }
+
+    /// Where `provider`'s answer (offering `offered`) disagrees with the plan: its
+    /// composition's digest, or the tools the composition lists for it.
+    fn differences(&self, provider: &str, answer: &CatalogAnswer, offered: &[&str]) -> Vec<Value> {
+        let mut out = Vec::new();
+        if let (Some(ours), Some(theirs), true) = (
+            &self.composition_digest,
+            &answer.composition_digest,
+            self.composition.is_some(),
+        ) {
+            if ours != theirs {
+                out.push(json!({"kind": "composition", "provider": provider,
+                    "expected": ours, "answered": theirs}));
             }
-            if fetch.tools.is_some() {
-                frozen.items.push(PlanItem {
-                    provider: provider.clone(),
-                    item: name("tools"),
-                    item_digest: answer.catalog_digest.clone(),
-                    preflight_digest: None,
-                });
-                tools.extend(arrived.specs.iter().cloned());
-            }
-            if fetch.text.is_some() {
-                match &answer.system_text {
-                    Some(text) => {
-                        check_text(provider, text, &offered, &mut differences);
-                        frozen.items.push(PlanItem {
-                            provider: provider.clone(),
-                            item: name("system_text"),
-                            item_digest: text.item_digest.clone(),
-                            preflight_digest: Some(text.preflight_digest.clone()),
-                        });
-                        if let Some(t) = text.text.as_ref().filter(|t| !t.is_empty()) {
-                            texts.push(t.clone());
-                        }
-                    }
-                    None => differences.push(json!({"kind": "system_text", "provider": provider,
-                        "why": "the answer carries no system_text"})),
-                }
-            }
-            commands.extend(answer.user_commands.iter().map(|c| FrozenCommand {
-                provider: provider.clone(),
-                name: c.name.clone(),
-                description: c.description.clone(),
-                argument_hint: c.argument_hint.clone(),
-            }));
-            let declared: Vec<String> = answer
-                .capabilities
+        }
+        if let Some(listed) = self.composed_tools(provider) {
+            let missing: Vec<&str> = listed
                 .iter()
-                .filter(|(_, v)| **v == Value::Bool(true))
-                .map(|(k, _)| k.clone())
+                .copied()
+                .filter(|n| !offered.contains(n))
                 .collect();
-            if !declared.is_empty() {
-                frozen.capabilities.push(ProviderCapabilities {
-                    provider: provider.clone(),
-                    names: declared,
-                });
+            let unexpected: Vec<&str> = offered
+                .iter()
+                .copied()
+                .filter(|n| !listed.contains(n))
+                .collect();
+            if !missing.is_empty() || !unexpected.is_empty() {
+                out.push(json!({"kind": "tools", "provider": provider,
+                    "missing": missing, "unexpected": unexpected}));
             }
         }
-        if !differences.is_empty() {
-            return Err(Refusal::PlanStale { differences });
-        }
-        collisions(&tools)?;
-        command_collisions(&commands)?;
-        if self.interactive {
-            frozen.user_commands = commands;
-        }
-        frozen.tools_digest = crate::tools_digest(&tools);
-        frozen.tools = tools.into();
-        if !texts.is_empty() {
-            frozen.system_text = Some(texts.join("\n\n"));
-        }
-        Ok(frozen)
+        out
     }
 
     /// The tool names the composition lists for `provider`, when it lists them.
@@ -482,6 +313,252 @@ fn provider_of(route: &str) -> &str {
         .strip_prefix(broca_protocol::route::SUBC_PREFIX)
         .unwrap_or(route);
     rest.split_once('@').map_or(rest, |(m, _)| m)
+}
+
+/// The plan's members: none this runner does not serve, none it does not read, and its
+/// `senders` and `compaction_item` well formed.
+fn check_members(value: &Map<String, Value>) -> Result<(), Refusal> {
+    for (member, why) in NOT_SERVED {
+        if value.contains_key(*member) {
+            return Err(field("plan", format!("`plan.{member}`: {why}")));
+        }
+    }
+    if let Some(unknown) = value
+        .keys()
+        .find(|k| !READ.contains(&k.as_str()) && k.as_str() != "interactive")
+    {
+        return Err(field(
+            "plan",
+            format!(
+                "`plan.{}` is not a member this runner reads",
+                unknown.escape_debug()
+            ),
+        ));
+    }
+    cortexkit_role_llm_runner::delivery_order::plan_senders(value).map_err(|f| {
+        field(
+            f,
+            "`plan.senders` must list each sending module once, each template's id once per \
+             sender, every placeholder with its slot and every slot used",
+        )
+    })?;
+    cortexkit_role_llm_runner::compaction::check_plan(value).map_err(|f| {
+        field(
+            f,
+            "`plan.compaction_item` must name its role `preset` (a string)",
+        )
+    })?;
+    Ok(())
+}
+
+/// The plan's `tool_items` and `system_text_items`, by provider: one fetch each, a provider
+/// named at most once per list.
+fn read_fetches(value: &Map<String, Value>) -> Result<Vec<Fetch>, Refusal> {
+    let mut fetches: Vec<Fetch> = Vec::new();
+    for (list, is_tools) in [("tool_items", true), ("system_text_items", false)] {
+        let Some(items) = value.get(list) else {
+            continue;
+        };
+        let Some(items) = items.as_array() else {
+            return Err(field("plan", format!("`plan.{list}` must be an array")));
+        };
+        for (i, raw) in items.iter().enumerate() {
+            let (provider, item) = read_item(list, i, raw, is_tools)?;
+            let at = match fetches.iter().position(|f| f.provider == provider) {
+                Some(at) => at,
+                None => {
+                    fetches.push(Fetch {
+                        provider: provider.clone(),
+                        tools: None,
+                        text: None,
+                    });
+                    fetches.len() - 1
+                }
+            };
+            let slot = if is_tools {
+                &mut fetches[at].tools
+            } else {
+                &mut fetches[at].text
+            };
+            if slot.is_some() {
+                let who = provider.escape_debug();
+                let why = format!("`plan.{list}` names provider `{who}` twice");
+                return Err(field("plan", why));
+            }
+            *slot = Some(item);
+        }
+    }
+    assert!(
+        fetches
+            .iter()
+            .all(|f| f.tools.is_some() || f.text.is_some()),
+        "a fetch has an item"
+    );
+    Ok(fetches)
+}
+
+/// The plan's `composition`, an object joined by this runner's join version.
+fn read_composition(value: &Map<String, Value>) -> Result<Option<Map<String, Value>>, Refusal> {
+    let composition = match value.get("composition") {
+        None => None,
+        Some(Value::Object(c)) => Some(c.clone()),
+        Some(_) => return Err(field("plan", "`plan.composition` must be an object")),
+    };
+    if let Some(v) = composition.as_ref().and_then(|c| c.get("join_version")) {
+        if v.as_u64() != Some(u64::from(broca_wal::planrec::JOIN_VERSION)) {
+            return Err(field(
+                "plan",
+                format!(
+                    "`plan.composition.join_version` {v}: this runner joins system text by \
+                     version {}",
+                    broca_wal::planrec::JOIN_VERSION
+                ),
+            ));
+        }
+    }
+    Ok(composition)
+}
+
+/// A plan's answers as admission takes them in, one provider after the other: the plan it
+/// freezes, the tools, commands and texts they gave, and where they disagree with the plan.
+struct Admitting {
+    frozen: FrozenPlan,
+    tools: Vec<ToolSpec>,
+    commands: Vec<FrozenCommand>,
+    differences: Vec<Value>,
+    texts: Vec<String>,
+}
+
+impl Admitting {
+    fn new(plan: &Plan) -> Admitting {
+        Admitting {
+            frozen: FrozenPlan {
+                plan: Value::Object(plan.value.clone()).to_string(),
+                identity: plan.identity.clone(),
+                composition_digest: plan.composition_digest.clone(),
+                items: Vec::new(),
+                absent_items: Vec::new(),
+                system_text: None,
+                join_version: broca_wal::planrec::JOIN_VERSION,
+                tools: Vec::new().into(),
+                tools_digest: String::new(),
+                capabilities: Vec::new(),
+                user_commands: Vec::new(),
+                interactive: plan.interactive,
+                generation: 0,
+            },
+            tools: Vec::new(),
+            commands: Vec::new(),
+            differences: Vec::new(),
+            texts: Vec::new(),
+        }
+    }
+
+    /// A provider whose answer did not arrive: refused when an item of it is required, else
+    /// its items named absent.
+    fn missed(&mut self, fetch: &Fetch, missed: &Missed) -> Result<(), Refusal> {
+        let provider = &fetch.provider;
+        let required = [&fetch.tools, &fetch.text]
+            .into_iter()
+            .flatten()
+            .any(|i| !i.optional);
+        if required {
+            return Err(Refusal::FetchUnavailable {
+                provider: provider.clone(),
+                why: missed.why(),
+            });
+        }
+        for (item, kind) in [(&fetch.tools, "tools"), (&fetch.text, "system_text")] {
+            if item.is_some() {
+                self.frozen.absent_items.push(missed.absent(provider, kind));
+            }
+        }
+        Ok(())
+    }
+
+    /// A provider's answer: its items frozen, its tools, commands, capabilities and text
+    /// taken, and where it disagrees with the plan noted.
+    fn arrived(&mut self, plan: &Plan, fetch: &Fetch, arrived: &Arrived) {
+        let provider = &fetch.provider;
+        let answer = &arrived.answer;
+        let both = fetch.tools.is_some() && fetch.text.is_some();
+        let name = |kind: &str| both.then(|| kind.to_string());
+        let offered: Vec<&str> = arrived.specs.iter().map(|s| s.name.as_str()).collect();
+        self.differences
+            .extend(plan.differences(provider, answer, &offered));
+        if fetch.tools.is_some() {
+            self.frozen.items.push(PlanItem {
+                provider: provider.clone(),
+                item: name("tools"),
+                item_digest: answer.catalog_digest.clone(),
+                preflight_digest: None,
+            });
+            self.tools.extend(arrived.specs.iter().cloned());
+        }
+        if fetch.text.is_some() {
+            match &answer.system_text {
+                Some(text) => {
+                    check_text(provider, text, &offered, &mut self.differences);
+                    self.frozen.items.push(PlanItem {
+                        provider: provider.clone(),
+                        item: name("system_text"),
+                        item_digest: text.item_digest.clone(),
+                        preflight_digest: Some(text.preflight_digest.clone()),
+                    });
+                    if let Some(t) = text.text.as_ref().filter(|t| !t.is_empty()) {
+                        self.texts.push(t.clone());
+                    }
+                }
+                None => self.differences.push(json!({"kind": "system_text",
+                    "provider": provider, "why": "the answer carries no system_text"})),
+            }
+        }
+        self.take_declared(provider, answer);
+    }
+
+    /// A provider's person-only commands and the capabilities it declares.
+    fn take_declared(&mut self, provider: &str, answer: &CatalogAnswer) {
+        self.commands
+            .extend(answer.user_commands.iter().map(|c| FrozenCommand {
+                provider: provider.to_string(),
+                name: c.name.clone(),
+                description: c.description.clone(),
+                argument_hint: c.argument_hint.clone(),
+            }));
+        let declared: Vec<String> = answer
+            .capabilities
+            .iter()
+            .filter(|(_, v)| **v == Value::Bool(true))
+            .map(|(k, _)| k.clone())
+            .collect();
+        if !declared.is_empty() {
+            self.frozen.capabilities.push(ProviderCapabilities {
+                provider: provider.to_string(),
+                names: declared,
+            });
+        }
+    }
+
+    /// The plan the session freezes, or the refusal: answers that disagree with the plan,
+    /// two providers offering one tool name or declaring one command.
+    fn finish(mut self, interactive: bool) -> Result<FrozenPlan, Refusal> {
+        if !self.differences.is_empty() {
+            return Err(Refusal::PlanStale {
+                differences: self.differences,
+            });
+        }
+        collisions(&self.tools)?;
+        command_collisions(&self.commands)?;
+        if interactive {
+            self.frozen.user_commands = self.commands;
+        }
+        self.frozen.tools_digest = crate::tools_digest(&self.tools);
+        self.frozen.tools = self.tools.into();
+        if !self.texts.is_empty() {
+            self.frozen.system_text = Some(self.texts.join("\n\n"));
+        }
+        Ok(self.frozen)
+    }
 }
 
 /// One `tool_items` or `system_text_items` entry read.

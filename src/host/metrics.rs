@@ -329,6 +329,23 @@ pub async fn render(ctx: &Host) -> String {
             ));
         }
     }
+    process_counters(&mut out, ctx);
+    let wal_dir = ctx.wal_dir.clone();
+    let mem = broca_io::blocking::run(broca_io::blocking::Kind::WalRead, move || {
+        crate::memory::measure(&wal_dir)
+    })
+    .await;
+    memory(&mut out, &mem);
+    storage(&mut out, ctx);
+    outcomes(&mut out, &stats);
+    diagnostics(&mut out, ctx, &stats);
+    fsync_histogram(&mut out, &stats);
+    out
+}
+
+/// The process's own counters: step hints, trace spans, the mesh, plans, commands, changes,
+/// the archive.
+fn process_counters(out: &mut String, ctx: &Host) {
     if let Some((published, dropped, connects)) = ctx.step_hint_counts() {
         out.push_str(&format!(
             "# HELP broca_step_hints_total Step hints (step.finished.v1) handed to the daemon's bus, or dropped (queue full, bus unreachable).\n# TYPE broca_step_hints_total counter\nbroca_step_hints_total{{outcome=\"published\"}} {}\nbroca_step_hints_total{{outcome=\"dropped\"}} {}\n# HELP broca_bus_connects_total Connections made to the daemon's bus.\n# TYPE broca_bus_connects_total counter\nbroca_bus_connects_total {}\n",
@@ -356,11 +373,10 @@ pub async fn render(ctx: &Host) -> String {
         broca_archive::PACKED.load(std::sync::atomic::Ordering::Relaxed),
         broca_archive::RESTORED.load(std::sync::atomic::Ordering::Relaxed),
     ));
-    let wal_dir = ctx.wal_dir.clone();
-    let mem = broca_io::blocking::run(broca_io::blocking::Kind::WalRead, move || {
-        crate::memory::measure(&wal_dir)
-    })
-    .await;
+}
+
+/// The process's memory by kind.
+fn memory(out: &mut String, mem: &crate::memory::Memory) {
     out.push_str("# HELP broca_memory_bytes The process's memory by kind: `anonymous` (heap and stacks), `store_map` (the store's LMDB map: file-backed, reclaimable), `file` (other file-backed pages: the binary, its libraries), and apart from the resident set, `wal_page_cache` (the kernel's page cache of the WAL files).\n# TYPE broca_memory_bytes gauge\n");
     for (kind, bytes) in [
         ("anonymous", Some(mem.anonymous)),
@@ -372,6 +388,10 @@ pub async fn render(ctx: &Host) -> String {
             out.push_str(&format!("broca_memory_bytes{{kind=\"{kind}\"}} {bytes}\n"));
         }
     }
+}
+
+/// The storage's health: failed WAL writes by kind, a full file system.
+fn storage(out: &mut String, ctx: &Host) {
     out.push_str("# HELP broca_wal_write_errors_total WAL writes (and opens for writing) that failed, by kind.\n# TYPE broca_wal_write_errors_total counter\n");
     for (kind, n) in ctx.storage.write_errors() {
         out.push_str(&format!(
@@ -383,8 +403,12 @@ pub async fn render(ctx: &Host) -> String {
         ctx.storage.full_refusals(),
         u8::from(ctx.storage.full_since().is_some()),
     ));
+}
+
+/// Model errors by class, runs by finish reason and tool calls by outcome, per shard.
+fn outcomes(out: &mut String, stats: &[ShardStats]) {
     out.push_str("# HELP broca_model_errors_total Failed model attempts by error class.\n# TYPE broca_model_errors_total counter\n");
-    for s in &stats {
+    for s in stats {
         for (class, n) in &s.model_errors {
             out.push_str(&format!(
                 "broca_model_errors_total{{shard=\"{}\",class=\"{}\"}} {n}\n",
@@ -394,8 +418,8 @@ pub async fn render(ctx: &Host) -> String {
         }
     }
     labelled(
-        &mut out,
-        &stats,
+        out,
+        stats,
         (
             "broca_runs_finished_total",
             "Runs ended, by finish reason (paused: waiting for the caller).",
@@ -404,8 +428,8 @@ pub async fn render(ctx: &Host) -> String {
         |s| &s.runs_finished,
     );
     labelled(
-        &mut out,
-        &stats,
+        out,
+        stats,
         (
             "broca_tool_calls_total",
             "Tool calls answered, by outcome (as run.tool_calls names it).",
@@ -413,9 +437,12 @@ pub async fn render(ctx: &Host) -> String {
         ),
         |s| &s.tool_calls,
     );
-    diagnostics(&mut out, ctx, &stats);
+}
+
+/// fdatasync's latency, a histogram per shard.
+fn fsync_histogram(out: &mut String, stats: &[ShardStats]) {
     out.push_str("# HELP broca_wal_fsync_seconds fdatasync latency.\n# TYPE broca_wal_fsync_seconds histogram\n");
-    for s in &stats {
+    for s in stats {
         let mut cumulative = 0u64;
         for (i, count) in s.commit.fsync_latency_buckets.iter().enumerate() {
             cumulative += count;
@@ -436,16 +463,25 @@ pub async fn render(ctx: &Host) -> String {
             cumulative
         ));
     }
-    out
 }
 
 /// Where time and bytes go: the blocking pool's jobs by kind, the queues' depths, and each
 /// shard's traffic by origin.
 fn diagnostics(out: &mut String, ctx: &Host, stats: &[ShardStats]) {
+    blocking_pool(out);
+    queues(out, ctx, stats);
+    egress(out, stats);
+}
+
+/// The `# HELP` and `# TYPE` lines of family `name`.
+fn head(out: &mut String, name: &str, kind: &str, help: &str) {
     use std::fmt::Write as _;
-    let head = |out: &mut String, name: &str, kind: &str, help: &str| {
-        let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n");
-    };
+    let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n");
+}
+
+/// The blocking pool's jobs, their time and those under way, by kind.
+fn blocking_pool(out: &mut String) {
+    use std::fmt::Write as _;
     let blocking = broca_io::blocking::stats();
     head(
         out,
@@ -489,6 +525,11 @@ fn diagnostics(out: &mut String, ctx: &Host, stats: &[ShardStats]) {
             b.under_way
         );
     }
+}
+
+/// The depths of the mesh's queues, of the sessions' inboxes and of the store's hand-off.
+fn queues(out: &mut String, ctx: &Host, stats: &[ShardStats]) {
+    use std::fmt::Write as _;
     head(
         out,
         "broca_mesh_queue_depth",
@@ -522,6 +563,11 @@ fn diagnostics(out: &mut String, ctx: &Host, stats: &[ShardStats]) {
         "broca_store_queue_depth {}",
         crate::start::STORE_QUEUE.load(std::sync::atomic::Ordering::Acquire)
     );
+}
+
+/// Each shard's HTTP traffic by origin: bytes, connections, reuses, idle connections.
+fn egress(out: &mut String, stats: &[ShardStats]) {
+    use std::fmt::Write as _;
     head(out, "broca_egress_bytes_total", "counter",
         "Bytes the shard's HTTP client sent (out) and received (in), by origin (`other`: origins past the first 64).");
     for s in stats {

@@ -1,6 +1,6 @@
 //! Reasoning pruned as the archive packs (llm-runner/v1 `archive_prunes_reasoning`,
 //! docs/retention.md): with the serve config's `prune_reasoning` set, the archive rewrites
-//! each session it packs through [`prune_reasoning`] (broca-core's `prune_log`), and the
+//! each session it packs through [`prune_reasoning`] (broca-read's `prune_log`), and the
 //! copies this process keeps of a rewritten session are made again from the new bytes: the
 //! readers' cache drops it, and the store takes its projection out and projects it anew.
 
@@ -10,7 +10,7 @@ use crate::Host;
 
 /// The archive's rewrite of a session's WAL bytes: its reasoning pruned now (the sessions'
 /// clock, which records' times use).
-pub fn prune_reasoning(bytes: &[u8]) -> Result<Option<Vec<u8>>, String> {
+pub fn prune_reasoning(bytes: &[u8]) -> Result<Option<Vec<u8>>, broca_archive::RewriteError> {
     let now = broca_session::now_unix_ms();
     Ok(broca_read::prune::prune_log(bytes, now)?.map(|p| p.bytes))
 }

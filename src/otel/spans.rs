@@ -62,6 +62,18 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// The usage a span reports: what the provider measured, absent where it did not.
+fn usage_attrs(span: &mut Span, usage: &broca_protocol::Usage) {
+    if let Some(n) = usage.input {
+        span.attrs
+            .push(("gen_ai.usage.input_tokens", Value::Int(n as i64)));
+    }
+    if let Some(n) = usage.output {
+        span.attrs
+            .push(("gen_ai.usage.output_tokens", Value::Int(n as i64)));
+    }
+}
+
 fn ns(ms: u64) -> u64 {
     ms.saturating_mul(1_000_000)
 }
@@ -106,7 +118,7 @@ impl SessionSpans {
 
     /// The spans `record` finishes.
     pub fn observe(&mut self, record: &Record) -> Vec<Span> {
-        match record {
+        let span = match record {
             Record::RunStarted(r) => {
                 self.run = Some(OpenRun {
                     run_id: r.run_id.clone(),
@@ -116,52 +128,17 @@ impl SessionSpans {
                     step: None,
                     calls: Vec::new(),
                 });
-                Vec::new()
+                None
             }
             Record::StepStarted(s) => {
                 if let Some(run) = self.open(&s.run_id) {
                     run.step = Some((s.step, s.at_unix_ms.unwrap_or_else(now_ms)));
                 }
-                Vec::new()
+                None
             }
-            Record::ModelStepFinished(m) => {
-                let end = m.at_unix_ms.unwrap_or_else(now_ms);
-                let Some(run) = self.open(&m.run_id) else {
-                    return Vec::new();
-                };
-                let start = run.step.map_or(end, |(_, at)| at);
-                let mut span = run.chat(m.step, m.attempt, start, end);
-                if let Some(n) = m.usage.input {
-                    span.attrs
-                        .push(("gen_ai.usage.input_tokens", Value::Int(n as i64)));
-                }
-                if let Some(n) = m.usage.output {
-                    span.attrs
-                        .push(("gen_ai.usage.output_tokens", Value::Int(n as i64)));
-                }
-                span.attrs.push((
-                    "gen_ai.response.finish_reasons",
-                    Value::Strs(vec![label(&m.finish_reason)]),
-                ));
-                if let Some(id) = &m.request_id {
-                    span.attrs
-                        .push(("gen_ai.response.id", Value::Str(id.clone())));
-                }
-                vec![span]
-            }
+            Record::ModelStepFinished(m) => self.open(&m.run_id).map(|run| run.step_span(m)),
             Record::ModelAttemptFinished(a) => {
-                let end = a.at_unix_ms.unwrap_or_else(now_ms);
-                let Some(run) = self.open(&a.run_id) else {
-                    return Vec::new();
-                };
-                let start = run.step.map_or(end, |(_, at)| at);
-                let mut span = run.chat(a.step, a.attempt, start, end);
-                let class = label(&a.error.class);
-                span.attrs.push(("error.type", Value::Str(class.clone())));
-                span.error = Some(class);
-                // The next attempt of the step starts now.
-                run.step = Some((a.step, end));
-                vec![span]
+                self.open(&a.run_id).map(|run| run.failed_attempt_span(a))
             }
             Record::ToolDispatchIntent(t) => {
                 let at = t.at_unix_ms.unwrap_or_else(now_ms);
@@ -171,98 +148,16 @@ impl SessionSpans {
                         run.calls.push((call.id.clone(), call.name.clone(), to, at));
                     }
                 }
-                Vec::new()
+                None
             }
-            Record::ToolResult(t) => {
-                let end = t.at_unix_ms.unwrap_or_else(now_ms);
-                let Some(run) = self.open(&t.run_id) else {
-                    return Vec::new();
-                };
-                let Some(at) = run.calls.iter().position(|c| c.0 == t.result.call_id) else {
-                    return Vec::new();
-                };
-                let (call_id, name, to, start) = run.calls.remove(at);
-                let mut span = run.child(
-                    &["tool", &call_id],
-                    format!("execute_tool {name}"),
-                    Kind::Internal,
-                    start,
-                    end,
-                );
-                span.attrs.extend([
-                    ("gen_ai.operation.name", Value::Str("execute_tool".into())),
-                    ("gen_ai.tool.name", Value::Str(name)),
-                    ("gen_ai.tool.call.id", Value::Str(call_id)),
-                    ("gen_ai.tool.type", Value::Str("function".into())),
-                ]);
-                if let Some(to) = to {
-                    span.attrs
-                        .push(("broca.tool.dispatched_to", Value::Str(to)));
-                }
-                if t.result.is_error {
-                    let why = t
-                        .result
-                        .reason
-                        .clone()
-                        .unwrap_or_else(|| "tool_error".into());
-                    span.attrs.push(("error.type", Value::Str(why.clone())));
-                    span.error = Some(why);
-                }
-                vec![span]
-            }
+            Record::ToolResult(t) => self.open(&t.run_id).and_then(|run| run.tool_span(t)),
             Record::RunFinished(f) => {
-                let end = f.at_unix_ms.unwrap_or_else(now_ms);
-                let Some(run) = self.run.take().filter(|r| r.run_id == f.run_id) else {
-                    return Vec::new();
-                };
-                let mut span = Span {
-                    trace_id: trace_id(&run.run_id),
-                    span_id: run_span_id(&run.run_id),
-                    parent: None,
-                    name: "invoke_agent broca".into(),
-                    kind: Kind::Internal,
-                    start_ns: ns(run.start_ms),
-                    end_ns: ns(end.max(run.start_ms)),
-                    attrs: vec![
-                        ("gen_ai.operation.name", Value::Str("invoke_agent".into())),
-                        ("gen_ai.agent.name", Value::Str("broca".into())),
-                        (
-                            "gen_ai.conversation.id",
-                            Value::Str(self.conversation.clone()),
-                        ),
-                        ("gen_ai.provider.name", Value::Str(run.provider.clone())),
-                        ("gen_ai.request.model", Value::Str(run.model.clone())),
-                        ("broca.run.id", Value::Str(run.run_id.clone())),
-                        ("broca.run.finish", Value::Str(f.reason.as_str().into())),
-                    ],
-                    error: None,
-                };
-                if let Some(n) = f.usage.input {
-                    span.attrs
-                        .push(("gen_ai.usage.input_tokens", Value::Int(n as i64)));
-                }
-                if let Some(n) = f.usage.output {
-                    span.attrs
-                        .push(("gen_ai.usage.output_tokens", Value::Int(n as i64)));
-                }
-                if !f.indeterminate_tool_calls.is_empty() {
-                    span.attrs.push((
-                        "broca.run.indeterminate_tool_calls",
-                        Value::Strs(f.indeterminate_tool_calls.clone()),
-                    ));
-                }
-                if matches!(f.reason, FinishKind::Error | FinishKind::Interrupted) {
-                    let why = f.detail.clone().unwrap_or_else(|| f.reason.as_str().into());
-                    span.attrs
-                        .push(("error.type", Value::Str(f.reason.as_str().into())));
-                    span.error = Some(why);
-                }
-                // The calls left open have no result: the run span names them; no span of
-                // their own (their end is unknown).
-                vec![span]
+                let run = self.run.take().filter(|r| r.run_id == f.run_id);
+                run.map(|run| run.run_span(f, &self.conversation))
             }
-            _ => Vec::new(),
-        }
+            _ => None,
+        };
+        span.into_iter().collect()
     }
 
     fn open(&mut self, run_id: &str) -> Option<&mut OpenRun> {
@@ -271,6 +166,111 @@ impl SessionSpans {
 }
 
 impl OpenRun {
+    /// A model step's `chat` span, from its step's start (or its last failed attempt's end).
+    fn step_span(&mut self, m: &broca_wal::runrec::ModelStepFinished) -> Span {
+        let end = m.at_unix_ms.unwrap_or_else(now_ms);
+        let start = self.step.map_or(end, |(_, at)| at);
+        let mut span = self.chat(m.step, m.attempt, start, end);
+        usage_attrs(&mut span, &m.usage);
+        span.attrs.push((
+            "gen_ai.response.finish_reasons",
+            Value::Strs(vec![label(&m.finish_reason)]),
+        ));
+        if let Some(id) = &m.request_id {
+            span.attrs
+                .push(("gen_ai.response.id", Value::Str(id.clone())));
+        }
+        span
+    }
+
+    /// A failed model attempt's `chat` span, its error's class as its error; the step's next
+    /// attempt starts at its end.
+    fn failed_attempt_span(&mut self, a: &broca_wal::runrec::ModelAttemptFinished) -> Span {
+        let end = a.at_unix_ms.unwrap_or_else(now_ms);
+        let start = self.step.map_or(end, |(_, at)| at);
+        let mut span = self.chat(a.step, a.attempt, start, end);
+        let class = label(&a.error.class);
+        span.attrs.push(("error.type", Value::Str(class.clone())));
+        span.error = Some(class);
+        self.step = Some((a.step, end));
+        span
+    }
+
+    /// A tool call's `execute_tool` span, from its intent to its result (none for a result
+    /// whose call this run did not dispatch).
+    fn tool_span(&mut self, t: &broca_wal::runrec::ToolResult) -> Option<Span> {
+        let end = t.at_unix_ms.unwrap_or_else(now_ms);
+        let at = self.calls.iter().position(|c| c.0 == t.result.call_id)?;
+        let (call_id, name, to, start) = self.calls.remove(at);
+        let mut span = self.child(
+            &["tool", &call_id],
+            format!("execute_tool {name}"),
+            Kind::Internal,
+            start,
+            end,
+        );
+        span.attrs.extend([
+            ("gen_ai.operation.name", Value::Str("execute_tool".into())),
+            ("gen_ai.tool.name", Value::Str(name)),
+            ("gen_ai.tool.call.id", Value::Str(call_id)),
+            ("gen_ai.tool.type", Value::Str("function".into())),
+        ]);
+        if let Some(to) = to {
+            span.attrs
+                .push(("broca.tool.dispatched_to", Value::Str(to)));
+        }
+        if t.result.is_error {
+            let why = t
+                .result
+                .reason
+                .clone()
+                .unwrap_or_else(|| "tool_error".into());
+            span.attrs.push(("error.type", Value::Str(why.clone())));
+            span.error = Some(why);
+        }
+        Some(span)
+    }
+
+    /// The run's `invoke_agent` span, the parent of its others. The calls left open have no
+    /// result: the run span names them; no span of their own (their end is unknown).
+    fn run_span(self, f: &broca_wal::runrec::RunFinished, conversation: &str) -> Span {
+        let end = f.at_unix_ms.unwrap_or_else(now_ms);
+        let mut span = Span {
+            trace_id: trace_id(&self.run_id),
+            span_id: run_span_id(&self.run_id),
+            parent: None,
+            name: "invoke_agent broca".into(),
+            kind: Kind::Internal,
+            start_ns: ns(self.start_ms),
+            end_ns: ns(end.max(self.start_ms)),
+            attrs: vec![
+                ("gen_ai.operation.name", Value::Str("invoke_agent".into())),
+                ("gen_ai.agent.name", Value::Str("broca".into())),
+                ("gen_ai.conversation.id", Value::Str(conversation.into())),
+                ("gen_ai.provider.name", Value::Str(self.provider)),
+                ("gen_ai.request.model", Value::Str(self.model)),
+                ("broca.run.id", Value::Str(self.run_id.clone())),
+                ("broca.run.finish", Value::Str(f.reason.as_str().into())),
+            ],
+            error: None,
+        };
+        assert!(span.end_ns >= span.start_ns, "a span ends after it starts");
+        usage_attrs(&mut span, &f.usage);
+        if !f.indeterminate_tool_calls.is_empty() {
+            span.attrs.push((
+                "broca.run.indeterminate_tool_calls",
+                Value::Strs(f.indeterminate_tool_calls.clone()),
+            ));
+        }
+        if matches!(f.reason, FinishKind::Error | FinishKind::Interrupted) {
+            let why = f.detail.clone().unwrap_or_else(|| f.reason.as_str().into());
+            span.attrs
+                .push(("error.type", Value::Str(f.reason.as_str().into())));
+            span.error = Some(why);
+        }
+        span
+    }
+
     fn child(&self, parts: &[&str], name: String, kind: Kind, start: u64, end: u64) -> Span {
         let mut key = vec![self.run_id.as_str()];
         key.extend_from_slice(parts);

@@ -121,62 +121,9 @@ pub fn units(seq: u64, record: &Record) -> Vec<Unit> {
         Record::RunStarted(r) => run_started(seq, r),
         Record::StepStarted(r) => vec![Unit::plain(with_type("step_started", val(r)))],
         Record::ModelAttemptFinished(r) => vec![Unit::plain(with_type("attempt_failed", val(r)))],
-        Record::ModelStepFinished(r) => {
-            let mid = broca_core::replay::assistant_mid(seq, r).to_string();
-            let body = json!({
-                "type": "message",
-                "run_id": r.run_id,
-                "step": r.step,
-                "message": {"role": "assistant", "content": val(&r.content)},
-                "usage": val(&r.usage),
-                "finish_reason": val(&r.finish_reason),
-            });
-            vec![
-                Unit::message_started(&mid, ("run_id", &r.run_id)),
-                Unit::message(&mid, body),
-            ]
-        }
-        Record::ToolDispatchIntent(r) => r
-            .calls
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                let body = json!({"type": "tool_call", "run_id": r.run_id, "step": r.step, "call": val(c)});
-                // A log that does not name the message holding the calls (older ones) has no
-                // event for them.
-                let Some(mid) = r.step_seq.map(|s| s.to_string()) else {
-                    return Unit::plain(body);
-                };
-                let args: Value = serde_json::from_str(c.input.get()).unwrap_or(Value::Null);
-                let mut event =
-                    ToolStarted::new(mid, c.id.clone(), c.name.clone(), &args, None, r.at_unix_ms);
-                if let Some(key) = r.call_key(i) {
-                    event = event.with_call_key(key);
-                }
-                if let Some(pin) = r.schema_pin(i) {
-                    event = event.with_schema_pin(pin);
-                }
-                Unit::with(body, LiveEvent::ToolStarted(event))
-            })
-            .collect(),
-        Record::ToolResult(r) => {
-            let mid = seq.to_string();
-            let body = json!({"type": "tool_result", "run_id": r.run_id, "result": val(&r.result)});
-            let of = ("run_id", r.run_id.as_str());
-            let mut out = vec![Unit::message_started(&mid, of)];
-            if let Some(holder) = r.step_seq {
-                let identity = (r.call_key.as_deref(), r.schema_pin.as_deref());
-                out.push(tool_finished(
-                    &holder.to_string(),
-                    of,
-                    &r.result,
-                    r.at_unix_ms,
-                    identity,
-                ));
-            }
-            out.push(Unit::message(&mid, body));
-            out
-        }
+        Record::ModelStepFinished(r) => step_finished(seq, r),
+        Record::ToolDispatchIntent(r) => dispatched(r),
+        Record::ToolResult(r) => tool_result(seq, r),
         Record::RunPaused(r) => vec![Unit::with(
             with_type("run_paused", val(r)),
             LiveEvent::RunPaused(RunEnded::new(r.run_id.clone(), r.reason.clone())),
@@ -206,28 +153,95 @@ pub fn units(seq: u64, record: &Record) -> Vec<Unit> {
             "mid": seq.to_string(),
             "prompt": r.prompt,
         }))],
-        Record::EpisodeImported(r) => {
-            let mut out = vec![Unit::plain(json!({
-                "type": "episode_imported",
-                "import_id": r.import_id,
-                "origin": val(&r.origin),
-                "messages": r.messages.len(),
-                "outcome_unknown": r.outcome_unknown,
-                "pending": r.pending,
-                "notes": val(&r.notes),
-            }))];
-            let mut holder: Option<String> = None;
-            for (i, m) in r.messages.iter().enumerate() {
-                let mid = broca_core::entries::imported_mid(seq, i);
-                let body = json!({"type": "message", "import_id": r.import_id, "message": val(m)});
-                let of = ("import_id", r.import_id.as_str());
-                out.push(Unit::message_started(&mid, of));
-                out.extend(imported_calls(&mid, of, m, &mut holder));
-                out.push(Unit::message(&mid, body));
-            }
-            out
-        }
+        Record::EpisodeImported(r) => imported(seq, r),
     }
+}
+
+/// A model step's units: its message started, then its message.
+fn step_finished(seq: u64, r: &broca_wal::runrec::ModelStepFinished) -> Vec<Unit> {
+    let mid = broca_core::replay::assistant_mid(seq, r).to_string();
+    let body = json!({
+        "type": "message",
+        "run_id": r.run_id,
+        "step": r.step,
+        "message": {"role": "assistant", "content": val(&r.content)},
+        "usage": val(&r.usage),
+        "finish_reason": val(&r.finish_reason),
+    });
+    vec![
+        Unit::message_started(&mid, ("run_id", &r.run_id)),
+        Unit::message(&mid, body),
+    ]
+}
+
+/// A dispatch intent's units: a `tool_call` for each call, with its `tool_started` event
+/// where the log names the message holding the calls (older ones do not).
+fn dispatched(r: &broca_wal::runrec::ToolDispatchIntent) -> Vec<Unit> {
+    r.calls
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let body =
+                json!({"type": "tool_call", "run_id": r.run_id, "step": r.step, "call": val(c)});
+            let Some(mid) = r.step_seq.map(|s| s.to_string()) else {
+                return Unit::plain(body);
+            };
+            let args: Value = serde_json::from_str(c.input.get()).unwrap_or(Value::Null);
+            let mut event =
+                ToolStarted::new(mid, c.id.clone(), c.name.clone(), &args, None, r.at_unix_ms);
+            if let Some(key) = r.call_key(i) {
+                event = event.with_call_key(key);
+            }
+            if let Some(pin) = r.schema_pin(i) {
+                event = event.with_schema_pin(pin);
+            }
+            Unit::with(body, LiveEvent::ToolStarted(event))
+        })
+        .collect()
+}
+
+/// A tool result's units: its message started, the call's `tool_finished` (where the log
+/// names the message holding the call), then its message.
+fn tool_result(seq: u64, r: &broca_wal::runrec::ToolResult) -> Vec<Unit> {
+    let mid = seq.to_string();
+    let body = json!({"type": "tool_result", "run_id": r.run_id, "result": val(&r.result)});
+    let of = ("run_id", r.run_id.as_str());
+    let mut out = vec![Unit::message_started(&mid, of)];
+    if let Some(holder) = r.step_seq {
+        let identity = (r.call_key.as_deref(), r.schema_pin.as_deref());
+        out.push(tool_finished(
+            &holder.to_string(),
+            of,
+            &r.result,
+            r.at_unix_ms,
+            identity,
+        ));
+    }
+    out.push(Unit::message(&mid, body));
+    out
+}
+
+/// An imported episode's units: the episode, then each message with its tool events.
+fn imported(seq: u64, r: &broca_wal::importrec::EpisodeImported) -> Vec<Unit> {
+    let mut out = vec![Unit::plain(json!({
+        "type": "episode_imported",
+        "import_id": r.import_id,
+        "origin": val(&r.origin),
+        "messages": r.messages.len(),
+        "outcome_unknown": r.outcome_unknown,
+        "pending": r.pending,
+        "notes": val(&r.notes),
+    }))];
+    let mut holder: Option<String> = None;
+    for (i, m) in r.messages.iter().enumerate() {
+        let mid = broca_core::entries::imported_mid(seq, i);
+        let body = json!({"type": "message", "import_id": r.import_id, "message": val(m)});
+        let of = ("import_id", r.import_id.as_str());
+        out.push(Unit::message_started(&mid, of));
+        out.extend(imported_calls(&mid, of, m, &mut holder));
+        out.push(Unit::message(&mid, body));
+    }
+    out
 }
 
 /// The tool events of an imported message `mid`: `tool_started` for each call it makes,

@@ -52,26 +52,120 @@ pub struct PrunedLog {
     pub state: PruneState,
 }
 
+/// Why a log cannot be pruned (it is then packed as it is).
+#[derive(Debug)]
+pub enum PruneError {
+    /// The log's frames do not read.
+    Unreadable(String),
+    /// The log is damaged past a torn tail.
+    Damaged(String),
+    /// The record at `offset` does not decode.
+    Undecodable { offset: u64, why: String },
+    /// The record `seq` does not fit its session.
+    Misfit {
+        seq: u64,
+        reason: broca_core::replay::Misfit,
+    },
+    /// A pruned part has no canonical form.
+    Canonical(String),
+    /// The prune's own record would pass a record's limit.
+    TooLarge,
+}
+
+impl std::fmt::Display for PruneError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PruneError::Unreadable(why) => write!(f, "the log does not read: {why}"),
+            PruneError::Damaged(reason) => write!(f, "the log is damaged: {reason}"),
+            PruneError::Undecodable { offset, why } => {
+                write!(f, "the record at offset {offset} does not decode: {why}")
+            }
+            PruneError::Misfit { seq, reason } => {
+                write!(f, "the log does not replay: record {seq}: {reason}")
+            }
+            PruneError::Canonical(why) => write!(f, "a pruned part has no canonical form: {why}"),
+            PruneError::TooLarge => {
+                f.write_str("the prune's record would be over a record's limit")
+            }
+        }
+    }
+}
+
+impl std::error::Error for PruneError {}
+
 /// Prunes the reasoning of the log `bytes` (a session at rest: the archive checked that no
 /// run is open), made at `at_unix_ms`. `Ok(None)` when nothing is left to prune (the log is
 /// then packed as it is); `Err` names why the log cannot be pruned (it is then packed as it
 /// is too).
-pub fn prune_log(bytes: &[u8], at_unix_ms: u64) -> Result<Option<PrunedLog>, String> {
-    let scan = broca_wal::scan(bytes).map_err(|e| e.to_string())?;
+pub fn prune_log(bytes: &[u8], at_unix_ms: u64) -> Result<Option<PrunedLog>, PruneError> {
+    let scan = broca_wal::scan(bytes).map_err(|e| PruneError::Unreadable(e.to_string()))?;
     if let Verdict::Corrupt { reason } = &scan.verdict {
-        return Err(format!("the log is damaged: {reason}"));
+        return Err(PruneError::Damaged(reason.to_string()));
     }
     let bytes = &bytes[..scan.end as usize];
     let decoded = scan
         .decode(bytes)
-        .map_err(|(offset, why)| format!("the record at offset {offset} does not decode: {why}"))?;
+        .map_err(|(offset, why)| PruneError::Undecodable {
+            offset,
+            why: why.to_string(),
+        })?;
     // One pass: each record applied as replay applies it; a record carrying reasoning is
     // applied as written (its message's entry then holds the original), then pruned.
-    let mut session = Session::with_entries();
-    let mut rewritten: HashMap<u64, Vec<u8>> = HashMap::new();
-    let mut messages = Vec::new();
-    let mut through = 0u64;
+    let mut pruner = Pruner::new();
     for (seq, record) in decoded.records {
+        pruner.apply(seq, record)?;
+    }
+    // A session whose plan names a compaction provider is never pruned: its provider holds
+    // copies of what it read, and the compaction contract defines no acceptance of a re-read
+    // that differs (llm-runner/v1 0.8, `archive_prunes_reasoning`).
+    let session = &pruner.session;
+    if pruner.messages.is_empty() || broca_ck::provided::provider_of(session).is_some() {
+        return Ok(None);
+    }
+    let prior = session.prunes.state;
+    let state = PruneState::new(
+        prior.map_or(1, |p| p.generation + 1),
+        prior.map_or(pruner.through, |p| p.through_ordinal.max(pruner.through)),
+        at_unix_ms,
+    );
+    assert!(state.generation > 0, "a prune's generation counts from 1");
+    let parts = pruner.messages.iter().map(|m| m.parts.len()).sum();
+    assert!(parts > 0, "a message pruned had a part emptied");
+    let record = Record::ReasoningPruned(Box::new(ReasoningPruned {
+        generation: state.generation,
+        through_ordinal: state.through_ordinal,
+        at_unix_ms,
+        messages: std::mem::take(&mut pruner.messages),
+    }));
+    let out = rewrite(&scan, bytes, &pruner.rewritten, &record)?;
+    Ok(Some(PrunedLog {
+        bytes: out,
+        parts,
+        state,
+    }))
+}
+
+/// A log's prune as it goes: the session as its records replay, the payloads rewritten by
+/// seq, the messages pruned and the newest ordinal among them.
+struct Pruner {
+    session: Session,
+    rewritten: HashMap<u64, Vec<u8>>,
+    messages: Vec<PrunedMessage>,
+    through: u64,
+}
+
+impl Pruner {
+    fn new() -> Pruner {
+        Pruner {
+            session: Session::with_entries(),
+            rewritten: HashMap::new(),
+            messages: Vec::new(),
+            through: 0,
+        }
+    }
+
+    /// Applies one record, and prunes the reasoning it carries.
+    fn apply(&mut self, seq: u64, record: Record) -> Result<(), PruneError> {
         let carries = match &record {
             Record::ModelStepFinished(r) => r.content.iter().any(carries_reasoning),
             Record::EpisodeImported(r) => r
@@ -80,58 +174,22 @@ pub fn prune_log(bytes: &[u8], at_unix_ms: u64) -> Result<Option<PrunedLog>, Str
                 .any(|m| m.content.iter().any(carries_reasoning)),
             _ => false,
         };
-        let misfit = |reason| format!("the log does not replay: record {seq}: {reason}");
+        let misfit = |reason| PruneError::Misfit { seq, reason };
         if !carries {
-            session.apply(seq, record).map_err(misfit)?;
-            continue;
+            return self.session.apply(seq, record).map_err(misfit);
         }
-        session.apply(seq, record.clone()).map_err(misfit)?;
-        let entries = session.entries.as_ref().map_or(&[][..], |e| &e.list[..]);
-        // One message: pruned when its entry (one of the newest) holds it as recorded.
-        let mut prune = |mid: String, content: &mut Vec<Block>| -> Result<bool, String> {
-            if !content.iter().any(carries_reasoning) {
-                return Ok(false);
-            }
-            let Some(index) = entries.iter().rposition(|e| e.mid == mid) else {
-                return Ok(false);
-            };
-            let entry = &entries[index];
-            if !matches!(&entry.body, broca_core::entries::Body::Message(m) if m.content == *content)
-            {
-                return Ok(false);
-            }
-            let stored = entry.body.to_json();
-            let mut parts = Vec::new();
-            for (i, b) in content.iter().enumerate() {
-                if !carries_reasoning(b) {
-                    continue;
-                }
-                let part = &stored["content"][i];
-                let canonical = serde_jcs::to_vec(part).map_err(|e| e.to_string())?;
-                parts.push(PrunedPart {
-                    index: i as u32,
-                    kind: kinds::REASONING.to_string(),
-                    sha256: content_digest(part),
-                    bytes: canonical.len() as u64,
-                });
-            }
-            *content = content.iter().map(emptied).collect();
-            through = through.max(index as u64 + 1);
-            // A message still carrying reasoning was never pruned: its digest as written is
-            // the one over what it holds now.
-            let digest = content_digest(&stored);
-            messages.push(PrunedMessage { mid, digest, parts });
-            Ok(true)
-        };
+        self.session.apply(seq, record.clone()).map_err(misfit)?;
         let changed = match record {
             Record::ModelStepFinished(mut r) => {
                 let mid = broca_core::replay::assistant_mid(seq, &r).to_string();
-                prune(mid, &mut r.content)?.then(|| Record::ModelStepFinished(r))
+                self.prune(mid, &mut r.content)?
+                    .then(|| Record::ModelStepFinished(r))
             }
             Record::EpisodeImported(mut r) => {
                 let mut any = false;
                 for (i, m) in r.messages.iter_mut().enumerate() {
-                    any |= prune(broca_core::entries::imported_mid(seq, i), &mut m.content)?;
+                    let mid = broca_core::entries::imported_mid(seq, i);
+                    any |= self.prune(mid, &mut m.content)?;
                 }
                 any.then(|| Record::EpisodeImported(r))
             }
@@ -140,28 +198,67 @@ pub fn prune_log(bytes: &[u8], at_unix_ms: u64) -> Result<Option<PrunedLog>, Str
         if let Some(record) = changed {
             let mut payload = Vec::new();
             record.encode_payload(&mut payload);
-            rewritten.insert(seq, payload);
+            self.rewritten.insert(seq, payload);
         }
+        Ok(())
     }
-    // A session whose plan names a compaction provider is never pruned: its provider holds
-    // copies of what it read, and the compaction contract defines no acceptance of a re-read
-    // that differs (llm-runner/v1 0.8, `archive_prunes_reasoning`).
-    if messages.is_empty() || broca_ck::provided::provider_of(&session).is_some() {
-        return Ok(None);
+
+    /// Prunes one message's reasoning, when its entry (one of the newest) holds it as
+    /// recorded; `true` when it did.
+    fn prune(&mut self, mid: String, content: &mut Vec<Block>) -> Result<bool, PruneError> {
+        if !content.iter().any(carries_reasoning) {
+            return Ok(false);
+        }
+        let entries = self
+            .session
+            .entries
+            .as_ref()
+            .map_or(&[][..], |e| &e.list[..]);
+        let Some(index) = entries.iter().rposition(|e| e.mid == mid) else {
+            return Ok(false);
+        };
+        let entry = &entries[index];
+        if !matches!(&entry.body, broca_core::entries::Body::Message(m) if m.content == *content) {
+            return Ok(false);
+        }
+        let stored = entry.body.to_json();
+        let mut parts = Vec::new();
+        for (i, b) in content.iter().enumerate() {
+            if !carries_reasoning(b) {
+                continue;
+            }
+            let part = &stored["content"][i];
+            let canonical =
+                serde_jcs::to_vec(part).map_err(|e| PruneError::Canonical(e.to_string()))?;
+            parts.push(PrunedPart {
+                index: i as u32,
+                kind: kinds::REASONING.to_string(),
+                sha256: content_digest(part),
+                bytes: canonical.len() as u64,
+            });
+        }
+        *content = content.iter().map(emptied).collect();
+        assert!(
+            !content.iter().any(carries_reasoning),
+            "a pruned message carries none"
+        );
+        self.through = self.through.max(index as u64 + 1);
+        // A message still carrying reasoning was never pruned: its digest as written is the
+        // one over what it holds now.
+        let digest = content_digest(&stored);
+        self.messages.push(PrunedMessage { mid, digest, parts });
+        Ok(true)
     }
-    let prior = session.prunes.state;
-    let state = PruneState::new(
-        prior.map_or(1, |p| p.generation + 1),
-        prior.map_or(through, |p| p.through_ordinal.max(through)),
-        at_unix_ms,
-    );
-    let parts = messages.iter().map(|m| m.parts.len()).sum();
-    let record = Record::ReasoningPruned(Box::new(ReasoningPruned {
-        generation: state.generation,
-        through_ordinal: state.through_ordinal,
-        at_unix_ms,
-        messages,
-    }));
+}
+
+/// The log `bytes` (as `scan` read it) written again with the `rewritten` payloads in place
+/// and `record` after its last: every frame keeps its seq and epoch.
+fn rewrite(
+    scan: &broca_wal::recovery::Scan,
+    bytes: &[u8],
+    rewritten: &HashMap<u64, Vec<u8>>,
+    record: &Record,
+) -> Result<Vec<u8>, PruneError> {
     let tag = scan.header.lineage_tag();
     let start = scan.header.data_offset as usize;
     let mut out = Vec::with_capacity(bytes.len() + 4096);
@@ -181,7 +278,7 @@ pub fn prune_log(bytes: &[u8], at_unix_ms: u64) -> Result<Option<PrunedLog>, Str
     let mut payload = Vec::new();
     record.encode_payload(&mut payload);
     if payload.len() > frame::PAYLOAD_BYTES_MAX {
-        return Err("the prune's record would be over a record's limit".into());
+        return Err(PruneError::TooLarge);
     }
     put(
         &mut out,
@@ -190,9 +287,5 @@ pub fn prune_log(bytes: &[u8], at_unix_ms: u64) -> Result<Option<PrunedLog>, Str
         record.kind(),
         &payload,
     );
-    Ok(Some(PrunedLog {
-        bytes: out,
-        parts,
-        state,
-    }))
+    Ok(out)
 }

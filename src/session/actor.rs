@@ -330,98 +330,125 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             Err(u) => admit_unprepared(&u, &self.state),
         }
         .map_err(ActorError::Refused)?;
-        let reply = |run_id: String, existing: bool, pending: Option<String>| SendReply {
+        // The sends a dedupe_key replaces end `superseded` before the send replacing them.
+        while let Admitted::Replacing { ended, then } = admitted {
+            self.supersede(ended, running.as_deref_mut()).await?;
+            admitted = *then;
+        }
+        self.admitted(admitted).await
+    }
+
+    /// Ends the waiting sends a `dedupe_key` replaces: one the running run holds is let go
+    /// of first; one it rendered already was delivered, and is never replaced.
+    async fn supersede(
+        &mut self,
+        ended: Vec<broca_wal::runrec::SendRetracted>,
+        mut running: Option<&mut RunMachine>,
+    ) -> Result<(), ActorError> {
+        for record in ended {
+            let id = record.submission_id.as_str();
+            let held = self
+                .state
+                .pending_steers
+                .iter()
+                .any(|p| p.record.submission_id.as_deref() == Some(id));
+            if let (true, Some(m)) = (held, running.as_deref_mut()) {
+                if !m.withdraw(id) {
+                    continue;
+                }
+            }
+            self.append(Record::SendRetracted(record), false).await?;
+        }
+        Ok(())
+    }
+
+    /// What an admitted send writes and answers: a repeat's answer (nothing written), or
+    /// its record, durable before the answer.
+    async fn admitted(&mut self, admitted: Admitted) -> Result<SendReply, ActorError> {
+        let answer = |run_id: String, existing: bool, pending: Option<String>| SendReply {
             run_id,
             existing,
             pending,
             steer: None,
             joins: None,
         };
-        let (record, reply) = loop {
-            break match admitted {
-                // The sends a dedupe_key replaces end `superseded` before the send replacing them.
-                Admitted::Replacing { ended, then } => {
-                    for record in ended {
-                        // One the running run holds is let go of first; one it rendered
-                        // already was delivered, and is never replaced.
-                        let id = record.submission_id.as_str();
-                        let held = self
-                            .state
-                            .pending_steers
-                            .iter()
-                            .any(|p| p.record.submission_id.as_deref() == Some(id));
-                        if let (true, Some(m)) = (held, running.as_deref_mut()) {
-                            if !m.withdraw(id) {
-                                continue;
-                            }
-                        }
-                        self.append(Record::SendRetracted(record), false).await?;
-                    }
-                    admitted = *then;
-                    continue;
-                }
-                Admitted::Existing { run_index } => {
-                    let run_id = self.state.runs[run_index].run_id.clone();
-                    return Ok(reply(run_id, true, None));
-                }
-                Admitted::Pending { submission_id } => {
-                    return Ok(reply(String::new(), true, Some(submission_id)))
-                }
-                Admitted::SteerExisting { seq } => {
-                    return Ok(SendReply {
-                        steer: broca_read::views::steer_answer(&self.state, seq),
-                        ..reply(String::new(), true, None)
-                    });
-                }
-                Admitted::Ended(ended) => {
-                    return Ok(SendReply {
-                        steer: Some(broca_read::views::ended_answer(&ended)),
-                        ..reply(String::new(), true, None)
-                    });
-                }
-                Admitted::New(started) => {
-                    let run_id = started.run_id.clone();
-                    (Record::RunStarted(started), reply(run_id, false, None))
-                }
-                Admitted::Queued(queued) => {
-                    let interrupts =
-                        queued.delivery.as_deref() == Some(broca_wire::delivery::INTERRUPT);
-                    let answer = SendReply {
-                        joins: interrupts.then_some(Joins::Interrupt),
-                        ..reply(String::new(), false, Some(queued.submission_id.clone()))
-                    };
-                    (Record::SendQueued(queued), answer)
-                }
-                Admitted::Steered(steered) if steered.order.is_some() => {
-                    // An ordered send waits for the run's boundaries: `pending` until it goes out.
-                    let seq = self.writer.next_seq();
-                    let waiting = broca_core::machine::Waiting {
-                        seq,
-                        blocks: broca_core::replay::steer_blocks(&steered),
-                        order: steered.order.clone(),
-                        submission_id: steered.submission_id.clone(),
-                    };
-                    let submission_id = steered.submission_id.clone();
-                    self.append(Record::SendSteered(steered), true).await?;
-                    return Ok(SendReply {
-                        joins: Some(Joins::Ordered(waiting)),
-                        ..reply(String::new(), false, submission_id)
-                    });
-                }
-                Admitted::Steered(steered) => {
-                    let seq = self.writer.next_seq();
-                    let blocks = broca_core::replay::steer_blocks(&steered);
-                    self.append(Record::SendSteered(steered), true).await?;
-                    return Ok(SendReply {
-                        steer: broca_read::views::steer_answer(&self.state, seq),
-                        joins: Some(Joins::Steer { seq, blocks }),
-                        ..reply(String::new(), false, None)
-                    });
-                }
-            };
+        let (record, reply) = match admitted {
+            Admitted::Replacing { .. } => unreachable!("replaced sends end before"),
+            Admitted::Existing { run_index } => {
+                let run_id = self.state.runs[run_index].run_id.clone();
+                return Ok(answer(run_id, true, None));
+            }
+            Admitted::Pending { submission_id } => {
+                return Ok(answer(String::new(), true, Some(submission_id)))
+            }
+            Admitted::SteerExisting { seq } => {
+                return Ok(SendReply {
+                    steer: broca_read::views::steer_answer(&self.state, seq),
+                    ..answer(String::new(), true, None)
+                });
+            }
+            Admitted::Ended(ended) => {
+                return Ok(SendReply {
+                    steer: Some(broca_read::views::ended_answer(&ended)),
+                    ..answer(String::new(), true, None)
+                });
+            }
+            Admitted::New(started) => {
+                let run_id = started.run_id.clone();
+                (Record::RunStarted(started), answer(run_id, false, None))
+            }
+            Admitted::Queued(queued) => {
+                let interrupts =
+                    queued.delivery.as_deref() == Some(broca_wire::delivery::INTERRUPT);
+                let reply = SendReply {
+                    joins: interrupts.then_some(Joins::Interrupt),
+                    ..answer(String::new(), false, Some(queued.submission_id.clone()))
+                };
+                (Record::SendQueued(queued), reply)
+            }
+            Admitted::Steered(steered) => return self.steered(steered).await,
         };
+        assert!(!reply.existing, "a send that writes is not a repeat");
         self.append(record, true).await?;
         Ok(reply)
+    }
+
+    /// A steer, durable before its answer: an ordered one waits for the run's boundaries
+    /// (`pending` until it goes out), a plain one joins the run at its next step.
+    async fn steered(
+        &mut self,
+        steered: Box<broca_wal::runrec::SendSteered>,
+    ) -> Result<SendReply, ActorError> {
+        let seq = self.writer.next_seq();
+        let blocks = broca_core::replay::steer_blocks(&steered);
+        let reply = SendReply {
+            run_id: String::new(),
+            existing: false,
+            pending: None,
+            steer: None,
+            joins: None,
+        };
+        if steered.order.is_some() {
+            let waiting = broca_core::machine::Waiting {
+                seq,
+                blocks,
+                order: steered.order.clone(),
+                submission_id: steered.submission_id.clone(),
+            };
+            let pending = steered.submission_id.clone();
+            self.append(Record::SendSteered(steered), true).await?;
+            return Ok(SendReply {
+                pending,
+                joins: Some(Joins::Ordered(waiting)),
+                ..reply
+            });
+        }
+        self.append(Record::SendSteered(steered), true).await?;
+        Ok(SendReply {
+            steer: broca_read::views::steer_answer(&self.state, seq),
+            joins: Some(Joins::Steer { seq, blocks }),
+            ..reply
+        })
     }
 
     /// Drives the run just admitted by [`SessionActor::send`] to its end.

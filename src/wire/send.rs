@@ -355,6 +355,9 @@ impl Refusal {
 impl Refusal {
     /// What was refused and what to do, without the code (replies carry the code apart).
     pub fn message(&self) -> String {
+        if let Some(m) = self.plan_message().or_else(|| self.session_message()) {
+            return m;
+        }
         match self {
             Refusal::InvalidParams(why)
             | Refusal::AuthRequired(why)
@@ -370,6 +373,14 @@ impl Refusal {
                 format!("run {run_id} is active; wait for it or cancel it")
             }
             Refusal::ToolNameCollision(name) => format!("two tool servers offer `{name}`"),
+            Refusal::ShuttingDown => "broca is stopping; retry later".to_string(),
+            _ => unreachable!("a refusal of a plan or a session's state is worded above"),
+        }
+    }
+
+    /// The wording of a refusal about a plan or its person-only commands.
+    fn plan_message(&self) -> Option<String> {
+        Some(match self {
             Refusal::PlanToolCollision { name, providers } => format!(
                 "the plan's providers {} all offer a tool named `{}`",
                 providers.join(", "),
@@ -415,6 +426,13 @@ impl Refusal {
             Refusal::UserCommandsUnsupported => "this runner relays no person-only commands \
                 (its config's `plans` is off)"
                 .to_string(),
+            _ => return self.change_message(),
+        })
+    }
+
+    /// The wording of a refusal about a session's changes, its hooks or a template.
+    fn change_message(&self) -> Option<String> {
+        Some(match self {
             Refusal::GenerationStale { accepted } => format!(
                 "this session accepted change generation {accepted}; a refresh names a higher \
                  one (or repeats an accepted one exactly)"
@@ -435,10 +453,6 @@ impl Refusal {
             Refusal::ChangeSendIdReuse { field } => {
                 format!("this send_id was used before with another `{field}`; use a new send_id")
             }
-            Refusal::ShuttingDown => "broca is stopping; retry later".to_string(),
-            Refusal::SendRetracted => {
-                "this send was retracted before it started; it never starts".to_string()
-            }
             Refusal::TemplatePartGone { slot } => format!(
                 "the template's slot `{slot}` names a part this session's next request does not \
                  show; compose the send again"
@@ -455,6 +469,16 @@ impl Refusal {
                  says refuse, so nothing was written",
                 provider.escape_debug()
             ),
+            _ => return None,
+        })
+    }
+
+    /// The wording of a refusal about the session's uploads, retention or owner.
+    fn session_message(&self) -> Option<String> {
+        Some(match self {
+            Refusal::SendRetracted => {
+                "this send was retracted before it started; it never starts".to_string()
+            }
             Refusal::ScopeOwnerMismatch => {
                 "only the session's owner sends into it (the principal of its first send)"
                     .to_string()
@@ -491,7 +515,8 @@ impl Refusal {
                  that starts it afresh"
             ),
             Refusal::BackupUnsupported(why) => format!("backup: true cannot be kept: {why}"),
-        }
+            _ => return None,
+        })
     }
 }
 

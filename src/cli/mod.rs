@@ -365,18 +365,14 @@ fn wal_verify(paths: Vec<OsString>, state_dir: Option<PathBuf>) -> u8 {
     } else {
         paths.into_iter().map(PathBuf::from).collect()
     };
-    let mut failed = 0usize;
-    let mut checked = 0usize;
-    let args_for_containers = args.clone();
-    let mut listed = Vec::new();
-    for arg in args {
-        if arg
-            .extension()
+    let is_container = |a: &PathBuf| {
+        a.extension()
             .is_some_and(|x| x == broca_wal::archive::EXTENSION)
-        {
-            continue;
-        }
-        match wal_files(&arg) {
+    };
+    let mut failed = 0usize;
+    let mut listed = Vec::new();
+    for arg in args.iter().filter(|a| !is_container(a)) {
+        match wal_files(arg) {
             Ok(files) => listed.push(files),
             Err(e) => {
                 broca_io::errln!("FAIL {e}");
@@ -384,64 +380,13 @@ fn wal_verify(paths: Vec<OsString>, state_dir: Option<PathBuf>) -> u8 {
             }
         }
     }
-    let total = listed.iter().map(|f| f.len() as u64).sum();
-    let mut bar = progress::Count::new("WALs verified", total);
-    for files in listed {
-        for file in files {
-            checked += 1;
-            let shown = file.display();
-            let report = verify_file(&file);
-            bar.clear();
-            // The content store of a WAL that reads: each medium it references.
-            if !report.is_failure() && !matches!(report, FileReport::Empty { .. }) {
-                match verify_media::check(&file) {
-                    Ok(0) => {}
-                    Ok(n) => broca_io::outln!(
-                        "ok    {shown}: {n} media in its content store, each as its records state"
-                    ),
-                    Err(e) => {
-                        failed += 1;
-                        broca_io::errln!("FAIL  {e}");
-                    }
-                }
-            }
-            match report {
-                FileReport::Intact { records, end } => {
-                    broca_io::outln!(
-                        "ok    {shown}: {records} records, intact (ends at offset {end})"
-                    )
-                }
-                FileReport::Torn {
-                    records,
-                    at,
-                    bytes,
-                    reason,
-                } => broca_io::outln!(
-                    "torn  {shown}: {records} records, then a torn tail at offset {at} ({bytes} \
-                     bytes; {reason}) that recovery cuts when a writer opens the log"
-                ),
-                FileReport::Empty { reason } => broca_io::outln!(
-                    "empty {shown}: {reason} (a crash while it was being created; a writer \
-                     initializes it)"
-                ),
-                report @ FileReport::Failed(_) => {
-                    failed += 1;
-                    if let FileReport::Failed(e) = report {
-                        broca_io::errln!("FAIL  {e}");
-                    }
-                }
-            }
-            bar.tick();
-        }
-    }
-    drop(bar);
+    let files: Vec<PathBuf> = listed.into_iter().flatten().collect();
+    failed += verify_wals(&files);
     // The sealed containers of a state dir named (or the default one), and containers named.
-    let containers: Vec<PathBuf> = args_for_containers
+    let containers: Vec<PathBuf> = args
         .iter()
         .flat_map(|a| {
-            if a.extension()
-                .is_some_and(|x| x == broca_wal::archive::EXTENSION)
-            {
+            if is_container(a) {
                 vec![a.clone()]
             } else {
                 broca_wal::archive::container_paths(&a.join(broca_wal::archive::DIR_NAME))
@@ -449,10 +394,10 @@ fn wal_verify(paths: Vec<OsString>, state_dir: Option<PathBuf>) -> u8 {
             }
         })
         .collect();
-    let containers_failed = archive::verify_containers(&containers);
-    failed += containers_failed;
+    failed += archive::verify_containers(&containers);
     broca_io::outln!(
-        "{checked} WAL files and {} containers checked, {failed} failed",
+        "{} WAL files and {} containers checked, {failed} failed",
+        files.len(),
         containers.len()
     );
     if failed > 0 {
@@ -460,6 +405,55 @@ fn wal_verify(paths: Vec<OsString>, state_dir: Option<PathBuf>) -> u8 {
     } else {
         EXIT_OK
     }
+}
+
+/// Verifies each WAL of `files` and the media its content store holds, one line each, with
+/// a progress bar; how many failed.
+fn verify_wals(files: &[PathBuf]) -> usize {
+    let mut failed = 0;
+    let mut bar = progress::Count::new("WALs verified", files.len() as u64);
+    for file in files {
+        let shown = file.display();
+        let report = verify_file(file);
+        bar.clear();
+        // The content store of a WAL that reads: each medium it references.
+        if !report.is_failure() && !matches!(report, FileReport::Empty { .. }) {
+            match verify_media::check(file) {
+                Ok(0) => {}
+                Ok(n) => broca_io::outln!(
+                    "ok    {shown}: {n} media in its content store, each as its records state"
+                ),
+                Err(e) => {
+                    failed += 1;
+                    broca_io::errln!("FAIL  {e}");
+                }
+            }
+        }
+        match report {
+            FileReport::Intact { records, end } => {
+                broca_io::outln!("ok    {shown}: {records} records, intact (ends at offset {end})")
+            }
+            FileReport::Torn {
+                records,
+                at,
+                bytes,
+                reason,
+            } => broca_io::outln!(
+                "torn  {shown}: {records} records, then a torn tail at offset {at} ({bytes} \
+                 bytes; {reason}) that recovery cuts when a writer opens the log"
+            ),
+            FileReport::Empty { reason } => broca_io::outln!(
+                "empty {shown}: {reason} (a crash while it was being created; a writer \
+                 initializes it)"
+            ),
+            FileReport::Failed(e) => {
+                failed += 1;
+                broca_io::errln!("FAIL  {e}");
+            }
+        }
+        bar.tick();
+    }
+    failed
 }
 
 fn wal_dump(path: PathBuf) -> u8 {
@@ -485,6 +479,56 @@ fn run_command(mut pargs: pico_args::Arguments, state_dir: Option<PathBuf>) -> u
         Ok((standalone, json)) => run_standalone(standalone, json),
         Err(e) => usage(&e),
     }
+}
+
+/// `broca run`'s prompt: its one argument, or stdin's text for `-`.
+fn run_prompt(rest: &[OsString]) -> Result<String, String> {
+    match rest {
+        [p] if p == "-" => {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+                .map_err(|e| format!("reading the prompt from stdin: {e}"))?;
+            Ok(text)
+        }
+        [p] => Ok(p.to_str().ok_or("the prompt is not UTF-8")?.to_string()),
+        [] => Err("`broca run` needs a PROMPT (or - to read it from stdin)".into()),
+        _ => Err("`broca run` takes one PROMPT; quote it".into()),
+    }
+}
+
+/// `broca run`'s session: its project root (else the current directory) made absolute.
+fn run_triple(
+    project_root: Option<String>,
+    harness: &str,
+    session: &str,
+) -> Result<SessionTriple, String> {
+    let root = match project_root {
+        Some(p) => PathBuf::from(p),
+        None => std::env::current_dir().map_err(|e| format!("the current directory: {e}"))?,
+    };
+    let root = std::path::absolute(&root).map_err(|e| format!("--project-root: {e}"))?;
+    let root = root.to_str().ok_or("--project-root is not UTF-8")?;
+    SessionTriple::new(root, harness, session).map_err(|e| e.to_string())
+}
+
+/// The catalog sources of `state_dir`, the local ones installed so `model` is checked
+/// against them (the run loads them all, the catalog service too, before it starts), and the
+/// endpoints with `--base-url` set for the model's provider.
+fn run_catalog(
+    state_dir: &std::path::Path,
+    model: &str,
+    base_url: Option<String>,
+) -> Result<(broca_catalog::load::Sources, Endpoints), String> {
+    let catalog = broca_catalog::load::Sources::from_env(state_dir);
+    broca_catalog::install(broca_catalog::load::load_local(&catalog).0);
+    let entry = broca_catalog::resolve(model)?;
+    let mut endpoints = Endpoints::from_env()?;
+    if let Some(url) = base_url {
+        endpoints
+            .set(&entry.provider.id, &url)
+            .map_err(|e| format!("--base-url: {e}"))?;
+    }
+    Ok((catalog, endpoints))
 }
 
 fn parse_run(
@@ -517,17 +561,7 @@ fn parse_run(
         pargs,
         pico_args::Arguments::from_vec(Vec::new()),
     ))?;
-    let prompt = match rest.as_slice() {
-        [p] if p == "-" => {
-            let mut text = String::new();
-            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
-                .map_err(|e| format!("reading the prompt from stdin: {e}"))?;
-            text
-        }
-        [p] => p.to_str().ok_or("the prompt is not UTF-8")?.to_string(),
-        [] => return Err("`broca run` needs a PROMPT (or - to read it from stdin)".into()),
-        _ => return Err("`broca run` takes one PROMPT; quote it".into()),
-    };
+    let prompt = run_prompt(&rest)?;
     let tools = match tools_config {
         Some(path) => Some(broca_tools::config::ToolsConfig::load(
             std::path::Path::new(&path),
@@ -536,24 +570,8 @@ fn parse_run(
     };
     let state_dir = resolve_state_dir(state_dir)
         .ok_or("no state dir: set --state-dir, BROCA_STATE_DIR or HOME")?;
-    // The command line is checked against the local catalog sources; the run loads them all
-    // (the catalog service too) before it starts.
-    let catalog = broca_catalog::load::Sources::from_env(&state_dir);
-    broca_catalog::install(broca_catalog::load::load_local(&catalog).0);
-    let entry = broca_catalog::resolve(&model)?;
-    let mut endpoints = Endpoints::from_env()?;
-    if let Some(url) = base_url {
-        endpoints
-            .set(&entry.provider.id, &url)
-            .map_err(|e| format!("--base-url: {e}"))?;
-    }
-    let root = match project_root {
-        Some(p) => PathBuf::from(p),
-        None => std::env::current_dir().map_err(|e| format!("the current directory: {e}"))?,
-    };
-    let root = std::path::absolute(&root).map_err(|e| format!("--project-root: {e}"))?;
-    let root = root.to_str().ok_or("--project-root is not UTF-8")?;
-    let triple = SessionTriple::new(root, &harness, &session).map_err(|e| e.to_string())?;
+    let (catalog, endpoints) = run_catalog(&state_dir, &model, base_url)?;
+    let triple = run_triple(project_root, &harness, &session)?;
     let send = SendRequest {
         prompt,
         model,

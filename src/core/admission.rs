@@ -238,29 +238,10 @@ fn admit_planned(
     run_id: String,
     now_unix_ms: u64,
 ) -> Result<Admitted, Refusal> {
-    // A send whose list names a mode a run in progress takes (`steer`, `tool_result`) waits
-    // for the open run's boundaries, under its settings.
-    if let (Some(open), true) = (&session.open, ordered::joins_a_run(&p)) {
-        let config = &session.runs[open.index].config;
-        let media = attach(session, &p.content, config, session.boot)?;
-        let submission_id = format!("sub_{run_id}");
-        return match joining::steer(p, media, session, open.index, now_unix_ms)? {
-            Admitted::Steered(mut steered) => {
-                steered.submission_id = Some(submission_id);
-                Ok(Admitted::Steered(steered))
-            }
-            other => Ok(other),
-        };
-    }
-    // A steer joins the run being driven, under its settings; its media are checked against
-    // that run's model, any other send's against the model it would freeze.
-    if p.delivery.as_deref() == Some(broca_wire::delivery::STEER) {
-        if let Some(open) = &session.open {
-            let config = &session.runs[open.index].config;
-            let media = attach(session, &p.content, config, session.boot)?;
-            return joining::steer(p, media, session, open.index, now_unix_ms);
-        }
-    }
+    let p = match join_open_run(p, session, &run_id, now_unix_ms) {
+        Ok(joined) => return joined,
+        Err(p) => p,
+    };
     let media = attach(session, &p.content, &p.config, session.boot)?;
     let busy = session.open.is_some()
         || session
@@ -279,31 +260,18 @@ fn admit_planned(
                 .unwrap_or_default(),
         });
     }
-    let mut config = p.config;
+    let mut p = p;
     // Compaction, once a send of the session turned it on, stays on until one says `off`.
-    if config.compaction.is_none() && !p.named.contains(&"compaction") {
-        config.compaction = session.runs.last().and_then(|r| r.config.compaction);
+    if p.config.compaction.is_none() && !p.named.contains(&"compaction") {
+        p.config.compaction = session.runs.last().and_then(|r| r.config.compaction);
     }
-    check_cap_lowers(session, &config)?;
+    check_cap_lowers(session, &p.config)?;
     // A list without `idle_start` never starts a run: it waits for one.
     if busy || p.order.as_ref().is_some_and(|o| !o.may_start_a_run()) {
         // The cap it asked for; the session's state joins it when it starts.
-        return Ok(Admitted::Queued(Box::new(SendQueued {
-            submission_id: format!("sub_{run_id}"),
-            send_id: p.send_id,
-            inputs_digest: p.inputs_digest,
-            prompt: p.prompt,
-            config,
-            at_unix_ms: now_unix_ms,
-            principal: p.caller.principal,
-            scope_owner: p.caller.scope_owner,
-            client_message_id: p.client_message_id,
-            delivery: p.delivery,
-            media,
-            order: p.order,
-            pre_user: p.pre_user,
-        })));
+        return Ok(queued(p, media, format!("sub_{run_id}"), now_unix_ms));
     }
+    let mut config = p.config;
     config.stop.input_cap = input_cap(session, config.stop.input_cap);
     Ok(Admitted::New(Box::new(RunStarted {
         run_id,
@@ -324,6 +292,63 @@ fn admit_planned(
         order: p.order,
         pre_user: p.pre_user,
     })))
+}
+
+/// A send that joins the run being driven, under its settings, its media checked against
+/// that run's model: a list naming a mode a run in progress takes (`steer`, `tool_result`)
+/// waits for its boundaries; a steer joins at its next step. `Err` hands back a send that
+/// joins none.
+fn join_open_run(
+    p: Prepared,
+    session: &Session,
+    run_id: &str,
+    now_unix_ms: u64,
+) -> Result<Result<Admitted, Refusal>, Prepared> {
+    let Some(open) = &session.open else {
+        return Err(p);
+    };
+    let config = &session.runs[open.index].config;
+    let ordered = ordered::joins_a_run(&p);
+    if !ordered && p.delivery.as_deref() != Some(broca_wire::delivery::STEER) {
+        return Err(p);
+    }
+    let media = match attach(session, &p.content, config, session.boot) {
+        Ok(media) => media,
+        Err(r) => return Ok(Err(r)),
+    };
+    let steered = joining::steer(p, media, session, open.index, now_unix_ms);
+    Ok(match steered {
+        Ok(Admitted::Steered(mut steered)) if ordered => {
+            steered.submission_id = Some(format!("sub_{run_id}"));
+            Ok(Admitted::Steered(steered))
+        }
+        other => other,
+    })
+}
+
+/// A send that waits for the running run (or, a list without `idle_start`, for one to run),
+/// with the input cap it asked for.
+fn queued(
+    p: Prepared,
+    media: Vec<broca_protocol::media::Media>,
+    submission_id: String,
+    now_unix_ms: u64,
+) -> Admitted {
+    Admitted::Queued(Box::new(SendQueued {
+        submission_id,
+        send_id: p.send_id,
+        inputs_digest: p.inputs_digest,
+        prompt: p.prompt,
+        config: p.config,
+        at_unix_ms: now_unix_ms,
+        principal: p.caller.principal,
+        scope_owner: p.caller.scope_owner,
+        client_message_id: p.client_message_id,
+        delivery: p.delivery,
+        media,
+        order: p.order,
+        pre_user: p.pre_user,
+    }))
 }
 
 /// The media a send's uploads attach (as the process started at `boot` holds them), checked
@@ -479,6 +504,69 @@ pub fn prepare(
 /// The longest send_id taken.
 pub const SEND_ID_BYTES_MAX: usize = 256;
 
+/// The send's `structured_output`, frozen for the run's family, or refused naming its field.
+fn structured_output(
+    req: &SendRequest,
+    tools: &[ToolSpec],
+    entry: &catalog::ModelEntry,
+) -> Result<Option<broca_wal::runrec::FrozenStructuredOutput>, Refusal> {
+    let Some(raw) = &req.structured_output else {
+        return Ok(None);
+    };
+    let names: Vec<&str> = match &req.tools {
+        Some(wanted) => wanted.iter().map(String::as_str).collect(),
+        None => tools.iter().map(|t| t.name.as_str()).collect(),
+    };
+    let family = entry.provider.family.as_str();
+    let support = entry.capability.structured_output;
+    broca_protocol::structured::admit(raw, &names, family, support)
+        .map(Some)
+        .map_err(|r| Refusal::InvalidField {
+            field: r.field,
+            why: r.why,
+        })
+}
+
+/// The run's tools: those the send chose (else every configured one), the demo model's
+/// built-in tool unless the send chose its tools, and the run's own `submit_result` from
+/// the first request.
+fn run_tools(
+    req: &SendRequest,
+    tools: &[ToolSpec],
+    entry: &catalog::ModelEntry,
+    structured: Option<&broca_wal::runrec::FrozenStructuredOutput>,
+) -> Result<Vec<ToolSpec>, Refusal> {
+    let mut tools = select_tools(tools, req.tools.as_deref())?;
+    if entry.provider.family == broca_protocol::demo::FAMILY
+        && req.tools.is_none()
+        && !tools
+            .iter()
+            .any(|t| t.name == broca_protocol::demo::WORD_COUNT)
+    {
+        tools.push(broca_protocol::demo::word_count_spec());
+    }
+    if let Some(submit) =
+        structured.and_then(|so| broca_protocol::structured::rendering(so).submit_tool)
+    {
+        tools.push(submit);
+    }
+    Ok(tools)
+}
+
+/// The send's directives by name.
+fn directives(req: &SendRequest) -> Vec<String> {
+    req.directives
+        .iter()
+        .flatten()
+        .map(|d| {
+            serde_json::to_value(d)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .expect("a directive name serializes as a string")
+        })
+        .collect()
+}
+
 /// The frozen config of `req`, or why it is refused.
 fn resolve(
     req: &SendRequest,
@@ -517,42 +605,8 @@ fn resolve(
     };
     // Checked before the tools are looked up: a send naming the reserved `submit_result` is
     // refused for that, whether or not a tool of that name is configured.
-    let structured_output = match &req.structured_output {
-        None => None,
-        Some(raw) => {
-            let names: Vec<&str> = match &req.tools {
-                Some(wanted) => wanted.iter().map(String::as_str).collect(),
-                None => tools.iter().map(|t| t.name.as_str()).collect(),
-            };
-            let family = entry.provider.family.as_str();
-            let support = entry.capability.structured_output;
-            Some(
-                broca_protocol::structured::admit(raw, &names, family, support).map_err(|r| {
-                    Refusal::InvalidField {
-                        field: r.field,
-                        why: r.why,
-                    }
-                })?,
-            )
-        }
-    };
-    let mut tools = select_tools(tools, req.tools.as_deref())?;
-    // The demo model's built-in tool, unless the send chose its tools.
-    if entry.provider.family == broca_protocol::demo::FAMILY
-        && req.tools.is_none()
-        && !tools
-            .iter()
-            .any(|t| t.name == broca_protocol::demo::WORD_COUNT)
-    {
-        tools.push(broca_protocol::demo::word_count_spec());
-    }
-    // The run's own `submit_result` is in its tool list from the first request.
-    if let Some(submit) = structured_output
-        .as_ref()
-        .and_then(|so| broca_protocol::structured::rendering(so).submit_tool)
-    {
-        tools.push(submit);
-    }
+    let structured_output = structured_output(req, tools, &entry)?;
+    let tools = run_tools(req, tools, &entry, structured_output.as_ref())?;
     let tools_digest = broca_fetch_plan::tools_digest(&tools);
     Ok(FrozenConfig {
         provider: entry.provider.id.to_string(),
@@ -568,17 +622,7 @@ fn resolve(
         stop,
         context_limit,
         cache_policy,
-        directives: req
-            .directives
-            .iter()
-            .flatten()
-            .map(|d| {
-                serde_json::to_value(d)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_string))
-                    .expect("a directive name serializes as a string")
-            })
-            .collect(),
+        directives: directives(req),
         structured_output,
         route_decision_id: req.route_decision_id.clone(),
         compaction: compaction(req)?,

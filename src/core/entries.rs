@@ -339,8 +339,8 @@ impl Entries {
     /// Adds what the record of `seq` added; `pushed` are the transcript's messages its
     /// application pushed.
     pub(crate) fn add(&mut self, seq: u64, note: Note, pushed: &[Arc<Message>]) {
-        let at: Option<u64>;
-        match note {
+        let before = self.list.len();
+        let at = match note {
             Note::Sent {
                 run,
                 at: t,
@@ -349,7 +349,6 @@ impl Entries {
                 resolved,
                 delivered_as,
             } => {
-                at = Some(t);
                 if let Some(message) = pushed.last() {
                     let index = self.list.len();
                     for result in &resolved {
@@ -362,6 +361,7 @@ impl Entries {
                         ..Entry::new(seq.to_string(), Some(run), "user", Some(t), message)
                     });
                 }
+                Some(t)
             }
             Note::Step {
                 run,
@@ -369,7 +369,6 @@ impl Entries {
                 at: t,
                 model,
             } => {
-                at = t;
                 // A step record of an older log states no time: the newest time before it.
                 let written = t.or(self.updated_at);
                 if let Some(message) = pushed.last() {
@@ -380,57 +379,69 @@ impl Entries {
                         ..Entry::new(mid.to_string(), run, "assistant", written, message)
                     });
                 }
+                t
             }
             Note::Intent(intent) => {
-                at = intent.at_unix_ms;
                 self.intent(&intent);
+                intent.at_unix_ms
             }
             Note::Result { run, result, at: t } => {
-                at = t;
-                let index = self.list.len();
-                self.answer(index, &result, t);
-                self.list.push(Entry {
-                    mid: seq.to_string(),
-                    run,
-                    role: "tool",
-                    // A result of an older log states no time: the newest time before it.
-                    written_at: t.or(self.updated_at),
-                    body: Body::Result(result),
-                    calls: Vec::new(),
-                    client_message_id: None,
-                    sender: None,
-                    delivered_as: None,
-                    model: None,
-                });
+                self.result(seq, run, result, t);
+                t
             }
             Note::Imported { at: t } => {
-                at = Some(t);
                 self.imported(seq, t, pushed);
+                Some(t)
             }
             Note::Steered { run, steers, at: t } => {
-                at = t;
-                for s in steers {
-                    let message = Arc::new(Message {
-                        role: Role::User,
-                        content: s.blocks,
-                    });
-                    // A `tool_result` delivery names the call key of the result it went with.
-                    let delivered_as = s.delivered.map(|(mode, id)| {
-                        let key = id.and_then(|id| self.call_key_of(&id));
-                        (mode, key)
-                    });
-                    self.list.push(Entry {
-                        client_message_id: s.client_message_id,
-                        sender: s.sender,
-                        delivered_as,
-                        ..Entry::new(s.mid.to_string(), run, "user", Some(s.at), &message)
-                    });
-                }
+                self.steered(run, steers);
+                t
             }
-            Note::Time(t) => at = t,
-        }
+            Note::Time(t) => t,
+        };
+        assert!(self.list.len() >= before, "entries are only added");
         if let Some(t) = at {
             self.updated_at = Some(self.updated_at.map_or(t, |u| u.max(t)));
+        }
+    }
+
+    /// A tool's result: its call answered, and its own entry.
+    fn result(&mut self, seq: u64, run: Option<usize>, result: ResultBlock, t: Option<u64>) {
+        let index = self.list.len();
+        self.answer(index, &result, t);
+        self.list.push(Entry {
+            mid: seq.to_string(),
+            run,
+            role: "tool",
+            // A result of an older log states no time: the newest time before it.
+            written_at: t.or(self.updated_at),
+            body: Body::Result(result),
+            calls: Vec::new(),
+            client_message_id: None,
+            sender: None,
+            delivered_as: None,
+            model: None,
+        });
+    }
+
+    /// The steered sends a step rendered: a user entry each, a `tool_result` delivery naming
+    /// the call key of the result it went with.
+    fn steered(&mut self, run: Option<usize>, steers: Vec<SteerNote>) {
+        for s in steers {
+            let message = Arc::new(Message {
+                role: Role::User,
+                content: s.blocks,
+            });
+            let delivered_as = s.delivered.map(|(mode, id)| {
+                let key = id.and_then(|id| self.call_key_of(&id));
+                (mode, key)
+            });
+            self.list.push(Entry {
+                client_message_id: s.client_message_id,
+                sender: s.sender,
+                delivered_as,
+                ..Entry::new(s.mid.to_string(), run, "user", Some(s.at), &message)
+            });
         }
     }
 

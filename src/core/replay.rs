@@ -408,30 +408,8 @@ impl Session {
             Record::SendSteered(r) => self.apply_steered(seq, r)?,
             Record::SendRetracted(r) => self.apply_retracted(r)?,
             Record::RunStarted(r) => self.apply_started(seq, *r)?,
-            Record::StepStarted(r) => {
-                let (open, run) = self.open_mut(&r.run_id)?;
-                if open.step.checked_add(1) != Some(r.step) {
-                    return Err(Misfit::StepOutOfOrder {
-                        run_id: r.run_id,
-                        step: r.step,
-                        previous: open.step,
-                    });
-                }
-                open.step = r.step;
-                open.point = ResumePoint::BeforeStep;
-                open.step_seq = Some(seq);
-                open.step_started_at = r.at_unix_ms;
-                run.steps = run.steps.max(r.step);
-                self.apply_step_steers(&r)?;
-            }
-            Record::ModelAttemptFinished(r) => {
-                let (_, run) = self.open_mut(&r.run_id)?;
-                // As the machine meters it: reported usage, or an answer begun.
-                if r.usage.is_some() || r.answered {
-                    let prices = run.config.catalog.as_ref().and_then(|e| e.prices.as_ref());
-                    run.spend.add(r.step, r.attempt, r.usage.as_ref(), prices);
-                }
-            }
+            Record::StepStarted(r) => self.apply_step_started(seq, r)?,
+            Record::ModelAttemptFinished(r) => self.apply_attempt(&r)?,
             Record::ModelStepFinished(r) => self.apply_step_finished(seq, *r)?,
             Record::ToolDispatchIntent(r) => {
                 let (open, _) = self.open_mut(&r.run_id)?;
@@ -447,15 +425,7 @@ impl Session {
                 open.cancel_requested = true;
             }
             Record::EpisodeImported(r) => self.apply_import(seq, *r)?,
-            Record::RunPaused(r) => {
-                let text = final_text(&self.transcript);
-                let (_, run) = self.open_mut(&r.run_id)?;
-                run.state = RunState::Paused;
-                run.final_text = text;
-                run.error = r.error;
-                run.detail = Some(r.reason);
-                self.open = None;
-            }
+            Record::RunPaused(r) => self.apply_paused(r)?,
             Record::RunFinished(r) => self.apply_finished(r)?,
             Record::UploadBegun(r) => self.apply_upload_begun(r)?,
             Record::UploadCommitted(r) => self.apply_upload_committed(r)?,
@@ -477,6 +447,51 @@ impl Session {
             }
             Record::ViewAccepted(r) => self.apply_view(*r)?,
         }
+        Ok(())
+    }
+
+    /// A step's start: the open run's next step, its steers rendered.
+    fn apply_step_started(
+        &mut self,
+        seq: u64,
+        r: broca_wal::runrec::StepStarted,
+    ) -> Result<(), Misfit> {
+        let (open, run) = self.open_mut(&r.run_id)?;
+        if open.step.checked_add(1) != Some(r.step) {
+            return Err(Misfit::StepOutOfOrder {
+                run_id: r.run_id,
+                step: r.step,
+                previous: open.step,
+            });
+        }
+        open.step = r.step;
+        open.point = ResumePoint::BeforeStep;
+        open.step_seq = Some(seq);
+        open.step_started_at = r.at_unix_ms;
+        run.steps = run.steps.max(r.step);
+        self.apply_step_steers(&r)
+    }
+
+    /// A failed model attempt: metered as the machine meters it (reported usage, or an
+    /// answer begun).
+    fn apply_attempt(&mut self, r: &broca_wal::runrec::ModelAttemptFinished) -> Result<(), Misfit> {
+        let (_, run) = self.open_mut(&r.run_id)?;
+        if r.usage.is_some() || r.answered {
+            let prices = run.config.catalog.as_ref().and_then(|e| e.prices.as_ref());
+            run.spend.add(r.step, r.attempt, r.usage.as_ref(), prices);
+        }
+        Ok(())
+    }
+
+    /// A run paused: waiting for its caller, its text and error as it left them.
+    fn apply_paused(&mut self, r: broca_wal::runrec::RunPaused) -> Result<(), Misfit> {
+        let text = final_text(&self.transcript);
+        let (_, run) = self.open_mut(&r.run_id)?;
+        run.state = RunState::Paused;
+        run.final_text = text;
+        run.error = r.error;
+        run.detail = Some(r.reason);
+        self.open = None;
         Ok(())
     }
 

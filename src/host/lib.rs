@@ -505,7 +505,74 @@ impl Startup {
             "begin sized the open sessions"
         );
         start::load_catalog(&opts, &tls, &proxy, extras.module_tools.clone())?;
-        let opened = start::open_store(&opts.state_dir, &state.wal_dir)?;
+        let mut opened = start::open_store(&opts.state_dir, &state.wal_dir)?;
+        let caught_up = opened.caught_up.take();
+        let (host, receivers) = Host::new(opts, &state, (tls, proxy), extras, opened)?;
+        host.finish_deletions();
+        signals::SignalSlot::install(&slot, &host);
+        if let Some(m) = &host.module_tools {
+            m.set_late_sink(Arc::new(late::HostLate {
+                host: Arc::downgrade(&host),
+            }));
+        }
+        resume::resume_open_runs(host.clone(), caught_up)?;
+        let by_policy = !host.retention.loaded().archive.is_empty();
+        resume::start_archive_scheduler(&host, by_policy)?;
+        let serve_json = state::serve_json(&host.opts.state_dir);
+        let gate = ready_gate(&host, front.info, front.ready, serve_json.clone());
+        let result = run_shards(&host, receivers, front.shards, gate);
+        // This daemon still holds the state dir's lock: serve.json is its own.
+        let _ = std::fs::remove_file(&serve_json);
+        drop(state.lock);
+        host.tools.stop();
+        if let Some(m) = &host.module_tools {
+            m.stop();
+        }
+        if let Some(t) = &host.traces {
+            t.shutdown(); // the runs' last spans, sealed as the shards stopped
+        }
+        result?;
+        Ok(host.signal.load(Ordering::Acquire))
+    }
+}
+
+/// serve.json and the ready line, only once every shard has started its part of the front:
+/// a client that acts on either finds every listener accepting.
+fn ready_gate(
+    host: &Arc<Host>,
+    mut info: serde_json::Map<String, serde_json::Value>,
+    ready: String,
+    path: PathBuf,
+) -> Arc<shard::StartGate> {
+    info.insert("pid".into(), std::process::id().into());
+    let is_ready = host.ready.clone();
+    Arc::new(shard::StartGate::new(
+        host.opts.shards,
+        Box::new(move || {
+            broca_owner_only::write_file(
+                &path,
+                serde_json::Value::Object(info).to_string().as_bytes(),
+            )
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            broca_io::outln!("{ready}");
+            use std::io::Write as _;
+            let _ = std::io::stdout().flush();
+            is_ready.store(true, Ordering::Release);
+            Ok(())
+        }),
+    ))
+}
+
+impl Host {
+    /// The host of `opts` over the state dir `state` took, with its retention read, its
+    /// tools started, its mesh (and each shard's end of it) and its vault.
+    fn new(
+        opts: HostOptions,
+        state: &state::PreparedState,
+        (tls, proxy): (Arc<broca_io::net::rustls::ClientConfig>, ProxyConfig),
+        extras: Extras,
+        opened: start::OpenedStore,
+    ) -> Result<(Arc<Host>, Vec<broca_shards::mesh::Inbound<ShardMsg>>), String> {
         let retention = retention::Retention::load(&opts.state_dir, &state.wal_dir, opts.shards)
             .map_err(|e| format!("reading the sessions' retention: {e}"))?;
         let (tools, missing) =
@@ -545,12 +612,21 @@ impl Startup {
             traces,
             retention: Arc::new(retention),
         });
-        // A deletion a crash cut short (its tombstone durable) is finished before anything
-        // is served.
-        for stone in host.retention.pending() {
-            if let Err(e) = host
+        assert_eq!(
+            receivers.len(),
+            host.opts.shards,
+            "one mesh queue per shard"
+        );
+        Ok((host, receivers))
+    }
+
+    /// Finishes each deletion a crash cut short (its tombstone durable), before anything is
+    /// served.
+    fn finish_deletions(&self) {
+        for stone in self.retention.pending() {
+            if let Err(e) = self
                 .retention
-                .delete(&stone, host.store.as_deref(), &host.reads)
+                .delete(&stone, self.store.as_deref(), &self.reads)
             {
                 tracing::error!(
                     "session {}: deleting its expired content: {e}",
@@ -558,50 +634,6 @@ impl Startup {
                 );
             }
         }
-        signals::SignalSlot::install(&slot, &host);
-        if let Some(m) = &host.module_tools {
-            m.set_late_sink(Arc::new(late::HostLate {
-                host: Arc::downgrade(&host),
-            }));
-        }
-        let serve_json = state::serve_json(&host.opts.state_dir);
-        let mut info = front.info;
-        info.insert("pid".into(), std::process::id().into());
-        resume::resume_open_runs(host.clone(), opened.caught_up)?;
-        let by_policy = !host.retention.loaded().archive.is_empty();
-        resume::start_archive_scheduler(&host, by_policy)?;
-        // serve.json and the ready line only once every shard has started its part of the
-        // front: a client that acts on either finds every listener accepting.
-        let (path, ready) = (serve_json.clone(), front.ready);
-        let is_ready = host.ready.clone();
-        let gate = Arc::new(shard::StartGate::new(
-            host.opts.shards,
-            Box::new(move || {
-                broca_owner_only::write_file(
-                    &path,
-                    serde_json::Value::Object(info).to_string().as_bytes(),
-                )
-                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-                broca_io::outln!("{ready}");
-                use std::io::Write as _;
-                let _ = std::io::stdout().flush();
-                is_ready.store(true, Ordering::Release);
-                Ok(())
-            }),
-        ));
-        let result = run_shards(&host, receivers, front.shards, gate);
-        // This daemon still holds the state dir's lock: serve.json is its own.
-        let _ = std::fs::remove_file(&serve_json);
-        drop(state.lock);
-        host.tools.stop();
-        if let Some(m) = &host.module_tools {
-            m.stop();
-        }
-        if let Some(t) = &host.traces {
-            t.shutdown(); // the runs' last spans, sealed as the shards stopped
-        }
-        result?;
-        Ok(host.signal.load(Ordering::Acquire))
     }
 }
 

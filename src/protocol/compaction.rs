@@ -48,6 +48,42 @@ fn keep_default() -> u8 {
     KEEP_PERCENT_DEFAULT
 }
 
+/// Why a send's compaction cannot be taken: the member out of its range, or a summary that
+/// would not make room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompactionRefused {
+    AtPercent,
+    KeepPercent,
+    NoRoom { keep_percent: u8, at_percent: u8 },
+}
+
+impl std::fmt::Display for CompactionRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CompactionRefused::AtPercent => write!(
+                f,
+                "compaction.at_percent must be {} to {}",
+                AT_PERCENT_RANGE.start(),
+                AT_PERCENT_RANGE.end()
+            ),
+            CompactionRefused::KeepPercent => write!(
+                f,
+                "compaction.keep_percent must be {} to {}",
+                KEEP_PERCENT_RANGE.start(),
+                KEEP_PERCENT_RANGE.end()
+            ),
+            CompactionRefused::NoRoom {
+                keep_percent,
+                at_percent,
+            } => write!(
+                f,
+                "compaction.keep_percent ({keep_percent}) must be at least 10 below \
+                 compaction.at_percent ({at_percent}), or a summary would not make room"
+            ),
+        }
+    }
+}
+
 impl Compaction {
     /// Summarizing at the default thresholds.
     pub fn summarize() -> Compaction {
@@ -59,27 +95,18 @@ impl Compaction {
     }
 
     /// Why a send's compaction cannot be taken, naming the member.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), CompactionRefused> {
         if !AT_PERCENT_RANGE.contains(&self.at_percent) {
-            return Err(format!(
-                "compaction.at_percent must be {} to {}",
-                AT_PERCENT_RANGE.start(),
-                AT_PERCENT_RANGE.end()
-            ));
+            return Err(CompactionRefused::AtPercent);
         }
         if !KEEP_PERCENT_RANGE.contains(&self.keep_percent) {
-            return Err(format!(
-                "compaction.keep_percent must be {} to {}",
-                KEEP_PERCENT_RANGE.start(),
-                KEEP_PERCENT_RANGE.end()
-            ));
+            return Err(CompactionRefused::KeepPercent);
         }
         if self.keep_percent.saturating_add(10) > self.at_percent {
-            return Err(format!(
-                "compaction.keep_percent ({}) must be at least 10 below compaction.at_percent \
-                 ({}), or a summary would not make room",
-                self.keep_percent, self.at_percent
-            ));
+            return Err(CompactionRefused::NoRoom {
+                keep_percent: self.keep_percent,
+                at_percent: self.at_percent,
+            });
         }
         Ok(())
     }
@@ -115,13 +142,13 @@ mod tests {
     fn thresholds_out_of_bounds_are_named() {
         let mut c = Compaction::summarize();
         c.at_percent = 99;
-        assert!(c.check().unwrap_err().contains("at_percent"));
+        assert!(c.check().unwrap_err().to_string().contains("at_percent"));
         c.at_percent = 60;
         c.keep_percent = 55;
-        assert!(c.check().unwrap_err().contains("keep_percent"));
+        assert!(c.check().unwrap_err().to_string().contains("keep_percent"));
         c.at_percent = 55;
         c.keep_percent = 50;
-        assert!(c.check().unwrap_err().contains("at least 10 below"));
+        assert!(c.check().unwrap_err().to_string().contains("at least 10 below"));
         c.keep_percent = 50;
         c.at_percent = 60;
         assert!(c.check().is_ok());

@@ -34,12 +34,19 @@ pub fn word_count_spec() -> ToolSpec {
     }
 }
 
+/// An input the built-in tool does not take: it says what it takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotText;
+
+impl std::fmt::Display for NotText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("demo_word_count takes {\"text\": \"...\"}")
+    }
+}
+
 /// The built-in tool: the words of `input.text`, or why the input is not one.
-pub fn count_words(input: &serde_json::Value) -> Result<String, String> {
-    let text = input
-        .get("text")
-        .and_then(|t| t.as_str())
-        .ok_or("demo_word_count takes {\"text\": \"...\"}")?;
+pub fn count_words(input: &serde_json::Value) -> Result<String, NotText> {
+    let text = input.get("text").and_then(|t| t.as_str()).ok_or(NotText)?;
     let n = text.split_whitespace().count();
     Ok(format!("{n} word{}", if n == 1 { "" } else { "s" }))
 }

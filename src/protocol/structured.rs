@@ -239,12 +239,11 @@ fn narrow(schema: &mut Value, all_required: bool, gemini: bool) -> bool {
     true
 }
 
-fn compile(schema: &Value) -> Result<jsonschema::Validator, String> {
+fn compile(schema: &Value) -> Result<jsonschema::Validator, jsonschema::ValidationError<'static>> {
     jsonschema::options()
         .with_draft(jsonschema::Draft::Draft202012)
         .should_validate_formats(false)
         .build(schema)
-        .map_err(|e| e.to_string())
 }
 
 /// What a run admitted with `so` sends: the `submit_result` tool (submit_tool mode), the

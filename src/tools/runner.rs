@@ -127,8 +127,8 @@ async fn demo_word_count(call: &ToolCall) -> ToolOutcome {
             content,
             is_error: false,
         },
-        Err(content) => ToolOutcome::Done {
-            content,
+        Err(not_text) => ToolOutcome::Done {
+            content: not_text.to_string(),
             is_error: true,
         },
     }

@@ -138,6 +138,43 @@ async fn read_reply_head(
     }
 }
 
+/// An upgrade reply's head: its status and headers (names in lower case).
+struct UpgradeHead {
+    status: u16,
+    headers: Vec<(String, String)>,
+}
+
+impl UpgradeHead {
+    fn parse(head: &[u8], target: &str) -> Result<UpgradeHead, NetError> {
+        let mut hbuf = [httparse::EMPTY_HEADER; 64];
+        let mut resp = httparse::Response::new(&mut hbuf);
+        resp.parse(head).map_err(|e| NetError::WebSocket {
+            target: target.to_string(),
+            why: format!("malformed upgrade reply: {e}"),
+        })?;
+        let headers = resp
+            .headers
+            .iter()
+            .filter_map(|h| {
+                let value = std::str::from_utf8(h.value).ok()?;
+                Some((h.name.to_ascii_lowercase(), value.to_string()))
+            })
+            .collect();
+        Ok(UpgradeHead {
+            status: resp.code.unwrap_or(0),
+            headers,
+        })
+    }
+
+    /// A header by its name in lower case.
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
 impl WebSocket {
     /// Connects to `url` + `path` and upgrades. `Ok(Err(refused))` when the server answered
     /// with another status (its body read, up to 1 MiB).
@@ -168,41 +205,25 @@ impl WebSocket {
         let t = client.config().timeouts.first_byte;
         let mut buf = vec![0u8; 16 * 1024];
         let (got, head_end) = read_reply_head(&mut conn, &target, t, &mut buf).await?;
-        let mut hbuf = [httparse::EMPTY_HEADER; 64];
-        let mut resp = httparse::Response::new(&mut hbuf);
-        resp.parse(&got[..head_end])
-            .map_err(|e| ws_err(format!("malformed upgrade reply: {e}")))?;
-        let status = resp.code.unwrap_or(0);
-        let header = |name: &str| {
-            resp.headers
-                .iter()
-                .find(|h| h.name.eq_ignore_ascii_case(name))
-                .and_then(|h| std::str::from_utf8(h.value).ok())
-                .map(str::to_string)
+        let head = match UpgradeHead::parse(&got[..head_end], &target)? {
+            head if head.status != 101 => {
+                let body = refusal_body(&mut conn, &got, t, &mut buf).await;
+                return Ok(Err(Refused {
+                    status: head.status,
+                    retry_after: head.header("retry-after").map(str::to_string),
+                    body,
+                }));
+            }
+            head => head,
         };
-        if status != 101 {
-            let retry_after = header("retry-after");
-            let body = refusal_body(&mut conn, &got, t, &mut buf).await;
-            return Ok(Err(Refused {
-                status,
-                retry_after,
-                body,
-            }));
-        }
-        let accept = header("sec-websocket-accept").unwrap_or_default();
-        if accept != derive_accept_key(key.as_bytes()) {
+        if head.header("sec-websocket-accept").unwrap_or_default()
+            != derive_accept_key(key.as_bytes())
+        {
             return Err(ws_err(
                 "the server's Sec-WebSocket-Accept does not match the key".into(),
             ));
         }
-        let kept = resp
-            .headers
-            .iter()
-            .filter_map(|h| {
-                let value = std::str::from_utf8(h.value).ok()?;
-                Some((h.name.to_ascii_lowercase(), value.to_string()))
-            })
-            .collect();
+        let kept = head.headers;
         let bridge = Bridge {
             rx: got[head_end..].to_vec(),
             ..Bridge::default()

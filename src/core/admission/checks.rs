@@ -19,7 +19,7 @@ pub(super) fn compaction(
     }
     c.check().map_err(|why| Refusal::InvalidField {
         field: "compaction",
-        why,
+        why: why.to_string(),
     })?;
     Ok(Some(c))
 }

@@ -43,6 +43,46 @@ impl Identity<'_> {
     }
 }
 
+/// What a send was admitted with, as a repeat of its send_id compares it.
+struct Earlier<'a> {
+    inputs_digest: &'a str,
+    prompt_digest: String,
+    delivery: Option<String>,
+    client_id: Option<&'a str>,
+    config: &'a broca_wal::runrec::FrozenConfig,
+    /// The run (or submission) it was admitted as.
+    admitted_as: &'a str,
+}
+
+impl Earlier<'_> {
+    /// A send still queued, or withdrawn before it started.
+    fn queued(q: &broca_wal::runrec::SendQueued) -> Earlier<'_> {
+        Earlier {
+            inputs_digest: &q.inputs_digest,
+            prompt_digest: prompt_digest(&q.prompt),
+            delivery: delivery_identity(q.delivery.as_deref(), q.order.as_ref()),
+            client_id: q.client_message_id.as_deref(),
+            config: &q.config,
+            admitted_as: &q.submission_id,
+        }
+    }
+}
+
+impl Identity<'_> {
+    /// The refusal of a send whose send_id was admitted as `e` under other inputs, or none.
+    fn reuse(&self, e: &Earlier<'_>) -> Option<Refusal> {
+        (e.inputs_digest != self.inputs_digest).then(|| Refusal::SendIdReuse {
+            run_id: e.admitted_as.to_string(),
+            field: self.differs(
+                &e.prompt_digest,
+                e.delivery.as_deref(),
+                e.client_id,
+                super::frozen_so_key(e.config.structured_output.as_ref()),
+            ),
+        })
+    }
+}
+
 /// The answer to a send whose send_id the session has seen: its run, its queued
 /// submission, its retraction, or a reuse with other inputs. The send_id is `caller`'s, in
 /// its namespace (§9.7: the owner's, or a named sender's after its predecessor's).
@@ -52,74 +92,42 @@ pub(super) fn repeated(
     send_id: Option<&str>,
     asked: &Identity<'_>,
 ) -> Option<Result<Admitted, Refusal>> {
-    let send_id = send_id?;
-    // The refusal of a send whose send_id was admitted under other inputs, or none.
-    let same = |digest: &str,
-                prompt_digest: &str,
-                delivery: Option<&str>,
-                client_id: Option<&str>,
-                config: &broca_wal::runrec::FrozenConfig,
-                admitted_as: &str| {
-        (digest != asked.inputs_digest).then(|| Refusal::SendIdReuse {
-            run_id: admitted_as.to_string(),
-            field: asked.differs(
-                prompt_digest,
-                delivery,
-                client_id,
-                super::frozen_so_key(config.structured_output.as_ref()),
-            ),
-        })
+    let found = session.lookup_send(caller.principal.as_deref(), send_id?)?;
+    let refused_or = |earlier: Earlier<'_>, then: Admitted| match asked.reuse(&earlier) {
+        None => Ok(then),
+        Some(refusal) => Err(refusal),
     };
-    // The same for a send still queued, or withdrawn before it started.
-    let queued_same = |q: &broca_wal::runrec::SendQueued| {
-        let delivery = delivery_identity(q.delivery.as_deref(), q.order.as_ref());
-        same(
-            &q.inputs_digest,
-            &prompt_digest(&q.prompt),
-            delivery.as_deref(),
-            q.client_message_id.as_deref(),
-            &q.config,
-            &q.submission_id,
-        )
-    };
-    let found = session.lookup_send(caller.principal.as_deref(), send_id)?;
     Some(match found {
         // A steer (its answer names the run that carried it, however it was delivered).
         Found::Steer(steer) => {
             let joined = &session.runs[steer.accepted_by];
-            match same(
-                &steer.inputs_digest,
-                &steer.prompt_digest,
-                Some(steer.delivery.as_str()),
-                steer.client_message_id.as_deref(),
-                &joined.config,
-                &joined.run_id,
-            ) {
-                None => Ok(Admitted::SteerExisting { seq: steer.seq }),
-                Some(refusal) => Err(refusal),
-            }
+            let earlier = Earlier {
+                inputs_digest: &steer.inputs_digest,
+                prompt_digest: steer.prompt_digest.clone(),
+                delivery: Some(steer.delivery.clone()),
+                client_id: steer.client_message_id.as_deref(),
+                config: &joined.config,
+                admitted_as: &joined.run_id,
+            };
+            refused_or(earlier, Admitted::SteerExisting { seq: steer.seq })
         }
         Found::Run(index) => {
             let run = &session.runs[index];
-            match same(
-                &run.inputs_digest,
-                &run.prompt_digest,
-                run.delivery.as_deref(),
-                run.client_message_id.as_deref(),
-                &run.config,
-                &run.run_id,
-            ) {
-                None => Ok(Admitted::Existing { run_index: index }),
-                Some(refusal) => Err(refusal),
-            }
+            let earlier = Earlier {
+                inputs_digest: &run.inputs_digest,
+                prompt_digest: run.prompt_digest.clone(),
+                delivery: run.delivery.clone(),
+                client_id: run.client_message_id.as_deref(),
+                config: &run.config,
+                admitted_as: &run.run_id,
+            };
+            refused_or(earlier, Admitted::Existing { run_index: index })
         }
-        Found::Queued(q) => match queued_same(q) {
-            None => Ok(Admitted::Pending {
-                submission_id: q.submission_id.clone(),
-            }),
-            Some(refusal) => Err(refusal),
-        },
-        Found::Retracted(q, ended) => match (queued_same(q), ended) {
+        Found::Queued(q) => {
+            let submission_id = q.submission_id.clone();
+            refused_or(Earlier::queued(q), Admitted::Pending { submission_id })
+        }
+        Found::Retracted(q, ended) => match (asked.reuse(&Earlier::queued(q)), ended) {
             (Some(refusal), _) => Err(refusal),
             (None, None) => Err(Refusal::SendRetracted),
             (None, Some(ended)) => Ok(Admitted::Ended(ended.clone())),

@@ -23,22 +23,18 @@ const FILE_LINES_MAX: usize = 800;
 const CRATE_LINES_MAX: usize = 6_000;
 
 /// Functions over 70 lines, at most, in the whole workspace.
-const FNS_OVER_70_MAX: usize = 61;
+const FNS_OVER_70_MAX: usize = 39;
 /// Crates where no function may pass 70 lines (the durable path's floors).
 const NO_LONG_FNS: &[&str] = &["broca-core", "broca-wal", "broca-wal-writer", "broca-io"];
 /// `Result<_, String>` signatures, at most (an error is a type; text is made at the edge).
-const STRING_RESULTS_MAX: usize = 139;
+const STRING_RESULTS_MAX: usize = 138;
 /// Assertions, at least (each an invariant that runs).
-const ASSERTS_MIN: usize = 157;
+const ASSERTS_MIN: usize = 170;
 
 /// Functions over 100 lines still standing, `file name`: each leaves when it is split.
-const LONG_FNS_STANDING: &[&str] = &[
-    "src/session/compactor.rs notice_due",
-    "src/host/rpc.rs send",
-];
+const LONG_FNS_STANDING: &[&str] = &[];
 /// Functions over 70 lines still standing in the crates of [`NO_LONG_FNS`].
-const FLOOR_LONG_FNS_STANDING: &[&str] = &[
-];
+const FLOOR_LONG_FNS_STANDING: &[&str] = &[];
 /// Crates over [`CRATE_LINES_MAX`] still standing, with their code lines at most.
 const BIG_CRATES_STANDING: &[(&str, usize)] = &[];
 /// Circles of files still standing (a crate's name, then its files): each leaves when cut.

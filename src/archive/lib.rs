@@ -272,33 +272,17 @@ fn choose(
     // which recovery would cut) is not the session's.
     bytes.truncate(scan.end as usize);
     let mut last_seq = scan.frames.last().map_or(0, |f| f.seq);
-    let mut rewritten = false;
-    if let Some(rewrite) = rewrite {
-        match rewrite(&bytes).and_then(|new| new.map(checked).transpose()) {
-            Ok(Some((new, seq))) => {
-                bytes = new;
-                last_seq = seq;
-                rewritten = true;
-                report.rewritten.push(file_name.clone());
-            }
-            Ok(None) => {}
-            Err(why) => report
-                .not_rewritten
-                .push((file_name.clone(), why.to_string())),
+    let rewritten = match rewrite.map(|r| rewritten_bytes(r, &bytes, &file_name, report)) {
+        Some(Some((new, seq))) => {
+            bytes = new;
+            last_seq = seq;
+            true
         }
-    }
+        _ => false,
+    };
     let digest = hex(blake3::hash(&bytes).as_bytes());
-    let archive_dir = format::dir_of(path.parent().unwrap_or(Path::new(".")));
     let media = read_media(path).map_err(io("read the session's media"))?;
-    let already_sealed = format::find(&archive_dir, &file_name)
-        .ok()
-        .flatten()
-        .is_some_and(|(c, m)| {
-            m.blake3 == digest
-                && media
-                    .iter()
-                    .all(|(sha, _)| c.media_of(&file_name).any(|x| &x.sha256 == sha))
-        });
+    let already_sealed = sealed_already(path, &file_name, &digest, &media);
     let h = &scan.header;
     let member = Member {
         file: file_name,
@@ -321,6 +305,43 @@ fn choose(
         already_sealed,
         rewritten,
     })
+}
+
+/// The log `bytes` of `file_name` as `rewrite` makes them, checked whole, with the seq of
+/// their last record; `None` when it keeps them (its reason in `report` when it could not).
+fn rewritten_bytes(
+    rewrite: Rewrite,
+    bytes: &[u8],
+    file_name: &str,
+    report: &mut PackReport,
+) -> Option<(Vec<u8>, u64)> {
+    match rewrite(bytes).and_then(|new| new.map(checked).transpose()) {
+        Ok(Some(new)) => {
+            report.rewritten.push(file_name.to_string());
+            Some(new)
+        }
+        Ok(None) => None,
+        Err(why) => {
+            let why = why.to_string();
+            report.not_rewritten.push((file_name.to_string(), why));
+            None
+        }
+    }
+}
+
+/// Whether a container beside the WAL at `path` holds it with this digest and its media
+/// already (a pack cut short after sealing it).
+fn sealed_already(path: &Path, file_name: &str, digest: &str, media: &[(String, Vec<u8>)]) -> bool {
+    let archive_dir = format::dir_of(path.parent().unwrap_or(Path::new(".")));
+    format::find(&archive_dir, file_name)
+        .ok()
+        .flatten()
+        .is_some_and(|(c, m)| {
+            m.blake3 == digest
+                && media
+                    .iter()
+                    .all(|(sha, _)| c.media_of(file_name).any(|x| &x.sha256 == sha))
+        })
 }
 
 /// Rewritten bytes checked to be a whole, undamaged log: with the seq of their last record.
@@ -524,14 +545,12 @@ pub(crate) fn write_container(
         .mode(0o600)
         .open(&tmp)
         .map_err(|e| io("create", e))?;
-    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-    let mut digest = blake3::Hasher::new();
-    let mut put = |out: &mut std::io::BufWriter<File>, b: &[u8]| -> std::io::Result<()> {
-        digest.update(b);
-        out.write_all(b)
+    let mut out = Sealing {
+        out: std::io::BufWriter::with_capacity(1 << 20, file),
+        digest: blake3::Hasher::new(),
+        at: 0,
     };
-    put(&mut out, format::MAGIC).map_err(|e| io("write", e))?;
-    let mut at = format::MAGIC.len() as u64;
+    out.put(format::MAGIC).map_err(|e| io("write", e))?;
     let mut index = Index {
         format: 1,
         created_unix_ms,
@@ -542,37 +561,37 @@ pub(crate) fn write_container(
     assert!(!members.is_empty(), "a container holds a member");
     for (m, b) in members.iter().zip(bytes) {
         assert_eq!(b.len() as u64, m.size, "a member's size is its bytes'");
-        put(&mut out, b).map_err(|e| io("write", e))?;
+        let offset = out.put(b).map_err(|e| io("write", e))?;
         index.members.push(Member {
-            offset: at,
-            size: b.len() as u64,
+            offset,
             ..m.clone()
         });
-        at += b.len() as u64;
     }
     assert_eq!(
-        at,
+        out.at,
         format::MAGIC.len() as u64 + index.members.iter().map(|m| m.size).sum::<u64>(),
         "the members lie end to end after the magic"
     );
     // The sessions' media after them, each with its digest.
     for (file, sha256, b) in media {
-        put(&mut out, b).map_err(|e| io("write", e))?;
+        let offset = out.put(b).map_err(|e| io("write", e))?;
         index.media.push(MediaMember {
             file: file.to_string(),
             sha256: sha256.to_string(),
-            offset: at,
+            offset,
             size: b.len() as u64,
             blake3: hex(blake3::hash(b).as_bytes()),
         });
-        at += b.len() as u64;
     }
     let raw = serde_json::to_vec(&index).map_err(|e| Error::Index(e.to_string()))?;
-    put(&mut out, &raw).map_err(|e| io("write", e))?;
-    let sealed = digest.finalize();
-    let trailer = format::encode_trailer(at, raw.len() as u64, sealed.as_bytes());
-    out.write_all(&trailer).map_err(|e| io("write", e))?;
-    let file = out.into_inner().map_err(|e| io("write", e.into_error()))?;
+    let index_at = out.put(&raw).map_err(|e| io("write", e))?;
+    let sealed = out.digest.finalize();
+    let trailer = format::encode_trailer(index_at, raw.len() as u64, sealed.as_bytes());
+    out.out.write_all(&trailer).map_err(|e| io("write", e))?;
+    let file = out
+        .out
+        .into_inner()
+        .map_err(|e| io("write", e.into_error()))?;
     crash_point("archive_written");
     file.sync_all().map_err(|e| io("fsync", e))?;
     drop(file);
@@ -582,6 +601,25 @@ pub(crate) fn write_container(
     sync_dir(archive_dir)?;
     crash_point("archive_sealed");
     Ok((path, name))
+}
+
+/// A container as it is written: every byte before its trailer goes into its digest, and
+/// where the next one lands.
+struct Sealing {
+    out: std::io::BufWriter<File>,
+    digest: blake3::Hasher,
+    at: u64,
+}
+
+impl Sealing {
+    /// Writes `b`; the offset it was written at.
+    fn put(&mut self, b: &[u8]) -> std::io::Result<u64> {
+        let at = self.at;
+        self.digest.update(b);
+        self.out.write_all(b)?;
+        self.at += b.len() as u64;
+        Ok(at)
+    }
 }
 
 /// Removes what an interrupted pack or restore left: temporary containers (never sealed,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use futures_channel::oneshot;
 use serde_json::Value;
 
-use broca_core::admission::SendRequest;
+use broca_core::admission::{Prepared, SendRequest, Unprepared};
 use broca_core::replay::RunView;
 use broca_session::{Cancelled, ImportTarget, SessionCommand};
 use broca_wal::SessionTriple;
@@ -52,34 +52,7 @@ impl Host {
 
 async fn call(ctx: &Arc<Host>, request: Request, caller: &Caller) -> Result<Value, RpcError> {
     let Some(session) = request.session() else {
-        return match request {
-            Request::Import {
-                format,
-                path,
-                project_root,
-                harness,
-                session,
-            } => {
-                let target = ImportTarget {
-                    project_root,
-                    harness,
-                    session,
-                };
-                import(ctx, &format, path, target).await
-            }
-            Request::Describe => Ok(broca_wire::role::describe(broca_wire::role::Declared {
-                step_events: ctx.step_hints.is_some(),
-                policy_required: ctx.policy_required,
-                prunes_reasoning: ctx.opts.prune_reasoning,
-                plans: ctx.opts.plans,
-                delivery_order: ctx.opts.delivery_order,
-                pre_user: ctx.runs_pre_user(),
-            })),
-            Request::SessionsList { list } => crate::lists::sessions(ctx, list).await,
-            #[cfg(debug_assertions)]
-            Request::AdvanceClock { ms } => Ok(ctx.advance_clock(ms).await),
-            _ => Err(invalid("the request names no session")),
-        };
+        return sessionless(ctx, request).await;
     };
     let t = triple(session)?;
     // A release answers `absent` for a session expired or deleted, where others refuse.
@@ -110,6 +83,59 @@ async fn call(ctx: &Arc<Host>, request: Request, caller: &Caller) -> Result<Valu
         }
         Request::SendStatus { send_id, .. } => send_status(ctx, t, send_id, caller).await,
         Request::Baseline { .. } => baseline(ctx, t, caller).await,
+        Request::RunsList { list, .. } => crate::lists::runs(ctx, t, list).await,
+        Request::Upload { op, .. } => upload(ctx, t, op, caller).await,
+        Request::MediaRead { read, .. } => crate::media::media_read(ctx, t, read).await,
+        #[cfg(debug_assertions)]
+        Request::ArchiveNow { .. } => ctx.archive_now(&t).await,
+        #[cfg(not(debug_assertions))]
+        Request::ArchiveNow { .. } => Err(invalid("a release build packs no session now")),
+        planned => plan_call(ctx, t, planned, caller).await,
+    }
+}
+
+/// A request naming no session of its own: an import (its logs name theirs), the build's
+/// description, the sessions' list, the debug clock.
+async fn sessionless(ctx: &Arc<Host>, request: Request) -> Result<Value, RpcError> {
+    match request {
+        Request::Import {
+            format,
+            path,
+            project_root,
+            harness,
+            session,
+        } => {
+            let target = ImportTarget {
+                project_root,
+                harness,
+                session,
+            };
+            import(ctx, &format, path, target).await
+        }
+        Request::Describe => Ok(broca_wire::role::describe(broca_wire::role::Declared {
+            step_events: ctx.step_hints.is_some(),
+            policy_required: ctx.policy_required,
+            prunes_reasoning: ctx.opts.prune_reasoning,
+            plans: ctx.opts.plans,
+            delivery_order: ctx.opts.delivery_order,
+            pre_user: ctx.runs_pre_user(),
+        })),
+        Request::SessionsList { list } => crate::lists::sessions(ctx, list).await,
+        #[cfg(debug_assertions)]
+        Request::AdvanceClock { ms } => Ok(ctx.advance_clock(ms).await),
+        _ => Err(invalid("the request names no session")),
+    }
+}
+
+/// A request about the session's plan and owners: a person-only command and its status, a
+/// refresh and its policy, a flushed prefix, an adoption, a host's start.
+async fn plan_call(
+    ctx: &Arc<Host>,
+    t: SessionTriple,
+    request: Request,
+    caller: &Caller,
+) -> Result<Value, RpcError> {
+    match request {
         Request::UserCommand { command, .. } => {
             crate::commands::user_command(ctx, t, command, caller).await
         }
@@ -125,29 +151,25 @@ async fn call(ctx: &Arc<Host>, request: Request, caller: &Caller) -> Result<Valu
         }
         Request::Adopt { adopt, .. } => crate::adopt::adopt(ctx, t, adopt, caller).await,
         Request::HostStart { plan, .. } => crate::adopt::host_start(ctx, t, plan, caller).await,
-        Request::RunsList { list, .. } => crate::lists::runs(ctx, t, list).await,
-        Request::Upload { op, .. } => {
-            if ctx.is_stopping()
-                && !matches!(op, broca_wire::request::uploads::UploadOp::Status { .. })
-            {
-                return Err(RpcError::new(
-                    Code::ShuttingDown,
-                    "broca is stopping; retry later",
-                ));
-            }
-            let caller = caller.clone();
-            ask(ctx, t, |reply| SessionCommand::Upload { op, caller, reply }).await?
-        }
-        Request::MediaRead { read, .. } => crate::media::media_read(ctx, t, read).await,
-        #[cfg(debug_assertions)]
-        Request::ArchiveNow { .. } => ctx.archive_now(&t).await,
-        #[cfg(not(debug_assertions))]
-        Request::ArchiveNow { .. } => Err(invalid("a release build packs no session now")),
-        Request::Import { .. }
-        | Request::Describe
-        | Request::SessionsList { .. }
-        | Request::AdvanceClock { .. } => Err(invalid("the request names no session")),
+        _ => Err(invalid("the request names no session")),
     }
+}
+
+/// An upload operation: refused while the process stops, but for a status.
+async fn upload(
+    ctx: &Host,
+    t: SessionTriple,
+    op: broca_wire::request::uploads::UploadOp,
+    caller: &Caller,
+) -> Result<Value, RpcError> {
+    if ctx.is_stopping() && !matches!(op, broca_wire::request::uploads::UploadOp::Status { .. }) {
+        return Err(RpcError::new(
+            Code::ShuttingDown,
+            "broca is stopping; retry later",
+        ));
+    }
+    let caller = caller.clone();
+    ask(ctx, t, |reply| SessionCommand::Upload { op, caller, reply }).await?
 }
 
 /// session.import: each log under `path` into its session (the parts of `target` not given
@@ -256,72 +278,11 @@ async fn send(
     req: SendRequest,
     caller: &Caller,
 ) -> Result<Value, RpcError> {
-    if ctx.is_stopping() {
-        return Err(RpcError::new(
-            Code::ShuttingDown,
-            "broca is stopping; retry later",
-        ));
-    }
-    if let (Some(plan), false) = (&req.plan, ctx.opts.plans) {
-        return Err(broca_wire::request::plan_not_admitted(plan));
-    }
-    if req.order.is_some() && !ctx.opts.delivery_order {
-        return Err(broca_wire::request::list_not_admitted());
-    }
-    if let Some(order) = &req.order {
-        // A list none of whose modes broca delivers could never go out.
-        let modes = broca_wire::role::DELIVERY_ORDER_MODES;
-        if !order.modes.iter().any(|m| modes.contains(&m.as_str())) {
-            return Err(RpcError::new(
-                broca_wire::Code::DeliveryUnsupported,
-                "no mode of this delivery list is one broca delivers (tool_result, steer, \
-                 idle_start)",
-            )
-            .with_detail("delivery", serde_json::json!(order.modes)));
-        }
-    }
-    if let Some(plan) = &req.plan {
-        crate::plans::plan_served(ctx, plan)?;
-    }
+    send_served(ctx, &req)?;
     // A steer or an interrupt takes the settings it leaves out from the session's latest
     // run; its identity (a re-send's comparison) and the settings it named stay as sent.
     let joining = req.delivery.is_some() || req.order.is_some();
-    let asked = joining.then(|| {
-        (
-            broca_core::admission::inputs_digest(&req),
-            req.named_settings(),
-        )
-    });
-    let mut req = req;
-    if joining {
-        if let Some(latest) = view(ctx, &t, None).await? {
-            broca_core::admission::inherit(&mut req, &latest.config);
-        }
-    }
-    // Admission's part that needs no session runs here, once: a send it refuses opens no
-    // session (nothing is written, not even a new WAL) unless its send_id may name a run the
-    // session already has; the session's actor does the rest with what was resolved here.
-    // A credential read from the vault is read off this shard's thread first, so admission's
-    // check of it does not wait on the vault here.
-    if let Some(id) = &req.credential_id {
-        ctx.checks.prefetch(id).await;
-    }
-    let specs = ctx.tools.specs();
-    let catalog = broca_catalog::current();
-    let mut admission = broca_core::admission::prepare(&req, &specs, &catalog, &ctx.checks);
-    match &mut admission {
-        Ok(p) => {
-            p.caller = caller.clone();
-            p.policy_required = ctx.policy_required;
-        }
-        Err(u) => u.caller = caller.clone(),
-    }
-    if let Some((digest, named)) = asked {
-        match &mut admission {
-            Ok(p) => (p.inputs_digest, p.named) = (digest, named),
-            Err(u) => u.inputs_digest = digest,
-        }
-    }
+    let mut admission = prepared(ctx, &t, req, caller, joining).await?;
     if let Err(u) = &admission {
         if u.send_id.is_none() {
             return Err(RpcError::refusal(&u.refusal));
@@ -355,6 +316,86 @@ async fn send(
         .await?
         .ok_or_else(|| unknown_run(&sent.run_id))?;
     Ok(send_reply(&run))
+}
+
+/// Whether this runner serves what the send asks: refused while it stops, a plan where plans
+/// are off, a delivery list where ordered delivery is off or none of whose modes broca
+/// delivers, a plan naming what this runner does not host.
+fn send_served(ctx: &Host, req: &SendRequest) -> Result<(), RpcError> {
+    if ctx.is_stopping() {
+        return Err(RpcError::new(
+            Code::ShuttingDown,
+            "broca is stopping; retry later",
+        ));
+    }
+    if let (Some(plan), false) = (&req.plan, ctx.opts.plans) {
+        return Err(broca_wire::request::plan_not_admitted(plan));
+    }
+    if req.order.is_some() && !ctx.opts.delivery_order {
+        return Err(broca_wire::request::list_not_admitted());
+    }
+    if let Some(order) = &req.order {
+        // A list none of whose modes broca delivers could never go out.
+        let modes = broca_wire::role::DELIVERY_ORDER_MODES;
+        if !order.modes.iter().any(|m| modes.contains(&m.as_str())) {
+            return Err(RpcError::new(
+                broca_wire::Code::DeliveryUnsupported,
+                "no mode of this delivery list is one broca delivers (tool_result, steer, \
+                 idle_start)",
+            )
+            .with_detail("delivery", serde_json::json!(order.modes)));
+        }
+    }
+    if let Some(plan) = &req.plan {
+        crate::plans::plan_served(ctx, plan)?;
+    }
+    Ok(())
+}
+
+/// Admission's part that needs no session, run here once: a send it refuses opens no session
+/// (nothing is written, not even a new WAL) unless its send_id may name a run the session
+/// already has; the session's actor does the rest with what was resolved here. A `joining`
+/// send (a steer, an interrupt, a list) takes what it leaves out from the latest run, its
+/// identity and named settings kept as sent. A credential read from the vault is read off
+/// this shard's thread first, so admission's check of it does not wait on the vault here.
+async fn prepared(
+    ctx: &Host,
+    t: &SessionTriple,
+    mut req: SendRequest,
+    caller: &Caller,
+    joining: bool,
+) -> Result<Result<Prepared, Unprepared>, RpcError> {
+    let asked = joining.then(|| {
+        (
+            broca_core::admission::inputs_digest(&req),
+            req.named_settings(),
+        )
+    });
+    if joining {
+        if let Some(latest) = view(ctx, t, None).await? {
+            broca_core::admission::inherit(&mut req, &latest.config);
+        }
+    }
+    if let Some(id) = &req.credential_id {
+        ctx.checks.prefetch(id).await;
+    }
+    let specs = ctx.tools.specs();
+    let catalog = broca_catalog::current();
+    let mut admission = broca_core::admission::prepare(&req, &specs, &catalog, &ctx.checks);
+    match &mut admission {
+        Ok(p) => {
+            p.caller = caller.clone();
+            p.policy_required = ctx.policy_required;
+        }
+        Err(u) => u.caller = caller.clone(),
+    }
+    if let Some((digest, named)) = asked {
+        match &mut admission {
+            Ok(p) => (p.inputs_digest, p.named) = (digest, named),
+            Err(u) => u.inputs_digest = digest,
+        }
+    }
+    Ok(admission)
 }
 
 /// A send whose `content` the session's uploads refuse (an unknown, lost or open upload, or

@@ -148,7 +148,11 @@ mod tests {
         assert!(c.check().unwrap_err().to_string().contains("keep_percent"));
         c.at_percent = 55;
         c.keep_percent = 50;
-        assert!(c.check().unwrap_err().to_string().contains("at least 10 below"));
+        assert!(c
+            .check()
+            .unwrap_err()
+            .to_string()
+            .contains("at least 10 below"));
         c.keep_percent = 50;
         c.at_percent = 60;
         assert!(c.check().is_ok());

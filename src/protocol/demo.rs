@@ -88,74 +88,87 @@ pub fn answer(request: &Request) -> Vec<(u64, StreamEvent)> {
         .sum::<u64>()
         / 4
         + 1;
-    let mut events = Vec::new();
-    let say = |text: &str, events: &mut Vec<(u64, StreamEvent)>| {
-        for word in text.split_inclusive(' ') {
-            events.push((DELTA_MS, StreamEvent::TextDelta(word.to_string())));
-        }
-    };
     match tool_answer {
         None => {
             let prompt = last_user.map(text_of).unwrap_or_default();
-            say(
-                "Hello from broca's demo model. Everything you see is written to this \
-                 session's log before it happens. I'll count the words of your message with \
-                 a built-in tool.",
-                &mut events,
-            );
-            let args = serde_json::json!({ "text": prompt }).to_string();
-            events.push((
-                DELTA_MS,
-                StreamEvent::ToolCallStart {
-                    index: 0,
-                    id: format!("demo_{}", request.messages.len()),
-                    name: WORD_COUNT.into(),
-                },
-            ));
-            events.push((
-                0,
-                StreamEvent::ToolCallArgsDelta {
-                    index: 0,
-                    json: args,
-                },
-            ));
-            events.push((0, StreamEvent::ToolCallEnd { index: 0 }));
-            events.push((0, usage(input, 40)));
-            events.push((
-                0,
-                StreamEvent::Finish {
-                    reason: FinishReason::ToolUse,
-                    request_id: None,
-                },
-            ));
+            greeting(&prompt, request.messages.len(), input)
         }
-        Some((content, is_error)) => {
-            let said = if is_error {
-                format!(
-                    "The tool did not answer cleanly ({content}). broca never runs a call \
-                     twice when it cannot know whether it ran."
-                )
-            } else {
-                format!("The tool says your message has {content}.")
-            };
-            say(
-                &format!(
-                    "{said} That was the whole loop: a model step, a durable tool call, its \
-                     result, and this answer. Try `kill -9` on broca while the tool runs, then \
-                     start it again."
-                ),
-                &mut events,
-            );
-            events.push((0, usage(input, 50)));
-            events.push((
-                0,
-                StreamEvent::Finish {
-                    reason: FinishReason::EndTurn,
-                    request_id: None,
-                },
-            ));
-        }
+        Some((content, is_error)) => closing(&content, is_error, input),
     }
+}
+
+/// The words of `text`, one delta each.
+fn say(text: &str, events: &mut Vec<(u64, StreamEvent)>) {
+    for word in text.split_inclusive(' ') {
+        events.push((DELTA_MS, StreamEvent::TextDelta(word.to_string())));
+    }
+}
+
+/// The first step: a greeting, then the built-in tool called on `prompt` (the call's id
+/// from the request's `messages` count).
+fn greeting(prompt: &str, messages: usize, input: u64) -> Vec<(u64, StreamEvent)> {
+    let mut events = Vec::new();
+    say(
+        "Hello from broca's demo model. Everything you see is written to this \
+         session's log before it happens. I'll count the words of your message with \
+         a built-in tool.",
+        &mut events,
+    );
+    let args = serde_json::json!({ "text": prompt }).to_string();
+    events.push((
+        DELTA_MS,
+        StreamEvent::ToolCallStart {
+            index: 0,
+            id: format!("demo_{messages}"),
+            name: WORD_COUNT.into(),
+        },
+    ));
+    events.push((
+        0,
+        StreamEvent::ToolCallArgsDelta {
+            index: 0,
+            json: args,
+        },
+    ));
+    events.push((0, StreamEvent::ToolCallEnd { index: 0 }));
+    events.push((0, usage(input, 40)));
+    events.push((
+        0,
+        StreamEvent::Finish {
+            reason: FinishReason::ToolUse,
+            request_id: None,
+        },
+    ));
+    events
+}
+
+/// The last step: what the tool answered (or that its outcome is unknown), and the loop's end.
+fn closing(content: &str, is_error: bool, input: u64) -> Vec<(u64, StreamEvent)> {
+    let mut events = Vec::new();
+    let said = if is_error {
+        format!(
+            "The tool did not answer cleanly ({content}). broca never runs a call \
+             twice when it cannot know whether it ran."
+        )
+    } else {
+        format!("The tool says your message has {content}.")
+    };
+    say(
+        &format!(
+            "{said} That was the whole loop: a model step, a durable tool call, its \
+             result, and this answer. Try `kill -9` on broca while the tool runs, then \
+             start it again."
+        ),
+        &mut events,
+    );
+    events.push((0, usage(input, 50)));
+    events.push((
+        0,
+        StreamEvent::Finish {
+            reason: FinishReason::EndTurn,
+            request_id: None,
+        },
+    ));
     events
 }
 

@@ -146,6 +146,89 @@ struct Payload {
     digests: Vec<String>,
 }
 
+/// What changed since the provider was last told: each entry's digest now, the entries
+/// whose digest differs (compacted), whether they fit a notice, the newest entry's cursor,
+/// and the events waiting.
+struct Changes {
+    digests: Vec<String>,
+    changed: Vec<Entry>,
+    fits: bool,
+    newest: Option<cortexkit_role_compaction::read::Cursor>,
+    events: Vec<cortexkit_role_compaction::notice::Event>,
+}
+
+impl Changes {
+    fn since(s: &mut Shared, entries: &broca_core::entries::Entries) -> Changes {
+        let numbered = s.numbered.refresh(entries);
+        let digests: Vec<String> = numbered.iter().map(|e| e.digest.clone()).collect();
+        let changed: Vec<Entry> = numbered
+            .iter()
+            .enumerate()
+            .filter(|(i, e)| s.noticed.get(*i) != Some(&e.digest))
+            .map(|(_, e)| {
+                let mut c = e.clone();
+                c.parts = e.parts.iter().map(|p| p.compact()).collect();
+                c
+            })
+            .collect();
+        let fits = serde_json::to_vec(&changed)
+            .is_ok_and(|b| b.len() <= cortexkit_role_compaction::notice::ENTRIES_BUDGET_BYTES);
+        let newest = numbered.last().map(neutral::cursor);
+        assert!(
+            changed.len() <= digests.len(),
+            "the changed entries are of the numbered"
+        );
+        Changes {
+            digests,
+            changed,
+            fits,
+            newest,
+            events: std::mem::take(&mut s.events),
+        }
+    }
+
+    /// The Setup and the notice that tell the provider of these changes (the entries only
+    /// when they fit), under the session's latest run's conditions.
+    fn payload(
+        self,
+        preset: String,
+        config: &FrozenConfig,
+        applied: Option<cortexkit_role_compaction::view::AppliedView>,
+    ) -> Payload {
+        let cond = conditions(config);
+        let mut setup = SetupRequest::new(
+            preset,
+            cond.model.clone(),
+            cond.context_window,
+            cond.output_reserve,
+            cond.rules.clone(),
+            detects(),
+            crate::now_unix_ms(),
+        );
+        if let Some(a) = &applied {
+            setup = setup.with_applied_view(a.clone());
+        }
+        if let Some(n) = &self.newest {
+            setup = setup.with_newest(n.clone());
+        }
+        let mut notice = NoticeRequest::new(0, cond).with_events(self.events);
+        if let Some(a) = applied {
+            notice = notice.with_applied_view(a);
+        }
+        if let Some(n) = self.newest {
+            notice = notice.with_newest(n);
+        }
+        if self.fits {
+            notice = notice.with_entries(self.changed);
+        }
+        Payload {
+            setup,
+            notice,
+            digests: self.digests,
+        }
+    }
+}
+
 /// What a request is sent under: the session's model, its window and its reply's room.
 fn conditions(config: &FrozenConfig) -> Conditions {
     let window = config
@@ -216,68 +299,21 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         let Some(config) = self.state.runs.last().map(|r| r.config.clone()) else {
             return;
         };
-        let mut guard = shared.borrow_mut();
-        let s = &mut *guard;
-        let numbered = s.numbered.refresh(entries);
-        let digests: Vec<String> = numbered.iter().map(|e| e.digest.clone()).collect();
-        let changed: Vec<Entry> = numbered
-            .iter()
-            .enumerate()
-            .filter(|(i, e)| s.noticed.get(*i) != Some(&e.digest))
-            .map(|(_, e)| {
-                let mut c = e.clone();
-                c.parts = e.parts.iter().map(|p| p.compact()).collect();
-                c
-            })
-            .collect();
-        let fits = serde_json::to_vec(&changed)
-            .is_ok_and(|b| b.len() <= cortexkit_role_compaction::notice::ENTRIES_BUDGET_BYTES);
-        let newest = numbered.last().map(neutral::cursor);
-        let events = std::mem::take(&mut s.events);
-        drop(guard);
+        let changes = Changes::since(&mut shared.borrow_mut(), entries);
         let applied = self.state.view.as_ref().map(|v| v.applied());
+        let payload = changes.payload(preset, &config, applied);
         let ask = Ask {
             tools: self.tools.clone(),
             triple: self.triple.clone(),
             scope_epoch: self.writer.header().created_unix_ms,
             provider,
         };
-        let cond = conditions(&config);
-        let mut setup = SetupRequest::new(
-            preset,
-            cond.model.clone(),
-            cond.context_window,
-            cond.output_reserve,
-            cond.rules.clone(),
-            detects(),
-            crate::now_unix_ms(),
-        );
-        if let Some(a) = &applied {
-            setup = setup.with_applied_view(a.clone());
-        }
-        if let Some(n) = &newest {
-            setup = setup.with_newest(n.clone());
-        }
-        let mut notice = NoticeRequest::new(0, cond).with_events(events);
-        if let Some(a) = applied {
-            notice = notice.with_applied_view(a);
-        }
-        if let Some(n) = newest {
-            notice = notice.with_newest(n);
-        }
-        if fits {
-            notice = notice.with_entries(changed);
-        }
-        let mut payload = Payload {
-            setup,
-            notice,
-            digests,
-        };
         {
             let mut s = shared.borrow_mut();
             if s.busy {
                 // One notice at a time (N3): this one goes once the one out is answered, in
                 // place of any waiting, whose events it takes over.
+                let mut payload = payload;
                 if let Some(waiting) = s.pending.take() {
                     let mut events = waiting.notice.events;
                     events.append(&mut payload.notice.events);

@@ -68,6 +68,24 @@ type RouteKey = (
     Option<(&'static str, &'static str)>,
 );
 
+/// A call on its way: the module and its call, where it comes from, its body and its
+/// deadlines.
+struct Sending<'a> {
+    module: &'a str,
+    call: &'a ToolCall,
+    origin: &'a ToolOrigin,
+    body: Vec<u8>,
+    timeout: Duration,
+    silence: Option<Duration>,
+}
+
+/// What became of a call sent once: its outcome, or a route found dead before delivery (its
+/// code).
+enum Delivered {
+    Outcome(ToolOutcome),
+    RouteDead(String),
+}
+
 #[derive(Clone)]
 struct Route {
     link: Arc<Link>,
@@ -306,36 +324,24 @@ impl ModuleTools {
         session: &str,
         epoch: Option<u64>,
     ) -> Result<Route, NotSent> {
-        let key = (
-            module.to_string(),
-            project_root.to_string(),
-            harness.to_string(),
-            session.to_string(),
+        let key: RouteKey = (
+            module.into(),
+            project_root.into(),
+            harness.into(),
+            session.into(),
             role,
         );
-        let used = self.next_use();
-        let kept = self.routes.lock().ok().and_then(|mut r| {
-            let route = r.get_mut(&key)?;
-            route.used = used;
-            Some(route.clone())
-        });
-        if let Some(r) = kept {
-            if r.link.is_alive() && !r.link.take_closed(r.channel) {
-                return Ok(r);
-            }
-            self.evict(&key);
+        if let Some(r) = self.kept_route(&key) {
+            return Ok(r);
         }
         let consumer = self
             .launch_nonce
             .as_deref()
             .map(|n| (self.module_id.as_str(), n));
-        let record =
-            match (&self.scopes, epoch) {
-                (Some(_), Some(epoch)) if !project_root.is_empty() => Some(
-                    broca_subc::scope::record(project_root, harness, session, epoch),
-                ),
-                _ => None,
-            };
+        // The session's scope, where the daemon has one for it.
+        let record = epoch
+            .filter(|_| self.scopes.is_some() && !project_root.is_empty())
+            .map(|epoch| broca_subc::scope::record(project_root, harness, session, epoch));
         let mut body = self
             .open_body(module, (harness, session), consumer, &record, (false, role))
             .await?;
@@ -359,7 +365,7 @@ impl ModuleTools {
                         module,
                         code,
                         attempt,
-                        "route.open refused for now; trying again"
+                        "route.open refused for now; retrying"
                     );
                     last = code;
                     if attempt < OPEN_ATTEMPTS {
@@ -385,6 +391,22 @@ impl ModuleTools {
         Err(NotSent::Refused(format!(
             "the daemon kept refusing a route to tool module `{module}` ({last}, {OPEN_ATTEMPTS} tries)"
         )))
+    }
+
+    /// The route kept for `key`, while its link lives and the daemon has not closed it (one
+    /// that has is let go of).
+    fn kept_route(&self, key: &RouteKey) -> Option<Route> {
+        let used = self.next_use();
+        let kept = self.routes.lock().ok().and_then(|mut r| {
+            let route = r.get_mut(key)?;
+            route.used = used;
+            Some(route.clone())
+        })?;
+        if kept.link.is_alive() && !kept.link.take_closed(kept.channel) {
+            return Some(kept);
+        }
+        self.evict(key);
+        None
     }
 
     /// The `route.open` body of a session's route, under its scope when `record` is one (made
@@ -513,66 +535,27 @@ impl ModuleTools {
                 }
             }
         };
-        let t = &origin.triple;
-        let key = origin.call_key.clone();
-        // The tool's own reply deadline, as the run froze it, never below the module's; a
-        // module that sends keepalives may take up to the role's ceiling for a tool without
-        // one, while its keepalives come.
-        let keepalive = self.sends_keepalives(module);
-        let timeout = toolprov::reply_deadline_with_keepalive(
-            origin.reply.as_ref(),
-            &arguments,
-            self.call_timeout(module),
-            keepalive,
-        );
-        let silence = keepalive.then(keepalive_silence);
-        let body = toolprov::call_body(&call.name, arguments, &call.id, key, pin);
-        let rkey = (
-            module.to_string(),
-            t.project_root.clone(),
-            t.harness.clone(),
-            t.session.clone(),
-            None,
+        let (timeout, silence) = self.deadlines(module, origin, &arguments);
+        let body = toolprov::call_body(
+            &call.name,
+            arguments,
+            &call.id,
+            origin.call_key.clone(),
+            pin,
         );
         let mut not_delivered = String::new();
         for _ in 0..2 {
-            let r = match self
-                .route(
-                    module,
-                    &t.project_root,
-                    &t.harness,
-                    &t.session,
-                    Some(origin.scope_epoch),
-                )
-                .await
-            {
-                Ok(r) => r,
-                Err(NotSent::Refused(reason)) => return ToolOutcome::Refused { reason },
-                Err(NotSent::Indeterminate(why)) => return indeterminate(call, &why),
+            let sent = Sending {
+                module,
+                call,
+                origin,
+                body: body.clone(),
+                timeout,
+                silence,
             };
-            let frame = match self.send(&r, body.clone(), timeout, silence).await {
-                Ok(f) => f,
-                Err(NotSent::Refused(reason)) => {
-                    self.evict(&rkey);
-                    return ToolOutcome::Refused { reason };
-                }
-                Err(NotSent::Indeterminate(why)) => {
-                    self.evict(&rkey);
-                    return indeterminate(call, &why);
-                }
-            };
-            match toolprov::read_reply(module, &frame, self.answers_v1(module, &call.name)) {
-                Reply::Held { parts, reason } => {
-                    return self
-                        .held(module, call, &origin.call_key, &reason, &parts)
-                        .await
-                }
-                Reply::NotDelivered(code) => {
-                    tracing::info!(module, code, tool = %call.name, "the route was dead before delivery; opening it again");
-                    self.evict(&rkey);
-                    not_delivered = code;
-                }
-                reply => return self.outcome(call, reply),
+            match self.deliver(sent).await {
+                Delivered::Outcome(outcome) => return outcome,
+                Delivered::RouteDead(code) => not_delivered = code,
             }
         }
         ToolOutcome::Refused {
@@ -580,6 +563,74 @@ impl ModuleTools {
                 "tool module `{module}`'s route stayed dead ({not_delivered}); the call was never delivered"
             ),
         }
+    }
+
+    /// Sends a call on its session's route: its outcome, or the code of a route found dead
+    /// before delivery (let go of, to be opened again).
+    async fn deliver(&self, s: Sending<'_>) -> Delivered {
+        let (module, call, t) = (s.module, s.call, &s.origin.triple);
+        let rkey: RouteKey = (
+            module.into(),
+            t.project_root.clone(),
+            t.harness.clone(),
+            t.session.clone(),
+            None,
+        );
+        let epoch = Some(s.origin.scope_epoch);
+        let routed = self
+            .route(module, &t.project_root, &t.harness, &t.session, epoch)
+            .await;
+        let r = match routed {
+            Ok(r) => r,
+            Err(NotSent::Refused(reason)) => {
+                return Delivered::Outcome(ToolOutcome::Refused { reason })
+            }
+            Err(NotSent::Indeterminate(why)) => {
+                return Delivered::Outcome(indeterminate(call, &why))
+            }
+        };
+        let frame = match self.send(&r, s.body, s.timeout, s.silence).await {
+            Ok(f) => f,
+            Err(NotSent::Refused(reason)) => {
+                self.evict(&rkey);
+                return Delivered::Outcome(ToolOutcome::Refused { reason });
+            }
+            Err(NotSent::Indeterminate(why)) => {
+                self.evict(&rkey);
+                return Delivered::Outcome(indeterminate(call, &why));
+            }
+        };
+        match toolprov::read_reply(module, &frame, self.answers_v1(module, &call.name)) {
+            Reply::Held { parts, reason } => Delivered::Outcome(
+                self.held(module, call, &s.origin.call_key, &reason, &parts)
+                    .await,
+            ),
+            Reply::NotDelivered(code) => {
+                tracing::info!(module, code, tool = %call.name, "the route was dead before delivery; opening it again");
+                self.evict(&rkey);
+                Delivered::RouteDead(code)
+            }
+            reply => Delivered::Outcome(self.outcome(call, reply)),
+        }
+    }
+
+    /// A call's reply deadline: the tool's own, as the run froze it, never below the
+    /// module's; a module that sends keepalives may take up to the role's ceiling for a tool
+    /// without one, while its keepalives come (the silence it may keep between them).
+    fn deadlines(
+        &self,
+        module: &str,
+        origin: &ToolOrigin,
+        arguments: &serde_json::Value,
+    ) -> (Duration, Option<Duration>) {
+        let keepalive = self.sends_keepalives(module);
+        let timeout = toolprov::reply_deadline_with_keepalive(
+            origin.reply.as_ref(),
+            arguments,
+            self.call_timeout(module),
+            keepalive,
+        );
+        (timeout, keepalive.then(keepalive_silence))
     }
 
     /// A call's answer as its outcome.

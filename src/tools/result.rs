@@ -48,55 +48,20 @@ pub fn from_call_result(result: &Value, max: usize) -> ToolText {
         .into_iter()
         .flatten()
     {
-        let kind = block.get("type").and_then(Value::as_str).unwrap_or("");
-        let text = match kind {
-            "text" => {
-                has_text = true;
-                block
-                    .get("text")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string()
-            }
-            "image"
-                if image_of(block)
-                    .is_some_and(|(_, d)| image_bytes + d.len() <= IMAGE_BYTES_MAX) =>
-            {
-                let (mime, data) = image_of(block).expect("checked above");
-                image_bytes += data.len();
-                let note = format!("[image {mime}, {} bytes]", data.len());
-                kept.push(crate::ToolPart::Image { mime, data });
-                parts.push(note);
-                continue;
-            }
-            "image" | "audio" => {
-                let mime = block
-                    .get("mimeType")
-                    .and_then(Value::as_str)
-                    .unwrap_or("unknown type");
-                let bytes = block
-                    .get("data")
-                    .and_then(Value::as_str)
-                    .map_or(0, |d| d.len() / 4 * 3);
-                format!("[{kind} {mime}, about {bytes} bytes, not included]")
-            }
-            "resource_link" => {
-                let uri = block.get("uri").and_then(Value::as_str).unwrap_or("");
-                format!("[resource link: {uri}]")
-            }
-            "resource" => {
-                let res = block.get("resource").unwrap_or(&Value::Null);
-                let uri = res.get("uri").and_then(Value::as_str).unwrap_or("");
-                match res.get("text").and_then(Value::as_str) {
-                    Some(t) => {
-                        has_text = true;
-                        format!("[resource {uri}]\n{t}")
-                    }
-                    None => format!("[resource {uri}: binary, not included]"),
-                }
-            }
-            other => format!("[{other} content, not included]"),
-        };
+        // An image broca renders is kept in parts, within their bound.
+        let image = block.get("type").and_then(Value::as_str) == Some("image");
+        if let Some((mime, data)) = image
+            .then(|| image_of(block))
+            .flatten()
+            .filter(|(_, d)| image_bytes + d.len() <= IMAGE_BYTES_MAX)
+        {
+            image_bytes += data.len();
+            parts.push(format!("[image {mime}, {} bytes]", data.len()));
+            kept.push(crate::ToolPart::Image { mime, data });
+            continue;
+        }
+        let (text, is_text) = block_text(block);
+        has_text |= is_text;
         kept.push(crate::ToolPart::Text(text.clone()));
         parts.push(text);
     }
@@ -122,6 +87,44 @@ pub fn from_call_result(result: &Value, max: usize) -> ToolText {
         is_error,
         parts: in_parts.then_some(kept),
     }
+}
+
+/// A content block as text, and whether it carried text of its own (a text block, an
+/// embedded text resource); images, audio, links and binary resources are a bracketed note,
+/// their bytes left out.
+fn block_text(block: &Value) -> (String, bool) {
+    let kind = block.get("type").and_then(Value::as_str).unwrap_or("");
+    let text = match kind {
+        "text" => {
+            let text = block.get("text").and_then(Value::as_str).unwrap_or("");
+            return (text.to_string(), true);
+        }
+        "image" | "audio" => {
+            let mime = block
+                .get("mimeType")
+                .and_then(Value::as_str)
+                .unwrap_or("unknown type");
+            let bytes = block
+                .get("data")
+                .and_then(Value::as_str)
+                .map_or(0, |d| d.len() / 4 * 3);
+            format!("[{kind} {mime}, about {bytes} bytes, not included]")
+        }
+        "resource_link" => {
+            let uri = block.get("uri").and_then(Value::as_str).unwrap_or("");
+            format!("[resource link: {uri}]")
+        }
+        "resource" => {
+            let res = block.get("resource").unwrap_or(&Value::Null);
+            let uri = res.get("uri").and_then(Value::as_str).unwrap_or("");
+            match res.get("text").and_then(Value::as_str) {
+                Some(t) => return (format!("[resource {uri}]\n{t}"), true),
+                None => format!("[resource {uri}: binary, not included]"),
+            }
+        }
+        other => format!("[{other} content, not included]"),
+    };
+    (text, false)
 }
 
 /// Cuts `text` to at most `max` bytes (at a character boundary), ending with a marker that

@@ -531,20 +531,8 @@ pub(crate) fn write_container(
     bytes: &[&[u8]],
     media: &[(&str, &str, &[u8])],
 ) -> Result<(PathBuf, String), Error> {
-    let tmp = archive_dir.join(format!(
-        ".pack-{}-{}.tmp",
-        std::process::id(),
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos())
-    ));
+    let (tmp, file) = create_tmp(archive_dir)?;
     let io = |op: &'static str, e: std::io::Error| Error::io(&tmp, op, e);
-    let file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(|e| io("create", e))?;
     let mut out = Sealing {
         out: std::io::BufWriter::with_capacity(1 << 20, file),
         digest: blake3::Hasher::new(),
@@ -601,6 +589,25 @@ pub(crate) fn write_container(
     sync_dir(archive_dir)?;
     crash_point("archive_sealed");
     Ok((path, name))
+}
+
+/// A new temporary container in `archive_dir` (owner-only; never read, and removed by the
+/// next pack's sweep when a crash leaves it).
+fn create_tmp(archive_dir: &Path) -> Result<(PathBuf, File), Error> {
+    let tmp = archive_dir.join(format!(
+        ".pack-{}-{}.tmp",
+        std::process::id(),
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    ));
+    let file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(|e| Error::io(&tmp, "create", e))?;
+    Ok((tmp, file))
 }
 
 /// A container as it is written: every byte before its trailer goes into its digest, and

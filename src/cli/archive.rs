@@ -154,7 +154,12 @@ fn pack(mut pargs: pico_args::Arguments, state: &Path) -> Result<bool, String> {
     let packed = broca_archive::pack(state, &opts, &mut progress);
     drop(progress);
     drop(bar); // cleared before the summary
-    let r = packed?;
+    report_pack(&packed?, dry_run, started);
+    Ok(true)
+}
+
+/// What a pack did, session by session, then its totals.
+fn report_pack(r: &broca_archive::PackReport, dry_run: bool, started: std::time::Instant) {
     if r.cleaned > 0 {
         broca_io::errln!(
             "broca: removed {} temporary file(s) an interrupted pack or restore left",
@@ -193,7 +198,6 @@ fn pack(mut pargs: pico_args::Arguments, state: &Path) -> Result<bool, String> {
         started.elapsed().as_secs_f64(),
         r.skipped.len()
     );
-    Ok(true)
 }
 
 fn list(state: &Path) -> Result<bool, String> {

@@ -56,18 +56,7 @@ pub(super) fn import(
         },
         None => return usage("`broca import` needs a format: claude-code or codex"),
     };
-    let mut opt = |name: &'static str| {
-        pargs
-            .opt_value_from_str::<_, String>(name)
-            .map_err(|e| format!("{name}: {e}"))
-    };
-    let target = match (|| {
-        Ok::<_, String>(ImportTarget {
-            project_root: opt("--project-root")?,
-            harness: opt("--harness")?,
-            session: opt("--session")?,
-        })
-    })() {
+    let target = match import_target(&mut pargs) {
         Ok(t) => t,
         Err(e) => return usage(&e),
     };
@@ -81,11 +70,11 @@ pub(super) fn import(
         return usage("no state dir: set --state-dir, BROCA_STATE_DIR or HOME");
     };
     let files = match log_files(&paths) {
-        Ok(f) if f.is_empty() => {
+        Ok(f) if !f.is_empty() => f,
+        Ok(_) => {
             broca_io::errln!("broca: no *.jsonl log under {}", display(&paths));
             return EXIT_FAILURE;
         }
-        Ok(f) => f,
         Err(e) => {
             broca_io::errln!("broca: {e}");
             return EXIT_FAILURE;
@@ -96,20 +85,22 @@ pub(super) fn import(
         let bar = bar.clone();
         Arc::new(move |bytes: u64| bar.within(bytes))
     };
-    let report = Box::new(|path: &std::path::Path, done: Result<_, String>| {
-        bar.clear();
-        match done {
-            Ok((triple, r)) => report_done(json, path, &triple, &r),
-            Err(e) => {
-                broca_io::errln!("broca: {e}");
-                if json {
-                    let line = serde_json::json!({"file": path, "error": e});
-                    broca_io::outln!("{line}");
+    let report = Box::new(
+        |path: &std::path::Path, done: Result<_, broca_run::Failure>| {
+            bar.clear();
+            match done {
+                Ok((triple, r)) => report_done(json, path, &triple, &r),
+                Err(e) => {
+                    broca_io::errln!("broca: {e}");
+                    if json {
+                        let line = serde_json::json!({"file": path, "error": e.to_string()});
+                        broca_io::outln!("{line}");
+                    }
                 }
             }
-        }
-        bar.file_done(path);
-    });
+            bar.file_done(path);
+        },
+    );
     match import_logs(state_dir, format, files, target, report, progress) {
         Ok(0) => EXIT_OK,
         Ok(failed) => {
@@ -121,6 +112,20 @@ pub(super) fn import(
             EXIT_FAILURE
         }
     }
+}
+
+/// Where `broca import`'s logs go: the flags that name a session's parts.
+fn import_target(pargs: &mut pico_args::Arguments) -> Result<ImportTarget, String> {
+    let mut opt = |name: &'static str| {
+        pargs
+            .opt_value_from_str::<_, String>(name)
+            .map_err(|e| format!("{name}: {e}"))
+    };
+    Ok(ImportTarget {
+        project_root: opt("--project-root")?,
+        harness: opt("--harness")?,
+        session: opt("--session")?,
+    })
 }
 
 fn display(paths: &[PathBuf]) -> String {

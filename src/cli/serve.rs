@@ -155,32 +155,11 @@ fn host_options(
     }
     let state_dir = resolve_state_dir(state_dir)
         .ok_or("no state dir: set --state-dir, BROCA_STATE_DIR or HOME")?;
-    let catalog_base = state_dir.clone();
-    let mut endpoints = Endpoints::from_env()?;
-    for (provider, url) in &file.base_urls {
-        broca_catalog::provider(provider)
-            .ok_or_else(|| format!("--config: unknown provider `{provider}` in base_urls"))?;
-        endpoints
-            .set(provider, url)
-            .map_err(|e| format!("--config: base_urls.{provider}: {e}"))?;
-    }
+    let endpoints = endpoints(&file)?;
     let grace = f.grace;
     let tools = f.tools.clone();
-    let import_roots = if !f.import_roots.is_empty() {
-        f.import_roots.clone()
-    } else if let Some(roots) = file.import_roots.clone() {
-        roots
-    } else {
-        default_import_roots()
-    };
-    for root in &import_roots {
-        if !root.is_absolute() {
-            return Err(format!(
-                "--import-root {}: give an absolute folder",
-                root.display()
-            ));
-        }
-    }
+    let import_roots = import_roots(f, &file)?;
+    let catalog = catalog_sources(&state_dir, &file);
     Ok(broca_host::HostOptions {
         import_roots,
         state_dir,
@@ -201,19 +180,7 @@ fn host_options(
         plan_fetch_deadline: std::time::Duration::from_millis(
             file.plan_fetch_deadline_ms.unwrap_or(10_000).max(1),
         ),
-        catalog: {
-            let mut c = broca_catalog::load::Sources::from_env(&catalog_base);
-            if file.catalog_file.is_some() {
-                c.file = file.catalog_file;
-            }
-            if file.catalog_url.is_some() {
-                c.url = file.catalog_url;
-            }
-            if file.catalog_module.is_some() {
-                c.module = file.catalog_module;
-            }
-            c
-        },
+        catalog,
         tools: match tools {
             Some(path) => Some(broca_tools::config::ToolsConfig::load(
                 std::path::Path::new(&path),
@@ -222,6 +189,56 @@ fn host_options(
         },
         endpoints,
     })
+}
+
+/// The providers' endpoints: the environment's, with the config's `base_urls` over them.
+fn endpoints(file: &ServeConfig) -> Result<Endpoints, String> {
+    let mut endpoints = Endpoints::from_env()?;
+    for (provider, url) in &file.base_urls {
+        broca_catalog::provider(provider)
+            .ok_or_else(|| format!("--config: unknown provider `{provider}` in base_urls"))?;
+        endpoints
+            .set(provider, url)
+            .map_err(|e| format!("--config: base_urls.{provider}: {e}"))?;
+    }
+    Ok(endpoints)
+}
+
+/// The folders `session.import` reads from: the flags', else the config's, else where
+/// Claude Code and Codex keep their logs; each absolute.
+fn import_roots(f: &ServeFlags, file: &ServeConfig) -> Result<Vec<PathBuf>, String> {
+    let roots = if !f.import_roots.is_empty() {
+        f.import_roots.clone()
+    } else if let Some(roots) = file.import_roots.clone() {
+        roots
+    } else {
+        default_import_roots()
+    };
+    if let Some(root) = roots.iter().find(|r| !r.is_absolute()) {
+        return Err(format!(
+            "--import-root {}: give an absolute folder",
+            root.display()
+        ));
+    }
+    Ok(roots)
+}
+
+/// The catalog's sources: the environment's for the state dir, the config's over them.
+fn catalog_sources(
+    state_dir: &std::path::Path,
+    file: &ServeConfig,
+) -> broca_catalog::load::Sources {
+    let mut c = broca_catalog::load::Sources::from_env(state_dir);
+    if file.catalog_file.is_some() {
+        c.file = file.catalog_file.clone();
+    }
+    if file.catalog_url.is_some() {
+        c.url = file.catalog_url.clone();
+    }
+    if file.catalog_module.is_some() {
+        c.module = file.catalog_module.clone();
+    }
+    c
 }
 
 /// Where Claude Code and Codex keep their logs: the folders `session.import` reads from

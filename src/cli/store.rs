@@ -58,70 +58,74 @@ pub(super) fn store(mut pargs: pico_args::Arguments, help: bool, state_dir: Opti
     };
     let wal_dir = state.join("wal");
     match sub.as_deref() {
-        Some("check") => {
-            // Only reads: nothing in the state dir is created, moved or cleared.
-            let result = Store::open_read_only(&state).and_then(|s| s.check(&wal_dir));
-            match result {
-                Ok(diffs) if diffs.is_empty() => {
-                    broca_io::outln!("the store agrees with the WALs");
-                    EXIT_OK
-                }
-                Ok(diffs) => {
-                    for d in &diffs {
-                        broca_io::outln!("DIFF {d}");
-                    }
-                    broca_io::errln!(
-                        "broca: {} differences; `broca store rebuild` rebuilds the store from the WALs",
-                        diffs.len()
-                    );
-                    EXIT_FAILURE
-                }
-                Err(e) => {
-                    broca_io::errln!("broca: {e}");
-                    EXIT_FAILURE
-                }
-            }
-        }
-        Some("rebuild") => {
-            let started = Instant::now();
-            let mut bar: Option<super::progress::Count> = None;
-            let mut progress = |done: u64, total: u64| {
-                bar.get_or_insert_with(|| super::progress::Count::new("WALs projected", total))
-                    .set(done)
-            };
-            let rebuilt = open(&state).and_then(|s| Ok(s.rebuild_with(&wal_dir, &mut progress)?));
-            drop(bar);
-            match rebuilt {
-                Ok(pass) => {
-                    let secs = started.elapsed().as_secs_f64().max(1e-9);
-                    broca_io::outln!(
-                        "rebuilt {} sessions: {} facts from {} WAL bytes in {:.3} s ({:.0} facts/s, {:.1} MB/s)",
-                        pass.sessions,
-                        pass.facts,
-                        pass.wal_bytes,
-                        secs,
-                        pass.facts as f64 / secs,
-                        pass.wal_bytes as f64 / secs / 1e6
-                    );
-                    for f in &pass.failed {
-                        broca_io::errln!("broca: {f}");
-                    }
-                    if pass.failed.is_empty() {
-                        EXIT_OK
-                    } else {
-                        EXIT_FAILURE
-                    }
-                }
-                Err(e) => {
-                    broca_io::errln!("broca: {e}");
-                    EXIT_FAILURE
-                }
-            }
-        }
+        Some("check") => check(&state, &wal_dir),
+        Some("rebuild") => rebuild(&state, &wal_dir),
         None => usage("`broca store` needs `check` or `rebuild`; see `broca store --help`"),
         Some(other) => usage(&format!(
             "unknown command `store {other}`; see `broca store --help`"
         )),
+    }
+}
+
+/// `broca store check`: only reads (nothing in the state dir is created, moved or cleared).
+fn check(state: &std::path::Path, wal_dir: &std::path::Path) -> u8 {
+    let result = Store::open_read_only(state).and_then(|s| s.check(wal_dir));
+    match result {
+        Ok(diffs) if diffs.is_empty() => {
+            broca_io::outln!("the store agrees with the WALs");
+            EXIT_OK
+        }
+        Ok(diffs) => {
+            for d in &diffs {
+                broca_io::outln!("DIFF {d}");
+            }
+            broca_io::errln!(
+                "broca: {} differences; `broca store rebuild` rebuilds the store from the WALs",
+                diffs.len()
+            );
+            EXIT_FAILURE
+        }
+        Err(e) => {
+            broca_io::errln!("broca: {e}");
+            EXIT_FAILURE
+        }
+    }
+}
+
+/// `broca store rebuild`, with a progress bar and the pass's figures.
+fn rebuild(state: &std::path::Path, wal_dir: &std::path::Path) -> u8 {
+    let started = Instant::now();
+    let mut bar: Option<super::progress::Count> = None;
+    let mut progress = |done: u64, total: u64| {
+        bar.get_or_insert_with(|| super::progress::Count::new("WALs projected", total))
+            .set(done)
+    };
+    let rebuilt = open(state).and_then(|s| Ok(s.rebuild_with(wal_dir, &mut progress)?));
+    drop(bar);
+    let pass = match rebuilt {
+        Ok(pass) => pass,
+        Err(e) => {
+            broca_io::errln!("broca: {e}");
+            return EXIT_FAILURE;
+        }
+    };
+    let secs = started.elapsed().as_secs_f64().max(1e-9);
+    broca_io::outln!(
+        "rebuilt {} sessions: {} facts from {} WAL bytes in {:.3} s ({:.0} facts/s, {:.1} MB/s)",
+        pass.sessions,
+        pass.facts,
+        pass.wal_bytes,
+        secs,
+        pass.facts as f64 / secs,
+        pass.wal_bytes as f64 / secs / 1e6
+    );
+    for f in &pass.failed {
+        broca_io::errln!("broca: {f}");
+    }
+    if pass.failed.is_empty() {
+        EXIT_OK
+    } else {
+        EXIT_FAILURE
     }
 }
 

@@ -102,30 +102,11 @@ pub(crate) async fn run(
         .map_err(|e| format!("the daemon connection: {e}"))?;
     // SAFETY: the descriptor comes from a connected std socket whose ownership moves here.
     let stream = unsafe { glommio::net::TcpStream::from_raw_fd(conn.stream.into_raw_fd()) };
-    let (mut reader, writer) = futures_lite::io::split(stream);
+    let (reader, writer) = futures_lite::io::split(stream);
     let (bell, rung) = local_channel::new_bounded::<()>(1);
     let egress = Rc::new(RefCell::new(Egress::new()));
     let writer = Rc::new(RefCell::new(Some(writer)));
-    let (w, queued) = (writer.clone(), egress.clone());
-    glommio::spawn_local(async move {
-        while rung.recv().await.is_some() {
-            loop {
-                let Some(frame) = queued.borrow_mut().pop() else {
-                    break;
-                };
-                let Some(mut out) = w.borrow_mut().take() else {
-                    return;
-                };
-                let sent = out.write_all(&frame).await;
-                *w.borrow_mut() = Some(out);
-                if let Err(e) = sent {
-                    tracing::error!("the daemon connection: {e}");
-                    return;
-                }
-            }
-        }
-    })
-    .detach();
+    glommio::spawn_local(write_loop(writer.clone(), egress.clone(), rung)).detach();
     let front = Rc::new(Routes {
         host,
         lost,
@@ -144,34 +125,59 @@ pub(crate) async fn run(
     if let Some(asks) = conn.scopes {
         glommio::spawn_local(scopes::own(front.clone(), asks)).detach();
     }
-    let mut decoder = conn.decoder;
-    let f = front.clone();
-    glommio::spawn_local(async move {
-        let mut buf = vec![0u8; 64 * 1024];
-        // Reads until the daemon says GOODBYE or the connection ends; a drain stops broca
-        // and reading goes on (the daemon may still send what it had in flight).
-        let end = loop {
-            match decoder.next_frame() {
-                Ok(Some(frame)) => match f.dispatch(frame).await {
-                    Some(End::Drain(why, by)) => f.stop(End::Drain(why, by)).await,
-                    Some(end) => break end,
-                    None => {}
-                },
-                Ok(None) => match reader.read(&mut buf).await {
-                    Ok(0) => break End::Lost("the daemon closed the connection".into()),
-                    Ok(n) => decoder.push(&buf[..n]),
-                    Err(e) => break End::Lost(format!("the daemon connection: {e}")),
-                },
-                Err(e) => break End::Lost(format!("the daemon sent {e}")),
-            }
-        };
-        f.stop(end).await;
-    })
-    .detach();
+    glommio::spawn_local(read_loop(front.clone(), conn.decoder, reader)).detach();
     Ok(Closer {
         writer,
         routes: front.clone(),
     })
+}
+
+/// Writes the frames the egress queues, each time the bell rings, until the connection's
+/// writer is gone or a write fails.
+async fn write_loop(
+    w: Rc<RefCell<Option<futures_lite::io::WriteHalf<glommio::net::TcpStream>>>>,
+    queued: Rc<RefCell<Egress>>,
+    rung: local_channel::LocalReceiver<()>,
+) {
+    while rung.recv().await.is_some() {
+        while let Some(frame) = queued.borrow_mut().pop() {
+            let Some(mut out) = w.borrow_mut().take() else {
+                return;
+            };
+            let sent = out.write_all(&frame).await;
+            *w.borrow_mut() = Some(out);
+            if let Err(e) = sent {
+                tracing::error!("the daemon connection: {e}");
+                return;
+            }
+        }
+    }
+}
+
+/// Reads until the daemon says GOODBYE or the connection ends; a drain stops broca and
+/// reading goes on (the daemon may still send what it had in flight).
+async fn read_loop(
+    f: Rc<Routes>,
+    mut decoder: broca_subc::frames::Decoder,
+    mut reader: futures_lite::io::ReadHalf<glommio::net::TcpStream>,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    let end = loop {
+        match decoder.next_frame() {
+            Ok(Some(frame)) => match f.dispatch(frame).await {
+                Some(End::Drain(why, by)) => f.stop(End::Drain(why, by)).await,
+                Some(end) => break end,
+                None => {}
+            },
+            Ok(None) => match reader.read(&mut buf).await {
+                Ok(0) => break End::Lost("the daemon closed the connection".into()),
+                Ok(n) => decoder.push(&buf[..n]),
+                Err(e) => break End::Lost(format!("the daemon connection: {e}")),
+            },
+            Err(e) => break End::Lost(format!("the daemon sent {e}")),
+        }
+    };
+    f.stop(end).await;
 }
 
 /// Why broca stops.

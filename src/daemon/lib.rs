@@ -140,7 +140,9 @@ fn extras(
     );
     let step_hints = broca_host::StepHints {
         runner: opts.module_id.clone(),
-        publisher: Arc::new(broca_subc::bus::Publisher::start(Arc::new(ckbus))?),
+        publisher: Arc::new(
+            broca_subc::bus::Publisher::start(Arc::new(ckbus)).map_err(|e| e.to_string())?,
+        ),
     };
     Ok(Extras {
         module_tools: Some(module_tools),

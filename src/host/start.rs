@@ -26,22 +26,8 @@ fn project_on_this_thread(
     rx: &std::sync::mpsc::Receiver<Vec<broca_store::Moved>>,
     caught_up: std::sync::mpsc::Sender<()>,
 ) {
-    let pass = store.catch_up_all(wal_dir);
+    catch_up(store, wal_dir);
     let _ = caught_up.send(());
-    match pass {
-        Ok(pass) => {
-            for f in pass.failed {
-                tracing::error!("store: {f}");
-            }
-            tracing::info!(
-                sessions = pass.sessions,
-                projected = pass.projected,
-                facts = pass.facts,
-                "store caught up with the WALs"
-            );
-        }
-        Err(e) => tracing::error!("{e}"),
-    }
     let mut follower = broca_store::Follower::new(FOLLOWED_MAX);
     // WALs whose projection failed (a full disk, say) are tried again, at growing intervals,
     // until they project: the store catches up on its own once the cause is gone. With none
@@ -49,29 +35,9 @@ fn project_on_this_thread(
     let (mut pending, mut wait) = (Vec::<broca_store::Moved>::new(), RETRY_FIRST);
     loop {
         let retrying = !pending.is_empty();
-        let taken = || STORE_QUEUE.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-        let mut batch = if pending.is_empty() {
-            match rx.recv() {
-                Ok(b) => {
-                    taken();
-                    b
-                }
-                Err(_) => return,
-            }
-        } else {
-            match rx.recv_timeout(wait) {
-                Ok(b) => {
-                    taken();
-                    b
-                }
-                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Vec::new(),
-                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
-            }
+        let Some(mut batch) = next_batch(rx, retrying.then_some(wait)) else {
+            return;
         };
-        while let Ok(more) = rx.try_recv() {
-            taken();
-            batch.extend(more);
-        }
         // A failed batch's sessions first: what was handed over since is newer.
         pending.append(&mut batch);
         let batch = one_each(std::mem::take(&mut pending));
@@ -99,6 +65,47 @@ fn project_on_this_thread(
             pending = batch;
         }
     }
+}
+
+/// Catches up with the WALs written while serve was down, and says how it went.
+fn catch_up(store: &broca_store::Store, wal_dir: &Path) {
+    match store.catch_up_all(wal_dir) {
+        Ok(pass) => {
+            for f in pass.failed {
+                tracing::error!("store: {f}");
+            }
+            tracing::info!(
+                sessions = pass.sessions,
+                projected = pass.projected,
+                facts = pass.facts,
+                "store caught up with the WALs"
+            );
+        }
+        Err(e) => tracing::error!("{e}"),
+    }
+}
+
+/// The next batch the shards hand over, with those queued behind it (empty when `wait`, a
+/// retry's, passes first); `None` once the shards are gone.
+fn next_batch(
+    rx: &std::sync::mpsc::Receiver<Vec<broca_store::Moved>>,
+    wait: Option<std::time::Duration>,
+) -> Option<Vec<broca_store::Moved>> {
+    let taken = || STORE_QUEUE.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    let mut batch = match wait {
+        None => rx.recv().ok()?,
+        Some(wait) => match rx.recv_timeout(wait) {
+            Ok(b) => b,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => return Some(Vec::new()),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return None,
+        },
+    };
+    taken();
+    while let Ok(more) = rx.try_recv() {
+        taken();
+        batch.extend(more);
+    }
+    Some(batch)
 }
 
 /// The sessions of `batch` once each, in the order of their paths: a session handed over

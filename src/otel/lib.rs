@@ -68,33 +68,63 @@ impl std::fmt::Display for Endpoint {
     }
 }
 
+/// Why traces are off, or an export failed: the variable that does not read, the endpoint
+/// that does not parse, the collector that could not be reached or answered badly, the
+/// exporter's thread that did not start.
+#[derive(Debug)]
+pub enum OtelError {
+    Env { var: &'static str, why: String },
+    Endpoint(String),
+    Export(String),
+    Thread(std::io::Error),
+}
+
+impl std::fmt::Display for OtelError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OtelError::Env { var, why } => write!(f, "{var}: {why}"),
+            OtelError::Endpoint(why) | OtelError::Export(why) => f.write_str(why),
+            OtelError::Thread(e) => write!(f, "cannot start the trace exporter: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for OtelError {}
+
 impl Endpoint {
     /// `http[s]://host[:port][/path]`.
-    pub fn parse(url: &str) -> Result<Endpoint, String> {
+    pub fn parse(url: &str) -> Result<Endpoint, OtelError> {
+        let invalid = |why: String| OtelError::Endpoint(why);
         let (tls, rest) = if let Some(r) = url.strip_prefix("http://") {
             (false, r)
         } else if let Some(r) = url.strip_prefix("https://") {
             (true, r)
         } else {
-            return Err(format!("`{url}` is not an http:// or https:// URL"));
+            return Err(invalid(format!(
+                "`{url}` is not an http:// or https:// URL"
+            )));
         };
         let (authority, path) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, "/"),
         };
         if authority.contains('@') {
-            return Err("an endpoint with user info is not taken (use the headers)".into());
+            return Err(invalid(
+                "an endpoint with user info is not taken (use the headers)".into(),
+            ));
         }
         let (host, port) = match authority.rsplit_once(':') {
             Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => {
-                let port = p.parse().map_err(|_| format!("`{p}` is not a port"))?;
+                let port = p
+                    .parse()
+                    .map_err(|_| invalid(format!("`{p}` is not a port")))?;
                 (h, port)
             }
             _ => (authority, if tls { 443 } else { 80 }),
         };
         let host = host.trim_start_matches('[').trim_end_matches(']');
         if host.is_empty() {
-            return Err(format!("`{url}` names no host"));
+            return Err(invalid(format!("`{url}` names no host")));
         }
         Ok(Endpoint {
             tls,
@@ -120,70 +150,123 @@ fn pairs(text: &str) -> Vec<(String, String)> {
 impl Config {
     /// The configuration the environment `var` gives: `Ok(None)` when traces are off,
     /// `Err` naming the variable that does not read.
-    pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Result<Option<Config>, String> {
-        let get = |name: &str| var(name).filter(|v| !v.trim().is_empty());
-        if get("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
-            || get("OTEL_TRACES_EXPORTER").is_some_and(|v| v.trim() == "none")
+    pub fn from_env(var: impl Fn(&str) -> Option<String>) -> Result<Option<Config>, OtelError> {
+        let env = Env(&var);
+        if env
+            .get("OTEL_SDK_DISABLED")
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+            || env
+                .get("OTEL_TRACES_EXPORTER")
+                .is_some_and(|v| v.trim() == "none")
         {
             return Ok(None);
         }
-        let either = |signal: &str, general: &str| get(signal).or_else(|| get(general));
         let url = match (
-            get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
-            get("OTEL_EXPORTER_OTLP_ENDPOINT"),
+            env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
+            env.get("OTEL_EXPORTER_OTLP_ENDPOINT"),
         ) {
             (Some(url), _) => url,
             (None, Some(base)) => format!("{}/v1/traces", base.trim_end_matches('/')),
             (None, None) => return Ok(None),
         };
-        let endpoint = Endpoint::parse(url.trim())
-            .map_err(|e| format!("OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT: {e}"))?;
-        if let Some(p) = either(
+        let endpoint = Endpoint::parse(url.trim()).map_err(|e| OtelError::Env {
+            var: "OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT",
+            why: e.to_string(),
+        })?;
+        if let Some(p) = env.either(
             "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
             "OTEL_EXPORTER_OTLP_PROTOCOL",
         ) {
             if p.trim() != "http/protobuf" {
-                return Err(format!(
-                    "OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL is `{p}`: broca exports http/protobuf \
-                     only"
-                ));
+                return Err(OtelError::Env {
+                    var: "OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL",
+                    why: format!("`{p}`: broca exports http/protobuf only"),
+                });
             }
         }
-        let ms = |name: &str, general: Option<&str>, default: u64| -> Result<Duration, String> {
-            let v = general.map_or_else(|| get(name), |g| either(name, g));
-            match v {
-                None => Ok(Duration::from_millis(default)),
-                Some(v) => v
-                    .trim()
-                    .parse()
-                    .map(Duration::from_millis)
-                    .map_err(|_| format!("{name}: `{v}` is not a number of milliseconds")),
-            }
+        let headers = env
+            .either(
+                "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+                "OTEL_EXPORTER_OTLP_HEADERS",
+            )
+            .map(|h| pairs(&h))
+            .unwrap_or_default();
+        let timeout = env.ms(
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+            Some("OTEL_EXPORTER_OTLP_TIMEOUT"),
+            10_000,
+        )?;
+        Ok(Some(Config {
+            endpoint,
+            headers,
+            timeout,
+            delay: env.ms("OTEL_BSP_SCHEDULE_DELAY", None, 5_000)?,
+            queue: env.count("OTEL_BSP_MAX_QUEUE_SIZE", 2048)?,
+            batch: env.count("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)?,
+            resource: env.resource(),
+        }))
+    }
+}
+
+/// The process's environment as the OTEL variables are read from it: a blank one is unset.
+struct Env<'a, F: Fn(&str) -> Option<String>>(&'a F);
+
+impl<F: Fn(&str) -> Option<String>> Env<'_, F> {
+    fn get(&self, name: &str) -> Option<String> {
+        (self.0)(name).filter(|v| !v.trim().is_empty())
+    }
+
+    /// The signal's own variable, else the general one.
+    fn either(&self, signal: &str, general: &str) -> Option<String> {
+        self.get(signal).or_else(|| self.get(general))
+    }
+
+    /// A duration in milliseconds (`general`: the variable read when `name` is unset).
+    fn ms(
+        &self,
+        name: &'static str,
+        general: Option<&str>,
+        default: u64,
+    ) -> Result<Duration, OtelError> {
+        let v = general.map_or_else(|| self.get(name), |g| self.either(name, g));
+        let Some(v) = v else {
+            return Ok(Duration::from_millis(default));
         };
-        let count = |name: &str, default: usize| -> Result<usize, String> {
-            match get(name) {
-                None => Ok(default),
-                Some(v) => v
-                    .trim()
-                    .parse()
-                    .ok()
-                    .filter(|n| *n > 0)
-                    .ok_or_else(|| format!("{name}: `{v}` is not a positive count")),
-            }
+        v.trim()
+            .parse()
+            .map(Duration::from_millis)
+            .map_err(|_| OtelError::Env {
+                var: name,
+                why: format!("`{v}` is not a number of milliseconds"),
+            })
+    }
+
+    /// A positive count.
+    fn count(&self, name: &'static str, default: usize) -> Result<usize, OtelError> {
+        let Some(v) = self.get(name) else {
+            return Ok(default);
         };
-        let headers = either(
-            "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
-            "OTEL_EXPORTER_OTLP_HEADERS",
-        )
-        .map(|h| pairs(&h))
-        .unwrap_or_default();
-        let mut resource: Vec<(String, spans::Value)> = get("OTEL_RESOURCE_ATTRIBUTES")
+        v.trim()
+            .parse()
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| OtelError::Env {
+                var: name,
+                why: format!("`{v}` is not a positive count"),
+            })
+    }
+
+    /// The resource's attributes: `OTEL_RESOURCE_ATTRIBUTES`, its `service.name` the one
+    /// `OTEL_SERVICE_NAME` gives (else `broca`), and broca's version.
+    fn resource(&self) -> Vec<(String, spans::Value)> {
+        let mut resource: Vec<(String, spans::Value)> = self
+            .get("OTEL_RESOURCE_ATTRIBUTES")
             .map(|r| pairs(&r))
             .unwrap_or_default()
             .into_iter()
             .map(|(k, v)| (k, spans::Value::Str(v)))
             .collect();
-        let service = get("OTEL_SERVICE_NAME").map(|s| s.trim().to_string());
+        let service = self.get("OTEL_SERVICE_NAME").map(|s| s.trim().to_string());
         resource.retain(|(k, _)| !(k == "service.name" && service.is_some()));
         if !resource.iter().any(|(k, _)| k == "service.name") {
             let name = service.unwrap_or_else(|| "broca".into());
@@ -193,19 +276,7 @@ impl Config {
             "service.version".into(),
             spans::Value::Str(env!("CARGO_PKG_VERSION").into()),
         ));
-        Ok(Some(Config {
-            endpoint,
-            headers,
-            timeout: ms(
-                "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
-                Some("OTEL_EXPORTER_OTLP_TIMEOUT"),
-                10_000,
-            )?,
-            delay: ms("OTEL_BSP_SCHEDULE_DELAY", None, 5_000)?,
-            queue: count("OTEL_BSP_MAX_QUEUE_SIZE", 2048)?,
-            batch: count("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)?,
-            resource,
-        }))
+        resource
     }
 }
 
@@ -257,7 +328,7 @@ impl Traces {
     pub fn start(
         config: Config,
         tls: Arc<broca_io::net::rustls::ClientConfig>,
-    ) -> Result<Traces, String> {
+    ) -> Result<Traces, OtelError> {
         let (tx, rx) = sync_channel(config.queue);
         let counts = Arc::new(Counts::default());
         let timeout = config.timeout;
@@ -271,7 +342,7 @@ impl Traces {
         let thread = std::thread::Builder::new()
             .name("broca-otel".into())
             .spawn(move || worker.run(rx))
-            .map_err(|e| format!("cannot start the trace exporter: {e}"))?;
+            .map_err(OtelError::Thread)?;
         Ok(Traces {
             tx,
             counts,
@@ -393,7 +464,7 @@ impl Worker {
                 self.counts.failed.fetch_add(n, Relaxed);
                 let why = match outcome {
                     Ok(status) => format!("answered {status}"),
-                    Err(e) => e,
+                    Err(e) => e.to_string(),
                 };
                 // Once a minute at most: a collector that is down does not flood the log.
                 if self
@@ -411,15 +482,15 @@ impl Worker {
     }
 
     /// One POST: the answer's status.
-    fn post(&self, body: &[u8]) -> Result<u16, String> {
+    fn post(&self, body: &[u8]) -> Result<u16, OtelError> {
         let e = &self.config.endpoint;
         let addr = format!("{}:{}", e.host, e.port);
         let tcp = std::net::ToSocketAddrs::to_socket_addrs(&addr)
-            .map_err(|err| format!("cannot resolve {addr}: {err}"))?
+            .map_err(|err| OtelError::Export(format!("cannot resolve {addr}: {err}")))?
             .next()
-            .ok_or_else(|| format!("{addr} resolves to nothing"))?;
+            .ok_or_else(|| OtelError::Export(format!("{addr} resolves to nothing")))?;
         let stream = TcpStream::connect_timeout(&tcp, self.config.timeout)
-            .map_err(|err| format!("cannot connect to {addr}: {err}"))?;
+            .map_err(|err| OtelError::Export(format!("cannot connect to {addr}: {err}")))?;
         let _ = stream.set_read_timeout(Some(self.config.timeout));
         let _ = stream.set_write_timeout(Some(self.config.timeout));
         let mut head = format!(
@@ -436,9 +507,9 @@ impl Worker {
         head.push_str("\r\n");
         if e.tls {
             let name = broca_io::net::rustls::pki_types::ServerName::try_from(e.host.clone())
-                .map_err(|err| format!("{}: {err}", e.host))?;
+                .map_err(|err| OtelError::Export(format!("{}: {err}", e.host)))?;
             let conn = broca_io::net::rustls::ClientConnection::new(self.tls.clone(), name)
-                .map_err(|err| format!("TLS: {err}"))?;
+                .map_err(|err| OtelError::Export(format!("TLS: {err}")))?;
             exchange(
                 broca_io::net::rustls::StreamOwned::new(conn, stream),
                 &head,
@@ -451,17 +522,17 @@ impl Worker {
 }
 
 /// Writes the request and reads the answer's status line.
-fn exchange(mut s: impl Read + Write, head: &str, body: &[u8]) -> Result<u16, String> {
+fn exchange(mut s: impl Read + Write, head: &str, body: &[u8]) -> Result<u16, OtelError> {
     s.write_all(head.as_bytes())
         .and_then(|()| s.write_all(body))
         .and_then(|()| s.flush())
-        .map_err(|e| format!("sending: {e}"))?;
+        .map_err(|e| OtelError::Export(format!("sending: {e}")))?;
     let mut answer = Vec::new();
     let mut buf = [0u8; 1024];
     while !answer.windows(2).any(|w| w == b"\r\n") && answer.len() < 8192 {
         let n = s
             .read(&mut buf)
-            .map_err(|e| format!("reading the answer: {e}"))?;
+            .map_err(|e| OtelError::Export(format!("reading the answer: {e}")))?;
         if n == 0 {
             break;
         }
@@ -471,7 +542,7 @@ fn exchange(mut s: impl Read + Write, head: &str, body: &[u8]) -> Result<u16, St
     line.split(' ')
         .nth(1)
         .and_then(|s| s.parse().ok())
-        .ok_or_else(|| "the answer is not HTTP".to_string())
+        .ok_or_else(|| OtelError::Export("the answer is not HTTP".to_string()))
 }
 
 #[cfg(test)]
@@ -538,10 +609,12 @@ mod tests {
         ];
         assert!(Config::from_env(env(&grpc))
             .unwrap_err()
+            .to_string()
             .contains("http/protobuf"));
         let bad = [("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4318")];
         assert!(Config::from_env(env(&bad))
             .unwrap_err()
+            .to_string()
             .contains("ENDPOINT"));
     }
 }

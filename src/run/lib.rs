@@ -83,65 +83,25 @@ impl Standalone {
             load_catalog(&self.catalog, &http).await;
             let model = HttpModelClient::new(
                 http,
-                self.endpoints,
+                self.endpoints.clone(),
                 Box::new(
                     StateSecrets::new(&self.state_dir)
                         .with_vault(Box::new(broca_provider::vault::HandleVault::new())),
                 ),
             );
             let tool_http = broca_tools::tool_http_client(tls, proxy);
-            let servers = start_tools(self.tools, &tool_http).await?;
-            // A send admission refuses on its own writes nothing, not even a new WAL: it is
-            // refused before the session opens, unless its send_id may name a run of a WAL
-            // that exists (that run is the answer then).
-            let catalog = broca_catalog::current();
-            let specs = servers.specs();
-            let wal = broca_wal_writer::wal_path(&wal_dir, &self.triple);
-            if let Err(u) =
-                broca_core::admission::prepare(&self.send, &specs, &catalog, model.check())
-            {
-                if u.send_id.is_none() || !broca_wal::archive::exists(&wal) {
-                    servers.stop();
-                    return Err(Failure::Refused(u.refusal));
-                }
-            }
-            let router = broca_tools::Router::new(servers.clone(), tool_http);
-            // A run a crash left open is resumed first; its text is not the answer asked for.
-            let shown = Rc::new(Cell::new(false));
-            let gate = shown.clone();
-            let watch = RunWatch {
-                spans: traces.map(|t| {
-                    let conversation = self.triple.address().to_string();
-                    (t, RefCell::new(broca_otel::SessionSpans::new(conversation)))
-                }),
-                display: RefCell::new(display),
-                shown: gate,
-            };
-            let opened =
-                SessionActor::opener(&wal_dir, &self.triple, Rc::new(model), Rc::new(router))
-                    .tool_specs(servers.specs())
-                    .log(broca_crash_points::log_config())
-                    .committer(Committer::default())
-                    .hooks(Rc::new(broca_crash_points::KillPoints))
-                    .watch(Rc::new(watch))
-                    .open()
-                    .await;
-            let mut actor = match opened {
-                Ok(a) => a,
-                Err(e) => {
-                    servers.stop();
-                    return Err(Failure::Failed(e.to_string()));
-                }
-            };
-            let outcome = Self::drive(&mut actor, self.send, &shown).await;
-            let closed = actor.close().await.map_err(|e| e.to_string());
+            let servers = start_tools(self.tools.clone(), &tool_http).await?;
+            let outcome = self
+                .run_on(
+                    &wal_dir,
+                    model,
+                    (servers.clone(), tool_http),
+                    traces,
+                    display,
+                )
+                .await;
             servers.stop();
-            // The store follows the WAL after the run, off its path.
-            let wal = broca_wal_writer::wal_path(&wal_dir, &self.triple);
-            project(self.state_dir.clone(), vec![wal]).await;
-            let report = outcome?;
-            closed?;
-            Ok(report)
+            outcome
         })
         .map_err(|e| Failure::Failed(format!("cannot start the executor: {e}")))?;
         if let Some(t) = flush {
@@ -150,21 +110,73 @@ impl Standalone {
         ran
     }
 
+    /// The send run in the session's actor, with the model and tools started, then the
+    /// session handed to the store.
+    async fn run_on(
+        self,
+        wal_dir: &std::path::Path,
+        model: HttpModelClient,
+        (servers, tool_http): (std::sync::Arc<broca_tools::ToolServers>, Rc<HttpClient>),
+        traces: Option<std::sync::Arc<broca_otel::Traces>>,
+        display: Box<dyn FnMut(&str)>,
+    ) -> Result<Report, Failure> {
+        // A send admission refuses on its own writes nothing, not even a new WAL: it is
+        // refused before the session opens, unless its send_id may name a run of a WAL that
+        // exists (that run is the answer then).
+        let catalog = broca_catalog::current();
+        let specs = servers.specs();
+        let wal = broca_wal_writer::wal_path(wal_dir, &self.triple);
+        if let Err(u) = broca_core::admission::prepare(&self.send, &specs, &catalog, model.check())
+        {
+            if u.send_id.is_none() || !broca_wal::archive::exists(&wal) {
+                return Err(Failure::Refused(u.refusal));
+            }
+        }
+        let router = broca_tools::Router::new(servers, tool_http);
+        // A run a crash left open is resumed first; its text is not the answer asked for.
+        let shown = Rc::new(Cell::new(false));
+        let watch = RunWatch {
+            spans: traces.map(|t| {
+                let conversation = self.triple.address().to_string();
+                (t, RefCell::new(broca_otel::SessionSpans::new(conversation)))
+            }),
+            display: RefCell::new(display),
+            shown: shown.clone(),
+        };
+        let mut actor =
+            SessionActor::opener(wal_dir, &self.triple, Rc::new(model), Rc::new(router))
+                .tool_specs(specs)
+                .log(broca_crash_points::log_config())
+                .committer(Committer::default())
+                .hooks(Rc::new(broca_crash_points::KillPoints))
+                .watch(Rc::new(watch))
+                .open()
+                .await
+                .map_err(failed)?;
+        let outcome = Self::drive(&mut actor, self.send, &shown).await;
+        let closed = actor.close().await.map_err(failed);
+        // The store follows the WAL after the run, off its path.
+        project(self.state_dir.clone(), vec![wal]).await;
+        let report = outcome?;
+        closed?;
+        Ok(report)
+    }
+
     async fn drive<P: ModelClient, T: ToolRunner>(
         actor: &mut SessionActor<P, T>,
         send: SendRequest,
         shown: &Cell<bool>,
-    ) -> Result<Report, String> {
+    ) -> Result<Report, Failure> {
         {
-            let resumed = match actor.resume().await.map_err(|e| e.to_string())? {
+            let resumed = match actor.resume().await.map_err(failed)? {
                 Some((run_id, _)) => Some(result_of(actor, &run_id)?),
                 None => None,
             };
             shown.set(true);
-            let reply = actor.send(&send).await.map_err(|e| e.to_string())?;
+            let reply = actor.send(&send).await.map_err(failed)?;
             broca_crash_points::send_answered();
             if !reply.existing {
-                actor.run_admitted().await.map_err(|e| e.to_string())?;
+                actor.run_admitted().await.map_err(failed)?;
             }
             let result = result_of(actor, &reply.run_id)?;
             Ok(Report {
@@ -212,15 +224,20 @@ impl broca_session::Watch for RunWatch {
     }
 }
 
+/// A failure of the session's actor or of its WAL, as `broca run` says it.
+fn failed(e: impl std::fmt::Display) -> Failure {
+    Failure::Failed(e.to_string())
+}
+
 fn result_of<P: ModelClient, T: ToolRunner>(
     actor: &SessionActor<P, T>,
     run_id: &str,
-) -> Result<RunResult, String> {
+) -> Result<RunResult, Failure> {
     let state = actor.state();
     let index = state
         .by_run_id
         .get(run_id)
-        .ok_or_else(|| format!("run {run_id} is not in the session"))?;
+        .ok_or_else(|| Failure::Failed(format!("run {run_id} is not in the session")))?;
     Ok(broca_read::views::run_result(&state.runs[*index]))
 }
 
@@ -288,7 +305,7 @@ async fn project(state_dir: PathBuf, wals: Vec<PathBuf>) {
 /// What `broca import` hears of each log: the session it went into and what was imported,
 /// or why it was not (nothing was written for it then).
 pub type ImportReport<'a> =
-    Box<dyn FnMut(&std::path::Path, Result<(SessionTriple, ImportReply), String>) + 'a>;
+    Box<dyn FnMut(&std::path::Path, Result<(SessionTriple, ImportReply), Failure>) + 'a>;
 
 /// Imports `files` (logs of `format`) into their sessions in this process, one after
 /// another, each one durable record or nothing; `progress` hears the bytes read of the
@@ -300,10 +317,10 @@ pub fn import_logs(
     target: ImportTarget,
     mut report: ImportReport<'_>,
     progress: std::sync::Arc<dyn Fn(u64) + Send + Sync>,
-) -> Result<usize, String> {
+) -> Result<usize, Failure> {
     let wal_dir = state_dir.join("wal");
     broca_owner_only::create_dir(&wal_dir)
-        .map_err(|e| format!("cannot create {}: {e}", wal_dir.display()))?;
+        .map_err(|e| Failure::Failed(format!("cannot create {}: {e}", wal_dir.display())))?;
     let failed = broca_shards::run_local(async move {
         let mut failed = 0;
         let mut touched = Vec::new();
@@ -318,7 +335,7 @@ pub fn import_logs(
         project(state_dir, touched).await;
         failed
     })
-    .map_err(|e| format!("cannot start the executor: {e}"))?;
+    .map_err(|e| Failure::Failed(format!("cannot start the executor: {e}")))?;
     Ok(failed)
 }
 
@@ -328,9 +345,8 @@ async fn import_one(
     path: &std::path::Path,
     target: &ImportTarget,
     progress: std::sync::Arc<dyn Fn(u64) + Send + Sync>,
-) -> Result<(SessionTriple, ImportReply), String> {
-    let (triple, input) =
-        broca_session::read_source(format, path, target).map_err(|e| e.to_string())?;
+) -> Result<(SessionTriple, ImportReply), Failure> {
+    let (triple, input) = broca_session::read_source(format, path, target).map_err(failed)?;
     // A log imported as it is already, or refused: answered from a read of the WAL, which
     // opening it for writes (a lease record) would not leave as it was.
     let wal = broca_wal_writer::wal_path(wal_dir, &triple);
@@ -341,7 +357,7 @@ async fn import_one(
         })
         .await
     };
-    if let Some(reply) = checked.map_err(|e| e.to_string())? {
+    if let Some(reply) = checked.map_err(failed)? {
         return Ok((triple, reply));
     }
     let mut actor = SessionActor::opener(wal_dir, &triple, Rc::new(NoModel), Rc::new(NoTools))
@@ -349,12 +365,12 @@ async fn import_one(
         .hooks(Rc::new(broca_crash_points::KillPoints))
         .open()
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(failed)?;
     let imported = actor
         .import(input, Box::new(move |bytes| progress(bytes)))
         .await
-        .map_err(|e| e.to_string());
-    let closed = actor.close().await.map_err(|e| e.to_string());
+        .map_err(failed);
+    let closed = actor.close().await.map_err(failed);
     let reply = imported?;
     closed?;
     Ok((triple, reply))

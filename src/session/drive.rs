@@ -166,51 +166,13 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                     m.handle(Event::Durable, crate::now_unix_ms());
                 }
             }
-            Command::CallModel {
-                mut request, step, ..
-            } => {
-                assert!(!calls.streaming, "one model call at a time");
-                self.through_view(&mut request, step, &mut calls.view);
-                calls.call.set(calls.call.get() + 1);
-                calls.streaming = true;
-                match self.ride_due(&request) {
-                    // The ride is one more input of this loop: a cancel, a steer or a read is
-                    // answered while it waits, and an abandoned ride's answer is dropped.
-                    Some((riding, ride)) => {
-                        calls.riding = Some((riding, request, step));
-                        let (me, tx) = (calls.call.get(), calls.tx.clone());
-                        glommio::spawn_local(async move {
-                            let answer = ride.await;
-                            let _ = tx.send(Input::Ride { call: me, answer }).await;
-                        })
-                        .detach();
-                    }
-                    None => self.spawn_model(request, calls.call.clone(), calls.tx.clone()),
-                }
-            }
+            Command::CallModel { request, step, .. } => self.call_model(request, step, calls),
             Command::AbortModel => {
                 calls.call.set(calls.call.get() + 1);
                 calls.streaming = false;
                 calls.riding = None;
             }
-            Command::Dispatch { calls: batch, .. } => {
-                assert!(!batch.is_empty(), "a dispatch carries calls");
-                assert_eq!(
-                    calls.tools, 0,
-                    "a batch is dispatched once the last one answered"
-                );
-                calls.tools += batch.len();
-                for c in batch {
-                    let route = self.route_of(&c.name);
-                    let Some(intended) = calls.batch.iter_mut().find(|i| i.id == c.id && !i.sent)
-                    else {
-                        unreachable!("a dispatched call is in its intent")
-                    };
-                    intended.sent = true;
-                    let key = intended.key.clone();
-                    self.spawn_tool(c, route, key, calls.tx.clone());
-                }
-            }
+            Command::Dispatch { calls: batch, .. } => self.dispatch(batch, calls),
             Command::Display(delta) => self.watch.display(&delta),
             Command::Finish(outcome) => {
                 calls.call.set(calls.call.get() + 1);
@@ -219,6 +181,52 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             }
         }
         Ok(None)
+    }
+
+    /// Calls the model with `request` (rendered through the step's view), or first rides
+    /// the compaction provider: the ride is one more input of this loop (a cancel, a steer or
+    /// a read is answered while it waits, and an abandoned ride's answer is dropped).
+    fn call_model(
+        &mut self,
+        mut request: broca_protocol::Request,
+        step: u32,
+        calls: &mut InFlight,
+    ) {
+        assert!(!calls.streaming, "one model call at a time");
+        self.through_view(&mut request, step, &mut calls.view);
+        calls.call.set(calls.call.get() + 1);
+        calls.streaming = true;
+        match self.ride_due(&request) {
+            Some((riding, ride)) => {
+                calls.riding = Some((riding, request, step));
+                let (me, tx) = (calls.call.get(), calls.tx.clone());
+                glommio::spawn_local(async move {
+                    let answer = ride.await;
+                    let _ = tx.send(Input::Ride { call: me, answer }).await;
+                })
+                .detach();
+            }
+            None => self.spawn_model(request, calls.call.clone(), calls.tx.clone()),
+        }
+    }
+
+    /// Dispatches a batch of tool calls, each with the key its intent recorded.
+    fn dispatch(&mut self, batch: Vec<ToolCall>, calls: &mut InFlight) {
+        assert!(!batch.is_empty(), "a dispatch carries calls");
+        assert_eq!(
+            calls.tools, 0,
+            "a batch is dispatched once the last one answered"
+        );
+        calls.tools += batch.len();
+        for c in batch {
+            let route = self.route_of(&c.name);
+            let Some(intended) = calls.batch.iter_mut().find(|i| i.id == c.id && !i.sent) else {
+                unreachable!("a dispatched call is in its intent")
+            };
+            intended.sent = true;
+            let key = intended.key.clone();
+            self.spawn_tool(c, route, key, calls.tx.clone());
+        }
     }
 
     /// The next thing a running run must hear of: a model event or a tool's answer, a

@@ -55,12 +55,46 @@ impl std::fmt::Debug for Credential {
     }
 }
 
+/// Why the bus could not be had: ckbus did not give a credential or a signature, the bus's
+/// address does not read, a read or write failed, the bus said what broca does not take or
+/// refused, or a thread of the bus client did not start.
+#[derive(Debug)]
+pub enum BusError {
+    Ckbus(String),
+    Address(String),
+    Io {
+        doing: &'static str,
+        error: std::io::Error,
+    },
+    Protocol(String),
+    Thread(std::io::Error),
+}
+
+impl std::fmt::Display for BusError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BusError::Ckbus(why) | BusError::Address(why) | BusError::Protocol(why) => {
+                f.write_str(why)
+            }
+            BusError::Io { doing, error } => write!(f, "{doing}: {error}"),
+            BusError::Thread(e) => write!(f, "a bus thread cannot start: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for BusError {}
+
+/// An I/O failure while `doing`.
+fn io(doing: &'static str) -> impl FnOnce(std::io::Error) -> BusError {
+    move |error| BusError::Io { doing, error }
+}
+
 /// Where credentials and nonce signatures come from.
 pub trait Signer: Send + Sync + 'static {
     /// A fresh credential.
-    fn credential(&self) -> Result<Credential, String>;
+    fn credential(&self) -> Result<Credential, BusError>;
     /// ckbus's signature of the server's `nonce` under `credential`.
-    fn sign(&self, credential: &Credential, nonce: &[u8]) -> Result<Vec<u8>, String>;
+    fn sign(&self, credential: &Credential, nonce: &[u8]) -> Result<Vec<u8>, BusError>;
 }
 
 /// ckbus's management surface, reached through the daemon.
@@ -83,10 +117,11 @@ impl Ckbus {
         }
     }
 
-    fn call(&self, method: &str, params: Value) -> Result<Value, String> {
+    fn call(&self, method: &str, params: Value) -> Result<Value, BusError> {
+        let refused = |why: String| Err(BusError::Ckbus(why));
         match self.surface.call(method, params) {
             Ok(Ok(mut answer)) => match answer.get_mut("error") {
-                Some(error) => Err(format!(
+                Some(error) => refused(format!(
                     "{CKBUS} refused {method}: {}",
                     error["code"].as_str().unwrap_or("an unreadable error")
                 )),
@@ -98,26 +133,28 @@ impl Ckbus {
             Ok(Err(body)) => {
                 let error: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
                 let code = error["code"].as_str().unwrap_or("an unreadable error");
-                Err(format!("{CKBUS} refused {method}: {code}"))
+                refused(format!("{CKBUS} refused {method}: {code}"))
             }
             Err(SurfaceError::Refused(code)) => {
-                Err(format!("the daemon refused a route to {CKBUS}: {code}"))
+                refused(format!("the daemon refused a route to {CKBUS}: {code}"))
             }
-            Err(SurfaceError::Transport(why)) => Err(format!("{CKBUS} ({method}): {why}")),
+            Err(SurfaceError::Transport(why)) => refused(format!("{CKBUS} ({method}): {why}")),
         }
     }
 }
 
 /// An answer's member `name` as text, or what is wrong with it.
-fn text(answer: &Value, name: &str, method: &str) -> Result<String, String> {
+fn text(answer: &Value, name: &str, method: &str) -> Result<String, BusError> {
     match answer.get(name).and_then(Value::as_str) {
         Some(v) if !v.is_empty() => Ok(v.to_string()),
-        _ => Err(format!("{CKBUS}'s {method} answer has no `{name}`")),
+        _ => Err(BusError::Ckbus(format!(
+            "{CKBUS}'s {method} answer has no `{name}`"
+        ))),
     }
 }
 
 impl Signer for Ckbus {
-    fn credential(&self) -> Result<Credential, String> {
+    fn credential(&self) -> Result<Credential, BusError> {
         const M: &str = "ckbus.credential";
         let a = self.call(M, json!({}))?;
         Ok(Credential {
@@ -128,7 +165,7 @@ impl Signer for Ckbus {
         })
     }
 
-    fn sign(&self, credential: &Credential, nonce: &[u8]) -> Result<Vec<u8>, String> {
+    fn sign(&self, credential: &Credential, nonce: &[u8]) -> Result<Vec<u8>, BusError> {
         const M: &str = "ckbus.nonce_sign";
         let a = self.call(
             M,
@@ -136,7 +173,7 @@ impl Signer for Ckbus {
         )?;
         STANDARD
             .decode(text(&a, "signature_b64", M)?)
-            .map_err(|e| format!("{CKBUS}'s {M} answer is not base64: {e}"))
+            .map_err(|e| BusError::Ckbus(format!("{CKBUS}'s {M} answer is not base64: {e}")))
     }
 }
 
@@ -164,14 +201,14 @@ pub struct Publisher {
 
 impl Publisher {
     /// Starts the bus thread; it connects when the first hint comes.
-    pub fn start(signer: Arc<dyn Signer>) -> Result<Publisher, String> {
+    pub fn start(signer: Arc<dyn Signer>) -> Result<Publisher, BusError> {
         let (tx, rx) = sync_channel(QUEUE);
         let counts = Arc::new(BusCounts::default());
         let c = counts.clone();
         std::thread::Builder::new()
             .name("broca-bus".into())
             .spawn(move || Thread::new(signer, c).run(rx))
-            .map_err(|e| format!("the bus thread cannot start: {e}"))?;
+            .map_err(BusError::Thread)?;
         Ok(Publisher { tx, counts })
     }
 
@@ -296,13 +333,13 @@ impl Thread {
 }
 
 /// `nats://host:port` (or `host:port`) as a socket address; TLS is not spoken here.
-fn server_addr(url: &str) -> Result<std::net::SocketAddr, String> {
+fn server_addr(url: &str) -> Result<std::net::SocketAddr, BusError> {
     let rest = match url.split_once("://") {
         Some(("nats", rest)) => rest,
         Some((scheme, _)) => {
-            return Err(format!(
+            return Err(BusError::Address(format!(
                 "the bus URL's scheme `{scheme}` is not supported (nats:// only)"
-            ))
+            )))
         }
         None => url,
     };
@@ -313,35 +350,39 @@ fn server_addr(url: &str) -> Result<std::net::SocketAddr, String> {
         .trim_end_matches('/');
     hostport
         .to_socket_addrs()
-        .map_err(|e| format!("the bus address {hostport}: {e}"))?
+        .map_err(|e| BusError::Address(format!("the bus address {hostport}: {e}")))?
         .next()
-        .ok_or_else(|| format!("the bus address {hostport} resolves to nothing"))
+        .ok_or_else(|| BusError::Address(format!("the bus address {hostport} resolves to nothing")))
 }
 
 /// One protocol line from the server, without its CRLF.
-fn line<R: BufRead>(reader: &mut R) -> Result<String, String> {
+fn line<R: BufRead>(reader: &mut R) -> Result<String, BusError> {
     let mut buf = Vec::new();
     let n = std::io::Read::take(&mut *reader, LINE_MAX as u64)
         .read_until(b'\n', &mut buf)
-        .map_err(|e| format!("reading from the bus: {e}"))?;
+        .map_err(io("reading from the bus"))?;
     if n == 0 {
-        return Err("the bus closed the connection".into());
+        return Err(BusError::Protocol("the bus closed the connection".into()));
     }
     if buf.last() != Some(&b'\n') {
-        return Err(format!("a line from the bus over {LINE_MAX} bytes"));
+        return Err(BusError::Protocol(format!(
+            "a line from the bus over {LINE_MAX} bytes"
+        )));
     }
     while matches!(buf.last(), Some(b'\n' | b'\r')) {
         buf.pop();
     }
-    String::from_utf8(buf).map_err(|_| "a line from the bus that is not UTF-8".into())
+    String::from_utf8(buf)
+        .map_err(|_| BusError::Protocol("a line from the bus that is not UTF-8".into()))
 }
 
 /// The server's INFO nonce, and whether it asks for TLS.
-fn info(line: &str) -> Result<(Option<String>, bool), String> {
-    let json = line
-        .strip_prefix("INFO ")
-        .ok_or_else(|| format!("the bus began with {:?}, not INFO", cut(line)))?;
-    let v: Value = serde_json::from_str(json).map_err(|e| format!("the bus's INFO: {e}"))?;
+fn info(line: &str) -> Result<(Option<String>, bool), BusError> {
+    let json = line.strip_prefix("INFO ").ok_or_else(|| {
+        BusError::Protocol(format!("the bus began with {:?}, not INFO", cut(line)))
+    })?;
+    let v: Value = serde_json::from_str(json)
+        .map_err(|e| BusError::Protocol(format!("the bus's INFO: {e}")))?;
     let tls = v["tls_required"].as_bool().unwrap_or(false);
     Ok((v["nonce"].as_str().map(str::to_string), tls))
 }
@@ -357,25 +398,70 @@ fn cut(line: &str) -> &str {
 /// Connects: a fresh credential, INFO, CONNECT with the signed nonce, PING answered by PONG;
 /// then a reader thread answers the server's PINGs and marks the connection dead when it
 /// ends or the server says -ERR.
-fn connect(signer: &dyn Signer) -> Result<Nats, String> {
+fn connect(signer: &dyn Signer) -> Result<Nats, BusError> {
     let credential = signer.credential()?;
     let addr = server_addr(&credential.server_url)?;
-    let stream = TcpStream::connect_timeout(&addr, CONNECT_DEADLINE)
-        .map_err(|e| format!("connecting to the bus at {addr}: {e}"))?;
+    let stream =
+        TcpStream::connect_timeout(&addr, CONNECT_DEADLINE).map_err(io("connecting to the bus"))?;
     stream
         .set_read_timeout(Some(CONNECT_DEADLINE))
-        .map_err(|e| e.to_string())?;
+        .map_err(io("setting the read timeout"))?;
     let _ = stream.set_nodelay(true);
     // A server that stops reading fails the write (and the connection) instead of holding
     // the bus thread: hints queued meanwhile are dropped and counted, never a shard's wait.
     stream
         .set_write_timeout(Some(CONNECT_DEADLINE))
-        .map_err(|e| e.to_string())?;
-    let mut reader = BufReader::new(stream.try_clone().map_err(|e| e.to_string())?);
+        .map_err(io("setting the write timeout"))?;
+    let mut reader = BufReader::new(stream.try_clone().map_err(io("cloning the socket"))?);
     let (nonce, tls) = info(&line(&mut reader)?)?;
     if tls {
-        return Err("the bus asks for TLS, which broca's bus client does not speak".into());
+        return Err(BusError::Protocol(
+            "the bus asks for TLS, which broca's bus client does not speak".into(),
+        ));
     }
+    let mut w = stream;
+    let connect = connect_line(signer, &credential, nonce)?;
+    w.write_all(connect.as_bytes())
+        .map_err(io("writing to the bus"))?;
+    loop {
+        let l = line(&mut reader)?;
+        match l.as_str() {
+            "PONG" => break,
+            "PING" => w.write_all(b"PONG\r\n").map_err(io("writing to the bus"))?,
+            "+OK" => {}
+            other if other.starts_with("-ERR") => {
+                let why = format!("the bus refused the connection: {}", cut(other));
+                return Err(BusError::Protocol(why));
+            }
+            other if other.starts_with("INFO ") => {}
+            other => {
+                return Err(BusError::Protocol(format!(
+                    "the bus answered {:?}",
+                    cut(other)
+                )))
+            }
+        }
+    }
+    reader
+        .get_ref()
+        .set_read_timeout(None)
+        .map_err(io("setting the read timeout"))?;
+    let writer = Arc::new(Mutex::new(w));
+    let dead = Arc::new(AtomicBool::new(false));
+    answer_pings(reader, writer.clone(), dead.clone())?;
+    Ok(Nats {
+        writer,
+        dead,
+        acct: credential.acct,
+    })
+}
+
+/// The CONNECT line (with the signed nonce, when the server sent one), then a PING.
+fn connect_line(
+    signer: &dyn Signer,
+    credential: &Credential,
+    nonce: Option<String>,
+) -> Result<String, BusError> {
     let mut connect = json!({
         "verbose": false, "pedantic": false, "tls_required": false,
         "name": "broca", "lang": "rust", "version": env!("CARGO_PKG_VERSION"),
@@ -383,32 +469,19 @@ fn connect(signer: &dyn Signer) -> Result<Nats, String> {
         "jwt": credential.jwt,
     });
     if let Some(nonce) = nonce {
-        let sig = signer.sign(&credential, nonce.as_bytes())?;
+        let sig = signer.sign(credential, nonce.as_bytes())?;
         connect["sig"] = Value::String(URL_SAFE_NO_PAD.encode(sig));
     }
-    let mut w = stream;
-    w.write_all(format!("CONNECT {connect}\r\nPING\r\n").as_bytes())
-        .map_err(|e| format!("writing to the bus: {e}"))?;
-    loop {
-        let l = line(&mut reader)?;
-        match l.as_str() {
-            "PONG" => break,
-            "PING" => w.write_all(b"PONG\r\n").map_err(|e| e.to_string())?,
-            "+OK" => {}
-            other if other.starts_with("-ERR") => {
-                return Err(format!("the bus refused the connection: {}", cut(other)))
-            }
-            other if other.starts_with("INFO ") => {}
-            other => return Err(format!("the bus answered {:?}", cut(other))),
-        }
-    }
-    reader
-        .get_ref()
-        .set_read_timeout(None)
-        .map_err(|e| e.to_string())?;
-    let writer = Arc::new(Mutex::new(w));
-    let dead = Arc::new(AtomicBool::new(false));
-    let (pong, d) = (writer.clone(), dead.clone());
+    Ok(format!("CONNECT {connect}\r\nPING\r\n"))
+}
+
+/// A reader thread that answers the server's PINGs and marks the connection `dead` when it
+/// ends or the server says -ERR.
+fn answer_pings(
+    mut reader: BufReader<TcpStream>,
+    pong: Arc<Mutex<TcpStream>>,
+    dead: Arc<AtomicBool>,
+) -> Result<(), BusError> {
     std::thread::Builder::new()
         .name("broca-bus-read".into())
         .spawn(move || {
@@ -431,14 +504,10 @@ fn connect(signer: &dyn Signer) -> Result<Nats, String> {
                     Err(_) => break,
                 }
             }
-            d.store(true, Ordering::Release);
+            dead.store(true, Ordering::Release);
         })
-        .map_err(|e| format!("the bus reader cannot start: {e}"))?;
-    Ok(Nats {
-        writer,
-        dead,
-        acct: credential.acct,
-    })
+        .map_err(BusError::Thread)?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -451,6 +520,7 @@ mod tests {
         assert_eq!(server_addr("127.0.0.1:5").unwrap().port(), 5);
         assert!(server_addr("tls://127.0.0.1:4222")
             .unwrap_err()
+            .to_string()
             .contains("nats:// only"));
     }
 
@@ -460,7 +530,10 @@ mod tests {
             info(r#"INFO {"server_id":"x","nonce":"abc","max_payload":1048576}"#).unwrap();
         assert_eq!(nonce.as_deref(), Some("abc"));
         assert!(!tls);
-        assert!(info("-ERR 'nope'").unwrap_err().contains("not INFO"));
+        assert!(info("-ERR 'nope'")
+            .unwrap_err()
+            .to_string()
+            .contains("not INFO"));
     }
 
     #[test]

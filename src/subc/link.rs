@@ -284,53 +284,8 @@ fn read_loop(
                 Ok(None) => break,
                 Err(e) => break 'conn e.to_string(),
             };
-            let h = frame.header;
-            match (h.channel, h.ty) {
-                (0, FrameType::Ping) => {
-                    if let Ok(bytes) =
-                        frames::encode(FrameType::Pong, h.flags, 0, 0, h.corr, Vec::new())
-                    {
-                        let _ = writer.send(Out {
-                            bytes,
-                            written: None,
-                        });
-                    }
-                }
-                (0, FrameType::Goodbye) => break 'conn "the daemon said GOODBYE".to_string(),
-                (0, FrameType::Push) => {
-                    let Ok(push) = serde_json::from_slice::<RouteClosed>(&frame.body) else {
-                        continue;
-                    };
-                    if push.op == "route.closed" {
-                        let why = format!("the daemon closed the route ({})", push.reason);
-                        for ch in push.channels {
-                            route_gone(&waiters, &closed, ch, &why);
-                        }
-                    }
-                }
-                (ch, FrameType::Goodbye) => {
-                    route_gone(&waiters, &closed, ch, "the route said GOODBYE")
-                }
-                (_, FrameType::Response | FrameType::Error | FrameType::StreamEnd) => {
-                    let waiter = waiters.lock().ok().and_then(|mut w| match w.get(&h.corr) {
-                        Some(found) if found.channel == h.channel => w.remove(&h.corr),
-                        _ => None,
-                    });
-                    if let Some(w) = waiter {
-                        let _ = w.tx.send(Ok(frame));
-                    }
-                }
-                // Keepalives and progress (PUSH) on a request's correlation: counted for it
-                // (never shown, never passed on).
-                (ch, FrameType::Push) => {
-                    if let Ok(w) = waiters.lock() {
-                        if let Some(found) = w.get(&h.corr).filter(|f| f.channel == ch) {
-                            found.pushes.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                }
-                // Stream data: nothing waits on it.
-                _ => {}
+            if let Some(why) = on_frame(frame, &writer, &waiters, &closed) {
+                break 'conn why;
             }
         }
     };
@@ -341,6 +296,60 @@ fn read_loop(
             let _ = waiter.tx.send(Err(LinkError::Down(why.clone())));
         }
     }
+}
+
+/// One frame from the daemon: a ping answered, a route's end told its waiters, an answer
+/// handed to the request waiting on its correlation, a keepalive counted for it. `Some`:
+/// the connection ends (the daemon said GOODBYE).
+fn on_frame(
+    frame: FrameIn,
+    writer: &mpsc::Sender<Out>,
+    waiters: &Waiters,
+    closed: &Mutex<HashSet<u16>>,
+) -> Option<String> {
+    let h = frame.header;
+    match (h.channel, h.ty) {
+        (0, FrameType::Ping) => {
+            if let Ok(bytes) = frames::encode(FrameType::Pong, h.flags, 0, 0, h.corr, Vec::new()) {
+                let _ = writer.send(Out {
+                    bytes,
+                    written: None,
+                });
+            }
+        }
+        (0, FrameType::Goodbye) => return Some("the daemon said GOODBYE".to_string()),
+        (0, FrameType::Push) => {
+            let push = serde_json::from_slice::<RouteClosed>(&frame.body).ok()?;
+            if push.op == "route.closed" {
+                let why = format!("the daemon closed the route ({})", push.reason);
+                for ch in push.channels {
+                    route_gone(waiters, closed, ch, &why);
+                }
+            }
+        }
+        (ch, FrameType::Goodbye) => route_gone(waiters, closed, ch, "the route said GOODBYE"),
+        (_, FrameType::Response | FrameType::Error | FrameType::StreamEnd) => {
+            let waiter = waiters.lock().ok().and_then(|mut w| match w.get(&h.corr) {
+                Some(found) if found.channel == h.channel => w.remove(&h.corr),
+                _ => None,
+            });
+            if let Some(w) = waiter {
+                let _ = w.tx.send(Ok(frame));
+            }
+        }
+        // Keepalives and progress (PUSH) on a request's correlation: counted for it (never
+        // shown, never passed on).
+        (ch, FrameType::Push) => {
+            if let Ok(w) = waiters.lock() {
+                if let Some(found) = w.get(&h.corr).filter(|f| f.channel == ch) {
+                    found.pushes.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        // Stream data: nothing waits on it.
+        _ => {}
+    }
+    None
 }
 
 fn route_gone(waiters: &Waiters, closed: &Mutex<HashSet<u16>>, channel: u16, why: &str) {

@@ -511,51 +511,9 @@ const DAEMON_AFTER_DELIVERY: &[&str] = &[
 /// Reads a call's terminal frame; `result_v1` when the tool's answers are `tool-result/v1`
 /// bodies (its catalog entry opts in, and broca's route declared the format).
 pub fn read_reply(module_id: &str, frame: &FrameIn, result_v1: bool) -> Reply {
-    use cortexkit_role_tool_provider::result::{
-        legacy_model_visible_bytes, MAX_MODEL_VISIBLE_BYTES,
-    };
     match frame.header.ty {
-        FrameType::Response if result_v1 => match read_result_v1(&frame.body) {
-            Ok(r) if r.bytes > MAX_MODEL_VISIBLE_BYTES => Reply::TooLarge {
-                bytes: r.bytes as u64,
-            },
-            Ok(ResultV1 {
-                parts,
-                held: Some(reason),
-                ..
-            }) => Reply::Held { parts, reason },
-            Ok(r) => Reply::Parts {
-                parts: r.parts,
-                is_error: r.is_error,
-            },
-            // It ran and answered what cannot be read: an error result saying so.
-            Err(why) => Reply::Answer {
-                text: format!(
-                    "tool module `{module_id}` answered a tool-result/v1 body that does not \
-                     hold: {why}"
-                ),
-                is_error: true,
-            },
-        },
-        FrameType::Response => match serde_json::from_slice::<Value>(&frame.body) {
-            Ok(body) if legacy_model_visible_bytes(&body) > MAX_MODEL_VISIBLE_BYTES => {
-                Reply::TooLarge {
-                    bytes: legacy_model_visible_bytes(&body) as u64,
-                }
-            }
-            // A legacy body: a string is the model's text, anything else its JSON.
-            Ok(Value::String(text)) => Reply::Answer {
-                text,
-                is_error: false,
-            },
-            Ok(_) => Reply::Answer {
-                text: String::from_utf8_lossy(&frame.body).into_owned(),
-                is_error: false,
-            },
-            Err(_) => Reply::Indeterminate(format!(
-                "tool module `{module_id}` answered a body that is not JSON"
-            )),
-        },
+        FrameType::Response if result_v1 => v1_reply(module_id, &frame.body),
+        FrameType::Response => legacy_reply(module_id, &frame.body),
         FrameType::Error => {
             let e = error_body(&frame.body);
             if is_established_route_dead(frame.header.flags, &e.code)
@@ -586,6 +544,57 @@ pub fn read_reply(module_id: &str, frame: &FrameIn, result_v1: bool) -> Reply {
             is_error: true,
         },
         other => Reply::Indeterminate(format!("a {other:?} frame ended the call")),
+    }
+}
+
+/// A `tool-result/v1` answer: its parts, a held first reply, or one over the model-visible
+/// limit. One that cannot be read ran even so: an error result says so.
+fn v1_reply(module_id: &str, body: &[u8]) -> Reply {
+    use cortexkit_role_tool_provider::result::MAX_MODEL_VISIBLE_BYTES;
+    match read_result_v1(body) {
+        Ok(r) if r.bytes > MAX_MODEL_VISIBLE_BYTES => Reply::TooLarge {
+            bytes: r.bytes as u64,
+        },
+        Ok(ResultV1 {
+            parts,
+            held: Some(reason),
+            ..
+        }) => Reply::Held { parts, reason },
+        Ok(r) => Reply::Parts {
+            parts: r.parts,
+            is_error: r.is_error,
+        },
+        Err(why) => Reply::Answer {
+            text: format!(
+                "tool module `{module_id}` answered a tool-result/v1 body that does not \
+                 hold: {why}"
+            ),
+            is_error: true,
+        },
+    }
+}
+
+/// A legacy answer: a string is the model's text, anything else its JSON; one over the
+/// model-visible limit is refused; one that is not JSON leaves the outcome unknown.
+fn legacy_reply(module_id: &str, body: &[u8]) -> Reply {
+    use cortexkit_role_tool_provider::result::{
+        legacy_model_visible_bytes, MAX_MODEL_VISIBLE_BYTES,
+    };
+    match serde_json::from_slice::<Value>(body) {
+        Ok(v) if legacy_model_visible_bytes(&v) > MAX_MODEL_VISIBLE_BYTES => Reply::TooLarge {
+            bytes: legacy_model_visible_bytes(&v) as u64,
+        },
+        Ok(Value::String(text)) => Reply::Answer {
+            text,
+            is_error: false,
+        },
+        Ok(_) => Reply::Answer {
+            text: String::from_utf8_lossy(body).into_owned(),
+            is_error: false,
+        },
+        Err(_) => Reply::Indeterminate(format!(
+            "tool module `{module_id}` answered a body that is not JSON"
+        )),
     }
 }
 

@@ -60,6 +60,11 @@ const ROUTES_MAX: usize = 4096;
 
 /// A kept route's key: the module and the whole session triple (project root, harness,
 /// session), and the provider role it speaks when not tool-provider's.
+/// The wait before the first retry of a `route.open` the daemon refused for now, doubled
+/// after each to at most [`OPEN_RETRY_MAX`].
+const OPEN_RETRY_FIRST: Duration = Duration::from_millis(100);
+const OPEN_RETRY_MAX: Duration = Duration::from_secs(2);
+
 type RouteKey = (
     String,
     String,
@@ -345,32 +350,30 @@ impl ModuleTools {
         let mut body = self
             .open_body(module, (harness, session), consumer, &record, (false, role))
             .await?;
-        let mut delay = Duration::from_millis(100);
+        let mut delay = OPEN_RETRY_FIRST;
         let mut last = String::new();
         let mut scope_renewed = false;
         for attempt in 1..=OPEN_ATTEMPTS {
             let (link, frame) = self.open_once(module, &body).await?;
             match toolprov::read_open(&frame) {
                 Opened::Route { channel, epoch } => {
-                    let route = Route {
-                        link,
-                        channel,
-                        epoch,
-                        used: self.next_use(),
-                    };
-                    return Ok(self.keep(key, route));
+                    let used = self.next_use();
+                    return Ok(self.keep(
+                        key,
+                        Route {
+                            link,
+                            channel,
+                            epoch,
+                            used,
+                        },
+                    ));
                 }
                 Opened::Retry(code) => {
-                    tracing::info!(
-                        module,
-                        code,
-                        attempt,
-                        "route.open refused for now; retrying"
-                    );
+                    tracing::info!(module, code, attempt, "route.open refused for now");
                     last = code;
                     if attempt < OPEN_ATTEMPTS {
                         glommio::timer::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(2));
+                        delay = (delay * 2).min(OPEN_RETRY_MAX);
                     }
                 }
                 // The daemon no longer holds the session's scope (ended past broca's cap, or

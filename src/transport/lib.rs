@@ -682,43 +682,7 @@ impl HttpModelStream {
                     }
                 }
             }
-            Source::Ws(ws) => {
-                if self.finished {
-                    self.ended = true;
-                    return Ok(());
-                }
-                match ws.next_text().await {
-                    Ok(Some(text)) => {
-                        let read = self.normalize(None, &text);
-                        // The server keeps the socket open after a response: once its finish
-                        // (or its error) is in, the answer is complete, and the socket is
-                        // closed as the protocol asks: the close frame now, the server's
-                        // close awaited off the step's path.
-                        let complete = read.is_err()
-                            || self
-                                .pending
-                                .iter()
-                                .any(|e| matches!(e, StreamEvent::Finish { .. }));
-                        if complete {
-                            if let Source::Ws(mut ws) =
-                                std::mem::replace(&mut self.source, Source::Closed)
-                            {
-                                ws.send_close().await;
-                                ws.finish_close_detached(WS_CLOSE_WAIT);
-                            }
-                        }
-                        read
-                    }
-                    Ok(None) => {
-                        self.ended = true;
-                        Ok(())
-                    }
-                    Err(e) => {
-                        let msg = format!("the stream was cut before the step completed: {e}");
-                        Err(self.fail(ErrorClass::Transient, msg))
-                    }
-                }
-            }
+            Source::Ws(_) => self.read_ws().await,
             Source::Closed => {
                 self.ended = true;
                 Ok(())
@@ -728,6 +692,46 @@ impl HttpModelStream {
 }
 
 impl HttpModelStream {
+    /// The next text frame of a WebSocket answer. The server keeps the socket open after a
+    /// response: once its finish (or its error) is in, the answer is complete, and the socket
+    /// is closed as the protocol asks: the close frame now, the server's close awaited off
+    /// the step's path.
+    async fn read_ws(&mut self) -> Result<(), Failure> {
+        if self.finished {
+            self.ended = true;
+            return Ok(());
+        }
+        let Source::Ws(ws) = &mut self.source else {
+            unreachable!("read_ws reads a WebSocket's answer")
+        };
+        match ws.next_text().await {
+            Ok(Some(text)) => {
+                let read = self.normalize(None, &text);
+                let complete = read.is_err()
+                    || self
+                        .pending
+                        .iter()
+                        .any(|e| matches!(e, StreamEvent::Finish { .. }));
+                if complete {
+                    if let Source::Ws(mut ws) = std::mem::replace(&mut self.source, Source::Closed)
+                    {
+                        ws.send_close().await;
+                        ws.finish_close_detached(WS_CLOSE_WAIT);
+                    }
+                }
+                read
+            }
+            Ok(None) => {
+                self.ended = true;
+                Ok(())
+            }
+            Err(e) => {
+                let msg = format!("the stream was cut before the step completed: {e}");
+                Err(self.fail(ErrorClass::Transient, msg))
+            }
+        }
+    }
+
     fn counted(&self, f: Failure) -> Failure {
         if let Some(e) = &self.errors {
             e.count(f.error.class);

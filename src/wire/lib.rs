@@ -215,77 +215,17 @@ impl RpcError {
         if let Some(f) = r.field() {
             e = e.with_field(f);
         }
-        match r {
-            Refusal::RetentionAboveMax { max_seconds, .. } => {
-                e = e.with_detail("max_seconds", (*max_seconds).into());
+        if let Refusal::PlanDrift { frozen, sent } = r {
+            let detail = cortexkit_role_llm_runner::errors::PlanDriftDetail::new(
+                frozen.clone(),
+                sent.as_str(),
+            );
+            if let Ok(serde_json::Value::Object(d)) = serde_json::to_value(detail) {
+                e.detail.extend(d);
             }
-            Refusal::RetentionConflict { frozen } => e = e.with_detail("frozen", frozen.clone()),
-            Refusal::SessionReleased { delete_after_ms } => {
-                e = e.with_detail("delete_after_ms", (*delete_after_ms).into());
-            }
-            Refusal::BackupUnsupported(why) => e = e.with_detail("reason", why.as_str().into()),
-            Refusal::TemplatePartGone { slot } => e = e.with_detail("slot", slot.as_str().into()),
-            Refusal::PlanToolCollision { name, providers }
-            | Refusal::UserCommandCollision { name, providers } => {
-                e = e
-                    .with_detail("name", name.as_str().into())
-                    .with_detail("providers", providers.clone().into());
-            }
-            Refusal::PlanDrift { frozen, sent } => {
-                let detail = cortexkit_role_llm_runner::errors::PlanDriftDetail::new(
-                    frozen.clone(),
-                    sent.as_str(),
-                );
-                if let Ok(serde_json::Value::Object(d)) = serde_json::to_value(detail) {
-                    e.detail.extend(d);
-                }
-            }
-            Refusal::InvalidSubscription {
-                item,
-                subscription,
-                problem,
-            } => {
-                e = e
-                    .with_detail("item", (*item).into())
-                    .with_detail("subscription", (*subscription).into())
-                    .with_detail("problem", problem.as_str().into());
-            }
-            Refusal::FetchUnavailable { provider, .. }
-            | Refusal::PreUserUnavailable { provider, .. }
-            | Refusal::SystemTextPresetRequired { provider } => {
-                e = e.with_detail("provider", provider.as_str().into());
-            }
-            Refusal::PlanStale { differences } => {
-                e = e.with_detail("differences", differences.clone().into());
-            }
-            Refusal::GenerationStale { accepted } => {
-                e = e.with_detail("accepted", (*accepted).into());
-            }
-            Refusal::RungUnsupported { surface, rung } => {
-                e = e
-                    .with_detail("surface", surface.as_str().into())
-                    .with_detail("rung", rung.as_str().into());
-            }
-            Refusal::PendingSuperseded {
-                generation,
-                pending,
-            } => {
-                e = e
-                    .with_detail("generation", (*generation).into())
-                    .with_detail("pending", (*pending).into());
-            }
-            Refusal::AlreadyApplied {
-                generation,
-                applied_by,
-            } => {
-                e = e
-                    .with_detail("generation", (*generation).into())
-                    .with_detail("applied_by", applied_by.as_str().into());
-            }
-            Refusal::UnknownUserCommand { command } => {
-                e = e.with_detail("command", command.as_str().into());
-            }
-            _ => {}
+        }
+        for (key, value) in refusal_detail(r) {
+            e = e.with_detail(key, value);
         }
         e
     }
@@ -366,3 +306,60 @@ pub struct ReadPage<'a> {
 /// `session.read` page sizes.
 pub const READ_LIMIT_DEFAULT: usize = 200;
 pub const READ_LIMIT_MAX: usize = 500;
+
+/// The members a refusal's `detail` carries beside its field.
+fn refusal_detail(r: &Refusal) -> Vec<(&'static str, serde_json::Value)> {
+    use serde_json::Value;
+    let text = |s: &str| Value::from(s);
+    match r {
+        Refusal::RetentionAboveMax { max_seconds, .. } => {
+            vec![("max_seconds", (*max_seconds).into())]
+        }
+        Refusal::RetentionConflict { frozen } => vec![("frozen", frozen.clone())],
+        Refusal::SessionReleased { delete_after_ms } => {
+            vec![("delete_after_ms", (*delete_after_ms).into())]
+        }
+        Refusal::BackupUnsupported(why) => vec![("reason", text(why))],
+        Refusal::TemplatePartGone { slot } => vec![("slot", text(slot))],
+        Refusal::PlanToolCollision { name, providers }
+        | Refusal::UserCommandCollision { name, providers } => {
+            vec![
+                ("name", text(name)),
+                ("providers", providers.clone().into()),
+            ]
+        }
+        Refusal::InvalidSubscription {
+            item,
+            subscription,
+            problem,
+        } => vec![
+            ("item", (*item).into()),
+            ("subscription", (*subscription).into()),
+            ("problem", text(problem)),
+        ],
+        Refusal::FetchUnavailable { provider, .. }
+        | Refusal::PreUserUnavailable { provider, .. }
+        | Refusal::SystemTextPresetRequired { provider } => vec![("provider", text(provider))],
+        Refusal::PlanStale { differences } => vec![("differences", differences.clone().into())],
+        Refusal::GenerationStale { accepted } => vec![("accepted", (*accepted).into())],
+        Refusal::RungUnsupported { surface, rung } => {
+            vec![("surface", text(surface)), ("rung", text(rung))]
+        }
+        Refusal::PendingSuperseded {
+            generation,
+            pending,
+        } => vec![
+            ("generation", (*generation).into()),
+            ("pending", (*pending).into()),
+        ],
+        Refusal::AlreadyApplied {
+            generation,
+            applied_by,
+        } => vec![
+            ("generation", (*generation).into()),
+            ("applied_by", text(applied_by)),
+        ],
+        Refusal::UnknownUserCommand { command } => vec![("command", text(command))],
+        _ => Vec::new(),
+    }
+}

@@ -41,26 +41,8 @@ pub(super) fn ls(c: Common, mut pargs: pico_args::Arguments) -> Result<u8, Strin
         if c.json {
             broca_io::outln!("{page}");
         } else {
-            if first {
-                broca_io::outln!(
-                    "{:<24} {:<10} {:<12} {:<20} PROJECT",
-                    "SESSION",
-                    "HARNESS",
-                    "STATE",
-                    "ACTIVE"
-                );
-                first = false;
-            }
-            for s in page["sessions"].as_array().into_iter().flatten() {
-                broca_io::outln!(
-                    "{:<24} {:<10} {:<12} {:<20} {}",
-                    s["session"].as_str().unwrap_or(""),
-                    s["harness"].as_str().unwrap_or(""),
-                    s["last_run"]["state"].as_str().unwrap_or("-"),
-                    when(s["active_at_ms"].as_u64().unwrap_or(0)),
-                    s["project_root"].as_str().unwrap_or("")
-                );
-            }
+            print_sessions(&page, first);
+            first = false;
         }
         match page["next_cursor"].as_str() {
             Some(next) if all => params["cursor"] = next.into(),
@@ -72,6 +54,29 @@ pub(super) fn ls(c: Common, mut pargs: pico_args::Arguments) -> Result<u8, Strin
             }
             None => return Ok(EXIT_OK),
         }
+    }
+}
+
+/// A page of `sessions.list` as rows, under the header when it is the `first`.
+fn print_sessions(page: &Value, first: bool) {
+    if first {
+        broca_io::outln!(
+            "{:<24} {:<10} {:<12} {:<20} PROJECT",
+            "SESSION",
+            "HARNESS",
+            "STATE",
+            "ACTIVE"
+        );
+    }
+    for s in page["sessions"].as_array().into_iter().flatten() {
+        broca_io::outln!(
+            "{:<24} {:<10} {:<12} {:<20} {}",
+            s["session"].as_str().unwrap_or(""),
+            s["harness"].as_str().unwrap_or(""),
+            s["last_run"]["state"].as_str().unwrap_or("-"),
+            when(s["active_at_ms"].as_u64().unwrap_or(0)),
+            s["project_root"].as_str().unwrap_or("")
+        );
     }
 }
 

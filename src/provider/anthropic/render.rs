@@ -175,6 +175,29 @@ fn strict_tool(req: &Request) -> Option<&str> {
     req.shape.as_ref().and_then(|s| s.strict_tool.as_deref())
 }
 
+/// The tools offered (the enforced one `strict`), the last one a cache breakpoint.
+fn tools(w: &mut JsonWriter, req: &Request, aliases: &Aliases) {
+    if req.tools.is_empty() {
+        return;
+    }
+    w.key("tools").array();
+    for (i, t) in req.tools.iter().enumerate() {
+        w.object().field_str("name", aliases.wire(&t.name));
+        if !t.description.is_empty() {
+            w.field_str("description", &t.description);
+        }
+        w.key("input_schema").serde(&t.input_schema);
+        if strict_tool(req) == Some(t.name.as_str()) {
+            w.key("strict").bool(true);
+        }
+        if req.prompt_cache && i + 1 == req.tools.len() {
+            ephemeral(w);
+        }
+        w.end_object();
+    }
+    w.end_array();
+}
+
 /// Renders the request.
 pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
     // Messages with nothing the API takes are left out; the last one kept carries the
@@ -214,24 +237,7 @@ pub fn render(req: &Request, aliases: &Aliases) -> Rendered {
         w.end_array().end_object();
     });
     w.end_array();
-    if !req.tools.is_empty() {
-        w.key("tools").array();
-        for (i, t) in req.tools.iter().enumerate() {
-            w.object().field_str("name", aliases.wire(&t.name));
-            if !t.description.is_empty() {
-                w.field_str("description", &t.description);
-            }
-            w.key("input_schema").serde(&t.input_schema);
-            if strict_tool(req) == Some(t.name.as_str()) {
-                w.key("strict").bool(true);
-            }
-            if req.prompt_cache && i + 1 == req.tools.len() {
-                ephemeral(&mut w);
-            }
-            w.end_object();
-        }
-        w.end_array();
-    }
+    tools(&mut w, req, aliases);
     // An enforced final-text shape: Anthropic's structured outputs (`output_config.format`).
     if let Some(schema) = req.shape.as_ref().and_then(|s| s.final_text.as_ref()) {
         w.key("output_config")

@@ -40,12 +40,7 @@ fn contents(w: &mut JsonWriter, req: &Request, aliases: &Aliases) {
             Role::Assistant => "model",
             Role::User => "user",
         };
-        let renders = m.content.iter().any(|b| match b {
-            Block::Text { text } => !text.is_empty(),
-            Block::Thinking { text, signature } => !text.is_empty() || signature.is_some(),
-            _ => true,
-        });
-        if !renders {
+        if !m.content.iter().any(renders) {
             continue;
         }
         w.object().field_str("role", role).key("parts").array();
@@ -86,22 +81,7 @@ fn contents(w: &mut JsonWriter, req: &Request, aliases: &Aliases) {
                     let name = aliases.wire(call_name(req, at, tool_use_id).unwrap_or(""));
                     function_response(w, tool_use_id, name, content, *is_error);
                 }
-                // Media goes inline: its type and its bytes in base64.
-                Block::Media(x) => match crate::MediaPart::of(x, req) {
-                    crate::MediaPart::Bytes { mime, data, .. } => {
-                        w.object()
-                            .key("inlineData")
-                            .object()
-                            .field_str("mimeType", mime)
-                            .key("data")
-                            .base64("", data)
-                            .end_object()
-                            .end_object();
-                    }
-                    crate::MediaPart::Marker(text) => {
-                        w.object().field_str("text", &text).end_object();
-                    }
-                },
+                Block::Media(x) => inline_media(w, x, req),
             }
         }
         if let Some(s) = pending {
@@ -112,6 +92,36 @@ fn contents(w: &mut JsonWriter, req: &Request, aliases: &Aliases) {
         w.end_array().end_object();
     }
     w.end_array();
+}
+
+/// Whether a block renders a part: text or reasoning that says something (a signature
+/// counts), any other block.
+fn renders(b: &Block) -> bool {
+    match b {
+        Block::Text { text } => !text.is_empty(),
+        Block::Thinking { text, signature } => !text.is_empty() || signature.is_some(),
+        _ => true,
+    }
+}
+
+/// A media block, inline: its type and its bytes in base64 (its marker where the bytes are
+/// absent).
+fn inline_media(w: &mut JsonWriter, x: &broca_protocol::media::Media, req: &Request) {
+    match crate::MediaPart::of(x, req) {
+        crate::MediaPart::Bytes { mime, data, .. } => {
+            w.object()
+                .key("inlineData")
+                .object()
+                .field_str("mimeType", mime)
+                .key("data")
+                .base64("", data)
+                .end_object()
+                .end_object();
+        }
+        crate::MediaPart::Marker(text) => {
+            w.object().field_str("text", &text).end_object();
+        }
+    }
 }
 
 /// A `functionCall` part, left open for its signature (a made-up id is not sent back).

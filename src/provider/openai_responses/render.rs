@@ -91,34 +91,9 @@ fn input_items(w: &mut JsonWriter, m: &broca_protocol::Message, aliases: &Aliase
                     .field_str("text", text)
                     .end_object();
             }
-            // An image as a data URL; a document as a file with its data URL.
             Block::Media(x) => {
                 open_message(w, &mut open);
-                match crate::MediaPart::of(x, req) {
-                    crate::MediaPart::Bytes { kind, mime, data } => {
-                        let url = format!("data:{mime};base64,");
-                        if kind == broca_protocol::media::kind::IMAGE {
-                            w.object()
-                                .field_str("type", "input_image")
-                                .key("image_url")
-                                .base64(&url, data)
-                                .end_object();
-                        } else {
-                            w.object()
-                                .field_str("type", "input_file")
-                                .field_str("filename", &crate::file_name(x))
-                                .key("file_data")
-                                .base64(&url, data)
-                                .end_object();
-                        }
-                    }
-                    crate::MediaPart::Marker(text) => {
-                        w.object()
-                            .field_str("type", part)
-                            .field_str("text", &text)
-                            .end_object();
-                    }
-                }
+                media_part(w, x, req, part);
             }
             Block::ToolUse { id, name, input } => {
                 if std::mem::take(&mut open) {
@@ -150,6 +125,36 @@ fn input_items(w: &mut JsonWriter, m: &broca_protocol::Message, aliases: &Aliase
     }
     if open {
         w.end_array().end_object();
+    }
+}
+
+/// A media block of a message: an image as a data URL; a document as a file with its data
+/// URL; one whose bytes are absent as its marker, a `part` of text.
+fn media_part(w: &mut JsonWriter, x: &broca_protocol::media::Media, req: &Request, part: &str) {
+    match crate::MediaPart::of(x, req) {
+        crate::MediaPart::Bytes { kind, mime, data } => {
+            let url = format!("data:{mime};base64,");
+            if kind == broca_protocol::media::kind::IMAGE {
+                w.object()
+                    .field_str("type", "input_image")
+                    .key("image_url")
+                    .base64(&url, data)
+                    .end_object();
+            } else {
+                w.object()
+                    .field_str("type", "input_file")
+                    .field_str("filename", &crate::file_name(x))
+                    .key("file_data")
+                    .base64(&url, data)
+                    .end_object();
+            }
+        }
+        crate::MediaPart::Marker(text) => {
+            w.object()
+                .field_str("type", part)
+                .field_str("text", &text)
+                .end_object();
+        }
     }
 }
 

@@ -27,9 +27,9 @@ const FNS_OVER_70_MAX: usize = 15;
 /// Crates where no function may pass 70 lines (the durable path's floors).
 const NO_LONG_FNS: &[&str] = &["broca-core", "broca-wal", "broca-wal-writer", "broca-io"];
 /// `Result<_, String>` signatures, at most (an error is a type; text is made at the edge).
-const STRING_RESULTS_MAX: usize = 117;
+const STRING_RESULTS_MAX: usize = 79;
 /// Assertions, at least (each an invariant that runs).
-const ASSERTS_MIN: usize = 171;
+const ASSERTS_MIN: usize = 172;
 
 /// Functions over 100 lines still standing, `file name`: each leaves when it is split.
 const LONG_FNS_STANDING: &[&str] = &[];

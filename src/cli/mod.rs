@@ -718,7 +718,7 @@ pub fn module_command(mut pargs: pico_args::Arguments, state_dir: Option<PathBuf
 
 /// The exit of the daemon (serve or module mode) once it ended: 0, the stopping signal
 /// re-raised, or 1 with the reason.
-fn daemon_exit(ended: Result<i32, String>) -> u8 {
+fn daemon_exit(ended: Result<i32, broca_host::StartError>) -> u8 {
     match ended {
         Ok(0) => EXIT_OK,
         Ok(sig) => broca_host::reraise(sig),

@@ -95,11 +95,14 @@ pub(crate) async fn run(
     host: Arc<Host>,
     conn: SubcConn,
     lost: Arc<std::sync::atomic::AtomicBool>,
-) -> Result<Closer, String> {
+) -> Result<Closer, broca_host::StartError> {
     use std::os::fd::{FromRawFd, IntoRawFd};
-    conn.stream
-        .set_nonblocking(true)
-        .map_err(|e| format!("the daemon connection: {e}"))?;
+    conn.stream.set_nonblocking(true).map_err(|e| {
+        broca_host::StartError::new(
+            broca_host::Stage::Front,
+            format!("the daemon connection: {e}"),
+        )
+    })?;
     // SAFETY: the descriptor comes from a connected std socket whose ownership moves here.
     let stream = unsafe { glommio::net::TcpStream::from_raw_fd(conn.stream.into_raw_fd()) };
     let (reader, writer) = futures_lite::io::split(stream);
@@ -179,6 +182,10 @@ async fn read_loop(
     };
     f.stop(end).await;
 }
+
+/// The daemon connection ended before it answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ConnectionEnded;
 
 /// Why broca stops.
 enum End {
@@ -279,7 +286,7 @@ impl Closer {
 impl Routes {
     /// One request of broca's own on channel 0 and the daemon's answer (`Err`: the
     /// connection ended first).
-    async fn ask_daemon(&self, body: Vec<u8>) -> Result<FrameIn, String> {
+    async fn ask_daemon(&self, body: Vec<u8>) -> Result<FrameIn, ConnectionEnded> {
         let corr = self.next_own.get();
         self.next_own.set(corr + 1);
         let (tx, rx) = futures_channel::oneshot::channel();
@@ -295,7 +302,7 @@ impl Routes {
         .await;
         let answer = rx.await;
         self.own.borrow_mut().remove(&corr);
-        answer.map_err(|_| "the daemon connection ended".to_string())
+        answer.map_err(|_| ConnectionEnded)
     }
 
     async fn send(&self, frame: Result<Vec<u8>, broca_subc::LinkError>) {

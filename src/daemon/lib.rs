@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use broca_host::{Extras, Front, Host, HostOptions, Running, ShardFront, Startup};
+use broca_host::{Stage, StartError};
 use broca_subc::negotiated::Negotiated;
 use broca_tools::modules::ModuleTools;
 
@@ -43,7 +44,7 @@ pub struct DaemonOptions {
 /// Registers with the daemon (HELLO, naming what broca consumes: the vault, the catalog
 /// module, the tool modules). Answers the connection and the values the daemon's HELLO_ACK
 /// settled.
-fn register(opts: &DaemonOptions) -> Result<(front::SubcConn, Negotiated), String> {
+fn register(opts: &DaemonOptions) -> Result<(front::SubcConn, Negotiated), StartError> {
     let mut services = vec![
         broca_subc::vault::CLAUSTRUM.to_string(),
         broca_subc::bus::CKBUS.to_string(),
@@ -65,8 +66,8 @@ fn register(opts: &DaemonOptions) -> Result<(front::SubcConn, Negotiated), Strin
         opts.launch_nonce.clone(),
         &consumes,
     );
-    let r =
-        broca_subc::connect::connect(&opts.connection_file, &hello).map_err(|e| e.to_string())?;
+    let r = broca_subc::connect::connect(&opts.connection_file, &hello)
+        .map_err(StartError::at(Stage::Front))?;
     let (negotiated, notes) = Negotiated::of(&r.ack);
     for n in notes {
         tracing::warn!("{n}");
@@ -116,7 +117,7 @@ fn owns_scopes(opts: &DaemonOptions, negotiated: &Negotiated) -> bool {
 fn extras(
     opts: &DaemonOptions,
     scopes: Option<broca_subc::scope::Scopes>,
-) -> Result<Extras, String> {
+) -> Result<Extras, StartError> {
     let cfg = opts.host.tools.clone().unwrap_or_default();
     let module_tools = ModuleTools::new(
         opts.connection_file.clone(),
@@ -141,7 +142,8 @@ fn extras(
     let step_hints = broca_host::StepHints {
         runner: opts.module_id.clone(),
         publisher: Arc::new(
-            broca_subc::bus::Publisher::start(Arc::new(ckbus)).map_err(|e| e.to_string())?,
+            broca_subc::bus::Publisher::start(Arc::new(ckbus))
+                .map_err(StartError::at(Stage::Parts))?,
         ),
     };
     Ok(Extras {
@@ -162,7 +164,7 @@ impl ShardFront for SubcShard {
     fn start(
         self: Box<Self>,
         host: Arc<Host>,
-    ) -> broca_host::LocalBoxFuture<'static, Result<Box<dyn Running>, String>> {
+    ) -> broca_host::LocalBoxFuture<'static, Result<Box<dyn Running>, StartError>> {
         Box::pin(async move {
             let closer = front::run(host, self.conn, self.lost).await?;
             Ok(Box::new(closer) as Box<dyn Running>)
@@ -173,7 +175,7 @@ impl ShardFront for SubcShard {
 /// Runs module mode until the daemon or a signal stops it. Returns the signal to re-raise
 /// (0: the daemon asked). `Err` is one line: the daemon could not be reached or refused, or
 /// the connection ended unannounced (then the runs were sealed first).
-pub fn run(opts: DaemonOptions) -> Result<i32, String> {
+pub fn run(opts: DaemonOptions) -> Result<i32, StartError> {
     let startup = Startup::begin(opts.host.clone())?;
     // Registered first: a daemon that cannot be reached or refuses is an error at once.
     let (mut conn, negotiated) = register(&opts)?;
@@ -196,11 +198,11 @@ pub fn run(opts: DaemonOptions) -> Result<i32, String> {
     };
     let sig = startup.run(front, extras(&opts, scopes)?)?;
     if lost.load(Ordering::Acquire) {
-        return Err(
+        return Err(StartError::new(
+            Stage::Front,
             "the daemon connection ended unannounced: admission stopped, active runs got the \
-             grace period and the rest were sealed interrupted"
-                .into(),
-        );
+             grace period and the rest were sealed interrupted",
+        ));
     }
     Ok(sig)
 }

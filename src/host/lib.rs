@@ -49,6 +49,7 @@ mod answer;
 mod change;
 mod commands;
 mod compaction;
+mod error;
 mod expiry;
 mod late;
 mod limits;
@@ -74,6 +75,7 @@ mod subscribe;
 mod tally;
 mod watch;
 
+pub use error::{Stage, StartError};
 pub use metrics::ShardStats;
 pub use prune::prune_reasoning;
 pub use rpc::check_request;
@@ -416,7 +418,7 @@ pub trait ShardFront: Send {
     fn start(
         self: Box<Self>,
         host: Arc<Host>,
-    ) -> LocalBoxFuture<'static, Result<Box<dyn Running>, String>>;
+    ) -> LocalBoxFuture<'static, Result<Box<dyn Running>, StartError>>;
 }
 
 /// A front serving on a shard.
@@ -457,18 +459,22 @@ impl Startup {
     /// Sizes the open sessions from the open-files limit, catches SIGTERM and SIGINT, and
     /// takes the state dir (its lock, its `wal/`, a new bearer handle). `Err` is one line
     /// naming what kept it from starting.
-    pub fn begin(mut opts: HostOptions) -> Result<Startup, String> {
+    pub fn begin(mut opts: HostOptions) -> Result<Startup, StartError> {
         if opts.shards == 0 {
-            return Err("--shards must be at least 1".into());
+            return Err(StartError::new(
+                Stage::Options,
+                "--shards must be at least 1",
+            ));
         }
         let open = limits::open_sessions(opts.open_sessions_max, opts.shards)
-            .map_err(|e| e.to_string())?;
+            .map_err(StartError::at(Stage::Options))?;
         opts.open_sessions_max = Some(open);
         let slot = Arc::new(Mutex::new(signals::SignalSlot::default()));
-        signals::catch_signals(slot.clone()).map_err(|e| e.to_string())?;
+        signals::catch_signals(slot.clone()).map_err(StartError::at(Stage::Process))?;
         let state = state::prepare_state(&opts.state_dir)?;
-        let proxy = ProxyConfig::from_env()?;
-        let tls = broca_io::net::tls::default_client_config()?;
+        let proxy = ProxyConfig::from_env().map_err(StartError::at(Stage::Process))?;
+        let tls =
+            broca_io::net::tls::default_client_config().map_err(StartError::at(Stage::Process))?;
         Ok(Startup {
             opts,
             slot,
@@ -492,7 +498,7 @@ impl Startup {
     /// `front`), writes serve.json and says `front.ready`, and serves until a signal or the
     /// front stops the daemon. Answers the signal that stopped it (0: the front did), once
     /// every WAL is closed and serve.json removed.
-    pub fn run(self, front: Front, extras: Extras) -> Result<i32, String> {
+    pub fn run(self, front: Front, extras: Extras) -> Result<i32, StartError> {
         let Startup {
             opts,
             slot,
@@ -553,7 +559,12 @@ fn ready_gate(
                 &path,
                 serde_json::Value::Object(info).to_string().as_bytes(),
             )
-            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            .map_err(|e| {
+                StartError::new(
+                    Stage::StateDir,
+                    format!("cannot write {}: {e}", path.display()),
+                )
+            })?;
             broca_io::outln!("{ready}");
             use std::io::Write as _;
             let _ = std::io::stdout().flush();
@@ -572,9 +583,14 @@ impl Host {
         (tls, proxy): (Arc<broca_io::net::rustls::ClientConfig>, ProxyConfig),
         extras: Extras,
         opened: start::OpenedStore,
-    ) -> Result<(Arc<Host>, Vec<broca_shards::mesh::Inbound<ShardMsg>>), String> {
+    ) -> Result<(Arc<Host>, Vec<broca_shards::mesh::Inbound<ShardMsg>>), StartError> {
         let retention = retention::Retention::load(&opts.state_dir, &state.wal_dir, opts.shards)
-            .map_err(|e| format!("reading the sessions' retention: {e}"))?;
+            .map_err(|e| {
+                StartError::new(
+                    Stage::Parts,
+                    format!("reading the sessions' retention: {e}"),
+                )
+            })?;
         let (tools, missing) =
             start::start_tools(&opts, &tls, &proxy, extras.module_tools.clone())?;
         let (mesh, receivers) = Mesh::new(opts.shards);
@@ -643,7 +659,7 @@ fn run_shards(
     receivers: Vec<broca_shards::mesh::Inbound<ShardMsg>>,
     fronts: Vec<Option<Box<dyn ShardFront>>>,
     gate: Arc<shard::StartGate>,
-) -> Result<(), String> {
+) -> Result<(), StartError> {
     let shards = host.opts.shards;
     assert_eq!(receivers.len(), shards, "one queue per shard");
     assert!(fronts.len() <= shards, "a front part per shard at most");
@@ -662,7 +678,9 @@ fn run_shards(
         };
         shard::shard_main(shard, host, rx, front, gate.clone())
     });
-    for r in result.map_err(|e| format!("a shard failed to start: {e}"))? {
+    let result =
+        result.map_err(|e| StartError::new(Stage::Shards, format!("a shard failed to start: {e}")));
+    for r in result? {
         r?;
     }
     Ok(())

@@ -38,7 +38,10 @@ fn archived_by_policy(ctx: &Host) -> std::collections::HashMap<String, Duration>
 /// send to a packed session restores its WAL first. A session whose storage policy names
 /// `archive_after_days` is packed once idle that long, whether or not `archive_after` is
 /// set: the thread then starts with the first such session (`Host::archive_sooner`).
-pub(crate) fn start_archive_scheduler(ctx: &Arc<Host>, by_policy: bool) -> Result<(), String> {
+pub(crate) fn start_archive_scheduler(
+    ctx: &Arc<Host>,
+    by_policy: bool,
+) -> Result<(), crate::StartError> {
     if ctx.opts.archive_after.is_none() && !by_policy {
         return Ok(());
     }
@@ -86,7 +89,10 @@ pub(crate) fn start_archive_scheduler(ctx: &Arc<Host>, by_policy: bool) -> Resul
             }
         })
         .map(|_| ())
-        .map_err(|e| format!("cannot start the archive thread: {e}"))
+        .map_err(|e| {
+            let why = format!("cannot start the archive thread: {e}");
+            crate::StartError::new(crate::Stage::Shards, why)
+        })
 }
 
 /// Finds the runs a crash left open and has their shards resume them, in the background:
@@ -96,7 +102,7 @@ pub(crate) fn start_archive_scheduler(ctx: &Arc<Host>, by_policy: bool) -> Resul
 pub(crate) fn resume_open_runs(
     ctx: Arc<Host>,
     caught_up: Option<std::sync::mpsc::Receiver<()>>,
-) -> Result<(), String> {
+) -> Result<(), crate::StartError> {
     std::thread::Builder::new()
         .name("resume".into())
         .spawn(move || {
@@ -133,7 +139,10 @@ pub(crate) fn resume_open_runs(
             }
         })
         .map(|_| ())
-        .map_err(|e| format!("cannot start the resume thread: {e}"))
+        .map_err(|e| {
+            let why = format!("cannot start the resume thread: {e}");
+            crate::StartError::new(crate::Stage::Shards, why)
+        })
 }
 
 fn wal_name(addr: &[u8; 16]) -> String {

@@ -510,13 +510,13 @@ impl Shard {
 /// line): run by the last shard to arrive. A failure stops the daemon.
 pub(crate) struct StartGate {
     left: std::sync::atomic::AtomicUsize,
-    then: std::sync::Mutex<Option<Box<dyn FnOnce() -> Result<(), String> + Send>>>,
+    then: std::sync::Mutex<Option<Box<dyn FnOnce() -> Result<(), crate::StartError> + Send>>>,
 }
 
 impl StartGate {
     pub(crate) fn new(
         shards: usize,
-        then: Box<dyn FnOnce() -> Result<(), String> + Send>,
+        then: Box<dyn FnOnce() -> Result<(), crate::StartError> + Send>,
     ) -> StartGate {
         StartGate {
             left: std::sync::atomic::AtomicUsize::new(shards),
@@ -525,7 +525,7 @@ impl StartGate {
     }
 
     /// A shard has started; the last one runs what waited for them all.
-    fn arrived(&self) -> Result<(), String> {
+    fn arrived(&self) -> Result<(), crate::StartError> {
         use std::sync::atomic::Ordering;
         if self.left.fetch_sub(1, Ordering::AcqRel) != 1 {
             return Ok(());
@@ -543,7 +543,7 @@ pub(crate) async fn shard_main(
     mut rx: broca_shards::mesh::Inbound<ShardMsg>,
     front: Option<Box<dyn ShardFront>>,
     gate: Arc<StartGate>,
-) -> Result<(), String> {
+) -> Result<(), crate::StartError> {
     let me = Rc::new(Shard::new(shard, host.clone()));
     me.start_background().await;
     if let Some(front) = front {
@@ -555,7 +555,7 @@ pub(crate) async fn shard_main(
         broca_io::errln!("broca: {e}");
         let host = host.clone();
         glommio::spawn_local(async move {
-            host.stop(&e).await;
+            host.stop(&e.message).await;
         })
         .detach();
     }

@@ -2,6 +2,7 @@
 //! with its projecting thread, and the tools (the MCP servers, and in module mode the tool
 //! modules' catalogs).
 
+use crate::error::{Stage, StartError};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -137,13 +138,13 @@ pub(crate) fn load_catalog(
     tls: &Arc<broca_io::net::rustls::ClientConfig>,
     proxy: &ProxyConfig,
     modules: Option<Arc<broca_tools::modules::ModuleTools>>,
-) -> Result<(), String> {
+) -> Result<(), StartError> {
     let (tls, proxy, sources) = (tls.clone(), proxy.clone(), opts.catalog.clone());
     let (catalog, notes) = broca_shards::run_local(async move {
         let http = broca_io::net::HttpClient::new(broca_io::net::ClientConfig::new(tls, proxy));
         load(&sources, &http, modules.as_deref()).await
     })
-    .map_err(|e| format!("cannot load the catalog: {e}"))?;
+    .map_err(|e| StartError::new(Stage::Parts, format!("cannot load the catalog: {e}")))?;
     for n in notes {
         tracing::error!("{n}");
     }
@@ -161,7 +162,7 @@ pub(crate) struct OpenedStore {
 
 /// The store, with its own thread projecting what the shards hand it; `None` (and the WALs
 /// serve everything) when it cannot be opened.
-pub(crate) fn open_store(state_dir: &Path, wal_dir: &Path) -> Result<OpenedStore, String> {
+pub(crate) fn open_store(state_dir: &Path, wal_dir: &Path) -> Result<OpenedStore, StartError> {
     match broca_store::Store::open(state_dir) {
         Ok((store, notes)) => {
             for n in notes {
@@ -175,7 +176,9 @@ pub(crate) fn open_store(state_dir: &Path, wal_dir: &Path) -> Result<OpenedStore
             std::thread::Builder::new()
                 .name("store".into())
                 .spawn(move || project_on_this_thread(&s, &dir, &rx, done))
-                .map_err(|e| format!("cannot start the store thread: {e}"))?;
+                .map_err(|e| {
+                    StartError::new(Stage::Parts, format!("cannot start the store thread: {e}"))
+                })?;
             Ok(OpenedStore {
                 store: Some(store),
                 projector: Some(Mutex::new(tx)),
@@ -201,19 +204,22 @@ pub(crate) fn start_tools(
     tls: &Arc<broca_io::net::rustls::ClientConfig>,
     proxy: &ProxyConfig,
     modules: Option<Arc<broca_tools::modules::ModuleTools>>,
-) -> Result<(Arc<broca_tools::ToolServers>, Vec<String>), String> {
+) -> Result<(Arc<broca_tools::ToolServers>, Vec<String>), StartError> {
     let Some(cfg) = opts.tools.clone() else {
         return Ok((broca_tools::ToolServers::none(), Vec::new()));
     };
     if !cfg.modules.is_empty() && modules.is_none() {
-        return Err(format!(
-            "the tools config names tool modules ({}); they are reached through the daemon: \
+        return Err(StartError::new(
+            Stage::Parts,
+            format!(
+                "the tools config names tool modules ({}); they are reached through the daemon: \
              run `broca module --subc FILE`",
-            cfg.modules
-                .iter()
-                .map(|m| m.module.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
+                cfg.modules
+                    .iter()
+                    .map(|m| m.module.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
         ));
     }
     let (tls, proxy) = (tls.clone(), proxy.clone());
@@ -228,7 +234,8 @@ pub(crate) fn start_tools(
         problems.extend(servers.add(catalogs.specs));
         Ok((servers, problems, catalogs.missing))
     })
-    .map_err(|e| format!("cannot start the tool servers: {e}"))??;
+    .map_err(|e| StartError::new(Stage::Parts, format!("cannot start the tool servers: {e}")))?
+    .map_err(StartError::at(Stage::Parts))?;
     for p in problems {
         tracing::error!("{p}; its tools are not offered");
     }

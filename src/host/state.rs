@@ -2,6 +2,7 @@
 //! others can write it, and an exclusive lock on `<state-dir>/serve.lock` held for the
 //! daemon's life), its `wal/` folder and its bearer handle (`serve.handle`, owner-only).
 
+use crate::error::{Stage, StartError};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -13,7 +14,8 @@ pub(crate) struct StateLock {
 }
 
 /// Takes the state dir for this process, or says which daemon has it.
-pub(crate) fn lock_state_dir(dir: &Path) -> Result<StateLock, String> {
+pub(crate) fn lock_state_dir(dir: &Path) -> Result<StateLock, StartError> {
+    let failed = |why: String| StartError::new(Stage::StateDir, why);
     let path = dir.join("serve.lock");
     let file = {
         use std::os::unix::fs::OpenOptionsExt;
@@ -24,7 +26,7 @@ pub(crate) fn lock_state_dir(dir: &Path) -> Result<StateLock, String> {
             .truncate(false)
             .mode(0o600)
             .open(&path)
-            .map_err(|e| format!("cannot open {}: {e}", path.display()))?
+            .map_err(|e| failed(format!("cannot open {}: {e}", path.display())))?
     };
     match broca_io::fs::try_flock(file.as_raw_fd()) {
         Ok(true) => Ok(StateLock { _file: file }),
@@ -32,13 +34,13 @@ pub(crate) fn lock_state_dir(dir: &Path) -> Result<StateLock, String> {
             let owner = previous_serve(dir)
                 .map(|p| format!(" (pid {}, listening on {})", p.pid, p.listen))
                 .unwrap_or_default();
-            Err(format!(
+            Err(failed(format!(
                 "another broca serve{owner} owns the state dir {}; stop it, or give this one \
                  another --state-dir",
                 dir.display()
-            ))
+            )))
         }
-        Err(e) => Err(format!("cannot lock {}: {e}", path.display())),
+        Err(e) => Err(failed(format!("cannot lock {}: {e}", path.display()))),
     }
 }
 
@@ -80,22 +82,23 @@ pub(crate) struct PreparedState {
 
 /// Creates (0700) or checks the state dir and its `wal/` folder, takes the state dir's lock
 /// (refused while another daemon holds it), and makes the handle file.
-pub(crate) fn prepare_state(dir: &Path) -> Result<PreparedState, String> {
+pub(crate) fn prepare_state(dir: &Path) -> Result<PreparedState, StartError> {
+    let failed = |why: String| StartError::new(Stage::StateDir, why);
     broca_owner_only::create_dir(dir)
-        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    broca_owner_only::check_dir(dir)?;
+        .map_err(|e| failed(format!("cannot create {}: {e}", dir.display())))?;
+    broca_owner_only::check_dir(dir).map_err(StartError::at(Stage::StateDir))?;
     let lock = lock_state_dir(dir)?;
     let wal_dir = dir.join("wal");
     broca_owner_only::create_dir(&wal_dir)
-        .map_err(|e| format!("cannot create {}: {e}", wal_dir.display()))?;
-    broca_owner_only::check_dir(&wal_dir)?;
+        .map_err(|e| failed(format!("cannot create {}: {e}", wal_dir.display())))?;
+    broca_owner_only::check_dir(&wal_dir).map_err(StartError::at(Stage::StateDir))?;
     let mut raw = [0u8; HANDLE_BYTES];
-    random_bytes(&mut raw)?;
+    random_bytes(&mut raw).map_err(|e| failed(format!("/dev/urandom: {e}")))?;
     let handle: String = raw.iter().map(|b| format!("{b:02x}")).collect();
     assert_eq!(handle.len(), 2 * HANDLE_BYTES);
     let handle_file = dir.join("serve.handle");
     broca_owner_only::write_file(&handle_file, handle.as_bytes())
-        .map_err(|e| format!("cannot write {}: {e}", handle_file.display()))?;
+        .map_err(|e| failed(format!("cannot write {}: {e}", handle_file.display())))?;
     Ok(PreparedState {
         lock,
         wal_dir,
@@ -105,15 +108,16 @@ pub(crate) fn prepare_state(dir: &Path) -> Result<PreparedState, String> {
 }
 
 /// `bytes` random bytes from the kernel, as lower-case hex.
-pub fn random_hex(bytes: usize) -> Result<String, String> {
+pub fn random_hex(bytes: usize) -> std::io::Result<String> {
     let mut raw = vec![0u8; bytes];
     random_bytes(&mut raw)?;
     Ok(raw.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-fn random_bytes(buf: &mut [u8]) -> Result<(), String> {
-    let mut f = std::fs::File::open("/dev/urandom").map_err(|e| format!("/dev/urandom: {e}"))?;
-    std::io::Read::read_exact(&mut f, buf).map_err(|e| format!("/dev/urandom: {e}"))
+/// Fills `buf` from the kernel's randomness (`/dev/urandom`).
+fn random_bytes(buf: &mut [u8]) -> std::io::Result<()> {
+    let mut f = std::fs::File::open("/dev/urandom")?;
+    std::io::Read::read_exact(&mut f, buf)
 }
 
 #[cfg(test)]
@@ -130,7 +134,8 @@ mod tests {
         .unwrap();
         let first = lock_state_dir(dir.path()).unwrap();
         let e = lock_state_dir(dir.path()).unwrap_err();
-        assert!(e.contains("pid 4242"), "{e}");
+        assert_eq!(e.stage, crate::Stage::StateDir);
+        assert!(e.message.contains("pid 4242"), "{e}");
         drop(first);
         lock_state_dir(dir.path()).unwrap();
     }

@@ -52,7 +52,7 @@ pub(crate) fn start(
     ctx: Arc<Surface>,
     tcp: std::net::TcpListener,
     unix: Option<std::os::unix::net::UnixListener>,
-) -> Result<Acceptor, String> {
+) -> Result<Acceptor, broca_host::StartError> {
     let stop = Rc::new(StopSignal::default());
     let stats = Rc::new(AcceptStats::default());
     let raw_fd = tcp.as_raw_fd();
@@ -77,26 +77,26 @@ pub(crate) fn start(
         .local_addr()
         .ok()
         .and_then(|a| a.as_pathname().map(|p| p.to_path_buf()))
-        .ok_or("the Unix socket has no path")?;
+        .ok_or_else(|| crate::socket::front("the Unix socket has no path".into()))?;
     // glommio binds its own Unix listener: replace the socket file this process just made
     // (and only that one: the file is checked to be the same before it is removed).
     let ours = std::fs::symlink_metadata(&path)
         .map(|m| (m.dev(), m.ino()))
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        .map_err(|e| crate::socket::front(format!("{}: {e}", path.display())))?;
     drop(unix);
     match std::fs::symlink_metadata(&path) {
         Ok(m) if (m.dev(), m.ino()) == ours => {
             let _ = std::fs::remove_file(&path);
         }
         _ => {
-            return Err(format!(
+            return Err(crate::socket::front(format!(
                 "{} was replaced by another process while broca started",
                 path.display()
-            ))
+            )))
         }
     }
     let unix = glommio::net::UnixListener::bind(&path)
-        .map_err(|e| format!("cannot listen on {}: {e}", path.display()))?;
+        .map_err(|e| crate::socket::front(format!("cannot listen on {}: {e}", path.display())))?;
     let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
     let unix_loop = accept::Loop {
         listener: unix,

@@ -18,6 +18,8 @@ mod socket;
 mod subscribe;
 mod ui;
 
+use broca_host::StartError;
+use socket::front;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -60,8 +62,8 @@ struct Listeners {
 }
 
 impl Listeners {
-    fn bind(opts: &ServeOptions) -> Result<Listeners, String> {
-        let cannot = |e: std::io::Error| format!("cannot listen on {}: {e}", opts.listen);
+    fn bind(opts: &ServeOptions) -> Result<Listeners, StartError> {
+        let cannot = |e: std::io::Error| front(format!("cannot listen on {}: {e}", opts.listen));
         let tcp = std::net::TcpListener::bind(opts.listen).map_err(cannot)?;
         // Non-blocking for good: every shard accepts on a copy of this descriptor, and
         // glommio's first, synchronous accept toggles O_NONBLOCK on the shared file
@@ -77,7 +79,7 @@ impl Listeners {
             .unwrap_or_else(|| state_dir.join("broca.sock"));
         socket::claim_socket(&socket, state_dir)?; // a socket left by a killed daemon
         let unix = std::os::unix::net::UnixListener::bind(&socket)
-            .map_err(|e| format!("cannot listen on {}: {e}", socket.display()))?;
+            .map_err(|e| front(format!("cannot listen on {}: {e}", socket.display())))?;
         {
             use std::os::unix::fs::PermissionsExt;
             let _ = std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600));
@@ -95,15 +97,14 @@ impl Listeners {
         self,
         opts: &ServeOptions,
         handle_file: &std::path::Path,
-    ) -> Result<Front, String> {
+    ) -> Result<Front, StartError> {
         let socket = self.socket.display().to_string();
         let shards = opts.host.shards;
         assert!(shards > 0, "there is at least one shard");
         let mut copies = Vec::with_capacity(shards);
         for _ in 1..shards {
             let copy = self.tcp.try_clone();
-            copies
-                .push(copy.map_err(|e| format!("cannot share the listener between shards: {e}"))?);
+            copies.push(copy.map_err(|e| front(format!("cannot share the listener: {e}")))?);
         }
         copies.insert(0, self.tcp);
         let mut unix = Some(self.unix);
@@ -154,7 +155,7 @@ impl ShardFront for HttpShard {
     fn start(
         self: Box<Self>,
         host: Arc<Host>,
-    ) -> broca_host::LocalBoxFuture<'static, Result<Box<dyn Running>, String>> {
+    ) -> broca_host::LocalBoxFuture<'static, Result<Box<dyn Running>, StartError>> {
         Box::pin(async move {
             let surface = Arc::new(Surface {
                 host,
@@ -170,7 +171,7 @@ impl ShardFront for HttpShard {
 
 /// Runs `broca serve` until a signal stops it. Returns the signal, for the caller to re-raise
 /// once everything is closed. `Err` is one line naming what kept it from starting.
-pub fn serve(opts: ServeOptions) -> Result<i32, String> {
+pub fn serve(opts: ServeOptions) -> Result<i32, StartError> {
     let startup = Startup::begin(opts.host.clone())?;
     let listeners = Listeners::bind(&opts)?;
     let socket = listeners.socket.clone();

@@ -135,14 +135,16 @@ impl Registry {
     }
 
     /// Reads the answer to [`Registry::first_sync`]; `Err` names the daemon's refusal.
-    pub fn synced(&mut self, frame: &FrameIn) -> Result<(), String> {
+    pub fn synced(&mut self, frame: &FrameIn) -> Result<(), ScopeError> {
         match answer(frame)? {
             ModuleControlResponseToModule::ScopeSync { generation, .. } => {
                 self.generation = self.generation.max(generation);
                 self.synced = true;
                 Ok(())
             }
-            _ => Err("the daemon answered scope.sync with another op".into()),
+            _ => Err(ScopeError::Unexpected(
+                "the daemon answered scope.sync with another op".into(),
+            )),
         }
     }
 
@@ -191,7 +193,7 @@ impl Registry {
     pub fn applied(
         &mut self,
         frame: &FrameIn,
-    ) -> Result<HashMap<String, Result<(), String>>, String> {
+    ) -> Result<HashMap<String, Result<(), ScopeError>>, ScopeError> {
         let ModuleControlResponseToModule::ScopeApply {
             generation,
             results,
@@ -199,7 +201,9 @@ impl Registry {
             ..
         } = answer(frame)?
         else {
-            return Err("the daemon answered scope.apply with another op".into());
+            return Err(ScopeError::Unexpected(
+                "the daemon answered scope.apply with another op".into(),
+            ));
         };
         self.generation = self.generation.max(generation);
         for e in ended {
@@ -214,11 +218,11 @@ impl Registry {
         let mut out = HashMap::new();
         for r in results {
             let got = match r.outcome {
-                ScopeRecordOutcome::Refused => Err(format!(
+                ScopeRecordOutcome::Refused => Err(ScopeError::Refused(format!(
                     "the daemon refused the session's scope ({}: {})",
                     r.code.as_deref().unwrap_or("no code"),
                     r.message.as_deref().unwrap_or("")
-                )),
+                ))),
                 _ => {
                     self.uses += 1;
                     self.live
@@ -241,23 +245,56 @@ impl Registry {
     }
 }
 
+/// Why a session's scope is not live: the daemon refused it (or broca's scopes), answered
+/// what broca did not ask, did not answer in time, or the connection that owns the scopes is
+/// gone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScopeError {
+    Refused(String),
+    Unexpected(String),
+    Timeout {
+        op: String,
+        after: std::time::Duration,
+    },
+    Gone,
+}
+
+impl std::fmt::Display for ScopeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ScopeError::Refused(why) | ScopeError::Unexpected(why) => f.write_str(why),
+            ScopeError::Timeout { op, after } => {
+                write!(f, "the daemon did not answer {op} within {after:?}")
+            }
+            ScopeError::Gone => {
+                f.write_str("the daemon connection that owns broca's scopes is gone")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ScopeError {}
+
 /// The daemon's answer to a scope op, or its refusal as one line.
-fn answer(frame: &FrameIn) -> Result<ModuleControlResponseToModule, String> {
+fn answer(frame: &FrameIn) -> Result<ModuleControlResponseToModule, ScopeError> {
     match frame.header.ty {
-        FrameType::Response => serde_json::from_slice(&frame.body)
-            .map_err(|e| format!("the daemon's scope answer does not parse: {e}")),
+        FrameType::Response => serde_json::from_slice(&frame.body).map_err(|e| {
+            ScopeError::Unexpected(format!("the daemon's scope answer does not parse: {e}"))
+        }),
         FrameType::Error => {
             let e: ErrorBody = serde_json::from_slice(&frame.body).unwrap_or_else(|_| ErrorBody {
                 code: "unreadable_error".into(),
                 message: String::new(),
                 detail: None::<Value>,
             });
-            Err(format!(
+            Err(ScopeError::Refused(format!(
                 "the daemon refused broca's scopes ({}: {})",
                 e.code, e.message
-            ))
+            )))
         }
-        other => Err(format!("a {other:?} frame answered a scope op")),
+        other => Err(ScopeError::Unexpected(format!(
+            "a {other:?} frame answered a scope op"
+        ))),
     }
 }
 
@@ -266,7 +303,7 @@ pub struct Ask {
     pub record: ScopeRecord,
     /// Registered again even if the registry holds it live (the daemon said it does not).
     pub fresh: bool,
-    pub reply: futures_channel::oneshot::Sender<Result<(), String>>,
+    pub reply: futures_channel::oneshot::Sender<Result<(), ScopeError>>,
 }
 
 /// The asking side, shared by every shard: a tool route's opener asks the registered
@@ -294,7 +331,11 @@ impl Scopes {
     /// Makes the session's scope live (registered once; later asks are answered without a
     /// request, unless `fresh`) and
     /// answers the `route.open` scope to open its routes under.
-    pub async fn ensure(&self, record: ScopeRecord, fresh: bool) -> Result<ScopeSelector, String> {
+    pub async fn ensure(
+        &self,
+        record: ScopeRecord,
+        fresh: bool,
+    ) -> Result<ScopeSelector, ScopeError> {
         let selector = selector(&self.module_id, &record);
         let (reply, answer) = futures_channel::oneshot::channel();
         self.tx
@@ -303,11 +344,11 @@ impl Scopes {
                 fresh,
                 reply,
             })
-            .map_err(|_| "the daemon connection that owns broca's scopes is gone".to_string())?;
+            .map_err(|_| ScopeError::Gone)?;
         match answer.await {
             Ok(Ok(())) => Ok(selector),
             Ok(Err(why)) => Err(why),
-            Err(_) => Err("the daemon connection that owns broca's scopes is gone".into()),
+            Err(_) => Err(ScopeError::Gone),
         }
     }
 }

@@ -5,7 +5,10 @@
 //! asks that came meanwhile in one request. The bookkeeping is broca-subc's sans-IO
 //! `Registry`.
 
+use broca_subc::scope::ScopeError;
 use std::collections::HashMap;
+
+use super::ConnectionEnded;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -38,7 +41,9 @@ pub(super) async fn own(
                 Ok(results) => match results.get(&ask.record.scope_ref) {
                     Some(r) => r.clone(),
                     None if reg.is_live(&ask.record) => Ok(()),
-                    None => Err("the daemon's answer says nothing of the session's scope".into()),
+                    None => Err(ScopeError::Unexpected(
+                        "the daemon's answer says nothing of the session's scope".into(),
+                    )),
                 },
             };
             let _ = ask.reply.send(answer);
@@ -52,7 +57,7 @@ async fn settle(
     front: &Routes,
     reg: &mut Registry,
     batch: &[Ask],
-) -> Result<HashMap<String, Result<(), String>>, String> {
+) -> Result<HashMap<String, Result<(), ScopeError>>, ScopeError> {
     if let Some(sync) = reg.first_sync() {
         let answer = ask_daemon(front, sync, "scope.sync").await?;
         reg.synced(&answer)?;
@@ -79,12 +84,13 @@ async fn ask_daemon(
     front: &Routes,
     body: Vec<u8>,
     op: &str,
-) -> Result<broca_subc::frames::FrameIn, String> {
+) -> Result<broca_subc::frames::FrameIn, ScopeError> {
     match broca_io::net::with_timeout(SCOPE_DEADLINE, front.ask_daemon(body)).await {
         Ok(Ok(frame)) => Ok(frame),
-        Ok(Err(why)) => Err(why),
-        Err(()) => Err(format!(
-            "the daemon did not answer {op} within {SCOPE_DEADLINE:?}"
-        )),
+        Ok(Err(ConnectionEnded)) => Err(ScopeError::Gone),
+        Err(()) => Err(ScopeError::Timeout {
+            op: op.to_string(),
+            after: SCOPE_DEADLINE,
+        }),
     }
 }

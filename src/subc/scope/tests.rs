@@ -91,6 +91,8 @@ fn refusals_are_named_and_leave_the_scope_unregistered() {
     );
     let got = reg.applied(&refused).unwrap();
     let why = got[&a.scope_ref].clone().unwrap_err();
+    assert!(matches!(why, ScopeError::Refused(_)), "{why}");
+    let why = why.to_string();
     assert!(
         why.contains("scope_workdir_invalid") && why.contains("no such folder"),
         "{why}"
@@ -103,14 +105,16 @@ fn refusals_are_named_and_leave_the_scope_unregistered() {
         &json!({"code": "scope_sync_required", "message": "sync first"}),
     );
     let e = reg.applied(&whole).unwrap_err();
-    assert!(e.contains("scope_sync_required"), "{e}");
+    assert!(matches!(e, ScopeError::Refused(_)), "{e}");
+    assert!(e.to_string().contains("scope_sync_required"), "{e}");
     let e = reg
         .synced(&frame(
             FrameType::Response,
             &json!({"op": "scope.apply", "generation": 1, "results": [], "end_results": []}),
         ))
         .unwrap_err();
-    assert!(e.contains("another op"), "{e}");
+    assert!(matches!(e, ScopeError::Unexpected(_)), "{e}");
+    assert!(e.to_string().contains("another op"), "{e}");
 }
 
 #[test]

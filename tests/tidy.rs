@@ -23,11 +23,11 @@ const FILE_LINES_MAX: usize = 800;
 const CRATE_LINES_MAX: usize = 6_000;
 
 /// Functions over 70 lines, at most, in the whole workspace.
-const FNS_OVER_70_MAX: usize = 15;
+const FNS_OVER_70_MAX: usize = 14;
 /// Crates where no function may pass 70 lines (the durable path's floors).
 const NO_LONG_FNS: &[&str] = &["broca-core", "broca-wal", "broca-wal-writer", "broca-io"];
 /// `Result<_, String>` signatures, at most (an error is a type; text is made at the edge).
-const STRING_RESULTS_MAX: usize = 79;
+const STRING_RESULTS_MAX: usize = 46;
 /// Assertions, at least (each an invariant that runs).
 const ASSERTS_MIN: usize = 172;
 
@@ -42,7 +42,7 @@ const CIRCLES_STANDING: &[&str] = &[];
 /// `unwrap()`s still standing, by file: each leaves when it is mended.
 const UNWRAPS_STANDING: &[&str] = &[];
 /// `#[allow(dead_code)]`s still standing, by file.
-const DEAD_CODE_STANDING: &[&str] = &["src/provider/credential.rs"];
+const DEAD_CODE_STANDING: &[&str] = &[];
 
 /// One workspace crate: its name, its folder, and the folder its module tree starts in.
 struct Crate {

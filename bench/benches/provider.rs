@@ -8,7 +8,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::hint::black_box;
 
-use broca::protocol::{Block, Generation, Json, Message, Request, Role, StreamEvent, ToolSpec};
+use broca::protocol::{Block, Generation, Json, Message, Request, Role, ToolSpec};
 use broca::provider::{family, Aliases, Normalized};
 use broca_io::sse::SseDecoder;
 use criterion::{Criterion, Throughput};
@@ -411,17 +411,6 @@ fn render(c: &mut Criterion) {
         });
     }
     g.finish();
-}
-
-/// Counts the text the stream carries (keeps the compiler honest about StreamEvent).
-#[allow(dead_code)]
-fn text_len(evs: &[StreamEvent]) -> usize {
-    evs.iter()
-        .map(|e| match e {
-            StreamEvent::TextDelta(t) => t.len(),
-            _ => 0,
-        })
-        .sum()
 }
 
 fn main() {

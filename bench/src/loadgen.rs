@@ -36,6 +36,56 @@ const SEND_RETRIES: u32 = 600;
 /// Longest wait for the next unit of a subscription.
 const READ_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// What ended one exchange of a session with the daemon.
+#[derive(Debug)]
+pub enum LoadError {
+    /// A socket's connect, read or write failed.
+    Io {
+        doing: &'static str,
+        source: std::io::Error,
+    },
+    /// The executor refused a permit (its semaphore closed).
+    Runtime(glommio::GlommioError<()>),
+    /// The peer closed (or the WebSocket was closed) before the answer was whole.
+    Closed(&'static str),
+    /// A response head without `content-length`.
+    NoLength,
+    /// The daemon answered with another status than the one the exchange wants.
+    Status {
+        what: &'static str,
+        status: u16,
+        body: String,
+    },
+    /// The run ended other than completed (its last unit, as text).
+    Run(String),
+    /// `session.send` stayed refused with 503 through every retry.
+    Refused { times: u32 },
+}
+
+impl std::fmt::Display for LoadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LoadError::Io { doing, source } => write!(f, "{doing}: {source}"),
+            LoadError::Runtime(e) => write!(f, "the executor: {e}"),
+            LoadError::Closed(what) => write!(f, "{what} closed"),
+            LoadError::NoLength => f.write_str("a response without content-length"),
+            LoadError::Status { what, status, body } => {
+                write!(f, "{what} answered {status}: {body}")
+            }
+            LoadError::Run(why) => write!(f, "the run did not complete: {why}"),
+            LoadError::Refused { times } => write!(f, "session.send refused 503 {times} times"),
+        }
+    }
+}
+
+impl std::error::Error for LoadError {}
+
+impl LoadError {
+    fn io(doing: &'static str) -> impl FnOnce(std::io::Error) -> LoadError {
+        move |source| LoadError::Io { doing, source }
+    }
+}
+
 /// Where the daemon listens and its bearer handle.
 #[derive(Clone)]
 pub struct Target {
@@ -325,13 +375,13 @@ async fn session_task(ctx: Rc<Ctx>, idx: usize, go: Option<LocalReceiver<()>>) {
             ctx.arrived.set(ctx.arrived.get() + 1);
             let _ = ctx.gate.acquire(1).await;
             if let Err(e) = connected {
-                ctx.fail(e);
+                ctx.fail(e.to_string());
             }
         }
         let mut sub = match opened {
             Ok(sub) => sub,
             Err(e) => {
-                ctx.fail(e);
+                ctx.fail(e.to_string());
                 break;
             }
         };
@@ -407,7 +457,7 @@ async fn one_send(
     sender: &mut Sender,
     session: &str,
     k: u32,
-) -> Result<(), String> {
+) -> Result<(), LoadError> {
     let sent_at = Instant::now();
     sender.send(ctx, session, k).await?;
     let mut first = true;
@@ -426,13 +476,12 @@ async fn one_send(
             }
             Unit::Finished { completed: true } => return Ok(()),
             Unit::Finished { completed: false } => {
-                return Err(format!(
-                    "the run did not complete: {}",
-                    String::from_utf8_lossy(&sub.buf[a..b])
+                return Err(LoadError::Run(
+                    String::from_utf8_lossy(&sub.buf[a..b]).into_owned(),
                 ))
             }
-            Unit::Paused => return Err("the run paused".into()),
-            Unit::End => return Err("the subscription ended".into()),
+            Unit::Paused => return Err(LoadError::Run("the run paused".into())),
+            Unit::End => return Err(LoadError::Closed("the subscription")),
             Unit::Display => {
                 let now = mono_us();
                 let ev = &sub.buf[a..b];
@@ -449,31 +498,40 @@ async fn one_send(
     }
 }
 
-async fn connect(ctx: &Ctx) -> Result<TcpStream, String> {
+async fn connect(ctx: &Ctx) -> Result<TcpStream, LoadError> {
     let _permit = ctx
         .connects
         .acquire_permit(1)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(LoadError::Runtime)?;
     let s = TcpStream::connect(ctx.target.addr)
         .await
-        .map_err(|e| format!("connecting to {}: {e}", ctx.target.addr))?;
+        .map_err(|e| match e {
+            glommio::GlommioError::IoError(source) => LoadError::Io {
+                doing: "connecting to the daemon",
+                source,
+            },
+            other => LoadError::Io {
+                doing: "connecting to the daemon",
+                source: std::io::Error::other(other.to_string()),
+            },
+        })?;
     let _ = s.set_nodelay(true);
     let _ = s.set_read_timeout(Some(READ_TIMEOUT));
     Ok(s)
 }
 
 /// Reads until `buf` holds a whole response head; its length with the blank line.
-async fn read_head(s: &mut TcpStream, buf: &mut Vec<u8>) -> Result<usize, String> {
+async fn read_head(s: &mut TcpStream, buf: &mut Vec<u8>) -> Result<usize, LoadError> {
     let mut chunk = [0u8; 8192];
     loop {
         if let Some(i) = memchr::memmem::find(buf, b"\r\n\r\n") {
             return Ok(i + 4);
         }
         match s.read(&mut chunk).await {
-            Ok(0) => return Err("the connection closed".into()),
+            Ok(0) => return Err(LoadError::Closed("the connection")),
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(LoadError::io("reading an answer")(e)),
         }
     }
 }
@@ -490,41 +548,43 @@ struct Sender {
 }
 
 impl Sender {
-    async fn connect(&mut self, ctx: &Ctx) -> Result<(), String> {
+    async fn connect(&mut self, ctx: &Ctx) -> Result<(), LoadError> {
         self.stream = Some(connect(ctx).await?);
         Ok(())
     }
 
     /// `session.send` on the keep-alive connection (opened again once if it was lost), or on
     /// a connection of its own; a transient refusal (503) is made again after a pause.
-    async fn send(&mut self, ctx: &Ctx, session: &str, k: u32) -> Result<(), String> {
+    async fn send(&mut self, ctx: &Ctx, session: &str, k: u32) -> Result<(), LoadError> {
         for _ in 0..SEND_RETRIES {
             match self.send_once(ctx, session, k).await {
-                Err(e) if e.starts_with("session.send answered 503") => {
+                Err(LoadError::Status {
+                    status: 503, body, ..
+                }) => {
                     ctx.retried.set(ctx.retried.get() + 1);
-                    let code = serde_json::from_str::<serde_json::Value>(
-                        e.split_once(": ").map_or("", |(_, body)| body),
-                    )
-                    .ok()
-                    .and_then(|v| v["error"]["code"].as_str().map(str::to_string))
-                    .unwrap_or_else(|| "(no JSON error)".into());
+                    let code = serde_json::from_str::<serde_json::Value>(&body)
+                        .ok()
+                        .and_then(|v| v["error"]["code"].as_str().map(str::to_string))
+                        .unwrap_or_else(|| "(no JSON error)".into());
                     *ctx.retried_codes.borrow_mut().entry(code).or_insert(0) += 1;
                     glommio::timer::sleep(Duration::from_millis(100)).await;
                 }
                 other => return other,
             }
         }
-        Err(format!("session.send refused 503 {SEND_RETRIES} times"))
+        Err(LoadError::Refused {
+            times: SEND_RETRIES,
+        })
     }
 
-    async fn send_once(&mut self, ctx: &Ctx, session: &str, k: u32) -> Result<(), String> {
+    async fn send_once(&mut self, ctx: &Ctx, session: &str, k: u32) -> Result<(), LoadError> {
         let _permit = match ctx.plan.keep_alive {
             true => None,
             false => Some(
                 ctx.sends_at_once
                     .acquire_permit(1)
                     .await
-                    .map_err(|e| e.to_string())?,
+                    .map_err(LoadError::Runtime)?,
             ),
         };
         let body = format!(
@@ -550,12 +610,13 @@ impl Sender {
             match answer {
                 Ok((200, _)) => return Ok(()),
                 Ok((status, reply)) => {
-                    return Err(format!(
-                        "session.send answered {status}: {}",
-                        String::from_utf8_lossy(&reply)
-                    ))
+                    return Err(LoadError::Status {
+                        what: "session.send",
+                        status,
+                        body: String::from_utf8_lossy(&reply).into_owned(),
+                    })
                 }
-                Err(e) if attempt == 1 => return Err(format!("session.send: {e}")),
+                Err(e) if attempt == 1 => return Err(e),
                 Err(_) => self.stream = None,
             }
         }
@@ -564,8 +625,10 @@ impl Sender {
 }
 
 /// Writes a request and reads its response (Content-Length framed).
-pub(crate) async fn exchange(s: &mut TcpStream, req: &[u8]) -> Result<(u16, Vec<u8>), String> {
-    s.write_all(req).await.map_err(|e| e.to_string())?;
+pub(crate) async fn exchange(s: &mut TcpStream, req: &[u8]) -> Result<(u16, Vec<u8>), LoadError> {
+    s.write_all(req)
+        .await
+        .map_err(LoadError::io("writing a request"))?;
     let mut buf = Vec::with_capacity(512);
     let head_len = read_head(s, &mut buf).await?;
     let head = String::from_utf8_lossy(&buf[..head_len]).to_ascii_lowercase();
@@ -574,13 +637,13 @@ pub(crate) async fn exchange(s: &mut TcpStream, req: &[u8]) -> Result<(u16, Vec<
         .nth(1)
         .and_then(|r| r.split("\r\n").next())
         .and_then(|v| v.trim().parse().ok())
-        .ok_or("a response without content-length")?;
+        .ok_or(LoadError::NoLength)?;
     let mut chunk = [0u8; 8192];
     while buf.len() < head_len + len {
         match s.read(&mut chunk).await {
-            Ok(0) => return Err("the connection closed".into()),
+            Ok(0) => return Err(LoadError::Closed("the connection")),
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(LoadError::io("reading an answer")(e)),
         }
     }
     Ok((status_of(&buf), buf[head_len..head_len + len].to_vec()))
@@ -595,7 +658,7 @@ struct Sub {
 }
 
 impl Sub {
-    async fn open(ctx: &Ctx, session: &str) -> Result<Sub, String> {
+    async fn open(ctx: &Ctx, session: &str) -> Result<Sub, LoadError> {
         let mut s = connect(ctx).await?;
         let ws = if ctx.plan.websocket {
             "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
@@ -610,16 +673,17 @@ impl Sub {
         );
         s.write_all(req.as_bytes())
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(LoadError::io("writing the subscribe request"))?;
         let mut buf = Vec::with_capacity(4096);
         let head_len = read_head(&mut s, &mut buf).await?;
         let status = status_of(&buf);
         let want = if ctx.plan.websocket { 101 } else { 200 };
         if status != want {
-            return Err(format!(
-                "subscribe answered {status}: {}",
-                String::from_utf8_lossy(&buf)
-            ));
+            return Err(LoadError::Status {
+                what: "subscribe",
+                status,
+                body: String::from_utf8_lossy(&buf).into_owned(),
+            });
         }
         Ok(Sub {
             s,
@@ -630,7 +694,7 @@ impl Sub {
     }
 
     /// The next event's bytes, as a range of `self.buf` (valid until the next call).
-    async fn next(&mut self) -> Result<(usize, usize), String> {
+    async fn next(&mut self) -> Result<(usize, usize), LoadError> {
         loop {
             if let Some(found) = self.take() {
                 return found;
@@ -642,15 +706,15 @@ impl Sub {
             let len = self.buf.len();
             self.buf.resize(len + 16 * 1024, 0);
             match self.s.read(&mut self.buf[len..]).await {
-                Ok(0) => return Err("the subscription closed".into()),
+                Ok(0) => return Err(LoadError::Closed("the subscription")),
                 Ok(n) => self.buf.truncate(len + n),
-                Err(e) => return Err(format!("reading the subscription: {e}")),
+                Err(e) => return Err(LoadError::io("reading the subscription")(e)),
             }
         }
     }
 
     /// An event already buffered, if there is one.
-    fn take(&mut self) -> Option<Result<(usize, usize), String>> {
+    fn take(&mut self) -> Option<Result<(usize, usize), LoadError>> {
         let rest = &self.buf[self.at..];
         if !self.websocket {
             let i = memchr::memmem::find(rest, b"\n\n")?;
@@ -680,7 +744,7 @@ impl Sub {
             self.at += head + len;
             match opcode {
                 0x1 | 0x2 | 0x0 => return Some(Ok(range)),
-                0x8 => return Some(Err("the WebSocket closed".into())),
+                0x8 => return Some(Err(LoadError::Closed("the WebSocket"))),
                 _ => {} // ping, pong
             }
         }

@@ -162,7 +162,7 @@ impl Catalog {
                     "a provider id must be non-empty, without `/`",
                 ));
             }
-            check_base_url(&p.base_url).map_err(|e| CatalogError::entry(&p.id, e))?;
+            check_base_url(&p.id, &p.base_url)?;
         }
         for m in &c.models {
             let id = format!("{}/{}", m.provider, m.model);
@@ -272,21 +272,22 @@ impl Catalog {
 
 /// A base URL's shape: `scheme://host[:port][/prefix]` with a scheme broca speaks (the
 /// transport parses it fully when it connects).
-fn check_base_url(url: &str) -> Result<(), String> {
+fn check_base_url(id: &str, url: &str) -> Result<(), CatalogError> {
+    let bad = |problem: String| CatalogError::entry(id, problem);
     let (scheme, rest) = url
         .split_once("://")
-        .ok_or_else(|| format!("base URL `{url}` has no scheme://"))?;
+        .ok_or_else(|| bad(format!("base URL `{url}` has no scheme://")))?;
     if !matches!(scheme, "http" | "https" | "ws" | "wss") {
-        return Err(format!(
+        return Err(bad(format!(
             "base URL `{url}`: scheme `{scheme}` is not http(s) or ws(s)"
-        ));
+        )));
     }
     let host = rest.split(['/', '?', '#']).next().unwrap_or("");
     if host.is_empty() || host.contains(char::is_whitespace) {
-        return Err(format!("base URL `{url}` has no host"));
+        return Err(bad(format!("base URL `{url}` has no host")));
     }
     if rest.contains(['?', '#']) {
-        return Err(format!("base URL `{url}` has a query or fragment"));
+        return Err(bad(format!("base URL `{url}` has a query or fragment")));
     }
     Ok(())
 }

@@ -221,9 +221,13 @@ impl Call {
     /// true}` for a pass), or why the answer is not usable (not an answer, an operation the
     /// plan did not subscribe, a block out of range): the hook is then unavailable for this
     /// call.
-    pub fn apply(&self, blocks: &[String], answer: &Value) -> Result<(Vec<String>, Value), String> {
-        let decoded: HookAnswer = serde_json::from_value(answer.clone())
-            .map_err(|e| format!("its answer does not decode: {e}"))?;
+    pub fn apply(
+        &self,
+        blocks: &[String],
+        answer: &Value,
+    ) -> Result<(Vec<String>, Value), Unusable> {
+        let decoded: HookAnswer =
+            serde_json::from_value(answer.clone()).map_err(Unusable::Decode)?;
         let subject = Subject::PreUser {
             blocks: blocks.to_vec(),
             mark: None,
@@ -231,11 +235,10 @@ impl Call {
             at_ms: None,
         };
         check_answer(&subject, &self.ops, None, &decoded)
-            .map_err(|p| format!("its answer is not allowed: {}", p.name()))?;
+            .map_err(|p| Unusable::NotAllowed(p.name()))?;
         match decoded {
             HookAnswer::Ops { ops } => {
-                let new =
-                    apply_ops(blocks, &ops).map_err(|p| format!("its operations: {}", p.name()))?;
+                let new = apply_ops(blocks, &ops).map_err(|p| Unusable::Ops(p.name()))?;
                 let ops = serde_json::to_value(&ops).unwrap_or(Value::Null);
                 Ok((new, json!({"module": self.provider, "ops": ops})))
             }
@@ -319,3 +322,26 @@ pub fn check_declarations(
 #[cfg(test)]
 #[path = "pre_user_tests.rs"]
 mod tests;
+
+/// Why a `pre_user` hook's answer is not usable (the hook is then unavailable for the call).
+#[derive(Debug)]
+pub enum Unusable {
+    /// The answer does not decode.
+    Decode(serde_json::Error),
+    /// The answer is not one the plan allows (the role's problem name).
+    NotAllowed(&'static str),
+    /// An operation does not apply to the blocks (the role's problem name).
+    Ops(&'static str),
+}
+
+impl std::fmt::Display for Unusable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unusable::Decode(e) => write!(f, "its answer does not decode: {e}"),
+            Unusable::NotAllowed(name) => write!(f, "its answer is not allowed: {name}"),
+            Unusable::Ops(name) => write!(f, "its operations: {name}"),
+        }
+    }
+}
+
+impl std::error::Error for Unusable {}

@@ -182,7 +182,7 @@ fn an_answer_is_applied_only_within_the_subscription() {
         (json!({"answer": "later"}), "answer_not_allowed"),
         (json!({"ops": []}), "does not decode"),
     ] {
-        let err = call.apply(&blocks, &answer).unwrap_err();
+        let err = call.apply(&blocks, &answer).unwrap_err().to_string();
         assert!(err.contains(why), "{answer}: {err}");
     }
 }

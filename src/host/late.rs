@@ -9,7 +9,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Weak};
 
 use broca_session::SessionCommand;
-use broca_tools::late::{LateRecorded, LateResult, LateSink};
+use broca_tools::late::{LateRecorded, LateResult, LateSink, NotRecorded};
 use broca_wal::SessionTriple;
 
 use crate::Host;
@@ -23,10 +23,10 @@ impl LateSink for HostLate {
     fn record(
         &self,
         late: LateResult,
-    ) -> Pin<Box<dyn Future<Output = Result<LateRecorded, String>> + 'static>> {
+    ) -> Pin<Box<dyn Future<Output = Result<LateRecorded, NotRecorded>> + 'static>> {
         let host = self.host.upgrade();
         Box::pin(async move {
-            let host = host.ok_or("broca is stopping")?;
+            let host = host.ok_or(NotRecorded::Stopping)?;
             let pulled = late
                 .command
                 .as_ref()
@@ -40,10 +40,10 @@ impl LateSink for HostLate {
             };
             let (reply, wait) = futures_channel::oneshot::channel();
             host.route(triple, SessionCommand::LateResult { late, reply })
-                .map_err(|e| format!("the session's shard: {e:?}"))?;
+                .map_err(|e| NotRecorded::Shard(format!("{e:?}")))?;
             wait.await
-                .map_err(|_| "the session did not answer".to_string())?
-                .map_err(|e| e.message)
+                .map_err(|_| NotRecorded::Unanswered)?
+                .map_err(|e| NotRecorded::Refused(e.message))
         })
     }
 }
@@ -56,13 +56,18 @@ fn pulled_by(host: &Host, call_key: &str) -> Option<SessionTriple> {
 
 /// The session whose scope ref is `scope_ref`, among the store's sessions (`None`: no
 /// session of this broca has it).
-async fn session_of(host: &Arc<Host>, scope_ref: &str) -> Result<Option<SessionTriple>, String> {
+async fn session_of(
+    host: &Arc<Host>,
+    scope_ref: &str,
+) -> Result<Option<SessionTriple>, NotRecorded> {
     let Some(store) = host.store.clone() else {
-        return Err("the store is not open, so the late result's session cannot be found".into());
+        return Err(NotRecorded::NoStore);
     };
     let scope_ref = scope_ref.to_string();
     broca_io::blocking::run(broca_io::blocking::Kind::StoreRead, move || {
-        let marks = store.sessions().map_err(|e| format!("the store: {e}"))?;
+        let marks = store
+            .sessions()
+            .map_err(|e| NotRecorded::Store(e.to_string()))?;
         Ok(marks
             .into_iter()
             .map(|(_, m)| m)

@@ -38,7 +38,7 @@ pub(crate) async fn run(ctx: &Host, t: &SessionTriple, p: &mut Prepared) -> Resu
             .step_transform_op(t, &call.provider, body, budget)
             .await
         {
-            Ok(answer) => call.apply(&blocks, &answer),
+            Ok(answer) => call.apply(&blocks, &answer).map_err(|e| e.to_string()),
             Err(miss) => Err(miss.to_string()),
         };
         match applied {

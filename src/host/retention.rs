@@ -202,7 +202,7 @@ impl Retention {
         stone: &Tombstone,
         store: Option<&broca_store::Store>,
         reads: &broca_read::read::ReadCache,
-    ) -> Result<(), String> {
+    ) -> Result<(), DeleteError> {
         let wal = self.wal_dir.join(format!("{}.wal", stone.address));
         // A later record (live, or packed by the archive) is never touched.
         if record_lineage(&wal).is_some_and(|l| l != stone.lineage) {
@@ -211,28 +211,27 @@ impl Retention {
         match wal_lineage(&wal) {
             Some(l) if l != stone.lineage => return Ok(()),
             Some(_) => {
-                std::fs::remove_file(&wal).map_err(|e| format!("{}: {e}", wal.display()))?;
+                std::fs::remove_file(&wal).map_err(DeleteError::io(&wal))?;
                 sync_dir(&self.wal_dir)?;
             }
             None if wal.exists() => {
                 // A WAL whose header never reached the disk: nothing readable, removed too.
-                std::fs::remove_file(&wal).map_err(|e| format!("{}: {e}", wal.display()))?;
+                std::fs::remove_file(&wal).map_err(DeleteError::io(&wal))?;
                 sync_dir(&self.wal_dir)?;
             }
             None => {}
         }
         reads.forget(&wal);
-        broca_archive::forget(&wal).map_err(|e| format!("its archived copies: {e}"))?;
+        broca_archive::forget(&wal).map_err(DeleteError::Archive)?;
         let media = self.state_dir.join("media").join(&stone.address);
         if media.exists() {
-            std::fs::remove_dir_all(&media).map_err(|e| format!("{}: {e}", media.display()))?;
+            std::fs::remove_dir_all(&media).map_err(DeleteError::io(&media))?;
             sync_dir(&self.state_dir.join("media"))?;
         }
         if let Some(store) = store {
-            let addr = parse_address(&stone.address)?;
-            store
-                .forget(&addr)
-                .map_err(|e| format!("its store projection: {e}"))?;
+            let addr = parse_address(&stone.address)
+                .ok_or_else(|| DeleteError::Address(stone.address.clone()))?;
+            store.forget(&addr).map_err(DeleteError::Store)?;
         }
         let index = self
             .state_dir
@@ -241,7 +240,7 @@ impl Retention {
         match std::fs::remove_file(&index) {
             Ok(()) => sync_dir(&self.state_dir.join(INDEX_DIR))?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("{}: {e}", index.display())),
+            Err(e) => return Err(DeleteError::io(&index)(e)),
         }
         Ok(())
     }
@@ -365,22 +364,60 @@ fn rule_of(s: &broca_core::Session) -> String {
     }
 }
 
-fn sync_dir(dir: &Path) -> Result<(), String> {
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| format!("{}: {e}", dir.display()))
+/// Why an expired session's content was not all deleted (it is done again at the next
+/// start).
+#[derive(Debug)]
+pub enum DeleteError {
+    /// A file or folder could not be removed, or its folder synced.
+    Io {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    /// Its archived copies could not be taken out.
+    Archive(broca_archive::Error),
+    /// Its store projection could not be forgotten.
+    Store(broca_store::StoreError),
+    /// The tombstone names no session address.
+    Address(String),
 }
 
-fn parse_address(hex: &str) -> Result<[u8; 16], String> {
-    let bad = || format!("`{hex}` is not a session address");
-    if hex.len() != 32 {
-        return Err(bad());
+impl DeleteError {
+    fn io(path: &Path) -> impl FnOnce(std::io::Error) -> DeleteError + '_ {
+        move |source| DeleteError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+impl std::fmt::Display for DeleteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeleteError::Io { path, source } => write!(f, "{}: {source}", path.display()),
+            DeleteError::Archive(e) => write!(f, "its archived copies: {e}"),
+            DeleteError::Store(e) => write!(f, "its store projection: {e}"),
+            DeleteError::Address(a) => write!(f, "`{a}` is not a session address"),
+        }
+    }
+}
+
+impl std::error::Error for DeleteError {}
+
+fn sync_dir(dir: &Path) -> Result<(), DeleteError> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(DeleteError::io(dir))
+}
+
+fn parse_address(hex: &str) -> Option<[u8; 16]> {
+    if hex.len() != 32 || !hex.is_ascii() {
+        return None;
     }
     let mut out = [0u8; 16];
     for (i, b) in out.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
     }
-    Ok(out)
+    Some(out)
 }
 
 /// The `*.json` files of `dir`, by name, with their bytes (regular files only).
@@ -405,8 +442,13 @@ mod tests {
     fn an_address_reads_back_and_a_malformed_one_is_refused() {
         let a = [7u8; 16];
         let hex: String = a.iter().map(|b| format!("{b:02x}")).collect();
-        assert_eq!(parse_address(&hex).unwrap(), a);
-        assert!(parse_address("zz").is_err());
-        assert!(parse_address(&"g".repeat(32)).is_err());
+        assert_eq!(parse_address(&hex), Some(a));
+        assert_eq!(parse_address("zz"), None);
+        assert_eq!(parse_address(&"g".repeat(32)), None);
+        assert_eq!(
+            parse_address(&"é".repeat(16)),
+            None,
+            "never a panic on a char boundary"
+        );
     }
 }

@@ -17,15 +17,12 @@ const SERVICE_BYTES_MAX: usize = 16 * 1024 * 1024;
 /// The service's answer as text (a status other than 200, a body that is not UTF-8, or no
 /// answer in time is an error naming it).
 pub async fn fetch(url: &str, http: &Rc<HttpClient>) -> Result<String, CatalogError> {
-    fetch_text(url, http)
-        .await
-        .map_err(CatalogError::Unavailable)
-}
-
-async fn fetch_text(url: &str, http: &Rc<HttpClient>) -> Result<String, String> {
-    let parsed = Url::parse(url).map_err(|e| e.to_string())?;
+    let unavailable = |why: String| CatalogError::Unavailable(why);
+    let parsed = Url::parse(url).map_err(|e| unavailable(e.to_string()))?;
     if !parsed.scheme.is_tls() && !parsed.is_loopback() {
-        return Err("plain http is accepted only for loopback hosts".into());
+        return Err(unavailable(
+            "plain http is accepted only for loopback hosts".into(),
+        ));
     }
     let req = Request {
         method: "GET",
@@ -35,18 +32,26 @@ async fn fetch_text(url: &str, http: &Rc<HttpClient>) -> Result<String, String> 
         body: b"",
     };
     let work = async {
-        let mut resp = http.send(&req).await.map_err(|e| e.to_string())?;
+        let mut resp = http
+            .send(&req)
+            .await
+            .map_err(|e| unavailable(e.to_string()))?;
         let status = resp.status();
         let body = resp
             .body(SERVICE_BYTES_MAX)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| unavailable(e.to_string()))?;
         if status != 200 {
-            return Err(format!("HTTP {status}"));
+            return Err(unavailable(format!("HTTP {status}")));
         }
-        String::from_utf8(body).map_err(|_| "the answer is not UTF-8".to_string())
+        String::from_utf8(body).map_err(|_| unavailable("the answer is not UTF-8".into()))
     };
     with_timeout(SERVICE_TIMEOUT, work)
         .await
-        .unwrap_or_else(|()| Err(format!("no answer within {} s", SERVICE_TIMEOUT.as_secs())))
+        .unwrap_or_else(|()| {
+            Err(unavailable(format!(
+                "no answer within {} s",
+                SERVICE_TIMEOUT.as_secs()
+            )))
+        })
 }

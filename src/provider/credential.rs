@@ -132,10 +132,8 @@ pub trait Secrets {
     }
 
     /// Keeps the token a refresh gave for `credential_id`, for its next use.
-    fn refreshed(&self, credential_id: &str, _token: &Refreshed) -> Result<(), String> {
-        Err(format!(
-            "credential `{credential_id}` keeps no refreshed token"
-        ))
+    fn refreshed(&self, credential_id: &str, _token: &Refreshed) -> Result<(), CredentialProblem> {
+        Err(format!("credential `{credential_id}` keeps no refreshed token").into())
     }
 }
 
@@ -322,43 +320,24 @@ impl StateSecrets {
             .filter(|h| !h.is_empty())
     }
 
-    fn file_credential(&self, name: &str) -> Result<Credential, CredentialProblem> {
-        #[derive(serde::Deserialize)]
-        #[serde(deny_unknown_fields)]
-        struct Entry {
-            api_key: Option<String>,
-            aws_access_key_id: Option<String>,
-            aws_secret_access_key: Option<String>,
-            aws_session_token: Option<String>,
-            region: Option<String>,
-            access_token: Option<String>,
-            project: Option<String>,
-            account_id: Option<String>,
-            /// An OAuth token's refresh: read by `refresh_of`.
-            #[allow(dead_code)]
-            refresh_token: Option<String>,
-            #[allow(dead_code)]
-            client_id: Option<String>,
-            #[allow(dead_code)]
-            client_secret: Option<String>,
-            #[allow(dead_code)]
-            token_url: Option<String>,
-            #[allow(dead_code)]
-            expires_at_ms: Option<u64>,
-            /// A vault handle, used by `vault:NAME` (not `file:NAME`).
-            vault_handle: Option<String>,
-        }
+    /// The file's entries, typed (a parse error names the file and where, never quotes it).
+    fn typed_entries(
+        &self,
+    ) -> Result<std::collections::BTreeMap<String, Entry>, CredentialProblem> {
         let bytes = broca_owner_only::read_private(&self.file).map_err(|e| e.to_string())?;
-        // A parse error could quote the file: say only where it is.
-        let all: std::collections::BTreeMap<String, Entry> = serde_json::from_slice(&bytes)
-            .map_err(|e| {
-                format!(
-                    "{}: not a credentials file (line {}, column {})",
-                    self.file.display(),
-                    e.line(),
-                    e.column()
-                )
-            })?;
+        serde_json::from_slice(&bytes).map_err(|e| {
+            format!(
+                "{}: not a credentials file (line {}, column {})",
+                self.file.display(),
+                e.line(),
+                e.column()
+            )
+            .into()
+        })
+    }
+
+    fn file_credential(&self, name: &str) -> Result<Credential, CredentialProblem> {
+        let all = self.typed_entries()?;
         let e = all
             .get(name)
             .ok_or_else(|| format!("{} has no credential `{name}`", self.file.display()))?;
@@ -396,15 +375,40 @@ impl StateSecrets {
     }
 }
 
-impl StateSecrets {
-    /// The file's entries, as JSON (an error names the file, never quotes it).
-    fn entries(&self) -> Result<serde_json::Map<String, serde_json::Value>, String> {
-        let bytes = broca_owner_only::read_private(&self.file).map_err(|e| e.to_string())?;
-        match serde_json::from_slice(&bytes) {
-            Ok(serde_json::Value::Object(m)) => Ok(m),
-            _ => Err(format!("{}: not a credentials file", self.file.display())),
-        }
-    }
+/// One entry of the credentials file.
+#[derive(serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+struct Entry {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    api_key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    aws_access_key_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    aws_secret_access_key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    aws_session_token: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    region: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    access_token: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    project: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    account_id: Option<String>,
+    /// An OAuth token's refresh (read by `refresh_of`, rotated by `refreshed`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    refresh_token: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    client_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    client_secret: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token_url: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expires_at_ms: Option<u64>,
+    /// A vault handle, used by `vault:NAME` (not `file:NAME`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    vault_handle: Option<String>,
 }
 
 /// The Unix time in ms.
@@ -450,48 +454,45 @@ impl Secrets for StateSecrets {
     /// `token_url`, `expires_at_ms` when it has them).
     fn refresh_of(&self, credential_id: &str) -> Option<Refresh> {
         let name = credential_id.strip_prefix("file:")?;
-        let entries = self.entries().ok()?;
+        let entries = self.typed_entries().ok()?;
         let e = entries.get(name)?;
-        let text = |k: &str| {
-            e.get(k)
-                .and_then(serde_json::Value::as_str)
-                .map(|v| v.trim().to_string())
+        let text = |v: &Option<String>| {
+            v.as_deref()
+                .map(str::trim)
                 .filter(|v| !v.is_empty())
+                .map(str::to_string)
         };
-        text("access_token")?;
-        let expires = e.get("expires_at_ms").and_then(serde_json::Value::as_u64);
+        text(&e.access_token)?;
         Some(Refresh {
-            token_url: text("token_url"),
-            refresh_token: text("refresh_token")?,
-            client_id: text("client_id")?,
-            client_secret: text("client_secret"),
-            due: expires.is_some_and(|at| at <= now_ms() + REFRESH_MARGIN_MS),
+            token_url: text(&e.token_url),
+            refresh_token: text(&e.refresh_token)?,
+            client_id: text(&e.client_id)?,
+            client_secret: text(&e.client_secret),
+            due: e
+                .expires_at_ms
+                .is_some_and(|at| at <= now_ms() + REFRESH_MARGIN_MS),
         })
     }
 
     /// Writes the refreshed token into the entry (the file replaced whole, owner-only), so
     /// the next use, and the next process, take it.
-    fn refreshed(&self, credential_id: &str, token: &Refreshed) -> Result<(), String> {
+    fn refreshed(&self, credential_id: &str, token: &Refreshed) -> Result<(), CredentialProblem> {
         let name = credential_id
             .strip_prefix("file:")
             .ok_or_else(|| format!("credential `{credential_id}` is not file:NAME"))?;
-        let mut entries = self.entries()?;
+        let mut entries = self.typed_entries()?;
         let e = entries
             .get_mut(name)
-            .and_then(serde_json::Value::as_object_mut)
             .ok_or_else(|| format!("{} has no credential `{name}`", self.file.display()))?;
-        e.insert("access_token".into(), token.access_token.clone().into());
+        e.access_token = Some(token.access_token.clone());
         if let Some(r) = &token.refresh_token {
-            e.insert("refresh_token".into(), r.clone().into());
+            e.refresh_token = Some(r.clone());
         }
-        match token.expires_at_ms {
-            Some(at) => e.insert("expires_at_ms".into(), at.into()),
-            None => e.remove("expires_at_ms"),
-        };
-        let bytes = serde_json::to_vec_pretty(&serde_json::Value::Object(entries))
-            .map_err(|e| e.to_string())?;
+        e.expires_at_ms = token.expires_at_ms;
+        let bytes = serde_json::to_vec_pretty(&entries)
+            .map_err(|e| format!("{}: {e}", self.file.display()))?;
         broca_owner_only::write_file(&self.file, &bytes)
-            .map_err(|e| format!("cannot write {}: {e}", self.file.display()))
+            .map_err(|e| format!("cannot write {}: {e}", self.file.display()).into())
     }
 
     fn auth_failed(&self, credential_id: &str, status: u16) {

@@ -199,7 +199,7 @@ pub fn typed(name: &str, payload: &str) -> Result<Credential, CredentialProblem>
 /// connection file names (`SUBC_CONNECTION_FILE`, else the daemon's usual places), found at
 /// the first `vault:` credential used.
 pub struct HandleVault {
-    found: std::sync::OnceLock<Result<ClaustrumVault, String>>,
+    found: std::sync::OnceLock<Result<ClaustrumVault, CredentialProblem>>,
 }
 
 impl HandleVault {
@@ -211,8 +211,11 @@ impl HandleVault {
 
     fn vault(&self) -> Result<&ClaustrumVault, CredentialProblem> {
         let found = self.found.get_or_init(|| {
-            let d = broca_subc::transport::connection_file::discover(None)
-                .map_err(|e| format!("no daemon to read the vault handle through: {e}"))?;
+            let d = broca_subc::transport::connection_file::discover(None).map_err(|e| {
+                CredentialProblem::outage(format!(
+                    "no daemon to read the vault handle through: {e}"
+                ))
+            })?;
             // A direct client: no module id of a supervised launch, no nonce.
             Ok(ClaustrumVault::new(VaultClient::new(
                 d.path,
@@ -220,10 +223,7 @@ impl HandleVault {
                 None,
             )))
         });
-        found.as_ref().map_err(|e| CredentialProblem {
-            message: e.clone(),
-            outage: true,
-        })
+        found.as_ref().map_err(CredentialProblem::clone)
     }
 }
 

@@ -119,10 +119,10 @@ pub fn history_page(
     }
     let total = s.map_or(0, |s| entries_of(s).len());
     let start = walk(s, incarnation, req, total)?;
-    let bounds = crate::role::page_bounds(req.limit, req.max_bytes).map_err(|why| {
+    let bounds = crate::role::page_bounds(req.limit, req.max_bytes).map_err(|e| {
         HistoryRefusal::Invalid {
             field: "limit",
-            why,
+            why: e.to_string(),
         }
     })?;
     let (page, range) = match s {

@@ -182,6 +182,19 @@ fn payloads(message: &Value) -> Vec<Payload> {
     out
 }
 
+/// A descriptors read that cannot describe a message within the role's budget (the role's
+/// reason).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OverBudget(pub String);
+
+impl std::fmt::Display for OverBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for OverBudget {}
+
 /// A read entry's message in `mode`, and the digests it carries (blocks and descriptors);
 /// `envelope` is the size of the entry around it. `Err` names why a descriptors read cannot
 /// describe it within the role's budget.
@@ -189,7 +202,7 @@ pub fn render(
     stored: Value,
     mode: MediaMode,
     envelope: usize,
-) -> Result<(Value, Option<(String, Vec<PartDigest>)>), String> {
+) -> Result<(Value, Option<(String, Vec<PartDigest>)>), OverBudget> {
     match mode {
         MediaMode::Blocks => {
             let d = digests(&stored);
@@ -198,7 +211,7 @@ pub fn render(
         MediaMode::Descriptors => {
             let d = digests(&stored);
             let budget = DESCRIPTOR_MESSAGE_MAX.saturating_sub(envelope);
-            let described = describe(&stored, &payloads(&stored), budget)?;
+            let described = describe(&stored, &payloads(&stored), budget).map_err(OverBudget)?;
             Ok((described, Some(d)))
         }
         _ => Ok((with_markers(stored, "not_requested"), None)),

@@ -240,9 +240,9 @@ pub fn read_page(
     if let Some(v) = req.history_version.filter(|v| *v != version) {
         return Err(ReadRefusal::HistoryChanged(v));
     }
-    let bounds = page_bounds(req.limit, req.max_bytes).map_err(|why| ReadRefusal::Invalid {
+    let bounds = page_bounds(req.limit, req.max_bytes).map_err(|e| ReadRefusal::Invalid {
         field: "limit",
-        why,
+        why: e.to_string(),
     })?;
     let facts = Facts {
         display: req.include_display_facts,
@@ -290,11 +290,21 @@ impl Bounds {
     }
 }
 
+/// A page asked for with a `limit` of 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ZeroLimit;
+
+impl std::fmt::Display for ZeroLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("`limit` must be at least 1")
+    }
+}
+
 /// The bounds a page asks for (`limit` messages, `max_bytes`), within the role's limits; the
 /// refusal of a `limit` of 0.
-pub(crate) fn page_bounds(limit: Option<u64>, max_bytes: Option<u64>) -> Result<Bounds, String> {
+pub(crate) fn page_bounds(limit: Option<u64>, max_bytes: Option<u64>) -> Result<Bounds, ZeroLimit> {
     let limit = match limit {
-        Some(0) => return Err("`limit` must be at least 1".into()),
+        Some(0) => return Err(ZeroLimit),
         Some(n) => n.min(READ_LIMIT_MAX),
         None => READ_LIMIT_DEFAULT,
     } as usize;

@@ -490,7 +490,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         request: &mut broca_protocol::Request,
         step: u32,
         held: &mut crate::view::StepView,
-    ) -> Result<(), String> {
+    ) -> Result<(), RideFailed> {
         let Riding {
             provider,
             shared,
@@ -519,11 +519,11 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         }
         let tokens = estimate(request);
         if tokens > usable {
-            return Err(format!(
-                "the request would carry about {tokens} tokens, over the {usable} the model's \
-                 window leaves beside its reply, and the compaction provider `{provider}` gave \
-                 no view that fits"
-            ));
+            return Err(RideFailed::TooBig {
+                tokens: tokens as u64,
+                usable: usable as u64,
+                provider,
+            });
         }
         Ok(())
     }
@@ -535,7 +535,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         provider: &str,
         view: View,
         shared: &Rc<RefCell<Shared>>,
-    ) -> Result<(), String> {
+    ) -> Result<(), RideFailed> {
         let Some(entries) = &self.state.entries else {
             return Ok(());
         };
@@ -553,7 +553,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                     Ok(Err(refusal)) => {
                         tracing::info!(%provider, "a ride's view refused: {refusal:?}")
                     }
-                    Err(e) => return Err(format!("recording the ride's view failed: {e}")),
+                    Err(e) => return Err(RideFailed::Record(e)),
                 }
             }
             Err(refusal) => {
@@ -565,6 +565,37 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             }
         }
         Ok(())
+    }
+}
+
+/// Why a request does not go out after its ride.
+#[derive(Debug)]
+pub(crate) enum RideFailed {
+    /// The ride's view could not be recorded.
+    Record(crate::ActorError),
+    /// The request is over the usable window and the provider gave no view that fits.
+    TooBig {
+        tokens: u64,
+        usable: u64,
+        provider: String,
+    },
+}
+
+impl std::fmt::Display for RideFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RideFailed::Record(e) => write!(f, "recording the ride's view failed: {e}"),
+            RideFailed::TooBig {
+                tokens,
+                usable,
+                provider,
+            } => write!(
+                f,
+                "the request would carry about {tokens} tokens, over the {usable} the model's \
+                 window leaves beside its reply, and the compaction provider `{provider}` gave \
+                 no view that fits"
+            ),
+        }
     }
 }
 

@@ -281,7 +281,7 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
                 calls.streaming = false;
                 let error = broca_protocol::ClassifiedError {
                     class: broca_protocol::ErrorClass::ContextOverflow,
-                    message: why,
+                    message: why.to_string(),
                     retry_after_ms: None,
                 };
                 m.handle(

@@ -248,7 +248,7 @@ pub(crate) async fn load_media(
     family: &str,
     facts: &broca_protocol::media::InputFacts,
     request: &broca_protocol::Request,
-) -> Result<MediaBytes, String> {
+) -> std::io::Result<MediaBytes> {
     let wanted: Vec<String> = request
         .messages
         .iter()
@@ -268,7 +268,7 @@ pub(crate) async fn load_media(
     run(Kind::Media, move || {
         let mut map = BTreeMap::new();
         for sha in wanted {
-            let data = store.load(&sha).map_err(|e| e.to_string())?;
+            let data = store.load(&sha)?;
             map.insert(sha, Arc::<[u8]>::from(data));
         }
         Ok(MediaBytes(Arc::new(map)))
@@ -282,7 +282,7 @@ pub(crate) async fn load_media(
 pub(crate) async fn keep_tool_parts(
     store: ContentStore,
     parts: Vec<broca_tools::ToolPart>,
-) -> Result<(String, Vec<broca_wal::runrec::ResultPart>), String> {
+) -> std::io::Result<(String, Vec<broca_wal::runrec::ResultPart>)> {
     use broca_tools::ToolPart;
     use broca_wal::runrec::ResultPart;
     run(Kind::Media, move || {
@@ -295,7 +295,7 @@ pub(crate) async fn keep_tool_parts(
                     kept.push(ResultPart::Text { text });
                 }
                 ToolPart::Image { mime, data } => {
-                    let sha256 = store.put(&data).map_err(|e| e.to_string())?;
+                    let sha256 = store.put(&data)?;
                     let m = broca_protocol::media::Media {
                         kind: broca_protocol::media::kind::IMAGE.into(),
                         mime,

@@ -208,7 +208,7 @@ pub fn read_catalog(module_id: &str, frame: &FrameIn) -> Result<Catalog, LinkErr
     let catalog: CatalogAnswer = serde_json::from_value(v).map_err(|e| {
         LinkError::Protocol(format!("its tool.catalog answer does not decode: {e}"))
     })?;
-    catalog_of(module_id, catalog).map_err(LinkError::Protocol)
+    catalog_of(module_id, catalog).map_err(|e| LinkError::Protocol(e.to_string()))
 }
 
 /// Why a plan item's `tool.catalog` answer did not arrive (llm-runner/v1 §10.1).
@@ -275,12 +275,34 @@ pub fn read_plan_catalog(
             "invalid_answer: its system_text carries a text without `tool_names`".into(),
         ));
     }
-    let catalog = catalog_of(module_id, answer.clone()).map_err(PlanMiss::Unavailable)?;
+    let catalog =
+        catalog_of(module_id, answer.clone()).map_err(|e| PlanMiss::Unavailable(e.to_string()))?;
     Ok((answer, catalog))
 }
 
+/// A `tool.catalog` answer that breaks the role's rules for a tool's reply deadline: the
+/// whole answer is invalid.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidCatalog {
+    pub tool: String,
+    pub member: String,
+    pub reason: String,
+}
+
+impl std::fmt::Display for InvalidCatalog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "invalid_answer: its tool.catalog answer's `{}` {}: {}",
+            self.tool, self.member, self.reason
+        )
+    }
+}
+
+impl std::error::Error for InvalidCatalog {}
+
 /// The tools of a decoded `tool.catalog` answer as broca offers them (see [`read_catalog`]).
-pub fn catalog_of(module_id: &str, catalog: CatalogAnswer) -> Result<Catalog, String> {
+pub fn catalog_of(module_id: &str, catalog: CatalogAnswer) -> Result<Catalog, InvalidCatalog> {
     let mut specs = Vec::with_capacity(catalog.tools.len());
     let mut notes = Vec::new();
     let mut result_v1 = std::collections::HashSet::new();
@@ -288,11 +310,10 @@ pub fn catalog_of(module_id: &str, catalog: CatalogAnswer) -> Result<Catalog, St
         catalog.declares(cortexkit_role_tool_provider::catalog::session_capabilities::LATE_RESULTS);
     for tool in catalog.tools {
         // A reply deadline that breaks the role's rules makes the whole answer invalid.
-        check_reply(&tool).map_err(|p| {
-            format!(
-                "invalid_answer: its tool.catalog answer's `{}` {}: {}",
-                p.tool, p.member, p.reason
-            )
+        check_reply(&tool).map_err(|p| InvalidCatalog {
+            tool: p.tool.to_string(),
+            member: p.member.to_string(),
+            reason: p.reason.to_string(),
         })?;
         let reply = tool
             .reply
@@ -405,15 +426,36 @@ pub enum Part {
     Image { mime: String, data: Vec<u8> },
 }
 
+/// What is wrong with a `tool-result/v1` body.
+#[derive(Debug)]
+pub(crate) enum BadResultV1 {
+    /// It does not decode as one.
+    Decode(serde_json::Error),
+    /// The role's `validate` refuses it (its words).
+    Invalid(String),
+    /// An image's data is not base64.
+    Image(base64::DecodeError),
+}
+
+impl std::fmt::Display for BadResultV1 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BadResultV1::Decode(e) => write!(f, "{e}"),
+            BadResultV1::Invalid(why) => f.write_str(why),
+            BadResultV1::Image(e) => write!(f, "an image's data: {e}"),
+        }
+    }
+}
+
 /// A `tool-result/v1` body read: checked as the role's `validate` checks it, each image
 /// decoded, a part of a type broca does not know kept as a one-line note. `Err` says what is
 /// wrong with it.
-pub(crate) fn read_result_v1(body: &[u8]) -> Result<ResultV1, String> {
+pub(crate) fn read_result_v1(body: &[u8]) -> Result<ResultV1, BadResultV1> {
     use base64::Engine;
     use cortexkit_role_tool_provider::result::{model_visible_bytes, validate, ContentPart};
     let result: cortexkit_role_tool_provider::result::ToolResult =
-        serde_json::from_slice(body).map_err(|e| e.to_string())?;
-    validate(&result).map_err(|p| p.to_string())?;
+        serde_json::from_slice(body).map_err(BadResultV1::Decode)?;
+    validate(&result).map_err(|p| BadResultV1::Invalid(p.to_string()))?;
     let mut parts = Vec::with_capacity(result.content.len());
     for p in &result.content {
         parts.push(match p {
@@ -422,7 +464,7 @@ pub(crate) fn read_result_v1(body: &[u8]) -> Result<ResultV1, String> {
                 mime: image.mime_type.clone(),
                 data: base64::engine::general_purpose::STANDARD
                     .decode(image.data.as_bytes())
-                    .map_err(|e| format!("an image's data: {e}"))?,
+                    .map_err(BadResultV1::Image)?,
             },
             ContentPart::Unknown(v) => Part::Text(format!(
                 "[unsupported content: a part of type {}]",

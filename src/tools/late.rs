@@ -38,13 +38,47 @@ pub enum LateRecorded {
     NotYet,
 }
 
+/// Why a late result was not recorded this time (it is read again).
+#[derive(Debug)]
+pub enum NotRecorded {
+    /// broca is stopping.
+    Stopping,
+    /// The store is not open, so the result's session cannot be found.
+    NoStore,
+    /// The store could not list its sessions.
+    Store(String),
+    /// The session's shard took no command (its queue full, or it is gone).
+    Shard(String),
+    /// The session ended without answering.
+    Unanswered,
+    /// The session refused to record it (its reason).
+    Refused(String),
+}
+
+impl std::fmt::Display for NotRecorded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotRecorded::Stopping => f.write_str("broca is stopping"),
+            NotRecorded::NoStore => {
+                f.write_str("the store is not open, so the late result's session cannot be found")
+            }
+            NotRecorded::Store(why) => write!(f, "the store: {why}"),
+            NotRecorded::Shard(why) => write!(f, "the session's shard: {why}"),
+            NotRecorded::Unanswered => f.write_str("the session did not answer"),
+            NotRecorded::Refused(why) => f.write_str(why),
+        }
+    }
+}
+
+impl std::error::Error for NotRecorded {}
+
 /// Where late results go (the host's sessions).
 pub trait LateSink: Send + Sync {
     /// Records `late` in its session; `Err` says why it could not be (it is read again).
     fn record(
         &self,
         late: LateResult,
-    ) -> Pin<Box<dyn Future<Output = Result<LateRecorded, String>> + 'static>>;
+    ) -> Pin<Box<dyn Future<Output = Result<LateRecorded, NotRecorded>> + 'static>>;
 }
 
 /// A late entry of a person-only command.

@@ -30,6 +30,60 @@ pub fn default_token_url(family: &str) -> Option<&'static str> {
     }
 }
 
+/// Why an OAuth token was not refreshed (never quoting a token).
+#[derive(Debug)]
+pub enum RefreshError {
+    /// The family has no default endpoint and the entry gives no `token_url`.
+    NoEndpoint { family: String },
+    /// The entry's `token_url` is not a URL.
+    BadUrl { why: String },
+    /// The endpoint could not be reached.
+    Unreachable { authority: String, why: String },
+    /// The endpoint answered other than 2xx (its status and `error` code).
+    Refused {
+        authority: String,
+        status: u16,
+        code: String,
+    },
+    /// The endpoint's answer carries no `access_token`.
+    NoAccessToken,
+    /// The new token could not be kept by its source, or read back.
+    NotKept(broca_provider::credential::CredentialProblem),
+}
+
+impl std::fmt::Display for RefreshError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RefreshError::NoEndpoint { family } => {
+                write!(
+                    f,
+                    "the {family} family has no token endpoint: give token_url"
+                )
+            }
+            RefreshError::BadUrl { why } => write!(f, "token_url: {why}"),
+            RefreshError::Unreachable { authority, why } => {
+                write!(f, "the token endpoint {authority}: {why}")
+            }
+            RefreshError::Refused {
+                authority,
+                status,
+                code,
+            } => write!(
+                f,
+                "the token endpoint {authority} refused the refresh: {status} ({code})"
+            ),
+            RefreshError::NoAccessToken => {
+                f.write_str("the token endpoint's answer has no access_token")
+            }
+            RefreshError::NotKept(p) => {
+                write!(f, "the refreshed token could not be kept: {}", p.message)
+            }
+        }
+    }
+}
+
+impl std::error::Error for RefreshError {}
+
 /// The bytes of a token endpoint's answer read at most.
 const ANSWER_MAX: usize = 64 * 1024;
 
@@ -39,13 +93,15 @@ pub async fn refresh(
     family: &str,
     plan: &Refresh,
     now_ms: u64,
-) -> Result<Refreshed, String> {
+) -> Result<Refreshed, RefreshError> {
     let token_url = plan
         .token_url
         .as_deref()
         .or_else(|| default_token_url(family))
-        .ok_or_else(|| format!("the {family} family has no token endpoint: give token_url"))?;
-    let url = Url::parse(token_url).map_err(|e| e.to_string())?;
+        .ok_or_else(|| RefreshError::NoEndpoint {
+            family: family.to_string(),
+        })?;
+    let url = Url::parse(token_url).map_err(|e| RefreshError::BadUrl { why: e.to_string() })?;
     let mut form = vec![
         ("grant_type", "refresh_token"),
         ("refresh_token", plan.refresh_token.as_str()),
@@ -69,7 +125,10 @@ pub async fn refresh(
     let mut resp = client
         .send(&req)
         .await
-        .map_err(|e| format!("the token endpoint {}: {e}", url.authority()))?;
+        .map_err(|e| RefreshError::Unreachable {
+            authority: url.authority().to_string(),
+            why: e.to_string(),
+        })?;
     let status = resp.status();
     let answer = resp.body(ANSWER_MAX).await.unwrap_or_default();
     let v: serde_json::Value = serde_json::from_slice(&answer).unwrap_or_default();
@@ -78,23 +137,24 @@ pub async fn refresh(
             .get("error")
             .and_then(serde_json::Value::as_str)
             .unwrap_or("no error code");
-        return Err(format!(
-            "the token endpoint {} refused the refresh: {status} ({code})",
-            url.authority()
-        ));
+        return Err(RefreshError::Refused {
+            authority: url.authority().to_string(),
+            status,
+            code: code.to_string(),
+        });
     }
     read_answer(&v, now_ms)
 }
 
 /// A token endpoint's JSON answer: `access_token`, and `refresh_token`, `expires_in` when
 /// it gives them.
-pub fn read_answer(v: &serde_json::Value, now_ms: u64) -> Result<Refreshed, String> {
+pub fn read_answer(v: &serde_json::Value, now_ms: u64) -> Result<Refreshed, RefreshError> {
     let access_token = v
         .get("access_token")
         .and_then(serde_json::Value::as_str)
         .map(str::trim)
         .filter(|t| !t.is_empty())
-        .ok_or("the token endpoint's answer has no access_token")?
+        .ok_or(RefreshError::NoAccessToken)?
         .to_string();
     Ok(Refreshed {
         access_token,
@@ -156,15 +216,15 @@ impl crate::HttpModelClient {
         request: &Request,
         family: &'static dyn WireFamily,
         plan: &broca_provider::credential::Refresh,
-    ) -> Result<broca_provider::credential::Credential, String> {
+    ) -> Result<broca_provider::credential::Credential, RefreshError> {
         let token = refresh(&self.client, family.id(), plan, crate::now_unix_ms()).await?;
         self.secrets
             .refreshed(&request.credential_id, &token)
-            .map_err(|e| format!("the refreshed token could not be kept: {e}"))?;
+            .map_err(RefreshError::NotKept)?;
         tracing::info!(credential = %request.credential_id, "refreshed the OAuth token");
         self.secrets
             .credential(&request.credential_id)
-            .map_err(|e| e.message)
+            .map_err(RefreshError::NotKept)
     }
 }
 
@@ -213,7 +273,10 @@ mod tests {
         assert_eq!(got.expires_at_ms, Some(3_601_000));
         let bare = read_answer(&serde_json::json!({"access_token": "at-3"}), 0).unwrap();
         assert_eq!((bare.refresh_token, bare.expires_at_ms), (None, None));
-        assert!(read_answer(&serde_json::json!({"error": "invalid_grant"}), 0).is_err());
+        assert!(matches!(
+            read_answer(&serde_json::json!({"error": "invalid_grant"}), 0),
+            Err(RefreshError::NoAccessToken)
+        ));
         assert_eq!(default_token_url("anthropic"), None);
         assert!(
             default_token_url("chatgpt").is_some() && default_token_url("code-assist").is_some()

@@ -2,7 +2,9 @@
 //! workspace's production code (no `tests/`, benches, `#[cfg(test)]` items or `*_tests.rs`),
 //! no function over 100 lines, no file over 800, no circle of files inside a crate, no
 //! `unwrap()` and no `#[allow(dead_code)]`, no crate over 6,000 code lines, and the counts of
-//! long functions, `Result<_, String>`s and assertions within their limits. Each failure names
+//! long functions, `Result<_, String>`s and assertions within their limits, and each wire name
+//! (a method, an op, a capability) spelled once, by the role crate's constant where it has
+//! one. Each failure names
 //! its offenders. Where the house stands above a limit today, the limit is the standing
 //! figure with the offenders listed by name: a new one fails, and one mended must leave the
 //! list, so the figures only go one way.
@@ -11,6 +13,8 @@
 mod graph;
 #[path = "tidy/scan.rs"]
 mod scan;
+#[path = "tidy/wire.rs"]
+mod wire;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -343,6 +347,54 @@ fn no_crate_outgrows_its_role() {
         if lines.get(name).is_some_and(|n| *n <= CRATE_LINES_MAX) {
             breaches.push(format!(
                 "{name} is under {CRATE_LINES_MAX}: take it off the list ({max})"
+            ));
+        }
+    }
+    report(breaches);
+}
+
+#[test]
+fn each_wire_name_is_spelled_once_and_by_the_role_where_it_has_a_constant() {
+    let all = crates();
+    let top = workspace();
+    let roles = wire::role_constants(&top);
+    assert!(
+        roles.contains_key("session.send") && roles.contains_key("tool-result/v1"),
+        "the role crates' constants were read ({} found)",
+        roles.len()
+    );
+    let mut spelled: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for c in &all {
+        for path in production_files(c, &all) {
+            let text = std::fs::read_to_string(&path).expect("a source file reads");
+            let src = scan::Source::read(&text);
+            let rel = path
+                .strip_prefix(&top)
+                .unwrap_or(&path)
+                .to_string_lossy()
+                .into_owned();
+            for (line, lit) in wire::literals(&text) {
+                if !src.test_lines.get(line).copied().unwrap_or(true) && wire::is_wire_name(&lit) {
+                    spelled
+                        .entry(lit)
+                        .or_default()
+                        .push(format!("{rel}:{}", line + 1));
+                }
+            }
+        }
+    }
+    let mut breaches = Vec::new();
+    for (name, places) in &spelled {
+        if let Some(constant) = roles.get(name) {
+            breaches.push(format!(
+                "`{name}` spelled at {} (use {constant})",
+                places.join(", ")
+            ));
+        } else if places.len() > 1 {
+            breaches.push(format!(
+                "`{name}` spelled {} times ({}): spell it once, as a constant",
+                places.len(),
+                places.join(", ")
             ));
         }
     }

@@ -611,7 +611,7 @@ impl Sender {
                 Ok((200, _)) => return Ok(()),
                 Ok((status, reply)) => {
                     return Err(LoadError::Status {
-                        what: "session.send",
+                        what: broca::wire::Method::SessionSend.as_str(),
                         status,
                         body: String::from_utf8_lossy(&reply).into_owned(),
                     })

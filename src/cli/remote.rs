@@ -7,6 +7,7 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
+use broca_wire::request::Method;
 use serde_json::{json, Value};
 
 use super::client::{ClientError, Daemon, Event};
@@ -337,7 +338,7 @@ fn send(c: Common, pargs: pico_args::Arguments) -> Result<u8, String> {
             None
         }
     };
-    let sent = match c.daemon.rpc("session.send", params) {
+    let sent = match c.daemon.rpc(Method::SessionSend.as_str(), params) {
         Ok(v) => v,
         Err(e) => return Ok(failed(e)),
     };
@@ -366,7 +367,7 @@ fn send(c: Common, pargs: pico_args::Arguments) -> Result<u8, String> {
 fn outcome(c: &Common, run_id: &str) -> Result<u8, String> {
     let params = with(c, json!({"run_id": run_id, "wait_ms": 60000}))?;
     let result = loop {
-        match c.daemon.rpc("run.result", params.clone()) {
+        match c.daemon.rpc(Method::RunResult.as_str(), params.clone()) {
             Ok(r) if r["state"] == "active" => continue,
             Ok(r) => break r,
             Err(e) => return Ok(failed(e)),
@@ -488,7 +489,7 @@ fn new_send_id() -> String {
 /// The model of the session's latest run, if it has one.
 fn latest_model(c: &Common) -> Result<Option<String>, ClientError> {
     let params = with(c, json!({"limit": 1})).map_err(ClientError::Unreachable)?;
-    let page = c.daemon.rpc("runs.list", params)?;
+    let page = c.daemon.rpc(Method::RunsList.as_str(), params)?;
     Ok(page["runs"][0]["provider"].as_str().and_then(|p| {
         page["runs"][0]["model"]
             .as_str()
@@ -611,7 +612,7 @@ fn status(c: Common, pargs: pico_args::Arguments) -> Result<u8, String> {
         [run] => params["run_id"] = run.clone().into(),
         _ => return Err("`broca status` takes at most one RUN".into()),
     }
-    let st = match c.daemon.rpc("run.status", params) {
+    let st = match c.daemon.rpc(Method::RunStatus.as_str(), params) {
         Ok(v) => v,
         Err(e) => return Ok(failed(e)),
     };
@@ -632,7 +633,7 @@ fn cancel(c: Common, mut pargs: pico_args::Arguments) -> Result<u8, String> {
     if let Some(at) = at {
         params["at"] = at.into();
     }
-    match c.daemon.rpc("run.cancel", params) {
+    match c.daemon.rpc(Method::RunCancel.as_str(), params) {
         Ok(v) => {
             broca_io::outln!(
                 "{}",

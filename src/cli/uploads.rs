@@ -5,6 +5,7 @@
 
 use std::path::Path;
 
+use broca_wire::request::Method;
 use serde_json::{json, Value};
 
 use super::client::Daemon;
@@ -80,7 +81,7 @@ fn upload(daemon: &Daemon, session: &Value, path: &Path) -> Result<String, Strin
         })
     };
     let begun = call(
-        "session.upload_begin",
+        Method::UploadBegin.as_str(),
         json!({"mime": mime, "bytes": bytes.len(), "sha256": sha256}),
     )?;
     let id = begun["upload_id"]
@@ -91,11 +92,11 @@ fn upload(daemon: &Daemon, session: &Value, path: &Path) -> Result<String, Strin
     for (i, part) in bytes.chunks(chunk).enumerate() {
         let data = broca_protocol::media::base64(part);
         call(
-            "session.upload_append",
+            Method::UploadAppend.as_str(),
             json!({"upload_id": id, "offset": i * chunk, "data": data}),
         )?;
     }
-    call("session.upload_commit", json!({"upload_id": id}))?;
+    call(Method::UploadCommit.as_str(), json!({"upload_id": id}))?;
     Ok(id)
 }
 

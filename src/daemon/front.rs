@@ -603,7 +603,7 @@ impl Routes {
             Ok(result) => {
                 let released = broca_crash_points::planned("release_pending")
                     && result == json!({"state": "pending"})
-                    && body_method(&body) == Some("session.release");
+                    && body_method(&body) == Some(broca_wire::Method::SessionRelease.as_str());
                 let body = json!({ "result": result });
                 let bytes = serde_json::to_vec(&body).expect("JSON values serialize");
                 if bytes.len() + broca_subc::protocol::HEADER_LEN > MAX_DELIVERED_FRAME_LEN {

@@ -54,7 +54,8 @@ fn invalid(item: usize, subscription: usize, problem: &SubscriptionProblem) -> R
 
 fn malformed(why: String) -> Refusal {
     Refusal::InvalidField {
-        field: "plan.step_transform_items",
+        field:
+            cortexkit_role_step_transform_provider::errors::runner_codes::PLAN_STEP_TRANSFORM_ITEMS,
         why,
     }
 }

@@ -9,7 +9,7 @@ use broca_core::adopt::HostStart;
 use broca_fetch_plan::plan::Plan;
 use broca_session::SessionCommand;
 use broca_wal::SessionTriple;
-use broca_wire::{Caller, Code, RpcError};
+use broca_wire::{Caller, Code, Method, RpcError};
 use cortexkit_role_llm_runner::adopt::AdoptRequest;
 use serde_json::{Map, Value};
 
@@ -36,7 +36,7 @@ pub(crate) async fn host_start(
     caller: &Caller,
 ) -> Result<Value, RpcError> {
     if !ctx.opts.plans {
-        return Err(undeclared("session.host_start"));
+        return Err(undeclared(Method::SessionHostStart.as_str()));
     }
     crate::plans::plan_served(ctx, &Value::Object(plan.clone()))?;
     let plan = read(plan)?;
@@ -79,7 +79,7 @@ pub(crate) async fn adopt(
     caller: &Caller,
 ) -> Result<Value, RpcError> {
     if !ctx.opts.plans {
-        return Err(undeclared("session.adopt"));
+        return Err(undeclared(Method::SessionAdopt.as_str()));
     }
     let identity = read(request.plan.clone())?.identity;
     let (caller, required) = (caller.clone(), ctx.policy_required);

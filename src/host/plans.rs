@@ -184,7 +184,7 @@ pub(crate) fn plan_served(ctx: &Host, plan: &serde_json::Value) -> Result<(), Rp
     compaction_served(ctx, plan)?;
     if !ctx.runs_pre_user() && plan.contains_key(broca_fetch_plan::pre_user::MEMBER) {
         return Err(RpcError::refusal(&broca_wire::Refusal::InvalidField {
-            field: "plan.step_transform_items",
+            field: cortexkit_role_step_transform_provider::errors::runner_codes::PLAN_STEP_TRANSFORM_ITEMS,
             why: "this runner runs no step transforms here (only `broca module` with \
                   `\"compaction_providers\": true` runs the `pre_user` hook)"
                 .into(),
@@ -205,7 +205,7 @@ pub(crate) fn plan_served(ctx: &Host, plan: &serde_json::Value) -> Result<(), Rp
     })?;
     if !ctx.opts.delivery_order && plan.contains_key("senders") {
         return Err(RpcError::refusal(&broca_wire::Refusal::InvalidField {
-            field: "plan.senders",
+            field: cortexkit_role_llm_runner::delivery_order::PLAN_SENDERS_FIELD,
             why: "a plan's `senders` needs ordered delivery (`\"delivery_order\": true` in the \
                   config)"
                 .into(),

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use broca_read::role::ReadRefusal;
 use broca_wal::SessionTriple;
-use broca_wire::{Caller, Code, Cursor, RpcError};
+use broca_wire::{Caller, Code, Cursor, Method, RpcError};
 use cortexkit_role_llm_runner::history::HistoryRequest;
 use cortexkit_role_llm_runner::read::ReadRequest;
 use cortexkit_role_llm_runner::tool_calls::ToolCallsRequest;
@@ -67,7 +67,7 @@ pub(crate) async fn baseline(
         Ok(answer)
     })
     .await?
-    .map_err(|()| not_owner("session.baseline"))?;
+    .map_err(|()| not_owner(Method::SessionBaseline.as_str()))?;
     Ok(answer)
 }
 
@@ -93,7 +93,7 @@ pub(crate) async fn send_status(
         let s = &read.session;
         // The owner's sends, or a plan sender's own (and its predecessor's, §9.7).
         if !broca_core::admission::may_send(&caller, s) {
-            return Err(not_owner("session.send_status"));
+            return Err(not_owner(Method::SessionSendStatus.as_str()));
         }
         use broca_core::replay::Found;
         match s.lookup_send(caller.principal.as_deref(), &send_id) {

@@ -12,7 +12,7 @@ use broca_core::admission::{Prepared, SendRequest, Unprepared};
 use broca_core::replay::RunView;
 use broca_session::{Cancelled, ImportTarget, SessionCommand};
 use broca_wal::SessionTriple;
-use broca_wire::{Caller, Code, Request, RpcError, SessionName};
+use broca_wire::{Caller, Code, Method, Request, RpcError, SessionName};
 
 use crate::reads::{baseline, head, history, read, send_status, tool_calls};
 use crate::replies::ask;
@@ -539,6 +539,6 @@ async fn cancel(
     match cancelled {
         Cancelled::Ack => Ok(Value::String("ack".into())),
         Cancelled::NotActive => Ok(Value::String("not_active".into())),
-        Cancelled::NotOwner => Err(not_owner("run.cancel")),
+        Cancelled::NotOwner => Err(not_owner(Method::RunCancel.as_str())),
     }
 }

@@ -19,6 +19,7 @@ pub mod demo;
 pub mod family;
 pub mod media;
 pub mod model;
+pub mod ops;
 pub mod schema;
 pub mod structured;
 
@@ -317,13 +318,18 @@ impl Usage {
             (Some(a), Some(b)) => Some(a.saturating_add(b)),
             (a, b) => a.or(b),
         };
-        Usage {
+        let total = Usage {
             input: sum(self.input, other.input),
             output: sum(self.output, other.output),
             cache_read: sum(self.cache_read, other.cache_read),
             cache_write: sum(self.cache_write, other.cache_write),
             reasoning: sum(self.reasoning, other.reasoning),
-        }
+        };
+        // A sum never drops a measure either side reported, nor falls below it.
+        debug_assert!(total.input >= self.input.max(other.input));
+        debug_assert!(total.output >= self.output.max(other.output));
+        debug_assert!(total.reasoning >= self.reasoning.max(other.reasoning));
+        total
     }
 
     /// Merges a later report of the same step: measures reported later replace earlier ones.
@@ -338,6 +344,10 @@ impl Usage {
         pick(&mut self.cache_read, later.cache_read);
         pick(&mut self.cache_write, later.cache_write);
         pick(&mut self.reasoning, later.reasoning);
+        debug_assert!(
+            later.input.is_none() || self.input == later.input,
+            "a later report wins"
+        );
     }
 }
 

@@ -146,6 +146,11 @@ pub fn base64(bytes: &[u8]) -> String {
             }
         }
     }
+    debug_assert_eq!(
+        out.len(),
+        bytes.len().div_ceil(3) * 4,
+        "four characters per three bytes"
+    );
     out
 }
 

@@ -50,8 +50,10 @@ pub fn finish_state(kind: FinishKind) -> &'static str {
     match kind {
         // broca's total-token or cost budget: a budget the run exhausted, or one it could
         // not measure.
-        FinishKind::BudgetExhausted | FinishKind::BudgetUnmeasured => "budget_exhausted",
-        FinishKind::ContextLimit => "context_ceiling",
+        FinishKind::BudgetExhausted | FinishKind::BudgetUnmeasured => {
+            cortexkit_role_llm_runner::run::states::BUDGET_EXHAUSTED
+        }
+        FinishKind::ContextLimit => cortexkit_role_llm_runner::run::states::CONTEXT_CEILING,
         other => other.as_str(),
     }
 }
@@ -551,7 +553,11 @@ pub fn run_result(run: &RunView) -> RunResult {
     }
     // A budget's stop: its limit, what was measured as spent, and why; the budget it was
     // (the session's input cap, or the run's token or cost budget) is the reason.
-    if let Some(b) = run.budget.as_ref().filter(|_| state == "budget_exhausted") {
+    if let Some(b) = run
+        .budget
+        .as_ref()
+        .filter(|_| state == cortexkit_role_llm_runner::run::states::BUDGET_EXHAUSTED)
+    {
         r.detail = Some(BudgetExhaustedDetail::new(
             b.limit,
             b.spent,

@@ -86,8 +86,18 @@ pub fn encode(
     let frame = Frame::build(ty, flags, channel, epoch, corr, body)
         .map_err(|e| LinkError::Protocol(format!("cannot build a frame: {e:?}")))?;
     let mut out = Vec::with_capacity(HEADER_LEN + frame.body.len());
+    debug_assert_eq!(
+        frame.header.len as usize,
+        frame.body.len(),
+        "the header counts the body"
+    );
     out.extend_from_slice(&frame.header.encode());
     out.extend_from_slice(&frame.body);
+    debug_assert_eq!(
+        out.len(),
+        HEADER_LEN + frame.body.len(),
+        "a frame is its header and body"
+    );
     Ok(out)
 }
 

@@ -320,7 +320,7 @@ fn on_frame(
         (0, FrameType::Goodbye) => return Some("the daemon said GOODBYE".to_string()),
         (0, FrameType::Push) => {
             let push = serde_json::from_slice::<RouteClosed>(&frame.body).ok()?;
-            if push.op == "route.closed" {
+            if push.op == subc_control::ops::ROUTE_CLOSED {
                 let why = format!("the daemon closed the route ({})", push.reason);
                 for ch in push.channels {
                     route_gone(waiters, closed, ch, &why);

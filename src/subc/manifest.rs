@@ -2,6 +2,7 @@
 //! types). broca provides one management surface, session-scoped: the management methods,
 //! the same ones serve's `/v1/rpc` answers.
 
+use cortexkit_role_llm_runner::ops;
 use subc_protocol::manifest::{
     CapabilityDeclarations, CapabilityNeed, CapabilityRequirement, Concurrency, ConsumerRole,
     IdentityScope, ManagementOperation, ManagementOperationKind, ModuleManifest, ProviderRole,
@@ -12,27 +13,27 @@ use subc_protocol::{ModuleHelloBody, PROTOCOL_VERSION};
 
 /// The management methods and whether each changes the session.
 pub const OPERATIONS: &[(&str, bool)] = &[
-    ("session.send", true),
-    ("run.status", false),
-    ("run.result", false),
-    ("run.cancel", true),
-    ("session.read", false),
-    ("session.head", false),
-    ("session.retract", true),
-    ("session.send_status", false),
-    ("send.status", false),
-    ("session.import", true),
-    ("session.subscribe", false),
-    ("role.describe", false),
-    ("session.baseline", false),
-    ("session.release", true),
-    ("session.user_command", true),
-    ("session.user_command_status", false),
-    ("session.refresh", true),
-    ("session.refresh_policy", true),
-    ("session.flush_prefix", true),
-    ("session.adopt", true),
-    ("session.host_start", true),
+    (ops::SESSION_SEND, true),
+    (ops::RUN_STATUS, false),
+    (ops::RUN_RESULT, false),
+    (ops::RUN_CANCEL, true),
+    (ops::SESSION_READ, false),
+    (ops::SESSION_HEAD, false),
+    (ops::SESSION_RETRACT, true),
+    (ops::SESSION_SEND_STATUS, false),
+    (ops::SEND_STATUS, false),
+    (broca_protocol::ops::SESSION_IMPORT, true),
+    (ops::SESSION_SUBSCRIBE, false),
+    (ops::ROLE_DESCRIBE, false),
+    (ops::SESSION_BASELINE, false),
+    (ops::SESSION_RELEASE, true),
+    (ops::SESSION_USER_COMMAND, true),
+    (ops::SESSION_USER_COMMAND_STATUS, false),
+    (ops::SESSION_REFRESH, true),
+    (ops::SESSION_REFRESH_POLICY, true),
+    (ops::SESSION_FLUSH_PREFIX, true),
+    (ops::SESSION_ADOPT, true),
+    (broca_protocol::ops::SESSION_HOST_START, true),
 ];
 
 /// The capabilities broca declares: the bind's scope carries the session's folder

@@ -62,7 +62,7 @@ pub fn route_open_as(
         // keeps a call alive while its provider's keepalives come (tool-provider/v1 §4.4).
         // A held first reply's answer comes later, in `late_results` (toolprov::late).
         consumer_capabilities: Some(vec![
-            TOOL_RESULT_V1.to_string(),
+            cortexkit_role_tool_provider::TOOL_RESULT_V1_CAPABILITY.to_string(),
             cortexkit_role_tool_provider::HELD_REPLY_V1.to_string(),
             cortexkit_role_tool_provider::CALL_KEEPALIVE_CAPABILITY.to_string(),
         ]),
@@ -194,7 +194,7 @@ fn answer(what: &str, frame: &FrameIn) -> Result<Value, LinkError> {
 
 /// Checks a `role.describe` answer: a `tool-provider/v1` major serving the required ops.
 pub fn read_describe(frame: &FrameIn) -> Result<(), LinkError> {
-    let v = answer("role.describe", frame)?;
+    let v = answer(cortexkit_role_tool_provider::ops::ROLE_DESCRIBE, frame)?;
     check_describe(&v).map(|_| ()).map_err(|problems| {
         LinkError::Protocol(format!("its role.describe does not hold: {problems:?}"))
     })
@@ -204,7 +204,7 @@ pub fn read_describe(frame: &FrameIn) -> Result<(), LinkError> {
 /// with its schema pin. A tool whose schema is not a flat object schema, or whose name or
 /// pin does not encode, is left out with a note.
 pub fn read_catalog(module_id: &str, frame: &FrameIn) -> Result<Catalog, LinkError> {
-    let v = answer("tool.catalog", frame)?;
+    let v = answer(cortexkit_role_tool_provider::ops::TOOL_CATALOG, frame)?;
     let catalog: CatalogAnswer = serde_json::from_value(v).map_err(|e| {
         LinkError::Protocol(format!("its tool.catalog answer does not decode: {e}"))
     })?;
@@ -322,7 +322,7 @@ pub fn catalog_of(module_id: &str, catalog: CatalogAnswer) -> Result<Catalog, In
         if tool
             .result_format
             .as_ref()
-            .is_some_and(|f| f.as_str() == TOOL_RESULT_V1)
+            .is_some_and(|f| f.as_str() == cortexkit_role_tool_provider::TOOL_RESULT_V1_CAPABILITY)
         {
             result_v1.insert(tool.name.clone());
         }
@@ -403,9 +403,6 @@ pub fn reply_deadline_with_keepalive(
         ),
     )
 }
-
-/// The result format broca decodes besides the legacy body (tool-provider/v1 §4.1).
-pub const TOOL_RESULT_V1: &str = "tool-result/v1";
 
 /// A module's tools as broca offers them, the notes of those left out, and the names of the
 /// tools whose answers come as `tool-result/v1` bodies (their catalog entry opts in; broca's

@@ -65,6 +65,10 @@ pub fn from_call_result(result: &Value, max: usize) -> ToolText {
         kept.push(crate::ToolPart::Text(text.clone()));
         parts.push(text);
     }
+    debug_assert!(
+        image_bytes <= IMAGE_BYTES_MAX,
+        "images kept within their bound"
+    );
     if !has_text {
         if let Some(structured) = result.get("structuredContent") {
             parts.push(structured.to_string());
@@ -82,6 +86,13 @@ pub fn from_call_result(result: &Value, max: usize) -> ToolText {
             kept.push(crate::ToolPart::Text(structured.to_string()));
         }
     }
+    debug_assert!(
+        !in_parts
+            || kept
+                .iter()
+                .any(|p| matches!(p, crate::ToolPart::Image { .. })),
+        "an answer is kept in parts only for the images it holds"
+    );
     ToolText {
         content: truncate(text, max),
         is_error,

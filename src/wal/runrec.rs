@@ -22,8 +22,10 @@ pub use broca_protocol::CachePolicy;
 /// Why broca wrote a tool result itself (the `reason` of a [`ResultBlock`]); a result the
 /// tool gave has none. The values are part of the WAL's payload format and of the contract.
 pub mod result_reason {
+    use cortexkit_role_llm_runner::errors::tool_result_reasons;
+
     /// The call may have run (delivered, then its answer lost): never run again.
-    pub const OUTCOME_UNKNOWN: &str = "outcome_unknown";
+    pub const OUTCOME_UNKNOWN: &str = tool_result_reasons::OUTCOME_UNKNOWN;
     /// The model asked for a tool the run was not offered: never sent.
     pub const UNKNOWN_TOOL: &str = "unknown_tool";
     /// The arguments are not JSON or do not match the tool's input schema: never sent.
@@ -34,15 +36,15 @@ pub mod result_reason {
     pub const NOT_DISPATCHED: &str = "not_dispatched";
     /// Never dispatched: the model called `submit_result` in the same step, which ended the
     /// run (llm-runner/v1 `structured_output`).
-    pub const SKIPPED_AFTER_SUBMIT: &str = "skipped_after_submit";
+    pub const SKIPPED_AFTER_SUBMIT: &str = tool_result_reasons::SKIPPED_AFTER_SUBMIT;
     /// A budget (the session's input cap, or the run's token or cost budget) stopped the run
     /// before the call was dispatched: it never ran.
-    pub const BUDGET_EXHAUSTED: &str = "budget_exhausted";
+    pub const BUDGET_EXHAUSTED: &str = tool_result_reasons::BUDGET_EXHAUSTED;
     /// The context limit stopped the run before the call was dispatched: it never ran.
-    pub const CONTEXT_CEILING: &str = "context_ceiling";
+    pub const CONTEXT_CEILING: &str = tool_result_reasons::CONTEXT_CEILING;
     /// The tool ran, but its output was over the model-visible limit (64 KiB) and was
     /// discarded whole, never cut short; the call is not run again.
-    pub const TOOL_RESULT_TOO_LARGE: &str = "tool_result_too_large";
+    pub const TOOL_RESULT_TOO_LARGE: &str = tool_result_reasons::TOOL_RESULT_TOO_LARGE;
 }
 
 /// The text of the result that closes a tool call whose outcome is unknown (delivered, then
@@ -352,17 +354,18 @@ pub enum FinishKind {
 }
 
 impl FinishKind {
-    /// The wire name.
+    /// The wire name (the role's `run_finished` reason where the role has one).
     pub fn as_str(self) -> &'static str {
+        use cortexkit_role_llm_runner::live::run_reasons;
         match self {
-            FinishKind::Completed => "completed",
-            FinishKind::MaxSteps => "max_steps",
-            FinishKind::BudgetExhausted => "budget_exhausted",
+            FinishKind::Completed => run_reasons::COMPLETED,
+            FinishKind::MaxSteps => run_reasons::MAX_STEPS,
+            FinishKind::BudgetExhausted => run_reasons::BUDGET_EXHAUSTED,
             FinishKind::BudgetUnmeasured => "budget_unmeasured",
             FinishKind::ContextLimit => "context_limit",
-            FinishKind::Cancelled => "cancelled",
-            FinishKind::Interrupted => "interrupted",
-            FinishKind::Error => "error",
+            FinishKind::Cancelled => run_reasons::CANCELLED,
+            FinishKind::Interrupted => run_reasons::INTERRUPTED,
+            FinishKind::Error => run_reasons::ERROR,
         }
     }
 }
@@ -414,21 +417,25 @@ pub struct BudgetStop {
 
 /// The measures and causes of a [`BudgetStop`].
 pub mod budget_stop {
+    use cortexkit_role_llm_runner::run::budget_exhausted_causes;
+
     pub const MAX_INPUT_TOKENS: &str = "max_input_tokens";
     pub const MAX_TOTAL_TOKENS: &str = "max_total_tokens";
     pub const MAX_COST_MICROS: &str = "max_cost_micros";
-    pub const LIMIT_REACHED: &str = "limit_reached";
-    pub const USAGE_UNREPORTED: &str = "usage_unreported";
+    pub const LIMIT_REACHED: &str = budget_exhausted_causes::LIMIT_REACHED;
+    pub const USAGE_UNREPORTED: &str = budget_exhausted_causes::USAGE_UNREPORTED;
     pub const UNPRICED: &str = "unpriced";
 }
 
 /// Why an interrupted run was sealed (the llm-runner/v1 role's interrupt reasons, and
 /// broca's own).
 pub mod interrupt_cause {
+    use cortexkit_role_llm_runner::run::interrupt_reasons;
+
     /// Sealed during a planned stop (`broca serve` or the module asked to stop).
-    pub const RUNNER_SHUTDOWN: &str = "runner_shutdown";
+    pub const RUNNER_SHUTDOWN: &str = interrupt_reasons::RUNNER_SHUTDOWN;
     /// Sealed at the next start after broca died under the run.
-    pub const RUNNER_CRASH: &str = "runner_crash";
+    pub const RUNNER_CRASH: &str = interrupt_reasons::RUNNER_CRASH;
     /// A tool call was delivered and its answer lost while broca stayed up.
     pub const TOOL_OUTCOME_UNKNOWN: &str = "tool_outcome_unknown";
 }

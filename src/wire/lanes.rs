@@ -156,7 +156,8 @@ pub fn is_subscribe(body: &[u8]) -> bool {
         #[serde(borrow)]
         method: std::borrow::Cow<'a, str>,
     }
-    serde_json::from_slice::<Method<'_>>(body).is_ok_and(|m| m.method == "session.subscribe")
+    serde_json::from_slice::<Method<'_>>(body)
+        .is_ok_and(|m| m.method == cortexkit_role_llm_runner::ops::SESSION_SUBSCRIBE)
 }
 
 /// What a subscription delivers, in order.

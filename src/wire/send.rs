@@ -346,7 +346,7 @@ impl Refusal {
             Refusal::RetentionAboveMax { .. } => Some("retention"),
             Refusal::SendIdReuse { field, .. } => *field,
             Refusal::ChangeSendIdReuse { field } => Some(field),
-            Refusal::InvalidSubscription { .. } => Some("plan.step_transform_items"),
+            Refusal::InvalidSubscription { .. } => Some(cortexkit_role_step_transform_provider::errors::runner_codes::PLAN_STEP_TRANSFORM_ITEMS),
             _ => None,
         }
     }

@@ -34,7 +34,7 @@ pub(super) fn ls(c: Common, mut pargs: pico_args::Arguments) -> Result<u8, Strin
         .ok_or("`broca ls` takes no positional argument")?;
     let mut first = true;
     loop {
-        let page = match c.daemon.rpc("sessions.list", params.clone()) {
+        let page = match c.daemon.rpc(Method::SessionsList.as_str(), params.clone()) {
             Ok(v) => v,
             Err(e) => return Ok(failed(e)),
         };
@@ -111,7 +111,7 @@ pub(super) fn read(c: Common, mut pargs: pico_args::Arguments) -> Result<u8, Str
     params["from_ordinal"] = from.unwrap_or(0).into();
     let limit = limit.unwrap_or(200);
     params["limit"] = limit.into();
-    let page = match c.daemon.rpc("session.read", params) {
+    let page = match c.daemon.rpc(Method::SessionRead.as_str(), params) {
         Ok(v) => v,
         Err(e) => return Ok(failed(e)),
     };

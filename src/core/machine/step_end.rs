@@ -78,7 +78,7 @@ impl RunMachine {
         // end was not durable).
         let calls: Vec<ToolCall> = crate::replay::unanswered_calls(&self.transcript);
         if self.cancel_requested {
-            self.resolve_undispatched(&calls, "cancelled");
+            self.resolve_undispatched(&calls, FinishKind::Cancelled);
             return self.seal(FinishKind::Cancelled, None, None, Vec::new());
         }
         // A step calling `submit_result` ends the run completed, whatever else it asked for
@@ -89,7 +89,7 @@ impl RunMachine {
         // The step that brings the session's input to its cap ends the run, whatever it
         // asked for; its calls are never dispatched.
         if let Some(stop) = self.input_cap_stop() {
-            self.resolve_undispatched(&calls, stop.kind.as_str());
+            self.resolve_undispatched(&calls, stop.kind);
             return self.seal_stop(stop);
         }
         let asked_tools = self
@@ -119,11 +119,11 @@ impl RunMachine {
         // the run.
         if self.step >= self.config.stop.max_steps {
             let detail = format!("the run reached max_steps ({})", self.config.stop.max_steps);
-            self.resolve_undispatched(&calls, "max_steps");
+            self.resolve_undispatched(&calls, FinishKind::MaxSteps);
             return self.seal(FinishKind::MaxSteps, Some(detail), None, Vec::new());
         }
         if let Some(stop) = self.limit_before_request() {
-            self.resolve_undispatched(&calls, stop.kind.as_str());
+            self.resolve_undispatched(&calls, stop.kind);
             return self.seal_stop(stop);
         }
         self.write_intent(calls);
@@ -167,7 +167,12 @@ impl RunMachine {
     }
 
     /// Results for tool calls of the last step that will never be dispatched.
-    pub(super) fn resolve_undispatched(&mut self, calls: &[ToolCall], why: &str) {
+    /// `stop`: how the run ends (`Interrupted`: broca is shutting down).
+    pub(super) fn resolve_undispatched(&mut self, calls: &[ToolCall], stop: FinishKind) {
+        let why = match stop {
+            FinishKind::Interrupted => "shutdown",
+            other => other.as_str(),
+        };
         let batch_id = format!("{}.{}", self.run_id, self.step);
         for call in calls {
             self.push_result(
@@ -178,7 +183,7 @@ impl RunMachine {
                         "not run: the run stopped ({why}) before this call was dispatched"
                     ),
                     is_error: true,
-                    reason: Some(not_run_reason(why).into()),
+                    reason: Some(not_run_reason(stop).into()),
                     size: None,
                     parts: Vec::new(),
                 },
@@ -189,11 +194,17 @@ impl RunMachine {
 
 /// The reason a never-dispatched call's result carries: the role's state name for a budget's
 /// or the context limit's stop, `not_dispatched` for the others.
-fn not_run_reason(why: &str) -> &'static str {
-    match why {
-        "budget_exhausted" | "budget_unmeasured" => result_reason::BUDGET_EXHAUSTED,
-        "context_limit" => result_reason::CONTEXT_CEILING,
-        _ => result_reason::NOT_DISPATCHED,
+fn not_run_reason(stop: FinishKind) -> &'static str {
+    match stop {
+        FinishKind::BudgetExhausted | FinishKind::BudgetUnmeasured => {
+            result_reason::BUDGET_EXHAUSTED
+        }
+        FinishKind::ContextLimit => result_reason::CONTEXT_CEILING,
+        FinishKind::Completed
+        | FinishKind::MaxSteps
+        | FinishKind::Cancelled
+        | FinishKind::Interrupted
+        | FinishKind::Error => result_reason::NOT_DISPATCHED,
     }
 }
 

@@ -60,7 +60,7 @@ impl RunMachine {
             }
             Phase::AwaitIntent { calls, .. } => {
                 // The intent may be durable, but nothing was dispatched: say so.
-                self.resolve_undispatched(&calls, "shutdown");
+                self.resolve_undispatched(&calls, FinishKind::Interrupted);
                 self.seal(FinishKind::Interrupted, detail, None, Vec::new());
             }
             Phase::Tools {

@@ -24,7 +24,10 @@ impl Routes {
             }
             glommio::timer::sleep(READY_POLL).await;
         }
-        if !self.negotiated.serves("catalog.update") {
+        if !self
+            .negotiated
+            .serves(broca_subc::protocol::session::MODULE_TO_SUBC_OP_CATALOG_UPDATE)
+        {
             tracing::warn!(
                 "the daemon does not list catalog.update among its ops; broca says it is \
                  ready anyway"
@@ -63,7 +66,7 @@ impl Routes {
             (HealthStatus::Ok, None)
         };
         let mut report = json!({
-            "op": "health.check",
+            "op": broca_subc::protocol::session::MODULE_CONTROL_OP_HEALTH_CHECK,
             "status": status,
             "metrics": {
                 "shards": self.host.shards(),

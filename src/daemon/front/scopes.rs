@@ -59,7 +59,7 @@ async fn settle(
     batch: &[Ask],
 ) -> Result<HashMap<String, Result<(), ScopeError>>, ScopeError> {
     if let Some(sync) = reg.first_sync() {
-        let answer = ask_daemon(front, sync, "scope.sync").await?;
+        let answer = ask_daemon(front, sync, broca_subc::protocol::scope::SCOPE_SYNC_OP).await?;
         reg.synced(&answer)?;
         tracing::info!("broca owns its sessions' scopes on its daemon connection");
     }
@@ -70,7 +70,12 @@ async fn settle(
     let Some(apply) = reg.batch(&records) else {
         return Ok(HashMap::new());
     };
-    let answer = ask_daemon(front, apply.body, "scope.apply").await?;
+    let answer = ask_daemon(
+        front,
+        apply.body,
+        broca_subc::protocol::scope::SCOPE_APPLY_OP,
+    )
+    .await?;
     let results = reg.applied(&answer)?;
     tracing::debug!(
         registered = apply.upserts.len(),

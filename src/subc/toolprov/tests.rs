@@ -144,7 +144,7 @@ fn keepalives_are_taken_only_from_a_module_whose_manifest_provides_them() {
     assert_eq!(
         open["consumer_capabilities"],
         json!([
-            TOOL_RESULT_V1,
+            cortexkit_role_tool_provider::TOOL_RESULT_V1_CAPABILITY,
             cortexkit_role_tool_provider::HELD_REPLY_V1,
             keepalive
         ]),

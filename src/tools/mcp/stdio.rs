@@ -387,10 +387,12 @@ impl Proc {
             return Sent::NotWritten("the server has exited".into());
         }
         let (reply_tx, reply_rx) = oneshot::channel();
-        self.pending
+        let earlier = self
+            .pending
             .lock()
             .expect("the pending lock")
             .insert(id, reply_tx);
+        debug_assert!(earlier.is_none(), "a request id is used once");
         let (written_tx, written_rx) = oneshot::channel();
         let queued = self
             .writer
@@ -468,6 +470,10 @@ fn spawn_named(name: &str, f: impl FnOnce() + Send + 'static) {
 /// the sender how far it got.
 fn writer(mut stdin: ChildStdin, rx: mpsc::Receiver<Outgoing>) {
     while let Ok(mut msg) = rx.recv() {
+        debug_assert!(
+            !msg.line.contains(&b'\n'),
+            "a message is one line (JSON escapes newlines)"
+        );
         msg.line.push(b'\n');
         let mut done = 0usize;
         let mut failed = false;
@@ -485,6 +491,10 @@ fn writer(mut stdin: ChildStdin, rx: mpsc::Receiver<Outgoing>) {
                 }
             }
         }
+        debug_assert!(
+            failed || done == msg.line.len(),
+            "a line is written whole or fails"
+        );
         if !failed && stdin.flush().is_err() {
             failed = true;
         }
@@ -527,6 +537,10 @@ fn reader(
             }
             Ok(_) => {}
         }
+        debug_assert!(
+            line.len() <= LINE_BYTES_MAX,
+            "a line is read within its bound"
+        );
         let text = line.trim_ascii();
         if text.is_empty() {
             continue;

@@ -61,6 +61,10 @@ impl LateBook {
     /// The call's answer, when it came (the call no longer waits).
     pub(super) fn take(&self, module: &str, call_key: &str) -> Option<Settled> {
         self.with(module, |b| {
+            debug_assert!(
+                b.answers.keys().all(|k| b.waiting.contains(k)),
+                "an answer is kept only for a call that waits"
+            );
             let got = b.answers.remove(call_key);
             if got.is_some() {
                 b.waiting.remove(call_key);
@@ -84,7 +88,10 @@ impl LateBook {
     }
 
     pub(super) fn polled(&self, module: &str) {
-        self.with(module, |b| b.polling = false);
+        self.with(module, |b| {
+            debug_assert!(b.polling, "only the module's poller ends its poll");
+            b.polling = false;
+        });
     }
 
     pub(super) fn cursor(&self, module: &str) -> Option<LateCursor> {
@@ -97,6 +104,10 @@ impl LateBook {
         self.with(module, |b| {
             let mut unclaimed = Vec::new();
             for e in &reply.entries {
+                debug_assert!(
+                    b.seen.len() <= SEEN_MAX,
+                    "the ids seen stay within their bound"
+                );
                 if b.seen.len() >= SEEN_MAX {
                     b.seen.clear();
                 }

@@ -287,6 +287,11 @@ impl<K: Eq + Hash + Clone, C> Registry<K, C> {
         }
         self.waited_too_long
             .set(self.waited_too_long.get() + out.len() as u64);
+        debug_assert_eq!(
+            self.waiting_len.get(),
+            self.waiting.borrow().len(),
+            "the count follows the queue"
+        );
         out
     }
 
@@ -361,6 +366,15 @@ impl<K: Eq + Hash + Clone, C> Registry<K, C> {
             since: Instant::now(),
         });
         self.waiting_len.set(self.waiting_len.get() + 1);
+        debug_assert_eq!(
+            self.waiting_len.get(),
+            self.waiting.borrow().len(),
+            "the count follows the queue"
+        );
+        debug_assert!(
+            self.waiting_len.get() <= self.limits.waiting_max,
+            "waits stay within their bound"
+        );
         self.waited.set(self.waited.get() + 1);
         // Short of descriptors: idle actors close at once, each freeing its own.
         if self.short.get() {

@@ -216,6 +216,12 @@ impl Catalog {
                 None => self.models.push(m.clone()),
             }
         }
+        debug_assert!(
+            over.providers
+                .iter()
+                .all(|p| self.providers.iter().any(|q| q.id == p.id)),
+            "every overriding provider is in the result"
+        );
         self
     }
 
@@ -259,6 +265,7 @@ impl Catalog {
                 .find(|m| m.provider == provider && m.model == name)
         };
         let listed = row(model).or_else(|| row(ANY_MODEL));
+        debug_assert!(spec.len() <= MODEL_SPEC_BYTES_MAX && !model.contains(char::is_whitespace));
         Ok(ModelEntry {
             provider: entry.clone(),
             model: model.to_string(),
@@ -299,7 +306,12 @@ impl ModelEntry {
     /// blake3 of the entry's canonical JSON: frozen into RunStarted.
     pub fn digest(&self) -> String {
         let bytes = serde_json::to_vec(self).expect("catalog entries serialize");
-        blake3::hash(&bytes).to_hex()[..32].to_string()
+        let digest = blake3::hash(&bytes).to_hex()[..32].to_string();
+        debug_assert!(
+            digest.bytes().all(|b| b.is_ascii_hexdigit()),
+            "a digest is hex"
+        );
+        digest
     }
 
     /// Why a run admitted with `self` cannot resume with `now`, if it cannot: another wire

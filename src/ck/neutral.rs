@@ -85,6 +85,8 @@ impl Numbered {
             );
             self.list.push(e);
         }
+        debug_assert_eq!(self.list.len(), src.len(), "one numbered entry per entry");
+        debug_assert!(next >= self.tagged, "numbers only grow");
         if let Some(last) = src.iter().rposition(|e| e.role == "assistant") {
             if last > self.stable {
                 self.tagged = self.list[..last]
@@ -96,6 +98,10 @@ impl Numbered {
                 self.stable = last;
             }
         }
+        debug_assert!(
+            self.stable <= self.list.len(),
+            "the final entries are among the list's"
+        );
         &self.list
     }
 }
@@ -311,17 +317,7 @@ pub fn read(
     let max = request
         .max_bytes
         .map_or(usize::MAX, |b| usize::try_from(b).unwrap_or(usize::MAX));
-    let mut entries = Vec::new();
-    let mut bytes = 0usize;
-    for e in chosen {
-        let shown = shown(e, request.detail);
-        let size = serde_json::to_vec(&shown).map_or(0, |v| v.len());
-        if !entries.is_empty() && bytes + size > max {
-            break;
-        }
-        bytes += size;
-        entries.push(shown);
-    }
+    let entries = fitting(chosen, request.detail, max);
     let mut head = Head::new();
     if let Some(last) = transcript.last() {
         head = head.with_newest(cursor(last));
@@ -341,6 +337,26 @@ pub fn read(
         Some(after) => page.with_next_after(after),
         None => page,
     })
+}
+
+/// The entries of `chosen` in `detail` that fit `max` bytes, in order (the first always).
+fn fitting(chosen: Vec<&Entry>, detail: Detail, max: usize) -> Vec<Entry> {
+    let mut entries = Vec::new();
+    let mut bytes = 0usize;
+    for e in chosen {
+        let shown = shown(e, detail);
+        let size = serde_json::to_vec(&shown).map_or(0, |v| v.len());
+        if !entries.is_empty() && bytes + size > max {
+            break;
+        }
+        bytes += size;
+        entries.push(shown);
+    }
+    debug_assert!(
+        entries.len() <= 1 || bytes <= max,
+        "a page of more than one entry fits"
+    );
+    entries
 }
 
 /// Where an entry sits (W3.6).

@@ -198,6 +198,14 @@ fn kinds(list: &[ReadEntry], transcript: &[Arc<Message>]) -> Vec<Kind> {
             _ => {}
         }
     }
+    debug_assert_eq!(kinds.len(), transcript.len(), "one kind per message");
+    debug_assert!(
+        kinds.iter().all(|k| match k {
+            Kind::Entry(i) | Kind::Results(i) => *i < list.len(),
+            Kind::Other => true,
+        }),
+        "every kind names an entry of the list"
+    );
     kinds
 }
 

@@ -101,6 +101,10 @@ impl Daemon {
 
     /// One management request: its `result`, or the daemon's refusal.
     pub fn rpc(&self, method: &str, params: Value) -> Result<Value, ClientError> {
+        debug_assert!(
+            broca_wire::request::Method::parse(method).is_some(),
+            "the command line calls the methods broca answers"
+        );
         let body = json!({"method": method, "params": params}).to_string();
         self.post("/v1/rpc", &body)
     }
@@ -108,6 +112,7 @@ impl Daemon {
     /// A POST of `body` to `path` whose answer is `{"result"}` or `{"error"}`: the result, or
     /// the daemon's refusal.
     pub fn post(&self, path: &str, body: &str) -> Result<Value, ClientError> {
+        debug_assert!(path.starts_with('/') && !path.contains(char::is_whitespace));
         let head = format!(
             "POST {path} HTTP/1.1\r\nHost: broca\r\n{}Content-Type: application/json\r\n\
              Content-Length: {}\r\nConnection: close\r\n\r\n",
@@ -143,6 +148,10 @@ impl Daemon {
 
     /// Subscribes to a session's events (`query` is the subscribe route's query string).
     pub fn subscribe(&self, query: &str) -> Result<Events, ClientError> {
+        debug_assert!(
+            !query.contains(char::is_whitespace),
+            "a query is percent-encoded"
+        );
         let head = format!(
             "GET /v1/subscribe?{query} HTTP/1.1\r\nHost: broca\r\n{}Accept: text/event-stream\r\n\r\n",
             self.auth()
@@ -268,6 +277,7 @@ impl Events {
                 let v: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
                 let (kind, cursor) = (event.take(), id.take());
                 data.clear();
+                debug_assert!(id.is_none() && event.is_none(), "each event starts afresh");
                 return Some(match (kind.as_deref(), cursor) {
                     (Some("display"), _) => {
                         Event::Display(v["text"].as_str().unwrap_or("").to_string())

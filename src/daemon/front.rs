@@ -290,7 +290,11 @@ impl Routes {
         let corr = self.next_own.get();
         self.next_own.set(corr + 1);
         let (tx, rx) = futures_channel::oneshot::channel();
-        self.own.borrow_mut().insert(corr, tx);
+        let earlier = self.own.borrow_mut().insert(corr, tx);
+        debug_assert!(
+            earlier.is_none(),
+            "a correlation id of broca's is used once"
+        );
         self.send(frames::encode(
             FrameType::Request,
             frames::control(),
@@ -738,6 +742,10 @@ impl Routes {
 /// A subscription's last frame: STREAM_END, flagged LAST.
 /// The route (channel, epoch) of an encoded frame, read from its header.
 fn header_route(frame: &[u8]) -> (u16, u32) {
+    debug_assert!(
+        frame.len() >= broca_subc::protocol::HEADER_LEN,
+        "an encoded frame holds its header"
+    );
     let channel = frame
         .get(7..9)
         .map_or(0, |b| u16::from_le_bytes([b[0], b[1]]));

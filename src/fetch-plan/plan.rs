@@ -553,6 +553,10 @@ impl Admitting {
             self.frozen.user_commands = self.commands;
         }
         self.frozen.tools_digest = crate::tools_digest(&self.tools);
+        debug_assert!(
+            self.tools.iter().all(|t| !provider_of(&t.route).is_empty()),
+            "every planned tool is routed to its provider"
+        );
         self.frozen.tools = self.tools.into();
         if !self.texts.is_empty() {
             self.frozen.system_text = Some(self.texts.join("\n\n"));
@@ -670,6 +674,10 @@ pub fn apply(
         (Some(p), Some(own)) => Some(format!("{p}\n\n{own}")),
         (p, own) => p.clone().or(own),
     };
+    debug_assert!(
+        config.tools.iter().filter(|t| t.name == submit).count() <= 1,
+        "`submit_result` is offered once at most"
+    );
     Ok(())
 }
 

@@ -27,6 +27,11 @@ fn bump(counts: &RefCell<Vec<(&'static str, u64)>>, name: &'static str) {
         Some((_, count)) => *count += 1,
         None => counts.push((name, 1)),
     }
+    debug_assert_eq!(
+        counts.iter().filter(|(n, _)| *n == name).count(),
+        1,
+        "each outcome is counted on one row"
+    );
 }
 
 impl Outcomes {
@@ -444,6 +449,11 @@ fn fsync_histogram(out: &mut String, stats: &[ShardStats]) {
     out.push_str("# HELP broca_wal_fsync_seconds fdatasync latency.\n# TYPE broca_wal_fsync_seconds histogram\n");
     for s in stats {
         let mut cumulative = 0u64;
+        debug_assert_eq!(
+            s.commit.fsync_latency_buckets.len(),
+            broca_io::commit::FSYNC_LATENCY_BUCKETS_US.len() + 1,
+            "one bucket per bound and one past the last"
+        );
         for (i, count) in s.commit.fsync_latency_buckets.iter().enumerate() {
             cumulative += count;
             let le = match broca_io::commit::FSYNC_LATENCY_BUCKETS_US.get(i) {

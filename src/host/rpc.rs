@@ -315,6 +315,10 @@ async fn send(
     let run = view(ctx, &t, Some(sent.run_id.clone()))
         .await?
         .ok_or_else(|| unknown_run(&sent.run_id))?;
+    debug_assert_eq!(
+        run.run_id, sent.run_id,
+        "a repeated send answers its own run"
+    );
     Ok(send_reply(&run))
 }
 
@@ -508,6 +512,7 @@ async fn result(
         let run = view(ctx, &t, Some(run_id.clone()))
             .await?
             .ok_or_else(|| unknown_run(&run_id))?;
+        debug_assert_eq!(run.run_id, run_id, "the view asked for is the run's");
         let waiting = run.state == broca_core::RunState::Active
             && std::time::Instant::now() < until
             && !ctx.is_stopping();

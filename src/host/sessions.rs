@@ -103,7 +103,9 @@ impl Shard {
         RpcError::new(
             Code::SessionLimit,
             format!(
-                "waited {:.0} s for one of the {} sessions this shard keeps open to finish                  its run and close; retry later (raise open_sessions_max, the open-files                  limit or wait_for_room_secs)",
+                "waited {:.0} s for one of the {} sessions this shard keeps open to finish \
+                 its run and close; retry later (raise open_sessions_max, the open-files \
+                 limit or wait_for_room_secs)",
                 self.host.opts.wait_for_room.as_secs_f64(),
                 limits.open_max
             ),

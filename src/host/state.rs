@@ -111,7 +111,9 @@ pub(crate) fn prepare_state(dir: &Path) -> Result<PreparedState, StartError> {
 pub fn random_hex(bytes: usize) -> std::io::Result<String> {
     let mut raw = vec![0u8; bytes];
     random_bytes(&mut raw)?;
-    Ok(raw.iter().map(|b| format!("{b:02x}")).collect())
+    let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    debug_assert_eq!(hex.len(), 2 * bytes, "two hex digits a byte");
+    Ok(hex)
 }
 
 /// Fills `buf` from the kernel's randomness (`/dev/urandom`).

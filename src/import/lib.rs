@@ -283,6 +283,7 @@ fn covered(bytes: &[u8]) -> (usize, Option<u64>) {
         return (bytes.len(), None);
     }
     let line = bytes[..end].iter().filter(|&&b| b == b'\n').count() as u64 + 1;
+    debug_assert!(end < bytes.len(), "an incomplete last line is left out");
     (end, Some(line))
 }
 
@@ -350,6 +351,10 @@ impl<'a> Lines<'a> {
             let line = self.line;
             self.line += 1;
             self.last = line;
+            debug_assert!(
+                self.at <= self.bytes.len(),
+                "lines are read within the bytes"
+            );
             if let Some(p) = &mut self.progress {
                 p.at(self.at as u64);
             }
@@ -395,6 +400,7 @@ impl<'p> Progress<'p> {
             (self.report)(offset);
             self.next = offset + (4 << 20);
         }
+        debug_assert!(self.next > offset, "the next report is ahead");
     }
 }
 

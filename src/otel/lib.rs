@@ -415,6 +415,10 @@ struct Worker {
 
 impl Worker {
     fn run(mut self, rx: Receiver<Msg>) {
+        assert!(
+            self.config.batch > 0,
+            "a batch holds at least one span (a positive count)"
+        );
         let mut batch: Vec<Span> = Vec::new();
         let mut first_at: Option<Instant> = None;
         loop {
@@ -454,6 +458,11 @@ impl Worker {
     }
 
     fn export(&mut self, spans: Vec<Span>) {
+        debug_assert!(!spans.is_empty(), "a batch holds spans");
+        debug_assert!(
+            spans.iter().all(|s| s.end_ns >= s.start_ns),
+            "a span ends after it starts"
+        );
         let n = spans.len() as u64;
         let body = proto::export_request(&self.config.resource, env!("CARGO_PKG_VERSION"), &spans);
         match self.post(&body) {

@@ -86,6 +86,7 @@ fn id<const N: usize>(parts: &[&str]) -> [u8; N] {
         h.update(&[0]);
     }
     let mut out = [0u8; N];
+    debug_assert!(N <= blake3::OUT_LEN, "an id is at most a hash long");
     out.copy_from_slice(&h.finalize().as_bytes()[..N]);
     out
 }
@@ -274,6 +275,7 @@ impl OpenRun {
     fn child(&self, parts: &[&str], name: String, kind: Kind, start: u64, end: u64) -> Span {
         let mut key = vec![self.run_id.as_str()];
         key.extend_from_slice(parts);
+        debug_assert!(!parts.is_empty(), "a child span's id is not its run's");
         Span {
             trace_id: trace_id(&self.run_id),
             span_id: id(&key),

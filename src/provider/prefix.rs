@@ -131,6 +131,10 @@ pub(crate) fn messages<'a>(
             prefix.rendered(m, w.since(at));
         }
     }
+    debug_assert!(
+        prefix.entry.closed || prefix.entry.messages.len() == limit.min(req.messages.len()),
+        "an open prefix holds every message before the limit"
+    );
     prefix.keep();
 }
 
@@ -171,6 +175,10 @@ impl Prefix {
             },
         };
         let covered = entry.messages.len();
+        debug_assert!(
+            covered <= limit.min(req.messages.len()),
+            "a held prefix covers only the request's own messages before the limit"
+        );
         CACHE.with(|c| {
             c.reused.set(c.reused.get() + covered as u64);
             c.fresh
@@ -202,6 +210,7 @@ impl Prefix {
         if self.entry.closed {
             return;
         }
+
         self.entry.messages.push(Arc::downgrade(m));
         // The held bytes begin with a member, not the comma before it (members written before
         // them, a system message, come first): `JsonWriter::members` writes that comma.

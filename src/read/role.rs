@@ -338,6 +338,14 @@ fn tail_page(
         bytes += n;
         messages.push(m);
     }
+    assert!(
+        messages.len() <= bounds.limit,
+        "a page holds at most its limit"
+    );
+    debug_assert!(
+        messages.len() <= 1 || bytes <= bounds.bytes_max,
+        "a page of more than one message fits its bytes"
+    );
     messages.reverse();
     pruned_page(s, ReadPage::new(version, incarnation, messages))
 }
@@ -396,6 +404,15 @@ fn forward_page(
         messages.len() <= bounds.limit,
         "a page holds at most its limit"
     );
+    debug_assert!(
+        messages.len() <= 1 || bytes <= bounds.bytes_max,
+        "a page of more than one message fits its bytes"
+    );
+    debug_assert_eq!(
+        next,
+        start + messages.len(),
+        "the next page starts after this one"
+    );
     let page = pruned_page(s, ReadPage::new(version, incarnation, messages));
     if next < total {
         page.with_next_from_ordinal(next as u64 + 1)
@@ -414,6 +431,10 @@ pub fn head(s: Option<&Session>, version: u64, incarnation: &str) -> HeadMeta {
     };
     let mut head = HeadMeta::new(version, incarnation, 1, updated_at);
     let entries = entries_of(s);
+    debug_assert!(
+        version >= 1,
+        "a written session's history version starts at 1"
+    );
     if !entries.is_empty() {
         head = head.with_last_ordinal(entries.len() as u64);
     }

@@ -241,6 +241,7 @@ fn authorized(ctx: &Surface, head: &RequestHead) -> bool {
         return false;
     };
     let (a, b) = (given.trim().as_bytes(), ctx.host.handle.as_bytes());
+    debug_assert!(!b.is_empty(), "the daemon's handle is never empty");
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
@@ -282,6 +283,7 @@ struct Reply {
 
 impl Reply {
     fn new(status: u16, kind: &'static str, body: Vec<u8>) -> Reply {
+        debug_assert!((100..600).contains(&status), "an HTTP status");
         Reply {
             status,
             kind,

@@ -130,6 +130,12 @@ impl UiAuth {
     /// until serve stops).
     fn keep(&self, sign_ins: &[(String, u64)]) {
         let Some(file) = &self.file else { return };
+        debug_assert!(
+            sign_ins
+                .iter()
+                .all(|(t, _)| !t.contains(char::is_whitespace)),
+            "a sign-in is one word on its line"
+        );
         let text: String = sign_ins
             .iter()
             .map(|(t, at)| format!("{t} {at}\n"))
@@ -153,6 +159,7 @@ impl UiAuth {
             links.remove(0);
         }
         links.push((token.clone(), now));
+        debug_assert!(links.len() <= LINKS_MAX, "links kept within their bound");
         Ok(serde_json::json!({
             "url": format!("{}/ui/login?token={token}", self.origin),
             "expires_in_s": LINK_TTL.as_secs(),
@@ -177,6 +184,10 @@ impl UiAuth {
             sign_ins.remove(0);
         }
         sign_ins.push((session.clone(), now));
+        debug_assert!(
+            sign_ins.len() <= SIGN_INS_MAX,
+            "sign-ins kept within their bound"
+        );
         self.keep(&sign_ins);
         Some(session)
     }

@@ -132,6 +132,10 @@ impl ContentStore {
         drop(f);
         broca_io::fs::rename(&tmp, &target)?;
         broca_io::fs::sync_dir(&self.dir)?;
+        debug_assert!(
+            self.media_path(&sha).is_some(),
+            "a digest names a media file"
+        );
         Ok(sha)
     }
 
@@ -145,6 +149,10 @@ impl ContentStore {
         let size = f.metadata()?.len();
         let end = offset.saturating_add(length).min(size);
         let mut data = vec![0; usize::try_from(end.saturating_sub(offset)).unwrap_or(0)];
+        debug_assert!(
+            data.len() as u64 <= length,
+            "a read is never longer than asked"
+        );
         if !data.is_empty() {
             f.seek(SeekFrom::Start(offset))?;
             f.read_exact(&mut data)?;

@@ -179,9 +179,14 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
             }
         }
         let id = upload_id.clone();
+        let n = data.len() as u64;
         let received = run(Kind::Media, move || store.append(&id, offset, &data))
             .await
             .map_err(|e| io_error("the session's content store", &e))?;
+        debug_assert!(
+            received == offset + n && received <= declared,
+            "an append lands where it was asked, within the declared size"
+        );
         Ok(json!({ "received": received }))
     }
 

@@ -481,6 +481,10 @@ impl ModuleTools {
                 }
             }
         }
+        debug_assert!(
+            routes.len() < ROUTES_MAX,
+            "a route is kept within the bound"
+        );
         routes.insert(key, route.clone());
         route
     }
@@ -632,6 +636,10 @@ impl ModuleTools {
             arguments,
             self.call_timeout(module),
             keepalive,
+        );
+        debug_assert!(
+            keepalive || timeout >= self.call_timeout(module),
+            "a call's deadline is never below its module's unless keepalives bound it"
         );
         (timeout, keepalive.then(keepalive_silence))
     }

@@ -15,10 +15,12 @@ pub struct Endpoints {
 
 /// The environment variable that overrides `provider`'s base URL.
 pub fn base_url_var(provider: &str) -> String {
-    format!(
+    let var = format!(
         "BROCA_BASE_URL_{}",
         provider.to_ascii_uppercase().replace('-', "_")
-    )
+    );
+    debug_assert!(!var.contains(['=', '\0']), "an environment variable's name");
+    var
 }
 
 impl Endpoints {
@@ -44,6 +46,10 @@ impl Endpoints {
         if !url.scheme.is_tls() && !url.is_loopback() {
             return Err(EndpointError::PlainRemote(url));
         }
+        debug_assert!(
+            url.scheme.is_tls() || url.is_loopback(),
+            "plain only on loopback"
+        );
         self.overrides.insert(provider.to_string(), url);
         Ok(())
     }

@@ -65,15 +65,20 @@ impl ErrorCounts {
 
     /// The count for each class.
     pub fn snapshot(&self) -> Vec<(ErrorClass, u64)> {
-        [
+        let classes = [
             ErrorClass::Transient,
             ErrorClass::Permanent,
             ErrorClass::AuthRequired,
             ErrorClass::ContextOverflow,
-        ]
-        .into_iter()
-        .map(|c| (c, self.0[Self::index(c)].get()))
-        .collect()
+        ];
+        debug_assert!(
+            (0..classes.len()).all(|i| Self::index(classes[i]) == i),
+            "each class counts on its own slot"
+        );
+        classes
+            .into_iter()
+            .map(|c| (c, self.0[Self::index(c)].get()))
+            .collect()
     }
 }
 
@@ -310,6 +315,7 @@ impl HttpModelClient {
             }
         };
         let mut stream = HttpModelStream::new(source, normalizer, redact, target);
+        debug_assert!(stream.pending.is_empty(), "a new stream holds no event yet");
         stream.pending.extend(quota.map(StreamEvent::Quota));
         Ok(stream)
     }

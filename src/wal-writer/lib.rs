@@ -448,6 +448,7 @@ impl WalWriter {
             });
         }
         let seq = self.next_seq;
+        debug_assert!(seq >= 1, "seqs start at 1");
         let (tag, epoch, kind) = (self.header.lineage_tag(), self.epoch, record.kind());
         let len = FRAME_HEADER_BYTES + payload.len();
         let fill = |buf: &mut [u8], synced_end| {
@@ -471,6 +472,11 @@ impl WalWriter {
     pub async fn append_durable(&mut self, record: &Record) -> Result<u64, WalError> {
         let appended = self.append(record).await?;
         self.wait_durable(appended.end).await?;
+        debug_assert_eq!(
+            appended.seq + 1,
+            self.next_seq,
+            "the next record takes the next seq"
+        );
         Ok(appended.seq)
     }
 

@@ -128,6 +128,7 @@ fn fill_inner(dir: &Path) -> io::Result<usize> {
         with_pool(dir, |p| p.files.push(file));
         made += 1;
     }
+    debug_assert!(made <= TARGET, "a top-up makes at most the pool's target");
     Ok(made)
 }
 

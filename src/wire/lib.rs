@@ -203,6 +203,10 @@ impl RpcError {
 
     /// The refusal's detail as the role carries it: `class`, `status` and the members added.
     pub fn detail_body(&self) -> serde_json::Value {
+        debug_assert!(
+            !self.detail.contains_key("class") && !self.detail.contains_key("status"),
+            "a refusal's own detail does not shadow its class and status"
+        );
         let mut d = self.detail.clone();
         d.insert("class".into(), self.class().as_str().into());
         d.insert("status".into(), self.status().into());
@@ -227,6 +231,7 @@ impl RpcError {
         for (key, value) in refusal_detail(r) {
             e = e.with_detail(key, value);
         }
+        debug_assert_eq!(e.code, r.code(), "a refusal keeps its code");
         e
     }
 

@@ -138,7 +138,33 @@ impl Egress {
         q.frames.push_back((frame, kind));
         q.bytes += len;
         self.bytes += len;
+        self.check();
         Pushed::Queued
+    }
+
+    /// The queues' counts agree with what they hold (debug builds).
+    fn check(&self) {
+        debug_assert_eq!(
+            self.bytes,
+            self.routes.values().map(|q| q.bytes).sum::<usize>(),
+            "the connection's count is its routes'"
+        );
+        debug_assert!(
+            self.routes
+                .values()
+                .all(|q| q.bytes == q.frames.iter().map(|(f, _)| f.len()).sum::<usize>()),
+            "a route's count is its frames'"
+        );
+        debug_assert!(
+            self.turns
+                .iter()
+                .all(|c| self.routes.get(c).is_some_and(|q| !q.frames.is_empty())),
+            "a route takes turns only while it holds frames"
+        );
+        debug_assert!(
+            self.routes.values().all(|q| q.bytes <= self.route_max),
+            "no route holds past its bound"
+        );
     }
 
     /// Whether the whole connection holds more than its bound; then the route holding the
@@ -162,6 +188,7 @@ impl Egress {
         self.closes += 1;
         // The GOODBYE goes with channel 0's frames: it must not wait behind the routes.
         self.control.push_back(goodbye);
+        self.check();
     }
 
     /// The daemon bound `channel` (again): its frames are taken from now on.
@@ -184,6 +211,7 @@ impl Egress {
         } else {
             self.turns.push_back(channel);
         }
+        self.check();
         Some(frame)
     }
 

@@ -66,16 +66,12 @@ fn workspace() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn crates() -> Vec<Crate> {
+/// `cargo metadata` of the workspace, offline, with `args` beside the format.
+fn cargo_metadata(args: &[&str]) -> serde_json::Value {
     let out = std::process::Command::new(env!("CARGO"))
         .current_dir(workspace())
-        .args([
-            "metadata",
-            "--format-version",
-            "1",
-            "--no-deps",
-            "--offline",
-        ])
+        .args(["metadata", "--format-version", "1", "--offline"])
+        .args(args)
         .output()
         .expect("cargo runs");
     assert!(
@@ -83,7 +79,11 @@ fn crates() -> Vec<Crate> {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("cargo's JSON");
+    serde_json::from_slice(&out.stdout).expect("cargo's JSON")
+}
+
+fn crates() -> Vec<Crate> {
+    let meta = cargo_metadata(&["--no-deps"]);
     let mut crates = Vec::new();
     for p in meta["packages"].as_array().expect("packages") {
         let manifest = PathBuf::from(p["manifest_path"].as_str().expect("a manifest"));
@@ -357,7 +357,7 @@ fn no_crate_outgrows_its_role() {
 fn each_wire_name_is_spelled_once_and_by_the_role_where_it_has_a_constant() {
     let all = crates();
     let top = workspace();
-    let roles = wire::role_constants(&top);
+    let roles = wire::role_constants();
     assert!(
         roles.contains_key("session.send") && roles.contains_key("tool-result/v1"),
         "the role crates' constants were read ({} found)",

@@ -213,6 +213,11 @@ fn gather(
         }
     };
     assert_eq!(messages.len(), range.len(), "a page holds its range");
+    assert!(
+        bounds.holds(messages.len(), bytes),
+        "a page keeps its bounds"
+    );
+    debug_assert!(range.end <= total, "a page lies within the history");
     (messages, range)
 }
 

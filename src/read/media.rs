@@ -195,14 +195,13 @@ impl std::fmt::Display for OverBudget {
 
 impl std::error::Error for OverBudget {}
 
+/// A message as a read serves it, and the digests it carries (the message's, then its parts').
+pub type Rendered = (Value, Option<(String, Vec<PartDigest>)>);
+
 /// A read entry's message in `mode`, and the digests it carries (blocks and descriptors);
 /// `envelope` is the size of the entry around it. `Err` names why a descriptors read cannot
 /// describe it within the role's budget.
-pub fn render(
-    stored: Value,
-    mode: MediaMode,
-    envelope: usize,
-) -> Result<(Value, Option<(String, Vec<PartDigest>)>), OverBudget> {
+pub fn render(stored: Value, mode: MediaMode, envelope: usize) -> Result<Rendered, OverBudget> {
     match mode {
         MediaMode::Blocks => {
             let d = digests(&stored);

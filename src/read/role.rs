@@ -290,6 +290,12 @@ impl Bounds {
     pub(crate) fn room(&self, messages: usize, bytes: u64, n: u64) -> bool {
         messages == 0 || (messages < self.limit && bytes + n <= self.bytes_max)
     }
+
+    /// Whether a page of `messages` and `bytes` keeps the bounds: at most the limit, and
+    /// within the bytes unless it is one message (a page always holds the first).
+    pub(crate) fn holds(&self, messages: usize, bytes: u64) -> bool {
+        messages <= self.limit && (messages <= 1 || bytes <= self.bytes_max)
+    }
 }
 
 /// A page asked for with a `limit` of 0.
@@ -339,12 +345,8 @@ fn tail_page(
         messages.push(m);
     }
     assert!(
-        messages.len() <= bounds.limit,
-        "a page holds at most its limit"
-    );
-    debug_assert!(
-        messages.len() <= 1 || bytes <= bounds.bytes_max,
-        "a page of more than one message fits its bytes"
+        bounds.holds(messages.len(), bytes),
+        "a page keeps its bounds"
     );
     messages.reverse();
     pruned_page(s, ReadPage::new(version, incarnation, messages))
@@ -401,12 +403,8 @@ fn forward_page(
         next += 1;
     }
     assert!(
-        messages.len() <= bounds.limit,
-        "a page holds at most its limit"
-    );
-    debug_assert!(
-        messages.len() <= 1 || bytes <= bounds.bytes_max,
-        "a page of more than one message fits its bytes"
+        bounds.holds(messages.len(), bytes),
+        "a page keeps its bounds"
     );
     debug_assert_eq!(
         next,

@@ -520,8 +520,8 @@ impl<P: ModelClient, T: ToolRunner> SessionActor<P, T> {
         let tokens = estimate(request);
         if tokens > usable {
             return Err(RideFailed::TooBig {
-                tokens: tokens as u64,
-                usable: usable as u64,
+                tokens,
+                usable,
                 provider,
             });
         }

@@ -126,7 +126,7 @@ pub fn is_wire_name(lit: &str) -> bool {
 
 /// The wire names the role crates (and the daemon's protocol crates) spell as constants,
 /// each with the constant that spells it: read from their sources in cargo's registry.
-pub fn role_constants(workspace: &Path) -> BTreeMap<String, String> {
+pub fn role_constants() -> BTreeMap<String, String> {
     let rustc = std::process::Command::new("rustc")
         .arg("-vV")
         .output()
@@ -136,18 +136,7 @@ pub fn role_constants(workspace: &Path) -> BTreeMap<String, String> {
         .find_map(|l| l.strip_prefix("host: ").map(str::to_string))
         .expect("rustc names its host");
     // This platform's packages only: those are the ones the build fetched.
-    let out = std::process::Command::new(env!("CARGO"))
-        .current_dir(workspace)
-        .args(["metadata", "--format-version", "1", "--offline"])
-        .args(["--filter-platform", &host])
-        .output()
-        .expect("cargo runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("cargo's JSON");
+    let meta = crate::cargo_metadata(&["--filter-platform", &host]);
     let mut names = BTreeMap::new();
     for p in meta["packages"].as_array().expect("packages") {
         let name = p["name"].as_str().unwrap_or_default();
